@@ -1,0 +1,42 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Dependency edges, bottom to top:
+//   C modules (one per library) -> wrappers (AMQP, Redis, HTTP2, APNs) -> WorkerPipeline -> executables.
+// Only the wrapper modules import the C modules, with `internal import`, so no C pointer reaches the pipeline.
+let package = Package(
+    name: "apns-worker",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "apns-worker", targets: ["apns-worker"]),
+        .executable(name: "apns-sim", targets: ["apns-sim"]),
+    ],
+    targets: [
+        // C libraries from Debian packages. Each module map's header also holds the few static inline shims
+        // for what Swift cannot import (variadic functions, function-like macros), so every C type has one home.
+        .systemLibrary(name: "CRabbitMQ", path: "Sources/CRabbitMQ", pkgConfig: "librabbitmq",
+                       providers: [.apt(["librabbitmq-dev"])]),
+        // No pkgConfig: hiredis.pc's -D_FILE_OFFSET_BITS=64 is a flag SwiftPM refuses in a dependency.
+        .systemLibrary(name: "CHiredis", path: "Sources/CHiredis", providers: [.apt(["libhiredis-dev"])]),
+        .systemLibrary(name: "CNghttp2", path: "Sources/CNghttp2", pkgConfig: "libnghttp2",
+                       providers: [.apt(["libnghttp2-dev"])]),
+        .systemLibrary(name: "COpenSSL", path: "Sources/COpenSSL", pkgConfig: "openssl",
+                       providers: [.apt(["libssl-dev"])]),
+
+        .target(name: "Telemetry"),
+        .target(name: "AMQP", dependencies: ["CRabbitMQ", "Telemetry"]),
+        .target(name: "Redis", dependencies: ["CHiredis", "Telemetry"]),
+        .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "Telemetry"]),
+        .target(name: "APNs", dependencies: ["HTTP2", "COpenSSL", "Telemetry"]),
+        .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
+        .target(name: "WorkerPipeline", dependencies: ["AMQP", "Redis", "APNs", "Telemetry"]),
+
+        .executableTarget(name: "apns-worker", dependencies: ["WorkerPipeline", "APNs", "Telemetry"]),
+        .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "Telemetry"]),
+
+        .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "AMQP", "Redis", "COpenSSL"]),
+        .testTarget(name: "IntegrationTests",
+                    dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQP", "Redis", "Telemetry"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,515 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+internal import CRabbitMQ
+import Foundation
+
+/// An error from the broker or from librabbitmq, with the library's status code where there is one.
+public struct AMQPError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        case badURL
+        /// The connection is gone (socket, heartbeat, broker closed it): reconnect.
+        case connectionLost
+        /// The broker closed the channel or refused a method (reply code in `code`).
+        case brokerRefused
+        /// Anything else librabbitmq reports.
+        case library
+    }
+
+    public let kind: Kind
+    /// librabbitmq's status (negative) or the broker's reply code (e.g. 406, 404, 320).
+    public let code: Int
+    public let message: String
+
+    public var description: String { message }
+
+    init(kind: Kind, code: Int = 0, _ message: String) {
+        self.kind = kind
+        self.code = code
+        self.message = message
+    }
+
+    static func badURL(_ message: String) -> AMQPError { AMQPError(kind: .badURL, "AMQP_URL: \(message)") }
+
+    public var isConnectionLost: Bool { kind == .connectionLost }
+}
+
+/// Message properties the worker reads and writes.
+public struct AMQPProperties: Sendable, Equatable {
+    public var contentType: String?
+    public var replyTo: String?
+    public var correlationID: String?
+    public var messageID: String?
+    public var persistent: Bool
+    /// String-valued headers (others are skipped when reading).
+    public var headers: [String: String]
+
+    public init(contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
+                messageID: String? = nil, persistent: Bool = true, headers: [String: String] = [:]) {
+        self.contentType = contentType
+        self.replyTo = replyTo
+        self.correlationID = correlationID
+        self.messageID = messageID
+        self.persistent = persistent
+        self.headers = headers
+    }
+}
+
+public struct AMQPDelivery: Sendable {
+    public var deliveryTag: UInt64
+    public var redelivered: Bool
+    public var routingKey: String
+    public var body: [UInt8]
+    public var properties: AMQPProperties
+}
+
+/// What arrives on the connection.
+public enum AMQPEvent: Sendable {
+    case delivery(AMQPDelivery)
+    /// Publisher confirm: the broker took (`ack`) or lost (`!ack`) publishes up to `sequence` (all of them if `multiple`).
+    case confirm(sequence: UInt64, multiple: Bool, ack: Bool)
+    /// A mandatory publish that no queue took.
+    case returned(routingKey: String, replyText: String)
+    /// The broker stopped (`true`) or resumed (`false`) accepting publishes (memory or disk alarm).
+    case blocked(Bool)
+}
+
+/// One AMQP 0-9-1 connection with one channel, owning its librabbitmq state.
+///
+/// Not thread-safe, as librabbitmq is not: one thread owns it and makes every call. Calls block on the socket.
+public final class AMQPConnection {
+    public let url: AMQPURL
+    private let state: amqp_connection_state_t
+    private let channel: amqp_channel_t = 1
+    private var nextPublishSequence: UInt64 = 1
+    private var confirmsEnabled = false
+    private var isOpen = false
+    /// Events read while waiting for something else (confirms), handed out first by `nextEvent`.
+    private var buffered: [AMQPEvent] = []
+
+    /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none).
+    public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil,
+                verifyPeer: Bool = true) throws(AMQPError) {
+        self.url = url
+        guard let state = amqp_new_connection() else { throw AMQPError(kind: .library, "out of memory") }
+        self.state = state
+        let socket: OpaquePointer?
+        if url.usesTLS {
+            socket = amqp_ssl_socket_new(state)
+            if let socket {
+                amqp_ssl_socket_set_verify_peer(socket, verifyPeer ? 1 : 0)
+                amqp_ssl_socket_set_verify_hostname(socket, verifyPeer ? 1 : 0)
+                let bundle = caFile ?? "/etc/ssl/certs/ca-certificates.crt"
+                if verifyPeer && amqp_ssl_socket_set_cacert(socket, bundle) != AMQP_STATUS_OK.rawValue {
+                    amqp_destroy_connection(state)
+                    throw AMQPError(kind: .library, "cannot load CA bundle \(bundle) for amqps")
+                }
+            }
+        } else {
+            socket = amqp_tcp_socket_new(state)
+        }
+        guard let socket else {
+            amqp_destroy_connection(state)
+            throw AMQPError(kind: .library, "cannot create the AMQP socket")
+        }
+        var timeout = timeval(tv_sec: Int(connectTimeout), tv_usec: Int(connectTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
+        let opened = amqp_socket_open_noblock(socket, url.host, Int32(url.port), &timeout)
+        guard opened == AMQP_STATUS_OK.rawValue else {
+            amqp_destroy_connection(state)
+            throw AMQPError(kind: .connectionLost, code: Int(opened),
+                            "cannot connect to \(url): \(String(cString: amqp_error_string2(opened)))")
+        }
+        do {
+            let login = CRabbitMQ_login_plain(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
+            try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
+            amqp_channel_open(state, channel)
+            try check(amqp_get_rpc_reply(state), "channel.open")
+            isOpen = true
+        } catch {
+            amqp_destroy_connection(state)
+            throw error
+        }
+    }
+
+    deinit {
+        if isOpen {
+            _ = amqp_channel_close(state, channel, Int32(AMQP_REPLY_SUCCESS))
+            _ = amqp_connection_close(state, Int32(AMQP_REPLY_SUCCESS))
+        }
+        amqp_destroy_connection(state)
+    }
+
+    /// Closes politely; the object is unusable afterwards.
+    public func close() {
+        guard isOpen else { return }
+        isOpen = false
+        _ = amqp_channel_close(state, channel, Int32(AMQP_REPLY_SUCCESS))
+        _ = amqp_connection_close(state, Int32(AMQP_REPLY_SUCCESS))
+    }
+
+    /// The socket, for poll(2). Data may also sit in librabbitmq's buffer: check `hasBufferedInput` first.
+    public var socketDescriptor: Int32 { amqp_get_sockfd(state) }
+
+    public var hasBufferedInput: Bool {
+        !buffered.isEmpty || amqp_frames_enqueued(state) != 0 || amqp_data_in_buffer(state) != 0
+    }
+
+    // MARK: topology and consuming
+
+    /// Declares a durable queue. One that exists with other arguments (a quorum queue, a TTL) is used as it is.
+    /// Returns the queue's message count.
+    @discardableResult
+    public func declareQueue(_ name: String, arguments: [String: AMQPArgument] = [:]) throws(AMQPError) -> Int {
+        let declared = withTable(arguments) { table in
+            amqp_queue_declare(state, channel, amqp_cstring_bytes(name), 0, 1, 0, 0, table)
+        }
+        if let declared { return Int(declared.pointee.message_count) }
+        do {
+            try check(amqp_get_rpc_reply(state), "queue.declare \(name)")
+        } catch where error.code == Int(AMQP_PRECONDITION_FAILED) {
+            // The broker closed the channel; reopen it and ask only whether the queue exists.
+            amqp_channel_open(state, channel)
+            try check(amqp_get_rpc_reply(state), "channel.open")
+            if confirmsEnabled { confirmsEnabled = false; try enablePublisherConfirms() }
+            guard let passive = amqp_queue_declare(state, channel, amqp_cstring_bytes(name), 1, 0, 0, 0, amqp_empty_table) else {
+                try check(amqp_get_rpc_reply(state), "queue.declare (passive) \(name)")
+                return 0
+            }
+            return Int(passive.pointee.message_count)
+        }
+        return 0
+    }
+
+    public func setPrefetch(_ count: Int) throws(AMQPError) {
+        amqp_basic_qos(state, channel, 0, UInt16(min(count, 65535)), 0)
+        try check(amqp_get_rpc_reply(state), "basic.qos")
+    }
+
+    /// Every publish is then confirmed by the broker (`AMQPEvent.confirm`), numbered from 1.
+    public func enablePublisherConfirms() throws(AMQPError) {
+        guard !confirmsEnabled else { return }
+        amqp_confirm_select(state, channel)
+        try check(amqp_get_rpc_reply(state), "confirm.select")
+        confirmsEnabled = true
+        nextPublishSequence = 1
+    }
+
+    /// Starts delivering from `queue`; returns the consumer tag.
+    @discardableResult
+    public func consume(_ queue: String) throws(AMQPError) -> String {
+        guard let reply = amqp_basic_consume(state, channel, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
+                                             amqp_empty_table) else {
+            try check(amqp_get_rpc_reply(state), "basic.consume \(queue)")
+            return ""
+        }
+        return Self.string(reply.pointee.consumer_tag)
+    }
+
+    // MARK: messages
+
+    /// Publishes to the default exchange (straight to a queue). Returns the publish's confirm sequence number.
+    @discardableResult
+    public func publish(to queue: String, body: [UInt8], properties: AMQPProperties = .init(),
+                        mandatory: Bool = false) throws(AMQPError) -> UInt64 {
+        let status = withProperties(properties) { props in
+            body.withUnsafeBytes { raw in
+                amqp_basic_publish(state, channel, amqp_empty_bytes, amqp_cstring_bytes(queue), mandatory ? 1 : 0, 0,
+                                   props, amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+            }
+        }
+        guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "basic.publish to \(queue)") }
+        defer { nextPublishSequence += 1 }
+        return nextPublishSequence
+    }
+
+    public func ack(_ deliveryTag: UInt64, multiple: Bool = false) throws(AMQPError) {
+        let status = amqp_basic_ack(state, channel, deliveryTag, multiple ? 1 : 0)
+        guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "basic.ack") }
+    }
+
+    /// Gives a delivery back: requeued for another try, or dropped (dead-lettered if the queue says so).
+    public func reject(_ deliveryTag: UInt64, requeue: Bool) throws(AMQPError) {
+        let status = amqp_basic_reject(state, channel, deliveryTag, requeue ? 1 : 0)
+        guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "basic.reject") }
+    }
+
+    /// The next event, waiting up to `timeout` seconds (0: only what is already there; nil: forever).
+    public func nextEvent(timeout: Double?) throws(AMQPError) -> AMQPEvent? {
+        if !buffered.isEmpty { return buffered.removeFirst() }
+        return try readEvent(timeout: timeout)
+    }
+
+    /// Blocks until every publish up to `sequence` is confirmed; returns the sequences the broker nacked.
+    /// Deliveries that arrive meanwhile are kept for `nextEvent`.
+    public func waitForConfirms(through sequence: UInt64, timeout: Double = 30) throws(AMQPError) -> [UInt64] {
+        var confirmedThrough: UInt64 = 0
+        var confirmedSingles = Set<UInt64>()
+        var nacked: [UInt64] = []
+        let deadline = Date().addingTimeInterval(timeout)
+        while confirmedThrough < sequence {
+            while confirmedSingles.contains(confirmedThrough + 1) {
+                confirmedSingles.remove(confirmedThrough + 1)
+                confirmedThrough += 1
+            }
+            if confirmedThrough >= sequence { break }
+            let remaining = deadline.timeIntervalSinceNow
+            guard remaining > 0 else {
+                throw AMQPError(kind: .connectionLost, "no publisher confirm within \(Int(timeout)) s")
+            }
+            guard let event = try readEvent(timeout: remaining) else { continue }
+            switch event {
+            case .confirm(let confirmed, let multiple, let ack):
+                if multiple {
+                    if !ack { nacked.append(contentsOf: (confirmedThrough + 1)...max(confirmed, confirmedThrough + 1)) }
+                    confirmedThrough = max(confirmedThrough, confirmed)
+                } else {
+                    if !ack { nacked.append(confirmed) }
+                    confirmedSingles.insert(confirmed)
+                }
+            default:
+                buffered.append(event)
+            }
+        }
+        return nacked
+    }
+
+    /// Sequence number the next publish will get.
+    public var upcomingPublishSequence: UInt64 { nextPublishSequence }
+
+    // MARK: reading frames
+
+    private func readEvent(timeout: Double?) throws(AMQPError) -> AMQPEvent? {
+        while true {
+            var frame = amqp_frame_t()
+            var status: Int32
+            if let timeout {
+                var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+                status = amqp_simple_wait_frame_noblock(state, &frame, &wait)
+            } else {
+                status = amqp_simple_wait_frame(state, &frame)
+            }
+            if status == AMQP_STATUS_TIMEOUT.rawValue { return nil }
+            guard status == AMQP_STATUS_OK.rawValue else {
+                isOpen = false
+                throw AMQPError(kind: .connectionLost, code: Int(status),
+                                "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
+            }
+            guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { continue }
+            let method = frame.payload.method
+            switch method.id {
+            case Method.basicDeliver:
+                let deliver = method.decoded.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
+                let routingKey = Self.string(deliver.routing_key)
+                let (body, properties) = try readContent(channel: frame.channel)
+                return .delivery(AMQPDelivery(deliveryTag: deliver.delivery_tag, redelivered: deliver.redelivered != 0,
+                                              routingKey: routingKey, body: body, properties: properties))
+            case Method.basicAck:
+                let ack = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
+                amqp_maybe_release_buffers(state)
+                return .confirm(sequence: ack.delivery_tag, multiple: ack.multiple != 0, ack: true)
+            case Method.basicNack:
+                let nack = method.decoded.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
+                amqp_maybe_release_buffers(state)
+                return .confirm(sequence: nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
+            case Method.basicReturn:
+                let returned = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
+                let routingKey = Self.string(returned.routing_key)
+                let replyText = Self.string(returned.reply_text)
+                _ = try readContent(channel: frame.channel)
+                return .returned(routingKey: routingKey, replyText: replyText)
+            case Method.connectionBlocked:
+                return .blocked(true)
+            case Method.connectionUnblocked:
+                return .blocked(false)
+            case Method.channelClose:
+                let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
+                let text = Self.string(close.reply_text)
+                var ok = amqp_channel_close_ok_t(dummy: 0)
+                amqp_send_method(state, frame.channel, Method.channelCloseOk, &ok)
+                isOpen = false
+                throw AMQPError(kind: .brokerRefused, code: Int(close.reply_code), "broker closed the channel: \(text)")
+            case Method.connectionClose:
+                let close = method.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+                isOpen = false
+                throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
+                                "broker closed the connection: \(Self.string(close.reply_text))")
+            default:
+                continue
+            }
+        }
+    }
+
+    private func readContent(channel: amqp_channel_t) throws(AMQPError) -> ([UInt8], AMQPProperties) {
+        var message = amqp_message_t()
+        let reply = amqp_read_message(state, channel, &message, 0)
+        try check(reply, "reading a message")
+        defer {
+            amqp_destroy_message(&message)
+            amqp_maybe_release_buffers(state)
+        }
+        let body = message.body.len > 0
+            ? Array(UnsafeRawBufferPointer(start: message.body.bytes, count: message.body.len))
+            : []
+        return (body, Self.properties(message.properties))
+    }
+
+    // MARK: helpers
+
+    private enum Method {
+        static let connectionClose: amqp_method_number_t = 0x000A_0032
+        static let connectionBlocked: amqp_method_number_t = 0x000A_003C
+        static let connectionUnblocked: amqp_method_number_t = 0x000A_003D
+        static let channelClose: amqp_method_number_t = 0x0014_0028
+        static let channelCloseOk: amqp_method_number_t = 0x0014_0029
+        static let basicReturn: amqp_method_number_t = 0x003C_0032
+        static let basicDeliver: amqp_method_number_t = 0x003C_003C
+        static let basicAck: amqp_method_number_t = 0x003C_0050
+        static let basicNack: amqp_method_number_t = 0x003C_0078
+    }
+
+    private func check(_ reply: amqp_rpc_reply_t, _ what: String) throws(AMQPError) {
+        switch reply.reply_type {
+        case AMQP_RESPONSE_NORMAL:
+            return
+        case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+            throw libraryError(reply.library_error, what)
+        case AMQP_RESPONSE_SERVER_EXCEPTION:
+            if reply.reply.id == Method.connectionClose {
+                let close = reply.reply.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+                isOpen = false
+                throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
+                                "\(what): broker closed the connection: \(Self.string(close.reply_text))")
+            }
+            if reply.reply.id == Method.channelClose {
+                let close = reply.reply.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
+                var ok = amqp_channel_close_ok_t(dummy: 0)
+                amqp_send_method(state, channel, Method.channelCloseOk, &ok)
+                throw AMQPError(kind: .brokerRefused, code: Int(close.reply_code),
+                                "\(what): \(Self.string(close.reply_text))")
+            }
+            throw AMQPError(kind: .brokerRefused, "\(what): unexpected broker method \(reply.reply.id)")
+        default:
+            throw AMQPError(kind: .library, "\(what): no reply")
+        }
+    }
+
+    private func libraryError(_ status: Int32, _ what: String) -> AMQPError {
+        let text = String(cString: amqp_error_string2(status))
+        let lost = [AMQP_STATUS_SOCKET_ERROR, AMQP_STATUS_CONNECTION_CLOSED, AMQP_STATUS_HEARTBEAT_TIMEOUT,
+                    AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR].map(\.rawValue).contains(status)
+        if lost { isOpen = false }
+        return AMQPError(kind: lost ? .connectionLost : .library, code: Int(status), "\(what): \(text)")
+    }
+
+    static func string(_ bytes: amqp_bytes_t) -> String {
+        guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
+        return String(decoding: UnsafeRawBufferPointer(start: pointer, count: bytes.len), as: UTF8.self)
+    }
+
+    private static func properties(_ raw: amqp_basic_properties_t) -> AMQPProperties {
+        func field(_ flag: Int32, _ bytes: amqp_bytes_t) -> String? {
+            raw._flags & amqp_flags_t(flag) != 0 ? string(bytes) : nil
+        }
+        var headers: [String: String] = [:]
+        if raw._flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0, let entries = raw.headers.entries {
+            for index in 0..<Int(raw.headers.num_entries) {
+                let entry = entries[index]
+                if entry.value.kind == UInt8(ascii: "S") || entry.value.kind == UInt8(ascii: "x") {
+                    headers[string(entry.key)] = string(entry.value.value.bytes)
+                }
+            }
+        }
+        return AMQPProperties(
+            contentType: field(AMQP_BASIC_CONTENT_TYPE_FLAG, raw.content_type),
+            replyTo: field(AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
+            correlationID: field(AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id),
+            messageID: field(AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id),
+            persistent: raw._flags & amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) != 0 && raw.delivery_mode == 2,
+            headers: headers)
+    }
+
+    /// Runs `body` with C properties whose strings point into one buffer that lives for the call.
+    private func withProperties<T>(_ properties: AMQPProperties,
+                                   _ body: (UnsafePointer<amqp_basic_properties_t>) -> T) -> T {
+        var strings = CStringArena()
+        var raw = amqp_basic_properties_t()
+        raw._flags = amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG)
+        raw.delivery_mode = properties.persistent ? 2 : 1
+        if let value = properties.contentType {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG)
+            raw.content_type = strings.bytes(value)
+        }
+        if let value = properties.replyTo {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_REPLY_TO_FLAG)
+            raw.reply_to = strings.bytes(value)
+        }
+        if let value = properties.correlationID {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_CORRELATION_ID_FLAG)
+            raw.correlation_id = strings.bytes(value)
+        }
+        if let value = properties.messageID {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
+            raw.message_id = strings.bytes(value)
+        }
+        let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(capacity: max(1, properties.headers.count))
+        defer {
+            entries.deallocate()
+            strings.free()
+        }
+        if !properties.headers.isEmpty {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_HEADERS_FLAG)
+            for (index, key) in properties.headers.keys.sorted().enumerated() {
+                var value = amqp_field_value_t()
+                value.kind = UInt8(ascii: "S")
+                value.value.bytes = strings.bytes(properties.headers[key]!)
+                entries[index] = amqp_table_entry_t(key: strings.bytes(key), value: value)
+            }
+            raw.headers = amqp_table_t(num_entries: Int32(properties.headers.count), entries: entries)
+        }
+        return body(&raw)
+    }
+
+    private func withTable<T>(_ arguments: [String: AMQPArgument], _ body: (amqp_table_t) -> T) -> T {
+        guard !arguments.isEmpty else { return body(amqp_empty_table) }
+        var strings = CStringArena()
+        let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(capacity: arguments.count)
+        defer {
+            entries.deallocate()
+            strings.free()
+        }
+        for (index, key) in arguments.keys.sorted().enumerated() {
+            var value = amqp_field_value_t()
+            switch arguments[key]! {
+            case .string(let text):
+                value.kind = UInt8(ascii: "S")
+                value.value.bytes = strings.bytes(text)
+            case .integer(let number):
+                value.kind = UInt8(ascii: "l")
+                value.value.i64 = number
+            }
+            entries[index] = amqp_table_entry_t(key: strings.bytes(key), value: value)
+        }
+        return body(amqp_table_t(num_entries: Int32(arguments.count), entries: entries))
+    }
+}
+
+/// A queue argument value (x-message-ttl, x-dead-letter-routing-key, ...).
+public enum AMQPArgument: Sendable, Equatable {
+    case string(String)
+    case integer(Int64)
+}
+
+/// C copies of strings for one librabbitmq call, freed together afterwards.
+private struct CStringArena {
+    private var allocations: [UnsafeMutableRawPointer] = []
+
+    mutating func bytes(_ text: String) -> amqp_bytes_t {
+        let utf8 = Array(text.utf8)
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: max(1, utf8.count), alignment: 1)
+        utf8.withUnsafeBytes { memory.copyMemory(from: $0.baseAddress!, byteCount: utf8.count) }
+        allocations.append(memory)
+        return amqp_bytes_t(len: utf8.count, bytes: memory)
+    }
+
+    func free() { for memory in allocations { memory.deallocate() } }
+}

@@ -1,0 +1,101 @@
+/// `amqp[s]://user:password@host:port/vhost`, parsed with errors that name the part that is wrong.
+/// The password never appears in `description`.
+public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+    public var user: String
+    public var password: String
+    public var virtualHost: String
+    public var usesTLS: Bool
+
+    public init(host: String = "127.0.0.1", port: Int = 5672, user: String = "guest", password: String = "guest",
+                virtualHost: String = "/", usesTLS: Bool = false) {
+        self.host = host
+        self.port = port
+        self.user = user
+        self.password = password
+        self.virtualHost = virtualHost
+        self.usesTLS = usesTLS
+    }
+
+    public init(_ text: String) throws(AMQPError) {
+        let usesTLS: Bool
+        var rest: Substring
+        if text.hasPrefix("amqp://") {
+            usesTLS = false
+            rest = text.dropFirst(7)
+        } else if text.hasPrefix("amqps://") {
+            usesTLS = true
+            rest = text.dropFirst(8)
+        } else {
+            throw .badURL("must start with amqp:// or amqps://")
+        }
+        var user = "guest"
+        var password = "guest"
+        var virtualHost = "/"
+        if let slash = rest.firstIndex(of: "/") {
+            let path = rest[rest.index(after: slash)...]
+            guard !path.isEmpty else {
+                throw .badURL("a trailing / names the empty vhost; use /%2f for the default vhost \"/\"")
+            }
+            guard let decoded = Self.percentDecode(path) else { throw .badURL("bad percent-encoding in the vhost") }
+            virtualHost = decoded
+            rest = rest[..<slash]
+        }
+        if let at = rest.lastIndex(of: "@") {
+            let credentials = rest[..<at]
+            rest = rest[rest.index(after: at)...]
+            let parts = credentials.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
+            guard let decodedUser = Self.percentDecode(parts[0]) else { throw .badURL("bad percent-encoding in the user") }
+            user = decodedUser
+            if parts.count == 2 {
+                guard let decoded = Self.percentDecode(parts[1]) else {
+                    throw .badURL("bad percent-encoding in the password")
+                }
+                password = decoded
+            }
+        }
+        var host = rest
+        var port = usesTLS ? 5671 : 5672
+        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
+            let after = host[host.index(after: close)...]
+            if after.hasPrefix(":") {
+                guard let parsed = Int(after.dropFirst()), (1...65535).contains(parsed) else {
+                    throw .badURL("port \(after.dropFirst()) is not a number from 1 to 65535")
+                }
+                port = parsed
+            }
+            host = host[host.index(after: host.startIndex)..<close]
+        } else if let colon = host.lastIndex(of: ":") {
+            let portText = host[host.index(after: colon)...]
+            guard let parsed = Int(portText), (1...65535).contains(parsed) else {
+                throw .badURL("port \(portText) is not a number from 1 to 65535")
+            }
+            port = parsed
+            host = host[..<colon]
+        }
+        guard !host.isEmpty else { throw .badURL("no host") }
+        self.init(host: String(host), port: port, user: user, password: password, virtualHost: virtualHost,
+                  usesTLS: usesTLS)
+    }
+
+    public var description: String {
+        let vhost = virtualHost == "/" ? "%2f" : virtualHost
+        return "\(usesTLS ? "amqps" : "amqp")://\(user):***@\(host):\(port)/\(vhost)"
+    }
+
+    static func percentDecode(_ text: Substring) -> String? {
+        var bytes: [UInt8] = []
+        var iterator = Array(text.utf8).makeIterator()
+        while let byte = iterator.next() {
+            if byte == UInt8(ascii: "%") {
+                guard let high = iterator.next(), let low = iterator.next(),
+                      let value = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16) else { return nil }
+                bytes.append(value)
+            } else {
+                bytes.append(byte)
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+}

@@ -1,0 +1,249 @@
+import Foundation
+import HTTP2
+import Synchronization
+import Telemetry
+
+/// Where an APNs environment lives: `https://host[:port]` (443 or 2197 for Apple, anything for a private endpoint).
+public struct APNsEndpoint: Sendable, Equatable {
+    public var host: String
+    public var port: Int
+
+    public static let production = APNsEndpoint(host: "api.push.apple.com", port: 443)
+    public static let sandbox = APNsEndpoint(host: "api.sandbox.push.apple.com", port: 443)
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    public init(url: String) throws(APNsConfigurationError) {
+        guard url.hasPrefix("https://") else { throw .badURL(url, "must start with https://") }
+        var rest = url.dropFirst("https://".count)
+        if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
+        var host = Substring(rest)
+        var port = 443
+        if host.hasPrefix("[") , let close = host.firstIndex(of: "]") {  // [::1]:2197
+            let after = host[host.index(after: close)...]
+            if after.hasPrefix(":") {
+                guard let parsed = Int(after.dropFirst()), (1...65535).contains(parsed) else { throw .badURL(url, "bad port") }
+                port = parsed
+            }
+            host = host[host.index(after: host.startIndex)..<close]
+        } else if let colon = host.lastIndex(of: ":") {
+            guard let parsed = Int(host[host.index(after: colon)...]), (1...65535).contains(parsed) else {
+                throw .badURL(url, "bad port")
+            }
+            port = parsed
+            host = host[..<colon]
+        }
+        guard !host.isEmpty else { throw .badURL(url, "no host") }
+        self.host = String(host)
+        self.port = port
+    }
+}
+
+public enum APNsConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    case badURL(String, String)
+    case noCredentials
+
+    public var description: String {
+        switch self {
+        case .badURL(let url, let why): "APNs URL \(url): \(why)"
+        case .noCredentials:
+            "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and APNS_TEAM_ID (token), or APNS_CERT_FILE (certificate)"
+        }
+    }
+}
+
+/// How the worker proves itself to APNs.
+public enum APNsAuthentication: Sendable {
+    /// A provider token (JWT) on every request.
+    case token(APNsTokenProvider)
+    /// A TLS client certificate: PEM certificate and its key (the key may sit in the certificate file).
+    case certificate(certificateFile: String, privateKeyFile: String?)
+}
+
+public struct APNsClientConfiguration: Sendable {
+    public var production: APNsEndpoint
+    public var sandbox: APNsEndpoint
+    /// Extra CA bundle for private endpoints such as apns-sim.
+    public var caFile: String?
+    /// Peer verification; off only through an explicit setting, and logged loudly when off.
+    public var verifyPeer: Bool
+    public var connectionsPerEnvironment: Int
+    public var requestTimeout: Double
+
+    public init(production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
+                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, requestTimeout: Double = 30) {
+        self.production = production
+        self.sandbox = sandbox
+        self.caFile = caFile
+        self.verifyPeer = verifyPeer
+        self.connectionsPerEnvironment = connectionsPerEnvironment
+        self.requestTimeout = requestTimeout
+    }
+}
+
+/// One notification's fate, as the pipeline needs it.
+public struct APNsResult: Sendable, Equatable {
+    public var outcome: APNsOutcome
+    /// APNs's answer, when there was one.
+    public var response: APNsResponse?
+    /// Why there was no answer (connection trouble), or why it was not sent (a broken rule).
+    public var error: String?
+
+    public init(outcome: APNsOutcome, response: APNsResponse? = nil, error: String? = nil) {
+        self.outcome = outcome
+        self.response = response
+        self.error = error
+    }
+}
+
+/// Sends notifications over persistent HTTP/2 connections, one pool per environment, all on one event loop.
+public final class APNsClient: Sendable {
+    public let configuration: APNsClientConfiguration
+    private let authentication: APNsAuthentication
+    private let logger: Logger
+    private let loop: EventLoop
+    private let pools = Mutex<[APNsEnvironment: HTTP2Client]>([:])
+
+    public init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
+        self.configuration = configuration
+        self.authentication = authentication
+        self.logger = logger
+        self.loop = EventLoop(name: "apns")
+        if !configuration.verifyPeer {
+            logger.critical("TLS peer verification is OFF for APNs: anyone on the path can read and forge pushes",
+                            ["tls.verify": "false"])
+        }
+    }
+
+    /// Sends a batch. `completion` runs once per notification with its index, on the client's loop thread:
+    /// keep it short. Notifications that break Apple's rules are answered at once, without a request.
+    public func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)],
+                     completion: @escaping @Sendable (Int, APNsResult) -> Void) {
+        var authorization: String?
+        if case .token(let provider) = authentication {
+            do { authorization = try provider.authorization() } catch {
+                logger.critical("cannot sign the APNs provider token", ["error": "\(error)"])
+                for index in notifications.indices {
+                    completion(index, APNsResult(outcome: .permanentFailure, error: "\(error)"))
+                }
+                return
+            }
+        }
+        for environment in APNsEnvironment.allCases {
+            let indices = notifications.indices.filter { notifications[$0].environment == environment }
+            guard !indices.isEmpty else { continue }
+            let pool: HTTP2Client
+            do { pool = try self.pool(for: environment) } catch {
+                for index in indices { completion(index, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
+                continue
+            }
+            var requests: [HTTP2Request] = []
+            var sendable: [Int] = []
+            requests.reserveCapacity(indices.count)
+            for index in indices {
+                let notification = notifications[index].notification
+                do throws(APNsRequestError) {
+                    try notification.validate()
+                } catch {
+                    completion(index, APNsResult(outcome: .permanentFailure, error: error.description))
+                    continue
+                }
+                requests.append(Self.request(for: notification, authority: pool.authority, authorization: authorization))
+                sendable.append(index)
+            }
+            guard !requests.isEmpty else { continue }
+            let sentIndices = sendable
+            let retry: @Sendable (Int) -> Void = { [self] position in
+                let original = sentIndices[position]
+                send([notifications[original]]) { _, result in completion(original, result) }
+            }
+            pool.send(requests) { [self] position, result in
+                let index = sentIndices[position]
+                let outcome = interpret(result, environment: environment)
+                if outcome.outcome == .refreshTokenAndRetry, case .token(let provider) = authentication,
+                   provider.invalidate() {
+                    logger.warning("APNs says the provider token expired: minting a new one and sending again")
+                    retry(position)
+                    return
+                }
+                completion(index, outcome)
+            }
+        }
+    }
+
+    public func shutdown() {
+        let all = pools.withLock { Array($0.values) }
+        for pool in all { pool.shutdown() }
+        loop.shutdown()
+    }
+
+    /// Open connections and requests under way, over all pools.
+    public func snapshot(_ body: @escaping @Sendable (_ openConnections: Int, _ inFlight: Int) -> Void) {
+        let all = pools.withLock { Array($0.values) }
+        guard !all.isEmpty else { return body(0, 0) }
+        let totals = Mutex<(seen: Int, open: Int, inFlight: Int)>((0, 0, 0))
+        for pool in all {
+            pool.snapshot { open, inFlight in
+                let done = totals.withLock { totals -> (Int, Int)? in
+                    totals = (totals.seen + 1, totals.open + open, totals.inFlight + inFlight)
+                    return totals.seen == all.count ? (totals.open, totals.inFlight) : nil
+                }
+                if let done { body(done.0, done.1) }
+            }
+        }
+    }
+
+    static func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
+        var headers = HTTP2HeaderBlock.request(method: "POST", authority: authority,
+                                               path: "/3/device/" + notification.deviceToken)
+        if let authorization { headers.add("authorization", authorization) }
+        headers.add("apns-push-type", notification.pushType.rawValue)
+        headers.add("apns-topic", notification.topic)
+        headers.add("apns-priority", String(notification.priority.rawValue))
+        if let expiration = notification.expiration { headers.add("apns-expiration", String(expiration)) }
+        if let collapseID = notification.collapseID { headers.add("apns-collapse-id", collapseID) }
+        if let apnsID = notification.apnsID { headers.add("apns-id", apnsID) }
+        return HTTP2Request(headers: headers, body: notification.payload)
+    }
+
+    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment) -> APNsResult {
+        switch result {
+        case .success(let http):
+            let body: (reason: APNsReason?, timestamp: Int64?) = http.status == 200 ? (nil, nil)
+                : APNsResponse.parseBody(http.body)
+            let response = APNsResponse(status: http.status, apnsID: http.header("apns-id"),
+                                        apnsUniqueID: http.header("apns-unique-id"), reason: body.reason,
+                                        timestamp: body.timestamp)
+            if APNsOutcome.isConfigurationError(response) {
+                logger.error("APNs rejected the credentials or topic: fix the configuration",
+                             ["apns.status": String(http.status), "apns.reason": response.reason?.rawValue ?? "",
+                              "apns.environment": environment.rawValue])
+            }
+            return APNsResult(outcome: APNsOutcome.classify(response), response: response)
+        case .failure(let error):
+            return APNsResult(outcome: .retryLater(delay: 1), error: error.description)
+        }
+    }
+
+    private func pool(for environment: APNsEnvironment) throws -> HTTP2Client {
+        try pools.withLock { pools in
+            if let pool = pools[environment] { return pool }
+            let endpoint = environment == .production ? configuration.production : configuration.sandbox
+            var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
+            if case .certificate(let certificate, let key) = authentication {
+                tls.certificateFile = certificate
+                tls.privateKeyFile = key
+            }
+            let pool = try HTTP2Client(
+                configuration: .init(host: endpoint.host, port: endpoint.port, tls: tls,
+                                     connectionCount: configuration.connectionsPerEnvironment,
+                                     requestTimeout: configuration.requestTimeout),
+                loop: loop, logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue]))
+            pools[environment] = pool
+            return pool
+        }
+    }
+}

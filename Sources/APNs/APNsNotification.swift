@@ -1,0 +1,96 @@
+/// One push to one device token, checked against Apple's rules before anything is sent.
+public struct APNsNotification: Sendable {
+    public var deviceToken: String
+    public var topic: String
+    public var pushType: APNsPushType
+    public var priority: APNsPriority
+    /// UNIX seconds; 0 means "try once, do not store"; nil leaves storage to Apple.
+    public var expiration: Int64?
+    public var collapseID: String?
+    /// Canonical lowercase UUID; APNs makes one when absent.
+    public var apnsID: String?
+    /// The JSON payload, encoded once per job and shared by all of its notifications.
+    public var payload: [UInt8]
+
+    public init(deviceToken: String, topic: String, pushType: APNsPushType = .alert, priority: APNsPriority? = nil,
+                expiration: Int64? = nil, collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]) {
+        self.deviceToken = deviceToken
+        self.topic = topic
+        self.pushType = pushType
+        self.priority = priority ?? pushType.defaultPriority
+        self.expiration = expiration
+        self.collapseID = collapseID
+        self.apnsID = apnsID
+        self.payload = payload
+    }
+
+    /// Throws the first rule this notification breaks, in words that name it.
+    public func validate() throws(APNsRequestError) {
+        try Self.validateDeviceToken(deviceToken)
+        if topic.isEmpty { throw .missingTopic }
+        if payload.isEmpty { throw .payloadEmpty }
+        if payload.count > pushType.maximumPayloadSize {
+            throw .payloadTooLarge(size: payload.count, limit: pushType.maximumPayloadSize)
+        }
+        if pushType == .background && priority == .immediately { throw .backgroundWithImmediatePriority }
+        if let collapseID, collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
+        if let expiration, expiration < 0 { throw .badExpiration(expiration) }
+        if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
+        if !pushType.topicSuffix.isEmpty && !topic.hasSuffix(pushType.topicSuffix) {
+            throw .topicMissingSuffix(topic: topic, pushType: pushType)
+        }
+    }
+
+    /// Device tokens are hex of no fixed length (Apple warns against assuming 64 characters).
+    public static func validateDeviceToken(_ token: String) throws(APNsRequestError) {
+        guard !token.isEmpty, token.utf8.count <= 200, token.utf8.count % 2 == 0,
+              token.utf8.allSatisfy({ isHexDigit($0) }) else { throw .badDeviceToken(length: token.utf8.count) }
+    }
+
+    static func isHexDigit(_ byte: UInt8) -> Bool {
+        (byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102) || (byte >= 65 && byte <= 70)
+    }
+
+    /// 8-4-4-4-12 lowercase hex.
+    public static func isCanonicalUUID(_ value: String) -> Bool {
+        let bytes = Array(value.utf8)
+        guard bytes.count == 36 else { return false }
+        for (index, byte) in bytes.enumerated() {
+            if [8, 13, 18, 23].contains(index) {
+                if byte != UInt8(ascii: "-") { return false }
+            } else if !((byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102)) {
+                return false
+            }
+        }
+        return true
+    }
+}
+
+/// A notification that breaks one of Apple's rules: caught here, before APNs sees it.
+public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertible {
+    case badDeviceToken(length: Int)
+    case missingTopic
+    case payloadEmpty
+    case payloadTooLarge(size: Int, limit: Int)
+    case backgroundWithImmediatePriority
+    case collapseIDTooLong(Int)
+    case badExpiration(Int64)
+    case badAPNsID(String)
+    case topicMissingSuffix(topic: String, pushType: APNsPushType)
+
+    public var description: String {
+        switch self {
+        case .badDeviceToken(let length):
+            "device token is not an even-length hex string of 2...200 characters (got \(length) characters)"
+        case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
+        case .payloadEmpty: "payload is empty"
+        case .payloadTooLarge(let size, let limit): "payload is \(size) bytes, over the \(limit)-byte limit"
+        case .backgroundWithImmediatePriority: "background pushes must use priority 5 or 1, not 10"
+        case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
+        case .badExpiration(let value): "expiration \(value) is not UNIX seconds (0 or later)"
+        case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"
+        case .topicMissingSuffix(let topic, let pushType):
+            "topic \(topic) lacks the \(pushType.topicSuffix) suffix that push type \(pushType) requires"
+        }
+    }
+}

@@ -1,0 +1,87 @@
+import Foundation
+
+/// What APNs answered for one notification.
+public struct APNsResponse: Sendable, Equatable {
+    public var status: Int
+    public var apnsID: String?
+    /// Development environment only.
+    public var apnsUniqueID: String?
+    public var reason: APNsReason?
+    /// With 410: milliseconds since the epoch at which APNs learned the token is no longer valid for the topic.
+    public var timestamp: Int64?
+
+    public init(status: Int, apnsID: String? = nil, apnsUniqueID: String? = nil, reason: APNsReason? = nil,
+                timestamp: Int64? = nil) {
+        self.status = status
+        self.apnsID = apnsID
+        self.apnsUniqueID = apnsUniqueID
+        self.reason = reason
+        self.timestamp = timestamp
+    }
+
+    /// Reads `{"reason": "...", "timestamp": ...}`; a body that is not that JSON leaves both nil, never fails.
+    public static func parseBody(_ body: [UInt8]) -> (reason: APNsReason?, timestamp: Int64?) {
+        guard !body.isEmpty, body.count <= 64 * 1024,
+              let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
+            return (nil, nil)
+        }
+        let reason = (object["reason"] as? String).map(APNsReason.init)
+        let timestamp = (object["timestamp"] as? NSNumber).map { $0.int64Value }
+        return (reason, timestamp)
+    }
+}
+
+/// The one place that decides what a response, or its absence, means. The pipeline switches over this, nothing else.
+public enum APNsOutcome: Sendable, Equatable {
+    /// Accepted by APNs.
+    case delivered
+    /// The token is dead for this topic: stop sending to it and tell the token owners.
+    case deadToken
+    /// Try again after `delay` seconds (throttling, server trouble, lost connections).
+    case retryLater(delay: Double)
+    /// The provider token expired: mint a new one, then send again.
+    case refreshTokenAndRetry
+    /// A new connection is needed (key or environment not bound to this one), then send again.
+    case replaceConnectionAndRetry
+    /// Sending again cannot help: the notification or the configuration is wrong.
+    case permanentFailure
+
+    public static func classify(_ response: APNsResponse) -> APNsOutcome {
+        switch response.status {
+        case 200:
+            return .delivered
+        case 410:
+            return .deadToken
+        case 400 where response.reason == .badDeviceToken || response.reason == .deviceTokenNotForTopic:
+            return .deadToken
+        case 403 where response.reason == .expiredProviderToken:
+            return .refreshTokenAndRetry
+        case 403 where response.reason == .unrelatedKeyIdInToken || response.reason == .badEnvironmentKeyIdInToken:
+            return .replaceConnectionAndRetry
+        case 429 where response.reason == .tooManyProviderTokenUpdates:
+            return .retryLater(delay: 5)
+        case 429:
+            return .retryLater(delay: 60)
+        case 400 where response.reason == .idleTimeout:
+            return .retryLater(delay: 0)
+        case 500...599:
+            return .retryLater(delay: 15)
+        default:
+            return .permanentFailure
+        }
+    }
+
+    /// A configuration mistake an operator must fix (keys, certificates, topics): logged loudly, never retried in a loop.
+    public static func isConfigurationError(_ response: APNsResponse) -> Bool {
+        guard response.status == 403 else { return response.reason == .topicDisallowed || response.reason == .badTopic }
+        return response.reason != .expiredProviderToken
+    }
+
+    /// Whether this outcome ends the notification's story.
+    public var isFinal: Bool {
+        switch self {
+        case .delivered, .deadToken, .permanentFailure: true
+        case .retryLater, .refreshTokenAndRetry, .replaceConnectionAndRetry: false
+        }
+    }
+}

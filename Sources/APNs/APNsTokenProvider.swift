@@ -1,0 +1,88 @@
+import Foundation
+import Synchronization
+
+/// The provider token (ES256 JWT) for one key, shared by every connection of the process.
+///
+/// Apple: iat older than an hour is rejected (ExpiredProviderToken), and a connection must not see a new token more
+/// often than every 20 minutes (TooManyProviderTokenUpdates). So one token is minted per key and replaced after
+/// `refreshInterval` (default 50 minutes, kept within 20...60); an early refresh after ExpiredProviderToken is
+/// allowed only when the current token is at least 20 minutes old or its clock is clearly wrong.
+public final class APNsTokenProvider: Sendable {
+    public static let minimumRefreshInterval: Double = 20 * 60
+    public static let maximumTokenAge: Double = 60 * 60
+
+    public let keyID: String
+    public let teamID: String
+    private let key: ES256Key
+    private let refreshInterval: Double
+    private let clock: @Sendable () -> Double
+    private let current = Mutex<(token: String, issuedAt: Int64)?>(nil)
+
+    public init(key: ES256Key, keyID: String, teamID: String, refreshInterval: Double = 50 * 60,
+                clock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) throws(APNsKeyError) {
+        for (field, value) in [("APNS_KEY_ID", keyID), ("APNS_TEAM_ID", teamID)] {
+            guard value.utf8.count == 10, value.utf8.allSatisfy({ Self.isAlphanumeric($0) }) else {
+                throw .badIdentifier(field: field, value: value)
+            }
+        }
+        guard key.hasPrivateKey else { throw .unreadable("APNS_KEY_FILE holds a public key, not the private .p8 key") }
+        self.key = key
+        self.keyID = keyID
+        self.teamID = teamID
+        self.refreshInterval = min(max(refreshInterval, Self.minimumRefreshInterval), Self.maximumTokenAge - 60)
+        self.clock = clock
+    }
+
+    /// The `authorization` header value, minting a token when none is fresh enough.
+    public func authorization() throws(APNsKeyError) -> String {
+        let now = clock()
+        return try current.withLock { (state) throws(APNsKeyError) -> String in
+            if let state, now - Double(state.issuedAt) < refreshInterval, Double(state.issuedAt) <= now + 60 {
+                return "bearer " + state.token
+            }
+            let issuedAt = Int64(now)
+            let token = try makeToken(issuedAt: issuedAt)
+            state = (token, issuedAt)
+            return "bearer " + token
+        }
+    }
+
+    /// After 403 ExpiredProviderToken: drops the current token if replacing it cannot trip Apple's 20-minute rule.
+    /// Returns whether a new token will be minted.
+    @discardableResult
+    public func invalidate() -> Bool {
+        let now = clock()
+        return current.withLock { state in
+            guard let issuedAt = state?.issuedAt else { return true }
+            guard now - Double(issuedAt) >= Self.minimumRefreshInterval || Double(issuedAt) > now + 60 else { return false }
+            state = nil
+            return true
+        }
+    }
+
+    /// Builds header.claims.signature, each part base64url without padding.
+    public func makeToken(issuedAt: Int64) throws(APNsKeyError) -> String {
+        let header = Self.base64URL(Array("{\"alg\":\"ES256\",\"kid\":\"\(keyID)\"}".utf8))
+        let claims = Self.base64URL(Array("{\"iss\":\"\(teamID)\",\"iat\":\(issuedAt)}".utf8))
+        let signingInput = header + "." + claims
+        let signature = try key.sign(Array(signingInput.utf8))
+        return signingInput + "." + Self.base64URL(signature)
+    }
+
+    public static func base64URL(_ bytes: [UInt8]) -> String {
+        Data(bytes).base64EncodedString()
+            .replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    public static func base64URLDecode(_ text: Substring) -> [UInt8]? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        return Data(base64Encoded: base64).map(Array.init)
+    }
+
+    private static func isAlphanumeric(_ byte: UInt8) -> Bool {
+        (byte >= 48 && byte <= 57) || (byte >= 65 && byte <= 90) || (byte >= 97 && byte <= 122)
+    }
+}

@@ -1,0 +1,117 @@
+/// Apple's vocabulary for a push, as structs with static members: unknown values from outside stay representable.
+
+/// The `apns-push-type` header, with the topic suffix Apple requires for it.
+public struct APNsPushType: Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: String
+    /// What `apns-topic` must end with for this push type ("" when the bundle ID is used as it is).
+    public let topicSuffix: String
+
+    public static let alert = APNsPushType(rawValue: "alert", topicSuffix: "")
+    public static let background = APNsPushType(rawValue: "background", topicSuffix: "")
+    public static let voip = APNsPushType(rawValue: "voip", topicSuffix: ".voip")
+    public static let complication = APNsPushType(rawValue: "complication", topicSuffix: ".complication")
+    public static let fileprovider = APNsPushType(rawValue: "fileprovider", topicSuffix: ".pushkit.fileprovider")
+    public static let mdm = APNsPushType(rawValue: "mdm", topicSuffix: "")
+    public static let liveactivity = APNsPushType(rawValue: "liveactivity", topicSuffix: ".push-type.liveactivity")
+    public static let location = APNsPushType(rawValue: "location", topicSuffix: ".location-query")
+    public static let pushtotalk = APNsPushType(rawValue: "pushtotalk", topicSuffix: ".voip-ptt")
+    public static let widgets = APNsPushType(rawValue: "widgets", topicSuffix: ".push-type.widgets")
+    public static let controls = APNsPushType(rawValue: "controls", topicSuffix: ".push-type.controls")
+
+    public static let allCases: [APNsPushType] = [.alert, .background, .voip, .complication, .fileprovider, .mdm,
+                                                  .liveactivity, .location, .pushtotalk, .widgets, .controls]
+
+    public init?(rawValue: String) {
+        guard let known = Self.allCases.first(where: { $0.rawValue == rawValue }) else { return nil }
+        self = known
+    }
+
+    private init(rawValue: String, topicSuffix: String) {
+        self.rawValue = rawValue
+        self.topicSuffix = topicSuffix
+    }
+
+    /// Largest payload Apple accepts for this push type.
+    public var maximumPayloadSize: Int { self == .voip ? 5120 : 4096 }
+
+    /// The priority Apple expects when a job names none.
+    public var defaultPriority: APNsPriority { self == .background ? .considerPower : .immediately }
+
+    /// The topic to send with: the bundle ID plus the suffix this push type needs, unless it is already there.
+    public func topic(forBundle bundle: String) -> String {
+        topicSuffix.isEmpty || bundle.hasSuffix(topicSuffix) ? bundle : bundle + topicSuffix
+    }
+
+    public var description: String { rawValue }
+}
+
+/// The `apns-priority` header. 10 is immediate, 5 is power-aware (the source article has them reversed), 1 is lowest.
+public struct APNsPriority: Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: Int
+
+    public static let immediately = APNsPriority(rawValue: 10)!
+    public static let considerPower = APNsPriority(rawValue: 5)!
+    public static let lowest = APNsPriority(rawValue: 1)!
+
+    public init?(rawValue: Int) {
+        guard [10, 5, 1].contains(rawValue) else { return nil }
+        self.rawValue = rawValue
+    }
+
+    public var description: String { String(rawValue) }
+}
+
+/// Which APNs a device token belongs to.
+public enum APNsEnvironment: String, Sendable, Hashable, CaseIterable {
+    case production
+    case sandbox
+}
+
+/// Apple's `reason` strings: an open set, so a reason Apple adds later is kept, not a decoding failure.
+public struct APNsReason: Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: String
+
+    public init(_ rawValue: String) { self.rawValue = rawValue }
+
+    public var description: String { rawValue }
+
+    // 400
+    public static let badCollapseId = APNsReason("BadCollapseId")
+    public static let badDeviceToken = APNsReason("BadDeviceToken")
+    public static let badExpirationDate = APNsReason("BadExpirationDate")
+    public static let badMessageId = APNsReason("BadMessageId")
+    public static let badPriority = APNsReason("BadPriority")
+    public static let badTopic = APNsReason("BadTopic")
+    public static let deviceTokenNotForTopic = APNsReason("DeviceTokenNotForTopic")
+    public static let duplicateHeaders = APNsReason("DuplicateHeaders")
+    public static let idleTimeout = APNsReason("IdleTimeout")
+    public static let invalidPushType = APNsReason("InvalidPushType")
+    public static let missingDeviceToken = APNsReason("MissingDeviceToken")
+    public static let missingTopic = APNsReason("MissingTopic")
+    public static let payloadEmpty = APNsReason("PayloadEmpty")
+    public static let topicDisallowed = APNsReason("TopicDisallowed")
+    // 403
+    public static let badCertificate = APNsReason("BadCertificate")
+    public static let badCertificateEnvironment = APNsReason("BadCertificateEnvironment")
+    public static let expiredProviderToken = APNsReason("ExpiredProviderToken")
+    public static let forbidden = APNsReason("Forbidden")
+    public static let invalidProviderToken = APNsReason("InvalidProviderToken")
+    public static let missingProviderToken = APNsReason("MissingProviderToken")
+    public static let unrelatedKeyIdInToken = APNsReason("UnrelatedKeyIdInToken")
+    public static let badEnvironmentKeyIdInToken = APNsReason("BadEnvironmentKeyIdInToken")
+    // 404, 405
+    public static let badPath = APNsReason("BadPath")
+    public static let methodNotAllowed = APNsReason("MethodNotAllowed")
+    // 410
+    public static let unregistered = APNsReason("Unregistered")
+    public static let expiredToken = APNsReason("ExpiredToken")
+    // 413
+    public static let payloadTooLarge = APNsReason("PayloadTooLarge")
+    // 429
+    public static let tooManyProviderTokenUpdates = APNsReason("TooManyProviderTokenUpdates")
+    public static let tooManyRequests = APNsReason("TooManyRequests")
+    // 500, 503
+    public static let internalServerError = APNsReason("InternalServerError")
+    public static let serviceUnavailable = APNsReason("ServiceUnavailable")
+    public static let shutdown = APNsReason("Shutdown")
+}

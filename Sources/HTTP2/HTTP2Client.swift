@@ -1,0 +1,309 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Telemetry
+
+/// Persistent HTTP/2 connections to one endpoint, all driven by one `EventLoop` thread.
+///
+/// Requests are spread over the open connections by load, each connection within the peer's
+/// SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2 holds back what exceeds it). A request whose stream was refused,
+/// never sent, or lost with its connection is sent again on another connection, up to `maximumAttempts` sends.
+/// Completions run on the loop thread: keep them short, hand real work to another thread in batches.
+public final class HTTP2Client: @unchecked Sendable {
+    // Invariant: everything below `loop` is touched only on the loop thread.
+    public struct Configuration: Sendable {
+        public var host: String
+        public var port: Int
+        public var tls: TLSClientConfiguration
+        public var connectionCount: Int
+        public var connectTimeout: Double
+        /// How long a request may wait for its response, queueing included.
+        public var requestTimeout: Double
+        /// Sends of one request, counting the first, when streams are refused or connections lost.
+        public var maximumAttempts: Int
+        public var reconnectBaseDelay: Double
+        public var reconnectMaximumDelay: Double
+
+        public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
+                    connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
+                    reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30) {
+            self.host = host
+            self.port = port
+            self.tls = tls
+            self.connectionCount = max(1, connectionCount)
+            self.connectTimeout = connectTimeout
+            self.requestTimeout = requestTimeout
+            self.maximumAttempts = max(1, maximumAttempts)
+            self.reconnectBaseDelay = reconnectBaseDelay
+            self.reconnectMaximumDelay = reconnectMaximumDelay
+        }
+    }
+
+    public typealias Completion = @Sendable (Result<HTTP2Response, HTTP2StreamError>) -> Void
+
+    private struct Pending {
+        let request: HTTP2Request
+        let attempt: Int
+        let deadline: UInt64
+        let completion: Completion
+    }
+
+    public let configuration: Configuration
+    /// The :authority value requests to this endpoint carry.
+    public let authority: String
+    public let loop: EventLoop
+    private let ownsLoop: Bool
+    private let tlsContext: TLSContext
+    private let logger: Logger
+
+    private var connections: [HTTP2Connection] = []
+    private var connectionsStarting = 0
+    private var waiting: [Pending] = []
+    private var consecutiveFailedConnects = 0
+    private var reconnectTimer: UInt64?
+    private var nextConnectionID = 1
+    private var isShutDown = false
+    private var sweepTimer: UInt64?
+    private var lastConnectError: String?
+
+    public init(configuration: Configuration, loop: EventLoop? = nil, logger: Logger) throws {
+        self.configuration = configuration
+        self.authority = configuration.port == 443 ? configuration.host : "\(configuration.host):\(configuration.port)"
+        self.tlsContext = try TLSContext.client(configuration.tls)
+        self.logger = logger
+        self.ownsLoop = loop == nil
+        self.loop = loop ?? EventLoop(name: "http2-\(configuration.host)")
+        self.loop.execute { [self] in
+            scheduleSweep()
+            openMissingConnections()
+        }
+    }
+
+    /// Sends one request; `completion` runs on the loop thread.
+    public func send(_ request: HTTP2Request, completion: @escaping Completion) {
+        send([request]) { _, result in completion(result) }
+    }
+
+    /// Sends a batch; `completion` runs once per request, with its index, on the loop thread.
+    public func send(_ requests: [HTTP2Request], completion: @escaping @Sendable (Int, Result<HTTP2Response, HTTP2StreamError>) -> Void) {
+        loop.execute { [self] in
+            let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
+            var touched: [HTTP2Connection] = []
+            for (index, request) in requests.enumerated() {
+                let pending = Pending(request: request, attempt: 1, deadline: deadline) { completion(index, $0) }
+                if let connection = dispatch(pending), !touched.contains(where: { $0 === connection }) {
+                    touched.append(connection)
+                }
+            }
+            for connection in touched { connection.flushSoon() }
+        }
+    }
+
+    /// Open connections and requests in flight or queued, read on the loop thread.
+    public func snapshot(_ body: @escaping @Sendable (_ openConnections: Int, _ inFlight: Int) -> Void) {
+        loop.execute { [self] in
+            body(connections.filter { $0.state == .open }.count,
+                 connections.reduce(waiting.count) { $0 + $1.streams.count })
+        }
+    }
+
+    /// Sends GOAWAY-free close to every connection and fails what is queued; waits for the loop if it owns it.
+    public func shutdown() {
+        loop.execute { [self] in
+            isShutDown = true
+            if let reconnectTimer { loop.cancelTimer(reconnectTimer) }
+            if let sweepTimer { loop.cancelTimer(sweepTimer) }
+            for connection in connections { connection.close(reason: "client shut down") }
+            failWaiting(.notSent("client shut down"))
+        }
+        if ownsLoop { loop.shutdown() }
+    }
+
+    // MARK: loop thread
+
+    /// Puts the request on the least-loaded open connection, or queues it until one opens.
+    private func dispatch(_ pending: Pending) -> HTTP2Connection? {
+        guard !isShutDown else {
+            pending.completion(.failure(.notSent("client shut down")))
+            return nil
+        }
+        if let connection = leastLoadedConnection(),
+           connection.submitRequest(pending.request, attempt: pending.attempt, completion: { [self] result in
+               finished(pending, result)
+           }) {
+            return connection
+        }
+        waiting.append(pending)
+        openMissingConnections()
+        return nil
+    }
+
+    private func leastLoadedConnection() -> HTTP2Connection? {
+        var best: HTTP2Connection?
+        var bestLoad = Double.infinity
+        for connection in connections where connection.acceptsRequests {
+            let load = Double(connection.streams.count) / Double(max(1, connection.remoteMaxConcurrentStreams))
+            if load < bestLoad {
+                best = connection
+                bestLoad = load
+            }
+        }
+        return best
+    }
+
+    private func finished(_ pending: Pending, _ result: Result<HTTP2Response, HTTP2StreamError>) {
+        if case .failure(let error) = result, pending.attempt < configuration.maximumAttempts, !isShutDown {
+            switch error {
+            case .refused, .connectionLost, .notSent:
+                logger.debug("resending a request", ["http2.reason": error.description,
+                                                     "http2.attempt": String(pending.attempt + 1)])
+                // Resent after the current callback returns, never from inside nghttp2's own callback.
+                waiting.append(Pending(request: pending.request, attempt: pending.attempt + 1,
+                                       deadline: pending.deadline, completion: pending.completion))
+                loop.execute { [self] in drainWaiting() }
+                return
+            case .reset, .timedOut:
+                break
+            }
+        }
+        pending.completion(result)
+    }
+
+    private func drainWaiting() {
+        guard !waiting.isEmpty, connections.contains(where: { $0.acceptsRequests }) else {
+            openMissingConnections()
+            return
+        }
+        let queued = waiting
+        waiting.removeAll(keepingCapacity: true)
+        var touched: [HTTP2Connection] = []
+        for pending in queued {
+            if let connection = dispatch(pending), !touched.contains(where: { $0 === connection }) {
+                touched.append(connection)
+            }
+        }
+        for connection in touched { connection.flushSoon() }
+    }
+
+    private func failWaiting(_ error: HTTP2StreamError) {
+        let queued = waiting
+        waiting.removeAll()
+        for pending in queued { pending.completion(.failure(error)) }
+    }
+
+    private func openMissingConnections() {
+        guard !isShutDown, reconnectTimer == nil else { return }
+        while connections.count + connectionsStarting < configuration.connectionCount {
+            startConnection()
+        }
+    }
+
+    private func startConnection() {
+        connectionsStarting += 1
+        let host = configuration.host
+        let port = configuration.port
+        // DNS blocks, so it runs on a short-lived thread of its own, afresh for every new connection.
+        let resolver = Thread { [self] in
+            let addresses = Result { try Socket.resolve(host: host, port: port) }
+            loop.execute { [self] in
+                connectionsStarting -= 1
+                connect(addresses)
+            }
+        }
+        resolver.start()
+    }
+
+    private func connect(_ addresses: Result<[sockaddr_storage], Error>) {
+        guard !isShutDown else { return }
+        do {
+            guard let address = try addresses.get().first else { throw SocketError(message: "no address") }
+            let descriptor = try Socket.startConnect(to: address)
+            let tls: TLSStream
+            do {
+                tls = try TLSStream(context: tlsContext, fileDescriptor: descriptor, serverName: configuration.host)
+            } catch {
+                close(descriptor)
+                throw error
+            }
+            let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
+                                             role: .client, connecting: true)
+            nextConnectionID += 1
+            adopt(connection)
+        } catch {
+            connectFailed("\(error)")
+        }
+    }
+
+    private func adopt(_ connection: HTTP2Connection) {
+        connections.append(connection)
+        loop.register(connection)
+        var opened = false
+        let connectTimer = loop.schedule(after: configuration.connectTimeout) { [weak connection] in
+            connection?.close(reason: "connect and TLS handshake timed out")
+        }
+        connection.onOpen = { [self, weak connection] in
+            opened = true
+            loop.cancelTimer(connectTimer)
+            consecutiveFailedConnects = 0
+            logger.info("HTTP/2 connection open", ["http2.connection": String(connection?.id ?? 0),
+                                                   "http2.endpoint": authority])
+            drainWaiting()
+        }
+        connection.onRemoteSettings = { [self, weak connection] maximumStreams in
+            logger.debug("peer settings", ["http2.connection": String(connection?.id ?? 0),
+                                           "http2.max_concurrent_streams": String(maximumStreams)])
+            // A raised limit makes room for what waits.
+            loop.execute { [self] in drainWaiting() }
+        }
+        connection.onGoAway = { [self, weak connection] lastStreamID, code, debugData in
+            logger.warning("GOAWAY received", ["http2.connection": String(connection?.id ?? 0),
+                                               "http2.last_stream_id": String(lastStreamID),
+                                               "http2.error_code": String(code), "http2.goaway_reason": debugData])
+            // Replace the connection now: the old one finishes its streams below last-stream-id and closes.
+            loop.execute { [self] in openMissingConnections() }
+        }
+        connection.onClose = { [self, weak connection] reason in
+            loop.cancelTimer(connectTimer)
+            connections.removeAll { $0 === connection }
+            if opened {
+                logger.info("HTTP/2 connection closed", ["http2.connection": String(connection?.id ?? 0),
+                                                         "http2.reason": reason])
+                loop.execute { [self] in openMissingConnections() }
+            } else {
+                connectFailed(reason)
+            }
+        }
+    }
+
+    private func connectFailed(_ reason: String) {
+        consecutiveFailedConnects += 1
+        lastConnectError = reason
+        let exponent = Double(min(consecutiveFailedConnects - 1, 16))
+        let ceiling = min(configuration.reconnectMaximumDelay, configuration.reconnectBaseDelay * pow(2, exponent))
+        // Full jitter: many workers losing the same endpoint do not come back in step.
+        let delay = Double.random(in: ceiling / 2...ceiling)
+        logger.error("cannot connect to APNs endpoint", ["http2.endpoint": authority, "http2.reason": reason,
+                                                         "http2.retry_in_s": String(format: "%.2f", delay)])
+        guard reconnectTimer == nil, !isShutDown else { return }
+        reconnectTimer = loop.schedule(after: delay) { [self] in
+            reconnectTimer = nil
+            openMissingConnections()
+        }
+    }
+
+    /// Once a second: requests past their deadline, queued or in flight, end with `timedOut`.
+    private func scheduleSweep() {
+        sweepTimer = loop.schedule(after: 1) { [self] in
+            let now = EventLoop.now()
+            let expired = waiting.filter { $0.deadline <= now }
+            if !expired.isEmpty {
+                waiting.removeAll { $0.deadline <= now }
+                let reason = lastConnectError.map { HTTP2StreamError.notSent("no connection: \($0)") } ?? .timedOut
+                for pending in expired { pending.completion(.failure(reason)) }
+            }
+            for connection in connections { connection.expireStreams(startedBefore: now - UInt64(configuration.requestTimeout * 1e9)) }
+            scheduleSweep()
+        }
+    }
+}

@@ -1,0 +1,532 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+internal import CNghttp2
+
+/// What a server does with a complete request: answer it through the writer, now or later, on the loop thread.
+public typealias HTTP2RequestHandler = (HTTP2ServerRequest, HTTP2ResponseWriter) -> Void
+
+/// A request as a server receives it.
+public struct HTTP2ServerRequest: Sendable {
+    public var connectionID: Int
+    public var streamID: Int32
+    public var headers: [HTTP2Field]
+    public var body: [UInt8]
+
+    public func header(_ name: String) -> String? { headers.first { $0.name == name }?.value }
+    public var method: String { header(":method") ?? "" }
+    public var path: String { header(":path") ?? "" }
+}
+
+/// The one way to answer a server request. Use it on the connection's loop thread.
+public struct HTTP2ResponseWriter: @unchecked Sendable {
+    // Invariant: used only on the loop thread that owns the connection.
+    weak var connection: HTTP2Connection?
+    let streamID: Int32
+
+    public func respond(status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
+        connection?.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
+    }
+
+    /// Resets the stream instead of answering (REFUSED_STREAM = 7, INTERNAL_ERROR = 2, ...).
+    public func reset(code: UInt32) { connection?.resetStream(streamID, code: code) }
+
+    /// Sends GOAWAY on this request's connection and stops taking new streams on it.
+    public func goAway(code: UInt32 = 0, debugData: String = "", lastStreamID: Int32? = nil) {
+        connection?.goAway(code: code, debugData: debugData, lastStreamID: lastStreamID)
+    }
+
+    /// Drops the TCP connection at once, without GOAWAY, as a network fault would.
+    public func dropConnection() { connection?.close(reason: "dropped on purpose") }
+
+    /// The peer's connection, for state a server keeps per connection.
+    public var connectionID: Int { connection?.id ?? -1 }
+}
+
+/// Per-stream state, owned by its connection.
+final class HTTP2Stream {
+    var incomingHeaders: [HTTP2Field] = []
+    var incomingBody: [UInt8] = []
+    var status = 0
+    var outgoingBody: [UInt8]
+    var outgoingOffset = 0
+    var attempt: Int
+    let startedAt = EventLoop.now()
+    let completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)?
+
+    init(outgoingBody: [UInt8] = [], attempt: Int = 0,
+         completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)? = nil) {
+        self.outgoingBody = outgoingBody
+        self.attempt = attempt
+        self.completion = completion
+    }
+}
+
+/// One HTTP/2 connection over TLS on a non-blocking socket, client or server, driven by one `EventLoop`.
+/// The TLS layer owns the socket; nghttp2 only turns bytes into frames and back (mem_recv / mem_send), so the
+/// bytes of many frames leave in one SSL_write.
+final class HTTP2Connection: PollHandler {
+    enum Role {
+        case client
+        case server(HTTP2RequestHandler)
+    }
+
+    enum State: Equatable { case connecting, handshaking, open, closed }
+
+    /// Largest response or request body accepted; anything bigger resets the stream (hostile or broken peer).
+    static let maximumBodySize = 1 << 20
+    private static let writeBatchSize = 64 * 1024
+    private static let readBufferSize = 64 * 1024
+
+    let id: Int
+    let loop: EventLoop
+    let fileDescriptor: Int32
+    let role: Role
+    private(set) var state: State
+    private let tls: TLSStream
+    private var session: OpaquePointer?
+    private(set) var streams: [Int32: HTTP2Stream] = [:]
+    private var outbound: [UInt8] = []
+    private var outboundSent = 0
+    private var wantsWrite = false
+    private var handshakeWantsWrite = false
+    private let readBuffer: UnsafeMutableRawBufferPointer
+    private var closeRequested: String?
+    private let serverSettings: [(id: Int32, value: UInt32)]
+
+    /// GOAWAY from the peer: streams above `lastStreamID` were not processed.
+    private(set) var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
+    private(set) var goAwaySent = false
+
+    var onOpen: (() -> Void)?
+    var onClose: ((String) -> Void)?
+    var onRemoteSettings: ((Int) -> Void)?
+    var onGoAway: ((Int32, UInt32, String) -> Void)?
+
+    init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
+         serverSettings: [(id: Int32, value: UInt32)] = []) {
+        self.id = id
+        self.loop = loop
+        self.fileDescriptor = fileDescriptor
+        self.tls = tls
+        self.role = role
+        self.state = connecting ? .connecting : .handshaking
+        self.serverSettings = serverSettings
+        readBuffer = .allocate(byteCount: Self.readBufferSize, alignment: 16)
+    }
+
+    deinit {
+        if let session { nghttp2_session_del(session) }
+        readBuffer.deallocate()
+    }
+
+    var isClient: Bool { if case .client = role { true } else { false } }
+
+    /// A connection that may take a new request now.
+    var acceptsRequests: Bool { state == .open && goAwayReceived == nil && !goAwaySent && closeRequested == nil }
+
+    var remoteMaxConcurrentStreams: Int {
+        guard let session else { return 1 }
+        return Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
+    }
+
+    // MARK: PollHandler
+
+    var pollEvents: Int16 {
+        switch state {
+        case .connecting: Int16(POLLOUT)
+        case .handshaking: Int16(handshakeWantsWrite ? POLLOUT : POLLIN)
+        case .open: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0)
+        case .closed: 0
+        }
+    }
+
+    func handlePollEvents(_ events: Int16) {
+        switch state {
+        case .connecting:
+            var error: Int32 = 0
+            var length = socklen_t(MemoryLayout<Int32>.size)
+            getsockopt(fileDescriptor, SOL_SOCKET, SO_ERROR, &error, &length)
+            if error != 0 || events & Int16(POLLERR | POLLHUP) != 0 && events & Int16(POLLOUT) == 0 {
+                close(reason: "connect failed: \(String(cString: strerror(error == 0 ? ECONNREFUSED : error)))")
+                return
+            }
+            state = .handshaking
+            continueHandshake()
+        case .handshaking:
+            continueHandshake()
+        case .open:
+            if events & Int16(POLLIN | POLLERR | POLLHUP) != 0 { readAvailable() }
+            if state == .open && events & Int16(POLLOUT) != 0 { flush() }
+        case .closed:
+            break
+        }
+    }
+
+    // MARK: handshake
+
+    private func continueHandshake() {
+        switch tls.handshake() {
+        case .done:
+            guard tls.negotiatedProtocol == "h2" else {
+                close(reason: "the peer did not negotiate HTTP/2 (ALPN h2)")
+                return
+            }
+            startSession()
+        case .wantRead: handshakeWantsWrite = false
+        case .wantWrite: handshakeWantsWrite = true
+        case .closed: close(reason: "the peer closed the connection during the TLS handshake")
+        case .failed(let message): close(reason: message)
+        }
+    }
+
+    private func startSession() {
+        var callbacks: OpaquePointer?
+        nghttp2_session_callbacks_new(&callbacks)
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameReceived)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders)
+        nghttp2_session_callbacks_set_on_frame_not_send_callback(callbacks, onFrameNotSent)
+        let userData = Unmanaged.passUnretained(self).toOpaque()
+        var settings: [nghttp2_settings_entry]
+        // A large receive window: responses and requests are small, but many streams share the connection.
+        let window: UInt32 = 1 << 24
+        if isClient {
+            nghttp2_session_client_new(&session, callbacks, userData)
+            settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
+                        nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
+                                               value: window)]
+        } else {
+            nghttp2_session_server_new(&session, callbacks, userData)
+            settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
+                                               value: window)]
+            for setting in serverSettings {
+                settings.removeAll { $0.settings_id == setting.id }
+                settings.append(nghttp2_settings_entry(settings_id: setting.id, value: setting.value))
+            }
+        }
+        guard let session else {
+            close(reason: "nghttp2 session creation failed")
+            return
+        }
+        nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), settings, settings.count)
+        nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, Int32(window))
+        state = .open
+        onOpen?()
+        flush()
+    }
+
+    // MARK: client side
+
+    /// Queues a request on this connection; nghttp2 holds it back while the peer's stream limit is reached.
+    /// Returns false if the connection cannot take it (closing, or nghttp2 refused), with nothing completed.
+    func submitRequest(_ request: HTTP2Request, attempt: Int,
+                       completion: @escaping (Result<HTTP2Response, HTTP2StreamError>) -> Void) -> Bool {
+        guard acceptsRequests, let session else { return false }
+        let stream = HTTP2Stream(outgoingBody: request.body, attempt: attempt, completion: completion)
+        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
+        let streamID = request.headers.withNghttp2Fields { fields, count in
+            request.body.isEmpty
+                ? nghttp2_submit_request(session, nil, fields, count, nil, nil)
+                : nghttp2_submit_request(session, nil, fields, count, &provider, nil)
+        }
+        guard streamID > 0 else { return false }
+        streams[streamID] = stream
+        return true
+    }
+
+    /// Sends what is queued; call once after a batch of submissions.
+    func flushSoon() { flush() }
+
+    /// Ends requests that waited too long for their response: the stream is cancelled, the caller told.
+    func expireStreams(startedBefore cutoff: UInt64) {
+        guard let session else { return }
+        let expired = streams.filter { $0.value.completion != nil && $0.value.startedAt < cutoff }
+        guard !expired.isEmpty else { return }
+        for (streamID, stream) in expired {
+            streams[streamID] = nil
+            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue)
+            stream.completion?(.failure(.timedOut))
+        }
+        flush()
+    }
+
+    func ping() {
+        guard state == .open, let session else { return }
+        nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+        flush()
+    }
+
+    // MARK: server side
+
+    fileprivate func submitResponse(streamID: Int32, status: Int, headers: [HTTP2Field], body: [UInt8]) {
+        guard state == .open, let session, let stream = streams[streamID] else { return }
+        var block = HTTP2HeaderBlock(capacity: 128)
+        block.add(":status", String(status))
+        for field in headers { block.add(field.name, field.value) }
+        if !body.isEmpty { block.add("content-length", String(body.count)) }
+        stream.outgoingBody = body
+        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
+        _ = block.withNghttp2Fields { fields, count in
+            body.isEmpty
+                ? nghttp2_submit_response(session, streamID, fields, count, nil)
+                : nghttp2_submit_response(session, streamID, fields, count, &provider)
+        }
+        flush()
+    }
+
+    func submitSettings(_ entries: [(id: Int32, value: UInt32)]) {
+        guard state == .open, let session else { return }
+        let settings = entries.map { nghttp2_settings_entry(settings_id: $0.id, value: $0.value) }
+        nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), settings, settings.count)
+        flush()
+    }
+
+    fileprivate func resetStream(_ streamID: Int32, code: UInt32) {
+        guard state == .open, let session else { return }
+        nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code)
+        flush()
+    }
+
+    func goAway(code: UInt32, debugData: String, lastStreamID: Int32?) {
+        guard state == .open, let session, !goAwaySent else { return }
+        goAwaySent = true
+        let last = lastStreamID ?? nghttp2_session_get_last_proc_stream_id(session)
+        let data = Array(debugData.utf8)
+        nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, code, data, data.count)
+        flush()
+    }
+
+    private func dispatchRequest(streamID: Int32) {
+        guard case .server(let handler) = role, let stream = streams[streamID] else { return }
+        let request = HTTP2ServerRequest(connectionID: id, streamID: streamID, headers: stream.incomingHeaders,
+                                         body: stream.incomingBody)
+        handler(request, HTTP2ResponseWriter(connection: self, streamID: streamID))
+    }
+
+    // MARK: I/O
+
+    private func readAvailable() {
+        guard let session else { return }
+        reading: while state == .open {
+            switch tls.read(into: readBuffer) {
+            case .done(let count):
+                let consumed = nghttp2_session_mem_recv(
+                    session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
+                if consumed < 0 {
+                    close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(consumed))))")
+                    return
+                }
+                if let reason = closeRequested {
+                    close(reason: reason)
+                    return
+                }
+            case .wantRead:
+                break reading
+            case .wantWrite:
+                wantsWrite = true
+                break reading
+            case .closed:
+                close(reason: goAwayReceived != nil ? "closed by the peer after GOAWAY" : "closed by the peer")
+                return
+            case .failed(let message):
+                close(reason: message)
+                return
+            }
+        }
+        flush()
+    }
+
+    private func flush() {
+        guard state == .open, let session else { return }
+        while true {
+            while outboundSent < outbound.count {
+                let result = outbound.withUnsafeBytes { bytes in
+                    tls.write(UnsafeRawBufferPointer(rebasing: bytes[outboundSent...]))
+                }
+                switch result {
+                case .done(let count):
+                    outboundSent += count
+                case .wantWrite:
+                    wantsWrite = true
+                    return
+                case .wantRead:
+                    wantsWrite = false
+                    return
+                case .closed:
+                    close(reason: "closed by the peer")
+                    return
+                case .failed(let message):
+                    close(reason: message)
+                    return
+                }
+            }
+            outbound.removeAll(keepingCapacity: true)
+            outboundSent = 0
+            while outbound.count < Self.writeBatchSize {
+                var data: UnsafePointer<UInt8>?
+                let count = nghttp2_session_mem_send(session, &data)
+                if count < 0 {
+                    close(reason: "HTTP/2 error: \(String(cString: nghttp2_strerror(Int32(count))))")
+                    return
+                }
+                guard count > 0, let data else { break }
+                outbound.append(contentsOf: UnsafeBufferPointer(start: data, count: count))
+            }
+            if let reason = closeRequested {
+                close(reason: reason)
+                return
+            }
+            if outbound.isEmpty { break }
+        }
+        wantsWrite = false
+        if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 {
+            close(reason: goAwayReceived != nil || goAwaySent ? "GOAWAY completed" : "session ended")
+        }
+    }
+
+    /// Ends the connection and answers every stream still open with `connectionLost`.
+    func close(reason: String) {
+        guard state != .closed else { return }
+        let wasRegistered = state != .closed
+        state = .closed
+        if wasRegistered { loop.deregister(self) }
+        tls.shutdown()
+        Glibc.close(fileDescriptor)
+        let lost = streams
+        streams.removeAll()
+        for (_, stream) in lost.sorted(by: { $0.key < $1.key }) {
+            stream.completion?(.failure(.connectionLost(reason)))
+        }
+        onClose?(reason)
+        onOpen = nil
+        onClose = nil
+        onRemoteSettings = nil
+        onGoAway = nil
+    }
+
+    // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
+
+    fileprivate func header(streamID: Int32, name: String, value: String) {
+        guard let stream = streams[streamID] else { return }
+        if name == ":status" { stream.status = Int(value) ?? 0 }
+        if stream.incomingHeaders.count < 128 { stream.incomingHeaders.append(HTTP2Field(name: name, value: value)) }
+    }
+
+    fileprivate func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard let stream = streams[streamID] else { return true }
+        guard stream.incomingBody.count + data.count <= Self.maximumBodySize else { return false }
+        stream.incomingBody.append(contentsOf: data)
+        return true
+    }
+
+    fileprivate func frameReceived(type: UInt8, flags: UInt8, streamID: Int32, frame: UnsafePointer<nghttp2_frame>) {
+        switch UInt32(type) {
+        case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
+            if !isClient && flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 { dispatchRequest(streamID: streamID) }
+        case NGHTTP2_SETTINGS.rawValue:
+            if flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 { onRemoteSettings?(remoteMaxConcurrentStreams) }
+        case NGHTTP2_GOAWAY.rawValue:
+            let goaway = frame.pointee.goaway
+            let debug = goaway.opaque_data_len > 0 && goaway.opaque_data != nil
+                ? String(decoding: UnsafeBufferPointer(start: goaway.opaque_data, count: goaway.opaque_data_len),
+                         as: UTF8.self)
+                : ""
+            goAwayReceived = (goaway.last_stream_id, goaway.error_code, debug)
+            onGoAway?(goaway.last_stream_id, goaway.error_code, debug)
+        default:
+            break
+        }
+    }
+
+    fileprivate func beginHeaders(streamID: Int32, category: UInt32) {
+        if !isClient && category == NGHTTP2_HCAT_REQUEST.rawValue { streams[streamID] = HTTP2Stream() }
+    }
+
+    fileprivate func streamClosed(streamID: Int32, errorCode: UInt32) {
+        guard let stream = streams.removeValue(forKey: streamID), let completion = stream.completion else { return }
+        if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status > 0 {
+            completion(.success(HTTP2Response(status: stream.status, headers: stream.incomingHeaders,
+                                              body: stream.incomingBody)))
+        } else if errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
+            completion(.failure(.refused))
+        } else if errorCode == NGHTTP2_NO_ERROR.rawValue {
+            completion(.failure(.connectionLost("stream closed without a response")))
+        } else {
+            completion(.failure(.reset(code: errorCode)))
+        }
+    }
+
+    fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
+        guard UInt32(type) == NGHTTP2_HEADERS.rawValue, let stream = streams.removeValue(forKey: streamID) else { return }
+        stream.completion?(.failure(.notSent(String(cString: nghttp2_strerror(libraryError)))))
+    }
+
+    fileprivate func readOutgoing(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+                                  flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard let stream = streams[streamID] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        let count = min(length, stream.outgoingBody.count - stream.outgoingOffset)
+        stream.outgoingBody.withUnsafeBufferPointer { body in
+            buffer.update(from: body.baseAddress! + stream.outgoingOffset, count: count)
+        }
+        stream.outgoingOffset += count
+        if stream.outgoingOffset == stream.outgoingBody.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
+        return count
+    }
+}
+
+// MARK: nghttp2 callbacks: C function pointers that find their connection through user_data.
+
+private func connection(_ userData: UnsafeMutableRawPointer?) -> HTTP2Connection {
+    Unmanaged<HTTP2Connection>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
+    guard let frame, let name, let value else { return 0 }
+    connection(userData).header(streamID: frame.pointee.hd.stream_id,
+                                name: String(decoding: UnsafeBufferPointer(start: name, count: nameLength), as: UTF8.self),
+                                value: String(decoding: UnsafeBufferPointer(start: value, count: valueLength), as: UTF8.self))
+    return 0
+}
+
+private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { session, _, streamID, data, length, userData in
+    guard let data else { return 0 }
+    if !connection(userData).dataChunk(streamID: streamID, UnsafeBufferPointer(start: data, count: length)) {
+        nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID,
+                                  NGHTTP2_REFUSED_STREAM.rawValue)
+    }
+    return 0
+}
+
+private let onFrameReceived: nghttp2_on_frame_recv_callback = { _, frame, userData in
+    guard let frame else { return 0 }
+    connection(userData).frameReceived(type: frame.pointee.hd.type, flags: frame.pointee.hd.flags,
+                                       streamID: frame.pointee.hd.stream_id, frame: frame)
+    return 0
+}
+
+private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
+    connection(userData).streamClosed(streamID: streamID, errorCode: errorCode)
+    return 0
+}
+
+private let onBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, userData in
+    guard let frame else { return 0 }
+    connection(userData).beginHeaders(streamID: frame.pointee.hd.stream_id, category: frame.pointee.headers.cat.rawValue)
+    return 0
+}
+
+private let onFrameNotSent: nghttp2_on_frame_not_send_callback = { _, frame, libraryError, userData in
+    guard let frame else { return 0 }
+    connection(userData).frameNotSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type,
+                                      libraryError: libraryError)
+    return 0
+}
+
+private let readOutgoingBody: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, _, userData in
+    guard let buffer, let flags else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+    return connection(userData).readOutgoing(streamID: streamID, into: buffer, length: length, flags: flags)
+}

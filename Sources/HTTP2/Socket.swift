@@ -1,0 +1,106 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A socket-level error with errno's text.
+public struct SocketError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+
+    init(_ what: String, errno code: Int32 = errno) {
+        description = "\(what): \(String(cString: strerror(code)))"
+    }
+
+    init(message: String) { description = message }
+}
+
+/// Plain socket calls, kept apart from the protocol code.
+enum Socket {
+    /// Resolves a host afresh (no cache of ours), as Apple asks before each new connection. Blocks: call it off
+    /// any event loop.
+    static func resolve(host: String, port: Int) throws -> [sockaddr_storage] {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_family = AF_UNSPEC
+        var result: UnsafeMutablePointer<addrinfo>?
+        let status = getaddrinfo(host, String(port), &hints, &result)
+        guard status == 0, let first = result else {
+            throw SocketError(message: "cannot resolve \(host): \(String(cString: gai_strerror(status)))")
+        }
+        defer { freeaddrinfo(first) }
+        var addresses: [sockaddr_storage] = []
+        var entry: UnsafeMutablePointer<addrinfo>? = first
+        while let current = entry {
+            var storage = sockaddr_storage()
+            withUnsafeMutableBytes(of: &storage) { target in
+                target.copyMemory(from: UnsafeRawBufferPointer(start: current.pointee.ai_addr,
+                                                                count: Int(current.pointee.ai_addrlen)))
+            }
+            addresses.append(storage)
+            entry = current.pointee.ai_next
+        }
+        return addresses
+    }
+
+    static func length(of address: sockaddr_storage) -> socklen_t {
+        socklen_t(address.ss_family == sa_family_t(AF_INET6) ? MemoryLayout<sockaddr_in6>.size
+                                                              : MemoryLayout<sockaddr_in>.size)
+    }
+
+    /// Starts a non-blocking connect; completion shows as POLLOUT.
+    static func startConnect(to address: sockaddr_storage) throws -> Int32 {
+        let descriptor = socket(Int32(address.ss_family), Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw SocketError("socket") }
+        configure(descriptor)
+        var target = address
+        let targetLength = length(of: address)
+        let result = withUnsafePointer(to: &target) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, targetLength) }
+        }
+        if result != 0 && errno != EINPROGRESS {
+            let error = SocketError("connect", errno: errno)
+            close(descriptor)
+            throw error
+        }
+        return descriptor
+    }
+
+    /// Non-blocking, close-on-exec, no Nagle delay (HTTP/2 frames are already batched by us).
+    static func configure(_ descriptor: Int32) {
+        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
+        _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+        var one: Int32 = 1
+        setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    /// A listening socket on host:port (port 0 picks a free one); returns it and the port it got.
+    static func listen(host: String, port: Int) throws -> (descriptor: Int32, port: Int) {
+        guard let address = try resolve(host: host, port: port).first else {
+            throw SocketError(message: "no address for \(host)")
+        }
+        let descriptor = socket(Int32(address.ss_family), Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw SocketError("socket") }
+        var one: Int32 = 1
+        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        var bindAddress = address
+        let bound = withUnsafePointer(to: &bindAddress) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length(of: address)) }
+        }
+        guard bound == 0, Glibc.listen(descriptor, 1024) == 0 else {
+            let error = SocketError("bind \(host):\(port)")
+            close(descriptor)
+            throw error
+        }
+        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
+        _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+        var actual = sockaddr_storage()
+        var actualLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        _ = withUnsafeMutablePointer(to: &actual) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &actualLength) }
+        }
+        let actualPort = withUnsafeBytes(of: &actual) { raw -> UInt16 in
+            // sin_port and sin6_port sit at the same offset, in network byte order.
+            UInt16(bigEndian: raw.load(fromByteOffset: 2, as: UInt16.self))
+        }
+        return (descriptor, Int(actualPort))
+    }
+}

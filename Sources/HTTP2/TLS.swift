@@ -1,0 +1,241 @@
+internal import COpenSSL
+import Foundation
+
+/// An error from OpenSSL, with the library's own reason text.
+public struct TLSError: Error, CustomStringConvertible, Sendable {
+    public let message: String
+    public var description: String { message }
+
+    init(_ what: String) {
+        var reasons: [String] = []
+        while true {
+            let code = ERR_get_error()
+            if code == 0 { break }
+            var buffer = [CChar](repeating: 0, count: 256)
+            ERR_error_string_n(code, &buffer, buffer.count)
+            reasons.append(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+        }
+        message = reasons.isEmpty ? what : "\(what): \(reasons.joined(separator: "; "))"
+    }
+}
+
+/// How a client checks the server and proves who it is.
+public struct TLSClientConfiguration: Sendable {
+    /// Extra trusted CA bundle (PEM), added to the system trust store, for private endpoints such as apns-sim.
+    public var caFile: String?
+    /// Peer verification with hostname check. Turning it off is for tests only and is logged loudly by callers.
+    public var verifyPeer: Bool
+    /// TLS client certificate (PEM) and its key, for APNs certificate authentication.
+    public var certificateFile: String?
+    public var privateKeyFile: String?
+
+    public init(caFile: String? = nil, verifyPeer: Bool = true, certificateFile: String? = nil,
+                privateKeyFile: String? = nil) {
+        self.caFile = caFile
+        self.verifyPeer = verifyPeer
+        self.certificateFile = certificateFile
+        self.privateKeyFile = privateKeyFile
+    }
+}
+
+/// Owner of one SSL_CTX, shared read-only by every connection made from it (OpenSSL allows that once configured).
+final class TLSContext: @unchecked Sendable {
+    // Invariant: the SSL_CTX is fully configured in init and never changed afterwards.
+    let context: OpaquePointer
+    let verifiesPeer: Bool
+
+    /// Takes ownership of `method`'s new SSL_CTX at once, so every early throw below frees it.
+    private init(method: OpaquePointer, verifiesPeer: Bool) throws {
+        guard let context = SSL_CTX_new(method) else { throw TLSError("SSL_CTX_new failed") }
+        self.context = context
+        self.verifiesPeer = verifiesPeer
+        // TLS 1.2 or later, as APNs requires; no compression (CRIME).
+        _ = COpenSSL_SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION)
+        SSL_CTX_set_options(context, COpenSSL_SSL_OP_ALL() | COpenSSL_SSL_OP_NO_COMPRESSION())
+        // Partial writes let one SSL_write carry what the socket takes now and the rest later.
+        _ = COpenSSL_SSL_CTX_set_mode(context, COpenSSL_SSL_MODE_partial_and_moving_writes())
+    }
+
+    deinit { SSL_CTX_free(context) }
+
+    static func client(_ configuration: TLSClientConfiguration) throws -> TLSContext {
+        let owner = try TLSContext(method: TLS_client_method(), verifiesPeer: configuration.verifyPeer)
+        let context = owner.context
+        if configuration.verifyPeer {
+            guard SSL_CTX_set_default_verify_paths(context) == 1 else { throw TLSError("cannot load the system trust store") }
+            if let caFile = configuration.caFile {
+                guard SSL_CTX_load_verify_locations(context, caFile, nil) == 1 else {
+                    throw TLSError("cannot load CA file \(caFile)")
+                }
+            }
+            SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
+        } else {
+            SSL_CTX_set_verify(context, SSL_VERIFY_NONE, nil)
+        }
+        if let certificate = configuration.certificateFile {
+            guard SSL_CTX_use_certificate_chain_file(context, certificate) == 1 else {
+                throw TLSError("cannot load client certificate \(certificate)")
+            }
+            let keyFile = configuration.privateKeyFile ?? certificate
+            guard SSL_CTX_use_PrivateKey_file(context, keyFile, SSL_FILETYPE_PEM) == 1,
+                  SSL_CTX_check_private_key(context) == 1 else {
+                throw TLSError("cannot load the client certificate's key \(keyFile)")
+            }
+        }
+        let alpn: [UInt8] = [2, UInt8(ascii: "h"), UInt8(ascii: "2")]
+        guard SSL_CTX_set_alpn_protos(context, alpn, UInt32(alpn.count)) == 0 else {
+            throw TLSError("cannot offer ALPN h2")
+        }
+        return owner
+    }
+
+    static func server(certificatePEM: String, privateKeyPEM: String) throws -> TLSContext {
+        let owner = try TLSContext(method: TLS_server_method(), verifiesPeer: false)
+        let context = owner.context
+        let certificate = try PEM.readCertificate(certificatePEM)
+        defer { X509_free(certificate) }
+        let key = try PEM.readPrivateKey(privateKeyPEM)
+        defer { EVP_PKEY_free(key) }
+        guard SSL_CTX_use_certificate(context, certificate) == 1,
+              SSL_CTX_use_PrivateKey(context, key) == 1 else { throw TLSError("cannot use the server certificate") }
+        SSL_CTX_set_alpn_select_cb(context, selectH2, nil)
+        return owner
+    }
+}
+
+/// Server side ALPN: h2 or nothing, since this server speaks nothing else.
+private func selectH2(_ ssl: OpaquePointer?, _ out: UnsafeMutablePointer<UnsafePointer<UInt8>?>?,
+                      _ outLength: UnsafeMutablePointer<UInt8>?, _ input: UnsafePointer<UInt8>?, _ inputLength: UInt32,
+                      _ argument: UnsafeMutableRawPointer?) -> Int32 {
+    guard let input else { return SSL_TLSEXT_ERR_ALERT_FATAL }
+    var index = 0
+    while index < Int(inputLength) {
+        let length = Int(input[index])
+        if length == 2, index + 2 < Int(inputLength), input[index + 1] == UInt8(ascii: "h"), input[index + 2] == UInt8(ascii: "2") {
+            out?.pointee = input + index + 1
+            outLength?.pointee = 2
+            return SSL_TLSEXT_ERR_OK
+        }
+        index += 1 + length
+    }
+    return SSL_TLSEXT_ERR_ALERT_FATAL
+}
+
+/// PEM text in and out of OpenSSL objects.
+enum PEM {
+    static func withMemoryBIO<T>(_ text: String, _ body: (OpaquePointer) throws -> T) throws -> T {
+        let bytes = Array(text.utf8)
+        guard let bio = bytes.withUnsafeBytes({ BIO_new_mem_buf($0.baseAddress, Int32($0.count)) }) else {
+            throw TLSError("BIO_new_mem_buf failed")
+        }
+        defer { BIO_free(bio) }
+        return try body(bio)
+    }
+
+    static func readCertificate(_ text: String) throws -> OpaquePointer {
+        try withMemoryBIO(text) { bio in
+            guard let certificate = PEM_read_bio_X509(bio, nil, nil, nil) else { throw TLSError("not a PEM certificate") }
+            return certificate
+        }
+    }
+
+    static func readPrivateKey(_ text: String) throws -> OpaquePointer {
+        try withMemoryBIO(text) { bio in
+            guard let key = PEM_read_bio_PrivateKey(bio, nil, nil, nil) else { throw TLSError("not a PEM private key") }
+            return key
+        }
+    }
+
+    static func text(_ write: (OpaquePointer) -> Int32) throws -> String {
+        guard let bio = BIO_new(BIO_s_mem()) else { throw TLSError("BIO_new failed") }
+        defer { BIO_free(bio) }
+        guard write(bio) == 1 else { throw TLSError("PEM write failed") }
+        var data: UnsafeMutablePointer<CChar>?
+        let length = COpenSSL_BIO_get_mem_data(bio, &data)
+        guard let data, length > 0 else { throw TLSError("PEM write produced nothing") }
+        return String(decoding: UnsafeRawBufferPointer(start: data, count: length), as: UTF8.self)
+    }
+}
+
+/// Owner of one SSL object over a non-blocking socket. Used only by the connection that made it.
+final class TLSStream {
+    enum IOResult: Equatable {
+        case done(Int)
+        case wantRead
+        case wantWrite
+        case closed
+        case failed(String)
+    }
+
+    let ssl: OpaquePointer
+
+    init(context: TLSContext, fileDescriptor: Int32, serverName: String?) throws {
+        guard let ssl = SSL_new(context.context) else { throw TLSError("SSL_new failed") }
+        self.ssl = ssl
+        SSL_set_fd(ssl, fileDescriptor)
+        if let serverName {
+            if Self.isIPAddress(serverName) {
+                if context.verifiesPeer {
+                    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName)
+                }
+            } else {
+                _ = COpenSSL_SSL_set_tlsext_host_name(ssl, serverName)
+                if context.verifiesPeer { SSL_set1_host(ssl, serverName) }
+            }
+            SSL_set_connect_state(ssl)
+        } else {
+            SSL_set_accept_state(ssl)
+        }
+    }
+
+    deinit { SSL_free(ssl) }
+
+    static func isIPAddress(_ host: String) -> Bool {
+        var v4 = in_addr()
+        var v6 = in6_addr()
+        return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
+    }
+
+    func handshake() -> IOResult { classify(SSL_do_handshake(ssl), what: "TLS handshake") }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer) -> IOResult {
+        classify(SSL_read(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS read")
+    }
+
+    func write(_ buffer: UnsafeRawBufferPointer) -> IOResult {
+        classify(SSL_write(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS write")
+    }
+
+    var negotiatedProtocol: String? {
+        var data: UnsafePointer<UInt8>?
+        var length: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &length)
+        guard let data, length > 0 else { return nil }
+        return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
+    }
+
+    var verificationError: String? {
+        let result = SSL_get_verify_result(ssl)
+        guard result != X509_V_OK else { return nil }
+        return String(cString: X509_verify_cert_error_string(result))
+    }
+
+    func shutdown() { SSL_shutdown(ssl) }
+
+    private func classify(_ result: Int32, what: String) -> IOResult {
+        if result > 0 { return .done(Int(result)) }
+        switch SSL_get_error(ssl, result) {
+        case SSL_ERROR_WANT_READ: return .wantRead
+        case SSL_ERROR_WANT_WRITE: return .wantWrite
+        case SSL_ERROR_ZERO_RETURN: return .closed
+        case SSL_ERROR_SYSCALL:
+            let error = TLSError(what)
+            if errno == 0 || error.message == what { ERR_clear_error(); return .closed }
+            return .failed(error.message)
+        default:
+            var message = TLSError(what).message
+            if let verification = verificationError { message += " (certificate: \(verification))" }
+            return .failed(message)
+        }
+    }
+}

@@ -1,0 +1,240 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+internal import CHiredis
+
+public struct RedisError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        case badURL
+        /// The connection failed or broke: reconnect.
+        case connectionLost
+        /// Redis answered with an error reply (wrong type, unknown command, NOAUTH, ...).
+        case server
+    }
+
+    public let kind: Kind
+    public let message: String
+    public var description: String { message }
+
+    public init(kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+}
+
+/// `redis://[[user]:password@]host[:port][/db]`. The password never appears in `description`.
+public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+    public var user: String?
+    public var password: String?
+    public var database: Int
+
+    public init(host: String = "127.0.0.1", port: Int = 6379, user: String? = nil, password: String? = nil,
+                database: Int = 0) {
+        self.host = host
+        self.port = port
+        self.user = user
+        self.password = password
+        self.database = database
+    }
+
+    public init(_ text: String) throws(RedisError) {
+        guard text.hasPrefix("redis://") else {
+            throw RedisError(kind: .badURL, text.hasPrefix("rediss://")
+                ? "REDIS_URL: rediss:// (TLS) is not supported by hiredis 0.14; use redis:// on a trusted network"
+                : "REDIS_URL: must start with redis://")
+        }
+        var rest = text.dropFirst(8)
+        var database = 0
+        if let slash = rest.firstIndex(of: "/") {
+            let path = rest[rest.index(after: slash)...]
+            if !path.isEmpty {
+                guard let parsed = Int(path), parsed >= 0 else {
+                    throw RedisError(kind: .badURL, "REDIS_URL: database \(path) is not a number")
+                }
+                database = parsed
+            }
+            rest = rest[..<slash]
+        }
+        var user: String?
+        var password: String?
+        if let at = rest.lastIndex(of: "@") {
+            let credentials = rest[..<at]
+            rest = rest[rest.index(after: at)...]
+            if let colon = credentials.firstIndex(of: ":") {
+                let name = credentials[..<colon]
+                user = name.isEmpty ? nil : String(name)
+                password = String(credentials[credentials.index(after: colon)...])
+            } else {
+                password = String(credentials)
+            }
+        }
+        var port = 6379
+        if let colon = rest.lastIndex(of: ":") {
+            let portText = rest[rest.index(after: colon)...]
+            guard let parsed = Int(portText), (1...65535).contains(parsed) else {
+                throw RedisError(kind: .badURL, "REDIS_URL: port \(portText) is not a number from 1 to 65535")
+            }
+            port = parsed
+            rest = rest[..<colon]
+        }
+        guard !rest.isEmpty else { throw RedisError(kind: .badURL, "REDIS_URL: no host") }
+        self.init(host: String(rest), port: port, user: user, password: password, database: database)
+    }
+
+    public var description: String {
+        let credentials = password == nil ? "" : "\(user ?? ""):***@"
+        return "redis://\(credentials)\(host):\(port)/\(database)"
+    }
+}
+
+/// A reply, copied out of hiredis.
+public enum RedisReply: Sendable, Equatable {
+    case string([UInt8])
+    case integer(Int64)
+    case array([RedisReply])
+    case null
+    case status(String)
+    case error(String)
+
+    public var text: String? {
+        switch self {
+        case .string(let bytes): String(decoding: bytes, as: UTF8.self)
+        case .status(let text): text
+        case .integer(let value): String(value)
+        default: nil
+        }
+    }
+
+    public var integer: Int64? {
+        switch self {
+        case .integer(let value): value
+        case .string(let bytes): Int64(String(decoding: bytes, as: UTF8.self))
+        default: nil
+        }
+    }
+
+    public var elements: [RedisReply] { if case .array(let items) = self { items } else { [] } }
+}
+
+/// One Redis connection, owning its hiredis context. Blocking and not thread-safe: one owner thread.
+public final class RedisConnection {
+    public let url: RedisURL
+    private let context: UnsafeMutablePointer<redisContext>
+
+    public init(url: RedisURL, timeout: Double = 5) throws(RedisError) {
+        self.url = url
+        let wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+        guard let context = redisConnectWithTimeout(url.host, Int32(url.port), wait) else {
+            throw RedisError(kind: .connectionLost, "cannot connect to \(url): out of memory")
+        }
+        guard context.pointee.err == 0 else {
+            let reason = Self.errorText(context)
+            redisFree(context)
+            throw RedisError(kind: .connectionLost, "cannot connect to \(url): \(reason)")
+        }
+        self.context = context
+        redisSetTimeout(context, wait)
+        redisEnableKeepAlive(context)
+        if let password = url.password {
+            let reply = try command(url.user.map { ["AUTH", $0, password] } ?? ["AUTH", password])
+            if case .error(let message) = reply {
+                throw RedisError(kind: .server, "Redis \(url) refused the password: \(message)")
+            }
+        }
+        if url.database != 0 {
+            let reply = try command(["SELECT", String(url.database)])
+            if case .error(let message) = reply {
+                throw RedisError(kind: .server, "Redis \(url) refused database \(url.database): \(message)")
+            }
+        }
+    }
+
+    deinit { redisFree(context) }
+
+    /// One command, one round trip. Error replies come back as `.error`, not thrown.
+    public func command(_ arguments: [String]) throws(RedisError) -> RedisReply {
+        try pipeline([arguments])[0]
+    }
+
+    /// Many commands in one round trip: all are written, then all replies read, in order.
+    public func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
+        for arguments in commands { try append(arguments) }
+        var replies: [RedisReply] = []
+        replies.reserveCapacity(commands.count)
+        for _ in commands {
+            var raw: UnsafeMutableRawPointer?
+            guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
+                throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+            }
+            let reply = raw.assumingMemoryBound(to: redisReply.self)
+            replies.append(Self.convert(reply))
+            freeReplyObject(raw)
+        }
+        return replies
+    }
+
+    private func append(_ arguments: [String]) throws(RedisError) {
+        let encoded = arguments.map { Array($0.utf8) }
+        let status: Int32 = withCStrings(encoded) { pointers, lengths in
+            redisAppendCommandArgv(context, Int32(encoded.count), pointers, lengths)
+        }
+        guard status == REDIS_OK else {
+            throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+        }
+    }
+
+    private func withCStrings<T>(_ arguments: [[UInt8]],
+                                 _ body: (UnsafeMutablePointer<UnsafePointer<CChar>?>, UnsafePointer<Int>) -> T) -> T {
+        // hiredis copies the arguments into its output buffer during the call.
+        let total = arguments.reduce(0) { $0 + $1.count }
+        let storage = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, total))
+        let pointers = UnsafeMutablePointer<UnsafePointer<CChar>?>.allocate(capacity: max(1, arguments.count))
+        let lengths = UnsafeMutablePointer<Int>.allocate(capacity: max(1, arguments.count))
+        defer {
+            storage.deallocate()
+            pointers.deallocate()
+            lengths.deallocate()
+        }
+        var offset = 0
+        for (index, argument) in arguments.enumerated() {
+            argument.withUnsafeBytes { bytes in
+                if let base = bytes.baseAddress {
+                    UnsafeMutableRawPointer(storage + offset).copyMemory(from: base, byteCount: bytes.count)
+                }
+            }
+            pointers[index] = UnsafePointer(storage + offset)
+            lengths[index] = argument.count
+            offset += argument.count
+        }
+        return body(pointers, lengths)
+    }
+
+    private static func convert(_ reply: UnsafeMutablePointer<redisReply>) -> RedisReply {
+        let value = reply.pointee
+        func bytes() -> [UInt8] {
+            guard let pointer = value.str, value.len > 0 else { return [] }
+            return Array(UnsafeRawBufferPointer(start: pointer, count: Int(value.len)))
+        }
+        switch value.type {
+        case REDIS_REPLY_STRING: return .string(bytes())
+        case REDIS_REPLY_INTEGER: return .integer(value.integer)
+        case REDIS_REPLY_NIL: return .null
+        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
+        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
+        case REDIS_REPLY_ARRAY:
+            guard let elements = value.element else { return .array([]) }
+            return .array((0..<Int(value.elements)).compactMap { index in elements[index].map(convert) })
+        default:
+            return .null
+        }
+    }
+
+    private static func errorText(_ context: UnsafeMutablePointer<redisContext>) -> String {
+        withUnsafeBytes(of: context.pointee.errstr) { raw in
+            let text = String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            return text.isEmpty ? "connection error \(context.pointee.err)" : text
+        }
+    }
+}

@@ -1,0 +1,171 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+
+/// A structured logger in the shape of swift-log: a value type with a label, a level and metadata with dotted keys.
+/// Each record is one line written with a single `write(2)`, so lines from different threads never interleave.
+public struct Logger: Sendable {
+    public enum Level: Int, Sendable, Comparable, CaseIterable {
+        case trace, debug, info, notice, warning, error, critical
+
+        public var name: String {
+            switch self {
+            case .trace: "trace"
+            case .debug: "debug"
+            case .info: "info"
+            case .notice: "notice"
+            case .warning: "warning"
+            case .error: "error"
+            case .critical: "critical"
+            }
+        }
+
+        public init?(name: String) {
+            guard let level = Level.allCases.first(where: { $0.name == name.lowercased() }) else { return nil }
+            self = level
+        }
+
+        public static func < (lhs: Level, rhs: Level) -> Bool { lhs.rawValue < rhs.rawValue }
+    }
+
+    public enum Format: String, Sendable {
+        /// One JSON object per line: what log shippers expect.
+        case json
+        /// `time level label message key=value ...`: for a person at a terminal.
+        case text
+    }
+
+    public typealias Metadata = [String: String]
+
+    public let label: String
+    public var level: Level
+    public var format: Format
+    public var metadata: Metadata
+    private let fileDescriptor: Int32
+
+    public init(label: String, level: Level = .info, format: Format = .json, metadata: Metadata = [:],
+                fileDescriptor: Int32 = 2) {
+        self.label = label
+        self.level = level
+        self.format = format
+        self.metadata = metadata
+        self.fileDescriptor = fileDescriptor
+    }
+
+    /// The same logger under another label, e.g. one per component.
+    public func child(_ label: String, metadata extra: Metadata = [:]) -> Logger {
+        var copy = Logger(label: label, level: level, format: format, metadata: metadata,
+                          fileDescriptor: fileDescriptor)
+        copy.metadata.merge(extra) { _, new in new }
+        return copy
+    }
+
+    public func isEnabled(_ level: Level) -> Bool { level >= self.level }
+
+    public func log(_ level: Level, _ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        guard isEnabled(level) else { return }
+        var fields = metadata
+        fields.merge(extra()) { _, new in new }
+        let line = render(level: level, message: message(), fields: fields)
+        line.utf8CString.withUnsafeBufferPointer { buffer in
+            _ = buffer.baseAddress.map { write(fileDescriptor, $0, buffer.count - 1) }
+        }
+    }
+
+    public func trace(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.trace, message(), extra())
+    }
+    public func debug(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.debug, message(), extra())
+    }
+    public func info(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.info, message(), extra())
+    }
+    public func notice(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.notice, message(), extra())
+    }
+    public func warning(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.warning, message(), extra())
+    }
+    public func error(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.error, message(), extra())
+    }
+    public func critical(_ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
+        log(.critical, message(), extra())
+    }
+
+    private func render(level: Level, message: String, fields: Metadata) -> String {
+        let time = Self.timestamp()
+        switch format {
+        case .json:
+            var line = "{\"ts\":\"\(time)\",\"level\":\"\(level.name)\",\"label\":\(JSONString.quote(label)),"
+            line += "\"msg\":\(JSONString.quote(message))"
+            for key in fields.keys.sorted() {
+                line += ",\(JSONString.quote(key)):\(JSONString.quote(fields[key]!))"
+            }
+            return line + "}\n"
+        case .text:
+            var line = "\(time) \(level.name.uppercased()) \(label): \(message)"
+            for key in fields.keys.sorted() { line += " \(key)=\(fields[key]!)" }
+            return line + "\n"
+        }
+    }
+
+    private static func timestamp() -> String {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        var seconds = now.tv_sec
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        let millis = now.tv_nsec / 1_000_000
+        func pad(_ value: Int32, _ width: Int) -> String {
+            let digits = String(value)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        }
+        return "\(parts.tm_year + 1900)-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(millis), 3))Z"
+    }
+}
+
+/// JSON string quoting without Foundation's encoder: logs and events are written on hot paths.
+public enum JSONString {
+    public static func quote(_ value: String) -> String {
+        var out = "\""
+        out.reserveCapacity(value.utf8.count + 2)
+        for scalar in value.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            default:
+                if scalar.value < 0x20 {
+                    let hex = String(scalar.value, radix: 16)
+                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                } else {
+                    out.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        return out + "\""
+    }
+}
+
+/// Device tokens identify a person's device: logs carry only enough of one to correlate, never all of it.
+public enum Redact {
+    public static func token(_ token: String) -> String {
+        let prefix = token.prefix(8)
+        return "\(prefix)…(\(token.count))"
+    }
+
+    /// A URL with any password replaced, for logs and error messages.
+    public static func url(_ url: String) -> String {
+        guard let schemeEnd = url.range(of: "://"),
+              let at = url[schemeEnd.upperBound...].lastIndex(of: "@") else { return url }
+        let credentials = url[schemeEnd.upperBound..<at]
+        guard let colon = credentials.firstIndex(of: ":") else { return url }
+        return String(url[..<colon]) + ":***" + String(url[at...])
+    }
+}

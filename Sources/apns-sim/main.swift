@@ -1,0 +1,135 @@
+import APNs
+import APNsSimulator
+import Foundation
+import Telemetry
+
+let usage = """
+apns-sim: an APNs double for tests and staging. Speaks HTTP/2 over TLS (ALPN h2) like api.push.apple.com,
+validates requests like APNs and answers like it.
+
+USAGE: apns-sim [options]
+
+OPTIONS:
+  --host HOST                 address to listen on (default 127.0.0.1)
+  --port PORT                 port to listen on (default 2197; 0 picks a free one)
+  --cert FILE --key FILE      PEM certificate and key to serve (default: a fresh self-signed pair)
+  --write-cert FILE           write the served certificate there, for clients to trust (APNS_CA_FILE)
+  --unregistered TOKEN[@MS]   answer 410 Unregistered for TOKEN, with timestamp MS (ms since epoch; default now);
+                              repeatable
+  --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
+                              (PEM); repeatable. Without it any bearer token is accepted.
+  --max-streams N             SETTINGS_MAX_CONCURRENT_STREAMS (default 1000)
+  --log-level LEVEL           trace, debug, info, warning, error (default info)
+  -h, --help                  this text
+
+CONTROL:
+  GET /sim/stats on the same port answers {"received": N, "by_status": {...}}.
+  On SIGINT or SIGTERM it prints the same counts and exits 0.
+
+EXAMPLE:
+  apns-sim --port 2197 --write-cert /tmp/sim.pem --unregistered 0badc0ffee
+  APNS_PRODUCTION_URL=https://127.0.0.1:2197 APNS_CA_FILE=/tmp/sim.pem apns-worker
+"""
+
+/// Unbuffered, so a script reading the pipe sees the line at once.
+func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
+
+func fail(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("apns-sim: \(message)\nTry 'apns-sim --help'.\n".utf8))
+    exit(2)
+}
+
+var configuration = APNsSimulator.Configuration(port: 2197, recordsNotifications: false)
+var certificateFile: String?
+var keyFile: String?
+var writeCertificate: String?
+var level = Logger.Level.info
+var arguments = CommandLine.arguments.dropFirst()
+
+@MainActor func value(for flag: String) -> String {
+    guard let next = arguments.popFirst() else { fail("\(flag) needs a value") }
+    return next
+}
+
+while let argument = arguments.popFirst() {
+    switch argument {
+    case "-h", "--help":
+        print(usage)
+        exit(0)
+    case "--host": configuration.host = value(for: argument)
+    case "--port":
+        let text = value(for: argument)
+        guard let port = Int(text), (0...65535).contains(port) else { fail("--port: \(text) is not a port number") }
+        configuration.port = port
+    case "--cert": certificateFile = value(for: argument)
+    case "--key": keyFile = value(for: argument)
+    case "--write-cert": writeCertificate = value(for: argument)
+    case "--unregistered":
+        let text = value(for: argument)
+        let parts = text.split(separator: "@", maxSplits: 1)
+        let token = String(parts[0])
+        guard (try? APNsNotification.validateDeviceToken(token)) != nil else { fail("--unregistered: \(text) is not a hex token") }
+        var milliseconds = Int64(Date().timeIntervalSince1970 * 1000)
+        if parts.count == 2 {
+            guard let given = Int64(parts[1]) else { fail("--unregistered: \(parts[1]) is not milliseconds") }
+            milliseconds = given
+        }
+        configuration.unregisteredTokens[token] = milliseconds
+    case "--trust-key":
+        let text = value(for: argument)
+        let parts = text.split(separator: ":", maxSplits: 2).map(String.init)
+        guard parts.count == 3 else { fail("--trust-key wants KID:TEAM:FILE, got \(text)") }
+        do {
+            configuration.trustedKeys[parts[0]] = .init(teamID: parts[1], key: try ES256Key(contentsOfFile: parts[2]))
+        } catch { fail("--trust-key: \(error)") }
+    case "--max-streams":
+        let text = value(for: argument)
+        guard let streams = UInt32(text), streams > 0 else { fail("--max-streams: \(text) is not a positive number") }
+        configuration.maximumConcurrentStreams = streams
+    case "--log-level":
+        let text = value(for: argument)
+        guard let parsed = Logger.Level(name: text) else { fail("--log-level: unknown level \(text)") }
+        level = parsed
+    default:
+        fail("unknown option \(argument)")
+    }
+}
+
+if (certificateFile == nil) != (keyFile == nil) { fail("--cert and --key go together") }
+do {
+    if let certificateFile, let keyFile {
+        configuration.certificatePEM = try String(contentsOfFile: certificateFile, encoding: .utf8)
+        configuration.privateKeyPEM = try String(contentsOfFile: keyFile, encoding: .utf8)
+    }
+} catch { fail("cannot read the certificate or key: \(error.localizedDescription)") }
+
+let logger = Logger(label: "apns-sim", level: level)
+let simulator: APNsSimulator
+do { simulator = try APNsSimulator(configuration: configuration, logger: logger) } catch { fail("\(error)") }
+if let writeCertificate {
+    do { try simulator.certificatePEM.write(toFile: writeCertificate, atomically: true, encoding: .utf8) } catch {
+        fail("cannot write \(writeCertificate): \(error.localizedDescription)")
+    }
+}
+
+func printCounts() {
+    let counts = simulator.countsByStatus()
+    let summary = counts.keys.sorted().map { "\($0)=\(counts[$0]!)" }.joined(separator: " ")
+    say("apns-sim received \(counts.values.reduce(0, +)) notifications \(summary)")
+}
+
+signal(SIGINT, SIG_IGN)
+signal(SIGTERM, SIG_IGN)
+let stopped = DispatchSemaphore(value: 0)
+let sources = [SIGINT, SIGTERM].map { number in
+    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+    source.setEventHandler { stopped.signal() }
+    source.resume()
+    return source
+}
+say("apns-sim listening on https://\(configuration.host):\(simulator.port)")
+stopped.wait()
+printCounts()
+simulator.shutdown()
+_ = sources
+exit(0)
