@@ -118,17 +118,23 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// Sends a batch. `completion` runs once per notification with its index, on the client's loop thread:
-    /// keep it short. Notifications that break Apple's rules are answered at once, without a request.
+    /// Sends a batch. `completion` runs once per notification with its index, always on the client's loop thread:
+    /// keep it short. Notifications that break Apple's rules are answered without a request.
     public func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)],
                      completion: @escaping @Sendable (Int, APNsResult) -> Void) {
+        // Answers that need no request still arrive on the loop thread, like every other answer.
+        var immediate: [(Int, APNsResult)] = []
+        defer {
+            if !immediate.isEmpty {
+                let answers = immediate
+                loop.execute { for (index, result) in answers { completion(index, result) } }
+            }
+        }
         var authorization: String?
         if case .token(let provider) = authentication {
             do { authorization = try provider.authorization() } catch {
                 logger.critical("cannot sign the APNs provider token", ["error": "\(error)"])
-                for index in notifications.indices {
-                    completion(index, APNsResult(outcome: .permanentFailure, error: "\(error)"))
-                }
+                immediate = notifications.indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
                 return
             }
         }
@@ -137,7 +143,7 @@ public final class APNsClient: Sendable {
             guard !indices.isEmpty else { continue }
             let pool: HTTP2Client
             do { pool = try self.pool(for: environment) } catch {
-                for index in indices { completion(index, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
+                immediate += indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
                 continue
             }
             var requests: [HTTP2Request] = []
@@ -148,7 +154,7 @@ public final class APNsClient: Sendable {
                 do throws(APNsRequestError) {
                     try notification.validate()
                 } catch {
-                    completion(index, APNsResult(outcome: .permanentFailure, error: error.description))
+                    immediate.append((index, APNsResult(outcome: .permanentFailure, error: error.description)))
                     continue
                 }
                 requests.append(Self.request(for: notification, authority: pool.authority, authorization: authorization))
@@ -172,6 +178,11 @@ public final class APNsClient: Sendable {
                 completion(index, outcome)
             }
         }
+    }
+
+    /// Runs `action` on the client's loop thread after `delay` seconds (a resend after back-off).
+    public func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
+        loop.execute { [loop] in loop.schedule(after: delay, action) }
     }
 
     public func shutdown() {

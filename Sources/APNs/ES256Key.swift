@@ -20,23 +20,26 @@ public final class ES256Key: @unchecked Sendable {
             ERR_clear_error()
             return key
         }
+        let loaded: OpaquePointer
+        let isPrivate: Bool
         if let privateKey = readKey({ PEM_read_bio_PrivateKey($0, nil, nil, nil) }) {
-            key = privateKey
-            hasPrivateKey = true
+            (loaded, isPrivate) = (privateKey, true)
         } else if let publicKey = readKey({ PEM_read_bio_PUBKEY($0, nil, nil, nil) }) {
-            key = publicKey
-            hasPrivateKey = false
+            (loaded, isPrivate) = (publicKey, false)
         } else {
             throw .unreadable("not a PEM private or public key")
         }
+        // Checked before `self` owns the key: once it does, a throw would run deinit and free it.
         var groupName = [CChar](repeating: 0, count: 64)
-        guard EVP_PKEY_get_base_id(key) == EVP_PKEY_EC,
-              EVP_PKEY_get_group_name(key, &groupName, groupName.count, nil) == 1,
+        guard EVP_PKEY_get_base_id(loaded) == EVP_PKEY_EC,
+              EVP_PKEY_get_group_name(loaded, &groupName, groupName.count, nil) == 1,
               ["prime256v1", "P-256"].contains(String(decoding: groupName.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) },
                                                    as: UTF8.self)) else {
-            EVP_PKEY_free(key)
+            EVP_PKEY_free(loaded)
             throw .notP256
         }
+        key = loaded
+        hasPrivateKey = isPrivate
     }
 
     public convenience init(contentsOfFile path: String) throws(APNsKeyError) {

@@ -1,0 +1,237 @@
+/// A small strict JSON reader (RFC 8259) that keeps each value's byte range, so a job's payload is forwarded
+/// exactly as the sender wrote it (no re-encoding), and that bounds nesting depth against hostile input.
+public indirect enum JSONValue: Sendable, Equatable {
+    case null
+    case bool(Bool)
+    /// The number's text, as written.
+    case number(String)
+    case string(String)
+    case array([JSONValue])
+    case object([JSONMember])
+
+    public var typeName: String {
+        switch self {
+        case .null: "null"
+        case .bool: "a boolean"
+        case .number: "a number"
+        case .string: "a string"
+        case .array: "an array"
+        case .object: "an object"
+        }
+    }
+
+    public subscript(key: String) -> JSONValue? {
+        guard case .object(let members) = self else { return nil }
+        return members.first { $0.key == key }?.value
+    }
+
+    public func member(_ key: String) -> JSONMember? {
+        guard case .object(let members) = self else { return nil }
+        return members.first { $0.key == key }
+    }
+}
+
+public struct JSONMember: Sendable, Equatable {
+    public var key: String
+    public var value: JSONValue
+    /// Where the value's text sits in the document.
+    public var range: Range<Int>
+}
+
+public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var offset: Int
+    public var message: String
+    public var description: String { "\(message) at byte \(offset)" }
+}
+
+public struct JSONReader {
+    public static let defaultMaximumDepth = 32
+
+    private let bytes: [UInt8]
+    private var position = 0
+    private let maximumDepth: Int
+
+    public static func parse(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth) throws(JSONError) -> JSONValue {
+        var reader = JSONReader(bytes: bytes, maximumDepth: maximumDepth)
+        reader.skipWhitespace()
+        let value = try reader.parseValue(depth: 0)
+        reader.skipWhitespace()
+        guard reader.position == bytes.count else { throw reader.error("unexpected text after the JSON value") }
+        return value
+    }
+
+    private init(bytes: [UInt8], maximumDepth: Int) {
+        self.bytes = bytes
+        self.maximumDepth = maximumDepth
+    }
+
+    private func error(_ message: String) -> JSONError { JSONError(offset: position, message: message) }
+
+    private mutating func skipWhitespace() {
+        while position < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[position]) { position += 1 }
+    }
+
+    private mutating func parseValue(depth: Int) throws(JSONError) -> JSONValue {
+        guard position < bytes.count else { throw error("unexpected end of JSON") }
+        switch bytes[position] {
+        case UInt8(ascii: "{"): return try parseObject(depth: depth + 1)
+        case UInt8(ascii: "["): return try parseArray(depth: depth + 1)
+        case UInt8(ascii: "\""): return .string(try parseString())
+        case UInt8(ascii: "t"): try expectLiteral("true"); return .bool(true)
+        case UInt8(ascii: "f"): try expectLiteral("false"); return .bool(false)
+        case UInt8(ascii: "n"): try expectLiteral("null"); return .null
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .number(try parseNumber())
+        default: throw error("unexpected character '\(Character(Unicode.Scalar(bytes[position])))'")
+        }
+    }
+
+    private mutating func expectLiteral(_ literal: StaticString) throws(JSONError) {
+        let text = literal.withUTF8Buffer { Array($0) }
+        guard position + text.count <= bytes.count, Array(bytes[position..<position + text.count]) == text else {
+            throw error("invalid literal")
+        }
+        position += text.count
+    }
+
+    private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
+        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        position += 1
+        var members: [JSONMember] = []
+        skipWhitespace()
+        if position < bytes.count, bytes[position] == UInt8(ascii: "}") {
+            position += 1
+            return .object(members)
+        }
+        while true {
+            skipWhitespace()
+            guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
+            let key = try parseString()
+            skipWhitespace()
+            guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
+            position += 1
+            skipWhitespace()
+            let start = position
+            let value = try parseValue(depth: depth)
+            members.append(JSONMember(key: key, value: value, range: start..<position))
+            skipWhitespace()
+            guard position < bytes.count else { throw error("unexpected end of JSON in an object") }
+            if bytes[position] == UInt8(ascii: ",") {
+                position += 1
+            } else if bytes[position] == UInt8(ascii: "}") {
+                position += 1
+                return .object(members)
+            } else {
+                throw error("expected ',' or '}'")
+            }
+        }
+    }
+
+    private mutating func parseArray(depth: Int) throws(JSONError) -> JSONValue {
+        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        position += 1
+        var elements: [JSONValue] = []
+        skipWhitespace()
+        if position < bytes.count, bytes[position] == UInt8(ascii: "]") {
+            position += 1
+            return .array(elements)
+        }
+        while true {
+            skipWhitespace()
+            elements.append(try parseValue(depth: depth))
+            skipWhitespace()
+            guard position < bytes.count else { throw error("unexpected end of JSON in an array") }
+            if bytes[position] == UInt8(ascii: ",") {
+                position += 1
+            } else if bytes[position] == UInt8(ascii: "]") {
+                position += 1
+                return .array(elements)
+            } else {
+                throw error("expected ',' or ']'")
+            }
+        }
+    }
+
+    private mutating func parseNumber() throws(JSONError) -> String {
+        let start = position
+        if bytes[position] == UInt8(ascii: "-") { position += 1 }
+        func digits() -> Int {
+            let begin = position
+            while position < bytes.count, bytes[position] >= 48, bytes[position] <= 57 { position += 1 }
+            return position - begin
+        }
+        let integerStart = position
+        let integerDigits = digits()
+        guard integerDigits > 0 else { throw error("invalid number") }
+        if integerDigits > 1 && bytes[integerStart] == UInt8(ascii: "0") { throw error("leading zero in a number") }
+        if position < bytes.count, bytes[position] == UInt8(ascii: ".") {
+            position += 1
+            guard digits() > 0 else { throw error("invalid number fraction") }
+        }
+        if position < bytes.count, bytes[position] == UInt8(ascii: "e") || bytes[position] == UInt8(ascii: "E") {
+            position += 1
+            if position < bytes.count, bytes[position] == UInt8(ascii: "+") || bytes[position] == UInt8(ascii: "-") {
+                position += 1
+            }
+            guard digits() > 0 else { throw error("invalid number exponent") }
+        }
+        return String(decoding: bytes[start..<position], as: UTF8.self)
+    }
+
+    private mutating func parseString() throws(JSONError) -> String {
+        position += 1
+        var output: [UInt8] = []
+        while true {
+            guard position < bytes.count else { throw error("unterminated string") }
+            let byte = bytes[position]
+            position += 1
+            switch byte {
+            case UInt8(ascii: "\""):
+                guard let text = String(validating: output, as: UTF8.self) else { throw error("string is not UTF-8") }
+                return text
+            case UInt8(ascii: "\\"):
+                guard position < bytes.count else { throw error("unterminated escape") }
+                let escape = bytes[position]
+                position += 1
+                switch escape {
+                case UInt8(ascii: "\""): output.append(0x22)
+                case UInt8(ascii: "\\"): output.append(0x5C)
+                case UInt8(ascii: "/"): output.append(0x2F)
+                case UInt8(ascii: "b"): output.append(0x08)
+                case UInt8(ascii: "f"): output.append(0x0C)
+                case UInt8(ascii: "n"): output.append(0x0A)
+                case UInt8(ascii: "r"): output.append(0x0D)
+                case UInt8(ascii: "t"): output.append(0x09)
+                case UInt8(ascii: "u"):
+                    var scalar = try parseHex4()
+                    if (0xD800...0xDBFF).contains(scalar) {
+                        guard position + 1 < bytes.count, bytes[position] == UInt8(ascii: "\\"),
+                              bytes[position + 1] == UInt8(ascii: "u") else { throw error("lone surrogate in \\u escape") }
+                        position += 2
+                        let low = try parseHex4()
+                        guard (0xDC00...0xDFFF).contains(low) else { throw error("bad surrogate pair") }
+                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+                    } else if (0xDC00...0xDFFF).contains(scalar) {
+                        throw error("lone surrogate in \\u escape")
+                    }
+                    guard let unicode = Unicode.Scalar(scalar) else { throw error("invalid \\u escape") }
+                    output.append(contentsOf: Array(String(Character(unicode)).utf8))
+                default:
+                    throw error("invalid escape")
+                }
+            case 0..<0x20:
+                throw error("control character in a string")
+            default:
+                output.append(byte)
+            }
+        }
+    }
+
+    private mutating func parseHex4() throws(JSONError) -> UInt32 {
+        guard position + 4 <= bytes.count,
+              let value = UInt32(String(decoding: bytes[position..<position + 4], as: UTF8.self), radix: 16) else {
+            throw error("invalid \\u escape")
+        }
+        position += 4
+        return value
+    }
+}

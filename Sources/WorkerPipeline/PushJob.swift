@@ -1,0 +1,176 @@
+import APNs
+
+/// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
+public struct PushJob: Sendable, Equatable {
+    public var id: String
+    /// The topic to send with, the push type's suffix included.
+    public var topic: String
+    public var users: [String]
+    public var tokens: [String]
+    /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
+    public var environment: APNsEnvironment
+    public var pushType: APNsPushType
+    public var priority: APNsPriority
+    public var expiration: Int64?
+    public var collapseID: String?
+    /// The payload exactly as the job wrote it.
+    public var payload: [UInt8]
+
+    public struct Limits: Sendable {
+        public var maximumMessageSize = 1 << 20
+        public var maximumTargets = 100_000
+        public var maximumDepth = JSONReader.defaultMaximumDepth
+
+        public init() {}
+    }
+
+    /// Decodes a message body. `defaultTopic` is APNS_TOPIC; `fallbackID` names jobs that carry no id.
+    public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
+                              limits: Limits = .init()) throws(JobError) -> PushJob {
+        guard body.count <= limits.maximumMessageSize else {
+            throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
+        }
+        guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
+        let document: JSONValue
+        do { document = try JSONReader.parse(body, maximumDepth: limits.maximumDepth) } catch {
+            throw .notJSON(error.description)
+        }
+        guard case .object = document else { throw .notAnObject(document.typeName) }
+
+        let id = try optionalString(document, "id") ?? fallbackID
+        let users = try stringArray(document, "users")
+        let tokens = try stringArray(document, "tokens")
+        guard !users.isEmpty || !tokens.isEmpty else { throw .noTargets }
+        guard users.count + tokens.count <= limits.maximumTargets else {
+            throw .tooManyTargets(users.count + tokens.count, limit: limits.maximumTargets)
+        }
+        for (index, user) in users.enumerated() where user.isEmpty || user.utf8.count > 256 {
+            throw .badUser(index: index)
+        }
+        for (index, token) in tokens.enumerated() {
+            do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
+                throw .badToken(index: index, error.description)
+            }
+        }
+
+        var environment = APNsEnvironment.production
+        if let text = try optionalString(document, "environment") {
+            guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
+            environment = parsed
+        }
+        var pushType = APNsPushType.alert
+        if let text = try optionalString(document, "push_type") {
+            guard let parsed = APNsPushType(rawValue: text) else { throw .unknownPushType(text) }
+            pushType = parsed
+        }
+        var priority = pushType.defaultPriority
+        if let number = try optionalInteger(document, "priority") {
+            guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
+            priority = parsed
+        }
+        if pushType == .background && priority == .immediately {
+            throw .badPriority(10, "background pushes must use priority 5 or 1")
+        }
+        let expiration = try optionalInteger(document, "expiration")
+        if let expiration, expiration < 0 { throw .badExpiration(expiration) }
+        let collapseID = try optionalString(document, "collapse_id")
+        if let collapseID, collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
+        guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
+            throw .missingTopic
+        }
+
+        guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
+        guard case .object = payloadMember.value else {
+            throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)
+        }
+        let payload = Array(body[payloadMember.range])
+        guard payload.count <= pushType.maximumPayloadSize else {
+            throw .payloadTooLarge(size: payload.count, limit: pushType.maximumPayloadSize, pushType: pushType)
+        }
+        return PushJob(id: id, topic: pushType.topic(forBundle: bundle), users: users, tokens: tokens,
+                       environment: environment, pushType: pushType, priority: priority, expiration: expiration,
+                       collapseID: collapseID, payload: payload)
+    }
+
+    private static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
+        switch document[field] {
+        case nil, .null?: return nil
+        case .string(let text)?: return text
+        case let other?: throw .wrongType(field: field, expected: "a string", got: other.typeName)
+        }
+    }
+
+    private static func optionalInteger(_ document: JSONValue, _ field: String) throws(JobError) -> Int64? {
+        switch document[field] {
+        case nil, .null?: return nil
+        case .number(let text)?:
+            guard let value = Int64(text) else {
+                throw .wrongType(field: field, expected: "a whole number", got: "the number \(text)")
+            }
+            return value
+        case let other?: throw .wrongType(field: field, expected: "a whole number", got: other.typeName)
+        }
+    }
+
+    private static func stringArray(_ document: JSONValue, _ field: String) throws(JobError) -> [String] {
+        switch document[field] {
+        case nil, .null?: return []
+        case .array(let elements)?:
+            var strings: [String] = []
+            strings.reserveCapacity(elements.count)
+            for (index, element) in elements.enumerated() {
+                guard case .string(let text) = element else {
+                    throw .wrongType(field: "\(field)[\(index)]", expected: "a string", got: element.typeName)
+                }
+                strings.append(text)
+            }
+            return strings
+        case let other?: throw .wrongType(field: field, expected: "an array of strings", got: other.typeName)
+        }
+    }
+}
+
+/// Why a job was refused. Each names the problem so that whoever enqueued it can fix it.
+public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
+    case tooLarge(size: Int, limit: Int)
+    case notUTF8
+    case notJSON(String)
+    case notAnObject(String)
+    case missingField(String)
+    case wrongType(field: String, expected: String, got: String)
+    case noTargets
+    case tooManyTargets(Int, limit: Int)
+    case badUser(index: Int)
+    case badToken(index: Int, String)
+    case badEnvironment(String)
+    case unknownPushType(String)
+    case badPriority(Int64, String = "priority must be 10, 5 or 1")
+    case badExpiration(Int64)
+    case collapseIDTooLong(Int)
+    case missingTopic
+    case payloadTooLarge(size: Int, limit: Int, pushType: APNsPushType)
+
+    public var description: String {
+        switch self {
+        case .tooLarge(let size, let limit): "message is \(size) bytes, over the \(limit)-byte limit"
+        case .notUTF8: "body is not UTF-8"
+        case .notJSON(let why): "body is not JSON: \(why)"
+        case .notAnObject(let type): "body must be a JSON object, got \(type)"
+        case .missingField(let field): "missing field \"\(field)\""
+        case .wrongType(let field, let expected, let got): "\"\(field)\" must be \(expected), got \(got)"
+        case .noTargets: "no targets: give \"users\" or \"tokens\" (at least one entry)"
+        case .tooManyTargets(let count, let limit): "\(count) targets, over the limit of \(limit) per job"
+        case .badUser(let index): "users[\(index)] must be 1 to 256 bytes"
+        case .badToken(let index, let why): "tokens[\(index)]: \(why)"
+        case .badEnvironment(let text): "environment \"\(text)\" is neither \"production\" nor \"sandbox\""
+        case .unknownPushType(let text):
+            "unknown push_type \"\(text)\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"
+        case .badPriority(let value, let rule): "priority \(value): \(rule)"
+        case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
+        case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
+        case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
+        case .payloadTooLarge(let size, let limit, let pushType):
+            "payload is \(size) bytes, over the \(limit)-byte limit for push_type \(pushType)"
+        }
+    }
+}

@@ -1,0 +1,328 @@
+import AMQP
+import APNs
+import Foundation
+import Redis
+import Synchronization
+import Telemetry
+
+/// The worker: consumes jobs, resolves their users, sends their notifications, publishes what came of them, and
+/// acknowledges each job once every one of its notifications has a final outcome.
+///
+/// Threads: `run()` is the broker thread; it alone owns the AMQP and Redis connections (blocking C clients). The
+/// APNs client's loop thread owns the HTTP/2 connections and every job's progress while its notifications are out.
+/// Work crosses between the two in batches: a consumed batch goes out in one `send`; finished jobs come back
+/// through `completions` with one wake-up.
+public final class Worker: Sendable {
+    public static let reasonHeader = "x-apns-worker-reason"
+
+    public let configuration: WorkerConfiguration
+    public let statistics = WorkerStatistics()
+    private let logger: Logger
+    private let apns: APNsClient
+    private let completions = Mutex<[JobProgress]>([])
+    private let wakeup = Wakeup()
+    private let stopRequested = Atomic<Bool>(false)
+    private let ready = Atomic<Bool>(false)
+
+    public init(configuration: WorkerConfiguration, logger: Logger) throws(ConfigurationError) {
+        self.configuration = configuration
+        self.logger = logger
+        let authentication = try configuration.makeAuthentication()
+        apns = APNsClient(configuration: configuration.apns, authentication: authentication,
+                          logger: logger.child("apns-client"))
+        if configuration.rateLimit > 0 {
+            logger.warning("APNS_RATE_LIMIT is read but not enforced yet (issue 4)",
+                           ["config.APNS_RATE_LIMIT": String(configuration.rateLimit)])
+        }
+    }
+
+    /// Whether the worker is consuming (connected to the broker and Redis).
+    public var isReady: Bool { ready.load(ordering: .relaxed) }
+
+    /// Asks `run()` to stop consuming, finish what is under way (up to SHUTDOWN_TIMEOUT) and return.
+    public func stop() {
+        stopRequested.store(true, ordering: .releasing)
+        wakeup.signal()
+    }
+
+    /// Runs until `stop()`; reconnects to the broker and Redis with back-off when they go away.
+    public func run() {
+        var generation = 0
+        var failures = 0
+        while !stopRequested.load(ordering: .acquiring) {
+            generation += 1
+            do {
+                let session = try connect()
+                failures = 0
+                ready.store(true, ordering: .relaxed)
+                try serve(session, generation: generation)
+                ready.store(false, ordering: .relaxed)
+                break
+            } catch {
+                ready.store(false, ordering: .relaxed)
+                failures += 1
+                let delay = min(30, 0.25 * pow(2, Double(min(failures - 1, 7)))) * Double.random(in: 0.5...1)
+                logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
+                                                                         "retry_in_s": String(format: "%.2f", delay)])
+                wakeup.wait(timeout: delay)
+            }
+        }
+        apns.shutdown()
+        logger.info("worker stopped", ["stats": statistics.snapshot().summary])
+    }
+
+    private struct Session {
+        let amqp: AMQPConnection
+        let tokens: TokenCache
+    }
+
+    private func connect() throws -> Session {
+        let amqp = try AMQPConnection(url: configuration.amqpURL, caFile: configuration.amqpCAFile)
+        for queue in [configuration.jobsQueue, configuration.deadTokensQueue, configuration.failedQueue] {
+            try amqp.declareQueue(queue)
+        }
+        try amqp.setPrefetch(configuration.prefetch)
+        try amqp.enablePublisherConfirms()
+        try amqp.consume(configuration.jobsQueue)
+        let redis = try RedisConnection(url: configuration.redisURL)
+        logger.info("consuming", ["amqp.queue": configuration.jobsQueue, "amqp.url": configuration.amqpURL.description,
+                                  "redis.url": configuration.redisURL.description,
+                                  "amqp.prefetch": String(configuration.prefetch)])
+        return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger))
+    }
+
+    // MARK: broker thread
+
+    private func serve(_ session: Session, generation: Int) throws {
+        var inFlight = 0
+        var stopDeadline: Date?
+        var lastSummary = Date()
+        var lastReported = statistics.snapshot()
+        while true {
+            let stopping = stopRequested.load(ordering: .acquiring)
+            if stopping {
+                if stopDeadline == nil {
+                    stopDeadline = Date().addingTimeInterval(configuration.shutdownTimeout)
+                    logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(inFlight)])
+                }
+                if inFlight == 0 || Date() > stopDeadline! {
+                    if inFlight > 0 {
+                        logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
+                                       ["jobs.in_flight": String(inFlight)])
+                    }
+                    session.amqp.close()
+                    return
+                }
+            }
+
+            let finished = completions.withLock { queue -> [JobProgress] in
+                defer { queue.removeAll(keepingCapacity: true) }
+                return queue
+            }
+            let current = finished.filter { $0.generation == generation }
+            if !current.isEmpty {
+                try finish(current, on: session.amqp)
+                inFlight -= current.count
+            }
+
+            var batch: [AMQPDelivery] = []
+            if !stopping {
+                while batch.count < configuration.prefetch, let event = try session.amqp.nextEvent(timeout: 0) {
+                    switch event {
+                    case .delivery(let delivery): batch.append(delivery)
+                    case .blocked(let blocked):
+                        logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
+                    case .returned(let queue, let text):
+                        logger.error("a publish was returned unroutable", ["amqp.queue": queue, "amqp.reply": text])
+                    case .confirm:
+                        break
+                    }
+                }
+            }
+            if !batch.isEmpty {
+                inFlight += try start(batch, session: session, generation: generation)
+                continue
+            }
+
+            if Date().timeIntervalSince(lastSummary) >= 10 {
+                let now = statistics.snapshot()
+                if now != lastReported {
+                    logger.info("progress", ["stats": now.summary, "jobs.in_flight": String(inFlight)])
+                    lastReported = now
+                }
+                lastSummary = Date()
+            }
+            if !session.amqp.hasBufferedInput {
+                // While stopping, deliveries are left unread (the broker requeues them), so only wake-ups count.
+                wakeup.wait(alsoReadable: stopping ? nil : session.amqp.socketDescriptor, timeout: 1)
+            }
+        }
+    }
+
+    /// Decodes a batch, rejects the bad jobs, resolves users in one Redis round trip and sends every notification
+    /// in one call. Returns how many jobs are now waiting for outcomes.
+    private func start(_ batch: [AMQPDelivery], session: Session, generation: Int) throws -> Int {
+        var rejected: [(AMQPDelivery, String)] = []
+        var jobs: [(AMQPDelivery, PushJob)] = []
+        for delivery in batch {
+            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.deliveryTag)"
+            do {
+                jobs.append((delivery, try PushJob.decode(delivery.body, defaultTopic: configuration.defaultTopic,
+                                                          fallbackID: fallbackID)))
+            } catch {
+                rejected.append((delivery, error.description))
+            }
+        }
+        let resolved = try session.tokens.resolve(jobs.flatMap { $0.1.users })
+
+        var progresses: [JobProgress] = []
+        var notifications: [(environment: APNsEnvironment, notification: APNsNotification)] = []
+        var owners: [(JobProgress, Int)] = []
+        var finishedAtOnce: [JobProgress] = []
+        for (delivery, job) in jobs {
+            var seen = Set<String>()
+            var targets: [DeviceTarget] = []
+            for token in job.tokens where seen.insert(token).inserted {
+                targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
+            }
+            for user in job.users {
+                for target in resolved[user] ?? [] where seen.insert(target.token).inserted { targets.append(target) }
+            }
+            let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets)
+            progresses.append(progress)
+            if targets.isEmpty {
+                finishedAtOnce.append(progress)
+                continue
+            }
+            for index in targets.indices {
+                notifications.append(progress.notification(index))
+                owners.append((progress, index))
+            }
+        }
+        if !notifications.isEmpty {
+            let sentOwners = owners
+            apns.send(notifications) { [self] position, result in
+                let (progress, index) = sentOwners[position]
+                record(result, for: progress, index)
+            }
+        }
+        if !rejected.isEmpty { try reject(rejected, on: session.amqp) }
+        if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, on: session.amqp) }
+        return progresses.count - finishedAtOnce.count
+    }
+
+    /// Bad jobs go to PUSH_FAILED_QUEUE with their reason, confirmed, then acknowledged.
+    private func reject(_ rejected: [(AMQPDelivery, String)], on amqp: AMQPConnection) throws {
+        var last: UInt64 = 0
+        var sequences: [UInt64] = []
+        for (delivery, reason) in rejected {
+            var properties = delivery.properties
+            properties.persistent = true
+            properties.headers[Self.reasonHeader] = reason
+            last = try amqp.publish(to: configuration.failedQueue, body: delivery.body, properties: properties)
+            sequences.append(last)
+            logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.deliveryTag)])
+        }
+        let nacked = Set(try amqp.waitForConfirms(through: last))
+        for ((delivery, _), sequence) in zip(rejected, sequences) {
+            if nacked.contains(sequence) {
+                try amqp.reject(delivery.deliveryTag, requeue: true)
+            } else {
+                try amqp.ack(delivery.deliveryTag)
+                statistics.jobsRejected.add(1, ordering: .relaxed)
+            }
+        }
+    }
+
+    /// Publishes what finished jobs produced (dead-token events, parked jobs, summaries), waits for the broker's
+    /// confirms, then acknowledges the jobs. A job whose publishes were not confirmed is requeued, not acknowledged.
+    private func finish(_ finished: [JobProgress], on amqp: AMQPConnection) throws {
+        var ranges: [ClosedRange<UInt64>?] = []
+        var last: UInt64 = 0
+        for progress in finished {
+            let first = amqp.upcomingPublishSequence
+            for (target, response) in progress.dead {
+                let event = DeadTokenEvent(token: target.token, user: target.user, topic: progress.job.topic,
+                                           environment: target.environment, status: response.status,
+                                           reason: response.reason?.rawValue ?? "", timestamp: response.timestamp,
+                                           jobID: progress.job.id)
+                last = try amqp.publish(to: configuration.deadTokensQueue, body: event.json)
+            }
+            if let first = progress.undelivered.first {
+                var properties = progress.delivery.properties
+                properties.persistent = true
+                properties.headers[Self.reasonHeader] =
+                    "\(progress.undelivered.count) of \(progress.targets.count) notifications not delivered after "
+                    + "\(configuration.maximumSendAttempts) attempts: \(first.reason)"
+                last = try amqp.publish(to: configuration.failedQueue, body: progress.delivery.body, properties: properties)
+            }
+            if let replyTo = progress.delivery.properties.replyTo, !replyTo.isEmpty {
+                last = try amqp.publish(to: replyTo, body: progress.summaryJSON,
+                                        properties: AMQPProperties(correlationID: progress.delivery.properties.correlationID
+                                                                   ?? progress.job.id, persistent: false))
+            }
+            let end = amqp.upcomingPublishSequence
+            ranges.append(end > first ? first...(end - 1) : nil)
+        }
+        let nacked = last > 0 ? Set(try amqp.waitForConfirms(through: last)) : []
+        for (progress, range) in zip(finished, ranges) {
+            if let range, range.contains(where: nacked.contains) {
+                logger.error("broker refused a publish; the job will be redelivered", ["job.id": progress.job.id])
+                try amqp.reject(progress.delivery.deliveryTag, requeue: true)
+                continue
+            }
+            try amqp.ack(progress.delivery.deliveryTag)
+            statistics.jobsCompleted.add(1, ordering: .relaxed)
+            if !progress.undelivered.isEmpty { statistics.jobsParked.add(1, ordering: .relaxed) }
+            logger.debug("job done", ["job.id": progress.job.id, "job.notifications": String(progress.targets.count),
+                                      "job.delivered": String(progress.delivered), "job.dead": String(progress.dead.count),
+                                      "job.failed": String(progress.failed.count + progress.undelivered.count)])
+        }
+    }
+
+    // MARK: APNs loop thread
+
+    private func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
+        switch result.outcome {
+        case .delivered:
+            progress.recordDelivered()
+            statistics.delivered.add(1, ordering: .relaxed)
+        case .deadToken:
+            progress.recordDead(index, result.response ?? APNsResponse(status: 410))
+            statistics.deadTokens.add(1, ordering: .relaxed)
+        case .permanentFailure:
+            let reason = result.response?.reason?.rawValue ?? result.error ?? "status \(result.response?.status ?? 0)"
+            progress.recordFailed(index, reason: reason)
+            statistics.permanentFailures.add(1, ordering: .relaxed)
+            logger.warning("notification failed", ["job.id": progress.job.id, "apns.reason": reason,
+                                                   "apns.status": String(result.response?.status ?? 0),
+                                                   "apns.token": Redact.token(progress.targets[index].token)])
+        case .retryLater(let suggested):
+            retry(progress, index, reason: result.response?.reason?.rawValue ?? result.error ?? "retry later",
+                  suggestedDelay: suggested)
+        case .refreshTokenAndRetry, .replaceConnectionAndRetry:
+            retry(progress, index, reason: result.response?.reason?.rawValue ?? "provider token", suggestedDelay: 1)
+        }
+        if progress.isComplete {
+            completions.withLock { $0.append(progress) }
+            wakeup.signal()
+        }
+    }
+
+    private func retry(_ progress: JobProgress, _ index: Int, reason: String, suggestedDelay: Double) {
+        guard !stopRequested.load(ordering: .relaxed),
+              progress.allowsAnotherAttempt(index, limit: configuration.maximumSendAttempts) else {
+            progress.recordUndelivered(index, reason: reason)
+            return
+        }
+        statistics.retries.add(1, ordering: .relaxed)
+        // Exponential back-off from half a second; Apple's longer suggestions are capped so a job is not held for
+        // minutes here (jobs that keep failing are parked on the failed queue instead).
+        let attempt = Double(progress.attempts[index] - 1)
+        let delay = min(suggestedDelay, 0.5 * pow(2, attempt - 1)) * Double.random(in: 0.8...1.2)
+        let notification = progress.notification(index)
+        apns.schedule(after: delay) { [self] in
+            apns.send([notification]) { [self] _, result in record(result, for: progress, index) }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+import AMQP
+import APNs
+import Foundation
+import Redis
+import Telemetry
+
+/// A setting that stops start-up: names the key and what is wrong with it, never its secret value.
+public struct ConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var key: String
+    public var problem: String
+
+    public init(key: String, _ problem: String) {
+        self.key = key
+        self.problem = problem
+    }
+
+    public var description: String { "\(key): \(problem)" }
+}
+
+/// Everything the worker reads from its environment (the contract in README.md, every key in config/).
+public struct WorkerConfiguration: Sendable {
+    public var amqpURL: AMQPURL
+    public var amqpCAFile: String?
+    public var redisURL: RedisURL
+    public var apns: APNsClientConfiguration
+    public var keyFile: String?
+    public var keyID: String?
+    public var teamID: String?
+    public var certificateFile: String?
+    public var certificateKeyFile: String?
+    public var defaultTopic: String?
+    public var jobsQueue: String
+    public var deadTokensQueue: String
+    public var failedQueue: String
+    public var rateLimit: Int
+    /// Unacknowledged jobs the broker may hand this worker at once (basic.qos).
+    public var prefetch: Int
+    /// Sends of one notification that APNs asked to retry later, before the job is parked on the failed queue.
+    public var maximumSendAttempts: Int
+    /// How long SIGTERM waits for jobs under way before leaving them to the broker for redelivery.
+    public var shutdownTimeout: Double
+    public var logLevel: Logger.Level
+    public var logFormat: Logger.Format
+
+    /// Reads and checks every setting; the first bad one throws.
+    public static func load(from environment: [String: String]) throws(ConfigurationError) -> WorkerConfiguration {
+        func value(_ key: String) -> String? {
+            guard let text = environment[key]?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return nil }
+            return text
+        }
+        func integer(_ key: String, default fallback: Int, range: ClosedRange<Int>) throws(ConfigurationError) -> Int {
+            guard let text = value(key) else { return fallback }
+            guard let number = Int(text), range.contains(number) else {
+                throw ConfigurationError(key: key, "\"\(text)\" is not a whole number from \(range.lowerBound) to \(range.upperBound)")
+            }
+            return number
+        }
+        func seconds(_ key: String, default fallback: Double) throws(ConfigurationError) -> Double {
+            guard let text = value(key) else { return fallback }
+            guard let number = Double(text), number > 0, number <= 86_400 else {
+                throw ConfigurationError(key: key, "\"\(text)\" is not a number of seconds above 0")
+            }
+            return number
+        }
+        func file(_ key: String) throws(ConfigurationError) -> String? {
+            guard let path = value(key) else { return nil }
+            guard FileManager.default.isReadableFile(atPath: path) else {
+                throw ConfigurationError(key: key, "cannot read file \(path)")
+            }
+            return path
+        }
+        func queue(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
+            let name = value(key) ?? fallback
+            guard name.utf8.count <= 255 else { throw ConfigurationError(key: key, "queue names are at most 255 bytes") }
+            return name
+        }
+
+        let amqpURL: AMQPURL
+        do { amqpURL = try AMQPURL(value("AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/%2f") } catch {
+            throw ConfigurationError(key: "AMQP_URL", error.message.replacingOccurrences(of: "AMQP_URL: ", with: ""))
+        }
+        let redisURL: RedisURL
+        do { redisURL = try RedisURL(value("REDIS_URL") ?? "redis://127.0.0.1:6379/0") } catch {
+            throw ConfigurationError(key: "REDIS_URL", error.message.replacingOccurrences(of: "REDIS_URL: ", with: ""))
+        }
+        var apns = APNsClientConfiguration()
+        for (key, environmentName) in [("APNS_PRODUCTION_URL", APNsEnvironment.production), ("APNS_SANDBOX_URL", .sandbox)] {
+            guard let text = value(key) else { continue }
+            do {
+                let endpoint = try APNsEndpoint(url: text)
+                if environmentName == .production { apns.production = endpoint } else { apns.sandbox = endpoint }
+            } catch { throw ConfigurationError(key: key, error.description) }
+        }
+        apns.caFile = try file("APNS_CA_FILE")
+        apns.connectionsPerEnvironment = try integer("APNS_CONNECTIONS", default: 2, range: 1...64)
+        apns.requestTimeout = try seconds("APNS_REQUEST_TIMEOUT", default: 30)
+        if let insecure = value("APNS_INSECURE_SKIP_VERIFY") {
+            guard ["true", "false", "1", "0"].contains(insecure) else {
+                throw ConfigurationError(key: "APNS_INSECURE_SKIP_VERIFY", "must be true or false")
+            }
+            apns.verifyPeer = !(insecure == "true" || insecure == "1")
+        }
+
+        let keyFile = try file("APNS_KEY_FILE")
+        let keyID = value("APNS_KEY_ID")
+        let teamID = value("APNS_TEAM_ID")
+        let certificateFile = try file("APNS_CERT_FILE")
+        let certificateKeyFile = try file("APNS_CERT_KEY_FILE")
+        if keyFile != nil {
+            if keyID == nil { throw ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE") }
+            if teamID == nil { throw ConfigurationError(key: "APNS_TEAM_ID", "required with APNS_KEY_FILE") }
+        } else if certificateFile == nil {
+            throw ConfigurationError(key: "APNS_KEY_FILE",
+                                     "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and APNS_TEAM_ID, or APNS_CERT_FILE")
+        }
+
+        let levelText = value("LOG_LEVEL") ?? "info"
+        guard let level = Logger.Level(name: levelText) else {
+            throw ConfigurationError(key: "LOG_LEVEL", "\"\(levelText)\" is not trace, debug, info, notice, warning or error")
+        }
+        let formatText = value("LOG_FORMAT") ?? "json"
+        guard let format = Logger.Format(rawValue: formatText) else {
+            throw ConfigurationError(key: "LOG_FORMAT", "\"\(formatText)\" is not json or text")
+        }
+
+        return WorkerConfiguration(
+            amqpURL: amqpURL, amqpCAFile: try file("AMQP_CA_FILE"), redisURL: redisURL, apns: apns,
+            keyFile: keyFile, keyID: keyID, teamID: teamID, certificateFile: certificateFile,
+            certificateKeyFile: certificateKeyFile, defaultTopic: value("APNS_TOPIC"),
+            jobsQueue: try queue("PUSH_JOBS_QUEUE", default: "push.jobs"),
+            deadTokensQueue: try queue("PUSH_DEAD_TOKENS_QUEUE", default: "push.dead-tokens"),
+            failedQueue: try queue("PUSH_FAILED_QUEUE", default: "push.failed"),
+            rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
+            prefetch: try integer("WORKER_PREFETCH", default: 500, range: 1...65_535),
+            maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
+            shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25),
+            logLevel: level, logFormat: format)
+    }
+
+    /// Token authentication if a key is configured, else the client certificate. Reads and checks the key.
+    public func makeAuthentication() throws(ConfigurationError) -> APNsAuthentication {
+        if let keyFile, let keyID, let teamID {
+            do {
+                let key = try ES256Key(contentsOfFile: keyFile)
+                return .token(try APNsTokenProvider(key: key, keyID: keyID, teamID: teamID))
+            } catch {
+                let field: String
+                if case .badIdentifier(let name, _) = error { field = name } else { field = "APNS_KEY_FILE" }
+                throw ConfigurationError(key: field, error.description)
+            }
+        }
+        if let certificateFile { return .certificate(certificateFile: certificateFile, privateKeyFile: certificateKeyFile) }
+        throw ConfigurationError(key: "APNS_KEY_FILE", APNsConfigurationError.noCredentials.description)
+    }
+}

@@ -1,0 +1,112 @@
+import APNs
+import APNsSimulator
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+import HTTP2
+import Synchronization
+import Telemetry
+import Testing
+
+/// The HTTP/2 + TLS client against apns-sim (our double) and against nghttpd (an independent server).
+@Suite struct HTTP2ClientTests {
+    let logger = Logger(label: "test", level: .critical)
+
+    func collect(_ client: HTTP2Client, _ requests: [HTTP2Request]) -> [Result<HTTP2Response, HTTP2StreamError>] {
+        let results = Mutex<[Int: Result<HTTP2Response, HTTP2StreamError>]>([:])
+        let done = DispatchSemaphore(value: 0)
+        client.send(requests) { index, result in
+            let complete = results.withLock { results in
+                results[index] = result
+                return results.count == requests.count
+            }
+            if complete { done.signal() }
+        }
+        _ = done.wait(timeout: .now() + 30)
+        return results.withLock { results in (0..<requests.count).compactMap { results[$0] } }
+    }
+
+    func request(authority: String, token: String, topic: String = "com.example.app") -> HTTP2Request {
+        var headers = HTTP2HeaderBlock.request(method: "POST", authority: authority, path: "/3/device/\(token)")
+        headers.add("apns-topic", topic)
+        headers.add("apns-push-type", "alert")
+        return HTTP2Request(headers: headers, body: Array(#"{"aps":{"alert":"hi"}}"#.utf8))
+    }
+
+    @Test func manyConcurrentRequestsOverTwoConnectionsToTheSimulator() throws {
+        let dead = "dead" + String(repeating: "0", count: 60)
+        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_123]),
+                                          logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("sim-ca", contents: simulator.certificatePEM)
+        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: simulator.port,
+                                                          tls: .init(caFile: caFile), connectionCount: 2),
+                                     logger: logger)
+        defer { client.shutdown() }
+        var requests = (0..<2000).map { request(authority: client.authority, token: String(format: "%064x", $0)) }
+        requests.append(request(authority: client.authority, token: dead))
+        let results = collect(client, requests)
+        #expect(results.count == 2001)
+        let statuses = results.map { (try? $0.get().status) ?? -1 }
+        #expect(statuses.prefix(2000).allSatisfy { $0 == 200 })
+        let last = try results[2000].get()
+        #expect(last.status == 410)
+        #expect(APNsResponse.parseBody(last.body).timestamp == 1_732_900_000_123)
+        #expect(simulator.received().count == 2001)
+        #expect(Set(simulator.received().map(\.connectionID)).count == 2, "work is spread over both connections")
+    }
+
+    @Test func refusesAServerItCannotVerify() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        // No CA file: the self-signed certificate is not in the system trust store.
+        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: simulator.port, requestTimeout: 3),
+                                     logger: logger)
+        defer { client.shutdown() }
+        let results = collect(client, [request(authority: client.authority, token: "abcd")])
+        guard case .failure(let error)? = results.first else {
+            Issue.record("an unverifiable server was accepted")
+            return
+        }
+        #expect(error.description.contains("certificate") || error.description.contains("no connection"), "\(error)")
+        #expect(simulator.received().isEmpty)
+    }
+
+    @Test func interoperatesWithNghttpd() throws {
+        let nghttpd = ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"].first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/sbin/nghttpd"
+        #expect(FileManager.default.isExecutableFile(atPath: nghttpd), "nghttp2-server must be installed (scripts/test does)")
+        let pair = try SelfSignedCertificate.generate()
+        let directory = NSTemporaryDirectory() + TestServices.unique("nghttpd")
+        let token = String(repeating: "c3", count: 32)
+        try FileManager.default.createDirectory(atPath: directory + "/root/3/device", withIntermediateDirectories: true)
+        FileManager.default.createFile(atPath: directory + "/root/3/device/\(token)", contents: Data())
+        try pair.certificatePEM.write(toFile: directory + "/cert.pem", atomically: true, encoding: .utf8)
+        try pair.privateKeyPEM.write(toFile: directory + "/key.pem", atomically: true, encoding: .utf8)
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: nghttpd)
+        let port = TestServices.freePort()
+        process.arguments = ["--htdocs=\(directory)/root", "--address=127.0.0.1", "\(port)",
+                             "\(directory)/key.pem", "\(directory)/cert.pem"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        defer {
+            kill(process.processIdentifier, SIGKILL)
+            var status: Int32 = 0
+            waitpid(process.processIdentifier, &status, 0)
+        }
+
+        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: port,
+                                                          tls: .init(caFile: directory + "/cert.pem"),
+                                                          requestTimeout: 10),
+                                     logger: logger)
+        defer { client.shutdown() }
+        // The first requests may race nghttpd's start: the client reconnects with back-off until it listens.
+        let results = collect(client, [request(authority: client.authority, token: token),
+                                       request(authority: client.authority, token: "00ff")])
+        #expect(try results[0].get().status == 200)
+        #expect(try results[1].get().status == 404)
+    }
+}

@@ -1,0 +1,78 @@
+import AMQP
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+import Redis
+import Testing
+
+/// The real servers scripts/test starts. A missing one is a failure, never a skip.
+enum TestServices {
+    struct Missing: Error, CustomStringConvertible {
+        let variable: String
+        var description: String { "\(variable) is not set: run the tests through scripts/test, which starts the real servers" }
+    }
+
+    static func value(_ variable: String) throws -> String {
+        guard let value = ProcessInfo.processInfo.environment[variable], !value.isEmpty else { throw Missing(variable: variable) }
+        return value
+    }
+
+    static func amqpURL() throws -> AMQPURL { try AMQPURL(value("AMQP_URL")) }
+    static func redisURL() throws -> RedisURL { try RedisURL(value("REDIS_URL")) }
+
+    /// Names no other test (or earlier run) uses.
+    static func unique(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
+
+    /// A port nothing listens on right now (bound to 0, read, released).
+    static func freePort() -> Int {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
+                bind(descriptor, raw, length)
+                return getsockname(descriptor, raw, &length)
+            }
+        }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    static func temporaryFile(_ name: String, contents: String) throws -> String {
+        let path = NSTemporaryDirectory() + unique(name)
+        try contents.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+}
+
+/// A test's own view of a queue: declares it, reads it with real blocking waits (no sleeps).
+final class QueueReader {
+    let connection: AMQPConnection
+    let queue: String
+
+    init(_ queue: String) throws {
+        self.queue = queue
+        connection = try AMQPConnection(url: TestServices.amqpURL())
+        try connection.declareQueue(queue)
+        try connection.consume(queue)
+    }
+
+    /// The next `count` messages, each acknowledged; fewer if `timeout` seconds pass without one.
+    func read(_ count: Int, timeout: Double = 20) throws -> [AMQPDelivery] {
+        var messages: [AMQPDelivery] = []
+        let deadline = Date().addingTimeInterval(timeout)
+        while messages.count < count {
+            let remaining = deadline.timeIntervalSinceNow
+            guard remaining > 0 else { break }
+            guard let event = try connection.nextEvent(timeout: remaining) else { continue }
+            if case .delivery(let delivery) = event {
+                try connection.ack(delivery.deliveryTag)
+                messages.append(delivery)
+            }
+        }
+        return messages
+    }
+}

@@ -1,0 +1,96 @@
+import APNs
+import Testing
+
+@Suite struct APNsOutcomeTests {
+    @Test(arguments: [
+        (200, nil, APNsOutcome.delivered),
+        (410, "Unregistered", .deadToken),
+        (410, "ExpiredToken", .deadToken),
+        (400, "BadDeviceToken", .deadToken),
+        (400, "DeviceTokenNotForTopic", .deadToken),
+        (400, "BadCollapseId", .permanentFailure),
+        (400, "TopicDisallowed", .permanentFailure),
+        (403, "ExpiredProviderToken", .refreshTokenAndRetry),
+        (403, "InvalidProviderToken", .permanentFailure),
+        (403, "UnrelatedKeyIdInToken", .replaceConnectionAndRetry),
+        (403, "BadEnvironmentKeyIdInToken", .replaceConnectionAndRetry),
+        (413, "PayloadTooLarge", .permanentFailure),
+        (429, "TooManyRequests", .retryLater(delay: 60)),
+        (429, "TooManyProviderTokenUpdates", .retryLater(delay: 5)),
+        (500, "InternalServerError", .retryLater(delay: 15)),
+        (503, "ServiceUnavailable", .retryLater(delay: 15)),
+        (503, "SomethingAppleAddsLater", .retryLater(delay: 15)),
+        (404, "BadPath", .permanentFailure),
+    ] as [(Int, String?, APNsOutcome)])
+    func classifiesEveryDocumentedAnswer(status: Int, reason: String?, expected: APNsOutcome) {
+        let response = APNsResponse(status: status, reason: reason.map(APNsReason.init))
+        #expect(APNsOutcome.classify(response) == expected)
+    }
+
+    @Test func readsReasonAndMillisecondTimestampFromBody() {
+        let body = Array(#"{"reason":"Unregistered","timestamp":1732900000123}"#.utf8)
+        let parsed = APNsResponse.parseBody(body)
+        #expect(parsed.reason == .unregistered)
+        #expect(parsed.timestamp == 1_732_900_000_123)
+    }
+
+    @Test func unknownReasonIsKeptAndBadBodiesAreNotFatal() {
+        #expect(APNsResponse.parseBody(Array(#"{"reason":"BrandNewReason"}"#.utf8)).reason?.rawValue == "BrandNewReason")
+        #expect(APNsResponse.parseBody(Array("<html>".utf8)).reason == nil)
+        #expect(APNsResponse.parseBody([]).reason == nil)
+    }
+}
+
+@Suite struct APNsNotificationRulesTests {
+    let token = String(repeating: "ab", count: 32)
+    let payload = Array(#"{"aps":{"alert":"hi"}}"#.utf8)
+
+    @Test func defaultsFollowApple() {
+        #expect(APNsNotification(deviceToken: token, topic: "t", payload: payload).priority == .immediately)
+        #expect(APNsNotification(deviceToken: token, topic: "t", pushType: .background, payload: payload).priority == .considerPower)
+    }
+
+    @Test func topicSuffixesPerPushType() {
+        #expect(APNsPushType.voip.topic(forBundle: "com.example.app") == "com.example.app.voip")
+        #expect(APNsPushType.liveactivity.topic(forBundle: "com.example.app") == "com.example.app.push-type.liveactivity")
+        #expect(APNsPushType.widgets.topic(forBundle: "com.example.app") == "com.example.app.push-type.widgets")
+        #expect(APNsPushType.controls.topic(forBundle: "com.example.app") == "com.example.app.push-type.controls")
+        #expect(APNsPushType.alert.topic(forBundle: "com.example.app") == "com.example.app")
+        #expect(APNsPushType.voip.topic(forBundle: "com.example.app.voip") == "com.example.app.voip")
+        #expect(APNsPushType.allCases.count == 11)
+    }
+
+    @Test func validationNamesTheBrokenRule() {
+        func error(_ change: (inout APNsNotification) -> Void) -> APNsRequestError? {
+            var notification = APNsNotification(deviceToken: token, topic: "com.example.app", payload: payload)
+            change(&notification)
+            do { try notification.validate() } catch { return error }
+            return nil
+        }
+        #expect(error { _ in } == nil)
+        #expect(error { $0.deviceToken = "xyz" } == .badDeviceToken(length: 3))
+        #expect(error { $0.payload = [] } == .payloadEmpty)
+        #expect(error { $0.payload = Array(repeating: 32, count: 4097) } == .payloadTooLarge(size: 4097, limit: 4096))
+        #expect(error { $0.pushType = .voip; $0.topic = "com.example.app.voip"; $0.payload = Array(repeating: 32, count: 5000) } == nil)
+        #expect(error { $0.pushType = .background; $0.priority = .immediately } == .backgroundWithImmediatePriority)
+        #expect(error { $0.collapseID = String(repeating: "c", count: 65) } == .collapseIDTooLong(65))
+        #expect(error { $0.apnsID = "NOT-A-UUID" } == .badAPNsID("NOT-A-UUID"))
+        #expect(error { $0.apnsID = "123e4567-e89b-12d3-a456-426614174000" } == nil)
+        #expect(error { $0.pushType = .voip } == .topicMissingSuffix(topic: "com.example.app", pushType: .voip))
+    }
+
+    @Test func tokensAreHexOfAnyEvenLength() {
+        #expect((try? APNsNotification.validateDeviceToken(String(repeating: "0f", count: 50))) != nil)
+        #expect((try? APNsNotification.validateDeviceToken("abc")) == nil)
+        #expect((try? APNsNotification.validateDeviceToken("")) == nil)
+        #expect((try? APNsNotification.validateDeviceToken("zz")) == nil)
+    }
+
+    @Test func endpointsParse() throws {
+        #expect(try APNsEndpoint(url: "https://api.push.apple.com") == .production)
+        #expect(try APNsEndpoint(url: "https://api.sandbox.push.apple.com:2197") == APNsEndpoint(host: "api.sandbox.push.apple.com", port: 2197))
+        #expect(try APNsEndpoint(url: "https://[::1]:8443/") == APNsEndpoint(host: "::1", port: 8443))
+        #expect(throws: APNsConfigurationError.self) { try APNsEndpoint(url: "http://api.push.apple.com") }
+        #expect(throws: APNsConfigurationError.self) { try APNsEndpoint(url: "https://host:99999") }
+    }
+}

@@ -1,0 +1,96 @@
+import AMQP
+import APNs
+import Foundation
+import Redis
+import Testing
+import WorkerPipeline
+
+@Suite struct URLParsingTests {
+    @Test func amqpURLs() throws {
+        let url = try AMQPURL("amqp://user:p%40ss@broker.local:5673/%2f")
+        #expect(url == AMQPURL(host: "broker.local", port: 5673, user: "user", password: "p@ss", virtualHost: "/"))
+        #expect(url.description == "amqp://user:***@broker.local:5673/%2f", "no password in descriptions")
+        #expect(try AMQPURL("amqps://h").port == 5671)
+        #expect(try AMQPURL("amqps://h").usesTLS)
+        #expect(try AMQPURL("amqp://h/prod").virtualHost == "prod")
+        #expect(throws: AMQPError.self) { try AMQPURL("http://h") }
+        #expect(throws: AMQPError.self) { try AMQPURL("amqp://h/") }
+        #expect(throws: AMQPError.self) { try AMQPURL("amqp://h:0") }
+    }
+
+    @Test func redisURLs() throws {
+        #expect(try RedisURL("redis://127.0.0.1:6380/2") == RedisURL(host: "127.0.0.1", port: 6380, database: 2))
+        let secret = try RedisURL("redis://:s3cret@cache:6379/0")
+        #expect(secret.password == "s3cret")
+        #expect(!secret.description.contains("s3cret"))
+        #expect(throws: RedisError.self) { try RedisURL("rediss://cache") }
+        #expect(throws: RedisError.self) { try RedisURL("redis://cache/x") }
+    }
+}
+
+@Suite struct WorkerConfigurationTests {
+    let keyFile: String
+
+    init() throws {
+        keyFile = NSTemporaryDirectory() + "config-test-\(UUID().uuidString).p8"
+        try ES256Key.generatePrivateKeyPEM().write(toFile: keyFile, atomically: true, encoding: .utf8)
+    }
+
+    var minimal: [String: String] { ["APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG", "APNS_TEAM_ID": "TEAM123456"] }
+
+    @Test func contractDefaults() throws {
+        let configuration = try WorkerConfiguration.load(from: minimal)
+        #expect(configuration.amqpURL == AMQPURL())
+        #expect(configuration.redisURL == RedisURL())
+        #expect(configuration.apns.production == .production)
+        #expect(configuration.apns.sandbox == .sandbox)
+        #expect(configuration.jobsQueue == "push.jobs")
+        #expect(configuration.deadTokensQueue == "push.dead-tokens")
+        #expect(configuration.failedQueue == "push.failed")
+        #expect(configuration.rateLimit == 0)
+        #expect(configuration.apns.verifyPeer)
+        guard case .token(let provider) = try configuration.makeAuthentication() else {
+            Issue.record("expected token authentication")
+            return
+        }
+        #expect(provider.keyID == "ABC123DEFG")
+    }
+
+    @Test(arguments: [
+        (["AMQP_URL": "http://x"], "AMQP_URL"),
+        (["REDIS_URL": "redis://h:notaport"], "REDIS_URL"),
+        (["APNS_PRODUCTION_URL": "http://x"], "APNS_PRODUCTION_URL"),
+        (["APNS_RATE_LIMIT": "-5"], "APNS_RATE_LIMIT"),
+        (["APNS_RATE_LIMIT": "fast"], "APNS_RATE_LIMIT"),
+        (["WORKER_PREFETCH": "0"], "WORKER_PREFETCH"),
+        (["APNS_CA_FILE": "/nonexistent/ca.pem"], "APNS_CA_FILE"),
+        (["APNS_KEY_ID": "short"], "APNS_KEY_ID"),
+        (["LOG_LEVEL": "loud"], "LOG_LEVEL"),
+        (["APNS_INSECURE_SKIP_VERIFY": "maybe"], "APNS_INSECURE_SKIP_VERIFY"),
+    ])
+    func badSettingsNameTheirKey(overrides: [String: String], key: String) {
+        let environment = minimal.merging(overrides) { _, new in new }
+        do {
+            let configuration = try WorkerConfiguration.load(from: environment)
+            _ = try configuration.makeAuthentication()
+            Issue.record("accepted \(overrides)")
+        } catch {
+            #expect(error.key == key, "\(error)")
+        }
+    }
+
+    @Test func missingCredentialsAreNamed() {
+        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.load(from: [:]) }
+        #expect(throws: ConfigurationError(key: "APNS_TEAM_ID", "required with APNS_KEY_FILE")) {
+            try WorkerConfiguration.load(from: ["APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG"])
+        }
+    }
+
+    @Test func secretsStayOutOfErrors() {
+        do {
+            _ = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": "amqp://u:topsecret@h:notaport"]) { _, new in new })
+        } catch {
+            #expect(!error.description.contains("topsecret"))
+        }
+    }
+}

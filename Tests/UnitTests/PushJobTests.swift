@@ -1,0 +1,133 @@
+import APNs
+import Foundation
+import Testing
+import WorkerPipeline
+
+@Suite struct PushJobTests {
+    func decode(_ text: String, defaultTopic: String? = nil) throws(JobError) -> PushJob {
+        try PushJob.decode(Array(text.utf8), defaultTopic: defaultTopic, fallbackID: "fallback")
+    }
+
+    @Test func decodesTheContractExample() throws {
+        let token = String(repeating: "a1", count: 32)
+        let job = try decode("""
+        {"id": "job-42", "topic": "com.example.app", "users": ["u1", "u2"], "tokens": ["\(token)"],
+         "environment": "sandbox", "push_type": "alert", "priority": 10, "expiration": 0,
+         "collapse_id": "order-7", "payload": {"aps": {"alert": "Hello"}, "n": 1.50}}
+        """)
+        #expect(job.id == "job-42")
+        #expect(job.topic == "com.example.app")
+        #expect(job.users == ["u1", "u2"])
+        #expect(job.tokens == [token])
+        #expect(job.environment == .sandbox)
+        #expect(job.priority == .immediately)
+        #expect(job.expiration == 0)
+        #expect(job.collapseID == "order-7")
+        #expect(String(decoding: job.payload, as: UTF8.self) == #"{"aps": {"alert": "Hello"}, "n": 1.50}"#,
+                "the payload is forwarded byte for byte")
+    }
+
+    @Test func appliesDefaults() throws {
+        let job = try decode(#"{"users": ["u1"], "payload": {"aps": {}}}"#, defaultTopic: "com.example.app")
+        #expect(job.id == "fallback")
+        #expect(job.topic == "com.example.app")
+        #expect(job.environment == .production)
+        #expect(job.pushType == .alert)
+        #expect(job.priority == .immediately)
+        let background = try decode(#"{"users": ["u1"], "push_type": "background", "payload": {"aps": {"content-available": 1}}}"#,
+                                    defaultTopic: "com.example.app")
+        #expect(background.priority == .considerPower)
+        let voip = try decode(#"{"users": ["u1"], "push_type": "voip", "payload": {}}"#, defaultTopic: "com.example.app")
+        #expect(voip.topic == "com.example.app.voip")
+    }
+
+    @Test(arguments: [
+        ("{", "body is not JSON"),
+        ("[1]", "body must be a JSON object, got an array"),
+        (#"{"payload": {}}"#, "no targets"),
+        (#"{"users": [], "tokens": [], "payload": {}}"#, "no targets"),
+        (#"{"users": "u1", "payload": {}}"#, "\"users\" must be an array of strings, got a string"),
+        (#"{"users": [1], "payload": {}}"#, "\"users[0]\" must be a string, got a number"),
+        (#"{"tokens": ["nothex"], "payload": {}}"#, "tokens[0]"),
+        (#"{"users": ["u"], "push_type": "smoke", "payload": {}}"#, "unknown push_type \"smoke\""),
+        (#"{"users": ["u"], "priority": 7, "payload": {}}"#, "priority 7"),
+        (#"{"users": ["u"], "priority": "10", "payload": {}}"#, "\"priority\" must be a whole number, got a string"),
+        (#"{"users": ["u"], "push_type": "background", "priority": 10, "payload": {}}"#, "background pushes must use priority 5 or 1"),
+        (#"{"users": ["u"], "environment": "staging", "payload": {}}"#, "environment \"staging\""),
+        (#"{"users": ["u"], "expiration": -1, "payload": {}}"#, "expiration -1"),
+        (#"{"users": ["u"], "payload": {}}"#, "no topic"),
+        (#"{"users": ["u"], "topic": "t"}"#, "missing field \"payload\""),
+        (#"{"users": ["u"], "topic": "t", "payload": "hi"}"#, "\"payload\" must be an object, got a string"),
+    ])
+    func badJobsAreNamed(body: String, expected: String) {
+        do {
+            _ = try decode(body)
+            Issue.record("decoded a bad job: \(body)")
+        } catch {
+            #expect(error.description.contains(expected), "\(error.description)")
+        }
+    }
+
+    @Test func oversizedAndNonUTF8BodiesAreRefused() {
+        var bytes = Array(#"{"users": ["u"], "topic": "t", "payload": {"x": ""#.utf8)
+        bytes += Array(repeating: UInt8(ascii: "a"), count: 5000)
+        bytes += Array(#""}}"#.utf8)
+        #expect(throws: JobError.self) { try PushJob.decode(bytes, defaultTopic: nil, fallbackID: "f") }
+        do { _ = try PushJob.decode(bytes, defaultTopic: nil, fallbackID: "f") } catch {
+            #expect(error.description.contains("over the 4096-byte limit for push_type alert"))
+        }
+        #expect(throws: JobError.notUTF8) { try PushJob.decode([0x7B, 0xFF, 0x7D], defaultTopic: nil, fallbackID: "f") }
+        var limits = PushJob.Limits()
+        limits.maximumMessageSize = 10
+        #expect(throws: JobError.tooLarge(size: 12, limit: 10)) {
+            try PushJob.decode(Array(#"{"a":"bcde"}"#.utf8), defaultTopic: nil, fallbackID: "f", limits: limits)
+        }
+    }
+
+    @Test func deepNestingIsRefused() {
+        let deep = String(repeating: "[", count: 100) + String(repeating: "]", count: 100)
+        let body = #"{"users": ["u"], "topic": "t", "payload": {"x": \#(deep)}}"#
+        do {
+            _ = try decode(body)
+            Issue.record("accepted 100 levels")
+        } catch {
+            #expect(error.description.contains("nesting deeper than"))
+        }
+    }
+}
+
+@Suite struct JSONReaderTests {
+    @Test func parsesEscapesAndUnicode() throws {
+        let value = try JSONReader.parse(Array(#"{"a":"\u00e9\ud83d\ude00\n","b":[true,false,null,-1.5e3]}"#.utf8))
+        #expect(value["a"] == .string("é😀\n"))
+        #expect(value["b"] == .array([.bool(true), .bool(false), .null, .number("-1.5e3")]))
+    }
+
+    @Test(arguments: ["", "{", "{\"a\":}", "[1,]", "01", "\"\\x\"", "{\"a\":1}x", "\"\u{1}\"", "tru", "\"\\ud800\""])
+    func rejectsInvalidJSON(text: String) {
+        #expect(throws: JSONError.self) { try JSONReader.parse(Array(text.utf8)) }
+    }
+}
+
+@Suite struct DeadTokenEventTests {
+    @Test func encodesTheContractShape() throws {
+        let event = DeadTokenEvent(token: "abcd", user: "u1", topic: "com.example.app", environment: .production,
+                                   status: 410, reason: "Unregistered", timestamp: 1_732_900_000_000, jobID: "job-42")
+        let object = try JSONSerialization.jsonObject(with: Data(event.json)) as! [String: Any]
+        #expect(object["token"] as? String == "abcd")
+        #expect(object["user"] as? String == "u1")
+        #expect(object["topic"] as? String == "com.example.app")
+        #expect(object["environment"] as? String == "production")
+        #expect((object["status"] as? NSNumber)?.intValue == 410)
+        #expect(object["reason"] as? String == "Unregistered")
+        #expect((object["timestamp"] as? NSNumber)?.int64Value == 1_732_900_000_000)
+        #expect(object["job_id"] as? String == "job-42")
+
+        let direct = DeadTokenEvent(token: "ab", user: nil, topic: "t", environment: .sandbox, status: 400,
+                                    reason: "BadDeviceToken", timestamp: nil, jobID: "j\"1")
+        let decoded = try JSONSerialization.jsonObject(with: Data(direct.json)) as! [String: Any]
+        #expect(decoded["user"] is NSNull)
+        #expect(decoded["timestamp"] is NSNull)
+        #expect(decoded["job_id"] as? String == "j\"1")
+    }
+}

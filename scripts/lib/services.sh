@@ -1,0 +1,126 @@
+# Shared by scripts/test, scripts/demo and scripts/bench: installs what is missing and runs private RabbitMQ,
+# Redis and apns-sim instances on free loopback ports under one temporary directory. Source it, then call
+# services_start; services_stop runs on exit (also on failure and Ctrl-C).
+# shellcheck shell=bash
+
+SERVICES_PACKAGES="librabbitmq-dev libhiredis-dev libnghttp2-dev libssl-dev rabbitmq-server redis-server nghttp2-client nghttp2-server amqp-tools"
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+services_install() {
+    local missing=()
+    for package in $SERVICES_PACKAGES; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+services_rabbitmq_env() {
+    export HOME="$SERVICES_DIR/rabbitmq-home"
+    export RABBITMQ_NODENAME="apnsw-$$@localhost"
+    export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+    export RABBITMQ_NODE_PORT="$RABBITMQ_PORT"
+    export RABBITMQ_DIST_PORT="$RABBITMQ_DIST"
+    export ERL_EPMD_PORT="$RABBITMQ_EPMD"
+    export RABBITMQ_MNESIA_BASE="$SERVICES_DIR/rabbitmq/mnesia"
+    export RABBITMQ_LOG_BASE="$SERVICES_DIR/rabbitmq/log"
+    export RABBITMQ_PID_FILE="$SERVICES_DIR/rabbitmq/pid"
+    export RABBITMQ_CONFIG_FILE="$SERVICES_DIR/rabbitmq/rabbitmq"
+    export RABBITMQ_ENABLED_PLUGINS_FILE="$SERVICES_DIR/rabbitmq/enabled_plugins"
+    export RABBITMQ_CONF_ENV_FILE="$SERVICES_DIR/rabbitmq/rabbitmq-env.conf"
+    export PATH="/usr/lib/rabbitmq/bin:$PATH"
+}
+
+# Starts RabbitMQ in the background (it takes ~5 s; call services_wait_rabbitmq later) and Redis at once.
+services_start() {
+    SERVICES_DIR=$(mktemp -d /tmp/apns-worker-services.XXXXXX)
+    export SERVICES_DIR
+    trap services_stop EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    RABBITMQ_PORT=$(free_port); RABBITMQ_DIST=$(free_port); RABBITMQ_EPMD=$(free_port); REDIS_PORT=$(free_port)
+    mkdir -p "$SERVICES_DIR/rabbitmq-home" "$SERVICES_DIR/rabbitmq/mnesia" "$SERVICES_DIR/rabbitmq/log" "$SERVICES_DIR/redis"
+    cat > "$SERVICES_DIR/rabbitmq/rabbitmq.conf" <<CONF
+listeners.tcp.default = 127.0.0.1:$RABBITMQ_PORT
+loopback_users = none
+disk_free_limit.absolute = 50MB
+CONF
+    echo '[].' > "$SERVICES_DIR/rabbitmq/enabled_plugins"
+    : > "$SERVICES_DIR/rabbitmq/rabbitmq-env.conf"
+    (
+        services_rabbitmq_env
+        rabbitmq-server -detached >"$SERVICES_DIR/rabbitmq/start.log" 2>&1
+    )
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$SERVICES_DIR/redis" --save '' --appendonly no \
+        --daemonize yes --pidfile "$SERVICES_DIR/redis/pid" --logfile "$SERVICES_DIR/redis/log" >/dev/null
+    export AMQP_URL="amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2f"
+    export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+    export REDIS_PORT RABBITMQ_PORT
+    log "services under $SERVICES_DIR: RabbitMQ on $RABBITMQ_PORT (starting), Redis on $REDIS_PORT"
+}
+
+services_wait_rabbitmq() {
+    (
+        services_rabbitmq_env
+        # await_startup fails at once while the node has not registered with epmd yet: ask again until it answers.
+        deadline=$((SECONDS + 90))
+        until rabbitmqctl await_startup >"$SERVICES_DIR/rabbitmq/await.log" 2>&1; do
+            [ $SECONDS -lt $deadline ] || exit 1
+            sleep 0.5
+        done
+    ) || { log "RabbitMQ did not start:"; cat "$SERVICES_DIR/rabbitmq/start.log" "$SERVICES_DIR/rabbitmq/await.log" >&2; return 1; }
+    for _ in $(seq 50); do
+        redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    redis-cli -p "$REDIS_PORT" ping >/dev/null || { log "Redis did not start"; return 1; }
+    log "RabbitMQ and Redis are up"
+}
+
+# rabbitmqctl against the private node.
+services_rabbitmqctl() { ( services_rabbitmq_env; rabbitmqctl "$@" ); }
+
+# apns-sim from BUILD_DIR on a free port; sets APNS_SIM_PORT, APNS_SIM_CA and the worker's APNs URLs.
+services_start_sim() {
+    APNS_SIM_PORT=$(free_port)
+    APNS_SIM_CA="$SERVICES_DIR/apns-sim.pem"
+    "$BUILD_DIR/apns-sim" --port "$APNS_SIM_PORT" --write-cert "$APNS_SIM_CA" "$@" >"$SERVICES_DIR/apns-sim.log" 2>&1 &
+    APNS_SIM_PID=$!
+    for _ in $(seq 100); do
+        grep -q "listening" "$SERVICES_DIR/apns-sim.log" 2>/dev/null && break
+        sleep 0.05
+    done
+    grep -q "listening" "$SERVICES_DIR/apns-sim.log" || { log "apns-sim did not start"; cat "$SERVICES_DIR/apns-sim.log" >&2; return 1; }
+    export APNS_SIM_PORT APNS_SIM_CA APNS_SIM_PID
+    export APNS_PRODUCTION_URL="https://127.0.0.1:$APNS_SIM_PORT" APNS_SANDBOX_URL="https://127.0.0.1:$APNS_SIM_PORT"
+    export APNS_CA_FILE="$APNS_SIM_CA"
+}
+
+services_stop() {
+    local status=$?
+    [ -n "${SERVICES_DIR:-}" ] || return $status
+    [ -n "${APNS_SIM_PID:-}" ] && kill "$APNS_SIM_PID" 2>/dev/null
+    [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
+    if [ -n "${RABBITMQ_PORT:-}" ]; then
+        services_rabbitmqctl shutdown >/dev/null 2>&1 || true
+        # Whatever of the node is left (it may not have finished starting): its command line names our directory.
+        pkill -f -- "-home $SERVICES_DIR/rabbitmq-home" 2>/dev/null || true
+        # Our own epmd (private port), never the machine's.
+        for pid in $(pgrep -x epmd); do
+            tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -q "^ERL_EPMD_PORT=$RABBITMQ_EPMD$" && kill "$pid"
+        done
+    fi
+    rm -rf "$SERVICES_DIR"
+    SERVICES_DIR=""
+    return $status
+}
