@@ -86,6 +86,10 @@ public final class AMQPConnection {
     private var isOpen = false
     /// Events read while waiting for something else (confirms), handed out first by `nextEvent`.
     private var buffered: [AMQPEvent] = []
+    /// Every publish up to here is confirmed (acked or nacked).
+    private var confirmedThrough: UInt64 = 0
+    private var confirmedSingles = Set<UInt64>()
+    private var nacked = Set<UInt64>()
 
     /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none).
     public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil,
@@ -192,6 +196,9 @@ public final class AMQPConnection {
         try check(amqp_get_rpc_reply(state), "confirm.select")
         confirmsEnabled = true
         nextPublishSequence = 1
+        confirmedThrough = 0
+        confirmedSingles.removeAll()
+        nacked.removeAll()
     }
 
     /// Starts delivering from `queue`; returns the consumer tag.
@@ -239,38 +246,35 @@ public final class AMQPConnection {
         return try readEvent(timeout: timeout)
     }
 
-    /// Blocks until every publish up to `sequence` is confirmed; returns the sequences the broker nacked.
+    /// Blocks until every publish up to `sequence` is confirmed; returns those the broker nacked.
     /// Deliveries that arrive meanwhile are kept for `nextEvent`.
     public func waitForConfirms(through sequence: UInt64, timeout: Double = 30) throws(AMQPError) -> [UInt64] {
-        var confirmedThrough: UInt64 = 0
-        var confirmedSingles = Set<UInt64>()
-        var nacked: [UInt64] = []
         let deadline = Date().addingTimeInterval(timeout)
         while confirmedThrough < sequence {
-            while confirmedSingles.contains(confirmedThrough + 1) {
-                confirmedSingles.remove(confirmedThrough + 1)
-                confirmedThrough += 1
-            }
-            if confirmedThrough >= sequence { break }
             let remaining = deadline.timeIntervalSinceNow
             guard remaining > 0 else {
                 throw AMQPError(kind: .connectionLost, "no publisher confirm within \(Int(timeout)) s")
             }
             guard let event = try readEvent(timeout: remaining) else { continue }
-            switch event {
-            case .confirm(let confirmed, let multiple, let ack):
-                if multiple {
-                    if !ack { nacked.append(contentsOf: (confirmedThrough + 1)...max(confirmed, confirmedThrough + 1)) }
-                    confirmedThrough = max(confirmedThrough, confirmed)
-                } else {
-                    if !ack { nacked.append(confirmed) }
-                    confirmedSingles.insert(confirmed)
-                }
-            default:
-                buffered.append(event)
-            }
+            if case .confirm = event { continue }  // already folded in by readEvent
+            buffered.append(event)
         }
-        return nacked
+        let lost = nacked.filter { $0 <= sequence }.sorted()
+        nacked.subtract(lost)
+        return lost
+    }
+
+    /// Confirms arrive as single acks or as "everything up to n"; this folds both into one watermark.
+    private func recordConfirm(_ sequence: UInt64, multiple: Bool, ack: Bool) {
+        if multiple {
+            if !ack && sequence > confirmedThrough { nacked.formUnion((confirmedThrough + 1)...sequence) }
+            confirmedThrough = max(confirmedThrough, sequence)
+        } else {
+            if !ack { nacked.insert(sequence) }
+            confirmedSingles.insert(sequence)
+        }
+        while confirmedSingles.remove(confirmedThrough + 1) != nil { confirmedThrough += 1 }
+        confirmedSingles = confirmedSingles.filter { $0 > confirmedThrough }
     }
 
     /// Sequence number the next publish will get.
@@ -306,10 +310,12 @@ public final class AMQPConnection {
             case Method.basicAck:
                 let ack = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
                 amqp_maybe_release_buffers(state)
+                recordConfirm(ack.delivery_tag, multiple: ack.multiple != 0, ack: true)
                 return .confirm(sequence: ack.delivery_tag, multiple: ack.multiple != 0, ack: true)
             case Method.basicNack:
                 let nack = method.decoded.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
                 amqp_maybe_release_buffers(state)
+                recordConfirm(nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
                 return .confirm(sequence: nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
             case Method.basicReturn:
                 let returned = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee

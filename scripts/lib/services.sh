@@ -3,7 +3,7 @@
 # services_start; services_stop runs on exit (also on failure and Ctrl-C).
 # shellcheck shell=bash
 
-SERVICES_PACKAGES="librabbitmq-dev libhiredis-dev libnghttp2-dev libssl-dev rabbitmq-server redis-server nghttp2-client nghttp2-server amqp-tools"
+SERVICES_PACKAGES="openssl librabbitmq-dev libhiredis-dev libnghttp2-dev libssl-dev rabbitmq-server redis-server nghttp2-client nghttp2-server amqp-tools"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -123,4 +123,10 @@ services_stop() {
     rm -rf "$SERVICES_DIR"
     SERVICES_DIR=""
     return $status
+}
+
+# The Swift toolchain, where the machine image puts it, when it is not on PATH already.
+services_swift_path() {
+    command -v swift >/dev/null 2>&1 || export PATH="/opt/swift/usr/bin:$PATH"
+    command -v swift >/dev/null 2>&1 || { log "no Swift toolchain: install Swift 6.x first"; return 1; }
 }

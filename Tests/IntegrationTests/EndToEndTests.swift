@@ -1,0 +1,121 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// The whole path with real RabbitMQ, Redis and apns-sim: jobs in, notifications at the simulator,
+/// dead-token events and refused jobs on their queues, a summary for the job's sender.
+@Suite struct EndToEndTests {
+    let logger = Logger(label: "e2e", level: .critical)
+
+    @Test func jobsFlowThroughToTheSimulatorAndDeadTokensComeBack() throws {
+        let keyPEM = try ES256Key.generatePrivateKeyPEM()
+        let keyFile = try TestServices.temporaryFile("key.p8", contents: keyPEM)
+        let deadToken = "dead" + String(repeating: "0", count: 60)
+        let liveTokens = [String(repeating: "1a", count: 32), String(repeating: "2b", count: 32)]
+        let directToken = String(repeating: "3c", count: 40)
+        let simulator = try APNsSimulator(
+            configuration: .init(unregisteredTokens: [deadToken: 1_732_900_000_123],
+                                 trustedKeys: ["ABC123DEFG": .init(teamID: "TEAM123456", key: try ES256Key(pem: keyPEM))]),
+            logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("sim-ca.pem", contents: simulator.certificatePEM)
+
+        let alice = TestServices.unique("alice")
+        let bob = TestServices.unique("bob")
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        _ = try redis.pipeline([
+            ["HSET", TokenCache.key(forUser: alice), liveTokens[0], "production", liveTokens[1], "sandbox"],
+            ["HSET", TokenCache.key(forUser: bob), deadToken, "production"],
+        ])
+
+        let jobs = TestServices.unique("jobs")
+        let dead = TestServices.unique("dead")
+        let failed = TestServices.unique("failed")
+        let replies = TestServices.unique("replies")
+        let environment = [
+            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_SANDBOX_URL": "https://localhost:\(simulator.port)", "APNS_CA_FILE": caFile,
+            "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG", "APNS_TEAM_ID": "TEAM123456",
+            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead,
+            "PUSH_FAILED_QUEUE": failed,
+        ]
+        let deadReader = try QueueReader(dead)
+        let failedReader = try QueueReader(failed)
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.enablePublisherConfirms()
+        let replyTo = AMQPProperties(replyTo: replies)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "fan-out", "users": ["\#(alice)", "\#(bob)"], "payload": {"aps": {"alert": "Hello"}}}"#.utf8),
+                              properties: replyTo)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "direct", "tokens": ["\#(directToken)"], "environment": "sandbox", "push_type": "background", "payload": {"aps": {"content-available": 1}}}"#.utf8),
+                              properties: replyTo)
+        let last = try publisher.publish(to: jobs, body: Array("this is not json".utf8), properties: replyTo)
+        #expect(try publisher.waitForConfirms(through: last).isEmpty)
+
+        let worker = try Worker(configuration: try WorkerConfiguration.load(from: environment), logger: logger)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+        var workerStopped = false
+        defer {
+            if !workerStopped {
+                worker.stop()
+                stopped.wait()
+            }
+        }
+
+        let summaries = try replyReader.read(2).map { try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any] }
+        let byID = Dictionary(uniqueKeysWithValues: summaries.map { ($0["job_id"] as! String, $0) })
+        #expect((byID["fan-out"]?["notifications"] as? Int) == 3)
+        #expect((byID["fan-out"]?["delivered"] as? Int) == 2)
+        #expect((byID["fan-out"]?["dead"] as? Int) == 1)
+        #expect((byID["direct"]?["delivered"] as? Int) == 1)
+
+        let events = try deadReader.read(1)
+        #expect(events.count == 1)
+        let event = try JSONSerialization.jsonObject(with: Data(try #require(events.first).body)) as! [String: Any]
+        #expect(event["token"] as? String == deadToken)
+        #expect(event["user"] as? String == bob)
+        #expect(event["topic"] as? String == "com.example.app")
+        #expect(event["environment"] as? String == "production")
+        #expect(event["status"] as? Int == 410)
+        #expect(event["reason"] as? String == "Unregistered")
+        #expect((event["timestamp"] as? NSNumber)?.int64Value == 1_732_900_000_123)
+        #expect(event["job_id"] as? String == "fan-out")
+        #expect(try #require(events.first).properties.persistent)
+
+        let refused = try failedReader.read(1)
+        #expect(refused.count == 1)
+        #expect(refused.first.map { String(decoding: $0.body, as: UTF8.self) } == "this is not json", "the body is kept")
+        #expect(refused.first?.properties.headers[Worker.reasonHeader]?.contains("not JSON") == true)
+
+        let received = simulator.received()
+        #expect(received.count == 4)
+        #expect(received.allSatisfy { $0.status == 200 || $0.status == 410 }, "JWT, topic and headers were all accepted")
+        #expect(Set(received.map(\.deviceToken)) == Set(liveTokens + [deadToken, directToken]))
+        let background = try #require(received.first { $0.deviceToken == directToken })
+        #expect(background.pushType == "background")
+        #expect(background.priority == "5")
+        #expect(String(decoding: background.payload, as: UTF8.self) == #"{"aps": {"content-available": 1}}"#)
+        #expect(received.first { $0.deviceToken == liveTokens[0] }?.topic == "com.example.app")
+
+        // Stopping waits for the jobs under way, so their acknowledgements are counted by then.
+        worker.stop()
+        stopped.wait()
+        workerStopped = true
+        let stats = worker.statistics.snapshot()
+        #expect(stats.delivered == 3)
+        #expect(stats.deadTokens == 1)
+        #expect(stats.jobsRejected == 1)
+        #expect(stats.jobsCompleted == 2)
+    }
+}

@@ -1,0 +1,117 @@
+import AMQP
+import APNs
+import Foundation
+import HTTP2
+import Redis
+import Telemetry
+import Testing
+import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The built executables as operators run them: apns-sim and apns-worker as processes, configured only by the
+/// contract's flags and environment variables, against the real broker and Redis.
+@Suite struct ExecutablesTests {
+    /// A child process whose output is read line by line with blocking reads.
+    final class Child {
+        let process = Process()
+        private let output = Pipe()
+        private var buffer: [UInt8] = []
+
+        init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+            let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
+            let path = directory + "/" + executable
+            guard FileManager.default.isExecutableFile(atPath: path) else {
+                throw TestServices.Missing(variable: "\(path) (build the package first)")
+            }
+            process.executableURL = URL(fileURLWithPath: path)
+            process.arguments = arguments
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+            process.standardOutput = output
+            process.standardError = output
+            try process.run()
+        }
+
+        /// Reads output until a line contains `text`; returns that line (nil at end of output).
+        func waitForLine(containing text: String) -> String? {
+            while true {
+                if let newline = buffer.firstIndex(of: 10) {
+                    let line = String(decoding: buffer[..<newline], as: UTF8.self)
+                    buffer.removeSubrange(...newline)
+                    if line.contains(text) { return line }
+                    continue
+                }
+                let chunk = output.fileHandleForReading.availableData
+                if chunk.isEmpty { return nil }
+                buffer.append(contentsOf: chunk)
+            }
+        }
+
+        /// Sends `signal` and waits for the exit status.
+        func stop(_ signal: Int32 = SIGTERM) -> Int32 {
+            kill(process.processIdentifier, signal)
+            var status: Int32 = 0
+            waitpid(process.processIdentifier, &status, 0)
+            return (status & 0x7f) == 0 ? (status >> 8) & 0xff : -(status & 0x7f)
+        }
+    }
+
+    @Test func workerAndSimulatorProcessesCarryJobsEndToEnd() throws {
+        let directory = NSTemporaryDirectory() + TestServices.unique("executables")
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let keyFile = directory + "/AuthKey.p8"
+        try ES256Key.generatePrivateKeyPEM().write(toFile: keyFile, atomically: true, encoding: .utf8)
+        let deadToken = String(repeating: "de", count: 32)
+        let liveToken = String(repeating: "a0", count: 32)
+
+        let simulator = try Child("apns-sim", ["--port", "0", "--write-cert", directory + "/sim.pem",
+                                               "--unregistered", "\(deadToken)@1732900000999",
+                                               "--trust-key", "KEY0000001:TEAM000001:\(keyFile)"])
+        let listening = try #require(simulator.waitForLine(containing: "listening on"))
+        let port = try #require(listening.split(separator: ":").last.map(String.init))
+        defer { _ = simulator.stop() }
+
+        let user = TestServices.unique("carol")
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        _ = try redis.command(["HSET", TokenCache.key(forUser: user), liveToken, "production", deadToken, "production"])
+
+        let jobs = TestServices.unique("jobs")
+        let dead = TestServices.unique("dead")
+        let failed = TestServices.unique("failed")
+        let deadReader = try QueueReader(dead)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+
+        let worker = try Child("apns-worker", ["run"], environment: [
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(port)", "APNS_CA_FILE": directory + "/sim.pem",
+            "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
+            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead,
+            "PUSH_FAILED_QUEUE": failed, "LOG_LEVEL": "info",
+        ])
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "proc-1", "users": ["\#(user)"], "payload": {"aps": {"alert": "Hi"}}}"#.utf8))
+
+        let events = try deadReader.read(1)
+        let event = try JSONSerialization.jsonObject(with: Data(try #require(events.first).body)) as! [String: Any]
+        #expect(event["token"] as? String == deadToken)
+        #expect(event["user"] as? String == user)
+        #expect((event["timestamp"] as? NSNumber)?.int64Value == 1_732_900_000_999)
+        #expect(event["job_id"] as? String == "proc-1")
+
+        #expect(worker.stop(SIGTERM) == 0, "SIGTERM drains and exits 0")
+        #expect(simulator.stop(SIGTERM) == 0)
+        let summary = simulator.waitForLine(containing: "apns-sim received")
+        #expect(summary?.contains("200=1") == true, "\(summary ?? "no summary")")
+        #expect(summary?.contains("410=1") == true, "\(summary ?? "no summary")")
+    }
+
+    @Test func badConfigurationStopsStartupWithTheKeyNamed() throws {
+        let worker = try Child("apns-worker", [], environment: ["APNS_KEY_FILE": "/nonexistent.p8", "APNS_KEY_ID": "KEY0000001",
+                                                               "APNS_TEAM_ID": "TEAM000001"])
+        let line = worker.waitForLine(containing: "APNS_KEY_FILE")
+        #expect(line?.contains("configuration error") == true)
+        worker.process.waitUntilExit()
+        #expect(worker.process.terminationStatus == 78)
+    }
+}
