@@ -111,6 +111,7 @@ private final class SimulatorCore: Sendable {
         var unregistered: [String: Int64]
         var received: [ReceivedNotification] = []
         var countsByStatus: [Int: Int] = [:]
+        var ids = APNsIDGenerator()
     }
 
     let configuration: APNsSimulator.Configuration
@@ -128,11 +129,12 @@ private final class SimulatorCore: Sendable {
             handleControl(request, writer)
             return
         }
-        let apnsID = request.header("apns-id") ?? UUID().uuidString.lowercased()
         let token = request.path.hasPrefix("/3/device/") ? String(request.path.dropFirst("/3/device/".count)) : ""
         let (status, reason, timestamp) = judge(request, token: token)
-        state.withLock { state in
+        let (apnsID, uniqueID) = state.withLock { state -> (String, String) in
             state.countsByStatus[status, default: 0] += 1
+            let apnsID = request.header("apns-id") ?? state.ids.next()
+            let uniqueID = state.ids.next()
             if configuration.recordsNotifications {
                 state.received.append(ReceivedNotification(
                     deviceToken: token, topic: request.header("apns-topic"), pushType: request.header("apns-push-type"),
@@ -140,9 +142,10 @@ private final class SimulatorCore: Sendable {
                     collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
                     status: status, reason: reason?.rawValue, connectionID: request.connectionID))
             }
+            return (apnsID, uniqueID)
         }
         var headers = [HTTP2Field(name: "apns-id", value: apnsID)]
-        headers.append(HTTP2Field(name: "apns-unique-id", value: UUID().uuidString.lowercased()))
+        headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID))
         guard let reason else {
             writer.respond(status: status, headers: headers)
             return

@@ -92,6 +92,8 @@ final class HTTP2Connection: PollHandler {
     private var handshakeWantsWrite = false
     private let readBuffer: UnsafeMutableRawBufferPointer
     private var closeRequested: String?
+    /// True while input is being handed to nghttp2: answers made meanwhile leave in the one flush that follows.
+    private var processingInput = false
     private let serverSettings: [(id: Int32, value: UInt32)]
 
     /// GOAWAY from the peer: streams above `lastStreamID` were not processed.
@@ -275,7 +277,7 @@ final class HTTP2Connection: PollHandler {
                 ? nghttp2_submit_response(session, streamID, fields, count, nil)
                 : nghttp2_submit_response(session, streamID, fields, count, &provider)
         }
-        flush()
+        if !processingInput { flush() }
     }
 
     func submitSettings(_ entries: [(id: Int32, value: UInt32)]) {
@@ -314,8 +316,10 @@ final class HTTP2Connection: PollHandler {
         reading: while state == .open {
             switch tls.read(into: readBuffer) {
             case .done(let count):
+                processingInput = true
                 let consumed = nghttp2_session_mem_recv(
                     session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
+                processingInput = false
                 if consumed < 0 {
                     close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(consumed))))")
                     return
