@@ -14,6 +14,9 @@ public struct APNsIDGenerator: Sendable {
         return z ^ (z >> 31)
     }
 
+    /// A fraction in 0..<1, for simulated failure rates.
+    public mutating func nextFraction() -> Double { Double(nextWord() >> 11) / Double(1 << 53) }
+
     public mutating func next() -> String {
         let high = (nextWord() & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000  // version 4
         let low = (nextWord() & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000   // variant 10

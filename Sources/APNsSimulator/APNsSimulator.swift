@@ -35,11 +35,13 @@ public final class APNsSimulator: Sendable {
         public var maximumConcurrentStreams: UInt32
         /// Keep every received notification for `received()` (tests); counters are always kept.
         public var recordsNotifications: Bool
+        /// Faults and answers scripted on top of APNs's rules; changeable at run time with `setBehaviour`.
+        public var behaviour: Behaviour
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String? = nil,
                     privateKeyPEM: String? = nil, unregisteredTokens: [String: Int64] = [:],
                     trustedKeys: [String: TrustedKey] = [:], maximumConcurrentStreams: UInt32 = 1000,
-                    recordsNotifications: Bool = true) {
+                    recordsNotifications: Bool = true, behaviour: Behaviour = .init()) {
             self.host = host
             self.port = port
             self.certificatePEM = certificatePEM
@@ -48,7 +50,32 @@ public final class APNsSimulator: Sendable {
             self.trustedKeys = trustedKeys
             self.maximumConcurrentStreams = maximumConcurrentStreams
             self.recordsNotifications = recordsNotifications
+            self.behaviour = behaviour
         }
+    }
+
+    /// What the simulator does besides judging like APNs: the faults real deployments meet.
+    public struct Behaviour: Sendable, Equatable {
+        /// Answered 400 BadDeviceToken.
+        public var badTokens: Set<String> = []
+        /// Answered 429 TooManyRequests (too many pushes to one device).
+        public var throttledTokens: Set<String> = []
+        /// Fraction of pushes answered 500 InternalServerError, and 503 ServiceUnavailable.
+        public var internalErrorRate: Double = 0
+        public var unavailableRate: Double = 0
+        /// Seconds added before every answer.
+        public var latency: Double = 0
+        /// After this many streams on a connection: GOAWAY (reason "Shutdown") after answering the last one.
+        public var goAwayAfterStreams: Int?
+        /// After this many streams on a connection, the next one's connection is dropped without an answer.
+        public var dropConnectionAfterStreams: Int?
+        /// Every n-th stream is reset with REFUSED_STREAM instead of answered.
+        public var refuseEveryNthStream: Int?
+        /// As APNs does: SETTINGS_MAX_CONCURRENT_STREAMS falls to 1 after a rejected push, and comes back after
+        /// the next success.
+        public var dropsStreamLimitAfterRejection = false
+
+        public init() {}
     }
 
     public struct TrustedKey: Sendable {
@@ -84,6 +111,9 @@ public final class APNsSimulator: Sendable {
             logger: logger) { request, writer in core.handle(request, writer) }
         self.port = server.port
         self.server.withLock { $0 = server }
+        server.loop.execute {
+            server.onConnectionClosed = { id in core.state.withLock { _ = $0.connections.removeValue(forKey: id) } }
+        }
     }
 
     public func shutdown() {
@@ -103,6 +133,17 @@ public final class APNsSimulator: Sendable {
     public func markUnregistered(_ token: String, at milliseconds: Int64) {
         core.state.withLock { $0.unregistered[token] = milliseconds }
     }
+
+    public func setBehaviour(_ behaviour: Behaviour) { core.state.withLock { $0.behaviour = behaviour } }
+
+    /// Sends GOAWAY with a JSON reason on every open connection, as APNs does before maintenance.
+    public func goAwayAll(reason: String = "Shutdown") {
+        let server = self.server.withLock { $0 }
+        server?.loop.execute { server?.goAwayAll(debugData: "{\"reason\":\"\(reason)\"}") }
+    }
+
+    /// Connections the simulator accepted so far.
+    public func connectionsSeen() -> Int { core.state.withLock { $0.connectionsSeen.count } }
 }
 
 /// The simulator's state and judgement, shared by the server's handler and the simulator's owner.
@@ -112,6 +153,23 @@ private final class SimulatorCore: Sendable {
         var received: [ReceivedNotification] = []
         var countsByStatus: [Int: Int] = [:]
         var ids = APNsIDGenerator()
+        var behaviour: APNsSimulator.Behaviour
+        var connections: [Int: ConnectionState] = [:]
+        var connectionsSeen = Set<Int>()
+        var random = APNsIDGenerator(seed: 7)
+    }
+
+    /// What APNs remembers about one connection.
+    struct ConnectionState {
+        var streams = 0
+        var team: String?
+        var authorization: String?
+        var authorizationChangedAt: Double = 0
+        var limitedToOneStream = false
+    }
+
+    enum Fault {
+        case drop, refuse
     }
 
     let configuration: APNsSimulator.Configuration
@@ -119,7 +177,7 @@ private final class SimulatorCore: Sendable {
 
     init(configuration: APNsSimulator.Configuration) {
         self.configuration = configuration
-        self.state = Mutex(State(unregistered: configuration.unregisteredTokens))
+        self.state = Mutex(State(unregistered: configuration.unregisteredTokens, behaviour: configuration.behaviour))
     }
 
     func countsByStatus() -> [Int: Int] { state.withLock { $0.countsByStatus } }
@@ -130,8 +188,28 @@ private final class SimulatorCore: Sendable {
             return
         }
         let token = request.path.hasPrefix("/3/device/") ? String(request.path.dropFirst("/3/device/".count)) : ""
-        let (status, reason, timestamp) = judge(request, token: token)
-        let (apnsID, uniqueID) = state.withLock { state -> (String, String) in
+        let (behaviour, streamNumber, fault) = state.withLock { state -> (APNsSimulator.Behaviour, Int, Fault?) in
+            state.connections[request.connectionID, default: ConnectionState()].streams += 1
+            state.connectionsSeen.insert(request.connectionID)
+            let number = state.connections[request.connectionID]!.streams
+            let behaviour = state.behaviour
+            if let limit = behaviour.dropConnectionAfterStreams, number > limit { return (behaviour, number, .drop) }
+            if let every = behaviour.refuseEveryNthStream, every > 0, number % every == 0 { return (behaviour, number, .refuse) }
+            return (behaviour, number, nil)
+        }
+        switch fault {
+        case .drop?:
+            writer.dropConnection()
+            return
+        case .refuse?:
+            writer.reset(code: 7)  // REFUSED_STREAM: not processed, the client may send it again
+            return
+        case nil:
+            break
+        }
+        var (status, reason, timestamp) = judge(request, token: token)
+        if status == 200 { (status, reason) = scripted(token, behaviour) }
+        let (apnsID, uniqueID, streamLimit) = state.withLock { state -> (String, String, UInt32?) in
             state.countsByStatus[status, default: 0] += 1
             let apnsID = request.header("apns-id") ?? state.ids.next()
             let uniqueID = state.ids.next()
@@ -142,19 +220,49 @@ private final class SimulatorCore: Sendable {
                     collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
                     status: status, reason: reason?.rawValue, connectionID: request.connectionID))
             }
-            return (apnsID, uniqueID)
+            var streamLimit: UInt32?
+            if behaviour.dropsStreamLimitAfterRejection {
+                let limited = state.connections[request.connectionID]?.limitedToOneStream ?? false
+                if status != 200 && status != 410 && !limited {
+                    state.connections[request.connectionID]?.limitedToOneStream = true
+                    streamLimit = 1
+                } else if status == 200 && limited {
+                    state.connections[request.connectionID]?.limitedToOneStream = false
+                    streamLimit = configuration.maximumConcurrentStreams
+                }
+            }
+            return (apnsID, uniqueID, streamLimit)
         }
         var headers = [HTTP2Field(name: "apns-id", value: apnsID)]
         headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID))
-        guard let reason else {
-            writer.respond(status: status, headers: headers)
-            return
+        var body: [UInt8] = []
+        if let reason {
+            var text = "{\"reason\":\"\(reason.rawValue)\""
+            if let timestamp { text += ",\"timestamp\":\(timestamp)" }
+            body = Array((text + "}").utf8)
+            headers.append(HTTP2Field(name: "content-type", value: "application/json"))
         }
-        var body = "{\"reason\":\"\(reason.rawValue)\""
-        if let timestamp { body += ",\"timestamp\":\(timestamp)" }
-        body += "}"
-        headers.append(HTTP2Field(name: "content-type", value: "application/json"))
-        writer.respond(status: status, headers: headers, body: Array(body.utf8))
+        if behaviour.latency > 0 {
+            writer.respond(after: behaviour.latency, status: status, headers: headers, body: body)
+        } else {
+            writer.respond(status: status, headers: headers, body: body)
+        }
+        if let streamLimit { writer.setMaximumConcurrentStreams(streamLimit) }
+        if let limit = behaviour.goAwayAfterStreams, streamNumber == limit {
+            writer.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
+        }
+    }
+
+    /// The answers a behaviour scripts for a push APNs would have accepted.
+    private func scripted(_ token: String, _ behaviour: APNsSimulator.Behaviour) -> (Int, APNsReason?) {
+        if behaviour.badTokens.contains(token) { return (400, .badDeviceToken) }
+        if behaviour.throttledTokens.contains(token) { return (429, .tooManyRequests) }
+        if behaviour.internalErrorRate > 0 || behaviour.unavailableRate > 0 {
+            let draw = state.withLock { state in Double(state.random.nextFraction()) }
+            if draw < behaviour.internalErrorRate { return (500, .internalServerError) }
+            if draw < behaviour.internalErrorRate + behaviour.unavailableRate { return (503, .serviceUnavailable) }
+        }
+        return (200, nil)
     }
 
     /// Apple's checks, in the order APNs is observed to apply them; nil reason means 200.
@@ -185,12 +293,33 @@ private final class SimulatorCore: Sendable {
         return (200, nil, nil)
     }
 
-    /// With trusted keys configured: a bearer JWT signed ES256 by a known key for its team, not older than an hour.
+    /// With trusted keys configured: a bearer JWT signed ES256 by a known key for its team, not older than an hour,
+    /// one team per connection, and a new token on a connection no more often than every 20 minutes.
     private func checkProviderToken(_ request: HTTP2ServerRequest) -> APNsReason? {
         guard !configuration.trustedKeys.isEmpty else { return nil }
         guard let authorization = request.header("authorization"), authorization.hasPrefix("bearer ") else {
             return .missingProviderToken
         }
+        let now = Date().timeIntervalSince1970
+        let known = state.withLock { $0.connections[request.connectionID]?.authorization }
+        if known == authorization { return nil }  // verified on this connection already
+        let (team, failure) = verifyProviderToken(authorization, now: now)
+        if let failure { return failure }
+        return state.withLock { state -> APNsReason? in
+            var connection = state.connections[request.connectionID, default: ConnectionState()]
+            defer { state.connections[request.connectionID] = connection }
+            if let bound = connection.team, bound != team { return .unrelatedKeyIdInToken }  // one team per connection
+            if connection.authorization != nil && now - connection.authorizationChangedAt < 20 * 60 {
+                return .tooManyProviderTokenUpdates
+            }
+            connection.team = team
+            connection.authorization = authorization
+            connection.authorizationChangedAt = now
+            return nil
+        }
+    }
+
+    private func verifyProviderToken(_ authorization: String, now: Double) -> (team: String?, failure: APNsReason?) {
         let parts = authorization.dropFirst("bearer ".count).split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3,
               let headerBytes = APNsTokenProvider.base64URLDecode(parts[0]),
@@ -200,13 +329,13 @@ private final class SimulatorCore: Sendable {
               let claims = try? JSONSerialization.jsonObject(with: Data(claimsBytes)) as? [String: Any],
               header["alg"] as? String == "ES256",
               let keyID = header["kid"] as? String, let issuer = claims["iss"] as? String,
-              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return .invalidProviderToken }
+              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return (nil, .invalidProviderToken) }
         guard let trusted = configuration.trustedKeys[keyID], trusted.teamID == issuer,
               trusted.key.verify(signature, of: Array((parts[0] + "." + parts[1]).utf8)) else {
-            return .invalidProviderToken
+            return (nil, .invalidProviderToken)
         }
-        if Date().timeIntervalSince1970 - Double(issuedAt) > 3600 { return .expiredProviderToken }
-        return nil
+        if now - Double(issuedAt) > 3600 { return (nil, .expiredProviderToken) }
+        return (issuer, nil)
     }
 
     private func handleControl(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
@@ -217,6 +346,9 @@ private final class SimulatorCore: Sendable {
             let byStatus = counts.keys.sorted().map { "\"\($0)\":\(counts[$0]!)" }.joined(separator: ",")
             writer.respond(status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
                            body: Array("{\"received\":\(total),\"by_status\":{\(byStatus)}}\n".utf8))
+        case ("POST", "/sim/goaway"):
+            writer.respond(status: 200)
+            writer.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: nil)
         default:
             writer.respond(status: 404, body: Array("{\"reason\":\"BadPath\"}".utf8))
         }

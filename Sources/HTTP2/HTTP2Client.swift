@@ -153,18 +153,22 @@ public final class HTTP2Client: @unchecked Sendable {
     }
 
     private func finished(_ pending: Pending, _ result: Result<HTTP2Response, HTTP2StreamError>) {
-        if case .failure(let error) = result, pending.attempt < configuration.maximumAttempts, !isShutDown {
+        if case .failure(let error) = result, !isShutDown, EventLoop.now() < pending.deadline {
+            // A refused or unsent request was not processed: sending it again is always safe, so only the deadline
+            // bounds it. A lost connection may have delivered it: that counts as an attempt.
+            let attempt: Int?
             switch error {
-            case .refused, .connectionLost, .notSent:
-                logger.debug("resending a request", ["http2.reason": error.description,
-                                                     "http2.attempt": String(pending.attempt + 1)])
+            case .refused, .notSent: attempt = pending.attempt
+            case .connectionLost: attempt = pending.attempt < configuration.maximumAttempts ? pending.attempt + 1 : nil
+            case .reset, .timedOut: attempt = nil
+            }
+            if let attempt {
+                logger.debug("resending a request", ["http2.reason": error.description, "http2.attempt": String(attempt)])
                 // Resent after the current callback returns, never from inside nghttp2's own callback.
-                waiting.append(Pending(request: pending.request, attempt: pending.attempt + 1,
-                                       deadline: pending.deadline, completion: pending.completion))
+                waiting.append(Pending(request: pending.request, attempt: attempt, deadline: pending.deadline,
+                                       completion: pending.completion))
                 loop.execute { [self] in drainWaiting() }
                 return
-            case .reset, .timedOut:
-                break
             }
         }
         pending.completion(result)
@@ -194,7 +198,8 @@ public final class HTTP2Client: @unchecked Sendable {
 
     private func openMissingConnections() {
         guard !isShutDown, reconnectTimer == nil else { return }
-        while connections.count + connectionsStarting < configuration.connectionCount {
+        // A connection that received GOAWAY finishes its streams but takes no more: it no longer counts.
+        while connections.filter(\.acceptsRequests).count + connectionsStarting < configuration.connectionCount {
             startConnection()
         }
     }

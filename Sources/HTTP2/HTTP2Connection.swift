@@ -28,6 +28,19 @@ public struct HTTP2ResponseWriter: @unchecked Sendable {
         connection?.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
     }
 
+    /// Answers after `delay` seconds (a slow server), through the loop's timer.
+    public func respond(after delay: Double, status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
+        guard let connection else { return }
+        connection.loop.schedule(after: delay) { [weak connection] in
+            connection?.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
+        }
+    }
+
+    /// Announces a new SETTINGS_MAX_CONCURRENT_STREAMS on this request's connection.
+    public func setMaximumConcurrentStreams(_ value: UInt32) {
+        connection?.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
+    }
+
     /// Resets the stream instead of answering (REFUSED_STREAM = 7, INTERNAL_ERROR = 2, ...).
     public func reset(code: UInt32) { connection?.resetStream(streamID, code: code) }
 
@@ -51,6 +64,8 @@ final class HTTP2Stream {
     var outgoingBody: [UInt8]
     var outgoingOffset = 0
     var attempt: Int
+    /// The request's HEADERS left this process: from here on the server may have acted on it.
+    var headersSent = false
     let startedAt = EventLoop.now()
     let completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
@@ -192,6 +207,7 @@ final class HTTP2Connection: PollHandler {
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
         nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders)
         nghttp2_session_callbacks_set_on_frame_not_send_callback(callbacks, onFrameNotSent)
+        if isClient { nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSent) }
         let userData = Unmanaged.passUnretained(self).toOpaque()
         var settings: [nghttp2_settings_entry]
         // A large receive window: responses and requests are small, but many streams share the connection.
@@ -402,8 +418,16 @@ final class HTTP2Connection: PollHandler {
         Glibc.close(fileDescriptor)
         let lost = streams
         streams.removeAll()
-        for (_, stream) in lost.sorted(by: { $0.key < $1.key }) {
-            stream.completion?(.failure(.connectionLost(reason)))
+        for (streamID, stream) in lost.sorted(by: { $0.key < $1.key }) {
+            // Only a request the server may have seen counts as lost; one above a GOAWAY's last-stream-id, or
+            // never written, certainly was not processed.
+            if !stream.headersSent {
+                stream.completion?(.failure(.notSent(reason)))
+            } else if let goAway = goAwayReceived, streamID > goAway.lastStreamID {
+                stream.completion?(.failure(.refused))
+            } else {
+                stream.completion?(.failure(.connectionLost(reason)))
+            }
         }
         onClose?(reason)
         onOpen = nil
@@ -462,6 +486,10 @@ final class HTTP2Connection: PollHandler {
         } else {
             completion(.failure(.reset(code: errorCode)))
         }
+    }
+
+    fileprivate func frameSent(streamID: Int32, type: UInt8) {
+        if UInt32(type) == NGHTTP2_HEADERS.rawValue { streams[streamID]?.headersSent = true }
     }
 
     fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
@@ -527,6 +555,12 @@ private let onFrameNotSent: nghttp2_on_frame_not_send_callback = { _, frame, lib
     guard let frame else { return 0 }
     connection(userData).frameNotSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type,
                                       libraryError: libraryError)
+    return 0
+}
+
+private let onFrameSent: nghttp2_on_frame_send_callback = { _, frame, userData in
+    guard let frame else { return 0 }
+    connection(userData).frameSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type)
     return 0
 }
 

@@ -19,11 +19,23 @@ OPTIONS:
   --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
                               (PEM); repeatable. Without it any bearer token is accepted.
   --max-streams N             SETTINGS_MAX_CONCURRENT_STREAMS (default 1000)
+
+FAULTS (what real APNs deployments meet):
+  --bad-token TOKEN           answer 400 BadDeviceToken for TOKEN; repeatable
+  --throttle TOKEN            answer 429 TooManyRequests for TOKEN; repeatable
+  --internal-error-rate F     answer this fraction (0..1) of pushes 500 InternalServerError
+  --unavailable-rate F        answer this fraction (0..1) of pushes 503 ServiceUnavailable
+  --latency-ms MS             wait MS milliseconds before every answer
+  --goaway-after N            send GOAWAY {"reason":"Shutdown"} after N streams on a connection
+  --drop-after N              drop the TCP connection, unanswered, at stream N+1 of a connection
+  --refuse-every N            reset every N-th stream with REFUSED_STREAM
+  --drop-streams-to-one       SETTINGS_MAX_CONCURRENT_STREAMS falls to 1 after a rejected push, back after a success
   --log-level LEVEL           trace, debug, info, warning, error (default info)
   -h, --help                  this text
 
 CONTROL:
-  GET /sim/stats on the same port answers {"received": N, "by_status": {...}}.
+  GET /sim/stats on the same port answers {"received": N, "by_status": {...}};
+  POST /sim/goaway sends GOAWAY on that connection.
   On SIGINT or SIGTERM it prints the same counts and exits 0.
 
 EXAMPLE:
@@ -86,6 +98,26 @@ while let argument = arguments.popFirst() {
         let text = value(for: argument)
         guard let streams = UInt32(text), streams > 0 else { fail("--max-streams: \(text) is not a positive number") }
         configuration.maximumConcurrentStreams = streams
+    case "--bad-token": configuration.behaviour.badTokens.insert(value(for: argument))
+    case "--throttle": configuration.behaviour.throttledTokens.insert(value(for: argument))
+    case "--internal-error-rate", "--unavailable-rate":
+        let text = value(for: argument)
+        guard let rate = Double(text), (0...1).contains(rate) else { fail("\(argument): \(text) is not a fraction 0..1") }
+        if argument == "--internal-error-rate" { configuration.behaviour.internalErrorRate = rate }
+        else { configuration.behaviour.unavailableRate = rate }
+    case "--latency-ms":
+        let text = value(for: argument)
+        guard let milliseconds = Double(text), milliseconds >= 0 else { fail("--latency-ms: \(text) is not milliseconds") }
+        configuration.behaviour.latency = milliseconds / 1000
+    case "--goaway-after", "--drop-after", "--refuse-every":
+        let text = value(for: argument)
+        guard let count = Int(text), count > 0 else { fail("\(argument): \(text) is not a positive number") }
+        switch argument {
+        case "--goaway-after": configuration.behaviour.goAwayAfterStreams = count
+        case "--drop-after": configuration.behaviour.dropConnectionAfterStreams = count
+        default: configuration.behaviour.refuseEveryNthStream = count
+        }
+    case "--drop-streams-to-one": configuration.behaviour.dropsStreamLimitAfterRejection = true
     case "--log-level":
         let text = value(for: argument)
         guard let parsed = Logger.Level(name: text) else { fail("--log-level: unknown level \(text)") }
