@@ -32,7 +32,12 @@ public final class EventLoop: @unchecked Sendable {
     private let threadID = Atomic<UInt>(0)
     private let finished = DispatchSemaphore(value: 0)
 
+    /// OpenSSL writes to sockets with write(2), which raises SIGPIPE when the peer has gone; the error code is
+    /// what we act on, so the signal must not kill the process. Done once, on the first loop made.
+    private static let ignoreBrokenPipes: Void = { _ = signal(SIGPIPE, SIG_IGN) }()
+
     public init(name: String) {
+        _ = Self.ignoreBrokenPipes
         self.name = name
         var ends: [Int32] = [-1, -1]
         let created = pipe(&ends)

@@ -199,7 +199,7 @@ public final class HTTP2Client: @unchecked Sendable {
     private func openMissingConnections() {
         guard !isShutDown, reconnectTimer == nil else { return }
         // A connection that received GOAWAY finishes its streams but takes no more: it no longer counts.
-        while connections.filter(\.acceptsRequests).count + connectionsStarting < configuration.connectionCount {
+        while connections.filter(\.isUsable).count + connectionsStarting < configuration.connectionCount {
             startConnection()
         }
     }

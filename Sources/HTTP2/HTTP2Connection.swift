@@ -142,6 +142,9 @@ final class HTTP2Connection: PollHandler {
     /// A connection that may take a new request now.
     var acceptsRequests: Bool { state == .open && goAwayReceived == nil && !goAwaySent && closeRequested == nil }
 
+    /// Open or on its way to open, and not going away: counts toward the pool's size.
+    var isUsable: Bool { state != .closed && goAwayReceived == nil && !goAwaySent }
+
     var remoteMaxConcurrentStreams: Int {
         guard let session else { return 1 }
         return Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
