@@ -72,15 +72,25 @@ public struct APNsClientConfiguration: Sendable {
     public var verifyPeer: Bool
     public var connectionsPerEnvironment: Int
     public var requestTimeout: Double
+    /// PING after this many seconds without a frame from APNs (Apple: about an hour keeps a connection alive).
+    public var pingInterval: Double
+    /// A PING unanswered this long replaces the connection.
+    public var pingTimeout: Double
+    /// Connection events, for metrics and tests.
+    public var observer: (@Sendable (APNsEnvironment, HTTP2ClientEvent) -> Void)?
 
     public init(production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
-                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, requestTimeout: Double = 30) {
+                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, requestTimeout: Double = 30,
+                pingInterval: Double = 3600, pingTimeout: Double = 15) {
         self.production = production
         self.sandbox = sandbox
         self.caFile = caFile
         self.verifyPeer = verifyPeer
         self.connectionsPerEnvironment = connectionsPerEnvironment
         self.requestTimeout = requestTimeout
+        self.pingInterval = pingInterval
+        self.pingTimeout = pingTimeout
+        self.observer = nil
     }
 }
 
@@ -248,10 +258,13 @@ public final class APNsClient: Sendable {
                 tls.certificateFile = certificate
                 tls.privateKeyFile = key
             }
+            var poolConfiguration = HTTP2Client.Configuration(
+                host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: configuration.connectionsPerEnvironment,
+                requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
+                pingTimeout: configuration.pingTimeout)
+            if let observer = configuration.observer { poolConfiguration.observer = { observer(environment, $0) } }
             let pool = try HTTP2Client(
-                configuration: .init(host: endpoint.host, port: endpoint.port, tls: tls,
-                                     connectionCount: configuration.connectionsPerEnvironment,
-                                     requestTimeout: configuration.requestTimeout),
+                configuration: poolConfiguration,
                 loop: loop, logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue]))
             pools[environment] = pool
             return pool

@@ -4,6 +4,15 @@ import Glibc
 import Foundation
 import Telemetry
 
+/// What happened to a client's connections, for whoever watches (metrics, tests).
+public enum HTTP2ClientEvent: Sendable, Equatable {
+    case opened(connection: Int)
+    case closed(connection: Int, reason: String)
+    case goAway(connection: Int, lastStreamID: Int32, errorCode: UInt32, debugData: String)
+    case pingAcknowledged(connection: Int)
+    case connectFailed(reason: String)
+}
+
 /// Persistent HTTP/2 connections to one endpoint, all driven by one `EventLoop` thread.
 ///
 /// Requests are spread over the open connections by load, each connection within the peer's
@@ -24,10 +33,17 @@ public final class HTTP2Client: @unchecked Sendable {
         public var maximumAttempts: Int
         public var reconnectBaseDelay: Double
         public var reconnectMaximumDelay: Double
+        /// A connection with no frame received for this long gets a PING (Apple: about an hour keeps it alive).
+        public var pingInterval: Double
+        /// A PING unanswered for this long means the connection is dead: it is replaced.
+        public var pingTimeout: Double
+        /// Told about connection events on the loop thread (metrics, tests). Keep it short.
+        public var observer: (@Sendable (HTTP2ClientEvent) -> Void)?
 
         public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
                     connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
-                    reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30) {
+                    reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
+                    pingInterval: Double = 3600, pingTimeout: Double = 15) {
             self.host = host
             self.port = port
             self.tls = tls
@@ -37,6 +53,9 @@ public final class HTTP2Client: @unchecked Sendable {
             self.maximumAttempts = max(1, maximumAttempts)
             self.reconnectBaseDelay = reconnectBaseDelay
             self.reconnectMaximumDelay = reconnectMaximumDelay
+            self.pingInterval = pingInterval
+            self.pingTimeout = pingTimeout
+            self.observer = nil
         }
     }
 
@@ -251,6 +270,7 @@ public final class HTTP2Client: @unchecked Sendable {
             opened = true
             loop.cancelTimer(connectTimer)
             consecutiveFailedConnects = 0
+            configuration.observer?(.opened(connection: connection?.id ?? 0))
             logger.info("HTTP/2 connection open", ["http2.connection": String(connection?.id ?? 0),
                                                    "http2.endpoint": authority])
             drainWaiting()
@@ -261,7 +281,12 @@ public final class HTTP2Client: @unchecked Sendable {
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }
+        connection.onPingAcknowledged = { [self, weak connection] in
+            configuration.observer?(.pingAcknowledged(connection: connection?.id ?? 0))
+        }
         connection.onGoAway = { [self, weak connection] lastStreamID, code, debugData in
+            configuration.observer?(.goAway(connection: connection?.id ?? 0, lastStreamID: lastStreamID, errorCode: code,
+                                            debugData: debugData))
             logger.warning("GOAWAY received", ["http2.connection": String(connection?.id ?? 0),
                                                "http2.last_stream_id": String(lastStreamID),
                                                "http2.error_code": String(code), "http2.goaway_reason": debugData])
@@ -271,6 +296,7 @@ public final class HTTP2Client: @unchecked Sendable {
         connection.onClose = { [self, weak connection] reason in
             loop.cancelTimer(connectTimer)
             connections.removeAll { $0 === connection }
+            if opened { configuration.observer?(.closed(connection: connection?.id ?? 0, reason: reason)) }
             if opened {
                 logger.info("HTTP/2 connection closed", ["http2.connection": String(connection?.id ?? 0),
                                                          "http2.reason": reason])
@@ -284,6 +310,7 @@ public final class HTTP2Client: @unchecked Sendable {
     private func connectFailed(_ reason: String) {
         consecutiveFailedConnects += 1
         lastConnectError = reason
+        configuration.observer?(.connectFailed(reason: reason))
         let exponent = Double(min(consecutiveFailedConnects - 1, 16))
         let ceiling = min(configuration.reconnectMaximumDelay, configuration.reconnectBaseDelay * pow(2, exponent))
         // Full jitter: many workers losing the same endpoint do not come back in step.
@@ -297,9 +324,11 @@ public final class HTTP2Client: @unchecked Sendable {
         }
     }
 
-    /// Once a second: requests past their deadline, queued or in flight, end with `timedOut`.
+    /// Requests past their deadline, queued or in flight, end with `timedOut`; idle connections get a PING, and one
+    /// whose PING goes unanswered is replaced. Runs every second, or faster for short timeouts in tests.
     private func scheduleSweep() {
-        sweepTimer = loop.schedule(after: 1) { [self] in
+        let period = min(1, configuration.requestTimeout / 4, configuration.pingInterval / 2, configuration.pingTimeout / 2)
+        sweepTimer = loop.schedule(after: period) { [self] in
             let now = EventLoop.now()
             let expired = waiting.filter { $0.deadline <= now }
             if !expired.isEmpty {
@@ -307,7 +336,15 @@ public final class HTTP2Client: @unchecked Sendable {
                 let reason = lastConnectError.map { HTTP2StreamError.notSent("no connection: \($0)") } ?? .timedOut
                 for pending in expired { pending.completion(.failure(reason)) }
             }
-            for connection in connections { connection.expireStreams(startedBefore: now - UInt64(configuration.requestTimeout * 1e9)) }
+            let requestCutoff = now - UInt64(configuration.requestTimeout * 1e9)
+            for connection in connections where connection.state == .open {
+                connection.expireStreams(startedBefore: requestCutoff)
+                if let sent = connection.pingSentAt, Double(now - sent) / 1e9 > configuration.pingTimeout {
+                    connection.close(reason: "PING unanswered for \(configuration.pingTimeout) s")
+                } else if Double(now - connection.lastFrameReceivedAt) / 1e9 > configuration.pingInterval {
+                    connection.ping()
+                }
+            }
             scheduleSweep()
         }
     }

@@ -119,6 +119,7 @@ final class HTTP2Connection: PollHandler {
     var onClose: ((String) -> Void)?
     var onRemoteSettings: ((Int) -> Void)?
     var onGoAway: ((Int32, UInt32, String) -> Void)?
+    var onPingAcknowledged: (() -> Void)?
 
     init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
          serverSettings: [(id: Int32, value: UInt32)] = []) {
@@ -275,8 +276,15 @@ final class HTTP2Connection: PollHandler {
         flush()
     }
 
+    /// Last time a frame arrived (monotonic ns): what idleness and PING timeouts are measured from.
+    private(set) var lastFrameReceivedAt = EventLoop.now()
+    /// When the unanswered PING was sent, if one is out.
+    private(set) var pingSentAt: UInt64?
+    private(set) var pingsAcknowledged = 0
+
     func ping() {
-        guard state == .open, let session else { return }
+        guard state == .open, let session, pingSentAt == nil else { return }
+        pingSentAt = EventLoop.now()
         nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
         flush()
     }
@@ -437,6 +445,7 @@ final class HTTP2Connection: PollHandler {
         onClose = nil
         onRemoteSettings = nil
         onGoAway = nil
+        onPingAcknowledged = nil
     }
 
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
@@ -455,7 +464,12 @@ final class HTTP2Connection: PollHandler {
     }
 
     fileprivate func frameReceived(type: UInt8, flags: UInt8, streamID: Int32, frame: UnsafePointer<nghttp2_frame>) {
+        lastFrameReceivedAt = EventLoop.now()
         switch UInt32(type) {
+        case NGHTTP2_PING.rawValue where flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
+            pingSentAt = nil
+            pingsAcknowledged += 1
+            onPingAcknowledged?()
         case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
             if !isClient && flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 { dispatchRequest(streamID: streamID) }
         case NGHTTP2_SETTINGS.rawValue:

@@ -94,6 +94,8 @@ public struct WorkerConfiguration: Sendable {
         apns.caFile = try file("APNS_CA_FILE")
         apns.connectionsPerEnvironment = try integer("APNS_CONNECTIONS", default: 2, range: 1...64)
         apns.requestTimeout = try seconds("APNS_REQUEST_TIMEOUT", default: 30)
+        apns.pingInterval = try seconds("APNS_PING_INTERVAL", default: 3600)
+        apns.pingTimeout = try seconds("APNS_PING_TIMEOUT", default: 15)
         if let insecure = value("APNS_INSECURE_SKIP_VERIFY") {
             guard ["true", "false", "1", "0"].contains(insecure) else {
                 throw ConfigurationError(key: "APNS_INSECURE_SKIP_VERIFY", "must be true or false")
