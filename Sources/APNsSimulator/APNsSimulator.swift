@@ -37,11 +37,13 @@ public final class APNsSimulator: Sendable {
         public var recordsNotifications: Bool
         /// Faults and answers scripted on top of APNs's rules; changeable at run time with `setBehaviour`.
         public var behaviour: Behaviour
+        /// Certificate authentication: clients must present a TLS certificate issued by (or equal to) this one.
+        public var clientCertificateCA: String?
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String? = nil,
                     privateKeyPEM: String? = nil, unregisteredTokens: [String: Int64] = [:],
                     trustedKeys: [String: TrustedKey] = [:], maximumConcurrentStreams: UInt32 = 1000,
-                    recordsNotifications: Bool = true, behaviour: Behaviour = .init()) {
+                    recordsNotifications: Bool = true, behaviour: Behaviour = .init(), clientCertificateCA: String? = nil) {
             self.host = host
             self.port = port
             self.certificatePEM = certificatePEM
@@ -51,6 +53,7 @@ public final class APNsSimulator: Sendable {
             self.maximumConcurrentStreams = maximumConcurrentStreams
             self.recordsNotifications = recordsNotifications
             self.behaviour = behaviour
+            self.clientCertificateCA = clientCertificateCA
         }
     }
 
@@ -107,7 +110,8 @@ public final class APNsSimulator: Sendable {
         let server = try HTTP2Server(
             configuration: .init(host: configuration.host, port: configuration.port,
                                  certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM,
-                                 maximumConcurrentStreams: configuration.maximumConcurrentStreams),
+                                 maximumConcurrentStreams: configuration.maximumConcurrentStreams,
+                                 clientCertificateCA: configuration.clientCertificateCA),
             logger: logger) { request, writer in core.handle(request, writer) }
         self.port = server.port
         self.server.withLock { $0 = server }
@@ -271,7 +275,9 @@ private final class SimulatorCore: Sendable {
         guard request.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
         if (try? APNsNotification.validateDeviceToken(token)) == nil { return (400, .badDeviceToken, nil) }
-        if let failure = checkProviderToken(request) { return (403, failure, nil) }
+        if let failure = checkProviderToken(request) {
+            return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
+        }
         guard let topic = request.header("apns-topic"), !topic.isEmpty else { return (400, .missingTopic, nil) }
         let pushType = request.header("apns-push-type").map { APNsPushType(rawValue: $0) } ?? .alert
         guard let pushType else { return (400, .invalidPushType, nil) }

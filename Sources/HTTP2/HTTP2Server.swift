@@ -12,14 +12,17 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         public var certificatePEM: String
         public var privateKeyPEM: String
         public var maximumConcurrentStreams: UInt32
+        /// Require TLS client certificates issued by (or equal to) this PEM certificate.
+        public var clientCertificateCA: String?
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String, privateKeyPEM: String,
-                    maximumConcurrentStreams: UInt32 = 1000) {
+                    maximumConcurrentStreams: UInt32 = 1000, clientCertificateCA: String? = nil) {
             self.host = host
             self.port = port
             self.certificatePEM = certificatePEM
             self.privateKeyPEM = privateKeyPEM
             self.maximumConcurrentStreams = maximumConcurrentStreams
+            self.clientCertificateCA = clientCertificateCA
         }
     }
 
@@ -38,7 +41,8 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
 
     public init(configuration: Configuration, logger: Logger, handler: @escaping HTTP2RequestHandler) throws {
         tlsContext = try TLSContext.server(certificatePEM: configuration.certificatePEM,
-                                           privateKeyPEM: configuration.privateKeyPEM)
+                                           privateKeyPEM: configuration.privateKeyPEM,
+                                           clientCertificateCA: configuration.clientCertificateCA)
         let listener = try Socket.listen(host: configuration.host, port: configuration.port)
         fileDescriptor = listener.descriptor
         port = listener.port

@@ -89,7 +89,9 @@ final class TLSContext: @unchecked Sendable {
         return owner
     }
 
-    static func server(certificatePEM: String, privateKeyPEM: String) throws -> TLSContext {
+    /// `clientCertificateCA`: when set, clients must present a certificate issued by (or equal to) this PEM
+    /// certificate, as APNs requires on certificate-authenticated connections.
+    static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil) throws -> TLSContext {
         let owner = try TLSContext(method: TLS_server_method(), verifiesPeer: false)
         let context = owner.context
         let certificate = try PEM.readCertificate(certificatePEM)
@@ -99,6 +101,14 @@ final class TLSContext: @unchecked Sendable {
         guard SSL_CTX_use_certificate(context, certificate) == 1,
               SSL_CTX_use_PrivateKey(context, key) == 1 else { throw TLSError("cannot use the server certificate") }
         SSL_CTX_set_alpn_select_cb(context, selectH2, nil)
+        if let clientCertificateCA {
+            let authority = try PEM.readCertificate(clientCertificateCA)
+            defer { X509_free(authority) }
+            guard X509_STORE_add_cert(SSL_CTX_get_cert_store(context), authority) == 1 else {
+                throw TLSError("cannot trust the client certificate CA")
+            }
+            SSL_CTX_set_verify(context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nil)
+        }
         return owner
     }
 }

@@ -143,4 +143,67 @@ import Glibc
         client.send([(.production, APNsNotification(deviceToken: token, topic: "t", payload: Array("{}".utf8)))]) { _, _ in }
         #expect(failedOnALPN.wait(timeout: .now() + 15) == .success, "\(reasons.withLock { $0 })")
     }
+
+    @Test func certificateAuthenticationPresentsTheClientCertificate() throws {
+        let clientPair = try SelfSignedCertificate.generate(commonName: "Apple Push Services: com.example.app", hosts: ["client"])
+        let simulator = try APNsSimulator(configuration: .init(clientCertificateCA: clientPair.certificatePEM), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        let certificateFile = try TestServices.temporaryFile("client.pem", contents: clientPair.certificatePEM)
+        let keyFile = try TestServices.temporaryFile("client-key.pem", contents: clientPair.privateKeyPEM)
+        let withCertificate = APNsClient(
+            configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile),
+            authentication: .certificate(certificateFile: certificateFile, privateKeyFile: keyFile), logger: logger)
+        defer { withCertificate.shutdown() }
+        #expect(sendOne(withCertificate, token: token)?.outcome == .delivered)
+
+        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        let withoutCertificate = APNsClient(
+            configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile,
+                                 requestTimeout: 1.5),
+            authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
+            logger: logger)
+        defer { withoutCertificate.shutdown() }
+        #expect(sendOne(withoutCertificate, token: token)?.outcome != .delivered)
+        #expect(simulator.received().count == 1)
+    }
+
+    /// The simulator holds APNs's per-connection token rules: one team per connection, and a new token on a
+    /// connection no more often than every 20 minutes.
+    @Test func simulatorEnforcesPerConnectionTokenRules() throws {
+        let teamOneKey = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        let teamTwoKey = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        let simulator = try APNsSimulator(configuration: .init(trustedKeys: [
+            "KEY0000001": .init(teamID: "TEAM000001", key: teamOneKey),
+            "KEY0000002": .init(teamID: "TEAM000002", key: teamTwoKey),
+        ]), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: simulator.port,
+                                                          tls: .init(caFile: caFile), connectionCount: 1),
+                                     logger: logger)
+        defer { client.shutdown() }
+        let now = Int64(Date().timeIntervalSince1970)
+        let first = try APNsTokenProvider(key: teamOneKey, keyID: "KEY0000001", teamID: "TEAM000001").makeToken(issuedAt: now)
+        let renewed = try APNsTokenProvider(key: teamOneKey, keyID: "KEY0000001", teamID: "TEAM000001").makeToken(issuedAt: now - 1)
+        let otherTeam = try APNsTokenProvider(key: teamTwoKey, keyID: "KEY0000002", teamID: "TEAM000002").makeToken(issuedAt: now)
+        func status(_ jwt: String) throws -> Int {
+            var headers = HTTP2HeaderBlock.request(method: "POST", authority: client.authority, path: "/3/device/\(token)")
+            headers.add("authorization", "bearer " + jwt)
+            headers.add("apns-topic", "com.example.app")
+            let answer = Mutex<Result<HTTP2Response, HTTP2StreamError>?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            client.send(HTTP2Request(headers: headers, body: Array("{}".utf8))) { result in
+                answer.withLock { $0 = result }
+                done.signal()
+            }
+            done.wait()
+            return try #require(answer.withLock { $0 }).get().status
+        }
+        #expect(try status(first) == 200)
+        #expect(try status(first) == 200, "the same token again is no update")
+        #expect(try status(renewed) == 429, "a new token within 20 minutes: TooManyProviderTokenUpdates")
+        #expect(try status(otherTeam) == 403, "another team on the same connection")
+        #expect(simulator.received().compactMap(\.reason) == ["TooManyProviderTokenUpdates", "UnrelatedKeyIdInToken"])
+    }
 }
