@@ -106,25 +106,11 @@ import Glibc
     }
 
     @Test func aServerWithoutHTTP2IsRefused() throws {
-        let directory = NSTemporaryDirectory() + TestServices.unique("tls-only")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let pair = try SelfSignedCertificate.generate()
-        try pair.certificatePEM.write(toFile: directory + "/cert.pem", atomically: true, encoding: .utf8)
-        try pair.privateKeyPEM.write(toFile: directory + "/key.pem", atomically: true, encoding: .utf8)
+        let directory = try TestServices.certificateDirectory("tls-only")
         let port = TestServices.freePort()
-        let server = Process()
-        server.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        server.arguments = ["s_server", "-accept", "127.0.0.1:\(port)", "-cert", directory + "/cert.pem",
-                            "-key", directory + "/key.pem", "-quiet"]  // TLS without ALPN h2
-        server.standardInput = FileHandle.nullDevice
-        server.standardOutput = FileHandle.nullDevice
-        server.standardError = FileHandle.nullDevice
-        try server.run()
-        defer {
-            kill(server.processIdentifier, SIGKILL)
-            var status: Int32 = 0
-            waitpid(server.processIdentifier, &status, 0)
-        }
+        let server = try TestServices.Daemon("/usr/bin/openssl", [  // TLS without ALPN h2
+            "s_server", "-accept", "127.0.0.1:\(port)", "-cert", directory + "/cert.pem", "-key", directory + "/key.pem", "-quiet"])
+        defer { server.stop() }
         let reasons = Mutex<[String]>([])
         let failedOnALPN = DispatchSemaphore(value: 0)
         var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: port),

@@ -76,27 +76,14 @@ import Testing
     @Test func interoperatesWithNghttpd() throws {
         let nghttpd = ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"].first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/sbin/nghttpd"
         #expect(FileManager.default.isExecutableFile(atPath: nghttpd), "nghttp2-server must be installed (scripts/test does)")
-        let pair = try SelfSignedCertificate.generate()
-        let directory = NSTemporaryDirectory() + TestServices.unique("nghttpd")
+        let directory = try TestServices.certificateDirectory("nghttpd")
         let token = String(repeating: "c3", count: 32)
         try FileManager.default.createDirectory(atPath: directory + "/root/3/device", withIntermediateDirectories: true)
         FileManager.default.createFile(atPath: directory + "/root/3/device/\(token)", contents: Data())
-        try pair.certificatePEM.write(toFile: directory + "/cert.pem", atomically: true, encoding: .utf8)
-        try pair.privateKeyPEM.write(toFile: directory + "/key.pem", atomically: true, encoding: .utf8)
-
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: nghttpd)
         let port = TestServices.freePort()
-        process.arguments = ["--htdocs=\(directory)/root", "--address=127.0.0.1", "\(port)",
-                             "\(directory)/key.pem", "\(directory)/cert.pem"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        defer {
-            kill(process.processIdentifier, SIGKILL)
-            var status: Int32 = 0
-            waitpid(process.processIdentifier, &status, 0)
-        }
+        let server = try TestServices.Daemon(nghttpd, ["--htdocs=\(directory)/root", "--address=127.0.0.1", "\(port)",
+                                                      "\(directory)/key.pem", "\(directory)/cert.pem"])
+        defer { server.stop() }
 
         let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: port,
                                                           tls: .init(caFile: directory + "/cert.pem"),

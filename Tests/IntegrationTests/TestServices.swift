@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import HTTP2
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -39,6 +40,36 @@ enum TestServices {
             }
         }
         return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// Another program's server, output discarded; `stop` kills and reaps it.
+    final class Daemon {
+        private let process = Process()
+
+        init(_ path: String, _ arguments: [String]) throws {
+            process.executableURL = URL(fileURLWithPath: path)
+            process.arguments = arguments
+            process.standardInput = FileHandle.nullDevice
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+        }
+
+        func stop() {
+            kill(process.processIdentifier, SIGKILL)
+            var status: Int32 = 0
+            waitpid(process.processIdentifier, &status, 0)
+        }
+    }
+
+    /// A self-signed certificate and its key written as cert.pem and key.pem into a new directory.
+    static func certificateDirectory(_ name: String) throws -> String {
+        let directory = NSTemporaryDirectory() + unique(name)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let pair = try SelfSignedCertificate.generate()
+        try pair.certificatePEM.write(toFile: directory + "/cert.pem", atomically: true, encoding: .utf8)
+        try pair.privateKeyPEM.write(toFile: directory + "/key.pem", atomically: true, encoding: .utf8)
+        return directory
     }
 
     static func temporaryFile(_ name: String, contents: String) throws -> String {
