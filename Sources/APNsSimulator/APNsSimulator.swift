@@ -215,7 +215,8 @@ private final class SimulatorCore: Sendable {
         if status == 200 { (status, reason) = scripted(token, behaviour) }
         let (apnsID, uniqueID, streamLimit) = state.withLock { state -> (String, String, UInt32?) in
             state.countsByStatus[status, default: 0] += 1
-            let apnsID = request.header("apns-id") ?? state.ids.next()
+            let given = request.header("apns-id")
+            let apnsID = given.flatMap { APNsNotification.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
             let uniqueID = state.ids.next()
             if configuration.recordsNotifications {
                 state.received.append(ReceivedNotification(
@@ -295,6 +296,10 @@ private final class SimulatorCore: Sendable {
         }
         guard !request.body.isEmpty else { return (400, .payloadEmpty, nil) }
         if request.body.count > pushType.maximumPayloadSize { return (413, .payloadTooLarge, nil) }
+        // Apple documents no reason for a body that is not a JSON object; APNs refuses it, so the simulator does too.
+        guard (try? JSONSerialization.jsonObject(with: Data(request.body))) is [String: Any] else {
+            return (400, APNsReason("BadPayload"), nil)
+        }
         if let died = state.withLock({ $0.unregistered[token] }) { return (410, .unregistered, died) }
         return (200, nil, nil)
     }
