@@ -172,6 +172,8 @@ public final class HTTP2Client: @unchecked Sendable {
     }
 
     private func finished(_ pending: Pending, _ result: Result<HTTP2Response, HTTP2StreamError>) {
+        // Only an answer proves the endpoint healthy; a connection that opens and then drops does not.
+        if case .success = result { consecutiveFailedConnects = 0 }
         if case .failure(let error) = result, !isShutDown, EventLoop.now() < pending.deadline {
             // A refused or unsent request was not processed: sending it again is always safe, so only the deadline
             // bounds it. A lost connection may have delivered it: that counts as an attempt.
@@ -269,7 +271,6 @@ public final class HTTP2Client: @unchecked Sendable {
         connection.onOpen = { [self, weak connection] in
             opened = true
             loop.cancelTimer(connectTimer)
-            consecutiveFailedConnects = 0
             configuration.observer?(.opened(connection: connection?.id ?? 0))
             logger.info("HTTP/2 connection open", ["http2.connection": String(connection?.id ?? 0),
                                                    "http2.endpoint": authority])
@@ -290,19 +291,21 @@ public final class HTTP2Client: @unchecked Sendable {
             logger.warning("GOAWAY received", ["http2.connection": String(connection?.id ?? 0),
                                                "http2.last_stream_id": String(lastStreamID),
                                                "http2.error_code": String(code), "http2.goaway_reason": debugData])
-            // Replace the connection now: the old one finishes its streams below last-stream-id and closes.
-            loop.execute { [self] in openMissingConnections() }
+            // Replace the connection now (the old one finishes its streams below last-stream-id and closes), unless it
+            // never served a response: then the close path backs off, so a hostile endpoint cannot make us loop.
+            if (connection?.responsesReceived ?? 0) > 0 { loop.execute { [self] in openMissingConnections() } }
         }
         connection.onClose = { [self, weak connection] reason in
             loop.cancelTimer(connectTimer)
             connections.removeAll { $0 === connection }
             if opened { configuration.observer?(.closed(connection: connection?.id ?? 0, reason: reason)) }
-            if opened {
+            if opened && (connection?.responsesReceived ?? 0) > 0 {
                 logger.info("HTTP/2 connection closed", ["http2.connection": String(connection?.id ?? 0),
                                                          "http2.reason": reason])
                 loop.execute { [self] in openMissingConnections() }
             } else {
-                connectFailed(reason)
+                // Never opened, or closed before a single response: back off as for a failed connect.
+                connectFailed(opened ? "closed before any response: \(reason)" : reason)
             }
         }
     }

@@ -281,6 +281,8 @@ final class HTTP2Connection: PollHandler {
     /// When the unanswered PING was sent, if one is out.
     private(set) var pingSentAt: UInt64?
     private(set) var pingsAcknowledged = 0
+    /// Complete responses received: a connection that never got one did not prove the endpoint healthy.
+    private(set) var responsesReceived = 0
 
     func ping() {
         guard state == .open, let session, pingSentAt == nil else { return }
@@ -494,6 +496,7 @@ final class HTTP2Connection: PollHandler {
     fileprivate func streamClosed(streamID: Int32, errorCode: UInt32) {
         guard let stream = streams.removeValue(forKey: streamID), let completion = stream.completion else { return }
         if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status > 0 {
+            responsesReceived += 1
             completion(.success(HTTP2Response(status: stream.status, headers: stream.incomingHeaders,
                                               body: stream.incomingBody)))
         } else if errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
