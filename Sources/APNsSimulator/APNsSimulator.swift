@@ -77,6 +77,8 @@ public final class APNsSimulator: Sendable {
         /// As APNs does: SETTINGS_MAX_CONCURRENT_STREAMS falls to 1 after a rejected push, and comes back after
         /// the next success.
         public var dropsStreamLimitAfterRejection = false
+        /// PINGs go unanswered, as from a connection that silently died (fixed when the simulator starts).
+        public var ignoresPings = false
 
         public init() {}
     }
@@ -107,11 +109,13 @@ public final class APNsSimulator: Sendable {
         self.certificatePEM = pair.certificatePEM
         let core = SimulatorCore(configuration: configuration)
         self.core = core
+        var serverConfiguration = HTTP2Server.Configuration(
+            host: configuration.host, port: configuration.port, certificatePEM: pair.certificatePEM,
+            privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: configuration.maximumConcurrentStreams,
+            clientCertificateCA: configuration.clientCertificateCA)
+        serverConfiguration.acknowledgesPings = !configuration.behaviour.ignoresPings
         let server = try HTTP2Server(
-            configuration: .init(host: configuration.host, port: configuration.port,
-                                 certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM,
-                                 maximumConcurrentStreams: configuration.maximumConcurrentStreams,
-                                 clientCertificateCA: configuration.clientCertificateCA),
+            configuration: serverConfiguration,
             logger: logger) { request, writer in core.handle(request, writer) }
         self.port = server.port
         self.server.withLock { $0 = server }

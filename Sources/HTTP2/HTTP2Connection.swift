@@ -110,6 +110,8 @@ final class HTTP2Connection: PollHandler {
     /// True while input is being handed to nghttp2: answers made meanwhile leave in the one flush that follows.
     private var processingInput = false
     private let serverSettings: [(id: Int32, value: UInt32)]
+    /// A server that leaves PINGs unanswered plays a dead peer (fault simulation).
+    private let acknowledgesPings: Bool
 
     /// GOAWAY from the peer: streams above `lastStreamID` were not processed.
     private(set) var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
@@ -122,7 +124,7 @@ final class HTTP2Connection: PollHandler {
     var onPingAcknowledged: (() -> Void)?
 
     init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
-         serverSettings: [(id: Int32, value: UInt32)] = []) {
+         serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true) {
         self.id = id
         self.loop = loop
         self.fileDescriptor = fileDescriptor
@@ -130,6 +132,7 @@ final class HTTP2Connection: PollHandler {
         self.role = role
         self.state = connecting ? .connecting : .handshaking
         self.serverSettings = serverSettings
+        self.acknowledgesPings = acknowledgesPings
         readBuffer = .allocate(byteCount: Self.readBufferSize, alignment: 16)
     }
 
@@ -222,7 +225,11 @@ final class HTTP2Connection: PollHandler {
                         nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
                                                value: window)]
         } else {
-            nghttp2_session_server_new(&session, callbacks, userData)
+            var options: OpaquePointer?
+            nghttp2_option_new(&options)
+            defer { nghttp2_option_del(options) }
+            if !acknowledgesPings { nghttp2_option_set_no_auto_ping_ack(options, 1) }
+            nghttp2_session_server_new2(&session, callbacks, userData, options)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
                                                value: window)]
             for setting in serverSettings {

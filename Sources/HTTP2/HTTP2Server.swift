@@ -14,6 +14,8 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         public var maximumConcurrentStreams: UInt32
         /// Require TLS client certificates issued by (or equal to) this PEM certificate.
         public var clientCertificateCA: String?
+        /// false: PINGs go unanswered, as from a peer that silently died.
+        public var acknowledgesPings = true
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String, privateKeyPEM: String,
                     maximumConcurrentStreams: UInt32 = 1000, clientCertificateCA: String? = nil) {
@@ -33,6 +35,7 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
     private let handler: HTTP2RequestHandler
     private let logger: Logger
     private let maximumConcurrentStreams: UInt32
+    private let acknowledgesPings: Bool
     private var connections: [Int: HTTP2Connection] = [:]
     private var nextConnectionID = 1
 
@@ -49,6 +52,7 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         self.handler = handler
         self.logger = logger
         maximumConcurrentStreams = configuration.maximumConcurrentStreams
+        acknowledgesPings = configuration.acknowledgesPings
         loop = EventLoop(name: "http2-server")
         loop.execute { [self] in loop.register(self) }
     }
@@ -83,7 +87,8 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
                 nextConnectionID += 1
                 let connection = HTTP2Connection(
                     id: id, loop: loop, fileDescriptor: client, tls: tls, role: .server(handler), connecting: false,
-                    serverSettings: [(Int32(3), maximumConcurrentStreams)])  // SETTINGS_MAX_CONCURRENT_STREAMS
+                    serverSettings: [(Int32(3), maximumConcurrentStreams)],  // SETTINGS_MAX_CONCURRENT_STREAMS
+                    acknowledgesPings: acknowledgesPings)
                 connection.onClose = { [self] reason in
                     connections[id] = nil
                     logger.debug("connection closed", ["http2.connection": String(id), "http2.reason": reason])

@@ -30,6 +30,7 @@ FAULTS (what real APNs deployments meet):
   --drop-after N              drop the TCP connection, unanswered, at stream N+1 of a connection
   --refuse-every N            reset every N-th stream with REFUSED_STREAM
   --drop-streams-to-one       SETTINGS_MAX_CONCURRENT_STREAMS falls to 1 after a rejected push, back after a success
+  --ignore-pings              leave PINGs unanswered, as a silently dead connection does
   --log-level LEVEL           trace, debug, info, warning, error (default info)
   -h, --help                  this text
 
@@ -118,6 +119,7 @@ while let argument = arguments.popFirst() {
         default: configuration.behaviour.refuseEveryNthStream = count
         }
     case "--drop-streams-to-one": configuration.behaviour.dropsStreamLimitAfterRejection = true
+    case "--ignore-pings": configuration.behaviour.ignoresPings = true
     case "--log-level":
         let text = value(for: argument)
         guard let parsed = Logger.Level(name: text) else { fail("--log-level: unknown level \(text)") }

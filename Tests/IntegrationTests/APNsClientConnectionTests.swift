@@ -45,6 +45,33 @@ import Glibc
         #expect(simulator.connectionsSeen() == 1, "the pinged connection was kept, not replaced")
     }
 
+    @Test func aConnectionWhosePingGoesUnansweredIsReplaced() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.ignoresPings = true
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        let closed = DispatchSemaphore(value: 0)
+        let reasons = Mutex<[String]>([])
+        var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
+                                                    caFile: caFile, pingInterval: 0.2, pingTimeout: 0.4)
+        configuration.observer = { _, event in
+            if case .closed(_, let reason) = event {
+                reasons.withLock { $0.append(reason) }
+                closed.signal()
+            }
+        }
+        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        let client = APNsClient(configuration: configuration,
+                                authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
+                                logger: logger)
+        defer { client.shutdown() }
+        #expect(sendOne(client, token: token)?.outcome == .delivered)
+        #expect(closed.wait(timeout: .now() + 10) == .success)
+        #expect(reasons.withLock { $0.first?.contains("PING unanswered") } == true, "\(reasons.withLock { $0 })")
+        #expect(sendOne(client, token: token)?.outcome == .delivered, "a new connection took over")
+    }
+
     @Test func expiredProviderTokenIsRefreshedOnceAndSentAgain() throws {
         let keyPEM = try ES256Key.generatePrivateKeyPEM()
         let simulator = try APNsSimulator(

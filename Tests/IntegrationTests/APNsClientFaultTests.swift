@@ -17,15 +17,19 @@ import Testing
     }
 
     func harness(_ behaviour: APNsSimulator.Behaviour, connections: Int = 1, maximumStreams: UInt32 = 100,
-                 unregistered: [String: Int64] = [:], requestTimeout: Double = 10) throws -> Harness {
+                 unregistered: [String: Int64] = [:], requestTimeout: Double = 10,
+                 observer: (@Sendable (APNsEnvironment, HTTP2ClientEvent) -> Void)? = nil) throws -> Harness {
         let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: unregistered,
                                                                maximumConcurrentStreams: maximumStreams,
                                                                behaviour: behaviour), logger: logger)
         let caFile = try TestServices.temporaryFile("sim-ca", contents: simulator.certificatePEM)
         let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        var configuration = APNsClientConfiguration(
+            production: APNsEndpoint(host: "127.0.0.1", port: simulator.port), caFile: caFile,
+            connectionsPerEnvironment: connections, requestTimeout: requestTimeout)
+        configuration.observer = observer
         let client = APNsClient(
-            configuration: .init(production: APNsEndpoint(host: "127.0.0.1", port: simulator.port), caFile: caFile,
-                                 connectionsPerEnvironment: connections, requestTimeout: requestTimeout),
+            configuration: configuration,
             authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
             logger: logger)
         return Harness(simulator: simulator, client: client)
@@ -49,7 +53,10 @@ import Testing
     @Test func goAwayAfterNStreamsLosesNothingAndDuplicatesNothing() throws {
         var behaviour = APNsSimulator.Behaviour()
         behaviour.goAwayAfterStreams = 50
-        let h = try harness(behaviour)
+        let reasons = Mutex<[String]>([])
+        let h = try harness(behaviour) { _, event in
+            if case .goAway(_, _, _, let debugData) = event { reasons.withLock { $0.append(debugData) } }
+        }
         defer { h.client.shutdown(); h.simulator.shutdown() }
         let results = send(h.client, tokens(500))
         #expect(results.count == 500)
@@ -58,6 +65,7 @@ import Testing
         #expect(received.count == 500, "streams above the GOAWAY's last-stream-id were resent, not duplicated")
         #expect(Set(received.map(\.deviceToken)).count == 500)
         #expect(h.simulator.connectionsSeen() >= 10, "a new connection replaced each one that went away")
+        #expect(reasons.withLock { $0.first } == #"{"reason":"Shutdown"}"#, "the GOAWAY's JSON reason reaches the client")
     }
 
     @Test func droppedConnectionsAreReplacedAndTheirStreamsResent() throws {
