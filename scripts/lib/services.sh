@@ -109,6 +109,8 @@ services_start_sim() {
 services_stop() {
     local status=$?
     [ -n "${SERVICES_DIR:-}" ] || return $status
+    # Each step may find its process gone already; none of that may change the exit status.
+    set +e
     [ -n "${APNS_SIM_PID:-}" ] && kill "$APNS_SIM_PID" 2>/dev/null
     [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
     if [ -n "${RABBITMQ_PORT:-}" ]; then
