@@ -16,9 +16,21 @@ public struct DeviceTarget: Sendable, Equatable {
     }
 }
 
-/// The Redis token cache: a hash `apns:tokens:<user>`, field = hex device token, value = production | sandbox.
+/// The Redis token cache: a hash `apns:tokens:<user>`, field = hex device token, value = production | sandbox;
+/// beside it a hash `apns:registered:<user>`, field = token, value = when the app last registered it (ms since epoch).
 public struct TokenCache {
     public static func key(forUser user: String) -> String { "apns:tokens:" + user }
+    public static func registeredKey(forUser user: String) -> String { "apns:registered:" + user }
+
+    /// Atomic, so a registration landing between the check and the delete cannot be lost.
+    static let removeUnlessRegisteredAfter = """
+        local registered = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
+        local died = tonumber(ARGV[2])
+        if died >= 0 and registered > died then return 0 end
+        redis.call('HDEL', KEYS[1], ARGV[1])
+        redis.call('HDEL', KEYS[2], ARGV[1])
+        return 1
+        """
 
     private let redis: RedisConnection
     private let logger: Logger
@@ -26,6 +38,22 @@ public struct TokenCache {
     public init(redis: RedisConnection, logger: Logger) {
         self.redis = redis
         self.logger = logger
+    }
+
+    /// Takes dead tokens out of their users' hashes in one round trip, except those registered again after APNs
+    /// learned they died (`diedAt`, ms; nil, as for BadDeviceToken, removes unconditionally).
+    /// Returns, per entry, whether it was removed.
+    @discardableResult
+    public func removeDead(_ entries: [(user: String, token: String, diedAt: Int64?)]) throws(RedisError) -> [Bool] {
+        guard !entries.isEmpty else { return [] }
+        let replies = try redis.pipeline(entries.map { entry in
+            ["EVAL", Self.removeUnlessRegisteredAfter, "2", Self.key(forUser: entry.user),
+             Self.registeredKey(forUser: entry.user), entry.token, String(entry.diedAt ?? -1)]
+        })
+        return try replies.map { reply throws(RedisError) -> Bool in
+            if case .error(let message) = reply { throw RedisError(kind: .server, "removing a dead token: \(message)") }
+            return reply.integer == 1
+        }
     }
 
     /// Every user's tokens, in one pipelined round trip. Entries that are not a hex token with a known

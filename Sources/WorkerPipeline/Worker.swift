@@ -121,7 +121,7 @@ public final class Worker: Sendable {
             }
             let current = finished.filter { $0.generation == generation }
             if !current.isEmpty {
-                try finish(current, on: session.amqp)
+                try finish(current, session: session)
                 inFlight -= current.count
             }
 
@@ -207,7 +207,7 @@ public final class Worker: Sendable {
             }
         }
         if !rejected.isEmpty { try reject(rejected, on: session.amqp) }
-        if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, on: session.amqp) }
+        if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, session: session) }
         return progresses.count - finishedAtOnce.count
     }
 
@@ -235,8 +235,11 @@ public final class Worker: Sendable {
     }
 
     /// Publishes what finished jobs produced (dead-token events, parked jobs, summaries), waits for the broker's
-    /// confirms, then acknowledges the jobs. A job whose publishes were not confirmed is requeued, not acknowledged.
-    private func finish(_ finished: [JobProgress], on amqp: AMQPConnection) throws {
+    /// confirms, takes the dead tokens out of the cache, then acknowledges the jobs. A job whose publishes were not
+    /// confirmed is requeued, not acknowledged. The order makes a crash repeat work, never lose an event: a token
+    /// leaves the cache only once its event is safe with the broker.
+    private func finish(_ finished: [JobProgress], session: Session) throws {
+        let amqp = session.amqp
         var ranges: [ClosedRange<UInt64>?] = []
         var last: UInt64 = 0
         for progress in finished {
@@ -265,6 +268,12 @@ public final class Worker: Sendable {
             ranges.append(end > first ? first...(end - 1) : nil)
         }
         let nacked = last > 0 ? Set(try amqp.waitForConfirms(through: last)) : []
+        let confirmed = zip(finished, ranges).filter { _, range in !(range.map { $0.contains(where: nacked.contains) } ?? false) }
+        try session.tokens.removeDead(confirmed.flatMap { progress, _ in
+            progress.dead.compactMap { dead in
+                dead.target.user.map { (user: $0, token: dead.target.token, diedAt: dead.response.timestamp) }
+            }
+        })
         for (progress, range) in zip(finished, ranges) {
             if let range, range.contains(where: nacked.contains) {
                 logger.error("broker refused a publish; the job will be redelivered", ["job.id": progress.job.id])

@@ -112,6 +112,9 @@ import WorkerPipeline
         worker.stop()
         stopped.wait()
         workerStopped = true
+        #expect(try redis.command(["HEXISTS", TokenCache.key(forUser: bob), deadToken]).integer == 0,
+                "the dead token left bob's cache entry")
+        #expect(try redis.command(["HLEN", TokenCache.key(forUser: alice)]).integer == 2)
         let stats = worker.statistics.snapshot()
         #expect(stats.delivered == 3)
         #expect(stats.deadTokens == 1)
