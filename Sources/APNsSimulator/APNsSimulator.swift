@@ -18,6 +18,8 @@ public struct ReceivedNotification: Sendable, Equatable {
     public var status: Int
     public var reason: String?
     public var connectionID: Int
+    /// When it arrived, seconds since the epoch.
+    public var receivedAt: Double
 }
 
 /// An APNs double on the project's own HTTP/2 + TLS code: validates requests like APNs and answers like it.
@@ -227,7 +229,8 @@ private final class SimulatorCore: Sendable {
                     deviceToken: token, topic: request.header("apns-topic"), pushType: request.header("apns-push-type"),
                     priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
                     collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
-                    status: status, reason: reason?.rawValue, connectionID: request.connectionID))
+                    status: status, reason: reason?.rawValue, connectionID: request.connectionID,
+                    receivedAt: Date().timeIntervalSince1970))
             }
             var streamLimit: UInt32?
             if behaviour.dropsStreamLimitAfterRejection {

@@ -30,10 +30,6 @@ public final class Worker: Sendable {
         let authentication = try configuration.makeAuthentication()
         apns = APNsClient(configuration: configuration.apns, authentication: authentication,
                           logger: logger.child("apns-client"))
-        if configuration.rateLimit > 0 {
-            logger.warning("APNS_RATE_LIMIT is read but not enforced yet (issue 4)",
-                           ["config.APNS_RATE_LIMIT": String(configuration.rateLimit)])
-        }
     }
 
     /// Whether the worker is consuming (connected to the broker and Redis).
@@ -74,7 +70,11 @@ public final class Worker: Sendable {
     private struct Session {
         let amqp: AMQPConnection
         let tokens: TokenCache
+        let rateLimit: SharedRateLimit?
     }
+
+    /// A notification ready to go, and the job it belongs to.
+    private typealias Outgoing = (environment: APNsEnvironment, notification: APNsNotification, owner: (JobProgress, Int))
 
     private func connect() throws -> Session {
         let amqp = try AMQPConnection(url: configuration.amqpURL, caFile: configuration.amqpCAFile)
@@ -88,7 +88,8 @@ public final class Worker: Sendable {
         logger.info("consuming", ["amqp.queue": configuration.jobsQueue, "amqp.url": configuration.amqpURL.description,
                                   "redis.url": configuration.redisURL.description,
                                   "amqp.prefetch": String(configuration.prefetch)])
-        return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger))
+        return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger),
+                       rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil)
     }
 
     // MARK: broker thread
@@ -98,6 +99,9 @@ public final class Worker: Sendable {
         var stopDeadline: Date?
         var lastSummary = Date()
         var lastReported = statistics.snapshot()
+        // Notifications waiting for rate-limit permits; bounded by the prefetch, as their jobs are unacknowledged.
+        var backlog: [Outgoing] = []
+        var nextWindowAt: Date?
         while true {
             let stopping = stopRequested.load(ordering: .acquiring)
             if stopping {
@@ -140,9 +144,12 @@ public final class Worker: Sendable {
                 }
             }
             if !batch.isEmpty {
-                inFlight += try start(batch, session: session, generation: generation)
-                continue
+                inFlight += try start(batch, session: session, generation: generation, into: &backlog)
             }
+            if !backlog.isEmpty && (nextWindowAt.map { Date() >= $0 } ?? true) {
+                nextWindowAt = try send(&backlog, session: session).map { Date().addingTimeInterval($0) }
+            }
+            if !batch.isEmpty { continue }
 
             if Date().timeIntervalSince(lastSummary) >= 10 {
                 let now = statistics.snapshot()
@@ -154,14 +161,38 @@ public final class Worker: Sendable {
             }
             if !session.amqp.hasBufferedInput {
                 // While stopping, deliveries are left unread (the broker requeues them), so only wake-ups count.
-                wakeup.wait(alsoReadable: stopping ? nil : session.amqp.socketDescriptor, timeout: 1)
+                wakeup.wait(alsoReadable: stopping ? nil : session.amqp.socketDescriptor,
+                            timeout: min(1, nextWindowAt.map { max(0.001, $0.timeIntervalSinceNow) } ?? 1))
             }
         }
     }
 
-    /// Decodes a batch, rejects the bad jobs, resolves users in one Redis round trip and sends every notification
-    /// in one call. Returns how many jobs are now waiting for outcomes.
-    private func start(_ batch: [AMQPDelivery], session: Session, generation: Int) throws -> Int {
+    /// Sends what the shared rate limit allows now, in one call; returns the seconds until more may go, if any wait.
+    private func send(_ backlog: inout [Outgoing], session: Session) throws -> Double? {
+        var count = backlog.count
+        var wait: Double?
+        if let rateLimit = session.rateLimit {
+            let reservation = try rateLimit.reserve(backlog.count)
+            count = reservation.granted
+            if count < backlog.count {
+                wait = reservation.nextWindowIn
+                statistics.rateLimitWaits.add(1, ordering: .relaxed)
+            }
+        }
+        guard count > 0 else { return wait }
+        let sending = Array(backlog.prefix(count))
+        backlog.removeFirst(count)
+        apns.send(sending.map { ($0.environment, $0.notification) }) { [self] position, result in
+            let (progress, index) = sending[position].owner
+            record(result, for: progress, index)
+        }
+        return wait
+    }
+
+    /// Decodes a batch, rejects the bad jobs, resolves users in one Redis round trip and queues every notification
+    /// for sending. Returns how many jobs are now waiting for outcomes.
+    private func start(_ batch: [AMQPDelivery], session: Session, generation: Int,
+                       into backlog: inout [Outgoing]) throws -> Int {
         var rejected: [(AMQPDelivery, String)] = []
         var jobs: [(AMQPDelivery, PushJob)] = []
         for delivery in batch {
@@ -176,8 +207,6 @@ public final class Worker: Sendable {
         let resolved = try session.tokens.resolve(jobs.flatMap { $0.1.users })
 
         var progresses: [JobProgress] = []
-        var notifications: [(environment: APNsEnvironment, notification: APNsNotification)] = []
-        var owners: [(JobProgress, Int)] = []
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
             var seen = Set<String>()
@@ -195,15 +224,8 @@ public final class Worker: Sendable {
                 continue
             }
             for index in targets.indices {
-                notifications.append(progress.notification(index))
-                owners.append((progress, index))
-            }
-        }
-        if !notifications.isEmpty {
-            let sentOwners = owners
-            apns.send(notifications) { [self] position, result in
-                let (progress, index) = sentOwners[position]
-                record(result, for: progress, index)
+                let (environment, notification) = progress.notification(index)
+                backlog.append((environment, notification, (progress, index)))
             }
         }
         if !rejected.isEmpty { try reject(rejected, on: session.amqp) }

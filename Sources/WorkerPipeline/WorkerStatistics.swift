@@ -9,6 +9,8 @@ public final class WorkerStatistics: Sendable {
     public let deadTokens = Atomic<Int>(0)
     public let permanentFailures = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
+    /// Times a batch found the shared rate window spent and waited for the next one.
+    public let rateLimitWaits = Atomic<Int>(0)
 
     public init() {}
 

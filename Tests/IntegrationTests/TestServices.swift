@@ -79,6 +79,19 @@ enum TestServices {
     }
 }
 
+extension RedisURL {
+    func withDatabase(_ database: Int) -> RedisURL {
+        var copy = self
+        copy.database = database
+        return copy
+    }
+
+    func description(revealingPassword: Bool) -> String {
+        let credentials = password.map { "\(user ?? ""):\($0)@" } ?? ""
+        return "redis://\(credentials)\(host):\(port)/\(database)"
+    }
+}
+
 /// A test's own view of a queue: declares it, reads it with real blocking waits (no sleeps).
 final class QueueReader {
     let connection: AMQPConnection
