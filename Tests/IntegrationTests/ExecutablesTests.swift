@@ -18,6 +18,7 @@ import Glibc
         let process = Process()
         private let output = Pipe()
         private var buffer: [UInt8] = []
+        private let exited = DispatchSemaphore(value: 0)
 
         init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
             let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
@@ -30,6 +31,8 @@ import Glibc
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
             process.standardOutput = output
             process.standardError = output
+            // Foundation reaps the child itself, so its exit is learned here rather than from waitpid.
+            process.terminationHandler = { [exited] _ in exited.signal() }
             try process.run()
         }
 
@@ -48,12 +51,16 @@ import Glibc
             }
         }
 
-        /// Sends `signal` and waits for the exit status.
+        /// Sends `signal` and waits for the exit: the exit code, or minus the signal that ended it.
         func stop(_ signal: Int32 = SIGTERM) -> Int32 {
-            kill(process.processIdentifier, signal)
-            var status: Int32 = 0
-            waitpid(process.processIdentifier, &status, 0)
-            return (status & 0x7f) == 0 ? (status >> 8) & 0xff : -(status & 0x7f)
+            if process.isRunning { kill(process.processIdentifier, signal) }
+            return waitForExit()
+        }
+
+        func waitForExit() -> Int32 {
+            guard exited.wait(timeout: .now() + 60) == .success else { return Int32.min }
+            exited.signal()  // later callers see the exit too
+            return process.terminationReason == .uncaughtSignal ? -process.terminationStatus : process.terminationStatus
         }
     }
 
@@ -111,7 +118,6 @@ import Glibc
                                                                "APNS_TEAM_ID": "TEAM000001"])
         let line = worker.waitForLine(containing: "APNS_KEY_FILE")
         #expect(line?.contains("configuration error") == true)
-        worker.process.waitUntilExit()
-        #expect(worker.process.terminationStatus == 78)
+        #expect(worker.waitForExit() == 78)
     }
 }

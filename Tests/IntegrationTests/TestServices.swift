@@ -55,7 +55,12 @@ enum TestServices {
             try process.run()
         }
 
+        private var stopped = false
+
+        /// Idempotent: a second call does nothing.
         func stop() {
+            guard !stopped else { return }
+            stopped = true
             kill(process.processIdentifier, SIGKILL)
             var status: Int32 = 0
             waitpid(process.processIdentifier, &status, 0)

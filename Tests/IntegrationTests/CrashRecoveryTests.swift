@@ -1,0 +1,136 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import Telemetry
+import Testing
+import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// At-least-once delivery when things die: the worker process, and Redis under a running worker.
+@Suite struct CrashRecoveryTests {
+    let logger = Logger(label: "crash", level: .critical)
+
+    @Test func killingTheWorkerMidBatchLosesNothing() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.latency = 0.05  // keeps notifications in flight long enough to kill the worker among them
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let directory = NSTemporaryDirectory() + TestServices.unique("crash")
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
+        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
+        let jobs = TestServices.unique("jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.enablePublisherConfirms()
+        let jobCount = 200
+        var last: UInt64 = 0
+        for job in 0..<jobCount {
+            let tokens = (0..<5).map { "\"" + String(format: "%064x", job * 5 + $0 + 1) + "\"" }.joined(separator: ",")
+            last = try publisher.publish(to: jobs, body: Array(#"{"id": "crash-\#(job)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
+                                         properties: AMQPProperties(replyTo: replies))
+        }
+        #expect(try publisher.waitForConfirms(through: last).isEmpty)
+        let environment = [
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
+            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
+            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "WORKER_PREFETCH": "20", "LOG_LEVEL": "info",
+        ]
+        let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        #expect(first.waitForLine(containing: "\"consuming\"") != nil)
+        // Some jobs finish; then the worker dies without a chance to acknowledge the rest.
+        let before = try replyReader.read(20, timeout: 30)
+        #expect(first.stop(SIGKILL) == -SIGKILL)
+        let sentBeforeCrash = simulator.received().count
+
+        let second = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        defer { _ = second.stop(SIGTERM) }
+        func jobID(_ message: AMQPDelivery) -> String? {
+            (try? JSONSerialization.jsonObject(with: Data(message.body)) as? [String: Any])?["job_id"] as? String
+        }
+        var completed = Set(before.compactMap(jobID))
+        while completed.count < jobCount, let next = try replyReader.read(1, timeout: 30).first {
+            if let id = jobID(next) { completed.insert(id) }
+        }
+        #expect(completed.count == jobCount, "every job completed, \(jobCount - completed.count) missing")
+        let received = simulator.received().filter { $0.status == 200 }
+        let distinct = Set(received.map(\.deviceToken))
+        #expect(distinct.count == jobCount * 5, "every notification delivered at least once")
+        let duplicates = received.count - distinct.count
+        // Redelivered jobs resend what was in flight at the kill: bounded by the prefetch (20 jobs x 5).
+        #expect(duplicates <= 20 * 5, "duplicates \(duplicates), sent before the crash \(sentBeforeCrash)")
+        print("kill -9 recovery: \(jobCount * 5) notifications, \(received.count) sends, \(duplicates) duplicates, 0 lost")
+    }
+
+    @Test func aRedisRestartUnderARunningWorkerIsSurvived() throws {
+        let redisPort = TestServices.freePort()
+        let redisDirectory = NSTemporaryDirectory() + TestServices.unique("redis")
+        try FileManager.default.createDirectory(atPath: redisDirectory, withIntermediateDirectories: true)
+        let redisArguments = ["--port", String(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                              "--dir", redisDirectory]
+        let firstRedis = try TestServices.Daemon("/usr/bin/redis-server", redisArguments)
+        defer { firstRedis.stop() }
+        let redisURL = RedisURL(host: "127.0.0.1", port: redisPort)
+        let seeded = try connectWithRetry(redisURL)
+        let user = TestServices.unique("gina")
+        let token = String(repeating: "9a", count: 32)
+        _ = try seeded.command(["HSET", TokenCache.key(forUser: user), token, "production"])
+
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
+            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": redisURL.description,
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
+            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        ]), logger: logger)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+        defer {
+            worker.stop()
+            stopped.wait()
+        }
+        let job = Array(#"{"id": "before", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8)
+        try publisher.publish(to: jobs, body: job, properties: AMQPProperties(replyTo: replies))
+        #expect(try replyReader.read(1).count == 1)
+
+        // Redis goes away (its data with it, as on a restart without persistence) and comes back.
+        firstRedis.stop()
+        let secondRedis = try TestServices.Daemon("/usr/bin/redis-server", redisArguments)
+        defer { secondRedis.stop() }
+        _ = try connectWithRetry(redisURL).command(["HSET", TokenCache.key(forUser: user), token, "production"])
+        try publisher.publish(to: jobs, body: Array(#"{"id": "after", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let summary = try #require(try replyReader.read(1, timeout: 60).first)
+        let object = try JSONSerialization.jsonObject(with: Data(summary.body)) as! [String: Any]
+        #expect(object["job_id"] as? String == "after")
+        #expect(object["delivered"] as? Int == 1)
+    }
+
+    /// A freshly started redis-server takes a moment to listen; connection refusals until then are expected.
+    private func connectWithRetry(_ url: RedisURL) throws -> RedisConnection {
+        for _ in 0..<500 {
+            if let connection = try? RedisConnection(url: url) { return connection }
+            _ = poll(nil, 0, 20)  // the server's listen() is the event; there is no way to wait on it
+        }
+        return try RedisConnection(url: url)
+    }
+}
