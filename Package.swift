@@ -33,7 +33,7 @@ let package = Package(
 
         .executableTarget(name: "apns-worker", dependencies: ["WorkerPipeline", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "Telemetry"]),
-        .executableTarget(name: "apns-bench", dependencies: ["APNs", "Telemetry"]),
+        .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "AMQP", "Redis", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",

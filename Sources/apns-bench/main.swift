@@ -1,5 +1,7 @@
+import AMQP
 import APNs
 import Foundation
+import HTTP2
 import Synchronization
 import Telemetry
 
@@ -13,6 +15,12 @@ USAGE:
       (like `h2load -c C -m M -n N`), and prints one line: requests, seconds, requests per second, statuses.
   apns-bench jwt --key FILE --key-id KID --team-id TEAM
       Prints an authorization header value (bearer JWT) for other load tools.
+  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P]
+      Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
+  apns-bench drain --amqp URL --queue Q --count N [--prefetch P]
+      The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each, and prints the rate.
+  apns-bench wait --sim URL --ca FILE --count N
+      Waits until apns-sim has answered N pushes (GET /sim/stats) and prints how long that took from the start.
 """
 
 /// Keeps `window` notifications in flight, topping up in batches of `refill` as answers arrive.
@@ -132,6 +140,81 @@ case "client":
     print(String(format: "client: %d requests in %.3f s = %.0f req/s, connections=%d streams=%d, statuses %@",
                  total, seconds, Double(total) / seconds, connections, streams, statusText))
     client.shutdown()
+case "fill":
+    guard let url = options["amqp"], let queue = options["queue"] else { fail("fill needs --amqp and --queue") }
+    let jobs = integer("jobs", 10_000)
+    let tokensPerJob = integer("tokens", 1)
+    let usersPerJob = options["users"] == nil ? 0 : integer("users", 100)
+    let userPrefix = options["user-prefix"] ?? "bench-user-"
+    do {
+        let connection = try AMQPConnection(url: try AMQPURL(url))
+        try connection.declareQueue(queue)
+        try connection.enablePublisherConfirms()
+        let payload = #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}}"#
+        var last: UInt64 = 0
+        for job in 0..<jobs {
+            let targets: String
+            if usersPerJob > 0 {
+                targets = "\"users\": [" + (0..<usersPerJob).map { "\"\(userPrefix)\($0)\"" }.joined(separator: ",") + "]"
+            } else {
+                targets = "\"tokens\": [" + (0..<tokensPerJob).map { "\"" + String(format: "%064x", job * tokensPerJob + $0 + 1) + "\"" }
+                    .joined(separator: ",") + "]"
+            }
+            last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(targets), \"payload\": \(payload)}".utf8))
+            if job % 500 == 499 { _ = try connection.waitForConfirms(through: last) }
+        }
+        _ = try connection.waitForConfirms(through: last)
+        print("fill: \(jobs) jobs on \(queue)")
+    } catch { fail("\(error)") }
+case "drain":
+    guard let url = options["amqp"], let queue = options["queue"] else { fail("drain needs --amqp and --queue") }
+    let count = integer("count", 10_000)
+    do {
+        let connection = try AMQPConnection(url: try AMQPURL(url))
+        try connection.setPrefetch(integer("prefetch", 500))
+        try connection.consume(queue)
+        var received = 0
+        var started: DispatchTime?
+        while received < count {
+            guard let event = try connection.nextEvent(timeout: 30) else { fail("no message for 30 s after \(received)") }
+            if case .delivery(let delivery) = event {
+                if started == nil { started = .now() }
+                try connection.ack(delivery.deliveryTag)
+                received += 1
+            }
+        }
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - started!.uptimeNanoseconds) / 1e9
+        print(String(format: "drain: %d messages in %.3f s = %.0f msg/s", count, seconds, Double(count) / seconds))
+    } catch { fail("\(error)") }
+case "wait":
+    guard let url = options["sim"] else { fail("wait needs --sim") }
+    let count = integer("count", 10_000)
+    let started = DispatchTime.now()
+    do {
+        let endpoint = try APNsEndpoint(url: url)
+        let client = try HTTP2Client(configuration: .init(host: endpoint.host, port: endpoint.port,
+                                                          tls: .init(caFile: options["ca"])),
+                                     logger: Logger(label: "apns-bench", level: .error))
+        defer { client.shutdown() }
+        while true {
+            let answer = Mutex<Int>(-1)
+            let done = DispatchSemaphore(value: 0)
+            client.send(HTTP2Request(headers: .request(method: "GET", authority: client.authority, path: "/sim/stats"), body: [])) { result in
+                if case .success(let response) = result,
+                   let object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any],
+                   let received = object["received"] as? Int {
+                    answer.withLock { $0 = received }
+                }
+                done.signal()
+            }
+            done.wait()
+            let received = answer.withLock { $0 }
+            if received >= count { break }
+            usleep(20_000)  // a benchmark's sampling period, not synchronisation
+        }
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e9
+        print(String(format: "wait: apns-sim reached %d answers in %.3f s", count, seconds))
+    } catch { fail("\(error)") }
 default:
     fail("unknown mode \(mode)\n\(usage)")
 }
