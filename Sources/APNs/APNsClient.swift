@@ -190,11 +190,6 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// Runs `action` on the client's loop thread after `delay` seconds (a resend after back-off).
-    public func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
-        loop.execute { [loop] in loop.schedule(after: delay, action) }
-    }
-
     public func shutdown() {
         let all = pools.withLock { Array($0.values) }
         for pool in all { pool.shutdown() }

@@ -65,6 +65,8 @@ public final class APNsSimulator: Sendable {
         public var badTokens: Set<String> = []
         /// Answered 429 TooManyRequests (too many pushes to one device).
         public var throttledTokens: Set<String> = []
+        /// The first n pushes to each of these tokens are answered 503 ServiceUnavailable, later ones normally.
+        public var failFirstPushes: [String: Int] = [:]
         /// Fraction of pushes answered 500 InternalServerError, and 503 ServiceUnavailable.
         public var internalErrorRate: Double = 0
         public var unavailableRate: Double = 0
@@ -166,6 +168,7 @@ private final class SimulatorCore: Sendable {
         var behaviour: APNsSimulator.Behaviour
         var connections: [Int: ConnectionState] = [:]
         var connectionsSeen = Set<Int>()
+        var pushesPerToken: [String: Int] = [:]
         var random = APNsIDGenerator(seed: 7)
     }
 
@@ -269,6 +272,13 @@ private final class SimulatorCore: Sendable {
     private func scripted(_ token: String, _ behaviour: APNsSimulator.Behaviour) -> (Int, APNsReason?) {
         if behaviour.badTokens.contains(token) { return (400, .badDeviceToken) }
         if behaviour.throttledTokens.contains(token) { return (429, .tooManyRequests) }
+        if let failures = behaviour.failFirstPushes[token] {
+            let seen = state.withLock { state in
+                state.pushesPerToken[token, default: 0] += 1
+                return state.pushesPerToken[token]!
+            }
+            if seen <= failures { return (503, .serviceUnavailable) }
+        }
         if behaviour.internalErrorRate > 0 || behaviour.unavailableRate > 0 {
             let draw = state.withLock { state in Double(state.random.nextFraction()) }
             if draw < behaviour.internalErrorRate { return (500, .internalServerError) }

@@ -13,20 +13,18 @@ final class JobProgress: @unchecked Sendable {
     /// The broker connection the delivery came on: an ack on a newer connection would be meaningless.
     let generation: Int
     let targets: [DeviceTarget]
-    private(set) var attempts: [Int]
     private(set) var remaining: Int
     private(set) var delivered = 0
     private(set) var dead: [(target: DeviceTarget, response: APNsResponse)] = []
     private(set) var failed: [(target: DeviceTarget, reason: String)] = []
-    /// Still failing when the send attempts ran out; the job is parked on the failed queue.
-    private(set) var undelivered: [(target: DeviceTarget, reason: String)] = []
+    /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
+    private(set) var retryable: [(target: DeviceTarget, reason: String, delay: Double)] = []
 
     init(job: PushJob, delivery: AMQPDelivery, generation: Int, targets: [DeviceTarget]) {
         self.job = job
         self.delivery = delivery
         self.generation = generation
         self.targets = targets
-        self.attempts = Array(repeating: 1, count: targets.count)
         self.remaining = targets.count
     }
 
@@ -38,13 +36,6 @@ final class JobProgress: @unchecked Sendable {
                 APNsNotification(deviceToken: target.token, topic: job.topic, pushType: job.pushType,
                                  priority: job.priority, expiration: job.expiration, collapseID: job.collapseID,
                                  payload: job.payload))
-    }
-
-    /// Counts one more send of notification `index`; false once `limit` sends were made.
-    func allowsAnotherAttempt(_ index: Int, limit: Int) -> Bool {
-        guard attempts[index] < limit else { return false }
-        attempts[index] += 1
-        return true
     }
 
     func recordDelivered() {
@@ -62,20 +53,22 @@ final class JobProgress: @unchecked Sendable {
         remaining -= 1
     }
 
-    func recordUndelivered(_ index: Int, reason: String) {
-        undelivered.append((targets[index], reason))
+    func recordRetryable(_ index: Int, reason: String, delay: Double) {
+        retryable.append((targets[index], reason, delay))
         remaining -= 1
     }
 
-    /// The summary a job's sender can ask for (reply_to), as JSON.
-    var summaryJSON: [UInt8] {
+    /// The summary a job's sender can ask for (reply_to), as JSON. `retrying`: the retryable ones were scheduled
+    /// for another attempt (then this summary covers this attempt only), else they count as failed.
+    func summaryJSON(retrying: Bool) -> [UInt8] {
         var reasons: [String: Int] = [:]
         for failure in failed { reasons[failure.reason, default: 0] += 1 }
-        for failure in undelivered { reasons["undelivered: " + failure.reason, default: 0] += 1 }
+        if !retrying { for failure in retryable { reasons["undelivered: " + failure.reason, default: 0] += 1 } }
         let failedByReason = reasons.keys.sorted().map { "\(JSONString.quote($0)):\(reasons[$0]!)" }.joined(separator: ",")
-        let text = "{\"job_id\":\(JSONString.quote(job.id)),\"notifications\":\(targets.count),"
-            + "\"delivered\":\(delivered),\"dead\":\(dead.count),\"failed\":\(failed.count + undelivered.count),"
-            + "\"failed_by_reason\":{\(failedByReason)}}"
+        var text = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(job.attempt),\"notifications\":\(targets.count),"
+        text += "\"delivered\":\(delivered),\"dead\":\(dead.count),"
+        text += "\"failed\":\(failed.count + (retrying ? 0 : retryable.count)),\"retrying\":\(retrying ? retryable.count : 0),"
+        text += "\"failed_by_reason\":{\(failedByReason)}}"
         return Array(text.utf8)
     }
 }

@@ -1,4 +1,5 @@
 import APNs
+import Telemetry
 
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
 public struct PushJob: Sendable, Equatable {
@@ -15,6 +16,10 @@ public struct PushJob: Sendable, Equatable {
     public var collapseID: String?
     /// The payload exactly as the job wrote it.
     public var payload: [UInt8]
+    /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
+    public var attempt: Int = 1
+    /// On a retry: exactly the notifications still to send (users already resolved).
+    public var retryTargets: [DeviceTarget]?
 
     public struct Limits: Sendable {
         public var maximumMessageSize = 1 << 20
@@ -40,7 +45,8 @@ public struct PushJob: Sendable, Equatable {
         let id = try optionalString(document, "id") ?? fallbackID
         let users = try stringArray(document, "users")
         let tokens = try stringArray(document, "tokens")
-        guard !users.isEmpty || !tokens.isEmpty else { throw .noTargets }
+        let retry = try retryState(document)
+        guard !users.isEmpty || !tokens.isEmpty || retry != nil else { throw .noTargets }
         guard users.count + tokens.count <= limits.maximumTargets else {
             throw .tooManyTargets(users.count + tokens.count, limit: limits.maximumTargets)
         }
@@ -87,9 +93,49 @@ public struct PushJob: Sendable, Equatable {
         guard payload.count <= pushType.maximumPayloadSize else {
             throw .payloadTooLarge(size: payload.count, limit: pushType.maximumPayloadSize, pushType: pushType)
         }
-        return PushJob(id: id, topic: pushType.topic(forBundle: bundle), users: users, tokens: tokens,
-                       environment: environment, pushType: pushType, priority: priority, expiration: expiration,
-                       collapseID: collapseID, payload: payload)
+        var job = PushJob(id: id, topic: pushType.topic(forBundle: bundle), users: users, tokens: tokens,
+                          environment: environment, pushType: pushType, priority: priority, expiration: expiration,
+                          collapseID: collapseID, payload: payload)
+        if let retry {
+            job.attempt = retry.attempt
+            job.retryTargets = retry.targets
+        }
+        return job
+    }
+
+    /// The job the worker schedules to send `targets` again: everything as before, the users already resolved.
+    /// The `retry` member is the worker's own; a job enqueued by a backend never carries it.
+    public func retryBody(targets: [DeviceTarget]) -> [UInt8] {
+        var text = "{\"id\":\(JSONString.quote(id)),\"topic\":\(JSONString.quote(topic)),"
+        text += "\"push_type\":\"\(pushType.rawValue)\",\"priority\":\(priority.rawValue),"
+        if let expiration { text += "\"expiration\":\(expiration)," }
+        if let collapseID { text += "\"collapse_id\":\(JSONString.quote(collapseID))," }
+        text += "\"retry\":{\"attempt\":\(attempt + 1),\"targets\":["
+        text += targets.map { target in
+            "{\"token\":\(JSONString.quote(target.token)),\"environment\":\"\(target.environment.rawValue)\","
+                + "\"user\":\(target.user.map(JSONString.quote) ?? "null")}"
+        }.joined(separator: ",")
+        text += "]},\"payload\":"
+        return Array(text.utf8) + payload + [UInt8(ascii: "}")]
+    }
+
+    private static func retryState(_ document: JSONValue) throws(JobError) -> (attempt: Int, targets: [DeviceTarget])? {
+        guard let retry = document["retry"], retry != .null else { return nil }
+        guard case .object = retry, case .number(let attemptText)? = retry["attempt"], let attempt = Int(attemptText),
+              attempt >= 2, case .array(let entries)? = retry["targets"], !entries.isEmpty else {
+            throw .wrongType(field: "retry", expected: "the worker's retry state", got: retry.typeName)
+        }
+        var targets: [DeviceTarget] = []
+        for (index, entry) in entries.enumerated() {
+            guard case .string(let token)? = entry["token"], case .string(let environmentText)? = entry["environment"],
+                  let environment = APNsEnvironment(rawValue: environmentText),
+                  (try? APNsNotification.validateDeviceToken(token)) != nil else {
+                throw .wrongType(field: "retry.targets[\(index)]", expected: "a token and its environment", got: entry.typeName)
+            }
+            let user: String? = if case .string(let name)? = entry["user"] { name } else { nil }
+            targets.append(DeviceTarget(token: token, environment: environment, user: user))
+        }
+        return (attempt, targets)
     }
 
     private static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {

@@ -76,10 +76,30 @@ public final class Worker: Sendable {
     /// A notification ready to go, and the job it belongs to.
     private typealias Outgoing = (environment: APNsEnvironment, notification: APNsNotification, owner: (JobProgress, Int))
 
+    /// The delay queue for a retry: the tier for this attempt, or a longer one if APNs asked for a longer wait.
+    private func retryQueue(attempt: Int, suggestedDelay: Double) -> String {
+        let delays = configuration.retryDelays
+        let byAttempt = min(attempt - 1, delays.count - 1)
+        let bySuggestion = delays.firstIndex { $0 >= suggestedDelay } ?? delays.count - 1
+        return Self.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delays[max(byAttempt, bySuggestion)])
+    }
+
+    /// `<jobs queue>.retry.<ms>ms`: messages wait there `ms` milliseconds, then dead-letter back to the jobs queue.
+    public static func retryQueueName(jobsQueue: String, delay: Double) -> String {
+        "\(jobsQueue).retry.\(Int((delay * 1000).rounded()))ms"
+    }
+
     private func connect() throws -> Session {
         let amqp = try AMQPConnection(url: configuration.amqpURL, caFile: configuration.amqpCAFile)
         for queue in [configuration.jobsQueue, configuration.deadTokensQueue, configuration.failedQueue] {
             try amqp.declareQueue(queue)
+        }
+        for delay in configuration.retryDelays {
+            try amqp.declareQueue(Self.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delay), arguments: [
+                "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
+                "x-dead-letter-exchange": .string(""),
+                "x-dead-letter-routing-key": .string(configuration.jobsQueue),
+            ])
         }
         try amqp.setPrefetch(configuration.prefetch)
         try amqp.enablePublisherConfirms()
@@ -204,17 +224,17 @@ public final class Worker: Sendable {
                 rejected.append((delivery, error.description))
             }
         }
-        let resolved = try session.tokens.resolve(jobs.flatMap { $0.1.users })
+        let resolved = try session.tokens.resolve(jobs.flatMap { $0.1.retryTargets == nil ? $0.1.users : [] })
 
         var progresses: [JobProgress] = []
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
             var seen = Set<String>()
-            var targets: [DeviceTarget] = []
-            for token in job.tokens where seen.insert(token).inserted {
+            var targets: [DeviceTarget] = job.retryTargets ?? []
+            for token in job.tokens where job.retryTargets == nil && seen.insert(token).inserted {
                 targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
             }
-            for user in job.users {
+            for user in job.users where job.retryTargets == nil {
                 for target in resolved[user] ?? [] where seen.insert(target.token).inserted { targets.append(target) }
             }
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets)
@@ -273,16 +293,27 @@ public final class Worker: Sendable {
                                            jobID: progress.job.id)
                 last = try amqp.publish(to: configuration.deadTokensQueue, body: event.json)
             }
-            if let first = progress.undelivered.first {
+            let retrying = !progress.retryable.isEmpty && progress.job.attempt < configuration.maximumSendAttempts
+            if retrying {
+                // Another attempt waits in a delay queue that dead-letters back to the jobs queue: nothing is held
+                // here, and the retry survives this worker.
+                let delay = progress.retryable.map(\.delay).max() ?? 0
+                var properties = progress.delivery.properties
+                properties.persistent = true
+                properties.headers[Self.reasonHeader] = progress.retryable[0].reason
+                last = try amqp.publish(to: retryQueue(attempt: progress.job.attempt, suggestedDelay: delay),
+                                        body: progress.job.retryBody(targets: progress.retryable.map(\.target)),
+                                        properties: properties)
+            } else if let first = progress.retryable.first {
                 var properties = progress.delivery.properties
                 properties.persistent = true
                 properties.headers[Self.reasonHeader] =
-                    "\(progress.undelivered.count) of \(progress.targets.count) notifications not delivered after "
-                    + "\(configuration.maximumSendAttempts) attempts: \(first.reason)"
+                    "\(progress.retryable.count) of \(progress.targets.count) notifications not delivered after "
+                    + "\(progress.job.attempt) attempts: \(first.reason)"
                 last = try amqp.publish(to: configuration.failedQueue, body: progress.delivery.body, properties: properties)
             }
             if let replyTo = progress.delivery.properties.replyTo, !replyTo.isEmpty {
-                last = try amqp.publish(to: replyTo, body: progress.summaryJSON,
+                last = try amqp.publish(to: replyTo, body: progress.summaryJSON(retrying: retrying),
                                         properties: AMQPProperties(correlationID: progress.delivery.properties.correlationID
                                                                    ?? progress.job.id, persistent: false))
             }
@@ -304,10 +335,18 @@ public final class Worker: Sendable {
             }
             try amqp.ack(progress.delivery.deliveryTag)
             statistics.jobsCompleted.add(1, ordering: .relaxed)
-            if !progress.undelivered.isEmpty { statistics.jobsParked.add(1, ordering: .relaxed) }
-            logger.debug("job done", ["job.id": progress.job.id, "job.notifications": String(progress.targets.count),
+            if !progress.retryable.isEmpty {
+                if progress.job.attempt < configuration.maximumSendAttempts {
+                    statistics.retries.add(progress.retryable.count, ordering: .relaxed)
+                } else {
+                    statistics.jobsParked.add(1, ordering: .relaxed)
+                }
+            }
+            logger.debug("job done", ["job.id": progress.job.id, "job.attempt": String(progress.job.attempt),
+                                      "job.notifications": String(progress.targets.count),
                                       "job.delivered": String(progress.delivered), "job.dead": String(progress.dead.count),
-                                      "job.failed": String(progress.failed.count + progress.undelivered.count)])
+                                      "job.failed": String(progress.failed.count),
+                                      "job.retryable": String(progress.retryable.count)])
         }
     }
 
@@ -329,31 +368,14 @@ public final class Worker: Sendable {
                                                    "apns.status": String(result.response?.status ?? 0),
                                                    "apns.token": Redact.token(progress.targets[index].token)])
         case .retryLater(let suggested):
-            retry(progress, index, reason: result.response?.reason?.rawValue ?? result.error ?? "retry later",
-                  suggestedDelay: suggested)
+            progress.recordRetryable(index, reason: result.response?.reason?.rawValue ?? result.error ?? "retry later",
+                                     delay: suggested)
         case .refreshTokenAndRetry, .replaceConnectionAndRetry:
-            retry(progress, index, reason: result.response?.reason?.rawValue ?? "provider token", suggestedDelay: 1)
+            progress.recordRetryable(index, reason: result.response?.reason?.rawValue ?? "provider token", delay: 1)
         }
         if progress.isComplete {
             completions.withLock { $0.append(progress) }
             wakeup.signal()
-        }
-    }
-
-    private func retry(_ progress: JobProgress, _ index: Int, reason: String, suggestedDelay: Double) {
-        guard !stopRequested.load(ordering: .relaxed),
-              progress.allowsAnotherAttempt(index, limit: configuration.maximumSendAttempts) else {
-            progress.recordUndelivered(index, reason: reason)
-            return
-        }
-        statistics.retries.add(1, ordering: .relaxed)
-        // Exponential back-off from half a second; Apple's longer suggestions are capped so a job is not held for
-        // minutes here (jobs that keep failing are parked on the failed queue instead).
-        let attempt = Double(progress.attempts[index] - 1)
-        let delay = min(suggestedDelay, 0.5 * pow(2, attempt - 1)) * Double.random(in: 0.8...1.2)
-        let notification = progress.notification(index)
-        apns.schedule(after: delay) { [self] in
-            apns.send([notification]) { [self] _, result in record(result, for: progress, index) }
         }
     }
 }

@@ -35,8 +35,10 @@ public struct WorkerConfiguration: Sendable {
     public var rateLimit: Int
     /// Unacknowledged jobs the broker may hand this worker at once (basic.qos).
     public var prefetch: Int
-    /// Sends of one notification that APNs asked to retry later, before the job is parked on the failed queue.
+    /// Attempts at a job's notifications that APNs asked to retry later, before they are parked on the failed queue.
     public var maximumSendAttempts: Int
+    /// Seconds a retry waits, by attempt (the last repeats), in delay queues `<jobs>.retry.<ms>ms`.
+    public var retryDelays: [Double]
     /// How long SIGTERM waits for jobs under way before leaving them to the broker for redelivery.
     public var shutdownTimeout: Double
     public var logLevel: Logger.Level
@@ -68,6 +70,14 @@ public struct WorkerConfiguration: Sendable {
                 throw ConfigurationError(key: key, "cannot read file \(path)")
             }
             return path
+        }
+        func delays(_ key: String, default fallback: [Double]) throws(ConfigurationError) -> [Double] {
+            guard let text = value(key) else { return fallback }
+            let parsed = text.split(separator: ",").map { Double($0.trimmingCharacters(in: .whitespaces)) }
+            guard !parsed.isEmpty, parsed.allSatisfy({ $0 != nil && $0! >= 0.001 && $0! <= 86_400 }) else {
+                throw ConfigurationError(key: key, "\"\(text)\" is not a comma-separated list of seconds, e.g. 1,15,60,300")
+            }
+            return parsed.map { $0! }.sorted()
         }
         func queue(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
             let name = value(key) ?? fallback
@@ -135,6 +145,7 @@ public struct WorkerConfiguration: Sendable {
             rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
             prefetch: try integer("WORKER_PREFETCH", default: 500, range: 1...65_535),
             maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
+            retryDelays: try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300]),
             shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25),
             logLevel: level, logFormat: format)
     }

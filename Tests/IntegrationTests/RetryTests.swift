@@ -1,0 +1,75 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// Notifications APNs asks to retry go through delay queues and come back, and give up after APNS_MAX_ATTEMPTS.
+@Suite struct RetryTests {
+    let logger = Logger(label: "retry", level: .critical)
+
+    @Test func retriesComeBackThroughTheDelayQueueUntilDeliveredOrParked() throws {
+        let flaky = String(repeating: "f1", count: 32)
+        let throttled = String(repeating: "f2", count: 32)
+        let healthy = String(repeating: "f3", count: 32)
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.failFirstPushes = [flaky: 1]
+        behaviour.throttledTokens = [throttled]
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let user = TestServices.unique("hank")
+        _ = try RedisConnection(url: TestServices.redisURL())
+            .command(["HSET", TokenCache.key(forUser: user), flaky, "production", throttled, "sandbox"])
+        let jobs = TestServices.unique("jobs")
+        let failed = TestServices.unique("failed")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let failedReader = try QueueReader(failed)
+        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
+            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_SANDBOX_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
+            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_FAILED_QUEUE": failed,
+            "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2",
+        ]), logger: logger)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+        defer {
+            worker.stop()
+            stopped.wait()
+        }
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+
+        // Attempt 1: healthy delivered, flaky 503, throttled 429. Attempt 2: flaky delivered, throttled 429.
+        // Attempt 3: throttled 429 again, and out of attempts: parked.
+        let summaries = try replyReader.read(3).map { try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any] }
+        #expect(summaries.map { $0["attempt"] as? Int } == [1, 2, 3])
+        #expect(summaries.map { $0["delivered"] as? Int } == [1, 1, 0])
+        #expect(summaries.map { $0["retrying"] as? Int } == [2, 1, 0])
+        #expect((summaries.last?["failed"] as? Int) == 1)
+
+        let parked = try #require(try failedReader.read(1).first)
+        #expect(parked.properties.headers[Worker.reasonHeader]?.contains("TooManyRequests") == true)
+        #expect(String(decoding: parked.body, as: UTF8.self).contains(#""token":"\#(throttled)","environment":"sandbox""#),
+                "the parked job names what is left, with its environment")
+
+        let received = simulator.received()
+        #expect(received.filter { $0.deviceToken == healthy }.count == 1, "a delivered notification is never resent")
+        #expect(received.filter { $0.deviceToken == flaky }.map(\.status) == [503, 200])
+        #expect(received.filter { $0.deviceToken == throttled }.map(\.status) == [429, 429, 429])
+        #expect(received.allSatisfy { $0.collapseID == "c-1" && $0.payload == Array(#"{"aps": {"alert": "again"}}"#.utf8) },
+                "retries keep every header and the payload byte for byte")
+    }
+}
