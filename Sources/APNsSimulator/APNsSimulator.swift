@@ -41,6 +41,8 @@ public final class APNsSimulator: Sendable {
         public var behaviour: Behaviour
         /// Certificate authentication: clients must present a TLS certificate issued by (or equal to) this one.
         public var clientCertificateCA: String?
+        /// Told about every push as it is judged, on the server's thread (tests wait on it). Keep it short.
+        public var observer: (@Sendable (ReceivedNotification) -> Void)?
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String? = nil,
                     privateKeyPEM: String? = nil, unregisteredTokens: [String: Int64] = [:],
@@ -56,6 +58,7 @@ public final class APNsSimulator: Sendable {
             self.recordsNotifications = recordsNotifications
             self.behaviour = behaviour
             self.clientCertificateCA = clientCertificateCA
+            self.observer = nil
         }
     }
 
@@ -222,18 +225,20 @@ private final class SimulatorCore: Sendable {
         }
         var (status, reason, timestamp) = judge(request, token: token)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
-        let (apnsID, uniqueID, streamLimit) = state.withLock { state -> (String, String, UInt32?) in
+        let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state -> (String, String, UInt32?, ReceivedNotification?) in
             state.countsByStatus[status, default: 0] += 1
             let given = request.header("apns-id")
             let apnsID = given.flatMap { APNsNotification.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
             let uniqueID = state.ids.next()
-            if configuration.recordsNotifications {
-                state.received.append(ReceivedNotification(
+            var notification: ReceivedNotification?
+            if configuration.recordsNotifications || configuration.observer != nil {
+                notification = ReceivedNotification(
                     deviceToken: token, topic: request.header("apns-topic"), pushType: request.header("apns-push-type"),
                     priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
                     collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
                     status: status, reason: reason?.rawValue, connectionID: request.connectionID,
-                    receivedAt: Date().timeIntervalSince1970))
+                    receivedAt: Date().timeIntervalSince1970)
+                if configuration.recordsNotifications { state.received.append(notification!) }
             }
             var streamLimit: UInt32?
             if behaviour.dropsStreamLimitAfterRejection {
@@ -246,8 +251,9 @@ private final class SimulatorCore: Sendable {
                     streamLimit = configuration.maximumConcurrentStreams
                 }
             }
-            return (apnsID, uniqueID, streamLimit)
+            return (apnsID, uniqueID, streamLimit, notification)
         }
+        if let notification { configuration.observer?(notification) }
         var headers = [HTTP2Field(name: "apns-id", value: apnsID)]
         headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID))
         var body: [UInt8] = []

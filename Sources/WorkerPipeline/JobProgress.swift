@@ -20,7 +20,15 @@ final class JobProgress: @unchecked Sendable {
     /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
     private(set) var retryable: [(target: DeviceTarget, reason: String, delay: Double)] = []
 
-    init(job: PushJob, delivery: AMQPDelivery, generation: Int, targets: [DeviceTarget]) {
+    /// Tokens whose outcome became final since the last hand-over to the idempotency record.
+    private(set) var unrecordedFinal: [String] = []
+
+    /// Whether the job's id names it across redeliveries (an id of its own or an AMQP message-id), so that a
+    /// record of what was already sent can be kept for it.
+    var hasStableID: Bool
+
+    init(job: PushJob, delivery: AMQPDelivery, generation: Int, targets: [DeviceTarget], hasStableID: Bool) {
+        self.hasStableID = hasStableID
         self.job = job
         self.delivery = delivery
         self.generation = generation
@@ -38,19 +46,33 @@ final class JobProgress: @unchecked Sendable {
                                  payload: job.payload))
     }
 
-    func recordDelivered() {
+    func recordDelivered(_ index: Int) {
         delivered += 1
         remaining -= 1
+        noteFinal(index)
     }
 
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
         remaining -= 1
+        noteFinal(index)
     }
 
     func recordFailed(_ index: Int, reason: String) {
         failed.append((targets[index], reason))
         remaining -= 1
+        noteFinal(index)
+    }
+
+    private func noteFinal(_ index: Int) {
+        if hasStableID { unrecordedFinal.append(targets[index].token) }
+    }
+
+    /// Hands over the tokens finished since the last call, once there are `atLeast` of them.
+    func takeUnrecordedFinal(atLeast threshold: Int) -> [String]? {
+        guard !unrecordedFinal.isEmpty, unrecordedFinal.count >= threshold else { return nil }
+        defer { unrecordedFinal.removeAll(keepingCapacity: true) }
+        return unrecordedFinal
     }
 
     func recordRetryable(_ index: Int, reason: String, delay: Double) {

@@ -20,6 +20,10 @@ public final class Worker: Sendable {
     private let logger: Logger
     private let apns: APNsClient
     private let completions = Mutex<[JobProgress]>([])
+    /// Final outcomes of jobs still under way, in batches, for the idempotency record (see `recordSent`).
+    private let finalOutcomes = Mutex<[(jobID: String, tokens: [String])]>([])
+    /// Outcomes per job handed over at once: one Mutex round trip per this many notifications, not per notification.
+    private static let outcomeBatch = 64
     private let wakeup = Wakeup()
     private let stopRequested = Atomic<Bool>(false)
     private let ready = Atomic<Bool>(false)
@@ -71,10 +75,16 @@ public final class Worker: Sendable {
         let amqp: AMQPConnection
         let tokens: TokenCache
         let rateLimit: SharedRateLimit?
+        let sentRecord: SentRecord
     }
 
     /// A notification ready to go, and the job it belongs to.
     private typealias Outgoing = (environment: APNsEnvironment, notification: APNsNotification, owner: (JobProgress, Int))
+
+    /// Jobs that name themselves (an `id` in the body, or an AMQP message-id) can be recognised when redelivered.
+    private static func hasStableID(_ job: PushJob, _ delivery: AMQPDelivery) -> Bool {
+        job.id != "delivery-\(delivery.deliveryTag)"
+    }
 
     /// The delay queue for a retry: the tier for this attempt, or a longer one if APNs asked for a longer wait.
     private func retryQueue(attempt: Int, suggestedDelay: Double) -> String {
@@ -109,7 +119,8 @@ public final class Worker: Sendable {
                                   "redis.url": configuration.redisURL.description,
                                   "amqp.prefetch": String(configuration.prefetch)])
         return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger),
-                       rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil)
+                       rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil,
+                       sentRecord: SentRecord(redis: redis))
     }
 
     // MARK: broker thread
@@ -143,6 +154,11 @@ public final class Worker: Sendable {
                 defer { queue.removeAll(keepingCapacity: true) }
                 return queue
             }
+            let outcomes = finalOutcomes.withLock { queue -> [(jobID: String, tokens: [String])] in
+                defer { queue.removeAll(keepingCapacity: true) }
+                return queue
+            }
+            if !outcomes.isEmpty { try session.sentRecord.record(outcomes) }
             let current = finished.filter { $0.generation == generation }
             if !current.isEmpty {
                 try finish(current, session: session)
@@ -225,6 +241,9 @@ public final class Worker: Sendable {
             }
         }
         let resolved = try session.tokens.resolve(jobs.flatMap { $0.1.retryTargets == nil ? $0.1.users : [] })
+        // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
+        let redelivered = jobs.filter { $0.0.redelivered && Self.hasStableID($0.1, $0.0) }.map(\.1.id)
+        let alreadySent = try session.sentRecord.sent(jobIDs: redelivered)
 
         var progresses: [JobProgress] = []
         var finishedAtOnce: [JobProgress] = []
@@ -237,7 +256,13 @@ public final class Worker: Sendable {
             for user in job.users where job.retryTargets == nil {
                 for target in resolved[user] ?? [] where seen.insert(target.token).inserted { targets.append(target) }
             }
-            let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets)
+            if let done = alreadySent[job.id], !done.isEmpty {
+                let before = targets.count
+                targets.removeAll { done.contains($0.token) }
+                statistics.duplicatesAvoided.add(before - targets.count, ordering: .relaxed)
+            }
+            let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
+                                       hasStableID: Self.hasStableID(job, delivery))
             progresses.append(progress)
             if targets.isEmpty {
                 finishedAtOnce.append(progress)
@@ -355,7 +380,7 @@ public final class Worker: Sendable {
     private func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
         switch result.outcome {
         case .delivered:
-            progress.recordDelivered()
+            progress.recordDelivered(index)
             statistics.delivered.add(1, ordering: .relaxed)
         case .deadToken:
             progress.recordDead(index, result.response ?? APNsResponse(status: 410))
@@ -375,6 +400,9 @@ public final class Worker: Sendable {
         }
         if progress.isComplete {
             completions.withLock { $0.append(progress) }
+            wakeup.signal()
+        } else if let tokens = progress.takeUnrecordedFinal(atLeast: Self.outcomeBatch) {
+            finalOutcomes.withLock { $0.append((progress.job.id, tokens)) }
             wakeup.signal()
         }
     }

@@ -11,6 +11,8 @@ public final class WorkerStatistics: Sendable {
     public let retries = Atomic<Int>(0)
     /// Times a batch found the shared rate window spent and waited for the next one.
     public let rateLimitWaits = Atomic<Int>(0)
+    /// Notifications of redelivered jobs not sent again because the idempotency record showed them done.
+    public let duplicatesAvoided = Atomic<Int>(0)
 
     public init() {}
 
