@@ -154,6 +154,18 @@ public final class AMQPConnection {
     /// The socket, for poll(2). Data may also sit in librabbitmq's buffer: check `hasBufferedInput` first.
     public var socketDescriptor: Int32 { amqp_get_sockfd(state) }
 
+    /// This end's TCP port, which names the connection in the broker's own listings (rabbitmqctl list_connections).
+    public var localPort: Int {
+        var address = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let descriptor = amqp_get_sockfd(state)
+        let result = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
+        }
+        guard result == 0 else { return 0 }
+        return withUnsafeBytes(of: &address) { Int(UInt16(bigEndian: $0.load(fromByteOffset: 2, as: UInt16.self))) }
+    }
+
     public var hasBufferedInput: Bool {
         !buffered.isEmpty || amqp_frames_enqueued(state) != 0 || amqp_data_in_buffer(state) != 0
     }

@@ -116,6 +116,7 @@ public final class Worker: Sendable {
         try amqp.consume(configuration.jobsQueue)
         let redis = try RedisConnection(url: configuration.redisURL)
         logger.info("consuming", ["amqp.queue": configuration.jobsQueue, "amqp.url": configuration.amqpURL.description,
+                                  "amqp.local_port": String(amqp.localPort),
                                   "redis.url": configuration.redisURL.description,
                                   "amqp.prefetch": String(configuration.prefetch)])
         return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger),

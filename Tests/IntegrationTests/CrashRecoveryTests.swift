@@ -119,6 +119,61 @@ import Glibc
         print("idempotency: \(tokenCount) notifications, \(received.count) sends, \(duplicates) duplicates, redelivered job sent \(resent)")
     }
 
+    /// The broker closes the worker's connection (as on a broker restart or a network cut) while jobs are under way.
+    @Test func aCutBrokerConnectionIsReopenedAndNothingIsLost() throws {
+        var configuration = APNsSimulator.Configuration()
+        configuration.behaviour.latency = 0.02
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+        let directory = NSTemporaryDirectory() + TestServices.unique("cut")
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
+        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
+        let jobs = TestServices.unique("jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        func publish(_ range: Range<Int>) throws {
+            for job in range {
+                try publisher.publish(to: jobs, body: Array(#"{"id": "cut-\#(job)", "tokens": ["\#(String(format: "%064x", job + 1))"], "payload": {"aps": {}}}"#.utf8),
+                                      properties: AMQPProperties(replyTo: replies))
+            }
+        }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: [
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
+            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
+            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "LOG_LEVEL": "info",
+        ])
+        defer { _ = worker.stop(SIGTERM) }
+        let consuming = try #require(worker.waitForLine(containing: "\"consuming\""))
+        let localPort = try #require(consuming.firstMatch(of: /"amqp.local_port":"(\d+)"/).map { String($0.1) })
+        try publish(0..<200)
+        #expect(try replyReader.read(10).count == 10)
+
+        // Close exactly this worker's connection, from the broker's side (rabbitmqctl names it by its Erlang pid).
+        let listing = try TestServices.run(TestServices.value("RABBITMQCTL"), ["list_connections", "pid", "peer_port", "--quiet"])
+        var name: String?
+        for line in listing.split(separator: "\n") {
+            let columns = line.split(separator: "\t").map(String.init)
+            if columns.count == 2 && columns[1] == localPort { name = columns[0] }
+        }
+        let connectionName = try #require(name, "\(listing)")
+        _ = try TestServices.run(TestServices.value("RABBITMQCTL"), ["close_connection", connectionName, "cut by the test"])
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil, "the worker connected again")
+        try publish(200..<300)
+
+        var completed = Set<String>()
+        while completed.count < 290, let next = try replyReader.read(1, timeout: 30).first {
+            if let id = (try? JSONSerialization.jsonObject(with: Data(next.body)) as? [String: Any])?["job_id"] as? String {
+                completed.insert(id)
+            }
+        }
+        #expect(completed.count == 290, "the 290 jobs after the first 10 all completed")
+        #expect(Set(simulator.received().filter { $0.status == 200 }.map(\.deviceToken)).count == 300, "nothing lost")
+    }
+
     @Test func aRedisRestartUnderARunningWorkerIsSurvived() throws {
         let redisPort = TestServices.freePort()
         let redisDirectory = NSTemporaryDirectory() + TestServices.unique("redis")

@@ -3,6 +3,7 @@ import APNs
 import Foundation
 import HTTP2
 import Redis
+import Synchronization
 import Telemetry
 import Testing
 import WorkerPipeline
@@ -36,8 +37,15 @@ import Glibc
             try process.run()
         }
 
-        /// Reads output until a line contains `text`; returns that line (nil at end of output).
-        func waitForLine(containing text: String) -> String? {
+        /// Reads output until a line contains `text`; returns that line (nil at end of output). After `timeout`
+        /// seconds without it the child is killed, which ends its output: a broken run fails instead of hanging.
+        func waitForLine(containing text: String, timeout: Double = 60) -> String? {
+            let found = Atomic<Bool>(false)
+            let pid = process.processIdentifier
+            DispatchQueue.global().asyncAfter(deadline: .now() + timeout) {
+                if !found.load(ordering: .acquiring) { kill(pid, SIGKILL) }
+            }
+            defer { found.store(true, ordering: .releasing) }
             while true {
                 if let newline = buffer.firstIndex(of: 10) {
                     let line = String(decoding: buffer[..<newline], as: UTF8.self)

@@ -67,6 +67,30 @@ enum TestServices {
         }
     }
 
+    /// Runs a command to its end and returns what it printed; a non-zero exit is an error naming the output.
+    struct CommandFailed: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    static func run(_ path: String, _ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        process.standardInput = FileHandle.nullDevice
+        let exited = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in exited.signal() }
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        exited.wait()
+        guard process.terminationStatus == 0 else {
+            throw CommandFailed(description: "\(path) \(arguments.joined(separator: " ")): \(text)")
+        }
+        return text
+    }
+
     /// A self-signed certificate and its key written as cert.pem and key.pem into a new directory.
     static func certificateDirectory(_ name: String) throws -> String {
         let directory = NSTemporaryDirectory() + unique(name)

@@ -63,6 +63,15 @@ CONF
     )
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$SERVICES_DIR/redis" --save '' --appendonly no \
         --daemonize yes --pidfile "$SERVICES_DIR/redis/pid" --logfile "$SERVICES_DIR/redis/log" >/dev/null
+    # rabbitmqctl for this node, for tests that act on the broker (closing one connection, listing queues).
+    cat > "$SERVICES_DIR/rabbitmqctl" <<WRAPPER
+#!/usr/bin/env bash
+export HOME="$SERVICES_DIR/rabbitmq-home" RABBITMQ_NODENAME="apnsw-$$@localhost" ERL_EPMD_PORT="$RABBITMQ_EPMD"
+export RABBITMQ_CONF_ENV_FILE="$SERVICES_DIR/rabbitmq/rabbitmq-env.conf" PATH="/usr/lib/rabbitmq/bin:\$PATH"
+exec rabbitmqctl "\$@"
+WRAPPER
+    chmod +x "$SERVICES_DIR/rabbitmqctl"
+    export RABBITMQCTL="$SERVICES_DIR/rabbitmqctl"
     export AMQP_URL="amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2f"
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
     export REDIS_PORT RABBITMQ_PORT
