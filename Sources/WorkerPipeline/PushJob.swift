@@ -85,6 +85,19 @@ public struct PushJob: Sendable, Equatable {
             throw .missingTopic
         }
 
+        // Token pre-validation (from the source article): a silent background push to every target, so that APNs
+        // reports the dead tokens before a campaign's real send. The job's own payload and push type are not used.
+        if case .bool(true)? = document["prevalidate"] {
+            let silent = Array(#"{"aps":{"content-available":1}}"#.utf8)
+            var job = PushJob(id: id, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
+                              tokens: tokens, environment: environment, pushType: .background,
+                              priority: .considerPower, expiration: 0, collapseID: nil, payload: silent)
+            if let retry {
+                job.attempt = retry.attempt
+                job.retryTargets = retry.targets
+            }
+            return job
+        }
         guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
         guard case .object = payloadMember.value else {
             throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)

@@ -121,4 +121,45 @@ import WorkerPipeline
         #expect(stats.jobsRejected == 1)
         #expect(stats.jobsCompleted == 2)
     }
+
+    /// A campaign's tokens checked with silent pushes before the real send: dead ones come back as events.
+    @Test func prevalidationReportsDeadTokensWithSilentPushes() throws {
+        let dead = String(repeating: "0e", count: 32)
+        let live = String(repeating: "0f", count: 32)
+        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_777]), logger: logger)
+        defer { simulator.shutdown() }
+        let user = TestServices.unique("ivy")
+        _ = try RedisConnection(url: TestServices.redisURL())
+            .command(["HSET", TokenCache.key(forUser: user), dead, "production", live, "production"])
+        let jobs = TestServices.unique("jobs")
+        let deadQueue = TestServices.unique("dead")
+        let deadReader = try QueueReader(deadQueue)
+        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
+            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
+            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": deadQueue, "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        ]), logger: logger)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+        defer {
+            worker.stop()
+            stopped.wait()
+        }
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "campaign", "users": ["\#(user)"], "prevalidate": true, "payload": {"aps": {"alert": "Sale!"}}}"#.utf8))
+        let event = try JSONSerialization.jsonObject(with: Data(try #require(try deadReader.read(1).first).body)) as! [String: Any]
+        #expect(event["token"] as? String == dead)
+        #expect(event["job_id"] as? String == "campaign")
+        let received = simulator.received()
+        #expect(received.count == 2)
+        #expect(received.allSatisfy { $0.pushType == "background" && $0.priority == "5" && $0.expiration == "0" })
+        #expect(received.allSatisfy { String(decoding: $0.payload, as: UTF8.self) == #"{"aps":{"content-available":1}}"# })
+    }
 }

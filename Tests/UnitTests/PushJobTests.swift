@@ -131,3 +131,28 @@ import WorkerPipeline
         #expect(decoded["job_id"] as? String == "j\"1")
     }
 }
+
+@Suite struct PrevalidationTests {
+    @Test func prevalidationSendsASilentBackgroundPush() throws {
+        let job = try PushJob.decode(Array(#"{"id": "campaign-1", "users": ["u1"], "prevalidate": true, "push_type": "alert", "payload": {"aps": {"alert": "Big sale"}}}"#.utf8),
+                                     defaultTopic: "com.example.app", fallbackID: "f")
+        #expect(job.pushType == .background)
+        #expect(job.priority == .considerPower)
+        #expect(job.expiration == 0)
+        #expect(job.topic == "com.example.app")
+        #expect(String(decoding: job.payload, as: UTF8.self) == #"{"aps":{"content-available":1}}"#,
+                "the campaign's real payload is not sent")
+    }
+
+    @Test func retryBodiesRoundTrip() throws {
+        var job = try PushJob.decode(Array(#"{"id": "r", "tokens": ["aa"], "collapse_id": "c", "expiration": 5, "payload": {"aps": {"alert": "x"}}}"#.utf8),
+                                     defaultTopic: "t", fallbackID: "f")
+        job.attempt = 2
+        let targets = [DeviceTarget(token: "bb", environment: .sandbox, user: "u\"1"), DeviceTarget(token: "cc", environment: .production, user: nil)]
+        let again = try PushJob.decode(job.retryBody(targets: targets), defaultTopic: nil, fallbackID: "f")
+        #expect(again.attempt == 3)
+        #expect(again.retryTargets == targets)
+        #expect(again.payload == job.payload)
+        #expect(again.collapseID == "c" && again.expiration == 5 && again.topic == "t" && again.id == "r")
+    }
+}
