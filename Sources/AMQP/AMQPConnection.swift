@@ -96,6 +96,7 @@ public final class AMQPConnection {
                 verifyPeer: Bool = true) throws(AMQPError) {
         self.url = url
         guard let state = amqp_new_connection() else { throw AMQPError(kind: .library, "out of memory") }
+        // From here `self` owns `state`: a throw runs deinit, which destroys it (never destroy it here as well).
         self.state = state
         let socket: OpaquePointer?
         if url.usesTLS {
@@ -105,34 +106,24 @@ public final class AMQPConnection {
                 amqp_ssl_socket_set_verify_hostname(socket, verifyPeer ? 1 : 0)
                 let bundle = caFile ?? "/etc/ssl/certs/ca-certificates.crt"
                 if verifyPeer && amqp_ssl_socket_set_cacert(socket, bundle) != AMQP_STATUS_OK.rawValue {
-                    amqp_destroy_connection(state)
                     throw AMQPError(kind: .library, "cannot load CA bundle \(bundle) for amqps")
                 }
             }
         } else {
             socket = amqp_tcp_socket_new(state)
         }
-        guard let socket else {
-            amqp_destroy_connection(state)
-            throw AMQPError(kind: .library, "cannot create the AMQP socket")
-        }
+        guard let socket else { throw AMQPError(kind: .library, "cannot create the AMQP socket") }
         var timeout = timeval(tv_sec: Int(connectTimeout), tv_usec: Int(connectTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
         let opened = amqp_socket_open_noblock(socket, url.host, Int32(url.port), &timeout)
         guard opened == AMQP_STATUS_OK.rawValue else {
-            amqp_destroy_connection(state)
             throw AMQPError(kind: .connectionLost, code: Int(opened),
                             "cannot connect to \(url): \(String(cString: amqp_error_string2(opened)))")
         }
-        do {
-            let login = CRabbitMQ_login_plain(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
-            try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
-            amqp_channel_open(state, channel)
-            try check(amqp_get_rpc_reply(state), "channel.open")
-            isOpen = true
-        } catch {
-            amqp_destroy_connection(state)
-            throw error
-        }
+        let login = CRabbitMQ_login_plain(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
+        try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
+        amqp_channel_open(state, channel)
+        try check(amqp_get_rpc_reply(state), "channel.open")
+        isOpen = true
     }
 
     deinit {
