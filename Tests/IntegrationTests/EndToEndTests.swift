@@ -162,4 +162,38 @@ import WorkerPipeline
         #expect(received.allSatisfy { $0.pushType == "background" && $0.priority == "5" && $0.expiration == "0" })
         #expect(received.allSatisfy { String(decoding: $0.payload, as: UTF8.self) == #"{"aps":{"content-available":1}}"# })
     }
+
+    /// Queues someone else declared with other arguments (here a quorum jobs queue) are used, not fought over.
+    @Test func aJobsQueueDeclaredWithOtherArgumentsIsUsedAsItIs() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("quorum-jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs, arguments: ["x-queue-type": .string("quorum")])
+        try publisher.publish(to: jobs, body: Array(#"{"id": "q-1", "tokens": ["\#(String(repeating: "1b", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
+            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
+            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        ]), logger: logger)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+        defer {
+            worker.stop()
+            stopped.wait()
+        }
+        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
+        #expect(summary["job_id"] as? String == "q-1")
+        #expect(summary["delivered"] as? Int == 1)
+    }
 }
