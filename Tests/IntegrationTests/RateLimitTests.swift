@@ -53,11 +53,20 @@ import WorkerPipeline
         let received = simulator.received()
         #expect(received.count == 500)
         #expect(workers.allSatisfy { $0.statistics.snapshot().delivered > 0 }, "both workers took part")
-        let perSecond = Dictionary(grouping: received, by: { Int($0.receivedAt) }).mapValues(\.count)
-        let busiest = perSecond.values.max() ?? 0
-        #expect(busiest <= limit + limit / 10, "per-second counts \(perSecond.sorted { $0.key < $1.key }.map(\.value))")
-        let span = (received.map(\.receivedAt).max() ?? 0) - (received.map(\.receivedAt).min() ?? 0)
-        // Five one-second windows: the first may open at the very end of its second, so at least 3 s pass.
-        #expect(span >= 2.9, "500 notifications at 100/s need five windows, took \(span) s")
+        let times = received.map(\.receivedAt).sorted()
+        let span = times.last! - times.first!
+        // The rate over the run holds within 10%: 500 at 100/s take at least 4.4 s from first to last.
+        let rate = Double(times.count - 1) / span
+        #expect(rate <= Double(limit) * 1.1, "\(rate) per second over \(span) s")
+        // And no one-second span is much busier: slots of a tenth of a second keep bursts near the limit (the
+        // margin covers the delay between reserving a permit and the push reaching the simulator on a busy machine).
+        var busiest = 0
+        var start = 0
+        for end in times.indices {
+            while times[end] - times[start] >= 1 { start += 1 }
+            busiest = max(busiest, end - start + 1)
+        }
+        #expect(busiest <= limit + limit / 5, "busiest one-second span: \(busiest)")
+        print(String(format: "rate limit %d/s, two workers: %.1f/s over %.2f s, busiest one-second span %d", limit, rate, span, busiest))
     }
 }
