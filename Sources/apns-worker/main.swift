@@ -67,9 +67,11 @@ let signalCount = Atomic<Int>(0)
 let signalSources = [SIGINT, SIGTERM].map { number in
     let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
     source.setEventHandler {
-        if signalCount.add(1, ordering: .relaxed).newValue > 1 {
+        // Signals that arrive together are coalesced into one call; `data` says how many there were.
+        if signalCount.add(max(1, Int(source.data)), ordering: .relaxed).newValue > 1 {
             logger.warning("second signal: exiting now; unfinished jobs return to the queue")
-            exit(1)
+            // _exit, not exit: no atexit handlers that could wait on the threads still working.
+            _exit(1)
         }
         logger.info("signal received: stopping", ["signal": String(number)])
         worker.stop()

@@ -1,0 +1,70 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Synchronization
+import Telemetry
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// SIGTERM finishes the jobs under way; a second signal exits at once and leaves them to the broker.
+@Suite struct ShutdownTests {
+    let logger = Logger(label: "shutdown", level: .critical)
+
+    func setUp(latency: Double) throws -> (APNsSimulator, [String: String], String, QueueReader, DispatchSemaphore) {
+        let firstPush = DispatchSemaphore(value: 0)
+        let seen = Atomic<Bool>(false)
+        var configuration = APNsSimulator.Configuration()
+        configuration.behaviour.latency = latency
+        configuration.observer = { _ in if !seen.exchange(true, ordering: .relaxed) { firstPush.signal() } }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        let directory = NSTemporaryDirectory() + TestServices.unique("shutdown")
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
+        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
+        let jobs = TestServices.unique("jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.enablePublisherConfirms()
+        var last: UInt64 = 0
+        for job in 0..<20 {
+            last = try publisher.publish(to: jobs, body: Array(#"{"id": "stop-\#(job)", "tokens": ["\#(String(format: "%064x", job + 1))"], "payload": {"aps": {}}}"#.utf8),
+                                         properties: AMQPProperties(replyTo: replies))
+        }
+        #expect(try publisher.waitForConfirms(through: last).isEmpty)
+        let environment = [
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
+            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
+            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "LOG_LEVEL": "info",
+        ]
+        return (simulator, environment, jobs, replyReader, firstPush)
+    }
+
+    @Test func sigtermFinishesTheJobsUnderWay() throws {
+        let (simulator, environment, jobs, replyReader, firstPush) = try setUp(latency: 0.5)
+        defer { simulator.shutdown() }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        #expect(firstPush.wait(timeout: .now() + 30) == .success)
+        #expect(worker.stop(SIGTERM) == 0, "drained and exited 0")
+        #expect(try replyReader.read(20, timeout: 5).count == 20, "every job under way finished before the exit")
+        #expect(try AMQPConnection(url: TestServices.amqpURL()).declareQueue(jobs) == 0)
+    }
+
+    @Test func aSecondSignalExitsAtOnceAndTheBrokerKeepsTheJobs() throws {
+        let (simulator, environment, jobs, _, firstPush) = try setUp(latency: 30)
+        defer { simulator.shutdown() }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        #expect(firstPush.wait(timeout: .now() + 30) == .success)
+        kill(worker.process.processIdentifier, SIGTERM)
+        #expect(worker.waitForLine(containing: "finishing jobs under way") != nil)
+        let started = Date()
+        #expect(worker.stop(SIGTERM) == 1, "the second signal exits with 1")
+        #expect(Date().timeIntervalSince(started) < 10, "at once, not after the 30 s the answers would take")
+        #expect(try AMQPConnection(url: TestServices.amqpURL()).declareQueue(jobs) == 20, "all 20 jobs are back in the queue")
+    }
+}
