@@ -50,8 +50,26 @@ services_start() {
     trap 'exit 143' TERM
     RABBITMQ_PORT=$(free_port); RABBITMQ_DIST=$(free_port); RABBITMQ_EPMD=$(free_port); REDIS_PORT=$(free_port)
     mkdir -p "$SERVICES_DIR/rabbitmq-home" "$SERVICES_DIR/rabbitmq/mnesia" "$SERVICES_DIR/rabbitmq/log" "$SERVICES_DIR/redis"
+    RABBITMQ_TLS_PORT=$(free_port)
+    # A private CA and a server certificate for localhost, so that amqps:// is tested for real.
+    local tls="$SERVICES_DIR/rabbitmq/tls"
+    mkdir -p "$tls"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=apns-worker test CA" \
+        -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+        -keyout "$tls/server.key" -out "$tls/server.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$tls/san.ext"
+    openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -days 2 \
+        -extfile "$tls/san.ext" -out "$tls/server.pem" 2>/dev/null
+    chmod 644 "$tls"/*
     cat > "$SERVICES_DIR/rabbitmq/rabbitmq.conf" <<CONF
 listeners.tcp.default = 127.0.0.1:$RABBITMQ_PORT
+listeners.ssl.default = 127.0.0.1:$RABBITMQ_TLS_PORT
+ssl_options.cacertfile = $tls/ca.pem
+ssl_options.certfile = $tls/server.pem
+ssl_options.keyfile = $tls/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
 loopback_users = none
 disk_free_limit.absolute = 50MB
 CONF
@@ -73,6 +91,7 @@ WRAPPER
     chmod +x "$SERVICES_DIR/rabbitmqctl"
     export RABBITMQCTL="$SERVICES_DIR/rabbitmqctl"
     export AMQP_URL="amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2f"
+    export AMQPS_URL="amqps://guest:guest@localhost:$RABBITMQ_TLS_PORT/%2f" AMQPS_CA_FILE="$tls/ca.pem"
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
     export REDIS_PORT RABBITMQ_PORT
     log "services under $SERVICES_DIR: RabbitMQ on $RABBITMQ_PORT (starting), Redis on $REDIS_PORT"

@@ -1,0 +1,71 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import HTTP2
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// amqps:// against the broker's TLS listener (scripts/test gives it a private CA).
+@Suite struct AMQPTLSTests {
+    @Test func messagesRoundTripOverTLS() throws {
+        let url = try AMQPURL(TestServices.value("AMQPS_URL"))
+        #expect(url.usesTLS)
+        let connection = try AMQPConnection(url: url, caFile: try TestServices.value("AMQPS_CA_FILE"))
+        let queue = TestServices.unique("tls")
+        try connection.declareQueue(queue)
+        try connection.enablePublisherConfirms()
+        let sequence = try connection.publish(to: queue, body: Array("over TLS".utf8))
+        #expect(try connection.waitForConfirms(through: sequence).isEmpty)
+        try connection.consume(queue)
+        guard case .delivery(let delivery)? = try connection.nextEvent(timeout: 10) else {
+            Issue.record("no delivery over TLS")
+            return
+        }
+        #expect(delivery.body == Array("over TLS".utf8))
+        try connection.ack(delivery.deliveryTag)
+    }
+
+    @Test func aBrokerCertificateFromAnUnknownCAIsRefused() throws {
+        let url = try AMQPURL(TestServices.value("AMQPS_URL"))
+        let otherCA = try TestServices.temporaryFile(
+            "other-ca.pem", contents: try SelfSignedCertificate.generate(commonName: "unrelated CA").certificatePEM)
+        #expect(throws: AMQPError.self) { try AMQPConnection(url: url, caFile: otherCA) }
+    }
+
+    @Test func theWorkerConsumesOverTLS() throws {
+        let logger = Logger(label: "amqps", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "tls-1", "tokens": ["\#(String(repeating: "2c", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
+            "AMQP_URL": try TestServices.value("AMQPS_URL"), "AMQP_CA_FILE": try TestServices.value("AMQPS_CA_FILE"),
+            "REDIS_URL": try TestServices.value("REDIS_URL"),
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
+            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        ]), logger: logger)
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+        defer {
+            worker.stop()
+            stopped.wait()
+        }
+        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
+        #expect(summary["job_id"] as? String == "tls-1")
+        #expect(summary["delivered"] as? Int == 1)
+    }
+}
