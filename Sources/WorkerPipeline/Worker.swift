@@ -100,7 +100,8 @@ public final class Worker: Sendable {
     }
 
     private func connect() throws -> Session {
-        let amqp = try AMQPConnection(url: configuration.amqpURL, caFile: configuration.amqpCAFile)
+        let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
+                                      caFile: configuration.amqpCAFile)
         for queue in [configuration.jobsQueue, configuration.deadTokensQueue, configuration.failedQueue] {
             try amqp.declareQueue(queue)
         }

@@ -21,6 +21,8 @@ public struct ConfigurationError: Error, Sendable, Equatable, CustomStringConver
 public struct WorkerConfiguration: Sendable {
     public var amqpURL: AMQPURL
     public var amqpCAFile: String?
+    /// AMQP heartbeat in seconds (0: none): how fast a dead broker connection is noticed.
+    public var amqpHeartbeat: Int
     public var redisURL: RedisURL
     public var apns: APNsClientConfiguration
     public var keyFile: String?
@@ -136,7 +138,8 @@ public struct WorkerConfiguration: Sendable {
         }
 
         return WorkerConfiguration(
-            amqpURL: amqpURL, amqpCAFile: try file("AMQP_CA_FILE"), redisURL: redisURL, apns: apns,
+            amqpURL: amqpURL, amqpCAFile: try file("AMQP_CA_FILE"),
+            amqpHeartbeat: try integer("AMQP_HEARTBEAT", default: 30, range: 0...3600), redisURL: redisURL, apns: apns,
             keyFile: keyFile, keyID: keyID, teamID: teamID, certificateFile: certificateFile,
             certificateKeyFile: certificateKeyFile, defaultTopic: value("APNS_TOPIC"),
             jobsQueue: try queue("PUSH_JOBS_QUEUE", default: "push.jobs"),

@@ -67,4 +67,24 @@ import Glibc
         #expect(Date().timeIntervalSince(started) < 10, "at once, not after the 30 s the answers would take")
         #expect(try AMQPConnection(url: TestServices.amqpURL()).declareQueue(jobs) == 20, "all 20 jobs are back in the queue")
     }
+
+    /// With a one-second heartbeat the broker drops a connection after about two silent seconds; an idle worker
+    /// keeps beating, so its connection outlives a longer idle spell.
+    @Test func anIdleWorkerKeepsItsHeartbeat() throws {
+        let (simulator, environment, jobs, replyReader, _) = try setUp(latency: 0)
+        defer { simulator.shutdown() }
+        // Drain the 20 queued jobs first; then the worker sits idle.
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment.merging(["AMQP_HEARTBEAT": "1"]) { _, new in new })
+        defer { _ = worker.stop(SIGTERM) }
+        #expect(try replyReader.read(20).count == 20)
+        // Idleness is the condition under test, so time itself is what the test waits for.
+        _ = DispatchSemaphore(value: 0).wait(timeout: .now() + 4)
+        let listing = try TestServices.run(try TestServices.value("RABBITMQCTL"), ["list_connections", "timeout", "state", "--quiet"])
+        #expect(listing.contains("1\trunning"), "a connection with a 1 s heartbeat is still running: \(listing)")
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.publish(to: jobs, body: Array(#"{"id": "after-idle", "tokens": ["\#(String(repeating: "3d", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replyReader.queue))
+        #expect(try replyReader.read(1).first.map { String(decoding: $0.body, as: UTF8.self).contains("after-idle") } == true)
+        #expect(worker.waitForLine(containing: "reconnecting", timeout: 1) == nil, "no reconnection was needed")
+    }
 }
