@@ -45,25 +45,10 @@ import WorkerPipeline
         try publisher.declareQueue(jobs)
         try publisher.publish(to: jobs, body: Array(#"{"id": "tls-1", "tokens": ["\#(String(repeating: "2c", count: 32))"], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replies))
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
             "AMQP_URL": try TestServices.value("AMQPS_URL"), "AMQP_CA_FILE": try TestServices.value("AMQPS_CA_FILE"),
-            "REDIS_URL": try TestServices.value("REDIS_URL"),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
         ]), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        defer {
-            worker.stop()
-            stopped.wait()
-        }
+        defer { workerThread.stop() }
         let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
         #expect(summary["job_id"] as? String == "tls-1")
         #expect(summary["delivered"] as? Int == 1)

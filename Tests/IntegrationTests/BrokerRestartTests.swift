@@ -37,24 +37,10 @@ import WorkerPipeline
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
         publisher.close()
 
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
-            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "WORKER_PREFETCH": "50",
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "WORKER_PREFETCH": "50",
         ]), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        defer {
-            worker.stop()
-            stopped.wait()
-        }
+        defer { workerThread.stop() }
 
         #expect(someDone.wait(timeout: .now() + 60) == .success)
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")

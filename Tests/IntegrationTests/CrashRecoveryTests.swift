@@ -195,24 +195,10 @@ import Glibc
         let replyReader = try QueueReader(replies)
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
-            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": redisURL.description,
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "REDIS_URL": redisURL.description,
         ]), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        defer {
-            worker.stop()
-            stopped.wait()
-        }
+        defer { workerThread.stop() }
         let job = Array(#"{"id": "before", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8)
         try publisher.publish(to: jobs, body: job, properties: AMQPProperties(replyTo: replies))
         #expect(try replyReader.read(1).count == 1)

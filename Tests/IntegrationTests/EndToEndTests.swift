@@ -59,19 +59,8 @@ import WorkerPipeline
         let last = try publisher.publish(to: jobs, body: Array("this is not json".utf8), properties: replyTo)
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
 
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: environment), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        var workerStopped = false
-        defer {
-            if !workerStopped {
-                worker.stop()
-                stopped.wait()
-            }
-        }
+        let workerThread = try WorkerThread(environment, logger: logger)
+        defer { workerThread.stop() }
 
         let summaries = try replyReader.read(2).map { try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any] }
         let byID = Dictionary(uniqueKeysWithValues: summaries.map { ($0["job_id"] as! String, $0) })
@@ -109,13 +98,11 @@ import WorkerPipeline
         #expect(received.first { $0.deviceToken == liveTokens[0] }?.topic == "com.example.app")
 
         // Stopping waits for the jobs under way, so their acknowledgements are counted by then.
-        worker.stop()
-        stopped.wait()
-        workerStopped = true
+        workerThread.stop()
         #expect(try redis.command(["HEXISTS", TokenCache.key(forUser: bob), deadToken]).integer == 0,
                 "the dead token left bob's cache entry")
         #expect(try redis.command(["HLEN", TokenCache.key(forUser: alice)]).integer == 2)
-        let stats = worker.statistics.snapshot()
+        let stats = workerThread.worker.statistics.snapshot()
         #expect(stats.delivered == 3)
         #expect(stats.deadTokens == 1)
         #expect(stats.jobsRejected == 1)
@@ -134,23 +121,10 @@ import WorkerPipeline
         let jobs = TestServices.unique("jobs")
         let deadQueue = TestServices.unique("dead")
         let deadReader = try QueueReader(deadQueue)
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
-            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": deadQueue, "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_DEAD_TOKENS_QUEUE": deadQueue,
         ]), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        defer {
-            worker.stop()
-            stopped.wait()
-        }
+        defer { workerThread.stop() }
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
         try publisher.publish(to: jobs, body: Array(#"{"id": "campaign", "users": ["\#(user)"], "prevalidate": true, "payload": {"aps": {"alert": "Sale!"}}}"#.utf8))
@@ -174,24 +148,8 @@ import WorkerPipeline
         try publisher.declareQueue(jobs, arguments: ["x-queue-type": .string("quorum")])
         try publisher.publish(to: jobs, body: Array(#"{"id": "q-1", "tokens": ["\#(String(repeating: "1b", count: 32))"], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replies))
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
-            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
-        ]), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        defer {
-            worker.stop()
-            stopped.wait()
-        }
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { workerThread.stop() }
         let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
         #expect(summary["job_id"] as? String == "q-1")
         #expect(summary["delivered"] as? Int == 1)

@@ -28,25 +28,10 @@ import WorkerPipeline
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
         let failedReader = try QueueReader(failed)
-        let worker = try Worker(configuration: try WorkerConfiguration.load(from: [
-            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": try TestServices.value("REDIS_URL"),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_SANDBOX_URL": "https://127.0.0.1:\(simulator.port)",
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_FAILED_QUEUE": failed,
-            "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2",
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2",
         ]), logger: logger)
-        let stopped = DispatchSemaphore(value: 0)
-        Thread {
-            worker.run()
-            stopped.signal()
-        }.start()
-        defer {
-            worker.stop()
-            stopped.wait()
-        }
+        defer { workerThread.stop() }
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
         try publisher.publish(to: jobs, body: Array(#"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#.utf8),

@@ -1,6 +1,10 @@
 import AMQP
+import APNs
+import APNsSimulator
 import Foundation
 import HTTP2
+import Telemetry
+import WorkerPipeline
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -147,5 +151,46 @@ final class QueueReader {
             }
         }
         return messages
+    }
+}
+
+/// A Worker on its own thread, as apns-worker runs it. `stop()` drains, waits, and may be called more than once.
+final class WorkerThread {
+    let worker: Worker
+    private let stopped = DispatchSemaphore(value: 0)
+    private var isStopped = false
+
+    init(_ environment: [String: String], logger: Logger) throws {
+        worker = try Worker(configuration: try WorkerConfiguration.load(from: environment), logger: logger)
+        let worker = self.worker
+        let stopped = self.stopped
+        Thread {
+            worker.run()
+            stopped.signal()
+        }.start()
+    }
+
+    func stop() {
+        guard !isStopped else { return }
+        isStopped = true
+        worker.stop()
+        stopped.wait()
+    }
+}
+
+extension TestServices {
+    /// The contract's variables for a worker sending to `simulator` and consuming `jobs`, with a fresh key and
+    /// queues of its own; `extra` overrides.
+    static func workerEnvironment(simulator: APNsSimulator, jobs: String,
+                                  _ extra: [String: String] = [:]) throws -> [String: String] {
+        [
+            "AMQP_URL": try value("AMQP_URL"), "REDIS_URL": try value("REDIS_URL"),
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_SANDBOX_URL": "https://127.0.0.1:\(simulator.port)",
+            "APNS_CA_FILE": try temporaryFile("ca.pem", contents: simulator.certificatePEM),
+            "APNS_KEY_FILE": try temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+            "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": unique("dead"), "PUSH_FAILED_QUEUE": unique("failed"),
+        ].merging(extra) { _, new in new }
     }
 }
