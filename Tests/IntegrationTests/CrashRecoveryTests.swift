@@ -20,10 +20,6 @@ import Glibc
         behaviour.latency = 0.05  // keeps notifications in flight long enough to kill the worker among them
         let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
-        let directory = NSTemporaryDirectory() + TestServices.unique("crash")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
-        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
         let jobs = TestServices.unique("jobs")
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
@@ -38,12 +34,9 @@ import Glibc
                                          properties: AMQPProperties(replyTo: replies))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
-        let environment = [
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
-            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "WORKER_PREFETCH": "20", "LOG_LEVEL": "info",
-        ]
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "WORKER_PREFETCH": "20", "LOG_LEVEL": "info",
+        ])
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         #expect(first.waitForLine(containing: "\"consuming\"") != nil)
         // Some jobs finish; then the worker dies without a chance to acknowledge the rest.
@@ -80,10 +73,6 @@ import Glibc
         configuration.observer = { _ in if seen.withLock({ $0 += 1; return $0 }) == 300 { halfway.signal() } }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
-        let directory = NSTemporaryDirectory() + TestServices.unique("idempotent")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
-        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
         let jobs = TestServices.unique("jobs")
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
@@ -93,12 +82,9 @@ import Glibc
         let tokens = (0..<tokenCount).map { "\"" + String(format: "%064x", $0 + 1) + "\"" }.joined(separator: ",")
         try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replies))
-        let environment = [
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
-            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "APNS_CONNECTIONS": "1", "LOG_LEVEL": "info",
-        ]
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_CONNECTIONS": "1", "LOG_LEVEL": "info",
+        ])
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         #expect(halfway.wait(timeout: .now() + 60) == .success)
         #expect(first.stop(SIGKILL) == -SIGKILL)
@@ -125,10 +111,6 @@ import Glibc
         configuration.behaviour.latency = 0.02
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
-        let directory = NSTemporaryDirectory() + TestServices.unique("cut")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
-        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
         let jobs = TestServices.unique("jobs")
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
@@ -140,12 +122,9 @@ import Glibc
                                       properties: AMQPProperties(replyTo: replies))
             }
         }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: [
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
-            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "LOG_LEVEL": "info",
-        ])
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "LOG_LEVEL": "info",
+        ]))
         defer { _ = worker.stop(SIGTERM) }
         let consuming = try #require(worker.waitForLine(containing: "\"consuming\""))
         let localPort = try #require(consuming.firstMatch(of: /"amqp.local_port":"(\d+)"/).map { String($0.1) })

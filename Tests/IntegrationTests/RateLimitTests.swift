@@ -15,26 +15,15 @@ import Glibc
     @Test func twoWorkersShareOneLimit() throws {
         let logger = Logger(label: "rate", level: .critical)
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
-        let directory = NSTemporaryDirectory() + TestServices.unique("rate")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { simulator.shutdown() }
-        let caFile = directory + "/ca.pem"
-        let keyFile = directory + "/key.p8"
-        try simulator.certificatePEM.write(toFile: caFile, atomically: true, encoding: .utf8)
-        try ES256Key.generatePrivateKeyPEM().write(toFile: keyFile, atomically: true, encoding: .utf8)
         let jobs = TestServices.unique("jobs")
         let replies = TestServices.unique("replies")
         let limit = 100
-        let environment = [
-            "AMQP_URL": try TestServices.value("AMQP_URL"),
-            // A database of its own, so no other test's traffic shares these rate windows.
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            // A database of its own, so no other test's traffic shares these rate slots.
             "REDIS_URL": try TestServices.redisURL().withDatabase(9).description(revealingPassword: true),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": caFile,
-            "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs,
-            "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
             "APNS_RATE_LIMIT": String(limit), "WORKER_PREFETCH": "5",
-        ]
+        ])
         let replyReader = try QueueReader(replies)
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)

@@ -20,10 +20,6 @@ import Glibc
         configuration.behaviour.latency = latency
         configuration.observer = { _ in if !seen.exchange(true, ordering: .relaxed) { firstPush.signal() } }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
-        let directory = NSTemporaryDirectory() + TestServices.unique("shutdown")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        try simulator.certificatePEM.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
-        try ES256Key.generatePrivateKeyPEM().write(toFile: directory + "/key.p8", atomically: true, encoding: .utf8)
         let jobs = TestServices.unique("jobs")
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
@@ -36,12 +32,9 @@ import Glibc
                                          properties: AMQPProperties(replyTo: replies))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
-        let environment = [
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)", "APNS_CA_FILE": directory + "/ca.pem",
-            "APNS_KEY_FILE": directory + "/key.p8", "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "LOG_LEVEL": "info",
-        ]
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "LOG_LEVEL": "info",
+        ])
         return (simulator, environment, jobs, replyReader, firstPush)
     }
 
