@@ -32,7 +32,18 @@ public final class Worker: Sendable {
         self.configuration = configuration
         self.logger = logger
         let authentication = try configuration.makeAuthentication()
-        apns = APNsClient(configuration: configuration.apns, authentication: authentication,
+        var apnsConfiguration = configuration.apns
+        let statistics = self.statistics
+        apnsConfiguration.observer = { _, event in
+            switch event {
+            case .opened: statistics.connectionsOpened.add(1, ordering: .relaxed)
+            case .closed: statistics.connectionsClosed.add(1, ordering: .relaxed)
+            case .goAway: statistics.goAways.add(1, ordering: .relaxed)
+            case .connectFailed: statistics.connectFailures.add(1, ordering: .relaxed)
+            case .pingAcknowledged: break
+            }
+        }
+        apns = APNsClient(configuration: apnsConfiguration, authentication: authentication,
                           logger: logger.child("apns-client"))
     }
 

@@ -43,6 +43,9 @@ public struct WorkerConfiguration: Sendable {
     public var retryDelays: [Double]
     /// How long SIGTERM waits for jobs under way before leaving them to the broker for redelivery.
     public var shutdownTimeout: Double
+    /// Where `/metrics`, `/healthz` and `/readyz` listen; port 0 turns the endpoint off.
+    public var metricsHost: String
+    public var metricsPort: Int
     public var logLevel: Logger.Level
     public var logFormat: Logger.Format
 
@@ -150,6 +153,8 @@ public struct WorkerConfiguration: Sendable {
             maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
             retryDelays: try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300]),
             shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25),
+            metricsHost: value("METRICS_HOST") ?? "0.0.0.0",
+            metricsPort: try integer("METRICS_PORT", default: 9464, range: 0...65535),
             logLevel: level, logFormat: format)
     }
 

@@ -20,6 +20,8 @@ Settings come from the environment (see config/apns-worker.env for every key, it
                         endpoints (default Apple's) and an extra CA for private ones such as apns-sim
   PUSH_JOBS_QUEUE, PUSH_DEAD_TOKENS_QUEUE, PUSH_FAILED_QUEUE
                         queues (default push.jobs, push.dead-tokens, push.failed)
+  METRICS_HOST, METRICS_PORT
+                        GET /metrics (Prometheus), /healthz, /readyz (default 0.0.0.0:9464; port 0 = off)
 
 A job is one JSON message on PUSH_JOBS_QUEUE:
   {"id": "job-42", "topic": "com.example.app", "users": ["u1"], "tokens": ["<hex>"],
@@ -60,6 +62,16 @@ do { worker = try Worker(configuration: configuration, logger: logger) } catch {
     fail("configuration error: \(error)", code: 78)
 }
 
+var health: HealthServer?
+if configuration.metricsPort > 0 {
+    do {
+        health = try HealthServer(host: configuration.metricsHost, port: configuration.metricsPort,
+                                  metrics: { worker.statistics.prometheusText(ready: worker.isReady) },
+                                  ready: { worker.isReady })
+    } catch { fail("configuration error: METRICS_PORT: \(error)", code: 78) }
+    logger.info("metrics and health endpoint", ["http.address": "\(configuration.metricsHost):\(health!.port)"])
+}
+
 signal(SIGINT, SIG_IGN)
 signal(SIGTERM, SIG_IGN)
 signal(SIGPIPE, SIG_IGN)
@@ -88,5 +100,6 @@ let broker = Thread {
 broker.name = "broker"
 broker.start()
 finished.wait()
+health?.shutdown()
 _ = signalSources
 exit(0)

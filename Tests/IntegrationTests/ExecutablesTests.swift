@@ -98,7 +98,9 @@ import Glibc
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
 
+        let metricsPort = TestServices.freePort()
         let worker = try Child("apns-worker", ["run"], environment: [
+            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort),
             "APNS_PRODUCTION_URL": "https://127.0.0.1:\(port)", "APNS_CA_FILE": directory + "/sim.pem",
             "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
             "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead,
@@ -113,6 +115,18 @@ import Glibc
         #expect(event["user"] as? String == user)
         #expect((event["timestamp"] as? NSNumber)?.int64Value == 1_732_900_000_999)
         #expect(event["job_id"] as? String == "proc-1")
+
+        // The operator's view of the same run.
+        let metrics = try TestServices.httpGet(port: metricsPort, "/metrics")
+        #expect(metrics.status == 200)
+        #expect(metrics.body.contains("apns_worker_notifications_total{outcome=\"delivered\"} 1"), "\(metrics.body)")
+        #expect(metrics.body.contains("apns_worker_notifications_total{outcome=\"dead_token\"} 1"))
+        let openConnections = metrics.body.firstMatch(of: /apns_worker_apns_connections (\d+)/).flatMap { Int($0.1) }
+        #expect((openConnections ?? 0) >= 1, "APNs connections are counted")
+        #expect(metrics.body.contains("apns_worker_ready 1"))
+        #expect(try TestServices.httpGet(port: metricsPort, "/healthz").status == 200)
+        #expect(try TestServices.httpGet(port: metricsPort, "/readyz").status == 200)
+        #expect(try TestServices.httpGet(port: metricsPort, "/nothing").status == 404)
 
         #expect(worker.stop(SIGTERM) == 0, "SIGTERM drains and exits 0")
         #expect(simulator.stop(SIGTERM) == 0)

@@ -46,6 +46,33 @@ enum TestServices {
         return Int(UInt16(bigEndian: address.sin_port))
     }
 
+    /// `GET path` over plain HTTP/1.1 on 127.0.0.1; returns the status code and the body.
+    static func httpGet(port: Int, _ path: String) throws -> (status: Int, body: String) {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { throw CommandFailed(description: "cannot connect to 127.0.0.1:\(port)") }
+        let request = Array("GET \(path) HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
+        _ = request.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        var response: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = read(descriptor, &buffer, buffer.count)
+            if count <= 0 { break }
+            response += buffer[..<count]
+        }
+        let text = String(decoding: response, as: UTF8.self)
+        let status = Int(text.split(separator: " ").dropFirst().first ?? "") ?? 0
+        let body = text.components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
+        return (status, body)
+    }
+
     /// Another program's server, output discarded; `stop` kills and reaps it.
     final class Daemon {
         private let process = Process()
@@ -191,6 +218,8 @@ extension TestServices {
             "APNS_KEY_FILE": try temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
             "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
             "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": unique("dead"), "PUSH_FAILED_QUEUE": unique("failed"),
+            // Many workers run side by side in the tests: none takes the default metrics port.
+            "METRICS_PORT": "0",
         ].merging(extra) { _, new in new }
     }
 }

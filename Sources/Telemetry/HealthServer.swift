@@ -1,0 +1,95 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Synchronization
+
+/// A small HTTP/1.1 endpoint for operators: `GET /metrics` (Prometheus text), `/healthz` (alive) and `/readyz`
+/// (ready to work). One thread, one short request per connection; it never touches the delivery path.
+public final class HealthServer: Sendable {
+    public let port: Int
+    private let listener: Int32
+    private let metrics: @Sendable () -> String
+    private let ready: @Sendable () -> Bool
+    private let running = Atomic<Bool>(true)
+
+    public init(host: String, port: Int, metrics: @escaping @Sendable () -> String,
+                ready: @escaping @Sendable () -> Bool) throws {
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        guard inet_pton(AF_INET, host, &address.sin_addr) == 1 else {
+            throw HealthServerError("METRICS_HOST \(host) is not an IPv4 address")
+        }
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var one: Int32 = 1
+        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw -> Bool in
+                bind(descriptor, raw, length) == 0 && listen(descriptor, 16) == 0 && getsockname(descriptor, raw, &length) == 0
+            }
+        }
+        guard bound else {
+            let reason = String(cString: strerror(errno))
+            close(descriptor)
+            throw HealthServerError("cannot listen on \(host):\(port): \(reason)")
+        }
+        listener = descriptor
+        self.port = Int(UInt16(bigEndian: address.sin_port))
+        self.metrics = metrics
+        self.ready = ready
+        let thread = Thread { [self] in serve() }
+        thread.name = "health"
+        thread.start()
+    }
+
+    public func shutdown() {
+        running.store(false, ordering: .releasing)
+        Glibc.shutdown(listener, Int32(SHUT_RDWR))
+    }
+
+    private func serve() {
+        while running.load(ordering: .acquiring) {
+            let client = accept(listener, nil, nil)
+            guard client >= 0 else {
+                if errno == EINTR { continue }
+                break
+            }
+            // A slow or silent client must not hold the endpoint: two seconds to send its request line.
+            var timeout = timeval(tv_sec: 2, tv_usec: 0)
+            setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            respond(to: client)
+            close(client)
+        }
+        close(listener)
+    }
+
+    private func respond(to client: Int32) {
+        var buffer = [UInt8](repeating: 0, count: 2048)
+        let count = read(client, &buffer, buffer.count)
+        guard count > 0 else { return }
+        let requestLine = String(decoding: buffer[..<count], as: UTF8.self).split(separator: "\r\n").first ?? ""
+        let parts = requestLine.split(separator: " ")
+        let (status, body): (String, String)
+        if parts.count < 2 || parts[0] != "GET" {
+            (status, body) = ("405 Method Not Allowed", "only GET\n")
+        } else {
+            switch parts[1] {
+            case "/metrics": (status, body) = ("200 OK", metrics())
+            case "/healthz": (status, body) = ("200 OK", "ok\n")
+            case "/readyz": (status, body) = ready() ? ("200 OK", "ready\n") : ("503 Service Unavailable", "not ready\n")
+            default: (status, body) = ("404 Not Found", "try /metrics, /healthz or /readyz\n")
+            }
+        }
+        let contentType = parts.count > 1 && parts[1] == "/metrics" ? "text/plain; version=0.0.4" : "text/plain"
+        let response = "HTTP/1.1 \(status)\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.utf8.count)\r\n"
+            + "Connection: close\r\n\r\n" + body
+        _ = Array(response.utf8).withUnsafeBytes { write(client, $0.baseAddress, $0.count) }
+    }
+}
+
+public struct HealthServerError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
