@@ -7,8 +7,13 @@ let usage = """
 apns-worker: consumes push jobs from RabbitMQ, resolves users to device tokens in Redis, sends the notifications
 to Apple's APNs over persistent HTTP/2 connections, and publishes dead tokens for cleanup.
 
-USAGE: apns-worker [run]
+USAGE: apns-worker [run] [--config FILE] [--set KEY=VALUE ...] [--log-level LEVEL]
        apns-worker --help
+
+OPTIONS:
+  --config FILE         settings as KEY=VALUE lines (# comments allowed; config/apns-worker.env is an example)
+  --set KEY=VALUE       one setting; repeatable. Flags win over the environment, which wins over the file.
+  --log-level LEVEL     the same as --set LOG_LEVEL=LEVEL
 
 Settings come from the environment (see config/apns-worker.env for every key, its default and meaning):
   AMQP_URL              broker (default amqp://guest:guest@127.0.0.1:5672/%2f)
@@ -41,19 +46,40 @@ func fail(_ message: String, code: Int32) -> Never {
     exit(code)
 }
 
-let arguments = Array(CommandLine.arguments.dropFirst())
-switch arguments.first {
-case nil, "run":
-    if arguments.count > 1 { fail("unexpected argument \(arguments[1]); try 'apns-worker --help'", code: 2) }
-case "-h", "--help", "help":
-    print(usage)
-    exit(0)
-case let other?:
-    fail("unknown command \(other); try 'apns-worker --help'", code: 2)
+var arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "run" { arguments.removeFirst() }
+var configFile: String?
+var flags: [String: String] = [:]
+while let argument = arguments.first {
+    arguments.removeFirst()
+    switch argument {
+    case "-h", "--help", "help":
+        print(usage)
+        exit(0)
+    case "--config", "--set", "--log-level":
+        guard let value = arguments.first else { fail("\(argument) needs a value; try 'apns-worker --help'", code: 2) }
+        arguments.removeFirst()
+        if argument == "--config" {
+            configFile = value
+        } else if argument == "--log-level" {
+            flags["LOG_LEVEL"] = value
+        } else {
+            guard let equals = value.firstIndex(of: "="), equals != value.startIndex else {
+                fail("--set wants KEY=VALUE, got \(value)", code: 2)
+            }
+            flags[String(value[..<equals])] = String(value[value.index(after: equals)...])
+        }
+    default:
+        fail("unknown argument \(argument); try 'apns-worker --help'", code: 2)
+    }
 }
 
 let configuration: WorkerConfiguration
-do { configuration = try WorkerConfiguration.load(from: ProcessInfo.processInfo.environment) } catch {
+do {
+    let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
+    configuration = try WorkerConfiguration.load(from: ConfigurationSources.merge(
+        file: file, environment: ProcessInfo.processInfo.environment, flags: flags))
+} catch {
     fail("configuration error: \(error)", code: 78)
 }
 let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)

@@ -135,6 +135,16 @@ import Glibc
         #expect(summary?.contains("410=1") == true, "\(summary ?? "no summary")")
     }
 
+    @Test func aFlagOverridesTheEnvironmentAndTheConfigFile() throws {
+        let file = try TestServices.temporaryFile("worker.env", contents: "APNS_KEY_ID=FROMFILE01\nAPNS_TEAM_ID=TEAM000001\n")
+        let worker = try Child("apns-worker", ["run", "--config", file, "--set", "APNS_KEY_ID=short"],
+                               environment: ["APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+                                             "APNS_KEY_ID": "FROMENV001"])
+        let line = worker.waitForLine(containing: "configuration error")
+        #expect(line?.contains("APNS_KEY_ID") == true, "the flag's bad value is the one reported: \(line ?? "")")
+        #expect(worker.waitForExit() == 78)
+    }
+
     @Test func badConfigurationStopsStartupWithTheKeyNamed() throws {
         let worker = try Child("apns-worker", [], environment: ["APNS_KEY_FILE": "/nonexistent.p8", "APNS_KEY_ID": "KEY0000001",
                                                                "APNS_TEAM_ID": "TEAM000001"])

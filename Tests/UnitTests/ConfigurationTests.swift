@@ -94,3 +94,32 @@ import WorkerPipeline
         }
     }
 }
+
+@Suite struct ConfigurationSourcesTests {
+    @Test func readsKeyValueLinesWithCommentsExportsAndQuotes() throws {
+        let values = try ConfigurationSources.parseFile("""
+            # a comment
+
+            AMQP_URL=amqp://u:p@h:5672/%2f
+            export APNS_TOPIC = "com.example.app"
+            LOG_LEVEL='debug'
+            EMPTY=
+            """, name: "test.env")
+        #expect(values == ["AMQP_URL": "amqp://u:p@h:5672/%2f", "APNS_TOPIC": "com.example.app", "LOG_LEVEL": "debug",
+                           "EMPTY": ""])
+    }
+
+    @Test func aBadLineIsNamedWithItsNumber() {
+        #expect(throws: ConfigurationError(key: "--config", "f.env line 2: expected KEY=VALUE")) {
+            try ConfigurationSources.parseFile("A=1\njust words\n", name: "f.env")
+        }
+        #expect(throws: ConfigurationError.self) { try ConfigurationSources.readFile("/nonexistent/file.env") }
+    }
+
+    @Test func flagsBeatTheEnvironmentWhichBeatsTheFile() {
+        let merged = ConfigurationSources.merge(file: ["A": "file", "B": "file", "C": "file"],
+                                                environment: ["B": "environment", "C": "environment"],
+                                                flags: ["C": "flag"])
+        #expect(merged == ["A": "file", "B": "environment", "C": "flag"])
+    }
+}

@@ -1,0 +1,41 @@
+import Foundation
+
+/// Where settings come from, weakest first: a `--config` file of KEY=VALUE lines, the environment, command-line
+/// flags. The result is one dictionary for `WorkerConfiguration.load`.
+public enum ConfigurationSources {
+    /// Reads KEY=VALUE lines: `#` comments and blank lines are skipped, an `export ` prefix and one pair of quotes
+    /// around the value are allowed (so a file can also be sourced by a shell).
+    public static func parseFile(_ text: String, name: String) throws(ConfigurationError) -> [String: String] {
+        var values: [String: String] = [:]
+        for (number, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            var line = rawLine.trimmingCharacters(in: .whitespaces)
+            if line.isEmpty || line.hasPrefix("#") { continue }
+            if line.hasPrefix("export ") { line = String(line.dropFirst(7)).trimmingCharacters(in: .whitespaces) }
+            guard let equals = line.firstIndex(of: "="),
+                  case let key = line[..<equals].trimmingCharacters(in: .whitespaces),
+                  !key.isEmpty, key.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) else {
+                throw ConfigurationError(key: "--config", "\(name) line \(number + 1): expected KEY=VALUE")
+            }
+            var value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+            if value.count >= 2, let first = value.first, first == "\"" || first == "'", value.last == first {
+                value = String(value.dropFirst().dropLast())
+            }
+            values[key] = value
+        }
+        return values
+    }
+
+    /// File, then environment, then flags: each later source wins.
+    public static func merge(file: [String: String], environment: [String: String],
+                             flags: [String: String]) -> [String: String] {
+        file.merging(environment) { _, new in new }.merging(flags) { _, new in new }
+    }
+
+    public static func readFile(_ path: String) throws(ConfigurationError) -> [String: String] {
+        let text: String
+        do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
+            throw ConfigurationError(key: "--config", "cannot read \(path): \(error.localizedDescription)")
+        }
+        return try parseFile(text, name: path)
+    }
+}
