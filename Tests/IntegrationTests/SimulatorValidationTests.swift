@@ -107,20 +107,8 @@ import Glibc
 
     @Test func aServerThatNeverAnswersTLSHitsTheConnectTimeout() throws {
         // A socket that listens but never accepts: TCP completes in the kernel's backlog, TLS never does.
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let (descriptor, port) = TestServices.listeningSocket()
         defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
-                bind(descriptor, raw, length)
-                listen(descriptor, 8)
-                return getsockname(descriptor, raw, &length)
-            }
-        }
-        let port = Int(UInt16(bigEndian: address.sin_port))
         let failed = DispatchSemaphore(value: 0)
         let reasons = Mutex<[String]>([])
         var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: port, connectTimeout: 0.5)

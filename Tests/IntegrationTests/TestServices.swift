@@ -31,8 +31,14 @@ enum TestServices {
 
     /// A port nothing listens on right now (bound to 0, read, released).
     static func freePort() -> Int {
+        let (descriptor, port) = listeningSocket()
+        close(descriptor)
+        return port
+    }
+
+    /// A socket listening on 127.0.0.1 at a port the kernel picks, never accepting: connections wait in its backlog.
+    static func listeningSocket() -> (descriptor: Int32, port: Int) {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(descriptor) }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -40,10 +46,11 @@ enum TestServices {
         _ = withUnsafeMutablePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
                 bind(descriptor, raw, length)
+                listen(descriptor, 8)
                 return getsockname(descriptor, raw, &length)
             }
         }
-        return Int(UInt16(bigEndian: address.sin_port))
+        return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
     }
 
     /// `GET path` over plain HTTP/1.1 on 127.0.0.1; returns the status code and the body.
