@@ -196,22 +196,6 @@ public final class APNsClient: Sendable {
         loop.shutdown()
     }
 
-    /// Open connections and requests under way, over all pools.
-    public func snapshot(_ body: @escaping @Sendable (_ openConnections: Int, _ inFlight: Int) -> Void) {
-        let all = pools.withLock { Array($0.values) }
-        guard !all.isEmpty else { return body(0, 0) }
-        let totals = Mutex<(seen: Int, open: Int, inFlight: Int)>((0, 0, 0))
-        for pool in all {
-            pool.snapshot { open, inFlight in
-                let done = totals.withLock { totals -> (Int, Int)? in
-                    totals = (totals.seen + 1, totals.open + open, totals.inFlight + inFlight)
-                    return totals.seen == all.count ? (totals.open, totals.inFlight) : nil
-                }
-                if let done { body(done.0, done.1) }
-            }
-        }
-    }
-
     static func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
         var headers = HTTP2HeaderBlock.request(method: "POST", authority: authority,
                                                path: "/3/device/" + notification.deviceToken)

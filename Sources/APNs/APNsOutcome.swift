@@ -76,12 +76,4 @@ public enum APNsOutcome: Sendable, Equatable {
         guard response.status == 403 else { return response.reason == .topicDisallowed || response.reason == .badTopic }
         return response.reason != .expiredProviderToken
     }
-
-    /// Whether this outcome ends the notification's story.
-    public var isFinal: Bool {
-        switch self {
-        case .delivered, .deadToken, .permanentFailure: true
-        case .retryLater, .refreshTokenAndRetry, .replaceConnectionAndRetry: false
-        }
-    }
 }

@@ -145,17 +145,7 @@ public final class APNsSimulator: Sendable {
     /// Responses sent, by status.
     public func countsByStatus() -> [Int: Int] { core.countsByStatus() }
 
-    public func markUnregistered(_ token: String, at milliseconds: Int64) {
-        core.state.withLock { $0.unregistered[token] = milliseconds }
-    }
-
     public func setBehaviour(_ behaviour: Behaviour) { core.state.withLock { $0.behaviour = behaviour } }
-
-    /// Sends GOAWAY with a JSON reason on every open connection, as APNs does before maintenance.
-    public func goAwayAll(reason: String = "Shutdown") {
-        let server = self.server.withLock { $0 }
-        server?.loop.execute { server?.goAwayAll(debugData: "{\"reason\":\"\(reason)\"}") }
-    }
 
     /// Connections the simulator accepted so far.
     public func connectionsSeen() -> Int { core.state.withLock { $0.connectionsSeen.count } }

@@ -155,16 +155,16 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func runDueTimers() {
-        guard !timers.isEmpty else { return }
         let now = Self.now()
+        // Checked first so that the common turn, with nothing due, allocates nothing.
+        guard timers.contains(where: { $0.deadline <= now }) else { return }
         let due = timers.filter { $0.deadline <= now }
-        guard !due.isEmpty else { return }
         timers.removeAll { $0.deadline <= now }
         for timer in due { timer.action() }
     }
 
     private func pollTimeoutMilliseconds() -> Int32 {
-        guard let nearest = timers.map(\.deadline).min() else { return -1 }
+        guard let nearest = timers.lazy.map(\.deadline).min() else { return -1 }
         let now = Self.now()
         if nearest <= now { return 0 }
         return Int32(min((nearest - now + 999_999) / 1_000_000, 60_000))

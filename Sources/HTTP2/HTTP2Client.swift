@@ -61,11 +61,15 @@ public final class HTTP2Client: @unchecked Sendable {
 
     public typealias Completion = @Sendable (Result<HTTP2Response, HTTP2StreamError>) -> Void
 
+    public typealias BatchCompletion = @Sendable (Int, Result<HTTP2Response, HTTP2StreamError>) -> Void
+
+    /// A request on its way. `completion` is its batch's, shared, so a request costs no closure of its own here.
     private struct Pending {
         let request: HTTP2Request
+        let index: Int
         let attempt: Int
         let deadline: UInt64
-        let completion: Completion
+        let completion: BatchCompletion
     }
 
     public let configuration: Configuration
@@ -105,12 +109,12 @@ public final class HTTP2Client: @unchecked Sendable {
     }
 
     /// Sends a batch; `completion` runs once per request, with its index, on the loop thread.
-    public func send(_ requests: [HTTP2Request], completion: @escaping @Sendable (Int, Result<HTTP2Response, HTTP2StreamError>) -> Void) {
+    public func send(_ requests: [HTTP2Request], completion: @escaping BatchCompletion) {
         loop.execute { [self] in
             let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
             var touched: [HTTP2Connection] = []
             for (index, request) in requests.enumerated() {
-                let pending = Pending(request: request, attempt: 1, deadline: deadline) { completion(index, $0) }
+                let pending = Pending(request: request, index: index, attempt: 1, deadline: deadline, completion: completion)
                 if let connection = dispatch(pending), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
                 }
@@ -119,15 +123,7 @@ public final class HTTP2Client: @unchecked Sendable {
         }
     }
 
-    /// Open connections and requests in flight or queued, read on the loop thread.
-    public func snapshot(_ body: @escaping @Sendable (_ openConnections: Int, _ inFlight: Int) -> Void) {
-        loop.execute { [self] in
-            body(connections.filter { $0.state == .open }.count,
-                 connections.reduce(waiting.count) { $0 + $1.streams.count })
-        }
-    }
-
-    /// Sends GOAWAY-free close to every connection and fails what is queued; waits for the loop if it owns it.
+    /// Closes every connection and fails what is queued; waits for the loop if it owns it.
     public func shutdown() {
         loop.execute { [self] in
             isShutDown = true
@@ -144,11 +140,11 @@ public final class HTTP2Client: @unchecked Sendable {
     /// Puts the request on the least-loaded open connection, or queues it until one opens.
     private func dispatch(_ pending: Pending) -> HTTP2Connection? {
         guard !isShutDown else {
-            pending.completion(.failure(.notSent("client shut down")))
+            pending.completion(pending.index, .failure(.notSent("client shut down")))
             return nil
         }
         if let connection = leastLoadedConnection(),
-           connection.submitRequest(pending.request, attempt: pending.attempt, completion: { [self] result in
+           connection.submitRequest(pending.request, completion: { [self] result in
                finished(pending, result)
            }) {
             return connection
@@ -186,13 +182,13 @@ public final class HTTP2Client: @unchecked Sendable {
             if let attempt {
                 logger.debug("resending a request", ["http2.reason": error.description, "http2.attempt": String(attempt)])
                 // Resent after the current callback returns, never from inside nghttp2's own callback.
-                waiting.append(Pending(request: pending.request, attempt: attempt, deadline: pending.deadline,
-                                       completion: pending.completion))
+                waiting.append(Pending(request: pending.request, index: pending.index, attempt: attempt,
+                                       deadline: pending.deadline, completion: pending.completion))
                 loop.execute { [self] in drainWaiting() }
                 return
             }
         }
-        pending.completion(result)
+        pending.completion(pending.index, result)
     }
 
     private func drainWaiting() {
@@ -214,7 +210,7 @@ public final class HTTP2Client: @unchecked Sendable {
     private func failWaiting(_ error: HTTP2StreamError) {
         let queued = waiting
         waiting.removeAll()
-        for pending in queued { pending.completion(.failure(error)) }
+        for pending in queued { pending.completion(pending.index, .failure(error)) }
     }
 
     private func openMissingConnections() {
@@ -337,7 +333,7 @@ public final class HTTP2Client: @unchecked Sendable {
             if !expired.isEmpty {
                 waiting.removeAll { $0.deadline <= now }
                 let reason = lastConnectError.map { HTTP2StreamError.notSent("no connection: \($0)") } ?? .timedOut
-                for pending in expired { pending.completion(.failure(reason)) }
+                for pending in expired { pending.completion(pending.index, .failure(reason)) }
             }
             let requestCutoff = now - UInt64(configuration.requestTimeout * 1e9)
             for connection in connections where connection.state == .open {

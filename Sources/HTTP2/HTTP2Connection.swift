@@ -52,8 +52,6 @@ public struct HTTP2ResponseWriter: @unchecked Sendable {
     /// Drops the TCP connection at once, without GOAWAY, as a network fault would.
     public func dropConnection() { connection?.close(reason: "dropped on purpose") }
 
-    /// The peer's connection, for state a server keeps per connection.
-    public var connectionID: Int { connection?.id ?? -1 }
 }
 
 /// Per-stream state, owned by its connection.
@@ -63,16 +61,13 @@ final class HTTP2Stream {
     var status = 0
     var outgoingBody: [UInt8]
     var outgoingOffset = 0
-    var attempt: Int
     /// The request's HEADERS left this process: from here on the server may have acted on it.
     var headersSent = false
     let startedAt = EventLoop.now()
     let completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
-    init(outgoingBody: [UInt8] = [], attempt: Int = 0,
-         completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)? = nil) {
+    init(outgoingBody: [UInt8] = [], completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)? = nil) {
         self.outgoingBody = outgoingBody
-        self.attempt = attempt
         self.completion = completion
     }
 }
@@ -252,10 +247,10 @@ final class HTTP2Connection: PollHandler {
 
     /// Queues a request on this connection; nghttp2 holds it back while the peer's stream limit is reached.
     /// Returns false if the connection cannot take it (closing, or nghttp2 refused), with nothing completed.
-    func submitRequest(_ request: HTTP2Request, attempt: Int,
+    func submitRequest(_ request: HTTP2Request,
                        completion: @escaping (Result<HTTP2Response, HTTP2StreamError>) -> Void) -> Bool {
         guard acceptsRequests, let session else { return false }
-        let stream = HTTP2Stream(outgoingBody: request.body, attempt: attempt, completion: completion)
+        let stream = HTTP2Stream(outgoingBody: request.body, completion: completion)
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
         let streamID = request.headers.withNghttp2Fields { fields, count in
             request.body.isEmpty

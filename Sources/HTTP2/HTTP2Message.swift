@@ -33,19 +33,6 @@ public struct HTTP2HeaderBlock: Sendable {
 
     public var count: Int { offsets.count / 4 }
 
-    public var fields: [HTTP2Field] {
-        stride(from: 0, to: offsets.count, by: 4).map { index in
-            HTTP2Field(name: string(at: index), value: string(at: index + 2))
-        }
-    }
-
-    public func value(of name: String) -> String? { fields.first { $0.name == name }?.value }
-
-    private func string(at index: Int) -> String {
-        let start = Int(offsets[index])
-        return String(decoding: bytes[start..<start + Int(offsets[index + 1])], as: UTF8.self)
-    }
-
     func withNghttp2Fields<T>(_ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
         let fieldCount = count
         return bytes.withUnsafeBufferPointer { raw in

@@ -66,14 +66,6 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         loop.shutdown()
     }
 
-    /// Number of open client connections, read on the loop thread.
-    public var openConnectionCount: Int { connections.count }
-
-    /// Sends GOAWAY on every open connection (on the loop thread).
-    public func goAwayAll(code: UInt32 = 0, debugData: String) {
-        for connection in connections.values { connection.goAway(code: code, debugData: debugData, lastStreamID: nil) }
-    }
-
     public var pollEvents: Int16 { Int16(POLLIN) }
 
     public func handlePollEvents(_ events: Int16) {

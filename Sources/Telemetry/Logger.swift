@@ -159,13 +159,4 @@ public enum Redact {
         let prefix = token.prefix(8)
         return "\(prefix)…(\(token.count))"
     }
-
-    /// A URL with any password replaced, for logs and error messages.
-    public static func url(_ url: String) -> String {
-        guard let schemeEnd = url.range(of: "://"),
-              let at = url[schemeEnd.upperBound...].lastIndex(of: "@") else { return url }
-        let credentials = url[schemeEnd.upperBound..<at]
-        guard let colon = credentials.firstIndex(of: ":") else { return url }
-        return String(url[..<colon]) + ":***" + String(url[at...])
-    }
 }

@@ -25,7 +25,7 @@ final class JobProgress: @unchecked Sendable {
 
     /// Whether the job's id names it across redeliveries (an id of its own or an AMQP message-id), so that a
     /// record of what was already sent can be kept for it.
-    var hasStableID: Bool
+    let hasStableID: Bool
 
     init(job: PushJob, delivery: AMQPDelivery, generation: Int, targets: [DeviceTarget], hasStableID: Bool) {
         self.hasStableID = hasStableID

@@ -4,6 +4,8 @@ import Telemetry
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
 public struct PushJob: Sendable, Equatable {
     public var id: String
+    /// The job named itself (`id` in the body); otherwise `id` is the caller's fallback.
+    public var idFromBody = true
     /// The topic to send with, the push type's suffix included.
     public var topic: String
     public var users: [String]
@@ -42,7 +44,8 @@ public struct PushJob: Sendable, Equatable {
         }
         guard case .object = document else { throw .notAnObject(document.typeName) }
 
-        let id = try optionalString(document, "id") ?? fallbackID
+        let ownID = try optionalString(document, "id")
+        let id = ownID ?? fallbackID
         let users = try stringArray(document, "users")
         let tokens = try stringArray(document, "tokens")
         let retry = try retryState(document)
@@ -96,6 +99,7 @@ public struct PushJob: Sendable, Equatable {
                 job.attempt = retry.attempt
                 job.retryTargets = retry.targets
             }
+            job.idFromBody = ownID != nil
             return job
         }
         guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
@@ -113,6 +117,7 @@ public struct PushJob: Sendable, Equatable {
             job.attempt = retry.attempt
             job.retryTargets = retry.targets
         }
+        job.idFromBody = ownID != nil
         return job
     }
 

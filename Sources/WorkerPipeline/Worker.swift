@@ -92,9 +92,10 @@ public final class Worker: Sendable {
     /// A notification ready to go, and the job it belongs to.
     private typealias Outgoing = (environment: APNsEnvironment, notification: APNsNotification, owner: (JobProgress, Int))
 
-    /// Jobs that name themselves (an `id` in the body, or an AMQP message-id) can be recognised when redelivered.
+    /// Jobs that name themselves (an `id` in the body, or an AMQP message-id) can be recognised when redelivered;
+    /// a delivery tag changes with every delivery.
     private static func hasStableID(_ job: PushJob, _ delivery: AMQPDelivery) -> Bool {
-        job.id != "delivery-\(delivery.deliveryTag)"
+        job.idFromBody || delivery.properties.messageID != nil
     }
 
     /// The delay queue for a retry: the tier for this attempt, or a longer one if APNs asked for a longer wait.

@@ -34,10 +34,8 @@ import Glibc
         var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
                                                     caFile: caFile, pingInterval: 0.3, pingTimeout: 5)
         configuration.observer = { _, event in if case .pingAcknowledged = event { acknowledged.signal() } }
-        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
         let client = APNsClient(configuration: configuration,
-                                authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
-                                logger: logger)
+                                authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         #expect(sendOne(client, token: token)?.outcome == .delivered)
         #expect(acknowledged.wait(timeout: .now() + 10) == .success, "an idle connection got a PING and its ACK")
@@ -61,10 +59,8 @@ import Glibc
                 closed.signal()
             }
         }
-        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
         let client = APNsClient(configuration: configuration,
-                                authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
-                                logger: logger)
+                                authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         #expect(sendOne(client, token: token)?.outcome == .delivered)
         #expect(closed.wait(timeout: .now() + 10) == .success)
@@ -118,8 +114,7 @@ import Glibc
     @Test func verificationCanBeTurnedOffOnlyExplicitly() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
-        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
-        let authentication = APNsAuthentication.token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001"))
+        let authentication = try TestServices.tokenAuthentication()
         let strict = APNsClient(configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port),
                                                      requestTimeout: 1.5),
                                 authentication: authentication, logger: logger)
@@ -148,10 +143,8 @@ import Glibc
                 if reason.contains("ALPN h2") { failedOnALPN.signal() }
             }
         }
-        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
         let client = APNsClient(configuration: configuration,
-                                authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
-                                logger: logger)
+                                authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         client.send([(.production, APNsNotification(deviceToken: token, topic: "t", payload: Array("{}".utf8)))]) { _, _ in }
         #expect(failedOnALPN.wait(timeout: .now() + 15) == .success, "\(reasons.withLock { $0 })")
@@ -170,12 +163,10 @@ import Glibc
         defer { withCertificate.shutdown() }
         #expect(sendOne(withCertificate, token: token)?.outcome == .delivered)
 
-        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
         let withoutCertificate = APNsClient(
             configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile,
                                  requestTimeout: 1.5),
-            authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
-            logger: logger)
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { withoutCertificate.shutdown() }
         #expect(sendOne(withoutCertificate, token: token)?.outcome != .delivered)
         #expect(simulator.received().count == 1)

@@ -23,14 +23,13 @@ import Testing
                                                                maximumConcurrentStreams: maximumStreams,
                                                                behaviour: behaviour), logger: logger)
         let caFile = try TestServices.temporaryFile("sim-ca", contents: simulator.certificatePEM)
-        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
         var configuration = APNsClientConfiguration(
             production: APNsEndpoint(host: "127.0.0.1", port: simulator.port), caFile: caFile,
             connectionsPerEnvironment: connections, requestTimeout: requestTimeout)
         configuration.observer = observer
         let client = APNsClient(
             configuration: configuration,
-            authentication: .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001")),
+            authentication: try TestServices.tokenAuthentication(),
             logger: logger)
         return Harness(simulator: simulator, client: client)
     }

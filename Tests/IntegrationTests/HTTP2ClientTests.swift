@@ -79,7 +79,7 @@ import Testing
         let directory = try TestServices.certificateDirectory("nghttpd")
         let token = String(repeating: "c3", count: 32)
         try FileManager.default.createDirectory(atPath: directory + "/root/3/device", withIntermediateDirectories: true)
-        FileManager.default.createFile(atPath: directory + "/root/3/device/\(token)", contents: Data())
+        #expect(FileManager.default.createFile(atPath: directory + "/root/3/device/\(token)", contents: Data()))
         let port = TestServices.freePort()
         let server = try TestServices.Daemon(nghttpd, ["--htdocs=\(directory)/root", "--address=127.0.0.1", "\(port)",
                                                       "\(directory)/key.pem", "\(directory)/cert.pem"])

@@ -213,6 +213,12 @@ final class WorkerThread {
 }
 
 extension TestServices {
+    /// Token authentication with a fresh key, as key KEY0000001 of team TEAM000001.
+    static func tokenAuthentication() throws -> APNsAuthentication {
+        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        return .token(try APNsTokenProvider(key: key, keyID: "KEY0000001", teamID: "TEAM000001"))
+    }
+
     /// The contract's variables for a worker sending to `simulator` and consuming `jobs`, with a fresh key and
     /// queues of its own; `extra` overrides.
     static func workerEnvironment(simulator: APNsSimulator, jobs: String,
