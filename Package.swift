@@ -2,7 +2,8 @@
 import PackageDescription
 
 // Dependency edges, bottom to top:
-//   C modules (one per library) -> wrappers (AMQP, Redis, HTTP2, APNs) -> WorkerPipeline -> executables.
+//   C modules (one per library) -> wrappers (AMQP, Redis, HTTP2, APNs) -> WorkerPipeline -> Operations
+//   -> executables.
 // Only the wrapper modules import the C modules, with `internal import`, so no C pointer reaches the pipeline.
 let package = Package(
     name: "apns-worker",
@@ -30,14 +31,18 @@ let package = Package(
         .target(name: "APNs", dependencies: ["HTTP2", "COpenSSL", "Telemetry"]),
         .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
         .target(name: "WorkerPipeline", dependencies: ["AMQP", "Redis", "APNs", "Telemetry"]),
+        // What operators and backends run beside the workers: enqueue, tokens, stats, dead-tokens tail, cleanup.
+        .target(name: "Operations", dependencies: ["WorkerPipeline", "AMQP", "Redis", "APNs", "Telemetry"]),
 
-        .executableTarget(name: "apns-worker", dependencies: ["WorkerPipeline", "APNs", "Telemetry"]),
+        .executableTarget(name: "apns-worker", dependencies: ["Operations", "WorkerPipeline", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
 
-        .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "AMQP", "Redis", "COpenSSL"]),
+        .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Operations", "AMQP", "Redis",
+                                                 "Telemetry", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQP", "Redis", "Telemetry"]),
+                    dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "Operations", "AMQP", "Redis",
+                                   "Telemetry"]),
     ],
     swiftLanguageModes: [.v6]
 )

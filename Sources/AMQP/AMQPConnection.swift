@@ -31,6 +31,11 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
 
     static func badURL(_ message: String) -> AMQPError { AMQPError(kind: .badURL, "AMQP_URL: \(message)") }
 
+    /// Publishes the broker nacked: whoever published them must not acknowledge what caused them.
+    public static func unconfirmed(_ what: String) -> AMQPError {
+        AMQPError(kind: .brokerRefused, "\(what): the broker refused (nacked) a publish")
+    }
+
     public var isConnectionLost: Bool { kind == .connectionLost }
 }
 
@@ -58,6 +63,8 @@ public struct AMQPProperties: Sendable, Equatable {
 public struct AMQPDelivery: Sendable {
     public var deliveryTag: UInt64
     public var redelivered: Bool
+    /// Which `consume` this came from, for a connection consuming several queues.
+    public var consumerTag: String
     public var routingKey: String
     public var body: [UInt8]
     public var properties: AMQPProperties
@@ -168,23 +175,70 @@ public final class AMQPConnection {
     @discardableResult
     public func declareQueue(_ name: String, arguments: [String: AMQPArgument] = [:]) throws(AMQPError) -> Int {
         let declared = withTable(arguments) { table in
-            amqp_queue_declare(state, channel, amqp_cstring_bytes(name), 0, 1, 0, 0, table)
+            withBytes(name) { amqp_queue_declare(state, channel, $0, 0, 1, 0, 0, table) }
         }
         if let declared { return Int(declared.pointee.message_count) }
         do {
             try check(amqp_get_rpc_reply(state), "queue.declare \(name)")
         } catch where error.code == Int(AMQP_PRECONDITION_FAILED) {
-            // The broker closed the channel; reopen it and ask only whether the queue exists.
-            amqp_channel_open(state, channel)
-            try check(amqp_get_rpc_reply(state), "channel.open")
-            if confirmsEnabled { confirmsEnabled = false; try enablePublisherConfirms() }
-            guard let passive = amqp_queue_declare(state, channel, amqp_cstring_bytes(name), 1, 0, 0, 0, amqp_empty_table) else {
-                try check(amqp_get_rpc_reply(state), "queue.declare (passive) \(name)")
-                return 0
+            try reopenChannel()
+            guard let status = try queueStatus(name) else {
+                throw AMQPError(kind: .brokerRefused, code: Int(AMQP_NOT_FOUND), "queue \(name) vanished while declared")
             }
-            return Int(passive.pointee.message_count)
+            return status.messages
         }
         return 0
+    }
+
+    /// A queue's depth and consumer count, or nil if there is no such queue (a passive declare, which creates
+    /// nothing).
+    public func queueStatus(_ name: String) throws(AMQPError) -> (messages: Int, consumers: Int)? {
+        guard let passive = withBytes(name, { amqp_queue_declare(state, channel, $0, 1, 0, 0, 0, amqp_empty_table) }) else {
+            do {
+                try check(amqp_get_rpc_reply(state), "queue.declare (passive) \(name)")
+            } catch where error.code == Int(AMQP_NOT_FOUND) {
+                try reopenChannel()
+                return nil
+            }
+            return nil
+        }
+        return (Int(passive.pointee.message_count), Int(passive.pointee.consumer_count))
+    }
+
+    /// A queue only this connection sees, named by the broker, gone when the connection closes (for watching an
+    /// exchange without taking messages from anyone).
+    public func declareTemporaryQueue() throws(AMQPError) -> String {
+        guard let declared = amqp_queue_declare(state, channel, amqp_empty_bytes, 0, 0, 1, 1, amqp_empty_table) else {
+            try check(amqp_get_rpc_reply(state), "queue.declare (temporary)")
+            return ""
+        }
+        return Self.string(declared.pointee.queue)
+    }
+
+    /// Declares a durable exchange. One that exists already with another type is used as it is.
+    public func declareExchange(_ name: String, type: String) throws(AMQPError) {
+        _ = withBytes(name, type) { amqp_exchange_declare(state, channel, $0, $1, 0, 1, 0, 0, amqp_empty_table) }
+        do {
+            try check(amqp_get_rpc_reply(state), "exchange.declare \(name)")
+        } catch where error.code == Int(AMQP_PRECONDITION_FAILED) {
+            try reopenChannel()
+            _ = withBytes(name, type) { amqp_exchange_declare(state, channel, $0, $1, 1, 0, 0, 0, amqp_empty_table) }
+            try check(amqp_get_rpc_reply(state), "exchange.declare (passive) \(name)")
+        }
+    }
+
+    public func bindQueue(_ queue: String, to exchange: String, routingKey: String = "") throws(AMQPError) {
+        _ = withBytes(queue, exchange) { queueBytes, exchangeBytes in
+            withBytes(routingKey) { amqp_queue_bind(state, channel, queueBytes, exchangeBytes, $0, amqp_empty_table) }
+        }
+        try check(amqp_get_rpc_reply(state), "queue.bind \(queue) to \(exchange)")
+    }
+
+    /// After a channel-level error the broker has closed the channel: open it again, with confirms if they were on.
+    private func reopenChannel() throws(AMQPError) {
+        amqp_channel_open(state, channel)
+        try check(amqp_get_rpc_reply(state), "channel.open")
+        if confirmsEnabled { confirmsEnabled = false; try enablePublisherConfirms() }
     }
 
     public func setPrefetch(_ count: Int) throws(AMQPError) {
@@ -204,11 +258,12 @@ public final class AMQPConnection {
         nacked.removeAll()
     }
 
-    /// Starts delivering from `queue`; returns the consumer tag.
+    /// Starts delivering from `queue`; returns the consumer tag. Without `acknowledging`, the broker counts a
+    /// message as handled once sent (for watching, never for work).
     @discardableResult
-    public func consume(_ queue: String) throws(AMQPError) -> String {
-        guard let reply = amqp_basic_consume(state, channel, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
-                                             amqp_empty_table) else {
+    public func consume(_ queue: String, acknowledging: Bool = true) throws(AMQPError) -> String {
+        guard let reply = withBytes(queue, { amqp_basic_consume(state, channel, $0, amqp_empty_bytes, 0,
+                                                                acknowledging ? 0 : 1, 0, amqp_empty_table) }) else {
             try check(amqp_get_rpc_reply(state), "basic.consume \(queue)")
             return ""
         }
@@ -217,14 +272,17 @@ public final class AMQPConnection {
 
     // MARK: messages
 
-    /// Publishes to the default exchange (straight to a queue). Returns the publish's confirm sequence number.
+    /// Publishes to `exchange`, by default the default exchange (straight to the queue named `queue`).
+    /// Returns the publish's confirm sequence number.
     @discardableResult
-    public func publish(to queue: String, body: [UInt8], properties: AMQPProperties = .init(),
+    public func publish(to queue: String, exchange: String = "", body: [UInt8], properties: AMQPProperties = .init(),
                         mandatory: Bool = false) throws(AMQPError) -> UInt64 {
         let status = withProperties(properties) { props in
-            body.withUnsafeBytes { raw in
-                amqp_basic_publish(state, channel, amqp_empty_bytes, amqp_cstring_bytes(queue), mandatory ? 1 : 0, 0,
-                                   props, amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+            withBytes(exchange, queue) { exchangeBytes, queueBytes in
+                body.withUnsafeBytes { raw in
+                    amqp_basic_publish(state, channel, exchangeBytes, queueBytes, mandatory ? 1 : 0, 0, props,
+                                       amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+                }
             }
         }
         guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "basic.publish to \(queue)") }
@@ -307,9 +365,11 @@ public final class AMQPConnection {
             case Method.basicDeliver:
                 let deliver = method.decoded.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
                 let routingKey = Self.string(deliver.routing_key)
+                let consumerTag = Self.string(deliver.consumer_tag)
                 let (body, properties) = try readContent(channel: frame.channel)
                 return .delivery(AMQPDelivery(deliveryTag: deliver.delivery_tag, redelivered: deliver.redelivered != 0,
-                                              routingKey: routingKey, body: body, properties: properties))
+                                              consumerTag: consumerTag, routingKey: routingKey, body: body,
+                                              properties: properties))
             case Method.basicAck:
                 let ack = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
                 amqp_maybe_release_buffers(state)
@@ -408,6 +468,20 @@ public final class AMQPConnection {
                     AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR].map(\.rawValue).contains(status)
         if lost { isOpen = false }
         return AMQPError(kind: lost ? .connectionLost : .library, code: Int(status), "\(what): \(text)")
+    }
+
+    /// librabbitmq takes strings as (length, pointer) pairs that must stay valid through the call. Swift's implicit
+    /// String-to-pointer bridging (`amqp_cstring_bytes(name)`) lasts only for the call that receives it, so the
+    /// pointer would dangle by the time librabbitmq reads it (two such arguments were seen to share one buffer).
+    private func withBytes<T>(_ text: String, _ body: (amqp_bytes_t) -> T) -> T {
+        var copy = text
+        return copy.withUTF8 { buffer in
+            body(amqp_bytes_t(len: buffer.count, bytes: UnsafeMutableRawPointer(mutating: buffer.baseAddress)))
+        }
+    }
+
+    private func withBytes<T>(_ first: String, _ second: String, _ body: (amqp_bytes_t, amqp_bytes_t) -> T) -> T {
+        withBytes(first) { firstBytes in withBytes(second) { body(firstBytes, $0) } }
     }
 
     static func string(_ bytes: amqp_bytes_t) -> String {

@@ -228,6 +228,14 @@ public final class APNsClient: Sendable {
         }
     }
 
+    /// Opens the environment's connections now rather than at the first notification, so that readiness can wait
+    /// for them and the first job does not pay for the handshakes.
+    public func connect(_ environment: APNsEnvironment) {
+        do { _ = try pool(for: environment) } catch {
+            logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue, "error": "\(error)"])
+        }
+    }
+
     private func pool(for environment: APNsEnvironment) throws -> HTTP2Client {
         try pools.withLock { pools in
             if let pool = pools[environment] { return pool }

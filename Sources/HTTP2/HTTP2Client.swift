@@ -307,6 +307,7 @@ public final class HTTP2Client: @unchecked Sendable {
     }
 
     private func connectFailed(_ reason: String) {
+        guard !isShutDown else { return }
         consecutiveFailedConnects += 1
         lastConnectError = reason
         configuration.observer?(.connectFailed(reason: reason))

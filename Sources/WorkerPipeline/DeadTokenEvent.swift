@@ -32,4 +32,32 @@ public struct DeadTokenEvent: Sendable, Equatable {
         text += "\"timestamp\":\(timestamp.map(String.init) ?? "null"),\"job_id\":\(JSONString.quote(jobID))}"
         return Array(text.utf8)
     }
+
+    /// Reads an event as the worker publishes it (consumers such as `apns-worker cleanup`); strict about the token,
+    /// lenient about what it does not need.
+    public static func decode(_ body: [UInt8]) throws(JobError) -> DeadTokenEvent {
+        guard body.count <= 16_384 else { throw .tooLarge(size: body.count, limit: 16_384) }
+        let document: JSONValue
+        do { document = try JSONReader.parse(body, maximumDepth: 4) } catch { throw .notJSON(error.description) }
+        guard case .object = document else { throw .notAnObject(document.typeName) }
+        guard let token = try PushJob.optionalString(document, "token") else { throw .missingField("token") }
+        do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
+            throw .badToken(index: 0, error.description)
+        }
+        let environmentText = try PushJob.optionalString(document, "environment") ?? "production"
+        guard let environment = APNsEnvironment(rawValue: environmentText) else { throw .badEnvironment(environmentText) }
+        return DeadTokenEvent(token: token, user: try PushJob.optionalString(document, "user"),
+                              topic: try PushJob.optionalString(document, "topic") ?? "", environment: environment,
+                              status: Int(try PushJob.optionalInteger(document, "status") ?? 410),
+                              reason: try PushJob.optionalString(document, "reason") ?? "",
+                              timestamp: try PushJob.optionalInteger(document, "timestamp"),
+                              jobID: try PushJob.optionalString(document, "job_id") ?? "")
+    }
+
+    /// The event as JSON with the token shortened, for people watching (`dead-tokens tail`).
+    public var redactedJSON: [UInt8] {
+        var copy = self
+        copy.token = Redact.token(token)
+        return copy.json
+    }
 }

@@ -156,7 +156,7 @@ public struct PushJob: Sendable, Equatable {
         return (attempt, targets)
     }
 
-    private static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
+    static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
         switch document[field] {
         case nil, .null?: return nil
         case .string(let text)?: return text
@@ -164,7 +164,7 @@ public struct PushJob: Sendable, Equatable {
         }
     }
 
-    private static func optionalInteger(_ document: JSONValue, _ field: String) throws(JobError) -> Int64? {
+    static func optionalInteger(_ document: JSONValue, _ field: String) throws(JobError) -> Int64? {
         switch document[field] {
         case nil, .null?: return nil
         case .number(let text)?:

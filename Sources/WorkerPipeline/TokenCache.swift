@@ -16,20 +16,74 @@ public struct DeviceTarget: Sendable, Equatable {
     }
 }
 
-/// The Redis token cache: a hash `apns:tokens:<user>`, field = hex device token, value = production | sandbox;
-/// beside it a hash `apns:registered:<user>`, field = token, value = when the app last registered it (ms since epoch).
+/// The Redis token cache (the schema is part of the contract in README.md):
+/// - `apns:tokens:<user>`: hash, field = hex device token, value = production | sandbox. The worker reads only this.
+/// - `apns:registered:<user>`: hash, field = token, value = when the app last registered it (ms since epoch).
+/// - `apns:devices:<user>`: hash, field = token, value = the device's metadata as JSON (from registration events).
+/// - `apns:owner:<token>`: string, the user a token currently belongs to, so a device that changes accounts stops
+///   receiving the previous account's notifications.
 public struct TokenCache {
     public static func key(forUser user: String) -> String { "apns:tokens:" + user }
     public static func registeredKey(forUser user: String) -> String { "apns:registered:" + user }
+    public static func devicesKey(forUser user: String) -> String { "apns:devices:" + user }
+    public static func ownerKey(forToken token: String) -> String { "apns:owner:" + token }
+    static let registeredPrefix = "apns:registered:"
+
+    /// Forgets one token of one user everywhere. Lua, shared by the scripts below; KEYS are never built here
+    /// except from the fixed prefixes above.
+    private static let forgetFunction = """
+        local function forget(user, token)
+          redis.call('HDEL', 'apns:tokens:' .. user, token)
+          redis.call('HDEL', 'apns:registered:' .. user, token)
+          redis.call('HDEL', 'apns:devices:' .. user, token)
+          if redis.call('GET', 'apns:owner:' .. token) == user then redis.call('DEL', 'apns:owner:' .. token) end
+        end
+
+        """
 
     /// Atomic, so a registration landing between the check and the delete cannot be lost.
-    static let removeUnlessRegisteredAfter = """
-        local registered = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
-        local died = tonumber(ARGV[2])
+    /// ARGV: user ("" for a token sent directly: its owner, if known), token, died-at ms (-1: unconditionally).
+    static let removeUnlessRegisteredAfter = forgetFunction + """
+        local user = ARGV[1]
+        if user == '' then user = redis.call('GET', 'apns:owner:' .. ARGV[2]) end
+        if not user then return 0 end
+        local registered = tonumber(redis.call('HGET', 'apns:registered:' .. user, ARGV[2]) or '0') or 0
+        local died = tonumber(ARGV[3])
         if died >= 0 and registered > died then return 0 end
-        redis.call('HDEL', KEYS[1], ARGV[1])
-        redis.call('HDEL', KEYS[2], ARGV[1])
+        if redis.call('HEXISTS', 'apns:tokens:' .. user, ARGV[2]) == 0 then forget(user, ARGV[2]) return 0 end
+        forget(user, ARGV[2])
         return 1
+        """
+
+    /// A registration: newer than what is known, it (re)writes the token under its user and moves it away from
+    /// a previous owner; older (events can arrive out of order), it changes nothing. Returns 1 if applied.
+    /// ARGV: user, token, environment, registered-at ms, device JSON or "".
+    static let register = forgetFunction + """
+        local user, token, at = ARGV[1], ARGV[2], tonumber(ARGV[4])
+        local owner = redis.call('GET', 'apns:owner:' .. token) or user
+        local known = tonumber(redis.call('HGET', 'apns:registered:' .. owner, token) or '0') or 0
+        if known > at then return 0 end
+        if owner ~= user then forget(owner, token) end
+        redis.call('HSET', 'apns:tokens:' .. user, token, ARGV[3])
+        redis.call('HSET', 'apns:registered:' .. user, token, ARGV[4])
+        if ARGV[5] ~= '' then redis.call('HSET', 'apns:devices:' .. user, token, ARGV[5]) end
+        redis.call('SET', 'apns:owner:' .. token, user)
+        return 1
+        """
+
+    /// Removes every token of one user last registered before a cutoff. ARGV: user, cutoff ms.
+    /// Tokens with no registration time are kept: their age is unknown.
+    static let sweepUser = forgetFunction + """
+        local user, cutoff = ARGV[1], tonumber(ARGV[2])
+        local entries = redis.call('HGETALL', 'apns:registered:' .. user)
+        local removed = 0
+        for index = 1, #entries, 2 do
+          if (tonumber(entries[index + 1]) or 0) < cutoff then
+            forget(user, entries[index])
+            removed = removed + 1
+          end
+        end
+        return removed
         """
 
     private let redis: RedisConnection
@@ -47,8 +101,7 @@ public struct TokenCache {
     public func removeDead(_ entries: [(user: String, token: String, diedAt: Int64?)]) throws(RedisError) -> [Bool] {
         guard !entries.isEmpty else { return [] }
         let replies = try redis.pipeline(entries.map { entry in
-            ["EVAL", Self.removeUnlessRegisteredAfter, "2", Self.key(forUser: entry.user),
-             Self.registeredKey(forUser: entry.user), entry.token, String(entry.diedAt ?? -1)]
+            ["EVAL", Self.removeUnlessRegisteredAfter, "0", entry.user, entry.token, String(entry.diedAt ?? -1)]
         })
         return try replies.map { reply throws(RedisError) -> Bool in
             if case .error(let message) = reply { throw RedisError(kind: .server, "removing a dead token: \(message)") }
@@ -88,4 +141,94 @@ public struct TokenCache {
         }
         return result
     }
+
+    /// Applies registrations in one round trip; returns, per registration, whether it changed the cache (false
+    /// for one older than what is known).
+    @discardableResult
+    public func register(_ registrations: [TokenRegistration]) throws(RedisError) -> [Bool] {
+        guard !registrations.isEmpty else { return [] }
+        let replies = try redis.pipeline(registrations.map { registration in
+            ["EVAL", Self.register, "0", registration.user, registration.token, registration.environment.rawValue,
+             String(registration.registeredAt), registration.deviceJSON ?? ""]
+        })
+        return try replies.map { reply throws(RedisError) -> Bool in
+            if case .error(let message) = reply { throw RedisError(kind: .server, "registering a token: \(message)") }
+            return reply.integer == 1
+        }
+    }
+
+    /// One user's tokens with what is known of them, sorted by token.
+    public func entries(forUser user: String) throws(RedisError) -> [TokenEntry] {
+        let replies = try redis.pipeline([["HGETALL", Self.key(forUser: user)],
+                                          ["HGETALL", Self.registeredKey(forUser: user)],
+                                          ["HGETALL", Self.devicesKey(forUser: user)]])
+        func fields(_ reply: RedisReply) throws(RedisError) -> [String: String] {
+            if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(user)'s tokens: \(message)") }
+            var result: [String: String] = [:]
+            let items = reply.elements
+            var index = 0
+            while index + 1 < items.count {
+                result[items[index].text ?? ""] = items[index + 1].text ?? ""
+                index += 2
+            }
+            return result
+        }
+        let environments = try fields(replies[0])
+        let registered = try fields(replies[1])
+        let devices = try fields(replies[2])
+        return environments.keys.sorted().map { token in
+            TokenEntry(token: token, environment: environments[token] ?? "",
+                       registeredAt: registered[token].flatMap { Int64($0) }, deviceJSON: devices[token])
+        }
+    }
+
+    /// Removes tokens last registered before `cutoff` (ms since epoch) from every user, a page of users at a time
+    /// (SCAN, so Redis is never blocked for long). Returns how many tokens went.
+    public func sweep(registeredBefore cutoff: Int64) throws(RedisError) -> Int {
+        var cursor = "0"
+        var removed = 0
+        repeat {
+            let page = try redis.command(["SCAN", cursor, "MATCH", Self.registeredPrefix + "*", "COUNT", "500"])
+            if case .error(let message) = page { throw RedisError(kind: .server, "SCAN: \(message)") }
+            let parts = page.elements
+            guard parts.count == 2 else { throw RedisError(kind: .server, "SCAN: unexpected reply") }
+            cursor = parts[0].text ?? "0"
+            let users = parts[1].elements.compactMap { $0.text.map { String($0.dropFirst(Self.registeredPrefix.count)) } }
+            guard !users.isEmpty else { continue }
+            let replies = try redis.pipeline(users.map { ["EVAL", Self.sweepUser, "0", $0, String(cutoff)] })
+            for reply in replies {
+                if case .error(let message) = reply { throw RedisError(kind: .server, "sweeping: \(message)") }
+                removed += Int(reply.integer ?? 0)
+            }
+        } while cursor != "0"
+        return removed
+    }
+}
+
+/// A token as the app reported it at launch (a registration event, or `apns-worker tokens add`).
+public struct TokenRegistration: Sendable, Equatable {
+    public var user: String
+    public var token: String
+    public var environment: APNsEnvironment
+    /// ms since epoch.
+    public var registeredAt: Int64
+    /// Device metadata (model, OS and app versions, locale, ...) as a JSON object, kept as sent.
+    public var deviceJSON: String?
+
+    public init(user: String, token: String, environment: APNsEnvironment, registeredAt: Int64, deviceJSON: String? = nil) {
+        self.user = user
+        self.token = token
+        self.environment = environment
+        self.registeredAt = registeredAt
+        self.deviceJSON = deviceJSON
+    }
+}
+
+/// What `tokens list` shows for one token.
+public struct TokenEntry: Sendable, Equatable {
+    public var token: String
+    /// As stored: production or sandbox, or whatever another system wrote.
+    public var environment: String
+    public var registeredAt: Int64?
+    public var deviceJSON: String?
 }

@@ -47,8 +47,8 @@ public final class Worker: Sendable {
                           logger: logger.child("apns-client"))
     }
 
-    /// Whether the worker is consuming (connected to the broker and Redis).
-    public var isReady: Bool { ready.load(ordering: .relaxed) }
+    /// Whether the worker can work: consuming (connected to the broker and Redis) with an APNs connection open.
+    public var isReady: Bool { ready.load(ordering: .relaxed) && statistics.openConnections > 0 }
 
     /// Asks `run()` to stop consuming, finish what is under way (up to SHUTDOWN_TIMEOUT) and return.
     public func stop() {
@@ -58,21 +58,23 @@ public final class Worker: Sendable {
 
     /// Runs until `stop()`; reconnects to the broker and Redis with back-off when they go away.
     public func run() {
+        apns.connect(.production)
         var generation = 0
         var failures = 0
+        var shared = statistics.snapshot()
         while !stopRequested.load(ordering: .acquiring) {
             generation += 1
             do {
                 let session = try connect()
                 failures = 0
                 ready.store(true, ordering: .relaxed)
-                try serve(session, generation: generation)
+                try serve(session, generation: generation, sharedThrough: &shared)
                 ready.store(false, ordering: .relaxed)
                 break
             } catch {
                 ready.store(false, ordering: .relaxed)
                 failures += 1
-                let delay = min(30, 0.25 * pow(2, Double(min(failures - 1, 7)))) * Double.random(in: 0.5...1)
+                let delay = reconnectDelay(afterFailures: failures)
                 logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
                                                                          "retry_in_s": String(format: "%.2f", delay)])
                 wakeup.wait(timeout: delay)
@@ -87,7 +89,13 @@ public final class Worker: Sendable {
         let tokens: TokenCache
         let rateLimit: SharedRateLimit?
         let sentRecord: SentRecord
+        let sharedStatistics: SharedStatistics
     }
+
+    /// How this process appears in `apns:workers` and in `apns-worker stats`.
+    public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
+    /// Seconds between two reports to the shared statistics in Redis.
+    private static let reportInterval = 5.0
 
     /// A notification ready to go, and the job it belongs to.
     private typealias Outgoing = (environment: APNsEnvironment, notification: APNsNotification, owner: (JobProgress, Int))
@@ -114,9 +122,10 @@ public final class Worker: Sendable {
     private func connect() throws -> Session {
         let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
                                       caFile: configuration.amqpCAFile)
-        for queue in [configuration.jobsQueue, configuration.deadTokensQueue, configuration.failedQueue] {
+        for queue in [configuration.jobsQueue, configuration.failedQueue] {
             try amqp.declareQueue(queue)
         }
+        try Topology.declareDeadTokens(on: amqp, configuration)
         for delay in configuration.retryDelays {
             try amqp.declareQueue(Self.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delay), arguments: [
                 "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
@@ -134,16 +143,18 @@ public final class Worker: Sendable {
                                   "amqp.prefetch": String(configuration.prefetch)])
         return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger),
                        rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil,
-                       sentRecord: SentRecord(redis: redis))
+                       sentRecord: SentRecord(redis: redis), sharedStatistics: SharedStatistics(redis: redis))
     }
 
     // MARK: broker thread
 
-    private func serve(_ session: Session, generation: Int) throws {
+    /// `sharedThrough`: the counters already added to the shared statistics in Redis.
+    private func serve(_ session: Session, generation: Int, sharedThrough shared: inout WorkerStatistics.Snapshot) throws {
         var inFlight = 0
         var stopDeadline: Date?
         var lastSummary = Date()
         var lastReported = statistics.snapshot()
+        var lastShared = Date.distantPast
         // Notifications waiting for rate-limit permits; bounded by the prefetch, as their jobs are unacknowledged.
         var backlog: [Outgoing] = []
         var nextWindowAt: Date?
@@ -159,6 +170,9 @@ public final class Worker: Sendable {
                         logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
                                        ["jobs.in_flight": String(inFlight)])
                     }
+                    let now = statistics.snapshot()
+                    try? session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity)
+                    shared = now
                     session.amqp.close()
                     return
                 }
@@ -201,10 +215,21 @@ public final class Worker: Sendable {
             }
             if !batch.isEmpty { continue }
 
-            if Date().timeIntervalSince(lastSummary) >= 10 {
+            if Date().timeIntervalSince(lastShared) >= Self.reportInterval {
+                let now = statistics.snapshot()
+                try session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity)
+                shared = now
+                lastShared = Date()
+            }
+            let sinceSummary = Date().timeIntervalSince(lastSummary)
+            if sinceSummary >= 10 {
                 let now = statistics.snapshot()
                 if now != lastReported {
-                    logger.info("progress", ["stats": now.summary, "jobs.in_flight": String(inFlight)])
+                    let answered = now.subtracting(lastReported)
+                    let rate = Double(answered.delivered + answered.deadTokens + answered.permanentFailures) / sinceSummary
+                    logger.info("progress", ["stats": now.summary, "jobs.in_flight": String(inFlight),
+                                             "notifications_per_s": String(Int(rate.rounded())),
+                                             "apns.in_flight": String(statistics.inFlight.load(ordering: .relaxed))])
                     lastReported = now
                 }
                 lastSummary = Date()
@@ -232,7 +257,11 @@ public final class Worker: Sendable {
         guard count > 0 else { return wait }
         let sending = Array(backlog.prefix(count))
         backlog.removeFirst(count)
+        statistics.inFlight.add(count, ordering: .relaxed)
+        let handedOver = DispatchTime.now().uptimeNanoseconds
         apns.send(sending.map { ($0.environment, $0.notification) }) { [self] position, result in
+            statistics.apnsLatency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
+            statistics.inFlight.subtract(1, ordering: .relaxed)
             let (progress, index) = sending[position].owner
             record(result, for: progress, index)
         }
@@ -330,7 +359,8 @@ public final class Worker: Sendable {
                                            environment: target.environment, status: response.status,
                                            reason: response.reason?.rawValue ?? "", timestamp: response.timestamp,
                                            jobID: progress.job.id)
-                last = try amqp.publish(to: configuration.deadTokensQueue, body: event.json)
+                last = try amqp.publish(to: configuration.deadTokensQueue, exchange: configuration.deadTokensExchange,
+                                        body: event.json)
             }
             let retrying = !progress.retryable.isEmpty && progress.job.attempt < configuration.maximumSendAttempts
             if retrying {
@@ -392,6 +422,12 @@ public final class Worker: Sendable {
     // MARK: APNs loop thread
 
     private func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
+        if result.outcome != .delivered {
+            // Without an answer, the reason is a fixed word: error texts vary and would make endless label values.
+            statistics.countUnsuccessful(status: result.response?.status, reason: result.response?.reason?.rawValue
+                                         ?? (result.response == nil ? (result.outcome == .permanentFailure
+                                                                       ? "not_sent" : "no_answer") : ""))
+        }
         switch result.outcome {
         case .delivered:
             progress.recordDelivered(index)

@@ -34,6 +34,15 @@ public struct WorkerConfiguration: Sendable {
     public var jobsQueue: String
     public var deadTokensQueue: String
     public var failedQueue: String
+    /// Fanout exchange dead-token events are published to; the dead-token queue is bound to it, and any other
+    /// subscriber may bind its own. Empty: publish straight to the queue.
+    public var deadTokensExchange: String
+    /// Registration events (an app launch reporting its token) that `apns-worker cleanup` applies to the cache.
+    public var registrationsQueue: String
+    /// `cleanup` removes tokens not registered again for this many days.
+    public var inactiveDays: Int
+    /// Seconds between two inactivity sweeps of `cleanup`.
+    public var sweepInterval: Double
     public var rateLimit: Int
     /// Unacknowledged jobs the broker may hand this worker at once (basic.qos).
     public var prefetch: Int
@@ -49,8 +58,10 @@ public struct WorkerConfiguration: Sendable {
     public var logLevel: Logger.Level
     public var logFormat: Logger.Format
 
-    /// Reads and checks every setting; the first bad one throws.
-    public static func load(from environment: [String: String]) throws(ConfigurationError) -> WorkerConfiguration {
+    /// Reads and checks every setting; the first bad one throws. The command-line tools (`enqueue`, `tokens`,
+    /// `stats`, `cleanup`, ...) send nothing to APNs and load without `requiringCredentials`.
+    public static func load(from environment: [String: String],
+                            requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
         func value(_ key: String) -> String? {
             guard let text = environment[key]?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return nil }
             return text
@@ -123,9 +134,9 @@ public struct WorkerConfiguration: Sendable {
         let teamID = value("APNS_TEAM_ID")
         let certificateFile = try file("APNS_CERT_FILE")
         let certificateKeyFile = try file("APNS_CERT_KEY_FILE")
-        if keyFile != nil {
-            if keyID == nil { throw ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE") }
-            if teamID == nil { throw ConfigurationError(key: "APNS_TEAM_ID", "required with APNS_KEY_FILE") }
+        if keyFile != nil || !requiringCredentials {
+            if keyFile != nil && keyID == nil { throw ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE") }
+            if keyFile != nil && teamID == nil { throw ConfigurationError(key: "APNS_TEAM_ID", "required with APNS_KEY_FILE") }
         } else if certificateFile == nil {
             throw ConfigurationError(key: "APNS_KEY_FILE",
                                      "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and APNS_TEAM_ID, or APNS_CERT_FILE")
@@ -148,6 +159,12 @@ public struct WorkerConfiguration: Sendable {
             jobsQueue: try queue("PUSH_JOBS_QUEUE", default: "push.jobs"),
             deadTokensQueue: try queue("PUSH_DEAD_TOKENS_QUEUE", default: "push.dead-tokens"),
             failedQueue: try queue("PUSH_FAILED_QUEUE", default: "push.failed"),
+            // Set but empty means no exchange (publish straight to the queue), so not `queue()`'s default rule.
+            deadTokensExchange: environment["PUSH_DEAD_TOKENS_EXCHANGE"] == nil ? "apns.dead-tokens"
+                : try queue("PUSH_DEAD_TOKENS_EXCHANGE", default: ""),
+            registrationsQueue: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"),
+            inactiveDays: try integer("CLEANUP_INACTIVE_DAYS", default: 90, range: 1...3650),
+            sweepInterval: try seconds("CLEANUP_SWEEP_INTERVAL", default: 3600),
             rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
             prefetch: try integer("WORKER_PREFETCH", default: 500, range: 1...65_535),
             maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),

@@ -1,4 +1,5 @@
 import Synchronization
+import Telemetry
 
 /// Process-wide counters, safe to bump from any thread.
 public final class WorkerStatistics: Sendable {
@@ -20,7 +21,29 @@ public final class WorkerStatistics: Sendable {
     public let goAways = Atomic<Int>(0)
     public let connectFailures = Atomic<Int>(0)
 
+    /// Notifications handed to the APNs client and not answered yet.
+    public let inFlight = Atomic<Int>(0)
+    /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
+    public let apnsLatency = Histogram()
+    /// Answers other than 200, by status and reason ("none" for notifications that got no answer). Counted off the
+    /// hot path: only failures take the lock.
+    private let unsuccessful = Mutex<[ResponseKey: Int]>([:])
+
+    struct ResponseKey: Hashable {
+        var status: String
+        var reason: String
+    }
+
     public init() {}
+
+    public var openConnections: Int {
+        connectionsOpened.load(ordering: .relaxed) - connectionsClosed.load(ordering: .relaxed)
+    }
+
+    public func countUnsuccessful(status: Int?, reason: String) {
+        let key = ResponseKey(status: status.map(String.init) ?? "none", reason: reason)
+        unsuccessful.withLock { $0[key, default: 0] += 1 }
+    }
 
     /// The Prometheus text exposition of every counter.
     public func prometheusText(ready: Bool) -> String {
@@ -38,22 +61,46 @@ public final class WorkerStatistics: Sendable {
             ("{outcome=\"delivered\"}", load(delivered)), ("{outcome=\"dead_token\"}", load(deadTokens)),
             ("{outcome=\"failed\"}", load(permanentFailures)),
         ])
+        let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
+        family("apns_worker_apns_responses_total", "counter",
+               "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
+               [("{status=\"200\",reason=\"\"}", load(delivered))] + answers.map { key, count in
+                   ("{status=\"\(key.status)\",reason=\(JSONString.quote(key.reason))}", count)
+               })
+        family("apns_worker_apns_in_flight", "gauge", "Notifications sent to APNs and not answered yet.",
+               [("", load(inFlight))])
+        text += apnsLatency.prometheusText(name: "apns_worker_apns_latency_seconds",
+                                           help: "From handing a notification to the APNs client to its answer.")
         family("apns_worker_retries_total", "counter", "Notifications scheduled for another attempt.", [("", load(retries))])
         family("apns_worker_rate_limit_waits_total", "counter", "Batches that waited for the shared rate limit.",
                [("", load(rateLimitWaits))])
         family("apns_worker_duplicates_avoided_total", "counter",
                "Notifications of redelivered jobs not sent again (idempotency record).", [("", load(duplicatesAvoided))])
         family("apns_worker_apns_connections", "gauge", "Open HTTP/2 connections to APNs.",
-               [("", load(connectionsOpened) - load(connectionsClosed))])
+               [("", openConnections)])
         family("apns_worker_apns_goaways_total", "counter", "GOAWAY frames received from APNs.", [("", load(goAways))])
         family("apns_worker_apns_connect_failures_total", "counter", "Failed or unproductive APNs connections.",
                [("", load(connectFailures))])
-        family("apns_worker_ready", "gauge", "1 while connected to the broker and Redis and consuming.", [("", ready ? 1 : 0)])
+        family("apns_worker_ready", "gauge", "1 while consuming (broker and Redis connected) with an APNs connection open.", [("", ready ? 1 : 0)])
         return text
     }
 
     public struct Snapshot: Sendable, Equatable {
         public var jobsCompleted, jobsRejected, jobsParked, delivered, deadTokens, permanentFailures, retries: Int
+
+        /// Names as `SharedStatistics` stores them, with values.
+        public var fields: [(name: String, value: Int)] {
+            [("jobs", jobsCompleted), ("rejected", jobsRejected), ("parked", jobsParked), ("delivered", delivered),
+             ("dead_tokens", deadTokens), ("failed", permanentFailures), ("retries", retries)]
+        }
+
+        /// What happened between `earlier` and this one.
+        public func subtracting(_ earlier: Snapshot) -> Snapshot {
+            Snapshot(jobsCompleted: jobsCompleted - earlier.jobsCompleted, jobsRejected: jobsRejected - earlier.jobsRejected,
+                     jobsParked: jobsParked - earlier.jobsParked, delivered: delivered - earlier.delivered,
+                     deadTokens: deadTokens - earlier.deadTokens,
+                     permanentFailures: permanentFailures - earlier.permanentFailures, retries: retries - earlier.retries)
+        }
 
         public var summary: String {
             "jobs=\(jobsCompleted) rejected=\(jobsRejected) parked=\(jobsParked) delivered=\(delivered) "

@@ -1,131 +1,72 @@
 import Foundation
-import Synchronization
-import Telemetry
-import WorkerPipeline
 
-let usage = """
-apns-worker: consumes push jobs from RabbitMQ, resolves users to device tokens in Redis, sends the notifications
-to Apple's APNs over persistent HTTP/2 connections, and publishes dead tokens for cleanup.
+// apns-worker: one executable, one subcommand per job. Each subcommand lives in its own file as a function
+// `<name>Command(arguments)`; the work itself is in the WorkerPipeline and Operations modules.
 
-USAGE: apns-worker [run] [--config FILE] [--set KEY=VALUE ...] [--log-level LEVEL]
-       apns-worker --help
+let overview = """
+apns-worker: delivers push notifications to Apple's APNs. Workers consume jobs from RabbitMQ, resolve users to
+device tokens in Redis, send over persistent HTTP/2 connections, and publish dead tokens for cleanup.
 
-OPTIONS:
-  --config FILE         settings as KEY=VALUE lines (# comments allowed; config/apns-worker.env is an example)
-  --set KEY=VALUE       one setting; repeatable. Flags win over the environment, which wins over the file.
-  --log-level LEVEL     the same as --set LOG_LEVEL=LEVEL
+USAGE: apns-worker <command> [options]          (no command: run)
 
-Settings come from the environment (see config/apns-worker.env for every key, its default and meaning):
-  AMQP_URL              broker (default amqp://guest:guest@127.0.0.1:5672/%2f)
-  REDIS_URL             token cache (default redis://127.0.0.1:6379/0)
+COMMANDS:
+  run                 run a worker (the default); scale by running more of them
+  enqueue             publish jobs: from a JSON Lines file, stdin, or flags (--user, --alert, ...)
+  tokens              the token cache: tokens add | remove | list
+  dead-tokens tail    watch dead-token events as workers publish them
+  stats               queue depths, fleet-wide rates and live workers, from the broker and Redis
+  cleanup             apply dead-token and registration events to the cache; sweep inactive tokens
+
+Every command takes:
+  --config FILE       settings as KEY=VALUE lines (# comments; config/apns-worker.env lists every key)
+  --set KEY=VALUE     one setting, repeatable. Flags win over the environment, which wins over the file.
+  --log-level LEVEL   trace, debug, info, notice, warning, error
+  --help              what the command does, its options and an example
+
+The settings most deployments need (all are environment variables):
+  AMQP_URL            broker (default amqp://guest:guest@127.0.0.1:5672/%2f; amqps:// for TLS)
+  REDIS_URL           token cache and shared counters (default redis://127.0.0.1:6379/0)
   APNS_KEY_FILE, APNS_KEY_ID, APNS_TEAM_ID
-                        token authentication (.p8 key), or APNS_CERT_FILE [+ APNS_CERT_KEY_FILE] for a certificate
-  APNS_TOPIC            topic for jobs that name none
-  APNS_PRODUCTION_URL, APNS_SANDBOX_URL, APNS_CA_FILE
-                        endpoints (default Apple's) and an extra CA for private ones such as apns-sim
-  PUSH_JOBS_QUEUE, PUSH_DEAD_TOKENS_QUEUE, PUSH_FAILED_QUEUE
-                        queues (default push.jobs, push.dead-tokens, push.failed)
-  METRICS_HOST, METRICS_PORT
-                        GET /metrics (Prometheus), /healthz, /readyz (default 0.0.0.0:9464; port 0 = off)
+                      token authentication (.p8 key); or APNS_CERT_FILE [+ APNS_CERT_KEY_FILE]
+  APNS_TOPIC          the app's bundle id, for jobs that name no topic
+  APNS_RATE_LIMIT     notifications per second shared by all workers (0 = none)
 
-A job is one JSON message on PUSH_JOBS_QUEUE:
-  {"id": "job-42", "topic": "com.example.app", "users": ["u1"], "tokens": ["<hex>"],
-   "push_type": "alert", "priority": 10, "payload": {"aps": {"alert": "Hello"}}}
+A job (one JSON message on PUSH_JOBS_QUEUE, default push.jobs):
+  {"id": "job-42", "users": ["u1"], "push_type": "alert", "payload": {"aps": {"alert": "Hello"}}}
 
-SIGTERM or SIGINT stops consuming and finishes the jobs under way (SHUTDOWN_TIMEOUT, default 25 s);
-a second signal exits at once.
+EXAMPLES:
+  APNS_KEY_FILE=AuthKey.p8 APNS_KEY_ID=ABC123DEFG APNS_TEAM_ID=DEF123GHIJ APNS_TOPIC=com.example.app apns-worker
+  apns-worker tokens add alice 3f0c...e1 --environment sandbox
+  apns-worker enqueue --user alice --alert "Your order shipped"
+  apns-worker enqueue campaign.jsonl
+  apns-worker stats
 
 EXIT CODES:
-  0   stopped on a signal after finishing its work
+  0   done (run and cleanup: stopped on a signal after finishing their work)
+  1   a second signal cut the drain short; unfinished jobs return to the queue
   2   bad command line
+  65  some input was refused (enqueue: the jobs named on stderr were not published)
+  69  the broker or Redis could not be reached
   78  bad configuration (the message names the key)
 """
 
-func fail(_ message: String, code: Int32) -> Never {
-    FileHandle.standardError.write(Data("apns-worker: \(message)\n".utf8))
-    exit(code)
-}
-
 var arguments = Array(CommandLine.arguments.dropFirst())
-if arguments.first == "run" { arguments.removeFirst() }
-var configFile: String?
-var flags: [String: String] = [:]
-while let argument = arguments.first {
-    arguments.removeFirst()
-    switch argument {
-    case "-h", "--help", "help":
-        print(usage)
-        exit(0)
-    case "--config", "--set", "--log-level":
-        guard let value = arguments.first else { fail("\(argument) needs a value; try 'apns-worker --help'", code: 2) }
-        arguments.removeFirst()
-        if argument == "--config" {
-            configFile = value
-        } else if argument == "--log-level" {
-            flags["LOG_LEVEL"] = value
-        } else {
-            guard let equals = value.firstIndex(of: "="), equals != value.startIndex else {
-                fail("--set wants KEY=VALUE, got \(value)", code: 2)
-            }
-            flags[String(value[..<equals])] = String(value[value.index(after: equals)...])
-        }
-    default:
-        fail("unknown argument \(argument); try 'apns-worker --help'", code: 2)
-    }
+if arguments.first == "--help" || arguments.first == "-h" {
+    print(overview)
+    exit(ExitCode.success)
 }
-
-let configuration: WorkerConfiguration
-do {
-    let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
-    configuration = try WorkerConfiguration.load(from: ConfigurationSources.merge(
-        file: file, environment: ProcessInfo.processInfo.environment, flags: flags))
-} catch {
-    fail("configuration error: \(error)", code: 78)
+let command = arguments.first.flatMap { $0.hasPrefix("-") ? nil : $0 } ?? "run"
+if arguments.first == command { arguments.removeFirst() }
+switch command {
+case "run": runCommand(arguments)
+case "enqueue": enqueueCommand(arguments)
+case "tokens": tokensCommand(arguments)
+case "dead-tokens": deadTokensCommand(arguments)
+case "stats": statsCommand(arguments)
+case "cleanup": cleanupCommand(arguments)
+case "help":
+    print(overview)
+default:
+    fail("unknown command \(command); try 'apns-worker --help'", code: ExitCode.usage)
 }
-let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
-let worker: Worker
-do { worker = try Worker(configuration: configuration, logger: logger) } catch {
-    fail("configuration error: \(error)", code: 78)
-}
-
-var health: HealthServer?
-if configuration.metricsPort > 0 {
-    do {
-        health = try HealthServer(host: configuration.metricsHost, port: configuration.metricsPort,
-                                  metrics: { worker.statistics.prometheusText(ready: worker.isReady) },
-                                  ready: { worker.isReady })
-    } catch { fail("configuration error: METRICS_PORT: \(error)", code: 78) }
-    logger.info("metrics and health endpoint", ["http.address": "\(configuration.metricsHost):\(health!.port)"])
-}
-
-signal(SIGINT, SIG_IGN)
-signal(SIGTERM, SIG_IGN)
-signal(SIGPIPE, SIG_IGN)
-let signalCount = Atomic<Int>(0)
-let signalSources = [SIGINT, SIGTERM].map { number in
-    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-    source.setEventHandler {
-        // Signals that arrive together are coalesced into one call; `data` says how many there were.
-        if signalCount.add(max(1, Int(source.data)), ordering: .relaxed).newValue > 1 {
-            logger.warning("second signal: exiting now; unfinished jobs return to the queue")
-            // _exit, not exit: no atexit handlers that could wait on the threads still working.
-            _exit(1)
-        }
-        logger.info("signal received: stopping", ["signal": String(number)])
-        worker.stop()
-    }
-    source.resume()
-    return source
-}
-
-let finished = DispatchSemaphore(value: 0)
-let broker = Thread {
-    worker.run()
-    finished.signal()
-}
-broker.name = "broker"
-broker.start()
-finished.wait()
-health?.shutdown()
-_ = signalSources
-exit(0)
+exit(ExitCode.success)

@@ -124,6 +124,11 @@ import Glibc
         let openConnections = metrics.body.firstMatch(of: /apns_worker_apns_connections (\d+)/).flatMap { Int($0.1) }
         #expect((openConnections ?? 0) >= 1, "APNs connections are counted")
         #expect(metrics.body.contains("apns_worker_ready 1"))
+        #expect(metrics.body.contains("apns_worker_apns_responses_total{status=\"200\",reason=\"\"} 1"), "\(metrics.body)")
+        #expect(metrics.body.contains("apns_worker_apns_responses_total{status=\"410\",reason=\"Unregistered\"} 1"))
+        #expect(metrics.body.contains("apns_worker_apns_latency_seconds_count 2"), "both answers timed")
+        #expect(metrics.body.contains("apns_worker_apns_latency_seconds_bucket{le=\"+Inf\"} 2"))
+        #expect(metrics.body.contains("apns_worker_apns_in_flight 0"))
         #expect(try TestServices.httpGet(port: metricsPort, "/healthz").status == 200)
         #expect(try TestServices.httpGet(port: metricsPort, "/readyz").status == 200)
         #expect(try TestServices.httpGet(port: metricsPort, "/nothing").status == 404)

@@ -49,6 +49,10 @@ import WorkerPipeline
         #expect(configuration.failedQueue == "push.failed")
         #expect(configuration.rateLimit == 0)
         #expect(configuration.apns.verifyPeer)
+        #expect(configuration.deadTokensExchange == "apns.dead-tokens")
+        #expect(configuration.registrationsQueue == "push.registrations")
+        #expect(configuration.inactiveDays == 90 && configuration.sweepInterval == 3600)
+        #expect(configuration.metricsPort == 9464 && configuration.prefetch == 500)
         guard case .token(let provider) = try configuration.makeAuthentication() else {
             Issue.record("expected token authentication")
             return
@@ -67,6 +71,17 @@ import WorkerPipeline
         (["APNS_KEY_ID": "short"], "APNS_KEY_ID"),
         (["LOG_LEVEL": "loud"], "LOG_LEVEL"),
         (["APNS_INSECURE_SKIP_VERIFY": "maybe"], "APNS_INSECURE_SKIP_VERIFY"),
+        (["APNS_CONNECTIONS": "0"], "APNS_CONNECTIONS"),
+        (["APNS_RETRY_DELAYS": "1,soon"], "APNS_RETRY_DELAYS"),
+        (["AMQP_HEARTBEAT": "-1"], "AMQP_HEARTBEAT"),
+        (["SHUTDOWN_TIMEOUT": "later"], "SHUTDOWN_TIMEOUT"),
+        (["METRICS_PORT": "70000"], "METRICS_PORT"),
+        (["LOG_FORMAT": "xml"], "LOG_FORMAT"),
+        (["PUSH_JOBS_QUEUE": String(repeating: "q", count: 256)], "PUSH_JOBS_QUEUE"),
+        (["PUSH_DEAD_TOKENS_EXCHANGE": String(repeating: "x", count: 256)], "PUSH_DEAD_TOKENS_EXCHANGE"),
+        (["PUSH_REGISTRATIONS_QUEUE": String(repeating: "r", count: 256)], "PUSH_REGISTRATIONS_QUEUE"),
+        (["CLEANUP_INACTIVE_DAYS": "0"], "CLEANUP_INACTIVE_DAYS"),
+        (["CLEANUP_SWEEP_INTERVAL": "-1"], "CLEANUP_SWEEP_INTERVAL"),
     ])
     func badSettingsNameTheirKey(overrides: [String: String], key: String) {
         let environment = minimal.merging(overrides) { _, new in new }
@@ -83,6 +98,18 @@ import WorkerPipeline
         #expect(throws: ConfigurationError.self) { try WorkerConfiguration.load(from: [:]) }
         #expect(throws: ConfigurationError(key: "APNS_TEAM_ID", "required with APNS_KEY_FILE")) {
             try WorkerConfiguration.load(from: ["APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG"])
+        }
+    }
+
+    /// The command-line tools send nothing to APNs: they load without credentials, and still check the rest.
+    @Test func toolsLoadWithoutCredentials() throws {
+        let configuration = try WorkerConfiguration.load(from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)
+        #expect(configuration.keyFile == nil && configuration.deadTokensExchange == "", "empty: no exchange")
+        #expect(throws: ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE")) {
+            try WorkerConfiguration.load(from: ["APNS_KEY_FILE": keyFile], requiringCredentials: false)
+        }
+        #expect(throws: ConfigurationError.self) {
+            try WorkerConfiguration.load(from: ["REDIS_URL": "nope"], requiringCredentials: false)
         }
     }
 

@@ -1,0 +1,35 @@
+import AMQP
+import Foundation
+import WorkerPipeline
+
+/// `apns-worker dead-tokens tail`: shows dead-token events as workers publish them, without taking them from the
+/// cleanup consumers: a temporary queue of its own, bound to the dead-token exchange, gone when it exits.
+public final class DeadTokenWatcher {
+    private let amqp: AMQPConnection
+
+    public init(configuration: WorkerConfiguration) throws {
+        guard !configuration.deadTokensExchange.isEmpty else {
+            throw JobReaderError("PUSH_DEAD_TOKENS_EXCHANGE is empty: events go straight to "
+                                 + "\(configuration.deadTokensQueue), so there is nothing to watch without taking them")
+        }
+        amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
+                                  caFile: configuration.amqpCAFile)
+        try Topology.declareDeadTokens(on: amqp, configuration)
+        let queue = try amqp.declareTemporaryQueue()
+        try amqp.bindQueue(queue, to: configuration.deadTokensExchange)
+        try amqp.consume(queue, acknowledging: false)
+    }
+
+    deinit { amqp.close() }
+
+    /// The next event's body, or nil if none came within `timeout` seconds (nil: wait for ever).
+    public func next(timeout: Double?) throws -> [UInt8]? {
+        let deadline = timeout.map { Date().addingTimeInterval($0) }
+        while true {
+            let remaining = deadline.map { max(0, $0.timeIntervalSinceNow) }
+            guard let event = try amqp.nextEvent(timeout: remaining) else { return nil }
+            if case .delivery(let delivery) = event { return delivery.body }
+            if let deadline, Date() >= deadline { return nil }
+        }
+    }
+}

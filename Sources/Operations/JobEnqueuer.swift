@@ -1,0 +1,196 @@
+import AMQP
+import APNs
+import Foundation
+import Telemetry
+import WorkerPipeline
+
+/// Publishes jobs onto PUSH_JOBS_QUEUE for `apns-worker enqueue`: each job is checked as the worker would check it
+/// first (a bad one is reported with its line and not published), published persistent with publisher confirms, and
+/// given a message-id when it has no `id`, so that a worker can recognise it if it is ever redelivered.
+public final class JobEnqueuer {
+    public struct Progress: Sendable {
+        public var published = 0
+        public var refused = 0
+        /// Bytes of input read so far, and in all when known (a file, not a pipe).
+        public var bytesRead = 0
+        public var totalBytes: Int?
+        public var elapsed = 0.0
+    }
+
+    /// A job that was not published, and why.
+    public struct Refusal: Sendable, CustomStringConvertible {
+        public var line: Int
+        public var reason: String
+        public var description: String { "line \(line): \(reason)" }
+    }
+
+    /// Jobs waiting for the broker's confirms at most: bounds memory, keeps the pipe to the broker full.
+    static let confirmWindow = 1_000
+
+    private let configuration: WorkerConfiguration
+    private let amqp: AMQPConnection
+    private let replyTo: String?
+    private var pending: [(line: Int, sequence: UInt64)] = []
+    public private(set) var progress = Progress()
+    public private(set) var refusals: [Refusal] = []
+
+    public init(configuration: WorkerConfiguration, replyTo: String? = nil) throws(AMQPError) {
+        self.configuration = configuration
+        self.replyTo = replyTo
+        amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
+                                  caFile: configuration.amqpCAFile)
+        try amqp.declareQueue(configuration.jobsQueue)
+        try amqp.enablePublisherConfirms()
+    }
+
+    deinit { amqp.close() }
+
+    /// Checks and publishes one job (`line` names it in refusals).
+    public func enqueue(_ body: [UInt8], line: Int) throws(AMQPError) {
+        // A job without a topic may still be fine for workers that have APNS_TOPIC; only they can tell.
+        let job: PushJob
+        do {
+            job = try PushJob.decode(body, defaultTopic: configuration.defaultTopic ?? "apns-worker.enqueue.unknown-topic",
+                                     fallbackID: "")
+        } catch {
+            refuse(line: line, error.description)
+            return
+        }
+        let properties = AMQPProperties(replyTo: replyTo, correlationID: nil,
+                                        messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
+                                        persistent: true)
+        pending.append((line, try amqp.publish(to: configuration.jobsQueue, body: body, properties: properties)))
+        if pending.count >= Self.confirmWindow { try settle() }
+    }
+
+    /// Waits for the broker to confirm everything published; a job the broker refused is reported.
+    public func settle() throws(AMQPError) {
+        guard let last = pending.last else { return }
+        let nacked = Set(try amqp.waitForConfirms(through: last.sequence))
+        for (line, sequence) in pending {
+            if nacked.contains(sequence) {
+                refuse(line: line, "the broker refused it (nack)")
+            } else {
+                progress.published += 1
+            }
+        }
+        pending.removeAll(keepingCapacity: true)
+    }
+
+    /// Everything `reader` holds, then `settle()`; `report` sees the progress at most every `interval` seconds and
+    /// once at the end.
+    public func enqueueAll(from reader: inout JobReader, interval: Double = 0.2,
+                           report: (Progress) -> Void) throws {
+        let start = Date()
+        var lastReport = start
+        func update() {
+            progress.bytesRead = reader.bytesRead
+            progress.totalBytes = reader.totalBytes
+            progress.elapsed = Date().timeIntervalSince(start)
+        }
+        while let (line, body) = try reader.next() {
+            try enqueue(body, line: line)
+            if Date().timeIntervalSince(lastReport) >= interval {
+                update()
+                report(progress)
+                lastReport = Date()
+            }
+        }
+        try settle()
+        update()
+        report(progress)
+    }
+
+    private func refuse(line: Int, _ reason: String) {
+        progress.refused += 1
+        refusals.append(Refusal(line: line, reason: reason))
+    }
+}
+
+/// Splits input into jobs without holding more than one chunk and one job in memory: JSON Lines (a job per line,
+/// blank lines skipped), or, when the first line does not hold a whole JSON value, one pretty-printed job.
+public struct JobReader {
+    /// The largest input taken as a single multi-line job (the worker's message limit is far below).
+    public static let maximumSingleJob = 4 << 20
+
+    private let handle: FileHandle
+    public let totalBytes: Int?
+    public private(set) var bytesRead = 0
+    private var buffer: [UInt8] = []
+    private var lineNumber = 0
+    private var finished = false
+    private var mode: Mode = .undecided
+
+    private enum Mode { case undecided, lines, single }
+
+    public init(path: String) throws {
+        if path == "-" {
+            handle = .standardInput
+            totalBytes = nil
+        } else {
+            guard let opened = FileHandle(forReadingAtPath: path) else {
+                throw JobReaderError("cannot open \(path) for reading")
+            }
+            handle = opened
+            let size = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? nil
+            totalBytes = size
+        }
+    }
+
+    /// The next job and the line it starts on, or nil at the end of the input.
+    public mutating func next() throws -> (line: Int, body: [UInt8])? {
+        while true {
+            if mode == .single {
+                return nil
+            }
+            if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = Array(buffer[..<newline])
+                buffer.removeSubrange(...newline)
+                lineNumber += 1
+                if let job = try take(line) { return job }
+                continue
+            }
+            if finished {
+                guard !buffer.isEmpty else { return nil }
+                let line = buffer
+                buffer.removeAll()
+                lineNumber += 1
+                return try take(line)
+            }
+            let chunk = handle.readData(ofLength: 1 << 20)
+            bytesRead += chunk.count
+            if chunk.isEmpty { finished = true } else { buffer.append(contentsOf: chunk) }
+        }
+    }
+
+    private mutating func take(_ line: [UInt8]) throws -> (line: Int, body: [UInt8])? {
+        let trimmed = line.drop { $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }
+        guard !trimmed.isEmpty else { return nil }
+        if mode == .undecided {
+            if (try? JSONReader.parse(Array(line))) != nil || trimmed.first != UInt8(ascii: "{") {
+                mode = .lines
+            } else {
+                // The first line opens an object it does not close: the whole input is one job.
+                mode = .single
+                var whole = line + [UInt8(ascii: "\n")] + buffer
+                buffer.removeAll()
+                while !finished {
+                    let chunk = handle.readData(ofLength: 1 << 20)
+                    bytesRead += chunk.count
+                    if chunk.isEmpty { finished = true } else { whole.append(contentsOf: chunk) }
+                    guard whole.count <= Self.maximumSingleJob else {
+                        throw JobReaderError("line 1 starts a job that does not end on its line, and the input is "
+                                             + "over \(Self.maximumSingleJob) bytes: give one job per line (JSON Lines)")
+                    }
+                }
+                return (lineNumber, whole)
+            }
+        }
+        return (lineNumber, line)
+    }
+}
+
+public struct JobReaderError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,83 @@
+import AMQP
+import Foundation
+import Redis
+import Telemetry
+import WorkerPipeline
+
+/// `apns-worker stats`: the state of the whole system from the broker (queue depths and consumers) and Redis (what
+/// all workers did in the last minutes, which workers are alive).
+public struct StatsReport: Sendable {
+    public struct Queue: Sendable {
+        public var role: String
+        public var name: String
+        /// nil: the queue does not exist (yet).
+        public var messages: Int?
+        public var consumers: Int?
+    }
+
+    public var queues: [Queue]
+    /// Counter name -> total over the window, all workers together (names as in `SharedStatistics`).
+    public var totals: [String: Int]
+    public var windowMinutes: Int
+    public var workers: [String]
+
+    public static func collect(_ configuration: WorkerConfiguration, windowMinutes: Int) throws -> StatsReport {
+        let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: 0, caFile: configuration.amqpCAFile)
+        defer { amqp.close() }
+        var names: [(String, String)] = [("jobs", configuration.jobsQueue)]
+        names += configuration.retryDelays.map { delay in
+            ("retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s",
+             Worker.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delay))
+        }
+        names += [("dead tokens", configuration.deadTokensQueue), ("failed", configuration.failedQueue),
+                  ("registrations", configuration.registrationsQueue)]
+        var queues: [Queue] = []
+        for (role, name) in names {
+            let status = try amqp.queueStatus(name)
+            queues.append(Queue(role: role, name: name, messages: status?.messages, consumers: status?.consumers))
+        }
+        let redis = try RedisConnection(url: configuration.redisURL)
+        let shared = try SharedStatistics(redis: redis).read(minutes: windowMinutes)
+        return StatsReport(queues: queues, totals: shared.totals, windowMinutes: windowMinutes,
+                           workers: shared.workers.sorted())
+    }
+
+    public var text: String {
+        var lines = ["QUEUE                                      MESSAGES  CONSUMERS"]
+        for queue in queues {
+            let label = "\(queue.name) (\(queue.role))"
+            let messages = queue.messages.map(String.init) ?? "absent"
+            let consumers = queue.consumers.map(String.init) ?? "-"
+            lines.append(label.padding(toLength: 42, withPad: " ", startingAt: 0) + " "
+                         + String(repeating: " ", count: max(0, 8 - messages.count)) + messages + "  "
+                         + String(repeating: " ", count: max(0, 9 - consumers.count)) + consumers)
+        }
+        lines.append("")
+        lines.append("LAST \(windowMinutes) MIN (all workers)        TOTAL     PER SECOND")
+        let seconds = Double(windowMinutes * 60)
+        for name in Self.counterNames {
+            let total = totals[name] ?? 0
+            lines.append(name.padding(toLength: 30, withPad: " ", startingAt: 0)
+                         + String(repeating: " ", count: max(0, 10 - String(total).count)) + String(total)
+                         + String(format: "  %9.1f", Double(total) / seconds))
+        }
+        lines.append("")
+        lines.append("WORKERS ALIVE (reported in the last 30 s): \(workers.count)")
+        for worker in workers { lines.append("  \(worker)") }
+        return lines.joined(separator: "\n")
+    }
+
+    public var json: String {
+        let queueText = queues.map { queue in
+            "{\"role\":\(JSONString.quote(queue.role)),\"name\":\(JSONString.quote(queue.name)),"
+                + "\"messages\":\(queue.messages.map(String.init) ?? "null"),"
+                + "\"consumers\":\(queue.consumers.map(String.init) ?? "null")}"
+        }.joined(separator: ",")
+        let totalText = Self.counterNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }.joined(separator: ",")
+        let workerText = workers.map(JSONString.quote).joined(separator: ",")
+        return "{\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
+            + "\"workers\":[\(workerText)]}"
+    }
+
+    static let counterNames = ["delivered", "dead_tokens", "failed", "retries", "jobs", "rejected", "parked"]
+}

@@ -1,0 +1,210 @@
+import AMQP
+import Foundation
+import Redis
+import Synchronization
+import Telemetry
+import WorkerPipeline
+
+/// `apns-worker cleanup`: keeps the token cache true to what APNs and the apps say.
+/// - consumes PUSH_DEAD_TOKENS_QUEUE and takes each dead token out of the cache, unless the app registered it again
+///   after the event's timestamp (the worker does the same for its own users; this also covers tokens sent
+///   directly, through `apns:owner:<token>`, and events other systems publish);
+/// - consumes PUSH_REGISTRATIONS_QUEUE and applies each registration (newer than what is known) or unregistration;
+/// - sweeps, every CLEANUP_SWEEP_INTERVAL, the tokens no app registered for CLEANUP_INACTIVE_DAYS.
+/// Messages are acknowledged only after Redis applied them; a bad message is parked on PUSH_FAILED_QUEUE with the
+/// reason in the `x-apns-worker-reason` header, like a bad job.
+public final class TokenCleanup: Sendable {
+    public final class Statistics: Sendable {
+        public let deadTokensRemoved = Atomic<Int>(0)
+        /// Dead-token events for tokens already gone or registered again since.
+        public let deadTokensKept = Atomic<Int>(0)
+        public let registrationsApplied = Atomic<Int>(0)
+        /// Registrations older than what the cache knows (arrived out of order).
+        public let registrationsStale = Atomic<Int>(0)
+        public let unregistrations = Atomic<Int>(0)
+        public let refused = Atomic<Int>(0)
+        public let sweptTokens = Atomic<Int>(0)
+        public let sweeps = Atomic<Int>(0)
+
+        public var summary: String {
+            "dead_removed=\(deadTokensRemoved.load(ordering: .relaxed)) dead_kept=\(deadTokensKept.load(ordering: .relaxed)) "
+                + "registered=\(registrationsApplied.load(ordering: .relaxed)) "
+                + "stale=\(registrationsStale.load(ordering: .relaxed)) unregistered=\(unregistrations.load(ordering: .relaxed)) "
+                + "refused=\(refused.load(ordering: .relaxed)) swept=\(sweptTokens.load(ordering: .relaxed))"
+        }
+
+        public func prometheusText(ready: Bool) -> String {
+            var text = ""
+            func counter(_ name: String, _ help: String, _ samples: [(String, Int)]) {
+                text += "# HELP \(name) \(help)\n# TYPE \(name) counter\n"
+                for (labels, value) in samples { text += "\(name)\(labels) \(value)\n" }
+            }
+            counter("apns_cleanup_dead_tokens_total", "Dead-token events handled, by result.", [
+                ("{result=\"removed\"}", deadTokensRemoved.load(ordering: .relaxed)),
+                ("{result=\"kept\"}", deadTokensKept.load(ordering: .relaxed)),
+            ])
+            counter("apns_cleanup_registrations_total", "Registration events handled, by result.", [
+                ("{result=\"applied\"}", registrationsApplied.load(ordering: .relaxed)),
+                ("{result=\"stale\"}", registrationsStale.load(ordering: .relaxed)),
+                ("{result=\"unregistered\"}", unregistrations.load(ordering: .relaxed)),
+            ])
+            counter("apns_cleanup_refused_total", "Messages parked on the failed queue as unreadable.",
+                    [("", refused.load(ordering: .relaxed))])
+            counter("apns_cleanup_swept_tokens_total", "Tokens removed for inactivity.",
+                    [("", sweptTokens.load(ordering: .relaxed))])
+            counter("apns_cleanup_sweeps_total", "Inactivity sweeps run.", [("", sweeps.load(ordering: .relaxed))])
+            text += "# HELP apns_cleanup_ready 1 while consuming.\n# TYPE apns_cleanup_ready gauge\n"
+            text += "apns_cleanup_ready \(ready ? 1 : 0)\n"
+            return text
+        }
+    }
+
+    public let configuration: WorkerConfiguration
+    public let statistics = Statistics()
+    private let logger: Logger
+    private let wakeup = Wakeup()
+    private let stopRequested = Atomic<Bool>(false)
+    private let ready = Atomic<Bool>(false)
+
+    public init(configuration: WorkerConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    public var isReady: Bool { ready.load(ordering: .relaxed) }
+
+    public func stop() {
+        stopRequested.store(true, ordering: .releasing)
+        wakeup.signal()
+    }
+
+    /// Consumes and sweeps until `stop()`, reconnecting with back-off. With `untilIdle`, returns instead once both
+    /// queues have been empty for `idleSeconds` and one sweep has run (for cron jobs and tests); it then throws what
+    /// went wrong rather than reconnecting.
+    public func run(untilIdle: Bool = false, idleSeconds: Double = 1) throws {
+        var failures = 0
+        var nextSweep = Date()
+        while !stopRequested.load(ordering: .acquiring) {
+            do {
+                let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
+                                              caFile: configuration.amqpCAFile)
+                defer { amqp.close() }
+                let redis = try RedisConnection(url: configuration.redisURL)
+                try Topology.declareDeadTokens(on: amqp, configuration)
+                try amqp.declareQueue(configuration.registrationsQueue)
+                try amqp.declareQueue(configuration.failedQueue)
+                try amqp.setPrefetch(500)
+                try amqp.enablePublisherConfirms()
+                let deadTag = try amqp.consume(configuration.deadTokensQueue)
+                try amqp.consume(configuration.registrationsQueue)
+                logger.info("cleanup consuming", ["amqp.queue.dead_tokens": configuration.deadTokensQueue,
+                                                  "amqp.queue.registrations": configuration.registrationsQueue,
+                                                  "cleanup.inactive_days": String(configuration.inactiveDays)])
+                ready.store(true, ordering: .relaxed)
+                failures = 0
+                let finished = try serve(amqp, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
+                                         untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
+                ready.store(false, ordering: .relaxed)
+                if finished { return }
+            } catch {
+                ready.store(false, ordering: .relaxed)
+                if untilIdle { throw error }
+                failures += 1
+                let delay = reconnectDelay(afterFailures: failures)
+                logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
+                                                                         "retry_in_s": String(format: "%.2f", delay)])
+                wakeup.wait(timeout: delay)
+            }
+        }
+    }
+
+    /// Returns true when done (stopped, or idle in `untilIdle` mode).
+    private func serve(_ amqp: AMQPConnection, _ tokens: TokenCache, deadTag: String, untilIdle: Bool,
+                       idleSeconds: Double, nextSweep: inout Date) throws -> Bool {
+        var idleSince = Date()
+        var swept = false
+        while !stopRequested.load(ordering: .acquiring) {
+            var batch: [AMQPDelivery] = []
+            while batch.count < 500, let event = try amqp.nextEvent(timeout: 0) {
+                if case .delivery(let delivery) = event { batch.append(delivery) }
+            }
+            if !batch.isEmpty {
+                try apply(batch, amqp: amqp, tokens: tokens, deadTag: deadTag)
+                idleSince = Date()
+                continue
+            }
+            // Between batches, so that what was queued before the sweep (a late registration) counts.
+            if Date() >= nextSweep {
+                try sweep(tokens)
+                swept = true
+                nextSweep = Date().addingTimeInterval(configuration.sweepInterval)
+            }
+            if untilIdle && swept && Date().timeIntervalSince(idleSince) >= idleSeconds { return true }
+            if !amqp.hasBufferedInput {
+                let untilSweep = max(0.001, nextSweep.timeIntervalSinceNow)
+                wakeup.wait(alsoReadable: amqp.socketDescriptor, timeout: min(untilIdle ? idleSeconds : 60, untilSweep))
+            }
+        }
+        return true
+    }
+
+    private func sweep(_ tokens: TokenCache) throws {
+        let cutoff = Int64(Date().timeIntervalSince1970 * 1000) - Int64(configuration.inactiveDays) * 86_400_000
+        let removed = try tokens.sweep(registeredBefore: cutoff)
+        statistics.sweeps.add(1, ordering: .relaxed)
+        statistics.sweptTokens.add(removed, ordering: .relaxed)
+        logger.info("inactivity sweep", ["cleanup.removed": String(removed),
+                                         "cleanup.inactive_days": String(configuration.inactiveDays)])
+    }
+
+    /// One Redis round trip per kind for the whole batch, then the acknowledgements.
+    private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        var removals: [(user: String, token: String, diedAt: Int64?)] = []
+        var unregistrations: [(user: String, token: String, diedAt: Int64?)] = []
+        var registrations: [TokenRegistration] = []
+        var bad: [(AMQPDelivery, String)] = []
+        for delivery in batch {
+            do throws(JobError) {
+                if delivery.consumerTag == deadTag {
+                    let event = try DeadTokenEvent.decode(delivery.body)
+                    // Without a timestamp (BadDeviceToken) the token is wrong whatever happened since.
+                    removals.append((event.user ?? "", event.token, event.timestamp))
+                } else {
+                    let event = try RegistrationEvent.decode(delivery.body, now: now)
+                    switch event.action {
+                    case .register: registrations.append(event.registration)
+                    case .unregister:
+                        unregistrations.append((event.registration.user, event.registration.token,
+                                                event.registration.registeredAt))
+                    }
+                }
+            } catch {
+                bad.append((delivery, error.description))
+            }
+        }
+        let removed = try tokens.removeDead(removals)
+        let applied = try tokens.register(registrations)
+        let unregistered = try tokens.removeDead(unregistrations)
+        statistics.deadTokensRemoved.add(removed.filter { $0 }.count, ordering: .relaxed)
+        statistics.deadTokensKept.add(removed.filter { !$0 }.count, ordering: .relaxed)
+        statistics.registrationsApplied.add(applied.filter { $0 }.count, ordering: .relaxed)
+        statistics.registrationsStale.add(applied.filter { !$0 }.count, ordering: .relaxed)
+        statistics.unregistrations.add(unregistered.filter { $0 }.count, ordering: .relaxed)
+        if !bad.isEmpty {
+            var last: UInt64 = 0
+            for (delivery, reason) in bad {
+                var properties = delivery.properties
+                properties.persistent = true
+                properties.headers[Worker.reasonHeader] = reason
+                last = try amqp.publish(to: configuration.failedQueue, body: delivery.body, properties: properties)
+                logger.warning("unreadable message parked", ["amqp.queue": delivery.routingKey, "cleanup.reason": reason])
+            }
+            guard try amqp.waitForConfirms(through: last).isEmpty else {
+                throw AMQPError.unconfirmed("parking unreadable messages on \(configuration.failedQueue)")
+            }
+            statistics.refused.add(bad.count, ordering: .relaxed)
+        }
+        if let last = batch.map(\.deliveryTag).max() { try amqp.ack(last, multiple: true) }
+    }
+}

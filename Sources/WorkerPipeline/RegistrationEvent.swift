@@ -1,0 +1,71 @@
+import APNs
+import Telemetry
+
+/// One message on PUSH_REGISTRATIONS_QUEUE: an app reporting its device token at launch (or at logout), sent by the
+/// app's backend so the cache stays fresh (the contract in README.md).
+///
+/// `{"user": "u1", "token": "<hex>", "environment": "production", "timestamp": 1732900000000,
+///   "device": {"model": "iPhone15,2", "os": "17.1", "app_version": "4.2"}, "action": "register"}`
+public struct RegistrationEvent: Sendable, Equatable {
+    public enum Action: String, Sendable {
+        /// The token belongs to the user from `timestamp` on.
+        case register
+        /// The user logged out on that device: stop sending there, unless it registered again later.
+        case unregister
+    }
+
+    public var action: Action
+    public var registration: TokenRegistration
+
+    /// Checks every field; `now` (ms) stands in for a missing timestamp.
+    public static func decode(_ body: [UInt8], now: Int64) throws(JobError) -> RegistrationEvent {
+        guard body.count <= 16_384 else { throw .tooLarge(size: body.count, limit: 16_384) }
+        guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
+        let document: JSONValue
+        do { document = try JSONReader.parse(body, maximumDepth: 8) } catch { throw .notJSON(error.description) }
+        guard case .object = document else { throw .notAnObject(document.typeName) }
+
+        guard let user = try PushJob.optionalString(document, "user") else { throw .missingField("user") }
+        guard !user.isEmpty, user.utf8.count <= 256 else { throw .badUser(index: 0) }
+        guard let token = try PushJob.optionalString(document, "token") else { throw .missingField("token") }
+        do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
+            throw .badToken(index: 0, error.description)
+        }
+        var environment = APNsEnvironment.production
+        if let text = try PushJob.optionalString(document, "environment") {
+            guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
+            environment = parsed
+        }
+        let timestamp = try PushJob.optionalInteger(document, "timestamp") ?? now
+        guard timestamp > 0 else { throw .wrongType(field: "timestamp", expected: "ms since the epoch", got: "\(timestamp)") }
+        var action = Action.register
+        if let text = try PushJob.optionalString(document, "action") {
+            guard let parsed = Action(rawValue: text) else {
+                throw .wrongType(field: "action", expected: "\"register\" or \"unregister\"", got: "\"\(text)\"")
+            }
+            action = parsed
+        }
+        var deviceJSON: String?
+        if let device = document.member("device"), device.value != .null {
+            guard case .object = device.value else {
+                throw .wrongType(field: "device", expected: "an object", got: device.value.typeName)
+            }
+            deviceJSON = String(decoding: body[device.range], as: UTF8.self)
+        }
+        return RegistrationEvent(action: action, registration: TokenRegistration(
+            user: user, token: token, environment: environment, registeredAt: timestamp, deviceJSON: deviceJSON))
+    }
+
+    public var json: [UInt8] {
+        var text = "{\"user\":\(JSONString.quote(registration.user)),\"token\":\(JSONString.quote(registration.token)),"
+        text += "\"environment\":\"\(registration.environment.rawValue)\",\"timestamp\":\(registration.registeredAt),"
+        if let device = registration.deviceJSON { text += "\"device\":\(device)," }
+        text += "\"action\":\"\(action.rawValue)\"}"
+        return Array(text.utf8)
+    }
+
+    public init(action: Action, registration: TokenRegistration) {
+        self.action = action
+        self.registration = registration
+    }
+}

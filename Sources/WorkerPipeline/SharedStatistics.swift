@@ -1,0 +1,55 @@
+import Foundation
+import Redis
+
+/// Counters every worker adds to in Redis, so that `apns-worker stats` can show rates for the whole fleet without
+/// asking each process (the schema is in README.md):
+/// - `apns:stats:<unix minute>`: hash, field = counter name (as in `WorkerStatistics.Snapshot.fields`), value = how
+///   many in that minute, all workers together; kept 26 hours.
+/// - `apns:workers`: sorted set, member = `<host>:<pid>`, score = when it last reported (ms).
+public struct SharedStatistics {
+    public static let workersKey = "apns:workers"
+    public static func minuteKey(_ minute: Int64) -> String { "apns:stats:\(minute)" }
+    static let retention = 26 * 3600
+
+    private let redis: RedisConnection
+
+    public init(redis: RedisConnection) {
+        self.redis = redis
+    }
+
+    /// Adds what happened since the last report (`delta`) to the current minute and marks `worker` alive, in one
+    /// round trip.
+    public func report(_ delta: WorkerStatistics.Snapshot, worker: String, now: Date = Date()) throws(RedisError) {
+        let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
+        let key = Self.minuteKey(milliseconds / 60_000)
+        var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }
+        if !commands.isEmpty { commands.append(["EXPIRE", key, String(Self.retention)]) }
+        commands.append(["ZADD", Self.workersKey, String(milliseconds), worker])
+        commands.append(["ZREMRANGEBYSCORE", Self.workersKey, "-inf", String(milliseconds - 3_600_000)])
+        for reply in try redis.pipeline(commands) {
+            if case .error(let message) = reply { throw RedisError(kind: .server, "reporting statistics: \(message)") }
+        }
+    }
+
+    /// The counters of the last `minutes` minutes (the current one included), summed, and the workers that reported
+    /// within `aliveWithin` seconds.
+    public func read(minutes: Int, aliveWithin: Double = 30, now: Date = Date()) throws(RedisError)
+        -> (totals: [String: Int], workers: [String]) {
+        let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
+        let current = milliseconds / 60_000
+        var commands = (0..<Int64(max(1, minutes))).map { ["HGETALL", Self.minuteKey(current - $0)] }
+        commands.append(["ZRANGEBYSCORE", Self.workersKey, String(milliseconds - Int64(aliveWithin * 1000)), "+inf"])
+        let replies = try redis.pipeline(commands)
+        var totals: [String: Int] = [:]
+        for reply in replies.dropLast() {
+            if case .error(let message) = reply { throw RedisError(kind: .server, "reading statistics: \(message)") }
+            let items = reply.elements
+            var index = 0
+            while index + 1 < items.count {
+                totals[items[index].text ?? "", default: 0] += Int(items[index + 1].text ?? "") ?? 0
+                index += 2
+            }
+        }
+        return (totals, replies.last?.elements.compactMap(\.text) ?? [])
+    }
+}

@@ -1,0 +1,143 @@
+import Foundation
+import Synchronization
+import Telemetry
+import WorkerPipeline
+
+/// Exit codes, the same for every subcommand (listed in `apns-worker --help`).
+enum ExitCode {
+    static let success: Int32 = 0
+    /// A second signal cut the drain short.
+    static let interrupted: Int32 = 1
+    static let usage: Int32 = 2
+    /// Some input was refused (enqueue: jobs that failed the checks; nothing was published for them).
+    static let dataError: Int32 = 65
+    /// The broker or Redis could not be reached, or failed during the command.
+    static let unavailable: Int32 = 69
+    static let configuration: Int32 = 78
+}
+
+func fail(_ message: String, code: Int32) -> Never {
+    FileHandle.standardError.write(Data("apns-worker: \(message)\n".utf8))
+    exit(code)
+}
+
+/// One subcommand's arguments: options with values (repeatable), switches, and the words left over.
+struct ParsedArguments {
+    var values: [String: [String]] = [:]
+    var switches: Set<String> = []
+    var positionals: [String] = []
+    /// Settings from `--set` and the options that stand for a setting (`--log-level`).
+    var settings: [String: String] = [:]
+    var configFile: String?
+
+    func value(_ option: String) -> String? { values[option]?.last }
+    func all(_ option: String) -> [String] { values[option] ?? [] }
+
+    /// Parses `arguments` for `command`: `valued` options take the next word (or `--option=value`); `--config`,
+    /// `--set` and `--log-level` are understood everywhere. `--help` prints `help` and exits 0.
+    static func parse(_ arguments: [String], command: String, valued: Set<String>, switches allowed: Set<String>,
+                      help: String) -> ParsedArguments {
+        var parsed = ParsedArguments()
+        var rest = arguments[...]
+        while let argument = rest.popFirst() {
+            if argument == "-h" || argument == "--help" {
+                print(help)
+                exit(ExitCode.success)
+            }
+            guard argument.hasPrefix("--"), argument.count > 2 else {
+                parsed.positionals.append(argument)
+                continue
+            }
+            var name = argument
+            var inline: String?
+            if let equals = argument.firstIndex(of: "=") {
+                name = String(argument[..<equals])
+                inline = String(argument[argument.index(after: equals)...])
+            }
+            if allowed.contains(name) && inline == nil {
+                parsed.switches.insert(name)
+                continue
+            }
+            guard valued.contains(name) || ["--config", "--set", "--log-level"].contains(name) else {
+                fail("\(command): unknown option \(name); try 'apns-worker \(command) --help'", code: ExitCode.usage)
+            }
+            guard let value = inline ?? rest.popFirst() else {
+                fail("\(command): \(name) needs a value; try 'apns-worker \(command) --help'", code: ExitCode.usage)
+            }
+            switch name {
+            case "--config": parsed.configFile = value
+            case "--log-level": parsed.settings["LOG_LEVEL"] = value
+            case "--set":
+                guard let equals = value.firstIndex(of: "="), equals != value.startIndex else {
+                    fail("--set wants KEY=VALUE, got \(value)", code: ExitCode.usage)
+                }
+                parsed.settings[String(value[..<equals])] = String(value[value.index(after: equals)...])
+            default: parsed.values[name, default: []].append(value)
+            }
+        }
+        return parsed
+    }
+
+    /// The configuration from the file, the environment and the flags, or exit 78 naming the key.
+    func configuration(requiringCredentials: Bool) -> WorkerConfiguration {
+        do {
+            let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
+            return try WorkerConfiguration.load(
+                from: ConfigurationSources.merge(file: file, environment: ProcessInfo.processInfo.environment,
+                                                 flags: settings),
+                requiringCredentials: requiringCredentials)
+        } catch {
+            fail("configuration error: \(error)", code: ExitCode.configuration)
+        }
+    }
+
+    /// An option that must be a whole number in `range`, or exit 2 naming it.
+    func integer(_ option: String, default fallback: Int, range: ClosedRange<Int>, command: String) -> Int {
+        guard let text = value(option) else { return fallback }
+        guard let number = Int(text), range.contains(number) else {
+            fail("\(command): \(option) wants a whole number from \(range.lowerBound) to \(range.upperBound), got \(text)",
+                 code: ExitCode.usage)
+        }
+        return number
+    }
+}
+
+/// Runs `start` on its own thread (it blocks) until it returns; SIGTERM or SIGINT call `stop`, a second one exits
+/// at once with code 1.
+func runUntilSignalled(name: String, logger: Logger, start: @escaping @Sendable () -> Void,
+                       stop: @escaping @Sendable () -> Void) {
+    signal(SIGINT, SIG_IGN)
+    signal(SIGTERM, SIG_IGN)
+    let signalCount = Mutex(0)
+    let sources = [SIGINT, SIGTERM].map { number in
+        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+        source.setEventHandler {
+            // Signals that arrive together are coalesced into one call; `data` says how many there were.
+            let count = signalCount.withLock { count in
+                count += max(1, Int(source.data))
+                return count
+            }
+            if count > 1 {
+                logger.warning("second signal: exiting now; unfinished work returns to the queue")
+                // _exit, not exit: no atexit handlers that could wait on the threads still working.
+                _exit(ExitCode.interrupted)
+            }
+            logger.info("signal received: stopping", ["signal": String(number)])
+            stop()
+        }
+        source.resume()
+        return source
+    }
+    let finished = DispatchSemaphore(value: 0)
+    let thread = Thread {
+        start()
+        finished.signal()
+    }
+    thread.name = name
+    thread.start()
+    finished.wait()
+    _ = sources
+}
+
+/// A token as people see it: shortened unless they asked for it whole (`--full-tokens`).
+func shown(_ token: String, full: Bool) -> String { full ? token : Redact.token(token) }

@@ -1,0 +1,153 @@
+import Foundation
+import Operations
+import Telemetry
+
+let enqueueHelp = """
+apns-worker enqueue: publish push jobs onto PUSH_JOBS_QUEUE.
+
+USAGE: apns-worker enqueue FILE            jobs from a file: one JSON job per line (JSON Lines), or one job
+       apns-worker enqueue -               the same from stdin
+       apns-worker enqueue --user U --alert TEXT [options]
+                                           one job from flags
+
+Each job is checked as a worker would check it; a bad one is reported with its line number and not published,
+the others are. Jobs are published persistent, with publisher confirms (nothing is reported published that the
+broker did not take), and get a message-id when they have no "id", so a redelivered job is recognised. A large
+file shows a progress bar on a terminal, and a progress line every 5 s otherwise.
+
+Job flags:
+  --user USER           resolve this user's tokens in Redis (repeatable)
+  --token HEX           send to this device token (repeatable)
+  --alert TEXT          payload {"aps":{"alert":TEXT}}; or --payload JSON for a payload of your own
+  --title TEXT          with --alert: {"aps":{"alert":{"title":TITLE,"body":TEXT}}}
+  --topic TOPIC         bundle id (default: the workers' APNS_TOPIC)
+  --push-type TYPE      alert (default), background, voip, ...
+  --priority N          10, 5 or 1
+  --environment ENV     production (default) or sandbox, for --token
+  --collapse-id ID, --expiration UNIX_SECONDS, --id ID
+Other options:
+  --reply-to QUEUE      ask workers for a summary of each job on QUEUE
+  --no-progress         no progress output
+
+EXAMPLES:
+  apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
+  apns-worker enqueue campaign.jsonl
+  producer | apns-worker enqueue -
+
+EXIT CODES: 0 every job published, 65 some refused (listed on stderr; the rest were published), 2 bad command
+line, 69 broker unreachable, 78 bad configuration.
+"""
+
+func enqueueCommand(_ arguments: [String]) {
+    let parsed = ParsedArguments.parse(
+        arguments, command: "enqueue",
+        valued: ["--user", "--token", "--alert", "--title", "--payload", "--topic", "--push-type", "--priority",
+                 "--environment", "--collapse-id", "--expiration", "--id", "--reply-to"],
+        switches: ["--no-progress"], help: enqueueHelp)
+    let configuration = parsed.configuration(requiringCredentials: false)
+    let fromFlags = !parsed.all("--user").isEmpty || !parsed.all("--token").isEmpty
+    guard fromFlags != (parsed.positionals.count == 1), parsed.positionals.count <= 1 else {
+        fail("enqueue: give either a FILE (or - for stdin) or --user/--token flags; try 'apns-worker enqueue --help'",
+             code: ExitCode.usage)
+    }
+    let enqueuer: JobEnqueuer
+    do { enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to")) } catch {
+        fail("enqueue: \(error)", code: ExitCode.unavailable)
+    }
+    do {
+        if fromFlags {
+            try enqueuer.enqueue(jobFromFlags(parsed), line: 1)
+            try enqueuer.settle()
+        } else {
+            var reader = try JobReader(path: parsed.positionals[0])
+            let bar = ProgressBar(enabled: !parsed.switches.contains("--no-progress"))
+            try enqueuer.enqueueAll(from: &reader) { bar.show($0) }
+            bar.finish(enqueuer.progress)
+        }
+    } catch let error as JobReaderError {
+        fail("enqueue: \(error)", code: ExitCode.usage)
+    } catch {
+        fail("enqueue: \(error) (\(enqueuer.progress.published) jobs were published before this)",
+             code: ExitCode.unavailable)
+    }
+    for refusal in enqueuer.refusals.prefix(100) {
+        FileHandle.standardError.write(Data("apns-worker: enqueue: refused \(refusal)\n".utf8))
+    }
+    if enqueuer.refusals.count > 100 {
+        FileHandle.standardError.write(Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
+    }
+    print("published \(enqueuer.progress.published) jobs to \(configuration.jobsQueue), refused \(enqueuer.progress.refused)")
+    if !enqueuer.refusals.isEmpty { exit(ExitCode.dataError) }
+}
+
+/// The job the flags describe, as JSON (checked afterwards like any other job).
+func jobFromFlags(_ parsed: ParsedArguments) -> [UInt8] {
+    var members: [String] = []
+    if let id = parsed.value("--id") { members.append("\"id\":\(JSONString.quote(id))") }
+    if let topic = parsed.value("--topic") { members.append("\"topic\":\(JSONString.quote(topic))") }
+    let users = parsed.all("--user"), tokens = parsed.all("--token")
+    if !users.isEmpty { members.append("\"users\":[\(users.map(JSONString.quote).joined(separator: ","))]") }
+    if !tokens.isEmpty { members.append("\"tokens\":[\(tokens.map(JSONString.quote).joined(separator: ","))]") }
+    if let environment = parsed.value("--environment") {
+        members.append("\"environment\":\(JSONString.quote(environment))")
+    }
+    if let pushType = parsed.value("--push-type") { members.append("\"push_type\":\(JSONString.quote(pushType))") }
+    for (option, field) in [("--priority", "priority"), ("--expiration", "expiration")] {
+        guard let text = parsed.value(option) else { continue }
+        guard let number = Int64(text) else { fail("enqueue: \(option) wants a whole number, got \(text)", code: ExitCode.usage) }
+        members.append("\"\(field)\":\(number)")
+    }
+    if let collapseID = parsed.value("--collapse-id") { members.append("\"collapse_id\":\(JSONString.quote(collapseID))") }
+    switch (parsed.value("--alert"), parsed.value("--payload")) {
+    case (let alert?, nil):
+        let body = parsed.value("--title").map { "{\"title\":\(JSONString.quote($0)),\"body\":\(JSONString.quote(alert))}" }
+            ?? JSONString.quote(alert)
+        members.append("\"payload\":{\"aps\":{\"alert\":\(body)}}")
+    case (nil, let payload?):
+        members.append("\"payload\":\(payload)")
+    case (nil, nil):
+        fail("enqueue: say what to send: --alert TEXT or --payload JSON", code: ExitCode.usage)
+    case (.some, .some):
+        fail("enqueue: --alert and --payload exclude each other", code: ExitCode.usage)
+    }
+    return Array("{\(members.joined(separator: ","))}".utf8)
+}
+
+/// Progress on stderr: a bar redrawn in place on a terminal; elsewhere (logs, CI) a line every 5 s.
+final class ProgressBar {
+    private let enabled: Bool
+    private let terminal = isatty(STDERR_FILENO) == 1
+    private var lastLine = Date()
+
+    init(enabled: Bool) { self.enabled = enabled }
+
+    func show(_ progress: JobEnqueuer.Progress) {
+        guard enabled else { return }
+        if terminal {
+            write("\r\u{1B}[K" + line(progress))
+        } else if Date().timeIntervalSince(lastLine) >= 5 {
+            write(line(progress) + "\n")
+            lastLine = Date()
+        }
+    }
+
+    func finish(_ progress: JobEnqueuer.Progress) {
+        guard enabled else { return }
+        write((terminal ? "\r\u{1B}[K" : "") + line(progress) + "\n")
+    }
+
+    private func line(_ progress: JobEnqueuer.Progress) -> String {
+        let rate = progress.elapsed > 0 ? Double(progress.published) / progress.elapsed : 0
+        var text = ""
+        if let total = progress.totalBytes, total > 0 {
+            let fraction = min(1, Double(progress.bytesRead) / Double(total))
+            let filled = Int(fraction * 30)
+            text = "[" + String(repeating: "#", count: filled) + String(repeating: ".", count: 30 - filled) + "] "
+                + String(format: "%3.0f%% ", fraction * 100)
+        }
+        return text + "\(progress.published) published, \(progress.refused) refused, "
+            + String(format: "%.0f jobs/s, %.1f s", rate, progress.elapsed)
+    }
+
+    private func write(_ text: String) { FileHandle.standardError.write(Data(text.utf8)) }
+}

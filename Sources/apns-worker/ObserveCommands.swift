@@ -1,0 +1,126 @@
+import Foundation
+import Operations
+import Telemetry
+import WorkerPipeline
+
+let statsHelp = """
+apns-worker stats: how the whole system is doing, from the broker and Redis (no worker is asked).
+
+USAGE: apns-worker stats [--minutes N] [--json]
+
+Shows each queue's depth and consumers (jobs, the retry delay queues, dead tokens, failed, registrations), what
+all workers together did over the last N minutes (default 5; notifications delivered, dead tokens, failures,
+retries, jobs) with the rate per second, and the workers that reported in the last 30 s (workers report every 5 s
+to Redis, apns:stats:<minute> and apns:workers).
+
+EXIT CODES: 0 done, 2 bad command line, 69 broker or Redis unreachable, 78 bad configuration.
+"""
+
+func statsCommand(_ arguments: [String]) {
+    let parsed = ParsedArguments.parse(arguments, command: "stats", valued: ["--minutes"], switches: ["--json"],
+                                       help: statsHelp)
+    if let extra = parsed.positionals.first { fail("stats: unexpected argument \(extra)", code: ExitCode.usage) }
+    let minutes = parsed.integer("--minutes", default: 5, range: 1...1440, command: "stats")
+    let configuration = parsed.configuration(requiringCredentials: false)
+    do {
+        let report = try StatsReport.collect(configuration, windowMinutes: minutes)
+        print(parsed.switches.contains("--json") ? report.json : report.text)
+    } catch {
+        fail("stats: \(error)", code: ExitCode.unavailable)
+    }
+}
+
+let deadTokensHelp = """
+apns-worker dead-tokens tail: print dead-token events as workers publish them, one JSON line each.
+
+USAGE: apns-worker dead-tokens tail [--count N] [--timeout SECONDS] [--full-tokens]
+
+Watches through a temporary queue of its own bound to PUSH_DEAD_TOKENS_EXCHANGE (default apns.dead-tokens), so the
+cleanup consumers still receive every event; it sees events published while it runs, not those already queued.
+Tokens are shortened (first 8 characters and length) unless --full-tokens.
+  --count N          stop after N events
+  --timeout SECONDS  stop when no event came for this long (exit 0)
+
+EXIT CODES: 0 done, 2 bad command line, 69 broker unreachable, 78 bad configuration.
+"""
+
+func deadTokensCommand(_ arguments: [String]) {
+    let parsed = ParsedArguments.parse(arguments, command: "dead-tokens", valued: ["--count", "--timeout"],
+                                       switches: ["--full-tokens"], help: deadTokensHelp)
+    guard parsed.positionals == ["tail"] else {
+        fail("dead-tokens: the only action is tail; try 'apns-worker dead-tokens --help'", code: ExitCode.usage)
+    }
+    let count = parsed.integer("--count", default: Int.max, range: 1...Int.max, command: "dead-tokens tail")
+    let timeout = parsed.value("--timeout").map { text -> Double in
+        guard let seconds = Double(text), seconds > 0 else {
+            fail("dead-tokens tail: --timeout wants seconds above 0, got \(text)", code: ExitCode.usage)
+        }
+        return seconds
+    }
+    let configuration = parsed.configuration(requiringCredentials: false)
+    let full = parsed.switches.contains("--full-tokens")
+    do {
+        let watcher = try DeadTokenWatcher(configuration: configuration)
+        FileHandle.standardError.write(Data("apns-worker: watching \(configuration.deadTokensExchange)\n".utf8))
+        var seen = 0
+        while seen < count, let body = try watcher.next(timeout: timeout) {
+            seen += 1
+            var line: [UInt8]
+            if full {
+                line = body
+            } else if let event = try? DeadTokenEvent.decode(body) {
+                line = event.redactedJSON
+            } else {
+                line = Array("{\"unreadable_event_bytes\":\(body.count)}".utf8)
+            }
+            // Unbuffered, so a pipe (`| jq`, `| grep`) sees each event when it arrives.
+            line.append(UInt8(ascii: "\n"))
+            FileHandle.standardOutput.write(Data(line))
+        }
+    } catch {
+        fail("dead-tokens tail: \(error)", code: ExitCode.unavailable)
+    }
+}
+
+let cleanupHelp = """
+apns-worker cleanup: keep the token cache true to what APNs and the apps say (the token lifecycle).
+
+USAGE: apns-worker cleanup [--once] [--config FILE] [--set KEY=VALUE ...]
+
+  - consumes PUSH_DEAD_TOKENS_QUEUE: each dead token leaves the cache, unless the app registered it again after the
+    event's timestamp (a direct token's owner is found through apns:owner:<token>);
+  - consumes PUSH_REGISTRATIONS_QUEUE (default push.registrations), where an app's backend reports each launch:
+      {"user": "u1", "token": "<hex>", "environment": "production", "timestamp": 1732900000000,
+       "device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}
+    A registration newer than what is known writes the token with its time (moving it from a previous user);
+    "action": "unregister" (a logout) removes it unless registered again later. Older events change nothing.
+  - every CLEANUP_SWEEP_INTERVAL seconds (default 3600) removes tokens not registered for CLEANUP_INACTIVE_DAYS
+    (default 90). Tokens with no registration time are kept: their age is unknown.
+Unreadable messages are parked on PUSH_FAILED_QUEUE with the reason in the x-apns-worker-reason header.
+Serves GET /metrics, /healthz, /readyz on METRICS_HOST:METRICS_PORT like the worker (give it another port when
+both run on one host). One cleanup process is enough for most fleets; more can run side by side.
+
+  --once     process what is queued, sweep once, and exit (for a cron job)
+
+EXIT CODES: 0 done or stopped on a signal, 2 bad command line, 69 broker or Redis unreachable (--once),
+78 bad configuration.
+"""
+
+func cleanupCommand(_ arguments: [String]) {
+    let parsed = ParsedArguments.parse(arguments, command: "cleanup", valued: [], switches: ["--once"], help: cleanupHelp)
+    if let extra = parsed.positionals.first { fail("cleanup: unexpected argument \(extra)", code: ExitCode.usage) }
+    let configuration = parsed.configuration(requiringCredentials: false)
+    let logger = Logger(label: "apns-cleanup", level: configuration.logLevel, format: configuration.logFormat)
+    let cleanup = TokenCleanup(configuration: configuration, logger: logger)
+    if parsed.switches.contains("--once") {
+        do { try cleanup.run(untilIdle: true) } catch { fail("cleanup: \(error)", code: ExitCode.unavailable) }
+        logger.info("cleanup done", ["stats": cleanup.statistics.summary])
+        return
+    }
+    let health = startHealthServer(configuration, logger: logger,
+                                   metrics: { cleanup.statistics.prometheusText(ready: cleanup.isReady) },
+                                   ready: { cleanup.isReady })
+    runUntilSignalled(name: "cleanup", logger: logger, start: { try? cleanup.run() }, stop: { cleanup.stop() })
+    logger.info("cleanup stopped", ["stats": cleanup.statistics.summary])
+    health?.shutdown()
+}

@@ -1,0 +1,71 @@
+import Foundation
+import Telemetry
+import WorkerPipeline
+
+let runHelp = """
+apns-worker run: consume push jobs and deliver them (the default command).
+
+USAGE: apns-worker [run] [--config FILE] [--set KEY=VALUE ...] [--log-level LEVEL]
+
+Consumes PUSH_JOBS_QUEUE (prefetch WORKER_PREFETCH), resolves users through the Redis token cache, sends each
+notification to APNs over APNS_CONNECTIONS persistent HTTP/2 connections per environment, publishes dead tokens
+(to the PUSH_DEAD_TOKENS_EXCHANGE fanout, bound to PUSH_DEAD_TOKENS_QUEUE), retries through delay queues, parks
+what cannot be sent on PUSH_FAILED_QUEUE, and acknowledges a job once all of it is settled.
+
+Run as many workers as the rate needs, on any number of machines: they share the broker, Redis and the rate limit.
+
+Settings (environment; config/apns-worker.env lists every key with its default):
+  AMQP_URL, AMQP_CA_FILE, AMQP_HEARTBEAT          the broker
+  REDIS_URL                                        token cache, rate limit, shared statistics
+  APNS_KEY_FILE, APNS_KEY_ID, APNS_TEAM_ID         token authentication (.p8), or APNS_CERT_FILE [+ APNS_CERT_KEY_FILE]
+  APNS_TOPIC                                       topic for jobs that name none
+  APNS_PRODUCTION_URL, APNS_SANDBOX_URL, APNS_CA_FILE
+                                                   endpoints (default Apple's) and an extra CA (apns-sim)
+  APNS_CONNECTIONS, APNS_REQUEST_TIMEOUT, APNS_RATE_LIMIT, APNS_MAX_ATTEMPTS, APNS_RETRY_DELAYS
+  PUSH_JOBS_QUEUE, PUSH_DEAD_TOKENS_QUEUE, PUSH_DEAD_TOKENS_EXCHANGE, PUSH_FAILED_QUEUE
+  WORKER_PREFETCH, SHUTDOWN_TIMEOUT, LOG_LEVEL, LOG_FORMAT (json | text)
+  METRICS_HOST, METRICS_PORT                       GET /metrics, /healthz, /readyz (default 0.0.0.0:9464; 0 = off)
+
+Signals: SIGTERM or SIGINT stops consuming and finishes the jobs under way (at most SHUTDOWN_TIMEOUT, default
+25 s); a second signal exits at once (code 1) and the broker redelivers what was unfinished.
+
+EXAMPLE:
+  AMQP_URL=amqp://app:secret@rabbit:5672/%2f REDIS_URL=redis://redis:6379/0 \\
+  APNS_KEY_FILE=/etc/apns/AuthKey.p8 APNS_KEY_ID=ABC123DEFG APNS_TEAM_ID=DEF123GHIJ APNS_TOPIC=com.example.app \\
+  apns-worker run --log-level info
+
+EXIT CODES: 0 stopped after finishing, 1 second signal, 2 bad command line, 78 bad configuration.
+"""
+
+func runCommand(_ arguments: [String]) {
+    let parsed = ParsedArguments.parse(arguments, command: "run", valued: [], switches: [], help: runHelp)
+    if let extra = parsed.positionals.first {
+        fail("run: unexpected argument \(extra); try 'apns-worker run --help'", code: ExitCode.usage)
+    }
+    let configuration = parsed.configuration(requiringCredentials: true)
+    let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
+    let worker: Worker
+    do { worker = try Worker(configuration: configuration, logger: logger) } catch {
+        fail("configuration error: \(error)", code: ExitCode.configuration)
+    }
+    let health = startHealthServer(configuration, logger: logger,
+                                   metrics: { worker.statistics.prometheusText(ready: worker.isReady) },
+                                   ready: { worker.isReady })
+    signal(SIGPIPE, SIG_IGN)
+    runUntilSignalled(name: "broker", logger: logger, start: { worker.run() }, stop: { worker.stop() })
+    health?.shutdown()
+}
+
+/// GET /metrics, /healthz and /readyz on METRICS_HOST:METRICS_PORT, unless the port is 0.
+func startHealthServer(_ configuration: WorkerConfiguration, logger: Logger, metrics: @escaping @Sendable () -> String,
+                       ready: @escaping @Sendable () -> Bool) -> HealthServer? {
+    guard configuration.metricsPort > 0 else { return nil }
+    do {
+        let server = try HealthServer(host: configuration.metricsHost, port: configuration.metricsPort,
+                                      metrics: metrics, ready: ready)
+        logger.info("metrics and health endpoint", ["http.address": "\(configuration.metricsHost):\(server.port)"])
+        return server
+    } catch {
+        fail("configuration error: METRICS_PORT: \(error)", code: ExitCode.configuration)
+    }
+}

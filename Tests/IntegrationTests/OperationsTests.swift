@@ -1,0 +1,327 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Operations
+import Redis
+import Telemetry
+import Synchronization
+import Testing
+import WorkerPipeline
+
+/// The operator's and the backend's commands (`apns-worker enqueue | tokens | dead-tokens tail | stats | cleanup`)
+/// run as processes against the real broker and Redis, and the cleanup consumer in process.
+@Suite struct OperationsTests {
+    /// Runs `apns-worker` with `arguments` to its end: exit status and everything it printed (stdout, then stderr).
+    static func apnsWorker(_ arguments: [String], environment: [String: String] = [:],
+                           input: String? = nil) throws -> (status: Int32, output: String, errors: String) {
+        let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: directory + "/apns-worker")
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(["LOG_FORMAT": "text", "METRICS_PORT": "0"]) {
+            _, new in new
+        }.merging(environment) { _, new in new }
+        let output = Pipe(), errors = Pipe(), stdin = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = input == nil ? FileHandle.nullDevice : stdin
+        let exited = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in exited.signal() }
+        try process.run()
+        if let input {
+            stdin.fileHandleForWriting.write(Data(input.utf8))
+            try stdin.fileHandleForWriting.close()
+        }
+        // stderr is read on another thread so that neither pipe can fill up and block the child.
+        let errorText = Mutex("")
+        let errorsRead = DispatchSemaphore(value: 0)
+        Thread {
+            let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            errorText.withLock { $0 = text }
+            errorsRead.signal()
+        }.start()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        errorsRead.wait()
+        exited.wait()
+        return (process.terminationStatus, text, errorText.withLock { $0 })
+    }
+
+    static func token(_ byte: String) -> String { String(repeating: byte, count: 32) }
+
+    @Test func tokensAreAddedListedMovedAndRemoved() throws {
+        let alice = TestServices.unique("alice"), bob = TestServices.unique("bob")
+        let phone = Self.token("a1"), tablet = Self.token("b2")
+        #expect(try Self.apnsWorker(["tokens", "add", alice, phone, "--environment", "sandbox",
+                                     "--device", #"{"model":"iPhone15,2"}"#]).status == 0)
+        #expect(try Self.apnsWorker(["tokens", "add", alice, tablet]).status == 0)
+
+        let listed = try Self.apnsWorker(["tokens", "list", alice])
+        #expect(listed.status == 0)
+        #expect(listed.output.contains("a1a1a1a1…(64)"), "tokens are shortened: \(listed.output)")
+        #expect(!listed.output.contains(phone), "no full token without --full-tokens")
+        #expect(listed.output.contains("sandbox") && listed.output.contains("iPhone15,2"))
+        let year = Calendar(identifier: .gregorian).component(.year, from: Date())
+        #expect(listed.output.contains("\(year)-") && listed.output.contains("(0 d)"), "last registration shown")
+
+        // The tablet changes hands: it leaves alice for bob.
+        #expect(try Self.apnsWorker(["tokens", "add", bob, tablet]).status == 0)
+        let json = try Self.apnsWorker(["tokens", "list", alice, "--json", "--full-tokens"])
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(json.output.utf8)) as? [[String: Any]])
+        #expect(entries.map { $0["token"] as? String } == [phone])
+        #expect(entries.first?["environment"] as? String == "sandbox")
+        #expect((entries.first?["registered_at"] as? NSNumber).map { abs($0.doubleValue / 1000 - Date().timeIntervalSince1970) < 60 } == true)
+
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        #expect(try redis.command(["HGET", TokenCache.key(forUser: bob), tablet]).text == "production")
+        #expect(try redis.command(["GET", TokenCache.ownerKey(forToken: tablet)]).text == bob)
+
+        #expect(try Self.apnsWorker(["tokens", "remove", alice, phone]).output.contains("removed"))
+        #expect(try Self.apnsWorker(["tokens", "list", alice]).output.contains("has no tokens"))
+        #expect(try redis.command(["EXISTS", TokenCache.registeredKey(forUser: alice)]).integer == 0)
+
+        let bad = try Self.apnsWorker(["tokens", "add", alice, "not-hex"])
+        #expect(bad.status == 2)
+        #expect(bad.errors.contains("TOKEN"), "\(bad.errors)")
+        #expect(try Self.apnsWorker(["tokens", "frobnicate"]).status == 2)
+    }
+
+    @Test func enqueueFromAFilePublishesGoodJobsAndNamesTheBadLines() throws {
+        let jobs = TestServices.unique("jobs")
+        let reader = try QueueReader(jobs)
+        let file = try TestServices.temporaryFile("jobs.jsonl", contents: """
+            {"id": "file-1", "users": ["u1"], "payload": {"aps": {"alert": "one"}}}
+
+            {"users": ["u2"], "payload": {"aps": {"alert": "two"}}}
+            {"users": ["u3"], "push_type": "smoke-signal", "payload": {"aps": {}}}
+            this is not JSON
+            {"tokens": ["\(Self.token("c3"))"], "payload": {"aps": {"alert": "four"}}}
+            """)
+        let result = try Self.apnsWorker(["enqueue", file], environment: ["PUSH_JOBS_QUEUE": jobs])
+        #expect(result.status == 65, "some jobs refused: \(result.errors)")
+        #expect(result.output.contains("published 3 jobs"), "\(result.output)")
+        #expect(result.errors.contains("line 4: unknown push_type \"smoke-signal\""), "\(result.errors)")
+        #expect(result.errors.contains("line 5: body is not JSON"))
+        #expect(result.errors.contains("3 published, 2 refused"), "a final progress line: \(result.errors)")
+
+        let messages = try reader.read(3)
+        #expect(messages.count == 3)
+        #expect(messages.allSatisfy { $0.properties.persistent })
+        #expect(messages.first?.properties.messageID == "file-1", "the job's own id is its message-id")
+        #expect(messages.dropFirst().allSatisfy { ($0.properties.messageID ?? "").count == 36 },
+                "jobs without an id get one, so a redelivery is recognised")
+        #expect(String(decoding: messages[1].body, as: UTF8.self).contains("\"two\""), "bodies published unchanged, in order")
+    }
+
+    @Test func enqueueFromFlagsAndFromStdin() throws {
+        let jobs = TestServices.unique("jobs")
+        let reader = try QueueReader(jobs)
+        let flags = try Self.apnsWorker(["enqueue", "--user", "alice", "--user", "bob", "--alert", "Shipped \"today\"",
+                                         "--title", "Order 7", "--topic", "com.example.shop", "--priority", "5",
+                                         "--id", "flags-1"], environment: ["PUSH_JOBS_QUEUE": jobs])
+        #expect(flags.status == 0, "\(flags.errors)")
+        let stdin = try Self.apnsWorker(["enqueue", "-"], environment: ["PUSH_JOBS_QUEUE": jobs],
+                                        input: #"{"id": "stdin-1", "users": ["carol"], "payload": {"aps": {}}}"# + "\n")
+        #expect(stdin.status == 0, "\(stdin.errors)")
+
+        let messages = try reader.read(2)
+        let job = try PushJob.decode(try #require(messages.first).body, defaultTopic: nil, fallbackID: "")
+        #expect(job.id == "flags-1" && job.users == ["alice", "bob"] && job.topic == "com.example.shop")
+        #expect(job.priority == .considerPower)
+        #expect(String(decoding: job.payload, as: UTF8.self) == #"{"aps":{"alert":{"title":"Order 7","body":"Shipped \"today\""}}}"#)
+        #expect(try PushJob.decode(try #require(messages.last).body, defaultTopic: "t", fallbackID: "").id == "stdin-1")
+
+        #expect(try Self.apnsWorker(["enqueue", "--user", "alice"]).status == 2, "nothing to send")
+        #expect(try Self.apnsWorker(["enqueue"]).status == 2, "no jobs given")
+        #expect(try Self.apnsWorker(["enqueue", "--user", "a", "--alert", "x", "--priority", "high"]).status == 2)
+        let unreachable = try Self.apnsWorker(["enqueue", "--user", "a", "--alert", "x"],
+                                              environment: ["AMQP_URL": "amqp://guest:guest@127.0.0.1:\(TestServices.freePort())/%2f"])
+        #expect(unreachable.status == 69, "\(unreachable.errors)")
+    }
+
+    /// `tail` sees each event as published, and the dead-token queue still gets it.
+    @Test func deadTokensTailWatchesWithoutTakingEvents() throws {
+        let deadToken = Self.token("de")
+        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [deadToken: 1_732_900_000_123]),
+                                          logger: Logger(label: "sim", level: .warning))
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs")
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs,
+                                                             ["PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-exchange")])
+        environment["LOG_FORMAT"] = "text"
+        let deadReader = try QueueReader(try #require(environment["PUSH_DEAD_TOKENS_QUEUE"]))
+
+        let tail = try ExecutablesTests.Child("apns-worker", ["dead-tokens", "tail", "--count", "1"], environment: environment)
+        #expect(tail.waitForLine(containing: "watching") != nil)
+        let worker = try WorkerThread(environment, logger: Logger(label: "worker", level: .warning))
+        defer { worker.stop() }
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "tail-1", "tokens": ["\#(deadToken)"], "payload": {"aps": {}}}"#.utf8))
+
+        let line = try #require(tail.waitForLine(containing: "Unregistered"))
+        #expect(line.contains("dededede…(64)") && !line.contains(deadToken), "shortened token: \(line)")
+        #expect(line.contains("\"job_id\":\"tail-1\""))
+        #expect(tail.waitForExit() == 0, "--count 1 stops after one event")
+        let queued = try deadReader.read(1)
+        #expect(queued.count == 1, "the cleanup consumers' queue still has the event")
+        let queuedText = String(decoding: queued.first?.body ?? [], as: UTF8.self)
+        #expect(queuedText.contains(deadToken))
+    }
+
+    /// Queue depths from the broker; fleet totals and live workers from what workers report to Redis.
+    @Test func statsShowsQueuesTotalsAndWorkers() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: Logger(label: "sim", level: .warning))
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs")
+        // A database of its own: the totals are the whole Redis's, and other tests' workers report too.
+        let redisURL = try TestServices.redisURL().withDatabase(10)
+        let redis = try RedisConnection(url: redisURL)
+        _ = try redis.command(["FLUSHDB"])
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "REDIS_URL": redisURL.description(revealingPassword: true),
+        ])
+        let user = TestServices.unique("dora")
+        _ = try redis.command(["HSET", TokenCache.key(forUser: user), Self.token("d0"), "production",
+                               Self.token("d1"), "production"])
+        let failedQueue = try #require(environment["PUSH_FAILED_QUEUE"])
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(failedQueue)
+        for _ in 0..<2 { try publisher.publish(to: failedQueue, body: Array("parked".utf8)) }
+        try publisher.declareQueue(jobs)
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        for index in 0..<3 {
+            try publisher.publish(to: jobs, body: Array(#"{"id": "stats-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
+                                  properties: AMQPProperties(replyTo: replies))
+        }
+        let worker = try WorkerThread(environment, logger: Logger(label: "worker", level: .warning))
+        #expect(try replyReader.read(3).count == 3)
+        worker.stop()  // a stopping worker reports its last counts
+
+        environment["PUSH_JOBS_QUEUE"] = jobs
+        let stats = try Self.apnsWorker(["stats", "--json", "--minutes", "2"], environment: environment)
+        #expect(stats.status == 0, "\(stats.errors)")
+        let report = try #require(try JSONSerialization.jsonObject(with: Data(stats.output.utf8)) as? [String: Any])
+        let totals = try #require(report["totals"] as? [String: Int])
+        #expect(totals["delivered"] == 6 && totals["jobs"] == 3, "\(totals)")
+        let queues = try #require(report["queues"] as? [[String: Any]])
+        let failed = queues.first { $0["name"] as? String == failedQueue }
+        #expect((failed?["messages"] as? Int) == 2, "\(queues)")
+        #expect(queues.first { $0["name"] as? String == jobs }?["messages"] as? Int == 0)
+        #expect((report["workers"] as? [String])?.contains(Worker.identity) == true, "the worker reported itself alive")
+
+        let text = try Self.apnsWorker(["stats"], environment: environment)
+        #expect(text.output.contains("WORKERS ALIVE") && text.output.contains(failedQueue), "\(text.output)")
+        #expect(try Self.apnsWorker(["stats", "--minutes", "0"]).status == 2)
+    }
+
+    /// The token lifecycle: registrations (in order or not), logouts, dead tokens, unreadable messages, the sweep.
+    @Test func cleanupAppliesEventsAndSweepsInactiveTokens() throws {
+        // A database of its own: the sweep covers every user in it.
+        let redisURL = try TestServices.redisURL().withDatabase(11)
+        let redis = try RedisConnection(url: redisURL)
+        let environment = [
+            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": redisURL.description(revealingPassword: true),
+            "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
+            "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"), "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+            "CLEANUP_INACTIVE_DAYS": "90",
+        ]
+        let configuration = try WorkerConfiguration.load(from: environment, requiringCredentials: false)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let day: Int64 = 86_400_000
+        let user = TestServices.unique("erin"), other = TestServices.unique("frank")
+        let fresh = Self.token("f1"), old = Self.token("f2"), loggedOut = Self.token("f3")
+        let revived = Self.token("f4"), dead = Self.token("f5"), direct = Self.token("f6"), unknownAge = Self.token("f7")
+        _ = try redis.command(["HSET", TokenCache.key(forUser: user), unknownAge, "production"])
+        let cache = TokenCache(redis: redis, logger: Logger(label: "test", level: .warning))
+        try cache.register([
+            TokenRegistration(user: user, token: revived, environment: .production, registeredAt: now - 1_000),
+            TokenRegistration(user: user, token: dead, environment: .production, registeredAt: now - 10 * day),
+            TokenRegistration(user: other, token: direct, environment: .production, registeredAt: now - 10 * day),
+        ])
+
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try Topology.declareDeadTokens(on: publisher, configuration)
+        try publisher.declareQueue(configuration.registrationsQueue)
+        let failedReader = try QueueReader(configuration.failedQueue)
+        func register(_ token: String, at: Int64, action: String = "register", device: String = "null") throws {
+            try publisher.publish(to: configuration.registrationsQueue, body: Array("""
+                {"user": "\(user)", "token": "\(token)", "environment": "sandbox", "timestamp": \(at),
+                 "device": \(device), "action": "\(action)"}
+                """.utf8))
+        }
+        try register(fresh, at: now - 5_000, device: #"{"model": "iPhone15,2", "os": "17.1"}"#)
+        try register(fresh, at: now - 9_000)  // older, arrives later: changes nothing
+        try register(old, at: now - 100 * day)  // registered, but long ago: the sweep takes it
+        try register(loggedOut, at: now - 3_000)
+        try register(loggedOut, at: now - 2_000, action: "unregister")
+        try publisher.publish(to: configuration.registrationsQueue, body: Array(#"{"user": "x", "token": "nope"}"#.utf8))
+        func died(_ token: String, user: String?, at: Int64?) throws {
+            let event = DeadTokenEvent(token: token, user: user, topic: "com.example.app", environment: .production,
+                                       status: 410, reason: "Unregistered", timestamp: at, jobID: "j")
+            try publisher.publish(to: configuration.deadTokensQueue, body: event.json)
+        }
+        try died(revived, user: user, at: now - 5_000)  // registered again after APNs saw it die: kept
+        try died(dead, user: user, at: now - 1_000)
+        try died(direct, user: nil, at: now - 1_000)  // sent directly: found through its owner
+
+        let cleanup = TokenCleanup(configuration: configuration, logger: Logger(label: "cleanup", level: .warning))
+        try cleanup.run(untilIdle: true)
+
+        let entries = Dictionary(uniqueKeysWithValues: try cache.entries(forUser: user).map { ($0.token, $0) })
+        #expect(Set(entries.keys) == [fresh, revived, unknownAge], "\(entries.keys.map { Redact.token($0) })")
+        #expect(entries[fresh]?.registeredAt == now - 5_000, "the older registration did not win")
+        #expect(entries[fresh]?.environment == "sandbox")
+        #expect(entries[fresh]?.deviceJSON == #"{"model": "iPhone15,2", "os": "17.1"}"#)
+        #expect(try cache.entries(forUser: other).isEmpty)
+        #expect(try redis.command(["EXISTS", TokenCache.ownerKey(forToken: direct)]).integer == 0)
+        let statistics = cleanup.statistics
+        #expect(statistics.registrationsApplied.load(ordering: .relaxed) == 3)
+        #expect(statistics.registrationsStale.load(ordering: .relaxed) == 1)
+        #expect(statistics.unregistrations.load(ordering: .relaxed) == 1)
+        #expect(statistics.deadTokensRemoved.load(ordering: .relaxed) == 2)
+        #expect(statistics.deadTokensKept.load(ordering: .relaxed) == 1)
+        #expect(statistics.sweptTokens.load(ordering: .relaxed) == 1)
+        #expect(statistics.refused.load(ordering: .relaxed) == 1)
+        let parked = try failedReader.read(1)
+        #expect(parked.first?.properties.headers[Worker.reasonHeader]?.contains("tokens[0]") == true,
+                "\(parked.first?.properties.headers ?? [:])")
+        let depth = try publisher.queueStatus(configuration.registrationsQueue)
+        #expect(depth?.messages == 0, "everything acknowledged")
+    }
+
+    /// `cleanup --once` as a cron job runs it: a registration becomes a token the worker can use.
+    @Test func cleanupOnceAsAProcess() throws {
+        let registrations = TestServices.unique("registrations")
+        let environment = ["PUSH_REGISTRATIONS_QUEUE": registrations, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+                           "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
+                           // No inactive token is this old: the sweep of the shared database removes nothing.
+                           "CLEANUP_INACTIVE_DAYS": "3650"]
+        let user = TestServices.unique("gina")
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(registrations)
+        try publisher.publish(to: registrations, body: Array(#"{"user": "\#(user)", "token": "\#(Self.token("9a"))"}"#.utf8))
+        let run = try Self.apnsWorker(["cleanup", "--once"], environment: environment)
+        #expect(run.status == 0, "\(run.errors)")
+        #expect(run.errors.contains("registered=1"), "\(run.errors)")
+        let targets = try TokenCache(redis: try RedisConnection(url: TestServices.redisURL()),
+                                     logger: Logger(label: "test")).resolve([user])
+        #expect(targets[user]?.map(\.token) == [Self.token("9a")])
+    }
+
+    @Test func everyCommandExplainsItself() throws {
+        let overview = try Self.apnsWorker(["--help"])
+        #expect(overview.status == 0)
+        for command in ["run", "enqueue", "tokens", "dead-tokens tail", "stats", "cleanup", "EXIT CODES"] {
+            #expect(overview.output.contains(command), "\(command) in --help")
+        }
+        for command in ["run", "enqueue", "tokens", "dead-tokens", "stats", "cleanup"] {
+            let help = try Self.apnsWorker([command, "--help"])
+            #expect(help.status == 0 && help.output.contains("USAGE: apns-worker") && help.output.contains("EXIT CODES"),
+                    "\(command) --help: \(help.output)")
+        }
+        #expect(try Self.apnsWorker(["deploy"]).status == 2)
+        #expect(try Self.apnsWorker(["stats", "--bogus"]).errors.contains("unknown option --bogus"))
+    }
+}

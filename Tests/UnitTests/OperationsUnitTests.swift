@@ -1,0 +1,121 @@
+import APNs
+import Foundation
+import Operations
+import Telemetry
+import Testing
+import WorkerPipeline
+
+@Suite struct RegistrationEventTests {
+    static let token = String(repeating: "ab", count: 32)
+
+    @Test func aFullEventIsRead() throws {
+        let body = #"{"user": "u1", "token": "\#(Self.token)", "environment": "sandbox", "timestamp": 1732900000000, "#
+            + #""device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}"#
+        let event = try RegistrationEvent.decode(Array(body.utf8), now: 5)
+        #expect(event.action == .register)
+        #expect(event.registration == TokenRegistration(user: "u1", token: Self.token, environment: .sandbox,
+                                                        registeredAt: 1_732_900_000_000,
+                                                        deviceJSON: #"{"model": "iPhone15,2", "os": "17.1"}"#))
+        #expect(try RegistrationEvent.decode(event.json, now: 5) == event, "what it writes, it reads back")
+    }
+
+    @Test func defaultsFillTheRest() throws {
+        let event = try RegistrationEvent.decode(Array(#"{"user": "u1", "token": "\#(Self.token)"}"#.utf8), now: 42)
+        #expect(event.action == .register && event.registration.environment == .production)
+        #expect(event.registration.registeredAt == 42, "no timestamp: the time it was read")
+        #expect(event.registration.deviceJSON == nil)
+    }
+
+    @Test(arguments: [
+        (#"{"token": "TOKEN"}"#, "missing field \"user\""),
+        (#"{"user": "u1"}"#, "missing field \"token\""),
+        (#"{"user": "u1", "token": "xyz"}"#, "tokens[0]"),
+        (#"{"user": "", "token": "TOKEN"}"#, "users[0]"),
+        (#"{"user": "u1", "token": "TOKEN", "environment": "staging"}"#, "environment \"staging\""),
+        (#"{"user": "u1", "token": "TOKEN", "action": "delete"}"#, "\"action\" must be"),
+        (#"{"user": "u1", "token": "TOKEN", "device": "iPhone"}"#, "\"device\" must be an object"),
+        (#"{"user": "u1", "token": "TOKEN", "timestamp": -1}"#, "timestamp"),
+        (#"{"user": "u1", "token": "TOKEN", "timestamp": "yesterday"}"#, "\"timestamp\" must be a whole number"),
+        (#"[1, 2]"#, "must be a JSON object"),
+        (#"{"user": "#, "not JSON"),
+    ])
+    func badEventsSayWhatIsWrong(body: String, expected: String) {
+        let text = body.replacingOccurrences(of: "TOKEN", with: Self.token)
+        do {
+            _ = try RegistrationEvent.decode(Array(text.utf8), now: 1)
+            Issue.record("accepted \(text)")
+        } catch {
+            #expect(error.description.contains(expected), "\(error)")
+        }
+    }
+
+    @Test func deadTokenEventsReadBackAndRedact() throws {
+        let event = DeadTokenEvent(token: Self.token, user: nil, topic: "com.example.app", environment: .sandbox,
+                                   status: 410, reason: "Unregistered", timestamp: 1_732_900_000_001, jobID: "j-1")
+        #expect(try DeadTokenEvent.decode(event.json) == event)
+        let redacted = String(decoding: event.redactedJSON, as: UTF8.self)
+        #expect(!redacted.contains(Self.token) && redacted.contains("abababab…(64)"))
+        #expect(throws: JobError.self) { try DeadTokenEvent.decode(Array(#"{"token": "zz"}"#.utf8)) }
+    }
+}
+
+@Suite struct JobReaderTests {
+    func reader(_ text: String) throws -> JobReader {
+        try JobReader(path: try TemporaryText.file(text))
+    }
+
+    func all(_ text: String) throws -> [(line: Int, body: String)] {
+        var reader = try reader(text)
+        var jobs: [(Int, String)] = []
+        while let (line, body) = try reader.next() { jobs.append((line, String(decoding: body, as: UTF8.self))) }
+        return jobs
+    }
+
+    @Test func jsonLinesKeepTheirLineNumbers() throws {
+        let jobs = try all("{\"a\": 1}\n\n   \n{\"b\": 2}\r\nnot json\n{\"c\": 3}")
+        #expect(jobs.map(\.line) == [1, 4, 5, 6], "blank lines skipped, numbers kept")
+        #expect(jobs[1].body == "{\"b\": 2}\r", "bodies unchanged (the checks judge them)")
+        #expect(jobs[3].body == "{\"c\": 3}", "a last line without a newline counts")
+    }
+
+    @Test func aPrettyPrintedFileIsOneJob() throws {
+        let jobs = try all("{\n  \"users\": [\"u1\"],\n  \"payload\": {}\n}\n")
+        #expect(jobs.count == 1 && jobs[0].line == 1)
+        #expect(jobs[0].body.contains("\"payload\": {}"))
+    }
+
+    @Test func aMissingFileIsNamed() {
+        #expect(throws: JobReaderError.self) { try JobReader(path: "/nonexistent/jobs.jsonl") }
+    }
+
+    @Test func theSizeIsKnownForProgress() throws {
+        var reader = try reader("{\"a\": 1}\n")
+        #expect(reader.totalBytes == 9)
+        _ = try reader.next()
+        #expect(reader.bytesRead == 9)
+    }
+}
+
+@Suite struct HistogramTests {
+    @Test func countsFallIntoCumulativeBuckets() {
+        let histogram = Histogram(bounds: [0.001, 0.01, 0.1])
+        for nanoseconds: UInt64 in [500_000, 1_000_000, 5_000_000, 50_000_000, 2_000_000_000] {
+            histogram.observe(nanoseconds: nanoseconds)
+        }
+        #expect(histogram.cumulativeCounts == [2, 3, 4, 5], "a bound is inclusive (le), the last is +Inf")
+        let text = histogram.prometheusText(name: "latency_seconds", help: "Test.")
+        #expect(text.contains("# TYPE latency_seconds histogram"))
+        #expect(text.contains("latency_seconds_bucket{le=\"0.01\"} 3"))
+        #expect(text.contains("latency_seconds_bucket{le=\"+Inf\"} 5"))
+        #expect(text.contains("latency_seconds_count 5"))
+        #expect(text.contains("latency_seconds_sum 2.0565"))
+    }
+}
+
+enum TemporaryText {
+    static func file(_ text: String) throws -> String {
+        let path = NSTemporaryDirectory() + "jobs-\(UUID().uuidString).jsonl"
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+}
