@@ -1,5 +1,6 @@
 import APNs
 import APNsSimulator
+import HTTP2
 import Foundation
 import Telemetry
 
@@ -14,6 +15,9 @@ OPTIONS:
   --port PORT                 port to listen on (default 2197; 0 picks a free one)
   --cert FILE --key FILE      PEM certificate and key to serve (default: a fresh self-signed pair)
   --write-cert FILE           write the served certificate there, for clients to trust (APNS_CA_FILE)
+  --cert-host NAME            a name the generated certificate is also valid for (e.g. apns-sim in a compose
+                              network); repeatable
+  --generate-key FILE         write a fresh provider key (.p8, PKCS#8 P-256, as Apple issues them) and exit
   --unregistered TOKEN[@MS]   answer 410 Unregistered for TOKEN, with timestamp MS (ms since epoch; default now);
                               repeatable
   --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
@@ -56,6 +60,7 @@ var configuration = APNsSimulator.Configuration(port: 2197, recordsNotifications
 var certificateFile: String?
 var keyFile: String?
 var writeCertificate: String?
+var certificateHosts = ["localhost", "127.0.0.1", "::1"]
 var level = Logger.Level.info
 var arguments = CommandLine.arguments.dropFirst()
 
@@ -77,6 +82,18 @@ while let argument = arguments.popFirst() {
     case "--cert": certificateFile = value(for: argument)
     case "--key": keyFile = value(for: argument)
     case "--write-cert": writeCertificate = value(for: argument)
+    case "--cert-host": certificateHosts.append(value(for: argument))
+    case "--generate-key":
+        let path = value(for: argument)
+        do {
+            // Owner-only, as a real key file should be.
+            guard FileManager.default.createFile(atPath: path, contents: Data(try ES256Key.generatePrivateKeyPEM().utf8),
+                                                 attributes: [.posixPermissions: 0o600]) else {
+                fail("cannot write \(path)")
+            }
+        } catch { fail("cannot generate a key: \(error)") }
+        say("apns-sim wrote a provider key to \(path)")
+        exit(0)
     case "--unregistered":
         let text = value(for: argument)
         let parts = text.split(separator: "@", maxSplits: 1)
@@ -134,8 +151,10 @@ do {
     if let certificateFile, let keyFile {
         configuration.certificatePEM = try String(contentsOfFile: certificateFile, encoding: .utf8)
         configuration.privateKeyPEM = try String(contentsOfFile: keyFile, encoding: .utf8)
+    } else {
+        (configuration.certificatePEM, configuration.privateKeyPEM) = try SelfSignedCertificate.generate(hosts: certificateHosts)
     }
-} catch { fail("cannot read the certificate or key: \(error.localizedDescription)") }
+} catch { fail("cannot read or make the certificate or key: \(error)") }
 
 let logger = Logger(label: "apns-sim", level: level)
 let simulator: APNsSimulator

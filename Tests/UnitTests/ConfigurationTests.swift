@@ -101,6 +101,20 @@ import WorkerPipeline
         }
     }
 
+    /// config/apns-worker.env is a working file: it loads, and what it sets are the defaults.
+    @Test func theReferenceFileLoadsWithTheDefaults() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path
+        let file = try ConfigurationSources.readFile(root + "/config/apns-worker.env")
+        #expect(file.count >= 25, "every key is listed: \(file.keys.sorted())")
+        let fromFile = try WorkerConfiguration.load(from: file, requiringCredentials: false)
+        let defaults = try WorkerConfiguration.load(from: [:], requiringCredentials: false)
+        #expect(fromFile.jobsQueue == defaults.jobsQueue && fromFile.deadTokensExchange == defaults.deadTokensExchange)
+        #expect(fromFile.prefetch == defaults.prefetch && fromFile.retryDelays == defaults.retryDelays)
+        #expect(fromFile.inactiveDays == defaults.inactiveDays && fromFile.metricsPort == defaults.metricsPort)
+        #expect(fromFile.apns.connectionsPerEnvironment == defaults.apns.connectionsPerEnvironment)
+    }
+
     /// The command-line tools send nothing to APNs: they load without credentials, and still check the rest.
     @Test func toolsLoadWithoutCredentials() throws {
         let configuration = try WorkerConfiguration.load(from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)
