@@ -324,4 +324,42 @@ import WorkerPipeline
         #expect(try Self.apnsWorker(["deploy"]).status == 2)
         #expect(try Self.apnsWorker(["stats", "--bogus"]).errors.contains("unknown option --bogus"))
     }
+
+    /// Ready means able to deliver: consuming is not enough while no APNs connection is open.
+    @Test func aWorkerWithoutAPNsIsNotReady() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: Logger(label: "sim", level: .warning))
+        let jobs = TestServices.unique("jobs")
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(TestServices.freePort())",
+        ])
+        simulator.shutdown()
+        let worker = try WorkerThread(environment, logger: Logger(label: "worker", level: .critical))
+        defer { worker.stop() }
+        let broker = try AMQPConnection(url: TestServices.amqpURL())
+        // Condition, not a delay: the worker has subscribed once the queue shows its consumer.
+        let deadline = Date().addingTimeInterval(20)
+        while try broker.queueStatus(jobs)?.consumers != 1, Date() < deadline { usleep(20_000) }
+        #expect(try broker.queueStatus(jobs)?.consumers == 1, "consuming")
+        #expect(!worker.worker.isReady, "no APNs connection: not ready")
+        #expect(worker.worker.statistics.prometheusText(ready: worker.worker.isReady).contains("apns_worker_ready 0"))
+    }
+
+    /// The long-running cleanup serves health and metrics like the worker, and drains on SIGTERM.
+    @Test func theCleanupProcessServesHealthAndStopsOnSIGTERM() throws {
+        let port = TestServices.freePort()
+        let cleanup = try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: [
+            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(port), "LOG_FORMAT": "text",
+            "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
+            "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
+            "CLEANUP_INACTIVE_DAYS": "3650",
+        ])
+        #expect(cleanup.waitForLine(containing: "cleanup consuming") != nil)
+        #expect(try TestServices.httpGet(port: port, "/healthz").status == 200)
+        #expect(try TestServices.httpGet(port: port, "/readyz").status == 200)
+        let metrics = try TestServices.httpGet(port: port, "/metrics").body
+        #expect(metrics.contains("apns_cleanup_ready 1") && metrics.contains("apns_cleanup_registrations_total{result=\"applied\"} 0"),
+                "\(metrics)")
+        #expect(cleanup.stop(SIGTERM) == 0)
+    }
 }
+
