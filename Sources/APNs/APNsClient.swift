@@ -158,6 +158,7 @@ public final class APNsClient: Sendable {
             }
             var requests: [HTTP2Request] = []
             var sendable: [Int] = []
+            var template = RequestTemplate()
             requests.reserveCapacity(indices.count)
             for index in indices {
                 let notification = notifications[index].notification
@@ -167,7 +168,7 @@ public final class APNsClient: Sendable {
                     immediate.append((index, APNsResult(outcome: .permanentFailure, error: error.description)))
                     continue
                 }
-                requests.append(Self.request(for: notification, authority: pool.authority, authorization: authorization))
+                requests.append(template.request(for: notification, authority: pool.authority, authorization: authorization))
                 sendable.append(index)
             }
             guard !requests.isEmpty else { continue }
@@ -197,16 +198,8 @@ public final class APNsClient: Sendable {
     }
 
     static func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
-        var headers = HTTP2HeaderBlock.request(method: "POST", authority: authority,
-                                               path: "/3/device/" + notification.deviceToken)
-        if let authorization { headers.add("authorization", authorization) }
-        headers.add("apns-push-type", notification.pushType.rawValue)
-        headers.add("apns-topic", notification.topic)
-        headers.add("apns-priority", String(notification.priority.rawValue))
-        if let expiration = notification.expiration { headers.add("apns-expiration", String(expiration)) }
-        if let collapseID = notification.collapseID { headers.add("apns-collapse-id", collapseID) }
-        if let apnsID = notification.apnsID { headers.add("apns-id", apnsID) }
-        return HTTP2Request(headers: headers, body: notification.payload)
+        var template = RequestTemplate()
+        return template.request(for: notification, authority: authority, authorization: authorization)
     }
 
     private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment) -> APNsResult {
@@ -256,5 +249,53 @@ public final class APNsClient: Sendable {
             pools[environment] = pool
             return pool
         }
+    }
+}
+
+/// The header fields that notifications of one job share, encoded once: a fan-out job's requests then cost a copy
+/// of these bytes plus their own path (and apns-id), not a field-by-field encoding each.
+struct RequestTemplate {
+    /// What the cached fields were built from; a notification that differs rebuilds them.
+    private var key: Key?
+
+    private struct Key: Equatable {
+        var authority: String
+        var authorization: String?
+        var pushType: String
+        var topic: String
+        var priority: Int
+        var expiration: Int64?
+        var collapseID: String?
+    }
+    /// :method, :scheme, :authority (pseudo-header fields come first, then :path).
+    private var pseudoFields = HTTP2HeaderBlock(capacity: 0)
+    /// authorization, apns-push-type, apns-topic, apns-priority, apns-expiration, apns-collapse-id.
+    private var sharedFields = HTTP2HeaderBlock(capacity: 0)
+
+    mutating func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
+        let wanted = Key(authority: authority, authorization: authorization, pushType: notification.pushType.rawValue,
+                         topic: notification.topic, priority: notification.priority.rawValue,
+                         expiration: notification.expiration, collapseID: notification.collapseID)
+        if key != wanted {
+            key = wanted
+            pseudoFields = HTTP2HeaderBlock(capacity: 64)
+            pseudoFields.add(":method", "POST")
+            pseudoFields.add(":scheme", "https")
+            pseudoFields.add(":authority", authority)
+            sharedFields = HTTP2HeaderBlock(capacity: 640)
+            if let authorization { sharedFields.add("authorization", authorization) }
+            sharedFields.add("apns-push-type", notification.pushType.rawValue)
+            sharedFields.add("apns-topic", notification.topic)
+            sharedFields.add("apns-priority", String(notification.priority.rawValue))
+            if let expiration = notification.expiration { sharedFields.add("apns-expiration", String(expiration)) }
+            if let collapseID = notification.collapseID { sharedFields.add("apns-collapse-id", collapseID) }
+        }
+        var headers = HTTP2HeaderBlock(capacity: pseudoFields.byteCount + sharedFields.byteCount
+                                       + notification.deviceToken.utf8.count + 64)
+        headers.append(contentsOf: pseudoFields)
+        headers.add(":path", "/3/device/", notification.deviceToken, indexed: false)
+        headers.append(contentsOf: sharedFields)
+        if let apnsID = notification.apnsID { headers.add("apns-id", apnsID, indexed: false) }
+        return HTTP2Request(headers: headers, body: notification.payload)
     }
 }

@@ -179,6 +179,21 @@ public struct JSONReader {
 
     private mutating func parseString() throws(JSONError) -> String {
         position += 1
+        // Most strings (user ids, tokens, topics) have no escape: one scan, then one String from the bytes.
+        let start = position
+        var scan = position
+        while scan < bytes.count {
+            let byte = bytes[scan]
+            if byte == UInt8(ascii: "\"") {
+                guard let text = bytes.withUnsafeBufferPointer({ raw in
+                    String(validating: UnsafeBufferPointer(rebasing: raw[start..<scan]), as: UTF8.self)
+                }) else { throw error("string is not UTF-8") }
+                position = scan + 1
+                return text
+            }
+            if byte == UInt8(ascii: "\\") || byte < 0x20 { break }
+            scan += 1
+        }
         var output: [UInt8] = []
         while true {
             guard position < bytes.count else { throw error("unterminated string") }

@@ -244,8 +244,9 @@ private final class SimulatorCore: Sendable {
             return (apnsID, uniqueID, streamLimit, notification)
         }
         if let notification { configuration.observer?(notification) }
-        var headers = [HTTP2Field(name: "apns-id", value: apnsID)]
-        headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID))
+        // Unique per answer: never indexed, so the connection's header table is not churned for nothing.
+        var headers = [HTTP2Field(name: "apns-id", value: apnsID, indexed: false)]
+        headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID, indexed: false))
         var body: [UInt8] = []
         if let reason {
             var text = "{\"reason\":\"\(reason.rawValue)\""

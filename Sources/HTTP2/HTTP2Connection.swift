@@ -10,10 +10,11 @@ public typealias HTTP2RequestHandler = (HTTP2ServerRequest, HTTP2ResponseWriter)
 public struct HTTP2ServerRequest: Sendable {
     public var connectionID: Int
     public var streamID: Int32
-    public var headers: [HTTP2Field]
+    public var headerBlock: HTTP2HeaderBlock
     public var body: [UInt8]
 
-    public func header(_ name: String) -> String? { headers.first { $0.name == name }?.value }
+    public var headers: [HTTP2Field] { headerBlock.fields }
+    public func header(_ name: String) -> String? { headerBlock.value(name) }
     public var method: String { header(":method") ?? "" }
     public var path: String { header(":path") ?? "" }
 }
@@ -56,7 +57,7 @@ public struct HTTP2ResponseWriter: @unchecked Sendable {
 
 /// Per-stream state, owned by its connection.
 final class HTTP2Stream {
-    var incomingHeaders: [HTTP2Field] = []
+    var incomingHeaders: HTTP2HeaderBlock
     var incomingBody: [UInt8] = []
     var status = 0
     var outgoingBody: [UInt8]
@@ -66,8 +67,11 @@ final class HTTP2Stream {
     let startedAt = EventLoop.now()
     let completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
-    init(outgoingBody: [UInt8] = [], completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)? = nil) {
+    /// `expectedHeaderBytes`: room for the incoming fields at once (they arrive one by one).
+    init(outgoingBody: [UInt8] = [], expectedHeaderBytes: Int,
+         completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)? = nil) {
         self.outgoingBody = outgoingBody
+        self.incomingHeaders = HTTP2HeaderBlock(capacity: expectedHeaderBytes)
         self.completion = completion
     }
 }
@@ -95,7 +99,11 @@ final class HTTP2Connection: PollHandler {
     private(set) var state: State
     private let tls: TLSStream
     private var session: OpaquePointer?
-    private(set) var streams: [Int32: HTTP2Stream] = [:]
+    private(set) var streams: [Int32: HTTP2Stream] = [:] {
+        // Whatever leaves the table must not be found through the shortcut either.
+        didSet { recentStream = nil }
+    }
+    private var recentStream: (id: Int32, stream: HTTP2Stream)?
     private var outbound: [UInt8] = []
     private var outboundSent = 0
     private var wantsWrite = false
@@ -250,7 +258,8 @@ final class HTTP2Connection: PollHandler {
     func submitRequest(_ request: HTTP2Request,
                        completion: @escaping (Result<HTTP2Response, HTTP2StreamError>) -> Void) -> Bool {
         guard acceptsRequests, let session else { return false }
-        let stream = HTTP2Stream(outgoingBody: request.body, completion: completion)
+        // A response's fields: :status, apns-id, apns-unique-id and little else.
+        let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 160, completion: completion)
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
         let streamID = request.headers.withNghttp2Fields { fields, count in
             request.body.isEmpty
@@ -299,7 +308,7 @@ final class HTTP2Connection: PollHandler {
         guard state == .open, let session, let stream = streams[streamID] else { return }
         var block = HTTP2HeaderBlock(capacity: 128)
         block.add(":status", String(status))
-        for field in headers { block.add(field.name, field.value) }
+        for field in headers { block.add(field.name, field.value, indexed: field.indexed) }
         if !body.isEmpty { block.add("content-length", String(body.count)) }
         stream.outgoingBody = body
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
@@ -335,7 +344,7 @@ final class HTTP2Connection: PollHandler {
 
     private func dispatchRequest(streamID: Int32) {
         guard case .server(let handler) = role, let stream = streams[streamID] else { return }
-        let request = HTTP2ServerRequest(connectionID: id, streamID: streamID, headers: stream.incomingHeaders,
+        let request = HTTP2ServerRequest(connectionID: id, streamID: streamID, headerBlock: stream.incomingHeaders,
                                          body: stream.incomingBody)
         handler(request, HTTP2ResponseWriter(connection: self, streamID: streamID))
     }
@@ -454,14 +463,27 @@ final class HTTP2Connection: PollHandler {
 
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
 
-    fileprivate func header(streamID: Int32, name: String, value: String) {
-        guard let stream = streams[streamID] else { return }
-        if name == ":status" { stream.status = Int(value) ?? 0 }
-        if stream.incomingHeaders.count < 128 { stream.incomingHeaders.append(HTTP2Field(name: name, value: value)) }
+    fileprivate func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+        guard let stream = lookUp(streamID) else { return }
+        // ":status": the only field name of seven bytes that starts with a colon.
+        if name.count == 7 && name[0] == UInt8(ascii: ":") && name[1] == UInt8(ascii: "s") {
+            // Three digits, checked by nghttp2 already; parsed from the bytes, without a String.
+            stream.status = value.reduce(0) { $0 * 10 + Int($1 &- 48) }
+        }
+        if stream.incomingHeaders.count < 128 { stream.incomingHeaders.add(raw: name, value) }
+    }
+
+    /// The stream a callback is about. A response's fields arrive one callback each for the same stream: the last
+    /// one found is checked first, which saves a dictionary lookup per field.
+    private func lookUp(_ streamID: Int32) -> HTTP2Stream? {
+        if let recent = recentStream, recent.id == streamID { return recent.stream }
+        guard let stream = streams[streamID] else { return nil }
+        recentStream = (streamID, stream)
+        return stream
     }
 
     fileprivate func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard let stream = streams[streamID] else { return true }
+        guard let stream = lookUp(streamID) else { return true }
         guard stream.incomingBody.count + data.count <= Self.maximumBodySize else { return false }
         stream.incomingBody.append(contentsOf: data)
         return true
@@ -492,14 +514,15 @@ final class HTTP2Connection: PollHandler {
     }
 
     fileprivate func beginHeaders(streamID: Int32, category: UInt32) {
-        if !isClient && category == NGHTTP2_HCAT_REQUEST.rawValue { streams[streamID] = HTTP2Stream() }
+        // A request's fields, a provider token among them, take about half a kilobyte.
+        if !isClient && category == NGHTTP2_HCAT_REQUEST.rawValue { streams[streamID] = HTTP2Stream(expectedHeaderBytes: 768) }
     }
 
     fileprivate func streamClosed(streamID: Int32, errorCode: UInt32) {
         guard let stream = streams.removeValue(forKey: streamID), let completion = stream.completion else { return }
         if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status > 0 {
             responsesReceived += 1
-            completion(.success(HTTP2Response(status: stream.status, headers: stream.incomingHeaders,
+            completion(.success(HTTP2Response(status: stream.status, headerBlock: stream.incomingHeaders,
                                               body: stream.incomingBody)))
         } else if errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
             completion(.failure(.refused))
@@ -540,9 +563,8 @@ private func connection(_ userData: UnsafeMutableRawPointer?) -> HTTP2Connection
 
 private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
     guard let frame, let name, let value else { return 0 }
-    connection(userData).header(streamID: frame.pointee.hd.stream_id,
-                                name: String(decoding: UnsafeBufferPointer(start: name, count: nameLength), as: UTF8.self),
-                                value: String(decoding: UnsafeBufferPointer(start: value, count: valueLength), as: UTF8.self))
+    connection(userData).header(streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
+                                value: UnsafeBufferPointer(start: value, count: valueLength))
     return 0
 }
 

@@ -1,15 +1,20 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 internal import CNghttp2
 
-/// Header fields stored back to back in one byte buffer, so that a request costs one allocation for all of its
-/// headers and hands nghttp2 pointers into that buffer without a copy per field.
-public struct HTTP2HeaderBlock: Sendable {
+/// Header fields packed back to back in one byte buffer: `[flags][name length: UInt16][value length: UInt16][name]
+/// [value]` per field. A request's or a response's headers cost one allocation in all, constant fields are copied
+/// in one `append(contentsOf:)` from a block built once, and nghttp2 gets pointers into the buffer without a copy
+/// per field.
+public struct HTTP2HeaderBlock: Sendable, Equatable {
     private var bytes: [UInt8] = []
-    // Per field: name start, name length, value start, value length.
-    private var offsets: [Int32] = []
+    public private(set) var count = 0
+    private static let recordHeader = 5
+    private static let neverIndexed: UInt8 = 1
 
     public init(capacity: Int = 512) {
         bytes.reserveCapacity(capacity)
-        offsets.reserveCapacity(48)
     }
 
     /// A request's pseudo-header fields, which HTTP/2 requires first.
@@ -18,35 +23,121 @@ public struct HTTP2HeaderBlock: Sendable {
         block.add(":method", method)
         block.add(":scheme", scheme)
         block.add(":authority", authority)
-        block.add(":path", path)
+        block.add(":path", path, indexed: false)
         return block
     }
 
-    public mutating func add(_ name: String, _ value: String) {
-        let nameStart = bytes.count
-        bytes.append(contentsOf: name.utf8)
-        let valueStart = bytes.count
-        bytes.append(contentsOf: value.utf8)
-        offsets.append(contentsOf: [Int32(nameStart), Int32(valueStart - nameStart), Int32(valueStart),
-                                    Int32(bytes.count - valueStart)])
+    /// `indexed: false` for values that are new with every message (a device token's path, an apns-id): HPACK then
+    /// sends them as never-indexed literals instead of filling the connection's header table with entries no later
+    /// message will use, which would push out the ones every message does use (the provider token, the topic).
+    /// Names and values longer than 65,535 bytes are cut there (no HTTP/2 peer accepts such a field anyway).
+    public mutating func add(_ name: String, _ value: String, indexed: Bool = true) {
+        var name = name, value = value
+        name.withUTF8 { nameBytes in value.withUTF8 { valueBytes in add(raw: nameBytes, valueBytes, indexed: indexed) } }
     }
 
-    public var count: Int { offsets.count / 4 }
+    /// A field whose value is `valuePrefix` followed by `valueRest`, without building the joined String.
+    public mutating func add(_ name: String, _ valuePrefix: StaticString, _ valueRest: String, indexed: Bool = true) {
+        var name = name, rest = valueRest
+        let prefix = UnsafeBufferPointer(start: valuePrefix.utf8Start, count: valuePrefix.utf8CodeUnitCount)
+        name.withUTF8 { nameBytes in
+            rest.withUTF8 { restBytes in
+                let nameLength = min(nameBytes.count, 65_535)
+                let valueLength = min(prefix.count + restBytes.count, 65_535)
+                appendRecordHeader(nameLength, valueLength, indexed: indexed)
+                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: nameBytes.prefix(nameLength)))
+                bytes.append(contentsOf: prefix)
+                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: restBytes.prefix(valueLength - prefix.count)))
+            }
+        }
+        count += 1
+    }
+
+    /// The same from bytes (the receiving side, straight from nghttp2's buffers).
+    public mutating func add(raw name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>, indexed: Bool = true) {
+        let nameLength = min(name.count, 65_535), valueLength = min(value.count, 65_535)
+        appendRecordHeader(nameLength, valueLength, indexed: indexed)
+        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
+        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: value.prefix(valueLength)))
+        count += 1
+    }
+
+    private mutating func appendRecordHeader(_ nameLength: Int, _ valueLength: Int, indexed: Bool) {
+        bytes.append(indexed ? 0 : Self.neverIndexed)
+        bytes.append(UInt8(truncatingIfNeeded: nameLength))
+        bytes.append(UInt8(truncatingIfNeeded: nameLength >> 8))
+        bytes.append(UInt8(truncatingIfNeeded: valueLength))
+        bytes.append(UInt8(truncatingIfNeeded: valueLength >> 8))
+    }
+
+    /// Appends every field of `other`, in one copy.
+    public mutating func append(contentsOf other: HTTP2HeaderBlock) {
+        bytes.append(contentsOf: other.bytes)
+        count += other.count
+    }
+
+    public var byteCount: Int { bytes.count }
+
+    /// Calls `body` with each field's name, value and whether it may be indexed, in order, until it returns false.
+    func forEachRecord(_ body: (UnsafeBufferPointer<UInt8>, UnsafeBufferPointer<UInt8>, Bool) -> Bool) {
+        bytes.withUnsafeBufferPointer { raw in
+            var offset = 0
+            while offset + Self.recordHeader <= raw.count {
+                let indexed = raw[offset] & Self.neverIndexed == 0
+                let nameLength = Int(raw[offset + 1]) | Int(raw[offset + 2]) << 8
+                let valueLength = Int(raw[offset + 3]) | Int(raw[offset + 4]) << 8
+                let nameStart = offset + Self.recordHeader, valueStart = nameStart + nameLength
+                offset = valueStart + valueLength
+                guard body(UnsafeBufferPointer(rebasing: raw[nameStart..<valueStart]),
+                           UnsafeBufferPointer(rebasing: raw[valueStart..<offset]), indexed) else { return }
+            }
+        }
+    }
+
+    /// Calls `body` with each field's name and value, in order, until it returns false.
+    public func forEachField(_ body: (UnsafeBufferPointer<UInt8>, UnsafeBufferPointer<UInt8>) -> Bool) {
+        forEachRecord { name, value, _ in body(name, value) }
+    }
+
+    /// The first field named `name` (names compared as bytes; HTTP/2 names are lowercase).
+    public func value(_ name: String) -> String? {
+        var found: String?
+        var name = name
+        name.withUTF8 { wanted in
+            forEachField { fieldName, fieldValue in
+                guard fieldName.count == wanted.count,
+                      memcmp(fieldName.baseAddress!, wanted.baseAddress!, wanted.count) == 0 else { return true }
+                found = String(decoding: fieldValue, as: UTF8.self)
+                return false
+            }
+        }
+        return found
+    }
+
+    public var fields: [HTTP2Field] {
+        var result: [HTTP2Field] = []
+        result.reserveCapacity(count)
+        forEachRecord { name, value, indexed in
+            result.append(HTTP2Field(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self),
+                                     indexed: indexed))
+            return true
+        }
+        return result
+    }
 
     func withNghttp2Fields<T>(_ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
-        let fieldCount = count
-        return bytes.withUnsafeBufferPointer { raw in
-            // nghttp2 copies the fields during submit; its C API merely lacks const on these pointers.
-            let base = UnsafeMutablePointer(mutating: raw.baseAddress ?? UnsafePointer(bitPattern: 1)!)
-            return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(fieldCount, 1)) { fields in
-                for field in 0..<fieldCount {
-                    let index = field * 4
-                    fields[field] = nghttp2_nv(name: base + Int(offsets[index]), value: base + Int(offsets[index + 2]),
-                                               namelen: Int(offsets[index + 1]), valuelen: Int(offsets[index + 3]),
-                                               flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
-                }
-                return body(UnsafePointer(fields.baseAddress!), fieldCount)
+        withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count, 1)) { fields in
+            var index = 0
+            forEachRecord { name, value, indexed in
+                // nghttp2 copies the fields during submit; its C API merely lacks const on these pointers.
+                fields[index] = nghttp2_nv(name: UnsafeMutablePointer(mutating: name.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                                           value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                                           namelen: name.count, valuelen: value.count,
+                                           flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue))
+                index += 1
+                return true
             }
+            return body(UnsafePointer(fields.baseAddress!), index)
         }
     }
 }
@@ -54,10 +145,13 @@ public struct HTTP2HeaderBlock: Sendable {
 public struct HTTP2Field: Sendable, Equatable, CustomStringConvertible {
     public var name: String
     public var value: String
+    /// False for a value new with every message: sent as a never-indexed HPACK literal (see `HTTP2HeaderBlock`).
+    public var indexed: Bool
 
-    public init(name: String, value: String) {
+    public init(name: String, value: String, indexed: Bool = true) {
         self.name = name
         self.value = value
+        self.indexed = indexed
     }
 
     public var description: String { "\(name): \(value)" }
@@ -77,16 +171,24 @@ public struct HTTP2Request: Sendable {
 /// A response as the client receives it.
 public struct HTTP2Response: Sendable {
     public var status: Int
-    public var headers: [HTTP2Field]
+    /// The fields as received, packed; `header(_:)` finds one without building the others.
+    public var headerBlock: HTTP2HeaderBlock
     public var body: [UInt8]
 
     public init(status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
+        var block = HTTP2HeaderBlock(capacity: 64)
+        for field in headers { block.add(field.name, field.value) }
+        self.init(status: status, headerBlock: block, body: body)
+    }
+
+    public init(status: Int, headerBlock: HTTP2HeaderBlock, body: [UInt8]) {
         self.status = status
-        self.headers = headers
+        self.headerBlock = headerBlock
         self.body = body
     }
 
-    public func header(_ name: String) -> String? { headers.first { $0.name == name }?.value }
+    public var headers: [HTTP2Field] { headerBlock.fields }
+    public func header(_ name: String) -> String? { headerBlock.value(name) }
 }
 
 /// Why a request got no response. Every case but `reset` means the server did not act on it, or may not have:

@@ -97,8 +97,6 @@ public final class Worker: Sendable {
     /// Seconds between two reports to the shared statistics in Redis.
     private static let reportInterval = 5.0
 
-    /// A notification ready to go, and the job it belongs to.
-    private typealias Outgoing = (environment: APNsEnvironment, notification: APNsNotification, owner: (JobProgress, Int))
 
     /// Jobs that name themselves (an `id` in the body, or an AMQP message-id) can be recognised when redelivered;
     /// a delivery tag changes with every delivery.
@@ -155,8 +153,9 @@ public final class Worker: Sendable {
         var lastSummary = Date()
         var lastReported = statistics.snapshot()
         var lastShared = Date.distantPast
-        // Notifications waiting for rate-limit permits; bounded by the prefetch, as their jobs are unacknowledged.
-        var backlog: [Outgoing] = []
+        // Notifications waiting for room in flight or for rate-limit permits; bounded by the prefetch, as their jobs
+        // are unacknowledged. Each is its job and index: the request is built only when it goes out.
+        var backlog = OutgoingQueue()
         var nextWindowAt: Date?
         while true {
             let stopping = stopRequested.load(ordering: .acquiring)
@@ -242,28 +241,32 @@ public final class Worker: Sendable {
         }
     }
 
-    /// Sends what the shared rate limit allows now, in one call; returns the seconds until more may go, if any wait.
-    private func send(_ backlog: inout [Outgoing], session: Session) throws -> Double? {
-        var count = backlog.count
+    /// Sends what fits in flight (WORKER_MAX_IN_FLIGHT) and what the shared rate limit allows now, in one call;
+    /// returns the seconds until more may go, if the rate limit makes them wait. When answers bring the count in
+    /// flight down to half the limit, the loop thread wakes this thread to send more.
+    private func send(_ backlog: inout OutgoingQueue, session: Session) throws -> Double? {
+        var count = min(backlog.count, configuration.maxInFlight - statistics.inFlight.load(ordering: .relaxed))
+        guard count > 0 else { return nil }
         var wait: Double?
         if let rateLimit = session.rateLimit {
-            let reservation = try rateLimit.reserve(backlog.count)
+            let wanted = count
+            let reservation = try rateLimit.reserve(wanted)
             count = reservation.granted
-            if count < backlog.count {
+            if count < wanted {
                 wait = reservation.nextWindowIn
                 statistics.rateLimitWaits.add(1, ordering: .relaxed)
             }
         }
         guard count > 0 else { return wait }
-        let sending = Array(backlog.prefix(count))
-        backlog.removeFirst(count)
+        let sending = backlog.take(count)
         statistics.inFlight.add(count, ordering: .relaxed)
+        let lowWater = configuration.maxInFlight / 2
         let handedOver = DispatchTime.now().uptimeNanoseconds
-        apns.send(sending.map { ($0.environment, $0.notification) }) { [self] position, result in
+        apns.send(sending.map { $0.progress.notification(Int($0.index)) }) { [self] position, result in
             statistics.apnsLatency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
-            statistics.inFlight.subtract(1, ordering: .relaxed)
-            let (progress, index) = sending[position].owner
-            record(result, for: progress, index)
+            if statistics.inFlight.subtract(1, ordering: .relaxed).newValue == lowWater { wakeup.signal() }
+            let (progress, index) = sending[position]
+            record(result, for: progress, Int(index))
         }
         return wait
     }
@@ -271,7 +274,7 @@ public final class Worker: Sendable {
     /// Decodes a batch, rejects the bad jobs, resolves users in one Redis round trip and queues every notification
     /// for sending. Returns how many jobs are now waiting for outcomes.
     private func start(_ batch: [AMQPDelivery], session: Session, generation: Int,
-                       into backlog: inout [Outgoing]) throws -> Int {
+                       into backlog: inout OutgoingQueue) throws -> Int {
         var rejected: [(AMQPDelivery, String)] = []
         var jobs: [(AMQPDelivery, PushJob)] = []
         for delivery in batch {
@@ -291,8 +294,9 @@ public final class Worker: Sendable {
         var progresses: [JobProgress] = []
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
-            var seen = Set<String>()
             var targets: [DeviceTarget] = job.retryTargets ?? []
+            // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
+            var seen = Set<String>(minimumCapacity: job.retryTargets == nil ? job.tokens.count + job.users.count * 2 : 0)
             for token in job.tokens where job.retryTargets == nil && seen.insert(token).inserted {
                 targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
             }
@@ -311,10 +315,7 @@ public final class Worker: Sendable {
                 finishedAtOnce.append(progress)
                 continue
             }
-            for index in targets.indices {
-                let (environment, notification) = progress.notification(index)
-                backlog.append((environment, notification, (progress, index)))
-            }
+            backlog.append(progress, count: targets.count)
         }
         if !rejected.isEmpty { try reject(rejected, on: session.amqp) }
         if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, session: session) }
@@ -455,5 +456,33 @@ public final class Worker: Sendable {
             finalOutcomes.withLock { $0.append((progress.job.id, tokens)) }
             wakeup.signal()
         }
+    }
+}
+
+/// Notifications waiting to be sent, first in first out, as (job, index) pairs: 16 bytes each, whatever the payload.
+struct OutgoingQueue {
+    private var entries: [(progress: JobProgress, index: Int32)] = []
+    private var head = 0
+
+    var count: Int { entries.count - head }
+    var isEmpty: Bool { head == entries.count }
+
+    mutating func append(_ progress: JobProgress, count: Int) {
+        entries.reserveCapacity(entries.count + count)
+        for index in 0..<Int32(count) { entries.append((progress, index)) }
+    }
+
+    /// The next `count` entries; taken ones are dropped in bulk once they are half the storage, not one by one.
+    mutating func take(_ count: Int) -> [(progress: JobProgress, index: Int32)] {
+        let taken = Array(entries[head..<(head + count)])
+        head += count
+        if head == entries.count {
+            entries.removeAll(keepingCapacity: entries.count <= 65_536)
+            head = 0
+        } else if head >= entries.count / 2 {
+            entries.removeFirst(head)
+            head = 0
+        }
+        return taken
     }
 }

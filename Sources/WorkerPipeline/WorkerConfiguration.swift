@@ -46,6 +46,9 @@ public struct WorkerConfiguration: Sendable {
     public var rateLimit: Int
     /// Unacknowledged jobs the broker may hand this worker at once (basic.qos).
     public var prefetch: Int
+    /// Notifications handed to the APNs client and not answered yet, at most: bounds memory whatever the jobs'
+    /// fan-out, while keeping every connection's streams busy.
+    public var maxInFlight: Int
     /// Attempts at a job's notifications that APNs asked to retry later, before they are parked on the failed queue.
     public var maximumSendAttempts: Int
     /// Seconds a retry waits, by attempt (the last repeats), in delay queues `<jobs>.retry.<ms>ms`.
@@ -167,6 +170,7 @@ public struct WorkerConfiguration: Sendable {
             sweepInterval: try seconds("CLEANUP_SWEEP_INTERVAL", default: 3600),
             rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
             prefetch: try integer("WORKER_PREFETCH", default: 500, range: 1...65_535),
+            maxInFlight: try integer("WORKER_MAX_IN_FLIGHT", default: 5_000, range: 2...1_000_000),
             maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
             retryDelays: try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300]),
             shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25),

@@ -4,6 +4,7 @@ import APNsSimulator
 import Foundation
 import Redis
 import Telemetry
+import Synchronization
 import Testing
 import WorkerPipeline
 
@@ -135,6 +136,45 @@ import WorkerPipeline
         #expect(received.count == 2)
         #expect(received.allSatisfy { $0.pushType == "background" && $0.priority == "5" && $0.expiration == "0" })
         #expect(received.allSatisfy { String(decoding: $0.payload, as: UTF8.self) == #"{"aps":{"content-available":1}}"# })
+    }
+
+    /// A fan-out job larger than WORKER_MAX_IN_FLIGHT goes out in waves: never more than the limit unanswered,
+    /// and every notification delivered.
+    @Test func notificationsInFlightStayWithinTheLimit() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.latency = 0.02
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let tokens = (0..<40).map { String(format: "%064x", 0xF1F0 + $0) }
+        let jobs = TestServices.unique("jobs")
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "WORKER_MAX_IN_FLIGHT": "4",
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        let body = #"{"id": "waves", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+
+        // Sampled while the job runs: with 40 notifications at 20 ms each, a missing bound shows at once.
+        let peak = Atomic<Int>(0)
+        let sampling = Atomic<Bool>(true)
+        let statistics = workerThread.worker.statistics
+        let sampler = Thread {
+            while sampling.load(ordering: .acquiring) {
+                let now = statistics.inFlight.load(ordering: .relaxed)
+                if now > peak.load(ordering: .relaxed) { peak.store(now, ordering: .relaxed) }
+            }
+        }
+        sampler.start()
+        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
+        sampling.store(false, ordering: .releasing)
+        #expect(summary["delivered"] as? Int == 40)
+        #expect(simulator.received().count == 40, "each sent once")
+        #expect(peak.load(ordering: .relaxed) <= 4, "at most WORKER_MAX_IN_FLIGHT unanswered")
+        #expect(peak.load(ordering: .relaxed) >= 1, "the sampler saw the job under way")
     }
 
     /// Queues someone else declared with other arguments (here a quorum jobs queue) are used, not fought over.
