@@ -1,6 +1,7 @@
 /// A small strict JSON reader (RFC 8259) that keeps each value's byte range, so a job's payload is forwarded
 /// exactly as the sender wrote it (no re-encoding), and that bounds nesting depth against hostile input.
-public indirect enum JSONValue: Sendable, Equatable {
+// Not `indirect`: arrays and objects already hold their children in array storage, so a scalar costs no box.
+public enum JSONValue: Sendable, Equatable {
     case null
     case bool(Bool)
     /// The number's text, as written.
@@ -68,7 +69,12 @@ public struct JSONReader {
     private func error(_ message: String) -> JSONError { JSONError(offset: position, message: message) }
 
     private mutating func skipWhitespace() {
-        while position < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[position]) { position += 1 }
+        while position < bytes.count {
+            switch bytes[position] {
+            case 0x20, 0x09, 0x0A, 0x0D: position += 1
+            default: return
+            }
+        }
     }
 
     private mutating func parseValue(depth: Int) throws(JSONError) -> JSONValue {
@@ -86,11 +92,12 @@ public struct JSONReader {
     }
 
     private mutating func expectLiteral(_ literal: StaticString) throws(JSONError) {
-        let text = literal.withUTF8Buffer { Array($0) }
-        guard position + text.count <= bytes.count, Array(bytes[position..<position + text.count]) == text else {
+        let count = literal.utf8CodeUnitCount
+        guard position + count <= bytes.count else { throw error("invalid literal") }
+        for offset in 0..<count where bytes[position + offset] != literal.utf8Start[offset] {
             throw error("invalid literal")
         }
-        position += text.count
+        position += count
     }
 
     private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
@@ -181,18 +188,28 @@ public struct JSONReader {
         position += 1
         // Most strings (user ids, tokens, topics) have no escape: one scan, then one String from the bytes.
         let start = position
-        var scan = position
-        while scan < bytes.count {
-            let byte = bytes[scan]
-            if byte == UInt8(ascii: "\"") {
-                guard let text = bytes.withUnsafeBufferPointer({ raw in
-                    String(validating: UnsafeBufferPointer(rebasing: raw[start..<scan]), as: UTF8.self)
-                }) else { throw error("string is not UTF-8") }
-                position = scan + 1
-                return text
+        let fast: String?? = bytes.withUnsafeBufferPointer { raw in
+            var scan = start
+            var ascii = true
+            while scan < raw.count {
+                let byte = raw[scan]
+                if byte == UInt8(ascii: "\"") {
+                    let text = UnsafeBufferPointer(rebasing: raw[start..<scan])
+                    // ASCII needs no validation, and String(decoding:) takes it in one copy.
+                    return ascii ? String(decoding: text, as: UTF8.self) : String(validating: text, as: UTF8.self)
+                }
+                if byte == UInt8(ascii: "\\") || byte < 0x20 { return nil }
+                if byte >= 0x80 { ascii = false }
+                scan += 1
             }
-            if byte == UInt8(ascii: "\\") || byte < 0x20 { break }
-            scan += 1
+            return nil
+        }
+        switch fast {
+        case .some(.some(let text)):
+            position += text.utf8.count + 1
+            return text
+        case .some(.none): throw error("string is not UTF-8")
+        case .none: break
         }
         var output: [UInt8] = []
         while true {

@@ -90,6 +90,7 @@ public final class Worker: Sendable {
         let rateLimit: SharedRateLimit?
         let sentRecord: SentRecord
         let sharedStatistics: SharedStatistics
+        let acknowledgements: Acknowledgements
     }
 
     /// How this process appears in `apns:workers` and in `apns-worker stats`.
@@ -141,7 +142,8 @@ public final class Worker: Sendable {
                                   "amqp.prefetch": String(configuration.prefetch)])
         return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger),
                        rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil,
-                       sentRecord: SentRecord(redis: redis), sharedStatistics: SharedStatistics(redis: redis))
+                       sentRecord: SentRecord(redis: redis), sharedStatistics: SharedStatistics(redis: redis),
+                       acknowledgements: Acknowledgements(amqp: amqp))
     }
 
     // MARK: broker thread
@@ -196,7 +198,9 @@ public final class Worker: Sendable {
             if !stopping {
                 while batch.count < configuration.prefetch, let event = try session.amqp.nextEvent(timeout: 0) {
                     switch event {
-                    case .delivery(let delivery): batch.append(delivery)
+                    case .delivery(let delivery):
+                        session.acknowledgements.received(delivery.deliveryTag)
+                        batch.append(delivery)
                     case .blocked(let blocked):
                         logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
                     case .returned(let queue, let text):
@@ -317,13 +321,14 @@ public final class Worker: Sendable {
             }
             backlog.append(progress, count: targets.count)
         }
-        if !rejected.isEmpty { try reject(rejected, on: session.amqp) }
+        if !rejected.isEmpty { try reject(rejected, session: session) }
         if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, session: session) }
         return progresses.count - finishedAtOnce.count
     }
 
     /// Bad jobs go to PUSH_FAILED_QUEUE with their reason, confirmed, then acknowledged.
-    private func reject(_ rejected: [(AMQPDelivery, String)], on amqp: AMQPConnection) throws {
+    private func reject(_ rejected: [(AMQPDelivery, String)], session: Session) throws {
+        let amqp = session.amqp
         var last: UInt64 = 0
         var sequences: [UInt64] = []
         for (delivery, reason) in rejected {
@@ -335,14 +340,16 @@ public final class Worker: Sendable {
             logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.deliveryTag)])
         }
         let nacked = Set(try amqp.waitForConfirms(through: last))
+        var settled: [UInt64] = []
         for ((delivery, _), sequence) in zip(rejected, sequences) {
             if nacked.contains(sequence) {
-                try amqp.reject(delivery.deliveryTag, requeue: true)
+                try session.acknowledgements.requeue(delivery.deliveryTag)
             } else {
-                try amqp.ack(delivery.deliveryTag)
+                settled.append(delivery.deliveryTag)
                 statistics.jobsRejected.add(1, ordering: .relaxed)
             }
         }
+        try session.acknowledgements.acknowledge(settled)
     }
 
     /// Publishes what finished jobs produced (dead-token events, parked jobs, summaries), waits for the broker's
@@ -397,13 +404,15 @@ public final class Worker: Sendable {
                 dead.target.user.map { (user: $0, token: dead.target.token, diedAt: dead.response.timestamp) }
             }
         })
+        var completed: [UInt64] = []
+        completed.reserveCapacity(finished.count)
         for (progress, range) in zip(finished, ranges) {
             if let range, range.contains(where: nacked.contains) {
                 logger.error("broker refused a publish; the job will be redelivered", ["job.id": progress.job.id])
-                try amqp.reject(progress.delivery.deliveryTag, requeue: true)
+                try session.acknowledgements.requeue(progress.delivery.deliveryTag)
                 continue
             }
-            try amqp.ack(progress.delivery.deliveryTag)
+            completed.append(progress.delivery.deliveryTag)
             statistics.jobsCompleted.add(1, ordering: .relaxed)
             if !progress.retryable.isEmpty {
                 if progress.job.attempt < configuration.maximumSendAttempts {
@@ -418,6 +427,7 @@ public final class Worker: Sendable {
                                       "job.failed": String(progress.failed.count),
                                       "job.retryable": String(progress.retryable.count)])
         }
+        try session.acknowledgements.acknowledge(completed)
     }
 
     // MARK: APNs loop thread

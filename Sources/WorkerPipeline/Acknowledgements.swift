@@ -1,0 +1,41 @@
+import AMQP
+
+/// Settles deliveries with as few frames as possible. Jobs finish out of order, so each finished batch is
+/// acknowledged with one `multiple` ack up to its highest tag when no delivery below that tag is still under way,
+/// and one by one otherwise. A single-token job flow thus costs the broker one ack frame per batch, not per job.
+///
+/// Broker thread only, one per AMQP connection (delivery tags are per channel).
+final class Acknowledgements {
+    private let amqp: AMQPConnection
+    /// Delivered and neither acknowledged nor rejected yet.
+    private var unsettled = Set<UInt64>()
+
+    init(amqp: AMQPConnection) {
+        self.amqp = amqp
+    }
+
+    func received(_ deliveryTag: UInt64) { unsettled.insert(deliveryTag) }
+
+    /// Acknowledges `tags` (all of them delivered on this connection, none settled yet).
+    func acknowledge(_ tags: [UInt64]) throws(AMQPError) {
+        guard !tags.isEmpty else { return }
+        for tag in tags { unsettled.remove(tag) }
+        // A multiple ack covers every outstanding tag up to its own: only safe below the oldest still under way.
+        let oldestUnderWay = unsettled.min() ?? .max
+        var highestCovered: UInt64?
+        for tag in tags {
+            if tag < oldestUnderWay {
+                highestCovered = max(highestCovered ?? 0, tag)
+            } else {
+                try amqp.ack(tag)
+            }
+        }
+        if let highestCovered { try amqp.ack(highestCovered, multiple: true) }
+    }
+
+    /// Gives a delivery back to the broker for another try.
+    func requeue(_ deliveryTag: UInt64) throws(AMQPError) {
+        unsettled.remove(deliveryTag)
+        try amqp.reject(deliveryTag, requeue: true)
+    }
+}
