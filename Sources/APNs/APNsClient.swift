@@ -207,8 +207,7 @@ public final class APNsClient: Sendable {
         case .success(let http):
             let body: (reason: APNsReason?, timestamp: Int64?) = http.status == 200 ? (nil, nil)
                 : APNsResponse.parseBody(http.body)
-            let response = APNsResponse(status: http.status, apnsID: http.header("apns-id"),
-                                        apnsUniqueID: http.header("apns-unique-id"), reason: body.reason,
+            let response = APNsResponse(status: http.status, fields: http.headerBlock, reason: body.reason,
                                         timestamp: body.timestamp)
             if APNsOutcome.isConfigurationError(response) {
                 logger.error("APNs rejected the credentials or topic: fix the configuration",

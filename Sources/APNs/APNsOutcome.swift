@@ -1,22 +1,44 @@
 import Foundation
+import HTTP2
 
 /// What APNs answered for one notification.
 public struct APNsResponse: Sendable, Equatable {
     public var status: Int
-    public var apnsID: String?
+    /// The answer's apns-id. Read from the received fields when asked for: most answers are 200s nobody asks about,
+    /// and they then cost no String.
+    public var apnsID: String? {
+        get { givenAPNsID ?? fields?.value("apns-id") }
+        set { givenAPNsID = newValue }
+    }
     /// Development environment only.
-    public var apnsUniqueID: String?
+    public var apnsUniqueID: String? {
+        get { givenUniqueID ?? fields?.value("apns-unique-id") }
+        set { givenUniqueID = newValue }
+    }
     public var reason: APNsReason?
     /// With 410: milliseconds since the epoch at which APNs learned the token is no longer valid for the topic.
     public var timestamp: Int64?
+    private var givenAPNsID: String?
+    private var givenUniqueID: String?
+    private var fields: HTTP2HeaderBlock?
 
     public init(status: Int, apnsID: String? = nil, apnsUniqueID: String? = nil, reason: APNsReason? = nil,
                 timestamp: Int64? = nil) {
         self.status = status
-        self.apnsID = apnsID
-        self.apnsUniqueID = apnsUniqueID
+        self.givenAPNsID = apnsID
+        self.givenUniqueID = apnsUniqueID
         self.reason = reason
         self.timestamp = timestamp
+    }
+
+    init(status: Int, fields: HTTP2HeaderBlock, reason: APNsReason?, timestamp: Int64?) {
+        self.init(status: status, reason: reason, timestamp: timestamp)
+        self.fields = fields
+    }
+
+    public static func == (lhs: APNsResponse, rhs: APNsResponse) -> Bool {
+        lhs.status == rhs.status && lhs.reason == rhs.reason && lhs.timestamp == rhs.timestamp
+            && lhs.apnsID == rhs.apnsID && lhs.apnsUniqueID == rhs.apnsUniqueID
     }
 
     /// Reads `{"reason": "...", "timestamp": ...}`; a body that is not that JSON leaves both nil, never fails.

@@ -63,14 +63,7 @@ public final class HTTP2Client: @unchecked Sendable {
 
     public typealias BatchCompletion = @Sendable (Int, Result<HTTP2Response, HTTP2StreamError>) -> Void
 
-    /// A request on its way. `completion` is its batch's, shared, so a request costs no closure of its own here.
-    private struct Pending {
-        let request: HTTP2Request
-        let index: Int
-        let attempt: Int
-        let deadline: UInt64
-        let completion: BatchCompletion
-    }
+    private typealias Pending = HTTP2PendingRequest
 
     public let configuration: Configuration
     /// The :authority value requests to this endpoint carry.
@@ -143,10 +136,7 @@ public final class HTTP2Client: @unchecked Sendable {
             pending.completion(pending.index, .failure(.notSent("client shut down")))
             return nil
         }
-        if let connection = leastLoadedConnection(),
-           connection.submitRequest(pending.request, completion: { [self] result in
-               finished(pending, result)
-           }) {
+        if let connection = leastLoadedConnection(), connection.submitRequest(pending) {
             return connection
         }
         waiting.append(pending)
@@ -278,6 +268,7 @@ public final class HTTP2Client: @unchecked Sendable {
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }
+        connection.onResponse = { [weak self] pending, result in self?.finished(pending, result) }
         connection.onPingAcknowledged = { [self, weak connection] in
             configuration.observer?(.pingAcknowledged(connection: connection?.id ?? 0))
         }

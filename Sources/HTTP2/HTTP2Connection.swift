@@ -65,15 +65,26 @@ final class HTTP2Stream {
     /// The request's HEADERS left this process: from here on the server may have acted on it.
     var headersSent = false
     let startedAt = EventLoop.now()
-    let completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)?
+    /// A client stream's request, handed back with its answer through the connection's `onResponse`: one callback
+    /// per connection instead of a closure allocated per request.
+    let pending: HTTP2PendingRequest?
 
     /// `expectedHeaderBytes`: room for the incoming fields at once (they arrive one by one).
-    init(outgoingBody: [UInt8] = [], expectedHeaderBytes: Int,
-         completion: ((Result<HTTP2Response, HTTP2StreamError>) -> Void)? = nil) {
+    init(outgoingBody: [UInt8] = [], expectedHeaderBytes: Int, pending: HTTP2PendingRequest? = nil) {
         self.outgoingBody = outgoingBody
         self.incomingHeaders = HTTP2HeaderBlock(capacity: expectedHeaderBytes)
-        self.completion = completion
+        self.pending = pending
     }
+}
+
+/// A request on its way through the client: what to send, and where its answer goes. `completion` is its batch's,
+/// shared by every request of the batch.
+struct HTTP2PendingRequest {
+    let request: HTTP2Request
+    let index: Int
+    let attempt: Int
+    let deadline: UInt64
+    let completion: HTTP2Client.BatchCompletion
 }
 
 /// One HTTP/2 connection over TLS on a non-blocking socket, client or server, driven by one `EventLoop`.
@@ -125,6 +136,8 @@ final class HTTP2Connection: PollHandler {
     var onRemoteSettings: ((Int) -> Void)?
     var onGoAway: ((Int32, UInt32, String) -> Void)?
     var onPingAcknowledged: (() -> Void)?
+    /// A client stream ended: its request and the answer, or why there is none.
+    var onResponse: ((HTTP2PendingRequest, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
     init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
          serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true) {
@@ -222,19 +235,23 @@ final class HTTP2Connection: PollHandler {
         var settings: [nghttp2_settings_entry]
         // A large receive window: responses and requests are small, but many streams share the connection.
         let window: UInt32 = 1 << 24
+        var options: OpaquePointer?
+        nghttp2_option_new(&options)
+        defer { nghttp2_option_del(options) }
+        // No RFC 7540 priority tree (RFC 9113 deprecates it): nghttp2 then keeps no closed streams around for it and
+        // spends nothing per stream on dependency bookkeeping that neither APNs nor this client uses.
+        nghttp2_option_set_no_closed_streams(options, 1)
+        let noPriorities = nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1)
         if isClient {
-            nghttp2_session_client_new(&session, callbacks, userData)
+            nghttp2_session_client_new2(&session, callbacks, userData, options)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
                         nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
-                                               value: window)]
+                                               value: window), noPriorities]
         } else {
-            var options: OpaquePointer?
-            nghttp2_option_new(&options)
-            defer { nghttp2_option_del(options) }
             if !acknowledgesPings { nghttp2_option_set_no_auto_ping_ack(options, 1) }
             nghttp2_session_server_new2(&session, callbacks, userData, options)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
-                                               value: window)]
+                                               value: window), noPriorities]
             for setting in serverSettings {
                 settings.removeAll { $0.settings_id == setting.id }
                 settings.append(nghttp2_settings_entry(settings_id: setting.id, value: setting.value))
@@ -255,11 +272,10 @@ final class HTTP2Connection: PollHandler {
 
     /// Queues a request on this connection; nghttp2 holds it back while the peer's stream limit is reached.
     /// Returns false if the connection cannot take it (closing, or nghttp2 refused), with nothing completed.
-    func submitRequest(_ request: HTTP2Request,
-                       completion: @escaping (Result<HTTP2Response, HTTP2StreamError>) -> Void) -> Bool {
+    func submitRequest(_ pending: HTTP2PendingRequest) -> Bool {
         guard acceptsRequests, let session else { return false }
-        // A response's fields: :status, apns-id, apns-unique-id and little else.
-        let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 160, completion: completion)
+        let request = pending.request
+        let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 160, pending: pending)
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
         let streamID = request.headers.withNghttp2Fields { fields, count in
             request.body.isEmpty
@@ -277,12 +293,12 @@ final class HTTP2Connection: PollHandler {
     /// Ends requests that waited too long for their response: the stream is cancelled, the caller told.
     func expireStreams(startedBefore cutoff: UInt64) {
         guard let session else { return }
-        let expired = streams.filter { $0.value.completion != nil && $0.value.startedAt < cutoff }
+        let expired = streams.filter { $0.value.pending != nil && $0.value.startedAt < cutoff }
         guard !expired.isEmpty else { return }
         for (streamID, stream) in expired {
             streams[streamID] = nil
             nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue)
-            stream.completion?(.failure(.timedOut))
+            answer(stream, .failure(.timedOut))
         }
         flush()
     }
@@ -446,11 +462,11 @@ final class HTTP2Connection: PollHandler {
             // Only a request the server may have seen counts as lost; one above a GOAWAY's last-stream-id, or
             // never written, certainly was not processed.
             if !stream.headersSent {
-                stream.completion?(.failure(.notSent(reason)))
+                answer(stream, .failure(.notSent(reason)))
             } else if let goAway = goAwayReceived, streamID > goAway.lastStreamID {
-                stream.completion?(.failure(.refused))
+                answer(stream, .failure(.refused))
             } else {
-                stream.completion?(.failure(.connectionLost(reason)))
+                answer(stream, .failure(.connectionLost(reason)))
             }
         }
         onClose?(reason)
@@ -459,6 +475,7 @@ final class HTTP2Connection: PollHandler {
         onRemoteSettings = nil
         onGoAway = nil
         onPingAcknowledged = nil
+        onResponse = nil
     }
 
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
@@ -519,18 +536,22 @@ final class HTTP2Connection: PollHandler {
     }
 
     fileprivate func streamClosed(streamID: Int32, errorCode: UInt32) {
-        guard let stream = streams.removeValue(forKey: streamID), let completion = stream.completion else { return }
+        guard let stream = streams.removeValue(forKey: streamID), stream.pending != nil else { return }
         if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status > 0 {
             responsesReceived += 1
-            completion(.success(HTTP2Response(status: stream.status, headerBlock: stream.incomingHeaders,
-                                              body: stream.incomingBody)))
+            answer(stream, .success(HTTP2Response(status: stream.status, headerBlock: stream.incomingHeaders,
+                                                  body: stream.incomingBody)))
         } else if errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
-            completion(.failure(.refused))
+            answer(stream, .failure(.refused))
         } else if errorCode == NGHTTP2_NO_ERROR.rawValue {
-            completion(.failure(.connectionLost("stream closed without a response")))
+            answer(stream, .failure(.connectionLost("stream closed without a response")))
         } else {
-            completion(.failure(.reset(code: errorCode)))
+            answer(stream, .failure(.reset(code: errorCode)))
         }
+    }
+
+    private func answer(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
+        if let pending = stream.pending { onResponse?(pending, result) }
     }
 
     fileprivate func frameSent(streamID: Int32, type: UInt8) {
@@ -539,7 +560,7 @@ final class HTTP2Connection: PollHandler {
 
     fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
         guard UInt32(type) == NGHTTP2_HEADERS.rawValue, let stream = streams.removeValue(forKey: streamID) else { return }
-        stream.completion?(.failure(.notSent(String(cString: nghttp2_strerror(libraryError)))))
+        answer(stream, .failure(.notSent(String(cString: nghttp2_strerror(libraryError)))))
     }
 
     fileprivate func readOutgoing(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
