@@ -157,6 +157,7 @@ private final class SimulatorCore: Sendable {
         var unregistered: [String: Int64]
         var received: [ReceivedNotification] = []
         var countsByStatus: [Int: Int] = [:]
+        var latencies: [UInt32] = []
         var ids = APNsIDGenerator()
         var behaviour: APNsSimulator.Behaviour
         var connections: [Int: ConnectionState] = [:]
@@ -188,6 +189,34 @@ private final class SimulatorCore: Sendable {
 
     func countsByStatus() -> [Int: Int] { state.withLock { $0.countsByStatus } }
 
+    /// Publish-to-answer latencies of notifications whose payload carries `"sent_at_us":<µs since the epoch>`
+    /// (apns-bench stamps them at publish time), in microseconds.
+    func latencies() -> [UInt32] { state.withLock { $0.latencies } }
+    func resetLatencies() { state.withLock { $0.latencies.removeAll(keepingCapacity: true) } }
+
+    /// The `sent_at_us` stamp in a payload, if any: a byte search, not a JSON parse (this runs per notification).
+    static func sentAtStamp(_ payload: [UInt8]) -> Int64? {
+        let marker = Array("\"sent_at_us\":".utf8)
+        guard payload.count > marker.count else { return nil }
+        return payload.withUnsafeBufferPointer { bytes -> Int64? in
+            var index = 0
+            while index + marker.count < bytes.count {
+                if bytes[index] == marker[0] && memcmp(bytes.baseAddress! + index, marker, marker.count) == 0 {
+                    var value: Int64 = 0
+                    var position = index + marker.count
+                    while position < bytes.count, bytes[position] >= 48, bytes[position] <= 57 {
+                        value = value &* 10 &+ Int64(bytes[position] - 48)
+                        position += 1
+                    }
+                    return position > index + marker.count ? value : nil
+                }
+                index += 1
+            }
+            return nil
+        }
+    }
+
+
     func handle(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
         if request.path.hasPrefix("/sim/") {
             handleControl(request, writer)
@@ -215,8 +244,13 @@ private final class SimulatorCore: Sendable {
         }
         var (status, reason, timestamp) = judge(request, token: token)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
+        let stamp = Self.sentAtStamp(request.body)
+        let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(behaviour.latency * 1e6)
         let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state -> (String, String, UInt32?, ReceivedNotification?) in
             state.countsByStatus[status, default: 0] += 1
+            if let sentAt = stamp, state.latencies.count < 4_000_000 {
+                state.latencies.append(UInt32(clamping: max(0, answeredAt - sentAt)))
+            }
             let given = request.header("apns-id")
             let apnsID = given.flatMap { APNsNotification.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
             let uniqueID = state.ids.next()
@@ -367,8 +401,18 @@ private final class SimulatorCore: Sendable {
             let counts = countsByStatus()
             let total = counts.values.reduce(0, +)
             let byStatus = counts.keys.sorted().map { "\"\($0)\":\(counts[$0]!)" }.joined(separator: ",")
+            var latency = latencies()
+            latency.sort()
+            func percentile(_ fraction: Double) -> UInt32 {
+                latency.isEmpty ? 0 : latency[min(latency.count - 1, Int(Double(latency.count) * fraction))]
+            }
+            let latencyText = "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
+                + "\"max\":\(latency.last ?? 0)}"
             writer.respond(status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
-                           body: Array("{\"received\":\(total),\"by_status\":{\(byStatus)}}\n".utf8))
+                           body: Array("{\"received\":\(total),\"by_status\":{\(byStatus)},\"latency_us\":\(latencyText)}\n".utf8))
+        case ("POST", "/sim/reset-latency"):
+            resetLatencies()
+            writer.respond(status: 200)
         case ("POST", "/sim/goaway"):
             writer.respond(status: 200)
             writer.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: nil)

@@ -32,6 +32,9 @@ public final class Worker: Sendable {
         self.configuration = configuration
         self.logger = logger
         let authentication = try configuration.makeAuthentication()
+        if let problem = configuration.keyFilePermissionProblem() {
+            logger.critical("the APNs private key is not private", ["file.problem": problem])
+        }
         var apnsConfiguration = configuration.apns
         let statistics = self.statistics
         apnsConfiguration.observer = { _, event in

@@ -179,6 +179,17 @@ public struct WorkerConfiguration: Sendable {
             logLevel: level, logFormat: format)
     }
 
+    /// What is wrong with the private key file's permissions, if anything: a provider key signs for the whole team,
+    /// so nobody but the worker's user should be able to read it (chmod 600 or 400).
+    public func keyFilePermissionProblem() -> String? {
+        guard let path = keyFile ?? certificateKeyFile ?? certificateFile,
+              let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+              let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue else { return nil }
+        guard mode & 0o077 != 0 else { return nil }
+        let who = mode & 0o004 != 0 ? "every user on this machine" : "its group"
+        return "\(path) is readable or writable by \(who) (mode \(String(mode, radix: 8))): chmod 600 it"
+    }
+
     /// Token authentication if a key is configured, else the client certificate. Reads and checks the key.
     public func makeAuthentication() throws(ConfigurationError) -> APNsAuthentication {
         if let keyFile, let keyID, let teamID {

@@ -15,10 +15,13 @@ USAGE:
       (like `h2load -c C -m M -n N`), and prints one line: requests, seconds, requests per second, statuses.
   apns-bench jwt --key FILE --key-id KID --team-id TEAM
       Prints an authorization header value (bearer JWT) for other load tools.
-  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P]
+  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P] [--rate R]
       Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
-  apns-bench drain --amqp URL --queue Q --count N [--prefetch P]
-      The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each, and prints the rate.
+      Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency.
+      --rate R paces publishing at R jobs per second (steady load for latency; default: as fast as possible).
+  apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K]
+      The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each (K = 1) or K at a
+      time with multiple acks, and prints the rate.
   apns-bench wait --sim URL --ca FILE --count N
       Waits until apns-sim has answered N pushes (GET /sim/stats) and prints how long that took from the start.
 """
@@ -150,9 +153,19 @@ case "fill":
         let connection = try AMQPConnection(url: try AMQPURL(url))
         try connection.declareQueue(queue)
         try connection.enablePublisherConfirms()
-        let payload = #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}}"#
+        let rate = options["rate"].flatMap(Double.init)
+        let started = DispatchTime.now().uptimeNanoseconds
         var last: UInt64 = 0
         for job in 0..<jobs {
+            if let rate {
+                // Pacing: publish job n at n / rate seconds after the start.
+                let due = started + UInt64(Double(job) / rate * 1e9)
+                let now = DispatchTime.now().uptimeNanoseconds
+                if due > now { usleep(UInt32(min(1_000_000, (due - now) / 1000))) }
+            }
+            let sentAt = Int64(Date().timeIntervalSince1970 * 1e6)
+            let payload = #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1},"sent_at_us":"#
+                + "\(sentAt)}"
             let targets: String
             if usersPerJob > 0 {
                 targets = "\"users\": [" + (0..<usersPerJob).map { "\"\(userPrefix)\($0)\"" }.joined(separator: ",") + "]"
@@ -161,7 +174,7 @@ case "fill":
                     .joined(separator: ",") + "]"
             }
             last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(targets), \"payload\": \(payload)}".utf8))
-            if job % 500 == 499 { _ = try connection.waitForConfirms(through: last) }
+            if job % 500 == 499 || rate != nil && job % 20 == 19 { _ = try connection.waitForConfirms(through: last) }
         }
         _ = try connection.waitForConfirms(through: last)
         print("fill: \(jobs) jobs on \(queue)")
@@ -169,6 +182,7 @@ case "fill":
 case "drain":
     guard let url = options["amqp"], let queue = options["queue"] else { fail("drain needs --amqp and --queue") }
     let count = integer("count", 10_000)
+    let ackEvery = max(1, integer("ack-every", 1))
     do {
         let connection = try AMQPConnection(url: try AMQPURL(url))
         try connection.setPrefetch(integer("prefetch", 500))
@@ -179,8 +193,12 @@ case "drain":
             guard let event = try connection.nextEvent(timeout: 30) else { fail("no message for 30 s after \(received)") }
             if case .delivery(let delivery) = event {
                 if started == nil { started = .now() }
-                try connection.ack(delivery.deliveryTag)
                 received += 1
+                // --ack-every 1: one ack per message, the simplest consumer; 100: one multiple ack per 100 messages,
+                // the broker's best case.
+                if received % ackEvery == 0 || received == count {
+                    try connection.ack(delivery.deliveryTag, multiple: ackEvery > 1)
+                }
             }
         }
         let seconds = Double(DispatchTime.now().uptimeNanoseconds - started!.uptimeNanoseconds) / 1e9

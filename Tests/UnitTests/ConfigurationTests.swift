@@ -115,6 +115,18 @@ import WorkerPipeline
         #expect(fromFile.apns.connectionsPerEnvironment == defaults.apns.connectionsPerEnvironment)
     }
 
+    /// A key others can read is reported, with the fix; an owner-only key is not.
+    @Test func aKeyReadableByOthersIsReported() throws {
+        let configuration = try WorkerConfiguration.load(from: minimal)
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: keyFile)
+        let problem = try #require(configuration.keyFilePermissionProblem())
+        #expect(problem.contains("every user") && problem.contains("chmod 600"), "\(problem)")
+        try FileManager.default.setAttributes([.posixPermissions: 0o640], ofItemAtPath: keyFile)
+        #expect(configuration.keyFilePermissionProblem()?.contains("its group") == true)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: keyFile)
+        #expect(configuration.keyFilePermissionProblem() == nil)
+    }
+
     /// The command-line tools send nothing to APNs: they load without credentials, and still check the rest.
     @Test func toolsLoadWithoutCredentials() throws {
         let configuration = try WorkerConfiguration.load(from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)

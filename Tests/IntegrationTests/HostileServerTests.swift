@@ -1,0 +1,149 @@
+@testable import HTTP2
+import Foundation
+import Synchronization
+import Telemetry
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Fuzzing what a server sends: a TLS + ALPN h2 server of the test's own answers each connection with a valid
+/// SETTINGS frame followed by frames generated and mutated at random (responses, oversized header blocks, bodies
+/// that are not JSON, GOAWAY, RST_STREAM, unknown types, truncated or corrupted frames, raw noise). The client
+/// must answer every request, with a response or an error, within its deadline: no crash, no hang, no unbounded
+/// memory. FUZZ_SERVER_CONNECTIONS (default 120) and FUZZ_SEED tune it.
+@Suite struct HostileServerTests {
+    static let connections = Int(ProcessInfo.processInfo.environment["FUZZ_SERVER_CONNECTIONS"] ?? "") ?? 120
+    static let seed = UInt64(ProcessInfo.processInfo.environment["FUZZ_SEED"] ?? "") ?? 0x5EED_A9F5
+
+    struct Generator: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
+        let length = payload.count
+        return [UInt8(truncatingIfNeeded: length >> 16), UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
+                type, flags, UInt8(truncatingIfNeeded: stream >> 24), UInt8(truncatingIfNeeded: stream >> 16),
+                UInt8(truncatingIfNeeded: stream >> 8), UInt8(truncatingIfNeeded: stream)] + payload
+    }
+
+    /// HPACK: a literal field without indexing, new name (lengths below 127 only, no Huffman).
+    static func literal(_ name: String, _ value: [UInt8]) -> [UInt8] {
+        var bytes: [UInt8] = [0x00]
+        bytes += hpackLength(name.utf8.count) + Array(name.utf8)
+        bytes += hpackLength(value.count) + value
+        return bytes
+    }
+
+    static func hpackLength(_ length: Int) -> [UInt8] {
+        guard length >= 127 else { return [UInt8(length)] }
+        var rest = length - 127
+        var bytes: [UInt8] = [127]
+        while rest >= 128 {
+            bytes.append(UInt8(rest % 128 + 128))
+            rest /= 128
+        }
+        return bytes + [UInt8(rest)]
+    }
+
+    /// What a server might send after its SETTINGS: the building blocks, then mutated.
+    static func hostileFrames(using generator: inout Generator) -> [UInt8] {
+        let status200: [UInt8] = [0x88]
+        let status400: [UInt8] = [0x8C]  // static table index 12: ":status: 400"
+        let blocks: [[UInt8]] = [
+            frame(type: 1, flags: 5, stream: 1, status200),  // HEADERS, END_STREAM|END_HEADERS
+            frame(type: 1, flags: 4, stream: 1, status400) + frame(type: 0, flags: 1, stream: 1, Array("<html>oops".utf8)),
+            frame(type: 1, flags: 4, stream: 1, status200 + literal("apns-id", Array("x".utf8))),
+            frame(type: 1, flags: 4, stream: 1, status200 + literal("x-big", [UInt8](repeating: 0x61, count: 70_000))),
+            frame(type: 1, flags: 0, stream: 1, status200) + frame(type: 9, flags: 4, stream: 1, literal("a", [0x62])),
+            frame(type: 0, flags: 1, stream: 1, [UInt8](repeating: 0x7B, count: 20_000)),
+            frame(type: 3, flags: 0, stream: 1, [0, 0, 0, 2]),  // RST_STREAM INTERNAL_ERROR
+            frame(type: 7, flags: 0, stream: 0, [0, 0, 0, 0, 0, 0, 0, 2] + Array("{\"reason\":\"Shutdown\"}".utf8)),
+            frame(type: 6, flags: 0, stream: 0, [1, 2, 3, 4, 5, 6, 7, 8]),  // PING
+            frame(type: 8, flags: 0, stream: 1, [0, 0, 0, 0]),  // WINDOW_UPDATE of 0
+            frame(type: 4, flags: 0, stream: 0, [0, 3, 0, 0, 0, 1]),  // SETTINGS: MAX_CONCURRENT_STREAMS 1
+            frame(type: 0xEE, flags: 0xFF, stream: 7, [1, 2, 3]),  // an unknown type
+            frame(type: 1, flags: 4, stream: 99, status200),  // a stream the client never opened
+            (0..<Int.random(in: 1...64, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) },
+        ]
+        var bytes: [UInt8] = []
+        for _ in 0..<Int.random(in: 1...4, using: &generator) { bytes += blocks.randomElement(using: &generator)! }
+        for _ in 0..<Int.random(in: 0...3, using: &generator) where !bytes.isEmpty {
+            switch Int.random(in: 0..<3, using: &generator) {
+            case 0: bytes[Int.random(in: 0..<bytes.count, using: &generator)] ^= UInt8.random(in: 1...255, using: &generator)
+            case 1: bytes = Array(bytes.prefix(Int.random(in: 0..<bytes.count, using: &generator)))
+            default: bytes.insert(UInt8.random(in: 0...255, using: &generator), at: Int.random(in: 0..<bytes.count, using: &generator))
+            }
+        }
+        return bytes
+    }
+
+    @Test func everyRequestEndsWhateverTheServerSends() throws {
+        let pair = try SelfSignedCertificate.generate()
+        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
+        let caFile = try TestServices.temporaryFile("hostile-ca.pem", contents: pair.certificatePEM)
+        let (listener, port) = TestServices.listeningSocket()
+        defer { close(listener) }
+
+        // The server: one connection at a time, on its own thread, blocking calls.
+        let serverDone = DispatchSemaphore(value: 0)
+        let seed = Self.seed
+        Thread {
+            var generator = Generator(state: seed)
+            let settings = HostileServerTests.frame(type: 4, flags: 0, stream: 0, [])
+            for _ in 0..<HostileServerTests.connections {
+                let connection = accept(listener, nil, nil)
+                guard connection >= 0 else { break }
+                var timeout = timeval(tv_sec: 1, tv_usec: 0)
+                setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+                if let tls = try? TLSStream(context: context, fileDescriptor: connection, serverName: nil),
+                   case .done = tls.handshake() {
+                    var buffer = [UInt8](repeating: 0, count: 16_384)
+                    _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // the client's preface and request
+                    let reply = settings + HostileServerTests.hostileFrames(using: &generator)
+                    _ = reply.withUnsafeBytes { tls.write($0) }
+                    _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // whatever the client says back
+                    tls.shutdown()
+                }
+                close(connection)
+            }
+            serverDone.signal()
+        }.start()
+
+        let loop = EventLoop(name: "hostile-client")
+        defer { loop.shutdown() }
+        var outcomes: [String: Int] = [:]
+        for _ in 0..<Self.connections {
+            let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
+                                                              connectTimeout: 5, requestTimeout: 0.5, maximumAttempts: 1),
+                                         loop: loop, logger: Logger(label: "hostile", level: .critical))
+            let answered = DispatchSemaphore(value: 0)
+            let outcome = Mutex("")
+            client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
+                                     body: Array("{}".utf8))) { result in
+                outcome.withLock {
+                    switch result {
+                    case .success(let response): $0 = "status \(response.status)"
+                    case .failure(let error): $0 = "\(error)".split(separator: ":").first.map(String.init) ?? "error"
+                    }
+                }
+                answered.signal()
+            }
+            let ended = answered.wait(timeout: .now() + 15) == .success
+            #expect(ended, "a request got neither a response nor an error")
+            client.shutdown()
+            if !ended { break }
+            outcomes[outcome.withLock { $0 }, default: 0] += 1
+        }
+        #expect(serverDone.wait(timeout: .now() + 30) == .success)
+        #expect(outcomes.values.reduce(0, +) == Self.connections)
+        print("fuzz server replies: \(Self.connections) connections (seed \(Self.seed)), outcomes \(outcomes.sorted { $0.key < $1.key })")
+    }
+}
