@@ -93,6 +93,8 @@ public final class AMQPConnection {
     private var isOpen = false
     /// Events read while waiting for something else (confirms), handed out first by `nextEvent`.
     private var buffered: [AMQPEvent] = []
+    /// The broker said it blocks this connection's publishes (a memory or disk alarm) and has not lifted it yet.
+    public private(set) var isBlocked = false
     /// Every publish up to here is confirmed (acked or nacked).
     private var confirmedThrough: UInt64 = 0
     private var confirmedSingles = Set<UInt64>()
@@ -126,7 +128,7 @@ public final class AMQPConnection {
             throw AMQPError(kind: .connectionLost, code: Int(opened),
                             "cannot connect to \(url): \(String(cString: amqp_error_string2(opened)))")
         }
-        let login = CRabbitMQ_login_plain(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
+        let login = CRabbitMQ_login_plain_with_capabilities(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
         try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
         amqp_channel_open(state, channel)
         try check(amqp_get_rpc_reply(state), "channel.open")
@@ -310,8 +312,11 @@ public final class AMQPConnection {
     /// Blocks until every publish up to `sequence` is confirmed; returns those the broker nacked.
     /// Deliveries that arrive meanwhile are kept for `nextEvent`.
     public func waitForConfirms(through sequence: UInt64, timeout: Double = 30) throws(AMQPError) -> [UInt64] {
-        let deadline = Date().addingTimeInterval(timeout)
+        var deadline = Date().addingTimeInterval(timeout)
         while confirmedThrough < sequence {
+            // While the broker blocks publishers the wait is the alarm's, not a fault: reconnecting would not help
+            // and would only make the broker redeliver work under way. Heartbeats still show the link alive.
+            if isBlocked { deadline = Date().addingTimeInterval(timeout) }
             let remaining = deadline.timeIntervalSinceNow
             guard remaining > 0 else {
                 throw AMQPError(kind: .connectionLost, "no publisher confirm within \(Int(timeout)) s")
@@ -387,8 +392,10 @@ public final class AMQPConnection {
                 _ = try readContent(channel: frame.channel)
                 return .returned(routingKey: routingKey, replyText: replyText)
             case Method.connectionBlocked:
+                isBlocked = true
                 return .blocked(true)
             case Method.connectionUnblocked:
+                isBlocked = false
                 return .blocked(false)
             case Method.channelClose:
                 let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
@@ -445,8 +452,12 @@ public final class AMQPConnection {
             if frame.channel == channel { return }
             guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { continue }
             switch frame.payload.method.id {
-            case Method.connectionBlocked: buffered.append(.blocked(true))
-            case Method.connectionUnblocked: buffered.append(.blocked(false))
+            case Method.connectionBlocked:
+                isBlocked = true
+                buffered.append(.blocked(true))
+            case Method.connectionUnblocked:
+                isBlocked = false
+                buffered.append(.blocked(false))
             case Method.connectionClose:
                 isOpen = false
                 throw AMQPError(kind: .connectionLost, "reading a message: the broker closed the connection")

@@ -206,6 +206,8 @@ public final class Worker: Sendable {
                         batch.append(delivery)
                     case .blocked(let blocked):
                         logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
+                        statistics.brokerBlocked.store(blocked, ordering: .relaxed)
+                        if blocked { statistics.brokerBlocks.add(1, ordering: .relaxed) }
                     case .returned(let queue, let text):
                         logger.error("a publish was returned unroutable", ["amqp.queue": queue, "amqp.reply": text])
                     case .confirm:

@@ -21,6 +21,10 @@ public final class WorkerStatistics: Sendable {
     public let goAways = Atomic<Int>(0)
     public let connectFailures = Atomic<Int>(0)
 
+    /// The broker blocks publishing (a memory or disk alarm): the worker waits, nothing is lost.
+    public let brokerBlocked = Atomic<Bool>(false)
+    public let brokerBlocks = Atomic<Int>(0)
+
     /// Notifications handed to the APNs client and not answered yet.
     public let inFlight = Atomic<Int>(0)
     /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
@@ -81,6 +85,9 @@ public final class WorkerStatistics: Sendable {
         family("apns_worker_apns_goaways_total", "counter", "GOAWAY frames received from APNs.", [("", load(goAways))])
         family("apns_worker_apns_connect_failures_total", "counter", "Failed or unproductive APNs connections.",
                [("", load(connectFailures))])
+        family("apns_worker_broker_blocked", "gauge", "1 while the broker blocks publishing (resource alarm).",
+               [("", brokerBlocked.load(ordering: .relaxed) ? 1 : 0)])
+        family("apns_worker_broker_blocks_total", "counter", "Times the broker blocked publishing.", [("", load(brokerBlocks))])
         family("apns_worker_ready", "gauge", "1 while consuming (broker and Redis connected) with an APNs connection open.", [("", ready ? 1 : 0)])
         return text
     }

@@ -7,19 +7,73 @@ import Telemetry
 import Testing
 import WorkerPipeline
 
-/// Restarts the shared broker, so scripts/test runs this suite alone, after the others (see scripts/test).
-@Suite struct BrokerRestartTests {
+/// Restarts the shared broker and raises its memory alarm, so scripts/test runs this suite alone, after the others
+/// (see scripts/test), one test at a time.
+@Suite(.serialized) struct BrokerRestartTests {
+    /// A memory alarm blocks the worker's publishes (dead-token events, summaries) mid-job: the worker waits for the
+    /// alarm to clear, neither losing the job nor reconnecting, and /metrics counts the block.
+    @Test func aMemoryAlarmHoldsPublishesUntilItClears() throws {
+        let logger = Logger(label: "alarm", level: .critical)
+        let tokens = (0..<20).map { String(format: "%064x", 0xA1A0 + $0) }
+        let firstReceived = DispatchSemaphore(value: 0)
+        var configuration = APNsSimulator.Configuration()
+        // Answers come 3 s after each push: time enough to raise the alarm before the worker publishes anything.
+        configuration.behaviour.latency = 3
+        configuration.observer = { _ in firstReceived.signal() }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs"), replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { workerThread.stop() }
+        let body = #"{"id": "alarm-1", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        publisher.close()
+
+        #expect(firstReceived.wait(timeout: .now() + 30) == .success, "the job is under way")
+        let rabbitmqctl = try TestServices.value("RABBITMQCTL")
+        _ = try TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0"])
+        defer { _ = try? TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0.4"]) }
+        // Once the answers are in, the worker publishes the summary and the broker holds it. Condition, not
+        // delay: the broker lists the worker's connection as blocked (each listing takes about a second).
+        var blocked = false
+        for _ in 0..<30 where !blocked {
+            blocked = try TestServices.run(rabbitmqctl, ["list_connections", "state", "--quiet"]).contains("blocked")
+        }
+        #expect(blocked, "the broker blocked the worker's publishes")
+        #expect(try replyReader.read(1, timeout: 0.5).isEmpty, "nothing gets through while blocked")
+        _ = try TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0.4"])
+
+        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1, timeout: 60).first).body))
+            as? [String: Any]
+        #expect(summary?["delivered"] as? Int == 20, "the job completed once the alarm cleared: \(summary ?? [:])")
+        #expect(simulator.received().count == 20, "each notification sent once: no reconnection, no redelivery")
+        TestServices.reportFault("broker memory alarm blocks publishing mid-job", notifications: 20,
+                                 accepted: simulator.received().count, distinct: Set(simulator.received().map(\.deviceToken)).count)
+        // The worker reads the broker's block and unblock notices in its loop, right after the job: poll for it.
+        let statistics = workerThread.worker.statistics
+        let deadline = Date().addingTimeInterval(10)
+        while statistics.brokerBlocks.load(ordering: .relaxed) == 0 && Date() < deadline { usleep(10_000) }
+        let metrics = statistics.prometheusText(ready: true)
+        #expect(metrics.contains("apns_worker_broker_blocks_total 1"), "\(metrics)")
+        #expect(metrics.contains("apns_worker_broker_blocked 0"), "unblocked again")
+    }
+
     @Test func aBrokerRestartMidRunLosesNothing() throws {
         let logger = Logger(label: "restart", level: .critical)
         let jobCount = 500
         let tokens = (0..<jobCount).map { String(format: "%064x", $0 + 1) }
         let delivered = Mutex(Set<String>())
+        let accepted = Mutex(0)
         let someDone = DispatchSemaphore(value: 0)
         let allDone = DispatchSemaphore(value: 0)
         var configuration = APNsSimulator.Configuration()
         configuration.behaviour.latency = 0.01
         configuration.observer = { notification in
             guard notification.status == 200 else { return }
+            accepted.withLock { $0 += 1 }
             let count = delivered.withLock { $0.insert(notification.deviceToken); return $0.count }
             if count == 100 { someDone.signal() }
             if count == jobCount { allDone.signal() }
@@ -55,5 +109,7 @@ import WorkerPipeline
             if listing.contains("\(jobs)\t0") { break }
         }
         #expect(listing.contains("\(jobs)\t0"), "\(listing)")
+        TestServices.reportFault("broker restart (stop_app, start_app) mid-run, 500 jobs", notifications: jobCount,
+                                 accepted: accepted.withLock { $0 }, distinct: delivered.withLock { $0.count })
     }
 }

@@ -60,7 +60,8 @@ import Glibc
         let duplicates = received.count - distinct.count
         // Redelivered jobs resend what was in flight at the kill: bounded by the prefetch (20 jobs x 5).
         #expect(duplicates <= 20 * 5, "duplicates \(duplicates), sent before the crash \(sentBeforeCrash)")
-        print("kill -9 recovery: \(jobCount * 5) notifications, \(received.count) sends, \(duplicates) duplicates, 0 lost")
+        TestServices.reportFault("worker kill -9 mid-batch (200 jobs x 5, prefetch 20)", notifications: jobCount * 5,
+                                 accepted: received.count, distinct: distinct.count)
     }
 
     /// A large job redelivered after a crash: what already had a final outcome is not sent again.
@@ -102,7 +103,9 @@ import Glibc
         // 50 streams on the one connection), the outcomes not yet handed over (under one batch of 64), and at most one
         // handed-over batch the broker thread had not yet written to Redis.
         #expect(duplicates <= 50 + 2 * 64, "duplicates \(duplicates)")
-        print("idempotency: \(tokenCount) notifications, \(received.count) sends, \(duplicates) duplicates, redelivered job sent \(resent)")
+        TestServices.reportFault("worker kill -9 halfway through one 600-token job (idempotency record)",
+                                 notifications: tokenCount, accepted: received.count,
+                                 distinct: Set(received.map(\.deviceToken)).count)
     }
 
     /// The broker closes the worker's connection (as on a broker restart or a network cut) while jobs are under way.
@@ -150,7 +153,10 @@ import Glibc
             }
         }
         #expect(completed.count == 290, "the 290 jobs after the first 10 all completed")
-        #expect(Set(simulator.received().filter { $0.status == 200 }.map(\.deviceToken)).count == 300, "nothing lost")
+        let accepted = simulator.received().filter { $0.status == 200 }
+        #expect(Set(accepted.map(\.deviceToken)).count == 300, "nothing lost")
+        TestServices.reportFault("broker cuts the worker's connection (300 jobs)", notifications: 300,
+                                 accepted: accepted.count, distinct: Set(accepted.map(\.deviceToken)).count)
     }
 
     @Test func aRedisRestartUnderARunningWorkerIsSurvived() throws {
@@ -193,6 +199,9 @@ import Glibc
         let object = try JSONSerialization.jsonObject(with: Data(summary.body)) as! [String: Any]
         #expect(object["job_id"] as? String == "after")
         #expect(object["delivered"] as? Int == 1)
+        let accepted = simulator.received().filter { $0.status == 200 }
+        TestServices.reportFault("Redis restart, data lost and re-seeded (a job before, a job after)", notifications: 2,
+                                 accepted: accepted.count, distinct: accepted.count)
     }
 
     /// A freshly started redis-server takes a moment to listen; connection refusals until then are expected.

@@ -11,6 +11,45 @@ import WorkerPipeline
 @Suite struct RetryTests {
     let logger = Logger(label: "retry", level: .critical)
 
+    /// A burst of 500s and 503s (40% of pushes) with slow answers: every notification is delivered through the
+    /// delay queues, none twice.
+    @Test func serverErrorBurstsAreRetriedUntilDelivered() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.internalErrorRate = 0.3
+        behaviour.unavailableRate = 0.1
+        behaviour.latency = 0.05
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs"), replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            // Short tiers and enough attempts that 40% failures cannot exhaust them (0.4^20 per notification).
+            "APNS_RETRY_DELAYS": "0.05,0.2", "APNS_MAX_ATTEMPTS": "20",
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareQueue(jobs)
+        let tokens = (0..<100).map { String(format: "%064x", 0xE000 + $0) }
+        for token in tokens {
+            try publisher.publish(to: jobs, body: Array(#"{"id": "burst-\#(token.suffix(4))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8),
+                                  properties: AMQPProperties(replyTo: replies))
+        }
+        // One summary per attempt: read until every job reported its delivery.
+        var delivered = Set<String>()
+        while delivered.count < tokens.count, let message = try replyReader.read(1, timeout: 60).first {
+            let summary = try JSONSerialization.jsonObject(with: Data(message.body)) as! [String: Any]
+            if summary["delivered"] as? Int == 1, let id = summary["job_id"] as? String { delivered.insert(id) }
+        }
+        #expect(delivered.count == tokens.count)
+        let received = simulator.received()
+        let accepted = received.filter { $0.status == 200 }
+        #expect(Set(accepted.map(\.deviceToken)) == Set(tokens), "every notification delivered")
+        #expect(accepted.count == tokens.count, "none delivered twice")
+        #expect(received.count > tokens.count, "the burst did fail some pushes")
+        TestServices.reportFault("500/503 burst (40% of pushes) with 50 ms answers, 100 jobs", notifications: tokens.count,
+                                 accepted: accepted.count, distinct: Set(accepted.map(\.deviceToken)).count)
+    }
+
     @Test func retriesComeBackThroughTheDelayQueueUntilDeliveredOrParked() throws {
         let flaky = String(repeating: "f1", count: 32)
         let throttled = String(repeating: "f2", count: 32)
@@ -54,6 +93,10 @@ import WorkerPipeline
         #expect(received.filter { $0.deviceToken == healthy }.count == 1, "a delivered notification is never resent")
         #expect(received.filter { $0.deviceToken == flaky }.map(\.status) == [503, 200])
         #expect(received.filter { $0.deviceToken == throttled }.map(\.status) == [429, 429, 429])
+        let accepted = received.filter { $0.status == 200 }
+        TestServices.reportFault("503 once, then TooManyRequests for one token on every attempt (3 notifications)",
+                                 notifications: 3, accepted: accepted.count, distinct: Set(accepted.map(\.deviceToken)).count,
+                                 parked: 1)
         #expect(received.allSatisfy { $0.collapseID == "c-1" && $0.payload == Array(#"{"aps": {"alert": "again"}}"#.utf8) },
                 "retries keep every header and the payload byte for byte")
     }

@@ -139,6 +139,14 @@ enum TestServices {
         return directory
     }
 
+    /// One line per fault scenario (`scripts/chaos` gathers them into a table): how many notifications the scenario
+    /// asked for, how many pushes APNs (apns-sim) accepted, how many distinct ones of them, and so the duplicates
+    /// and the losses. `parked` counts notifications settled on the failed queue on purpose (not lost).
+    static func reportFault(_ scenario: String, notifications: Int, accepted: Int, distinct: Int, parked: Int = 0) {
+        print("fault | \(scenario) | \(notifications) | \(accepted) | \(distinct) | \(accepted - distinct) | "
+              + "\(parked) | \(notifications - distinct - parked)")
+    }
+
     static func temporaryFile(_ name: String, contents: String) throws -> String {
         let path = NSTemporaryDirectory() + unique(name)
         try contents.write(toFile: path, atomically: true, encoding: .utf8)
