@@ -115,7 +115,7 @@ public final class APNsClient: Sendable {
     private let authentication: APNsAuthentication
     private let logger: Logger
     private let loop: EventLoop
-    private let pools = Mutex<[APNsEnvironment: HTTP2Client]>([:])
+    private let pools = Locked<[APNsEnvironment: HTTP2Client]>([:])
 
     public init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
         self.configuration = configuration

@@ -1,3 +1,4 @@
+import Telemetry
 import Foundation
 import Synchronization
 
@@ -16,7 +17,7 @@ public final class APNsTokenProvider: Sendable {
     private let key: ES256Key
     private let refreshInterval: Double
     private let clock: @Sendable () -> Double
-    private let current = Mutex<(token: String, issuedAt: Int64)?>(nil)
+    private let current = Locked<(token: String, issuedAt: Int64)?>(nil)
 
     public init(key: ES256Key, keyID: String, teamID: String, refreshInterval: Double = 50 * 60,
                 clock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) throws(APNsKeyError) {

@@ -104,7 +104,7 @@ public final class APNsSimulator: Sendable {
     /// The certificate served, for clients to trust (APNS_CA_FILE).
     public let certificatePEM: String
     private let core: SimulatorCore
-    private let server: Mutex<HTTP2Server?> = Mutex(nil)
+    private let server: Locked<HTTP2Server?> = Locked(nil)
 
     public init(configuration: Configuration, logger: Logger) throws {
         let pair: (certificatePEM: String, privateKeyPEM: String)
@@ -180,11 +180,11 @@ private final class SimulatorCore: Sendable {
     }
 
     let configuration: APNsSimulator.Configuration
-    let state: Mutex<State>
+    let state: Locked<State>
 
     init(configuration: APNsSimulator.Configuration) {
         self.configuration = configuration
-        self.state = Mutex(State(unregistered: configuration.unregisteredTokens, behaviour: configuration.behaviour))
+        self.state = Locked(State(unregistered: configuration.unregisteredTokens, behaviour: configuration.behaviour))
     }
 
     func countsByStatus() -> [Int: Int] { state.withLock { $0.countsByStatus } }

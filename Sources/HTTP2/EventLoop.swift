@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import Telemetry
 import Glibc
 #endif
 import Foundation
@@ -24,7 +25,7 @@ public final class EventLoop: @unchecked Sendable {
     private let wakeReadFD: Int32
     private let wakeWriteFD: Int32
     private let wakePending = Atomic<Bool>(false)
-    private let pending = Mutex<[@Sendable () -> Void]>([])
+    private let pending = Locked<[@Sendable () -> Void]>([])
     private let running = Atomic<Bool>(true)
     private var handlers: [PollHandler] = []
     private var timers: [(id: UInt64, deadline: UInt64, action: () -> Void)] = []

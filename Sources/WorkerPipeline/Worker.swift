@@ -19,9 +19,9 @@ public final class Worker: Sendable {
     public let statistics = WorkerStatistics()
     private let logger: Logger
     private let apns: APNsClient
-    private let completions = Mutex<[JobProgress]>([])
+    private let completions = Locked<[JobProgress]>([])
     /// Final outcomes of jobs still under way, in batches, for the idempotency record (see `recordSent`).
-    private let finalOutcomes = Mutex<[(jobID: String, tokens: [String])]>([])
+    private let finalOutcomes = Locked<[(jobID: String, tokens: [String])]>([])
     /// Outcomes per job handed over at once: one Mutex round trip per this many notifications, not per notification.
     private static let outcomeBatch = 64
     private let wakeup = Wakeup()

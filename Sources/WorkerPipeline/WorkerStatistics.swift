@@ -31,7 +31,7 @@ public final class WorkerStatistics: Sendable {
     public let apnsLatency = Histogram()
     /// Answers other than 200, by status and reason ("none" for notifications that got no answer). Counted off the
     /// hot path: only failures take the lock.
-    private let unsuccessful = Mutex<[ResponseKey: Int]>([:])
+    private let unsuccessful = Locked<[ResponseKey: Int]>([:])
 
     struct ResponseKey: Hashable {
         var status: String

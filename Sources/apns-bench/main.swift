@@ -39,7 +39,7 @@ final class Driver: Sendable {
     let total: Int
     let window: Int
     let refill: Int
-    let progress = Mutex(Progress())
+    let progress = Locked(Progress())
     let done = DispatchSemaphore(value: 0)
 
     init(client: APNsClient, notification: APNsNotification, total: Int, window: Int, refill: Int) {
@@ -215,7 +215,7 @@ case "wait":
                                      logger: Logger(label: "apns-bench", level: .error))
         defer { client.shutdown() }
         while true {
-            let answer = Mutex<Int>(-1)
+            let answer = Locked<Int>(-1)
             let done = DispatchSemaphore(value: 0)
             client.send(HTTP2Request(headers: .request(method: "GET", authority: client.authority, path: "/sim/stats"), body: [])) { result in
                 if case .success(let response) = result,

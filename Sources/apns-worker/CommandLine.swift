@@ -108,7 +108,7 @@ func runUntilSignalled(name: String, logger: Logger, start: @escaping @Sendable 
                        stop: @escaping @Sendable () -> Void) {
     signal(SIGINT, SIG_IGN)
     signal(SIGTERM, SIG_IGN)
-    let signalCount = Mutex(0)
+    let signalCount = Locked(0)
     let sources = [SIGINT, SIGTERM].map { number in
         let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
         source.setEventHandler {

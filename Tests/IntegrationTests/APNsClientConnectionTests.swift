@@ -15,7 +15,7 @@ import Glibc
     let token = String(repeating: "5e", count: 32)
 
     func sendOne(_ client: APNsClient, token: String) -> APNsResult? {
-        let result = Mutex<APNsResult?>(nil)
+        let result = Locked<APNsResult?>(nil)
         let done = DispatchSemaphore(value: 0)
         client.send([(.production, APNsNotification(deviceToken: token, topic: "com.example.app",
                                                     payload: Array(#"{"aps":{}}"#.utf8)))]) { _, answer in
@@ -50,7 +50,7 @@ import Glibc
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let closed = DispatchSemaphore(value: 0)
-        let reasons = Mutex<[String]>([])
+        let reasons = Locked<[String]>([])
         var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
                                                     caFile: caFile, pingInterval: 0.2, pingTimeout: 0.4)
         configuration.observer = { _, event in
@@ -133,7 +133,7 @@ import Glibc
         let server = try TestServices.Daemon("/usr/bin/openssl", [  // TLS without ALPN h2
             "s_server", "-accept", "127.0.0.1:\(port)", "-cert", directory + "/cert.pem", "-key", directory + "/key.pem", "-quiet"])
         defer { server.stop() }
-        let reasons = Mutex<[String]>([])
+        let reasons = Locked<[String]>([])
         let failedOnALPN = DispatchSemaphore(value: 0)
         var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: port),
                                                     caFile: directory + "/cert.pem", requestTimeout: 10)
@@ -195,7 +195,7 @@ import Glibc
             var headers = HTTP2HeaderBlock.request(method: "POST", authority: client.authority, path: "/3/device/\(token)")
             headers.add("authorization", "bearer " + jwt)
             headers.add("apns-topic", "com.example.app")
-            let answer = Mutex<Result<HTTP2Response, HTTP2StreamError>?>(nil)
+            let answer = Locked<Result<HTTP2Response, HTTP2StreamError>?>(nil)
             let done = DispatchSemaphore(value: 0)
             client.send(HTTP2Request(headers: headers, body: Array("{}".utf8))) { result in
                 answer.withLock { $0 = result }

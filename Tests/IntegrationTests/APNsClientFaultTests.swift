@@ -37,7 +37,7 @@ import Testing
     func tokens(_ count: Int) -> [String] { (0..<count).map { String(format: "%064x", $0 + 1) } }
 
     func send(_ client: APNsClient, _ tokens: [String]) -> [APNsResult] {
-        let results = Mutex<[Int: APNsResult]>([:])
+        let results = Locked<[Int: APNsResult]>([:])
         let done = DispatchSemaphore(value: 0)
         let notifications = tokens.map {
             (APNsEnvironment.production, APNsNotification(deviceToken: $0, topic: "com.example.app", payload: payload))
@@ -52,7 +52,7 @@ import Testing
     @Test func goAwayAfterNStreamsLosesNothingAndDuplicatesNothing() throws {
         var behaviour = APNsSimulator.Behaviour()
         behaviour.goAwayAfterStreams = 50
-        let reasons = Mutex<[String]>([])
+        let reasons = Locked<[String]>([])
         let h = try harness(behaviour) { _, event in
             if case .goAway(_, _, _, let debugData) = event { reasons.withLock { $0.append(debugData) } }
         }
@@ -156,7 +156,7 @@ import Testing
         let h = try harness(.init())
         defer { h.client.shutdown(); h.simulator.shutdown() }
         let done = DispatchSemaphore(value: 0)
-        let result = Mutex<APNsResult?>(nil)
+        let result = Locked<APNsResult?>(nil)
         let oversized = APNsNotification(deviceToken: tokens(1)[0], topic: "com.example.app",
                                          payload: Array(repeating: 32, count: 4097))
         h.client.send([(.production, oversized)]) { _, answer in
@@ -179,7 +179,7 @@ import Testing
         let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
-        let failures = Mutex<[Date]>([])
+        let failures = Locked<[Date]>([])
         let enough = DispatchSemaphore(value: 0)
         var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: simulator.port, tls: .init(caFile: caFile),
                                                       requestTimeout: 30, maximumAttempts: 10, reconnectBaseDelay: 0.2)

@@ -65,8 +65,8 @@ import WorkerPipeline
         let logger = Logger(label: "restart", level: .critical)
         let jobCount = 500
         let tokens = (0..<jobCount).map { String(format: "%064x", $0 + 1) }
-        let delivered = Mutex(Set<String>())
-        let accepted = Mutex(0)
+        let delivered = Locked(Set<String>())
+        let accepted = Locked(0)
         let someDone = DispatchSemaphore(value: 0)
         let allDone = DispatchSemaphore(value: 0)
         var configuration = APNsSimulator.Configuration()

@@ -68,7 +68,7 @@ import Glibc
     @Test func aRedeliveredJobSkipsWhatWasAlreadySent() throws {
         let tokenCount = 600
         let halfway = DispatchSemaphore(value: 0)
-        let seen = Mutex(0)
+        let seen = Locked(0)
         var configuration = APNsSimulator.Configuration(maximumConcurrentStreams: 50)
         configuration.behaviour.latency = 0.05
         configuration.observer = { _ in if seen.withLock({ $0 += 1; return $0 }) == 300 { halfway.signal() } }

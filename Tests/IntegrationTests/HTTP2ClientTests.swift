@@ -14,7 +14,7 @@ import Testing
     let logger = Logger(label: "test", level: .critical)
 
     func collect(_ client: HTTP2Client, _ requests: [HTTP2Request]) -> [Result<HTTP2Response, HTTP2StreamError>] {
-        let results = Mutex<[Int: Result<HTTP2Response, HTTP2StreamError>]>([:])
+        let results = Locked<[Int: Result<HTTP2Response, HTTP2StreamError>]>([:])
         let done = DispatchSemaphore(value: 0)
         client.send(requests) { index, result in
             let complete = results.withLock { results in

@@ -125,7 +125,7 @@ import Glibc
                                                               connectTimeout: 5, requestTimeout: 0.5, maximumAttempts: 1),
                                          loop: loop, logger: Logger(label: "hostile", level: .critical))
             let answered = DispatchSemaphore(value: 0)
-            let outcome = Mutex("")
+            let outcome = Locked("")
             client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
                                      body: Array("{}".utf8))) { result in
                 outcome.withLock {

@@ -34,7 +34,7 @@ import WorkerPipeline
             try stdin.fileHandleForWriting.close()
         }
         // stderr is read on another thread so that neither pipe can fill up and block the child.
-        let errorText = Mutex("")
+        let errorText = Locked("")
         let errorsRead = DispatchSemaphore(value: 0)
         Thread {
             let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)

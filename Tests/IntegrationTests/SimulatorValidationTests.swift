@@ -65,7 +65,7 @@ import Glibc
         defer { client.shutdown() }
         var headers = HTTP2HeaderBlock.request(method: testCase.method, authority: client.authority, path: testCase.path)
         for (name, value) in testCase.headers { headers.add(name, value) }
-        let answer = Mutex<Result<HTTP2Response, HTTP2StreamError>?>(nil)
+        let answer = Locked<Result<HTTP2Response, HTTP2StreamError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         client.send(HTTP2Request(headers: headers, body: Array(testCase.body.utf8))) { result in
             answer.withLock { $0 = result }
@@ -88,7 +88,7 @@ import Glibc
         func send(_ method: String, _ path: String, _ body: String) -> HTTP2Response? {
             var headers = HTTP2HeaderBlock.request(method: method, authority: client.authority, path: path)
             headers.add("apns-topic", "t")
-            let answer = Mutex<HTTP2Response?>(nil)
+            let answer = Locked<HTTP2Response?>(nil)
             let done = DispatchSemaphore(value: 0)
             client.send(HTTP2Request(headers: headers, body: Array(body.utf8))) { result in
                 answer.withLock { $0 = try? result.get() }
@@ -110,7 +110,7 @@ import Glibc
         let (descriptor, port) = TestServices.listeningSocket()
         defer { close(descriptor) }
         let failed = DispatchSemaphore(value: 0)
-        let reasons = Mutex<[String]>([])
+        let reasons = Locked<[String]>([])
         var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: port, connectTimeout: 0.5)
         configuration.observer = { event in
             if case .connectFailed(let reason) = event {
