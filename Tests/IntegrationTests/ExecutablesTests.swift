@@ -77,6 +77,7 @@ import Glibc
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let keyFile = directory + "/AuthKey.p8"
         try ES256Key.generatePrivateKeyPEM().write(toFile: keyFile, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: keyFile)
         let deadToken = String(repeating: "de", count: 32)
         let liveToken = String(repeating: "a0", count: 32)
 

@@ -147,9 +147,11 @@ enum TestServices {
               + "\(parked) | \(notifications - distinct - parked)")
     }
 
+    /// Owner-only (0600), as key files should be: the worker warns about keys others can read.
     static func temporaryFile(_ name: String, contents: String) throws -> String {
         let path = NSTemporaryDirectory() + unique(name)
         try contents.write(toFile: path, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: path)
         return path
     }
 }
