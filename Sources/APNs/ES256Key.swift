@@ -14,11 +14,14 @@ public final class ES256Key: @unchecked Sendable {
         let bytes = Array(pem.utf8)
         // A memory BIO is read once, so each attempt gets its own.
         func readKey(_ read: (OpaquePointer) -> OpaquePointer?) -> OpaquePointer? {
-            guard let bio = bytes.withUnsafeBytes({ BIO_new_mem_buf($0.baseAddress, Int32($0.count)) }) else { return nil }
-            defer { BIO_free(bio) }
-            let key = read(bio)
-            ERR_clear_error()
-            return key
+            // The BIO reads the bytes in place: it lives only inside their scope.
+            bytes.withUnsafeBytes { raw in
+                guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else { return nil }
+                defer { BIO_free(bio) }
+                let key = read(bio)
+                ERR_clear_error()
+                return key
+            }
         }
         let loaded: OpaquePointer
         let isPrivate: Bool

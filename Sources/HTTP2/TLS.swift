@@ -134,12 +134,13 @@ private func selectH2(_ ssl: OpaquePointer?, _ out: UnsafeMutablePointer<UnsafeP
 /// PEM text in and out of OpenSSL objects.
 enum PEM {
     static func withMemoryBIO<T>(_ text: String, _ body: (OpaquePointer) throws -> T) throws -> T {
+        // The BIO reads the bytes in place: it must not outlive the buffer it was given.
         let bytes = Array(text.utf8)
-        guard let bio = bytes.withUnsafeBytes({ BIO_new_mem_buf($0.baseAddress, Int32($0.count)) }) else {
-            throw TLSError("BIO_new_mem_buf failed")
+        return try bytes.withUnsafeBytes { raw in
+            guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else { throw TLSError("BIO_new_mem_buf failed") }
+            defer { BIO_free(bio) }
+            return try body(bio)
         }
-        defer { BIO_free(bio) }
-        return try body(bio)
     }
 
     static func readCertificate(_ text: String) throws -> OpaquePointer {

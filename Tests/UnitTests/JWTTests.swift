@@ -77,9 +77,14 @@ import Testing
     }
 
     private func opensslVerify(publicKeyPEM: String, rawSignature: [UInt8], message: [UInt8]) -> Bool {
-        let bio = BIO_new_mem_buf(publicKeyPEM, Int32(publicKeyPEM.utf8.count))
-        defer { BIO_free(bio) }
-        guard let publicKey = PEM_read_bio_PUBKEY(bio, nil, nil, nil) else { return false }
+        // The BIO reads the PEM in place, so it lives only inside the bytes' scope (ASan caught the escaped pointer).
+        let pem = Array(publicKeyPEM.utf8)
+        let publicKey = pem.withUnsafeBytes { raw -> OpaquePointer? in
+            let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count))
+            defer { BIO_free(bio) }
+            return PEM_read_bio_PUBKEY(bio, nil, nil, nil)
+        }
+        guard let publicKey else { return false }
         defer { EVP_PKEY_free(publicKey) }
         let signature = ECDSA_SIG_new()
         defer { ECDSA_SIG_free(signature) }
