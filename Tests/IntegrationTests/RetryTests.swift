@@ -46,6 +46,15 @@ import WorkerPipeline
         #expect(Set(accepted.map(\.deviceToken)) == Set(tokens), "every notification delivered")
         #expect(accepted.count == tokens.count, "none delivered twice")
         #expect(received.count > tokens.count, "the burst did fail some pushes")
+        // The operator sees it: every failed push as an answer by status and reason, and as a retry.
+        let metrics = workerThread.worker.statistics.prometheusText(ready: true)
+        let failures = received.count - accepted.count
+        let counted = ["500", "503"].compactMap { status in
+            metrics.firstMatch(of: try! Regex("apns_worker_apns_responses_total\\{status=\"\(status)\",reason=\"[A-Za-z]+\"\\} (\\d+)"))
+                .flatMap { Int($0.output[1].substring ?? "") }
+        }.reduce(0, +)
+        #expect(counted == failures, "\(failures) failed pushes, /metrics counts \(counted)")
+        #expect(workerThread.worker.statistics.retries.load(ordering: .relaxed) >= failures)
         TestServices.reportFault("500/503 burst (40% of pushes) with 50 ms answers, 100 jobs", notifications: tokens.count,
                                  accepted: accepted.count, distinct: Set(accepted.map(\.deviceToken)).count)
     }
