@@ -1,3 +1,4 @@
+import Telemetry
 /// `amqp[s]://user:password@host:port/vhost`, parsed with errors that name the part that is wrong.
 /// The password never appears in `description`.
 public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
@@ -38,7 +39,7 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
             guard !path.isEmpty else {
                 throw .badURL("a trailing / names the empty vhost; use /%2f for the default vhost \"/\"")
             }
-            guard let decoded = Self.percentDecode(path) else { throw .badURL("bad percent-encoding in the vhost") }
+            guard let decoded = PercentEncoding.decode(path) else { throw .badURL("bad percent-encoding in the vhost") }
             virtualHost = decoded
             rest = rest[..<slash]
         }
@@ -46,10 +47,10 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
             let credentials = rest[..<at]
             rest = rest[rest.index(after: at)...]
             let parts = credentials.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
-            guard let decodedUser = Self.percentDecode(parts[0]) else { throw .badURL("bad percent-encoding in the user") }
+            guard let decodedUser = PercentEncoding.decode(parts[0]) else { throw .badURL("bad percent-encoding in the user") }
             user = decodedUser
             if parts.count == 2 {
-                guard let decoded = Self.percentDecode(parts[1]) else {
+                guard let decoded = PercentEncoding.decode(parts[1]) else {
                     throw .badURL("bad percent-encoding in the password")
                 }
                 password = decoded
@@ -82,20 +83,5 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
     public var description: String {
         let vhost = virtualHost == "/" ? "%2f" : virtualHost
         return "\(usesTLS ? "amqps" : "amqp")://\(user):***@\(host):\(port)/\(vhost)"
-    }
-
-    static func percentDecode(_ text: Substring) -> String? {
-        var bytes: [UInt8] = []
-        var iterator = Array(text.utf8).makeIterator()
-        while let byte = iterator.next() {
-            if byte == UInt8(ascii: "%") {
-                guard let high = iterator.next(), let low = iterator.next(),
-                      let value = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16) else { return nil }
-                bytes.append(value)
-            } else {
-                bytes.append(byte)
-            }
-        }
-        return String(validating: bytes, as: UTF8.self)
     }
 }

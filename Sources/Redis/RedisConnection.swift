@@ -2,6 +2,7 @@
 import Glibc
 #endif
 internal import CHiredis
+import Telemetry
 
 public struct RedisError: Error, Sendable, CustomStringConvertible {
     public enum Kind: Sendable, Equatable {
@@ -62,12 +63,19 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
         if let at = rest.lastIndex(of: "@") {
             let credentials = rest[..<at]
             rest = rest[rest.index(after: at)...]
+            // Percent-encoded like any URL's credentials, so that '/', '@' or '%' can be in a password.
+            func decoded(_ part: Substring, _ what: String) throws(RedisError) -> String {
+                guard let text = PercentEncoding.decode(part) else {
+                    throw RedisError(kind: .badURL, "REDIS_URL: the \(what) is not valid percent-encoding")
+                }
+                return text
+            }
             if let colon = credentials.firstIndex(of: ":") {
                 let name = credentials[..<colon]
-                user = name.isEmpty ? nil : String(name)
-                password = String(credentials[credentials.index(after: colon)...])
+                user = name.isEmpty ? nil : try decoded(name, "user name")
+                password = try decoded(credentials[credentials.index(after: colon)...], "password")
             } else {
-                password = String(credentials)
+                password = try decoded(credentials, "password")
             }
         }
         var port = 6379

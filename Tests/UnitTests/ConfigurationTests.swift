@@ -23,6 +23,10 @@ import WorkerPipeline
         let secret = try RedisURL("redis://:s3cret@cache:6379/0")
         #expect(secret.password == "s3cret")
         #expect(!secret.description.contains("s3cret"))
+        let encoded = try RedisURL("redis://ops%40team:pa%3As%2Fs%25@cache:6379/1")
+        #expect(encoded.user == "ops@team" && encoded.password == "pa:s/s%", "credentials are percent-decoded")
+        #expect(try RedisURL("redis://:pa:ss@cache").password == "pa:ss", "a colon after the first belongs to the password")
+        #expect(throws: RedisError.self) { try RedisURL("redis://:bad%zz@cache") }
         #expect(throws: RedisError.self) { try RedisURL("rediss://cache") }
         #expect(throws: RedisError.self) { try RedisURL("redis://cache/x") }
     }
