@@ -37,6 +37,8 @@ let package = Package(
         .executableTarget(name: "apns-worker", dependencies: ["Operations", "WorkerPipeline", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
+        // libFuzzer target over the decoders (scripts/fuzz builds it with -sanitize=fuzzer).
+        .executableTarget(name: "fuzz-job-decoder", dependencies: ["APNs", "WorkerPipeline"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Operations", "AMQP", "Redis",
                                                  "Telemetry", "COpenSSL"]),
