@@ -34,8 +34,8 @@ public struct WorkerConfiguration: Sendable {
     public var jobsQueue: String
     public var deadTokensQueue: String
     public var failedQueue: String
-    /// Fanout exchange dead-token events are published to; the dead-token queue is bound to it, and any other
-    /// subscriber may bind its own. Empty: publish straight to the queue.
+    /// Fanout exchange dead-token events are published to (by default named like the dead-token queue); the queue
+    /// is bound to it, and any other subscriber may bind its own. Empty: publish straight to the queue.
     public var deadTokensExchange: String
     /// Registration events (an app launch reporting its token) that `apns-worker cleanup` applies to the cache.
     public var registrationsQueue: String
@@ -154,16 +154,19 @@ public struct WorkerConfiguration: Sendable {
             throw ConfigurationError(key: "LOG_FORMAT", "\"\(formatText)\" is not json or text")
         }
 
+        let deadTokensQueue = try queue("PUSH_DEAD_TOKENS_QUEUE", default: "push.dead-tokens")
         return WorkerConfiguration(
             amqpURL: amqpURL, amqpCAFile: try file("AMQP_CA_FILE"),
             amqpHeartbeat: try integer("AMQP_HEARTBEAT", default: 30, range: 0...3600), redisURL: redisURL, apns: apns,
             keyFile: keyFile, keyID: keyID, teamID: teamID, certificateFile: certificateFile,
             certificateKeyFile: certificateKeyFile, defaultTopic: value("APNS_TOPIC"),
             jobsQueue: try queue("PUSH_JOBS_QUEUE", default: "push.jobs"),
-            deadTokensQueue: try queue("PUSH_DEAD_TOKENS_QUEUE", default: "push.dead-tokens"),
+            deadTokensQueue: deadTokensQueue,
             failedQueue: try queue("PUSH_FAILED_QUEUE", default: "push.failed"),
-            // Set but empty means no exchange (publish straight to the queue), so not `queue()`'s default rule.
-            deadTokensExchange: environment["PUSH_DEAD_TOKENS_EXCHANGE"] == nil ? "apns.dead-tokens"
+            // By default the exchange has the queue's name (exchanges and queues are apart in AMQP): two deployments
+            // with different queues on one broker then never receive each other's events. Set but empty means no
+            // exchange (publish straight to the queue), so not `queue()`'s default rule.
+            deadTokensExchange: environment["PUSH_DEAD_TOKENS_EXCHANGE"] == nil ? deadTokensQueue
                 : try queue("PUSH_DEAD_TOKENS_EXCHANGE", default: ""),
             registrationsQueue: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"),
             inactiveDays: try integer("CLEANUP_INACTIVE_DAYS", default: 90, range: 1...3650),

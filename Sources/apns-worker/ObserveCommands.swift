@@ -35,7 +35,7 @@ apns-worker dead-tokens tail: print dead-token events as workers publish them, o
 
 USAGE: apns-worker dead-tokens tail [--count N] [--timeout SECONDS] [--full-tokens]
 
-Watches through a temporary queue of its own bound to PUSH_DEAD_TOKENS_EXCHANGE (default apns.dead-tokens), so the
+Watches through a temporary queue of its own bound to PUSH_DEAD_TOKENS_EXCHANGE (default: named like PUSH_DEAD_TOKENS_QUEUE), so the
 cleanup consumers still receive every event; it sees events published while it runs, not those already queued.
 Tokens are shortened (first 8 characters and length) unless --full-tokens.
   --count N          stop after N events
