@@ -16,7 +16,7 @@ public final class DeadTokenWatcher {
                                   caFile: configuration.amqpCAFile)
         try Topology.declareDeadTokens(on: amqp, configuration)
         let queue = try amqp.declareTemporaryQueue()
-        try amqp.bindQueue(queue, to: configuration.deadTokensExchange)
+        try amqp.bindQueue(queue, to: configuration.deadTokensExchange, routingKey: configuration.deadTokensQueue)
         try amqp.consume(queue, acknowledging: false)
     }
 

@@ -9,6 +9,9 @@ public enum Topology {
         try amqp.declareQueue(configuration.deadTokensQueue)
         guard !configuration.deadTokensExchange.isEmpty else { return }
         try amqp.declareExchange(configuration.deadTokensExchange, type: "fanout")
-        try amqp.bindQueue(configuration.deadTokensQueue, to: configuration.deadTokensExchange)
+        // Bound with the routing key events are published with (the queue's name): should someone have declared the
+        // exchange as direct or topic already, the events still reach the queue.
+        try amqp.bindQueue(configuration.deadTokensQueue, to: configuration.deadTokensExchange,
+                           routingKey: configuration.deadTokensQueue)
     }
 }

@@ -177,6 +177,25 @@ import WorkerPipeline
         #expect(peak.load(ordering: .relaxed) >= 1, "the sampler saw the job under way")
     }
 
+    /// An exchange of that name declared by someone else as `direct` still routes the events to the queue.
+    @Test func deadTokenEventsReachTheQueueThroughAnExchangeDeclaredAsDirect() throws {
+        let dead = String(repeating: "0d", count: 32)
+        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_001]), logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs"), deadQueue = TestServices.unique("dead"), exchange = TestServices.unique("direct-x")
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        try publisher.declareExchange(exchange, type: "direct")
+        try publisher.declareQueue(jobs)
+        let deadReader = try QueueReader(deadQueue)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_DEAD_TOKENS_QUEUE": deadQueue, "PUSH_DEAD_TOKENS_EXCHANGE": exchange,
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        try publisher.publish(to: jobs, body: Array(#"{"id": "direct-1", "tokens": ["\#(dead)"], "payload": {"aps": {}}}"#.utf8))
+        let event = try #require(try deadReader.read(1).first)
+        #expect(String(decoding: event.body, as: UTF8.self).contains(dead))
+    }
+
     /// Queues someone else declared with other arguments (here a quorum jobs queue) are used, not fought over.
     @Test func aJobsQueueDeclaredWithOtherArgumentsIsUsedAsItIs() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
