@@ -391,12 +391,8 @@ public final class AMQPConnection {
                 let replyText = Self.string(returned.reply_text)
                 _ = try readContent(channel: frame.channel)
                 return .returned(routingKey: routingKey, replyText: replyText)
-            case Method.connectionBlocked:
-                isBlocked = true
-                return .blocked(true)
-            case Method.connectionUnblocked:
-                isBlocked = false
-                return .blocked(false)
+            case Method.connectionBlocked, Method.connectionUnblocked, Method.connectionClose:
+                return try connectionMethod(method)
             case Method.channelClose:
                 let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
                 let text = Self.string(close.reply_text)
@@ -404,11 +400,6 @@ public final class AMQPConnection {
                 amqp_send_method(state, frame.channel, Method.channelCloseOk, &ok)
                 isOpen = false
                 throw AMQPError(kind: .brokerRefused, code: Int(close.reply_code), "broker closed the channel: \(text)")
-            case Method.connectionClose:
-                let close = method.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
-                isOpen = false
-                throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
-                                "broker closed the connection: \(Self.string(close.reply_text))")
             default:
                 continue
             }
@@ -451,18 +442,24 @@ public final class AMQPConnection {
             guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "reading a message") }
             if frame.channel == channel { return }
             guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { continue }
-            switch frame.payload.method.id {
-            case Method.connectionBlocked:
-                isBlocked = true
-                buffered.append(.blocked(true))
-            case Method.connectionUnblocked:
-                isBlocked = false
-                buffered.append(.blocked(false))
-            case Method.connectionClose:
-                isOpen = false
-                throw AMQPError(kind: .connectionLost, "reading a message: the broker closed the connection")
-            default: continue
-            }
+            if let event = try connectionMethod(frame.payload.method) { buffered.append(event) }
+        }
+    }
+
+    /// What the broker says about the whole connection (channel 0): publishing blocked or unblocked by a resource
+    /// alarm, or the connection closed (thrown). nil for any other method.
+    private func connectionMethod(_ method: amqp_method_t) throws(AMQPError) -> AMQPEvent? {
+        switch method.id {
+        case Method.connectionBlocked, Method.connectionUnblocked:
+            isBlocked = method.id == Method.connectionBlocked
+            return .blocked(isBlocked)
+        case Method.connectionClose:
+            let close = method.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
+            isOpen = false
+            throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
+                            "broker closed the connection: \(Self.string(close.reply_text))")
+        default:
+            return nil
         }
     }
 

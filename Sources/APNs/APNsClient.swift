@@ -197,11 +197,6 @@ public final class APNsClient: Sendable {
         loop.shutdown()
     }
 
-    static func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
-        var template = RequestTemplate()
-        return template.request(for: notification, authority: authority, authorization: authorization)
-    }
-
     private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment) -> APNsResult {
         switch result {
         case .success(let http):

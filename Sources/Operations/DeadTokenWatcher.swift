@@ -9,8 +9,8 @@ public final class DeadTokenWatcher {
 
     public init(configuration: WorkerConfiguration) throws {
         guard !configuration.deadTokensExchange.isEmpty else {
-            throw JobReaderError("PUSH_DEAD_TOKENS_EXCHANGE is empty: events go straight to "
-                                 + "\(configuration.deadTokensQueue), so there is nothing to watch without taking them")
+            throw ConfigurationError(key: "PUSH_DEAD_TOKENS_EXCHANGE", "empty: events go straight to "
+                                     + "\(configuration.deadTokensQueue), so there is nothing to watch without taking them")
         }
         amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
                                   caFile: configuration.amqpCAFile)

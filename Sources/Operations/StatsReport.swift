@@ -55,7 +55,7 @@ public struct StatsReport: Sendable {
         lines.append("")
         lines.append("LAST \(windowMinutes) MIN (all workers)        TOTAL     PER SECOND")
         let seconds = Double(windowMinutes * 60)
-        for name in Self.counterNames {
+        for name in WorkerStatistics.Snapshot.fieldNames {
             let total = totals[name] ?? 0
             lines.append(name.padding(toLength: 30, withPad: " ", startingAt: 0)
                          + String(repeating: " ", count: max(0, 10 - String(total).count)) + String(total)
@@ -73,11 +73,10 @@ public struct StatsReport: Sendable {
                 + "\"messages\":\(queue.messages.map(String.init) ?? "null"),"
                 + "\"consumers\":\(queue.consumers.map(String.init) ?? "null")}"
         }.joined(separator: ",")
-        let totalText = Self.counterNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }.joined(separator: ",")
+        let totalText = WorkerStatistics.Snapshot.fieldNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }.joined(separator: ",")
         let workerText = workers.map(JSONString.quote).joined(separator: ",")
         return "{\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
             + "\"workers\":[\(workerText)]}"
     }
 
-    static let counterNames = ["delivered", "dead_tokens", "failed", "retries", "jobs", "rejected", "parked"]
 }

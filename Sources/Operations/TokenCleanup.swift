@@ -34,28 +34,20 @@ public final class TokenCleanup: Sendable {
         }
 
         public func prometheusText(ready: Bool) -> String {
-            var text = ""
-            func counter(_ name: String, _ help: String, _ samples: [(String, Int)]) {
-                text += "# HELP \(name) \(help)\n# TYPE \(name) counter\n"
-                for (labels, value) in samples { text += "\(name)\(labels) \(value)\n" }
-            }
-            counter("apns_cleanup_dead_tokens_total", "Dead-token events handled, by result.", [
-                ("{result=\"removed\"}", deadTokensRemoved.load(ordering: .relaxed)),
-                ("{result=\"kept\"}", deadTokensKept.load(ordering: .relaxed)),
+            func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
+            var metrics = PrometheusText()
+            metrics.family("apns_cleanup_dead_tokens_total", "counter", "Dead-token events handled, by result.", [
+                ([("result", "removed")], load(deadTokensRemoved)), ([("result", "kept")], load(deadTokensKept)),
             ])
-            counter("apns_cleanup_registrations_total", "Registration events handled, by result.", [
-                ("{result=\"applied\"}", registrationsApplied.load(ordering: .relaxed)),
-                ("{result=\"stale\"}", registrationsStale.load(ordering: .relaxed)),
-                ("{result=\"unregistered\"}", unregistrations.load(ordering: .relaxed)),
+            metrics.family("apns_cleanup_registrations_total", "counter", "Registration events handled, by result.", [
+                ([("result", "applied")], load(registrationsApplied)), ([("result", "stale")], load(registrationsStale)),
+                ([("result", "unregistered")], load(unregistrations)),
             ])
-            counter("apns_cleanup_refused_total", "Messages parked on the failed queue as unreadable.",
-                    [("", refused.load(ordering: .relaxed))])
-            counter("apns_cleanup_swept_tokens_total", "Tokens removed for inactivity.",
-                    [("", sweptTokens.load(ordering: .relaxed))])
-            counter("apns_cleanup_sweeps_total", "Inactivity sweeps run.", [("", sweeps.load(ordering: .relaxed))])
-            text += "# HELP apns_cleanup_ready 1 while consuming.\n# TYPE apns_cleanup_ready gauge\n"
-            text += "apns_cleanup_ready \(ready ? 1 : 0)\n"
-            return text
+            metrics.counter("apns_cleanup_refused_total", "Messages parked on the failed queue as unreadable.", load(refused))
+            metrics.counter("apns_cleanup_swept_tokens_total", "Tokens removed for inactivity.", load(sweptTokens))
+            metrics.counter("apns_cleanup_sweeps_total", "Inactivity sweeps run.", load(sweeps))
+            metrics.gauge("apns_cleanup_ready", "1 while consuming.", ready ? 1 : 0)
+            return metrics.text
         }
     }
 
@@ -160,8 +152,8 @@ public final class TokenCleanup: Sendable {
     /// One Redis round trip per kind for the whole batch, then the acknowledgements.
     private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        var removals: [(user: String, token: String, diedAt: Int64?)] = []
-        var unregistrations: [(user: String, token: String, diedAt: Int64?)] = []
+        var removals: [(user: String, token: String, unlessRegisteredAfter: Int64?)] = []
+        var unregistrations: [(user: String, token: String, unlessRegisteredAfter: Int64?)] = []
         var registrations: [TokenRegistration] = []
         var bad: [(AMQPDelivery, String)] = []
         for delivery in batch {
@@ -183,9 +175,9 @@ public final class TokenCleanup: Sendable {
                 bad.append((delivery, error.description))
             }
         }
-        let removed = try tokens.removeDead(removals)
+        let removed = try tokens.remove(removals)
         let applied = try tokens.register(registrations)
-        let unregistered = try tokens.removeDead(unregistrations)
+        let unregistered = try tokens.remove(unregistrations)
         statistics.deadTokensRemoved.add(removed.filter { $0 }.count, ordering: .relaxed)
         statistics.deadTokensKept.add(removed.filter { !$0 }.count, ordering: .relaxed)
         statistics.registrationsApplied.add(applied.filter { $0 }.count, ordering: .relaxed)

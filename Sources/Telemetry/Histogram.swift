@@ -35,16 +35,6 @@ public final class Histogram: Sendable {
         }
     }
 
-    /// The `_bucket`, `_sum` and `_count` lines of the family `name` (HELP and TYPE included).
-    public func prometheusText(name: String, help: String) -> String {
-        var text = "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
-        let cumulative = cumulativeCounts
-        for (bound, count) in zip(bounds, cumulative) {
-            text += "\(name)_bucket{le=\"\(bound)\"} \(count)\n"
-        }
-        text += "\(name)_bucket{le=\"+Inf\"} \(cumulative.last ?? 0)\n"
-        text += "\(name)_sum \(Double(totalNanoseconds.load(ordering: .relaxed)) / 1e9)\n"
-        text += "\(name)_count \(cumulative.last ?? 0)\n"
-        return text
-    }
+    /// Everything observed, in seconds.
+    public var totalSeconds: Double { Double(totalNanoseconds.load(ordering: .relaxed)) / 1e9 }
 }

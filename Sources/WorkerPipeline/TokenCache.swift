@@ -94,17 +94,18 @@ public struct TokenCache {
         self.logger = logger
     }
 
-    /// Takes dead tokens out of their users' hashes in one round trip, except those registered again after APNs
-    /// learned they died (`diedAt`, ms; nil, as for BadDeviceToken, removes unconditionally).
+    /// Takes tokens out of the cache in one round trip (a user of "" for a token sent directly: its owner, if
+    /// known), except those registered again after `unlessRegisteredAfter` (ms): the time APNs learned a token died,
+    /// or a logout's; nil (BadDeviceToken, an operator's removal) removes unconditionally.
     /// Returns, per entry, whether it was removed.
     @discardableResult
-    public func removeDead(_ entries: [(user: String, token: String, diedAt: Int64?)]) throws(RedisError) -> [Bool] {
+    public func remove(_ entries: [(user: String, token: String, unlessRegisteredAfter: Int64?)]) throws(RedisError) -> [Bool] {
         guard !entries.isEmpty else { return [] }
         let replies = try redis.pipeline(entries.map { entry in
-            ["EVAL", Self.removeUnlessRegisteredAfter, "0", entry.user, entry.token, String(entry.diedAt ?? -1)]
+            ["EVAL", Self.removeUnlessRegisteredAfter, "0", entry.user, entry.token, String(entry.unlessRegisteredAfter ?? -1)]
         })
         return try replies.map { reply throws(RedisError) -> Bool in
-            if case .error(let message) = reply { throw RedisError(kind: .server, "removing a dead token: \(message)") }
+            if case .error(let message) = reply { throw RedisError(kind: .server, "removing a token: \(message)") }
             return reply.integer == 1
         }
     }

@@ -303,15 +303,7 @@ public final class Worker: Sendable {
         var progresses: [JobProgress] = []
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
-            var targets: [DeviceTarget] = job.retryTargets ?? []
-            // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
-            var seen = Set<String>(minimumCapacity: job.retryTargets == nil ? job.tokens.count + job.users.count * 2 : 0)
-            for token in job.tokens where job.retryTargets == nil && seen.insert(token).inserted {
-                targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
-            }
-            for user in job.users where job.retryTargets == nil {
-                for target in resolved[user] ?? [] where seen.insert(target.token).inserted { targets.append(target) }
-            }
+            var targets = job.retryTargets ?? Self.targets(of: job, resolved: resolved)
             if let done = alreadySent[job.id], !done.isEmpty {
                 let before = targets.count
                 targets.removeAll { done.contains($0.token) }
@@ -329,6 +321,21 @@ public final class Worker: Sendable {
         if !rejected.isEmpty { try reject(rejected, session: session) }
         if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, session: session) }
         return progresses.count - finishedAtOnce.count
+    }
+
+    /// A new job's device tokens: its own, then its users', each token once (a device can be named twice, or sit
+    /// under two users of a cache other systems feed).
+    private static func targets(of job: PushJob, resolved: [String: [DeviceTarget]]) -> [DeviceTarget] {
+        var targets: [DeviceTarget] = []
+        // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
+        var seen = Set<String>(minimumCapacity: job.tokens.count + job.users.count * 2)
+        for token in job.tokens where seen.insert(token).inserted {
+            targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
+        }
+        for user in job.users {
+            for target in resolved[user] ?? [] where seen.insert(target.token).inserted { targets.append(target) }
+        }
+        return targets
     }
 
     /// Bad jobs go to PUSH_FAILED_QUEUE with their reason, confirmed, then acknowledged.
@@ -404,9 +411,9 @@ public final class Worker: Sendable {
         }
         let nacked = last > 0 ? Set(try amqp.waitForConfirms(through: last)) : []
         let confirmed = zip(finished, ranges).filter { _, range in !(range.map { $0.contains(where: nacked.contains) } ?? false) }
-        try session.tokens.removeDead(confirmed.flatMap { progress, _ in
+        try session.tokens.remove(confirmed.flatMap { progress, _ in
             progress.dead.compactMap { dead in
-                dead.target.user.map { (user: $0, token: dead.target.token, diedAt: dead.response.timestamp) }
+                dead.target.user.map { (user: $0, token: dead.target.token, unlessRegisteredAfter: dead.response.timestamp) }
             }
         })
         var completed: [UInt64] = []

@@ -52,44 +52,39 @@ public final class WorkerStatistics: Sendable {
     /// The Prometheus text exposition of every counter.
     public func prometheusText(ready: Bool) -> String {
         func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
-        var text = ""
-        func family(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: Int)]) {
-            text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
-            for sample in samples { text += "\(name)\(sample.labels) \(sample.value)\n" }
-        }
-        family("apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.", [
-            ("{result=\"completed\"}", load(jobsCompleted)), ("{result=\"rejected\"}", load(jobsRejected)),
-            ("{result=\"parked\"}", load(jobsParked)),
+        var metrics = PrometheusText()
+        metrics.family("apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.", [
+            ([("result", "completed")], load(jobsCompleted)), ([("result", "rejected")], load(jobsRejected)),
+            ([("result", "parked")], load(jobsParked)),
         ])
-        family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
-            ("{outcome=\"delivered\"}", load(delivered)), ("{outcome=\"dead_token\"}", load(deadTokens)),
-            ("{outcome=\"failed\"}", load(permanentFailures)),
+        metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
+            ([("outcome", "delivered")], load(delivered)), ([("outcome", "dead_token")], load(deadTokens)),
+            ([("outcome", "failed")], load(permanentFailures)),
         ])
         let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
-        family("apns_worker_apns_responses_total", "counter",
-               "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
-               [("{status=\"200\",reason=\"\"}", load(delivered))] + answers.map { key, count in
-                   ("{status=\"\(key.status)\",reason=\(JSONString.quote(key.reason))}", count)
-               })
-        family("apns_worker_apns_in_flight", "gauge", "Notifications sent to APNs and not answered yet.",
-               [("", load(inFlight))])
-        text += apnsLatency.prometheusText(name: "apns_worker_apns_latency_seconds",
-                                           help: "From handing a notification to the APNs client to its answer.")
-        family("apns_worker_retries_total", "counter", "Notifications scheduled for another attempt.", [("", load(retries))])
-        family("apns_worker_rate_limit_waits_total", "counter", "Batches that waited for the shared rate limit.",
-               [("", load(rateLimitWaits))])
-        family("apns_worker_duplicates_avoided_total", "counter",
-               "Notifications of redelivered jobs not sent again (idempotency record).", [("", load(duplicatesAvoided))])
-        family("apns_worker_apns_connections", "gauge", "Open HTTP/2 connections to APNs.",
-               [("", openConnections)])
-        family("apns_worker_apns_goaways_total", "counter", "GOAWAY frames received from APNs.", [("", load(goAways))])
-        family("apns_worker_apns_connect_failures_total", "counter", "Failed or unproductive APNs connections.",
-               [("", load(connectFailures))])
-        family("apns_worker_broker_blocked", "gauge", "1 while the broker blocks publishing (resource alarm).",
-               [("", brokerBlocked.load(ordering: .relaxed) ? 1 : 0)])
-        family("apns_worker_broker_blocks_total", "counter", "Times the broker blocked publishing.", [("", load(brokerBlocks))])
-        family("apns_worker_ready", "gauge", "1 while consuming (broker and Redis connected) with an APNs connection open.", [("", ready ? 1 : 0)])
-        return text
+        metrics.family("apns_worker_apns_responses_total", "counter",
+                       "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
+                       [([("status", "200"), ("reason", "")], load(delivered))] + answers.map { key, count in
+                           ([("status", key.status), ("reason", key.reason)], count)
+                       })
+        metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", load(inFlight))
+        metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
+                          apnsLatency)
+        metrics.counter("apns_worker_retries_total", "Notifications scheduled for another attempt.", load(retries))
+        metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
+                        load(rateLimitWaits))
+        metrics.counter("apns_worker_duplicates_avoided_total",
+                        "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
+        metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
+        metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
+        metrics.counter("apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
+                        load(connectFailures))
+        metrics.gauge("apns_worker_broker_blocked", "1 while the broker blocks publishing (resource alarm).",
+                      brokerBlocked.load(ordering: .relaxed) ? 1 : 0)
+        metrics.counter("apns_worker_broker_blocks_total", "Times the broker blocked publishing.", load(brokerBlocks))
+        metrics.gauge("apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
+                      ready ? 1 : 0)
+        return metrics.text
     }
 
     public struct Snapshot: Sendable, Equatable {
@@ -97,9 +92,13 @@ public final class WorkerStatistics: Sendable {
 
         /// Names as `SharedStatistics` stores them, with values.
         public var fields: [(name: String, value: Int)] {
-            [("jobs", jobsCompleted), ("rejected", jobsRejected), ("parked", jobsParked), ("delivered", delivered),
-             ("dead_tokens", deadTokens), ("failed", permanentFailures), ("retries", retries)]
+            [("delivered", delivered), ("dead_tokens", deadTokens), ("failed", permanentFailures), ("retries", retries),
+             ("jobs", jobsCompleted), ("rejected", jobsRejected), ("parked", jobsParked)]
         }
+
+        /// The names `fields` uses, in the same order (what `SharedStatistics` stores and `stats` shows).
+        public static let fieldNames = Snapshot(jobsCompleted: 0, jobsRejected: 0, jobsParked: 0, delivered: 0,
+                                                deadTokens: 0, permanentFailures: 0, retries: 0).fields.map(\.name)
 
         /// What happened between `earlier` and this one.
         public func subtracting(_ earlier: Snapshot) -> Snapshot {

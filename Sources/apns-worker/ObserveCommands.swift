@@ -77,6 +77,8 @@ func deadTokensCommand(_ arguments: [String]) {
             line.append(UInt8(ascii: "\n"))
             FileHandle.standardOutput.write(Data(line))
         }
+    } catch let error as ConfigurationError {
+        fail("configuration error: \(error)", code: ExitCode.configuration)
     } catch {
         fail("dead-tokens tail: \(error)", code: ExitCode.unavailable)
     }

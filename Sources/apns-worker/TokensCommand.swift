@@ -72,7 +72,7 @@ func tokensCommand(_ arguments: [String]) {
                                                   registeredAt: now, deviceJSON: device)])
             print("added \(shown(operands[1], full: full)) for \(user) (\(environment.rawValue))")
         case "remove":
-            let removed = try cache.removeDead([(user: user, token: operands[1], diedAt: nil)])
+            let removed = try cache.remove([(user: user, token: operands[1], unlessRegisteredAfter: nil)])
             print(removed.first == true ? "removed \(shown(operands[1], full: full)) from \(user)"
                                         : "\(user) had no token \(shown(operands[1], full: full))")
         default:

@@ -32,7 +32,7 @@ import WorkerPipeline
             ["HSET", TokenCache.key(forUser: user), stale, "production", reRegistered, "production", badToken, "production"],
             ["HSET", TokenCache.registeredKey(forUser: user), stale, "1000", reRegistered, "5000", badToken, "9000"],
         ])
-        let removed = try cache.removeDead([(user, stale, 2000), (user, reRegistered, 2000), (user, badToken, nil)])
+        let removed = try cache.remove([(user, stale, 2000), (user, reRegistered, 2000), (user, badToken, nil)])
         #expect(removed == [true, false, true])
         let remaining = try redis.command(["HKEYS", TokenCache.key(forUser: user)]).elements.compactMap(\.text)
         #expect(remaining == [reRegistered], "the token the app registered after APNs's 410 stays")

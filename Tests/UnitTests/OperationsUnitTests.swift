@@ -104,12 +104,21 @@ import WorkerPipeline
             histogram.observe(nanoseconds: nanoseconds)
         }
         #expect(histogram.cumulativeCounts == [2, 3, 4, 5], "a bound is inclusive (le), the last is +Inf")
-        let text = histogram.prometheusText(name: "latency_seconds", help: "Test.")
+        var metrics = PrometheusText()
+        metrics.histogram("latency_seconds", "Test.", histogram)
+        let text = metrics.text
         #expect(text.contains("# TYPE latency_seconds histogram"))
         #expect(text.contains("latency_seconds_bucket{le=\"0.01\"} 3"))
         #expect(text.contains("latency_seconds_bucket{le=\"+Inf\"} 5"))
         #expect(text.contains("latency_seconds_count 5"))
         #expect(text.contains("latency_seconds_sum 2.0565"))
+    }
+
+    @Test func labelValuesAreEscapedAsTheFormatWants() {
+        var metrics = PrometheusText()
+        metrics.family("answers_total", "counter", "Test.", [([("reason", "a\"b\\c\nd")], 2), ([], 1)])
+        #expect(metrics.text == "# HELP answers_total Test.\n# TYPE answers_total counter\n"
+                + "answers_total{reason=\"a\\\"b\\\\c\\nd\"} 2\nanswers_total 1\n")
     }
 }
 

@@ -1,0 +1,42 @@
+/// The Prometheus text exposition format (0.0.4), built family by family: HELP and TYPE lines, then the samples
+/// with their labels escaped as the format wants (backslash, double quote, newline).
+public struct PrometheusText {
+    public typealias Labels = [(name: String, value: String)]
+
+    public private(set) var text = ""
+
+    public init() {}
+
+    /// One family: `type` is counter or gauge; each sample its labels (none: `[]`) and value.
+    public mutating func family(_ name: String, _ type: String, _ help: String, _ samples: [(labels: Labels, value: Int)]) {
+        text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+        for sample in samples { text += name + Self.render(sample.labels) + " \(sample.value)\n" }
+    }
+
+    public mutating func counter(_ name: String, _ help: String, _ value: Int) { family(name, "counter", help, [([], value)]) }
+    public mutating func gauge(_ name: String, _ help: String, _ value: Int) { family(name, "gauge", help, [([], value)]) }
+
+    public mutating func histogram(_ name: String, _ help: String, _ histogram: Histogram) {
+        text += "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
+        let cumulative = histogram.cumulativeCounts
+        for (bound, count) in zip(histogram.bounds, cumulative) { text += "\(name)_bucket{le=\"\(bound)\"} \(count)\n" }
+        text += "\(name)_bucket{le=\"+Inf\"} \(cumulative.last ?? 0)\n"
+        text += "\(name)_sum \(histogram.totalSeconds)\n\(name)_count \(cumulative.last ?? 0)\n"
+    }
+
+    static func render(_ labels: Labels) -> String {
+        guard !labels.isEmpty else { return "" }
+        return "{" + labels.map { label in
+            var escaped = ""
+            for character in label.value {
+                switch character {
+                case "\\": escaped += "\\\\"
+                case "\"": escaped += "\\\""
+                case "\n": escaped += "\\n"
+                default: escaped.append(character)
+                }
+            }
+            return "\(label.name)=\"\(escaped)\""
+        }.joined(separator: ",") + "}"
+    }
+}
