@@ -42,13 +42,18 @@ public struct APNsResponse: Sendable, Equatable {
     }
 
     /// Reads `{"reason": "...", "timestamp": ...}`; a body that is not that JSON leaves both nil, never fails.
+    /// The project's own strict reader: one JSON parser for everything that comes from outside, which keeps a
+    /// number's text, so an absurd timestamp costs the timestamp, not the reason.
     public static func parseBody(_ body: [UInt8]) -> (reason: APNsReason?, timestamp: Int64?) {
-        guard !body.isEmpty, body.count <= 64 * 1024,
-              let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
+        guard !body.isEmpty, body.count <= 64 * 1024, let document = try? JSONReader.parse(body, maximumDepth: 8),
+              case .object = document else {
             return (nil, nil)
         }
-        let reason = (object["reason"] as? String).map(APNsReason.init)
-        let timestamp = (object["timestamp"] as? NSNumber).map { $0.int64Value }
+        let reason: APNsReason? = if case .string(let text)? = document["reason"] { APNsReason(text) } else { nil }
+        var timestamp: Int64?
+        if case .number(let text)? = document["timestamp"] {
+            timestamp = Int64(text) ?? Double(text).flatMap { Int64(exactly: $0.rounded()) }
+        }
         return (reason, timestamp)
     }
 }

@@ -38,11 +38,7 @@ import WorkerPipeline
         let logger = Logger(label: "amqps", level: .critical)
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
-        let jobs = TestServices.unique("jobs")
-        let replies = TestServices.unique("replies")
-        let replyReader = try QueueReader(replies)
-        let publisher = try AMQPConnection(url: TestServices.amqpURL())
-        try publisher.declareQueue(jobs)
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         try publisher.publish(to: jobs, body: Array(#"{"id": "tls-1", "tokens": ["\#(String(repeating: "2c", count: 32))"], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replies))
         let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [

@@ -146,15 +146,11 @@ import WorkerPipeline
         let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
         let tokens = (0..<40).map { String(format: "%064x", 0xF1F0 + $0) }
-        let jobs = TestServices.unique("jobs")
-        let replies = TestServices.unique("replies")
-        let replyReader = try QueueReader(replies)
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
             "WORKER_MAX_IN_FLIGHT": "4",
         ]), logger: logger)
         defer { workerThread.stop() }
-        let publisher = try AMQPConnection(url: TestServices.amqpURL())
-        try publisher.declareQueue(jobs)
         let body = #"{"id": "waves", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
 

@@ -1,5 +1,6 @@
 import APNs
 import Foundation
+import Telemetry
 import Testing
 import WorkerPipeline
 
@@ -14,18 +15,6 @@ import WorkerPipeline
     static let iterations = Int(ProcessInfo.processInfo.environment["FUZZ_ITERATIONS"] ?? "") ?? 20_000
     static let seed = UInt64(ProcessInfo.processInfo.environment["FUZZ_SEED"] ?? "") ?? 0x5EED_A9F5
 
-    /// SplitMix64: small, fast, and the same sequence for the same seed on every machine.
-    struct Generator: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     static let token = String(repeating: "ab", count: 32)
     static let jobs = [
         #"{"id": "j1", "users": ["alice", "bob"], "payload": {"aps": {"alert": "Hello"}}}"#,
@@ -36,7 +25,7 @@ import WorkerPipeline
     ].map { Array($0.utf8) }
 
     /// One random change to `input`, drawing on `corpus` for splices.
-    static func mutate(_ input: [UInt8], corpus: [[UInt8]], using generator: inout Generator) -> [UInt8] {
+    static func mutate(_ input: [UInt8], corpus: [[UInt8]], using generator: inout SeededGenerator) -> [UInt8] {
         var bytes = input
         let interesting: [[UInt8]] = [Array("\"".utf8), Array("\\".utf8), Array("{".utf8), Array("}".utf8), Array("[".utf8),
                                       Array("]".utf8), Array(":".utf8), Array(",".utf8), Array("null".utf8),
@@ -67,7 +56,7 @@ import WorkerPipeline
     @discardableResult
     static func fuzz(_ name: String, corpus: [[UInt8]], _ check: ([UInt8]) -> Bool) -> (runs: Int, accepted: Int) {
         // Each target its own stream from the seed, so adding a target does not change the others' inputs.
-        var generator = Generator(state: seed)
+        var generator = SeededGenerator(state: seed)
         for byte in name.utf8 { generator.state = generator.state &* 31 &+ UInt64(byte) }
         var accepted = 0
         for _ in 0..<iterations {
@@ -126,22 +115,75 @@ import WorkerPipeline
         let event = DeadTokenEvent(token: Self.token, user: "u", topic: "t", environment: .production, status: 410,
                                    reason: "Unregistered", timestamp: 5, jobID: "j")
         Self.fuzz("dead-token events", corpus: [event.json]) { body in
-            (try? DeadTokenEvent.decode(body)) != nil
+            guard let decoded = try? DeadTokenEvent.decode(body) else { return false }
+            if (try? DeadTokenEvent.decode(decoded.json)) != decoded { broken.append("dead-token round trip") }
+            return true
         }
         #expect(broken.isEmpty, "\(broken.prefix(3))")
     }
 
-    /// What an APNs server sends back in a body: anything at all must end as a reason or nothing, never a crash.
+    /// What an APNs server sends back in a body: anything at all ends as a reason or nothing, and whenever both the
+    /// project's strict reader and an independent one (Foundation's, more lenient: it takes trailing commas) read
+    /// the body as an object, they find the same reason and timestamp. Bodies with a name twice are left out: that
+    /// JSON is ambiguous, and parsers may keep either.
     @Test func apnsErrorBodies() {
         let bodies = [#"{"reason": "BadDeviceToken"}"#, #"{"reason": "Unregistered", "timestamp": 1732900000000}"#, "<html>"]
             .map { Array($0.utf8) }
-        Self.fuzz("APNs error bodies", corpus: bodies) { body in
-            APNsResponse.parseBody(body).reason != nil
+        var disagreements: [String] = []
+        let result = Self.fuzz("APNs error bodies", corpus: bodies) { body in
+            let (reason, timestamp) = APNsResponse.parseBody(body)
+            let names = (try? JSONReader.parse(body)).flatMap { document -> [String]? in
+                if case .object(let members) = document { members.map(\.key) } else { nil }
+            }
+            if let names, Set(names).count == names.count,
+               let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
+               let text = object["reason"] as? String {
+                let foundationTimestamp = (object["timestamp"] as? NSNumber).flatMap { Int64(exactly: $0.doubleValue) }
+                if reason?.rawValue != text || (foundationTimestamp != nil && timestamp != foundationTimestamp) {
+                    disagreements.append(String(decoding: body, as: UTF8.self))
+                }
+            }
+            return reason != nil
         }
-        let raw = Self.fuzz("raw JSON reader", corpus: Self.jobs + bodies) { body in
-            (try? JSONReader.parse(body)) != nil
+        #expect(disagreements.isEmpty, "\(disagreements.prefix(3))")
+        #expect(result.accepted > 0, "the mutants reach the accepted side")
+    }
+
+    /// The reader keeps each member's byte range so that a payload is forwarded exactly as written: whatever it
+    /// accepts, every member's range must hold that member's value and nothing else.
+    @Test func rawJSONKeepsExactMemberRanges() {
+        var broken: [String] = []
+        // Ranges inside a re-read value count from its own start, so values are compared by content only.
+        func content(_ value: JSONValue) -> String {
+            switch value {
+            case .null: "null"
+            case .bool(let flag): "\(flag)"
+            case .number(let text): "#" + text
+            case .string(let text): JSONString.quote(text)
+            case .array(let elements): "[" + elements.map(content).joined(separator: ",") + "]"
+            case .object(let members): "{" + members.map { JSONString.quote($0.key) + ":" + content($0.value) }.joined(separator: ",") + "}"
+            }
         }
-        #expect(raw.runs == Self.iterations)
+        func check(_ value: JSONValue, in body: [UInt8]) {
+            switch value {
+            case .object(let members):
+                for member in members {
+                    if (try? JSONReader.parse(Array(body[member.range]))).map(content) != content(member.value) {
+                        broken.append("member \(member.key) of \(String(decoding: body, as: UTF8.self))")
+                    }
+                    check(member.value, in: body)
+                }
+            case .array(let elements): for element in elements { check(element, in: body) }
+            default: break
+            }
+        }
+        let result = Self.fuzz("raw JSON reader", corpus: Self.jobs) { body in
+            guard let document = try? JSONReader.parse(body) else { return false }
+            check(document, in: body)
+            return true
+        }
+        #expect(broken.isEmpty, "\(broken.prefix(3))")
+        #expect(result.accepted > 0, "the mutants reach the accepted side")
     }
 
     /// Nesting far beyond the limit is refused by depth, not by exhausting the stack.

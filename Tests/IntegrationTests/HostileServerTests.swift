@@ -16,17 +16,6 @@ import Glibc
     static let connections = Int(ProcessInfo.processInfo.environment["FUZZ_SERVER_CONNECTIONS"] ?? "") ?? 120
     static let seed = UInt64(ProcessInfo.processInfo.environment["FUZZ_SEED"] ?? "") ?? 0x5EED_A9F5
 
-    struct Generator: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
         let length = payload.count
         return [UInt8(truncatingIfNeeded: length >> 16), UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
@@ -54,7 +43,7 @@ import Glibc
     }
 
     /// What a server might send after its SETTINGS: the building blocks, then mutated.
-    static func hostileFrames(using generator: inout Generator) -> [UInt8] {
+    static func hostileFrames(using generator: inout SeededGenerator) -> [UInt8] {
         let status200: [UInt8] = [0x88]
         let status400: [UInt8] = [0x8C]  // static table index 12: ":status: 400"
         let blocks: [[UInt8]] = [
@@ -96,7 +85,7 @@ import Glibc
         let serverDone = DispatchSemaphore(value: 0)
         let seed = Self.seed
         Thread {
-            var generator = Generator(state: seed)
+            var generator = SeededGenerator(state: seed)
             let settings = HostileServerTests.frame(type: 4, flags: 0, stream: 0, [])
             for _ in 0..<HostileServerTests.connections {
                 let connection = accept(listener, nil, nil)

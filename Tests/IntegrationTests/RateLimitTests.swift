@@ -16,17 +16,13 @@ import Glibc
         let logger = Logger(label: "rate", level: .critical)
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
-        let jobs = TestServices.unique("jobs")
-        let replies = TestServices.unique("replies")
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let limit = 100
         let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
             // A database of its own, so no other test's traffic shares these rate slots.
             "REDIS_URL": try TestServices.redisURL().withDatabase(9).description(revealingPassword: true),
             "APNS_RATE_LIMIT": String(limit), "WORKER_PREFETCH": "5",
         ])
-        let replyReader = try QueueReader(replies)
-        let publisher = try AMQPConnection(url: TestServices.amqpURL())
-        try publisher.declareQueue(jobs)
         for job in 0..<50 {
             let tokens = (0..<10).map { "\"" + String(format: "%064x", job * 10 + $0 + 1) + "\"" }.joined(separator: ",")
             try publisher.publish(to: jobs, body: Array(#"{"id": "rate-\#(job)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),

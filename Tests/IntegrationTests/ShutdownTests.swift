@@ -20,11 +20,7 @@ import Glibc
         configuration.behaviour.latency = latency
         configuration.observer = { _ in if !seen.exchange(true, ordering: .relaxed) { firstPush.signal() } }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
-        let jobs = TestServices.unique("jobs")
-        let replies = TestServices.unique("replies")
-        let replyReader = try QueueReader(replies)
-        let publisher = try AMQPConnection(url: TestServices.amqpURL())
-        try publisher.declareQueue(jobs)
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for job in 0..<20 {

@@ -139,12 +139,27 @@ enum TestServices {
         return directory
     }
 
-    /// One line per fault scenario (`scripts/chaos` gathers them into a table): how many notifications the scenario
-    /// asked for, how many pushes APNs (apns-sim) accepted, how many distinct ones of them, and so the duplicates
-    /// and the losses. `parked` counts notifications settled on the failed queue on purpose (not lost).
-    static func reportFault(_ scenario: String, notifications: Int, accepted: Int, distinct: Int, parked: Int = 0) {
-        print("fault | \(scenario) | \(notifications) | \(accepted) | \(distinct) | \(accepted - distinct) | "
-              + "\(parked) | \(notifications - distinct - parked)")
+    /// A jobs queue and a reply queue of the test's own: the jobs queue declared with a publisher connected, and a
+    /// reader on the reply queue (jobs published with `reply_to` = `replies` report there).
+    static func jobQueues() throws -> (jobs: String, replies: String, replyReader: QueueReader, publisher: AMQPConnection) {
+        let jobs = unique("jobs"), replies = unique("replies")
+        let replyReader = try QueueReader(replies)
+        let publisher = try AMQPConnection(url: amqpURL())
+        try publisher.declareQueue(jobs)
+        return (jobs, replies, replyReader, publisher)
+    }
+
+    /// Checks that a fault scenario lost nothing and prints its line (`scripts/chaos` gathers them into a table):
+    /// the notifications it asked for (one device token each), the pushes APNs (apns-sim) accepted, the distinct
+    /// tokens among them, and so the duplicates and the losses. `parked` counts notifications settled on the failed
+    /// queue on purpose, which are not lost.
+    static func reportFault(_ scenario: String, notifications: Int, received: [ReceivedNotification], parked: Int = 0) {
+        let accepted = received.filter { $0.status == 200 }
+        let distinct = Set(accepted.map(\.deviceToken)).count
+        let lost = notifications - distinct - parked
+        #expect(lost == 0, "\(scenario): \(lost) of \(notifications) notifications lost")
+        print("fault | \(scenario) | \(notifications) | \(accepted.count) | \(distinct) | \(accepted.count - distinct) | "
+              + "\(parked) | \(lost)")
     }
 
     /// Owner-only (0600), as key files should be: the worker warns about keys others can read.
@@ -244,5 +259,19 @@ extension TestServices {
             // Many workers run side by side in the tests: none takes the default metrics port.
             "METRICS_PORT": "0",
         ].merging(extra) { _, new in new }
+    }
+}
+
+/// SplitMix64: a small, fast random generator that gives the same sequence for the same seed on every machine, so
+/// that a fuzzer's finding can be replayed from the seed it prints (FuzzTests, HostileServerTests).
+struct SeededGenerator: RandomNumberGenerator {
+    var state: UInt64
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }
