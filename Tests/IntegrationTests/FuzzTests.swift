@@ -138,7 +138,8 @@ import WorkerPipeline
             if let names, Set(names).count == names.count,
                let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
                let text = object["reason"] as? String {
-                let foundationTimestamp = (object["timestamp"] as? NSNumber).flatMap { Int64(exactly: $0.doubleValue) }
+                // Compared where Foundation holds an exact whole number (a double loses digits past 2^53).
+                let foundationTimestamp = (object["timestamp"] as? NSNumber).flatMap { Int64($0.stringValue) }
                 if reason?.rawValue != text || (foundationTimestamp != nil && timestamp != foundationTimestamp) {
                     disagreements.append(String(decoding: body, as: UTF8.self))
                 }
