@@ -13,12 +13,15 @@ import Glibc
 @Suite struct ShutdownTests {
     let logger = Logger(label: "shutdown", level: .critical)
 
-    func setUp(latency: Double) throws -> (APNsSimulator, [String: String], String, QueueReader, DispatchSemaphore) {
-        let firstPush = DispatchSemaphore(value: 0)
-        let seen = Atomic<Bool>(false)
+    /// The semaphore is signalled once, when APNs has received `signalAfter` pushes.
+    func setUp(latency: Double, signalAfter: Int = 1) throws -> (APNsSimulator, [String: String], String, QueueReader, DispatchSemaphore) {
+        let pushesReceived = DispatchSemaphore(value: 0)
+        let seen = Atomic<Int>(0)
         var configuration = APNsSimulator.Configuration()
         configuration.behaviour.latency = latency
-        configuration.observer = { _ in if !seen.exchange(true, ordering: .relaxed) { firstPush.signal() } }
+        configuration.observer = { _ in
+            if seen.add(1, ordering: .relaxed).newValue == signalAfter { pushesReceived.signal() }
+        }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         try publisher.enablePublisherConfirms()
@@ -31,14 +34,16 @@ import Glibc
         let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
             "LOG_LEVEL": "info",
         ])
-        return (simulator, environment, jobs, replyReader, firstPush)
+        return (simulator, environment, jobs, replyReader, pushesReceived)
     }
 
+    /// SIGTERM comes once all 20 pushes are on their way to APNs (each answered after 0.5 s), so all 20 jobs are under
+    /// way. (Deliveries still unread when the signal comes are left to the broker, which requeues them: the second test.)
     @Test func sigtermFinishesTheJobsUnderWay() throws {
-        let (simulator, environment, jobs, replyReader, firstPush) = try setUp(latency: 0.5)
+        let (simulator, environment, jobs, replyReader, allPushesSent) = try setUp(latency: 0.5, signalAfter: 20)
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-        #expect(firstPush.wait(timeout: .now() + 30) == .success)
+        #expect(allPushesSent.wait(timeout: .now() + 30) == .success)
         #expect(worker.stop(SIGTERM) == 0, "drained and exited 0")
         #expect(try replyReader.read(20, timeout: 5).count == 20, "every job under way finished before the exit")
         #expect(try AMQPConnection(url: TestServices.amqpURL()).declareQueue(jobs) == 0)
