@@ -16,10 +16,16 @@ import WorkerPipeline
         let logger = Logger(label: "alarm", level: .critical)
         let tokens = (0..<20).map { String(format: "%064x", 0xA1A0 + $0) }
         let firstReceived = DispatchSemaphore(value: 0)
+        let alarmRaised = DispatchSemaphore(value: 0)
+        let held = Atomic<Bool>(false)
         var configuration = APNsSimulator.Configuration()
-        // Answers come 3 s after each push: time enough to raise the alarm before the worker publishes anything.
-        configuration.behaviour.latency = 3
-        configuration.observer = { _ in firstReceived.signal() }
+        // The simulator answers nothing until the alarm is up (the observer runs before each answer, on the
+        // simulator's one thread), so the worker cannot publish its summary before the broker blocks it.
+        configuration.observer = { _ in
+            guard !held.exchange(true, ordering: .relaxed) else { return }
+            firstReceived.signal()
+            _ = alarmRaised.wait(timeout: .now() + 120)
+        }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
@@ -33,6 +39,7 @@ import WorkerPipeline
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")
         _ = try TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0"])
         defer { _ = try? TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0.4"]) }
+        alarmRaised.signal()
         // Once the answers are in, the worker publishes the summary and the broker holds it. Condition, not
         // delay: the broker lists the worker's connection as blocked (each listing takes about a second).
         var blocked = false
