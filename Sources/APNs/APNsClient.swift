@@ -252,14 +252,22 @@ struct RequestTemplate {
     /// What the cached fields were built from; a notification that differs rebuilds them.
     private var key: Key?
 
-    private struct Key: Equatable {
+    private struct Key {
         var authority: String
         var authorization: String?
-        var pushType: String
+        var pushType: APNsPushType
         var topic: String
-        var priority: Int
+        var priority: APNsPriority
         var expiration: Int64?
         var collapseID: String?
+
+        /// Compared in place: building a key per notification to compare with `==` copied five strings each time.
+        func matches(_ notification: APNsNotification, authority: String, authorization: String?) -> Bool {
+            pushType == notification.pushType && priority == notification.priority
+                && expiration == notification.expiration && topic == notification.topic
+                && collapseID == notification.collapseID && self.authority == authority
+                && self.authorization == authorization
+        }
     }
     /// :method, :scheme, :authority (pseudo-header fields come first, then :path).
     private var pseudoFields = HTTP2HeaderBlock(capacity: 0)
@@ -267,11 +275,10 @@ struct RequestTemplate {
     private var sharedFields = HTTP2HeaderBlock(capacity: 0)
 
     mutating func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
-        let wanted = Key(authority: authority, authorization: authorization, pushType: notification.pushType.rawValue,
-                         topic: notification.topic, priority: notification.priority.rawValue,
-                         expiration: notification.expiration, collapseID: notification.collapseID)
-        if key != wanted {
-            key = wanted
+        if key?.matches(notification, authority: authority, authorization: authorization) != true {
+            key = Key(authority: authority, authorization: authorization, pushType: notification.pushType,
+                      topic: notification.topic, priority: notification.priority, expiration: notification.expiration,
+                      collapseID: notification.collapseID)
             pseudoFields = HTTP2HeaderBlock(capacity: 64)
             pseudoFields.add(":method", "POST")
             pseudoFields.add(":scheme", "https")

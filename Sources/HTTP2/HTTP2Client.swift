@@ -251,44 +251,46 @@ public final class HTTP2Client: @unchecked Sendable {
         connections.append(connection)
         loop.register(connection)
         var opened = false
-        let connectTimer = loop.schedule(after: configuration.connectTimeout) { [weak connection] in
-            connection?.close(reason: "connect and TLS handshake timed out")
+        let connectionID = connection.id
+        let connectTimer = loop.schedule(after: configuration.connectTimeout) { [self] in
+            connections.first { $0.id == connectionID }?.close(reason: "connect and TLS handshake timed out")
         }
-        connection.onOpen = { [self, weak connection] in
+        // The handlers are given their connection rather than capturing it, and capture the client strongly: a weak
+        // reference would put either object's reference count in a side table, where every retain is slow. The
+        // connection drops them when it closes, and the client drops the connection.
+        connection.onOpen = { [self] connection in
             opened = true
             loop.cancelTimer(connectTimer)
-            configuration.observer?(.opened(connection: connection?.id ?? 0))
-            logger.info("HTTP/2 connection open", ["http2.connection": String(connection?.id ?? 0),
-                                                   "http2.endpoint": authority])
+            configuration.observer?(.opened(connection: connection.id))
+            logger.info("HTTP/2 connection open", ["http2.connection": String(connection.id), "http2.endpoint": authority])
             drainWaiting()
         }
-        connection.onRemoteSettings = { [self, weak connection] maximumStreams in
-            logger.debug("peer settings", ["http2.connection": String(connection?.id ?? 0),
+        connection.onRemoteSettings = { [self] connection, maximumStreams in
+            logger.debug("peer settings", ["http2.connection": String(connection.id),
                                            "http2.max_concurrent_streams": String(maximumStreams)])
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }
-        connection.onResponse = { [weak self] pending, result in self?.finished(pending, result) }
-        connection.onPingAcknowledged = { [self, weak connection] in
-            configuration.observer?(.pingAcknowledged(connection: connection?.id ?? 0))
+        connection.onResponse = { [self] pending, result in finished(pending, result) }
+        connection.onPingAcknowledged = { [self] connection in
+            configuration.observer?(.pingAcknowledged(connection: connection.id))
         }
-        connection.onGoAway = { [self, weak connection] lastStreamID, code, debugData in
-            configuration.observer?(.goAway(connection: connection?.id ?? 0, lastStreamID: lastStreamID, errorCode: code,
+        connection.onGoAway = { [self] connection, lastStreamID, code, debugData in
+            configuration.observer?(.goAway(connection: connection.id, lastStreamID: lastStreamID, errorCode: code,
                                             debugData: debugData))
-            logger.warning("GOAWAY received", ["http2.connection": String(connection?.id ?? 0),
+            logger.warning("GOAWAY received", ["http2.connection": String(connection.id),
                                                "http2.last_stream_id": String(lastStreamID),
                                                "http2.error_code": String(code), "http2.goaway_reason": debugData])
             // Replace the connection now (the old one finishes its streams below last-stream-id and closes), unless it
             // never served a response: then the close path backs off, so a hostile endpoint cannot make us loop.
-            if (connection?.responsesReceived ?? 0) > 0 { loop.execute { [self] in openMissingConnections() } }
+            if connection.responsesReceived > 0 { loop.execute { [self] in openMissingConnections() } }
         }
-        connection.onClose = { [self, weak connection] reason in
+        connection.onClose = { [self] connection, reason in
             loop.cancelTimer(connectTimer)
             connections.removeAll { $0 === connection }
-            if opened { configuration.observer?(.closed(connection: connection?.id ?? 0, reason: reason)) }
-            if opened && (connection?.responsesReceived ?? 0) > 0 {
-                logger.info("HTTP/2 connection closed", ["http2.connection": String(connection?.id ?? 0),
-                                                         "http2.reason": reason])
+            if opened { configuration.observer?(.closed(connection: connection.id, reason: reason)) }
+            if opened && connection.responsesReceived > 0 {
+                logger.info("HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
                 loop.execute { [self] in openMissingConnections() }
             } else {
                 // Never opened, or closed before a single response: back off as for a failed connect.

@@ -21,37 +21,39 @@ public struct HTTP2ServerRequest: Sendable {
 
 /// The one way to answer a server request. Use it on the connection's loop thread.
 public struct HTTP2ResponseWriter: @unchecked Sendable {
-    // Invariant: used only on the loop thread that owns the connection.
-    weak var connection: HTTP2Connection?
+    // Invariant: used only on the loop thread that owns the connection. A strong reference, not a weak one: a weak
+    // reference moves an object's reference count to a side table for good, which made every retain of every
+    // connection (six nghttp2 callbacks per request) take the slow path. An answer given after the connection closed
+    // does nothing.
+    let connection: HTTP2Connection
     let streamID: Int32
 
     public func respond(status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
-        connection?.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
+        connection.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
     }
 
     /// Answers after `delay` seconds (a slow server), through the loop's timer.
     public func respond(after delay: Double, status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
-        guard let connection else { return }
-        connection.loop.schedule(after: delay) { [weak connection] in
-            connection?.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
+        connection.loop.schedule(after: delay) { [connection] in
+            connection.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
         }
     }
 
     /// Announces a new SETTINGS_MAX_CONCURRENT_STREAMS on this request's connection.
     public func setMaximumConcurrentStreams(_ value: UInt32) {
-        connection?.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
+        connection.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
     }
 
     /// Resets the stream instead of answering (REFUSED_STREAM = 7, INTERNAL_ERROR = 2, ...).
-    public func reset(code: UInt32) { connection?.resetStream(streamID, code: code) }
+    public func reset(code: UInt32) { connection.resetStream(streamID, code: code) }
 
     /// Sends GOAWAY on this request's connection and stops taking new streams on it.
     public func goAway(code: UInt32 = 0, debugData: String = "", lastStreamID: Int32? = nil) {
-        connection?.goAway(code: code, debugData: debugData, lastStreamID: lastStreamID)
+        connection.goAway(code: code, debugData: debugData, lastStreamID: lastStreamID)
     }
 
     /// Drops the TCP connection at once, without GOAWAY, as a network fault would.
-    public func dropConnection() { connection?.close(reason: "dropped on purpose") }
+    public func dropConnection() { connection.close(reason: "dropped on purpose") }
 
 }
 
@@ -110,6 +112,8 @@ final class HTTP2Connection: PollHandler {
     private(set) var state: State
     private let tls: TLSStream
     private var session: OpaquePointer?
+    /// nghttp2's allocations for this session; outlives it (deinit deletes the session first).
+    private let memoryPool = Nghttp2MemoryPool()
     private(set) var streams: [Int32: HTTP2Stream] = [:] {
         // Whatever leaves the table must not be found through the shortcut either.
         didSet { recentStream = nil }
@@ -131,11 +135,13 @@ final class HTTP2Connection: PollHandler {
     private(set) var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
     private(set) var goAwaySent = false
 
-    var onOpen: (() -> Void)?
-    var onClose: ((String) -> Void)?
-    var onRemoteSettings: ((Int) -> Void)?
-    var onGoAway: ((Int32, UInt32, String) -> Void)?
-    var onPingAcknowledged: (() -> Void)?
+    // Each handler is given its connection, so that none needs to capture it (weakly, to avoid a cycle: see
+    // HTTP2ResponseWriter.connection for what a weak reference costs).
+    var onOpen: ((HTTP2Connection) -> Void)?
+    var onClose: ((HTTP2Connection, String) -> Void)?
+    var onRemoteSettings: ((HTTP2Connection, Int) -> Void)?
+    var onGoAway: ((HTTP2Connection, Int32, UInt32, String) -> Void)?
+    var onPingAcknowledged: ((HTTP2Connection) -> Void)?
     /// A client stream ended: its request and the answer, or why there is none.
     var onResponse: ((HTTP2PendingRequest, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
@@ -243,13 +249,15 @@ final class HTTP2Connection: PollHandler {
         nghttp2_option_set_no_closed_streams(options, 1)
         let noPriorities = nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1)
         if isClient {
-            nghttp2_session_client_new2(&session, callbacks, userData, options)
+            var allocator = memoryPool.nghttp2Allocator
+            nghttp2_session_client_new3(&session, callbacks, userData, options, &allocator)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
                         nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
                                                value: window), noPriorities]
         } else {
             if !acknowledgesPings { nghttp2_option_set_no_auto_ping_ack(options, 1) }
-            nghttp2_session_server_new2(&session, callbacks, userData, options)
+            var allocator = memoryPool.nghttp2Allocator
+            nghttp2_session_server_new3(&session, callbacks, userData, options, &allocator)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
                                                value: window), noPriorities]
             for setting in serverSettings {
@@ -264,7 +272,7 @@ final class HTTP2Connection: PollHandler {
         nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), settings, settings.count)
         nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, Int32(window))
         state = .open
-        onOpen?()
+        onOpen?(self)
         flush()
     }
 
@@ -469,7 +477,7 @@ final class HTTP2Connection: PollHandler {
                 answer(stream, .failure(.connectionLost(reason)))
             }
         }
-        onClose?(reason)
+        onClose?(self, reason)
         onOpen = nil
         onClose = nil
         onRemoteSettings = nil
@@ -512,11 +520,11 @@ final class HTTP2Connection: PollHandler {
         case NGHTTP2_PING.rawValue where flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
             pingSentAt = nil
             pingsAcknowledged += 1
-            onPingAcknowledged?()
+            onPingAcknowledged?(self)
         case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
             if !isClient && flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 { dispatchRequest(streamID: streamID) }
         case NGHTTP2_SETTINGS.rawValue:
-            if flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 { onRemoteSettings?(remoteMaxConcurrentStreams) }
+            if flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 { onRemoteSettings?(self, remoteMaxConcurrentStreams) }
         case NGHTTP2_GOAWAY.rawValue:
             let goaway = frame.pointee.goaway
             let debug = goaway.opaque_data_len > 0 && goaway.opaque_data != nil
@@ -524,7 +532,7 @@ final class HTTP2Connection: PollHandler {
                          as: UTF8.self)
                 : ""
             goAwayReceived = (goaway.last_stream_id, goaway.error_code, debug)
-            onGoAway?(goaway.last_stream_id, goaway.error_code, debug)
+            onGoAway?(self, goaway.last_stream_id, goaway.error_code, debug)
         default:
             break
         }
@@ -578,20 +586,25 @@ final class HTTP2Connection: PollHandler {
 
 // MARK: nghttp2 callbacks: C function pointers that find their connection through user_data.
 
-private func connection(_ userData: UnsafeMutableRawPointer?) -> HTTP2Connection {
-    Unmanaged<HTTP2Connection>.fromOpaque(userData!).takeUnretainedValue()
+/// nghttp2 calls back only from inside mem_recv or mem_send, which the connection itself called, so it is alive for
+/// the call: no retain and release (with a thousand streams in flight, six callbacks per request paid for them).
+private func withConnection<Result>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2Connection) -> Result) -> Result {
+    Unmanaged<HTTP2Connection>.fromOpaque(userData!)._withUnsafeGuaranteedRef(body)
 }
 
 private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
     guard let frame, let name, let value else { return 0 }
-    connection(userData).header(streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
-                                value: UnsafeBufferPointer(start: value, count: valueLength))
+    withConnection(userData) {
+        $0.header(streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
+                  value: UnsafeBufferPointer(start: value, count: valueLength))
+    }
     return 0
 }
 
 private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { session, _, streamID, data, length, userData in
     guard let data else { return 0 }
-    if !connection(userData).dataChunk(streamID: streamID, UnsafeBufferPointer(start: data, count: length)) {
+    let accepted = withConnection(userData) { $0.dataChunk(streamID: streamID, UnsafeBufferPointer(start: data, count: length)) }
+    if !accepted {
         nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID,
                                   NGHTTP2_REFUSED_STREAM.rawValue)
     }
@@ -600,36 +613,41 @@ private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { session, _, str
 
 private let onFrameReceived: nghttp2_on_frame_recv_callback = { _, frame, userData in
     guard let frame else { return 0 }
-    connection(userData).frameReceived(type: frame.pointee.hd.type, flags: frame.pointee.hd.flags,
-                                       streamID: frame.pointee.hd.stream_id, frame: frame)
+    withConnection(userData) {
+        $0.frameReceived(type: frame.pointee.hd.type, flags: frame.pointee.hd.flags, streamID: frame.pointee.hd.stream_id,
+                         frame: frame)
+    }
     return 0
 }
 
 private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
-    connection(userData).streamClosed(streamID: streamID, errorCode: errorCode)
+    withConnection(userData) { $0.streamClosed(streamID: streamID, errorCode: errorCode) }
     return 0
 }
 
 private let onBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, userData in
     guard let frame else { return 0 }
-    connection(userData).beginHeaders(streamID: frame.pointee.hd.stream_id, category: frame.pointee.headers.cat.rawValue)
+    withConnection(userData) {
+        $0.beginHeaders(streamID: frame.pointee.hd.stream_id, category: frame.pointee.headers.cat.rawValue)
+    }
     return 0
 }
 
 private let onFrameNotSent: nghttp2_on_frame_not_send_callback = { _, frame, libraryError, userData in
     guard let frame else { return 0 }
-    connection(userData).frameNotSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type,
-                                      libraryError: libraryError)
+    withConnection(userData) {
+        $0.frameNotSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type, libraryError: libraryError)
+    }
     return 0
 }
 
 private let onFrameSent: nghttp2_on_frame_send_callback = { _, frame, userData in
     guard let frame else { return 0 }
-    connection(userData).frameSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type)
+    withConnection(userData) { $0.frameSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type) }
     return 0
 }
 
 private let readOutgoingBody: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, _, userData in
     guard let buffer, let flags else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-    return connection(userData).readOutgoing(streamID: streamID, into: buffer, length: length, flags: flags)
+    return withConnection(userData) { $0.readOutgoing(streamID: streamID, into: buffer, length: length, flags: flags) }
 }

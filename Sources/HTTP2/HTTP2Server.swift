@@ -81,7 +81,7 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
                     id: id, loop: loop, fileDescriptor: client, tls: tls, role: .server(handler), connecting: false,
                     serverSettings: [(Int32(3), maximumConcurrentStreams)],  // SETTINGS_MAX_CONCURRENT_STREAMS
                     acknowledgesPings: acknowledgesPings)
-                connection.onClose = { [self] reason in
+                connection.onClose = { [self] _, reason in
                     connections[id] = nil
                     logger.debug("connection closed", ["http2.connection": String(id), "http2.reason": reason])
                     onConnectionClosed?(id)
