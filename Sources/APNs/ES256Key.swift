@@ -1,5 +1,6 @@
 internal import COpenSSL
 import Foundation
+import HTTP2
 import Synchronization
 
 /// A P-256 key from a PKCS#8 PEM (.p8) file, the owner of its EVP_PKEY. Signs (or verifies) ES256:
@@ -11,6 +12,7 @@ public final class ES256Key: @unchecked Sendable {
 
     /// Reads a private key (`-----BEGIN PRIVATE KEY-----`), or a public key (`-----BEGIN PUBLIC KEY-----`) to verify.
     public init(pem: String) throws(APNsKeyError) {
+        OpenSSLLibrary.prepare()
         let bytes = Array(pem.utf8)
         // A memory BIO is read once, so each attempt gets its own.
         func readKey(_ read: (OpaquePointer) -> OpaquePointer?) -> OpaquePointer? {
@@ -57,6 +59,7 @@ public final class ES256Key: @unchecked Sendable {
 
     /// A new P-256 key as PKCS#8 PEM, the format of Apple's .p8 files (for tests, demos and the simulator).
     public static func generatePrivateKeyPEM() throws(APNsKeyError) -> String {
+        OpenSSLLibrary.prepare()
         guard let key = COpenSSL_EVP_EC_gen("P-256") else { throw .unreadable("key generation failed") }
         defer { EVP_PKEY_free(key) }
         return try pemText { PEM_write_bio_PrivateKey($0, key, nil, nil, 0, nil, nil) }

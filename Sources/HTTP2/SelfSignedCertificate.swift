@@ -6,6 +6,7 @@ public enum SelfSignedCertificate {
     public static func generate(commonName: String = "localhost",
                                 hosts: [String] = ["localhost", "127.0.0.1", "::1"],
                                 days: Int = 365) throws -> (certificatePEM: String, privateKeyPEM: String) {
+        OpenSSLLibrary.prepare()
         guard let key = COpenSSL_EVP_EC_gen("P-256") else { throw TLSError("key generation failed") }
         defer { EVP_PKEY_free(key) }
         guard let certificate = X509_new() else { throw TLSError("X509_new failed") }

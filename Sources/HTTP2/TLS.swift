@@ -38,6 +38,18 @@ public struct TLSClientConfiguration: Sendable {
     }
 }
 
+/// OpenSSL, set up once per process before anything else of it is used (every wrapper calls `prepare()` first).
+///
+/// Without its exit handler: by default OpenSSL frees its global state from atexit, and a thread still releasing a
+/// connection or a key at that moment (the worker's thread, as `main` returns) then crashed in SSL_CTX_free on the
+/// freed state (seen under the thread sanitizer). The process's memory goes back to the system at exit anyway.
+public enum OpenSSLLibrary {
+    private static let prepared: Bool = OPENSSL_init_crypto(UInt64(OPENSSL_INIT_NO_ATEXIT), nil) == 1
+
+    /// Idempotent and thread-safe (a lazily initialised static).
+    public static func prepare() { _ = prepared }
+}
+
 /// Owner of one SSL_CTX, shared read-only by every connection made from it (OpenSSL allows that once configured).
 final class TLSContext: @unchecked Sendable {
     // Invariant: the SSL_CTX is fully configured in init and never changed afterwards.
@@ -59,6 +71,7 @@ final class TLSContext: @unchecked Sendable {
     deinit { SSL_CTX_free(context) }
 
     static func client(_ configuration: TLSClientConfiguration) throws -> TLSContext {
+        OpenSSLLibrary.prepare()
         let owner = try TLSContext(method: TLS_client_method(), verifiesPeer: configuration.verifyPeer)
         let context = owner.context
         if configuration.verifyPeer {
@@ -92,6 +105,7 @@ final class TLSContext: @unchecked Sendable {
     /// `clientCertificateCA`: when set, clients must present a certificate issued by (or equal to) this PEM
     /// certificate, as APNs requires on certificate-authenticated connections.
     static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil) throws -> TLSContext {
+        OpenSSLLibrary.prepare()
         let owner = try TLSContext(method: TLS_server_method(), verifiesPeer: false)
         let context = owner.context
         let certificate = try PEM.readCertificate(certificatePEM)
