@@ -54,7 +54,8 @@ public struct APNsNotification: Sendable {
     }
 
     static func isHexDigit(_ byte: UInt8) -> Bool {
-        (byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102) || (byte >= 65 && byte <= 70)
+        // 0-9, or a-f once ASCII letters are lowered (| 0x20 maps A-F onto a-f and nothing else onto them).
+        byte &- 48 < 10 || (byte | 0x20) &- 97 < 6
     }
 
     /// 8-4-4-4-12 lowercase hex.

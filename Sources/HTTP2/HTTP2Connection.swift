@@ -81,12 +81,24 @@ final class HTTP2Stream {
 
 /// A request on its way through the client: what to send, and where its answer goes. `completion` is its batch's,
 /// shared by every request of the batch.
-struct HTTP2PendingRequest {
+///
+/// A class: it passes through half a dozen hands (dispatch, its stream, the answer, the retry decision), and as a
+/// struct each hand copied and destroyed three reference-counted fields, about 1,500 instructions per request in
+/// the callgrind profile; one allocation and one reference cost less.
+final class HTTP2PendingRequest {
     let request: HTTP2Request
     let index: Int
     let attempt: Int
     let deadline: UInt64
     let completion: HTTP2Client.BatchCompletion
+
+    init(request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64, completion: @escaping HTTP2Client.BatchCompletion) {
+        self.request = request
+        self.index = index
+        self.attempt = attempt
+        self.deadline = deadline
+        self.completion = completion
+    }
 }
 
 /// One HTTP/2 connection over TLS on a non-blocking socket, client or server, driven by one `EventLoop`.

@@ -184,19 +184,20 @@ public final class RedisConnection {
     }
 
     private func append(_ arguments: [String]) throws(RedisError) {
-        let encoded = arguments.map { Array($0.utf8) }
-        let status: Int32 = withCStrings(encoded) { pointers, lengths in
-            redisAppendCommandArgv(context, Int32(encoded.count), pointers, lengths)
+        let status: Int32 = withCStrings(arguments) { pointers, lengths in
+            redisAppendCommandArgv(context, Int32(arguments.count), pointers, lengths)
         }
         guard status == REDIS_OK else {
             throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
         }
     }
 
-    private func withCStrings<T>(_ arguments: [[UInt8]],
+    /// The arguments' UTF-8 bytes back to back in one buffer, with a pointer and a length per argument. Copied
+    /// straight from each string (an array per argument cost an allocation per token in the idempotency record).
+    private func withCStrings<T>(_ arguments: [String],
                                  _ body: (UnsafeMutablePointer<UnsafePointer<CChar>?>, UnsafePointer<Int>) -> T) -> T {
         // hiredis copies the arguments into its output buffer during the call.
-        let total = arguments.reduce(0) { $0 + $1.count }
+        let total = arguments.reduce(0) { $0 + $1.utf8.count }
         let storage = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, total))
         let pointers = UnsafeMutablePointer<UnsafePointer<CChar>?>.allocate(capacity: max(1, arguments.count))
         let lengths = UnsafeMutablePointer<Int>.allocate(capacity: max(1, arguments.count))
@@ -207,14 +208,16 @@ public final class RedisConnection {
         }
         var offset = 0
         for (index, argument) in arguments.enumerated() {
-            argument.withUnsafeBytes { bytes in
+            var argument = argument
+            let count = argument.withUTF8 { bytes in
                 if let base = bytes.baseAddress {
                     UnsafeMutableRawPointer(storage + offset).copyMemory(from: base, byteCount: bytes.count)
                 }
+                return bytes.count
             }
             pointers[index] = UnsafePointer(storage + offset)
-            lengths[index] = argument.count
-            offset += argument.count
+            lengths[index] = count
+            offset += count
         }
         return body(pointers, lengths)
     }

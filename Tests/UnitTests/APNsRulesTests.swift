@@ -86,6 +86,16 @@ import Testing
         #expect((try? APNsNotification.validateDeviceToken("zz")) == nil)
     }
 
+    /// Every ASCII character, and a few beyond: exactly 0-9, a-f and A-F make a token (the check is a bit trick).
+    @Test func onlyHexDigitsMakeAToken() {
+        let hex = Set("0123456789abcdefABCDEF".unicodeScalars.map(\.value))
+        for value in UInt32(0)..<256 {
+            let token = String(Character(Unicode.Scalar(value)!)) + "a"
+            let accepted = (try? APNsNotification.validateDeviceToken(token)) != nil
+            #expect(accepted == hex.contains(value), "character \(value)")
+        }
+    }
+
     @Test func endpointsParse() throws {
         #expect(try APNsEndpoint(url: "https://api.push.apple.com") == .production)
         #expect(try APNsEndpoint(url: "https://api.sandbox.push.apple.com:2197") == APNsEndpoint(host: "api.sandbox.push.apple.com", port: 2197))
