@@ -43,11 +43,15 @@ public final class APNsSimulator: Sendable {
         public var clientCertificateCA: String?
         /// Told about every push as it is judged, on the server's thread (tests wait on it). Keep it short.
         public var observer: (@Sendable (ReceivedNotification) -> Void)?
+        /// Plays the development environment (api.sandbox.push.apple.com), whose answers also carry
+        /// `apns-unique-id`; production's carry only `apns-id`.
+        public var isDevelopment: Bool
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String? = nil,
                     privateKeyPEM: String? = nil, unregisteredTokens: [String: Int64] = [:],
                     trustedKeys: [String: TrustedKey] = [:], maximumConcurrentStreams: UInt32 = 1000,
-                    recordsNotifications: Bool = true, behaviour: Behaviour = .init(), clientCertificateCA: String? = nil) {
+                    recordsNotifications: Bool = true, behaviour: Behaviour = .init(), clientCertificateCA: String? = nil,
+                    isDevelopment: Bool = false) {
             self.host = host
             self.port = port
             self.certificatePEM = certificatePEM
@@ -59,6 +63,7 @@ public final class APNsSimulator: Sendable {
             self.behaviour = behaviour
             self.clientCertificateCA = clientCertificateCA
             self.observer = nil
+            self.isDevelopment = isDevelopment
         }
     }
 
@@ -280,7 +285,9 @@ private final class SimulatorCore: Sendable {
         if let notification { configuration.observer?(notification) }
         // Unique per answer: never indexed, so the connection's header table is not churned for nothing.
         var headers = [HTTP2Field(name: "apns-id", value: apnsID, indexed: false)]
-        headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID, indexed: false))
+        if configuration.isDevelopment {
+            headers.append(HTTP2Field(name: "apns-unique-id", value: uniqueID, indexed: false))
+        }
         var body: [UInt8] = []
         if let reason {
             var text = "{\"reason\":\"\(reason.rawValue)\""

@@ -23,6 +23,8 @@ OPTIONS:
   --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
                               (PEM); repeatable. Without it any bearer token is accepted.
   --max-streams N             SETTINGS_MAX_CONCURRENT_STREAMS (default 1000)
+  --development               play the development environment: answers also carry apns-unique-id (production,
+                              the default, sends only apns-id)
 
 FAULTS (what real APNs deployments meet):
   --bad-token TOKEN           answer 400 BadDeviceToken for TOKEN; repeatable
@@ -138,6 +140,7 @@ while let argument = arguments.popFirst() {
         }
     case "--drop-streams-to-one": configuration.behaviour.dropsStreamLimitAfterRejection = true
     case "--ignore-pings": configuration.behaviour.ignoresPings = true
+    case "--development": configuration.isDevelopment = true
     case "--log-level":
         let text = value(for: argument)
         guard let parsed = Logger.Level(name: text) else { fail("--log-level: unknown level \(text)") }

@@ -26,6 +26,29 @@ import Glibc
         return result.withLock { $0 }
     }
 
+    /// Both environments answer with an apns-id; only development adds apns-unique-id (as Apple's do), and the
+    /// client reads each from the answer's fields.
+    @Test(arguments: [false, true])
+    func answersCarryTheIdentifiersOfTheirEnvironment(development: Bool) throws {
+        let simulator = try APNsSimulator(configuration: .init(isDevelopment: development), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        let client = APNsClient(configuration: APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
+                                                                       caFile: caFile),
+                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        defer { client.shutdown() }
+        let response = try #require(sendOne(client, token: token)?.response)
+        #expect(response.status == 200)
+        #expect(response.apnsID.map(APNsNotification.isCanonicalUUID) == true, "\(response.apnsID ?? "no apns-id")")
+        #expect(response.apnsID == simulator.received().first?.apnsID)
+        if development {
+            #expect(response.apnsUniqueID.map(APNsNotification.isCanonicalUUID) == true)
+            #expect(response.apnsUniqueID != response.apnsID)
+        } else {
+            #expect(response.apnsUniqueID == nil)
+        }
+    }
+
     @Test func idleConnectionsArePingedAndStayOpen() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
