@@ -260,15 +260,14 @@ final class HTTP2Connection: PollHandler {
         // spends nothing per stream on dependency bookkeeping that neither APNs nor this client uses.
         nghttp2_option_set_no_closed_streams(options, 1)
         let noPriorities = nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1)
+        var allocator = memoryPool.nghttp2Allocator
         if isClient {
-            var allocator = memoryPool.nghttp2Allocator
             nghttp2_session_client_new3(&session, callbacks, userData, options, &allocator)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
                         nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
                                                value: window), noPriorities]
         } else {
             if !acknowledgesPings { nghttp2_option_set_no_auto_ping_ack(options, 1) }
-            var allocator = memoryPool.nghttp2Allocator
             nghttp2_session_server_new3(&session, callbacks, userData, options, &allocator)
             settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
                                                value: window), noPriorities]
