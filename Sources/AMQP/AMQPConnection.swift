@@ -393,6 +393,14 @@ public final class AMQPConnection {
                 return .returned(routingKey: routingKey, replyText: replyText)
             case Method.connectionBlocked, Method.connectionUnblocked, Method.connectionClose:
                 return try connectionMethod(method)
+            case Method.basicCancel:
+                // The broker ended a consumer (its queue was deleted, or its node left a cluster): nothing more will
+                // arrive on it. Reported as a lost connection, so that the owner connects again, declares its queues
+                // and consumes afresh, instead of waiting forever on a consumer that no longer exists.
+                let cancel = method.decoded.assumingMemoryBound(to: amqp_basic_cancel_t.self).pointee
+                isOpen = false
+                throw AMQPError(kind: .connectionLost,
+                                "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
             case Method.channelClose:
                 let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
                 let text = Self.string(close.reply_text)
@@ -471,6 +479,7 @@ public final class AMQPConnection {
         static let connectionUnblocked: amqp_method_number_t = 0x000A_003D
         static let channelClose: amqp_method_number_t = 0x0014_0028
         static let channelCloseOk: amqp_method_number_t = 0x0014_0029
+        static let basicCancel: amqp_method_number_t = 0x003C_001E
         static let basicReturn: amqp_method_number_t = 0x003C_0032
         static let basicDeliver: amqp_method_number_t = 0x003C_003C
         static let basicAck: amqp_method_number_t = 0x003C_0050

@@ -5,8 +5,10 @@
 #include <amqp_ssl_socket.h>
 
 // amqp_login is variadic (its SASL arguments), which Swift cannot call: this fixes it to PLAIN, announcing the
-// client capability "connection.blocked" (without it RabbitMQ never tells the client that a memory or disk alarm
-// blocks its publishes, and a blocked publisher cannot tell an alarm from a dead link).
+// client capabilities "connection.blocked" (without it RabbitMQ never tells the client that a memory or disk alarm
+// blocks its publishes, and a blocked publisher cannot tell an alarm from a dead link) and "consumer_cancel_notify"
+// (without it a consumer whose queue is deleted just stops receiving; AMQPConnection reports the broker's
+// basic.cancel as a lost connection, so that the owner reconnects and consumes afresh).
 static inline amqp_rpc_reply_t CRabbitMQ_login_plain_with_capabilities(amqp_connection_state_t state, const char *vhost,
                                                                        int channel_max, int frame_max, int heartbeat,
                                                                        const char *user, const char *password) {

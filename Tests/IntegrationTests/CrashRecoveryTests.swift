@@ -144,6 +144,34 @@ import Glibc
                                  received: simulator.received())
     }
 
+    /// Someone deletes the jobs queue under a running worker: the broker cancels its consumer, and the worker
+    /// connects again, declares the queue anew and takes the jobs published to it afterwards.
+    @Test func aDeletedJobsQueueIsDeclaredAgainAndConsumed() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        func publish(_ id: String, token: Int) throws {
+            try publisher.publish(to: jobs, body: Array(#"{"id": "\#(id)", "tokens": ["\#(String(format: "%064x", token))"], "payload": {"aps": {}}}"#.utf8),
+                                  properties: AMQPProperties(replyTo: replies))
+        }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "LOG_LEVEL": "info",
+        ]))
+        defer { _ = worker.stop(SIGTERM) }
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
+        try publish("before-delete", token: 1)
+        #expect(try replyReader.read(1).count == 1)
+
+        _ = try TestServices.run(TestServices.value("RABBITMQCTL"), ["delete_queue", jobs])
+        #expect(worker.waitForLine(containing: "cancelled consumer") != nil, "the cancellation is logged")
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil, "the worker consumes again")
+        // Only now does the queue exist again (the worker declared it); a job published before would have been dropped.
+        #expect(try publisher.queueStatus(jobs)?.consumers == 1)
+        try publish("after-delete", token: 2)
+        let summary = try #require(try replyReader.read(1).first)
+        #expect(String(decoding: summary.body, as: UTF8.self).contains("after-delete"))
+    }
+
     @Test func aRedisRestartUnderARunningWorkerIsSurvived() throws {
         let redisPort = TestServices.freePort()
         let redisDirectory = NSTemporaryDirectory() + TestServices.unique("redis")
