@@ -13,16 +13,12 @@ public final class ES256Key: @unchecked Sendable {
     /// Reads a private key (`-----BEGIN PRIVATE KEY-----`), or a public key (`-----BEGIN PUBLIC KEY-----`) to verify.
     public init(pem: String) throws(APNsKeyError) {
         OpenSSLLibrary.prepare()
-        let bytes = Array(pem.utf8)
-        // A memory BIO is read once, so each attempt gets its own.
+        // A memory BIO is read once, so each attempt gets its own; a failed attempt leaves nothing in OpenSSL's
+        // error queue for the next one.
         func readKey(_ read: (OpaquePointer) -> OpaquePointer?) -> OpaquePointer? {
-            // The BIO reads the bytes in place: it lives only inside their scope.
-            bytes.withUnsafeBytes { raw in
-                guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else { return nil }
-                defer { BIO_free(bio) }
-                let key = read(bio)
-                ERR_clear_error()
-                return key
+            try? PEM.withMemoryBIO(pem) { bio in
+                defer { ERR_clear_error() }
+                return read(bio)
             }
         }
         let loaded: OpaquePointer
@@ -137,14 +133,9 @@ public final class ES256Key: @unchecked Sendable {
         return der
     }
 
+    /// PEM text through the TLS layer's writer, its failure in this key's terms.
     private static func pemText(_ write: (OpaquePointer) -> Int32) throws(APNsKeyError) -> String {
-        guard let bio = BIO_new(BIO_s_mem()) else { throw .unreadable("out of memory") }
-        defer { BIO_free(bio) }
-        guard write(bio) == 1 else { throw .unreadable("PEM encoding failed") }
-        var data: UnsafeMutablePointer<CChar>?
-        let length = COpenSSL_BIO_get_mem_data(bio, &data)
-        guard let data, length > 0 else { throw .unreadable("PEM encoding produced nothing") }
-        return String(decoding: UnsafeRawBufferPointer(start: data, count: length), as: UTF8.self)
+        do { return try PEM.text(write) } catch { throw .unreadable("PEM encoding failed: \(error)") }
     }
 }
 

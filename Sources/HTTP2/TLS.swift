@@ -145,9 +145,9 @@ private func selectH2(_ ssl: OpaquePointer?, _ out: UnsafeMutablePointer<UnsafeP
     return SSL_TLSEXT_ERR_ALERT_FATAL
 }
 
-/// PEM text in and out of OpenSSL objects.
-enum PEM {
-    static func withMemoryBIO<T>(_ text: String, _ body: (OpaquePointer) throws -> T) throws -> T {
+/// PEM text in and out of OpenSSL objects: the TLS contexts here and the APNs signing key (module APNs) share it.
+package enum PEM {
+    package static func withMemoryBIO<T>(_ text: String, _ body: (OpaquePointer) throws -> T) throws -> T {
         // The BIO reads the bytes in place: it must not outlive the buffer it was given.
         let bytes = Array(text.utf8)
         return try bytes.withUnsafeBytes { raw in
@@ -171,7 +171,7 @@ enum PEM {
         }
     }
 
-    static func text(_ write: (OpaquePointer) -> Int32) throws -> String {
+    package static func text(_ write: (OpaquePointer) -> Int32) throws -> String {
         guard let bio = BIO_new(BIO_s_mem()) else { throw TLSError("BIO_new failed") }
         defer { BIO_free(bio) }
         guard write(bio) == 1 else { throw TLSError("PEM write failed") }
