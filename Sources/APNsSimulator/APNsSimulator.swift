@@ -200,8 +200,10 @@ private final class SimulatorCore: Sendable {
     func resetLatencies() { state.withLock { $0.latencies.removeAll(keepingCapacity: true) } }
 
     /// The `sent_at_us` stamp in a payload, if any: a byte search, not a JSON parse (this runs per notification).
+    private static let sentAtMarker = Array("\"sent_at_us\":".utf8)
+
     static func sentAtStamp(_ payload: [UInt8]) -> Int64? {
-        let marker = Array("\"sent_at_us\":".utf8)
+        let marker = sentAtMarker
         guard payload.count > marker.count else { return nil }
         return payload.withUnsafeBufferPointer { bytes -> Int64? in
             var index = 0

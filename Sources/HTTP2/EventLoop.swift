@@ -1,8 +1,8 @@
 #if canImport(Glibc)
-import Telemetry
 import Glibc
 #endif
 import Foundation
+import Telemetry
 import Synchronization
 
 /// Something with a file descriptor that an `EventLoop` polls and wakes.

@@ -501,8 +501,8 @@ final class HTTP2Connection: PollHandler {
 
     fileprivate func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         guard let stream = lookUp(streamID) else { return }
-        // ":status": the only field name of seven bytes that starts with a colon.
-        if name.count == 7 && name[0] == UInt8(ascii: ":") && name[1] == UInt8(ascii: "s") {
+        // Compared whole: ":scheme" has seven bytes and the same start too, and a server's streams see it.
+        if name.count == 7 && memcmp(name.baseAddress!, ":status", 7) == 0 {
             // Three digits, checked by nghttp2 already; parsed from the bytes, without a String.
             stream.status = value.reduce(0) { $0 * 10 + Int($1 &- 48) }
         }

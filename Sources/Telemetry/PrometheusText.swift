@@ -9,7 +9,7 @@ public struct PrometheusText {
 
     /// One family: `type` is counter or gauge; each sample its labels (none: `[]`) and value.
     public mutating func family(_ name: String, _ type: String, _ help: String, _ samples: [(labels: Labels, value: Int)]) {
-        text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+        header(name, type, help)
         for sample in samples { text += name + Self.render(sample.labels) + " \(sample.value)\n" }
     }
 
@@ -17,11 +17,15 @@ public struct PrometheusText {
     public mutating func gauge(_ name: String, _ help: String, _ value: Int) { family(name, "gauge", help, [([], value)]) }
 
     public mutating func histogram(_ name: String, _ help: String, _ histogram: Histogram) {
-        text += "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
+        header(name, "histogram", help)
         let cumulative = histogram.cumulativeCounts
         for (bound, count) in zip(histogram.bounds, cumulative) { text += "\(name)_bucket{le=\"\(bound)\"} \(count)\n" }
         text += "\(name)_bucket{le=\"+Inf\"} \(cumulative.last ?? 0)\n"
         text += "\(name)_sum \(histogram.totalSeconds)\n\(name)_count \(cumulative.last ?? 0)\n"
+    }
+
+    private mutating func header(_ name: String, _ type: String, _ help: String) {
+        text += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
     }
 
     static func render(_ labels: Labels) -> String {
