@@ -79,7 +79,7 @@ public enum APNsOutcome: Sendable, Equatable {
             return .delivered
         case 410:
             return .deadToken
-        case 400 where response.reason == .badDeviceToken || response.reason == .deviceTokenNotForTopic:
+        case 400 where isTokenMismatch(response):
             return .deadToken
         case 403 where response.reason == .expiredProviderToken:
             return .refreshTokenAndRetry
@@ -96,6 +96,13 @@ public enum APNsOutcome: Sendable, Equatable {
         default:
             return .permanentFailure
         }
+    }
+
+    /// 400 BadDeviceToken or DeviceTokenNotForTopic: the token and the request do not match. That is a dead token
+    /// only as often as it is a wrong topic or environment in the request (Apple gives no timestamp, unlike 410),
+    /// so the pipeline weighs these answers before it removes anything (the mass-invalidation guard).
+    public static func isTokenMismatch(_ response: APNsResponse) -> Bool {
+        response.status == 400 && (response.reason == .badDeviceToken || response.reason == .deviceTokenNotForTopic)
     }
 
     /// A configuration mistake an operator must fix (keys, certificates, topics): logged loudly, never retried in a loop.

@@ -42,6 +42,12 @@ public struct APNsPushType: Hashable, Sendable, CustomStringConvertible {
         topicSuffix.isEmpty || bundle.hasSuffix(topicSuffix) ? bundle : bundle + topicSuffix
     }
 
+    /// Whether a topic ends with one of the suffixes Apple gives push types with tokens of their own (`.voip`,
+    /// `.push-type.liveactivity`, ...): such a topic is never served by an app's ordinary device token.
+    public static func hasTokenKindSuffix(_ topic: String) -> Bool {
+        allCases.contains { !$0.topicSuffix.isEmpty && topic.hasSuffix($0.topicSuffix) }
+    }
+
     public var description: String { rawValue }
 }
 

@@ -67,8 +67,32 @@ public final class APNsSimulator: Sendable {
         }
     }
 
+    /// Which tokens a rule covers: one token, or every token starting with a prefix (a pattern ending in `*`).
+    public struct TokenRule: Sendable, Equatable {
+        public var pattern: String
+        /// What the rule says of them: a topic, or an environment.
+        public var value: String
+
+        public init(pattern: String, value: String) {
+            self.pattern = pattern
+            self.value = value
+        }
+
+        public func covers(_ token: String) -> Bool {
+            pattern.hasSuffix("*") ? token.hasPrefix(pattern.dropLast()) : token == pattern
+        }
+    }
+
     /// What the simulator does besides judging like APNs: the faults real deployments meet.
     public struct Behaviour: Sendable, Equatable {
+        /// Token kinds, as APNs knows them: a token issued for a topic (an app's device token, a PushKit VoIP token,
+        /// a Live Activity token) answers 400 DeviceTokenNotForTopic for any other topic. The first rule covering
+        /// a token applies; tokens no rule covers serve any topic.
+        public var tokenTopics: [TokenRule] = []
+        /// Tokens of an environment (`production` or `sandbox`): those of the environment the simulator does not
+        /// play (`isDevelopment` plays sandbox) answer 400 BadDeviceToken, as Apple's sandbox does for a
+        /// production token.
+        public var tokenEnvironments: [TokenRule] = []
         /// Answered 400 BadDeviceToken.
         public var badTokens: Set<String> = []
         /// Answered 429 TooManyRequests (too many pushes to one device).
@@ -249,7 +273,7 @@ private final class SimulatorCore: Sendable {
         case nil:
             break
         }
-        var (status, reason, timestamp) = judge(request, token: token)
+        var (status, reason, timestamp) = judge(request, token: token, behaviour)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
         let stamp = Self.sentAtStamp(request.body)
         let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(behaviour.latency * 1e6)
@@ -328,11 +352,17 @@ private final class SimulatorCore: Sendable {
     }
 
     /// Apple's checks, in the order APNs is observed to apply them; nil reason means 200.
-    private func judge(_ request: HTTP2ServerRequest, token: String) -> (Int, APNsReason?, Int64?) {
+    private func judge(_ request: HTTP2ServerRequest, token: String,
+                       _ behaviour: APNsSimulator.Behaviour) -> (Int, APNsReason?, Int64?) {
         guard request.method == "POST" else { return (405, .methodNotAllowed, nil) }
         guard request.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
         if (try? APNsNotification.validateDeviceToken(token)) == nil { return (400, .badDeviceToken, nil) }
+        let playedEnvironment = configuration.isDevelopment ? "sandbox" : "production"
+        if let environment = behaviour.tokenEnvironments.first(where: { $0.covers(token) })?.value,
+           environment != playedEnvironment {
+            return (400, .badDeviceToken, nil)
+        }
         if let failure = checkProviderToken(request) {
             return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
         }
@@ -340,6 +370,9 @@ private final class SimulatorCore: Sendable {
         let pushType = request.header("apns-push-type").map { APNsPushType(rawValue: $0) } ?? .alert
         guard let pushType else { return (400, .invalidPushType, nil) }
         if !pushType.topicSuffix.isEmpty && !topic.hasSuffix(pushType.topicSuffix) { return (400, .badTopic, nil) }
+        if let tokenTopic = behaviour.tokenTopics.first(where: { $0.covers(token) })?.value, tokenTopic != topic {
+            return (400, .deviceTokenNotForTopic, nil)
+        }
         if let priorityText = request.header("apns-priority") {
             guard let priority = Int(priorityText).flatMap(APNsPriority.init(rawValue:)) else {
                 return (400, .badPriority, nil)

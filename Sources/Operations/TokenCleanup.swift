@@ -152,23 +152,26 @@ public final class TokenCleanup: Sendable {
     /// One Redis round trip per kind for the whole batch, then the acknowledgements.
     private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        var removals: [(user: String, token: String, unlessRegisteredAfter: Int64?)] = []
-        var unregistrations: [(user: String, token: String, unlessRegisteredAfter: Int64?)] = []
+        var removals: [TokenRemoval] = []
+        var unregistrations: [TokenRemoval] = []
         var registrations: [TokenRegistration] = []
         var bad: [(AMQPDelivery, String)] = []
         for delivery in batch {
             do throws(JobError) {
                 if delivery.consumerTag == deadTag {
                     let event = try DeadTokenEvent.decode(delivery.body)
-                    // Without a timestamp (BadDeviceToken) the token is wrong whatever happened since.
-                    removals.append((event.user ?? "", event.token, event.timestamp))
+                    // Without a timestamp (BadDeviceToken) the token is wrong whatever happened since. An event is
+                    // about one topic and environment: a token registered for another kind or app stays.
+                    removals.append(TokenRemoval(user: event.user ?? "", token: event.token,
+                                                 unlessRegisteredAfter: event.timestamp,
+                                                 onlyIfValueIn: event.cacheValuesItRemoves(defaultTopic: configuration.defaultTopic)))
                 } else {
                     let event = try RegistrationEvent.decode(delivery.body, now: now)
                     switch event.action {
                     case .register: registrations.append(event.registration)
                     case .unregister:
-                        unregistrations.append((event.registration.user, event.registration.token,
-                                                event.registration.registeredAt))
+                        unregistrations.append(TokenRemoval(user: event.registration.user, token: event.registration.token,
+                                                            unlessRegisteredAfter: event.registration.registeredAt))
                     }
                 }
             } catch {

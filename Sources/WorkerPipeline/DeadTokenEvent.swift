@@ -54,6 +54,15 @@ public struct DeadTokenEvent: Sendable, Equatable {
                               jobID: try PushJob.optionalString(document, "job_id") ?? "")
     }
 
+    /// The cache values (`TokenScope`) of the entries this event may remove: those its topic reaches in its
+    /// environment. An event that names no topic (published by another system) is about the default app's tokens.
+    public func cacheValuesItRemoves(defaultTopic: String?) -> [String] {
+        guard !topic.isEmpty else {
+            return [environment.rawValue] + (defaultTopic.map { [TokenScope(environment: environment, topic: $0).cacheValue] } ?? [])
+        }
+        return TopicMatcher(topic: topic, defaultTopic: defaultTopic).cacheValues(in: environment)
+    }
+
     /// The event as JSON with the token shortened, for people watching (`dead-tokens tail`).
     public var redactedJSON: [UInt8] {
         var copy = self

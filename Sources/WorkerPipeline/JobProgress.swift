@@ -20,6 +20,11 @@ final class JobProgress: @unchecked Sendable {
     /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
     private(set) var retryable: [(target: DeviceTarget, reason: String, delay: Double)] = []
 
+    /// Answers APNs gave in this attempt (notifications with an HTTP status, whatever it was).
+    private(set) var answered = 0
+    /// 400 mismatch answers the mass-invalidation guard held back: no token removed, no event (see `applyGuard`).
+    private(set) var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
+
     /// Tokens whose outcome became final since the last hand-over to the idempotency record.
     private(set) var unrecordedFinal: [String] = []
 
@@ -52,6 +57,8 @@ final class JobProgress: @unchecked Sendable {
         noteFinal(index)
     }
 
+    func countAnswer() { answered += 1 }
+
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
         remaining -= 1
@@ -80,6 +87,27 @@ final class JobProgress: @unchecked Sendable {
         remaining -= 1
     }
 
+    /// Once every outcome is in: moves the 400 mismatch answers out of `dead` into `heldBack` if the guard says they
+    /// look like a configuration mistake rather than dead tokens. Returns how many it held back.
+    func applyGuard(_ invalidationGuard: MassInvalidationGuard) -> Int {
+        let mismatches = dead.filter { APNsOutcome.isTokenMismatch($0.response) }
+        guard invalidationGuard.holdsBack(mismatches: mismatches.count, answers: answered) else { return 0 }
+        heldBack = mismatches
+        dead.removeAll { APNsOutcome.isTokenMismatch($0.response) }
+        return heldBack.count
+    }
+
+    /// Why the guard held answers back, in words for the job's summary and the log.
+    var heldBackExplanation: String? {
+        guard !heldBack.isEmpty else { return nil }
+        var reasons: [String: Int] = [:]
+        for held in heldBack { reasons[held.response.reason?.rawValue ?? "", default: 0] += 1 }
+        let counts = reasons.keys.sorted().map { "\(reasons[$0]!) \($0)" }.joined(separator: ", ")
+        let environments = Set(heldBack.map(\.target.environment.rawValue)).sorted().joined(separator: ", ")
+        return "\(heldBack.count) of \(answered) answers were 400 (\(counts)): most likely a wrong topic (\(job.topic)) "
+            + "or APNs endpoint for \(environments), not dead tokens; no token removed, no dead-token event published"
+    }
+
     /// The summary a job's sender can ask for (reply_to), as JSON. `retrying`: the retryable ones were scheduled
     /// for another attempt (then this summary covers this attempt only), else they count as failed.
     func summaryJSON(retrying: Bool) -> [UInt8] {
@@ -90,6 +118,8 @@ final class JobProgress: @unchecked Sendable {
         var text = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(job.attempt),\"notifications\":\(targets.count),"
         text += "\"delivered\":\(delivered),\"dead\":\(dead.count),"
         text += "\"failed\":\(failed.count + (retrying ? 0 : retryable.count)),\"retrying\":\(retrying ? retryable.count : 0),"
+        text += "\"held_back\":\(heldBack.count),"
+        if let explanation = heldBackExplanation { text += "\"held_back_reason\":\(JSONString.quote(explanation))," }
         text += "\"failed_by_reason\":{\(failedByReason)}}"
         return Array(text.utf8)
     }

@@ -4,8 +4,11 @@ import Telemetry
 /// One message on PUSH_REGISTRATIONS_QUEUE: an app reporting its device token at launch (or at logout), sent by the
 /// app's backend so the cache stays fresh (the contract in README.md).
 ///
-/// `{"user": "u1", "token": "<hex>", "environment": "production", "timestamp": 1732900000000,
-///   "device": {"model": "iPhone15,2", "os": "17.1", "app_version": "4.2"}, "action": "register"}`
+/// `{"user": "u1", "token": "<hex>", "environment": "production", "topic": "com.example.app.voip",
+///   "timestamp": 1732900000000, "device": {"model": "iPhone15,2", "os": "17.1", "app_version": "4.2"},
+///   "action": "register"}`
+/// `topic` is the full APNs topic the token was issued for (a PushKit VoIP token: `<bundle>.voip`); without it the
+/// token is a device token of the default app.
 public struct RegistrationEvent: Sendable, Equatable {
     public enum Action: String, Sendable {
         /// The token belongs to the user from `timestamp` on.
@@ -36,6 +39,11 @@ public struct RegistrationEvent: Sendable, Equatable {
             guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
             environment = parsed
         }
+        let topic = try PushJob.optionalString(document, "topic")
+        if let topic, !TokenScope.isValidTopic(topic) {
+            throw .wrongType(field: "topic", expected: "an APNs topic (1 to 255 visible ASCII characters)",
+                             got: "\"\(topic.prefix(40))\"")
+        }
         let timestamp = try PushJob.optionalInteger(document, "timestamp") ?? now
         guard timestamp > 0 else { throw .wrongType(field: "timestamp", expected: "ms since the epoch", got: "\(timestamp)") }
         var action = Action.register
@@ -53,12 +61,15 @@ public struct RegistrationEvent: Sendable, Equatable {
             deviceJSON = String(decoding: body[device.range], as: UTF8.self)
         }
         return RegistrationEvent(action: action, registration: TokenRegistration(
-            user: user, token: token, environment: environment, registeredAt: timestamp, deviceJSON: deviceJSON))
+            user: user, token: token, scope: TokenScope(environment: environment, topic: topic), registeredAt: timestamp,
+            deviceJSON: deviceJSON))
     }
 
     public var json: [UInt8] {
         var text = "{\"user\":\(JSONString.quote(registration.user)),\"token\":\(JSONString.quote(registration.token)),"
-        text += "\"environment\":\"\(registration.environment.rawValue)\",\"timestamp\":\(registration.registeredAt),"
+        text += "\"environment\":\"\(registration.scope.environment.rawValue)\","
+        if let topic = registration.scope.topic { text += "\"topic\":\(JSONString.quote(topic))," }
+        text += "\"timestamp\":\(registration.registeredAt),"
         if let device = registration.deviceJSON { text += "\"device\":\(device)," }
         text += "\"action\":\"\(action.rawValue)\"}"
         return Array(text.utf8)

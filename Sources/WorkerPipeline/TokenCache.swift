@@ -16,8 +16,40 @@ public struct DeviceTarget: Sendable, Equatable {
     }
 }
 
+/// One token of a user's cache entry, with what it serves.
+public struct CachedToken: Sendable, Equatable {
+    public var token: String
+    public var scope: TokenScope
+
+    public init(token: String, scope: TokenScope) {
+        self.token = token
+        self.scope = scope
+    }
+}
+
+/// Takes one token out of the cache, if what is known of it still says so.
+public struct TokenRemoval: Sendable, Equatable {
+    /// "" for a token sent directly: its owner (`apns:owner:<token>`), if known.
+    public var user: String
+    public var token: String
+    /// Kept if registered again after this (ms): the time APNs learned the token died, or a logout's. nil
+    /// (an operator's removal) removes whatever its registration time.
+    public var unlessRegisteredAfter: Int64?
+    /// The cache values the entry must hold (`TopicMatcher.cacheValues`): an answer about one topic and environment
+    /// leaves a token registered for another alone. nil removes whatever the entry serves (logouts, operators).
+    public var onlyIfValueIn: [String]?
+
+    public init(user: String, token: String, unlessRegisteredAfter: Int64? = nil, onlyIfValueIn: [String]? = nil) {
+        self.user = user
+        self.token = token
+        self.unlessRegisteredAfter = unlessRegisteredAfter
+        self.onlyIfValueIn = onlyIfValueIn
+    }
+}
+
 /// The Redis token cache (the schema is part of the contract in README.md):
-/// - `apns:tokens:<user>`: hash, field = hex device token, value = production | sandbox. The worker reads only this.
+/// - `apns:tokens:<user>`: hash, field = hex device token, value = what it serves (`TokenScope`): production |
+///   sandbox (the default app's device token) | `<environment>:<topic>`. The worker reads only this.
 /// - `apns:registered:<user>`: hash, field = token, value = when the app last registered it (ms since epoch).
 /// - `apns:devices:<user>`: hash, field = token, value = the device's metadata as JSON (from registration events).
 /// - `apns:owner:<token>`: string, the user a token currently belongs to, so a device that changes accounts stops
@@ -42,7 +74,8 @@ public struct TokenCache {
         """
 
     /// Atomic, so a registration landing between the check and the delete cannot be lost.
-    /// ARGV: user ("" for a token sent directly: its owner, if known), token, died-at ms (-1: unconditionally).
+    /// ARGV: user ("" for a token sent directly: its owner, if known), token, died-at ms (-1: unconditionally), then
+    /// the cache values the entry must hold to be removed (none: any).
     static let removeUnlessRegisteredAfter = forgetFunction + """
         local user = ARGV[1]
         if user == '' then user = redis.call('GET', 'apns:owner:' .. ARGV[2]) end
@@ -50,14 +83,20 @@ public struct TokenCache {
         local registered = tonumber(redis.call('HGET', 'apns:registered:' .. user, ARGV[2]) or '0') or 0
         local died = tonumber(ARGV[3])
         if died >= 0 and registered > died then return 0 end
-        if redis.call('HEXISTS', 'apns:tokens:' .. user, ARGV[2]) == 0 then forget(user, ARGV[2]) return 0 end
+        local value = redis.call('HGET', 'apns:tokens:' .. user, ARGV[2])
+        if not value then forget(user, ARGV[2]) return 0 end
+        if #ARGV > 3 then
+          local serves = false
+          for index = 4, #ARGV do if ARGV[index] == value then serves = true end end
+          if not serves then return 0 end
+        end
         forget(user, ARGV[2])
         return 1
         """
 
     /// A registration: newer than what is known, it (re)writes the token under its user and moves it away from
     /// a previous owner; older (events can arrive out of order), it changes nothing. Returns 1 if applied.
-    /// ARGV: user, token, environment, registered-at ms, device JSON or "".
+    /// ARGV: user, token, cache value (`TokenScope`), registered-at ms, device JSON or "".
     static let register = forgetFunction + """
         local user, token, at = ARGV[1], ARGV[2], tonumber(ARGV[4])
         local owner = redis.call('GET', 'apns:owner:' .. token) or user
@@ -94,15 +133,14 @@ public struct TokenCache {
         self.logger = logger
     }
 
-    /// Takes tokens out of the cache in one round trip (a user of "" for a token sent directly: its owner, if
-    /// known), except those registered again after `unlessRegisteredAfter` (ms): the time APNs learned a token died,
-    /// or a logout's; nil (BadDeviceToken, an operator's removal) removes unconditionally.
-    /// Returns, per entry, whether it was removed.
+    /// Takes tokens out of the cache in one round trip, each only if what is known of it still says so (see
+    /// `TokenRemoval`). Returns, per removal, whether it removed the token.
     @discardableResult
-    public func remove(_ entries: [(user: String, token: String, unlessRegisteredAfter: Int64?)]) throws(RedisError) -> [Bool] {
-        guard !entries.isEmpty else { return [] }
-        let replies = try redis.pipeline(entries.map { entry in
-            ["EVAL", Self.removeUnlessRegisteredAfter, "0", entry.user, entry.token, String(entry.unlessRegisteredAfter ?? -1)]
+    public func remove(_ removals: [TokenRemoval]) throws(RedisError) -> [Bool] {
+        guard !removals.isEmpty else { return [] }
+        let replies = try redis.pipeline(removals.map { removal in
+            ["EVAL", Self.removeUnlessRegisteredAfter, "0", removal.user, removal.token,
+             String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? [])
         })
         return try replies.map { reply throws(RedisError) -> Bool in
             if case .error(let message) = reply { throw RedisError(kind: .server, "removing a token: \(message)") }
@@ -110,35 +148,35 @@ public struct TokenCache {
         }
     }
 
-    /// Every user's tokens, in one pipelined round trip. Entries that are not a hex token with a known
-    /// environment are skipped and logged (the cache is fed by other systems).
-    public func resolve(_ users: [String]) throws(RedisError) -> [String: [DeviceTarget]] {
+    /// Every user's tokens with what each serves, in one pipelined round trip. Entries that are not a hex token
+    /// with a readable value (`TokenScope`) are skipped and logged (the cache is fed by other systems).
+    public func resolve(_ users: [String]) throws(RedisError) -> [String: [CachedToken]] {
         let unique = Array(Set(users))
         guard !unique.isEmpty else { return [:] }
         let replies = try redis.pipeline(unique.map { ["HGETALL", Self.key(forUser: $0)] })
-        var result: [String: [DeviceTarget]] = [:]
+        var result: [String: [CachedToken]] = [:]
         for (user, reply) in zip(unique, replies) {
             if case .error(let message) = reply {
                 throw RedisError(kind: .server, "HGETALL \(Self.key(forUser: user)): \(message)")
             }
             let fields = reply.elements
-            var targets: [DeviceTarget] = []
-            targets.reserveCapacity(fields.count / 2)
+            var tokens: [CachedToken] = []
+            tokens.reserveCapacity(fields.count / 2)
             var index = 0
             while index + 1 < fields.count {
                 let token = fields[index].text ?? ""
-                let environmentText = fields[index + 1].text ?? ""
+                let value = fields[index + 1].text ?? ""
                 index += 2
                 guard (try? APNsNotification.validateDeviceToken(token)) != nil,
-                      let environment = APNsEnvironment(rawValue: environmentText) else {
+                      let scope = TokenScope(cacheValue: value) else {
                     logger.warning("skipping a bad token cache entry", ["redis.key": Self.key(forUser: user),
                                                                         "apns.token": Redact.token(token),
-                                                                        "redis.value": String(environmentText.prefix(20))])
+                                                                        "redis.value": String(value.prefix(40))])
                     continue
                 }
-                targets.append(DeviceTarget(token: token, environment: environment, user: user))
+                tokens.append(CachedToken(token: token, scope: scope))
             }
-            result[user] = targets
+            result[user] = tokens
         }
         return result
     }
@@ -149,7 +187,7 @@ public struct TokenCache {
     public func register(_ registrations: [TokenRegistration]) throws(RedisError) -> [Bool] {
         guard !registrations.isEmpty else { return [] }
         let replies = try redis.pipeline(registrations.map { registration in
-            ["EVAL", Self.register, "0", registration.user, registration.token, registration.environment.rawValue,
+            ["EVAL", Self.register, "0", registration.user, registration.token, registration.scope.cacheValue,
              String(registration.registeredAt), registration.deviceJSON ?? ""]
         })
         return try replies.map { reply throws(RedisError) -> Bool in
@@ -174,11 +212,11 @@ public struct TokenCache {
             }
             return result
         }
-        let environments = try fields(replies[0])
+        let values = try fields(replies[0])
         let registered = try fields(replies[1])
         let devices = try fields(replies[2])
-        return environments.keys.sorted().map { token in
-            TokenEntry(token: token, environment: environments[token] ?? "",
+        return values.keys.sorted().map { token in
+            TokenEntry(token: token, value: values[token] ?? "",
                        registeredAt: registered[token].flatMap { Int64($0) }, deviceJSON: devices[token])
         }
     }
@@ -210,16 +248,17 @@ public struct TokenCache {
 public struct TokenRegistration: Sendable, Equatable {
     public var user: String
     public var token: String
-    public var environment: APNsEnvironment
+    /// Its environment, and the topic it was issued for (nil: a device token of the default app).
+    public var scope: TokenScope
     /// ms since epoch.
     public var registeredAt: Int64
     /// Device metadata (model, OS and app versions, locale, ...) as a JSON object, kept as sent.
     public var deviceJSON: String?
 
-    public init(user: String, token: String, environment: APNsEnvironment, registeredAt: Int64, deviceJSON: String? = nil) {
+    public init(user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil) {
         self.user = user
         self.token = token
-        self.environment = environment
+        self.scope = scope
         self.registeredAt = registeredAt
         self.deviceJSON = deviceJSON
     }
@@ -228,8 +267,11 @@ public struct TokenRegistration: Sendable, Equatable {
 /// What `tokens list` shows for one token.
 public struct TokenEntry: Sendable, Equatable {
     public var token: String
-    /// As stored: production or sandbox, or whatever another system wrote.
-    public var environment: String
+    /// As stored: a `TokenScope` value, or whatever another system wrote.
+    public var value: String
     public var registeredAt: Int64?
     public var deviceJSON: String?
+
+    /// What the stored value says, if it is readable.
+    public var scope: TokenScope? { TokenScope(cacheValue: value) }
 }

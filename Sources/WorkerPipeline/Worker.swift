@@ -303,7 +303,9 @@ public final class Worker: Sendable {
         var progresses: [JobProgress] = []
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
-            var targets = job.retryTargets ?? Self.targets(of: job, resolved: resolved)
+            var targets = job.retryTargets
+                ?? Self.targets(of: job, resolved: resolved,
+                                reaching: TopicMatcher(topic: job.topic, defaultTopic: configuration.defaultTopic))
             if let done = alreadySent[job.id], !done.isEmpty {
                 let before = targets.count
                 targets.removeAll { done.contains($0.token) }
@@ -323,9 +325,11 @@ public final class Worker: Sendable {
         return progresses.count - finishedAtOnce.count
     }
 
-    /// A new job's device tokens: its own, then its users', each token once (a device can be named twice, or sit
-    /// under two users of a cache other systems feed).
-    private static func targets(of job: PushJob, resolved: [String: [DeviceTarget]]) -> [DeviceTarget] {
+    /// A new job's device tokens: its own, then those of its users' tokens that serve its topic, each token once (a
+    /// device can be named twice, or sit under two users of a cache other systems feed). A user's tokens of other
+    /// kinds (a VoIP token for an alert, another app's token) are never reached.
+    private static func targets(of job: PushJob, resolved: [String: [CachedToken]],
+                                reaching matcher: TopicMatcher) -> [DeviceTarget] {
         var targets: [DeviceTarget] = []
         // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
         var seen = Set<String>(minimumCapacity: job.tokens.count + job.users.count * 2)
@@ -333,7 +337,9 @@ public final class Worker: Sendable {
             targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
         }
         for user in job.users {
-            for target in resolved[user] ?? [] where seen.insert(target.token).inserted { targets.append(target) }
+            for cached in resolved[user] ?? [] where matcher.serves(cached.scope) && seen.insert(cached.token).inserted {
+                targets.append(DeviceTarget(token: cached.token, environment: cached.scope.environment, user: user))
+            }
         }
         return targets
     }
@@ -373,6 +379,7 @@ public final class Worker: Sendable {
         var ranges: [ClosedRange<UInt64>?] = []
         var last: UInt64 = 0
         for progress in finished {
+            settleTokenMismatches(progress)
             let first = amqp.upcomingPublishSequence
             for (target, response) in progress.dead {
                 let event = DeadTokenEvent(token: target.token, user: target.user, topic: progress.job.topic,
@@ -411,9 +418,15 @@ public final class Worker: Sendable {
         }
         let nacked = last > 0 ? Set(try amqp.waitForConfirms(through: last)) : []
         let confirmed = zip(finished, ranges).filter { _, range in !(range.map { $0.contains(where: nacked.contains) } ?? false) }
+        // Only an entry that still serves the job's topic in that environment goes: a token registered since for
+        // another kind or app is someone else's. Tokens sent directly are left to the cleanup consumer's events.
         try session.tokens.remove(confirmed.flatMap { progress, _ in
-            progress.dead.compactMap { dead in
-                dead.target.user.map { (user: $0, token: dead.target.token, unlessRegisteredAfter: dead.response.timestamp) }
+            let matcher = TopicMatcher(topic: progress.job.topic, defaultTopic: configuration.defaultTopic)
+            return progress.dead.compactMap { dead in
+                dead.target.user.map { user in
+                    TokenRemoval(user: user, token: dead.target.token, unlessRegisteredAfter: dead.response.timestamp,
+                                 onlyIfValueIn: matcher.cacheValues(in: dead.target.environment))
+                }
             }
         })
         var completed: [UInt64] = []
@@ -442,9 +455,28 @@ public final class Worker: Sendable {
         try session.acknowledgements.acknowledge(completed)
     }
 
+    /// The mass-invalidation guard, once a job's outcomes are all in: its 400 mismatch answers either count as dead
+    /// tokens (removed, with events) or, when they look like a configuration mistake, are held back, logged at error
+    /// level and counted. 410s are never held back.
+    private func settleTokenMismatches(_ progress: JobProgress) {
+        let held = progress.applyGuard(configuration.invalidationGuard)
+        statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
+                                  ordering: .relaxed)
+        guard held > 0 else { return }
+        statistics.heldBack.add(held, ordering: .relaxed)
+        statistics.invalidationGuardTrips.add(1, ordering: .relaxed)
+        let reasons = Set(progress.heldBack.compactMap { $0.response.reason?.rawValue }).sorted().joined(separator: ",")
+        logger.error("mass invalidation guard: 400 answers held back as a configuration error, no token removed", [
+            "job.id": progress.job.id, "apns.reason": reasons, "apns.topic": progress.job.topic,
+            "job.held_back": String(held), "job.answers": String(progress.answered),
+            "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? "",
+        ])
+    }
+
     // MARK: APNs loop thread
 
     private func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
+        if result.response != nil { progress.countAnswer() }
         if result.outcome != .delivered {
             // Without an answer, the reason is a fixed word: error texts vary and would make endless label values.
             statistics.countUnsuccessful(status: result.response?.status, reason: result.response?.reason?.rawValue
@@ -456,8 +488,10 @@ public final class Worker: Sendable {
             progress.recordDelivered(index)
             statistics.delivered.add(1, ordering: .relaxed)
         case .deadToken:
-            progress.recordDead(index, result.response ?? APNsResponse(status: 410))
-            statistics.deadTokens.add(1, ordering: .relaxed)
+            let response = result.response ?? APNsResponse(status: 410)
+            progress.recordDead(index, response)
+            // A 400 mismatch is counted once the job is complete, as dead or as held back (`settleTokenMismatches`).
+            if !APNsOutcome.isTokenMismatch(response) { statistics.deadTokens.add(1, ordering: .relaxed) }
         case .permanentFailure:
             let reason = result.response?.reason?.rawValue ?? result.error ?? "status \(result.response?.status ?? 0)"
             progress.recordFailed(index, reason: reason)

@@ -49,6 +49,9 @@ public struct WorkerConfiguration: Sendable {
     /// Notifications handed to the APNs client and not answered yet, at most: bounds memory whatever the jobs'
     /// fan-out, while keeping every connection's streams busy.
     public var maxInFlight: Int
+    /// The mass-invalidation guard: this many 400 BadDeviceToken/DeviceTokenNotForTopic answers in one job, when
+    /// they are more than half of its answers, are held back as a configuration error instead of removing tokens.
+    public var invalidationGuard: MassInvalidationGuard
     /// Attempts at a job's notifications that APNs asked to retry later, before they are parked on the failed queue.
     public var maximumSendAttempts: Int
     /// Seconds a retry waits, by attempt (the last repeats), in delay queues `<jobs>.retry.<ms>ms`.
@@ -174,6 +177,8 @@ public struct WorkerConfiguration: Sendable {
             rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
             prefetch: try integer("WORKER_PREFETCH", default: 500, range: 1...65_535),
             maxInFlight: try integer("WORKER_MAX_IN_FLIGHT", default: 5_000, range: 2...1_000_000),
+            invalidationGuard: MassInvalidationGuard(
+                threshold: try integer("WORKER_MASS_INVALIDATION_THRESHOLD", default: 20, range: 1...1_000_000)),
             maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
             retryDelays: try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300]),
             shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25),

@@ -9,6 +9,10 @@ public final class WorkerStatistics: Sendable {
     public let delivered = Atomic<Int>(0)
     public let deadTokens = Atomic<Int>(0)
     public let permanentFailures = Atomic<Int>(0)
+    /// 400 BadDeviceToken / DeviceTokenNotForTopic answers the mass-invalidation guard held back (no removal, no
+    /// event), and the jobs in which it did.
+    public let heldBack = Atomic<Int>(0)
+    public let invalidationGuardTrips = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
     /// Times a batch found the shared rate window spent and waited for the next one.
     public let rateLimitWaits = Atomic<Int>(0)
@@ -59,8 +63,11 @@ public final class WorkerStatistics: Sendable {
         ])
         metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
             ([("outcome", "delivered")], load(delivered)), ([("outcome", "dead_token")], load(deadTokens)),
-            ([("outcome", "failed")], load(permanentFailures)),
+            ([("outcome", "failed")], load(permanentFailures)), ([("outcome", "held_back")], load(heldBack)),
         ])
+        metrics.counter("apns_worker_invalidation_guard_trips_total",
+                        "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
+                            + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
         let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
         metrics.family("apns_worker_apns_responses_total", "counter",
                        "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
@@ -88,29 +95,31 @@ public final class WorkerStatistics: Sendable {
     }
 
     public struct Snapshot: Sendable, Equatable {
-        public var jobsCompleted, jobsRejected, jobsParked, delivered, deadTokens, permanentFailures, retries: Int
+        public var jobsCompleted, jobsRejected, jobsParked, delivered, deadTokens, permanentFailures, heldBack, retries: Int
 
         /// Names as `SharedStatistics` stores them, with values.
         public var fields: [(name: String, value: Int)] {
-            [("delivered", delivered), ("dead_tokens", deadTokens), ("failed", permanentFailures), ("retries", retries),
-             ("jobs", jobsCompleted), ("rejected", jobsRejected), ("parked", jobsParked)]
+            [("delivered", delivered), ("dead_tokens", deadTokens), ("failed", permanentFailures), ("held_back", heldBack),
+             ("retries", retries), ("jobs", jobsCompleted), ("rejected", jobsRejected), ("parked", jobsParked)]
         }
 
         /// The names `fields` uses, in the same order (what `SharedStatistics` stores and `stats` shows).
         public static let fieldNames = Snapshot(jobsCompleted: 0, jobsRejected: 0, jobsParked: 0, delivered: 0,
-                                                deadTokens: 0, permanentFailures: 0, retries: 0).fields.map(\.name)
+                                                deadTokens: 0, permanentFailures: 0, heldBack: 0,
+                                                retries: 0).fields.map(\.name)
 
         /// What happened between `earlier` and this one.
         public func subtracting(_ earlier: Snapshot) -> Snapshot {
             Snapshot(jobsCompleted: jobsCompleted - earlier.jobsCompleted, jobsRejected: jobsRejected - earlier.jobsRejected,
                      jobsParked: jobsParked - earlier.jobsParked, delivered: delivered - earlier.delivered,
                      deadTokens: deadTokens - earlier.deadTokens,
-                     permanentFailures: permanentFailures - earlier.permanentFailures, retries: retries - earlier.retries)
+                     permanentFailures: permanentFailures - earlier.permanentFailures, heldBack: heldBack - earlier.heldBack,
+                     retries: retries - earlier.retries)
         }
 
         public var summary: String {
             "jobs=\(jobsCompleted) rejected=\(jobsRejected) parked=\(jobsParked) delivered=\(delivered) "
-                + "dead_tokens=\(deadTokens) failed=\(permanentFailures) retries=\(retries)"
+                + "dead_tokens=\(deadTokens) failed=\(permanentFailures) held_back=\(heldBack) retries=\(retries)"
         }
     }
 
@@ -121,6 +130,7 @@ public final class WorkerStatistics: Sendable {
                  delivered: delivered.load(ordering: .relaxed),
                  deadTokens: deadTokens.load(ordering: .relaxed),
                  permanentFailures: permanentFailures.load(ordering: .relaxed),
+                 heldBack: heldBack.load(ordering: .relaxed),
                  retries: retries.load(ordering: .relaxed))
     }
 }

@@ -22,6 +22,15 @@ OPTIONS:
                               repeatable
   --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
                               (PEM); repeatable. Without it any bearer token is accepted.
+  --token-topic TOKEN=TOPIC   TOKEN was issued for TOPIC (the full topic: com.example.app for a device token,
+                              com.example.app.voip for a PushKit token, ...): pushes to it with any other topic are
+                              answered 400 DeviceTokenNotForTopic, as APNs does. TOKEN ending in * is a prefix rule
+                              (ab12*=com.example.app.voip). Repeatable; the first matching rule applies; tokens
+                              no rule names serve any topic.
+  --token-environment TOKEN=production|sandbox
+                              TOKEN belongs to that environment: a token of the environment this simulator does not
+                              play (production, or sandbox with --development) is answered 400 BadDeviceToken, as
+                              Apple's sandbox answers a production token. Prefix rules and repetition as above.
   --max-streams N             SETTINGS_MAX_CONCURRENT_STREAMS (default 1000)
   --development               play the development environment: answers also carry apns-unique-id (production,
                               the default, sends only apns-id)
@@ -115,6 +124,23 @@ while let argument = arguments.popFirst() {
         do {
             configuration.trustedKeys[parts[0]] = .init(teamID: parts[1], key: try ES256Key(contentsOfFile: parts[2]))
         } catch { fail("--trust-key: \(error)") }
+    case "--token-topic", "--token-environment":
+        let text = value(for: argument)
+        let parts = text.split(separator: "=", maxSplits: 1).map(String.init)
+        guard parts.count == 2, !parts[1].isEmpty else { fail("\(argument) wants TOKEN=VALUE, got \(text)") }
+        let hex = parts[0].hasSuffix("*") ? String(parts[0].dropLast()) : parts[0]
+        guard !hex.isEmpty, hex.utf8.allSatisfy({ $0 < 0x80 && Character(Unicode.Scalar($0)).isHexDigit }) else {
+            fail("\(argument): \(parts[0]) is not a hex token or a hex prefix ending in *")
+        }
+        let rule = APNsSimulator.TokenRule(pattern: parts[0], value: parts[1])
+        if argument == "--token-topic" {
+            configuration.behaviour.tokenTopics.append(rule)
+        } else {
+            guard APNsEnvironment(rawValue: parts[1]) != nil else {
+                fail("--token-environment: \(parts[1]) is neither production nor sandbox")
+            }
+            configuration.behaviour.tokenEnvironments.append(rule)
+        }
     case "--max-streams":
         let text = value(for: argument)
         guard let streams = UInt32(text), streams > 0 else { fail("--max-streams: \(text) is not a positive number") }

@@ -236,9 +236,9 @@ import WorkerPipeline
         _ = try redis.command(["HSET", TokenCache.key(forUser: user), unknownAge, "production"])
         let cache = TokenCache(redis: redis, logger: Logger(label: "test", level: .warning))
         try cache.register([
-            TokenRegistration(user: user, token: revived, environment: .production, registeredAt: now - 1_000),
-            TokenRegistration(user: user, token: dead, environment: .production, registeredAt: now - 10 * day),
-            TokenRegistration(user: other, token: direct, environment: .production, registeredAt: now - 10 * day),
+            TokenRegistration(user: user, token: revived, scope: TokenScope(environment: .production), registeredAt: now - 1_000),
+            TokenRegistration(user: user, token: dead, scope: TokenScope(environment: .production), registeredAt: now - 10 * day),
+            TokenRegistration(user: other, token: direct, scope: TokenScope(environment: .production), registeredAt: now - 10 * day),
         ])
 
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
@@ -272,7 +272,7 @@ import WorkerPipeline
         let entries = Dictionary(uniqueKeysWithValues: try cache.entries(forUser: user).map { ($0.token, $0) })
         #expect(Set(entries.keys) == [fresh, revived, unknownAge], "\(entries.keys.map { Redact.token($0) })")
         #expect(entries[fresh]?.registeredAt == now - 5_000, "the older registration did not win")
-        #expect(entries[fresh]?.environment == "sandbox")
+        #expect(entries[fresh]?.value == "sandbox")
         #expect(entries[fresh]?.deviceJSON == #"{"model": "iPhone15,2", "os": "17.1"}"#)
         #expect(try cache.entries(forUser: other).isEmpty)
         #expect(try redis.command(["EXISTS", TokenCache.ownerKey(forToken: direct)]).integer == 0)
@@ -294,10 +294,11 @@ import WorkerPipeline
     /// `cleanup --once` as a cron job runs it: a registration becomes a token the worker can use.
     @Test func cleanupOnceAsAProcess() throws {
         let registrations = TestServices.unique("registrations")
+        // A database of its own: the sweep covers every user in it, and other tests register tokens long ago.
+        let redisURL = try TestServices.redisURL().withDatabase(14)
         let environment = ["PUSH_REGISTRATIONS_QUEUE": registrations, "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
                            "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
-                           // No inactive token is this old: the sweep of the shared database removes nothing.
-                           "CLEANUP_INACTIVE_DAYS": "3650"]
+                           "REDIS_URL": redisURL.description(revealingPassword: true), "CLEANUP_INACTIVE_DAYS": "3650"]
         let user = TestServices.unique("gina")
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(registrations)
@@ -305,8 +306,7 @@ import WorkerPipeline
         let run = try Self.apnsWorker(["cleanup", "--once"], environment: environment)
         #expect(run.status == 0, "\(run.errors)")
         #expect(run.errors.contains("registered=1"), "\(run.errors)")
-        let targets = try TokenCache(redis: try RedisConnection(url: TestServices.redisURL()),
-                                     logger: Logger(label: "test")).resolve([user])
+        let targets = try TokenCache(redis: try RedisConnection(url: redisURL), logger: Logger(label: "test")).resolve([user])
         #expect(targets[user]?.map(\.token) == [Self.token("9a")])
     }
 
@@ -351,7 +351,8 @@ import WorkerPipeline
             "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(port), "LOG_FORMAT": "text",
             "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
             "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
-            "CLEANUP_INACTIVE_DAYS": "3650",
+            // A database of its own: the sweep at start covers every user in it.
+            "REDIS_URL": try TestServices.redisURL().withDatabase(15).description(revealingPassword: true),
         ])
         #expect(cleanup.waitForLine(containing: "cleanup consuming") != nil)
         #expect(try TestServices.httpGet(port: port, "/healthz").status == 200)

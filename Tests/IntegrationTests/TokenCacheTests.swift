@@ -13,12 +13,70 @@ import WorkerPipeline
         let dana = TestServices.unique("dana")
         let eve = TestServices.unique("eve")
         let good = String(repeating: "0d", count: 32)
+        let voip = String(repeating: "0e", count: 32)
         _ = try redis.pipeline([
-            ["HSET", TokenCache.key(forUser: dana), good, "sandbox", "not-hex", "production", "aa", "staging"],
+            ["HSET", TokenCache.key(forUser: dana), good, "sandbox", "not-hex", "production", "aa", "staging",
+             voip, "production:com.example.app.voip", "0f0f", "production:", "0a0a", "test:com.example.app"],
         ])
         let resolved = try cache.resolve([dana, eve, dana])
-        #expect(resolved[dana] == [DeviceTarget(token: good, environment: .sandbox, user: dana)])
+        #expect(Set(resolved[dana]?.map(\.token) ?? []) == [good, voip], "unreadable values are skipped")
+        #expect(resolved[dana]?.first { $0.token == good }?.scope == TokenScope(environment: .sandbox))
+        #expect(resolved[dana]?.first { $0.token == voip }?.scope
+                == TokenScope(environment: .production, topic: "com.example.app.voip"))
         #expect(resolved[eve] == [])
+    }
+
+    /// A removal about one topic and environment leaves a token registered for another alone: an answer about a
+    /// VoIP push never removes the user's device token, a production answer never removes a sandbox token.
+    @Test func aRemovalForOneTopicKeepsTokensOfAnotherKind() throws {
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let user = TestServices.unique("gus")
+        let device = String(repeating: "61", count: 32), voip = String(repeating: "62", count: 32)
+        let sandbox = String(repeating: "63", count: 32)
+        try cache.register([
+            TokenRegistration(user: user, token: device, scope: TokenScope(environment: .production), registeredAt: 1),
+            TokenRegistration(user: user, token: voip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
+                              registeredAt: 1),
+            TokenRegistration(user: user, token: sandbox, scope: TokenScope(environment: .sandbox), registeredAt: 1),
+        ])
+        let voipTopic = TopicMatcher(topic: "com.example.app.voip", defaultTopic: "com.example.app")
+        let alertTopic = TopicMatcher(topic: "com.example.app", defaultTopic: "com.example.app")
+        let removed = try cache.remove([
+            TokenRemoval(user: user, token: device, onlyIfValueIn: voipTopic.cacheValues(in: .production)),
+            TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .production)),
+            TokenRemoval(user: user, token: voip, onlyIfValueIn: alertTopic.cacheValues(in: .production)),
+        ])
+        #expect(removed == [false, false, false])
+        #expect(Set(try cache.entries(forUser: user).map(\.token)) == [device, voip, sandbox])
+        #expect(try redis.command(["GET", TokenCache.ownerKey(forToken: voip)]).text == user, "nothing else forgotten")
+
+        let matching = try cache.remove([
+            TokenRemoval(user: user, token: voip, onlyIfValueIn: voipTopic.cacheValues(in: .production)),
+            TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .sandbox)),
+        ])
+        #expect(matching == [true, true])
+        #expect(try cache.entries(forUser: user).map(\.token) == [device])
+    }
+
+    /// The inactivity sweep handles tokens of every kind alike.
+    @Test func theSweepRemovesOldTokensOfEveryKind() throws {
+        // A database of its own: the sweep covers every user in it.
+        let redis = try RedisConnection(url: TestServices.redisURL().withDatabase(12))
+        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let user = TestServices.unique("hal")
+        let oldVoip = String(repeating: "71", count: 32), freshActivity = String(repeating: "72", count: 32)
+        try cache.register([
+            TokenRegistration(user: user, token: oldVoip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
+                              registeredAt: 1_000),
+            TokenRegistration(user: user, token: freshActivity,
+                              scope: TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity"),
+                              registeredAt: 9_000),
+        ])
+        #expect(try cache.sweep(registeredBefore: 5_000) >= 1)
+        let entries = try cache.entries(forUser: user)
+        #expect(entries.map(\.token) == [freshActivity])
+        #expect(entries.first?.value == "sandbox:com.example.app.push-type.liveactivity")
     }
 
     @Test func deadTokensLeaveUnlessRegisteredAgainAfterTheyDied() throws {
@@ -32,7 +90,9 @@ import WorkerPipeline
             ["HSET", TokenCache.key(forUser: user), stale, "production", reRegistered, "production", badToken, "production"],
             ["HSET", TokenCache.registeredKey(forUser: user), stale, "1000", reRegistered, "5000", badToken, "9000"],
         ])
-        let removed = try cache.remove([(user, stale, 2000), (user, reRegistered, 2000), (user, badToken, nil)])
+        let removed = try cache.remove([TokenRemoval(user: user, token: stale, unlessRegisteredAfter: 2000),
+                                        TokenRemoval(user: user, token: reRegistered, unlessRegisteredAfter: 2000),
+                                        TokenRemoval(user: user, token: badToken)])
         #expect(removed == [true, false, true])
         let remaining = try redis.command(["HKEYS", TokenCache.key(forUser: user)]).elements.compactMap(\.text)
         #expect(remaining == [reRegistered], "the token the app registered after APNs's 410 stays")
@@ -61,7 +121,7 @@ import WorkerPipeline
         }
         let cache = TokenCache(redis: try #require(connection), logger: Logger(label: "test"))
         let token = String(repeating: "c1", count: 32)
-        try cache.register([TokenRegistration(user: "zed", token: token, environment: .production, registeredAt: 5)])
+        try cache.register([TokenRegistration(user: "zed", token: token, scope: TokenScope(environment: .production), registeredAt: 5)])
         #expect(try cache.entries(forUser: "zed").map(\.token) == [token])
 
         var wrong = url

@@ -11,10 +11,11 @@ import WorkerPipeline
 
     @Test func aFullEventIsRead() throws {
         let body = #"{"user": "u1", "token": "\#(Self.token)", "environment": "sandbox", "timestamp": 1732900000000, "#
-            + #""device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}"#
+            + #""topic": "com.example.app.voip", "device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}"#
         let event = try RegistrationEvent.decode(Array(body.utf8), now: 5)
         #expect(event.action == .register)
-        #expect(event.registration == TokenRegistration(user: "u1", token: Self.token, environment: .sandbox,
+        #expect(event.registration == TokenRegistration(user: "u1", token: Self.token,
+                                                        scope: TokenScope(environment: .sandbox, topic: "com.example.app.voip"),
                                                         registeredAt: 1_732_900_000_000,
                                                         deviceJSON: #"{"model": "iPhone15,2", "os": "17.1"}"#))
         #expect(try RegistrationEvent.decode(event.json, now: 5) == event, "what it writes, it reads back")
@@ -22,7 +23,8 @@ import WorkerPipeline
 
     @Test func defaultsFillTheRest() throws {
         let event = try RegistrationEvent.decode(Array(#"{"user": "u1", "token": "\#(Self.token)"}"#.utf8), now: 42)
-        #expect(event.action == .register && event.registration.environment == .production)
+        #expect(event.action == .register && event.registration.scope == TokenScope(environment: .production),
+                "no topic: a device token of the default app")
         #expect(event.registration.registeredAt == 42, "no timestamp: the time it was read")
         #expect(event.registration.deviceJSON == nil)
     }
@@ -37,6 +39,9 @@ import WorkerPipeline
         (#"{"user": "u1", "token": "TOKEN", "device": "iPhone"}"#, "\"device\" must be an object"),
         (#"{"user": "u1", "token": "TOKEN", "timestamp": -1}"#, "timestamp"),
         (#"{"user": "u1", "token": "TOKEN", "timestamp": "yesterday"}"#, "\"timestamp\" must be a whole number"),
+        (#"{"user": "u1", "token": "TOKEN", "topic": "com.example app"}"#, "\"topic\" must be an APNs topic"),
+        (#"{"user": "u1", "token": "TOKEN", "topic": ""}"#, "\"topic\" must be an APNs topic"),
+        (#"{"user": "u1", "token": "TOKEN", "topic": 7}"#, "\"topic\" must be a string"),
         (#"[1, 2]"#, "must be a JSON object"),
         (#"{"user": "#, "not JSON"),
     ])

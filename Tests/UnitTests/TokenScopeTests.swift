@@ -1,0 +1,104 @@
+import APNs
+import Testing
+import WorkerPipeline
+
+/// The token-cache value contract (`production`, `sandbox`, `<environment>:<topic>`) and which tokens a job reaches.
+@Suite struct TokenScopeTests {
+    @Test(arguments: [
+        ("production", TokenScope(environment: .production)),
+        ("sandbox", TokenScope(environment: .sandbox)),
+        ("production:com.example.app.voip", TokenScope(environment: .production, topic: "com.example.app.voip")),
+        ("sandbox:com.example.app.push-type.liveactivity",
+         TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity")),
+        ("production:com.example.other", TokenScope(environment: .production, topic: "com.example.other")),
+        ("production:com.apple.mgmt.External:1", TokenScope(environment: .production, topic: "com.apple.mgmt.External:1")),
+    ])
+    func cacheValuesReadAndWriteBack(value: String, scope: TokenScope) {
+        #expect(TokenScope(cacheValue: value) == scope)
+        #expect(scope.cacheValue == value)
+    }
+
+    @Test(arguments: ["", "Production", "staging", "production:", "sandbox: com.example.app", "test:com.example.app",
+                      ":com.example.app", "production:com.example\u{0}app", "production:" + String(repeating: "a", count: 256)])
+    func unreadableValuesAreRefused(value: String) {
+        #expect(TokenScope(cacheValue: value) == nil)
+    }
+
+    @Test func withADefaultTopicPlainEntriesServeExactlyThatTopic() {
+        let device = TokenScope(environment: .production)
+        let voip = TokenScope(environment: .production, topic: "com.example.app.voip")
+        let activity = TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity")
+        let other = TokenScope(environment: .production, topic: "com.example.other")
+        func reached(_ topic: String) -> [TokenScope] {
+            let matcher = TopicMatcher(topic: topic, defaultTopic: "com.example.app")
+            return [device, voip, activity, other].filter(matcher.serves)
+        }
+        #expect(reached("com.example.app") == [device])
+        #expect(reached("com.example.app.voip") == [voip])
+        #expect(reached("com.example.app.push-type.liveactivity") == [activity])
+        #expect(reached("com.example.other") == [other], "a sibling app's job never reaches the default app's tokens")
+        #expect(reached("com.example.app.location-query") == [], "no token of that kind: nothing")
+    }
+
+    @Test func withoutADefaultTopicPlainEntriesServeAnyTopicWithoutAKindSuffix() {
+        let device = TokenScope(environment: .production)
+        func reaches(_ topic: String) -> Bool { TopicMatcher(topic: topic, defaultTopic: nil).serves(device) }
+        #expect(reaches("com.example.app"), "caches written before topics keep working")
+        #expect(reaches("com.example.other"))
+        for pushType in APNsPushType.allCases where !pushType.topicSuffix.isEmpty {
+            #expect(!reaches(pushType.topic(forBundle: "com.example.app")), "\(pushType) has tokens of its own")
+        }
+    }
+
+    @Test func aRemovalNamesExactlyTheValuesItsTopicReaches() {
+        let alert = TopicMatcher(topic: "com.example.app", defaultTopic: "com.example.app")
+        #expect(alert.cacheValues(in: .production) == ["production:com.example.app", "production"])
+        let voip = TopicMatcher(topic: "com.example.app.voip", defaultTopic: "com.example.app")
+        #expect(voip.cacheValues(in: .sandbox) == ["sandbox:com.example.app.voip"])
+    }
+
+    @Test func deadTokenEventsRemoveOnlyWhatTheirTopicReaches() {
+        func event(topic: String) -> DeadTokenEvent {
+            DeadTokenEvent(token: "ab", user: "u", topic: topic, environment: .production, status: 410,
+                           reason: "Unregistered", timestamp: 1, jobID: "j")
+        }
+        #expect(event(topic: "com.example.app.voip").cacheValuesItRemoves(defaultTopic: "com.example.app")
+                == ["production:com.example.app.voip"])
+        #expect(event(topic: "").cacheValuesItRemoves(defaultTopic: nil) == ["production"],
+                "an event naming no topic is about the default app's device tokens")
+        #expect(event(topic: "").cacheValuesItRemoves(defaultTopic: "com.example.app")
+                == ["production", "production:com.example.app"])
+    }
+}
+
+/// When one job's 400 BadDeviceToken / DeviceTokenNotForTopic answers are a configuration error, not dead tokens.
+@Suite struct MassInvalidationGuardTests {
+    @Test(arguments: [
+        (20, 20, true),   // every answer a mismatch, at the threshold
+        (20, 39, true),   // more than half
+        (20, 40, false),  // exactly half is not more than half
+        (19, 19, false),  // under the threshold: treated as dead tokens
+        (100, 150, true),
+        (0, 0, false),
+    ])
+    func holdsBackAtLeastTheThresholdWhenMoreThanHalf(mismatches: Int, answers: Int, holds: Bool) {
+        #expect(MassInvalidationGuard(threshold: 20).holdsBack(mismatches: mismatches, answers: answers) == holds)
+    }
+
+    @Test func theThresholdIsASetting() throws {
+        let environment = ["APNS_KEY_FILE": "", "WORKER_MASS_INVALIDATION_THRESHOLD": "5"]
+        let configuration = try WorkerConfiguration.load(from: environment, requiringCredentials: false)
+        #expect(configuration.invalidationGuard == MassInvalidationGuard(threshold: 5))
+        #expect(try WorkerConfiguration.load(from: [:], requiringCredentials: false).invalidationGuard.threshold == 20)
+        #expect(throws: ConfigurationError.self) {
+            try WorkerConfiguration.load(from: ["WORKER_MASS_INVALIDATION_THRESHOLD": "0"], requiringCredentials: false)
+        }
+    }
+
+    @Test func onlyMismatchAnswersAreWeighed() {
+        #expect(APNsOutcome.isTokenMismatch(APNsResponse(status: 400, reason: .badDeviceToken)))
+        #expect(APNsOutcome.isTokenMismatch(APNsResponse(status: 400, reason: .deviceTokenNotForTopic)))
+        #expect(!APNsOutcome.isTokenMismatch(APNsResponse(status: 410, reason: .unregistered, timestamp: 1)))
+        #expect(!APNsOutcome.isTokenMismatch(APNsResponse(status: 400, reason: .badTopic)))
+    }
+}
