@@ -75,10 +75,17 @@ public enum AMQPEvent: Sendable {
     case delivery(AMQPDelivery)
     /// Publisher confirm: the broker took (`ack`) or lost (`!ack`) publishes up to `sequence` (all of them if `multiple`).
     case confirm(sequence: UInt64, multiple: Bool, ack: Bool)
-    /// A mandatory publish that no queue took.
-    case returned(routingKey: String, replyText: String)
     /// The broker stopped (`true`) or resumed (`false`) accepting publishes (memory or disk alarm).
     case blocked(Bool)
+}
+
+/// A mandatory publish that no queue took (the queue was deleted, or nothing is bound to the exchange): the broker
+/// hands it back before it confirms it, so it is known by the time `waitForConfirms` returns (`takeReturns`).
+public struct AMQPReturn: Sendable, Equatable {
+    public var exchange: String
+    public var routingKey: String
+    public var replyCode: Int
+    public var replyText: String
 }
 
 /// One AMQP 0-9-1 connection with one channel, owning its librabbitmq state.
@@ -99,6 +106,8 @@ public final class AMQPConnection {
     private var confirmedThrough: UInt64 = 0
     private var confirmedSingles = Set<UInt64>()
     private var nacked = Set<UInt64>()
+    /// Mandatory publishes handed back, since the last `takeReturns`.
+    private var returns: [AMQPReturn] = []
 
     /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none).
     public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil,
@@ -229,6 +238,12 @@ public final class AMQPConnection {
         }
     }
 
+    /// Deletes a queue and what it holds (operators' and tests' tool; the worker never deletes).
+    public func deleteQueue(_ name: String) throws(AMQPError) {
+        _ = withBytes(name) { amqp_queue_delete(state, channel, $0, 0, 0) }
+        try check(amqp_get_rpc_reply(state), "queue.delete \(name)")
+    }
+
     public func bindQueue(_ queue: String, to exchange: String, routingKey: String = "") throws(AMQPError) {
         _ = withBytes(queue, exchange) { queueBytes, exchangeBytes in
             withBytes(routingKey) { amqp_queue_bind(state, channel, queueBytes, exchangeBytes, $0, amqp_empty_table) }
@@ -346,6 +361,13 @@ public final class AMQPConnection {
     /// Sequence number the next publish will get.
     public var upcomingPublishSequence: UInt64 { nextPublishSequence }
 
+    /// The mandatory publishes the broker handed back since the last call (a return precedes its publish's confirm,
+    /// so after `waitForConfirms(through: n)` every return up to publish n is here).
+    public func takeReturns() -> [AMQPReturn] {
+        defer { returns.removeAll() }
+        return returns
+    }
+
     // MARK: reading frames
 
     private func readEvent(timeout: Double?) throws(AMQPError) -> AMQPEvent? {
@@ -387,10 +409,12 @@ public final class AMQPConnection {
                 return .confirm(sequence: nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
             case Method.basicReturn:
                 let returned = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
-                let routingKey = Self.string(returned.routing_key)
-                let replyText = Self.string(returned.reply_text)
+                let handedBack = AMQPReturn(exchange: Self.string(returned.exchange),
+                                            routingKey: Self.string(returned.routing_key),
+                                            replyCode: Int(returned.reply_code), replyText: Self.string(returned.reply_text))
                 _ = try readContent(channel: frame.channel)
-                return .returned(routingKey: routingKey, replyText: replyText)
+                returns.append(handedBack)
+                continue
             case Method.connectionBlocked, Method.connectionUnblocked, Method.connectionClose:
                 return try connectionMethod(method)
             case Method.basicCancel:

@@ -191,6 +191,16 @@ public final class APNsClient: Sendable {
         }
     }
 
+    /// Runs `action` on the client's loop thread after `delay` seconds: for work that belongs with the answers
+    /// (which `send`'s completions deliver on that thread), such as handing a batch of them on.
+    public func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
+        if loop.inEventLoop {
+            loop.schedule(after: delay, action)
+        } else {
+            loop.execute { [loop] in loop.schedule(after: delay, action) }
+        }
+    }
+
     public func shutdown() {
         let all = pools.withLock { Array($0.values) }
         for pool in all { pool.shutdown() }

@@ -28,12 +28,16 @@ public struct APNsNotification: Sendable {
     public func validate() throws(APNsRequestError) {
         try Self.validateDeviceToken(deviceToken)
         if topic.isEmpty { throw .missingTopic }
+        if let problem = HeaderValue.problem(topic, allowsInnerSpaces: false) { throw .badHeaderValue("apns-topic", problem) }
         if payload.isEmpty { throw .payloadEmpty }
         if payload.count > pushType.maximumPayloadSize {
             throw .payloadTooLarge(size: payload.count, limit: pushType.maximumPayloadSize)
         }
         if pushType == .background && priority == .immediately { throw .backgroundWithImmediatePriority }
         if let collapseID, collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
+        if let collapseID, let problem = HeaderValue.problem(collapseID, allowsInnerSpaces: true) {
+            throw .badHeaderValue("apns-collapse-id", problem)
+        }
         if let expiration, expiration < 0 { throw .badExpiration(expiration) }
         if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
         if !pushType.topicSuffix.isEmpty && !topic.hasSuffix(pushType.topicSuffix) {
@@ -84,6 +88,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
     case badExpiration(Int64)
     case badAPNsID(String)
     case topicMissingSuffix(topic: String, pushType: APNsPushType)
+    case badHeaderValue(String, String)
 
     public var description: String {
         switch self {
@@ -96,6 +101,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
         case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
         case .badExpiration(let value): "expiration \(value) is not UNIX seconds (0 or later)"
         case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"
+        case .badHeaderValue(let header, let problem): "\(header) \(problem)"
         case .topicMissingSuffix(let topic, let pushType):
             "topic \(topic) lacks the \(pushType.topicSuffix) suffix that push type \(pushType) requires"
         }

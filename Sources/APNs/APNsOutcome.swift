@@ -45,7 +45,8 @@ public struct APNsResponse: Sendable, Equatable {
     /// The project's own strict reader: one JSON parser for everything that comes from outside, which keeps a
     /// number's text, so an absurd timestamp costs the timestamp, not the reason.
     public static func parseBody(_ body: [UInt8]) -> (reason: APNsReason?, timestamp: Int64?) {
-        guard !body.isEmpty, body.count <= 64 * 1024, let document = try? JSONReader.parse(body, maximumDepth: 8),
+        guard !body.isEmpty, body.count <= 64 * 1024,
+              let document = try? JSONReader.parse(body, maximumDepth: 8, allowsDuplicateKeys: true),
               case .object = document else {
             return (nil, nil)
         }

@@ -51,19 +51,33 @@ public struct JSONReader {
     private let bytes: [UInt8]
     private var position = 0
     private let maximumDepth: Int
+    private let allowsDuplicateKeys: Bool
+    /// The deepest nesting met so far.
+    private var deepest = 0
 
-    public static func parse(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth) throws(JSONError) -> JSONValue {
-        var reader = JSONReader(bytes: bytes, maximumDepth: maximumDepth)
+    /// Parses one JSON document. A member name repeated in one object is refused unless `allowsDuplicateKeys`:
+    /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
+    /// the last), so a job that means two things to its sender and to the worker is refused, naming the key.
+    public static func parse(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
+                             allowsDuplicateKeys: Bool = false) throws(JSONError) -> JSONValue {
+        try parseMeasuringDepth(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys).value
+    }
+
+    /// Parses, and tells how deep the document nests (an object or array at the top is depth 1).
+    public static func parseMeasuringDepth(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
+                                           allowsDuplicateKeys: Bool = false) throws(JSONError) -> (value: JSONValue, depth: Int) {
+        var reader = JSONReader(bytes: bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
         reader.skipWhitespace()
         let value = try reader.parseValue(depth: 0)
         reader.skipWhitespace()
         guard reader.position == bytes.count else { throw reader.error("unexpected text after the JSON value") }
-        return value
+        return (value, reader.deepest)
     }
 
-    private init(bytes: [UInt8], maximumDepth: Int) {
+    private init(bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool) {
         self.bytes = bytes
         self.maximumDepth = maximumDepth
+        self.allowsDuplicateKeys = allowsDuplicateKeys
     }
 
     private func error(_ message: String) -> JSONError { JSONError(offset: position, message: message) }
@@ -102,8 +116,12 @@ public struct JSONReader {
 
     private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
         guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        deepest = max(deepest, depth)
         position += 1
         var members: [JSONMember] = []
+        // Small objects (most of them) check names by a scan; large ones through a set, so that a hostile object of
+        // many members costs linear time.
+        var names: Set<String>?
         skipWhitespace()
         if position < bytes.count, bytes[position] == UInt8(ascii: "}") {
             position += 1
@@ -112,7 +130,16 @@ public struct JSONReader {
         while true {
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
+            let keyStart = position
             let key = try parseString()
+            if !allowsDuplicateKeys {
+                if names == nil && members.count >= 16 { names = Set(members.map(\.key)) }
+                let repeated = names != nil ? !names!.insert(key).inserted : members.contains { $0.key == key }
+                if repeated {
+                    position = keyStart
+                    throw error("duplicate key \"\(key.prefix(64))\"")
+                }
+            }
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
             position += 1
@@ -135,6 +162,7 @@ public struct JSONReader {
 
     private mutating func parseArray(depth: Int) throws(JSONError) -> JSONValue {
         guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        deepest = max(deepest, depth)
         position += 1
         var elements: [JSONValue] = []
         skipWhitespace()

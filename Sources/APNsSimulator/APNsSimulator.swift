@@ -387,7 +387,9 @@ private final class SimulatorCore: Sendable {
         guard !request.body.isEmpty else { return (400, .payloadEmpty, nil) }
         if request.body.count > pushType.maximumPayloadSize { return (413, .payloadTooLarge, nil) }
         // Apple documents no reason for a body that is not a JSON object; APNs refuses it, so the simulator does too.
-        guard case .object? = try? JSONReader.parse(request.body) else { return (400, APNsReason("BadPayload"), nil) }
+        guard case .object? = try? JSONReader.parse(request.body, allowsDuplicateKeys: true) else {
+            return (400, APNsReason("BadPayload"), nil)
+        }
         if let died = state.withLock({ $0.unregistered[token] }) { return (410, .unregistered, died) }
         return (200, nil, nil)
     }

@@ -156,6 +156,10 @@ public final class TokenCleanup: Sendable {
         var unregistrations: [TokenRemoval] = []
         var registrations: [TokenRegistration] = []
         var bad: [(AMQPDelivery, String)] = []
+        // Which delivery each Redis change came from, so that one Redis refuses (a key of the wrong type) is parked
+        // with its reason like an unreadable message, and the rest of the batch proceeds.
+        var removalSources: [AMQPDelivery] = [], registrationSources: [AMQPDelivery] = []
+        var unregistrationSources: [AMQPDelivery] = []
         for delivery in batch {
             do throws(JobError) {
                 if delivery.consumerTag == deadTag {
@@ -165,13 +169,17 @@ public final class TokenCleanup: Sendable {
                     removals.append(TokenRemoval(user: event.user ?? "", token: event.token,
                                                  unlessRegisteredAfter: event.timestamp,
                                                  onlyIfValueIn: event.cacheValuesItRemoves(defaultTopic: configuration.defaultTopic)))
+                    removalSources.append(delivery)
                 } else {
                     let event = try RegistrationEvent.decode(delivery.body, now: now)
                     switch event.action {
-                    case .register: registrations.append(event.registration)
+                    case .register:
+                        registrations.append(event.registration)
+                        registrationSources.append(delivery)
                     case .unregister:
                         unregistrations.append(TokenRemoval(user: event.registration.user, token: event.registration.token,
                                                             unlessRegisteredAfter: event.registration.registeredAt))
+                        unregistrationSources.append(delivery)
                     }
                 }
             } catch {
@@ -181,11 +189,17 @@ public final class TokenCleanup: Sendable {
         let removed = try tokens.remove(removals)
         let applied = try tokens.register(registrations)
         let unregistered = try tokens.remove(unregistrations)
-        statistics.deadTokensRemoved.add(removed.filter { $0 }.count, ordering: .relaxed)
-        statistics.deadTokensKept.add(removed.filter { !$0 }.count, ordering: .relaxed)
-        statistics.registrationsApplied.add(applied.filter { $0 }.count, ordering: .relaxed)
-        statistics.registrationsStale.add(applied.filter { !$0 }.count, ordering: .relaxed)
-        statistics.unregistrations.add(unregistered.filter { $0 }.count, ordering: .relaxed)
+        statistics.deadTokensRemoved.add(removed.filter { $0 == .applied }.count, ordering: .relaxed)
+        statistics.deadTokensKept.add(removed.filter { $0 == .unchanged }.count, ordering: .relaxed)
+        statistics.registrationsApplied.add(applied.filter { $0 == .applied }.count, ordering: .relaxed)
+        statistics.registrationsStale.add(applied.filter { $0 == .unchanged }.count, ordering: .relaxed)
+        statistics.unregistrations.add(unregistered.filter { $0 == .applied }.count, ordering: .relaxed)
+        for (changes, sources) in [(removed, removalSources), (applied, registrationSources),
+                                   (unregistered, unregistrationSources)] {
+            for (change, delivery) in zip(changes, sources) {
+                if case .failed(let message) = change { bad.append((delivery, "Redis refused the change: \(message)")) }
+            }
+        }
         if !bad.isEmpty {
             var last: UInt64 = 0
             for (delivery, reason) in bad {

@@ -25,8 +25,13 @@ final class JobProgress: @unchecked Sendable {
     /// 400 mismatch answers the mass-invalidation guard held back: no token removed, no event (see `applyGuard`).
     private(set) var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
 
-    /// Tokens whose outcome became final since the last hand-over to the idempotency record.
+    /// Outcomes that became final since the last hand-over to the idempotency record (`SentRecord` members: the
+    /// token, or for a dead token what its event needs).
     private(set) var unrecordedFinal: [String] = []
+    /// Loop thread only: waiting in the worker's list of jobs with outcomes to hand over; handed back to the broker
+    /// thread as complete (from then on the broker thread owns the job).
+    var awaitsHandOver = false
+    var handedBack = false
 
     /// Whether the job's id names it across redeliveries (an id of its own or an AMQP message-id), so that a
     /// record of what was already sent can be kept for it.
@@ -62,7 +67,7 @@ final class JobProgress: @unchecked Sendable {
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
         remaining -= 1
-        noteFinal(index)
+        if hasStableID { unrecordedFinal.append(SentRecord.member(dead: targets[index], response)) }
     }
 
     func recordFailed(_ index: Int, reason: String) {
@@ -75,11 +80,18 @@ final class JobProgress: @unchecked Sendable {
         if hasStableID { unrecordedFinal.append(targets[index].token) }
     }
 
-    /// Hands over the tokens finished since the last call, once there are `atLeast` of them.
-    func takeUnrecordedFinal(atLeast threshold: Int) -> [String]? {
-        guard !unrecordedFinal.isEmpty, unrecordedFinal.count >= threshold else { return nil }
+    /// Hands over the outcomes finished since the last call, if any.
+    func takeUnrecordedFinal() -> [String]? {
+        guard !unrecordedFinal.isEmpty else { return nil }
         defer { unrecordedFinal.removeAll(keepingCapacity: true) }
         return unrecordedFinal
+    }
+
+    /// A redelivered job: what the idempotency record says an earlier delivery already settled. Those answers
+    /// count for the guard, and the dead tokens among them are published again (their events may not have been).
+    func restore(settled: Int, dead restored: [(target: DeviceTarget, response: APNsResponse)]) {
+        answered += settled
+        dead += restored
     }
 
     func recordRetryable(_ index: Int, reason: String, delay: Double) {
@@ -87,9 +99,14 @@ final class JobProgress: @unchecked Sendable {
         remaining -= 1
     }
 
+    /// Whether `applyGuard` ran: a job whose publishes are made again is judged once.
+    private var guardApplied = false
+
     /// Once every outcome is in: moves the 400 mismatch answers out of `dead` into `heldBack` if the guard says they
-    /// look like a configuration mistake rather than dead tokens. Returns how many it held back.
-    func applyGuard(_ invalidationGuard: MassInvalidationGuard) -> Int {
+    /// look like a configuration mistake rather than dead tokens. Returns how many it held back; nil if it had run.
+    func applyGuard(_ invalidationGuard: MassInvalidationGuard) -> Int? {
+        guard !guardApplied else { return nil }
+        guardApplied = true
         let mismatches = dead.filter { APNsOutcome.isTokenMismatch($0.response) }
         guard invalidationGuard.holdsBack(mismatches: mismatches.count, answers: answered) else { return 0 }
         heldBack = mismatches
@@ -123,4 +140,12 @@ final class JobProgress: @unchecked Sendable {
         text += "\"failed_by_reason\":{\(failedByReason)}}"
         return Array(text.utf8)
     }
+}
+
+/// A value one thread alone reads and writes (the APNs client's loop thread), kept in a Sendable owner: the
+/// confinement is the invariant, not a lock.
+final class LoopConfined<Value>: @unchecked Sendable {
+    var value: Value
+
+    init(_ value: Value) { self.value = value }
 }

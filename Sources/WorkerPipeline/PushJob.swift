@@ -22,6 +22,8 @@ public struct PushJob: Sendable, Equatable {
     public var attempt: Int = 1
     /// On a retry: exactly the notifications still to send (users already resolved).
     public var retryTargets: [DeviceTarget]?
+    /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
+    public var originalBody: [UInt8]?
 
     public struct Limits: Sendable {
         public var maximumMessageSize = 1 << 20
@@ -31,18 +33,36 @@ public struct PushJob: Sendable, Equatable {
         public init() {}
     }
 
+    /// The worker's retry wrapper around the original job: `retry.job` nests it two levels deeper, and the retry
+    /// body holds it beside the retry's own targets.
+    static let retryWrapperDepth = 2
+    static let retrySizeFactor = 3
+
     /// Decodes a message body. `defaultTopic` is APNS_TOPIC; `fallbackID` names jobs that carry no id.
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
                               limits: Limits = .init()) throws(JobError) -> PushJob {
-        guard body.count <= limits.maximumMessageSize else {
+        // A retry body (the worker's own) carries the original job inside it, so it may be larger and deeper than a
+        // job; any other body is held to the limits once parsed.
+        guard body.count <= limits.maximumMessageSize * Self.retrySizeFactor else {
             throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
         }
         guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
         let document: JSONValue
-        do { document = try JSONReader.parse(body, maximumDepth: limits.maximumDepth) } catch {
+        let depth: Int
+        do {
+            (document, depth) = try JSONReader.parseMeasuringDepth(body, maximumDepth: limits.maximumDepth + Self.retryWrapperDepth)
+        } catch {
             throw .notJSON(error.description)
         }
         guard case .object = document else { throw .notAnObject(document.typeName) }
+        if document["retry"] == nil || document["retry"] == .null {
+            guard body.count <= limits.maximumMessageSize else {
+                throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
+            }
+            guard depth <= limits.maximumDepth else {
+                throw .notJSON("nesting deeper than \(limits.maximumDepth) levels")
+            }
+        }
 
         let ownID = try optionalString(document, "id")
         let id = ownID ?? fallbackID
@@ -83,14 +103,26 @@ public struct PushJob: Sendable, Equatable {
         let expiration = try optionalInteger(document, "expiration")
         if let expiration, expiration < 0 { throw .badExpiration(expiration) }
         let collapseID = try optionalString(document, "collapse_id")
-        if let collapseID, collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
+        if let collapseID {
+            if collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
+            if let problem = HeaderValue.problem(collapseID, allowsInnerSpaces: true) {
+                throw .badHeaderValue(field: "collapse_id", problem)
+            }
+        }
         guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
+        }
+        if let problem = HeaderValue.problem(bundle, allowsInnerSpaces: false) { throw .badHeaderValue(field: "topic", problem) }
+        var prevalidate = false
+        switch document["prevalidate"] {
+        case nil, .null?: break
+        case .bool(let flag)?: prevalidate = flag
+        case let other?: throw .wrongType(field: "prevalidate", expected: "true or false", got: other.typeName)
         }
 
         // Token pre-validation (from the source article): a silent background push to every target, so that APNs
         // reports the dead tokens before a campaign's real send. The job's own payload and push type are not used.
-        if case .bool(true)? = document["prevalidate"] {
+        if prevalidate {
             let silent = Array(#"{"aps":{"content-available":1}}"#.utf8)
             var job = PushJob(id: id, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
                               tokens: tokens, environment: environment, pushType: .background,
@@ -98,6 +130,7 @@ public struct PushJob: Sendable, Equatable {
             if let retry {
                 job.attempt = retry.attempt
                 job.retryTargets = retry.targets
+                job.originalBody = retry.original.map { Array(body[$0]) }
             }
             job.idFromBody = ownID != nil
             return job
@@ -116,14 +149,17 @@ public struct PushJob: Sendable, Equatable {
         if let retry {
             job.attempt = retry.attempt
             job.retryTargets = retry.targets
+            job.originalBody = retry.original.map { Array(body[$0]) }
         }
         job.idFromBody = ownID != nil
         return job
     }
 
-    /// The job the worker schedules to send `targets` again: everything as before, the users already resolved.
-    /// The `retry` member is the worker's own; a job enqueued by a backend never carries it.
-    public func retryBody(targets: [DeviceTarget]) -> [UInt8] {
+    /// The job the worker schedules to send `targets` again: everything as before, the users already resolved, and
+    /// the job as its sender enqueued it (`original`: the delivered body of a first attempt), to be parked unchanged
+    /// if the last attempt fails too. The `retry` member is the worker's own; a job enqueued by a backend never
+    /// carries it.
+    public func retryBody(targets: [DeviceTarget], original: [UInt8]) -> [UInt8] {
         var text = "{\"id\":\(JSONString.quote(id)),\"topic\":\(JSONString.quote(topic)),"
         text += "\"push_type\":\"\(pushType.rawValue)\",\"priority\":\(priority.rawValue),"
         if let expiration { text += "\"expiration\":\(expiration)," }
@@ -133,11 +169,16 @@ public struct PushJob: Sendable, Equatable {
             "{\"token\":\(JSONString.quote(target.token)),\"environment\":\"\(target.environment.rawValue)\","
                 + "\"user\":\(target.user.map(JSONString.quote) ?? "null")}"
         }.joined(separator: ",")
-        text += "]},\"payload\":"
-        return Array(text.utf8) + payload + [UInt8(ascii: "}")]
+        text += "],\"job\":"
+        var body = Array(text.utf8)
+        body += originalBody ?? original
+        body += Array("},\"payload\":".utf8)
+        return body + payload + [UInt8(ascii: "}")]
     }
 
-    private static func retryState(_ document: JSONValue) throws(JobError) -> (attempt: Int, targets: [DeviceTarget])? {
+    /// The retry state, and where the original job sits in the body (absent in retries written before it was kept).
+    private static func retryState(_ document: JSONValue) throws(JobError)
+        -> (attempt: Int, targets: [DeviceTarget], original: Range<Int>?)? {
         guard let retry = document["retry"], retry != .null else { return nil }
         guard case .object = retry, case .number(let attemptText)? = retry["attempt"], let attempt = Int(attemptText),
               attempt >= 2, case .array(let entries)? = retry["targets"], !entries.isEmpty else {
@@ -153,7 +194,14 @@ public struct PushJob: Sendable, Equatable {
             let user: String? = if case .string(let name)? = entry["user"] { name } else { nil }
             targets.append(DeviceTarget(token: token, environment: environment, user: user))
         }
-        return (attempt, targets)
+        var original: Range<Int>?
+        if let job = retry.member("job") {
+            guard case .object = job.value else {
+                throw .wrongType(field: "retry.job", expected: "the original job", got: job.value.typeName)
+            }
+            original = job.range
+        }
+        return (attempt, targets, original)
     }
 
     static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
@@ -211,6 +259,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case badPriority(Int64, String = "priority must be 10, 5 or 1")
     case badExpiration(Int64)
     case collapseIDTooLong(Int)
+    /// A value sent as an HTTP/2 header holds what no header may (control characters, whitespace).
+    case badHeaderValue(field: String, String)
     case missingTopic
     case payloadTooLarge(size: Int, limit: Int, pushType: APNsPushType)
 
@@ -232,6 +282,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badPriority(let value, let rule): "priority \(value): \(rule)"
         case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
         case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
+        case .badHeaderValue(let field, let problem): "\"\(field)\" \(problem): it is sent as an HTTP/2 header"
         case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
         case .payloadTooLarge(let size, let limit, let pushType):
             "payload is \(size) bytes, over the \(limit)-byte limit for push_type \(pushType)"

@@ -1,8 +1,13 @@
+import APNs
 import Redis
 
 /// The idempotency record: per job, the tokens whose notification already had a final outcome, in a Redis set
-/// `apns:job:<job id>:done` that lives an hour. Written in batches while a job is under way; read only for
-/// redelivered jobs, so that a worker crash costs few or no duplicate pushes.
+/// `apns:job:<job id>:done` that lives an hour. Written at least every 10 ms of answers while a job is under way;
+/// read only for redelivered jobs, so that a worker crash costs few or no duplicate pushes.
+///
+/// A member is the token; for a dead token, also what its dead-token event needs
+/// (`<token>|<status>|<timestamp>|<environment>|<reason>|<user>`), so that a redelivery that skips the token still
+/// publishes its event: an event is never lost because the notification was not sent again.
 public struct SentRecord {
     public static func key(forJob id: String) -> String { "apns:job:" + id + ":done" }
     public static let lifetime = 3600
@@ -11,24 +16,67 @@ public struct SentRecord {
 
     public init(redis: RedisConnection) { self.redis = redis }
 
-    public func record(_ batches: [(jobID: String, tokens: [String])]) throws(RedisError) {
+    /// Adds the batches in one round trip. Returns the jobs whose record Redis refused (a key of the wrong type),
+    /// with its error: a data error about those jobs (a redelivery would send their notifications again), never a
+    /// reason to stop the others. Only a lost connection throws.
+    /// The member for a dead token.
+    static func member(dead target: DeviceTarget, _ response: APNsResponse) -> String {
+        "\(target.token)|\(response.status)|\(response.timestamp.map(String.init) ?? "")|\(target.environment.rawValue)|"
+            + "\(response.reason?.rawValue ?? "")|\(target.user ?? "")"
+    }
+
+    /// What an earlier delivery of a job settled: every token, and the dead ones' outcomes.
+    public struct Settled: Sendable {
+        public var tokens: Set<String> = []
+        public var dead: [(target: DeviceTarget, response: APNsResponse)] = []
+    }
+
+    static func settled(_ members: [String]) -> Settled {
+        var result = Settled()
+        for member in members {
+            guard member.contains("|") else {
+                result.tokens.insert(member)
+                continue
+            }
+            let fields = member.split(separator: "|", maxSplits: 5, omittingEmptySubsequences: false).map(String.init)
+            guard fields.count == 6, let status = Int(fields[1]), let environment = APNsEnvironment(rawValue: fields[3]) else {
+                continue
+            }
+            result.tokens.insert(fields[0])
+            result.dead.append((DeviceTarget(token: fields[0], environment: environment, user: fields[5].isEmpty ? nil : fields[5]),
+                                APNsResponse(status: status, reason: fields[4].isEmpty ? nil : APNsReason(fields[4]),
+                                             timestamp: Int64(fields[2]))))
+        }
+        return result
+    }
+
+    public func record(_ batches: [(jobID: String, tokens: [String])]) throws(RedisError) -> [String: String] {
         var commands: [[String]] = []
+        var jobs: [String] = []
         for batch in batches where !batch.tokens.isEmpty {
             commands.append(["SADD", Self.key(forJob: batch.jobID)] + batch.tokens)
             commands.append(["EXPIRE", Self.key(forJob: batch.jobID), String(Self.lifetime)])
+            jobs += [batch.jobID, batch.jobID]
         }
-        guard !commands.isEmpty else { return }
-        for reply in try redis.pipeline(commands) {
-            if case .error(let message) = reply { throw RedisError(kind: .server, "idempotency record: \(message)") }
+        guard !commands.isEmpty else { return [:] }
+        var refused: [String: String] = [:]
+        for (job, reply) in zip(jobs, try redis.pipeline(commands)) {
+            if case .error(let message) = reply { refused[job] = message }
         }
+        return refused
     }
 
-    /// For each job, the tokens already done; one round trip for all.
-    public func sent(jobIDs: [String]) throws(RedisError) -> [String: Set<String>] {
-        guard !jobIDs.isEmpty else { return [:] }
+    /// For each job, what was already settled, in one round trip; and the jobs whose record Redis cannot read (they
+    /// count as having nothing settled). Only a lost connection throws.
+    public func sent(jobIDs: [String]) throws(RedisError) -> (done: [String: Settled], unreadable: [String: String]) {
+        guard !jobIDs.isEmpty else { return ([:], [:]) }
         let replies = try redis.pipeline(jobIDs.map { ["SMEMBERS", Self.key(forJob: $0)] })
-        var result: [String: Set<String>] = [:]
-        for (id, reply) in zip(jobIDs, replies) { result[id] = Set(reply.elements.compactMap(\.text)) }
-        return result
+        var result: [String: Settled] = [:]
+        var unreadable: [String: String] = [:]
+        for (id, reply) in zip(jobIDs, replies) {
+            if case .error(let message) = reply { unreadable[id] = message; continue }
+            result[id] = Self.settled(reply.elements.compactMap(\.text))
+        }
+        return (result, unreadable)
     }
 }

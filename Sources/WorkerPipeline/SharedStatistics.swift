@@ -18,8 +18,10 @@ public struct SharedStatistics {
     }
 
     /// Adds what happened since the last report (`delta`) to the current minute and marks `worker` alive, in one
-    /// round trip.
-    public func report(_ delta: WorkerStatistics.Snapshot, worker: String, now: Date = Date()) throws(RedisError) {
+    /// round trip. Returns what Redis refused (a key of the wrong type), if anything: statistics are worth a warning,
+    /// never a reconnect. Only a lost connection throws.
+    @discardableResult
+    public func report(_ delta: WorkerStatistics.Snapshot, worker: String, now: Date = Date()) throws(RedisError) -> String? {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let key = Self.minuteKey(milliseconds / 60_000)
         var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }
@@ -27,8 +29,9 @@ public struct SharedStatistics {
         commands.append(["ZADD", Self.workersKey, String(milliseconds), worker])
         commands.append(["ZREMRANGEBYSCORE", Self.workersKey, "-inf", String(milliseconds - 3_600_000)])
         for reply in try redis.pipeline(commands) {
-            if case .error(let message) = reply { throw RedisError(kind: .server, "reporting statistics: \(message)") }
+            if case .error(let message) = reply { return message }
         }
+        return nil
     }
 
     /// The counters of the last `minutes` minutes (the current one included), summed, and the workers that reported

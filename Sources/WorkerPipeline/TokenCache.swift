@@ -27,6 +27,23 @@ public struct CachedToken: Sendable, Equatable {
     }
 }
 
+/// What one removal or registration did to the cache. A failure is Redis refusing the script for this entry's keys
+/// (a key of the wrong type that another system wrote): a data error about one user, never a reason to stop the rest.
+public enum CacheChange: Sendable, Equatable {
+    case applied
+    /// Nothing to do: a removal found the token gone, registered again since, or registered for another topic or
+    /// environment; a registration was older than what is known.
+    case unchanged
+    case failed(String)
+}
+
+/// A user's tokens, with the users whose entry Redis could not read (a key of the wrong type: their jobs skip them).
+public struct ResolvedUsers: Sendable {
+    public var tokens: [String: [CachedToken]]
+    /// user -> Redis's error.
+    public var unreadable: [String: String]
+}
+
 /// Takes one token out of the cache, if what is known of it still says so.
 public struct TokenRemoval: Sendable, Equatable {
     /// "" for a token sent directly: its owner (`apns:owner:<token>`), if known.
@@ -134,30 +151,35 @@ public struct TokenCache {
     }
 
     /// Takes tokens out of the cache in one round trip, each only if what is known of it still says so (see
-    /// `TokenRemoval`). Returns, per removal, whether it removed the token.
+    /// `TokenRemoval`). Returns what each removal did; only a lost connection throws.
     @discardableResult
-    public func remove(_ removals: [TokenRemoval]) throws(RedisError) -> [Bool] {
+    public func remove(_ removals: [TokenRemoval]) throws(RedisError) -> [CacheChange] {
         guard !removals.isEmpty else { return [] }
         let replies = try redis.pipeline(removals.map { removal in
             ["EVAL", Self.removeUnlessRegisteredAfter, "0", removal.user, removal.token,
              String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? [])
         })
-        return try replies.map { reply throws(RedisError) -> Bool in
-            if case .error(let message) = reply { throw RedisError(kind: .server, "removing a token: \(message)") }
-            return reply.integer == 1
+        return replies.map { reply in
+            if case .error(let message) = reply { return .failed(message) }
+            return reply.integer == 1 ? .applied : .unchanged
         }
     }
 
     /// Every user's tokens with what each serves, in one pipelined round trip. Entries that are not a hex token
-    /// with a readable value (`TokenScope`) are skipped and logged (the cache is fed by other systems).
-    public func resolve(_ users: [String]) throws(RedisError) -> [String: [CachedToken]] {
+    /// with a readable value (`TokenScope`) are skipped and logged (the cache is fed by other systems); so is a user
+    /// whose key Redis cannot read as a hash. Only a lost connection throws.
+    public func resolve(_ users: [String]) throws(RedisError) -> ResolvedUsers {
         let unique = Array(Set(users))
-        guard !unique.isEmpty else { return [:] }
+        guard !unique.isEmpty else { return ResolvedUsers(tokens: [:], unreadable: [:]) }
         let replies = try redis.pipeline(unique.map { ["HGETALL", Self.key(forUser: $0)] })
         var result: [String: [CachedToken]] = [:]
+        var unreadable: [String: String] = [:]
         for (user, reply) in zip(unique, replies) {
             if case .error(let message) = reply {
-                throw RedisError(kind: .server, "HGETALL \(Self.key(forUser: user)): \(message)")
+                logger.warning("skipping a user whose token cache entry cannot be read",
+                               ["redis.key": Self.key(forUser: user), "redis.error": message])
+                unreadable[user] = message
+                continue
             }
             let fields = reply.elements
             var tokens: [CachedToken] = []
@@ -178,21 +200,21 @@ public struct TokenCache {
             }
             result[user] = tokens
         }
-        return result
+        return ResolvedUsers(tokens: result, unreadable: unreadable)
     }
 
-    /// Applies registrations in one round trip; returns, per registration, whether it changed the cache (false
-    /// for one older than what is known).
+    /// Applies registrations in one round trip; returns, per registration, whether it changed the cache (`.unchanged`
+    /// for one older than what is known, `.failed` where Redis refused its keys). Only a lost connection throws.
     @discardableResult
-    public func register(_ registrations: [TokenRegistration]) throws(RedisError) -> [Bool] {
+    public func register(_ registrations: [TokenRegistration]) throws(RedisError) -> [CacheChange] {
         guard !registrations.isEmpty else { return [] }
         let replies = try redis.pipeline(registrations.map { registration in
             ["EVAL", Self.register, "0", registration.user, registration.token, registration.scope.cacheValue,
              String(registration.registeredAt), registration.deviceJSON ?? ""]
         })
-        return try replies.map { reply throws(RedisError) -> Bool in
-            if case .error(let message) = reply { throw RedisError(kind: .server, "registering a token: \(message)") }
-            return reply.integer == 1
+        return replies.map { reply in
+            if case .error(let message) = reply { return .failed(message) }
+            return reply.integer == 1 ? .applied : .unchanged
         }
     }
 
@@ -235,8 +257,13 @@ public struct TokenCache {
             let users = parts[1].elements.compactMap { $0.text.map { String($0.dropFirst(Self.registeredPrefix.count)) } }
             guard !users.isEmpty else { continue }
             let replies = try redis.pipeline(users.map { ["EVAL", Self.sweepUser, "0", $0, String(cutoff)] })
-            for reply in replies {
-                if case .error(let message) = reply { throw RedisError(kind: .server, "sweeping: \(message)") }
+            for (user, reply) in zip(users, replies) {
+                if case .error(let message) = reply {
+                    // One user's keys of the wrong type (written by another system) cost that user's sweep only.
+                    logger.warning("inactivity sweep skipped a user whose keys cannot be read",
+                                   ["redis.key": Self.registeredKey(forUser: user), "redis.error": message])
+                    continue
+                }
                 removed += Int(reply.integer ?? 0)
             }
         } while cursor != "0"

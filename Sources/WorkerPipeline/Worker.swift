@@ -14,6 +14,11 @@ import Telemetry
 /// through `completions` with one wake-up.
 public final class Worker: Sendable {
     public static let reasonHeader = "x-apns-worker-reason"
+    /// On a job parked after its last attempt: how many attempts were made, and the device tokens still undelivered
+    /// (comma-separated, the first `undeliveredListed` of them).
+    public static let attemptsHeader = "x-apns-worker-attempts"
+    public static let undeliveredHeader = "x-apns-worker-undelivered"
+    static let undeliveredListed = 100
 
     public let configuration: WorkerConfiguration
     public let statistics = WorkerStatistics()
@@ -22,8 +27,11 @@ public final class Worker: Sendable {
     private let completions = Locked<[JobProgress]>([])
     /// Final outcomes of jobs still under way, in batches, for the idempotency record (see `recordSent`).
     private let finalOutcomes = Locked<[(jobID: String, tokens: [String])]>([])
-    /// Outcomes per job handed over at once: one Mutex round trip per this many notifications, not per notification.
-    private static let outcomeBatch = 64
+    /// Final outcomes go to the idempotency record at least this often (seconds): a crash sends again what was
+    /// unanswered plus at most this much of answers. One hand-over per interval, not one per answer.
+    static let outcomeInterval = 0.01
+    /// Loop thread only: jobs with final outcomes not handed over yet, and whether a hand-over is scheduled.
+    private let outcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
     private let wakeup = Wakeup()
     private let stopRequested = Atomic<Bool>(false)
     private let ready = Atomic<Bool>(false)
@@ -59,26 +67,28 @@ public final class Worker: Sendable {
         wakeup.signal()
     }
 
-    /// Runs until `stop()`; reconnects to the broker and Redis with back-off when they go away.
+    /// Runs until `stop()`; reconnects to the broker and Redis with back-off when they go away. Only connection
+    /// failures reach here: a data error (a key of the wrong type, a bad job) is settled where it concerns one user,
+    /// token or job, and the rest of the batch proceeds.
     public func run() {
         apns.connect(.production)
         var generation = 0
-        var failures = 0
+        var backoff = ReconnectBackoff()
         var shared = statistics.snapshot()
         while !stopRequested.load(ordering: .acquiring) {
             generation += 1
             do {
                 let session = try connect()
-                failures = 0
+                backoff.connected()
                 ready.store(true, ordering: .relaxed)
                 try serve(session, generation: generation, sharedThrough: &shared)
                 ready.store(false, ordering: .relaxed)
                 break
             } catch {
                 ready.store(false, ordering: .relaxed)
-                failures += 1
-                let delay = reconnectDelay(afterFailures: failures)
+                let delay = backoff.failed()
                 logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
+                                                                         "failures_in_a_row": String(backoff.failures),
                                                                          "retry_in_s": String(format: "%.2f", delay)])
                 wakeup.wait(timeout: delay)
             }
@@ -121,9 +131,8 @@ public final class Worker: Sendable {
         "\(jobsQueue).retry.\(Int((delay * 1000).rounded()))ms"
     }
 
-    private func connect() throws -> Session {
-        let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
-                                      caFile: configuration.amqpCAFile)
+    /// The queues and the exchange the worker uses: declared at every connect, and again when one went missing.
+    private func declareTopology(on amqp: AMQPConnection) throws {
         for queue in [configuration.jobsQueue, configuration.failedQueue] {
             try amqp.declareQueue(queue)
         }
@@ -135,6 +144,12 @@ public final class Worker: Sendable {
                 "x-dead-letter-routing-key": .string(configuration.jobsQueue),
             ])
         }
+    }
+
+    private func connect() throws -> Session {
+        let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
+                                      caFile: configuration.amqpCAFile)
+        try declareTopology(on: amqp)
         try amqp.setPrefetch(configuration.prefetch)
         try amqp.enablePublisherConfirms()
         try amqp.consume(configuration.jobsQueue)
@@ -162,6 +177,7 @@ public final class Worker: Sendable {
         // are unacknowledged. Each is its job and index: the request is built only when it goes out.
         var backlog = OutgoingQueue()
         var nextWindowAt: Date?
+        var held = HeldPublishes()
         while true {
             let stopping = stopRequested.load(ordering: .acquiring)
             if stopping {
@@ -175,7 +191,7 @@ public final class Worker: Sendable {
                                        ["jobs.in_flight": String(inFlight)])
                     }
                     let now = statistics.snapshot()
-                    try? session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity)
+                    _ = try? session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity)
                     shared = now
                     session.amqp.close()
                     return
@@ -190,11 +206,14 @@ public final class Worker: Sendable {
                 defer { queue.removeAll(keepingCapacity: true) }
                 return queue
             }
-            if !outcomes.isEmpty { try session.sentRecord.record(outcomes) }
+            if !outcomes.isEmpty { try record(outcomes, session: session) }
             let current = finished.filter { $0.generation == generation }
             if !current.isEmpty {
-                try finish(current, session: session)
-                inFlight -= current.count
+                inFlight -= try finish(current, session: session, held: &held)
+            }
+            if let due = held.takeDue() {
+                if !due.jobs.isEmpty { inFlight -= try finish(due.jobs, session: session, held: &held) }
+                if !due.rejections.isEmpty { try reject(due.rejections, session: session, held: &held) }
             }
 
             var batch: [AMQPDelivery] = []
@@ -208,15 +227,13 @@ public final class Worker: Sendable {
                         logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
                         statistics.brokerBlocked.store(blocked, ordering: .relaxed)
                         if blocked { statistics.brokerBlocks.add(1, ordering: .relaxed) }
-                    case .returned(let queue, let text):
-                        logger.error("a publish was returned unroutable", ["amqp.queue": queue, "amqp.reply": text])
                     case .confirm:
                         break
                     }
                 }
             }
             if !batch.isEmpty {
-                inFlight += try start(batch, session: session, generation: generation, into: &backlog)
+                inFlight += try start(batch, session: session, generation: generation, into: &backlog, held: &held)
             }
             if !backlog.isEmpty && (nextWindowAt.map { Date() >= $0 } ?? true) {
                 nextWindowAt = try send(&backlog, session: session).map { Date().addingTimeInterval($0) }
@@ -225,7 +242,10 @@ public final class Worker: Sendable {
 
             if Date().timeIntervalSince(lastShared) >= Self.reportInterval {
                 let now = statistics.snapshot()
-                try session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity)
+                if let refused = try session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity) {
+                    statistics.countDataError("statistics")
+                    logger.warning("Redis refused the shared statistics", ["redis.error": refused])
+                }
                 shared = now
                 lastShared = Date()
             }
@@ -244,8 +264,9 @@ public final class Worker: Sendable {
             }
             if !session.amqp.hasBufferedInput {
                 // While stopping, deliveries are left unread (the broker requeues them), so only wake-ups count.
+                let wakeAt = [nextWindowAt, held.nextDue].compactMap { $0 }.min()
                 wakeup.wait(alsoReadable: stopping ? nil : session.amqp.socketDescriptor,
-                            timeout: min(1, nextWindowAt.map { max(0.001, $0.timeIntervalSinceNow) } ?? 1))
+                            timeout: min(1, wakeAt.map { max(0.001, $0.timeIntervalSinceNow) } ?? 1))
             }
         }
     }
@@ -259,7 +280,15 @@ public final class Worker: Sendable {
         var wait: Double?
         if let rateLimit = session.rateLimit {
             let wanted = count
-            let reservation = try rateLimit.reserve(wanted)
+            let reservation: (granted: Int, nextWindowIn: Double)
+            do { reservation = try rateLimit.reserve(wanted) } catch {
+                guard error.kind == .server else { throw error }
+                // Redis refused the script (a slot key of the wrong type): nothing goes out unmetered; the slot keys
+                // expire within 10 s, so waiting a second and asking again is enough.
+                statistics.countDataError("rate_limit")
+                logger.error("Redis refused the rate-limit reservation; waiting", ["redis.error": error.message])
+                return 1
+            }
             count = reservation.granted
             if count < wanted {
                 wait = reservation.nextWindowIn
@@ -283,7 +312,7 @@ public final class Worker: Sendable {
     /// Decodes a batch, rejects the bad jobs, resolves users in one Redis round trip and queues every notification
     /// for sending. Returns how many jobs are now waiting for outcomes.
     private func start(_ batch: [AMQPDelivery], session: Session, generation: Int,
-                       into backlog: inout OutgoingQueue) throws -> Int {
+                       into backlog: inout OutgoingQueue, held: inout HeldPublishes) throws -> Int {
         var rejected: [(AMQPDelivery, String)] = []
         var jobs: [(AMQPDelivery, PushJob)] = []
         for delivery in batch {
@@ -296,23 +325,31 @@ public final class Worker: Sendable {
             }
         }
         let resolved = try session.tokens.resolve(jobs.flatMap { $0.1.retryTargets == nil ? $0.1.users : [] })
+        statistics.countDataError("token_cache_read", resolved.unreadable.count)
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
         let redelivered = jobs.filter { $0.0.redelivered && Self.hasStableID($0.1, $0.0) }.map(\.1.id)
-        let alreadySent = try session.sentRecord.sent(jobIDs: redelivered)
+        let (alreadySent, unreadableRecords) = try session.sentRecord.sent(jobIDs: redelivered)
+        for (jobID, message) in unreadableRecords {
+            statistics.countDataError("idempotency_record")
+            logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
+                         ["job.id": jobID, "redis.key": SentRecord.key(forJob: jobID), "redis.error": message])
+        }
 
         var progresses: [JobProgress] = []
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
             var targets = job.retryTargets
-                ?? Self.targets(of: job, resolved: resolved,
+                ?? Self.targets(of: job, resolved: resolved.tokens,
                                 reaching: TopicMatcher(topic: job.topic, defaultTopic: configuration.defaultTopic))
-            if let done = alreadySent[job.id], !done.isEmpty {
+            let settled = alreadySent[job.id]
+            if let done = settled?.tokens, !done.isEmpty {
                 let before = targets.count
                 targets.removeAll { done.contains($0.token) }
                 statistics.duplicatesAvoided.add(before - targets.count, ordering: .relaxed)
             }
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
                                        hasStableID: Self.hasStableID(job, delivery))
+            if let settled { progress.restore(settled: settled.tokens.count, dead: settled.dead) }
             progresses.append(progress)
             if targets.isEmpty {
                 finishedAtOnce.append(progress)
@@ -320,9 +357,9 @@ public final class Worker: Sendable {
             }
             backlog.append(progress, count: targets.count)
         }
-        if !rejected.isEmpty { try reject(rejected, session: session) }
-        if !finishedAtOnce.isEmpty { try finish(finishedAtOnce, session: session) }
-        return progresses.count - finishedAtOnce.count
+        if !rejected.isEmpty { try reject(rejected, session: session, held: &held) }
+        let settled = finishedAtOnce.isEmpty ? 0 : try finish(finishedAtOnce, session: session, held: &held)
+        return progresses.count - settled
     }
 
     /// A new job's device tokens: its own, then those of its users' tokens that serve its topic, each token once (a
@@ -344,8 +381,9 @@ public final class Worker: Sendable {
         return targets
     }
 
-    /// Bad jobs go to PUSH_FAILED_QUEUE with their reason, confirmed, then acknowledged.
-    private func reject(_ rejected: [(AMQPDelivery, String)], session: Session) throws {
+    /// Bad jobs go to PUSH_FAILED_QUEUE with their reason, confirmed, then acknowledged. One the broker hands back
+    /// (the failed queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
+    private func reject(_ rejected: [(AMQPDelivery, String)], session: Session, held: inout HeldPublishes) throws {
         let amqp = session.amqp
         var last: UInt64 = 0
         var sequences: [UInt64] = []
@@ -353,41 +391,91 @@ public final class Worker: Sendable {
             var properties = delivery.properties
             properties.persistent = true
             properties.headers[Self.reasonHeader] = reason
-            last = try amqp.publish(to: configuration.failedQueue, body: delivery.body, properties: properties)
+            last = try amqp.publish(to: configuration.failedQueue, body: delivery.body, properties: properties,
+                                    mandatory: true)
             sequences.append(last)
             logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.deliveryTag)])
         }
         let nacked = Set(try amqp.waitForConfirms(through: last))
+        let returned = try handBacks(amqp.takeReturns(), session: session)
+        let parkingRefused = !returned.isEmpty || !nacked.isEmpty
         var settled: [UInt64] = []
-        for ((delivery, _), sequence) in zip(rejected, sequences) {
-            if nacked.contains(sequence) {
-                try session.acknowledgements.requeue(delivery.deliveryTag)
+        for ((delivery, reason), sequence) in zip(rejected, sequences) {
+            if nacked.contains(sequence) || returned.contains(Destination(exchange: "", routingKey: configuration.failedQueue)) {
+                held.hold(rejection: (delivery, reason))
+                statistics.countRefusedPublish("rejected_job")
             } else {
                 settled.append(delivery.deliveryTag)
                 statistics.jobsRejected.add(1, ordering: .relaxed)
             }
         }
+        if parkingRefused && settled.count < rejected.count {
+            logger.error("the broker did not take parked jobs; kept unacknowledged, parked again shortly",
+                         ["amqp.queue": configuration.failedQueue, "jobs": String(rejected.count - settled.count),
+                          "retry_in_s": String(HeldPublishes.pause)])
+        }
         try session.acknowledgements.acknowledge(settled)
     }
 
-    /// Publishes what finished jobs produced (dead-token events, parked jobs, summaries), waits for the broker's
-    /// confirms, takes the dead tokens out of the cache, then acknowledges the jobs. A job whose publishes were not
-    /// confirmed is requeued, not acknowledged. The order makes a crash repeat work, never lose an event: a token
-    /// leaves the cache only once its event is safe with the broker.
-    private func finish(_ finished: [JobProgress], session: Session) throws {
+    /// Where a publish went: the exchange and the routing key, as a return names them.
+    struct Destination: Hashable {
+        var exchange: String
+        var routingKey: String
+    }
+
+    /// Logs and counts what the broker handed back, and declares the worker's queues again if one of its own went
+    /// missing (deleted at run time), so that the next attempt finds it. Returns the destinations handed back.
+    private func handBacks(_ returns: [AMQPReturn], session: Session) throws -> Set<Destination> {
+        guard !returns.isEmpty else { return [] }
+        let destinations = Set(returns.map { Destination(exchange: $0.exchange, routingKey: $0.routingKey) })
+        let own = ownDestinations
+        for destination in destinations where own.contains(destination) {
+            logger.error("the broker handed back a publish: no queue took it; declaring the worker's queues again",
+                         ["amqp.exchange": destination.exchange, "amqp.routing_key": destination.routingKey,
+                          "amqp.reply": returns.first { $0.routingKey == destination.routingKey }?.replyText ?? ""])
+        }
+        if !destinations.isDisjoint(with: own) { try declareTopology(on: session.amqp) }
+        return destinations
+    }
+
+    /// The destinations of what must not be lost: dead-token events, parked jobs, retries.
+    private var ownDestinations: Set<Destination> {
+        var destinations: Set<Destination> = [Destination(exchange: configuration.deadTokensExchange,
+                                                          routingKey: configuration.deadTokensQueue),
+                                              Destination(exchange: "", routingKey: configuration.failedQueue)]
+        for delay in configuration.retryDelays {
+            destinations.insert(Destination(exchange: "", routingKey: Self.retryQueueName(jobsQueue: configuration.jobsQueue,
+                                                                                          delay: delay)))
+        }
+        return destinations
+    }
+
+    /// Publishes what finished jobs produced (dead-token events, parked jobs, retries, summaries), waits for the
+    /// broker's confirms, takes the dead tokens out of the cache, then acknowledges the jobs. Returns how many jobs
+    /// it settled.
+    ///
+    /// Events, parked jobs and retries are published mandatory: one the broker hands back (its queue was deleted)
+    /// or refuses (nacks) leaves its job unacknowledged and held, and its publishes are made again after a pause
+    /// (`HeldPublishes`), so nothing is acknowledged that was not published. A summary to a `reply_to` queue that
+    /// does not exist is logged; it holds nothing up. The order makes a crash repeat work, never lose an event: a
+    /// token leaves the cache only once its event is safe with the broker.
+    private func finish(_ finished: [JobProgress], session: Session, held: inout HeldPublishes) throws -> Int {
         let amqp = session.amqp
         var ranges: [ClosedRange<UInt64>?] = []
+        var destinations: [Set<Destination>] = []
         var last: UInt64 = 0
         for progress in finished {
             settleTokenMismatches(progress)
             let first = amqp.upcomingPublishSequence
+            var kept = Set<Destination>()
             for (target, response) in progress.dead {
                 let event = DeadTokenEvent(token: target.token, user: target.user, topic: progress.job.topic,
                                            environment: target.environment, status: response.status,
                                            reason: response.reason?.rawValue ?? "", timestamp: response.timestamp,
                                            jobID: progress.job.id)
                 last = try amqp.publish(to: configuration.deadTokensQueue, exchange: configuration.deadTokensExchange,
-                                        body: event.json)
+                                        body: event.json, mandatory: true)
+                kept.insert(Destination(exchange: configuration.deadTokensExchange, routingKey: configuration.deadTokensQueue))
             }
             let retrying = !progress.retryable.isEmpty && progress.job.attempt < configuration.maximumSendAttempts
             if retrying {
@@ -397,46 +485,89 @@ public final class Worker: Sendable {
                 var properties = progress.delivery.properties
                 properties.persistent = true
                 properties.headers[Self.reasonHeader] = progress.retryable[0].reason
-                last = try amqp.publish(to: retryQueue(attempt: progress.job.attempt, suggestedDelay: delay),
-                                        body: progress.job.retryBody(targets: progress.retryable.map(\.target)),
-                                        properties: properties)
+                let queue = retryQueue(attempt: progress.job.attempt, suggestedDelay: delay)
+                last = try amqp.publish(to: queue, body: progress.job.retryBody(targets: progress.retryable.map(\.target),
+                                                                                original: progress.delivery.body),
+                                        properties: properties, mandatory: true)
+                kept.insert(Destination(exchange: "", routingKey: queue))
             } else if let first = progress.retryable.first {
+                // Parked as its sender enqueued it, with what happened in headers.
                 var properties = progress.delivery.properties
                 properties.persistent = true
-                properties.headers[Self.reasonHeader] =
-                    "\(progress.retryable.count) of \(progress.targets.count) notifications not delivered after "
+                let reason = "\(progress.retryable.count) of \(progress.targets.count) notifications not delivered after "
                     + "\(progress.job.attempt) attempts: \(first.reason)"
-                last = try amqp.publish(to: configuration.failedQueue, body: progress.delivery.body, properties: properties)
+                properties.headers[Self.reasonHeader] = reason
+                properties.headers[Self.attemptsHeader] = String(progress.job.attempt)
+                properties.headers[Self.undeliveredHeader] = progress.retryable.prefix(Self.undeliveredListed)
+                    .map(\.target.token).joined(separator: ",")
+                last = try amqp.publish(to: configuration.failedQueue,
+                                        body: progress.job.originalBody ?? progress.delivery.body,
+                                        properties: properties, mandatory: true)
+                kept.insert(Destination(exchange: "", routingKey: configuration.failedQueue))
+                logger.error("job parked after its last attempt", ["job.id": progress.job.id, "job.reason": reason,
+                                                                   "amqp.queue": configuration.failedQueue])
             }
             if let replyTo = progress.delivery.properties.replyTo, !replyTo.isEmpty {
                 last = try amqp.publish(to: replyTo, body: progress.summaryJSON(retrying: retrying),
                                         properties: AMQPProperties(correlationID: progress.delivery.properties.correlationID
-                                                                   ?? progress.job.id, persistent: false))
+                                                                   ?? progress.job.id, persistent: false),
+                                        mandatory: true)
             }
             let end = amqp.upcomingPublishSequence
             ranges.append(end > first ? first...(end - 1) : nil)
+            destinations.append(kept)
         }
         let nacked = last > 0 ? Set(try amqp.waitForConfirms(through: last)) : []
-        let confirmed = zip(finished, ranges).filter { _, range in !(range.map { $0.contains(where: nacked.contains) } ?? false) }
+        let returned = try handBacks(amqp.takeReturns(), session: session)
+        var confirmed: [JobProgress] = []
+        var refused: [JobProgress] = []
+        for ((progress, range), kept) in zip(zip(finished, ranges), destinations) {
+            if let range, range.contains(where: nacked.contains) || !kept.isDisjoint(with: returned) {
+                refused.append(progress)
+                continue
+            }
+            confirmed.append(progress)
+            if let replyTo = progress.delivery.properties.replyTo,
+               returned.contains(Destination(exchange: "", routingKey: replyTo)) {
+                statistics.countRefusedPublish("summary")
+                logger.warning("a job's summary was handed back: no queue named by its reply_to",
+                               ["job.id": progress.job.id, "amqp.reply_to": replyTo])
+            }
+        }
         // Only an entry that still serves the job's topic in that environment goes: a token registered since for
         // another kind or app is someone else's. Tokens sent directly are left to the cleanup consumer's events.
-        try session.tokens.remove(confirmed.flatMap { progress, _ in
+        let removals = confirmed.flatMap { progress in
             let matcher = TopicMatcher(topic: progress.job.topic, defaultTopic: configuration.defaultTopic)
             return progress.dead.compactMap { dead in
                 dead.target.user.map { user in
-                    TokenRemoval(user: user, token: dead.target.token, unlessRegisteredAfter: dead.response.timestamp,
-                                 onlyIfValueIn: matcher.cacheValues(in: dead.target.environment))
+                    (progress.job.id, TokenRemoval(user: user, token: dead.target.token,
+                                                   unlessRegisteredAfter: dead.response.timestamp,
+                                                   onlyIfValueIn: matcher.cacheValues(in: dead.target.environment)))
                 }
             }
-        })
+        }
+        // A removal Redis refuses (a key of the wrong type) concerns that token only: its event is out, the job is
+        // settled, and the cleanup consumer will meet the same key and park the event with the reason.
+        for ((jobID, removal), change) in zip(removals, try session.tokens.remove(removals.map(\.1))) {
+            guard case .failed(let message) = change else { continue }
+            statistics.countDataError("token_removal")
+            logger.error("Redis refused to remove a dead token", ["job.id": jobID, "user": removal.user,
+                                                                  "apns.token": Redact.token(removal.token),
+                                                                  "redis.error": message])
+        }
+        // A held job's outcomes go to the idempotency record now: if this connection drops before its publishes are
+        // made again, its redelivery sends nothing twice and still publishes its dead tokens' events.
+        let unrecorded = refused.compactMap { progress in progress.takeUnrecordedFinal().map { (progress.job.id, $0) } }
+        if !unrecorded.isEmpty { try record(unrecorded, session: session) }
+        for progress in refused {
+            held.hold(job: progress)
+            statistics.countRefusedPublish("job_outputs")
+            logger.error("the broker did not take what a job produced; kept unacknowledged, published again shortly",
+                         ["job.id": progress.job.id, "retry_in_s": String(HeldPublishes.pause)])
+        }
         var completed: [UInt64] = []
-        completed.reserveCapacity(finished.count)
-        for (progress, range) in zip(finished, ranges) {
-            if let range, range.contains(where: nacked.contains) {
-                logger.error("broker refused a publish; the job will be redelivered", ["job.id": progress.job.id])
-                try session.acknowledgements.requeue(progress.delivery.deliveryTag)
-                continue
-            }
+        completed.reserveCapacity(confirmed.count)
+        for progress in confirmed {
             completed.append(progress.delivery.deliveryTag)
             statistics.jobsCompleted.add(1, ordering: .relaxed)
             if !progress.retryable.isEmpty {
@@ -453,13 +584,14 @@ public final class Worker: Sendable {
                                       "job.retryable": String(progress.retryable.count)])
         }
         try session.acknowledgements.acknowledge(completed)
+        return confirmed.count
     }
 
     /// The mass-invalidation guard, once a job's outcomes are all in: its 400 mismatch answers either count as dead
     /// tokens (removed, with events) or, when they look like a configuration mistake, are held back, logged at error
     /// level and counted. 410s are never held back.
     private func settleTokenMismatches(_ progress: JobProgress) {
-        let held = progress.applyGuard(configuration.invalidationGuard)
+        guard let held = progress.applyGuard(configuration.invalidationGuard) else { return }
         statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
                                   ordering: .relaxed)
         guard held > 0 else { return }
@@ -471,6 +603,16 @@ public final class Worker: Sendable {
             "job.held_back": String(held), "job.answers": String(progress.answered),
             "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? "",
         ])
+    }
+
+    /// Adds final outcomes to the idempotency record. A record Redis refuses concerns that job only: logged and
+    /// counted (a redelivery of it would send its notifications again), never a reconnect.
+    private func record(_ outcomes: [(jobID: String, tokens: [String])], session: Session) throws {
+        for (jobID, message) in try session.sentRecord.record(outcomes) {
+            statistics.countDataError("idempotency_record")
+            logger.error("Redis refused the idempotency record", ["job.id": jobID, "redis.key": SentRecord.key(forJob: jobID),
+                                                                  "redis.error": message])
+        }
     }
 
     // MARK: APNs loop thread
@@ -506,12 +648,62 @@ public final class Worker: Sendable {
             progress.recordRetryable(index, reason: result.response?.reason?.rawValue ?? "provider token", delay: 1)
         }
         if progress.isComplete {
+            // From here the broker thread owns the job, its outcomes not yet recorded included (finish settles it).
+            progress.handedBack = true
             completions.withLock { $0.append(progress) }
             wakeup.signal()
-        } else if let tokens = progress.takeUnrecordedFinal(atLeast: Self.outcomeBatch) {
-            finalOutcomes.withLock { $0.append((progress.job.id, tokens)) }
-            wakeup.signal()
+        } else if !progress.unrecordedFinal.isEmpty && !progress.awaitsHandOver {
+            progress.awaitsHandOver = true
+            outcomesAwaiting.value.jobs.append(progress)
+            if !outcomesAwaiting.value.scheduled {
+                outcomesAwaiting.value.scheduled = true
+                apns.schedule(after: Self.outcomeInterval) { [self] in handOverOutcomes() }
+            }
         }
+    }
+
+    /// Loop thread: the final outcomes gathered over the last interval go to the broker thread in one hand-over.
+    private func handOverOutcomes() {
+        var batches: [(jobID: String, tokens: [String])] = []
+        for progress in outcomesAwaiting.value.jobs where !progress.handedBack {
+            progress.awaitsHandOver = false
+            if let tokens = progress.takeUnrecordedFinal() { batches.append((progress.job.id, tokens)) }
+        }
+        outcomesAwaiting.value = ([], false)
+        guard !batches.isEmpty else { return }
+        finalOutcomes.withLock { $0.append(contentsOf: batches) }
+        wakeup.signal()
+    }
+}
+
+/// What the broker did not take (handed back: no queue; or nacked), kept unacknowledged and published again after a
+/// pause: finished jobs with everything they produce, and bad jobs to park. Bounded by the prefetch, as every one
+/// of them is an unacknowledged delivery. A pause rather than at once, so that a queue someone deleted costs a
+/// retry every few seconds (the worker declares its queues again meanwhile), not a loop.
+struct HeldPublishes {
+    static let pause = 5.0
+
+    private var jobs: [(progress: JobProgress, due: Date)] = []
+    private var rejections: [(delivery: AMQPDelivery, reason: String, due: Date)] = []
+
+    mutating func hold(job: JobProgress, now: Date = Date()) {
+        jobs.append((job, now.addingTimeInterval(Self.pause)))
+    }
+
+    mutating func hold(rejection: (AMQPDelivery, String), now: Date = Date()) {
+        rejections.append((rejection.0, rejection.1, now.addingTimeInterval(Self.pause)))
+    }
+
+    var nextDue: Date? { (jobs.map(\.due) + rejections.map(\.due)).min() }
+
+    /// What is due now, taken out; nil if nothing is.
+    mutating func takeDue(now: Date = Date()) -> (jobs: [JobProgress], rejections: [(AMQPDelivery, String)])? {
+        guard let next = nextDue, next <= now else { return nil }
+        let dueJobs = jobs.filter { $0.due <= now }.map(\.progress)
+        let dueRejections = rejections.filter { $0.due <= now }.map { ($0.delivery, $0.reason) }
+        jobs.removeAll { $0.due <= now }
+        rejections.removeAll { $0.due <= now }
+        return (dueJobs, dueRejections)
     }
 }
 

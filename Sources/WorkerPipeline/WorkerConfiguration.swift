@@ -148,6 +148,10 @@ public struct WorkerConfiguration: Sendable {
                                      "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and APNS_TEAM_ID, or APNS_CERT_FILE")
         }
 
+        let defaultTopic = value("APNS_TOPIC")
+        if let defaultTopic, let problem = HeaderValue.problem(defaultTopic, allowsInnerSpaces: false) {
+            throw ConfigurationError(key: "APNS_TOPIC", "\(problem): it is sent as the apns-topic header")
+        }
         let levelText = value("LOG_LEVEL") ?? "info"
         guard let level = Logger.Level(name: levelText) else {
             throw ConfigurationError(key: "LOG_LEVEL", "\"\(levelText)\" is not trace, debug, info, notice, warning or error")
@@ -162,7 +166,7 @@ public struct WorkerConfiguration: Sendable {
             amqpURL: amqpURL, amqpCAFile: try file("AMQP_CA_FILE"),
             amqpHeartbeat: try integer("AMQP_HEARTBEAT", default: 30, range: 0...3600), redisURL: redisURL, apns: apns,
             keyFile: keyFile, keyID: keyID, teamID: teamID, certificateFile: certificateFile,
-            certificateKeyFile: certificateKeyFile, defaultTopic: value("APNS_TOPIC"),
+            certificateKeyFile: certificateKeyFile, defaultTopic: defaultTopic,
             jobsQueue: try queue("PUSH_JOBS_QUEUE", default: "push.jobs"),
             deadTokensQueue: deadTokensQueue,
             failedQueue: try queue("PUSH_FAILED_QUEUE", default: "push.failed"),

@@ -33,6 +33,9 @@ public final class WorkerStatistics: Sendable {
     public let inFlight = Atomic<Int>(0)
     /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
     public let apnsLatency = Histogram()
+    /// Data errors, by where they happened: a key of the wrong type, a record Redis refused. Each concerns one user,
+    /// token or job, which is skipped or settled with its reason while the rest proceeds.
+    private let dataErrors = Locked<[String: Int]>([:])
     /// Answers other than 200, by status and reason ("none" for notifications that got no answer). Counted off the
     /// hot path: only failures take the lock.
     private let unsuccessful = Locked<[ResponseKey: Int]>([:])
@@ -47,6 +50,21 @@ public final class WorkerStatistics: Sendable {
     public var openConnections: Int {
         connectionsOpened.load(ordering: .relaxed) - connectionsClosed.load(ordering: .relaxed)
     }
+
+    /// Publishes the broker handed back or refused, by kind (job_outputs, rejected_job, summary).
+    private let refusedPublishes = Locked<[String: Int]>([:])
+
+    public func countRefusedPublish(_ kind: String) { refusedPublishes.withLock { $0[kind, default: 0] += 1 } }
+
+    public func refusedPublishCount(_ kind: String) -> Int { refusedPublishes.withLock { $0[kind] ?? 0 } }
+
+    /// `place`: token_cache_read, token_removal, idempotency_record, statistics, rate_limit.
+    public func countDataError(_ place: String, _ count: Int = 1) {
+        guard count > 0 else { return }
+        dataErrors.withLock { $0[place, default: 0] += count }
+    }
+
+    public func dataErrorCount(_ place: String) -> Int { dataErrors.withLock { $0[place] ?? 0 } }
 
     public func countUnsuccessful(status: Int?, reason: String) {
         let key = ResponseKey(status: status.map(String.init) ?? "none", reason: reason)
@@ -74,6 +92,14 @@ public final class WorkerStatistics: Sendable {
                        [([("status", "200"), ("reason", "")], load(delivered))] + answers.map { key, count in
                            ([("status", key.status), ("reason", key.reason)], count)
                        })
+        metrics.family("apns_worker_data_errors_total", "counter",
+                       "Data errors (a Redis key of the wrong type, a record refused), each about one user, token or job, "
+                           + "by where they happened.",
+                       dataErrors.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("where", $0.key)], $0.value) })
+        metrics.family("apns_worker_publishes_refused_total", "counter",
+                       "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
+                           + "rejected jobs are held and published again, summaries are only logged.",
+                       refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
         metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", load(inFlight))
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
                           apnsLatency)

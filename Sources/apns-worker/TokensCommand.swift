@@ -84,8 +84,12 @@ func tokensCommand(_ arguments: [String]) {
                 }
             }
             let now = Int64(Date().timeIntervalSince1970 * 1000)
-            try cache.register([TokenRegistration(user: user, token: operands[1], scope: scope, registeredAt: now,
-                                                  deviceJSON: device)])
+            let change = try cache.register([TokenRegistration(user: user, token: operands[1], scope: scope,
+                                                               registeredAt: now, deviceJSON: device)])
+            if case .failed(let message)? = change.first {
+                fail("tokens add: Redis refused the change (another system wrote these keys?): \(message)",
+                     code: ExitCode.dataError)
+            }
             print("added \(shown(operands[1], full: full)) for \(user) (\(scope.cacheValue))")
         case "remove":
             var servedValues: [String]?
@@ -96,7 +100,11 @@ func tokensCommand(_ arguments: [String]) {
                 servedValues = [environment.rawValue]
             }
             let removed = try cache.remove([TokenRemoval(user: user, token: operands[1], onlyIfValueIn: servedValues)])
-            if removed.first == true {
+            if case .failed(let message)? = removed.first {
+                fail("tokens remove: Redis refused the change (another system wrote these keys?): \(message)",
+                     code: ExitCode.dataError)
+            }
+            if removed.first == .applied {
                 print("removed \(shown(operands[1], full: full)) from \(user)")
             } else if servedValues != nil, let entry = try cache.entries(forUser: user).first(where: { $0.token == operands[1] }) {
                 print("\(user)'s token \(shown(operands[1], full: full)) serves \(entry.value), not "

@@ -15,8 +15,10 @@ public func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
         precondition(targets > 0 && !job.topic.isEmpty && job.payload.count <= job.pushType.maximumPayloadSize,
                      "an accepted job without targets, topic or a valid payload")
         if let retryTargets = job.retryTargets {
-            let again = try? PushJob.decode(job.retryBody(targets: retryTargets), defaultTopic: nil, fallbackID: "")
-            precondition(again?.retryTargets == retryTargets && again?.payload == job.payload, "retry round trip")
+            let again = try? PushJob.decode(job.retryBody(targets: retryTargets, original: bytes), defaultTopic: nil,
+                                            fallbackID: "")
+            precondition(again?.retryTargets == retryTargets && again?.payload == job.payload
+                         && again?.originalBody == (job.originalBody ?? bytes), "retry round trip")
         }
     }
     if let event = try? RegistrationEvent.decode(bytes, now: 1) {

@@ -31,7 +31,7 @@ import WorkerPipeline
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { workerThread.stop() }
-        let body = #"{"id": "alarm-1", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+        let body = #"{"id": "\#(jobs)-alarm", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         publisher.close()
 
@@ -88,7 +88,7 @@ import WorkerPipeline
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for token in tokens {
-            last = try publisher.publish(to: jobs, body: Array(#"{"id": "restart-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+            last = try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
         publisher.close()

@@ -82,8 +82,12 @@ import WorkerPipeline
                 }
                 // And its retry form reads back with the same targets and payload.
                 if let targetList = job.retryTargets {
-                    let again = try PushJob.decode(job.retryBody(targets: targetList), defaultTopic: nil, fallbackID: "")
-                    if again.retryTargets != targetList || again.payload != job.payload { broken.append("retry round trip") }
+                    let again = try PushJob.decode(job.retryBody(targets: targetList, original: body), defaultTopic: nil,
+                                                   fallbackID: "")
+                    if again.retryTargets != targetList || again.payload != job.payload
+                        || again.originalBody != (job.originalBody ?? body) {
+                        broken.append("retry round trip")
+                    }
                 }
                 return true
             } catch {

@@ -307,7 +307,7 @@ import WorkerPipeline
         #expect(run.status == 0, "\(run.errors)")
         #expect(run.errors.contains("registered=1"), "\(run.errors)")
         let targets = try TokenCache(redis: try RedisConnection(url: redisURL), logger: Logger(label: "test")).resolve([user])
-        #expect(targets[user]?.map(\.token) == [Self.token("9a")])
+        #expect(targets.tokens[user]?.map(\.token) == [Self.token("9a")])
     }
 
     @Test func everyCommandExplainsItself() throws {

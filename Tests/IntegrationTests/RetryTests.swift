@@ -75,8 +75,8 @@ import WorkerPipeline
             "PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2",
         ]), logger: logger)
         defer { workerThread.stop() }
-        try publisher.publish(to: jobs, body: Array(#"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        let job = #"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#
+        try publisher.publish(to: jobs, body: Array(job.utf8), properties: AMQPProperties(replyTo: replies))
 
         // Attempt 1: healthy delivered, flaky 503, throttled 429. Attempt 2: flaky delivered, throttled 429.
         // Attempt 3: throttled 429 again, and out of attempts: parked.
@@ -87,9 +87,11 @@ import WorkerPipeline
         #expect((summaries.last?["failed"] as? Int) == 1)
 
         let parked = try #require(try failedReader.read(1).first)
-        #expect(parked.properties.headers[Worker.reasonHeader]?.contains("TooManyRequests") == true)
-        #expect(String(decoding: parked.body, as: UTF8.self).contains(#""token":"\#(throttled)","environment":"sandbox""#),
-                "the parked job names what is left, with its environment")
+        #expect(String(decoding: parked.body, as: UTF8.self) == job, "parked as its sender enqueued it")
+        #expect(parked.properties.headers[Worker.reasonHeader]?.contains("1 of 1 notifications not delivered after 3 attempts: TooManyRequests") == true,
+                "\(parked.properties.headers)")
+        #expect(parked.properties.headers[Worker.attemptsHeader] == "3")
+        #expect(parked.properties.headers[Worker.undeliveredHeader] == throttled, "what is left, in headers")
 
         let received = simulator.received()
         #expect(received.filter { $0.deviceToken == healthy }.count == 1, "a delivered notification is never resent")

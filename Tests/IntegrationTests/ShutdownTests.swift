@@ -27,7 +27,7 @@ import Glibc
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for job in 0..<20 {
-            last = try publisher.publish(to: jobs, body: Array(#"{"id": "stop-\#(job)", "tokens": ["\#(String(format: "%064x", job + 1))"], "payload": {"aps": {}}}"#.utf8),
+            last = try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)-\#(job)", "tokens": ["\#(String(format: "%064x", job + 1))"], "payload": {"aps": {}}}"#.utf8),
                                          properties: AMQPProperties(replyTo: replies))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)

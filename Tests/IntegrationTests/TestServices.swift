@@ -162,6 +162,17 @@ enum TestServices {
               + "\(parked) | \(lost)")
     }
 
+    /// Polls `condition` (every 10 ms) until it holds or `timeout` seconds pass; returns whether it held. For
+    /// state only visible by looking (a counter), never as a pause: the caller checks what it waited for.
+    static func waitUntil(timeout: Double = 20, _ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if try condition() { return true }
+            usleep(10_000)
+        }
+        return try condition()
+    }
+
     /// Owner-only (0600), as key files should be: the worker warns about keys others can read.
     static func temporaryFile(_ name: String, contents: String) throws -> String {
         let path = NSTemporaryDirectory() + unique(name)

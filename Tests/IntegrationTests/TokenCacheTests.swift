@@ -14,11 +14,16 @@ import WorkerPipeline
         let eve = TestServices.unique("eve")
         let good = String(repeating: "0d", count: 32)
         let voip = String(repeating: "0e", count: 32)
+        let wrongType = TestServices.unique("flo")
         _ = try redis.pipeline([
             ["HSET", TokenCache.key(forUser: dana), good, "sandbox", "not-hex", "production", "aa", "staging",
              voip, "production:com.example.app.voip", "0f0f", "production:", "0a0a", "test:com.example.app"],
+            ["SET", TokenCache.key(forUser: wrongType), "hello"],
         ])
-        let resolved = try cache.resolve([dana, eve, dana])
+        let all = try cache.resolve([dana, eve, dana, wrongType])
+        #expect(all.unreadable.keys.sorted() == [wrongType], "a key of the wrong type skips that user only")
+        #expect(all.unreadable[wrongType]?.contains("WRONGTYPE") == true)
+        let resolved = all.tokens
         #expect(Set(resolved[dana]?.map(\.token) ?? []) == [good, voip], "unreadable values are skipped")
         #expect(resolved[dana]?.first { $0.token == good }?.scope == TokenScope(environment: .sandbox))
         #expect(resolved[dana]?.first { $0.token == voip }?.scope
@@ -47,7 +52,7 @@ import WorkerPipeline
             TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .production)),
             TokenRemoval(user: user, token: voip, onlyIfValueIn: alertTopic.cacheValues(in: .production)),
         ])
-        #expect(removed == [false, false, false])
+        #expect(removed == [.unchanged, .unchanged, .unchanged])
         #expect(Set(try cache.entries(forUser: user).map(\.token)) == [device, voip, sandbox])
         #expect(try redis.command(["GET", TokenCache.ownerKey(forToken: voip)]).text == user, "nothing else forgotten")
 
@@ -55,7 +60,7 @@ import WorkerPipeline
             TokenRemoval(user: user, token: voip, onlyIfValueIn: voipTopic.cacheValues(in: .production)),
             TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .sandbox)),
         ])
-        #expect(matching == [true, true])
+        #expect(matching == [.applied, .applied])
         #expect(try cache.entries(forUser: user).map(\.token) == [device])
     }
 
@@ -93,7 +98,7 @@ import WorkerPipeline
         let removed = try cache.remove([TokenRemoval(user: user, token: stale, unlessRegisteredAfter: 2000),
                                         TokenRemoval(user: user, token: reRegistered, unlessRegisteredAfter: 2000),
                                         TokenRemoval(user: user, token: badToken)])
-        #expect(removed == [true, false, true])
+        #expect(removed == [.applied, .unchanged, .applied])
         let remaining = try redis.command(["HKEYS", TokenCache.key(forUser: user)]).elements.compactMap(\.text)
         #expect(remaining == [reRegistered], "the token the app registered after APNs's 410 stays")
         #expect(try redis.command(["HEXISTS", TokenCache.registeredKey(forUser: user), stale]).integer == 0)

@@ -58,6 +58,18 @@ import WorkerPipeline
         (#"{"users": ["u"], "payload": {}}"#, "no topic"),
         (#"{"users": ["u"], "topic": "t"}"#, "missing field \"payload\""),
         (#"{"users": ["u"], "topic": "t", "payload": "hi"}"#, "\"payload\" must be an object, got a string"),
+        // A string or a number is not a yes: either would have sent the real campaign instead of silent pushes.
+        (#"{"users": ["u"], "topic": "t", "prevalidate": "true", "payload": {}}"#, "\"prevalidate\" must be true or false, got a string"),
+        (#"{"users": ["u"], "topic": "t", "prevalidate": 1, "payload": {}}"#, "\"prevalidate\" must be true or false, got a number"),
+        // Readers disagree about a name given twice (the first or the last value): refused, named.
+        (#"{"tokens": ["aaaa"], "tokens": ["bbbb"], "topic": "t", "payload": {}}"#, "duplicate key \"tokens\""),
+        (#"{"users": ["u"], "topic": "t", "payload": {"aps": {"alert": "a", "alert": "b"}}}"#, "duplicate key \"alert\""),
+        // Values sent as HTTP/2 headers.
+        (#"{"users": ["u"], "topic": "com.example\u0000app", "payload": {}}"#, "\"topic\" holds control character 0x0"),
+        (#"{"users": ["u"], "topic": "com.example.app\r\nx-evil: 1", "payload": {}}"#, "\"topic\" holds control character 0xD"),
+        (#"{"users": ["u"], "topic": "com.example app", "payload": {}}"#, "\"topic\" holds a space"),
+        (#"{"users": ["u"], "topic": "t", "collapse_id": "a\tb", "payload": {}}"#, "\"collapse_id\" holds control character 0x9"),
+        (#"{"users": ["u"], "topic": "t", "collapse_id": " a", "payload": {}}"#, "\"collapse_id\" starts or ends with a space"),
     ])
     func badJobsAreNamed(body: String, expected: String) {
         do {
@@ -144,15 +156,36 @@ import WorkerPipeline
                 "the campaign's real payload is not sent")
     }
 
-    @Test func retryBodiesRoundTrip() throws {
-        var job = try PushJob.decode(Array(#"{"id": "r", "tokens": ["aa"], "collapse_id": "c", "expiration": 5, "payload": {"aps": {"alert": "x"}}}"#.utf8),
-                                     defaultTopic: "t", fallbackID: "f")
+    @Test func retryBodiesRoundTripAndKeepTheOriginalJob() throws {
+        let original = Array(#"{"id": "r", "users": ["u\"1"], "tokens": ["aa"], "collapse_id": "c", "expiration": 5, "payload": {"aps": {"alert": "x"}}}"#.utf8)
+        var job = try PushJob.decode(original, defaultTopic: "t", fallbackID: "f")
         job.attempt = 2
         let targets = [DeviceTarget(token: "bb", environment: .sandbox, user: "u\"1"), DeviceTarget(token: "cc", environment: .production, user: nil)]
-        let again = try PushJob.decode(job.retryBody(targets: targets), defaultTopic: nil, fallbackID: "f")
+        let again = try PushJob.decode(job.retryBody(targets: targets, original: original), defaultTopic: nil, fallbackID: "f")
         #expect(again.attempt == 3)
         #expect(again.retryTargets == targets)
         #expect(again.payload == job.payload)
         #expect(again.collapseID == "c" && again.expiration == 5 && again.topic == "t" && again.id == "r")
+        #expect(again.originalBody == original, "what is parked after the last attempt is what the sender enqueued")
+        // A retry of a retry carries the same original, not the first retry's body.
+        let third = try PushJob.decode(again.retryBody(targets: [targets[0]], original: Array("{}".utf8)), defaultTopic: nil,
+                                       fallbackID: "f")
+        #expect(third.originalBody == original && third.attempt == 4)
+    }
+
+    /// A retry body is the worker's own: it may be larger and two levels deeper than a job, as it holds the job.
+    @Test func retryBodiesMayExceedTheJobLimitsByTheJobTheyHold() throws {
+        var limits = PushJob.Limits()
+        limits.maximumMessageSize = 200
+        limits.maximumDepth = 4
+        let original = Array(#"{"id": "r", "tokens": ["aa"], "topic": "t", "payload": {"aps": {"alert": {"title": "x"}}}}"#.utf8)
+        let job = try PushJob.decode(original, defaultTopic: nil, fallbackID: "f", limits: limits)
+        let retry = job.retryBody(targets: [DeviceTarget(token: "aa", environment: .production, user: nil)], original: original)
+        #expect(retry.count > 200)
+        #expect(try PushJob.decode(retry, defaultTopic: nil, fallbackID: "f", limits: limits).originalBody == original)
+        let deep = Array(#"{"tokens": ["aa"], "topic": "t", "payload": {"aps": {"alert": {"title": {"x": 1}}}}}"#.utf8)
+        #expect(throws: JobError.self, "a job is held to the depth limit") {
+            try PushJob.decode(deep, defaultTopic: nil, fallbackID: "f", limits: limits)
+        }
     }
 }
