@@ -37,6 +37,10 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
     }
 
     public var isConnectionLost: Bool { kind == .connectionLost }
+
+    /// The broker refused this connection's own settings (ACCESS_REFUSED: user or password; NOT_ALLOWED: the vhost
+    /// does not exist or the user may not use it), or the URL is wrong: waiting will not help, the URL must change.
+    public var isPermanent: Bool { kind == .badURL || code == 403 || code == 530 }
 }
 
 /// Message properties the worker reads and writes.
@@ -109,6 +113,9 @@ public final class AMQPConnection {
     /// Mandatory publishes handed back, since the last `takeReturns`.
     private var returns: [AMQPReturn] = []
 
+    /// Seconds a call that waits for the broker's reply (a declare, a passive declare) waits at most.
+    public static let replyTimeout = 10
+
     /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none).
     public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil,
                 verifyPeer: Bool = true) throws(AMQPError) {
@@ -139,6 +146,10 @@ public final class AMQPConnection {
         }
         let login = CRabbitMQ_login_plain_with_capabilities(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
         try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
+        // Every call that waits for the broker's reply gives up after this long: a broker that stops answering (a
+        // frozen node) is found out by the next call, not after two missed heartbeats.
+        var rpcTimeout = timeval(tv_sec: Int(Self.replyTimeout), tv_usec: 0)
+        amqp_set_rpc_timeout(state, &rpcTimeout)
         amqp_channel_open(state, channel)
         try check(amqp_get_rpc_reply(state), "channel.open")
         isOpen = true
@@ -538,8 +549,10 @@ public final class AMQPConnection {
 
     private func libraryError(_ status: Int32, _ what: String) -> AMQPError {
         let text = String(cString: amqp_error_string2(status))
+        // A reply that timed out leaves the connection closed by librabbitmq: lost, like a broken socket.
         let lost = [AMQP_STATUS_SOCKET_ERROR, AMQP_STATUS_CONNECTION_CLOSED, AMQP_STATUS_HEARTBEAT_TIMEOUT,
-                    AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR].map(\.rawValue).contains(status)
+                    AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR,
+                    AMQP_STATUS_TIMEOUT].map(\.rawValue).contains(status)
         if lost { isOpen = false }
         return AMQPError(kind: lost ? .connectionLost : .library, code: Int(status), "\(what): \(text)")
     }

@@ -216,7 +216,8 @@ public final class APNsClient: Sendable {
                                         timestamp: body.timestamp)
             if APNsOutcome.isConfigurationError(response) {
                 logger.error("APNs rejected the credentials or topic: fix the configuration",
-                             ["apns.status": String(http.status), "apns.reason": response.reason?.rawValue ?? "",
+                             ["apns.status": String(http.status),
+                              "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
                               "apns.environment": environment.rawValue])
             }
             return APNsResult(outcome: APNsOutcome.classify(response), response: response)

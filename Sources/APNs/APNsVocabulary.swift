@@ -81,6 +81,21 @@ public struct APNsReason: Hashable, Sendable, CustomStringConvertible {
 
     public var description: String { rawValue }
 
+    /// Apple's documented reasons: the only values a metric label or a summary key takes.
+    public static let documented: Set<String> = [
+        "BadCollapseId", "BadDeviceToken", "BadExpirationDate", "BadMessageId", "BadPriority", "BadTopic",
+        "DeviceTokenNotForTopic", "DuplicateHeaders", "IdleTimeout", "InvalidPushType", "MissingDeviceToken",
+        "MissingTopic", "PayloadEmpty", "TopicDisallowed", "BadCertificate", "BadCertificateEnvironment",
+        "ExpiredProviderToken", "Forbidden", "InvalidProviderToken", "MissingProviderToken", "UnrelatedKeyIdInToken",
+        "BadEnvironmentKeyIdInToken", "BadPath", "MethodNotAllowed", "Unregistered", "ExpiredToken", "PayloadTooLarge",
+        "TooManyProviderTokenUpdates", "TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
+    ]
+
+    /// The reason as a metric label or a summary key: one of Apple's documented reasons, or `other`. Whatever an
+    /// endpoint writes (it may echo the path, a token with it) never becomes a label: the set stays small and
+    /// holds no personal data. The text itself goes to the log only, shortened and redacted.
+    public var label: String { Self.documented.contains(rawValue) ? rawValue : "other" }
+
     // 400
     public static let badCollapseId = APNsReason("BadCollapseId")
     public static let badDeviceToken = APNsReason("BadDeviceToken")

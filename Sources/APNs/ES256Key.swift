@@ -46,7 +46,7 @@ public final class ES256Key: @unchecked Sendable {
     public convenience init(contentsOfFile path: String) throws(APNsKeyError) {
         let text: String
         do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
-            throw .unreadable("cannot read \(path): \(error.localizedDescription)")
+            throw .unreadable("cannot read \(path) (missing, a directory, unreadable or not UTF-8)")
         }
         try self.init(pem: text)
     }

@@ -67,6 +67,10 @@ public struct JSONReader {
     public static func parseMeasuringDepth(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
                                            allowsDuplicateKeys: Bool = false) throws(JSONError) -> (value: JSONValue, depth: Int) {
         var reader = JSONReader(bytes: bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
+        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) {
+            throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
+                               + "save it as UTF-8 without one")
+        }
         reader.skipWhitespace()
         let value = try reader.parseValue(depth: 0)
         reader.skipWhitespace()
@@ -101,7 +105,11 @@ public struct JSONReader {
         case UInt8(ascii: "f"): try expectLiteral("false"); return .bool(false)
         case UInt8(ascii: "n"): try expectLiteral("null"); return .null
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .number(try parseNumber())
-        default: throw error("unexpected character '\(Character(Unicode.Scalar(bytes[position])))'")
+        default:
+            let byte = bytes[position]
+            // A byte of a multi-byte character would print as the wrong character: name it by its value.
+            throw error(byte < 0x80 ? "unexpected character '\(Character(Unicode.Scalar(byte)))'"
+                                    : "unexpected byte 0x\(String(byte, radix: 16, uppercase: true))")
         }
     }
 

@@ -280,7 +280,8 @@ public final class HTTP2Client: @unchecked Sendable {
                                             debugData: debugData))
             logger.warning("GOAWAY received", ["http2.connection": String(connection.id),
                                                "http2.last_stream_id": String(lastStreamID),
-                                               "http2.error_code": String(code), "http2.goaway_reason": debugData])
+                                               "http2.error_code": String(code),
+                                               "http2.goaway_reason": Redact.outsideText(debugData, limit: 200)])
             // Replace the connection now (the old one finishes its streams below last-stream-id and closes), unless it
             // never served a response: then the close path backs off, so a hostile endpoint cannot make us loop.
             if connection.responsesReceived > 0 { loop.execute { [self] in openMissingConnections() } }

@@ -221,14 +221,24 @@ final class TLSStream {
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
     }
 
-    func handshake() -> IOResult { classify(SSL_do_handshake(ssl), what: "TLS handshake") }
+    // OpenSSL's error queue is per thread, and one loop thread drives many connections: SSL_get_error reads that
+    // queue, so an error one connection left behind would make the next connection's ordinary "want read" look
+    // fatal and close it (a client that dropped its connection without close_notify closed the others'). Every
+    // call starts with an empty queue, and `classify` leaves it empty.
+
+    func handshake() -> IOResult {
+        ERR_clear_error()
+        return classify(SSL_do_handshake(ssl), what: "TLS handshake")
+    }
 
     func read(into buffer: UnsafeMutableRawBufferPointer) -> IOResult {
-        classify(SSL_read(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS read")
+        ERR_clear_error()
+        return classify(SSL_read(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS read")
     }
 
     func write(_ buffer: UnsafeRawBufferPointer) -> IOResult {
-        classify(SSL_write(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS write")
+        ERR_clear_error()
+        return classify(SSL_write(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS write")
     }
 
     var negotiatedProtocol: String? {
@@ -245,10 +255,15 @@ final class TLSStream {
         return String(cString: X509_verify_cert_error_string(result))
     }
 
-    func shutdown() { SSL_shutdown(ssl) }
+    func shutdown() {
+        ERR_clear_error()
+        SSL_shutdown(ssl)
+        ERR_clear_error()
+    }
 
     private func classify(_ result: Int32, what: String) -> IOResult {
         if result > 0 { return .done(Int(result)) }
+        defer { ERR_clear_error() }
         switch SSL_get_error(ssl, result) {
         case SSL_ERROR_WANT_READ: return .wantRead
         case SSL_ERROR_WANT_WRITE: return .wantWrite

@@ -74,7 +74,8 @@ public final class TokenCleanup: Sendable {
     /// queues have been empty for `idleSeconds` and one sweep has run (for cron jobs and tests); it then throws what
     /// went wrong rather than reconnecting.
     public func run(untilIdle: Bool = false, idleSeconds: Double = 1) throws {
-        var failures = 0
+        var backoff = ReconnectBackoff()
+        var connectedOnce = false
         var nextSweep = Date()
         while !stopRequested.load(ordering: .acquiring) {
             do {
@@ -93,7 +94,8 @@ public final class TokenCleanup: Sendable {
                                                   "amqp.queue.registrations": configuration.registrationsQueue,
                                                   "cleanup.inactive_days": String(configuration.inactiveDays)])
                 ready.store(true, ordering: .relaxed)
-                failures = 0
+                connectedOnce = true
+                backoff.connected()
                 let finished = try serve(amqp, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
                                          untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
                 ready.store(false, ordering: .relaxed)
@@ -101,8 +103,8 @@ public final class TokenCleanup: Sendable {
             } catch {
                 ready.store(false, ordering: .relaxed)
                 if untilIdle { throw error }
-                failures += 1
-                let delay = reconnectDelay(afterFailures: failures)
+                if !connectedOnce, let problem = StartupError(permanent: error) { throw problem }
+                let delay = backoff.failed()
                 logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
                                                                          "retry_in_s": String(format: "%.2f", delay)])
                 wakeup.wait(timeout: delay)

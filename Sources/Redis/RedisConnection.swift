@@ -9,8 +9,11 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
         case badURL
         /// The connection failed or broke: reconnect.
         case connectionLost
-        /// Redis answered with an error reply (wrong type, unknown command, NOAUTH, ...).
+        /// Redis answered with an error reply (wrong type, unknown command, ...).
         case server
+        /// Redis refused the connection's own settings (its password, its database, or it wants one that was not
+        /// given): waiting will not help, the URL must change.
+        case refused
     }
 
     public let kind: Kind
@@ -148,14 +151,26 @@ public final class RedisConnection {
         if let password = url.password {
             let reply = try command(url.user.map { ["AUTH", $0, password] } ?? ["AUTH", password])
             if case .error(let message) = reply {
-                throw RedisError(kind: .server, "Redis \(url) refused the password: \(message)")
+                throw RedisError(kind: .refused, "Redis \(url) refused the password: \(message)")
             }
         }
         if url.database != 0 {
             let reply = try command(["SELECT", String(url.database)])
             if case .error(let message) = reply {
-                throw RedisError(kind: .server, "Redis \(url) refused database \(url.database): \(message)")
+                throw RedisError(kind: .refused, "Redis \(url) refused database \(url.database): \(message)")
             }
+        }
+        // A round trip before anyone relies on the connection: accepting a TCP connection proves nothing (a frozen
+        // server's kernel still does), and a server that wants a password says so here, not on every command.
+        try ping()
+    }
+
+    /// One round trip (within the connection's timeout); throws if Redis does not answer PONG.
+    public func ping() throws(RedisError) {
+        let reply = try command(["PING"])
+        if case .error(let message) = reply {
+            let refused = message.hasPrefix("NOAUTH") || message.hasPrefix("WRONGPASS")
+            throw RedisError(kind: refused ? .refused : .server, "Redis \(url) refused PING: \(message)")
         }
     }
 

@@ -159,4 +159,26 @@ public enum Redact {
         let prefix = token.prefix(8)
         return "\(prefix)…(\(token.count))"
     }
+
+    /// Text that came from outside (a server's reason or GOAWAY data), made fit for a log line: control characters
+    /// dropped, any run of 16 or more hex digits (a device token an endpoint echoed back) shortened like a token,
+    /// and at most `limit` characters.
+    public static func outsideText(_ text: String, limit: Int = 80) -> String {
+        var out = ""
+        var run = ""
+        func flush() {
+            out += run.count >= 16 ? token(run) : run
+            run = ""
+        }
+        for character in text.prefix(limit * 4) {
+            if character.isHexDigit && character.isASCII {
+                run.append(character)
+                continue
+            }
+            flush()
+            if character.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F }) { out.append(character) }
+        }
+        flush()
+        return out.count > limit ? String(out.prefix(limit)) + "…" : out
+    }
 }

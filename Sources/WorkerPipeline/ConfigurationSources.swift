@@ -33,8 +33,12 @@ public enum ConfigurationSources {
 
     public static func readFile(_ path: String) throws(ConfigurationError) -> [String: String] {
         let text: String
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw ConfigurationError(key: "--config", "\(path) is a directory, not a file")
+        }
         do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
-            throw ConfigurationError(key: "--config", "cannot read \(path): \(error.localizedDescription)")
+            throw ConfigurationError(key: "--config", "cannot read \(path) (missing, unreadable or not UTF-8)")
         }
         return try parseFile(text, name: path)
     }

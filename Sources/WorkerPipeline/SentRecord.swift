@@ -22,7 +22,7 @@ public struct SentRecord {
     /// The member for a dead token.
     static func member(dead target: DeviceTarget, _ response: APNsResponse) -> String {
         "\(target.token)|\(response.status)|\(response.timestamp.map(String.init) ?? "")|\(target.environment.rawValue)|"
-            + "\(response.reason?.rawValue ?? "")|\(target.user ?? "")"
+            + "\(response.reason?.label ?? "")|\(target.user ?? "")"
     }
 
     /// What an earlier delivery of a job settled: every token, and the dead ones' outcomes.

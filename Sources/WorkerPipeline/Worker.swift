@@ -35,6 +35,11 @@ public final class Worker: Sendable {
     private let wakeup = Wakeup()
     private let stopRequested = Atomic<Bool>(false)
     private let ready = Atomic<Bool>(false)
+    /// When the broker and Redis last answered a round trip (monotonic nanoseconds), probed every second.
+    private let lastAlive = Atomic<UInt64>(0)
+    static let probeInterval = 1.0
+    /// /readyz says not ready once the broker or Redis has not answered for this long.
+    static let readinessWindow = 3.0
 
     public init(configuration: WorkerConfiguration, logger: Logger) throws(ConfigurationError) {
         self.configuration = configuration
@@ -43,6 +48,7 @@ public final class Worker: Sendable {
         if let problem = configuration.keyFilePermissionProblem() {
             logger.critical("the APNs private key is not private", ["file.problem": problem])
         }
+        if let choice = configuration.credentialChoice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
         var apnsConfiguration = configuration.apns
         let statistics = self.statistics
         apnsConfiguration.observer = { _, event in
@@ -58,8 +64,12 @@ public final class Worker: Sendable {
                           logger: logger.child("apns-client"))
     }
 
-    /// Whether the worker can work: consuming (connected to the broker and Redis) with an APNs connection open.
-    public var isReady: Bool { ready.load(ordering: .relaxed) && statistics.openConnections > 0 }
+    /// Whether the worker can work now: consuming, the broker and Redis answering (a round trip within the last
+    /// `readinessWindow` seconds), and an APNs connection open.
+    public var isReady: Bool {
+        let sinceAlive = Double(DispatchTime.now().uptimeNanoseconds &- lastAlive.load(ordering: .relaxed)) / 1e9
+        return ready.load(ordering: .relaxed) && sinceAlive < Self.readinessWindow && statistics.openConnections > 0
+    }
 
     /// Asks `run()` to stop consuming, finish what is under way (up to SHUTDOWN_TIMEOUT) and return.
     public func stop() {
@@ -69,16 +79,20 @@ public final class Worker: Sendable {
 
     /// Runs until `stop()`; reconnects to the broker and Redis with back-off when they go away. Only connection
     /// failures reach here: a data error (a key of the wrong type, a bad job) is settled where it concerns one user,
-    /// token or job, and the rest of the batch proceeds.
-    public func run() {
+    /// token or job, and the rest of the batch proceeds. Before the first connection succeeds, a refusal that
+    /// waiting cannot cure (wrong credentials, an unknown vhost or database) throws instead; a broker or Redis that is
+    /// merely down is waited for.
+    public func run() throws(StartupError) {
         apns.connect(.production)
         var generation = 0
         var backoff = ReconnectBackoff()
         var shared = statistics.snapshot()
+        var connectedOnce = false
         while !stopRequested.load(ordering: .acquiring) {
             generation += 1
             do {
                 let session = try connect()
+                connectedOnce = true
                 backoff.connected()
                 ready.store(true, ordering: .relaxed)
                 try serve(session, generation: generation, sharedThrough: &shared)
@@ -86,6 +100,10 @@ public final class Worker: Sendable {
                 break
             } catch {
                 ready.store(false, ordering: .relaxed)
+                if !connectedOnce, let problem = StartupError(permanent: error) {
+                    apns.shutdown()
+                    throw problem
+                }
                 let delay = backoff.failed()
                 logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
                                                                          "failures_in_a_row": String(backoff.failures),
@@ -99,6 +117,7 @@ public final class Worker: Sendable {
 
     private struct Session {
         let amqp: AMQPConnection
+        let redis: RedisConnection
         let tokens: TokenCache
         let rateLimit: SharedRateLimit?
         let sentRecord: SentRecord
@@ -154,11 +173,12 @@ public final class Worker: Sendable {
         try amqp.enablePublisherConfirms()
         try amqp.consume(configuration.jobsQueue)
         let redis = try RedisConnection(url: configuration.redisURL)
+        lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
         logger.info("consuming", ["amqp.queue": configuration.jobsQueue, "amqp.url": configuration.amqpURL.description,
                                   "amqp.local_port": String(amqp.localPort),
                                   "redis.url": configuration.redisURL.description,
                                   "amqp.prefetch": String(configuration.prefetch)])
-        return Session(amqp: amqp, tokens: TokenCache(redis: redis, logger: logger),
+        return Session(amqp: amqp, redis: redis, tokens: TokenCache(redis: redis, logger: logger),
                        rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil,
                        sentRecord: SentRecord(redis: redis), sharedStatistics: SharedStatistics(redis: redis),
                        acknowledgements: Acknowledgements(amqp: amqp))
@@ -178,6 +198,7 @@ public final class Worker: Sendable {
         var backlog = OutgoingQueue()
         var nextWindowAt: Date?
         var held = HeldPublishes()
+        var lastProbe = Date()
         while true {
             let stopping = stopRequested.load(ordering: .acquiring)
             if stopping {
@@ -237,6 +258,14 @@ public final class Worker: Sendable {
             }
             if !backlog.isEmpty && (nextWindowAt.map { Date() >= $0 } ?? true) {
                 nextWindowAt = try send(&backlog, session: session).map { Date().addingTimeInterval($0) }
+            }
+            if Date().timeIntervalSince(lastProbe) >= Self.probeInterval {
+                // Readiness is the broker and Redis as they are now: a round trip to each. One that does not answer
+                // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
+                try session.redis.ping()
+                _ = try session.amqp.queueStatus(configuration.jobsQueue)
+                lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+                lastProbe = Date()
             }
             if !batch.isEmpty { continue }
 
@@ -471,7 +500,7 @@ public final class Worker: Sendable {
             for (target, response) in progress.dead {
                 let event = DeadTokenEvent(token: target.token, user: target.user, topic: progress.job.topic,
                                            environment: target.environment, status: response.status,
-                                           reason: response.reason?.rawValue ?? "", timestamp: response.timestamp,
+                                           reason: response.reason?.label ?? "", timestamp: response.timestamp,
                                            jobID: progress.job.id)
                 last = try amqp.publish(to: configuration.deadTokensQueue, exchange: configuration.deadTokensExchange,
                                         body: event.json, mandatory: true)
@@ -619,9 +648,11 @@ public final class Worker: Sendable {
 
     private func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
         if result.response != nil { progress.countAnswer() }
+        // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an
+        // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
+        let reasonLabel = result.response?.reason?.label
         if result.outcome != .delivered {
-            // Without an answer, the reason is a fixed word: error texts vary and would make endless label values.
-            statistics.countUnsuccessful(status: result.response?.status, reason: result.response?.reason?.rawValue
+            statistics.countUnsuccessful(status: result.response?.status, reason: reasonLabel
                                          ?? (result.response == nil ? (result.outcome == .permanentFailure
                                                                        ? "not_sent" : "no_answer") : ""))
         }
@@ -635,17 +666,17 @@ public final class Worker: Sendable {
             // A 400 mismatch is counted once the job is complete, as dead or as held back (`settleTokenMismatches`).
             if !APNsOutcome.isTokenMismatch(response) { statistics.deadTokens.add(1, ordering: .relaxed) }
         case .permanentFailure:
-            let reason = result.response?.reason?.rawValue ?? result.error ?? "status \(result.response?.status ?? 0)"
+            let reason = result.response.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent"
             progress.recordFailed(index, reason: reason)
             statistics.permanentFailures.add(1, ordering: .relaxed)
-            logger.warning("notification failed", ["job.id": progress.job.id, "apns.reason": reason,
+            logger.warning("notification failed", ["job.id": progress.job.id,
+                                                   "apns.reason": Redact.outsideText(result.response?.reason?.rawValue ?? reason),
                                                    "apns.status": String(result.response?.status ?? 0),
                                                    "apns.token": Redact.token(progress.targets[index].token)])
         case .retryLater(let suggested):
-            progress.recordRetryable(index, reason: result.response?.reason?.rawValue ?? result.error ?? "retry later",
-                                     delay: suggested)
+            progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later", delay: suggested)
         case .refreshTokenAndRetry, .replaceConnectionAndRetry:
-            progress.recordRetryable(index, reason: result.response?.reason?.rawValue ?? "provider token", delay: 1)
+            progress.recordRetryable(index, reason: reasonLabel ?? "provider token", delay: 1)
         }
         if progress.isComplete {
             // From here the broker thread owns the job, its outcomes not yet recorded included (finish settles it).

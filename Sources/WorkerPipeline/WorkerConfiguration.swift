@@ -88,8 +88,13 @@ public struct WorkerConfiguration: Sendable {
         }
         func file(_ key: String) throws(ConfigurationError) -> String? {
             guard let path = value(key) else { return nil }
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+                throw ConfigurationError(key: key, "no file \(path)")
+            }
+            guard !isDirectory.boolValue else { throw ConfigurationError(key: key, "\(path) is a directory, not a file") }
             guard FileManager.default.isReadableFile(atPath: path) else {
-                throw ConfigurationError(key: key, "cannot read file \(path)")
+                throw ConfigurationError(key: key, "cannot read file \(path) (permissions)")
             }
             return path
         }
@@ -189,6 +194,13 @@ public struct WorkerConfiguration: Sendable {
             metricsHost: value("METRICS_HOST") ?? "0.0.0.0",
             metricsPort: try integer("METRICS_PORT", default: 9464, range: 0...65535),
             logLevel: level, logFormat: format)
+    }
+
+    /// Both kinds of credentials set: which one is used, for the log (token authentication wins).
+    public var credentialChoice: String? {
+        guard keyFile != nil, certificateFile != nil else { return nil }
+        return "APNS_KEY_FILE and APNS_CERT_FILE are both set: token authentication with APNS_KEY_FILE is used; "
+            + "the certificate is ignored (unset one of them)"
     }
 
     /// What is wrong with the private key file's permissions, if anything: a provider key signs for the whole team,

@@ -21,6 +21,12 @@ func fail(_ message: String, code: Int32) -> Never {
     exit(code)
 }
 
+/// The broker or Redis failed a command: exit 78 if it refused the URL's credentials, vhost or database (a setting to
+/// fix), 69 if it could not be reached or broke off (try again later).
+func failReaching(_ message: String, _ error: any Error) -> Never {
+    fail(message, code: StartupError(permanent: error) == nil ? ExitCode.unavailable : ExitCode.configuration)
+}
+
 /// One subcommand's arguments: options with values (repeatable), switches, and the words left over.
 struct ParsedArguments {
     var values: [String: [String]] = [:]
@@ -78,17 +84,25 @@ struct ParsedArguments {
         return parsed
     }
 
-    /// The configuration from the file, the environment and the flags, or exit 78 naming the key.
+    /// The configuration from the file, the environment and the flags, or exit 78 naming the key. A key the file or
+    /// `--set` gives that no setting has is an error (a typo would otherwise run with the default); one in the
+    /// environment with a prefix of ours is a warning (the environment holds much else).
     func configuration(requiringCredentials: Bool) -> WorkerConfiguration {
+        let environment = ProcessInfo.processInfo.environment
+        let configuration: WorkerConfiguration
         do {
             let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
-            return try WorkerConfiguration.load(
-                from: ConfigurationSources.merge(file: file, environment: ProcessInfo.processInfo.environment,
-                                                 flags: settings),
+            if let configFile { try SettingKeys.checkKnown(file.keys, source: "in \(configFile)") }
+            try SettingKeys.checkKnown(settings.keys, source: "given with --set")
+            configuration = try WorkerConfiguration.load(
+                from: ConfigurationSources.merge(file: file, environment: environment, flags: settings),
                 requiringCredentials: requiringCredentials)
         } catch {
             fail("configuration error: \(error)", code: ExitCode.configuration)
         }
+        let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
+        for warning in SettingKeys.unknownInEnvironment(environment) { logger.warning("unknown setting", ["setting": warning]) }
+        return configuration
     }
 
     /// An option that must be a whole number in `range`, or exit 2 naming it.
@@ -102,41 +116,57 @@ struct ParsedArguments {
     }
 }
 
+/// SIGINT and SIGTERM for the long-running commands: blocked in every thread from the first instruction (threads
+/// inherit the mask), so that a signal arriving at any moment, start-up included, stays pending until
+/// `runUntilSignalled` takes it with sigwait: never lost, never a default action that kills mid-work.
+func blockTerminationSignals() {
+    var signals = terminationSignals
+    pthread_sigmask(SIG_BLOCK, &signals, nil)
+}
+
+private var terminationSignals: sigset_t {
+    var signals = sigset_t()
+    sigemptyset(&signals)
+    sigaddset(&signals, SIGINT)
+    sigaddset(&signals, SIGTERM)
+    return signals
+}
+
 /// Runs `start` on its own thread (it blocks) until it returns; SIGTERM or SIGINT call `stop`, a second one exits
-/// at once with code 1.
-func runUntilSignalled(name: String, logger: Logger, start: @escaping @Sendable () -> Void,
+/// at once with code 1. A refusal at start that waiting cannot cure (`StartupError`) exits 78 naming it.
+/// `blockTerminationSignals` must have run first.
+func runUntilSignalled(name: String, logger: Logger, start: @escaping @Sendable () throws -> Void,
                        stop: @escaping @Sendable () -> Void) {
-    signal(SIGINT, SIG_IGN)
-    signal(SIGTERM, SIG_IGN)
-    let signalCount = Locked(0)
-    let sources = [SIGINT, SIGTERM].map { number in
-        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        source.setEventHandler {
-            // Signals that arrive together are coalesced into one call; `data` says how many there were.
-            let count = signalCount.withLock { count in
-                count += max(1, Int(source.data))
-                return count
-            }
+    let waiter = Thread {
+        var signals = terminationSignals
+        var received: Int32 = 0
+        var count = 0
+        while sigwait(&signals, &received) == 0 {
+            count += 1
             if count > 1 {
                 logger.warning("second signal: exiting now; unfinished work returns to the queue")
                 // _exit, not exit: no atexit handlers that could wait on the threads still working.
                 _exit(ExitCode.interrupted)
             }
-            logger.info("signal received: stopping", ["signal": String(number)])
+            logger.info("signal received: stopping", ["signal": String(received)])
             stop()
         }
-        source.resume()
-        return source
     }
+    waiter.name = "signals"
+    waiter.start()
     let finished = DispatchSemaphore(value: 0)
+    let failure = Locked<String?>(nil)
     let thread = Thread {
-        start()
+        do { try start() } catch { failure.withLock { $0 = "\(error)" } }
         finished.signal()
     }
     thread.name = name
     thread.start()
     finished.wait()
-    _ = sources
+    if let failure = failure.withLock({ $0 }) {
+        logger.critical("cannot start", ["error": failure])
+        fail("configuration error: \(failure)", code: ExitCode.configuration)
+    }
 }
 
 /// A token as people see it: shortened unless they asked for it whole (`--full-tokens`).

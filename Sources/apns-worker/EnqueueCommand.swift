@@ -52,7 +52,7 @@ func enqueueCommand(_ arguments: [String]) {
     }
     let enqueuer: JobEnqueuer
     do { enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to")) } catch {
-        fail("enqueue: \(error)", code: ExitCode.unavailable)
+        failReaching("enqueue: \(error)", error)
     }
     do {
         if fromFlags {

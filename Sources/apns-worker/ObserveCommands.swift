@@ -26,7 +26,7 @@ func statsCommand(_ arguments: [String]) {
         let report = try StatsReport.collect(configuration, windowMinutes: minutes)
         print(parsed.switches.contains("--json") ? report.json : report.text)
     } catch {
-        fail("stats: \(error)", code: ExitCode.unavailable)
+        failReaching("stats: \(error)", error)
     }
 }
 
@@ -80,7 +80,7 @@ func deadTokensCommand(_ arguments: [String]) {
     } catch let error as ConfigurationError {
         fail("configuration error: \(error)", code: ExitCode.configuration)
     } catch {
-        fail("dead-tokens tail: \(error)", code: ExitCode.unavailable)
+        failReaching("dead-tokens tail: \(error)", error)
     }
 }
 
@@ -115,14 +115,14 @@ func cleanupCommand(_ arguments: [String]) {
     let logger = Logger(label: "apns-cleanup", level: configuration.logLevel, format: configuration.logFormat)
     let cleanup = TokenCleanup(configuration: configuration, logger: logger)
     if parsed.switches.contains("--once") {
-        do { try cleanup.run(untilIdle: true) } catch { fail("cleanup: \(error)", code: ExitCode.unavailable) }
+        do { try cleanup.run(untilIdle: true) } catch { failReaching("cleanup: \(error)", error) }
         logger.info("cleanup done", ["stats": cleanup.statistics.summary])
         return
     }
     let health = startHealthServer(configuration, logger: logger,
                                    metrics: { cleanup.statistics.prometheusText(ready: cleanup.isReady) },
                                    ready: { cleanup.isReady })
-    runUntilSignalled(name: "cleanup", logger: logger, start: { try? cleanup.run() }, stop: { cleanup.stop() })
+    runUntilSignalled(name: "cleanup", logger: logger, start: { try cleanup.run() }, stop: { cleanup.stop() })
     logger.info("cleanup stopped", ["stats": cleanup.statistics.summary])
     health?.shutdown()
 }

@@ -34,7 +34,9 @@ EXAMPLE:
   APNS_KEY_FILE=/etc/apns/AuthKey.p8 APNS_KEY_ID=ABC123DEFG APNS_TEAM_ID=DEF123GHIJ APNS_TOPIC=com.example.app \\
   apns-worker run --log-level info
 
-EXIT CODES: 0 stopped after finishing, 1 second signal, 2 bad command line, 78 bad configuration.
+EXIT CODES: 0 stopped after finishing, 1 second signal, 2 bad command line, 78 bad configuration (a setting, or
+the broker or Redis refusing the credentials, vhost or database in AMQP_URL or REDIS_URL at start; a broker or
+Redis that is merely down is waited for).
 """
 
 func runCommand(_ arguments: [String]) {
@@ -52,7 +54,7 @@ func runCommand(_ arguments: [String]) {
                                    metrics: { worker.statistics.prometheusText(ready: worker.isReady) },
                                    ready: { worker.isReady })
     signal(SIGPIPE, SIG_IGN)
-    runUntilSignalled(name: "broker", logger: logger, start: { worker.run() }, stop: { worker.stop() })
+    runUntilSignalled(name: "broker", logger: logger, start: { try worker.run() }, stop: { worker.stop() })
     health?.shutdown()
 }
 

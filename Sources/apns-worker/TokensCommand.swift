@@ -70,7 +70,7 @@ func tokensCommand(_ arguments: [String]) {
     let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
     let cache: TokenCache
     do { cache = TokenCache(redis: try RedisConnection(url: configuration.redisURL), logger: logger) } catch {
-        fail("tokens: \(error)", code: ExitCode.unavailable)
+        failReaching("tokens: \(error)", error)
     }
     let full = parsed.switches.contains("--full-tokens")
     do {
@@ -122,7 +122,7 @@ func tokensCommand(_ arguments: [String]) {
                   : listText(entries, user: user, full: full, defaultTopic: configuration.defaultTopic))
         }
     } catch {
-        fail("tokens \(action): \(error)", code: ExitCode.unavailable)
+        failReaching("tokens \(action): \(error)", error)
     }
 }
 

@@ -2,10 +2,14 @@ import AMQP
 import APNs
 import APNsSimulator
 import Foundation
+import HTTP2
 import Redis
 import Telemetry
 import Testing
 import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Bad data and bad settings, as an attacker or a careless operator brings them, against real RabbitMQ, Redis and
 /// apns-sim: each is settled where it belongs (one user, token or job) and never causes duplicates, stalls or
@@ -112,6 +116,11 @@ import WorkerPipeline
         #expect(received.map(\.deviceToken) == [other], "only the good job reached APNs")
         TestServices.reportFault("ambiguous jobs (prevalidate not a boolean, a key twice, control characters in topic)",
                                  notifications: 1 + bad.count, received: received, parked: bad.count)
+        // enqueue refuses the same jobs before publishing them, naming the line and the key.
+        let enqueued = try OperationsTests.apnsWorker(["enqueue", "-", "--set", "PUSH_JOBS_QUEUE=\(jobs)"],
+                                                      input: bad[2].1 + "\n")
+        #expect(enqueued.status == 65 && enqueued.errors.contains("line 1: body is not JSON: duplicate key \"tokens\""),
+                "\(enqueued)")
     }
 
     /// The failed queue, then the dead-token queue, deleted at run time: a parked job and a dead-token event are
@@ -162,5 +171,79 @@ import WorkerPipeline
         #expect(received.filter { $0.deviceToken == dead }.count == 1, "nothing sent twice")
         TestServices.reportFault("failed and dead-token queues deleted at run time (parked job, event held, published again)",
                                  notifications: 2, received: received.filter { $0.deviceToken != dead }, parked: 0)
+    }
+
+    /// An endpoint that answers every push 400 with the request's path as its reason (a proxy echoing the path, a
+    /// hostile stand-in): the reason becomes no metric label and no summary key (Apple's documented reasons or
+    /// `other`), and no device token reaches /metrics or the log.
+    @Test func anEchoedReasonBecomesOtherAndNoTokenReachesMetricsOrLogs() throws {
+        let pair = try SelfSignedCertificate.generate()
+        let echo = try HTTP2Server(configuration: .init(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM),
+                                   logger: logger) { request, writer in
+            writer.respond(status: 400, headers: [HTTP2Field(name: "content-type", value: "application/json")],
+                           body: Array(#"{"reason": "\#(request.path)"}"#.utf8))
+        }
+        defer { echo.shutdown() }
+        let tokens = (0..<56).map { String(format: "%064x", 0xEC40_0000 + $0) }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let metricsPort = TestServices.freePort()
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)  // for the environment's shape only
+        defer { simulator.shutdown() }
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(echo.port)",
+            "APNS_CA_FILE": try TestServices.temporaryFile("echo-ca.pem", contents: pair.certificatePEM),
+            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort), "LOG_LEVEL": "debug",
+        ])
+        environment["APNS_TOPIC"] = "com.example.app"
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        defer { _ = worker.stop(SIGKILL) }
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "echo", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let summary = try Self.json(try #require(try replyReader.read(1).first))
+        #expect(summary["failed_by_reason"] as? [String: Int] == ["other": 56], "\(summary)")
+        let metrics = try TestServices.httpGet(port: metricsPort, "/metrics").body
+        #expect(metrics.contains(#"apns_worker_apns_responses_total{status="400",reason="other"} 56"#), "\(metrics)")
+        #expect(!tokens.contains { metrics.contains($0) }, "no device token in /metrics")
+        TestServices.reportFault("an endpoint echoing the path as its reason (56 answered 400: failed, labelled other)",
+                                 notifications: 56, received: [], parked: 56)
+        let logged = worker.waitForLine(containing: "notification failed")
+        #expect(logged?.contains("/3/device/") == true, "the text is logged: \(logged ?? "no line")")
+        #expect(!tokens.contains { logged?.contains($0) == true }, "but no device token whole")
+    }
+
+    /// apns-sim's control endpoint asked by another client (curl, which drops its connection without a TLS
+    /// close_notify) while answers are delayed: the worker's connections are not disturbed, nothing is sent twice.
+    @Test func theSimulatorsControlEndpointNeverDisturbsOtherConnections() throws {
+        let pending = DispatchSemaphore(value: 0)
+        let seen = Locked(0)
+        var configuration = APNsSimulator.Configuration()
+        configuration.behaviour.latency = 1
+        configuration.observer = { _ in if seen.withLock({ $0 += 1; return $0 }) == 100 { pending.signal() } }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        func publish(_ range: Range<Int>) throws {
+            for job in range {
+                try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(format: "%064x", 0xC7_0000 + job))"], "payload": {"aps": {}}}"#.utf8),
+                                      properties: AMQPProperties(replyTo: replies))
+            }
+        }
+        try publish(0..<100)
+        #expect(pending.wait(timeout: .now() + 30) == .success, "answers are pending")
+        for _ in 0..<3 {
+            let stats = try TestServices.run("/usr/bin/curl", ["-sk", "--http2", "https://127.0.0.1:\(simulator.port)/sim/stats"])
+            #expect(stats.contains("\"received\""), "\(stats)")
+        }
+        // More requests while the first answers are still pending: the server reads the worker's connections again.
+        try publish(100..<300)
+        #expect(try replyReader.read(300, timeout: 60).count == 300)
+        let received = simulator.received()
+        #expect(received.count == 300, "nothing resent: no connection of the worker's was closed")
+        #expect(worker.worker.statistics.connectionsClosed.load(ordering: .relaxed) == 0)
+        TestServices.reportFault("apns-sim control endpoint asked by curl while answers are delayed", notifications: 300,
+                                 received: received)
     }
 }

@@ -83,6 +83,7 @@ enum TestServices {
     /// Another program's server, output discarded; `stop` kills and reaps it.
     final class Daemon {
         private let process = Process()
+        var pid: Int32 { process.processIdentifier }
 
         init(_ path: String, _ arguments: [String]) throws {
             process.executableURL = URL(fileURLWithPath: path)
@@ -151,8 +152,8 @@ enum TestServices {
 
     /// Checks that a fault scenario lost nothing and prints its line (`scripts/chaos` gathers them into a table):
     /// the notifications it asked for (one device token each), the pushes APNs (apns-sim) accepted, the distinct
-    /// tokens among them, and so the duplicates and the losses. `parked` counts notifications settled on the failed
-    /// queue on purpose, which are not lost.
+    /// tokens among them, and so the duplicates and the losses. `parked` counts notifications settled otherwise on
+    /// purpose (parked on the failed queue, or failed for good), which are not lost.
     static func reportFault(_ scenario: String, notifications: Int, received: [ReceivedNotification], parked: Int = 0) {
         let accepted = received.filter { $0.status == 200 }
         let distinct = Set(accepted.map(\.deviceToken)).count
@@ -235,7 +236,7 @@ final class WorkerThread {
         let worker = self.worker
         let stopped = self.stopped
         Thread {
-            worker.run()
+            try? worker.run()
             stopped.signal()
         }.start()
     }

@@ -182,3 +182,68 @@ import WorkerPipeline
         #expect(merged == ["A": "file", "B": "environment", "C": "flag"])
     }
 }
+
+/// Unknown setting names: a typo in a file or `--set` stops start-up with the nearest known key; the environment's
+/// strays are warned about.
+@Suite struct SettingKeysTests {
+    @Test(arguments: [("APNS_RATELIMIT", "APNS_RATE_LIMIT"), ("WORKER_PREFECTH", "WORKER_PREFETCH"),
+                      ("apns_topic", "APNS_TOPIC"), ("REDIS_ULR", "REDIS_URL")])
+    func aTypoIsAnErrorNamingTheNearestKey(typo: String, meant: String) {
+        do {
+            try SettingKeys.checkKnown([typo], source: "given with --set")
+            Issue.record("\(typo) accepted")
+        } catch {
+            #expect(error.key == typo && error.problem.contains("did you mean \(meant)?"), "\(error)")
+        }
+    }
+
+    @Test func aNameNothingResemblesPointsToTheReference() {
+        #expect(throws: ConfigurationError.self) { try SettingKeys.checkKnown(["COMPLETELY_DIFFERENT"], source: "x") }
+        #expect(SettingKeys.suggestion(for: "COMPLETELY_DIFFERENT").contains("config/apns-worker.env"))
+    }
+
+    @Test func onlyOurPrefixesAreWarnedAboutInTheEnvironment() {
+        let warnings = SettingKeys.unknownInEnvironment(["APNS_RATELIMIT": "1", "PATH": "/bin", "HOME": "/root",
+                                                         "AMQP_URL": "amqp://x", "PUSH_JOBS_QUEUEE": "q"])
+        #expect(warnings.count == 2)
+        #expect(warnings.contains { $0.hasPrefix("APNS_RATELIMIT") && $0.contains("APNS_RATE_LIMIT") })
+        #expect(warnings.contains { $0.hasPrefix("PUSH_JOBS_QUEUEE") })
+    }
+
+    /// The list of known keys is the reference file's, key for key.
+    @Test func everyKnownKeyIsDocumentedInTheReferenceFile() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path
+        let text = try String(contentsOfFile: root + "/config/apns-worker.env", encoding: .utf8)
+        let documented = Set(text.split(separator: "\n").compactMap { line -> String? in
+            let trimmed = line.drop { $0 == "#" || $0 == " " }
+            guard let equals = trimmed.firstIndex(of: "="), trimmed[..<equals].allSatisfy({ $0.isUppercase || $0 == "_" || $0.isNumber }),
+                  !trimmed[..<equals].isEmpty else { return nil }
+            return String(trimmed[..<equals])
+        })
+        #expect(documented == SettingKeys.all, """
+            undocumented: \(SettingKeys.all.subtracting(documented).sorted()), \
+            unknown: \(documented.subtracting(SettingKeys.all).sorted())
+            """)
+    }
+
+    /// Foundation reads a settings or key file past a byte-order mark; JSON read as bytes names it.
+    @Test func aByteOrderMarkIsNamedInJSON() {
+        do {
+            _ = try JSONReader.parse([0xEF, 0xBB, 0xBF] + Array(#"{"users": ["u"]}"#.utf8))
+            Issue.record("a BOM was accepted")
+        } catch {
+            #expect(error.description.contains("byte-order mark") && !error.description.contains("ï"), "\(error)")
+        }
+    }
+
+    @Test func aDirectoryGivenAsAKeyFileIsNamed() {
+        do {
+            _ = try WorkerConfiguration.load(from: ["APNS_KEY_FILE": NSTemporaryDirectory(), "APNS_KEY_ID": "ABC123DEFG",
+                                                    "APNS_TEAM_ID": "DEF123GHIJ"])
+            Issue.record("a directory was accepted as a key file")
+        } catch {
+            #expect(error.key == "APNS_KEY_FILE" && error.problem.contains("is a directory, not a file"), "\(error)")
+        }
+    }
+}
