@@ -104,6 +104,8 @@ public final class APNsSimulator: Sendable {
         public var unavailableRate: Double = 0
         /// Seconds added before every answer.
         public var latency: Double = 0
+        /// Up to this many seconds more, drawn per answer: answers then come back out of order, as APNs's do.
+        public var latencyJitter: Double = 0
         /// After this many streams on a connection: GOAWAY (reason "Shutdown") after answering the last one.
         public var goAwayAfterStreams: Int?
         /// After this many streams on a connection, the next one's connection is dropped without an answer.
@@ -276,7 +278,9 @@ private final class SimulatorCore: Sendable {
         var (status, reason, timestamp) = judge(request, token: token, behaviour)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
         let stamp = Self.sentAtStamp(request.body)
-        let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(behaviour.latency * 1e6)
+        let delay = behaviour.latency
+            + (behaviour.latencyJitter > 0 ? behaviour.latencyJitter * state.withLock { Double($0.random.nextFraction()) } : 0)
+        let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(delay * 1e6)
         let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state -> (String, String, UInt32?, ReceivedNotification?) in
             state.countsByStatus[status, default: 0] += 1
             if let sentAt = stamp, state.latencies.count < 4_000_000 {
@@ -321,8 +325,8 @@ private final class SimulatorCore: Sendable {
             body = Array((text + "}").utf8)
             headers.append(HTTP2Field(name: "content-type", value: "application/json"))
         }
-        if behaviour.latency > 0 {
-            writer.respond(after: behaviour.latency, status: status, headers: headers, body: body)
+        if delay > 0 {
+            writer.respond(after: delay, status: status, headers: headers, body: body)
         } else {
             writer.respond(status: status, headers: headers, body: body)
         }

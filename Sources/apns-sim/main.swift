@@ -41,6 +41,7 @@ FAULTS (what real APNs deployments meet):
   --internal-error-rate F     answer this fraction (0..1) of pushes 500 InternalServerError
   --unavailable-rate F        answer this fraction (0..1) of pushes 503 ServiceUnavailable
   --latency-ms MS             wait MS milliseconds before every answer
+  --latency-jitter-ms MS      and up to MS milliseconds more, drawn per answer (answers come back out of order)
   --goaway-after N            send GOAWAY {"reason":"Shutdown"} after N streams on a connection
   --drop-after N              drop the TCP connection, unanswered, at stream N+1 of a connection
   --refuse-every N            reset every N-th stream with REFUSED_STREAM
@@ -152,10 +153,11 @@ while let argument = arguments.popFirst() {
         guard let rate = Double(text), (0...1).contains(rate) else { fail("\(argument): \(text) is not a fraction 0..1") }
         if argument == "--internal-error-rate" { configuration.behaviour.internalErrorRate = rate }
         else { configuration.behaviour.unavailableRate = rate }
-    case "--latency-ms":
+    case "--latency-ms", "--latency-jitter-ms":
         let text = value(for: argument)
-        guard let milliseconds = Double(text), milliseconds >= 0 else { fail("--latency-ms: \(text) is not milliseconds") }
-        configuration.behaviour.latency = milliseconds / 1000
+        guard let milliseconds = Double(text), milliseconds >= 0 else { fail("\(argument): \(text) is not milliseconds") }
+        if argument == "--latency-ms" { configuration.behaviour.latency = milliseconds / 1000 }
+        else { configuration.behaviour.latencyJitter = milliseconds / 1000 }
     case "--goaway-after", "--drop-after", "--refuse-every":
         let text = value(for: argument)
         guard let count = Int(text), count > 0 else { fail("\(argument): \(text) is not a positive number") }

@@ -109,6 +109,8 @@ import Glibc
         let quarter = DispatchSemaphore(value: 0)
         let seen = Locked(0)
         var configuration = APNsSimulator.Configuration()
+        // Answers out of order, as APNs's: many jobs are partly answered at any moment.
+        configuration.behaviour.latencyJitter = 0.02
         configuration.observer = { _ in if seen.withLock({ $0 += 1; return $0 }) == total / 4 { quarter.signal() } }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
@@ -149,7 +151,7 @@ import Glibc
         let duplicates = received.count - Set(received.map(\.deviceToken)).count
         // In flight at the kill: at most 2 connections x 1,000 streams answered by APNs but not yet read by the
         // worker, plus the last 10 ms of answers (a few hundred at this speed) not yet in Redis.
-        #expect(duplicates <= 2 * 1000 + 1000, "duplicates \(duplicates), sent before the kill \(sentBeforeCrash)")
+        #expect(duplicates <= 2 * 1000 + 500, "duplicates \(duplicates), sent before the kill \(sentBeforeCrash)")
         TestServices.reportFault("worker kill -9 at full speed, default settings (200 jobs x 100 users, killed after "
                                  + "\(sentBeforeCrash) sent)", notifications: total, received: received)
     }
