@@ -2,8 +2,8 @@
 import PackageDescription
 
 // Dependency edges, bottom to top:
-//   C modules (one per library) -> wrappers (AMQP, Redis, HTTP2, APNs) -> WorkerPipeline -> Operations
-//   -> executables.
+//   C modules (one per library) -> wrappers (AMQP, Redis, HTTP2, APNs) -> WorkerPipeline (the pipeline and its
+//   ports) -> adapters (AMQPBroker, RedisStore) -> Configuration (settings, wiring) -> Operations -> executables.
 // Only the wrapper modules import the C modules, with `internal import`, so no C pointer reaches the pipeline.
 // The modules a notification passes through. In release builds they skip Swift's dynamic exclusivity checks: the
 // callgrind profile (scripts/profile) put them at about 1,600 instructions per notification (swift_beginAccess on
@@ -35,21 +35,32 @@ let package = Package(
         .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "APNs", dependencies: ["HTTP2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
-        .target(name: "WorkerPipeline", dependencies: ["AMQP", "Redis", "APNs", "Telemetry"], swiftSettings: hotPath),
+        // The pipeline speaks to the broker and the stores through protocols of its own (Ports.swift): it imports
+        // neither AMQP nor Redis.
+        .target(name: "WorkerPipeline", dependencies: ["APNs", "Telemetry"], swiftSettings: hotPath),
+        // Adapters: the pipeline's ports over RabbitMQ and over Redis.
+        .target(name: "AMQPBroker", dependencies: ["AMQP", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "Telemetry"], swiftSettings: hotPath),
+        // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a
+        // worker from them.
+        .target(name: "Configuration", dependencies: ["AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs",
+                                                      "WorkerPipeline", "Telemetry"]),
         // What operators and backends run beside the workers: enqueue, tokens, stats, dead-tokens tail, cleanup.
-        .target(name: "Operations", dependencies: ["WorkerPipeline", "AMQP", "Redis", "APNs", "Telemetry"]),
+        .target(name: "Operations", dependencies: ["Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",
+                                                   "Redis", "APNs", "Telemetry"]),
 
-        .executableTarget(name: "apns-worker", dependencies: ["Operations", "WorkerPipeline", "APNs", "Telemetry"]),
+        .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "APNs",
+                                                              "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
         // libFuzzer target over the decoders (scripts/fuzz builds it with -sanitize=fuzzer).
         .executableTarget(name: "fuzz-job-decoder", dependencies: ["APNs", "WorkerPipeline"]),
 
-        .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Operations", "AMQP", "Redis",
-                                                 "Telemetry", "COpenSSL"]),
+        .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
+                                                 "AMQP", "Redis", "Telemetry", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "Operations", "AMQP", "Redis",
-                                   "Telemetry"]),
+                    dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
+                                   "Configuration", "Operations", "AMQP", "Redis", "Telemetry"]),
     ],
     swiftLanguageModes: [.v6]
 )

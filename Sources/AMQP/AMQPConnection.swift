@@ -29,7 +29,7 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
         self.message = message
     }
 
-    static func badURL(_ message: String) -> AMQPError { AMQPError(kind: .badURL, "AMQP_URL: \(message)") }
+    static func badURL(_ message: String) -> AMQPError { AMQPError(kind: .badURL, message) }
 
     /// Publishes the broker nacked: whoever published them must not acknowledge what caused them.
     public static func unconfirmed(_ what: String) -> AMQPError {

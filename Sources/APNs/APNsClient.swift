@@ -49,8 +49,7 @@ public enum APNsConfigurationError: Error, Sendable, Equatable, CustomStringConv
     public var description: String {
         switch self {
         case .badURL(let url, let why): "APNs URL \(url): \(why)"
-        case .noCredentials:
-            "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and APNS_TEAM_ID (token), or APNS_CERT_FILE (certificate)"
+        case .noCredentials: "no APNs credentials: a signing key (token authentication) or a client certificate"
         }
     }
 }

@@ -94,7 +94,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
         switch self {
         case .badDeviceToken(let length):
             "device token is not an even-length hex string of 2...200 characters (got \(length) characters)"
-        case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
+        case .missingTopic: "no topic"
         case .payloadEmpty: "payload is empty"
         case .payloadTooLarge(let size, let limit): "payload is \(size) bytes, over the \(limit)-byte limit"
         case .backgroundWithImmediatePriority: "background pushes must use priority 5 or 1, not 10"

@@ -21,12 +21,12 @@ public final class APNsTokenProvider: Sendable {
 
     public init(key: ES256Key, keyID: String, teamID: String, refreshInterval: Double = 50 * 60,
                 clock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) throws(APNsKeyError) {
-        for (field, value) in [("APNS_KEY_ID", keyID), ("APNS_TEAM_ID", teamID)] {
+        for (field, value) in [(APNsKeyError.Identifier.keyID, keyID), (.teamID, teamID)] {
             guard value.utf8.count == 10, value.utf8.allSatisfy({ Self.isAlphanumeric($0) }) else {
-                throw .badIdentifier(field: field, value: value)
+                throw .badIdentifier(field, value: value)
             }
         }
-        guard key.hasPrivateKey else { throw .unreadable("APNS_KEY_FILE holds a public key, not the private .p8 key") }
+        guard key.hasPrivateKey else { throw .unreadable("the key file holds a public key, not the private .p8 key") }
         self.key = key
         self.keyID = keyID
         self.teamID = teamID

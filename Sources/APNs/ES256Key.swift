@@ -143,7 +143,13 @@ public enum APNsKeyError: Error, Sendable, Equatable, CustomStringConvertible {
     case unreadable(String)
     case notP256
     case signingFailed(String)
-    case badIdentifier(field: String, value: String)
+    case badIdentifier(Identifier, value: String)
+
+    /// Which identifier of a token-signing key.
+    public enum Identifier: String, Sendable, Equatable {
+        case keyID = "key id"
+        case teamID = "team id"
+    }
 
     public var description: String {
         switch self {
@@ -151,7 +157,7 @@ public enum APNsKeyError: Error, Sendable, Equatable, CustomStringConvertible {
         case .notP256: "APNs key: not an EC P-256 key (Apple's .p8 keys are)"
         case .signingFailed(let why): "APNs key: signing failed: \(why)"
         case .badIdentifier(let field, let value):
-            "\(field) must be 10 letters or digits, as Apple issues it (got \(value.count) characters)"
+            "the \(field.rawValue) must be 10 letters or digits, as Apple issues it (got \(value.count) characters)"
         }
     }
 }

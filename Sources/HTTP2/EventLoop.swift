@@ -14,17 +14,13 @@ public protocol PollHandler: AnyObject {
     func handlePollEvents(_ events: Int16)
 }
 
-/// One thread waiting in poll(2) on its handlers' sockets plus a wake-up pipe that other threads signal
-/// (Glibc's module map has no eventfd).
+/// One thread waiting in poll(2) on its handlers' sockets plus a `Wakeup` that other threads signal.
 /// Work crosses into the loop in batches through `execute`, never by sharing the handlers' C state.
 public final class EventLoop: @unchecked Sendable {
     // Invariant: `handlers`, `timers`, `nextTimerID` are touched only on the loop thread;
-    // `pending` is the one cross-thread door, guarded by its Mutex and announced through the wake-up pipe,
-    // at most one byte at a time (`wakePending`).
+    // `pending` is the one cross-thread door, guarded by its Mutex and announced through `wakeup`.
     private let name: String
-    private let wakeReadFD: Int32
-    private let wakeWriteFD: Int32
-    private let wakePending = Atomic<Bool>(false)
+    private let wakeup = Wakeup()
     private let pending = Locked<[@Sendable () -> Void]>([])
     private let running = Atomic<Bool>(true)
     private var handlers: [PollHandler] = []
@@ -40,24 +36,11 @@ public final class EventLoop: @unchecked Sendable {
     public init(name: String) {
         _ = Self.ignoreBrokenPipes
         self.name = name
-        var ends: [Int32] = [-1, -1]
-        let created = pipe(&ends)
-        precondition(created == 0, "pipe failed: the process is out of file descriptors")
-        for end in ends {
-            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
-        }
-        wakeReadFD = ends[0]
-        wakeWriteFD = ends[1]
         let thread = Thread { [self] in self.run() }
         thread.name = name
         thread.start()
     }
 
-    deinit {
-        close(wakeReadFD)
-        close(wakeWriteFD)
-    }
 
     public var inEventLoop: Bool { threadID.load(ordering: .acquiring) == UInt(pthread_self()) }
 
@@ -109,11 +92,7 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: the loop
 
-    private func wake() {
-        guard !wakePending.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        var byte: UInt8 = 1
-        _ = write(wakeWriteFD, &byte, 1)
-    }
+    private func wake() { wakeup.signal() }
 
     private func run() {
         threadID.store(UInt(pthread_self()), ordering: .releasing)
@@ -123,18 +102,14 @@ public final class EventLoop: @unchecked Sendable {
             runDueTimers()
             if !running.load(ordering: .acquiring) { break }
             fds.removeAll(keepingCapacity: true)
-            fds.append(pollfd(fd: wakeReadFD, events: Int16(POLLIN), revents: 0))
+            fds.append(pollfd(fd: wakeup.fileDescriptor, events: Int16(POLLIN), revents: 0))
             let polled = handlers
             for handler in polled {
                 fds.append(pollfd(fd: handler.fileDescriptor, events: handler.pollEvents, revents: 0))
             }
             let ready = poll(&fds, nfds_t(fds.count), pollTimeoutMilliseconds())
             if ready < 0 { continue }  // EINTR
-            if fds[0].revents != 0 {
-                var drain = (UInt64(0), UInt64(0))
-                _ = read(wakeReadFD, &drain, 16)
-                wakePending.store(false, ordering: .releasing)
-            }
+            if fds[0].revents != 0 { wakeup.acknowledge() }
             for (index, handler) in polled.enumerated() where fds[index + 1].revents != 0 {
                 // A handler removed by an earlier one in this round is not called again.
                 guard handlers.contains(where: { $0 === handler }) else { continue }

@@ -305,10 +305,8 @@ public final class HTTP2Client: @unchecked Sendable {
         consecutiveFailedConnects += 1
         lastConnectError = reason
         configuration.observer?(.connectFailed(reason: reason))
-        let exponent = Double(min(consecutiveFailedConnects - 1, 16))
-        let ceiling = min(configuration.reconnectMaximumDelay, configuration.reconnectBaseDelay * pow(2, exponent))
-        // Full jitter: many workers losing the same endpoint do not come back in step.
-        let delay = Double.random(in: ceiling / 2...ceiling)
+        let delay = Backoff.equalJitter(afterFailures: consecutiveFailedConnects, base: configuration.reconnectBaseDelay,
+                                        cap: configuration.reconnectMaximumDelay)
         logger.error("cannot connect to APNs endpoint", ["http2.endpoint": authority, "http2.reason": reason,
                                                          "http2.retry_in_s": String(format: "%.2f", delay)])
         guard reconnectTimer == nil, !isShutDown else { return }

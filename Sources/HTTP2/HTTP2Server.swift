@@ -46,7 +46,7 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         tlsContext = try TLSContext.server(certificatePEM: configuration.certificatePEM,
                                            privateKeyPEM: configuration.privateKeyPEM,
                                            clientCertificateCA: configuration.clientCertificateCA)
-        let listener = try Socket.listen(host: configuration.host, port: configuration.port)
+        let listener = try ListeningSocket.open(host: configuration.host, port: configuration.port, nonBlocking: true)
         fileDescriptor = listener.descriptor
         port = listener.port
         self.handler = handler

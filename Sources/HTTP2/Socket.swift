@@ -71,36 +71,4 @@ enum Socket {
         var one: Int32 = 1
         setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
     }
-
-    /// A listening socket on host:port (port 0 picks a free one); returns it and the port it got.
-    static func listen(host: String, port: Int) throws -> (descriptor: Int32, port: Int) {
-        guard let address = try resolve(host: host, port: port).first else {
-            throw SocketError(message: "no address for \(host)")
-        }
-        let descriptor = socket(Int32(address.ss_family), Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw SocketError("socket") }
-        var one: Int32 = 1
-        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var bindAddress = address
-        let bound = withUnsafePointer(to: &bindAddress) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length(of: address)) }
-        }
-        guard bound == 0, Glibc.listen(descriptor, 1024) == 0 else {
-            let error = SocketError("bind \(host):\(port)")
-            close(descriptor)
-            throw error
-        }
-        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
-        _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
-        var actual = sockaddr_storage()
-        var actualLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        _ = withUnsafeMutablePointer(to: &actual) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &actualLength) }
-        }
-        let actualPort = withUnsafeBytes(of: &actual) { raw -> UInt16 in
-            // sin_port and sin6_port sit at the same offset, in network byte order.
-            UInt16(bigEndian: raw.load(fromByteOffset: 2, as: UInt16.self))
-        }
-        return (descriptor, Int(actualPort))
-    }
 }

@@ -1,4 +1,6 @@
 import AMQP
+import AMQPBroker
+import Configuration
 import Foundation
 import WorkerPipeline
 
@@ -8,15 +10,16 @@ public final class DeadTokenWatcher {
     private let amqp: AMQPConnection
 
     public init(configuration: WorkerConfiguration) throws {
-        guard !configuration.deadTokensExchange.isEmpty else {
+        let names = configuration.broker.queues
+        guard !names.deadTokensExchange.isEmpty else {
             throw ConfigurationError(key: "PUSH_DEAD_TOKENS_EXCHANGE", "empty: events go straight to "
-                                     + "\(configuration.deadTokensQueue), so there is nothing to watch without taking them")
+                                     + "\(names.deadTokens), so there is nothing to watch without taking them")
         }
-        amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
-                                  caFile: configuration.amqpCAFile)
-        try Topology.declareDeadTokens(on: amqp, configuration)
+        amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
+                                  caFile: configuration.broker.caFile)
+        try Topology.declareDeadTokens(on: amqp, names)
         let queue = try amqp.declareTemporaryQueue()
-        try amqp.bindQueue(queue, to: configuration.deadTokensExchange, routingKey: configuration.deadTokensQueue)
+        try amqp.bindQueue(queue, to: names.deadTokensExchange, routingKey: names.deadTokens)
         try amqp.consume(queue, acknowledging: false)
     }
 

@@ -1,5 +1,6 @@
 import AMQP
 import APNs
+import Configuration
 import Foundation
 import Telemetry
 import WorkerPipeline
@@ -37,9 +38,9 @@ public final class JobEnqueuer {
     public init(configuration: WorkerConfiguration, replyTo: String? = nil) throws(AMQPError) {
         self.configuration = configuration
         self.replyTo = replyTo
-        amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
-                                  caFile: configuration.amqpCAFile)
-        try amqp.declareQueue(configuration.jobsQueue)
+        amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
+                                  caFile: configuration.broker.caFile)
+        try amqp.declareQueue(configuration.broker.queues.jobs)
         try amqp.enablePublisherConfirms()
     }
 
@@ -50,8 +51,8 @@ public final class JobEnqueuer {
         // A job without a topic may still be fine for workers that have APNS_TOPIC; only they can tell.
         let job: PushJob
         do {
-            job = try PushJob.decode(body, defaultTopic: configuration.defaultTopic ?? "apns-worker.enqueue.unknown-topic",
-                                     fallbackID: "")
+            job = try PushJob.decode(body, defaultTopic: configuration.credential.defaultTopic
+                                         ?? "apns-worker.enqueue.unknown-topic", fallbackID: "")
         } catch {
             refuse(line: line, error.description)
             return
@@ -59,7 +60,7 @@ public final class JobEnqueuer {
         let properties = AMQPProperties(replyTo: replyTo, correlationID: nil,
                                         messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
                                         persistent: true)
-        pending.append((line, try amqp.publish(to: configuration.jobsQueue, body: body, properties: properties)))
+        pending.append((line, try amqp.publish(to: configuration.broker.queues.jobs, body: body, properties: properties)))
         if pending.count >= Self.confirmWindow { try settle() }
     }
 

@@ -1,6 +1,9 @@
 import AMQP
+import AMQPBroker
+import Configuration
 import Foundation
 import Redis
+import RedisStore
 import Telemetry
 import WorkerPipeline
 
@@ -22,15 +25,15 @@ public struct StatsReport: Sendable {
     public var workers: [String]
 
     public static func collect(_ configuration: WorkerConfiguration, windowMinutes: Int) throws -> StatsReport {
-        let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: 0, caFile: configuration.amqpCAFile)
+        let amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: 0, caFile: configuration.broker.caFile)
         defer { amqp.close() }
-        var names: [(String, String)] = [("jobs", configuration.jobsQueue)]
-        names += configuration.retryDelays.map { delay in
-            ("retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s",
-             Worker.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delay))
+        let queueNames = configuration.broker.queues
+        var names: [(String, String)] = [("jobs", queueNames.jobs)]
+        names += configuration.broker.retryDelays.map { delay in
+            ("retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s", queueNames.retry(delay: delay))
         }
-        names += [("dead tokens", configuration.deadTokensQueue), ("failed", configuration.failedQueue),
-                  ("registrations", configuration.registrationsQueue)]
+        names += [("dead tokens", queueNames.deadTokens), ("failed", queueNames.failed),
+                  ("registrations", queueNames.registrations)]
         var queues: [Queue] = []
         for (role, name) in names {
             let status = try amqp.queueStatus(name)

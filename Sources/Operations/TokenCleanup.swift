@@ -1,6 +1,9 @@
 import AMQP
+import AMQPBroker
+import Configuration
 import Foundation
 import Redis
+import RedisStore
 import Synchronization
 import Telemetry
 import WorkerPipeline
@@ -13,7 +16,7 @@ import WorkerPipeline
 /// - sweeps, every CLEANUP_SWEEP_INTERVAL, the tokens no app registered for CLEANUP_INACTIVE_DAYS.
 /// Messages are acknowledged only after Redis applied them; a bad message is parked on PUSH_FAILED_QUEUE with the
 /// reason in the `x-apns-worker-reason` header, like a bad job.
-public final class TokenCleanup: Sendable {
+public final class TokenCleanup: Service {
     public final class Statistics: Sendable {
         public let deadTokensRemoved = Atomic<Int>(0)
         /// Dead-token events for tokens already gone or registered again since.
@@ -65,6 +68,11 @@ public final class TokenCleanup: Sendable {
 
     public var isReady: Bool { ready.load(ordering: .relaxed) }
 
+    public var metricsText: String { statistics.prometheusText(ready: isReady) }
+
+    /// Consumes and sweeps until `stop()`.
+    public func run() throws { try run(untilIdle: false) }
+
     public func stop() {
         stopRequested.store(true, ordering: .releasing)
         wakeup.signal()
@@ -79,20 +87,21 @@ public final class TokenCleanup: Sendable {
         var nextSweep = Date()
         while !stopRequested.load(ordering: .acquiring) {
             do {
-                let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
-                                              caFile: configuration.amqpCAFile)
+                let amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
+                                              caFile: configuration.broker.caFile)
                 defer { amqp.close() }
                 let redis = try RedisConnection(url: configuration.redisURL)
-                try Topology.declareDeadTokens(on: amqp, configuration)
-                try amqp.declareQueue(configuration.registrationsQueue)
-                try amqp.declareQueue(configuration.failedQueue)
+                let names = configuration.broker.queues
+                try Topology.declareDeadTokens(on: amqp, names)
+                try amqp.declareQueue(names.registrations)
+                try amqp.declareQueue(names.failed)
                 try amqp.setPrefetch(500)
                 try amqp.enablePublisherConfirms()
-                let deadTag = try amqp.consume(configuration.deadTokensQueue)
-                try amqp.consume(configuration.registrationsQueue)
-                logger.info("cleanup consuming", ["amqp.queue.dead_tokens": configuration.deadTokensQueue,
-                                                  "amqp.queue.registrations": configuration.registrationsQueue,
-                                                  "cleanup.inactive_days": String(configuration.inactiveDays)])
+                let deadTag = try amqp.consume(names.deadTokens)
+                try amqp.consume(names.registrations)
+                logger.info("cleanup consuming", ["amqp.queue.dead_tokens": names.deadTokens,
+                                                  "amqp.queue.registrations": names.registrations,
+                                                  "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
                 ready.store(true, ordering: .relaxed)
                 connectedOnce = true
                 backoff.connected()
@@ -131,7 +140,7 @@ public final class TokenCleanup: Sendable {
             if Date() >= nextSweep {
                 try sweep(tokens)
                 swept = true
-                nextSweep = Date().addingTimeInterval(configuration.sweepInterval)
+                nextSweep = Date().addingTimeInterval(configuration.cleanup.sweepInterval)
             }
             if untilIdle && swept && Date().timeIntervalSince(idleSince) >= idleSeconds { return true }
             if !amqp.hasBufferedInput {
@@ -143,12 +152,12 @@ public final class TokenCleanup: Sendable {
     }
 
     private func sweep(_ tokens: TokenCache) throws {
-        let cutoff = Int64(Date().timeIntervalSince1970 * 1000) - Int64(configuration.inactiveDays) * 86_400_000
+        let cutoff = Int64(Date().timeIntervalSince1970 * 1000) - Int64(configuration.cleanup.inactiveDays) * 86_400_000
         let removed = try tokens.sweep(registeredBefore: cutoff)
         statistics.sweeps.add(1, ordering: .relaxed)
         statistics.sweptTokens.add(removed, ordering: .relaxed)
         logger.info("inactivity sweep", ["cleanup.removed": String(removed),
-                                         "cleanup.inactive_days": String(configuration.inactiveDays)])
+                                         "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
     }
 
     /// One Redis round trip per kind for the whole batch, then the acknowledgements.
@@ -170,7 +179,7 @@ public final class TokenCleanup: Sendable {
                     // about one topic and environment: a token registered for another kind or app stays.
                     removals.append(TokenRemoval(user: event.user ?? "", token: event.token,
                                                  unlessRegisteredAfter: event.timestamp,
-                                                 onlyIfValueIn: event.cacheValuesItRemoves(defaultTopic: configuration.defaultTopic)))
+                                                 onlyIfValueIn: event.cacheValuesItRemoves(defaultTopic: configuration.credential.defaultTopic)))
                     removalSources.append(delivery)
                 } else {
                     let event = try RegistrationEvent.decode(delivery.body, now: now)
@@ -208,11 +217,11 @@ public final class TokenCleanup: Sendable {
                 var properties = delivery.properties
                 properties.persistent = true
                 properties.headers[Worker.reasonHeader] = reason
-                last = try amqp.publish(to: configuration.failedQueue, body: delivery.body, properties: properties)
+                last = try amqp.publish(to: configuration.broker.queues.failed, body: delivery.body, properties: properties)
                 logger.warning("unreadable message parked", ["amqp.queue": delivery.routingKey, "cleanup.reason": reason])
             }
             guard try amqp.waitForConfirms(through: last).isEmpty else {
-                throw AMQPError.unconfirmed("parking unreadable messages on \(configuration.failedQueue)")
+                throw AMQPError.unconfirmed("parking unreadable messages on \(configuration.broker.queues.failed)")
             }
             statistics.refused.add(bad.count, ordering: .relaxed)
         }

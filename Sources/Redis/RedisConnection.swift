@@ -46,8 +46,8 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
     public init(_ text: String) throws(RedisError) {
         guard text.hasPrefix("redis://") else {
             throw RedisError(kind: .badURL, text.hasPrefix("rediss://")
-                ? "REDIS_URL: rediss:// (TLS) is not supported by hiredis 0.14; use redis:// on a trusted network"
-                : "REDIS_URL: must start with redis://")
+                ? "rediss:// (TLS) is not supported by hiredis 0.14; use redis:// on a trusted network"
+                : "must start with redis://")
         }
         var rest = text.dropFirst(8)
         var database = 0
@@ -55,7 +55,7 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
             let path = rest[rest.index(after: slash)...]
             if !path.isEmpty {
                 guard let parsed = Int(path), parsed >= 0 else {
-                    throw RedisError(kind: .badURL, "REDIS_URL: database \(path) is not a number")
+                    throw RedisError(kind: .badURL, "database \(path) is not a number")
                 }
                 database = parsed
             }
@@ -69,7 +69,7 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
             // Percent-encoded like any URL's credentials, so that '/', '@' or '%' can be in a password.
             func decoded(_ part: Substring, _ what: String) throws(RedisError) -> String {
                 guard let text = PercentEncoding.decode(part) else {
-                    throw RedisError(kind: .badURL, "REDIS_URL: the \(what) is not valid percent-encoding")
+                    throw RedisError(kind: .badURL, "the \(what) is not valid percent-encoding")
                 }
                 return text
             }
@@ -85,12 +85,12 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
         if let colon = rest.lastIndex(of: ":") {
             let portText = rest[rest.index(after: colon)...]
             guard let parsed = Int(portText), (1...65535).contains(parsed) else {
-                throw RedisError(kind: .badURL, "REDIS_URL: port \(portText) is not a number from 1 to 65535")
+                throw RedisError(kind: .badURL, "port \(portText) is not a number from 1 to 65535")
             }
             port = parsed
             rest = rest[..<colon]
         }
-        guard !rest.isEmpty else { throw RedisError(kind: .badURL, "REDIS_URL: no host") }
+        guard !rest.isEmpty else { throw RedisError(kind: .badURL, "no host") }
         self.init(host: String(rest), port: port, user: user, password: password, database: database)
     }
 

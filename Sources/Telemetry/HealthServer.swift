@@ -14,29 +14,13 @@ public final class HealthServer: Sendable {
     private let running = Atomic<Bool>(true)
 
     public init(host: String, port: Int, metrics: @escaping @Sendable () -> String,
-                ready: @escaping @Sendable () -> Bool) throws {
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        guard inet_pton(AF_INET, host, &address.sin_addr) == 1 else {
-            throw HealthServerError("METRICS_HOST \(host) is not an IPv4 address")
+                ready: @escaping @Sendable () -> Bool) throws(HealthServerError) {
+        let socket: (descriptor: Int32, port: Int)
+        do { socket = try ListeningSocket.open(host: host, port: port, backlog: 16) } catch {
+            throw HealthServerError(error.description, addressInUse: error.addressInUse)
         }
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var one: Int32 = 1
-        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw -> Bool in
-                bind(descriptor, raw, length) == 0 && listen(descriptor, 16) == 0 && getsockname(descriptor, raw, &length) == 0
-            }
-        }
-        guard bound else {
-            let reason = String(cString: strerror(errno))
-            close(descriptor)
-            throw HealthServerError("cannot listen on \(host):\(port): \(reason)")
-        }
-        listener = descriptor
-        self.port = Int(UInt16(bigEndian: address.sin_port))
+        listener = socket.descriptor
+        self.port = socket.port
         self.metrics = metrics
         self.ready = ready
         let thread = Thread { [self] in serve() }
@@ -91,5 +75,23 @@ public final class HealthServer: Sendable {
 
 public struct HealthServerError: Error, CustomStringConvertible, Sendable {
     public let description: String
-    init(_ description: String) { self.description = description }
+    /// The port is someone else's already.
+    public let addressInUse: Bool
+    init(_ description: String, addressInUse: Bool = false) {
+        self.description = description
+        self.addressInUse = addressInUse
+    }
+}
+
+/// The shape of every long-running part of the programs (the worker, the cleanup consumer): it runs until asked to
+/// stop, says whether it is ready, and shows its counters. One runner (`apns-worker`'s) starts it, owns the signals
+/// and serves its health endpoint.
+public protocol Service: Sendable {
+    /// Runs until `stop()`; throws only what waiting cannot cure (the process then exits naming it).
+    func run() throws
+    /// Asks `run()` to finish what is under way and return.
+    func stop()
+    var isReady: Bool { get }
+    /// The Prometheus text of its counters.
+    var metricsText: String { get }
 }

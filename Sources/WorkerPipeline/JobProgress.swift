@@ -1,4 +1,3 @@
-import AMQP
 import APNs
 import Telemetry
 
@@ -9,7 +8,7 @@ import Telemetry
 /// task queue and a Mutex, which order the memory accesses.
 final class JobProgress: @unchecked Sendable {
     let job: PushJob
-    let delivery: AMQPDelivery
+    let delivery: JobDelivery
     /// The broker connection the delivery came on: an ack on a newer connection would be meaningless.
     let generation: Int
     let targets: [DeviceTarget]
@@ -27,7 +26,7 @@ final class JobProgress: @unchecked Sendable {
 
     /// Outcomes that became final since the last hand-over to the idempotency record (`SentRecord` members: the
     /// token, or for a dead token what its event needs).
-    private(set) var unrecordedFinal: [String] = []
+    private(set) var unrecordedFinal: [SettledOutcome] = []
     /// Loop thread only: waiting in the worker's list of jobs with outcomes to hand over; handed back to the broker
     /// thread as complete (from then on the broker thread owns the job).
     var awaitsHandOver = false
@@ -37,7 +36,7 @@ final class JobProgress: @unchecked Sendable {
     /// record of what was already sent can be kept for it.
     let hasStableID: Bool
 
-    init(job: PushJob, delivery: AMQPDelivery, generation: Int, targets: [DeviceTarget], hasStableID: Bool) {
+    init(job: PushJob, delivery: JobDelivery, generation: Int, targets: [DeviceTarget], hasStableID: Bool) {
         self.hasStableID = hasStableID
         self.job = job
         self.delivery = delivery
@@ -67,7 +66,7 @@ final class JobProgress: @unchecked Sendable {
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
         remaining -= 1
-        if hasStableID { unrecordedFinal.append(SentRecord.member(dead: targets[index], response)) }
+        if hasStableID { unrecordedFinal.append(.dead(targets[index], response)) }
     }
 
     func recordFailed(_ index: Int, reason: String) {
@@ -77,11 +76,11 @@ final class JobProgress: @unchecked Sendable {
     }
 
     private func noteFinal(_ index: Int) {
-        if hasStableID { unrecordedFinal.append(targets[index].token) }
+        if hasStableID { unrecordedFinal.append(.done(targets[index].token)) }
     }
 
     /// Hands over the outcomes finished since the last call, if any.
-    func takeUnrecordedFinal() -> [String]? {
+    func takeUnrecordedFinal() -> [SettledOutcome]? {
         guard !unrecordedFinal.isEmpty else { return nil }
         defer { unrecordedFinal.removeAll(keepingCapacity: true) }
         return unrecordedFinal

@@ -1,55 +1,76 @@
-import AMQP
 import APNs
 import Foundation
-import Redis
 import Synchronization
 import Telemetry
 
+/// The pipeline's own settings (the configuration layer maps the environment to them).
+public struct WorkerSettings: Sendable {
+    public var core: WorkerCore.Settings
+    /// The topic of jobs that name none (APNS_TOPIC), and the app whose plain cache entries serve it.
+    public var defaultTopic: String?
+    public var invalidationGuard: MassInvalidationGuard
+    /// Attempts at notifications APNs asked to retry, before what is left is parked.
+    public var maximumSendAttempts: Int
+    /// Seconds a retry waits, by attempt (the last repeats).
+    public var retryDelays: [Double]
+
+    public init(core: WorkerCore.Settings, defaultTopic: String? = nil,
+                invalidationGuard: MassInvalidationGuard = MassInvalidationGuard(threshold: 20),
+                maximumSendAttempts: Int = 3, retryDelays: [Double] = [1, 15, 60, 300]) {
+        self.core = core
+        self.defaultTopic = defaultTopic
+        self.invalidationGuard = invalidationGuard
+        self.maximumSendAttempts = maximumSendAttempts
+        self.retryDelays = retryDelays
+    }
+}
+
 /// The worker: consumes jobs, resolves their users, sends their notifications, publishes what came of them, and
-/// acknowledges each job once every one of its notifications has a final outcome.
+/// settles each job once every one of its notifications has a final outcome.
 ///
-/// Threads: `run()` is the broker thread; it alone owns the AMQP and Redis connections (blocking C clients). The
-/// APNs client's loop thread owns the HTTP/2 connections and every job's progress while its notifications are out.
-/// Work crosses between the two in batches: a consumed batch goes out in one `send`; finished jobs come back
-/// through `completions` with one wake-up.
-public final class Worker: Sendable {
+/// Threads: `run()` is the broker thread; it alone owns the session (broker and store connections, blocking C
+/// clients) and performs what `WorkerCore` decides. The APNs client's loop thread owns the HTTP/2 connections and
+/// every job's progress while its notifications are out. Work crosses between the two in batches: a batch of
+/// notifications goes out in one `send`; finished jobs come back through `completions` with one wake-up.
+public final class Worker: Service {
     public static let reasonHeader = "x-apns-worker-reason"
     /// On a job parked after its last attempt: how many attempts were made, and the device tokens still undelivered
     /// (comma-separated, the first `undeliveredListed` of them).
     public static let attemptsHeader = "x-apns-worker-attempts"
     public static let undeliveredHeader = "x-apns-worker-undelivered"
     static let undeliveredListed = 100
-
-    public let configuration: WorkerConfiguration
-    public let statistics = WorkerStatistics()
-    private let logger: Logger
-    private let apns: APNsClient
-    private let completions = Locked<[JobProgress]>([])
-    /// Final outcomes of jobs still under way, in batches, for the idempotency record (see `recordSent`).
-    private let finalOutcomes = Locked<[(jobID: String, tokens: [String])]>([])
+    /// How this process appears in the fleet's statistics and in `apns-worker stats`.
+    public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
     /// Final outcomes go to the idempotency record at least this often (seconds): a crash sends again what was
     /// unanswered plus at most this much of answers. One hand-over per interval, not one per answer.
     static let outcomeInterval = 0.01
+    /// /readyz says not ready once the broker or the store has not answered for this long.
+    static let readinessWindow = 3.0
+
+    public let settings: WorkerSettings
+    public let statistics = WorkerStatistics()
+    private let logger: Logger
+    private let apns: APNsClient
+    private let connect: @Sendable () throws -> WorkerSession
+    private let completions = Locked<[JobProgress]>([])
+    /// Final outcomes of jobs still under way, handed over every `outcomeInterval` for the idempotency record.
+    private let finalOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
     /// Loop thread only: jobs with final outcomes not handed over yet, and whether a hand-over is scheduled.
     private let outcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
     private let wakeup = Wakeup()
     private let stopRequested = Atomic<Bool>(false)
-    private let ready = Atomic<Bool>(false)
-    /// When the broker and Redis last answered a round trip (monotonic nanoseconds), probed every second.
+    private let consuming = Atomic<Bool>(false)
+    /// When the broker and the store last answered a round trip (monotonic nanoseconds).
     private let lastAlive = Atomic<UInt64>(0)
-    static let probeInterval = 1.0
-    /// /readyz says not ready once the broker or Redis has not answered for this long.
-    static let readinessWindow = 3.0
 
-    public init(configuration: WorkerConfiguration, logger: Logger) throws(ConfigurationError) {
-        self.configuration = configuration
+    /// `connect` opens one session (broker and store); it is called on the broker thread, again after each loss.
+    public init(settings: WorkerSettings, apns configuration: APNsClientConfiguration,
+                authentication: APNsAuthentication, logger: Logger,
+                connect: @escaping @Sendable () throws -> WorkerSession) {
+        self.settings = settings
         self.logger = logger
-        let authentication = try configuration.makeAuthentication()
-        if let problem = configuration.keyFilePermissionProblem() {
-            logger.critical("the APNs private key is not private", ["file.problem": problem])
-        }
-        if let choice = configuration.credentialChoice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
-        var apnsConfiguration = configuration.apns
+        self.connect = connect
+        var apnsConfiguration = configuration
         let statistics = self.statistics
         apnsConfiguration.observer = { _, event in
             switch event {
@@ -64,25 +85,27 @@ public final class Worker: Sendable {
                           logger: logger.child("apns-client"))
     }
 
-    /// Whether the worker can work now: consuming, the broker and Redis answering (a round trip within the last
+    /// Whether the worker can work now: consuming, the broker and the store answering (a round trip within the last
     /// `readinessWindow` seconds), and an APNs connection open.
     public var isReady: Bool {
         let sinceAlive = Double(DispatchTime.now().uptimeNanoseconds &- lastAlive.load(ordering: .relaxed)) / 1e9
-        return ready.load(ordering: .relaxed) && sinceAlive < Self.readinessWindow && statistics.openConnections > 0
+        return consuming.load(ordering: .relaxed) && sinceAlive < Self.readinessWindow && statistics.openConnections > 0
     }
 
-    /// Asks `run()` to stop consuming, finish what is under way (up to SHUTDOWN_TIMEOUT) and return.
+    public var metricsText: String { statistics.prometheusText(ready: isReady) }
+
+    /// Asks `run()` to stop consuming, finish what is under way (up to the shutdown timeout) and return.
     public func stop() {
         stopRequested.store(true, ordering: .releasing)
         wakeup.signal()
     }
 
-    /// Runs until `stop()`; reconnects to the broker and Redis with back-off when they go away. Only connection
+    /// Runs until `stop()`; reconnects with back-off when the broker or the store goes away. Only connection
     /// failures reach here: a data error (a key of the wrong type, a bad job) is settled where it concerns one user,
-    /// token or job, and the rest of the batch proceeds. Before the first connection succeeds, a refusal that
-    /// waiting cannot cure (wrong credentials, an unknown vhost or database) throws instead; a broker or Redis that is
-    /// merely down is waited for.
-    public func run() throws(StartupError) {
+    /// token or job, and the rest of the batch proceeds. Before the first session, a refusal that waiting cannot
+    /// cure (`ConnectionRefused`: credentials, a vhost, a database) is thrown; a broker or store that is merely down
+    /// is waited for.
+    public func run() throws {
         apns.connect(.production)
         var generation = 0
         var backoff = ReconnectBackoff()
@@ -94,15 +117,17 @@ public final class Worker: Sendable {
                 let session = try connect()
                 connectedOnce = true
                 backoff.connected()
-                ready.store(true, ordering: .relaxed)
+                lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+                consuming.store(true, ordering: .relaxed)
+                logger.info("consuming", session.logMetadata)
                 try serve(session, generation: generation, sharedThrough: &shared)
-                ready.store(false, ordering: .relaxed)
+                consuming.store(false, ordering: .relaxed)
                 break
             } catch {
-                ready.store(false, ordering: .relaxed)
-                if !connectedOnce, let problem = StartupError(permanent: error) {
+                consuming.store(false, ordering: .relaxed)
+                if !connectedOnce, error is ConnectionRefused {
                     apns.shutdown()
-                    throw problem
+                    throw error
                 }
                 let delay = backoff.failed()
                 logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
@@ -115,239 +140,187 @@ public final class Worker: Sendable {
         logger.info("worker stopped", ["stats": statistics.snapshot().summary])
     }
 
-    private struct Session {
-        let amqp: AMQPConnection
-        let redis: RedisConnection
-        let tokens: TokenCache
-        let rateLimit: SharedRateLimit?
-        let sentRecord: SentRecord
-        let sharedStatistics: SharedStatistics
-        let acknowledgements: Acknowledgements
-    }
-
-    /// How this process appears in `apns:workers` and in `apns-worker stats`.
-    public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
-    /// Seconds between two reports to the shared statistics in Redis.
-    private static let reportInterval = 5.0
-
-
-    /// Jobs that name themselves (an `id` in the body, or an AMQP message-id) can be recognised when redelivered;
-    /// a delivery tag changes with every delivery.
-    private static func hasStableID(_ job: PushJob, _ delivery: AMQPDelivery) -> Bool {
+    /// Jobs that name themselves (an `id` in the body, or a message-id) can be recognised when redelivered; a
+    /// delivery tag changes with every delivery.
+    private static func hasStableID(_ job: PushJob, _ delivery: JobDelivery) -> Bool {
         job.idFromBody || delivery.properties.messageID != nil
     }
 
-    /// The delay queue for a retry: the tier for this attempt, or a longer one if APNs asked for a longer wait.
-    private func retryQueue(attempt: Int, suggestedDelay: Double) -> String {
-        let delays = configuration.retryDelays
+    /// The delay for a retry: the tier for this attempt, or a longer one if APNs asked for a longer wait.
+    private func retryDelay(attempt: Int, suggestedDelay: Double) -> Double {
+        let delays = settings.retryDelays
         let byAttempt = min(attempt - 1, delays.count - 1)
         let bySuggestion = delays.firstIndex { $0 >= suggestedDelay } ?? delays.count - 1
-        return Self.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delays[max(byAttempt, bySuggestion)])
-    }
-
-    /// `<jobs queue>.retry.<ms>ms`: messages wait there `ms` milliseconds, then dead-letter back to the jobs queue.
-    public static func retryQueueName(jobsQueue: String, delay: Double) -> String {
-        "\(jobsQueue).retry.\(Int((delay * 1000).rounded()))ms"
-    }
-
-    /// The queues and the exchange the worker uses: declared at every connect, and again when one went missing.
-    private func declareTopology(on amqp: AMQPConnection) throws {
-        for queue in [configuration.jobsQueue, configuration.failedQueue] {
-            try amqp.declareQueue(queue)
-        }
-        try Topology.declareDeadTokens(on: amqp, configuration)
-        for delay in configuration.retryDelays {
-            try amqp.declareQueue(Self.retryQueueName(jobsQueue: configuration.jobsQueue, delay: delay), arguments: [
-                "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
-                "x-dead-letter-exchange": .string(""),
-                "x-dead-letter-routing-key": .string(configuration.jobsQueue),
-            ])
-        }
-    }
-
-    private func connect() throws -> Session {
-        let amqp = try AMQPConnection(url: configuration.amqpURL, heartbeat: configuration.amqpHeartbeat,
-                                      caFile: configuration.amqpCAFile)
-        try declareTopology(on: amqp)
-        try amqp.setPrefetch(configuration.prefetch)
-        try amqp.enablePublisherConfirms()
-        try amqp.consume(configuration.jobsQueue)
-        let redis = try RedisConnection(url: configuration.redisURL)
-        lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
-        logger.info("consuming", ["amqp.queue": configuration.jobsQueue, "amqp.url": configuration.amqpURL.description,
-                                  "amqp.local_port": String(amqp.localPort),
-                                  "redis.url": configuration.redisURL.description,
-                                  "amqp.prefetch": String(configuration.prefetch)])
-        return Session(amqp: amqp, redis: redis, tokens: TokenCache(redis: redis, logger: logger),
-                       rateLimit: configuration.rateLimit > 0 ? SharedRateLimit(redis: redis, limit: configuration.rateLimit) : nil,
-                       sentRecord: SentRecord(redis: redis), sharedStatistics: SharedStatistics(redis: redis),
-                       acknowledgements: Acknowledgements(amqp: amqp))
+        return delays[max(byAttempt, bySuggestion)]
     }
 
     // MARK: broker thread
 
-    /// `sharedThrough`: the counters already added to the shared statistics in Redis.
-    private func serve(_ session: Session, generation: Int, sharedThrough shared: inout WorkerStatistics.Snapshot) throws {
-        var inFlight = 0
-        var stopDeadline: Date?
-        var lastSummary = Date()
-        var lastReported = statistics.snapshot()
-        var lastShared = Date.distantPast
+    /// Performs what the core decides, turn after turn, until it says to leave. `sharedThrough`: the counters already
+    /// added to the fleet's statistics.
+    private func serve(_ session: WorkerSession, generation: Int,
+                       sharedThrough shared: inout WorkerStatistics.Snapshot) throws {
+        var core = WorkerCore(settings: settings.core, generation: generation, now: Date())
         // Notifications waiting for room in flight or for rate-limit permits; bounded by the prefetch, as their jobs
         // are unacknowledged. Each is its job and index: the request is built only when it goes out.
         var backlog = OutgoingQueue()
-        var nextWindowAt: Date?
         var held = HeldPublishes()
-        var lastProbe = Date()
+        var lastProgress = (at: Date(), snapshot: statistics.snapshot())
         while true {
-            let stopping = stopRequested.load(ordering: .acquiring)
-            if stopping {
-                if stopDeadline == nil {
-                    stopDeadline = Date().addingTimeInterval(configuration.shutdownTimeout)
-                    logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(inFlight)])
-                }
-                if inFlight == 0 || Date() > stopDeadline! {
-                    if inFlight > 0 {
-                        logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
-                                       ["jobs.in_flight": String(inFlight)])
-                    }
-                    let now = statistics.snapshot()
-                    _ = try? session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity)
-                    shared = now
-                    session.amqp.close()
-                    return
-                }
-            }
-
             let finished = completions.withLock { queue -> [JobProgress] in
                 defer { queue.removeAll(keepingCapacity: true) }
                 return queue
             }
-            let outcomes = finalOutcomes.withLock { queue -> [(jobID: String, tokens: [String])] in
+            let current = finished.filter { core.isCurrent(generation: $0.generation) }
+            let outcomes = finalOutcomes.withLock { queue -> [(jobID: String, outcomes: [SettledOutcome])] in
                 defer { queue.removeAll(keepingCapacity: true) }
                 return queue
             }
-            if !outcomes.isEmpty { try record(outcomes, session: session) }
-            let current = finished.filter { $0.generation == generation }
-            if !current.isEmpty {
-                inFlight -= try finish(current, session: session, held: &held)
-            }
-            if let due = held.takeDue() {
-                if !due.jobs.isEmpty { inFlight -= try finish(due.jobs, session: session, held: &held) }
-                if !due.rejections.isEmpty { try reject(due.rejections, session: session, held: &held) }
-            }
-
-            var batch: [AMQPDelivery] = []
-            if !stopping {
-                while batch.count < configuration.prefetch, let event = try session.amqp.nextEvent(timeout: 0) {
-                    switch event {
-                    case .delivery(let delivery):
-                        session.acknowledgements.received(delivery.deliveryTag)
-                        batch.append(delivery)
-                    case .blocked(let blocked):
-                        logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
-                        statistics.brokerBlocked.store(blocked, ordering: .relaxed)
-                        if blocked { statistics.brokerBlocks.add(1, ordering: .relaxed) }
-                    case .confirm:
-                        break
+            let now = Date()
+            var deliveriesRead = 0
+            for action in core.beginTurn(.init(now: now, stopRequested: stopRequested.load(ordering: .acquiring),
+                                               outcomesWaiting: !outcomes.isEmpty, completedJobs: current.count,
+                                               staleCompletions: finished.count - current.count,
+                                               heldDue: held.nextDue)) {
+                switch action {
+                case .announceStop(let jobs):
+                    logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs)])
+                case .exit(let exit):
+                    if case .deadlinePassed(let unfinished) = exit {
+                        logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
+                                       ["jobs.in_flight": String(unfinished)])
                     }
+                    let now = statistics.snapshot()
+                    _ = try? session.statistics.report(now.subtracting(shared), worker: Self.identity)
+                    shared = now
+                    session.broker.close()
+                    return
+                case .recordOutcomes:
+                    try record(outcomes, session: session)
+                case .discardStale(let count):
+                    logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
+                case .finishCompleted:
+                    core.handle(.jobsSettled(try finish(current, session: session, held: &held)))
+                case .publishHeld:
+                    if let due = held.takeDue() {
+                        if !due.jobs.isEmpty { core.handle(.jobsSettled(try finish(due.jobs, session: session, held: &held))) }
+                        if !due.rejections.isEmpty { try reject(due.rejections, session: session, held: &held) }
+                    }
+                case .readDeliveries(let limit):
+                    var batch: [JobDelivery] = []
+                    for notice in try session.broker.receive(limit: limit) {
+                        switch notice {
+                        case .delivery(let delivery):
+                            batch.append(delivery)
+                        case .publishingBlocked(let blocked):
+                            logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
+                            statistics.brokerBlocked.store(blocked, ordering: .relaxed)
+                            if blocked { statistics.brokerBlocks.add(1, ordering: .relaxed) }
+                        }
+                    }
+                    deliveriesRead = batch.count
+                    if !batch.isEmpty {
+                        core.handle(.jobsStarted(try start(batch, session: session, generation: generation,
+                                                           into: &backlog, held: &held)))
+                    }
+                default:
+                    break
                 }
             }
-            if !batch.isEmpty {
-                inFlight += try start(batch, session: session, generation: generation, into: &backlog, held: &held)
-            }
-            if !backlog.isEmpty && (nextWindowAt.map { Date() >= $0 } ?? true) {
-                nextWindowAt = try send(&backlog, session: session).map { Date().addingTimeInterval($0) }
-            }
-            if Date().timeIntervalSince(lastProbe) >= Self.probeInterval {
-                // Readiness is the broker and Redis as they are now: a round trip to each. One that does not answer
-                // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
-                try session.redis.ping()
-                _ = try session.amqp.queueStatus(configuration.jobsQueue)
-                lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
-                lastProbe = Date()
-            }
-            if !batch.isEmpty { continue }
-
-            if Date().timeIntervalSince(lastShared) >= Self.reportInterval {
-                let now = statistics.snapshot()
-                if let refused = try session.sharedStatistics.report(now.subtracting(shared), worker: Self.identity) {
-                    statistics.countDataError("statistics")
-                    logger.warning("Redis refused the shared statistics", ["redis.error": refused])
+            let later = Date()
+            for action in core.endTurn(now: later, deliveriesRead: deliveriesRead, queuedNotifications: backlog.count,
+                                       notificationsInFlight: statistics.notificationsInFlight.load(ordering: .relaxed),
+                                       heldDue: held.nextDue) {
+                switch action {
+                case .send(let count):
+                    if let wait = try send(count, from: &backlog, session: session) {
+                        core.handle(.rateLimited(nextWindowIn: wait, at: later))
+                    }
+                case .probe:
+                    // Readiness is the broker and the store as they are now: a round trip to each. One that does not
+                    // answer within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
+                    try session.store.probe()
+                    try session.broker.probe()
+                    lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+                    core.handle(.probed(later))
+                case .reportStatistics:
+                    let now = statistics.snapshot()
+                    if let refused = try session.statistics.report(now.subtracting(shared), worker: Self.identity) {
+                        statistics.countDataError("statistics")
+                        logger.warning("Redis refused the shared statistics", ["redis.error": refused])
+                    }
+                    shared = now
+                    core.handle(.reported(later))
+                case .logProgress:
+                    let now = statistics.snapshot()
+                    if now != lastProgress.snapshot {
+                        let answered = now.subtracting(lastProgress.snapshot)
+                        let rate = Double(answered.delivered + answered.deadTokens + answered.permanentFailures)
+                            / later.timeIntervalSince(lastProgress.at)
+                        logger.info("progress", ["stats": now.summary, "jobs.in_flight": String(core.jobsInFlight),
+                                                 "notifications_per_s": String(Int(rate.rounded())),
+                                                 "apns.in_flight": String(statistics.notificationsInFlight.load(ordering: .relaxed))])
+                    }
+                    lastProgress = (later, now)
+                    core.handle(.progressLogged(later))
+                case .wait(let seconds, let watchingBroker):
+                    // While stopping, deliveries are left unread (the broker requeues them), so only wake-ups count.
+                    if !session.broker.hasBufferedInput {
+                        wakeup.wait(alsoReadable: watchingBroker ? session.broker.readableDescriptor : nil, timeout: seconds)
+                    }
+                default:
+                    break
                 }
-                shared = now
-                lastShared = Date()
-            }
-            let sinceSummary = Date().timeIntervalSince(lastSummary)
-            if sinceSummary >= 10 {
-                let now = statistics.snapshot()
-                if now != lastReported {
-                    let answered = now.subtracting(lastReported)
-                    let rate = Double(answered.delivered + answered.deadTokens + answered.permanentFailures) / sinceSummary
-                    logger.info("progress", ["stats": now.summary, "jobs.in_flight": String(inFlight),
-                                             "notifications_per_s": String(Int(rate.rounded())),
-                                             "apns.in_flight": String(statistics.inFlight.load(ordering: .relaxed))])
-                    lastReported = now
-                }
-                lastSummary = Date()
-            }
-            if !session.amqp.hasBufferedInput {
-                // While stopping, deliveries are left unread (the broker requeues them), so only wake-ups count.
-                let wakeAt = [nextWindowAt, held.nextDue].compactMap { $0 }.min()
-                wakeup.wait(alsoReadable: stopping ? nil : session.amqp.socketDescriptor,
-                            timeout: min(1, wakeAt.map { max(0.001, $0.timeIntervalSinceNow) } ?? 1))
             }
         }
     }
 
-    /// Sends what fits in flight (WORKER_MAX_IN_FLIGHT) and what the shared rate limit allows now, in one call;
-    /// returns the seconds until more may go, if the rate limit makes them wait. When answers bring the count in
+    /// Hands `count` queued notifications to the APNs client (fewer if the shared rate limit grants fewer); returns
+    /// the seconds until more may go when the rate limit makes them wait. When answers bring the notifications in
     /// flight down to half the limit, the loop thread wakes this thread to send more.
-    private func send(_ backlog: inout OutgoingQueue, session: Session) throws -> Double? {
-        var count = min(backlog.count, configuration.maxInFlight - statistics.inFlight.load(ordering: .relaxed))
-        guard count > 0 else { return nil }
+    private func send(_ wanted: Int, from backlog: inout OutgoingQueue, session: WorkerSession) throws -> Double? {
+        var count = wanted
         var wait: Double?
-        if let rateLimit = session.rateLimit {
-            let wanted = count
-            let reservation: (granted: Int, nextWindowIn: Double)
-            do { reservation = try rateLimit.reserve(wanted) } catch {
-                guard error.kind == .server else { throw error }
-                // Redis refused the script (a slot key of the wrong type): nothing goes out unmetered; the slot keys
-                // expire within 10 s, so waiting a second and asking again is enough.
+        if let rateLimiter = session.rateLimiter {
+            switch try rateLimiter.reserve(wanted) {
+            case .granted(let granted, let nextWindowIn):
+                count = granted
+                if granted < wanted {
+                    wait = nextWindowIn
+                    statistics.rateLimitWaits.add(1, ordering: .relaxed)
+                }
+            case .refused(let message):
+                // The store refused the reservation (a slot key of the wrong type): nothing goes out unmetered; the
+                // slot keys expire within 10 s, so waiting a second and asking again is enough.
                 statistics.countDataError("rate_limit")
-                logger.error("Redis refused the rate-limit reservation; waiting", ["redis.error": error.message])
+                logger.error("Redis refused the rate-limit reservation; waiting", ["redis.error": message])
                 return 1
-            }
-            count = reservation.granted
-            if count < wanted {
-                wait = reservation.nextWindowIn
-                statistics.rateLimitWaits.add(1, ordering: .relaxed)
             }
         }
         guard count > 0 else { return wait }
         let sending = backlog.take(count)
-        statistics.inFlight.add(count, ordering: .relaxed)
-        let lowWater = configuration.maxInFlight / 2
+        statistics.notificationsInFlight.add(count, ordering: .relaxed)
+        let lowWater = settings.core.maximumNotificationsInFlight / 2
         let handedOver = DispatchTime.now().uptimeNanoseconds
         apns.send(sending.map { $0.progress.notification(Int($0.index)) }) { [self] position, result in
             statistics.apnsLatency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
-            if statistics.inFlight.subtract(1, ordering: .relaxed).newValue == lowWater { wakeup.signal() }
+            if statistics.notificationsInFlight.subtract(1, ordering: .relaxed).newValue == lowWater { wakeup.signal() }
             let (progress, index) = sending[position]
             record(result, for: progress, Int(index))
         }
         return wait
     }
 
-    /// Decodes a batch, rejects the bad jobs, resolves users in one Redis round trip and queues every notification
-    /// for sending. Returns how many jobs are now waiting for outcomes.
-    private func start(_ batch: [AMQPDelivery], session: Session, generation: Int,
+    /// Decodes a batch, rejects the bad jobs, resolves users in one round trip to the store and queues every
+    /// notification for sending. Returns how many jobs are now waiting for outcomes.
+    private func start(_ batch: [JobDelivery], session: WorkerSession, generation: Int,
                        into backlog: inout OutgoingQueue, held: inout HeldPublishes) throws -> Int {
-        var rejected: [(AMQPDelivery, String)] = []
-        var jobs: [(AMQPDelivery, PushJob)] = []
+        var rejected: [(JobDelivery, String)] = []
+        var jobs: [(JobDelivery, PushJob)] = []
         for delivery in batch {
-            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.deliveryTag)"
+            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
             do {
-                jobs.append((delivery, try PushJob.decode(delivery.body, defaultTopic: configuration.defaultTopic,
+                jobs.append((delivery, try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic,
                                                           fallbackID: fallbackID)))
             } catch {
                 rejected.append((delivery, error.description))
@@ -357,11 +330,11 @@ public final class Worker: Sendable {
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
         let redelivered = jobs.filter { $0.0.redelivered && Self.hasStableID($0.1, $0.0) }.map(\.1.id)
-        let (alreadySent, unreadableRecords) = try session.sentRecord.sent(jobIDs: redelivered)
+        let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: redelivered)
         for (jobID, message) in unreadableRecords {
             statistics.countDataError("idempotency_record")
             logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
-                         ["job.id": jobID, "redis.key": SentRecord.key(forJob: jobID), "redis.error": message])
+                         ["job.id": jobID, "redis.error": message])
         }
 
         var progresses: [JobProgress] = []
@@ -369,8 +342,8 @@ public final class Worker: Sendable {
         for (delivery, job) in jobs {
             var targets = job.retryTargets
                 ?? Self.targets(of: job, resolved: resolved.tokens,
-                                reaching: TopicMatcher(topic: job.topic, defaultTopic: configuration.defaultTopic))
-            let settled = alreadySent[job.id]
+                                reaching: TopicMatcher(topic: job.topic, defaultTopic: settings.defaultTopic))
+            let settled = alreadySettled[job.id]
             if let done = settled?.tokens, !done.isEmpty {
                 let before = targets.count
                 targets.removeAll { done.contains($0.token) }
@@ -410,115 +383,70 @@ public final class Worker: Sendable {
         return targets
     }
 
-    /// Bad jobs go to PUSH_FAILED_QUEUE with their reason, confirmed, then acknowledged. One the broker hands back
-    /// (the failed queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
-    private func reject(_ rejected: [(AMQPDelivery, String)], session: Session, held: inout HeldPublishes) throws {
-        let amqp = session.amqp
-        var last: UInt64 = 0
-        var sequences: [UInt64] = []
+    /// Bad jobs are parked with their reason, confirmed, then acknowledged. One the broker hands back (the failed
+    /// queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
+    private func reject(_ rejected: [(JobDelivery, String)], session: WorkerSession, held: inout HeldPublishes) throws {
+        var publications: [Publication] = []
         for (delivery, reason) in rejected {
             var properties = delivery.properties
             properties.persistent = true
             properties.headers[Self.reasonHeader] = reason
-            last = try amqp.publish(to: configuration.failedQueue, body: delivery.body, properties: properties,
-                                    mandatory: true)
-            sequences.append(last)
-            logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.deliveryTag)])
+            publications.append(Publication(destination: .failed, body: delivery.body, properties: properties))
+            logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.tag)])
         }
-        let nacked = Set(try amqp.waitForConfirms(through: last))
-        let returned = try handBacks(amqp.takeReturns(), session: session)
-        let parkingRefused = !returned.isEmpty || !nacked.isEmpty
+        let outcomes = try session.broker.publish(publications)
         var settled: [UInt64] = []
-        for ((delivery, reason), sequence) in zip(rejected, sequences) {
-            if nacked.contains(sequence) || returned.contains(Destination(exchange: "", routingKey: configuration.failedQueue)) {
+        for ((delivery, reason), outcome) in zip(rejected, outcomes) {
+            if outcome == .taken {
+                settled.append(delivery.tag)
+                statistics.jobsRejected.add(1, ordering: .relaxed)
+            } else {
                 held.hold(rejection: (delivery, reason))
                 statistics.countRefusedPublish("rejected_job")
-            } else {
-                settled.append(delivery.deliveryTag)
-                statistics.jobsRejected.add(1, ordering: .relaxed)
             }
         }
-        if parkingRefused && settled.count < rejected.count {
+        if settled.count < rejected.count {
             logger.error("the broker did not take parked jobs; kept unacknowledged, parked again shortly",
-                         ["amqp.queue": configuration.failedQueue, "jobs": String(rejected.count - settled.count),
-                          "retry_in_s": String(HeldPublishes.pause)])
+                         ["jobs": String(rejected.count - settled.count), "retry_in_s": String(HeldPublishes.pause)])
         }
-        try session.acknowledgements.acknowledge(settled)
-    }
-
-    /// Where a publish went: the exchange and the routing key, as a return names them.
-    struct Destination: Hashable {
-        var exchange: String
-        var routingKey: String
-    }
-
-    /// Logs and counts what the broker handed back, and declares the worker's queues again if one of its own went
-    /// missing (deleted at run time), so that the next attempt finds it. Returns the destinations handed back.
-    private func handBacks(_ returns: [AMQPReturn], session: Session) throws -> Set<Destination> {
-        guard !returns.isEmpty else { return [] }
-        let destinations = Set(returns.map { Destination(exchange: $0.exchange, routingKey: $0.routingKey) })
-        let own = ownDestinations
-        for destination in destinations where own.contains(destination) {
-            logger.error("the broker handed back a publish: no queue took it; declaring the worker's queues again",
-                         ["amqp.exchange": destination.exchange, "amqp.routing_key": destination.routingKey,
-                          "amqp.reply": returns.first { $0.routingKey == destination.routingKey }?.replyText ?? ""])
-        }
-        if !destinations.isDisjoint(with: own) { try declareTopology(on: session.amqp) }
-        return destinations
-    }
-
-    /// The destinations of what must not be lost: dead-token events, parked jobs, retries.
-    private var ownDestinations: Set<Destination> {
-        var destinations: Set<Destination> = [Destination(exchange: configuration.deadTokensExchange,
-                                                          routingKey: configuration.deadTokensQueue),
-                                              Destination(exchange: "", routingKey: configuration.failedQueue)]
-        for delay in configuration.retryDelays {
-            destinations.insert(Destination(exchange: "", routingKey: Self.retryQueueName(jobsQueue: configuration.jobsQueue,
-                                                                                          delay: delay)))
-        }
-        return destinations
+        try session.broker.acknowledge(settled)
     }
 
     /// Publishes what finished jobs produced (dead-token events, parked jobs, retries, summaries), waits for the
     /// broker's confirms, takes the dead tokens out of the cache, then acknowledges the jobs. Returns how many jobs
     /// it settled.
     ///
-    /// Events, parked jobs and retries are published mandatory: one the broker hands back (its queue was deleted)
-    /// or refuses (nacks) leaves its job unacknowledged and held, and its publishes are made again after a pause
+    /// Events, parked jobs and retries must not be lost: one the broker hands back (its queue was deleted) or
+    /// refuses leaves its job unacknowledged and held, and its publications are made again after a pause
     /// (`HeldPublishes`), so nothing is acknowledged that was not published. A summary to a `reply_to` queue that
     /// does not exist is logged; it holds nothing up. The order makes a crash repeat work, never lose an event: a
     /// token leaves the cache only once its event is safe with the broker.
-    private func finish(_ finished: [JobProgress], session: Session, held: inout HeldPublishes) throws -> Int {
-        let amqp = session.amqp
-        var ranges: [ClosedRange<UInt64>?] = []
-        var destinations: [Set<Destination>] = []
-        var last: UInt64 = 0
+    private func finish(_ finished: [JobProgress], session: WorkerSession, held: inout HeldPublishes) throws -> Int {
+        var publications: [Publication] = []
+        // Per job, which of the publications are its own, and which one is its summary.
+        var owned: [(range: Range<Int>, summary: Int?)] = []
         for progress in finished {
             settleTokenMismatches(progress)
-            let first = amqp.upcomingPublishSequence
-            var kept = Set<Destination>()
+            let first = publications.count
             for (target, response) in progress.dead {
                 let event = DeadTokenEvent(token: target.token, user: target.user, topic: progress.job.topic,
                                            environment: target.environment, status: response.status,
                                            reason: response.reason?.label ?? "", timestamp: response.timestamp,
                                            jobID: progress.job.id)
-                last = try amqp.publish(to: configuration.deadTokensQueue, exchange: configuration.deadTokensExchange,
-                                        body: event.json, mandatory: true)
-                kept.insert(Destination(exchange: configuration.deadTokensExchange, routingKey: configuration.deadTokensQueue))
+                publications.append(Publication(destination: .deadTokens, body: event.json, properties: MessageProperties()))
             }
-            let retrying = !progress.retryable.isEmpty && progress.job.attempt < configuration.maximumSendAttempts
+            let retrying = !progress.retryable.isEmpty && progress.job.attempt < settings.maximumSendAttempts
             if retrying {
                 // Another attempt waits in a delay queue that dead-letters back to the jobs queue: nothing is held
                 // here, and the retry survives this worker.
-                let delay = progress.retryable.map(\.delay).max() ?? 0
+                let suggested = progress.retryable.map(\.delay).max() ?? 0
                 var properties = progress.delivery.properties
                 properties.persistent = true
                 properties.headers[Self.reasonHeader] = progress.retryable[0].reason
-                let queue = retryQueue(attempt: progress.job.attempt, suggestedDelay: delay)
-                last = try amqp.publish(to: queue, body: progress.job.retryBody(targets: progress.retryable.map(\.target),
-                                                                                original: progress.delivery.body),
-                                        properties: properties, mandatory: true)
-                kept.insert(Destination(exchange: "", routingKey: queue))
+                publications.append(Publication(
+                    destination: .retry(delay: retryDelay(attempt: progress.job.attempt, suggestedDelay: suggested)),
+                    body: progress.job.retryBody(targets: progress.retryable.map(\.target), original: progress.delivery.body),
+                    properties: properties))
             } else if let first = progress.retryable.first {
                 // Parked as its sender enqueued it, with what happened in headers.
                 var properties = progress.delivery.properties
@@ -529,44 +457,40 @@ public final class Worker: Sendable {
                 properties.headers[Self.attemptsHeader] = String(progress.job.attempt)
                 properties.headers[Self.undeliveredHeader] = progress.retryable.prefix(Self.undeliveredListed)
                     .map(\.target.token).joined(separator: ",")
-                last = try amqp.publish(to: configuration.failedQueue,
-                                        body: progress.job.originalBody ?? progress.delivery.body,
-                                        properties: properties, mandatory: true)
-                kept.insert(Destination(exchange: "", routingKey: configuration.failedQueue))
-                logger.error("job parked after its last attempt", ["job.id": progress.job.id, "job.reason": reason,
-                                                                   "amqp.queue": configuration.failedQueue])
+                publications.append(Publication(destination: .failed, body: progress.job.originalBody ?? progress.delivery.body,
+                                                properties: properties))
+                logger.error("job parked after its last attempt", ["job.id": progress.job.id, "job.reason": reason])
             }
+            var summary: Int?
             if let replyTo = progress.delivery.properties.replyTo, !replyTo.isEmpty {
-                last = try amqp.publish(to: replyTo, body: progress.summaryJSON(retrying: retrying),
-                                        properties: AMQPProperties(correlationID: progress.delivery.properties.correlationID
-                                                                   ?? progress.job.id, persistent: false),
-                                        mandatory: true)
+                summary = publications.count
+                publications.append(Publication(
+                    destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
+                    properties: MessageProperties(correlationID: progress.delivery.properties.correlationID ?? progress.job.id,
+                                                  persistent: false)))
             }
-            let end = amqp.upcomingPublishSequence
-            ranges.append(end > first ? first...(end - 1) : nil)
-            destinations.append(kept)
+            owned.append((first..<publications.count, summary))
         }
-        let nacked = last > 0 ? Set(try amqp.waitForConfirms(through: last)) : []
-        let returned = try handBacks(amqp.takeReturns(), session: session)
+        let outcomes = try session.broker.publish(publications)
         var confirmed: [JobProgress] = []
         var refused: [JobProgress] = []
-        for ((progress, range), kept) in zip(zip(finished, ranges), destinations) {
-            if let range, range.contains(where: nacked.contains) || !kept.isDisjoint(with: returned) {
+        for (progress, own) in zip(finished, owned) {
+            let mustNotBeLost = own.range.filter { $0 != own.summary }
+            if mustNotBeLost.contains(where: { outcomes[$0] != .taken }) {
                 refused.append(progress)
                 continue
             }
             confirmed.append(progress)
-            if let replyTo = progress.delivery.properties.replyTo,
-               returned.contains(Destination(exchange: "", routingKey: replyTo)) {
+            if let summary = own.summary, outcomes[summary] != .taken {
                 statistics.countRefusedPublish("summary")
-                logger.warning("a job's summary was handed back: no queue named by its reply_to",
-                               ["job.id": progress.job.id, "amqp.reply_to": replyTo])
+                logger.warning("a job's summary was not taken: no queue named by its reply_to",
+                               ["job.id": progress.job.id, "amqp.reply_to": progress.delivery.properties.replyTo ?? ""])
             }
         }
         // Only an entry that still serves the job's topic in that environment goes: a token registered since for
         // another kind or app is someone else's. Tokens sent directly are left to the cleanup consumer's events.
         let removals = confirmed.flatMap { progress in
-            let matcher = TopicMatcher(topic: progress.job.topic, defaultTopic: configuration.defaultTopic)
+            let matcher = TopicMatcher(topic: progress.job.topic, defaultTopic: settings.defaultTopic)
             return progress.dead.compactMap { dead in
                 dead.target.user.map { user in
                     (progress.job.id, TokenRemoval(user: user, token: dead.target.token,
@@ -575,8 +499,8 @@ public final class Worker: Sendable {
                 }
             }
         }
-        // A removal Redis refuses (a key of the wrong type) concerns that token only: its event is out, the job is
-        // settled, and the cleanup consumer will meet the same key and park the event with the reason.
+        // A removal the store refuses (a key of the wrong type) concerns that token only: its event is out, the job
+        // is settled, and the cleanup consumer will meet the same key and park the event with the reason.
         for ((jobID, removal), change) in zip(removals, try session.tokens.remove(removals.map(\.1))) {
             guard case .failed(let message) = change else { continue }
             statistics.countDataError("token_removal")
@@ -584,8 +508,8 @@ public final class Worker: Sendable {
                                                                   "apns.token": Redact.token(removal.token),
                                                                   "redis.error": message])
         }
-        // A held job's outcomes go to the idempotency record now: if this connection drops before its publishes are
-        // made again, its redelivery sends nothing twice and still publishes its dead tokens' events.
+        // A held job's outcomes go to the idempotency record now: if this connection drops before its publications
+        // are made again, its redelivery sends nothing twice and still publishes its dead tokens' events.
         let unrecorded = refused.compactMap { progress in progress.takeUnrecordedFinal().map { (progress.job.id, $0) } }
         if !unrecorded.isEmpty { try record(unrecorded, session: session) }
         for progress in refused {
@@ -597,10 +521,10 @@ public final class Worker: Sendable {
         var completed: [UInt64] = []
         completed.reserveCapacity(confirmed.count)
         for progress in confirmed {
-            completed.append(progress.delivery.deliveryTag)
+            completed.append(progress.delivery.tag)
             statistics.jobsCompleted.add(1, ordering: .relaxed)
             if !progress.retryable.isEmpty {
-                if progress.job.attempt < configuration.maximumSendAttempts {
+                if progress.job.attempt < settings.maximumSendAttempts {
                     statistics.retries.add(progress.retryable.count, ordering: .relaxed)
                 } else {
                     statistics.jobsParked.add(1, ordering: .relaxed)
@@ -612,7 +536,7 @@ public final class Worker: Sendable {
                                       "job.failed": String(progress.failed.count),
                                       "job.retryable": String(progress.retryable.count)])
         }
-        try session.acknowledgements.acknowledge(completed)
+        try session.broker.acknowledge(completed)
         return confirmed.count
     }
 
@@ -620,7 +544,7 @@ public final class Worker: Sendable {
     /// tokens (removed, with events) or, when they look like a configuration mistake, are held back, logged at error
     /// level and counted. 410s are never held back.
     private func settleTokenMismatches(_ progress: JobProgress) {
-        guard let held = progress.applyGuard(configuration.invalidationGuard) else { return }
+        guard let held = progress.applyGuard(settings.invalidationGuard) else { return }
         statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
                                   ordering: .relaxed)
         guard held > 0 else { return }
@@ -634,13 +558,12 @@ public final class Worker: Sendable {
         ])
     }
 
-    /// Adds final outcomes to the idempotency record. A record Redis refuses concerns that job only: logged and
+    /// Adds final outcomes to the idempotency record. A record the store refuses concerns that job only: logged and
     /// counted (a redelivery of it would send its notifications again), never a reconnect.
-    private func record(_ outcomes: [(jobID: String, tokens: [String])], session: Session) throws {
-        for (jobID, message) in try session.sentRecord.record(outcomes) {
+    private func record(_ outcomes: [(jobID: String, outcomes: [SettledOutcome])], session: WorkerSession) throws {
+        for (jobID, message) in try session.record.record(outcomes) {
             statistics.countDataError("idempotency_record")
-            logger.error("Redis refused the idempotency record", ["job.id": jobID, "redis.key": SentRecord.key(forJob: jobID),
-                                                                  "redis.error": message])
+            logger.error("Redis refused the idempotency record", ["job.id": jobID, "redis.error": message])
         }
     }
 
@@ -695,10 +618,10 @@ public final class Worker: Sendable {
 
     /// Loop thread: the final outcomes gathered over the last interval go to the broker thread in one hand-over.
     private func handOverOutcomes() {
-        var batches: [(jobID: String, tokens: [String])] = []
+        var batches: [(jobID: String, outcomes: [SettledOutcome])] = []
         for progress in outcomesAwaiting.value.jobs where !progress.handedBack {
             progress.awaitsHandOver = false
-            if let tokens = progress.takeUnrecordedFinal() { batches.append((progress.job.id, tokens)) }
+            if let outcomes = progress.takeUnrecordedFinal() { batches.append((progress.job.id, outcomes)) }
         }
         outcomesAwaiting.value = ([], false)
         guard !batches.isEmpty else { return }
@@ -707,28 +630,28 @@ public final class Worker: Sendable {
     }
 }
 
-/// What the broker did not take (handed back: no queue; or nacked), kept unacknowledged and published again after a
-/// pause: finished jobs with everything they produce, and bad jobs to park. Bounded by the prefetch, as every one
+/// What the broker did not take (handed back: no queue; or refused), kept unacknowledged and published again after
+/// a pause: finished jobs with everything they produce, and bad jobs to park. Bounded by the prefetch, as every one
 /// of them is an unacknowledged delivery. A pause rather than at once, so that a queue someone deleted costs a
-/// retry every few seconds (the worker declares its queues again meanwhile), not a loop.
+/// retry every few seconds (the broker adapter declares the queues again meanwhile), not a loop.
 struct HeldPublishes {
     static let pause = 5.0
 
     private var jobs: [(progress: JobProgress, due: Date)] = []
-    private var rejections: [(delivery: AMQPDelivery, reason: String, due: Date)] = []
+    private var rejections: [(delivery: JobDelivery, reason: String, due: Date)] = []
 
     mutating func hold(job: JobProgress, now: Date = Date()) {
         jobs.append((job, now.addingTimeInterval(Self.pause)))
     }
 
-    mutating func hold(rejection: (AMQPDelivery, String), now: Date = Date()) {
+    mutating func hold(rejection: (JobDelivery, String), now: Date = Date()) {
         rejections.append((rejection.0, rejection.1, now.addingTimeInterval(Self.pause)))
     }
 
     var nextDue: Date? { (jobs.map(\.due) + rejections.map(\.due)).min() }
 
     /// What is due now, taken out; nil if nothing is.
-    mutating func takeDue(now: Date = Date()) -> (jobs: [JobProgress], rejections: [(AMQPDelivery, String)])? {
+    mutating func takeDue(now: Date = Date()) -> (jobs: [JobProgress], rejections: [(JobDelivery, String)])? {
         guard let next = nextDue, next <= now else { return nil }
         let dueJobs = jobs.filter { $0.due <= now }.map(\.progress)
         let dueRejections = rejections.filter { $0.due <= now }.map { ($0.delivery, $0.reason) }

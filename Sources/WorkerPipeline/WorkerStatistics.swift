@@ -30,7 +30,7 @@ public final class WorkerStatistics: Sendable {
     public let brokerBlocks = Atomic<Int>(0)
 
     /// Notifications handed to the APNs client and not answered yet.
-    public let inFlight = Atomic<Int>(0)
+    public let notificationsInFlight = Atomic<Int>(0)
     /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
     public let apnsLatency = Histogram()
     /// Data errors, by where they happened: a key of the wrong type, a record Redis refused. Each concerns one user,
@@ -100,7 +100,7 @@ public final class WorkerStatistics: Sendable {
                        "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
                            + "rejected jobs are held and published again, summaries are only logged.",
                        refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
-        metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", load(inFlight))
+        metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", load(notificationsInFlight))
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
                           apnsLatency)
         metrics.counter("apns_worker_retries_total", "Notifications scheduled for another attempt.", load(retries))

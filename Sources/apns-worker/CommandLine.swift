@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 import Synchronization
 import Telemetry
@@ -116,56 +117,38 @@ struct ParsedArguments {
     }
 }
 
-/// SIGINT and SIGTERM for the long-running commands: blocked in every thread from the first instruction (threads
-/// inherit the mask), so that a signal arriving at any moment, start-up included, stays pending until
-/// `runUntilSignalled` takes it with sigwait: never lost, never a default action that kills mid-work.
-func blockTerminationSignals() {
-    var signals = terminationSignals
-    pthread_sigmask(SIG_BLOCK, &signals, nil)
+/// Runs the worker or the cleanup consumer as operators expect: its /metrics, /healthz and /readyz, its signals
+/// (`ServiceRunner`), and exit 78 naming the setting for a refusal that waiting cannot cure.
+func runService(_ service: any Service, name: String, metrics: MetricsSettings, logger: Logger) {
+    let health = startHealthServer(metrics, logger: logger, service: service)
+    signal(SIGPIPE, SIG_IGN)
+    if let failure = ServiceRunner.run(service, name: name, logger: logger) {
+        let message = StartupError(permanent: failure)?.description ?? "\(failure)"
+        logger.critical("cannot start", ["error": message])
+        fail("configuration error: \(message)", code: ExitCode.configuration)
+    }
+    health?.shutdown()
 }
 
-private var terminationSignals: sigset_t {
-    var signals = sigset_t()
-    sigemptyset(&signals)
-    sigaddset(&signals, SIGINT)
-    sigaddset(&signals, SIGTERM)
-    return signals
-}
-
-/// Runs `start` on its own thread (it blocks) until it returns; SIGTERM or SIGINT call `stop`, a second one exits
-/// at once with code 1. A refusal at start that waiting cannot cure (`StartupError`) exits 78 naming it.
-/// `blockTerminationSignals` must have run first.
-func runUntilSignalled(name: String, logger: Logger, start: @escaping @Sendable () throws -> Void,
-                       stop: @escaping @Sendable () -> Void) {
-    let waiter = Thread {
-        var signals = terminationSignals
-        var received: Int32 = 0
-        var count = 0
-        while sigwait(&signals, &received) == 0 {
-            count += 1
-            if count > 1 {
-                logger.warning("second signal: exiting now; unfinished work returns to the queue")
-                // _exit, not exit: no atexit handlers that could wait on the threads still working.
-                _exit(ExitCode.interrupted)
-            }
-            logger.info("signal received: stopping", ["signal": String(received)])
-            stop()
+/// GET /metrics, /healthz and /readyz on METRICS_HOST:METRICS_PORT, unless the port is 0. Several workers on one
+/// host with the default settings all want the default port: when it is taken, the endpoint falls back to a free
+/// port, logged with a warning and the chosen address. A port someone set that is taken stops start-up.
+func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any Service) -> HealthServer? {
+    guard metrics.port > 0 else { return nil }
+    func open(port: Int) throws(HealthServerError) -> HealthServer {
+        try HealthServer(host: metrics.host, port: port, metrics: { service.metricsText }, ready: { service.isReady })
+    }
+    do {
+        let server: HealthServer
+        do { server = try open(port: metrics.port) } catch where error.addressInUse && !metrics.portIsExplicit {
+            server = try open(port: 0)
+            logger.warning("the default metrics port is taken (another worker on this host?): listening on a free port",
+                           ["http.address": "\(metrics.host):\(server.port)", "http.default_port": String(metrics.port)])
         }
-    }
-    waiter.name = "signals"
-    waiter.start()
-    let finished = DispatchSemaphore(value: 0)
-    let failure = Locked<String?>(nil)
-    let thread = Thread {
-        do { try start() } catch { failure.withLock { $0 = "\(error)" } }
-        finished.signal()
-    }
-    thread.name = name
-    thread.start()
-    finished.wait()
-    if let failure = failure.withLock({ $0 }) {
-        logger.critical("cannot start", ["error": failure])
-        fail("configuration error: \(failure)", code: ExitCode.configuration)
+        logger.info("metrics and health endpoint", ["http.address": "\(metrics.host):\(server.port)"])
+        return server
+    } catch {
+        fail("configuration error: METRICS_PORT: \(error)", code: ExitCode.configuration)
     }
 }
 

@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 import Operations
 import Telemetry
@@ -76,7 +77,7 @@ func enqueueCommand(_ arguments: [String]) {
     if enqueuer.refusals.count > 100 {
         FileHandle.standardError.write(Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
     }
-    print("published \(enqueuer.progress.published) jobs to \(configuration.jobsQueue), refused \(enqueuer.progress.refused)")
+    print("published \(enqueuer.progress.published) jobs to \(configuration.broker.queues.jobs), refused \(enqueuer.progress.refused)")
     if !enqueuer.refusals.isEmpty { exit(ExitCode.dataError) }
 }
 

@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 import Operations
 import Telemetry
@@ -61,7 +62,7 @@ func deadTokensCommand(_ arguments: [String]) {
     let full = parsed.switches.contains("--full-tokens")
     do {
         let watcher = try DeadTokenWatcher(configuration: configuration)
-        FileHandle.standardError.write(Data("apns-worker: watching \(configuration.deadTokensExchange)\n".utf8))
+        FileHandle.standardError.write(Data("apns-worker: watching \(configuration.broker.queues.deadTokensExchange)\n".utf8))
         var seen = 0
         while seen < count, let body = try watcher.next(timeout: timeout) {
             seen += 1
@@ -119,10 +120,6 @@ func cleanupCommand(_ arguments: [String]) {
         logger.info("cleanup done", ["stats": cleanup.statistics.summary])
         return
     }
-    let health = startHealthServer(configuration, logger: logger,
-                                   metrics: { cleanup.statistics.prometheusText(ready: cleanup.isReady) },
-                                   ready: { cleanup.isReady })
-    runUntilSignalled(name: "cleanup", logger: logger, start: { try cleanup.run() }, stop: { cleanup.stop() })
+    runService(cleanup, name: "cleanup", metrics: configuration.metrics, logger: logger)
     logger.info("cleanup stopped", ["stats": cleanup.statistics.summary])
-    health?.shutdown()
 }

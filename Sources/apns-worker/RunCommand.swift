@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 import Telemetry
 import WorkerPipeline
@@ -47,27 +48,8 @@ func runCommand(_ arguments: [String]) {
     let configuration = parsed.configuration(requiringCredentials: true)
     let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
     let worker: Worker
-    do { worker = try Worker(configuration: configuration, logger: logger) } catch {
+    do { worker = try configuration.makeWorker(logger: logger) } catch {
         fail("configuration error: \(error)", code: ExitCode.configuration)
     }
-    let health = startHealthServer(configuration, logger: logger,
-                                   metrics: { worker.statistics.prometheusText(ready: worker.isReady) },
-                                   ready: { worker.isReady })
-    signal(SIGPIPE, SIG_IGN)
-    runUntilSignalled(name: "broker", logger: logger, start: { try worker.run() }, stop: { worker.stop() })
-    health?.shutdown()
-}
-
-/// GET /metrics, /healthz and /readyz on METRICS_HOST:METRICS_PORT, unless the port is 0.
-func startHealthServer(_ configuration: WorkerConfiguration, logger: Logger, metrics: @escaping @Sendable () -> String,
-                       ready: @escaping @Sendable () -> Bool) -> HealthServer? {
-    guard configuration.metricsPort > 0 else { return nil }
-    do {
-        let server = try HealthServer(host: configuration.metricsHost, port: configuration.metricsPort,
-                                      metrics: metrics, ready: ready)
-        logger.info("metrics and health endpoint", ["http.address": "\(configuration.metricsHost):\(server.port)"])
-        return server
-    } catch {
-        fail("configuration error: METRICS_PORT: \(error)", code: ExitCode.configuration)
-    }
+    runService(worker, name: "broker", metrics: configuration.metrics, logger: logger)
 }

@@ -1,6 +1,8 @@
 import APNs
+import Configuration
 import Foundation
 import Redis
+import RedisStore
 import Telemetry
 import WorkerPipeline
 
@@ -94,7 +96,7 @@ func tokensCommand(_ arguments: [String]) {
         case "remove":
             var servedValues: [String]?
             if let topic {
-                let matcher = TopicMatcher(topic: topic, defaultTopic: configuration.defaultTopic)
+                let matcher = TopicMatcher(topic: topic, defaultTopic: configuration.credential.defaultTopic)
                 servedValues = (environment.map { [$0] } ?? APNsEnvironment.allCases).flatMap(matcher.cacheValues(in:))
             } else if let environment {
                 servedValues = [environment.rawValue]
@@ -115,11 +117,11 @@ func tokensCommand(_ arguments: [String]) {
         default:
             var entries = try cache.entries(forUser: user)
             if let topic {
-                let matcher = TopicMatcher(topic: topic, defaultTopic: configuration.defaultTopic)
+                let matcher = TopicMatcher(topic: topic, defaultTopic: configuration.credential.defaultTopic)
                 entries.removeAll { entry in !(entry.scope.map(matcher.serves) ?? false) }
             }
             print(parsed.switches.contains("--json") ? listJSON(entries, full: full)
-                  : listText(entries, user: user, full: full, defaultTopic: configuration.defaultTopic))
+                  : listText(entries, user: user, full: full, defaultTopic: configuration.credential.defaultTopic))
         }
     } catch {
         failReaching("tokens \(action): \(error)", error)

@@ -1,4 +1,5 @@
 import Foundation
+import Telemetry
 
 // apns-worker: one executable, one subcommand per job. Each subcommand lives in its own file as a function
 // `<name>Command(arguments)`; the work itself is in the WorkerPipeline and Operations modules.
@@ -58,7 +59,7 @@ if arguments.first == "--help" || arguments.first == "-h" {
 let command = arguments.first.flatMap { $0.hasPrefix("-") ? nil : $0 } ?? "run"
 if arguments.first == command { arguments.removeFirst() }
 // The long-running commands take SIGINT and SIGTERM with sigwait; they are blocked before any thread starts.
-if command == "run" || command == "cleanup" { blockTerminationSignals() }
+if command == "run" || command == "cleanup" { ServiceRunner.blockTerminationSignals() }
 switch command {
 case "run": runCommand(arguments)
 case "enqueue": enqueueCommand(arguments)

@@ -4,6 +4,7 @@ import APNsSimulator
 import Foundation
 import HTTP2
 import Redis
+import RedisStore
 import Telemetry
 import Testing
 import WorkerPipeline

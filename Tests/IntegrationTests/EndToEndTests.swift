@@ -3,8 +3,9 @@ import APNs
 import APNsSimulator
 import Foundation
 import Redis
-import Telemetry
+import RedisStore
 import Synchronization
+import Telemetry
 import Testing
 import WorkerPipeline
 
@@ -160,7 +161,7 @@ import WorkerPipeline
         let statistics = workerThread.worker.statistics
         let sampler = Thread {
             while sampling.load(ordering: .acquiring) {
-                let now = statistics.inFlight.load(ordering: .relaxed)
+                let now = statistics.notificationsInFlight.load(ordering: .relaxed)
                 if now > peak.load(ordering: .relaxed) { peak.store(now, ordering: .relaxed) }
             }
         }

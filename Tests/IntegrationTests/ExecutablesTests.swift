@@ -3,6 +3,7 @@ import APNs
 import Foundation
 import HTTP2
 import Redis
+import RedisStore
 import Synchronization
 import Telemetry
 import Testing

@@ -1,13 +1,13 @@
 import APNs
 import APNsSimulator
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#endif
 import HTTP2
 import Synchronization
 import Telemetry
 import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The HTTP/2 + TLS client against apns-sim (our double) and against nghttpd (an independent server).
 @Suite struct HTTP2ClientTests {

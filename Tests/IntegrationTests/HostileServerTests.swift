@@ -1,5 +1,5 @@
-@testable import HTTP2
 import Foundation
+@testable import HTTP2
 import Synchronization
 import Telemetry
 import Testing

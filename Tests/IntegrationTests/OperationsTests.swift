@@ -1,11 +1,14 @@
 import AMQP
+import AMQPBroker
 import APNs
 import APNsSimulator
+import Configuration
 import Foundation
 import Operations
 import Redis
-import Telemetry
+import RedisStore
 import Synchronization
+import Telemetry
 import Testing
 import WorkerPipeline
 
@@ -242,11 +245,11 @@ import WorkerPipeline
         ])
 
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
-        try Topology.declareDeadTokens(on: publisher, configuration)
-        try publisher.declareQueue(configuration.registrationsQueue)
-        let failedReader = try QueueReader(configuration.failedQueue)
+        try Topology.declareDeadTokens(on: publisher, configuration.broker.queues)
+        try publisher.declareQueue(configuration.broker.queues.registrations)
+        let failedReader = try QueueReader(configuration.broker.queues.failed)
         func register(_ token: String, at: Int64, action: String = "register", device: String = "null") throws {
-            try publisher.publish(to: configuration.registrationsQueue, body: Array("""
+            try publisher.publish(to: configuration.broker.queues.registrations, body: Array("""
                 {"user": "\(user)", "token": "\(token)", "environment": "sandbox", "timestamp": \(at),
                  "device": \(device), "action": "\(action)"}
                 """.utf8))
@@ -256,11 +259,11 @@ import WorkerPipeline
         try register(old, at: now - 100 * day)  // registered, but long ago: the sweep takes it
         try register(loggedOut, at: now - 3_000)
         try register(loggedOut, at: now - 2_000, action: "unregister")
-        try publisher.publish(to: configuration.registrationsQueue, body: Array(#"{"user": "x", "token": "nope"}"#.utf8))
+        try publisher.publish(to: configuration.broker.queues.registrations, body: Array(#"{"user": "x", "token": "nope"}"#.utf8))
         func died(_ token: String, user: String?, at: Int64?) throws {
             let event = DeadTokenEvent(token: token, user: user, topic: "com.example.app", environment: .production,
                                        status: 410, reason: "Unregistered", timestamp: at, jobID: "j")
-            try publisher.publish(to: configuration.deadTokensQueue, body: event.json)
+            try publisher.publish(to: configuration.broker.queues.deadTokens, body: event.json)
         }
         try died(revived, user: user, at: now - 5_000)  // registered again after APNs saw it die: kept
         try died(dead, user: user, at: now - 1_000)
@@ -287,7 +290,7 @@ import WorkerPipeline
         let parked = try failedReader.read(1)
         #expect(parked.first?.properties.headers[Worker.reasonHeader]?.contains("tokens[0]") == true,
                 "\(parked.first?.properties.headers ?? [:])")
-        let depth = try publisher.queueStatus(configuration.registrationsQueue)
+        let depth = try publisher.queueStatus(configuration.broker.queues.registrations)
         #expect(depth?.messages == 0, "everything acknowledged")
     }
 

@@ -3,6 +3,7 @@ import APNs
 import APNsSimulator
 import Foundation
 import Redis
+import RedisStore
 import Telemetry
 import Testing
 import WorkerPipeline

@@ -1,15 +1,16 @@
 import AMQP
 import APNs
 import APNsSimulator
+import Configuration
 import Foundation
 import HTTP2
+import Redis
 import Telemetry
+import Testing
 import WorkerPipeline
 #if canImport(Glibc)
 import Glibc
 #endif
-import Redis
-import Testing
 
 /// The real servers scripts/test starts. A missing one is a failure, never a skip.
 enum TestServices {
@@ -232,7 +233,7 @@ final class WorkerThread {
     private var isStopped = false
 
     init(_ environment: [String: String], logger: Logger) throws {
-        worker = try Worker(configuration: try WorkerConfiguration.load(from: environment), logger: logger)
+        worker = try WorkerConfiguration.load(from: environment).makeWorker(logger: logger)
         let worker = self.worker
         let stopped = self.stopped
         Thread {

@@ -1,6 +1,7 @@
 import AMQP
 import Foundation
 import Redis
+import RedisStore
 import Telemetry
 import Testing
 import WorkerPipeline

@@ -1,9 +1,12 @@
 import AMQP
+import AMQPBroker
 import APNs
 import APNsSimulator
+import Configuration
 import Foundation
 import Operations
 import Redis
+import RedisStore
 import Telemetry
 import Testing
 import WorkerPipeline
@@ -220,11 +223,11 @@ import WorkerPipeline
         let device = String(repeating: "f1", count: 32), voip = String(repeating: "f2", count: 32)
         let activity = String(repeating: "f3", count: 32)
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
-        try Topology.declareDeadTokens(on: publisher, configuration)
-        try publisher.declareQueue(configuration.registrationsQueue)
+        try Topology.declareDeadTokens(on: publisher, configuration.broker.queues)
+        try publisher.declareQueue(configuration.broker.queues.registrations)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         for (token, topic) in [(device, nil), (voip, "com.example.app.voip"), (activity, "com.example.app.push-type.liveactivity")] {
-            try publisher.publish(to: configuration.registrationsQueue, body: RegistrationEvent(action: .register, registration:
+            try publisher.publish(to: configuration.broker.queues.registrations, body: RegistrationEvent(action: .register, registration:
                 TokenRegistration(user: user, token: token, scope: TokenScope(environment: .production, topic: topic),
                                   registeredAt: now - 10_000)).json)
         }
@@ -237,7 +240,7 @@ import WorkerPipeline
         ])
 
         func died(_ token: String, topic: String) throws {
-            try publisher.publish(to: configuration.deadTokensQueue, body: DeadTokenEvent(
+            try publisher.publish(to: configuration.broker.queues.deadTokens, body: DeadTokenEvent(
                 token: token, user: user, topic: topic, environment: .production, status: 400,
                 reason: "DeviceTokenNotForTopic", timestamp: nil, jobID: "j").json)
         }

@@ -1,4 +1,5 @@
 import APNs
+import Configuration
 import Testing
 
 @Suite struct APNsOutcomeTests {

@@ -1,5 +1,6 @@
 import AMQP
 import APNs
+import Configuration
 import Foundation
 import Redis
 import Testing
@@ -44,22 +45,22 @@ import WorkerPipeline
 
     @Test func contractDefaults() throws {
         let configuration = try WorkerConfiguration.load(from: minimal)
-        #expect(configuration.amqpURL == AMQPURL())
+        #expect(configuration.broker.url == AMQPURL())
         #expect(configuration.redisURL == RedisURL())
         #expect(configuration.apns.production == .production)
         #expect(configuration.apns.sandbox == .sandbox)
-        #expect(configuration.jobsQueue == "push.jobs")
-        #expect(configuration.deadTokensQueue == "push.dead-tokens")
-        #expect(configuration.failedQueue == "push.failed")
+        #expect(configuration.broker.queues.jobs == "push.jobs")
+        #expect(configuration.broker.queues.deadTokens == "push.dead-tokens")
+        #expect(configuration.broker.queues.failed == "push.failed")
         #expect(configuration.rateLimit == 0)
         #expect(configuration.apns.verifyPeer)
-        #expect(configuration.deadTokensExchange == "push.dead-tokens", "named like the queue")
+        #expect(configuration.broker.queues.deadTokensExchange == "push.dead-tokens", "named like the queue")
         let own = try WorkerConfiguration.load(from: minimal.merging(["PUSH_DEAD_TOKENS_QUEUE": "team-b.dead"]) { _, new in new })
-        #expect(own.deadTokensExchange == "team-b.dead", "another queue, another exchange: no cross-talk")
-        #expect(configuration.registrationsQueue == "push.registrations")
-        #expect(configuration.inactiveDays == 90 && configuration.sweepInterval == 3600)
-        #expect(configuration.metricsPort == 9464 && configuration.prefetch == 500)
-        guard case .token(let provider) = try configuration.makeAuthentication() else {
+        #expect(own.broker.queues.deadTokensExchange == "team-b.dead", "another queue, another exchange: no cross-talk")
+        #expect(configuration.broker.queues.registrations == "push.registrations")
+        #expect(configuration.cleanup.inactiveDays == 90 && configuration.cleanup.sweepInterval == 3600)
+        #expect(configuration.metrics.port == 9464 && configuration.broker.prefetch == 500)
+        guard case .token(let provider) = try configuration.credential.makeAuthentication() else {
             Issue.record("expected token authentication")
             return
         }
@@ -93,7 +94,7 @@ import WorkerPipeline
         let environment = minimal.merging(overrides) { _, new in new }
         do {
             let configuration = try WorkerConfiguration.load(from: environment)
-            _ = try configuration.makeAuthentication()
+            _ = try configuration.credential.makeAuthentication()
             Issue.record("accepted \(overrides)")
         } catch {
             #expect(error.key == key, "\(error)")
@@ -115,9 +116,9 @@ import WorkerPipeline
         #expect(file.count >= 25, "every key is listed: \(file.keys.sorted())")
         let fromFile = try WorkerConfiguration.load(from: file, requiringCredentials: false)
         let defaults = try WorkerConfiguration.load(from: [:], requiringCredentials: false)
-        #expect(fromFile.jobsQueue == defaults.jobsQueue && fromFile.deadTokensExchange == defaults.deadTokensExchange)
-        #expect(fromFile.prefetch == defaults.prefetch && fromFile.retryDelays == defaults.retryDelays)
-        #expect(fromFile.inactiveDays == defaults.inactiveDays && fromFile.metricsPort == defaults.metricsPort)
+        #expect(fromFile.broker.queues.jobs == defaults.broker.queues.jobs && fromFile.broker.queues.deadTokensExchange == defaults.broker.queues.deadTokensExchange)
+        #expect(fromFile.broker.prefetch == defaults.broker.prefetch && fromFile.pipeline.retryDelays == defaults.pipeline.retryDelays)
+        #expect(fromFile.cleanup.inactiveDays == defaults.cleanup.inactiveDays && fromFile.metrics.port == defaults.metrics.port)
         #expect(fromFile.apns.connectionsPerEnvironment == defaults.apns.connectionsPerEnvironment)
     }
 
@@ -125,18 +126,18 @@ import WorkerPipeline
     @Test func aKeyReadableByOthersIsReported() throws {
         let configuration = try WorkerConfiguration.load(from: minimal)
         try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: keyFile)
-        let problem = try #require(configuration.keyFilePermissionProblem())
+        let problem = try #require(configuration.credential.privateKeyPermissionProblem())
         #expect(problem.contains("every user") && problem.contains("chmod 600"), "\(problem)")
         try FileManager.default.setAttributes([.posixPermissions: 0o640], ofItemAtPath: keyFile)
-        #expect(configuration.keyFilePermissionProblem()?.contains("its group") == true)
+        #expect(configuration.credential.privateKeyPermissionProblem()?.contains("its group") == true)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: keyFile)
-        #expect(configuration.keyFilePermissionProblem() == nil)
+        #expect(configuration.credential.privateKeyPermissionProblem() == nil)
     }
 
     /// The command-line tools send nothing to APNs: they load without credentials, and still check the rest.
     @Test func toolsLoadWithoutCredentials() throws {
         let configuration = try WorkerConfiguration.load(from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)
-        #expect(configuration.keyFile == nil && configuration.deadTokensExchange == "", "empty: no exchange")
+        #expect(configuration.credential.proof == nil && configuration.broker.queues.deadTokensExchange == "", "empty: no exchange")
         #expect(throws: ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE")) {
             try WorkerConfiguration.load(from: ["APNS_KEY_FILE": keyFile], requiringCredentials: false)
         }

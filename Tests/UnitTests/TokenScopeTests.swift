@@ -1,4 +1,5 @@
 import APNs
+import Configuration
 import Testing
 import WorkerPipeline
 
@@ -88,8 +89,8 @@ import WorkerPipeline
     @Test func theThresholdIsASetting() throws {
         let environment = ["APNS_KEY_FILE": "", "WORKER_MASS_INVALIDATION_THRESHOLD": "5"]
         let configuration = try WorkerConfiguration.load(from: environment, requiringCredentials: false)
-        #expect(configuration.invalidationGuard == MassInvalidationGuard(threshold: 5))
-        #expect(try WorkerConfiguration.load(from: [:], requiringCredentials: false).invalidationGuard.threshold == 20)
+        #expect(configuration.pipeline.invalidationGuard == MassInvalidationGuard(threshold: 5))
+        #expect(try WorkerConfiguration.load(from: [:], requiringCredentials: false).pipeline.invalidationGuard.threshold == 20)
         #expect(throws: ConfigurationError.self) {
             try WorkerConfiguration.load(from: ["WORKER_MASS_INVALIDATION_THRESHOLD": "0"], requiringCredentials: false)
         }

@@ -1,12 +1,13 @@
 import Foundation
 import Redis
+import WorkerPipeline
 
 /// Counters every worker adds to in Redis, so that `apns-worker stats` can show rates for the whole fleet without
 /// asking each process (the schema is in README.md):
 /// - `apns:stats:<unix minute>`: hash, field = counter name (as in `WorkerStatistics.Snapshot.fields`), value = how
 ///   many in that minute, all workers together; kept 26 hours.
 /// - `apns:workers`: sorted set, member = `<host>:<pid>`, score = when it last reported (ms).
-public struct SharedStatistics {
+public struct SharedStatistics: StatisticsSink {
     public static let workersKey = "apns:workers"
     public static func minuteKey(_ minute: Int64) -> String { "apns:stats:\(minute)" }
     static let retention = 26 * 3600
@@ -21,7 +22,11 @@ public struct SharedStatistics {
     /// round trip. Returns what Redis refused (a key of the wrong type), if anything: statistics are worth a warning,
     /// never a reconnect. Only a lost connection throws.
     @discardableResult
-    public func report(_ delta: WorkerStatistics.Snapshot, worker: String, now: Date = Date()) throws(RedisError) -> String? {
+    public func report(_ delta: WorkerStatistics.Snapshot, worker: String) throws -> String? {
+        try report(delta, worker: worker, now: Date())
+    }
+
+    public func report(_ delta: WorkerStatistics.Snapshot, worker: String, now: Date) throws(RedisError) -> String? {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let key = Self.minuteKey(milliseconds / 60_000)
         var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }

@@ -1,68 +1,7 @@
 import APNs
 import Redis
 import Telemetry
-
-/// A device token to send to, and whom it belongs to.
-public struct DeviceTarget: Sendable, Equatable {
-    public var token: String
-    public var environment: APNsEnvironment
-    /// nil for tokens a job named directly.
-    public var user: String?
-
-    public init(token: String, environment: APNsEnvironment, user: String?) {
-        self.token = token
-        self.environment = environment
-        self.user = user
-    }
-}
-
-/// One token of a user's cache entry, with what it serves.
-public struct CachedToken: Sendable, Equatable {
-    public var token: String
-    public var scope: TokenScope
-
-    public init(token: String, scope: TokenScope) {
-        self.token = token
-        self.scope = scope
-    }
-}
-
-/// What one removal or registration did to the cache. A failure is Redis refusing the script for this entry's keys
-/// (a key of the wrong type that another system wrote): a data error about one user, never a reason to stop the rest.
-public enum CacheChange: Sendable, Equatable {
-    case applied
-    /// Nothing to do: a removal found the token gone, registered again since, or registered for another topic or
-    /// environment; a registration was older than what is known.
-    case unchanged
-    case failed(String)
-}
-
-/// A user's tokens, with the users whose entry Redis could not read (a key of the wrong type: their jobs skip them).
-public struct ResolvedUsers: Sendable {
-    public var tokens: [String: [CachedToken]]
-    /// user -> Redis's error.
-    public var unreadable: [String: String]
-}
-
-/// Takes one token out of the cache, if what is known of it still says so.
-public struct TokenRemoval: Sendable, Equatable {
-    /// "" for a token sent directly: its owner (`apns:owner:<token>`), if known.
-    public var user: String
-    public var token: String
-    /// Kept if registered again after this (ms): the time APNs learned the token died, or a logout's. nil
-    /// (an operator's removal) removes whatever its registration time.
-    public var unlessRegisteredAfter: Int64?
-    /// The cache values the entry must hold (`TopicMatcher.cacheValues`): an answer about one topic and environment
-    /// leaves a token registered for another alone. nil removes whatever the entry serves (logouts, operators).
-    public var onlyIfValueIn: [String]?
-
-    public init(user: String, token: String, unlessRegisteredAfter: Int64? = nil, onlyIfValueIn: [String]? = nil) {
-        self.user = user
-        self.token = token
-        self.unlessRegisteredAfter = unlessRegisteredAfter
-        self.onlyIfValueIn = onlyIfValueIn
-    }
-}
+import WorkerPipeline
 
 /// The Redis token cache (the schema is part of the contract in README.md):
 /// - `apns:tokens:<user>`: hash, field = hex device token, value = what it serves (`TokenScope`): production |
@@ -71,7 +10,7 @@ public struct TokenRemoval: Sendable, Equatable {
 /// - `apns:devices:<user>`: hash, field = token, value = the device's metadata as JSON (from registration events).
 /// - `apns:owner:<token>`: string, the user a token currently belongs to, so a device that changes accounts stops
 ///   receiving the previous account's notifications.
-public struct TokenCache {
+public struct TokenCache: TokenStore {
     public static func key(forUser user: String) -> String { "apns:tokens:" + user }
     public static func registeredKey(forUser user: String) -> String { "apns:registered:" + user }
     public static func devicesKey(forUser user: String) -> String { "apns:devices:" + user }
@@ -268,26 +207,6 @@ public struct TokenCache {
             }
         } while cursor != "0"
         return removed
-    }
-}
-
-/// A token as the app reported it at launch (a registration event, or `apns-worker tokens add`).
-public struct TokenRegistration: Sendable, Equatable {
-    public var user: String
-    public var token: String
-    /// Its environment, and the topic it was issued for (nil: a device token of the default app).
-    public var scope: TokenScope
-    /// ms since epoch.
-    public var registeredAt: Int64
-    /// Device metadata (model, OS and app versions, locale, ...) as a JSON object, kept as sent.
-    public var deviceJSON: String?
-
-    public init(user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil) {
-        self.user = user
-        self.token = token
-        self.scope = scope
-        self.registeredAt = registeredAt
-        self.deviceJSON = deviceJSON
     }
 }
 

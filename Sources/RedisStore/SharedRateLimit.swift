@@ -1,4 +1,5 @@
 import Redis
+import WorkerPipeline
 
 /// APNS_RATE_LIMIT notifications per second across every worker on the same Redis.
 ///
@@ -8,7 +9,7 @@ import Redis
 /// over the limit, where whole-second windows allow twice the limit across a boundary. A worker reserves permits for
 /// a whole batch in one atomic script call: no round trip per notification. What a slot cannot grant waits for the
 /// next one.
-public struct SharedRateLimit {
+public struct SharedRateLimit: RateLimiter {
     public static let keyPrefix = "apns:rate"
 
     static let reserveScript = """
@@ -38,13 +39,13 @@ public struct SharedRateLimit {
         self.prefix = keyPrefix
     }
 
-    /// Reserves up to `wanted` permits in the current slot. Returns how many were granted and the seconds until the
-    /// next slot opens.
-    public func reserve(_ wanted: Int) throws(RedisError) -> (granted: Int, nextWindowIn: Double) {
+    /// Reserves up to `wanted` permits in the current slot: how many were granted and the seconds until the next
+    /// slot opens. A script Redis refuses (a slot key of the wrong type) is `.refused`; only a lost connection throws.
+    public func reserve(_ wanted: Int) throws -> RateReservation {
         let reply = try redis.command(["EVAL", Self.reserveScript, "1", prefix, String(limit), String(wanted)])
-        if case .error(let message) = reply { throw RedisError(kind: .server, "rate limit script: \(message)") }
+        if case .error(let message) = reply { return .refused("rate limit script: \(message)") }
         let values = reply.elements.compactMap(\.integer)
-        guard values.count == 2 else { throw RedisError(kind: .server, "rate limit script: unexpected reply \(reply)") }
-        return (Int(values[0]), Double(values[1]) / 1e6)
+        guard values.count == 2 else { return .refused("rate limit script: unexpected reply \(reply)") }
+        return .granted(Int(values[0]), nextWindowIn: Double(values[1]) / 1e6)
     }
 }

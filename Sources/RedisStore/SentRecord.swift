@@ -1,5 +1,6 @@
 import APNs
 import Redis
+import WorkerPipeline
 
 /// The idempotency record: per job, the tokens whose notification already had a final outcome, in a Redis set
 /// `apns:job:<job id>:done` that lives an hour. Written at least every 10 ms of answers while a job is under way;
@@ -8,7 +9,7 @@ import Redis
 /// A member is the token; for a dead token, also what its dead-token event needs
 /// (`<token>|<status>|<timestamp>|<environment>|<reason>|<user>`), so that a redelivery that skips the token still
 /// publishes its event: an event is never lost because the notification was not sent again.
-public struct SentRecord {
+public struct SentRecord: IdempotencyRecord {
     public static func key(forJob id: String) -> String { "apns:job:" + id + ":done" }
     public static let lifetime = 3600
 
@@ -19,16 +20,15 @@ public struct SentRecord {
     /// Adds the batches in one round trip. Returns the jobs whose record Redis refused (a key of the wrong type),
     /// with its error: a data error about those jobs (a redelivery would send their notifications again), never a
     /// reason to stop the others. Only a lost connection throws.
-    /// The member for a dead token.
-    static func member(dead target: DeviceTarget, _ response: APNsResponse) -> String {
-        "\(target.token)|\(response.status)|\(response.timestamp.map(String.init) ?? "")|\(target.environment.rawValue)|"
-            + "\(response.reason?.label ?? "")|\(target.user ?? "")"
-    }
-
-    /// What an earlier delivery of a job settled: every token, and the dead ones' outcomes.
-    public struct Settled: Sendable {
-        public var tokens: Set<String> = []
-        public var dead: [(target: DeviceTarget, response: APNsResponse)] = []
+    /// The member for an outcome: the token, or for a dead token what its event needs.
+    static func member(_ outcome: SettledOutcome) -> String {
+        switch outcome {
+        case .done(let token):
+            return token
+        case .dead(let target, let response):
+            return "\(target.token)|\(response.status)|\(response.timestamp.map(String.init) ?? "")|"
+                + "\(target.environment.rawValue)|\(response.reason?.label ?? "")|\(target.user ?? "")"
+        }
     }
 
     static func settled(_ members: [String]) -> Settled {
@@ -50,11 +50,14 @@ public struct SentRecord {
         return result
     }
 
-    public func record(_ batches: [(jobID: String, tokens: [String])]) throws(RedisError) -> [String: String] {
+    /// Adds the batches in one round trip. Returns the jobs whose record Redis refused (a key of the wrong type),
+    /// with its error: a data error about those jobs (a redelivery would send their notifications again), never a
+    /// reason to stop the others. Only a lost connection throws.
+    public func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> [String: String] {
         var commands: [[String]] = []
         var jobs: [String] = []
-        for batch in batches where !batch.tokens.isEmpty {
-            commands.append(["SADD", Self.key(forJob: batch.jobID)] + batch.tokens)
+        for batch in batches where !batch.outcomes.isEmpty {
+            commands.append(["SADD", Self.key(forJob: batch.jobID)] + batch.outcomes.map(Self.member))
             commands.append(["EXPIRE", Self.key(forJob: batch.jobID), String(Self.lifetime)])
             jobs += [batch.jobID, batch.jobID]
         }
@@ -68,7 +71,7 @@ public struct SentRecord {
 
     /// For each job, what was already settled, in one round trip; and the jobs whose record Redis cannot read (they
     /// count as having nothing settled). Only a lost connection throws.
-    public func sent(jobIDs: [String]) throws(RedisError) -> (done: [String: Settled], unreadable: [String: String]) {
+    public func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String]) {
         guard !jobIDs.isEmpty else { return ([:], [:]) }
         let replies = try redis.pipeline(jobIDs.map { ["SMEMBERS", Self.key(forJob: $0)] })
         var result: [String: Settled] = [:]

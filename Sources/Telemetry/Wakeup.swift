@@ -3,7 +3,9 @@ import Glibc
 #endif
 import Synchronization
 
-/// A pipe another thread writes to so that a thread waiting in poll(2) wakes up; one byte per wake at most.
+/// A pipe another thread writes to so that a thread waiting in poll(2) wakes up; one byte per wake at most. The one
+/// wake-up primitive of the programs: the worker's broker thread waits on it, and every `EventLoop` polls it
+/// (Glibc's module map has no eventfd).
 public final class Wakeup: Sendable {
     public let fileDescriptor: Int32
     private let writeEnd: Int32
@@ -31,6 +33,14 @@ public final class Wakeup: Sendable {
         _ = write(writeEnd, &byte, 1)
     }
 
+    /// For a thread that polls `fileDescriptor` itself: empties the pipe once poll(2) saw it readable, so that the
+    /// next `signal()` writes again.
+    public func acknowledge() {
+        var drain = (UInt64(0), UInt64(0))
+        _ = read(fileDescriptor, &drain, 16)
+        pending.store(false, ordering: .releasing)
+    }
+
     /// Waits until the wake-up is signalled, `other` is readable, or `timeout` seconds pass.
     /// Returns true if `other` is readable.
     @discardableResult
@@ -38,11 +48,7 @@ public final class Wakeup: Sendable {
         var fds = [pollfd(fd: fileDescriptor, events: Int16(POLLIN), revents: 0)]
         if let other { fds.append(pollfd(fd: other, events: Int16(POLLIN), revents: 0)) }
         _ = poll(&fds, nfds_t(fds.count), Int32(max(0, timeout) * 1000))
-        if fds[0].revents != 0 {
-            var drain = (UInt64(0), UInt64(0))
-            _ = read(fileDescriptor, &drain, 16)
-            pending.store(false, ordering: .releasing)
-        }
+        if fds[0].revents != 0 { acknowledge() }
         return fds.count > 1 && fds[1].revents != 0
     }
 }

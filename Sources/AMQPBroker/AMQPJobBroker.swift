@@ -1,0 +1,148 @@
+import AMQP
+import Telemetry
+import WorkerPipeline
+
+/// The pipeline's broker over one RabbitMQ (AMQP 0-9-1) connection: consumes the jobs queue, publishes what jobs
+/// produce with publisher confirms (mandatory, so that a deleted queue is noticed), settles deliveries.
+///
+/// Owned by the worker's broker thread, like the connection it owns.
+public final class AMQPJobBroker: JobBroker {
+    /// Everything this broker needs to know, in its own words.
+    public struct Settings: Sendable {
+        public var url: AMQPURL
+        public var caFile: String?
+        /// Seconds (0: none): how fast a dead connection is noticed.
+        public var heartbeat: Int
+        public var queues: QueueNames
+        /// One delay queue per value, dead-lettering back to the jobs queue.
+        public var retryDelays: [Double]
+        /// Unacknowledged jobs the broker may hand over at once (basic.qos).
+        public var prefetch: Int
+
+        public init(url: AMQPURL, caFile: String? = nil, heartbeat: Int = 30, queues: QueueNames = QueueNames(),
+                    retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500) {
+            self.url = url
+            self.caFile = caFile
+            self.heartbeat = heartbeat
+            self.queues = queues
+            self.retryDelays = retryDelays
+            self.prefetch = prefetch
+        }
+    }
+
+    private let settings: Settings
+    private let amqp: AMQPConnection
+    private let acknowledgements: Acknowledgements
+    private let logger: Logger
+
+    /// Connects, declares the worker's queues and starts consuming. The broker refusing what the URL says
+    /// (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
+    public init(settings: Settings, logger: Logger) throws {
+        self.settings = settings
+        self.logger = logger
+        do {
+            amqp = try AMQPConnection(url: settings.url, heartbeat: settings.heartbeat, caFile: settings.caFile)
+        } catch {
+            if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
+            throw error
+        }
+        acknowledgements = Acknowledgements(amqp: amqp)
+        try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
+        try amqp.setPrefetch(settings.prefetch)
+        try amqp.enablePublisherConfirms()
+        try amqp.consume(settings.queues.jobs)
+    }
+
+    public var logMetadata: [String: String] {
+        ["amqp.queue": settings.queues.jobs, "amqp.url": settings.url.description, "amqp.local_port": String(amqp.localPort),
+         "amqp.prefetch": String(settings.prefetch)]
+    }
+
+    public var hasBufferedInput: Bool { amqp.hasBufferedInput }
+    public var readableDescriptor: Int32 { amqp.socketDescriptor }
+
+    public func receive(limit: Int) throws -> [BrokerNotice] {
+        var notices: [BrokerNotice] = []
+        var deliveries = 0
+        while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
+            switch event {
+            case .delivery(let delivery):
+                acknowledgements.received(delivery.deliveryTag)
+                deliveries += 1
+                let properties = delivery.properties
+                notices.append(.delivery(JobDelivery(
+                    tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
+                    properties: MessageProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
+                                                  messageID: properties.messageID, persistent: properties.persistent,
+                                                  headers: properties.headers))))
+            case .blocked(let blocked):
+                notices.append(.publishingBlocked(blocked))
+            case .confirm:
+                break
+            }
+        }
+        return notices
+    }
+
+    /// Where a destination is on the broker: the exchange and the routing key, as a returned message names them.
+    private struct Route: Hashable {
+        var exchange: String
+        var routingKey: String
+    }
+
+    private func route(_ destination: Publication.Destination) -> Route {
+        switch destination {
+        case .deadTokens: Route(exchange: settings.queues.deadTokensExchange, routingKey: settings.queues.deadTokens)
+        case .failed: Route(exchange: "", routingKey: settings.queues.failed)
+        case .retry(let delay): Route(exchange: "", routingKey: settings.queues.retry(delay: delay))
+        case .reply(let queue): Route(exchange: "", routingKey: queue)
+        }
+    }
+
+    /// The routes the worker declared itself, which it declares again when one went missing.
+    private var ownRoutes: Set<Route> {
+        Set([.deadTokens, .failed].map(route) + settings.retryDelays.map { route(.retry(delay: $0)) })
+    }
+
+    public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
+        guard !publications.isEmpty else { return [] }
+        var sequences: [UInt64] = []
+        sequences.reserveCapacity(publications.count)
+        for publication in publications {
+            let route = route(publication.destination)
+            let properties = publication.properties
+            sequences.append(try amqp.publish(
+                to: route.routingKey, exchange: route.exchange, body: publication.body,
+                properties: AMQPProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
+                                           messageID: properties.messageID, persistent: properties.persistent,
+                                           headers: properties.headers),
+                mandatory: true))
+        }
+        let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
+        // A return precedes its publish's confirm: after the wait every return of this batch is in. A route handed
+        // back counts for every publication to it in the batch (returns do not say which publication they were).
+        let returns = amqp.takeReturns()
+        let returned = Set(returns.map { Route(exchange: $0.exchange, routingKey: $0.routingKey) })
+        for route in returned.intersection(ownRoutes) {
+            logger.error("the broker handed back a publish: no queue took it; declaring the worker's queues again",
+                         ["amqp.exchange": route.exchange, "amqp.routing_key": route.routingKey,
+                          "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""])
+        }
+        if !returned.isDisjoint(with: ownRoutes) {
+            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
+        }
+        return zip(publications, sequences).map { publication, sequence in
+            if nacked.contains(sequence) { return .refused }
+            return returned.contains(route(publication.destination)) ? .noQueue : .taken
+        }
+    }
+
+    public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
+
+    public func requeue(_ tag: UInt64) throws { try acknowledgements.requeue(tag) }
+
+    /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.
+    public func probe() throws { _ = try amqp.queueStatus(settings.queues.jobs) }
+
+    public func close() { amqp.close() }
+}

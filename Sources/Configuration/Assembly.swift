@@ -1,0 +1,32 @@
+import AMQPBroker
+import Redis
+import RedisStore
+import Telemetry
+import WorkerPipeline
+
+extension WorkerConfiguration {
+    /// The worker as `apns-worker run` runs it: the pipeline over RabbitMQ (`AMQPJobBroker`) and Redis
+    /// (`RedisStores`), one session of both per connection. Reads the credential, and logs what deserves it about
+    /// the key file.
+    public func makeWorker(logger: Logger) throws(ConfigurationError) -> Worker {
+        let authentication = try credential.makeAuthentication()
+        if let problem = credential.privateKeyPermissionProblem() {
+            logger.critical("the APNs private key is not private", ["file.problem": problem])
+        }
+        if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
+        let broker = self.broker, redisURL = self.redisURL, rateLimit = self.rateLimit
+        return Worker(settings: pipeline, apns: apns, authentication: authentication, logger: logger) {
+            let amqp = try AMQPJobBroker(settings: broker, logger: logger)
+            do {
+                let stores = try RedisStores(url: redisURL, rateLimit: rateLimit, logger: logger)
+                return WorkerSession(broker: amqp, tokens: stores.tokens, record: stores.record,
+                                     statistics: stores.statistics, rateLimiter: stores.rateLimiter,
+                                     store: stores.connection,
+                                     logMetadata: amqp.logMetadata.merging(["redis.url": redisURL.description]) { $1 })
+            } catch {
+                amqp.close()
+                throw error
+            }
+        }
+    }
+}

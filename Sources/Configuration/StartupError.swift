@@ -1,0 +1,24 @@
+import AMQP
+import Redis
+import WorkerPipeline
+
+/// A refusal that waiting cannot cure, named by the setting to fix: the broker refused the user, password or vhost
+/// in AMQP_URL, Redis the password or database in REDIS_URL. The programs exit 78 with it; a broker or Redis that is
+/// merely down is waited for instead.
+public struct StartupError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+
+    /// nil for anything else (a broker or Redis that is down, a broken connection).
+    public init?(permanent error: any Error) {
+        switch error {
+        case let refused as ConnectionRefused:
+            description = (refused.system == .broker ? "AMQP_URL: " : "REDIS_URL: ") + refused.message
+        case let amqp as AMQPError where amqp.isPermanent:
+            description = "AMQP_URL: \(amqp.message)"
+        case let redis as RedisError where redis.kind == .refused || redis.kind == .badURL:
+            description = "REDIS_URL: \(redis.message)"
+        default:
+            return nil
+        }
+    }
+}

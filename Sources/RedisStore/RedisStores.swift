@@ -1,0 +1,33 @@
+import Redis
+import Telemetry
+import WorkerPipeline
+
+extension RedisConnection: Probing {
+    /// A PING within the connection's timeout.
+    public func probe() throws { try ping() }
+}
+
+/// Everything the worker keeps in Redis, over one connection owned by the broker thread: the token cache, the
+/// idempotency record, the shared statistics and the shared rate limit.
+public struct RedisStores {
+    public let connection: RedisConnection
+    public let tokens: TokenCache
+    public let record: SentRecord
+    public let statistics: SharedStatistics
+    /// nil without a rate limit.
+    public let rateLimiter: SharedRateLimit?
+
+    /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
+    public init(url: RedisURL, rateLimit: Int, logger: Logger) throws {
+        let connection: RedisConnection
+        do { connection = try RedisConnection(url: url) } catch {
+            if error.kind == .refused || error.kind == .badURL { throw ConnectionRefused(.store, error.message) }
+            throw error
+        }
+        self.connection = connection
+        tokens = TokenCache(redis: connection, logger: logger)
+        record = SentRecord(redis: connection)
+        statistics = SharedStatistics(redis: connection)
+        rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit) : nil
+    }
+}

@@ -1,0 +1,211 @@
+import APNs
+
+// What the pipeline needs from the systems around it, in its own words. Adapters implement these over the wrappers
+// (`AMQPBroker` over RabbitMQ, `RedisStore` over Redis) and the executables wire them in through a `WorkerSession`
+// factory: another broker, a cluster-aware connection or another store is one new type, not an edit of the pipeline.
+// Every implementation is owned by the worker's broker thread and may block; none is shared across threads.
+
+/// The message properties the pipeline reads and writes: the contract's reply_to, correlation-id, message-id and
+/// string headers.
+public struct MessageProperties: Sendable, Equatable {
+    public var replyTo: String?
+    public var correlationID: String?
+    public var messageID: String?
+    public var persistent: Bool
+    public var headers: [String: String]
+
+    public init(replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
+                headers: [String: String] = [:]) {
+        self.replyTo = replyTo
+        self.correlationID = correlationID
+        self.messageID = messageID
+        self.persistent = persistent
+        self.headers = headers
+    }
+}
+
+/// A job as the broker handed it over. `tag` is the broker's handle for settling it; the pipeline only gives it back.
+public struct JobDelivery: Sendable {
+    public var tag: UInt64
+    public var redelivered: Bool
+    public var body: [UInt8]
+    public var properties: MessageProperties
+
+    public init(tag: UInt64, redelivered: Bool, body: [UInt8], properties: MessageProperties) {
+        self.tag = tag
+        self.redelivered = redelivered
+        self.body = body
+        self.properties = properties
+    }
+}
+
+/// What arrives from the broker.
+public enum BrokerNotice: Sendable {
+    case delivery(JobDelivery)
+    /// The broker stopped (`true`) or resumed (`false`) taking publishes (a memory or disk alarm).
+    case publishingBlocked(Bool)
+}
+
+/// One message a finished job produces.
+public struct Publication: Sendable {
+    public enum Destination: Hashable, Sendable {
+        /// The dead-token events' exchange and queue.
+        case deadTokens
+        /// Jobs parked for people to look at.
+        case failed
+        /// The delay queue that holds a retry `delay` seconds before it comes back as a job.
+        case retry(delay: Double)
+        /// A job's sender, by its reply_to.
+        case reply(String)
+    }
+
+    public var destination: Destination
+    public var body: [UInt8]
+    public var properties: MessageProperties
+
+    public init(destination: Destination, body: [UInt8], properties: MessageProperties) {
+        self.destination = destination
+        self.body = body
+        self.properties = properties
+    }
+}
+
+/// What became of one publication, once the broker confirmed it or handed it back.
+public enum PublicationOutcome: Sendable, Equatable {
+    case taken
+    /// No queue took it (deleted at run time, or never declared): the broker handed it back.
+    case noQueue
+    /// The broker refused it (a negative confirm).
+    case refused
+}
+
+/// Something that answers a round trip now: readiness is built on it.
+public protocol Probing: AnyObject {
+    /// One round trip within a short timeout; throws if there is no answer.
+    func probe() throws
+}
+
+/// The source of jobs and the sink of what they produce: one broker connection.
+public protocol JobBroker: Probing {
+    /// Deliveries and notices that have arrived, without waiting; at most `limit` deliveries.
+    func receive(limit: Int) throws -> [BrokerNotice]
+    /// Whether `receive` has something without reading the socket.
+    var hasBufferedInput: Bool { get }
+    /// Becomes readable when the broker sends something.
+    var readableDescriptor: Int32 { get }
+    /// Publishes, waits for the broker's confirms, and says per publication what became of it. Whatever the worker
+    /// relies on that went missing (a deleted queue) is declared again, so that a later attempt finds it.
+    func publish(_ publications: [Publication]) throws -> [PublicationOutcome]
+    /// Settles deliveries for good.
+    func acknowledge(_ tags: [UInt64]) throws
+    /// Gives a delivery back for another worker.
+    func requeue(_ tag: UInt64) throws
+    func close()
+    /// What this connection is, for the log (never a password).
+    var logMetadata: [String: String] { get }
+}
+
+/// Users' device tokens (the cache other systems fill as apps register).
+public protocol TokenStore {
+    /// Every user's tokens with what each serves; users whose entry cannot be read are named apart. Only a lost
+    /// connection throws.
+    func resolve(_ users: [String]) throws -> ResolvedUsers
+    /// Takes tokens out, each only if what is known of it still says so. Only a lost connection throws.
+    func remove(_ removals: [TokenRemoval]) throws -> [CacheChange]
+}
+
+/// A job's outcome that needs no second sending: the token, or a dead token with what its event needs.
+public enum SettledOutcome: Sendable, Equatable {
+    case done(String)
+    indirect case dead(DeviceTarget, APNsResponse)
+
+    public var token: String {
+        switch self {
+        case .done(let token): token
+        case .dead(let target, _): target.token
+        }
+    }
+}
+
+/// What an earlier delivery of a job settled.
+public struct Settled: Sendable {
+    public var tokens: Set<String>
+    public var dead: [(target: DeviceTarget, response: APNsResponse)]
+
+    public init(tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = []) {
+        self.tokens = tokens
+        self.dead = dead
+    }
+}
+
+/// The idempotency record: per job, the outcomes already settled, so that a redelivered job sends nothing twice.
+public protocol IdempotencyRecord {
+    /// Adds outcomes; returns the jobs whose record the store refused, with why. Only a lost connection throws.
+    func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> [String: String]
+    /// What earlier deliveries settled, per job; and the jobs whose record cannot be read. Only a lost connection
+    /// throws.
+    func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String])
+}
+
+/// What a rate limiter grants.
+public enum RateReservation: Sendable, Equatable {
+    /// `granted` permits now; the next window opens in `nextWindowIn` seconds.
+    case granted(Int, nextWindowIn: Double)
+    /// The store refused the reservation (a data error): nothing may go until it is asked again.
+    case refused(String)
+}
+
+/// A rate shared by every worker.
+public protocol RateLimiter {
+    /// Only a lost connection throws.
+    func reserve(_ wanted: Int) throws -> RateReservation
+}
+
+/// Where the fleet's counters and live workers are kept.
+public protocol StatisticsSink {
+    /// Adds what happened since the last report; returns what the store refused, if anything. Only a lost
+    /// connection throws.
+    func report(_ delta: WorkerStatistics.Snapshot, worker: String) throws -> String?
+}
+
+/// One connection's worth of everything the worker talks to, opened together and dropped together.
+public struct WorkerSession {
+    public var broker: any JobBroker
+    public var tokens: any TokenStore
+    public var record: any IdempotencyRecord
+    public var statistics: any StatisticsSink
+    public var rateLimiter: (any RateLimiter)?
+    /// The store's round trip, for readiness.
+    public var store: any Probing
+    /// For the log line that says the worker consumes.
+    public var logMetadata: [String: String]
+
+    public init(broker: any JobBroker, tokens: any TokenStore, record: any IdempotencyRecord,
+                statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?, store: any Probing,
+                logMetadata: [String: String]) {
+        self.broker = broker
+        self.tokens = tokens
+        self.record = record
+        self.statistics = statistics
+        self.rateLimiter = rateLimiter
+        self.store = store
+        self.logMetadata = logMetadata
+    }
+}
+
+/// A connection refused for what its settings say (credentials, a virtual host, a database): waiting will not help.
+/// Adapters throw it; before the first session, the worker gives up with it (the executables exit 78).
+public struct ConnectionRefused: Error, Sendable, CustomStringConvertible {
+    /// Which setting to fix, as the configuration names it (filled in by whoever knows the names).
+    public var system: System
+    public var message: String
+
+    public enum System: Sendable { case broker, store }
+
+    public init(_ system: System, _ message: String) {
+        self.system = system
+        self.message = message
+    }
+
+    public var description: String { message }
+}

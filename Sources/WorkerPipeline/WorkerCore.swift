@@ -1,0 +1,181 @@
+import Foundation
+
+/// What the worker's broker thread decides, as a value: the loop that performs the actions (`Worker.serve`) tells it
+/// what it sees and what it did, and does what it is told in the order given. Every decision is tested here without
+/// a broker, a store or APNs.
+///
+/// Two in-flight counts, for what they count: jobs delivered and not yet settled (this core's, bounded by the
+/// prefetch), and notifications handed to APNs and not yet answered (the client's, bounded by
+/// `maximumNotificationsInFlight`).
+public struct WorkerCore: Sendable {
+    public struct Settings: Sendable, Equatable {
+        /// Deliveries read per turn at most (the broker's prefetch bounds what it hands over anyway).
+        public var prefetch: Int
+        public var maximumNotificationsInFlight: Int
+        /// How long a stop waits for the jobs under way before leaving them to the broker.
+        public var shutdownTimeout: Double
+        /// A round trip to the broker and the store this often (readiness).
+        public var probeInterval: Double
+        /// Counters added to the fleet's statistics this often.
+        public var reportInterval: Double
+        /// A progress line in the log this often while work flows.
+        public var progressInterval: Double
+
+        public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, probeInterval: Double = 1,
+                    reportInterval: Double = 5, progressInterval: Double = 10) {
+            self.prefetch = prefetch
+            self.maximumNotificationsInFlight = maximumNotificationsInFlight
+            self.shutdownTimeout = shutdownTimeout
+            self.probeInterval = probeInterval
+            self.reportInterval = reportInterval
+            self.progressInterval = progressInterval
+        }
+    }
+
+    /// What the loop sees at the start of a turn.
+    public struct Observation: Sendable {
+        public var now: Date
+        public var stopRequested: Bool
+        /// Final outcomes handed over for the idempotency record.
+        public var outcomesWaiting: Bool
+        /// Jobs whose every notification has an outcome, delivered on this connection, and on an older one.
+        public var completedJobs: Int
+        public var staleCompletions: Int
+        /// When the earliest publication the broker did not take is due again.
+        public var heldDue: Date?
+
+        public init(now: Date, stopRequested: Bool = false, outcomesWaiting: Bool = false, completedJobs: Int = 0,
+                    staleCompletions: Int = 0, heldDue: Date? = nil) {
+            self.now = now
+            self.stopRequested = stopRequested
+            self.outcomesWaiting = outcomesWaiting
+            self.completedJobs = completedJobs
+            self.staleCompletions = staleCompletions
+            self.heldDue = heldDue
+        }
+    }
+
+    public enum Exit: Equatable, Sendable {
+        /// Stopping, and every job under way settled.
+        case drained
+        /// Stopping, and the shutdown timeout passed: the broker redelivers what is left.
+        case deadlinePassed(unfinishedJobs: Int)
+    }
+
+    public enum Action: Equatable, Sendable {
+        /// A stop was asked for: say so (with the jobs under way); reading stops, the jobs under way finish.
+        case announceStop(jobsInFlight: Int)
+        /// Leave this session.
+        case exit(Exit)
+        /// Add the handed-over outcomes to the idempotency record: before anything else, so that whatever fails
+        /// next, nothing already answered is sent again.
+        case recordOutcomes
+        /// Drop completions of jobs delivered on an older broker connection: an acknowledgement now would mean
+        /// nothing, and the broker redelivers those jobs.
+        case discardStale(Int)
+        /// Publish what the completed jobs produced and settle them.
+        case finishCompleted
+        /// Publish again what the broker did not take.
+        case publishHeld
+        case readDeliveries(limit: Int)
+        /// Hand this many queued notifications to APNs (within the rate limit, if there is one).
+        case send(Int)
+        case probe
+        case reportStatistics
+        case logProgress
+        /// Nothing to do before this many seconds (or a wake-up, or the broker sending something if
+        /// `watchingBroker`).
+        case wait(seconds: Double, watchingBroker: Bool)
+    }
+
+    /// What the loop did that the core must know.
+    public enum Event: Equatable, Sendable {
+        /// Jobs now waiting for outcomes (read and started).
+        case jobsStarted(Int)
+        /// Jobs acknowledged or otherwise settled for good.
+        case jobsSettled(Int)
+        /// The rate limit granted less than asked: nothing more may go before the next window.
+        case rateLimited(nextWindowIn: Double, at: Date)
+        case probed(Date)
+        case reported(Date)
+        case progressLogged(Date)
+    }
+
+    public let settings: Settings
+    /// Which broker connection this core serves: completions from another are stale.
+    public let generation: Int
+    /// Jobs delivered on this connection and not yet settled.
+    public private(set) var jobsInFlight = 0
+    public private(set) var stopDeadline: Date?
+    private var nextWindowAt: Date?
+    private var lastProbe: Date
+    private var lastReport: Date
+    private var lastProgress: Date
+
+    public init(settings: Settings, generation: Int, now: Date) {
+        self.settings = settings
+        self.generation = generation
+        lastProbe = now
+        lastReport = .distantPast
+        lastProgress = now
+    }
+
+    public var isStopping: Bool { stopDeadline != nil }
+
+    public func isCurrent(generation: Int) -> Bool { generation == self.generation }
+
+    public mutating func handle(_ event: Event) {
+        switch event {
+        case .jobsStarted(let count): jobsInFlight += count
+        case .jobsSettled(let count): jobsInFlight -= count
+        case .rateLimited(let wait, let now): nextWindowAt = now.addingTimeInterval(wait)
+        case .probed(let now): lastProbe = now
+        case .reported(let now): lastReport = now
+        case .progressLogged(let now): lastProgress = now
+        }
+    }
+
+    /// The first half of a turn: stopping, the idempotency record, completions, held publications, reading.
+    public mutating func beginTurn(_ observation: Observation) -> [Action] {
+        let now = observation.now
+        var actions: [Action] = []
+        if observation.stopRequested && stopDeadline == nil {
+            stopDeadline = now.addingTimeInterval(settings.shutdownTimeout)
+            actions.append(.announceStop(jobsInFlight: jobsInFlight))
+        }
+        if let deadline = stopDeadline {
+            if jobsInFlight == 0 && observation.heldDue == nil { return actions + [.exit(.drained)] }
+            if now > deadline { return actions + [.exit(.deadlinePassed(unfinishedJobs: jobsInFlight))] }
+        }
+        if observation.outcomesWaiting { actions.append(.recordOutcomes) }
+        if observation.staleCompletions > 0 { actions.append(.discardStale(observation.staleCompletions)) }
+        if observation.completedJobs > 0 { actions.append(.finishCompleted) }
+        if let due = observation.heldDue, due <= now { actions.append(.publishHeld) }
+        // While stopping, deliveries are left unread: the broker gives them to another worker.
+        if !isStopping { actions.append(.readDeliveries(limit: settings.prefetch)) }
+        return actions
+    }
+
+    /// The second half: sending within the bounds, the chores, and the wait. `deliveriesRead`: how many deliveries
+    /// this turn read (then the loop goes round at once: more may be waiting).
+    public mutating func endTurn(now: Date, deliveriesRead: Int, queuedNotifications: Int, notificationsInFlight: Int,
+                                 heldDue: Date?) -> [Action] {
+        var actions: [Action] = []
+        let room = settings.maximumNotificationsInFlight - notificationsInFlight
+        let windowOpen = nextWindowAt.map { now >= $0 } ?? true
+        if queuedNotifications > 0 && room > 0 && windowOpen {
+            nextWindowAt = nil
+            actions.append(.send(min(queuedNotifications, room)))
+        }
+        if now.timeIntervalSince(lastProbe) >= settings.probeInterval { actions.append(.probe) }
+        if deliveriesRead > 0 { return actions }
+        if now.timeIntervalSince(lastReport) >= settings.reportInterval { actions.append(.reportStatistics) }
+        if now.timeIntervalSince(lastProgress) >= settings.progressInterval { actions.append(.logProgress) }
+        // Stopping with nothing left: round again at once, to leave.
+        if isStopping && jobsInFlight == 0 && heldDue == nil { return actions }
+        let wakeAt = [nextWindowAt, heldDue, stopDeadline].compactMap { $0 }.min()
+        let seconds = min(1, wakeAt.map { max(0.001, $0.timeIntervalSince(now)) } ?? 1)
+        actions.append(.wait(seconds: seconds, watchingBroker: !isStopping))
+        return actions
+    }
+}
