@@ -42,7 +42,7 @@ public struct DeadTokenEvent: Sendable, Equatable {
         guard case .object = document else { throw .notAnObject(document.typeName) }
         guard let token = try PushJob.optionalString(document, "token") else { throw .missingField("token") }
         do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
-            throw .badToken(index: 0, error.description)
+            throw .badToken(field: "token", error.description)
         }
         let environmentText = try PushJob.optionalString(document, "environment") ?? "production"
         guard let environment = APNsEnvironment(rawValue: environmentText) else { throw .badEnvironment(environmentText) }

@@ -74,11 +74,11 @@ public struct PushJob: Sendable, Equatable {
             throw .tooManyTargets(users.count + tokens.count, limit: limits.maximumTargets)
         }
         for (index, user) in users.enumerated() where user.isEmpty || user.utf8.count > 256 {
-            throw .badUser(index: index)
+            throw .badUser(field: "users[\(index)]")
         }
         for (index, token) in tokens.enumerated() {
             do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
-                throw .badToken(index: index, error.description)
+                throw .badToken(field: "tokens[\(index)]", error.description)
             }
         }
 
@@ -252,8 +252,9 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case wrongType(field: String, expected: String, got: String)
     case noTargets
     case tooManyTargets(Int, limit: Int)
-    case badUser(index: Int)
-    case badToken(index: Int, String)
+    /// `field` names the value as the sender wrote it: `users[3]` in a job, `user` in an event.
+    case badUser(field: String)
+    case badToken(field: String, String)
     case badEnvironment(String)
     case unknownPushType(String)
     case badPriority(Int64, String = "priority must be 10, 5 or 1")
@@ -274,8 +275,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .wrongType(let field, let expected, let got): "\"\(field)\" must be \(expected), got \(got)"
         case .noTargets: "no targets: give \"users\" or \"tokens\" (at least one entry)"
         case .tooManyTargets(let count, let limit): "\(count) targets, over the limit of \(limit) per job"
-        case .badUser(let index): "users[\(index)] must be 1 to 256 bytes"
-        case .badToken(let index, let why): "tokens[\(index)]: \(why)"
+        case .badUser(let field): "\(field) must be 1 to 256 bytes"
+        case .badToken(let field, let why): "\(field): \(why)"
         case .badEnvironment(let text): "environment \"\(text)\" is neither \"production\" nor \"sandbox\""
         case .unknownPushType(let text):
             "unknown push_type \"\(text)\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"

@@ -29,10 +29,10 @@ public struct RegistrationEvent: Sendable, Equatable {
         guard case .object = document else { throw .notAnObject(document.typeName) }
 
         guard let user = try PushJob.optionalString(document, "user") else { throw .missingField("user") }
-        guard !user.isEmpty, user.utf8.count <= 256 else { throw .badUser(index: 0) }
+        guard !user.isEmpty, user.utf8.count <= 256 else { throw .badUser(field: "user") }
         guard let token = try PushJob.optionalString(document, "token") else { throw .missingField("token") }
         do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
-            throw .badToken(index: 0, error.description)
+            throw .badToken(field: "token", error.description)
         }
         var environment = APNsEnvironment.production
         if let text = try PushJob.optionalString(document, "environment") {

@@ -22,7 +22,7 @@ import Glibc
             result.withLock { $0 = answer }
             done.signal()
         }
-        _ = done.wait(timeout: .now() + 30)
+        #expect(done.wait(timeout: .now() + 30) == .success, "answered within 30 s")
         return result.withLock { $0 }
     }
 
@@ -224,7 +224,7 @@ import Glibc
                 answer.withLock { $0 = result }
                 done.signal()
             }
-            done.wait()
+            try #require(done.wait(timeout: .now() + 30) == .success, "answered within 30 s")
             return try #require(answer.withLock { $0 }).get().status
         }
         #expect(try status(first) == 200)

@@ -36,7 +36,9 @@ import Testing
 
     func tokens(_ count: Int) -> [String] { (0..<count).map { String(format: "%064x", $0 + 1) } }
 
-    func send(_ client: APNsClient, _ tokens: [String]) -> [APNsResult] {
+    /// Every notification's result, in order; an issue is recorded (and the test stops) if they are not all back
+    /// within a minute.
+    func send(_ client: APNsClient, _ tokens: [String]) throws -> [APNsResult] {
         let results = Locked<[Int: APNsResult]>([:])
         let done = DispatchSemaphore(value: 0)
         let notifications = tokens.map {
@@ -45,7 +47,8 @@ import Testing
         client.send(notifications) { index, result in
             if results.withLock({ $0[index] = result; return $0.count == notifications.count }) { done.signal() }
         }
-        _ = done.wait(timeout: .now() + 60)
+        try #require(done.wait(timeout: .now() + 60) == .success,
+                     "\(results.withLock { $0.count }) of \(tokens.count) answered within 60 s")
         return results.withLock { results in (0..<tokens.count).compactMap { results[$0] } }
     }
 
@@ -57,7 +60,7 @@ import Testing
             if case .goAway(_, _, _, let debugData) = event { reasons.withLock { $0.append(debugData) } }
         }
         defer { h.client.shutdown(); h.simulator.shutdown() }
-        let results = send(h.client, tokens(500))
+        let results = try send(h.client, tokens(500))
         #expect(results.count == 500)
         #expect(results.allSatisfy { $0.outcome == .delivered }, "\(results.filter { $0.outcome != .delivered }.prefix(2))")
         let received = h.simulator.received()
@@ -73,7 +76,7 @@ import Testing
         behaviour.dropConnectionAfterStreams = 100
         let h = try harness(behaviour)
         defer { h.client.shutdown(); h.simulator.shutdown() }
-        let results = send(h.client, tokens(300))
+        let results = try send(h.client, tokens(300))
         #expect(results.count == 300)
         #expect(results.allSatisfy { $0.outcome == .delivered }, "\(results.filter { $0.outcome != .delivered }.prefix(3))")
         #expect(h.simulator.connectionsSeen() >= 3)
@@ -86,8 +89,8 @@ import Testing
         behaviour.refuseEveryNthStream = 4
         let h = try harness(behaviour)
         defer { h.client.shutdown(); h.simulator.shutdown() }
-        let results = send(h.client, tokens(200))
-        #expect(results.allSatisfy { $0.outcome == .delivered })
+        let results = try send(h.client, tokens(200))
+        #expect(results.count == 200 && results.allSatisfy { $0.outcome == .delivered })
         TestServices.reportFault("APNs resets every 4th stream (REFUSED_STREAM)", notifications: 200,
                                  received: h.simulator.received())
     }
@@ -99,7 +102,7 @@ import Testing
         behaviour.throttledTokens = [all[2]]
         let h = try harness(behaviour, unregistered: [all[3]: 1_732_900_000_555])
         defer { h.client.shutdown(); h.simulator.shutdown() }
-        let results = send(h.client, all)
+        let results = try send(h.client, all)
         #expect(results[0].outcome == .delivered)
         #expect(results[1].outcome == .deadToken)
         #expect(results[1].response?.reason == .badDeviceToken)
@@ -115,8 +118,8 @@ import Testing
         behaviour.unavailableRate = 1
         let h = try harness(behaviour)
         defer { h.client.shutdown(); h.simulator.shutdown() }
-        let results = send(h.client, tokens(3))
-        #expect(results.allSatisfy { $0.outcome == .retryLater(delay: 15) && $0.response?.status == 503 })
+        let results = try send(h.client, tokens(3))
+        #expect(results.count == 3 && results.allSatisfy { $0.outcome == .retryLater(delay: 15) && $0.response?.status == 503 })
     }
 
     @Test func streamLimitFallingToOneSlowsButDoesNotStop() throws {
@@ -126,7 +129,7 @@ import Testing
         behaviour.badTokens = [all[0], all[150]]
         let h = try harness(behaviour)
         defer { h.client.shutdown(); h.simulator.shutdown() }
-        let results = send(h.client, all)
+        let results = try send(h.client, all)
         #expect(results.count == 300)
         #expect(results.filter { $0.outcome == .delivered }.count == 298)
         #expect(results.filter { $0.outcome == .deadToken }.count == 2)
@@ -140,7 +143,7 @@ import Testing
         let h = try harness(behaviour, requestTimeout: 1)
         defer { h.client.shutdown(); h.simulator.shutdown() }
         let started = Date()
-        let results = send(h.client, tokens(2))
+        let results = try send(h.client, tokens(2))
         #expect(results.count == 2)
         #expect(results.allSatisfy { if case .retryLater = $0.outcome { $0.error?.contains("deadline") == true } else { false } })
         #expect(Date().timeIntervalSince(started) < 5, "answered by the deadline, not by the server")
@@ -157,7 +160,7 @@ import Testing
             result.withLock { $0 = answer }
             done.signal()
         }
-        done.wait()
+        try #require(done.wait(timeout: .now() + 10) == .success, "answered without a request")
         #expect(result.withLock { $0?.outcome } == .permanentFailure)
         #expect(result.withLock { $0?.error?.contains("4096-byte limit") } == true)
         #expect(h.simulator.received().isEmpty)

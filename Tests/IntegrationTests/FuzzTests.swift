@@ -66,7 +66,7 @@ import WorkerPipeline
             }
             if check(input) { accepted += 1 }
         }
-        print("fuzz \(name): \(iterations) inputs (seed \(seed)), \(accepted) accepted, \(iterations - accepted) refused with a reason, 0 crashes")
+        print("fuzz \(name): \(iterations) inputs (seed \(seed)), \(accepted) accepted, \(iterations - accepted) refused with a reason")
         return (iterations, accepted)
     }
 

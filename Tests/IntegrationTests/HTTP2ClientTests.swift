@@ -23,7 +23,8 @@ import Glibc
             }
             if complete { done.signal() }
         }
-        _ = done.wait(timeout: .now() + 30)
+        #expect(done.wait(timeout: .now() + 30) == .success,
+                "\(results.withLock { $0.count }) of \(requests.count) answered within 30 s")
         return results.withLock { results in (0..<requests.count).compactMap { results[$0] } }
     }
 

@@ -28,18 +28,26 @@ import Glibc
             try publisher.publish(to: jobs, body: Array(#"{"id": "rate-\#(job)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
                                   properties: AMQPProperties(replyTo: replies))
         }
-        // Two apns-worker processes, as operators scale them.
-        let workers = try (0..<2).map { _ in
-            try ExecutablesTests.Child("apns-worker", ["run"], environment: environment.merging(["LOG_LEVEL": "info"]) { _, new in new })
+        // Two apns-worker processes, as operators scale them, each with its metrics endpoint.
+        let metricsPorts = [TestServices.freePort(), TestServices.freePort()]
+        let workers = try metricsPorts.map { port in
+            try ExecutablesTests.Child("apns-worker", ["run"], environment: environment.merging([
+                "LOG_LEVEL": "info", "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(port)]) { _, new in new })
         }
         for worker in workers { #expect(worker.waitForLine(containing: "\"consuming\"") != nil) }
         let summaries = try replyReader.read(50, timeout: 60)
+        // What each worker delivered, by its own count: both took part (a connection count would not tell, as one
+        // worker alone opens two).
+        let delivered = try metricsPorts.map { port -> Int in
+            let body = try TestServices.httpGet(port: port, "/metrics").body
+            return try #require(body.firstMatch(of: /apns_worker_notifications_total\{outcome="delivered"\} (\d+)/).flatMap { Int($0.1) })
+        }
         for worker in workers { #expect(worker.stop(SIGTERM) == 0) }
 
         #expect(summaries.count == 50)
         let received = simulator.received()
         #expect(received.count == 500)
-        #expect(Set(received.map(\.connectionID)).count >= 2, "both workers took part")
+        #expect(delivered.allSatisfy { $0 > 0 } && delivered.reduce(0, +) == 500, "both workers took part: \(delivered)")
         let times = received.map(\.receivedAt).sorted()
         let span = times.last! - times.first!
         // The rate over the run holds within 10%: 500 at 100/s take at least 4.4 s from first to last.

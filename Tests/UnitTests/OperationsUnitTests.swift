@@ -32,8 +32,8 @@ import WorkerPipeline
     @Test(arguments: [
         (#"{"token": "TOKEN"}"#, "missing field \"user\""),
         (#"{"user": "u1"}"#, "missing field \"token\""),
-        (#"{"user": "u1", "token": "xyz"}"#, "tokens[0]"),
-        (#"{"user": "", "token": "TOKEN"}"#, "users[0]"),
+        (#"{"user": "u1", "token": "xyz"}"#, "token: device token is not"),
+        (#"{"user": "", "token": "TOKEN"}"#, "user must be 1 to 256 bytes"),
         (#"{"user": "u1", "token": "TOKEN", "environment": "staging"}"#, "environment \"staging\""),
         (#"{"user": "u1", "token": "TOKEN", "action": "delete"}"#, "\"action\" must be"),
         (#"{"user": "u1", "token": "TOKEN", "device": "iPhone"}"#, "\"device\" must be an object"),
