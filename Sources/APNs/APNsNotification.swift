@@ -27,22 +27,14 @@ public struct APNsNotification: Sendable {
     /// Throws the first rule this notification breaks, in words that name it.
     public func validate() throws(APNsRequestError) {
         try Self.validateDeviceToken(deviceToken)
-        if topic.isEmpty { throw .missingTopic }
-        if let problem = HeaderValue.problem(topic, allowsInnerSpaces: false) { throw .badHeaderValue("apns-topic", problem) }
+        try APNsRules.checkTopic(topic, field: "apns-topic")
         if payload.isEmpty { throw .payloadEmpty }
-        if payload.count > pushType.maximumPayloadSize {
-            throw .payloadTooLarge(size: payload.count, limit: pushType.maximumPayloadSize)
-        }
-        if pushType == .background && priority == .immediately { throw .backgroundWithImmediatePriority }
-        if let collapseID, collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
-        if let collapseID, let problem = HeaderValue.problem(collapseID, allowsInnerSpaces: true) {
-            throw .badHeaderValue("apns-collapse-id", problem)
-        }
-        if let expiration, expiration < 0 { throw .badExpiration(expiration) }
+        try APNsRules.checkPayloadSize(payload.count, for: pushType)
+        try APNsRules.checkPriority(priority, for: pushType)
+        if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "apns-collapse-id") }
+        if let expiration { try APNsRules.checkExpiration(expiration) }
         if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
-        if !pushType.topicSuffix.isEmpty && !topic.hasSuffix(pushType.topicSuffix) {
-            throw .topicMissingSuffix(topic: topic, pushType: pushType)
-        }
+        try APNsRules.checkTopicSuffix(topic, for: pushType)
     }
 
     /// Device tokens are hex of no fixed length (Apple warns against assuming 64 characters).
@@ -82,7 +74,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
     case badDeviceToken(length: Int)
     case missingTopic
     case payloadEmpty
-    case payloadTooLarge(size: Int, limit: Int)
+    case payloadTooLarge(size: Int, limit: Int, pushType: APNsPushType)
     case backgroundWithImmediatePriority
     case collapseIDTooLong(Int)
     case badExpiration(Int64)
@@ -96,12 +88,13 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
             "device token is not an even-length hex string of 2...200 characters (got \(length) characters)"
         case .missingTopic: "no topic"
         case .payloadEmpty: "payload is empty"
-        case .payloadTooLarge(let size, let limit): "payload is \(size) bytes, over the \(limit)-byte limit"
+        case .payloadTooLarge(let size, let limit, let pushType):
+            "payload is \(size) bytes, over the \(limit)-byte limit for push_type \(pushType)"
         case .backgroundWithImmediatePriority: "background pushes must use priority 5 or 1, not 10"
         case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
-        case .badExpiration(let value): "expiration \(value) is not UNIX seconds (0 or later)"
+        case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
         case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"
-        case .badHeaderValue(let header, let problem): "\(header) \(problem)"
+        case .badHeaderValue(let field, let problem): "\(field) \(problem): it is sent as an HTTP/2 header"
         case .topicMissingSuffix(let topic, let pushType):
             "topic \(topic) lacks the \(pushType.topicSuffix) suffix that push type \(pushType) requires"
         }

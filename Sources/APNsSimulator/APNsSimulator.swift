@@ -267,7 +267,7 @@ private final class SimulatorCore: Sendable {
         }
         switch fault {
         case .drop?:
-            writer.dropConnection()
+            writer.serverConnection.abort(reason: "dropped on purpose (--drop-after)")
             return
         case .refuse?:
             writer.reset(code: 7)  // REFUSED_STREAM: not processed, the client may send it again
@@ -287,7 +287,7 @@ private final class SimulatorCore: Sendable {
                 state.latencies.append(UInt32(clamping: max(0, answeredAt - sentAt)))
             }
             let given = request.header("apns-id")
-            let apnsID = given.flatMap { APNsNotification.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
+            let apnsID = given.flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
             let uniqueID = state.ids.next()
             var notification: ReceivedNotification?
             if configuration.recordsNotifications || configuration.observer != nil {
@@ -330,9 +330,9 @@ private final class SimulatorCore: Sendable {
         } else {
             writer.respond(status: status, headers: headers, body: body)
         }
-        if let streamLimit { writer.setMaximumConcurrentStreams(streamLimit) }
+        if let streamLimit { writer.serverConnection.updateMaximumConcurrentStreams(streamLimit) }
         if let limit = behaviour.goAwayAfterStreams, streamNumber == limit {
-            writer.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
+            writer.serverConnection.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
         }
     }
 
@@ -361,7 +361,7 @@ private final class SimulatorCore: Sendable {
         guard request.method == "POST" else { return (405, .methodNotAllowed, nil) }
         guard request.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
-        if (try? APNsNotification.validateDeviceToken(token)) == nil { return (400, .badDeviceToken, nil) }
+        if !AppleRules.isDeviceToken(token) { return (400, .badDeviceToken, nil) }
         let playedEnvironment = configuration.isDevelopment ? "sandbox" : "production"
         if let environment = behaviour.tokenEnvironments.first(where: { $0.covers(token) })?.value,
            environment != playedEnvironment {
@@ -371,25 +371,25 @@ private final class SimulatorCore: Sendable {
             return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
         }
         guard let topic = request.header("apns-topic"), !topic.isEmpty else { return (400, .missingTopic, nil) }
-        let pushType = request.header("apns-push-type").map { APNsPushType(rawValue: $0) } ?? .alert
-        guard let pushType else { return (400, .invalidPushType, nil) }
-        if !pushType.topicSuffix.isEmpty && !topic.hasSuffix(pushType.topicSuffix) { return (400, .badTopic, nil) }
+        let pushType = request.header("apns-push-type") ?? "alert"
+        guard let suffix = AppleRules.topicSuffixes[pushType] else { return (400, .invalidPushType, nil) }
+        if !topic.hasSuffix(suffix) { return (400, .badTopic, nil) }
         if let tokenTopic = behaviour.tokenTopics.first(where: { $0.covers(token) })?.value, tokenTopic != topic {
             return (400, .deviceTokenNotForTopic, nil)
         }
-        if let priorityText = request.header("apns-priority") {
-            guard let priority = Int(priorityText).flatMap(APNsPriority.init(rawValue:)) else {
-                return (400, .badPriority, nil)
-            }
-            if pushType == .background && priority == .immediately { return (400, .badPriority, nil) }
+        if let priority = request.header("apns-priority") {
+            guard AppleRules.priorities.contains(priority) else { return (400, .badPriority, nil) }
+            if pushType == "background" && priority == "10" { return (400, .badPriority, nil) }
         }
-        if let id = request.header("apns-id"), !APNsNotification.isCanonicalUUID(id) { return (400, .badMessageId, nil) }
-        if let collapse = request.header("apns-collapse-id"), collapse.utf8.count > 64 { return (400, .badCollapseId, nil) }
+        if let id = request.header("apns-id"), !AppleRules.isCanonicalUUID(id) { return (400, .badMessageId, nil) }
+        if let collapse = request.header("apns-collapse-id"), collapse.utf8.count > AppleRules.collapseIDLimit {
+            return (400, .badCollapseId, nil)
+        }
         if let expiration = request.header("apns-expiration"), Int64(expiration) == nil {
             return (400, .badExpirationDate, nil)
         }
         guard !request.body.isEmpty else { return (400, .payloadEmpty, nil) }
-        if request.body.count > pushType.maximumPayloadSize { return (413, .payloadTooLarge, nil) }
+        if request.body.count > AppleRules.payloadLimit(pushType: pushType) { return (413, .payloadTooLarge, nil) }
         // Apple documents no reason for a body that is not a JSON object; APNs refuses it, so the simulator does too.
         guard case .object? = try? JSONReader.parse(request.body, allowsDuplicateKeys: true) else {
             return (400, APNsReason("BadPayload"), nil)
@@ -463,7 +463,7 @@ private final class SimulatorCore: Sendable {
             writer.respond(status: 200)
         case ("POST", "/sim/goaway"):
             writer.respond(status: 200)
-            writer.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: nil)
+            writer.serverConnection.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: nil)
         default:
             writer.respond(status: 404, body: Array("{\"reason\":\"BadPath\"}".utf8))
         }

@@ -39,22 +39,31 @@ public struct HTTP2ResponseWriter: @unchecked Sendable {
         }
     }
 
-    /// Announces a new SETTINGS_MAX_CONCURRENT_STREAMS on this request's connection.
-    public func setMaximumConcurrentStreams(_ value: UInt32) {
-        connection.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
-    }
-
     /// Resets the stream instead of answering (REFUSED_STREAM = 7, INTERNAL_ERROR = 2, ...).
     public func reset(code: UInt32) { connection.resetStream(streamID, code: code) }
 
-    /// Sends GOAWAY on this request's connection and stops taking new streams on it.
+    /// The connection this request came on.
+    public var serverConnection: HTTP2ServerConnection { HTTP2ServerConnection(connection: connection) }
+}
+
+/// What any HTTP/2 server may do to one of its connections: change its settings, close it gracefully (GOAWAY) or
+/// abort it. Use it on the connection's loop thread. (apns-sim plays APNs's faults with these; the faults are its.)
+public struct HTTP2ServerConnection: @unchecked Sendable {
+    // Invariant: as HTTP2ResponseWriter's.
+    let connection: HTTP2Connection
+
+    /// Announces a new SETTINGS_MAX_CONCURRENT_STREAMS.
+    public func updateMaximumConcurrentStreams(_ value: UInt32) {
+        connection.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
+    }
+
+    /// Sends GOAWAY and takes no new stream.
     public func goAway(code: UInt32 = 0, debugData: String = "", lastStreamID: Int32? = nil) {
         connection.goAway(code: code, debugData: debugData, lastStreamID: lastStreamID)
     }
 
-    /// Drops the TCP connection at once, without GOAWAY, as a network fault would.
-    public func dropConnection() { connection.close(reason: "dropped on purpose") }
-
+    /// Closes the TCP connection at once, without GOAWAY.
+    public func abort(reason: String) { connection.close(reason: reason) }
 }
 
 /// Per-stream state, owned by its connection.
@@ -171,6 +180,11 @@ final class HTTP2Connection: PollHandler {
     }
 
     deinit {
+        // A connection nobody closed (its owner dropped it) still gives its socket back.
+        if state != .closed {
+            tls.shutdown()
+            Glibc.close(fileDescriptor)
+        }
         if let session { nghttp2_session_del(session) }
         readBuffer.deallocate()
     }

@@ -94,9 +94,4 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
             }
         }
     }
-
-    /// Applies a new SETTINGS_MAX_CONCURRENT_STREAMS on one connection at run time (as APNs does).
-    public func setMaximumConcurrentStreams(_ value: UInt32, connectionID: Int) {
-        connections[connectionID]?.submitSettings([(Int32(3), value)])
-    }
 }

@@ -97,22 +97,23 @@ public struct PushJob: Sendable, Equatable {
             guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
             priority = parsed
         }
-        if pushType == .background && priority == .immediately {
-            throw .badPriority(10, "background pushes must use priority 5 or 1")
-        }
         let expiration = try optionalInteger(document, "expiration")
-        if let expiration, expiration < 0 { throw .badExpiration(expiration) }
         let collapseID = try optionalString(document, "collapse_id")
-        if let collapseID {
-            if collapseID.utf8.count > 64 { throw .collapseIDTooLong(collapseID.utf8.count) }
-            if let problem = HeaderValue.problem(collapseID, allowsInnerSpaces: true) {
-                throw .badHeaderValue(field: "collapse_id", problem)
-            }
+        // Apple's rules, the same the client applies before sending (APNsRules): a job that breaks one is refused
+        // now, with its reason, rather than accepted and failed notification by notification.
+        do throws(APNsRequestError) {
+            try APNsRules.checkPriority(priority, for: pushType)
+            if let expiration { try APNsRules.checkExpiration(expiration) }
+            if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "\"collapse_id\"") }
+        } catch {
+            throw .breaksRule(error)
         }
         guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }
-        if let problem = HeaderValue.problem(bundle, allowsInnerSpaces: false) { throw .badHeaderValue(field: "topic", problem) }
+        do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
+            throw .breaksRule(error)
+        }
         var prevalidate = false
         switch document["prevalidate"] {
         case nil, .null?: break
@@ -140,8 +141,8 @@ public struct PushJob: Sendable, Equatable {
             throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)
         }
         let payload = Array(body[payloadMember.range])
-        guard payload.count <= pushType.maximumPayloadSize else {
-            throw .payloadTooLarge(size: payload.count, limit: pushType.maximumPayloadSize, pushType: pushType)
+        do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
+            throw .breaksRule(error)
         }
         var job = PushJob(id: id, topic: pushType.topic(forBundle: bundle), users: users, tokens: tokens,
                           environment: environment, pushType: pushType, priority: priority, expiration: expiration,
@@ -257,13 +258,10 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case badToken(field: String, String)
     case badEnvironment(String)
     case unknownPushType(String)
-    case badPriority(Int64, String = "priority must be 10, 5 or 1")
-    case badExpiration(Int64)
-    case collapseIDTooLong(Int)
-    /// A value sent as an HTTP/2 header holds what no header may (control characters, whitespace).
-    case badHeaderValue(field: String, String)
+    case badPriority(Int64)
+    /// One of Apple's rules for a push (`APNsRules`).
+    case breaksRule(APNsRequestError)
     case missingTopic
-    case payloadTooLarge(size: Int, limit: Int, pushType: APNsPushType)
 
     public var description: String {
         switch self {
@@ -280,13 +278,9 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badEnvironment(let text): "environment \"\(text)\" is neither \"production\" nor \"sandbox\""
         case .unknownPushType(let text):
             "unknown push_type \"\(text)\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"
-        case .badPriority(let value, let rule): "priority \(value): \(rule)"
-        case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
-        case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
-        case .badHeaderValue(let field, let problem): "\"\(field)\" \(problem): it is sent as an HTTP/2 header"
+        case .badPriority(let value): "priority \(value): priority must be 10, 5 or 1"
+        case .breaksRule(let rule): rule.description
         case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
-        case .payloadTooLarge(let size, let limit, let pushType):
-            "payload is \(size) bytes, over the \(limit)-byte limit for push_type \(pushType)"
         }
     }
 }

@@ -61,6 +61,9 @@ EXAMPLE:
   APNS_PRODUCTION_URL=https://127.0.0.1:2197 APNS_CA_FILE=/tmp/sim.pem apns-worker
 """
 
+// SIGINT and SIGTERM wait for the runner (sigwait) from the first instruction, before any thread exists.
+ServiceRunner.blockTerminationSignals()
+
 /// Unbuffered, so a script reading the pipe sees the line at once.
 func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
 
@@ -111,7 +114,9 @@ while let argument = arguments.popFirst() {
         let text = value(for: argument)
         let parts = text.split(separator: "@", maxSplits: 1)
         let token = String(parts[0])
-        guard (try? APNsNotification.validateDeviceToken(token)) != nil else { fail("--unregistered: \(text) is not a hex token") }
+        guard !token.isEmpty, token.count % 2 == 0, token.allSatisfy(\.isHexDigit) else {
+            fail("--unregistered: \(text) is not a hex token")
+        }
         var milliseconds = Int64(Date().timeIntervalSince1970 * 1000)
         if parts.count == 2 {
             guard let given = Int64(parts[1]) else { fail("--unregistered: \(parts[1]) is not milliseconds") }
@@ -203,18 +208,17 @@ func printCounts() {
     say("apns-sim received \(counts.values.reduce(0, +)) notifications \(summary)")
 }
 
-signal(SIGINT, SIG_IGN)
-signal(SIGTERM, SIG_IGN)
-let stopped = DispatchSemaphore(value: 0)
-let sources = [SIGINT, SIGTERM].map { number in
-    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-    source.setEventHandler { stopped.signal() }
-    source.resume()
-    return source
+/// The simulator as a `Service`: it serves on its own loop until the first signal.
+final class SimulatorService: Service {
+    private let stopped = DispatchSemaphore(value: 0)
+    func run() { stopped.wait() }
+    func stop() { stopped.signal() }
+    var isReady: Bool { true }
+    var metricsText: String { "" }
 }
+
 say("apns-sim listening on https://\(configuration.host):\(simulator.port)")
-stopped.wait()
+_ = ServiceRunner.run(SimulatorService(), name: "apns-sim", logger: logger)
 printCounts()
 simulator.shutdown()
-_ = sources
 exit(0)

@@ -1,5 +1,6 @@
 import AMQP
 import APNs
+import APNsSimulator
 import Foundation
 import HTTP2
 import Redis
@@ -22,7 +23,7 @@ import Glibc
         private var buffer: [UInt8] = []
         private let exited = DispatchSemaphore(value: 0)
 
-        init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+        init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], unset: [String] = []) throws {
             let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
             let path = directory + "/" + executable
             guard FileManager.default.isExecutableFile(atPath: path) else {
@@ -31,6 +32,7 @@ import Glibc
             process.executableURL = URL(fileURLWithPath: path)
             process.arguments = arguments
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+                .filter { !unset.contains($0.key) }
             process.standardOutput = output
             process.standardError = output
             // Foundation reaps the child itself, so its exit is learned here rather than from waitpid.
@@ -158,5 +160,51 @@ import Glibc
         let line = worker.waitForLine(containing: "APNS_KEY_FILE")
         #expect(line?.contains("configuration error") == true)
         #expect(worker.waitForExit() == 78)
+    }
+
+    /// Scaling by running more processes on one host, with only the contract's variables: both workers consume, and
+    /// each one's /metrics answers at the address its log names (the default port, or a free one when another
+    /// worker has it). A port someone set that is taken stops start-up (78).
+    @Test func twoWorkersOnOneHostWithDefaultSettingsBothRun() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: Logger(label: "sim", level: .critical))
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("jobs")
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, ["LOG_LEVEL": "info"])
+        environment.removeValue(forKey: "METRICS_PORT")  // the default, as the contract leaves it
+        var workers: [Child] = []
+        defer { for worker in workers { _ = worker.stop(SIGKILL) } }
+        var addresses: [Int] = []
+        for _ in 0..<2 {
+            // The child inherits the test process's environment: make sure METRICS_PORT is not set there either.
+            let worker = try Child("apns-worker", ["run"], environment: environment, unset: ["METRICS_PORT"])
+            workers.append(worker)
+            let line = try #require(worker.waitForLine(containing: "metrics and health endpoint"))
+            let port = try #require(line.firstMatch(of: /"http.address":"[^"]*:(\d+)"/).flatMap { Int($0.1) })
+            addresses.append(port)
+            #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
+        }
+        #expect(Set(addresses).count == 2, "each its own port: \(addresses)")
+        for port in addresses {
+            let metrics = try TestServices.httpGet(port: port, "/metrics")
+            #expect(metrics.status == 200 && metrics.body.contains("apns_worker_ready"), "\(port)")
+        }
+        let publisher = try AMQPConnection(url: TestServices.amqpURL())
+        let replies = TestServices.unique("replies")
+        let replyReader = try QueueReader(replies)
+        for job in 0..<20 {
+            try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(format: "%064x", 0x2B_0000 + job))"], "payload": {"aps": {}}}"#.utf8),
+                                  properties: AMQPProperties(replyTo: replies))
+        }
+        #expect(try replyReader.read(20).count == 20)
+        for worker in workers { #expect(worker.stop() == 0) }
+
+        let taken = addresses[0]
+        let blocker = try ListeningSocket.open(host: "127.0.0.1", port: taken)
+        defer { close(blocker.descriptor) }
+        let explicit = try Child("apns-worker", ["run"], environment: environment.merging([
+            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(taken)]) { _, new in new })
+        let refusal = explicit.waitForLine(containing: "configuration error")
+        #expect(refusal?.contains("METRICS_PORT") == true, "\(refusal ?? "no line")")
+        #expect(explicit.waitForExit() == 78)
     }
 }

@@ -53,7 +53,23 @@ import Glibc
         Case(name: "voip payload of 5000", headers: [("apns-topic", "t.voip"), ("apns-push-type", "voip")],
              body: #"{"a":""# + String(repeating: "x", count: 5000) + #""}"#, status: 200),
         Case(name: "payload not JSON", body: "hello", status: 400, reason: "BadPayload"),
-    ]
+        Case(name: "priority 1", headers: [("apns-topic", "t"), ("apns-priority", "1")], status: 200),
+        Case(name: "mdm takes the topic as it is", headers: [("apns-topic", "com.apple.mgmt.External.x"), ("apns-push-type", "mdm")],
+             status: 200),
+    ] + pushTypeCases
+
+    /// Apple's push types and the topic suffix each requires (Apple's "Sending notification requests to APNs"),
+    /// written out here rather than taken from the client's vocabulary: each with and without its suffix.
+    static let pushTypeCases: [Case] = [
+        ("voip", ".voip"), ("complication", ".complication"), ("fileprovider", ".pushkit.fileprovider"),
+        ("liveactivity", ".push-type.liveactivity"), ("location", ".location-query"), ("pushtotalk", ".voip-ptt"),
+        ("widgets", ".push-type.widgets"), ("controls", ".push-type.controls"),
+    ].flatMap { pushType, suffix in [
+        Case(name: "\(pushType) with \(suffix)", headers: [("apns-topic", "com.example.app" + suffix),
+                                                            ("apns-push-type", pushType)], status: 200),
+        Case(name: "\(pushType) without its suffix", headers: [("apns-topic", "com.example.app"), ("apns-push-type", pushType)],
+             status: 400, reason: "BadTopic"),
+    ] }
 
     @Test(arguments: cases)
     func judgesLikeAPNs(_ testCase: Case) throws {
@@ -71,7 +87,7 @@ import Glibc
             answer.withLock { $0 = result }
             done.signal()
         }
-        done.wait()
+        try #require(done.wait(timeout: .now() + 10) == .success, "answered within 10 s")
         let response = try #require(answer.withLock { $0 }).get()
         #expect(response.status == testCase.status)
         #expect(APNsResponse.parseBody(response.body).reason?.rawValue == testCase.reason)
@@ -94,7 +110,7 @@ import Glibc
                 answer.withLock { $0 = try? result.get() }
                 done.signal()
             }
-            done.wait()
+            #expect(done.wait(timeout: .now() + 10) == .success, "answered within 10 s")
             return answer.withLock { $0 }
         }
         #expect(send("POST", "/3/device/\(Self.token)", "{}")?.status == 410)

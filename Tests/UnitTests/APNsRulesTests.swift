@@ -71,7 +71,7 @@ import Testing
         #expect(error { _ in } == nil)
         #expect(error { $0.deviceToken = "xyz" } == .badDeviceToken(length: 3))
         #expect(error { $0.payload = [] } == .payloadEmpty)
-        #expect(error { $0.payload = Array(repeating: 32, count: 4097) } == .payloadTooLarge(size: 4097, limit: 4096))
+        #expect(error { $0.payload = Array(repeating: 32, count: 4097) } == .payloadTooLarge(size: 4097, limit: 4096, pushType: .alert))
         #expect(error { $0.pushType = .voip; $0.topic = "com.example.app.voip"; $0.payload = Array(repeating: 32, count: 5000) } == nil)
         #expect(error { $0.pushType = .background; $0.priority = .immediately } == .backgroundWithImmediatePriority)
         #expect(error { $0.collapseID = String(repeating: "c", count: 65) } == .collapseIDTooLong(65))
