@@ -39,19 +39,8 @@ enum TestServices {
 
     /// A socket listening on 127.0.0.1 at a port the kernel picks, never accepting: connections wait in its backlog.
     static func listeningSocket() -> (descriptor: Int32, port: Int) {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw in
-                bind(descriptor, raw, length)
-                listen(descriptor, 8)
-                return getsockname(descriptor, raw, &length)
-            }
-        }
-        return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
+        // Loopback with a port of the kernel's choosing cannot fail short of running out of descriptors.
+        try! ListeningSocket.open(host: "127.0.0.1", port: 0, backlog: 8)
     }
 
     /// `GET path` over plain HTTP/1.1 on 127.0.0.1; returns the status code and the body.
