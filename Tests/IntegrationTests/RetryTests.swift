@@ -98,7 +98,7 @@ import WorkerPipeline
         #expect(received.filter { $0.deviceToken == healthy }.count == 1, "a delivered notification is never resent")
         #expect(received.filter { $0.deviceToken == flaky }.map(\.status) == [503, 200])
         #expect(received.filter { $0.deviceToken == throttled }.map(\.status) == [429, 429, 429])
-        TestServices.reportFault("503 once, then TooManyRequests for one token on every attempt (3 notifications)",
+        TestServices.reportFault("503 once, then TooManyRequests for one token on every attempt: parked as enqueued after 3",
                                  notifications: 3, received: received, parked: 1)
         #expect(received.allSatisfy { $0.collapseID == "c-1" && $0.payload == Array(#"{"aps": {"alert": "again"}}"#.utf8) },
                 "retries keep every header and the payload byte for byte")
