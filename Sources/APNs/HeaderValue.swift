@@ -5,11 +5,19 @@ public enum HeaderValue {
     /// nil when `value` can be sent; otherwise what is wrong with it. `allowsInnerSpaces`: spaces between words are
     /// fine (a collapse id); a topic holds no whitespace at all.
     public static func problem(_ value: String, allowsInnerSpaces: Bool) -> String? {
-        for byte in value.utf8 where byte < 0x20 || byte == 0x7F {
-            return "holds control character 0x" + String(byte, radix: 16, uppercase: true)
+        // One pass over contiguous UTF-8: this runs for every notification sent.
+        var value = value
+        return value.withUTF8 { bytes -> String? in
+            var space = false
+            for byte in bytes {
+                if byte < 0x20 || byte == 0x7F {
+                    return "holds control character 0x" + String(byte, radix: 16, uppercase: true)
+                }
+                if byte == 0x20 { space = true }
+            }
+            if space && !allowsInnerSpaces { return "holds a space" }
+            if bytes.first == 0x20 || bytes.last == 0x20 { return "starts or ends with a space" }
+            return nil
         }
-        if !allowsInnerSpaces && value.utf8.contains(0x20) { return "holds a space" }
-        if value.utf8.first == 0x20 || value.utf8.last == 0x20 { return "starts or ends with a space" }
-        return nil
     }
 }
