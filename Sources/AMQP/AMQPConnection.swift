@@ -50,16 +50,20 @@ public struct AMQPProperties: Sendable, Equatable {
     public var correlationID: String?
     public var messageID: String?
     public var persistent: Bool
+    /// When the message was published, UNIX seconds (the AMQP timestamp property).
+    public var timestamp: Int64?
     /// String-valued headers (others are skipped when reading).
     public var headers: [String: String]
 
     public init(contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
-                messageID: String? = nil, persistent: Bool = true, headers: [String: String] = [:]) {
+                messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
+                headers: [String: String] = [:]) {
         self.contentType = contentType
         self.replyTo = replyTo
         self.correlationID = correlationID
         self.messageID = messageID
         self.persistent = persistent
+        self.timestamp = timestamp
         self.headers = headers
     }
 }
@@ -595,6 +599,8 @@ public final class AMQPConnection {
             correlationID: field(AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id),
             messageID: field(AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id),
             persistent: raw._flags & amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) != 0 && raw.delivery_mode == 2,
+            timestamp: raw._flags & amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG) != 0
+                ? Int64(clamping: raw.timestamp) : nil,
             headers: headers)
     }
 
@@ -620,6 +626,10 @@ public final class AMQPConnection {
         if let value = properties.messageID {
             raw._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
             raw.message_id = strings.bytes(value)
+        }
+        if let value = properties.timestamp, value >= 0 {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG)
+            raw.timestamp = UInt64(value)
         }
         let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(capacity: max(1, properties.headers.count))
         defer {

@@ -16,17 +16,20 @@ public final class AMQPJobBroker: JobBroker {
         public var queues: QueueNames
         /// One delay queue per value, dead-lettering back to the jobs queue.
         public var retryDelays: [Double]
-        /// Unacknowledged jobs the broker may hand over at once (basic.qos).
+        /// Unacknowledged urgent jobs the broker may hand over at once (basic.qos, per consumer).
         public var prefetch: Int
+        /// The same for bulk jobs: what the bulk lane may hold unacknowledged.
+        public var bulkPrefetch: Int
 
         public init(url: AMQPURL, caFile: String? = nil, heartbeat: Int = 30, queues: QueueNames = QueueNames(),
-                    retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500) {
+                    retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100) {
             self.url = url
             self.caFile = caFile
             self.heartbeat = heartbeat
             self.queues = queues
             self.retryDelays = retryDelays
             self.prefetch = prefetch
+            self.bulkPrefetch = bulkPrefetch
         }
     }
 
@@ -34,6 +37,8 @@ public final class AMQPJobBroker: JobBroker {
     private let amqp: AMQPConnection
     private let acknowledgements: Acknowledgements
     private let logger: Logger
+    /// The consumer tag of the bulk lane's consumer (the other consumer is the urgent lane's).
+    private let bulkConsumerTag: String
 
     /// Connects, declares the worker's queues and starts consuming. The broker refusing what the URL says
     /// (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
@@ -48,14 +53,19 @@ public final class AMQPJobBroker: JobBroker {
         }
         acknowledgements = Acknowledgements(amqp: amqp)
         try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
-        try amqp.setPrefetch(settings.prefetch)
         try amqp.enablePublisherConfirms()
+        // One channel, two consumers: RabbitMQ applies a basic.qos without `global` to each consumer created after
+        // it, so each lane has its own prefetch and a full bulk lane never stops urgent deliveries.
+        try amqp.setPrefetch(settings.prefetch)
         try amqp.consume(settings.queues.jobs)
+        try amqp.setPrefetch(settings.bulkPrefetch)
+        bulkConsumerTag = try amqp.consume(settings.queues.bulk)
     }
 
     public var logMetadata: [String: String] {
-        ["amqp.queue": settings.queues.jobs, "amqp.url": settings.url.description, "amqp.local_port": String(amqp.localPort),
-         "amqp.prefetch": String(settings.prefetch)]
+        ["amqp.queue": settings.queues.jobs, "amqp.bulk_queue": settings.queues.bulk, "amqp.url": settings.url.description,
+         "amqp.local_port": String(amqp.localPort), "amqp.prefetch": String(settings.prefetch),
+         "amqp.bulk_prefetch": String(settings.bulkPrefetch)]
     }
 
     public var hasBufferedInput: Bool { amqp.hasBufferedInput }
@@ -74,7 +84,8 @@ public final class AMQPJobBroker: JobBroker {
                     tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
                     properties: MessageProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
                                                   messageID: properties.messageID, persistent: properties.persistent,
-                                                  headers: properties.headers))))
+                                                  timestamp: properties.timestamp, headers: properties.headers),
+                    lane: delivery.consumerTag == bulkConsumerTag ? .bulk : .urgent)))
             case .blocked(let blocked):
                 notices.append(.publishingBlocked(blocked))
             case .confirm:
@@ -94,14 +105,16 @@ public final class AMQPJobBroker: JobBroker {
         switch destination {
         case .deadTokens: Route(exchange: settings.queues.deadTokensExchange, routingKey: settings.queues.deadTokens)
         case .failed: Route(exchange: "", routingKey: settings.queues.failed)
-        case .retry(let delay): Route(exchange: "", routingKey: settings.queues.retry(delay: delay))
+        case .retry(let delay, let lane): Route(exchange: "", routingKey: settings.queues.retry(delay: delay, lane: lane))
         case .reply(let queue): Route(exchange: "", routingKey: queue)
         }
     }
 
     /// The routes the worker declared itself, which it declares again when one went missing.
     private var ownRoutes: Set<Route> {
-        Set([.deadTokens, .failed].map(route) + settings.retryDelays.map { route(.retry(delay: $0)) })
+        Set([.deadTokens, .failed].map(route) + JobLane.allCases.flatMap { lane in
+            settings.retryDelays.map { route(.retry(delay: $0, lane: lane)) }
+        })
     }
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
@@ -115,7 +128,7 @@ public final class AMQPJobBroker: JobBroker {
                 to: route.routingKey, exchange: route.exchange, body: publication.body,
                 properties: AMQPProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
                                            messageID: properties.messageID, persistent: properties.persistent,
-                                           headers: properties.headers),
+                                           timestamp: properties.timestamp, headers: properties.headers),
                 mandatory: true))
         }
         let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))

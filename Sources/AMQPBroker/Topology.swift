@@ -1,8 +1,12 @@
 import AMQP
+import WorkerPipeline
 
 /// The queues and exchange names apns-worker's programs share (the contract in README.md).
 public struct QueueNames: Sendable, Equatable {
+    /// The urgent lane (PUSH_JOBS_QUEUE).
     public var jobs: String
+    /// The bulk lane (PUSH_BULK_QUEUE): same job format, taken only while urgent work leaves room.
+    public var bulk: String
     public var failed: String
     public var deadTokens: String
     /// Fanout exchange dead-token events are published to, with `deadTokens` bound to it; empty: straight to the
@@ -10,17 +14,25 @@ public struct QueueNames: Sendable, Equatable {
     public var deadTokensExchange: String
     public var registrations: String
 
-    public init(jobs: String = "push.jobs", failed: String = "push.failed", deadTokens: String = "push.dead-tokens",
-                deadTokensExchange: String? = nil, registrations: String = "push.registrations") {
+    public init(jobs: String = "push.jobs", bulk: String = "push.bulk", failed: String = "push.failed",
+                deadTokens: String = "push.dead-tokens", deadTokensExchange: String? = nil,
+                registrations: String = "push.registrations") {
         self.jobs = jobs
+        self.bulk = bulk
         self.failed = failed
         self.deadTokens = deadTokens
         self.deadTokensExchange = deadTokensExchange ?? deadTokens
         self.registrations = registrations
     }
 
-    /// `<jobs>.retry.<ms>ms`: messages wait there `ms` milliseconds, then dead-letter back to the jobs queue.
-    public func retry(delay: Double) -> String { "\(jobs).retry.\(Int((delay * 1000).rounded()))ms" }
+    /// The queue of a lane.
+    public func jobs(_ lane: JobLane) -> String { lane == .urgent ? jobs : bulk }
+
+    /// `<lane's queue>.retry.<ms>ms`: messages wait there `ms` milliseconds, then dead-letter back to the lane's
+    /// queue (so a retry stays in its lane).
+    public func retry(delay: Double, lane: JobLane = .urgent) -> String {
+        "\(jobs(lane)).retry.\(Int((delay * 1000).rounded()))ms"
+    }
 }
 
 /// The broker objects apns-worker relies on, declared the same way by every process that uses them (declaring is
@@ -37,18 +49,20 @@ public enum Topology {
         try amqp.bindQueue(names.deadTokens, to: names.deadTokensExchange, routingKey: names.deadTokens)
     }
 
-    /// Everything a worker uses: the jobs and failed queues, the dead tokens, and one delay queue per retry delay
-    /// that dead-letters back to the jobs queue.
+    /// Everything a worker uses: both lanes' queues, the failed queue, the dead tokens, and per lane one delay queue
+    /// per retry delay that dead-letters back to that lane's queue.
     public static func declareWorkerQueues(on amqp: AMQPConnection, _ names: QueueNames,
                                            retryDelays: [Double]) throws(AMQPError) {
-        for queue in [names.jobs, names.failed] { try amqp.declareQueue(queue) }
+        for queue in [names.jobs, names.bulk, names.failed] { try amqp.declareQueue(queue) }
         try declareDeadTokens(on: amqp, names)
-        for delay in retryDelays {
-            try amqp.declareQueue(names.retry(delay: delay), arguments: [
-                "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
-                "x-dead-letter-exchange": .string(""),
-                "x-dead-letter-routing-key": .string(names.jobs),
-            ])
+        for lane in JobLane.allCases {
+            for delay in retryDelays {
+                try amqp.declareQueue(names.retry(delay: delay, lane: lane), arguments: [
+                    "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
+                    "x-dead-letter-exchange": .string(""),
+                    "x-dead-letter-routing-key": .string(names.jobs(lane)),
+                ])
+            }
         }
     }
 }

@@ -108,13 +108,26 @@ public struct APNsResult: Sendable, Equatable {
     }
 }
 
-/// Sends notifications over persistent HTTP/2 connections, one pool per environment, all on one event loop.
+/// Which connections a notification travels on. Urgent and bulk traffic each have connections of their own, so
+/// that an urgent request never waits behind bulk requests for a stream, in a connection's send buffer or in the
+/// order a server reads one connection.
+public enum APNsTraffic: String, Sendable, Hashable, CaseIterable {
+    case urgent, bulk
+}
+
+/// Sends notifications over persistent HTTP/2 connections, one pool per environment and traffic class, all on one
+/// event loop.
 public final class APNsClient: Sendable {
     public let configuration: APNsClientConfiguration
     private let authentication: APNsAuthentication
     private let logger: Logger
     private let loop: EventLoop
-    private let pools = Locked<[APNsEnvironment: HTTP2Client]>([:])
+    private let pools = Locked<[PoolKey: HTTP2Client]>([:])
+
+    private struct PoolKey: Hashable {
+        var environment: APNsEnvironment
+        var traffic: APNsTraffic
+    }
 
     public init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
         self.configuration = configuration
@@ -130,7 +143,7 @@ public final class APNsClient: Sendable {
     /// Sends a batch. `completion` runs once per notification with its index, always on the client's loop thread:
     /// keep it short. Notifications that break Apple's rules are answered without a request.
     public func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)],
-                     completion: @escaping @Sendable (Int, APNsResult) -> Void) {
+                     traffic: APNsTraffic = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) {
         // Answers that need no request still arrive on the loop thread, like every other answer.
         var immediate: [(Int, APNsResult)] = []
         defer {
@@ -151,7 +164,7 @@ public final class APNsClient: Sendable {
             let indices = notifications.indices.filter { notifications[$0].environment == environment }
             guard !indices.isEmpty else { continue }
             let pool: HTTP2Client
-            do { pool = try self.pool(for: environment) } catch {
+            do { pool = try self.pool(for: environment, traffic) } catch {
                 immediate += indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
                 continue
             }
@@ -174,7 +187,7 @@ public final class APNsClient: Sendable {
             let sentIndices = sendable
             let retry: @Sendable (Int) -> Void = { [self] position in
                 let original = sentIndices[position]
-                send([notifications[original]]) { _, result in completion(original, result) }
+                send([notifications[original]], traffic: traffic) { _, result in completion(original, result) }
             }
             pool.send(requests) { [self] position, result in
                 let index = sentIndices[position]
@@ -225,17 +238,19 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// Opens the environment's connections now rather than at the first notification, so that readiness can wait
-    /// for them and the first job does not pay for the handshakes.
-    public func connect(_ environment: APNsEnvironment) {
-        do { _ = try pool(for: environment) } catch {
-            logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue, "error": "\(error)"])
+    /// Opens the environment's connections for `traffic` now rather than at the first notification, so that
+    /// readiness can wait for them and the first job does not pay for the handshakes.
+    public func connect(_ environment: APNsEnvironment, _ traffic: APNsTraffic = .urgent) {
+        do { _ = try pool(for: environment, traffic) } catch {
+            logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue,
+                                                            "apns.traffic": traffic.rawValue, "error": "\(error)"])
         }
     }
 
-    private func pool(for environment: APNsEnvironment) throws -> HTTP2Client {
+    private func pool(for environment: APNsEnvironment, _ traffic: APNsTraffic) throws -> HTTP2Client {
         try pools.withLock { pools in
-            if let pool = pools[environment] { return pool }
+            let key = PoolKey(environment: environment, traffic: traffic)
+            if let pool = pools[key] { return pool }
             let endpoint = environment == .production ? configuration.production : configuration.sandbox
             var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
             if case .certificate(let certificate, let key) = authentication {
@@ -249,8 +264,9 @@ public final class APNsClient: Sendable {
             if let observer = configuration.observer { poolConfiguration.observer = { observer(environment, $0) } }
             let pool = try HTTP2Client(
                 configuration: poolConfiguration,
-                loop: loop, logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue]))
-            pools[environment] = pool
+                loop: loop, logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
+                                                                    "apns.traffic": traffic.rawValue]))
+            pools[key] = pool
             return pool
         }
     }

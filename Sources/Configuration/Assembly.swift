@@ -15,10 +15,12 @@ extension WorkerConfiguration {
         }
         if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
         let broker = self.broker, redisURL = self.redisURL, rateLimit = self.rateLimit
+        let urgentShare = rateLimitUrgentShare
         return Worker(settings: pipeline, apns: apns, authentication: authentication, logger: logger) {
             let amqp = try AMQPJobBroker(settings: broker, logger: logger)
             do {
-                let stores = try RedisStores(url: redisURL, rateLimit: rateLimit, logger: logger)
+                let stores = try RedisStores(url: redisURL, rateLimit: rateLimit, urgentShare: urgentShare,
+                                             logger: logger)
                 return WorkerSession(broker: amqp, tokens: stores.tokens, record: stores.record,
                                      statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                                      store: stores.connection,

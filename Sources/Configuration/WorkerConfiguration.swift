@@ -113,6 +113,8 @@ public struct WorkerConfiguration: Sendable {
     public var redisURL: RedisURL
     /// Notifications per second shared by every worker on the same Redis; 0: none.
     public var rateLimit: Int
+    /// The share of the rate limit urgent work can always take at once, however busy the bulk lane (0...1).
+    public var rateLimitUrgentShare: Double
     public var apns: APNsClientConfiguration
     public var credential: CredentialSettings
     public var pipeline: WorkerSettings
@@ -162,6 +164,13 @@ public struct WorkerConfiguration: Sendable {
                 throw ConfigurationError(key: key, "\"\(text)\" is not a comma-separated list of seconds, e.g. 1,15,60,300")
             }
             return parsed.map { $0! }.sorted()
+        }
+        func fraction(_ key: String, default fallback: Double) throws(ConfigurationError) -> Double {
+            guard let text = value(key) else { return fallback }
+            guard let number = Double(text), (0...1).contains(number) else {
+                throw ConfigurationError(key: key, "\"\(text)\" is not a number from 0 to 1 (a share, e.g. 0.2)")
+            }
+            return number
         }
         func queue(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
             let name = value(key) ?? fallback
@@ -228,8 +237,14 @@ public struct WorkerConfiguration: Sendable {
         }
 
         let deadTokensQueue = try queue("PUSH_DEAD_TOKENS_QUEUE", default: "push.dead-tokens")
+        let jobsQueue = try queue("PUSH_JOBS_QUEUE", default: "push.jobs")
+        let bulkQueue = try queue("PUSH_BULK_QUEUE", default: "push.bulk")
+        // One queue for both lanes would make two consumers of it: every job would land in either lane by chance.
+        guard bulkQueue != jobsQueue else {
+            throw ConfigurationError(key: "PUSH_BULK_QUEUE", "\"\(bulkQueue)\" is PUSH_JOBS_QUEUE too: the bulk lane needs a queue of its own")
+        }
         let queues = QueueNames(
-            jobs: try queue("PUSH_JOBS_QUEUE", default: "push.jobs"),
+            jobs: jobsQueue, bulk: bulkQueue,
             failed: try queue("PUSH_FAILED_QUEUE", default: "push.failed"),
             deadTokens: deadTokensQueue,
             // By default the exchange has the queue's name (exchanges and queues are apart in AMQP): two deployments
@@ -240,16 +255,19 @@ public struct WorkerConfiguration: Sendable {
             registrations: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"))
         let retryDelays = try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300])
         let prefetch = try integer("WORKER_PREFETCH", default: 500, range: 1...65_535)
+        let bulkPrefetch = try integer("WORKER_BULK_PREFETCH", default: 100, range: 1...65_535)
         let core = WorkerCore.Settings(
-            prefetch: prefetch,
+            prefetch: prefetch + bulkPrefetch,
             maximumNotificationsInFlight: try integer("WORKER_MAX_IN_FLIGHT", default: 5_000, range: 2...1_000_000),
             shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25))
         return WorkerConfiguration(
             broker: AMQPJobBroker.Settings(url: amqpURL, caFile: try file("AMQP_CA_FILE"),
                                            heartbeat: try integer("AMQP_HEARTBEAT", default: 30, range: 0...3600),
-                                           queues: queues, retryDelays: retryDelays, prefetch: prefetch),
+                                           queues: queues, retryDelays: retryDelays, prefetch: prefetch,
+                                           bulkPrefetch: bulkPrefetch),
             redisURL: redisURL,
             rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
+            rateLimitUrgentShare: try fraction("APNS_RATE_LIMIT_URGENT_SHARE", default: 0.2),
             apns: apns,
             credential: CredentialSettings(proof: proof, defaultTopic: defaultTopic,
                                            ignoredCertificate: keyFile != nil && certificateFile != nil),

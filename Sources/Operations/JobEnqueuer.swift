@@ -5,9 +5,10 @@ import Foundation
 import Telemetry
 import WorkerPipeline
 
-/// Publishes jobs onto PUSH_JOBS_QUEUE for `apns-worker enqueue`: each job is checked as the worker would check it
-/// first (a bad one is reported with its line and not published), published persistent with publisher confirms, and
-/// given a message-id when it has no `id`, so that a worker can recognise it if it is ever redelivered.
+/// Publishes jobs onto a lane's queue (PUSH_JOBS_QUEUE, or PUSH_BULK_QUEUE) for `apns-worker enqueue`: each job is
+/// checked as the worker would check it first (a bad one is reported with its line and not published), published
+/// persistent with publisher confirms and a timestamp (how long jobs wait in a lane), and given a message-id when it
+/// has no `id`, so that a worker can recognise it if it is ever redelivered.
 public final class JobEnqueuer {
     public struct Progress: Sendable {
         public var published = 0
@@ -31,16 +32,19 @@ public final class JobEnqueuer {
     private let configuration: WorkerConfiguration
     private let amqp: AMQPConnection
     private let replyTo: String?
+    /// The queue jobs go to.
+    public let queue: String
     private var pending: [(line: Int, sequence: UInt64)] = []
     public private(set) var progress = Progress()
     public private(set) var refusals: [Refusal] = []
 
-    public init(configuration: WorkerConfiguration, replyTo: String? = nil) throws(AMQPError) {
+    public init(configuration: WorkerConfiguration, replyTo: String? = nil, lane: JobLane = .urgent) throws(AMQPError) {
         self.configuration = configuration
         self.replyTo = replyTo
+        queue = configuration.broker.queues.jobs(lane)
         amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
                                   caFile: configuration.broker.caFile)
-        try amqp.declareQueue(configuration.broker.queues.jobs)
+        try amqp.declareQueue(queue)
         try amqp.enablePublisherConfirms()
     }
 
@@ -59,8 +63,8 @@ public final class JobEnqueuer {
         }
         let properties = AMQPProperties(replyTo: replyTo, correlationID: nil,
                                         messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
-                                        persistent: true)
-        pending.append((line, try amqp.publish(to: configuration.broker.queues.jobs, body: body, properties: properties)))
+                                        persistent: true, timestamp: Int64(Date().timeIntervalSince1970))
+        pending.append((line, try amqp.publish(to: queue, body: body, properties: properties)))
         if pending.count >= Self.confirmWindow { try settle() }
     }
 

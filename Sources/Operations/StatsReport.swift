@@ -18,6 +18,18 @@ public struct StatsReport: Sendable {
         public var consumers: Int?
     }
 
+    /// One lane: its queue, and what the workers took from it and sent in the window.
+    public struct Lane: Sendable {
+        public var lane: JobLane
+        public var queue: Queue
+        public var jobsTaken: Int
+        public var sent: Int
+        /// The longest a job taken in the window had waited in the queue (ms; from the jobs' timestamps, which
+        /// `enqueue` sets); nil when no timed job was taken.
+        public var longestWaitMilliseconds: Int?
+    }
+
+    public var lanes: [Lane]
     public var queues: [Queue]
     /// Counter name -> total over the window, all workers together (names as in `SharedStatistics`).
     public var totals: [String: Int]
@@ -28,9 +40,12 @@ public struct StatsReport: Sendable {
         let amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: 0, caFile: configuration.broker.caFile)
         defer { amqp.close() }
         let queueNames = configuration.broker.queues
-        var names: [(String, String)] = [("jobs", queueNames.jobs)]
-        names += configuration.broker.retryDelays.map { delay in
-            ("retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s", queueNames.retry(delay: delay))
+        var names: [(String, String)] = [("urgent jobs", queueNames.jobs), ("bulk jobs", queueNames.bulk)]
+        for lane in JobLane.allCases {
+            names += configuration.broker.retryDelays.map { delay in
+                ("\(lane.rawValue) retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s",
+                 queueNames.retry(delay: delay, lane: lane))
+            }
         }
         names += [("dead tokens", queueNames.deadTokens), ("failed", queueNames.failed),
                   ("registrations", queueNames.registrations)]
@@ -41,12 +56,31 @@ public struct StatsReport: Sendable {
         }
         let redis = try RedisConnection(url: configuration.redisURL)
         let shared = try SharedStatistics(redis: redis).read(minutes: windowMinutes)
-        return StatsReport(queues: queues, totals: shared.totals, windowMinutes: windowMinutes,
+        let lanes = JobLane.allCases.enumerated().map { position, lane in
+            Lane(lane: lane, queue: queues[position], jobsTaken: shared.totals["\(lane.rawValue)_jobs"] ?? 0,
+                 sent: shared.totals["\(lane.rawValue)_sent"] ?? 0, longestWaitMilliseconds: shared.longestWait[lane])
+        }
+        return StatsReport(lanes: lanes, queues: queues, totals: shared.totals, windowMinutes: windowMinutes,
                            workers: shared.workers.sorted())
     }
 
     public var text: String {
-        var lines = ["QUEUE                                      MESSAGES  CONSUMERS"]
+        let seconds = Double(windowMinutes * 60)
+        func column(_ text: String, _ width: Int) -> String {
+            String(repeating: " ", count: max(0, width - text.count)) + text
+        }
+        var lines = ["LANE     QUEUE                     MESSAGES  CONSUMERS    JOBS/S    SENT/S  LONGEST WAIT (last \(windowMinutes) min)"]
+        for lane in lanes {
+            let wait = lane.longestWaitMilliseconds.map { String(format: "%.1f s", Double($0) / 1000) } ?? "-"
+            lines.append(lane.lane.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0) + " "
+                         + lane.queue.name.padding(toLength: 24, withPad: " ", startingAt: 0) + " "
+                         + column(lane.queue.messages.map(String.init) ?? "absent", 9) + "  "
+                         + column(lane.queue.consumers.map(String.init) ?? "-", 9) + " "
+                         + column(String(format: "%.1f", Double(lane.jobsTaken) / seconds), 9) + " "
+                         + column(String(format: "%.1f", Double(lane.sent) / seconds), 9) + "  " + wait)
+        }
+        lines.append("")
+        lines.append("QUEUE                                      MESSAGES  CONSUMERS")
         for queue in queues {
             let label = "\(queue.name) (\(queue.role))"
             let messages = queue.messages.map(String.init) ?? "absent"
@@ -57,7 +91,6 @@ public struct StatsReport: Sendable {
         }
         lines.append("")
         lines.append("LAST \(windowMinutes) MIN (all workers)        TOTAL     PER SECOND")
-        let seconds = Double(windowMinutes * 60)
         for name in WorkerStatistics.Snapshot.fieldNames {
             let total = totals[name] ?? 0
             lines.append(name.padding(toLength: 30, withPad: " ", startingAt: 0)
@@ -71,6 +104,13 @@ public struct StatsReport: Sendable {
     }
 
     public var json: String {
+        let laneText = lanes.map { lane in
+            "{\"lane\":\"\(lane.lane.rawValue)\",\"queue\":\(JSONString.quote(lane.queue.name)),"
+                + "\"messages\":\(lane.queue.messages.map(String.init) ?? "null"),"
+                + "\"consumers\":\(lane.queue.consumers.map(String.init) ?? "null"),"
+                + "\"jobs_taken\":\(lane.jobsTaken),\"sent\":\(lane.sent),"
+                + "\"longest_wait_ms\":\(lane.longestWaitMilliseconds.map(String.init) ?? "null")}"
+        }.joined(separator: ",")
         let queueText = queues.map { queue in
             "{\"role\":\(JSONString.quote(queue.role)),\"name\":\(JSONString.quote(queue.name)),"
                 + "\"messages\":\(queue.messages.map(String.init) ?? "null"),"
@@ -78,7 +118,7 @@ public struct StatsReport: Sendable {
         }.joined(separator: ",")
         let totalText = WorkerStatistics.Snapshot.fieldNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }.joined(separator: ",")
         let workerText = workers.map(JSONString.quote).joined(separator: ",")
-        return "{\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
+        return "{\"lanes\":[\(laneText)],\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
             + "\"workers\":[\(workerText)]}"
     }
 

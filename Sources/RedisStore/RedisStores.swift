@@ -18,7 +18,7 @@ public struct RedisStores {
     public let rateLimiter: SharedRateLimit?
 
     /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
-    public init(url: RedisURL, rateLimit: Int, logger: Logger) throws {
+    public init(url: RedisURL, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
         let connection: RedisConnection
         do { connection = try RedisConnection(url: url) } catch {
             if error.kind == .refused || error.kind == .badURL { throw ConnectionRefused(.store, error.message) }
@@ -28,6 +28,6 @@ public struct RedisStores {
         tokens = TokenCache(redis: connection, logger: logger)
         record = SentRecord(redis: connection)
         statistics = SharedStatistics(redis: connection)
-        rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit) : nil
+        rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
     }
 }

@@ -1,51 +1,72 @@
 import Redis
 import WorkerPipeline
 
-/// APNS_RATE_LIMIT notifications per second across every worker on the same Redis.
+/// APNS_RATE_LIMIT notifications per second across every worker on the same Redis, urgent work first.
 ///
 /// Tenth-of-a-second slots keyed by Redis's own clock (`apns:rate:<unix second>.<tenth>`), so workers with skewed
 /// clocks share the same slot; each slot grants a tenth of the limit (the remainder spread so a second grants exactly
-/// the limit). Small slots keep bursts small: any one-second span overlaps at most 11 slots, so it sees at most 10%
-/// over the limit, where whole-second windows allow twice the limit across a boundary. A worker reserves permits for
-/// a whole batch in one atomic script call: no round trip per notification. What a slot cannot grant waits for the
-/// next one.
+/// the limit). Small slots keep bursts small: any one-second span overlaps at most 11 slots. A worker reserves
+/// permits for a whole batch, both lanes at once, in one atomic script call: no round trip per notification. What a
+/// slot cannot grant waits for the next one.
+///
+/// Lanes: bulk work takes only what the slot has left, and urgent work is served first. Urgent work may also take
+/// up to `urgentShare` of a slot beyond what is left, borrowed from the next slot (which starts with the debt, so
+/// bulk work gets that much less there): however fast bulk work spends each slot, that share is always there for
+/// urgent work at once, and no permit is set aside unused while no urgent work comes. Over any second the fleet sends
+/// at most one slot's borrowing more than the rate (plus the slot overlap above).
 public struct SharedRateLimit: RateLimiter {
     public static let keyPrefix = "apns:rate"
 
     static let reserveScript = """
         local now = redis.call('TIME')
+        local second = tonumber(now[1])
         local micros = tonumber(now[2])
         local slot = math.floor(micros / 100000)
-        local key = KEYS[1] .. ':' .. now[1] .. '.' .. slot
         local limit = tonumber(ARGV[1])
-        local allowed = math.floor((slot + 1) * limit / 10) - math.floor(slot * limit / 10)
-        local used = tonumber(redis.call('GET', key) or '0')
-        local grant = math.min(tonumber(ARGV[2]), allowed - used)
-        if grant < 0 then grant = 0 end
-        if grant > 0 then
-            redis.call('INCRBY', key, grant)
-            redis.call('EXPIRE', key, 10)
+        local function allowedIn(tenth) return math.floor((tenth + 1) * limit / 10) - math.floor(tenth * limit / 10) end
+        local key = KEYS[1] .. ':' .. second .. '.' .. slot
+        local allowed = allowedIn(slot)
+        local used = redis.call('GET', key)
+        if used then
+            used = tonumber(used)
+        else
+            local previousSecond, previousSlot = second, slot - 1
+            if previousSlot < 0 then previousSecond, previousSlot = second - 1, 9 end
+            local previous = tonumber(redis.call('GET', KEYS[1] .. ':' .. previousSecond .. '.' .. previousSlot) or '0')
+            used = math.max(0, previous - allowedIn(previousSlot))
         end
-        return {grant, 100000 - (micros % 100000)}
+        local borrowable = math.ceil(allowed * tonumber(ARGV[4]) / 1000)
+        local urgent = math.max(0, math.min(tonumber(ARGV[2]), allowed + borrowable - used))
+        used = used + urgent
+        local bulk = math.max(0, math.min(tonumber(ARGV[3]), allowed - used))
+        used = used + bulk
+        if urgent + bulk > 0 then redis.call('SET', key, used, 'EX', 10) end
+        return {urgent, bulk, 100000 - (micros % 100000)}
         """
 
     private let redis: RedisConnection
     public let limit: Int
+    /// The share of each slot urgent work can always take at once (0...1).
+    public let urgentShare: Double
     private let prefix: String
 
-    public init(redis: RedisConnection, limit: Int, keyPrefix: String = SharedRateLimit.keyPrefix) {
+    public init(redis: RedisConnection, limit: Int, urgentShare: Double = 0.2,
+                keyPrefix: String = SharedRateLimit.keyPrefix) {
         self.redis = redis
         self.limit = limit
+        self.urgentShare = urgentShare
         self.prefix = keyPrefix
     }
 
-    /// Reserves up to `wanted` permits in the current slot: how many were granted and the seconds until the next
-    /// slot opens. A script Redis refuses (a slot key of the wrong type) is `.refused`; only a lost connection throws.
-    public func reserve(_ wanted: Int) throws -> RateReservation {
-        let reply = try redis.command(["EVAL", Self.reserveScript, "1", prefix, String(limit), String(wanted)])
+    /// Reserves up to `urgent` + `bulk` permits in the current slot: how many each lane was granted and the seconds
+    /// until the next slot opens. A script Redis refuses (a slot key of the wrong type) is `.refused`; only a lost
+    /// connection throws.
+    public func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
+        let reply = try redis.command(["EVAL", Self.reserveScript, "1", prefix, String(limit), String(urgent), String(bulk),
+                                       String(Int((urgentShare * 1000).rounded()))])
         if case .error(let message) = reply { return .refused("rate limit script: \(message)") }
         let values = reply.elements.compactMap(\.integer)
-        guard values.count == 2 else { return .refused("rate limit script: unexpected reply \(reply)") }
-        return .granted(Int(values[0]), nextWindowIn: Double(values[1]) / 1e6)
+        guard values.count == 3 else { return .refused("rate limit script: unexpected reply \(reply)") }
+        return .granted(urgent: Int(values[0]), bulk: Int(values[1]), nextWindowIn: Double(values[2]) / 1e6)
     }
 }

@@ -6,10 +6,14 @@ import WorkerPipeline
 /// asking each process (the schema is in README.md):
 /// - `apns:stats:<unix minute>`: hash, field = counter name (as in `WorkerStatistics.Snapshot.fields`), value = how
 ///   many in that minute, all workers together; kept 26 hours.
+/// - `apns:stats:<unix minute>:waited`: sorted set, member = lane (`urgent`, `bulk`), score = the longest a job taken
+///   from that lane in that minute had waited in its queue (ms, from the message's timestamp), all workers together;
+///   kept 26 hours.
 /// - `apns:workers`: sorted set, member = `<host>:<pid>`, score = when it last reported (ms).
 public struct SharedStatistics: StatisticsSink {
     public static let workersKey = "apns:workers"
     public static func minuteKey(_ minute: Int64) -> String { "apns:stats:\(minute)" }
+    public static func waitedKey(_ minute: Int64) -> String { "apns:stats:\(minute):waited" }
     static let retention = 26 * 3600
 
     private let redis: RedisConnection
@@ -22,15 +26,21 @@ public struct SharedStatistics: StatisticsSink {
     /// round trip. Returns what Redis refused (a key of the wrong type), if anything: statistics are worth a warning,
     /// never a reconnect. Only a lost connection throws.
     @discardableResult
-    public func report(_ delta: WorkerStatistics.Snapshot, worker: String) throws -> String? {
-        try report(delta, worker: worker, now: Date())
+    public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String? {
+        try report(delta, longestWait: longestWait, worker: worker, now: Date())
     }
 
-    public func report(_ delta: WorkerStatistics.Snapshot, worker: String, now: Date) throws(RedisError) -> String? {
+    public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts = LaneCounts(), worker: String,
+                       now: Date) throws(RedisError) -> String? {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let key = Self.minuteKey(milliseconds / 60_000)
         var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }
         if !commands.isEmpty { commands.append(["EXPIRE", key, String(Self.retention)]) }
+        let waitedKey = Self.waitedKey(milliseconds / 60_000)
+        let waits = JobLane.allCases.filter { longestWait[$0] > 0 }
+        // GT: a score only grows, so the minute keeps the longest wait any worker saw.
+        for lane in waits { commands.append(["ZADD", waitedKey, "GT", String(longestWait[lane]), lane.rawValue]) }
+        if !waits.isEmpty { commands.append(["EXPIRE", waitedKey, String(Self.retention)]) }
         commands.append(["ZADD", Self.workersKey, String(milliseconds), worker])
         commands.append(["ZREMRANGEBYSCORE", Self.workersKey, "-inf", String(milliseconds - 3_600_000)])
         for reply in try redis.pipeline(commands) {
@@ -39,17 +49,31 @@ public struct SharedStatistics: StatisticsSink {
         return nil
     }
 
-    /// The counters of the last `minutes` minutes (the current one included), summed, and the workers that reported
-    /// within `aliveWithin` seconds.
+    /// The counters of the last `minutes` minutes (the current one included), summed; per lane the longest wait
+    /// (ms) a worker reported in them, if any; and the workers that reported within `aliveWithin` seconds.
     public func read(minutes: Int, aliveWithin: Double = 30, now: Date = Date()) throws(RedisError)
-        -> (totals: [String: Int], workers: [String]) {
+        -> (totals: [String: Int], longestWait: [JobLane: Int], workers: [String]) {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let current = milliseconds / 60_000
-        var commands = (0..<Int64(max(1, minutes))).map { ["HGETALL", Self.minuteKey(current - $0)] }
+        let minuteNumbers = (0..<Int64(max(1, minutes))).map { current - $0 }
+        var commands = minuteNumbers.map { ["HGETALL", Self.minuteKey($0)] }
+        commands += minuteNumbers.map { ["ZRANGE", Self.waitedKey($0), "0", "-1", "WITHSCORES"] }
         commands.append(["ZRANGEBYSCORE", Self.workersKey, String(milliseconds - Int64(aliveWithin * 1000)), "+inf"])
         let replies = try redis.pipeline(commands)
+        var longestWait: [JobLane: Int] = [:]
+        for reply in replies[minuteNumbers.count..<(2 * minuteNumbers.count)] {
+            if case .error(let message) = reply { throw RedisError(kind: .server, "reading statistics: \(message)") }
+            let items = reply.elements
+            var index = 0
+            while index + 1 < items.count {
+                if let lane = JobLane(rawValue: items[index].text ?? ""), let wait = Double(items[index + 1].text ?? "") {
+                    longestWait[lane] = max(longestWait[lane] ?? 0, Int(wait))
+                }
+                index += 2
+            }
+        }
         var totals: [String: Int] = [:]
-        for reply in replies.dropLast() {
+        for reply in replies.prefix(minuteNumbers.count) {
             if case .error(let message) = reply { throw RedisError(kind: .server, "reading statistics: \(message)") }
             let items = reply.elements
             var index = 0
@@ -58,6 +82,6 @@ public struct SharedStatistics: StatisticsSink {
                 index += 2
             }
         }
-        return (totals, replies.last?.elements.compactMap(\.text) ?? [])
+        return (totals, longestWait, replies.last?.elements.compactMap(\.text) ?? [])
     }
 }

@@ -18,6 +18,8 @@ final class JobProgress: @unchecked Sendable {
     private(set) var failed: [(target: DeviceTarget, reason: String)] = []
     /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
     private(set) var retryable: [(target: DeviceTarget, reason: String, delay: Double)] = []
+    /// Not handed to APNs by the job's deadline: not sent.
+    private(set) var expired = 0
 
     /// Answers APNs gave in this attempt (notifications with an HTTP status, whatever it was).
     private(set) var answered = 0
@@ -98,6 +100,21 @@ final class JobProgress: @unchecked Sendable {
         remaining -= 1
     }
 
+    /// The deadline passed before this notification could be handed to APNs. Final: a redelivery does not send it.
+    func recordExpired(_ index: Int) {
+        expired += 1
+        remaining -= 1
+        noteFinal(index)
+    }
+
+    /// Once complete: a retry that could only come after the deadline would not be sent, so those notifications
+    /// expire now instead of travelling through a delay queue.
+    func expireRetryable(before deadline: Int64, retryAt: Double) {
+        guard !retryable.isEmpty, retryAt >= Double(deadline) else { return }
+        expired += retryable.count
+        retryable.removeAll()
+    }
+
     /// Whether `applyGuard` ran: a job whose publishes are made again is judged once.
     private var guardApplied = false
 
@@ -134,7 +151,7 @@ final class JobProgress: @unchecked Sendable {
         var text = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(job.attempt),\"notifications\":\(targets.count),"
         text += "\"delivered\":\(delivered),\"dead\":\(dead.count),"
         text += "\"failed\":\(failed.count + (retrying ? 0 : retryable.count)),\"retrying\":\(retrying ? retryable.count : 0),"
-        text += "\"held_back\":\(heldBack.count),"
+        text += "\"held_back\":\(heldBack.count),\"expired\":\(expired),"
         if let explanation = heldBackExplanation { text += "\"held_back_reason\":\(JSONString.quote(explanation))," }
         text += "\"failed_by_reason\":{\(failedByReason)}}"
         return Array(text.utf8)

@@ -5,23 +5,35 @@ import APNs
 // factory: another broker, a cluster-aware connection or another store is one new type, not an edit of the pipeline.
 // Every implementation is owned by the worker's broker thread and may block; none is shared across threads.
 
-/// The message properties the pipeline reads and writes: the contract's reply_to, correlation-id, message-id and
-/// string headers.
+/// The message properties the pipeline reads and writes: the contract's reply_to, correlation-id, message-id,
+/// timestamp and string headers.
 public struct MessageProperties: Sendable, Equatable {
     public var replyTo: String?
     public var correlationID: String?
     public var messageID: String?
     public var persistent: Bool
+    /// When the message was published (UNIX seconds), if its publisher said so: how long a job waited in its lane.
+    public var timestamp: Int64?
     public var headers: [String: String]
 
     public init(replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
-                headers: [String: String] = [:]) {
+                timestamp: Int64? = nil, headers: [String: String] = [:]) {
         self.replyTo = replyTo
         self.correlationID = correlationID
         self.messageID = messageID
         self.persistent = persistent
+        self.timestamp = timestamp
         self.headers = headers
     }
+}
+
+/// Which of the two job queues a job came from. Urgent jobs (PUSH_JOBS_QUEUE) always go first; bulk jobs
+/// (PUSH_BULK_QUEUE) take what urgent work leaves: the in-flight window, the rate limit, the worker's attention.
+public enum JobLane: String, Sendable, Hashable, CaseIterable {
+    case urgent, bulk
+
+    /// Each lane has APNs connections of its own.
+    public var traffic: APNsTraffic { self == .urgent ? .urgent : .bulk }
 }
 
 /// A job as the broker handed it over. `tag` is the broker's handle for settling it; the pipeline only gives it back.
@@ -30,12 +42,14 @@ public struct JobDelivery: Sendable {
     public var redelivered: Bool
     public var body: [UInt8]
     public var properties: MessageProperties
+    public var lane: JobLane
 
-    public init(tag: UInt64, redelivered: Bool, body: [UInt8], properties: MessageProperties) {
+    public init(tag: UInt64, redelivered: Bool, body: [UInt8], properties: MessageProperties, lane: JobLane = .urgent) {
         self.tag = tag
         self.redelivered = redelivered
         self.body = body
         self.properties = properties
+        self.lane = lane
     }
 }
 
@@ -53,8 +67,8 @@ public struct Publication: Sendable {
         case deadTokens
         /// Jobs parked for people to look at.
         case failed
-        /// The delay queue that holds a retry `delay` seconds before it comes back as a job.
-        case retry(delay: Double)
+        /// The delay queue that holds a retry `delay` seconds before it comes back as a job, in the lane it came from.
+        case retry(delay: Double, lane: JobLane)
         /// A job's sender, by its reply_to.
         case reply(String)
     }
@@ -149,23 +163,38 @@ public protocol IdempotencyRecord {
 
 /// What a rate limiter grants.
 public enum RateReservation: Sendable, Equatable {
-    /// `granted` permits now; the next window opens in `nextWindowIn` seconds.
-    case granted(Int, nextWindowIn: Double)
+    /// Permits granted now, per lane; the next window opens in `nextWindowIn` seconds.
+    case granted(urgent: Int, bulk: Int, nextWindowIn: Double)
     /// The store refused the reservation (a data error): nothing may go until it is asked again.
     case refused(String)
 }
 
-/// A rate shared by every worker.
+extension RateReservation {
+    /// The lanes granted fewer permits than `asked`: only those wait for the next window. A refusal holds both.
+    public func lanesHeldBack(asked: LaneCounts) -> [JobLane] {
+        switch self {
+        case .granted(let urgent, let bulk, _):
+            let granted = LaneCounts(urgent: urgent, bulk: bulk)
+            return JobLane.allCases.filter { granted[$0] < asked[$0] }
+        case .refused:
+            return JobLane.allCases
+        }
+    }
+}
+
+/// A rate shared by every worker, urgent work first: bulk work gets what urgent work leaves.
 public protocol RateLimiter {
-    /// Only a lost connection throws.
-    func reserve(_ wanted: Int) throws -> RateReservation
+    /// Permits for up to `urgent` urgent and `bulk` bulk notifications, in one round trip. Only a lost connection
+    /// throws.
+    func reserve(urgent: Int, bulk: Int) throws -> RateReservation
 }
 
 /// Where the fleet's counters and live workers are kept.
 public protocol StatisticsSink {
-    /// Adds what happened since the last report; returns what the store refused, if anything. Only a lost
-    /// connection throws.
-    func report(_ delta: WorkerStatistics.Snapshot, worker: String) throws -> String?
+    /// Adds what happened since the last report, and per lane the longest a job taken since then had waited in its
+    /// queue (milliseconds; 0: none measured); returns what the store refused, if anything. Only a lost connection
+    /// throws.
+    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String?
 }
 
 /// One connection's worth of everything the worker talks to, opened together and dropped together.

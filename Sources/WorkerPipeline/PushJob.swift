@@ -16,6 +16,9 @@ public struct PushJob: Sendable, Equatable {
     public var priority: APNsPriority
     public var expiration: Int64?
     public var collapseID: String?
+    /// UNIX seconds: a notification not handed to APNs by then is not sent (expired). Not Apple's `expiration`,
+    /// which is how long APNs keeps a notification for a device that is offline.
+    public var deadline: Int64?
     /// The payload exactly as the job wrote it.
     public var payload: [UInt8]
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
@@ -37,6 +40,8 @@ public struct PushJob: Sendable, Equatable {
     /// body holds it beside the retry's own targets.
     static let retryWrapperDepth = 2
     static let retrySizeFactor = 3
+    /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
+    static let latestDeadline: Int64 = 99_999_999_999
 
     /// Decodes a message body. `defaultTopic` is APNS_TOPIC; `fallbackID` names jobs that carry no id.
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
@@ -98,6 +103,8 @@ public struct PushJob: Sendable, Equatable {
             priority = parsed
         }
         let expiration = try optionalInteger(document, "expiration")
+        let deadline = try optionalInteger(document, "deadline")
+        if let deadline, deadline < 0 || deadline > Self.latestDeadline { throw .badDeadline(deadline) }
         let collapseID = try optionalString(document, "collapse_id")
         // Apple's rules, the same the client applies before sending (APNsRules): a job that breaks one is refused
         // now, with its reason, rather than accepted and failed notification by notification.
@@ -128,6 +135,7 @@ public struct PushJob: Sendable, Equatable {
             var job = PushJob(id: id, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
                               tokens: tokens, environment: environment, pushType: .background,
                               priority: .considerPower, expiration: 0, collapseID: nil, payload: silent)
+            job.deadline = deadline
             if let retry {
                 job.attempt = retry.attempt
                 job.retryTargets = retry.targets
@@ -147,6 +155,7 @@ public struct PushJob: Sendable, Equatable {
         var job = PushJob(id: id, topic: pushType.topic(forBundle: bundle), users: users, tokens: tokens,
                           environment: environment, pushType: pushType, priority: priority, expiration: expiration,
                           collapseID: collapseID, payload: payload)
+        job.deadline = deadline
         if let retry {
             job.attempt = retry.attempt
             job.retryTargets = retry.targets
@@ -165,6 +174,7 @@ public struct PushJob: Sendable, Equatable {
         text += "\"push_type\":\"\(pushType.rawValue)\",\"priority\":\(priority.rawValue),"
         if let expiration { text += "\"expiration\":\(expiration)," }
         if let collapseID { text += "\"collapse_id\":\(JSONString.quote(collapseID))," }
+        if let deadline { text += "\"deadline\":\(deadline)," }
         text += "\"retry\":{\"attempt\":\(attempt + 1),\"targets\":["
         text += targets.map { target in
             "{\"token\":\(JSONString.quote(target.token)),\"environment\":\"\(target.environment.rawValue)\","
@@ -262,6 +272,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     /// One of Apple's rules for a push (`APNsRules`).
     case breaksRule(APNsRequestError)
     case missingTopic
+    case badDeadline(Int64)
 
     public var description: String {
         switch self {
@@ -281,6 +292,9 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badPriority(let value): "priority \(value): priority must be 10, 5 or 1"
         case .breaksRule(let rule): rule.description
         case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
+        case .badDeadline(let value):
+            value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
+                : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"
         }
     }
 }

@@ -161,9 +161,11 @@ public final class Worker: Service {
     private func serve(_ session: WorkerSession, generation: Int,
                        sharedThrough shared: inout WorkerStatistics.Snapshot) throws {
         var core = WorkerCore(settings: settings.core, generation: generation, now: Date())
-        // Notifications waiting for room in flight or for rate-limit permits; bounded by the prefetch, as their jobs
-        // are unacknowledged. Each is its job and index: the request is built only when it goes out.
-        var backlog = OutgoingQueue()
+        // Notifications waiting for room in flight or for rate-limit permits, per lane; bounded by the prefetch, as
+        // their jobs are unacknowledged. Each is its job and index: the request is built only when it goes out.
+        var backlogs = Backlogs()
+        // Bulk jobs read but not started yet (started a few at a time, as the bulk lane makes room).
+        var unstartedBulk: [JobDelivery] = []
         var held = HeldPublishes()
         var lastProgress = (at: Date(), snapshot: statistics.snapshot())
         while true {
@@ -184,14 +186,19 @@ public final class Worker: Service {
                                                heldDue: held.nextDue)) {
                 switch action {
                 case .announceStop(let jobs):
-                    logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs)])
+                    logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
+                                                                      "jobs.unstarted_bulk": String(unstartedBulk.count)])
+                case .requeueUnstartedBulk:
+                    for delivery in unstartedBulk { try session.broker.requeue(delivery.tag) }
+                    unstartedBulk.removeAll()
                 case .exit(let exit):
                     if case .deadlinePassed(let unfinished) = exit {
                         logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
                                        ["jobs.in_flight": String(unfinished)])
                     }
                     let now = statistics.snapshot()
-                    _ = try? session.statistics.report(now.subtracting(shared), worker: Self.identity)
+                    _ = try? session.statistics.report(now.subtracting(shared),
+                                                                longestWait: statistics.longestWait.take(), worker: Self.identity)
                     shared = now
                     session.broker.close()
                     return
@@ -219,23 +226,31 @@ public final class Worker: Service {
                         }
                     }
                     deliveriesRead = batch.count
-                    if !batch.isEmpty {
-                        core.handle(.jobsStarted(try start(batch, session: session, generation: generation,
-                                                           into: &backlog, held: &held)))
+                    note(taken: batch)
+                    let urgent = batch.filter { $0.lane == .urgent }
+                    unstartedBulk += batch.filter { $0.lane == .bulk }
+                    if !urgent.isEmpty {
+                        core.handle(.jobsStarted(try start(urgent, session: session, generation: generation,
+                                                           into: &backlogs, held: &held)))
                     }
                 default:
                     break
                 }
             }
             let later = Date()
-            for action in core.endTurn(now: later, deliveriesRead: deliveriesRead, queuedNotifications: backlog.count,
-                                       notificationsInFlight: statistics.notificationsInFlight.load(ordering: .relaxed),
+            for action in core.endTurn(now: later, deliveriesRead: deliveriesRead, queued: backlogs.counts,
+                                       inFlight: statistics.inFlight.counts, unstartedBulkJobs: unstartedBulk.count,
                                        heldDue: held.nextDue) {
                 switch action {
-                case .send(let count):
-                    if let wait = try send(count, from: &backlog, session: session) {
-                        core.handle(.rateLimited(nextWindowIn: wait, at: later))
+                case .send(let urgent, let bulk):
+                    if let limited = try send(LaneCounts(urgent: urgent, bulk: bulk), from: &backlogs, session: session) {
+                        core.handle(.rateLimited(limited.lanes, nextWindowIn: limited.wait, at: later))
                     }
+                case .startBulk(let limit):
+                    let starting = Array(unstartedBulk.prefix(limit))
+                    unstartedBulk.removeFirst(starting.count)
+                    core.handle(.jobsStarted(try start(starting, session: session, generation: generation,
+                                                       into: &backlogs, held: &held)))
                 case .probe:
                     // Readiness is the broker and the store as they are now: a round trip to each. One that does not
                     // answer within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
@@ -245,7 +260,8 @@ public final class Worker: Service {
                     core.handle(.probed(later))
                 case .reportStatistics:
                     let now = statistics.snapshot()
-                    if let refused = try session.statistics.report(now.subtracting(shared), worker: Self.identity) {
+                    if let refused = try session.statistics.report(now.subtracting(shared),
+                                                                longestWait: statistics.longestWait.take(), worker: Self.identity) {
                         statistics.countDataError("statistics")
                         logger.warning("Redis refused the shared statistics", ["redis.error": refused])
                     }
@@ -259,7 +275,7 @@ public final class Worker: Service {
                             / later.timeIntervalSince(lastProgress.at)
                         logger.info("progress", ["stats": now.summary, "jobs.in_flight": String(core.jobsInFlight),
                                                  "notifications_per_s": String(Int(rate.rounded())),
-                                                 "apns.in_flight": String(statistics.notificationsInFlight.load(ordering: .relaxed))])
+                                                 "apns.in_flight": String(statistics.notificationsInFlight)])
                     }
                     lastProgress = (later, now)
                     core.handle(.progressLogged(later))
@@ -275,18 +291,45 @@ public final class Worker: Service {
         }
     }
 
-    /// Hands `count` queued notifications to the APNs client (fewer if the shared rate limit grants fewer); returns
-    /// the seconds until more may go when the rate limit makes them wait. When answers bring the notifications in
-    /// flight down to half the limit, the loop thread wakes this thread to send more.
-    private func send(_ wanted: Int, from backlog: inout OutgoingQueue, session: WorkerSession) throws -> Double? {
-        var count = wanted
-        var wait: Double?
+    /// Counts the jobs taken from each lane, and how long they had waited there (from their timestamp).
+    private func note(taken batch: [JobDelivery]) {
+        let now = Date().timeIntervalSince1970
+        for delivery in batch {
+            statistics.jobsTaken.add(delivery.lane, 1)
+            if let published = delivery.properties.timestamp {
+                statistics.longestWait.raise(delivery.lane, to: Int(max(0, (now - Double(published)) * 1000)))
+            }
+        }
+    }
+
+    /// Hands up to `wanted` queued notifications of each lane to the APNs client, urgent first (fewer if the shared
+    /// rate limit grants fewer); returns the lanes the rate limit held back, with the seconds until more may go.
+    /// Notifications whose job's deadline has passed are settled as expired on the way, without a permit or a
+    /// request. When answers bring a lane's notifications in flight down to half the limit, the loop thread wakes
+    /// this thread to send more.
+    private func send(_ wanted: LaneCounts, from backlogs: inout Backlogs,
+                      session: WorkerSession) throws -> (lanes: [JobLane], wait: Double)? {
+        let now = Date().timeIntervalSince1970
+        var sending: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+        var expired: [(progress: JobProgress, index: Int32)] = []
+        for lane in JobLane.allCases where wanted[lane] > 0 {
+            let taken = backlogs.withQueue(lane) { $0.take(upTo: wanted[lane], liveAt: now) }
+            sending[lane] = taken.live
+            expired += taken.expired
+        }
+        if !expired.isEmpty { settleExpired(expired) }
+        var limited: (lanes: [JobLane], wait: Double)?
         if let rateLimiter = session.rateLimiter {
-            switch try rateLimiter.reserve(wanted) {
-            case .granted(let granted, let nextWindowIn):
-                count = granted
-                if granted < wanted {
-                    wait = nextWindowIn
+            let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
+            guard asked.total > 0 else { return nil }
+            var granted = LaneCounts()
+            let reservation = try rateLimiter.reserve(urgent: asked.urgent, bulk: asked.bulk)
+            switch reservation {
+            case .granted(let urgent, let bulk, let nextWindowIn):
+                granted = LaneCounts(urgent: urgent, bulk: bulk)
+                let short = reservation.lanesHeldBack(asked: asked)
+                if !short.isEmpty {
+                    limited = (short, nextWindowIn)
                     statistics.rateLimitWaits.add(1, ordering: .relaxed)
                 }
             case .refused(let message):
@@ -294,27 +337,46 @@ public final class Worker: Service {
                 // slot keys expire within 10 s, so waiting a second and asking again is enough.
                 statistics.countDataError("rate_limit")
                 logger.error("Redis refused the rate-limit reservation; waiting", ["redis.error": message])
-                return 1
+                limited = (JobLane.allCases, 1)
+            }
+            for lane in JobLane.allCases {
+                guard let entries = sending[lane], granted[lane] < entries.count else { continue }
+                backlogs.withQueue(lane) { $0.putBack(entries[granted[lane]...]) }
+                sending[lane] = Array(entries.prefix(granted[lane]))
             }
         }
-        guard count > 0 else { return wait }
-        let sending = backlog.take(count)
-        statistics.notificationsInFlight.add(count, ordering: .relaxed)
         let lowWater = settings.core.maximumNotificationsInFlight / 2
-        let handedOver = DispatchTime.now().uptimeNanoseconds
-        apns.send(sending.map { $0.progress.notification(Int($0.index)) }) { [self] position, result in
-            statistics.apnsLatency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
-            if statistics.notificationsInFlight.subtract(1, ordering: .relaxed).newValue == lowWater { wakeup.signal() }
-            let (progress, index) = sending[position]
-            record(result, for: progress, Int(index))
+        for lane in JobLane.allCases {
+            guard let entries = sending[lane], !entries.isEmpty else { continue }
+            statistics.inFlight.add(lane, entries.count)
+            statistics.sent.add(lane, entries.count)
+            let handedOver = DispatchTime.now().uptimeNanoseconds
+            apns.send(entries.map { $0.progress.notification(Int($0.index)) }, traffic: lane.traffic) { [self] position, result in
+                statistics.apnsLatency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
+                if statistics.inFlight.add(lane, -1) == lowWater { wakeup.signal() }
+                let (progress, index) = entries[position]
+                record(result, for: progress, Int(index))
+            }
         }
-        return wait
+        return limited
+    }
+
+    /// Notifications whose deadline passed before they could be handed to APNs: settled as expired on the loop
+    /// thread, which owns their jobs' progress while they are out.
+    private func settleExpired(_ expired: [(progress: JobProgress, index: Int32)]) {
+        statistics.expired.add(expired.count, ordering: .relaxed)
+        apns.schedule(after: 0) { [self] in
+            for (progress, index) in expired {
+                progress.recordExpired(Int(index))
+                noteOutcome(of: progress)
+            }
+        }
     }
 
     /// Decodes a batch, rejects the bad jobs, resolves users in one round trip to the store and queues every
     /// notification for sending. Returns how many jobs are now waiting for outcomes.
     private func start(_ batch: [JobDelivery], session: WorkerSession, generation: Int,
-                       into backlog: inout OutgoingQueue, held: inout HeldPublishes) throws -> Int {
+                       into backlogs: inout Backlogs, held: inout HeldPublishes) throws -> Int {
         var rejected: [(JobDelivery, String)] = []
         var jobs: [(JobDelivery, PushJob)] = []
         for delivery in batch {
@@ -357,7 +419,7 @@ public final class Worker: Service {
                 finishedAtOnce.append(progress)
                 continue
             }
-            backlog.append(progress, count: targets.count)
+            backlogs.withQueue(delivery.lane) { $0.append(progress, count: targets.count) }
         }
         if !rejected.isEmpty { try reject(rejected, session: session, held: &held) }
         let settled = finishedAtOnce.isEmpty ? 0 : try finish(finishedAtOnce, session: session, held: &held)
@@ -435,16 +497,25 @@ public final class Worker: Service {
                                            jobID: progress.job.id)
                 publications.append(Publication(destination: .deadTokens, body: event.json, properties: MessageProperties()))
             }
+            let delay = retryDelay(attempt: progress.job.attempt,
+                                   suggestedDelay: progress.retryable.map(\.delay).max() ?? 0)
+            if let deadline = progress.job.deadline, !progress.retryable.isEmpty {
+                // A retry that could only come after the deadline would not be sent: those expire now.
+                let before = progress.expired
+                progress.expireRetryable(before: deadline, retryAt: Date().timeIntervalSince1970 + delay)
+                statistics.expired.add(progress.expired - before, ordering: .relaxed)
+            }
             let retrying = !progress.retryable.isEmpty && progress.job.attempt < settings.maximumSendAttempts
             if retrying {
-                // Another attempt waits in a delay queue that dead-letters back to the jobs queue: nothing is held
-                // here, and the retry survives this worker.
-                let suggested = progress.retryable.map(\.delay).max() ?? 0
+                // Another attempt waits in a delay queue that dead-letters back to the queue of the job's lane:
+                // nothing is held here, and the retry survives this worker.
                 var properties = progress.delivery.properties
                 properties.persistent = true
+                // The retry's wait in its lane is the delay it was given, not a queue falling behind.
+                properties.timestamp = nil
                 properties.headers[Self.reasonHeader] = progress.retryable[0].reason
                 publications.append(Publication(
-                    destination: .retry(delay: retryDelay(attempt: progress.job.attempt, suggestedDelay: suggested)),
+                    destination: .retry(delay: delay, lane: progress.delivery.lane),
                     body: progress.job.retryBody(targets: progress.retryable.map(\.target), original: progress.delivery.body),
                     properties: properties))
             } else if let first = progress.retryable.first {
@@ -601,6 +672,12 @@ public final class Worker: Service {
         case .refreshTokenAndRetry, .replaceConnectionAndRetry:
             progress.recordRetryable(index, reason: reasonLabel ?? "provider token", delay: 1)
         }
+        noteOutcome(of: progress)
+    }
+
+    /// Loop thread, after an outcome: a complete job goes back to the broker thread; final outcomes of a job still
+    /// under way are handed over for the idempotency record within `outcomeInterval`.
+    private func noteOutcome(of progress: JobProgress) {
         if progress.isComplete {
             // From here the broker thread owns the job, its outcomes not yet recorded included (finish settles it).
             progress.handedBack = true
@@ -676,10 +753,36 @@ struct OutgoingQueue {
         for index in 0..<Int32(count) { entries.append((progress, index)) }
     }
 
-    /// The next `count` entries; taken ones are dropped in bulk once they are half the storage, not one by one.
-    mutating func take(_ count: Int) -> [(progress: JobProgress, index: Int32)] {
-        let taken = Array(entries[head..<(head + count)])
-        head += count
+    /// The next entries: up to `count` whose job's deadline (UNIX seconds) is later than `now`, and on the way every
+    /// entry whose deadline has passed.
+    mutating func take(upTo count: Int, liveAt now: Double)
+        -> (live: [(progress: JobProgress, index: Int32)], expired: [(progress: JobProgress, index: Int32)]) {
+        compact()
+        var live: [(progress: JobProgress, index: Int32)] = []
+        var expired: [(progress: JobProgress, index: Int32)] = []
+        live.reserveCapacity(min(count, self.count))
+        while live.count < count && head < entries.count {
+            let entry = entries[head]
+            head += 1
+            if let deadline = entry.progress.job.deadline, Double(deadline) <= now {
+                expired.append(entry)
+            } else {
+                live.append(entry)
+            }
+        }
+        return (live, expired)
+    }
+
+    /// Entries just taken that could not go (the rate limit granted fewer) go back to the front, in their order.
+    /// Only right after `take`: the slots before the head are still there until the next `take` compacts.
+    mutating func putBack(_ returned: ArraySlice<(progress: JobProgress, index: Int32)>) {
+        precondition(returned.count <= head, "putBack of more entries than were taken")
+        head -= returned.count
+        for (offset, entry) in returned.enumerated() { entries[head + offset] = entry }
+    }
+
+    /// Taken entries are dropped in bulk once they are half the storage, not one by one.
+    private mutating func compact() {
         if head == entries.count {
             entries.removeAll(keepingCapacity: entries.count <= 65_536)
             head = 0
@@ -687,6 +790,21 @@ struct OutgoingQueue {
             entries.removeFirst(head)
             head = 0
         }
-        return taken
+    }
+}
+
+/// One outgoing queue per lane.
+struct Backlogs {
+    private var urgent = OutgoingQueue()
+    private var bulk = OutgoingQueue()
+
+    var counts: LaneCounts { LaneCounts(urgent: urgent.count, bulk: bulk.count) }
+
+    /// Works on one lane's queue in place (no copy of its storage).
+    mutating func withQueue<Result>(_ lane: JobLane, _ body: (inout OutgoingQueue) -> Result) -> Result {
+        switch lane {
+        case .urgent: body(&urgent)
+        case .bulk: body(&bulk)
+        }
     }
 }

@@ -6,12 +6,20 @@ import Foundation
 ///
 /// Two in-flight counts, for what they count: jobs delivered and not yet settled (this core's, bounded by the
 /// prefetch), and notifications handed to APNs and not yet answered (the client's, bounded by
-/// `maximumNotificationsInFlight`).
+/// `maximumNotificationsInFlight` in each lane).
+///
+/// Lanes: urgent work always goes first. Each turn sends urgent notifications before anything else is considered;
+/// bulk jobs are started (their users resolved, their notifications queued) a few at a time and only while the bulk
+/// lane has less than a window queued, so that urgent deliveries never wait long behind a large bulk job being
+/// resolved; and a stop gives unstarted bulk jobs back to the broker at once.
 public struct WorkerCore: Sendable {
     public struct Settings: Sendable, Equatable {
-        /// Deliveries read per turn at most (the broker's prefetch bounds what it hands over anyway).
+        /// Deliveries read per turn at most (the broker's prefetch per lane bounds what it hands over anyway).
         public var prefetch: Int
+        /// Notifications handed to APNs and unanswered, per lane.
         public var maximumNotificationsInFlight: Int
+        /// Bulk jobs started per turn at most.
+        public var bulkJobsPerTurn: Int
         /// How long a stop waits for the jobs under way before leaving them to the broker.
         public var shutdownTimeout: Double
         /// A round trip to the broker and the store this often (readiness).
@@ -21,10 +29,11 @@ public struct WorkerCore: Sendable {
         /// A progress line in the log this often while work flows.
         public var progressInterval: Double
 
-        public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, probeInterval: Double = 1,
-                    reportInterval: Double = 5, progressInterval: Double = 10) {
+        public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
+                    probeInterval: Double = 1, reportInterval: Double = 5, progressInterval: Double = 10) {
             self.prefetch = prefetch
             self.maximumNotificationsInFlight = maximumNotificationsInFlight
+            self.bulkJobsPerTurn = bulkJobsPerTurn
             self.shutdownTimeout = shutdownTimeout
             self.probeInterval = probeInterval
             self.reportInterval = reportInterval
@@ -65,6 +74,8 @@ public struct WorkerCore: Sendable {
     public enum Action: Equatable, Sendable {
         /// A stop was asked for: say so (with the jobs under way); reading stops, the jobs under way finish.
         case announceStop(jobsInFlight: Int)
+        /// Give the bulk jobs not started yet back to the broker, for other workers.
+        case requeueUnstartedBulk
         /// Leave this session.
         case exit(Exit)
         /// Add the handed-over outcomes to the idempotency record: before anything else, so that whatever fails
@@ -78,8 +89,10 @@ public struct WorkerCore: Sendable {
         /// Publish again what the broker did not take.
         case publishHeld
         case readDeliveries(limit: Int)
-        /// Hand this many queued notifications to APNs (within the rate limit, if there is one).
-        case send(Int)
+        /// Hand this many queued notifications of each lane to APNs (within the rate limit, if there is one).
+        case send(urgent: Int, bulk: Int)
+        /// Start up to this many of the bulk jobs read but not started.
+        case startBulk(limit: Int)
         case probe
         case reportStatistics
         case logProgress
@@ -94,8 +107,8 @@ public struct WorkerCore: Sendable {
         case jobsStarted(Int)
         /// Jobs acknowledged or otherwise settled for good.
         case jobsSettled(Int)
-        /// The rate limit granted less than asked: nothing more may go before the next window.
-        case rateLimited(nextWindowIn: Double, at: Date)
+        /// The rate limit granted these lanes less than asked: nothing more of theirs may go before the next window.
+        case rateLimited([JobLane], nextWindowIn: Double, at: Date)
         case probed(Date)
         case reported(Date)
         case progressLogged(Date)
@@ -107,7 +120,8 @@ public struct WorkerCore: Sendable {
     /// Jobs delivered on this connection and not yet settled.
     public private(set) var jobsInFlight = 0
     public private(set) var stopDeadline: Date?
-    private var nextWindowAt: Date?
+    /// Per lane, when the rate limit opens again for it.
+    private var nextWindowAt: [JobLane: Date] = [:]
     private var lastProbe: Date
     private var lastReport: Date
     private var lastProgress: Date
@@ -128,7 +142,8 @@ public struct WorkerCore: Sendable {
         switch event {
         case .jobsStarted(let count): jobsInFlight += count
         case .jobsSettled(let count): jobsInFlight -= count
-        case .rateLimited(let wait, let now): nextWindowAt = now.addingTimeInterval(wait)
+        case .rateLimited(let lanes, let wait, let now):
+            for lane in lanes { nextWindowAt[lane] = now.addingTimeInterval(wait) }
         case .probed(let now): lastProbe = now
         case .reported(let now): lastReport = now
         case .progressLogged(let now): lastProgress = now
@@ -142,6 +157,7 @@ public struct WorkerCore: Sendable {
         if observation.stopRequested && stopDeadline == nil {
             stopDeadline = now.addingTimeInterval(settings.shutdownTimeout)
             actions.append(.announceStop(jobsInFlight: jobsInFlight))
+            actions.append(.requeueUnstartedBulk)
         }
         if let deadline = stopDeadline {
             if jobsInFlight == 0 && observation.heldDue == nil { return actions + [.exit(.drained)] }
@@ -156,26 +172,54 @@ public struct WorkerCore: Sendable {
         return actions
     }
 
-    /// The second half: sending within the bounds, the chores, and the wait. `deliveriesRead`: how many deliveries
-    /// this turn read (then the loop goes round at once: more may be waiting).
-    public mutating func endTurn(now: Date, deliveriesRead: Int, queuedNotifications: Int, notificationsInFlight: Int,
-                                 heldDue: Date?) -> [Action] {
+    /// The second half: sending within the bounds, starting bulk jobs, the chores, and the wait. `deliveriesRead`:
+    /// how many deliveries this turn read (then the loop goes round at once: more may be waiting, and so after
+    /// starting bulk jobs).
+    public mutating func endTurn(now: Date, deliveriesRead: Int, queued: LaneCounts, inFlight: LaneCounts,
+                                 unstartedBulkJobs: Int, heldDue: Date?) -> [Action] {
         var actions: [Action] = []
-        let room = settings.maximumNotificationsInFlight - notificationsInFlight
-        let windowOpen = nextWindowAt.map { now >= $0 } ?? true
-        if queuedNotifications > 0 && room > 0 && windowOpen {
-            nextWindowAt = nil
-            actions.append(.send(min(queuedNotifications, room)))
+        var sending = LaneCounts()
+        for lane in JobLane.allCases {
+            let room = settings.maximumNotificationsInFlight - inFlight[lane]
+            let windowOpen = nextWindowAt[lane].map { now >= $0 } ?? true
+            if queued[lane] > 0 && room > 0 && windowOpen {
+                nextWindowAt[lane] = nil
+                sending[lane] = min(queued[lane], room)
+            }
         }
+        if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }
+        // After urgent work has gone: resolving a bulk job holds this thread, so only a few, and only while the bulk
+        // lane has less than a window queued (which keeps its notifications flowing).
+        let startingBulk = !isStopping && unstartedBulkJobs > 0 && queued.bulk < settings.maximumNotificationsInFlight
+        if startingBulk { actions.append(.startBulk(limit: min(unstartedBulkJobs, settings.bulkJobsPerTurn))) }
         if now.timeIntervalSince(lastProbe) >= settings.probeInterval { actions.append(.probe) }
-        if deliveriesRead > 0 { return actions }
+        if deliveriesRead > 0 || startingBulk { return actions }
         if now.timeIntervalSince(lastReport) >= settings.reportInterval { actions.append(.reportStatistics) }
         if now.timeIntervalSince(lastProgress) >= settings.progressInterval { actions.append(.logProgress) }
         // Stopping with nothing left: round again at once, to leave.
         if isStopping && jobsInFlight == 0 && heldDue == nil { return actions }
-        let wakeAt = [nextWindowAt, heldDue, stopDeadline].compactMap { $0 }.min()
+        let windows = JobLane.allCases.compactMap { queued[$0] > 0 ? nextWindowAt[$0] : nil }
+        let wakeAt = (windows + [heldDue, stopDeadline].compactMap { $0 }).min()
         let seconds = min(1, wakeAt.map { max(0.001, $0.timeIntervalSince(now)) } ?? 1)
         actions.append(.wait(seconds: seconds, watchingBroker: !isStopping))
         return actions
     }
+}
+
+/// A count per lane.
+public struct LaneCounts: Sendable, Equatable {
+    public var urgent: Int
+    public var bulk: Int
+
+    public init(urgent: Int = 0, bulk: Int = 0) {
+        self.urgent = urgent
+        self.bulk = bulk
+    }
+
+    public subscript(lane: JobLane) -> Int {
+        get { lane == .urgent ? urgent : bulk }
+        set { if lane == .urgent { urgent = newValue } else { bulk = newValue } }
+    }
+
+    public var total: Int { urgent + bulk }
 }

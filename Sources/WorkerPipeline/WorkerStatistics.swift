@@ -14,6 +14,15 @@ public final class WorkerStatistics: Sendable {
     public let heldBack = Atomic<Int>(0)
     public let invalidationGuardTrips = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
+    /// Notifications whose job's deadline passed before they could be handed to APNs (not sent).
+    public let expired = Atomic<Int>(0)
+    /// Per lane: jobs taken (started), notifications handed to APNs, and notifications handed over and unanswered.
+    public let jobsTaken = LaneCounters()
+    public let sent = LaneCounters()
+    public let inFlight = LaneCounters()
+    /// Per lane, the longest a job taken since the last report had waited in its queue (milliseconds, from the
+    /// message's timestamp; jobs without one are not measured). Reported to the fleet's statistics, then reset.
+    public let longestWait = LaneCounters()
     /// Times a batch found the shared rate window spent and waited for the next one.
     public let rateLimitWaits = Atomic<Int>(0)
     /// Notifications of redelivered jobs not sent again because the idempotency record showed them done.
@@ -29,8 +38,8 @@ public final class WorkerStatistics: Sendable {
     public let brokerBlocked = Atomic<Bool>(false)
     public let brokerBlocks = Atomic<Int>(0)
 
-    /// Notifications handed to the APNs client and not answered yet.
-    public let notificationsInFlight = Atomic<Int>(0)
+    /// Notifications handed to the APNs client and not answered yet, both lanes.
+    public var notificationsInFlight: Int { inFlight.counts.total }
     /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
     public let apnsLatency = Histogram()
     /// Data errors, by where they happened: a key of the wrong type, a record Redis refused. Each concerns one user,
@@ -82,7 +91,14 @@ public final class WorkerStatistics: Sendable {
         metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
             ([("outcome", "delivered")], load(delivered)), ([("outcome", "dead_token")], load(deadTokens)),
             ([("outcome", "failed")], load(permanentFailures)), ([("outcome", "held_back")], load(heldBack)),
+            ([("outcome", "expired")], load(expired)),
         ])
+        metrics.family("apns_worker_lane_jobs_total", "counter", "Jobs taken from each lane's queue.",
+                       JobLane.allCases.map { ([("lane", $0.rawValue)], jobsTaken[$0]) })
+        metrics.family("apns_worker_lane_sent_total", "counter", "Notifications of each lane handed to APNs.",
+                       JobLane.allCases.map { ([("lane", $0.rawValue)], sent[$0]) })
+        metrics.family("apns_worker_lane_in_flight", "gauge", "Notifications of each lane sent to APNs and not answered yet.",
+                       JobLane.allCases.map { ([("lane", $0.rawValue)], inFlight[$0]) })
         metrics.counter("apns_worker_invalidation_guard_trips_total",
                         "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
                             + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
@@ -100,7 +116,7 @@ public final class WorkerStatistics: Sendable {
                        "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
                            + "rejected jobs are held and published again, summaries are only logged.",
                        refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
-        metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", load(notificationsInFlight))
+        metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
                           apnsLatency)
         metrics.counter("apns_worker_retries_total", "Notifications scheduled for another attempt.", load(retries))
@@ -121,42 +137,90 @@ public final class WorkerStatistics: Sendable {
     }
 
     public struct Snapshot: Sendable, Equatable {
-        public var jobsCompleted, jobsRejected, jobsParked, delivered, deadTokens, permanentFailures, heldBack, retries: Int
+        public var jobsCompleted = 0, jobsRejected = 0, jobsParked = 0, delivered = 0, deadTokens = 0,
+                   permanentFailures = 0, heldBack = 0, retries = 0, expired = 0
+        public var jobsTaken = LaneCounts(), sent = LaneCounts()
+
+        public init() {}
 
         /// Names as `SharedStatistics` stores them, with values.
         public var fields: [(name: String, value: Int)] {
             [("delivered", delivered), ("dead_tokens", deadTokens), ("failed", permanentFailures), ("held_back", heldBack),
-             ("retries", retries), ("jobs", jobsCompleted), ("rejected", jobsRejected), ("parked", jobsParked)]
+             ("expired", expired), ("retries", retries), ("jobs", jobsCompleted), ("rejected", jobsRejected),
+             ("parked", jobsParked), ("urgent_jobs", jobsTaken.urgent), ("bulk_jobs", jobsTaken.bulk),
+             ("urgent_sent", sent.urgent), ("bulk_sent", sent.bulk)]
         }
 
         /// The names `fields` uses, in the same order (what `SharedStatistics` stores and `stats` shows).
-        public static let fieldNames = Snapshot(jobsCompleted: 0, jobsRejected: 0, jobsParked: 0, delivered: 0,
-                                                deadTokens: 0, permanentFailures: 0, heldBack: 0,
-                                                retries: 0).fields.map(\.name)
+        public static let fieldNames = Snapshot().fields.map(\.name)
 
         /// What happened between `earlier` and this one.
         public func subtracting(_ earlier: Snapshot) -> Snapshot {
-            Snapshot(jobsCompleted: jobsCompleted - earlier.jobsCompleted, jobsRejected: jobsRejected - earlier.jobsRejected,
-                     jobsParked: jobsParked - earlier.jobsParked, delivered: delivered - earlier.delivered,
-                     deadTokens: deadTokens - earlier.deadTokens,
-                     permanentFailures: permanentFailures - earlier.permanentFailures, heldBack: heldBack - earlier.heldBack,
-                     retries: retries - earlier.retries)
+            var delta = Snapshot()
+            delta.jobsCompleted = jobsCompleted - earlier.jobsCompleted
+            delta.jobsRejected = jobsRejected - earlier.jobsRejected
+            delta.jobsParked = jobsParked - earlier.jobsParked
+            delta.delivered = delivered - earlier.delivered
+            delta.deadTokens = deadTokens - earlier.deadTokens
+            delta.permanentFailures = permanentFailures - earlier.permanentFailures
+            delta.heldBack = heldBack - earlier.heldBack
+            delta.retries = retries - earlier.retries
+            delta.expired = expired - earlier.expired
+            delta.jobsTaken = LaneCounts(urgent: jobsTaken.urgent - earlier.jobsTaken.urgent,
+                                         bulk: jobsTaken.bulk - earlier.jobsTaken.bulk)
+            delta.sent = LaneCounts(urgent: sent.urgent - earlier.sent.urgent, bulk: sent.bulk - earlier.sent.bulk)
+            return delta
         }
 
         public var summary: String {
             "jobs=\(jobsCompleted) rejected=\(jobsRejected) parked=\(jobsParked) delivered=\(delivered) "
-                + "dead_tokens=\(deadTokens) failed=\(permanentFailures) held_back=\(heldBack) retries=\(retries)"
+                + "dead_tokens=\(deadTokens) failed=\(permanentFailures) held_back=\(heldBack) expired=\(expired) "
+                + "retries=\(retries) urgent_sent=\(sent.urgent) bulk_sent=\(sent.bulk)"
         }
     }
 
     public func snapshot() -> Snapshot {
-        Snapshot(jobsCompleted: jobsCompleted.load(ordering: .relaxed),
-                 jobsRejected: jobsRejected.load(ordering: .relaxed),
-                 jobsParked: jobsParked.load(ordering: .relaxed),
-                 delivered: delivered.load(ordering: .relaxed),
-                 deadTokens: deadTokens.load(ordering: .relaxed),
-                 permanentFailures: permanentFailures.load(ordering: .relaxed),
-                 heldBack: heldBack.load(ordering: .relaxed),
-                 retries: retries.load(ordering: .relaxed))
+        var snapshot = Snapshot()
+        snapshot.jobsCompleted = jobsCompleted.load(ordering: .relaxed)
+        snapshot.jobsRejected = jobsRejected.load(ordering: .relaxed)
+        snapshot.jobsParked = jobsParked.load(ordering: .relaxed)
+        snapshot.delivered = delivered.load(ordering: .relaxed)
+        snapshot.deadTokens = deadTokens.load(ordering: .relaxed)
+        snapshot.permanentFailures = permanentFailures.load(ordering: .relaxed)
+        snapshot.heldBack = heldBack.load(ordering: .relaxed)
+        snapshot.retries = retries.load(ordering: .relaxed)
+        snapshot.expired = expired.load(ordering: .relaxed)
+        snapshot.jobsTaken = jobsTaken.counts
+        snapshot.sent = sent.counts
+        return snapshot
+    }
+}
+
+/// A counter per lane, safe to bump from any thread.
+public final class LaneCounters: Sendable {
+    private let urgent = Atomic<Int>(0)
+    private let bulk = Atomic<Int>(0)
+
+    public init() {}
+
+    public subscript(lane: JobLane) -> Int {
+        lane == .urgent ? urgent.load(ordering: .relaxed) : bulk.load(ordering: .relaxed)
+    }
+
+    public var counts: LaneCounts { LaneCounts(urgent: self[.urgent], bulk: self[.bulk]) }
+
+    @discardableResult
+    public func add(_ lane: JobLane, _ count: Int) -> Int {
+        lane == .urgent ? urgent.add(count, ordering: .relaxed).newValue : bulk.add(count, ordering: .relaxed).newValue
+    }
+
+    /// Keeps the larger of the current value and `value`.
+    public func raise(_ lane: JobLane, to value: Int) {
+        if lane == .urgent { urgent.max(value, ordering: .relaxed) } else { bulk.max(value, ordering: .relaxed) }
+    }
+
+    /// The values, set back to zero.
+    public func take() -> LaneCounts {
+        LaneCounts(urgent: urgent.exchange(0, ordering: .relaxed), bulk: bulk.exchange(0, ordering: .relaxed))
     }
 }

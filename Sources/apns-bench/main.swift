@@ -15,9 +15,10 @@ USAGE:
       (like `h2load -c C -m M -n N`), and prints one line: requests, seconds, requests per second, statuses.
   apns-bench jwt --key FILE --key-id KID --team-id TEAM
       Prints an authorization header value (bearer JWT) for other load tools.
-  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P] [--rate R]
+  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P] [--rate R] [--unstamped]
       Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
-      Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency.
+      Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency;
+      --unstamped leaves it out (a backlog whose notifications must not count in the latency figures).
       --rate R paces publishing at R jobs per second (steady load for latency; default: as fast as possible).
   apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K]
       The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each (K = 1) or K at a
@@ -87,6 +88,10 @@ nonisolated(unsafe) var options: [String: String] = [:]  // written once, before
 while !arguments.isEmpty {
     let flag = arguments.removeFirst()
     if flag == "-h" || flag == "--help" { print(usage); exit(0) }
+    if flag == "--unstamped" {
+        options["unstamped"] = ""
+        continue
+    }
     guard flag.hasPrefix("--"), !arguments.isEmpty else { fail("bad option \(flag)") }
     options[String(flag.dropFirst(2))] = arguments.removeFirst()
 }
@@ -149,6 +154,7 @@ case "fill":
     let tokensPerJob = integer("tokens", 1)
     let usersPerJob = options["users"] == nil ? 0 : integer("users", 100)
     let userPrefix = options["user-prefix"] ?? "bench-user-"
+    let stamped = options["unstamped"] == nil
     do {
         let connection = try AMQPConnection(url: try AMQPURL(url))
         try connection.declareQueue(queue)
@@ -164,8 +170,8 @@ case "fill":
                 if due > now { usleep(UInt32(min(1_000_000, (due - now) / 1000))) }
             }
             let sentAt = Int64(Date().timeIntervalSince1970 * 1e6)
-            let payload = #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1},"sent_at_us":"#
-                + "\(sentAt)}"
+            let payload = #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}"#
+                + (stamped ? ",\"sent_at_us\":\(sentAt)}" : "}")
             let targets: String
             if usersPerJob > 0 {
                 targets = "\"users\": [" + (0..<usersPerJob).map { "\"\(userPrefix)\($0)\"" }.joined(separator: ",") + "]"
@@ -173,7 +179,8 @@ case "fill":
                 targets = "\"tokens\": [" + (0..<tokensPerJob).map { "\"" + String(format: "%064x", job * tokensPerJob + $0 + 1) + "\"" }
                     .joined(separator: ",") + "]"
             }
-            last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(targets), \"payload\": \(payload)}".utf8))
+            last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(targets), \"payload\": \(payload)}".utf8),
+                                          properties: AMQPProperties(timestamp: sentAt / 1_000_000))
             if job % 500 == 499 || rate != nil && job % 20 == 19 { _ = try connection.waitForConfirms(through: last) }
         }
         _ = try connection.waitForConfirms(through: last)

@@ -4,7 +4,8 @@ import Operations
 import Telemetry
 
 let enqueueHelp = """
-apns-worker enqueue: publish push jobs onto PUSH_JOBS_QUEUE.
+apns-worker enqueue: publish push jobs onto PUSH_JOBS_QUEUE (the urgent lane), or with --bulk onto
+PUSH_BULK_QUEUE (the bulk lane).
 
 USAGE: apns-worker enqueue FILE            jobs from a file: one JSON job per line (JSON Lines), or one job
        apns-worker enqueue -               the same from stdin
@@ -26,13 +27,18 @@ Job flags:
   --priority N          10, 5 or 1
   --environment ENV     production (default) or sandbox, for --token
   --collapse-id ID, --expiration UNIX_SECONDS, --id ID
+  --deadline UNIX_SECONDS
+                        not sent at all if it cannot be handed to APNs by then (expired); unlike --expiration,
+                        which is how long APNs keeps it for a device that is offline
 Other options:
+  --bulk                publish to the bulk lane (PUSH_BULK_QUEUE): campaigns and anything that can wait for
+                        urgent work; jobs that a person is waiting for (a code, a message) stay on the urgent lane
   --reply-to QUEUE      ask workers for a summary of each job on QUEUE
   --no-progress         no progress output
 
 EXAMPLES:
   apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
-  apns-worker enqueue campaign.jsonl
+  apns-worker enqueue --bulk campaign.jsonl
   producer | apns-worker enqueue -
 
 EXIT CODES: 0 every job published, 65 some refused (listed on stderr; the rest were published), 2 bad command
@@ -43,8 +49,8 @@ func enqueueCommand(_ arguments: [String]) {
     let parsed = ParsedArguments.parse(
         arguments, command: "enqueue",
         valued: ["--user", "--token", "--alert", "--title", "--payload", "--topic", "--push-type", "--priority",
-                 "--environment", "--collapse-id", "--expiration", "--id", "--reply-to"],
-        switches: ["--no-progress"], help: enqueueHelp)
+                 "--environment", "--collapse-id", "--expiration", "--deadline", "--id", "--reply-to"],
+        switches: ["--no-progress", "--bulk"], help: enqueueHelp)
     let configuration = parsed.configuration(requiringCredentials: false)
     let fromFlags = !parsed.all("--user").isEmpty || !parsed.all("--token").isEmpty
     guard fromFlags != (parsed.positionals.count == 1), parsed.positionals.count <= 1 else {
@@ -52,7 +58,10 @@ func enqueueCommand(_ arguments: [String]) {
              code: ExitCode.usage)
     }
     let enqueuer: JobEnqueuer
-    do { enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to")) } catch {
+    do {
+        enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to"),
+                                   lane: parsed.switches.contains("--bulk") ? .bulk : .urgent)
+    } catch {
         failReaching("enqueue: \(error)", error)
     }
     do {
@@ -77,7 +86,7 @@ func enqueueCommand(_ arguments: [String]) {
     if enqueuer.refusals.count > 100 {
         FileHandle.standardError.write(Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
     }
-    print("published \(enqueuer.progress.published) jobs to \(configuration.broker.queues.jobs), refused \(enqueuer.progress.refused)")
+    print("published \(enqueuer.progress.published) jobs to \(enqueuer.queue), refused \(enqueuer.progress.refused)")
     if !enqueuer.refusals.isEmpty { exit(ExitCode.dataError) }
 }
 
@@ -93,7 +102,7 @@ func jobFromFlags(_ parsed: ParsedArguments) -> [UInt8] {
         members.append("\"environment\":\(JSONString.quote(environment))")
     }
     if let pushType = parsed.value("--push-type") { members.append("\"push_type\":\(JSONString.quote(pushType))") }
-    for (option, field) in [("--priority", "priority"), ("--expiration", "expiration")] {
+    for (option, field) in [("--priority", "priority"), ("--expiration", "expiration"), ("--deadline", "deadline")] {
         guard let text = parsed.value(option) else { continue }
         guard let number = Int64(text) else { fail("enqueue: \(option) wants a whole number, got \(text)", code: ExitCode.usage) }
         members.append("\"\(field)\":\(number)")

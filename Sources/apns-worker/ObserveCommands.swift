@@ -9,10 +9,14 @@ apns-worker stats: how the whole system is doing, from the broker and Redis (no 
 
 USAGE: apns-worker stats [--minutes N] [--json]
 
-Shows each queue's depth and consumers (jobs, the retry delay queues, dead tokens, failed, registrations), what
-all workers together did over the last N minutes (default 5; notifications delivered, dead tokens, failures,
-retries, jobs) with the rate per second, and the workers that reported in the last 30 s (workers report every 5 s
-to Redis, apns:stats:<minute> and apns:workers).
+Shows both lanes (urgent: PUSH_JOBS_QUEUE, bulk: PUSH_BULK_QUEUE) with their depth, consumers, the jobs per
+second workers took from each and the notifications per second they sent from each, and the longest a job taken
+in the window had waited in its queue (from the jobs' timestamp, which `enqueue` sets; "-" when no timed job was
+taken: a lane nobody consumes shows its depth, and no wait). Then each queue's depth and consumers (the lanes,
+their retry delay queues, dead tokens, failed, registrations), what all workers together did over the last N
+minutes (default 5; notifications delivered, dead tokens, failures, expired, retries, jobs) with the rate per
+second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
+apns:stats:<minute>:waited and apns:workers).
 
 EXIT CODES: 0 done, 2 bad command line, 69 broker or Redis unreachable, 78 bad configuration.
 """

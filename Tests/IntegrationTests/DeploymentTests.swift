@@ -77,7 +77,7 @@ import Testing
         #expect(settings["AMQP_URL"] == nil && settings["REDIS_URL"] == nil, "no credentials in the ConfigMap")
     }
 
-    @Test func kedaScalesTheWorkersOnTheJobsQueue() throws {
+    @Test func kedaScalesTheWorkersOnBothLanesQueues() throws {
         let documents = try Self.yamlDocuments("deploy/kubernetes/keda-scaledobject.yaml")
         let settings = try #require(Self.value(try Self.yamlDocuments("deploy/kubernetes/configmap.yaml").first, "data")
                                     as? [String: String])
@@ -85,6 +85,8 @@ import Testing
         #expect(Self.value(scaled, "spec.scaleTargetRef.name") as? String == "apns-worker")
         #expect(Self.value(scaled, "spec.triggers.0.type") as? String == "rabbitmq")
         #expect(Self.value(scaled, "spec.triggers.0.metadata.queueName") as? String == settings["PUSH_JOBS_QUEUE"])
+        #expect(Self.value(scaled, "spec.triggers.1.metadata.queueName") as? String == settings["PUSH_BULK_QUEUE"],
+                "the bulk lane's backlog scales the fleet too")
         let authentication = try #require(documents.first { $0["kind"] as? String == "TriggerAuthentication" })
         #expect(Self.value(scaled, "spec.triggers.0.authenticationRef.name") as? String
                 == Self.value(authentication, "metadata.name") as? String)

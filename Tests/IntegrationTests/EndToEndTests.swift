@@ -161,7 +161,7 @@ import WorkerPipeline
         let statistics = workerThread.worker.statistics
         let sampler = Thread {
             while sampling.load(ordering: .acquiring) {
-                let now = statistics.notificationsInFlight.load(ordering: .relaxed)
+                let now = statistics.notificationsInFlight
                 if now > peak.load(ordering: .relaxed) { peak.store(now, ordering: .relaxed) }
             }
         }

@@ -134,6 +134,16 @@ import WorkerPipeline
         #expect(String(decoding: job.payload, as: UTF8.self) == #"{"aps":{"alert":{"title":"Order 7","body":"Shipped \"today\""}}}"#)
         #expect(try PushJob.decode(try #require(messages.last).body, defaultTopic: "t", fallbackID: "").id == "stdin-1")
 
+        let bulk = TestServices.unique("bulk")
+        let bulkReader = try QueueReader(bulk)
+        let campaign = try Self.apnsWorker(["enqueue", "--bulk", "--user", "erin", "--alert", "Sale", "--deadline", "4102444800"],
+                                           environment: ["PUSH_JOBS_QUEUE": jobs, "PUSH_BULK_QUEUE": bulk])
+        #expect(campaign.status == 0 && campaign.output.contains("published 1 jobs to \(bulk)"), "\(campaign.output) \(campaign.errors)")
+        let queued = try #require(try bulkReader.read(1).first, "--bulk publishes to PUSH_BULK_QUEUE")
+        #expect(try PushJob.decode(queued.body, defaultTopic: "t", fallbackID: "").deadline == 4_102_444_800)
+        let stamped = try #require(queued.properties.timestamp, "enqueue stamps jobs, so a lane's wait can be told")
+        #expect(abs(Double(stamped) - Date().timeIntervalSince1970) < 60)
+
         #expect(try Self.apnsWorker(["enqueue", "--user", "alice"]).status == 2, "nothing to send")
         #expect(try Self.apnsWorker(["enqueue"]).status == 2, "no jobs given")
         #expect(try Self.apnsWorker(["enqueue", "--user", "a", "--alert", "x", "--priority", "high"]).status == 2)
@@ -198,8 +208,13 @@ import WorkerPipeline
             try publisher.publish(to: jobs, body: Array(#"{"id": "stats-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
                                   properties: AMQPProperties(replyTo: replies))
         }
+        // A bulk job that waited 30 s in its queue (its timestamp says so).
+        let bulk = try #require(environment["PUSH_BULK_QUEUE"])
+        try publisher.declareQueue(bulk)
+        try publisher.publish(to: bulk, body: Array(#"{"id": "stats-bulk", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies, timestamp: Int64(Date().timeIntervalSince1970) - 30))
         let worker = try WorkerThread(environment, logger: Logger(label: "worker", level: .warning))
-        #expect(try replyReader.read(3).count == 3)
+        #expect(try replyReader.read(4).count == 4)
         worker.stop()  // a stopping worker reports its last counts
 
         environment["PUSH_JOBS_QUEUE"] = jobs
@@ -207,7 +222,17 @@ import WorkerPipeline
         #expect(stats.status == 0, "\(stats.errors)")
         let report = try #require(try JSONSerialization.jsonObject(with: Data(stats.output.utf8)) as? [String: Any])
         let totals = try #require(report["totals"] as? [String: Int])
-        #expect(totals["delivered"] == 6 && totals["jobs"] == 3, "\(totals)")
+        #expect(totals["delivered"] == 8 && totals["jobs"] == 4, "\(totals)")
+        let lanes = try #require(report["lanes"] as? [[String: Any]])
+        let urgentLane = try #require(lanes.first { $0["lane"] as? String == "urgent" })
+        let bulkLane = try #require(lanes.first { $0["lane"] as? String == "bulk" })
+        #expect(urgentLane["queue"] as? String == jobs && urgentLane["jobs_taken"] as? Int == 3 && urgentLane["sent"] as? Int == 6,
+                "\(urgentLane)")
+        #expect(bulkLane["queue"] as? String == bulk && bulkLane["jobs_taken"] as? Int == 1 && bulkLane["sent"] as? Int == 2,
+                "\(bulkLane)")
+        let waited = try #require(bulkLane["longest_wait_ms"] as? Int, "the bulk job's wait is known from its timestamp")
+        #expect(waited >= 29_000 && waited < 120_000, "\(waited) ms")
+        #expect(urgentLane["longest_wait_ms"] is NSNull, "urgent jobs carried no timestamp: no wait is claimed")
         let queues = try #require(report["queues"] as? [[String: Any]])
         let failed = queues.first { $0["name"] as? String == failedQueue }
         #expect((failed?["messages"] as? Int) == 2, "\(queues)")
@@ -216,6 +241,7 @@ import WorkerPipeline
 
         let text = try Self.apnsWorker(["stats"], environment: environment)
         #expect(text.output.contains("WORKERS ALIVE") && text.output.contains(failedQueue), "\(text.output)")
+        #expect(text.output.contains("LONGEST WAIT") && text.output.contains("bulk     \(bulk)"), "\(text.output)")
         #expect(try Self.apnsWorker(["stats", "--minutes", "0"]).status == 2)
     }
 

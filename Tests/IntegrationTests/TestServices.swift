@@ -257,7 +257,8 @@ extension TestServices {
             "APNS_CA_FILE": try temporaryFile("ca.pem", contents: simulator.certificatePEM),
             "APNS_KEY_FILE": try temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
             "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001", "APNS_TOPIC": "com.example.app",
-            "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": unique("dead"), "PUSH_FAILED_QUEUE": unique("failed"),
+            "PUSH_JOBS_QUEUE": jobs, "PUSH_BULK_QUEUE": unique("bulk"), "PUSH_DEAD_TOKENS_QUEUE": unique("dead"),
+            "PUSH_FAILED_QUEUE": unique("failed"),
             // Many workers run side by side in the tests: none takes the default metrics port.
             "METRICS_PORT": "0",
         ].merging(extra) { _, new in new }

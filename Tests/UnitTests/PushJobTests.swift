@@ -55,6 +55,10 @@ import WorkerPipeline
         (#"{"users": ["u"], "push_type": "background", "priority": 10, "payload": {}}"#, "background pushes must use priority 5 or 1"),
         (#"{"users": ["u"], "environment": "staging", "payload": {}}"#, "environment \"staging\""),
         (#"{"users": ["u"], "expiration": -1, "payload": {}}"#, "expiration -1"),
+        (#"{"users": ["u"], "topic": "t", "deadline": -5, "payload": {}}"#, "deadline -5 must be UNIX seconds"),
+        (#"{"users": ["u"], "topic": "t", "deadline": 1798761600000, "payload": {}}"#, "not milliseconds"),
+        (#"{"users": ["u"], "topic": "t", "deadline": "tomorrow", "payload": {}}"#, "\"deadline\" must be a whole number, got a string"),
+        (#"{"users": ["u"], "topic": "t", "deadline": 1798761600.5, "payload": {}}"#, "\"deadline\" must be a whole number"),
         (#"{"users": ["u"], "payload": {}}"#, "no topic"),
         (#"{"users": ["u"], "topic": "t"}"#, "missing field \"payload\""),
         (#"{"users": ["u"], "topic": "t", "payload": "hi"}"#, "\"payload\" must be an object, got a string"),
@@ -157,7 +161,7 @@ import WorkerPipeline
     }
 
     @Test func retryBodiesRoundTripAndKeepTheOriginalJob() throws {
-        let original = Array(#"{"id": "r", "users": ["u\"1"], "tokens": ["aa"], "collapse_id": "c", "expiration": 5, "payload": {"aps": {"alert": "x"}}}"#.utf8)
+        let original = Array(#"{"id": "r", "users": ["u\"1"], "tokens": ["aa"], "collapse_id": "c", "expiration": 5, "deadline": 1798761600, "payload": {"aps": {"alert": "x"}}}"#.utf8)
         var job = try PushJob.decode(original, defaultTopic: "t", fallbackID: "f")
         job.attempt = 2
         let targets = [DeviceTarget(token: "bb", environment: .sandbox, user: "u\"1"), DeviceTarget(token: "cc", environment: .production, user: nil)]
@@ -166,6 +170,7 @@ import WorkerPipeline
         #expect(again.retryTargets == targets)
         #expect(again.payload == job.payload)
         #expect(again.collapseID == "c" && again.expiration == 5 && again.topic == "t" && again.id == "r")
+        #expect(again.deadline == 1_798_761_600, "a retry keeps the job's deadline")
         #expect(again.originalBody == original, "what is parked after the last attempt is what the sender enqueued")
         // A retry of a retry carries the same original, not the first retry's body.
         let third = try PushJob.decode(again.retryBody(targets: [targets[0]], original: Array("{}".utf8)), defaultTopic: nil,

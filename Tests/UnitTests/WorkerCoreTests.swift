@@ -11,6 +11,14 @@ import WorkerPipeline
 
     func at(_ seconds: Double) -> Date { Self.start.addingTimeInterval(seconds) }
 
+    /// The second half of a turn with urgent work only, unless said otherwise.
+    func end(_ core: inout WorkerCore, at seconds: Double, read: Int = 0, queued: Int = 0, inFlight: Int = 0,
+             bulkQueued: Int = 0, bulkInFlight: Int = 0, unstartedBulk: Int = 0, heldDue: Date? = nil) -> [WorkerCore.Action] {
+        core.endTurn(now: at(seconds), deliveriesRead: read, queued: LaneCounts(urgent: queued, bulk: bulkQueued),
+                     inFlight: LaneCounts(urgent: inFlight, bulk: bulkInFlight), unstartedBulkJobs: unstartedBulk,
+                     heldDue: heldDue)
+    }
+
     @Test func whileRunningEveryTurnReadsUpToThePrefetch() {
         var core = core()
         #expect(core.beginTurn(.init(now: at(0.1))) == [.readDeliveries(limit: 500)])
@@ -19,7 +27,7 @@ import WorkerPipeline
     @Test func aStopReadsNothingMoreAndLeavesOnceTheJobsUnderWaySettle() {
         var core = core()
         core.handle(.jobsStarted(3))
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 3)],
+        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 3), .requeueUnstartedBulk],
                 "no reading: the broker gives the unread deliveries to another worker")
         #expect(core.beginTurn(.init(now: at(2), stopRequested: true, completedJobs: 2)) == [.finishCompleted])
         core.handle(.jobsSettled(2))
@@ -30,7 +38,8 @@ import WorkerPipeline
 
     @Test func aStopWithNothingUnderWayLeavesAtOnce() {
         var core = core()
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 0), .exit(.drained)])
+        #expect(core.beginTurn(.init(now: at(1), stopRequested: true))
+                == [.announceStop(jobsInFlight: 0), .requeueUnstartedBulk, .exit(.drained)])
     }
 
     @Test func theShutdownDeadlineLeavesWhatIsUnfinishedToTheBroker() {
@@ -44,11 +53,13 @@ import WorkerPipeline
     @Test func whileStoppingThePublicationsHeldBackAreStillMade() {
         var core = core()
         let due = at(6)
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true, heldDue: due)) == [.announceStop(jobsInFlight: 0)],
+        #expect(core.beginTurn(.init(now: at(1), stopRequested: true, heldDue: due))
+                == [.announceStop(jobsInFlight: 0), .requeueUnstartedBulk],
                 "not drained while something waits to be published again")
         #expect(core.beginTurn(.init(now: at(6), stopRequested: true, heldDue: due)) == [.publishHeld])
-        let wait = core.endTurn(now: at(1), deliveriesRead: 0, queuedNotifications: 0, notificationsInFlight: 0, heldDue: due)
+        let wait = end(&core, at: 1, unstartedBulk: 5, heldDue: due)
         #expect(wait.last == .wait(seconds: 1, watchingBroker: false), "waits for its due time, not for deliveries")
+        #expect(!wait.contains(.startBulk(limit: 5)), "starts no bulk job while stopping")
     }
 
     @Test func completionsOfAnOlderConnectionAreDroppedNotSettled() {
@@ -66,44 +77,79 @@ import WorkerPipeline
 
     @Test func notificationsInFlightStayWithinTheBound() {
         var core = core()
-        #expect(core.endTurn(now: at(0.5), deliveriesRead: 1, queuedNotifications: 250, notificationsInFlight: 30,
-                             heldDue: nil) == [.send(70)])
-        #expect(core.endTurn(now: at(0.6), deliveriesRead: 1, queuedNotifications: 250, notificationsInFlight: 100,
-                             heldDue: nil) == [], "full: nothing goes until answers come back")
-        #expect(core.endTurn(now: at(0.7), deliveriesRead: 1, queuedNotifications: 20, notificationsInFlight: 0,
-                             heldDue: nil) == [.send(20)])
+        #expect(end(&core, at: 0.5, read: 1, queued: 250, inFlight: 30) == [.send(urgent: 70, bulk: 0)])
+        #expect(end(&core, at: 0.6, read: 1, queued: 250, inFlight: 100) == [],
+                "full: nothing goes until answers come back")
+        #expect(end(&core, at: 0.7, read: 1, queued: 20) == [.send(urgent: 20, bulk: 0)])
+    }
+
+    @Test func eachLaneHasItsOwnWindowSoBulkWorkNeverKeepsUrgentWorkWaiting() {
+        var core = core()
+        #expect(end(&core, at: 0.5, read: 1, queued: 5, bulkQueued: 900, bulkInFlight: 100) == [.send(urgent: 5, bulk: 0)],
+                "a full bulk window holds back no urgent notification")
+        #expect(end(&core, at: 0.6, read: 1, queued: 5, inFlight: 20, bulkQueued: 900, bulkInFlight: 40)
+                == [.send(urgent: 5, bulk: 60)])
+    }
+
+    @Test func bulkJobsStartAFewAtATimeAfterUrgentWorkAndOnlyWhileTheBulkLaneHasRoom() {
+        var core = core()
+        #expect(end(&core, at: 0.5, queued: 3, unstartedBulk: 40) == [.send(urgent: 3, bulk: 0), .startBulk(limit: 16)],
+                "urgent notifications go before a bulk job is resolved; then no wait: round again at once")
+        #expect(end(&core, at: 0.6, bulkQueued: 99, bulkInFlight: 100, unstartedBulk: 24) == [.startBulk(limit: 16)])
+        let full = end(&core, at: 0.7, bulkQueued: 100, bulkInFlight: 100, unstartedBulk: 8)
+        #expect(!full.contains(.startBulk(limit: 8)) && full.last == .wait(seconds: 1, watchingBroker: true),
+                "a window's worth queued: the rest waits, unresolved")
+        #expect(end(&core, at: 0.8, unstartedBulk: 5) == [.startBulk(limit: 5)])
+    }
+
+    @Test func aStopGivesUnstartedBulkJobsBackAndStartsNoMore() {
+        var core = core()
+        core.handle(.jobsStarted(1))
+        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 1), .requeueUnstartedBulk])
+        let stopping = end(&core, at: 1.1, bulkQueued: 10, unstartedBulk: 3)
+        #expect(stopping.first == .send(urgent: 0, bulk: 10), "started bulk jobs still finish")
+        #expect(!stopping.contains(.startBulk(limit: 3)))
     }
 
     @Test func aRateLimitWindowHoldsTheRestUntilItOpens() {
         var core = core()
-        #expect(core.endTurn(now: at(0.5), deliveriesRead: 0, queuedNotifications: 50, notificationsInFlight: 0,
-                             heldDue: nil).first == .send(50))
-        core.handle(.rateLimited(nextWindowIn: 0.08, at: at(0.5)))
-        let waiting = core.endTurn(now: at(0.52), deliveriesRead: 0, queuedNotifications: 40, notificationsInFlight: 0,
-                                   heldDue: nil)
+        #expect(end(&core, at: 0.5, queued: 50).first == .send(urgent: 50, bulk: 0))
+        core.handle(.rateLimited([.urgent], nextWindowIn: 0.08, at: at(0.5)))
+        let waiting = end(&core, at: 0.52, queued: 40)
         #expect(!waiting.contains { if case .send = $0 { true } else { false } }, "nothing before the window")
         guard case .wait(let seconds, true)? = waiting.last else {
             Issue.record("no wait: \(waiting)")
             return
         }
         #expect(abs(seconds - 0.06) < 0.001, "wakes when the window opens")
-        #expect(core.endTurn(now: at(0.58), deliveriesRead: 0, queuedNotifications: 40, notificationsInFlight: 0,
-                             heldDue: nil).first == .send(40))
+        #expect(end(&core, at: 0.58, queued: 40).first == .send(urgent: 40, bulk: 0))
+    }
+
+    @Test func aBulkLaneOutOfPermitsDoesNotHoldUrgentWorkBack() {
+        var core = core()
+        core.handle(.rateLimited([.bulk], nextWindowIn: 0.08, at: at(0.5)))
+        #expect(end(&core, at: 0.52, queued: 2, bulkQueued: 500).first == .send(urgent: 2, bulk: 0))
+        #expect(end(&core, at: 0.58, queued: 0, bulkQueued: 500).first == .send(urgent: 0, bulk: 100))
+    }
+
+    @Test func onlyTheLanesTheRateLimitShortenedWaitForTheNextWindow() {
+        let asked = LaneCounts(urgent: 5, bulk: 500)
+        #expect(RateReservation.granted(urgent: 5, bulk: 20, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [.bulk])
+        #expect(RateReservation.granted(urgent: 2, bulk: 0, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [.urgent, .bulk])
+        #expect(RateReservation.granted(urgent: 5, bulk: 500, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [])
+        #expect(RateReservation.refused("WRONGTYPE").lanesHeldBack(asked: asked) == [.urgent, .bulk])
     }
 
     @Test func choresComeAtTheirIntervalsAndNotWhileDeliveriesFlow() {
         var core = core()
-        let flowing = core.endTurn(now: at(6), deliveriesRead: 10, queuedNotifications: 0, notificationsInFlight: 0,
-                                   heldDue: nil)
+        let flowing = end(&core, at: 6, read: 10)
         #expect(flowing == [.probe], "a probe even under load (readiness), but no wait: more may be waiting")
         core.handle(.probed(at(6)))
-        let idle = core.endTurn(now: at(11), deliveriesRead: 0, queuedNotifications: 0, notificationsInFlight: 0,
-                                heldDue: nil)
+        let idle = end(&core, at: 11)
         #expect(idle == [.probe, .reportStatistics, .logProgress, .wait(seconds: 1, watchingBroker: true)])
         core.handle(.probed(at(11)))
         core.handle(.reported(at(11)))
         core.handle(.progressLogged(at(11)))
-        #expect(core.endTurn(now: at(11.5), deliveriesRead: 0, queuedNotifications: 0, notificationsInFlight: 0,
-                             heldDue: nil) == [.wait(seconds: 1, watchingBroker: true)])
+        #expect(end(&core, at: 11.5) == [.wait(seconds: 1, watchingBroker: true)])
     }
 }

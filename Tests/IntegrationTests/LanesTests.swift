@@ -1,0 +1,207 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import RedisStore
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// Urgent work (PUSH_JOBS_QUEUE) never waits behind a campaign (PUSH_BULK_QUEUE), under the rate limit too;
+/// deadlines; retries stay in their lane.
+@Suite struct LanesTests {
+    let logger = Logger(label: "lanes", level: .critical)
+
+    static func token(_ number: Int) -> String { String(format: "%064x", number) }
+
+    /// `count` jobs of `perJob` direct tokens each, from `first` on, published to `queue`; returns the tokens.
+    static func publishBacklog(_ publisher: AMQPConnection, to queue: String, jobs count: Int, perJob: Int,
+                               first: Int) throws -> Set<String> {
+        var tokens = Set<String>()
+        for job in 0..<count {
+            let batch = (0..<perJob).map { token(first + job * perJob + $0) }
+            tokens.formUnion(batch)
+            let list = batch.map { "\"\($0)\"" }.joined(separator: ",")
+            try publisher.publish(to: queue, body: Array(#"{"id": "\#(queue)-\#(job)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8))
+        }
+        return tokens
+    }
+
+    @Test func urgentJobsBehindABulkBacklogAreDeliveredBeforeItDrains() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("bulk")
+        try publisher.declareQueue(bulk)
+        // 20,000 bulk notifications, under way before five urgent jobs arrive: on one queue, or in one outgoing
+        // queue of the worker's, the urgent ones would come after what was read before them.
+        let backlog = try Self.publishBacklog(publisher, to: bulk, jobs: 200, perJob: 100, first: 0xB0000)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "WORKER_MAX_IN_FLIGHT": "200",
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        #expect(TestServices.waitUntil(timeout: 60) { simulator.received().count >= 500 }, "the bulk lane is under way")
+        let bulkAhead = simulator.received().count
+        let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: 5, perJob: 1, first: 0xE0000)
+
+        #expect(TestServices.waitUntil(timeout: 60) { urgent.isSubset(of: Set(simulator.received().map(\.deviceToken))) },
+                "every urgent notification delivered")
+        let received = simulator.received()
+        let lastUrgent = try #require(received.lastIndex { urgent.contains($0.deviceToken) })
+        let bulkBetween = received[bulkAhead..<lastUrgent].filter { backlog.contains($0.deviceToken) }.count
+        #expect(bulkBetween < 2_000, "urgent jobs went ahead: \(bulkBetween) bulk notifications between their arrival and the last of them, of \(backlog.count - bulkAhead) left")
+        #expect(TestServices.waitUntil(timeout: 120) { simulator.received().count >= backlog.count + urgent.count })
+        let all = simulator.received()
+        #expect(Set(all.map(\.deviceToken)) == backlog.union(urgent), "the bulk lane drains too")
+        #expect(workerThread.worker.statistics.jobsTaken.counts == LaneCounts(urgent: 5, bulk: 200))
+    }
+
+    /// With the rate limit spent by a bulk backlog, urgent work still goes first (its share, then every slot's
+    /// permits before bulk work).
+    @Test func underARateLimitUrgentJobsGoBeforeTheBulkBacklog() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("bulk")
+        try publisher.declareQueue(bulk)
+        let backlog = try Self.publishBacklog(publisher, to: bulk, jobs: 20, perJob: 20, first: 0xC0000)
+        // A Redis database of its own: the rate limit is shared by every worker on the same Redis.
+        let redisURL = try TestServices.redisURL().withDatabase(8)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "APNS_RATE_LIMIT": "100", "APNS_RATE_LIMIT_URGENT_SHARE": "0.2",
+            "REDIS_URL": redisURL.description(revealingPassword: true),
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        #expect(TestServices.waitUntil(timeout: 30) { simulator.received().count >= 30 }, "the bulk lane is under way")
+        let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: 10, perJob: 1, first: 0xE1000)
+
+        #expect(TestServices.waitUntil(timeout: 60) { urgent.isSubset(of: Set(simulator.received().map(\.deviceToken))) })
+        let received = simulator.received()
+        let lastUrgent = try #require(received.lastIndex { urgent.contains($0.deviceToken) })
+        let bulkBefore = received[..<lastUrgent].filter { backlog.contains($0.deviceToken) }.count
+        // At 100/s the 400 bulk notifications take 4 s; the urgent ones were published after the first 30.
+        #expect(bulkBefore < 100, "\(bulkBefore) bulk notifications went before the last urgent one")
+        #expect(TestServices.waitUntil(timeout: 60) { simulator.received().count >= backlog.count + urgent.count })
+    }
+
+    /// The shared limit itself, against Redis: bulk work takes what is left, urgent work can always take its share
+    /// beyond that, and the next slot starts with that debt.
+    @Test func urgentWorkAlwaysHasItsShareOfTheRateLimitAndBulkWorkPaysItBack() throws {
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        // 1,000/s: 100 permits per tenth-of-a-second slot; a share of 0.2 lets urgent work borrow 20.
+        var outcome: [RateReservation] = []
+        let clean = try TestServices.waitUntil(timeout: 10) {
+            let limiter = SharedRateLimit(redis: redis, limit: 1_000, urgentShare: 0.2, keyPrefix: TestServices.unique("rate"))
+            // Begin early in a slot, so that the first three reservations share it; the fourth is in the next one.
+            guard case .granted(_, _, let left)? = try? limiter.reserve(urgent: 0, bulk: 0), left > 0.07 else { return false }
+            outcome = try [limiter.reserve(urgent: 0, bulk: 1_000), limiter.reserve(urgent: 50, bulk: 0),
+                           limiter.reserve(urgent: 50, bulk: 50)]
+            guard case .granted(_, _, let stillLeft) = outcome[2], stillLeft > 0.005 else { return false }
+            let slotEnds = Date().addingTimeInterval(stillLeft)
+            usleep(UInt32(stillLeft * 1e6) + 2_000)  // the slot's end: what comes after it is the behaviour tested
+            let next = try limiter.reserve(urgent: 0, bulk: 1_000)
+            // The very next slot (a stalled machine may have slept past it): its debt is the previous slot's.
+            guard case .granted(_, _, let nextLeft) = next, nextLeft > 0.05,
+                  Date().timeIntervalSince(slotEnds) < 0.09 else { return false }
+            outcome.append(next)
+            return true
+        }
+        #expect(clean, "no run fitted the slots")
+        #expect(outcome == [.granted(urgent: 0, bulk: 100, nextWindowIn: outcome[0].left),
+                            .granted(urgent: 20, bulk: 0, nextWindowIn: outcome[1].left),
+                            .granted(urgent: 0, bulk: 0, nextWindowIn: outcome[2].left),
+                            .granted(urgent: 0, bulk: 80, nextWindowIn: outcome[3].left)],
+                "bulk took the slot, urgent its share on top, nothing more for either, and the next slot paid it back")
+        // In one reservation, urgent work is served before bulk work.
+        let limiter = SharedRateLimit(redis: redis, limit: 1_000, urgentShare: 0, keyPrefix: TestServices.unique("rate"))
+        let both = try limiter.reserve(urgent: 100, bulk: 100)
+        #expect(both.grants == (100, 0), "urgent first: \(both)")
+    }
+
+    @Test func aJobWhoseDeadlinePassedWhileItWaitedIsExpiredCountedAndSummarisedNotSent() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let late = (0..<3).map { Self.token(0xD0000 + $0) }
+        let onTime = Self.token(0xD1000)
+        let now = Int64(Date().timeIntervalSince1970)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "late", "tokens": [\#(late.map { "\"\($0)\"" }.joined(separator: ","))], "deadline": \#(now - 1), "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(to: jobs, body: Array(#"{"id": "on-time", "tokens": ["\#(onTime)"], "deadline": \#(now + 3600), "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { workerThread.stop() }
+
+        var summaries: [String: [String: Any]] = [:]
+        for message in try replyReader.read(2) {
+            let summary = try #require(try JSONSerialization.jsonObject(with: Data(message.body)) as? [String: Any])
+            summaries[summary["job_id"] as? String ?? ""] = summary
+        }
+        let expired = try #require(summaries["late"], "the expired job is summarised")
+        #expect(expired["expired"] as? Int == 3 && expired["delivered"] as? Int == 0 && expired["failed"] as? Int == 0,
+                "\(expired)")
+        #expect(summaries["on-time"]?["delivered"] as? Int == 1 && summaries["on-time"]?["expired"] as? Int == 0)
+        #expect(simulator.received().map(\.deviceToken) == [onTime], "nothing of the expired job reached APNs")
+        let statistics = workerThread.worker.statistics
+        // The summaries are published before the jobs are acknowledged and counted.
+        #expect(TestServices.waitUntil { statistics.jobsCompleted.load(ordering: .relaxed) == 2 }, "both acknowledged")
+        #expect(statistics.jobsParked.load(ordering: .relaxed) == 0, "not parked")
+        #expect(statistics.prometheusText(ready: true).contains(#"apns_worker_notifications_total{outcome="expired"} 3"#))
+    }
+
+    /// A retry that could only come after the deadline is not scheduled: that notification expires at once.
+    @Test func aRetryThatWouldMissTheDeadlineExpiresInstead() throws {
+        let flaky = Self.token(0xD2000)
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.failFirstPushes = [flaky: 1]
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let deadline = Int64(Date().timeIntervalSince1970) + 20
+        try publisher.publish(to: jobs, body: Array(#"{"id": "flaky", "tokens": ["\#(flaky)"], "deadline": \#(deadline), "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_RETRY_DELAYS": "60",
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        let reply = try #require(try replyReader.read(1).first)
+        let summary = try #require(try JSONSerialization.jsonObject(with: Data(reply.body)) as? [String: Any])
+        #expect(summary["expired"] as? Int == 1 && summary["retrying"] as? Int == 0, "\(summary)")
+        #expect(workerThread.worker.statistics.retries.load(ordering: .relaxed) == 0, "no retry was published")
+        #expect(simulator.received().count == 1, "one attempt, the failed one")
+    }
+
+    @Test func retriesStayInTheirLane() throws {
+        let urgentToken = Self.token(0xD3000), bulkToken = Self.token(0xD3001)
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.failFirstPushes = [urgentToken: 1, bulkToken: 1]
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("bulk")
+        try publisher.declareQueue(bulk)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "u", "tokens": ["\#(urgentToken)"], "payload": {"aps": {}}}"#.utf8))
+        try publisher.publish(to: bulk, body: Array(#"{"id": "b", "tokens": ["\#(bulkToken)"], "payload": {"aps": {}}}"#.utf8))
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "APNS_RETRY_DELAYS": "0.1",
+        ]), logger: logger)
+        defer { workerThread.stop() }
+        #expect(TestServices.waitUntil(timeout: 30) { simulator.received().filter { $0.status == 200 }.count == 2 },
+                "both delivered on their second attempt")
+        #expect(workerThread.worker.statistics.jobsTaken.counts == LaneCounts(urgent: 2, bulk: 2),
+                "each retry came back through its own lane's delay queue")
+        let amqp = try AMQPConnection(url: TestServices.amqpURL())
+        #expect(try amqp.queueStatus("\(bulk).retry.100ms") != nil, "the bulk lane has delay queues of its own")
+    }
+}
+
+extension RateReservation {
+    var left: Double {
+        if case .granted(_, _, let left) = self { left } else { 0 }
+    }
+
+    var grants: (urgent: Int, bulk: Int) {
+        if case .granted(let urgent, let bulk, _) = self { (urgent, bulk) } else { (0, 0) }
+    }
+}
