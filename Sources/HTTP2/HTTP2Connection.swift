@@ -19,6 +19,11 @@ public struct HTTP2ServerRequest: Sendable {
     public var path: String { header(":path") ?? "" }
 }
 
+/// A connection carried through the loop's task queue back to its own loop thread, which alone uses it.
+private struct LoopThreadReference: @unchecked Sendable {
+    let connection: HTTP2Connection
+}
+
 /// The one way to answer a server request. Use it on the connection's loop thread.
 public struct HTTP2ResponseWriter: @unchecked Sendable {
     // Invariant: used only on the loop thread that owns the connection. A strong reference, not a weak one: a weak
@@ -400,9 +405,29 @@ final class HTTP2Connection: PollHandler {
 
     // MARK: I/O
 
+    /// TLS reads (a record, at most 16 KB each) per turn of the loop: a connection with a full socket then yields to
+    /// the loop's other connections after a few records instead of draining it all, so that a quiet connection (an
+    /// urgent request, its answer) never waits behind thousands of frames of a busy one.
+    static let readsPerTurn = 2
+    /// A continuation of reading is queued on the loop (what is left may sit in TLS's buffer, which poll cannot see).
+    private var readingContinues = false
+
     private func readAvailable() {
         guard let session else { return }
+        var reads = 0
         reading: while state == .open {
+            if reads == Self.readsPerTurn {
+                if !readingContinues {
+                    readingContinues = true
+                    let continuation = LoopThreadReference(connection: self)
+                    loop.execute {
+                        continuation.connection.readingContinues = false
+                        continuation.connection.readAvailable()
+                    }
+                }
+                break reading
+            }
+            reads += 1
             switch tls.read(into: readBuffer) {
             case .done(let count):
                 processingInput = true

@@ -305,8 +305,7 @@ public final class Worker: Service {
     /// Hands up to `wanted` queued notifications of each lane to the APNs client, urgent first (fewer if the shared
     /// rate limit grants fewer); returns the lanes the rate limit held back, with the seconds until more may go.
     /// Notifications whose job's deadline has passed are settled as expired on the way, without a permit or a
-    /// request. When answers bring a lane's notifications in flight down to half the limit, the loop thread wakes
-    /// this thread to send more.
+    /// request.
     private func send(_ wanted: LaneCounts, from backlogs: inout Backlogs,
                       session: WorkerSession) throws -> (lanes: [JobLane], wait: Double)? {
         let now = Date().timeIntervalSince1970
@@ -345,7 +344,10 @@ public final class Worker: Service {
                 sending[lane] = Array(entries.prefix(granted[lane]))
             }
         }
-        let lowWater = settings.core.maximumNotificationsInFlight / 2
+        // Answers wake this thread to send more each time a batch's worth of room opened (or half the window, for
+        // small windows): hand-overs stay small, so an urgent one never waits long behind a bulk one.
+        let maximum = settings.core.maximumNotificationsInFlight
+        let lowWater = max(maximum - settings.core.sendBatchLimit, maximum / 2)
         for lane in JobLane.allCases {
             guard let entries = sending[lane], !entries.isEmpty else { continue }
             statistics.inFlight.add(lane, entries.count)

@@ -20,6 +20,9 @@ public struct WorkerCore: Sendable {
         public var maximumNotificationsInFlight: Int
         /// Bulk jobs started per turn at most.
         public var bulkJobsPerTurn: Int
+        /// Notifications of one lane handed to APNs per turn at most: the client's loop thread builds and writes a
+        /// hand-over's requests in one go, and an urgent hand-over queued behind a large bulk one would wait for it.
+        public var sendBatchLimit: Int
         /// How long a stop waits for the jobs under way before leaving them to the broker.
         public var shutdownTimeout: Double
         /// A round trip to the broker and the store this often (readiness).
@@ -30,10 +33,12 @@ public struct WorkerCore: Sendable {
         public var progressInterval: Double
 
         public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
-                    probeInterval: Double = 1, reportInterval: Double = 5, progressInterval: Double = 10) {
+                    sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
+                    progressInterval: Double = 10) {
             self.prefetch = prefetch
             self.maximumNotificationsInFlight = maximumNotificationsInFlight
             self.bulkJobsPerTurn = bulkJobsPerTurn
+            self.sendBatchLimit = sendBatchLimit
             self.shutdownTimeout = shutdownTimeout
             self.probeInterval = probeInterval
             self.reportInterval = reportInterval
@@ -179,12 +184,15 @@ public struct WorkerCore: Sendable {
                                  unstartedBulkJobs: Int, heldDue: Date?) -> [Action] {
         var actions: [Action] = []
         var sending = LaneCounts()
+        // A lane cut to the batch limit with more to send and room for it: round again at once, not after a wait.
+        var more = false
         for lane in JobLane.allCases {
             let room = settings.maximumNotificationsInFlight - inFlight[lane]
             let windowOpen = nextWindowAt[lane].map { now >= $0 } ?? true
             if queued[lane] > 0 && room > 0 && windowOpen {
                 nextWindowAt[lane] = nil
-                sending[lane] = min(queued[lane], room)
+                sending[lane] = min(queued[lane], room, settings.sendBatchLimit)
+                more = more || (sending[lane] < min(queued[lane], room))
             }
         }
         if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }
@@ -193,7 +201,7 @@ public struct WorkerCore: Sendable {
         let startingBulk = !isStopping && unstartedBulkJobs > 0 && queued.bulk < settings.maximumNotificationsInFlight
         if startingBulk { actions.append(.startBulk(limit: min(unstartedBulkJobs, settings.bulkJobsPerTurn))) }
         if now.timeIntervalSince(lastProbe) >= settings.probeInterval { actions.append(.probe) }
-        if deliveriesRead > 0 || startingBulk { return actions }
+        if deliveriesRead > 0 || startingBulk || more { return actions }
         if now.timeIntervalSince(lastReport) >= settings.reportInterval { actions.append(.reportStatistics) }
         if now.timeIntervalSince(lastProgress) >= settings.progressInterval { actions.append(.logProgress) }
         // Stopping with nothing left: round again at once, to leave.

@@ -83,6 +83,17 @@ import WorkerPipeline
         #expect(end(&core, at: 0.7, read: 1, queued: 20) == [.send(urgent: 20, bulk: 0)])
     }
 
+    @Test func handOversAreCutToTheBatchLimitAndTheNextComesAtOnce() {
+        var core = WorkerCore(settings: .init(prefetch: 500, maximumNotificationsInFlight: 5_000, shutdownTimeout: 25,
+                                              sendBatchLimit: 256), generation: 1, now: Self.start)
+        core.handle(.probed(at(0.5)))
+        core.handle(.reported(at(0.5)))
+        #expect(end(&core, at: 0.5, queued: 30, bulkQueued: 40_000) == [.send(urgent: 30, bulk: 256)],
+                "no wait: the rest of the bulk lane goes next turn")
+        #expect(end(&core, at: 0.6, bulkQueued: 40_000, bulkInFlight: 4_900)
+                == [.send(urgent: 0, bulk: 100), .wait(seconds: 1, watchingBroker: true)], "the window is full after this one")
+    }
+
     @Test func eachLaneHasItsOwnWindowSoBulkWorkNeverKeepsUrgentWorkWaiting() {
         var core = core()
         #expect(end(&core, at: 0.5, read: 1, queued: 5, bulkQueued: 900, bulkInFlight: 100) == [.send(urgent: 5, bulk: 0)],
