@@ -17,11 +17,21 @@ public struct PrometheusText {
     public mutating func gauge(_ name: String, _ help: String, _ value: Int) { family(name, "gauge", help, [([], value)]) }
 
     public mutating func histogram(_ name: String, _ help: String, _ histogram: Histogram) {
+        histograms(name, help, [([], histogram)])
+    }
+
+    /// One histogram per label set.
+    public mutating func histograms(_ name: String, _ help: String, _ series: [(labels: Labels, histogram: Histogram)]) {
         header(name, "histogram", help)
-        let cumulative = histogram.cumulativeCounts
-        for (bound, count) in zip(histogram.bounds, cumulative) { text += "\(name)_bucket{le=\"\(bound)\"} \(count)\n" }
-        text += "\(name)_bucket{le=\"+Inf\"} \(cumulative.last ?? 0)\n"
-        text += "\(name)_sum \(histogram.totalSeconds)\n\(name)_count \(cumulative.last ?? 0)\n"
+        for (labels, histogram) in series {
+            let cumulative = histogram.cumulativeCounts
+            for (bound, count) in zip(histogram.bounds, cumulative) {
+                text += "\(name)_bucket" + Self.render(labels + [("le", "\(bound)")]) + " \(count)\n"
+            }
+            text += "\(name)_bucket" + Self.render(labels + [("le", "+Inf")]) + " \(cumulative.last ?? 0)\n"
+            text += "\(name)_sum" + Self.render(labels) + " \(histogram.totalSeconds)\n"
+            text += "\(name)_count" + Self.render(labels) + " \(cumulative.last ?? 0)\n"
+        }
     }
 
     private mutating func header(_ name: String, _ type: String, _ help: String) {

@@ -354,7 +354,9 @@ public final class Worker: Service {
             statistics.sent.add(lane, entries.count)
             let handedOver = DispatchTime.now().uptimeNanoseconds
             apns.send(entries.map { $0.progress.notification(Int($0.index)) }, traffic: lane.traffic) { [self] position, result in
-                statistics.apnsLatency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
+                let latency = DispatchTime.now().uptimeNanoseconds &- handedOver
+                statistics.apnsLatency.observe(nanoseconds: latency)
+                (lane == .urgent ? statistics.urgentLatency : statistics.bulkLatency).observe(nanoseconds: latency)
                 if statistics.inFlight.add(lane, -1) == lowWater { wakeup.signal() }
                 let (progress, index) = entries[position]
                 record(result, for: progress, Int(index))

@@ -42,6 +42,9 @@ public final class WorkerStatistics: Sendable {
     public var notificationsInFlight: Int { inFlight.counts.total }
     /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
     public let apnsLatency = Histogram()
+    /// The same per lane.
+    public let urgentLatency = Histogram()
+    public let bulkLatency = Histogram()
     /// Data errors, by where they happened: a key of the wrong type, a record Redis refused. Each concerns one user,
     /// token or job, which is skipped or settled with its reason while the rest proceeds.
     private let dataErrors = Locked<[String: Int]>([:])
@@ -119,6 +122,9 @@ public final class WorkerStatistics: Sendable {
         metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
                           apnsLatency)
+        metrics.histograms("apns_worker_lane_latency_seconds",
+                           "From handing a notification of the lane to the APNs client to its answer.",
+                           [([("lane", "urgent")], urgentLatency), ([("lane", "bulk")], bulkLatency)])
         metrics.counter("apns_worker_retries_total", "Notifications scheduled for another attempt.", load(retries))
         metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
                         load(rateLimitWaits))
