@@ -60,6 +60,9 @@ import WorkerPipeline
         #expect(configuration.broker.queues.registrations == "push.registrations")
         #expect(configuration.cleanup.inactiveDays == 90 && configuration.cleanup.sweepInterval == 3600)
         #expect(configuration.metrics.port == 9464 && configuration.broker.prefetch == 500)
+        #expect(configuration.broker.queues.bulk == "push.bulk" && configuration.broker.bulkPrefetch == 100)
+        #expect(configuration.rateLimitUrgentShare == 0.2)
+        #expect(configuration.pipeline.core.prefetch == 600, "a turn reads up to both lanes' prefetch")
         guard case .token(let provider) = try configuration.credential.makeAuthentication() else {
             Issue.record("expected token authentication")
             return
@@ -89,6 +92,12 @@ import WorkerPipeline
         (["PUSH_REGISTRATIONS_QUEUE": String(repeating: "r", count: 256)], "PUSH_REGISTRATIONS_QUEUE"),
         (["CLEANUP_INACTIVE_DAYS": "0"], "CLEANUP_INACTIVE_DAYS"),
         (["CLEANUP_SWEEP_INTERVAL": "-1"], "CLEANUP_SWEEP_INTERVAL"),
+        // One queue for both lanes would make every job land in either lane by chance.
+        (["PUSH_JOBS_QUEUE": "jobs", "PUSH_BULK_QUEUE": "jobs"], "PUSH_BULK_QUEUE"),
+        (["PUSH_BULK_QUEUE": "push.jobs"], "PUSH_BULK_QUEUE"),
+        (["WORKER_BULK_PREFETCH": "0"], "WORKER_BULK_PREFETCH"),
+        (["APNS_RATE_LIMIT_URGENT_SHARE": "1.5"], "APNS_RATE_LIMIT_URGENT_SHARE"),
+        (["APNS_RATE_LIMIT_URGENT_SHARE": "20%"], "APNS_RATE_LIMIT_URGENT_SHARE"),
     ])
     func badSettingsNameTheirKey(overrides: [String: String], key: String) {
         let environment = minimal.merging(overrides) { _, new in new }
