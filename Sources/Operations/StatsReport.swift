@@ -71,7 +71,8 @@ public struct StatsReport: Sendable {
         }
         var lines = ["LANE     QUEUE                     MESSAGES  CONSUMERS    JOBS/S    SENT/S  LONGEST WAIT (last \(windowMinutes) min)"]
         for lane in lanes {
-            let wait = lane.longestWaitMilliseconds.map { String(format: "%.1f s", Double($0) / 1000) } ?? "-"
+            // Timestamps are whole seconds (AMQP): a wait under a second cannot be told more finely.
+            let wait = lane.longestWaitMilliseconds.map { $0 < 1000 ? "<1 s" : "\($0 / 1000) s" } ?? "-"
             lines.append(lane.lane.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0) + " "
                          + lane.queue.name.padding(toLength: 24, withPad: " ", startingAt: 0) + " "
                          + column(lane.queue.messages.map(String.init) ?? "absent", 9) + "  "
@@ -80,12 +81,12 @@ public struct StatsReport: Sendable {
                          + column(String(format: "%.1f", Double(lane.sent) / seconds), 9) + "  " + wait)
         }
         lines.append("")
-        lines.append("QUEUE                                      MESSAGES  CONSUMERS")
+        lines.append("QUEUE".padding(toLength: 56, withPad: " ", startingAt: 0) + " MESSAGES  CONSUMERS")
         for queue in queues {
             let label = "\(queue.name) (\(queue.role))"
             let messages = queue.messages.map(String.init) ?? "absent"
             let consumers = queue.consumers.map(String.init) ?? "-"
-            lines.append(label.padding(toLength: 42, withPad: " ", startingAt: 0) + " "
+            lines.append(label.padding(toLength: 56, withPad: " ", startingAt: 0) + " "
                          + String(repeating: " ", count: max(0, 8 - messages.count)) + messages + "  "
                          + String(repeating: " ", count: max(0, 9 - consumers.count)) + consumers)
         }

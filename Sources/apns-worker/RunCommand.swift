@@ -8,10 +8,12 @@ apns-worker run: consume push jobs and deliver them (the default command).
 
 USAGE: apns-worker [run] [--config FILE] [--set KEY=VALUE ...] [--log-level LEVEL]
 
-Consumes PUSH_JOBS_QUEUE (prefetch WORKER_PREFETCH), resolves users through the Redis token cache, sends each
-notification to APNs over APNS_CONNECTIONS persistent HTTP/2 connections per environment, publishes dead tokens
-(to the PUSH_DEAD_TOKENS_EXCHANGE fanout, bound to PUSH_DEAD_TOKENS_QUEUE), retries through delay queues, parks
-what cannot be sent on PUSH_FAILED_QUEUE, and acknowledges a job once all of it is settled.
+Consumes two lanes, PUSH_JOBS_QUEUE (urgent, prefetch WORKER_PREFETCH) and PUSH_BULK_QUEUE (bulk, prefetch
+WORKER_BULK_PREFETCH), urgent work always first; resolves users through the Redis token cache, sends each
+notification to APNs over APNS_CONNECTIONS persistent HTTP/2 connections per environment and lane, publishes dead
+tokens (to the PUSH_DEAD_TOKENS_EXCHANGE fanout, bound to PUSH_DEAD_TOKENS_QUEUE), retries through delay queues of
+the job's lane, drops what missed its job's deadline (expired), parks what cannot be sent on PUSH_FAILED_QUEUE, and
+acknowledges a job once all of it is settled.
 
 Run as many workers as the rate needs, on any number of machines: they share the broker, Redis and the rate limit.
 
@@ -22,9 +24,10 @@ Settings (environment; config/apns-worker.env lists every key with its default):
   APNS_TOPIC                                       topic for jobs that name none
   APNS_PRODUCTION_URL, APNS_SANDBOX_URL, APNS_CA_FILE
                                                    endpoints (default Apple's) and an extra CA (apns-sim)
-  APNS_CONNECTIONS, APNS_REQUEST_TIMEOUT, APNS_RATE_LIMIT, APNS_MAX_ATTEMPTS, APNS_RETRY_DELAYS
-  PUSH_JOBS_QUEUE, PUSH_DEAD_TOKENS_QUEUE, PUSH_DEAD_TOKENS_EXCHANGE, PUSH_FAILED_QUEUE
-  WORKER_PREFETCH, SHUTDOWN_TIMEOUT, LOG_LEVEL, LOG_FORMAT (json | text)
+  APNS_CONNECTIONS, APNS_REQUEST_TIMEOUT, APNS_RATE_LIMIT, APNS_RATE_LIMIT_URGENT_SHARE, APNS_MAX_ATTEMPTS,
+  APNS_RETRY_DELAYS
+  PUSH_JOBS_QUEUE, PUSH_BULK_QUEUE, PUSH_DEAD_TOKENS_QUEUE, PUSH_DEAD_TOKENS_EXCHANGE, PUSH_FAILED_QUEUE
+  WORKER_PREFETCH, WORKER_BULK_PREFETCH, WORKER_MAX_IN_FLIGHT, SHUTDOWN_TIMEOUT, LOG_LEVEL, LOG_FORMAT (json | text)
   METRICS_HOST, METRICS_PORT                       GET /metrics, /healthz, /readyz (default 0.0.0.0:9464; 0 = off)
 
 Signals: SIGTERM or SIGINT stops consuming and finishes the jobs under way (at most SHUTDOWN_TIMEOUT, default

@@ -32,14 +32,15 @@ The settings most deployments need (all are environment variables):
   APNS_TOPIC          the app's bundle id, for jobs that name no topic
   APNS_RATE_LIMIT     notifications per second shared by all workers (0 = none)
 
-A job (one JSON message on PUSH_JOBS_QUEUE, default push.jobs):
+A job (one JSON message on PUSH_JOBS_QUEUE, default push.jobs, the urgent lane; campaigns go to
+PUSH_BULK_QUEUE, default push.bulk, the bulk lane, served after urgent work):
   {"id": "job-42", "users": ["u1"], "push_type": "alert", "payload": {"aps": {"alert": "Hello"}}}
 
 EXAMPLES:
   APNS_KEY_FILE=AuthKey.p8 APNS_KEY_ID=ABC123DEFG APNS_TEAM_ID=DEF123GHIJ APNS_TOPIC=com.example.app apns-worker
   apns-worker tokens add alice 3f0c...e1 --environment sandbox
   apns-worker enqueue --user alice --alert "Your order shipped"
-  apns-worker enqueue campaign.jsonl
+  apns-worker enqueue --bulk campaign.jsonl
   apns-worker stats
 
 EXIT CODES:

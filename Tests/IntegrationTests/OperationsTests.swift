@@ -242,6 +242,7 @@ import WorkerPipeline
         let text = try Self.apnsWorker(["stats"], environment: environment)
         #expect(text.output.contains("WORKERS ALIVE") && text.output.contains(failedQueue), "\(text.output)")
         #expect(text.output.contains("LONGEST WAIT") && text.output.contains("bulk     \(bulk)"), "\(text.output)")
+        #expect(text.output.contains(try Regex(#"bulk +\S+ +0 +0 +[0-9.]+ +[0-9.]+ +(29|30|31) s"#)), "the bulk lane's wait in seconds")
         #expect(try Self.apnsWorker(["stats", "--minutes", "0"]).status == 2)
     }
 
