@@ -28,61 +28,56 @@ import WorkerPipeline
         return tokens
     }
 
-    @Test func urgentJobsBehindABulkBacklogAreDeliveredBeforeItDrains() throws {
+    /// Publishes a bulk backlog of `backlogJobs` jobs of `perJob` tokens, starts a worker on both lanes (`settings`
+    /// added), publishes `urgentJobs` single-token urgent jobs once `underWay` bulk notifications were answered, and
+    /// returns how many bulk notifications APNs received between their arrival and the last of them, and how many
+    /// were left then. Checks that both lanes are delivered whole in the end, each job taken from its lane once.
+    func bulkPassingUrgentWork(backlogJobs: Int, perJob: Int, urgentJobs: Int, underWay: Int,
+                               settings: [String: String]) throws -> (between: Int, left: Int) {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, _, _, publisher) = try TestServices.jobQueues()
         let bulk = TestServices.unique("bulk")
         try publisher.declareQueue(bulk)
-        // 20,000 bulk notifications, under way before five urgent jobs arrive: on one queue, or in one outgoing
-        // queue of the worker's, the urgent ones would come after what was read before them.
-        let backlog = try Self.publishBacklog(publisher, to: bulk, jobs: 200, perJob: 100, first: 0xB0000)
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_BULK_QUEUE": bulk, "WORKER_MAX_IN_FLIGHT": "200",
-        ]), logger: logger)
+        let backlog = try Self.publishBacklog(publisher, to: bulk, jobs: backlogJobs, perJob: perJob, first: 0xB0000)
+        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs,
+                                                                               settings.merging(["PUSH_BULK_QUEUE": bulk]) { $1 }),
+                                            logger: logger)
         defer { workerThread.stop() }
-        #expect(TestServices.waitUntil(timeout: 60) { simulator.received().count >= 500 }, "the bulk lane is under way")
+        #expect(TestServices.waitUntil(timeout: 60) { simulator.received().count >= underWay }, "the bulk lane is under way")
         let bulkAhead = simulator.received().count
-        let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: 5, perJob: 1, first: 0xE0000)
+        let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: urgentJobs, perJob: 1, first: 0xE0000)
 
         #expect(TestServices.waitUntil(timeout: 60) { urgent.isSubset(of: Set(simulator.received().map(\.deviceToken))) },
                 "every urgent notification delivered")
         let received = simulator.received()
         let lastUrgent = try #require(received.lastIndex { urgent.contains($0.deviceToken) })
-        let bulkBetween = received[bulkAhead..<lastUrgent].filter { backlog.contains($0.deviceToken) }.count
-        #expect(bulkBetween < 2_000, "urgent jobs went ahead: \(bulkBetween) bulk notifications between their arrival and the last of them, of \(backlog.count - bulkAhead) left")
+        let between = received[bulkAhead..<lastUrgent].filter { backlog.contains($0.deviceToken) }.count
         #expect(TestServices.waitUntil(timeout: 120) { simulator.received().count >= backlog.count + urgent.count })
-        let all = simulator.received()
-        #expect(Set(all.map(\.deviceToken)) == backlog.union(urgent), "the bulk lane drains too")
-        #expect(workerThread.worker.statistics.jobsTaken.counts == LaneCounts(urgent: 5, bulk: 200))
+        #expect(Set(simulator.received().map(\.deviceToken)) == backlog.union(urgent), "the bulk lane drains too")
+        #expect(workerThread.worker.statistics.jobsTaken.counts == LaneCounts(urgent: urgentJobs, bulk: backlogJobs))
+        return (between, backlog.count - bulkAhead)
+    }
+
+    /// 20,000 bulk notifications under way before five urgent jobs arrive: on one queue, or in one outgoing queue of
+    /// the worker's, the urgent ones would come after what was read before them.
+    @Test func urgentJobsBehindABulkBacklogAreDeliveredBeforeItDrains() throws {
+        let passing = try bulkPassingUrgentWork(backlogJobs: 200, perJob: 100, urgentJobs: 5, underWay: 500,
+                                                settings: ["WORKER_MAX_IN_FLIGHT": "200"])
+        #expect(passing.between < 2_000,
+                "urgent jobs went ahead: \(passing.between) bulk notifications passed them, of \(passing.left) left")
     }
 
     /// With the rate limit spent by a bulk backlog, urgent work still goes first (its share, then every slot's
-    /// permits before bulk work).
+    /// permits before bulk work). At 100/s the 400 bulk notifications take 4 s.
     @Test func underARateLimitUrgentJobsGoBeforeTheBulkBacklog() throws {
-        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
-        defer { simulator.shutdown() }
-        let (jobs, _, _, publisher) = try TestServices.jobQueues()
-        let bulk = TestServices.unique("bulk")
-        try publisher.declareQueue(bulk)
-        let backlog = try Self.publishBacklog(publisher, to: bulk, jobs: 20, perJob: 20, first: 0xC0000)
         // A Redis database of its own: the rate limit is shared by every worker on the same Redis.
         let redisURL = try TestServices.redisURL().withDatabase(8)
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_BULK_QUEUE": bulk, "APNS_RATE_LIMIT": "100", "APNS_RATE_LIMIT_URGENT_SHARE": "0.2",
+        let passing = try bulkPassingUrgentWork(backlogJobs: 20, perJob: 20, urgentJobs: 10, underWay: 30, settings: [
+            "APNS_RATE_LIMIT": "100", "APNS_RATE_LIMIT_URGENT_SHARE": "0.2",
             "REDIS_URL": redisURL.description(revealingPassword: true),
-        ]), logger: logger)
-        defer { workerThread.stop() }
-        #expect(TestServices.waitUntil(timeout: 30) { simulator.received().count >= 30 }, "the bulk lane is under way")
-        let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: 10, perJob: 1, first: 0xE1000)
-
-        #expect(TestServices.waitUntil(timeout: 60) { urgent.isSubset(of: Set(simulator.received().map(\.deviceToken))) })
-        let received = simulator.received()
-        let lastUrgent = try #require(received.lastIndex { urgent.contains($0.deviceToken) })
-        let bulkBefore = received[..<lastUrgent].filter { backlog.contains($0.deviceToken) }.count
-        // At 100/s the 400 bulk notifications take 4 s; the urgent ones were published after the first 30.
-        #expect(bulkBefore < 100, "\(bulkBefore) bulk notifications went before the last urgent one")
-        #expect(TestServices.waitUntil(timeout: 60) { simulator.received().count >= backlog.count + urgent.count })
+        ])
+        #expect(passing.between < 100, "\(passing.between) bulk notifications went before the last urgent one")
     }
 
     /// The shared limit itself, against Redis: bulk work takes what is left, urgent work can always take its share
