@@ -99,10 +99,11 @@ public final class TokenCleanup: Service {
                 try amqp.enablePublisherConfirms()
                 let deadTag = try amqp.consume(names.deadTokens)
                 try amqp.consume(names.registrations)
+                // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
+                ready.store(true, ordering: .relaxed)
                 logger.info("cleanup consuming", ["amqp.queue.dead_tokens": names.deadTokens,
                                                   "amqp.queue.registrations": names.registrations,
                                                   "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
-                ready.store(true, ordering: .relaxed)
                 connectedOnce = true
                 backoff.connected()
                 let finished = try serve(amqp, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
