@@ -85,3 +85,55 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
         return "\(usesTLS ? "amqps" : "amqp")://\(user):***@\(host):\(port)/\(vhost)"
     }
 }
+
+/// The broker's nodes: `AMQP_URL` as one URL or several, comma-separated (a cluster). A program connects to one of
+/// them, starting at a random node so that a fleet spreads over the cluster, and moves to the next when one cannot be
+/// reached. A comma inside a password must be percent-encoded (%2C).
+public struct AMQPNodes: Sendable, Equatable, CustomStringConvertible {
+    public var urls: [AMQPURL]
+
+    public init(_ urls: [AMQPURL]) {
+        precondition(!urls.isEmpty, "at least one broker URL")
+        self.urls = urls
+    }
+
+    public init(_ url: AMQPURL) { self.init([url]) }
+
+    /// Parses a comma-separated list; an error names the URL by its position, never by its text (which may hold a
+    /// password).
+    public init(_ text: String) throws(AMQPError) {
+        let parts = text.split(separator: ",", omittingEmptySubsequences: false)
+            .map { $0.trimmingCharacters(in: .whitespaces) }
+        var urls: [AMQPURL] = []
+        for (index, part) in parts.enumerated() {
+            do { urls.append(try AMQPURL(part)) } catch {
+                throw .badURL(parts.count == 1 ? error.message : "URL \(index + 1) of \(parts.count): \(error.message)")
+            }
+        }
+        self.init(urls)
+    }
+
+    /// Every node, passwords hidden.
+    public var description: String { urls.map(\.description).joined(separator: ",") }
+
+    /// Connects to the first node that answers, from a random one on, each tried once (a round). A node that cannot
+    /// be reached, or refuses, is passed over; if none answers, the error says what each node did, and is permanent
+    /// only if every node refused for a reason waiting cannot cure (the credentials, the vhost).
+    public func connect(heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil, verifyPeer: Bool = true,
+                        startingAt start: Int = .random(in: 0..<Int.max)) throws(AMQPError) -> AMQPConnection {
+        var failures: [AMQPError] = []
+        for offset in 0..<urls.count {
+            let url = urls[(start % urls.count + offset) % urls.count]
+            do {
+                return try AMQPConnection(url: url, heartbeat: heartbeat, connectTimeout: connectTimeout, caFile: caFile,
+                                          verifyPeer: verifyPeer)
+            } catch {
+                failures.append(error)
+            }
+        }
+        guard failures.count > 1 else { throw failures[0] }
+        let permanent = failures.allSatisfy(\.isPermanent)
+        throw AMQPError(kind: permanent ? failures[0].kind : .connectionLost, code: permanent ? failures[0].code : 0,
+                        "no broker node answered: " + failures.map(\.message).joined(separator: "; "))
+    }
+}

@@ -9,7 +9,8 @@ import WorkerPipeline
 public final class AMQPJobBroker: JobBroker {
     /// Everything this broker needs to know, in its own words.
     public struct Settings: Sendable {
-        public var url: AMQPURL
+        /// The broker's nodes (one, or a cluster's): a session starts on a random one that answers.
+        public var nodes: AMQPNodes
         public var caFile: String?
         /// Seconds (0: none): how fast a dead connection is noticed.
         public var heartbeat: Int
@@ -21,9 +22,9 @@ public final class AMQPJobBroker: JobBroker {
         /// The same for bulk jobs: what the bulk lane may hold unacknowledged.
         public var bulkPrefetch: Int
 
-        public init(url: AMQPURL, caFile: String? = nil, heartbeat: Int = 30, queues: QueueNames = QueueNames(),
+        public init(nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 30, queues: QueueNames = QueueNames(),
                     retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100) {
-            self.url = url
+            self.nodes = nodes
             self.caFile = caFile
             self.heartbeat = heartbeat
             self.queues = queues
@@ -46,7 +47,7 @@ public final class AMQPJobBroker: JobBroker {
         self.settings = settings
         self.logger = logger
         do {
-            amqp = try AMQPConnection(url: settings.url, heartbeat: settings.heartbeat, caFile: settings.caFile)
+            amqp = try settings.nodes.connect(heartbeat: settings.heartbeat, caFile: settings.caFile)
         } catch {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
@@ -63,7 +64,8 @@ public final class AMQPJobBroker: JobBroker {
     }
 
     public var logMetadata: [String: String] {
-        ["amqp.queue": settings.queues.jobs, "amqp.bulk_queue": settings.queues.bulk, "amqp.url": settings.url.description,
+        ["amqp.queue": settings.queues.jobs, "amqp.bulk_queue": settings.queues.bulk, "amqp.url": amqp.url.description,
+         "amqp.nodes": String(settings.nodes.urls.count),
          "amqp.local_port": String(amqp.localPort), "amqp.prefetch": String(settings.prefetch),
          "amqp.bulk_prefetch": String(settings.bulkPrefetch)]
     }

@@ -178,8 +178,8 @@ public struct WorkerConfiguration: Sendable {
             return name
         }
 
-        let amqpURL: AMQPURL
-        do { amqpURL = try AMQPURL(value("AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/%2f") } catch {
+        let amqpNodes: AMQPNodes
+        do { amqpNodes = try AMQPNodes(value("AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/%2f") } catch {
             throw ConfigurationError(key: "AMQP_URL", error.message)
         }
         let redisURL: RedisURL
@@ -261,7 +261,7 @@ public struct WorkerConfiguration: Sendable {
             maximumNotificationsInFlight: try integer("WORKER_MAX_IN_FLIGHT", default: 5_000, range: 2...1_000_000),
             shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25))
         return WorkerConfiguration(
-            broker: AMQPJobBroker.Settings(url: amqpURL, caFile: try file("AMQP_CA_FILE"),
+            broker: AMQPJobBroker.Settings(nodes: amqpNodes, caFile: try file("AMQP_CA_FILE"),
                                            heartbeat: try integer("AMQP_HEARTBEAT", default: 30, range: 0...3600),
                                            queues: queues, retryDelays: retryDelays, prefetch: prefetch,
                                            bulkPrefetch: bulkPrefetch),

@@ -15,8 +15,8 @@ public final class DeadTokenWatcher {
             throw ConfigurationError(key: "PUSH_DEAD_TOKENS_EXCHANGE", "empty: events go straight to "
                                      + "\(names.deadTokens), so there is nothing to watch without taking them")
         }
-        amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
-                                  caFile: configuration.broker.caFile)
+        amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
+                                                      caFile: configuration.broker.caFile)
         try Topology.declareDeadTokens(on: amqp, names)
         let queue = try amqp.declareTemporaryQueue()
         try amqp.bindQueue(queue, to: names.deadTokensExchange, routingKey: names.deadTokens)

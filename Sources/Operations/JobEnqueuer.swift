@@ -42,8 +42,8 @@ public final class JobEnqueuer {
         self.configuration = configuration
         self.replyTo = replyTo
         queue = configuration.broker.queues.jobs(lane)
-        amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
-                                  caFile: configuration.broker.caFile)
+        amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
+                                                      caFile: configuration.broker.caFile)
         try amqp.declareQueue(queue)
         try amqp.enablePublisherConfirms()
     }

@@ -37,7 +37,7 @@ public struct StatsReport: Sendable {
     public var workers: [String]
 
     public static func collect(_ configuration: WorkerConfiguration, windowMinutes: Int) throws -> StatsReport {
-        let amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: 0, caFile: configuration.broker.caFile)
+        let amqp = try configuration.broker.nodes.connect(heartbeat: 0, caFile: configuration.broker.caFile)
         defer { amqp.close() }
         let queueNames = configuration.broker.queues
         var names: [(String, String)] = [("urgent jobs", queueNames.jobs), ("bulk jobs", queueNames.bulk)]

@@ -87,8 +87,8 @@ public final class TokenCleanup: Service {
         var nextSweep = Date()
         while !stopRequested.load(ordering: .acquiring) {
             do {
-                let amqp = try AMQPConnection(url: configuration.broker.url, heartbeat: configuration.broker.heartbeat,
-                                              caFile: configuration.broker.caFile)
+                let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
+                                                                  caFile: configuration.broker.caFile)
                 defer { amqp.close() }
                 let redis = try RedisConnection(url: configuration.redisURL)
                 let names = configuration.broker.queues
@@ -101,7 +101,8 @@ public final class TokenCleanup: Service {
                 try amqp.consume(names.registrations)
                 // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
                 ready.store(true, ordering: .relaxed)
-                logger.info("cleanup consuming", ["amqp.queue.dead_tokens": names.deadTokens,
+                logger.info("cleanup consuming", ["amqp.url": amqp.url.description,
+                                                  "amqp.queue.dead_tokens": names.deadTokens,
                                                   "amqp.queue.registrations": names.registrations,
                                                   "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
                 connectedOnce = true

@@ -19,6 +19,23 @@ import WorkerPipeline
         #expect(throws: AMQPError.self) { try AMQPURL("amqp://h:0") }
     }
 
+    /// A cluster's nodes in AMQP_URL: each URL its own, commas between them, no password in any text.
+    @Test func amqpNodeLists() throws {
+        let nodes = try AMQPNodes("amqp://app:s3cret@rabbit-1:5672/prod, amqp://app:s3cret@rabbit-2:5672/prod,amqps://app:p%2Cw@rabbit-3/prod")
+        #expect(nodes.urls.map(\.host) == ["rabbit-1", "rabbit-2", "rabbit-3"])
+        #expect(nodes.urls.allSatisfy { $0.virtualHost == "prod" }, "each URL keeps its own vhost; none swallows the next")
+        #expect(nodes.urls[2].password == "p,w" && nodes.urls[2].port == 5671, "a comma in a password is %2C")
+        #expect(!nodes.description.contains("s3cret") && !nodes.description.contains("p,w") && !nodes.description.contains("p%2Cw"))
+        do {
+            _ = try AMQPNodes("amqp://app:s3cret@rabbit-1/prod,amqp://app:s3cret@rabbit-2:99999/prod")
+            Issue.record("a bad port was accepted")
+        } catch {
+            #expect(error.message.hasPrefix("URL 2 of 2: port 99999"), "\(error.message)")
+            #expect(!error.message.contains("s3cret"))
+        }
+        #expect(throws: AMQPError.self) { try AMQPNodes("amqp://h,") }
+    }
+
     @Test func redisURLs() throws {
         #expect(try RedisURL("redis://127.0.0.1:6380/2") == RedisURL(host: "127.0.0.1", port: 6380, database: 2))
         let secret = try RedisURL("redis://:s3cret@cache:6379/0")
@@ -45,7 +62,7 @@ import WorkerPipeline
 
     @Test func contractDefaults() throws {
         let configuration = try WorkerConfiguration.load(from: minimal)
-        #expect(configuration.broker.url == AMQPURL())
+        #expect(configuration.broker.nodes == AMQPNodes(AMQPURL()))
         #expect(configuration.redisURL == RedisURL())
         #expect(configuration.apns.production == .production)
         #expect(configuration.apns.sandbox == .sandbox)
