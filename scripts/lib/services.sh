@@ -141,6 +141,7 @@ services_stop() {
     # Each step may find its process gone already; none of that may change the exit status.
     set +e
     [ -n "${APNS_SIM_PID:-}" ] && kill "$APNS_SIM_PID" 2>/dev/null
+    declare -F cluster_stop >/dev/null && cluster_stop
     [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
     if [ -n "${RABBITMQ_PORT:-}" ]; then
         services_rabbitmqctl shutdown >/dev/null 2>&1 || true
