@@ -54,10 +54,14 @@ public struct AMQPProperties: Sendable, Equatable {
     public var timestamp: Int64?
     /// String-valued headers (others are skipped when reading).
     public var headers: [String: String]
+    /// How many times the broker delivered this message before (quorum queues say so in the integer header
+    /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
+    public var deliveryCount: Int?
 
     public init(contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
                 messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
-                headers: [String: String] = [:]) {
+                headers: [String: String] = [:], deliveryCount: Int? = nil) {
+        self.deliveryCount = deliveryCount
         self.contentType = contentType
         self.replyTo = replyTo
         self.correlationID = correlationID
@@ -585,11 +589,14 @@ public final class AMQPConnection {
             raw._flags & amqp_flags_t(flag) != 0 ? string(bytes) : nil
         }
         var headers: [String: String] = [:]
+        var deliveryCount: Int?
         if raw._flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0, let entries = raw.headers.entries {
             for index in 0..<Int(raw.headers.num_entries) {
                 let entry = entries[index]
                 if entry.value.kind == UInt8(ascii: "S") || entry.value.kind == UInt8(ascii: "x") {
                     headers[string(entry.key)] = string(entry.value.value.bytes)
+                } else if string(entry.key) == "x-delivery-count" {
+                    deliveryCount = integer(entry.value)
                 }
             }
         }
@@ -601,7 +608,22 @@ public final class AMQPConnection {
             persistent: raw._flags & amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) != 0 && raw.delivery_mode == 2,
             timestamp: raw._flags & amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG) != 0
                 ? Int64(clamping: raw.timestamp) : nil,
-            headers: headers)
+            headers: headers, deliveryCount: deliveryCount)
+    }
+
+    /// An integer field of a table, of whichever width the sender chose; nil for any other kind.
+    private static func integer(_ field: amqp_field_value_t) -> Int? {
+        switch field.kind {
+        case UInt8(ascii: "b"): Int(field.value.i8)
+        case UInt8(ascii: "B"): Int(field.value.u8)
+        case UInt8(ascii: "s"): Int(field.value.i16)
+        case UInt8(ascii: "u"): Int(field.value.u16)
+        case UInt8(ascii: "I"): Int(field.value.i32)
+        case UInt8(ascii: "i"): Int(field.value.u32)
+        case UInt8(ascii: "l"): Int(field.value.i64)
+        case UInt8(ascii: "L"): Int(clamping: field.value.u64)
+        default: nil
+        }
     }
 
     /// Runs `body` with C properties whose strings point into one buffer that lives for the call.

@@ -86,7 +86,8 @@ public final class AMQPJobBroker: JobBroker {
                     tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
                     properties: MessageProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
                                                   messageID: properties.messageID, persistent: properties.persistent,
-                                                  timestamp: properties.timestamp, headers: properties.headers),
+                                                  timestamp: properties.timestamp, headers: properties.headers,
+                                                  deliveryCount: properties.deliveryCount),
                     lane: delivery.consumerTag == bulkConsumerTag ? .bulk : .urgent)))
             case .blocked(let blocked):
                 notices.append(.publishingBlocked(blocked))
@@ -143,13 +144,20 @@ public final class AMQPJobBroker: JobBroker {
                          ["amqp.exchange": route.exchange, "amqp.routing_key": route.routingKey,
                           "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""])
         }
-        if !returned.isDisjoint(with: ownRoutes) {
-            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
-        }
+        if !returned.isDisjoint(with: ownRoutes) { try declareQueuesAgain() }
         return zip(publications, sequences).map { publication, sequence in
             if nacked.contains(sequence) { return .refused }
             return returned.contains(route(publication.destination)) ? .noQueue : .taken
         }
+    }
+
+    /// Declares the worker's queues on a connection of its own: a declaration the broker refuses (a queue declared
+    /// meanwhile with other arguments) closes the channel it was made on, and on the consuming channel that would
+    /// drop both consumers and every unsettled delivery and confirm.
+    private func declareQueuesAgain() throws {
+        let declaring = try settings.nodes.connect(heartbeat: 0, caFile: settings.caFile)
+        defer { declaring.close() }
+        try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.retryDelays)
     }
 
     public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }

@@ -1,7 +1,14 @@
 import AMQP
 import WorkerPipeline
 
-/// The queues and exchange names apns-worker's programs share (the contract in README.md).
+/// The kind of queue the programs declare (PUSH_QUEUE_TYPE): classic, or quorum (replicated over a cluster's nodes
+/// with Raft; what RabbitMQ 4 offers for replication).
+public enum QueueType: String, Sendable, Equatable, CaseIterable {
+    case classic, quorum
+}
+
+/// The queues and exchange names apns-worker's programs share (the contract in README.md), and the type they are
+/// declared as.
 public struct QueueNames: Sendable, Equatable {
     /// The urgent lane (PUSH_JOBS_QUEUE).
     public var jobs: String
@@ -13,10 +20,13 @@ public struct QueueNames: Sendable, Equatable {
     /// queue.
     public var deadTokensExchange: String
     public var registrations: String
+    /// What queues the programs declare are; a queue someone declared before with other arguments is used as it is.
+    public var type: QueueType
 
     public init(jobs: String = "push.jobs", bulk: String = "push.bulk", failed: String = "push.failed",
                 deadTokens: String = "push.dead-tokens", deadTokensExchange: String? = nil,
-                registrations: String = "push.registrations") {
+                registrations: String = "push.registrations", type: QueueType = .classic) {
+        self.type = type
         self.jobs = jobs
         self.bulk = bulk
         self.failed = failed
@@ -38,10 +48,27 @@ public struct QueueNames: Sendable, Equatable {
 /// The broker objects apns-worker relies on, declared the same way by every process that uses them (declaring is
 /// idempotent, and whichever process starts first creates them).
 public enum Topology {
+    /// Declares one of the programs' queues as `names.type` says (`extra`: arguments of its own, a TTL). Quorum
+    /// queues dead-letter at least once (a message leaves only once the target queue confirmed it), which needs
+    /// publishes refused rather than old messages dropped when a queue is full.
+    public static func declare(_ queue: String, on amqp: AMQPConnection, _ names: QueueNames,
+                               deadLettering: Bool = false,
+                               extra: [String: AMQPArgument] = [:]) throws(AMQPError) {
+        var arguments = extra
+        if names.type == .quorum {
+            arguments["x-queue-type"] = .string("quorum")
+            if deadLettering {
+                arguments["x-dead-letter-strategy"] = .string("at-least-once")
+                arguments["x-overflow"] = .string("reject-publish")
+            }
+        }
+        try amqp.declareQueue(queue, arguments: arguments)
+    }
+
     /// The dead-token queue, and the fanout exchange events are published to with the queue bound to it, so that
     /// other subscribers can bind queues of their own and each receive every event.
     public static func declareDeadTokens(on amqp: AMQPConnection, _ names: QueueNames) throws(AMQPError) {
-        try amqp.declareQueue(names.deadTokens)
+        try declare(names.deadTokens, on: amqp, names)
         guard !names.deadTokensExchange.isEmpty else { return }
         try amqp.declareExchange(names.deadTokensExchange, type: "fanout")
         // Bound with the routing key events are published with (the queue's name): should someone have declared the
@@ -53,11 +80,11 @@ public enum Topology {
     /// per retry delay that dead-letters back to that lane's queue.
     public static func declareWorkerQueues(on amqp: AMQPConnection, _ names: QueueNames,
                                            retryDelays: [Double]) throws(AMQPError) {
-        for queue in [names.jobs, names.bulk, names.failed] { try amqp.declareQueue(queue) }
+        for queue in [names.jobs, names.bulk, names.failed] { try declare(queue, on: amqp, names) }
         try declareDeadTokens(on: amqp, names)
         for lane in JobLane.allCases {
             for delay in retryDelays {
-                try amqp.declareQueue(names.retry(delay: delay, lane: lane), arguments: [
+                try declare(names.retry(delay: delay, lane: lane), on: amqp, names, deadLettering: true, extra: [
                     "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
                     "x-dead-letter-exchange": .string(""),
                     "x-dead-letter-routing-key": .string(names.jobs(lane)),

@@ -125,6 +125,16 @@ public struct WorkerConfiguration: Sendable {
 
     /// Reads and checks every setting; the first bad one throws. The command-line tools (`enqueue`, `tokens`,
     /// `stats`, `cleanup`, ...) send nothing to APNs and load without `requiringCredentials`.
+    /// Debug builds only: TEST_FAULT_EXIT_ON_JOB=<job id> makes the worker exit when it starts that job, for the
+    /// tests of poison jobs. Release builds ignore it.
+    static func testFault(_ environment: [String: String]) -> String? {
+        #if DEBUG
+        return environment["TEST_FAULT_EXIT_ON_JOB"]
+        #else
+        return nil
+        #endif
+    }
+
     public static func load(from environment: [String: String],
                             requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
         func value(_ key: String) -> String? {
@@ -171,6 +181,13 @@ public struct WorkerConfiguration: Sendable {
                 throw ConfigurationError(key: key, "\"\(text)\" is not a number from 0 to 1 (a share, e.g. 0.2)")
             }
             return number
+        }
+        func queueType() throws(ConfigurationError) -> QueueType {
+            guard let text = value("PUSH_QUEUE_TYPE") else { return .classic }
+            guard let type = QueueType(rawValue: text) else {
+                throw ConfigurationError(key: "PUSH_QUEUE_TYPE", "\"\(text)\" is not classic or quorum")
+            }
+            return type
         }
         func queue(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
             let name = value(key) ?? fallback
@@ -252,7 +269,8 @@ public struct WorkerConfiguration: Sendable {
             // exchange (publish straight to the queue), so not `queue()`'s default rule.
             deadTokensExchange: environment["PUSH_DEAD_TOKENS_EXCHANGE"] == nil ? deadTokensQueue
                 : try queue("PUSH_DEAD_TOKENS_EXCHANGE", default: ""),
-            registrations: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"))
+            registrations: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"),
+            type: try queueType())
         let retryDelays = try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300])
         let prefetch = try integer("WORKER_PREFETCH", default: 500, range: 1...65_535)
         let bulkPrefetch = try integer("WORKER_BULK_PREFETCH", default: 100, range: 1...65_535)
@@ -276,7 +294,9 @@ public struct WorkerConfiguration: Sendable {
                 invalidationGuard: MassInvalidationGuard(
                     threshold: try integer("WORKER_MASS_INVALIDATION_THRESHOLD", default: 20, range: 1...1_000_000)),
                 maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
-                retryDelays: retryDelays),
+                retryDelays: retryDelays,
+                maximumDeliveries: try integer("WORKER_MAX_DELIVERIES", default: 5, range: 1...1_000),
+                exitOnJobID: Self.testFault(environment)),
             cleanup: CleanupSettings(inactiveDays: try integer("CLEANUP_INACTIVE_DAYS", default: 90, range: 1...3650),
                                      sweepInterval: try seconds("CLEANUP_SWEEP_INTERVAL", default: 3600)),
             metrics: MetricsSettings(host: value("METRICS_HOST") ?? "0.0.0.0",

@@ -1,4 +1,5 @@
 import AMQP
+import AMQPBroker
 import APNs
 import Configuration
 import Foundation
@@ -28,27 +29,57 @@ public final class JobEnqueuer {
 
     /// Jobs waiting for the broker's confirms at most: bounds memory, keeps the pipe to the broker full.
     static let confirmWindow = 1_000
+    /// Rounds over every node without a connection, in a row, before giving up (about half a minute of back-off).
+    static let reconnectRounds = 8
+
+    /// A job published and not confirmed yet: kept whole, so that it can be published again on another node.
+    private struct Unconfirmed {
+        var line: Int
+        var body: [UInt8]
+        var properties: AMQPProperties
+        /// Its publish sequence number on the current connection; nil until published on it.
+        var sequence: UInt64?
+    }
 
     private let configuration: WorkerConfiguration
-    private let amqp: AMQPConnection
+    private var amqp: AMQPConnection
     private let replyTo: String?
+    private let logger: Logger?
     /// The queue jobs go to.
     public let queue: String
-    private var pending: [(line: Int, sequence: UInt64)] = []
+    private var pending: [Unconfirmed] = []
     public private(set) var progress = Progress()
     public private(set) var refusals: [Refusal] = []
+    /// Connections lost and replaced while publishing (each time, every unconfirmed job was published again).
+    public private(set) var failovers = 0
+    /// The node in use (its URL without the password).
+    public var node: String { amqp.url.description }
 
-    public init(configuration: WorkerConfiguration, replyTo: String? = nil, lane: JobLane = .urgent) throws(AMQPError) {
+    public init(configuration: WorkerConfiguration, replyTo: String? = nil, lane: JobLane = .urgent,
+                logger: Logger? = nil) throws(AMQPError) {
         self.configuration = configuration
         self.replyTo = replyTo
+        self.logger = logger
         queue = configuration.broker.queues.jobs(lane)
-        amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
-                                                      caFile: configuration.broker.caFile)
-        try amqp.declareQueue(queue)
-        try amqp.enablePublisherConfirms()
+        amqp = try Self.open(configuration, queue: queue)
+        logger?.debug("publishing", ["amqp.url": amqp.url.description, "amqp.queue": queue,
+                                    "amqp.nodes": String(configuration.broker.nodes.urls.count)])
     }
 
     deinit { amqp.close() }
+
+    private static func open(_ configuration: WorkerConfiguration, queue: String) throws(AMQPError) -> AMQPConnection {
+        let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
+                                                          caFile: configuration.broker.caFile)
+        do {
+            try Topology.declare(queue, on: amqp, configuration.broker.queues)
+            try amqp.enablePublisherConfirms()
+        } catch {
+            amqp.close()
+            throw error
+        }
+        return amqp
+    }
 
     /// Checks and publishes one job (`line` names it in refusals).
     public func enqueue(_ body: [UInt8], line: Int) throws(AMQPError) {
@@ -61,25 +92,71 @@ public final class JobEnqueuer {
             refuse(line: line, error.description)
             return
         }
+        // The message-id is chosen once: a job published again after a failover carries the same one.
         let properties = AMQPProperties(replyTo: replyTo, correlationID: nil,
                                         messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
                                         persistent: true, timestamp: Int64(Date().timeIntervalSince1970))
-        pending.append((line, try amqp.publish(to: queue, body: body, properties: properties)))
+        pending.append(Unconfirmed(line: line, body: body, properties: properties))
+        try withFailover { () throws(AMQPError) in try publishUnsent() }
         if pending.count >= Self.confirmWindow { try settle() }
     }
 
-    /// Waits for the broker to confirm everything published; a job the broker refused is reported.
+    /// Waits for the broker to confirm everything published; a job the broker refused is reported. Across a lost
+    /// connection, what was not confirmed is published again on another node: at least once, never lost.
     public func settle() throws(AMQPError) {
-        guard let last = pending.last else { return }
-        let nacked = Set(try amqp.waitForConfirms(through: last.sequence))
-        for (line, sequence) in pending {
-            if nacked.contains(sequence) {
-                refuse(line: line, "the broker refused it (nack)")
-            } else {
-                progress.published += 1
+        guard !pending.isEmpty else { return }
+        try withFailover { () throws(AMQPError) in
+            try publishUnsent()
+            let nacked = Set(try amqp.waitForConfirms(through: pending.last!.sequence!))
+            for job in pending {
+                if nacked.contains(job.sequence!) {
+                    refuse(line: job.line, "the broker refused it (nack)")
+                } else {
+                    progress.published += 1
+                }
+            }
+            pending.removeAll(keepingCapacity: true)
+        }
+    }
+
+    private func publishUnsent() throws(AMQPError) {
+        for index in pending.indices where pending[index].sequence == nil {
+            pending[index].sequence = try amqp.publish(to: queue, body: pending[index].body,
+                                                       properties: pending[index].properties)
+        }
+    }
+
+    /// Runs `step`; when the connection fails (its node went away), connects to a node that answers, with the
+    /// jittered back-off between rounds, marks every unconfirmed job unpublished and runs `step` again.
+    private func withFailover(_ step: () throws(AMQPError) -> Void) throws(AMQPError) {
+        while true {
+            do {
+                return try step()
+            } catch where !error.isPermanent {
+                logger?.warning("broker connection lost; publishing the unconfirmed jobs again on another node",
+                                ["amqp.url": amqp.url.description, "error": error.message,
+                                 "jobs.unconfirmed": String(pending.count)])
+                amqp.close()
+                amqp = try reconnect(after: error)
+                failovers += 1
+                for index in pending.indices { pending[index].sequence = nil }
+                logger?.warning("publishing again", ["amqp.url": amqp.url.description, "amqp.queue": queue,
+                                                     "jobs.unconfirmed": String(pending.count)])
             }
         }
-        pending.removeAll(keepingCapacity: true)
+    }
+
+    private func reconnect(after lost: AMQPError) throws(AMQPError) -> AMQPConnection {
+        var last = lost
+        for round in 1...Self.reconnectRounds {
+            do {
+                return try Self.open(configuration, queue: queue)
+            } catch where !error.isPermanent {
+                last = error
+                Thread.sleep(forTimeInterval: Backoff.equalJitter(afterFailures: round, base: 0.5, cap: 8))
+            }
+        }
+        throw last
     }
 
     /// Everything `reader` holds, then `settle()`; `report` sees the progress at most every `interval` seconds and

@@ -11,6 +11,8 @@ public struct JobReader {
     public let totalBytes: Int?
     public private(set) var bytesRead = 0
     private var buffer: [UInt8] = []
+    /// Where each read lands.
+    private var scratch = [UInt8](repeating: 0, count: 1 << 20)
     private var lineNumber = 0
     private var finished = false
     private var mode: Mode = .undecided
@@ -51,9 +53,24 @@ public struct JobReader {
                 lineNumber += 1
                 return try take(line)
             }
-            let chunk = handle.readData(ofLength: 1 << 20)
-            bytesRead += chunk.count
+            let chunk = try readChunk()
             if chunk.isEmpty { finished = true } else { buffer.append(contentsOf: chunk) }
+        }
+    }
+
+    /// What the input has now, up to 1 MiB: at least a byte, or none at its end. A pipe's jobs are taken as they
+    /// come, not once a whole chunk has arrived (a producer may write one job a minute).
+    private mutating func readChunk() throws -> [UInt8] {
+        let descriptor = handle.fileDescriptor
+        while true {
+            let count = scratch.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            if count >= 0 {
+                bytesRead += count
+                return Array(scratch.prefix(count))
+            }
+            guard errno == EINTR else {
+                throw JobReaderError("cannot read the input: \(String(cString: strerror(errno)))")
+            }
         }
     }
 
@@ -69,8 +86,7 @@ public struct JobReader {
                 var whole = line + [UInt8(ascii: "\n")] + buffer
                 buffer.removeAll()
                 while !finished {
-                    let chunk = handle.readData(ofLength: 1 << 20)
-                    bytesRead += chunk.count
+                    let chunk = try readChunk()
                     if chunk.isEmpty { finished = true } else { whole.append(contentsOf: chunk) }
                     guard whole.count <= Self.maximumSingleJob else {
                         throw JobReaderError("line 1 starts a job that does not end on its line, and the input is "

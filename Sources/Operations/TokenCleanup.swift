@@ -93,8 +93,8 @@ public final class TokenCleanup: Service {
                 let redis = try RedisConnection(url: configuration.redisURL)
                 let names = configuration.broker.queues
                 try Topology.declareDeadTokens(on: amqp, names)
-                try amqp.declareQueue(names.registrations)
-                try amqp.declareQueue(names.failed)
+                try Topology.declare(names.registrations, on: amqp, names)
+                try Topology.declare(names.failed, on: amqp, names)
                 try amqp.setPrefetch(500)
                 try amqp.enablePublisherConfirms()
                 let deadTag = try amqp.consume(names.deadTokens)

@@ -12,14 +12,18 @@ import WorkerPipeline
 public struct SentRecord: IdempotencyRecord {
     public static func key(forJob id: String) -> String { "apns:job:" + id + ":done" }
     public static let lifetime = 3600
+    /// Redeliveries of a message the broker does not count (classic queues), `apns:deliveries:<key>`: a day after
+    /// the last one, a message that stopped coming back is forgotten.
+    public static func key(forDeliveriesOf key: String) -> String { "apns:deliveries:" + key }
+    public static let deliveriesLifetime = 86_400
+    /// Set while a worker runs a suspect job alone, `apns:alone:<key>`; deleted when the job settles. Found on the
+    /// job's next delivery, it says the worker died with the job alone.
+    public static func key(forAlone key: String) -> String { "apns:alone:" + key }
 
     private let redis: RedisConnection
 
     public init(redis: RedisConnection) { self.redis = redis }
 
-    /// Adds the batches in one round trip. Returns the jobs whose record Redis refused (a key of the wrong type),
-    /// with its error: a data error about those jobs (a redelivery would send their notifications again), never a
-    /// reason to stop the others. Only a lost connection throws.
     /// The member for an outcome: the token, or for a dead token what its event needs.
     static func member(_ outcome: SettledOutcome) -> String {
         switch outcome {
@@ -81,5 +85,36 @@ public struct SentRecord: IdempotencyRecord {
             result[id] = Self.settled(reply.elements.compactMap(\.text))
         }
         return (result, unreadable)
+    }
+
+    /// INCR and EXPIRE per key, in one round trip.
+    public func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String]) {
+        guard !keys.isEmpty else { return ([:], [:]) }
+        let replies = try redis.pipeline(keys.flatMap { key in
+            [["INCR", Self.key(forDeliveriesOf: key)],
+             ["EXPIRE", Self.key(forDeliveriesOf: key), String(Self.deliveriesLifetime)]]
+        })
+        var counts: [String: Int] = [:]
+        var unreadable: [String: String] = [:]
+        for (index, key) in keys.enumerated() {
+            switch replies[index * 2] {
+            case .integer(let count): counts[key] = Int(count)
+            case .error(let message): unreadable[key] = message
+            default: unreadable[key] = "INCR answered \(replies[index * 2])"
+            }
+        }
+        return (counts, unreadable)
+    }
+
+    public func startingAlone(_ key: String) throws {
+        _ = try redis.command(["SET", Self.key(forAlone: key), "1", "EX", String(Self.deliveriesLifetime)])
+    }
+
+    public func settledAlone(_ key: String) throws { _ = try redis.command(["DEL", Self.key(forAlone: key)]) }
+
+    public func diedAlone(_ keys: [String]) throws -> Set<String> {
+        guard !keys.isEmpty else { return [] }
+        let replies = try redis.pipeline(keys.map { ["EXISTS", Self.key(forAlone: $0)] })
+        return Set(zip(keys, replies).compactMap { key, reply in reply.integer == 1 ? key : nil })
     }
 }

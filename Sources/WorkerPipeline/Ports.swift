@@ -15,9 +15,12 @@ public struct MessageProperties: Sendable, Equatable {
     /// When the message was published (UNIX seconds), if its publisher said so: how long a job waited in its lane.
     public var timestamp: Int64?
     public var headers: [String: String]
+    /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
+    public var deliveryCount: Int?
 
     public init(replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
-                timestamp: Int64? = nil, headers: [String: String] = [:]) {
+                timestamp: Int64? = nil, headers: [String: String] = [:], deliveryCount: Int? = nil) {
+        self.deliveryCount = deliveryCount
         self.replyTo = replyTo
         self.correlationID = correlationID
         self.messageID = messageID
@@ -159,6 +162,15 @@ public protocol IdempotencyRecord {
     /// What earlier deliveries settled, per job; and the jobs whose record cannot be read. Only a lost connection
     /// throws.
     func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String])
+    /// Counts one more delivery of each message (a key that stays the same across its deliveries) for the whole
+    /// fleet, where the broker does not count them; returns the deliveries counted so far per key, and the keys whose
+    /// count cannot be read. Only a lost connection throws.
+    func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String])
+    /// Notes that a worker starts this job alone (no other job in progress until it settles), until `settledAlone`.
+    func startingAlone(_ key: String) throws
+    func settledAlone(_ key: String) throws
+    /// The keys whose last delivery was started alone and never settled: the worker running it died.
+    func diedAlone(_ keys: [String]) throws -> Set<String>
 }
 
 /// What a rate limiter grants.

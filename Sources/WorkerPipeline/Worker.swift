@@ -13,10 +13,19 @@ public struct WorkerSettings: Sendable {
     public var maximumSendAttempts: Int
     /// Seconds a retry waits, by attempt (the last repeats).
     public var retryDelays: [Double]
+    /// Deliveries of one job at most: a job delivered more often is parked unread, as a job that may stop the
+    /// workers it is delivered to (a poison job) would otherwise go from worker to worker for ever.
+    public var maximumDeliveries: Int
+    /// Test-only fault: the process exits at once when it starts the job of this id (what a job that crashes
+    /// workers does). Set only by debug builds.
+    public var exitOnJobID: String?
 
     public init(core: WorkerCore.Settings, defaultTopic: String? = nil,
                 invalidationGuard: MassInvalidationGuard = MassInvalidationGuard(threshold: 20),
-                maximumSendAttempts: Int = 3, retryDelays: [Double] = [1, 15, 60, 300]) {
+                maximumSendAttempts: Int = 3, retryDelays: [Double] = [1, 15, 60, 300], maximumDeliveries: Int = 5,
+                exitOnJobID: String? = nil) {
+        self.maximumDeliveries = maximumDeliveries
+        self.exitOnJobID = exitOnJobID
         self.core = core
         self.defaultTopic = defaultTopic
         self.invalidationGuard = invalidationGuard
@@ -167,7 +176,19 @@ public final class Worker: Service {
         // Bulk jobs read but not started yet (started a few at a time, as the bulk lane makes room).
         var unstartedBulk: [JobDelivery] = []
         var held = HeldPublishes()
+        var suspects = Suspects()
+        // Ending this session is not dying: a suspect under way did not stop the worker.
+        defer { if let key = suspects.alone { try? session.record.settledAlone(key) } }
         var lastProgress = (at: Date(), snapshot: statistics.snapshot())
+        /// Urgent jobs start at once, bulk jobs wait their turn.
+        func dispatch(_ batch: [JobDelivery]) throws {
+            let urgent = batch.filter { $0.lane == .urgent }
+            unstartedBulk += batch.filter { $0.lane == .bulk }
+            if !urgent.isEmpty {
+                core.handle(.jobsStarted(try start(urgent, session: session, generation: generation,
+                                                   into: &backlogs, held: &held)))
+            }
+        }
         while true {
             let finished = completions.withLock { queue -> [JobProgress] in
                 defer { queue.removeAll(keepingCapacity: true) }
@@ -227,19 +248,41 @@ public final class Worker: Service {
                     }
                     deliveriesRead = batch.count
                     note(taken: batch)
-                    let urgent = batch.filter { $0.lane == .urgent }
-                    unstartedBulk += batch.filter { $0.lane == .bulk }
-                    if !urgent.isEmpty {
-                        core.handle(.jobsStarted(try start(urgent, session: session, generation: generation,
-                                                           into: &backlogs, held: &held)))
-                    }
+                    let sorted = try triage(batch, session: session)
+                    if !sorted.poison.isEmpty { try reject(sorted.poison, session: session, held: &held) }
+                    suspects.waiting += sorted.suspects
+                    if suspects.isActive { suspects.behind += sorted.usual } else { try dispatch(sorted.usual) }
                 default:
                     break
                 }
             }
+            // Suspects run alone: the next one starts once nothing else is in progress; the jobs read meanwhile
+            // start when none is left.
+            if let key = suspects.alone, core.jobsInFlight == 0 {
+                try session.record.settledAlone(key)
+                suspects.alone = nil
+            }
+            if suspects.alone == nil, !core.isStopping {
+                if !suspects.waiting.isEmpty, core.jobsInFlight == 0 {
+                    let suspect = suspects.waiting.removeFirst()
+                    let key = Self.historyKey(suspect)
+                    try session.record.startingAlone(key)
+                    suspects.alone = key
+                    logger.warning("starting a job alone: it came back twice or more without being settled",
+                                   ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
+                                    "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)])
+                    core.handle(.jobsStarted(try start([suspect], session: session, generation: generation,
+                                                       into: &backlogs, held: &held)))
+                } else if !suspects.behind.isEmpty {
+                    let waiting = suspects.behind
+                    suspects.behind = []
+                    try dispatch(waiting)
+                }
+            }
             let later = Date()
             for action in core.endTurn(now: later, deliveriesRead: deliveriesRead, queued: backlogs.counts,
-                                       inFlight: statistics.inFlight.counts, unstartedBulkJobs: unstartedBulk.count,
+                                       inFlight: statistics.inFlight.counts,
+                                       unstartedBulkJobs: suspects.isActive ? 0 : unstartedBulk.count,
                                        heldDue: held.nextDue) {
                 switch action {
                 case .send(let urgent, let bulk):
@@ -386,8 +429,12 @@ public final class Worker: Service {
         for delivery in batch {
             let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
             do {
-                jobs.append((delivery, try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic,
-                                                          fallbackID: fallbackID)))
+                let job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic, fallbackID: fallbackID)
+                if let exitOnJobID = settings.exitOnJobID, job.id == exitOnJobID {
+                    logger.critical("test fault: exiting on this job", ["job.id": job.id])
+                    exit(70)
+                }
+                jobs.append((delivery, job))
             } catch {
                 rejected.append((delivery, error.description))
             }
@@ -428,6 +475,90 @@ public final class Worker: Service {
         if !rejected.isEmpty { try reject(rejected, session: session, held: &held) }
         let settled = finishedAtOnce.isEmpty ? 0 : try finish(finishedAtOnce, session: session, held: &held)
         return progresses.count - settled
+    }
+
+    /// Jobs that came back twice or more without being settled (they may be what stopped the workers they were
+    /// delivered to): each is started alone, so that if it stops this worker too the next delivery knows it.
+    struct Suspects {
+        var waiting: [JobDelivery] = []
+        /// The history key of the suspect under way, alone.
+        var alone: String?
+        /// Deliveries read while suspects wait or run: started once they are done.
+        var behind: [JobDelivery] = []
+        var isActive: Bool { alone != nil || !waiting.isEmpty }
+    }
+
+    /// The key a job's delivery history is kept under: its message-id or, without one, its body.
+    static func historyKey(_ delivery: JobDelivery) -> String {
+        delivery.properties.messageID.map { "id:" + $0 } ?? "body:" + fingerprint(delivery.body)
+    }
+
+    /// A job at this delivery or later came back twice without being settled: it is started alone (one broker
+    /// failover explains one redelivery, not two).
+    var suspectFrom: Int { min(3, settings.maximumDeliveries + 1) }
+
+    /// Sorts a batch: jobs to start as usual, suspects to start alone, and poison jobs to park (delivered more than
+    /// the maximum, the last time alone in a worker that then died).
+    private func triage(_ batch: [JobDelivery], session: WorkerSession) throws
+        -> (usual: [JobDelivery], suspects: [JobDelivery], poison: [(JobDelivery, String)]) {
+        let deliveries = try deliveriesSoFar(of: batch, session: session)
+        let overLimit = batch.filter { (deliveries[$0.tag] ?? 1) > settings.maximumDeliveries }.map(Self.historyKey)
+        let diedAlone = overLimit.isEmpty ? [] : try session.record.diedAlone(overLimit)
+        var usual: [JobDelivery] = [], suspects: [JobDelivery] = [], poison: [(JobDelivery, String)] = []
+        for delivery in batch {
+            let count = deliveries[delivery.tag] ?? 1
+            if count > settings.maximumDeliveries && diedAlone.contains(Self.historyKey(delivery)) {
+                statistics.poisonJobs.add(1, ordering: .relaxed)
+                logger.error("poison job parked: delivered more often than allowed, and a worker died with it alone",
+                             ["job.deliveries": String(count), "job.max_deliveries": String(settings.maximumDeliveries),
+                              "amqp.message_id": delivery.properties.messageID ?? ""])
+                poison.append((delivery, "delivered \(count) times, more than the \(settings.maximumDeliveries) allowed "
+                                   + "(WORKER_MAX_DELIVERIES), and the last time it was the only job of a worker that "
+                                   + "ended without settling it: the job stops workers"))
+            } else if count >= suspectFrom {
+                suspects.append(delivery)
+            } else {
+                usual.append(delivery)
+            }
+        }
+        return (usual, suspects, poison)
+    }
+
+    /// How many times each redelivered job of the batch has been delivered, this delivery included: as the broker
+    /// counts them (quorum queues), else as the fleet counts them in the store. First deliveries cost nothing.
+    private func deliveriesSoFar(of batch: [JobDelivery], session: WorkerSession) throws -> [UInt64: Int] {
+        var counts: [UInt64: Int] = [:]
+        var uncounted: [(tag: UInt64, key: String)] = []
+        for delivery in batch where delivery.redelivered {
+            if let before = delivery.properties.deliveryCount {
+                counts[delivery.tag] = before + 1
+            } else {
+                uncounted.append((delivery.tag, Self.historyKey(delivery)))
+            }
+        }
+        guard !uncounted.isEmpty else { return counts }
+        let (redeliveries, unreadable) = try session.record.countRedeliveries(of: uncounted.map(\.key))
+        for (key, message) in unreadable {
+            statistics.countDataError("delivery_count")
+            logger.error("a redelivered job's delivery count cannot be read; the job is handled",
+                         ["redis.error": message, "job.history_key": key])
+        }
+        for (tag, key) in uncounted {
+            // The first delivery was not counted: the store holds redeliveries only.
+            if let redelivered = redeliveries[key] { counts[tag] = redelivered + 1 }
+        }
+        return counts
+    }
+
+    /// FNV-1a, 64 bits, in hex: the same body gives the same key in every worker (Swift's `Hasher` is seeded per
+    /// process).
+    static func fingerprint(_ body: [UInt8]) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in body {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        return String(hash, radix: 16)
     }
 
     /// A new job's device tokens: its own, then those of its users' tokens that serve its topic, each token once (a

@@ -13,6 +13,8 @@ public final class WorkerStatistics: Sendable {
     /// event), and the jobs in which it did.
     public let heldBack = Atomic<Int>(0)
     public let invalidationGuardTrips = Atomic<Int>(0)
+    /// Jobs delivered more often than allowed, parked unread (also counted as rejected).
+    public let poisonJobs = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
     /// Notifications whose job's deadline passed before they could be handed to APNs (not sent).
     public let expired = Atomic<Int>(0)
@@ -105,6 +107,9 @@ public final class WorkerStatistics: Sendable {
         metrics.counter("apns_worker_invalidation_guard_trips_total",
                         "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
                             + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
+        metrics.counter("apns_worker_poison_jobs_total",
+                        "Jobs delivered more than WORKER_MAX_DELIVERIES times, parked on the failed queue unread.",
+                        load(poisonJobs))
         let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
         metrics.family("apns_worker_apns_responses_total", "counter",
                        "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",

@@ -16,6 +16,7 @@ USAGE:
   apns-bench jwt --key FILE --key-id KID --team-id TEAM
       Prints an authorization header value (bearer JWT) for other load tools.
   apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P] [--rate R] [--unstamped]
+                  [--queue-type classic|quorum]
       Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
       Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency;
       --unstamped leaves it out (a backlog whose notifications must not count in the latency figures).
@@ -156,8 +157,10 @@ case "fill":
     let userPrefix = options["user-prefix"] ?? "bench-user-"
     let stamped = options["unstamped"] == nil
     do {
-        let connection = try AMQPConnection(url: try AMQPURL(url))
-        try connection.declareQueue(queue)
+        let connection = try AMQPNodes(url).connect(startingAt: 0)
+        let type = options["queue-type"] ?? "classic"
+        guard type == "classic" || type == "quorum" else { fail("--queue-type is classic or quorum, not \(type)") }
+        try connection.declareQueue(queue, arguments: type == "quorum" ? ["x-queue-type": .string("quorum")] : [:])
         try connection.enablePublisherConfirms()
         let rate = options["rate"].flatMap(Double.init)
         let started = DispatchTime.now().uptimeNanoseconds
@@ -191,7 +194,7 @@ case "drain":
     let count = integer("count", 10_000)
     let ackEvery = max(1, integer("ack-every", 1))
     do {
-        let connection = try AMQPConnection(url: try AMQPURL(url))
+        let connection = try AMQPNodes(url).connect(startingAt: 0)
         try connection.setPrefetch(integer("prefetch", 500))
         try connection.consume(queue)
         var received = 0

@@ -60,7 +60,9 @@ func enqueueCommand(_ arguments: [String]) {
     let enqueuer: JobEnqueuer
     do {
         enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to"),
-                                   lane: parsed.switches.contains("--bulk") ? .bulk : .urgent)
+                                   lane: parsed.switches.contains("--bulk") ? .bulk : .urgent,
+                                   logger: Logger(label: "apns-worker", level: configuration.logLevel,
+                                                  format: configuration.logFormat))
     } catch {
         failReaching("enqueue: \(error)", error)
     }

@@ -65,7 +65,9 @@ func deadTokensCommand(_ arguments: [String]) {
     let configuration = parsed.configuration(requiringCredentials: false)
     let full = parsed.switches.contains("--full-tokens")
     do {
-        let watcher = try DeadTokenWatcher(configuration: configuration)
+        let watcher = try DeadTokenWatcher(configuration: configuration,
+                                           logger: Logger(label: "apns-worker", level: configuration.logLevel,
+                                                          format: configuration.logFormat))
         FileHandle.standardError.write(Data("apns-worker: watching \(configuration.broker.queues.deadTokensExchange)\n".utf8))
         var seen = 0
         while seen < count, let body = try watcher.next(timeout: timeout) {

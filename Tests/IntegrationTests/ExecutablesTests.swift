@@ -23,7 +23,12 @@ import Glibc
         private var buffer: [UInt8] = []
         private let exited = DispatchSemaphore(value: 0)
 
-        init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], unset: [String] = []) throws {
+        /// With `input`, the child reads its standard input from `write(_:)` until `closeInput()`.
+        let input: Pipe?
+
+        init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], unset: [String] = [],
+             input: Bool = false) throws {
+            self.input = input ? Pipe() : nil
             let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
             let path = directory + "/" + executable
             guard FileManager.default.isExecutableFile(atPath: path) else {
@@ -35,6 +40,7 @@ import Glibc
                 .filter { !unset.contains($0.key) }
             process.standardOutput = output
             process.standardError = output
+            if let input = self.input { process.standardInput = input }
             // Foundation reaps the child itself, so its exit is learned here rather than from waitpid.
             process.terminationHandler = { [exited] _ in exited.signal() }
             try process.run()
@@ -61,6 +67,10 @@ import Glibc
                 buffer.append(contentsOf: chunk)
             }
         }
+
+        func write(_ text: String) { input?.fileHandleForWriting.write(Data(text.utf8)) }
+
+        func closeInput() { try? input?.fileHandleForWriting.close() }
 
         /// Sends `signal` and waits for the exit: the exit code, or minus the signal that ended it.
         func stop(_ signal: Int32 = SIGTERM) -> Int32 {

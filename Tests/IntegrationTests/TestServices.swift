@@ -191,10 +191,10 @@ final class QueueReader {
     let connection: AMQPConnection
     let queue: String
 
-    init(_ queue: String) throws {
+    init(_ queue: String, url: AMQPURL? = nil, arguments: [String: AMQPArgument] = [:]) throws {
         self.queue = queue
-        connection = try AMQPConnection(url: TestServices.amqpURL())
-        try connection.declareQueue(queue)
+        connection = try AMQPConnection(url: url ?? TestServices.amqpURL())
+        try connection.declareQueue(queue, arguments: arguments)
         try connection.consume(queue)
     }
 

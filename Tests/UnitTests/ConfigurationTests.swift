@@ -78,6 +78,11 @@ import WorkerPipeline
         #expect(configuration.cleanup.inactiveDays == 90 && configuration.cleanup.sweepInterval == 3600)
         #expect(configuration.metrics.port == 9464 && configuration.broker.prefetch == 500)
         #expect(configuration.broker.queues.bulk == "push.bulk" && configuration.broker.bulkPrefetch == 100)
+        #expect(configuration.broker.queues.type == .classic && configuration.pipeline.maximumDeliveries == 5)
+        let clustered = try WorkerConfiguration.load(from: minimal.merging(["PUSH_QUEUE_TYPE": "quorum",
+                                                                            "WORKER_MAX_DELIVERIES": "2"]) { $1 })
+        #expect(clustered.broker.queues.type == .quorum && clustered.pipeline.maximumDeliveries == 2)
+        #expect(clustered.pipeline.exitOnJobID == nil, "the test-only fault is off unless asked for")
         #expect(configuration.rateLimitUrgentShare == 0.2)
         #expect(configuration.pipeline.core.prefetch == 600, "a turn reads up to both lanes' prefetch")
         guard case .token(let provider) = try configuration.credential.makeAuthentication() else {
@@ -115,6 +120,9 @@ import WorkerPipeline
         (["WORKER_BULK_PREFETCH": "0"], "WORKER_BULK_PREFETCH"),
         (["APNS_RATE_LIMIT_URGENT_SHARE": "1.5"], "APNS_RATE_LIMIT_URGENT_SHARE"),
         (["APNS_RATE_LIMIT_URGENT_SHARE": "20%"], "APNS_RATE_LIMIT_URGENT_SHARE"),
+        (["PUSH_QUEUE_TYPE": "mirrored"], "PUSH_QUEUE_TYPE"),
+        (["PUSH_QUEUE_TYPE": "Quorum"], "PUSH_QUEUE_TYPE"),
+        (["WORKER_MAX_DELIVERIES": "0"], "WORKER_MAX_DELIVERIES"),
     ])
     func badSettingsNameTheirKey(overrides: [String: String], key: String) {
         let environment = minimal.merging(overrides) { _, new in new }

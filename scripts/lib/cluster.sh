@@ -20,6 +20,8 @@ cluster_node_env() {
     export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
     export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
     export RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf"
+    # Schedulers that sleep when idle: three nodes waiting for their phase leave the two cores to the other tests.
+    export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
     export PATH="/usr/lib/rabbitmq/bin:$PATH"
 }
 

@@ -1,0 +1,260 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Synchronization
+import Telemetry
+import Testing
+import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The three-node RabbitMQ cluster scripts/test starts for this suite (scripts/lib/cluster.sh): its nodes' URLs,
+/// names and rabbitmqctl. Tests stop and start nodes, so the suite runs alone, one test at a time.
+enum Cluster {
+    static func urls() throws -> [String] {
+        try TestServices.value("CLUSTER_AMQP_URL").split(separator: ",").map(String.init)
+    }
+
+    static func url(_ node: Int) throws -> AMQPURL { try AMQPURL(urls()[node - 1]) }
+
+    static func names() throws -> [String] {
+        try TestServices.value("CLUSTER_NODE_NAMES").split(separator: ",").map(String.init)
+    }
+
+    static func ctl(_ node: Int, _ arguments: [String]) throws -> String {
+        try TestServices.run(try TestServices.value("CLUSTER_CTL"), [String(node)] + arguments)
+    }
+
+    /// The node (1...3) whose URL has this port, as a log line names it (`amqp.url=amqp://guest:***@host:PORT/...`).
+    static func node(inLogLine line: String) throws -> Int {
+        let ports = try urls().map { try AMQPURL($0).port }
+        for (index, port) in ports.enumerated() where line.contains(":\(port)/") { return index + 1 }
+        throw TestServices.CommandFailed(description: "no cluster node in: \(line)")
+    }
+
+    /// The node leading a quorum queue, asked of a running node.
+    static func leader(of queue: String, askingNode asked: Int) throws -> Int {
+        let listing = try ctl(asked, ["list_queues", "name", "leader", "--quiet", "--no-table-headers"])
+        let line = try #require(listing.split(separator: "\n").first { $0.hasPrefix(queue + "\t") }, "\(listing)")
+        let leader = String(line.split(separator: "\t").last ?? "")
+        return try #require(try names().firstIndex(of: leader), "leader \(leader)") + 1
+    }
+
+    /// Messages in a queue, ready and unacknowledged, asked of a running node.
+    static func messages(in queue: String, askingNode asked: Int) throws -> Int? {
+        let listing = try ctl(asked, ["list_queues", "name", "messages", "--quiet", "--no-table-headers"])
+        return listing.split(separator: "\n").first { $0.hasPrefix(queue + "\t") }
+            .flatMap { Int($0.split(separator: "\t").last ?? "") }
+    }
+
+    static func stop(_ node: Int) throws { _ = try ctl(node, ["stop_app"]) }
+
+    /// Starts a stopped node and waits until it runs again.
+    static func start(_ node: Int) throws {
+        _ = try ctl(node, ["start_app"])
+        _ = try ctl(node, ["await_startup"])
+    }
+
+    /// A node other than these.
+    static func other(than nodes: Int...) -> Int { (1...3).first { !nodes.contains($0) }! }
+}
+
+/// What a three-node cluster with quorum queues costs when a node dies: nothing lost, duplicates bounded by what was
+/// in flight, and how long delivery stopped. Runs as its own phase of scripts/test.
+@Suite(.serialized) struct ClusterTests {
+    /// When each distinct token was first accepted, and every acceptance.
+    final class Deliveries: Sendable {
+        private let state = Locked<(times: [Date], tokens: Set<String>)>(([], []))
+        let target: Int
+        private let reached = Locked<[Int: DispatchSemaphore]>([:])
+
+        init(target: Int) { self.target = target }
+
+        func observe(_ notification: ReceivedNotification) {
+            guard notification.status == 200 else { return }
+            let count = state.withLock { state in
+                state.times.append(Date())
+                state.tokens.insert(notification.deviceToken)
+                return state.tokens.count
+            }
+            reached.withLock { waiting in
+                for (threshold, semaphore) in waiting where count >= threshold {
+                    semaphore.signal()
+                    waiting[threshold] = nil
+                }
+            }
+        }
+
+        var distinct: Int { state.withLock { $0.tokens.count } }
+
+        /// Waits until `count` distinct tokens were accepted.
+        func wait(for count: Int, timeout: Double) -> Bool {
+            let semaphore = DispatchSemaphore(value: 0)
+            let already = reached.withLock { waiting in
+                if distinct >= count { return true }
+                waiting[count] = semaphore
+                return false
+            }
+            return already || semaphore.wait(timeout: .now() + timeout) == .success
+        }
+
+        /// The longest time without an acceptance after `since`: how long delivery stopped.
+        func longestPause(after since: Date) -> Double {
+            let times = state.withLock { $0.times }.sorted()
+            var previous = times.last { $0 <= since } ?? since
+            var longest = 0.0
+            for time in times where time > since {
+                longest = max(longest, time.timeIntervalSince(previous))
+                previous = time
+            }
+            return longest
+        }
+    }
+
+    static let jobCount = 3_000
+    static let prefetch = 200
+
+    enum Stopped { case workersNode, jobsQueueLeader }
+
+    /// Jobs of one token each, declared and published through node 1 (which so leads the jobs queue); a worker
+    /// process with the three URLs, on a node other than 1; a rate limit so that the run lasts long enough to stop
+    /// a node in the middle. Stops the node, waits for every notification, starts the node again.
+    func failover(_ stopped: Stopped) throws {
+        let logger = Logger(label: "cluster", level: .critical)
+        let tokens = (0..<Self.jobCount).map { String(format: "%064x", 0xC0_0000 + $0) }
+        let deliveries = Deliveries(target: tokens.count)
+        var configuration = APNsSimulator.Configuration()
+        configuration.observer = { deliveries.observe($0) }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+
+        let jobs = TestServices.unique("cluster-jobs")
+        let publisher = try AMQPConnection(url: Cluster.url(1))
+        _ = try publisher.declareQueue(jobs, arguments: ["x-queue-type": .string("quorum")])
+        try publisher.enablePublisherConfirms()
+        var last: UInt64 = 0
+        for token in tokens {
+            last = try publisher.publish(to: jobs, body: Array(
+                #"{"id": "\#(jobs)-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+        }
+        #expect(try publisher.waitForConfirms(through: last).isEmpty)
+        publisher.close()
+        #expect(try Cluster.leader(of: jobs, askingNode: 2) == 1, "declared through node 1, led by node 1")
+
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
+            "WORKER_PREFETCH": String(Self.prefetch), "APNS_RATE_LIMIT": "300", "LOG_FORMAT": "text",
+            "LOG_LEVEL": "info", "AMQP_HEARTBEAT": "5",
+        ])
+        environment["PUSH_DEAD_TOKENS_QUEUE"] = TestServices.unique("cluster-dead")
+        // The worker starts on a random node: started again until it is not on node 1, so that the node it uses
+        // and the queue's leader are two different nodes.
+        var worker: ExecutablesTests.Child?
+        var workerNode = 1
+        for _ in 0..<12 where workerNode == 1 {
+            if let earlier = worker { _ = earlier.stop(SIGKILL) }
+            let child = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+            let consuming = try #require(child.waitForLine(containing: "consuming"), "the worker consumes")
+            workerNode = try Cluster.node(inLogLine: consuming)
+            worker = child
+        }
+        let running = try #require(worker)
+        defer { _ = running.stop(SIGKILL) }
+        #expect(workerNode != 1, "the worker found a node other than the leader's")
+
+        #expect(deliveries.wait(for: Self.jobCount / 5, timeout: 60), "delivery under way")
+        let victim = stopped == .workersNode ? workerNode : 1
+        let survivor = Cluster.other(than: victim, workerNode == victim ? 1 : workerNode)
+        let stoppedAt = Date()
+        try Cluster.stop(victim)
+        let restarted = Locked(false)
+        defer { if !restarted.withLock({ $0 }) { try? Cluster.start(victim) } }
+        if stopped == .workersNode {
+            let moved = try #require(running.waitForLine(containing: "consuming", timeout: 60), "consuming again")
+            #expect(try Cluster.node(inLogLine: moved) != victim, "moved to a running node: \(moved)")
+        }
+        #expect(deliveries.wait(for: Self.jobCount, timeout: 120),
+                "\(deliveries.distinct) of \(Self.jobCount) delivered")
+        #expect(running.stop() == 0, "the worker stops cleanly")
+        // Every job was acknowledged: none is left ready or unacknowledged (quorum counts refresh every 200 ms).
+        let emptied = try TestServices.waitUntil(timeout: 30) { try Cluster.messages(in: jobs, askingNode: survivor) == 0 }
+        #expect(emptied, "the jobs queue is empty: \(String(describing: try? Cluster.messages(in: jobs, askingNode: survivor)))")
+        try Cluster.start(victim)
+        restarted.withLock { $0 = true }
+
+        let received = simulator.received().filter { $0.status == 200 }
+        let duplicates = received.count - Set(received.map(\.deviceToken)).count
+        #expect(duplicates <= Self.prefetch, "duplicates are bounded by the jobs in flight: \(duplicates)")
+        let scenario = stopped == .workersNode
+            ? "cluster: the node the worker uses is stopped mid-run (quorum queues, 3 nodes)"
+            : "cluster: the node leading the jobs queue is stopped mid-run (worker on another node)"
+        TestServices.reportFault(scenario, notifications: Self.jobCount, received: simulator.received())
+        print(String(format: "failover | %@ | %d | %d | %d | %.1f", scenario, Self.jobCount, deliveries.distinct,
+                     duplicates, deliveries.longestPause(after: stoppedAt)))
+    }
+
+    @Test func theNodeTheWorkerUsesStopsMidRun() throws { try failover(.workersNode) }
+
+    @Test func theNodeLeadingTheJobsQueueStopsMidRun() throws { try failover(.jobsQueueLeader) }
+
+    /// `apns-worker enqueue` of 10,000 jobs from a pipe; the node it publishes to is stopped halfway (with jobs
+    /// published and not confirmed yet): it moves to another node and publishes those again. Every job is in the
+    /// queue, some twice (at least once), none lost.
+    @Test func enqueueAcrossANodeStopLosesNothing() throws {
+        let jobs = TestServices.unique("cluster-enqueue")
+        let total = 10_000
+        let enqueue = try ExecutablesTests.Child("apns-worker", ["enqueue", "--no-progress", "-"], environment: [
+            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
+            "PUSH_JOBS_QUEUE": jobs, "LOG_LEVEL": "debug", "LOG_FORMAT": "text", "AMQP_HEARTBEAT": "5",
+        ], input: true)
+        defer { _ = enqueue.stop(SIGKILL) }
+        let publishing = try #require(enqueue.waitForLine(containing: "publishing"), "enqueue connects")
+        let node = try Cluster.node(inLogLine: publishing)
+        func line(_ index: Int) -> String {
+            #"{"id": "\#(jobs)-\#(index)", "tokens": ["\#(String(format: "%064x", index))"], "payload": {"aps": {}}}"#
+                + "\n"
+        }
+        // 4,500: the last 500 are published and not confirmed yet (confirms are awaited every 1,000 jobs).
+        enqueue.write((0..<4_500).map(line).joined())
+        let survivor = Cluster.other(than: node)
+        let arrived = try TestServices.waitUntil(timeout: 30) {
+            (try Cluster.messages(in: jobs, askingNode: survivor) ?? 0) >= 4_000
+        }
+        #expect(arrived, "the first jobs are in the queue")
+        try Cluster.stop(node)
+        defer { try? Cluster.start(node) }
+        enqueue.write((4_500..<total).map(line).joined())
+        enqueue.closeInput()
+        let moved = try #require(enqueue.waitForLine(containing: "publishing again", timeout: 60), "enqueue moves")
+        #expect(try Cluster.node(inLogLine: moved) != node)
+        let published = try #require(enqueue.waitForLine(containing: "published", timeout: 120))
+        #expect(published.contains("published \(total) jobs"), "\(published)")
+        #expect(enqueue.waitForExit() == 0)
+
+        let reader = try AMQPConnection(url: Cluster.url(survivor))
+        defer { reader.close() }
+        try reader.setPrefetch(1_000)
+        try reader.consume(jobs)
+        var ids: [String] = []
+        while let event = try reader.nextEvent(timeout: 5) {
+            guard case .delivery(let delivery) = event else { continue }
+            try reader.ack(delivery.deliveryTag)
+            let job = try JSONSerialization.jsonObject(with: Data(delivery.body)) as? [String: Any]
+            ids.append(job?["id"] as? String ?? "")
+        }
+        let distinct = Set(ids).count
+        #expect(distinct == total, "every job is in the queue: \(distinct) distinct of \(total)")
+        print("failover | cluster: enqueue of \(total) jobs, its node stopped halfway | \(total) | \(distinct) | "
+              + "\(ids.count - distinct) | -")
+        try Cluster.start(node)
+    }
+
+    /// A job that makes the worker exit is delivered again and again (to each worker that takes it): after
+    /// WORKER_MAX_DELIVERIES deliveries, counted by the quorum queue, the next worker parks it on the failed queue
+    /// with the reason, and the other jobs are all delivered.
+    @Test func aPoisonJobIsParkedAfterItsDeliveries() throws {
+        try PoisonJobTests.poisonJobIsParked(amqpURL: try Cluster.urls().joined(separator: ","), queueType: "quorum")
+    }
+}

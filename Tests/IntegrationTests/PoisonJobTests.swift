@@ -1,0 +1,85 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import RedisStore
+import Telemetry
+import Testing
+import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A job that makes the worker exit (the debug build's TEST_FAULT_EXIT_ON_JOB fault) comes back to the next worker
+/// again and again; after WORKER_MAX_DELIVERIES deliveries it is parked on the failed queue with the reason, while
+/// the jobs delivered with it are all sent. On classic queues the fleet counts deliveries in Redis; ClusterTests runs
+/// the same scenario on quorum queues, which count them themselves.
+@Suite struct PoisonJobTests {
+    @Test func aPoisonJobIsParkedOnAClassicQueue() throws {
+        try Self.poisonJobIsParked(amqpURL: try TestServices.value("AMQP_URL"), queueType: "classic")
+    }
+
+    /// Ten jobs, the poison job, ten jobs; worker processes started again each time one exits, as a supervisor
+    /// would.
+    static func poisonJobIsParked(amqpURL: String, queueType: String) throws {
+        let logger = Logger(label: "poison", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("poison-jobs"), failed = TestServices.unique("poison-failed")
+        let arguments: [String: AMQPArgument] = queueType == "quorum" ? ["x-queue-type": .string("quorum")] : [:]
+        let firstNode = try AMQPURL(String(amqpURL.split(separator: ",")[0]))
+        let publisher = try AMQPConnection(url: firstNode)
+        defer { publisher.close() }
+        _ = try publisher.declareQueue(jobs, arguments: arguments)
+        let failedReader = try QueueReader(failed, url: firstNode, arguments: arguments)
+        try publisher.enablePublisherConfirms()
+        let poisonID = "\(jobs)-poison"
+        let tokens = (0..<20).map { String(format: "%064x", 0xB0_0000 + $0) }
+        var bodies = tokens.map { #"{"id": "\#(jobs)-\#($0.suffix(4))", "tokens": ["\#($0)"], "payload": {"aps": {}}}"# }
+        bodies.insert(#"{"id": "\#(poisonID)", "tokens": ["\#(String(repeating: "e", count: 64))"], "payload": {"aps": {}}}"#,
+                      at: 10)
+        var last: UInt64 = 0
+        for (index, body) in bodies.enumerated() {
+            // Message-ids as `enqueue` gives them: the key of a job's delivery count on classic queues.
+            let messageID = index == 10 ? poisonID : "\(jobs)-\(index)"
+            last = try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(messageID: messageID))
+        }
+        #expect(try publisher.waitForConfirms(through: last).isEmpty)
+
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "AMQP_URL": amqpURL, "PUSH_QUEUE_TYPE": queueType, "PUSH_FAILED_QUEUE": failed,
+            "TEST_FAULT_EXIT_ON_JOB": poisonID, "LOG_FORMAT": "text", "LOG_LEVEL": "info",
+        ])
+        var exits: [Int32] = []
+        var survivor: ExecutablesTests.Child?
+        for _ in 0..<10 where survivor == nil {
+            let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+            if let parked = worker.waitForLine(containing: "poison job parked", timeout: 60) {
+                #expect(parked.contains("job.deliveries=6"), "\(parked)")
+                survivor = worker
+            } else {
+                exits.append(worker.waitForExit())
+            }
+        }
+        let worker = try #require(survivor, "the poison job was parked (worker exits: \(exits))")
+        defer { _ = worker.stop() }
+        #expect(exits == [70, 70, 70, 70, 70], "the job stopped a worker at each of its 5 deliveries: \(exits)")
+
+        let parked = try #require(try failedReader.read(1).first, "the poison job is on the failed queue")
+        #expect(String(decoding: parked.body, as: UTF8.self).contains(poisonID), "the job's own body")
+        let reason = parked.properties.headers[Worker.reasonHeader] ?? ""
+        #expect(reason.contains("delivered 6 times") && reason.contains("WORKER_MAX_DELIVERIES"), "\(reason)")
+        let allDelivered = TestServices.waitUntil(timeout: 30) {
+            Set(simulator.received().filter { $0.status == 200 }.map { $0.deviceToken }).isSuperset(of: tokens)
+        }
+        #expect(allDelivered, "every other job was delivered")
+        #expect(!simulator.received().contains { $0.deviceToken.hasPrefix("eeee") }, "the poison job sent nothing")
+        #expect(try failedReader.read(1, timeout: 1).isEmpty, "no other job was parked")
+        // Classic queues do not count deliveries: the fleet counted the poison job's 5 redeliveries in Redis.
+        // Quorum queues do (x-delivery-count), and Redis is not asked.
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let counted = try redis.command(["GET", SentRecord.key(forDeliveriesOf: "id:" + poisonID)])
+        #expect(counted.integer == (queueType == "quorum" ? nil : 5), "\(counted)")
+    }
+}
