@@ -182,8 +182,10 @@ public struct WorkerConfiguration: Sendable {
             }
             return number
         }
-        func queueType() throws(ConfigurationError) -> QueueType {
-            guard let text = value("PUSH_QUEUE_TYPE") else { return .classic }
+        /// Unset: quorum when AMQP_URL names several nodes (a cluster, where a classic queue dies with its node),
+        /// classic for one (where a quorum queue costs more and replicates nothing).
+        func queueType(nodes: AMQPNodes) throws(ConfigurationError) -> QueueType {
+            guard let text = value("PUSH_QUEUE_TYPE") else { return nodes.urls.count > 1 ? .quorum : .classic }
             guard let type = QueueType(rawValue: text) else {
                 throw ConfigurationError(key: "PUSH_QUEUE_TYPE", "\"\(text)\" is not classic or quorum")
             }
@@ -270,7 +272,7 @@ public struct WorkerConfiguration: Sendable {
             deadTokensExchange: environment["PUSH_DEAD_TOKENS_EXCHANGE"] == nil ? deadTokensQueue
                 : try queue("PUSH_DEAD_TOKENS_EXCHANGE", default: ""),
             registrations: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"),
-            type: try queueType())
+            type: try queueType(nodes: amqpNodes))
         let retryDelays = try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300])
         let prefetch = try integer("WORKER_PREFETCH", default: 500, range: 1...65_535)
         let bulkPrefetch = try integer("WORKER_BULK_PREFETCH", default: 100, range: 1...65_535)

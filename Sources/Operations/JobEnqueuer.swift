@@ -129,16 +129,21 @@ public final class JobEnqueuer {
     /// Runs `step`; when the connection fails (its node went away), connects to a node that answers, with the
     /// jittered back-off between rounds, marks every unconfirmed job unpublished and runs `step` again.
     private func withFailover(_ step: () throws(AMQPError) -> Void) throws(AMQPError) {
+        var failovers = 0
         while true {
             do {
                 return try step()
             } catch where !error.isPermanent {
+                // A node that takes the connection but never confirms (a queue without its majority) is left after
+                // as many tries as there are rounds of reconnection, not published to for ever.
+                failovers += 1
+                if failovers > Self.reconnectRounds { throw error }
                 logger?.warning("broker connection lost; publishing the unconfirmed jobs again on another node",
                                 ["amqp.url": amqp.url.description, "error": error.message,
                                  "jobs.unconfirmed": String(pending.count)])
                 amqp.close()
                 amqp = try reconnect(after: error)
-                failovers += 1
+                self.failovers += 1
                 for index in pending.indices { pending[index].sequence = nil }
                 logger?.warning("publishing again", ["amqp.url": amqp.url.description, "amqp.queue": queue,
                                                      "jobs.unconfirmed": String(pending.count)])

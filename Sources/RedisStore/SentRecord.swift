@@ -112,6 +112,10 @@ public struct SentRecord: IdempotencyRecord {
 
     public func settledAlone(_ key: String) throws { _ = try redis.command(["DEL", Self.key(forAlone: key)]) }
 
+    public func forget(_ key: String) throws {
+        _ = try redis.command(["DEL", Self.key(forAlone: key), Self.key(forDeliveriesOf: key)])
+    }
+
     public func diedAlone(_ keys: [String]) throws -> Set<String> {
         guard !keys.isEmpty else { return [] }
         let replies = try redis.pipeline(keys.map { ["EXISTS", Self.key(forAlone: $0)] })

@@ -168,7 +168,10 @@ public protocol IdempotencyRecord {
     func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String])
     /// Notes that a worker starts this job alone (no other job in progress until it settles), until `settledAlone`.
     func startingAlone(_ key: String) throws
+    /// The job settled (or its worker stopped without dying): its mark goes.
     func settledAlone(_ key: String) throws
+    /// The job is parked: its history goes, so that the same job sent again after a fix starts afresh.
+    func forget(_ key: String) throws
     /// The keys whose last delivery was started alone and never settled: the worker running it died.
     func diedAlone(_ keys: [String]) throws -> Set<String>
 }

@@ -210,8 +210,13 @@ public final class Worker: Service {
                     logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstartedBulk:
-                    for delivery in unstartedBulk { try session.broker.requeue(delivery.tag) }
+                    // Nothing read and not started is kept: unstarted bulk jobs, and jobs waiting for suspects.
+                    for delivery in unstartedBulk + suspects.waiting + suspects.behind {
+                        try session.broker.requeue(delivery.tag)
+                    }
                     unstartedBulk.removeAll()
+                    suspects.waiting.removeAll()
+                    suspects.behind.removeAll()
                 case .exit(let exit):
                     if case .deadlinePassed(let unfinished) = exit {
                         logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
@@ -273,7 +278,7 @@ public final class Worker: Service {
                                     "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)])
                     core.handle(.jobsStarted(try start([suspect], session: session, generation: generation,
                                                        into: &backlogs, held: &held)))
-                } else if !suspects.behind.isEmpty {
+                } else if suspects.waiting.isEmpty, !suspects.behind.isEmpty {
                     let waiting = suspects.behind
                     suspects.behind = []
                     try dispatch(waiting)
@@ -512,6 +517,7 @@ public final class Worker: Service {
                 logger.error("poison job parked: delivered more often than allowed, and a worker died with it alone",
                              ["job.deliveries": String(count), "job.max_deliveries": String(settings.maximumDeliveries),
                               "amqp.message_id": delivery.properties.messageID ?? ""])
+                try session.record.forget(Self.historyKey(delivery))
                 poison.append((delivery, "delivered \(count) times, more than the \(settings.maximumDeliveries) allowed "
                                    + "(WORKER_MAX_DELIVERIES), and the last time it was the only job of a worker that "
                                    + "ended without settling it: the job stops workers"))

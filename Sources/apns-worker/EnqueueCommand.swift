@@ -15,7 +15,9 @@ USAGE: apns-worker enqueue FILE            jobs from a file: one JSON job per li
 Each job is checked as a worker would check it; a bad one is reported with its line number and not published,
 the others are. Jobs are published persistent, with publisher confirms (nothing is reported published that the
 broker did not take), and get a message-id when they have no "id", so a redelivered job is recognised. A large
-file shows a progress bar on a terminal, and a progress line every 5 s otherwise.
+file shows a progress bar on a terminal, and a progress line every 5 s otherwise. With a cluster's nodes in
+AMQP_URL, a node that goes away mid-run costs nothing: the jobs it had not confirmed are published again on
+another node (at least once: a few may then be in the queue twice, with the same message-id).
 
 Job flags:
   --user USER           resolve this user's tokens in Redis (repeatable)

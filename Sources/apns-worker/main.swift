@@ -25,7 +25,8 @@ Every command takes:
   --help              what the command does, its options and an example
 
 The settings most deployments need (all are environment variables):
-  AMQP_URL            broker (default amqp://guest:guest@127.0.0.1:5672/%2f; amqps:// for TLS)
+  AMQP_URL            broker (default amqp://guest:guest@127.0.0.1:5672/%2f; amqps:// for TLS); a cluster's
+                      nodes comma-separated, with PUSH_QUEUE_TYPE=quorum
   REDIS_URL           token cache and shared counters (default redis://127.0.0.1:6379/0)
   APNS_KEY_FILE, APNS_KEY_ID, APNS_TEAM_ID
                       token authentication (.p8 key); or APNS_CERT_FILE [+ APNS_CERT_KEY_FILE]

@@ -76,10 +76,13 @@ import Glibc
         #expect(allDelivered, "every other job was delivered")
         #expect(!simulator.received().contains { $0.deviceToken.hasPrefix("eeee") }, "the poison job sent nothing")
         #expect(try failedReader.read(1, timeout: 1).isEmpty, "no other job was parked")
-        // Classic queues do not count deliveries: the fleet counted the poison job's 5 redeliveries in Redis.
-        // Quorum queues do (x-delivery-count), and Redis is not asked.
+        // Classic queues do not count deliveries: the fleet counted in Redis the 5 redeliveries of a job behind the
+        // poison job. Quorum queues do (x-delivery-count), and Redis is not asked. A parked job's history is gone.
         let redis = try RedisConnection(url: TestServices.redisURL())
-        let counted = try redis.command(["GET", SentRecord.key(forDeliveriesOf: "id:" + poisonID)])
-        #expect(counted.integer == (queueType == "quorum" ? nil : 5), "\(counted)")
+        let behind = try redis.command(["GET", SentRecord.key(forDeliveriesOf: "id:\(jobs)-11")])
+        #expect(behind.integer == (queueType == "quorum" ? nil : 5), "\(behind)")
+        let forgotten = try redis.command(["EXISTS", SentRecord.key(forDeliveriesOf: "id:" + poisonID),
+                                           SentRecord.key(forAlone: "id:" + poisonID)])
+        #expect(forgotten.integer == 0, "the parked job's count and mark are deleted")
     }
 }

@@ -83,6 +83,11 @@ import WorkerPipeline
                                                                             "WORKER_MAX_DELIVERIES": "2"]) { $1 })
         #expect(clustered.broker.queues.type == .quorum && clustered.pipeline.maximumDeliveries == 2)
         #expect(clustered.pipeline.exitOnJobID == nil, "the test-only fault is off unless asked for")
+        let nodes = "amqp://guest:guest@rabbit-1:5672/%2f,amqp://guest:guest@rabbit-2:5672/%2f"
+        let cluster = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": nodes]) { $1 })
+        #expect(cluster.broker.queues.type == .quorum, "several nodes: quorum queues unless PUSH_QUEUE_TYPE says")
+        let chosen = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": nodes, "PUSH_QUEUE_TYPE": "classic"]) { $1 })
+        #expect(chosen.broker.queues.type == .classic)
         #expect(configuration.rateLimitUrgentShare == 0.2)
         #expect(configuration.pipeline.core.prefetch == 600, "a turn reads up to both lanes' prefetch")
         guard case .token(let provider) = try configuration.credential.makeAuthentication() else {
