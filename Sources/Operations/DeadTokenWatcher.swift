@@ -23,6 +23,7 @@ public final class DeadTokenWatcher {
         self.configuration = configuration
         self.logger = logger
         amqp = try Self.watch(configuration)
+        logger?.info("watching", ["amqp.url": amqp.url.description, "amqp.exchange": names.deadTokensExchange])
     }
 
     deinit { amqp.close() }

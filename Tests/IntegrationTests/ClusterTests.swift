@@ -2,6 +2,8 @@ import AMQP
 import APNs
 import APNsSimulator
 import Foundation
+import Redis
+import RedisStore
 import Synchronization
 import Telemetry
 import Testing
@@ -257,6 +259,54 @@ enum Cluster {
         // Seconds from the stop command to publishing on another node (the command itself takes about a second).
         print(String(format: "failover | cluster: enqueue of %d jobs, its node stopped halfway | %d | %d | %d | %.1f",
                      total, total, distinct, ids.count - distinct, resumedAfter))
+        try Cluster.start(node)
+    }
+
+    /// `cleanup` and `dead-tokens tail` on the node that is stopped move to another node; the next dead-token event
+    /// still removes its token from the cache and reaches the tail.
+    @Test func cleanupAndTailMoveToAnotherNode() throws {
+        let user = TestServices.unique("erin"), token = String(repeating: "e7", count: 32)
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        _ = try redis.command(["HSET", TokenCache.key(forUser: user), token, "production"])
+        let deadTokens = TestServices.unique("cluster-dead")
+        let environment = [
+            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
+            "REDIS_URL": try TestServices.value("REDIS_URL"), "PUSH_DEAD_TOKENS_QUEUE": deadTokens,
+            "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("cluster-registrations"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("cluster-failed"), "METRICS_PORT": "0",
+            "LOG_FORMAT": "text", "LOG_LEVEL": "info", "AMQP_HEARTBEAT": "5",
+        ]
+        let cleanup = try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: environment)
+        defer { _ = cleanup.stop() }
+        let node = try Cluster.node(inLogLine: try #require(cleanup.waitForLine(containing: "cleanup consuming")))
+        // The tail starts on a random node: started again until it shares cleanup's, so that both move.
+        var tail: ExecutablesTests.Child?
+        for _ in 0..<40 where tail == nil {
+            let child = try ExecutablesTests.Child("apns-worker", ["dead-tokens", "tail", "--count", "1", "--timeout", "120"],
+                                                   environment: environment)
+            let watching = try #require(child.waitForLine(containing: "amqp.url="), "the tail watches")
+            if try Cluster.node(inLogLine: watching) == node { tail = child } else { _ = child.stop(SIGKILL) }
+        }
+        let watcher = try #require(tail, "a tail on node \(node)")
+        defer { _ = watcher.stop(SIGKILL) }
+
+        try Cluster.stop(node)
+        defer { try? Cluster.start(node) }
+        let consuming = try #require(cleanup.waitForLine(containing: "cleanup consuming", timeout: 60))
+        #expect(try Cluster.node(inLogLine: consuming) != node, "cleanup moved: \(consuming)")
+        let watching = try #require(watcher.waitForLine(containing: "watching amqp", timeout: 60))
+        #expect(try Cluster.node(inLogLine: watching) != node, "the tail moved: \(watching)")
+
+        let publisher = try AMQPConnection(url: Cluster.url(Cluster.other(than: node)))
+        defer { publisher.close() }
+        let event = #"{"token": "\#(token)", "user": "\#(user)", "topic": "com.example.app", "environment": "production", "status": 410, "reason": "Unregistered", "timestamp": \#(Int64(Date().timeIntervalSince1970 * 1000)), "job_id": "cluster"}"#
+        try publisher.publish(to: deadTokens, exchange: deadTokens, body: Array(event.utf8))
+        let shown = try #require(watcher.waitForLine(containing: "Unregistered", timeout: 60), "the tail shows the event")
+        #expect(shown.contains("\"user\":\"\(user)\""))
+        let removed = try TestServices.waitUntil(timeout: 30) {
+            try redis.command(["HEXISTS", TokenCache.key(forUser: user), token]).integer == 0
+        }
+        #expect(removed, "cleanup applied the event after moving")
         try Cluster.start(node)
     }
 

@@ -96,6 +96,6 @@ cluster_stop() {
     [ -n "${CLUSTER_CTL:-}" ] || return 0
     # Every node's command line names the cluster's home; the epmd is ours by its private port.
     pkill -f -- "-home $SERVICES_DIR/cluster/home" 2>/dev/null || true
-    pkill -f -- "epmd -port $CLUSTER_EPMD" 2>/dev/null || true
+    [ -n "${CLUSTER_EPMD:-}" ] && { pkill -f -- "epmd -port $CLUSTER_EPMD" 2>/dev/null || true; }
     CLUSTER_CTL=""
 }
