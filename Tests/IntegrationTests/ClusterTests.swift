@@ -51,6 +51,17 @@ enum Cluster {
             .flatMap { Int($0.split(separator: "\t").last ?? "") }
     }
 
+    /// Messages, ready and unacknowledged, in every queue whose name starts with one of `prefixes` (a lane's queue
+    /// and its retry tiers share its name as a prefix), asked of a running node.
+    static func messages(inQueuesStartingWith prefixes: [String], askingNode asked: Int) throws -> Int {
+        let listing = try ctl(asked, ["list_queues", "name", "messages", "--quiet", "--no-table-headers"])
+        return listing.split(separator: "\n").reduce(0) { total, line in
+            let fields = line.split(separator: "\t")
+            guard fields.count == 2, prefixes.contains(where: { fields[0].hasPrefix($0) }) else { return total }
+            return total + (Int(fields[1]) ?? 0)
+        }
+    }
+
     static func stop(_ node: Int) throws { _ = try ctl(node, ["stop_app"]) }
 
     /// Starts a stopped node and waits until it runs again.
@@ -183,9 +194,14 @@ enum Cluster {
         #expect(deliveries.wait(for: Self.jobCount, timeout: 120),
                 "\(deliveries.distinct) of \(Self.jobCount) delivered")
         #expect(running.stop() == 0, "the worker stops cleanly")
-        // Every job was acknowledged: none is left ready or unacknowledged (quorum counts refresh every 200 ms).
+        // Every job was acknowledged: none is left ready or unacknowledged in the jobs queue, and nothing went to a
+        // retry tier, the failed queue or the dead-token queue (quorum counts refresh every 200 ms).
         let emptied = try TestServices.waitUntil(timeout: 30) { try Cluster.messages(in: jobs, askingNode: survivor) == 0 }
         #expect(emptied, "the jobs queue is empty: \(String(describing: try? Cluster.messages(in: jobs, askingNode: survivor)))")
+        let others = [environment["PUSH_BULK_QUEUE"], environment["PUSH_FAILED_QUEUE"],
+                      environment["PUSH_DEAD_TOKENS_QUEUE"]].compactMap { $0 } + [jobs + ".retry."]
+        let left = try Cluster.messages(inQueuesStartingWith: others, askingNode: survivor)
+        #expect(left == 0, "the worker's other queues are empty: \(left) messages")
         try Cluster.start(1)
         restarted.withLock { $0 = true }
 
