@@ -149,7 +149,7 @@ services_stop() {
         pkill -f -- "-home $SERVICES_DIR/rabbitmq-home" 2>/dev/null || true
         # Our own epmd (private port), never the machine's.
         for pid in $(pgrep -x epmd); do
-            tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -q "^ERL_EPMD_PORT=$RABBITMQ_EPMD$" && kill "$pid"
+            tr '\0' '\n' 2>/dev/null < "/proc/$pid/environ" | grep -q "^ERL_EPMD_PORT=$RABBITMQ_EPMD$" && kill "$pid"
         done
     fi
     rm -rf "$SERVICES_DIR"
