@@ -176,7 +176,7 @@ public final class Worker: Service {
         // Bulk jobs read but not started yet (started a few at a time, as the bulk lane makes room).
         var unstartedBulk: [JobDelivery] = []
         var held = HeldPublishes()
-        var suspects = Suspects()
+        var suspects = SuspectQueue()
         // Ending this session is not dying: a suspect under way did not stop the worker.
         defer { if let key = suspects.alone { try? session.record.settledAlone(key) } }
         var lastProgress = (at: Date(), snapshot: statistics.snapshot())
@@ -211,12 +211,8 @@ public final class Worker: Service {
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstartedBulk:
                     // Nothing read and not started is kept: unstarted bulk jobs, and jobs waiting for suspects.
-                    for delivery in unstartedBulk + suspects.waiting + suspects.behind {
-                        try session.broker.requeue(delivery.tag)
-                    }
+                    for delivery in unstartedBulk + suspects.giveBack() { try session.broker.requeue(delivery.tag) }
                     unstartedBulk.removeAll()
-                    suspects.waiting.removeAll()
-                    suspects.behind.removeAll()
                 case .exit(let exit):
                     if case .deadlinePassed(let unfinished) = exit {
                         logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
@@ -255,34 +251,27 @@ public final class Worker: Service {
                     note(taken: batch)
                     let sorted = try triage(batch, session: session)
                     if !sorted.poison.isEmpty { try reject(sorted.poison, session: session, held: &held) }
-                    suspects.waiting += sorted.suspects
-                    if suspects.isActive { suspects.behind += sorted.usual } else { try dispatch(sorted.usual) }
+                    try dispatch(suspects.admit(usual: sorted.usual, suspects: sorted.suspects))
                 default:
                     break
                 }
             }
-            // Suspects run alone: the next one starts once nothing else is in progress; the jobs read meanwhile
-            // start when none is left.
-            if let key = suspects.alone, core.jobsInFlight == 0 {
-                try session.record.settledAlone(key)
-                suspects.alone = nil
-            }
-            if suspects.alone == nil, !core.isStopping {
-                if !suspects.waiting.isEmpty, core.jobsInFlight == 0 {
-                    let suspect = suspects.waiting.removeFirst()
-                    let key = Self.historyKey(suspect)
-                    try session.record.startingAlone(key)
-                    suspects.alone = key
-                    logger.warning("starting a job alone: it came back twice or more without being settled",
-                                   ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
-                                    "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)])
-                    core.handle(.jobsStarted(try start([suspect], session: session, generation: generation,
-                                                       into: &backlogs, held: &held)))
-                } else if suspects.waiting.isEmpty, !suspects.behind.isEmpty {
-                    let waiting = suspects.behind
-                    suspects.behind = []
-                    try dispatch(waiting)
-                }
+            let (ended, next) = suspects.step(jobsInFlight: core.jobsInFlight, stopping: core.isStopping,
+                                              key: Self.historyKey)
+            if let ended { try session.record.settledAlone(ended) }
+            switch next {
+            case .startAlone(let suspect):
+                let key = Self.historyKey(suspect)
+                try session.record.startingAlone(key)
+                logger.warning("starting a job alone: it came back twice or more without being settled",
+                               ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
+                                "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)])
+                core.handle(.jobsStarted(try start([suspect], session: session, generation: generation,
+                                                   into: &backlogs, held: &held)))
+            case .dispatch(let waiting):
+                try dispatch(waiting)
+            case .none:
+                break
             }
             let later = Date()
             for action in core.endTurn(now: later, deliveriesRead: deliveriesRead, queued: backlogs.counts,
@@ -480,17 +469,6 @@ public final class Worker: Service {
         if !rejected.isEmpty { try reject(rejected, session: session, held: &held) }
         let settled = finishedAtOnce.isEmpty ? 0 : try finish(finishedAtOnce, session: session, held: &held)
         return progresses.count - settled
-    }
-
-    /// Jobs that came back twice or more without being settled (they may be what stopped the workers they were
-    /// delivered to): each is started alone, so that if it stops this worker too the next delivery knows it.
-    struct Suspects {
-        var waiting: [JobDelivery] = []
-        /// The history key of the suspect under way, alone.
-        var alone: String?
-        /// Deliveries read while suspects wait or run: started once they are done.
-        var behind: [JobDelivery] = []
-        var isActive: Bool { alone != nil || !waiting.isEmpty }
     }
 
     /// The key a job's delivery history is kept under: its message-id or, without one, its body.
