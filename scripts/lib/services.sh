@@ -140,6 +140,9 @@ services_stop() {
     [ -n "${SERVICES_DIR:-}" ] || return $status
     # Each step may find its process gone already; none of that may change the exit status.
     set +e
+    # Whatever the script left running in the background (a worker, a tail) goes with it, also when it failed.
+    local leftover
+    for leftover in $(jobs -p); do pkill -TERM -P "$leftover" 2>/dev/null; kill "$leftover" 2>/dev/null; done
     [ -n "${APNS_SIM_PID:-}" ] && kill "$APNS_SIM_PID" 2>/dev/null
     declare -F cluster_stop >/dev/null && cluster_stop
     [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
