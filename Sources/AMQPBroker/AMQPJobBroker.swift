@@ -81,13 +81,9 @@ public final class AMQPJobBroker: JobBroker {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
-                let properties = delivery.properties
                 notices.append(.delivery(JobDelivery(
                     tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
-                    properties: MessageProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
-                                                  messageID: properties.messageID, persistent: properties.persistent,
-                                                  timestamp: properties.timestamp, headers: properties.headers,
-                                                  deliveryCount: properties.deliveryCount),
+                    properties: MessageProperties(delivery.properties),
                     lane: delivery.consumerTag == bulkConsumerTag ? .bulk : .urgent)))
             case .blocked(let blocked):
                 notices.append(.publishingBlocked(blocked))
@@ -126,25 +122,22 @@ public final class AMQPJobBroker: JobBroker {
         sequences.reserveCapacity(publications.count)
         for publication in publications {
             let route = route(publication.destination)
-            let properties = publication.properties
-            sequences.append(try amqp.publish(
-                to: route.routingKey, exchange: route.exchange, body: publication.body,
-                properties: AMQPProperties(replyTo: properties.replyTo, correlationID: properties.correlationID,
-                                           messageID: properties.messageID, persistent: properties.persistent,
-                                           timestamp: properties.timestamp, headers: properties.headers),
-                mandatory: true))
+            sequences.append(try amqp.publish(to: route.routingKey, exchange: route.exchange, body: publication.body,
+                                              properties: AMQPProperties(publication.properties), mandatory: true))
         }
         let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
         // A return precedes its publish's confirm: after the wait every return of this batch is in. A route handed
         // back counts for every publication to it in the batch (returns do not say which publication they were).
         let returns = amqp.takeReturns()
+        guard !returns.isEmpty else { return sequences.map { nacked.contains($0) ? .refused : .taken } }
         let returned = Set(returns.map { Route(exchange: $0.exchange, routingKey: $0.routingKey) })
-        for route in returned.intersection(ownRoutes) {
+        let lost = returned.intersection(ownRoutes)
+        for route in lost {
             logger.error("the broker handed back a publish: no queue took it; declaring the worker's queues again",
                          ["amqp.exchange": route.exchange, "amqp.routing_key": route.routingKey,
                           "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""])
         }
-        if !returned.isDisjoint(with: ownRoutes) { try declareQueuesAgain() }
+        if !lost.isEmpty { try declareQueuesAgain() }
         return zip(publications, sequences).map { publication, sequence in
             if nacked.contains(sequence) { return .refused }
             return returned.contains(route(publication.destination)) ? .noQueue : .taken
@@ -168,4 +161,21 @@ public final class AMQPJobBroker: JobBroker {
     public func probe() throws { _ = try amqp.queueStatus(settings.queues.jobs) }
 
     public func close() { amqp.close() }
+}
+
+extension MessageProperties {
+    /// What the pipeline reads of a delivery's properties.
+    init(_ amqp: AMQPProperties) {
+        self.init(replyTo: amqp.replyTo, correlationID: amqp.correlationID, messageID: amqp.messageID,
+                  persistent: amqp.persistent, timestamp: amqp.timestamp, headers: amqp.headers,
+                  deliveryCount: amqp.deliveryCount)
+    }
+}
+
+extension AMQPProperties {
+    /// What the worker publishes (a delivery count is the broker's to set, never published).
+    init(_ message: MessageProperties) {
+        self.init(replyTo: message.replyTo, correlationID: message.correlationID, messageID: message.messageID,
+                  persistent: message.persistent, timestamp: message.timestamp, headers: message.headers)
+    }
 }

@@ -28,9 +28,6 @@ public final class DeadTokenWatcher {
 
     deinit { amqp.close() }
 
-    /// The node in use (its URL without the password).
-    public var node: String { amqp.url.description }
-
     private static func watch(_ configuration: WorkerConfiguration) throws(AMQPError) -> AMQPConnection {
         let names = configuration.broker.queues
         let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
@@ -59,7 +56,7 @@ public final class DeadTokenWatcher {
             } catch {
                 guard !error.isPermanent else { throw error }
                 failures += 1
-                moveToAnotherNode(after: error, failures: failures)
+                moveToAnotherNode(after: error, failures: failures, within: deadline)
                 if let deadline, Date() >= deadline { return nil }
                 continue
             }
@@ -70,9 +67,10 @@ public final class DeadTokenWatcher {
         }
     }
 
-    /// Waits the back-off, then watches from a node that answers; when none does, the next call tries again.
-    private func moveToAnotherNode(after error: AMQPError, failures: Int) {
-        let delay = Backoff.equalJitter(afterFailures: failures, base: 0.5, cap: 8)
+    /// Waits the back-off (the workers', never past `deadline`), then watches from a node that answers; when none
+    /// does, the next call tries again.
+    private func moveToAnotherNode(after error: AMQPError, failures: Int, within deadline: Date?) {
+        let delay = min(reconnectDelay(afterFailures: failures), deadline.map { max(0, $0.timeIntervalSinceNow) } ?? .infinity)
         logger?.warning("broker connection lost; watching again on another node",
                         ["amqp.url": amqp.url.description, "error": error.message,
                          "retry_in_s": String(format: "%.2f", delay)])

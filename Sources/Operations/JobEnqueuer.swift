@@ -29,7 +29,8 @@ public final class JobEnqueuer {
 
     /// Jobs waiting for the broker's confirms at most: bounds memory, keeps the pipe to the broker full.
     static let confirmWindow = 1_000
-    /// Rounds over every node without a connection, in a row, before giving up (about half a minute of back-off).
+    /// Rounds over every node without a connection, in a row, before giving up (the workers' reconnect back-off:
+    /// at most about a minute in all).
     static let reconnectRounds = 8
 
     /// A job published and not confirmed yet: kept whole, so that it can be published again on another node.
@@ -37,8 +38,6 @@ public final class JobEnqueuer {
         var line: Int
         var body: [UInt8]
         var properties: AMQPProperties
-        /// Its publish sequence number on the current connection; nil until published on it.
-        var sequence: UInt64?
     }
 
     private let configuration: WorkerConfiguration
@@ -48,12 +47,11 @@ public final class JobEnqueuer {
     /// The queue jobs go to.
     public let queue: String
     private var pending: [Unconfirmed] = []
+    /// The publish sequence numbers of the first `sequences.count` pending jobs on the current connection; the
+    /// others are not published on it yet (a new connection starts with none).
+    private var sequences: [UInt64] = []
     public private(set) var progress = Progress()
     public private(set) var refusals: [Refusal] = []
-    /// Connections lost and replaced while publishing (each time, every unconfirmed job was published again).
-    public private(set) var failovers = 0
-    /// The node in use (its URL without the password).
-    public var node: String { amqp.url.description }
 
     public init(configuration: WorkerConfiguration, replyTo: String? = nil, lane: JobLane = .urgent,
                 logger: Logger? = nil) throws(AMQPError) {
@@ -107,22 +105,23 @@ public final class JobEnqueuer {
         guard !pending.isEmpty else { return }
         try withFailover { () throws(AMQPError) in
             try publishUnsent()
-            let nacked = Set(try amqp.waitForConfirms(through: pending.last!.sequence!))
-            for job in pending {
-                if nacked.contains(job.sequence!) {
+            let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
+            for (job, sequence) in zip(pending, sequences) {
+                if nacked.contains(sequence) {
                     refuse(line: job.line, "the broker refused it (nack)")
                 } else {
                     progress.published += 1
                 }
             }
             pending.removeAll(keepingCapacity: true)
+            sequences.removeAll(keepingCapacity: true)
         }
     }
 
     private func publishUnsent() throws(AMQPError) {
-        for index in pending.indices where pending[index].sequence == nil {
-            pending[index].sequence = try amqp.publish(to: queue, body: pending[index].body,
-                                                       properties: pending[index].properties)
+        while sequences.count < pending.count {
+            let job = pending[sequences.count]
+            sequences.append(try amqp.publish(to: queue, body: job.body, properties: job.properties))
         }
     }
 
@@ -143,8 +142,7 @@ public final class JobEnqueuer {
                                  "jobs.unconfirmed": String(pending.count)])
                 amqp.close()
                 amqp = try reconnect(after: error)
-                self.failovers += 1
-                for index in pending.indices { pending[index].sequence = nil }
+                sequences.removeAll(keepingCapacity: true)
                 logger?.warning("publishing again", ["amqp.url": amqp.url.description, "amqp.queue": queue,
                                                      "jobs.unconfirmed": String(pending.count)])
             }
@@ -158,7 +156,7 @@ public final class JobEnqueuer {
                 return try Self.open(configuration, queue: queue)
             } catch where !error.isPermanent {
                 last = error
-                Thread.sleep(forTimeInterval: Backoff.equalJitter(afterFailures: round, base: 0.5, cap: 8))
+                if round < Self.reconnectRounds { Thread.sleep(forTimeInterval: reconnectDelay(afterFailures: round)) }
             }
         }
         throw last

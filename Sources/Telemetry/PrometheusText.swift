@@ -24,14 +24,31 @@ public struct PrometheusText {
     public mutating func histograms(_ name: String, _ help: String, _ series: [(labels: Labels, histogram: Histogram)]) {
         header(name, "histogram", help)
         for (labels, histogram) in series {
-            let cumulative = histogram.cumulativeCounts
-            for (bound, count) in zip(histogram.bounds, cumulative) {
-                text += "\(name)_bucket" + Self.render(labels + [("le", "\(bound)")]) + " \(count)\n"
-            }
-            text += "\(name)_bucket" + Self.render(labels + [("le", "+Inf")]) + " \(cumulative.last ?? 0)\n"
-            text += "\(name)_sum" + Self.render(labels) + " \(histogram.totalSeconds)\n"
-            text += "\(name)_count" + Self.render(labels) + " \(cumulative.last ?? 0)\n"
+            buckets(name, labels, histogram.bounds, histogram.cumulativeCounts, histogram.totalSeconds)
         }
+    }
+
+    /// One histogram that is the sum of `parts` (same bounds): a total beside its parts, without observing each
+    /// value twice.
+    public mutating func histogram(_ name: String, _ help: String, summing parts: [Histogram]) {
+        header(name, "histogram", help)
+        guard let bounds = parts.first?.bounds else { return }
+        var cumulative = [Int](repeating: 0, count: bounds.count + 1)
+        for part in parts {
+            precondition(part.bounds == bounds, "histograms summed share their bounds")
+            for (bucket, count) in part.cumulativeCounts.enumerated() { cumulative[bucket] += count }
+        }
+        buckets(name, [], bounds, cumulative, parts.reduce(0) { $0 + $1.totalSeconds })
+    }
+
+    private mutating func buckets(_ name: String, _ labels: Labels, _ bounds: [Double], _ cumulative: [Int],
+                                  _ totalSeconds: Double) {
+        for (bound, count) in zip(bounds, cumulative) {
+            text += "\(name)_bucket" + Self.render(labels + [("le", "\(bound)")]) + " \(count)\n"
+        }
+        text += "\(name)_bucket" + Self.render(labels + [("le", "+Inf")]) + " \(cumulative.last ?? 0)\n"
+        text += "\(name)_sum" + Self.render(labels) + " \(totalSeconds)\n"
+        text += "\(name)_count" + Self.render(labels) + " \(cumulative.last ?? 0)\n"
     }
 
     private mutating func header(_ name: String, _ type: String, _ help: String) {

@@ -135,13 +135,6 @@ public protocol TokenStore {
 public enum SettledOutcome: Sendable, Equatable {
     case done(String)
     indirect case dead(DeviceTarget, APNsResponse)
-
-    public var token: String {
-        switch self {
-        case .done(let token): token
-        case .dead(let target, _): target.token
-        }
-    }
 }
 
 /// What an earlier delivery of a job settled.

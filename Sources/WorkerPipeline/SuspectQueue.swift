@@ -6,8 +6,8 @@ public struct SuspectQueue: Sendable {
     /// What to do after a turn's work.
     public enum Step: Sendable {
         case none
-        /// Start this suspect, alone.
-        case startAlone(JobDelivery)
+        /// Start this suspect, alone (`key`: its history key, now `alone`).
+        case startAlone(JobDelivery, key: String)
         /// Start these jobs, as usual (no suspect is left).
         case dispatch([JobDelivery])
     }
@@ -45,8 +45,9 @@ public struct SuspectQueue: Sendable {
         if !waiting.isEmpty {
             guard jobsInFlight == 0 else { return (ended, .none) }
             let suspect = waiting.removeFirst()
-            alone = key(suspect)
-            return (ended, .startAlone(suspect))
+            let running = key(suspect)
+            alone = running
+            return (ended, .startAlone(suspect, key: running))
         }
         guard !behind.isEmpty else { return (ended, .none) }
         defer { behind.removeAll() }

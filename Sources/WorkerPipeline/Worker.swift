@@ -260,8 +260,7 @@ public final class Worker: Service {
                                               key: Self.historyKey)
             if let ended { try session.record.settledAlone(ended) }
             switch next {
-            case .startAlone(let suspect):
-                let key = Self.historyKey(suspect)
+            case .startAlone(let suspect, let key):
                 try session.record.startingAlone(key)
                 logger.warning("starting a job alone: it came back twice or more without being settled",
                                ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
@@ -390,10 +389,9 @@ public final class Worker: Service {
             statistics.inFlight.add(lane, entries.count)
             statistics.sent.add(lane, entries.count)
             let handedOver = DispatchTime.now().uptimeNanoseconds
+            let latency = statistics.latency(lane)
             apns.send(entries.map { $0.progress.notification(Int($0.index)) }, traffic: lane.traffic) { [self] position, result in
-                let latency = DispatchTime.now().uptimeNanoseconds &- handedOver
-                statistics.apnsLatency.observe(nanoseconds: latency)
-                (lane == .urgent ? statistics.urgentLatency : statistics.bulkLatency).observe(nanoseconds: latency)
+                latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
                 if statistics.inFlight.add(lane, -1) == lowWater { wakeup.signal() }
                 let (progress, index) = entries[position]
                 record(result, for: progress, Int(index))
@@ -485,6 +483,8 @@ public final class Worker: Service {
     private func triage(_ batch: [JobDelivery], session: WorkerSession) throws
         -> (usual: [JobDelivery], suspects: [JobDelivery], poison: [(JobDelivery, String)]) {
         let deliveries = try deliveriesSoFar(of: batch, session: session)
+        // The common case, no job delivered before: the batch as it is.
+        guard !deliveries.isEmpty else { return (batch, [], []) }
         let overLimit = batch.filter { (deliveries[$0.tag] ?? 1) > settings.maximumDeliveries }.map(Self.historyKey)
         let diedAlone = overLimit.isEmpty ? [] : try session.record.diedAlone(overLimit)
         var usual: [JobDelivery] = [], suspects: [JobDelivery] = [], poison: [(JobDelivery, String)] = []

@@ -42,11 +42,12 @@ public final class WorkerStatistics: Sendable {
 
     /// Notifications handed to the APNs client and not answered yet, both lanes.
     public var notificationsInFlight: Int { inFlight.counts.total }
-    /// From handing a batch to the APNs client to each answer (includes waiting for a stream, and resends).
-    public let apnsLatency = Histogram()
-    /// The same per lane.
+    /// Per lane, from handing a batch to the APNs client to each answer (includes waiting for a stream, and
+    /// resends); /metrics also gives their sum.
     public let urgentLatency = Histogram()
     public let bulkLatency = Histogram()
+
+    public func latency(_ lane: JobLane) -> Histogram { lane == .urgent ? urgentLatency : bulkLatency }
     /// Data errors, by where they happened: a key of the wrong type, a record Redis refused. Each concerns one user,
     /// token or job, which is skipped or settled with its reason while the rest proceeds.
     private let dataErrors = Locked<[String: Int]>([:])
@@ -126,10 +127,10 @@ public final class WorkerStatistics: Sendable {
                        refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
         metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
-                          apnsLatency)
+                          summing: JobLane.allCases.map(latency))
         metrics.histograms("apns_worker_lane_latency_seconds",
                            "From handing a notification of the lane to the APNs client to its answer.",
-                           [([("lane", "urgent")], urgentLatency), ([("lane", "bulk")], bulkLatency)])
+                           JobLane.allCases.map { ([("lane", $0.rawValue)], latency($0)) })
         metrics.counter("apns_worker_retries_total", "Notifications scheduled for another attempt.", load(retries))
         metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
                         load(rateLimitWaits))

@@ -122,7 +122,7 @@ struct ParsedArguments {
 func runService(_ service: any Service, name: String, metrics: MetricsSettings, logger: Logger) {
     let health = startHealthServer(metrics, logger: logger, service: service)
     signal(SIGPIPE, SIG_IGN)
-    if let failure = ServiceRunner.run(service, name: name, logger: logger) {
+    if let failure = ServiceRunner.run(service, name: name, logger: logger, interruptedExitCode: ExitCode.interrupted) {
         let message = StartupError(permanent: failure)?.description ?? "\(failure)"
         logger.critical("cannot start", ["error": message])
         fail("configuration error: \(message)", code: ExitCode.configuration)

@@ -7,22 +7,11 @@
 # The environment rabbitmq-server and rabbitmqctl need for node N (1..3).
 cluster_node_env() {
     local node=$1 dir="$SERVICES_DIR/cluster/node$1"
-    export HOME="$SERVICES_DIR/cluster/home"
-    export RABBITMQ_NODENAME="apnsw$node-$$@localhost"
-    export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-    export RABBITMQ_NODE_PORT="${CLUSTER_PORTS[$((node - 1))]}"
-    export RABBITMQ_DIST_PORT="${CLUSTER_DIST_PORTS[$((node - 1))]}"
-    export ERL_EPMD_PORT="$CLUSTER_EPMD"
-    export RABBITMQ_MNESIA_BASE="$dir/mnesia"
-    export RABBITMQ_LOG_BASE="$dir/log"
-    export RABBITMQ_PID_FILE="$dir/pid"
-    export RABBITMQ_CONFIG_FILE="$dir/rabbitmq"
+    rabbitmq_node_env "$SERVICES_DIR/cluster/home" "apnsw$node-$$@localhost" "${CLUSTER_PORTS[$((node - 1))]}" \
+        "${CLUSTER_DIST_PORTS[$((node - 1))]}" "$CLUSTER_EPMD" "$dir"
     export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
-    export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
-    export RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf"
     # Schedulers that sleep when idle: three nodes waiting for their phase leave the two cores to the other tests.
     export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
-    export PATH="/usr/lib/rabbitmq/bin:$PATH"
 }
 
 cluster_start() {

@@ -26,20 +26,28 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
-services_rabbitmq_env() {
-    export HOME="$SERVICES_DIR/rabbitmq-home"
-    export RABBITMQ_NODENAME="apnsw-$$@localhost"
+# The environment rabbitmq-server and rabbitmqctl need for an isolated node: HOME (its Erlang cookie), node name,
+# AMQP, distribution and epmd ports, and DIR holding its data, logs and configuration files.
+rabbitmq_node_env() {
+    local home=$1 name=$2 port=$3 dist=$4 epmd=$5 dir=$6
+    export HOME="$home"
+    export RABBITMQ_NODENAME="$name"
     export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-    export RABBITMQ_NODE_PORT="$RABBITMQ_PORT"
-    export RABBITMQ_DIST_PORT="$RABBITMQ_DIST"
-    export ERL_EPMD_PORT="$RABBITMQ_EPMD"
-    export RABBITMQ_MNESIA_BASE="$SERVICES_DIR/rabbitmq/mnesia"
-    export RABBITMQ_LOG_BASE="$SERVICES_DIR/rabbitmq/log"
-    export RABBITMQ_PID_FILE="$SERVICES_DIR/rabbitmq/pid"
-    export RABBITMQ_CONFIG_FILE="$SERVICES_DIR/rabbitmq/rabbitmq"
-    export RABBITMQ_ENABLED_PLUGINS_FILE="$SERVICES_DIR/rabbitmq/enabled_plugins"
-    export RABBITMQ_CONF_ENV_FILE="$SERVICES_DIR/rabbitmq/rabbitmq-env.conf"
+    export RABBITMQ_NODE_PORT="$port"
+    export RABBITMQ_DIST_PORT="$dist"
+    export ERL_EPMD_PORT="$epmd"
+    export RABBITMQ_MNESIA_BASE="$dir/mnesia"
+    export RABBITMQ_LOG_BASE="$dir/log"
+    export RABBITMQ_PID_FILE="$dir/pid"
+    export RABBITMQ_CONFIG_FILE="$dir/rabbitmq"
+    export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
+    export RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf"
     export PATH="/usr/lib/rabbitmq/bin:$PATH"
+}
+
+services_rabbitmq_env() {
+    rabbitmq_node_env "$SERVICES_DIR/rabbitmq-home" "apnsw-$$@localhost" "$RABBITMQ_PORT" "$RABBITMQ_DIST" \
+        "$RABBITMQ_EPMD" "$SERVICES_DIR/rabbitmq"
 }
 
 # Starts RabbitMQ in the background (it takes ~5 s; call services_wait_rabbitmq later) and Redis at once.
@@ -94,7 +102,8 @@ WRAPPER
     export AMQP_URL="amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2f"
     export AMQPS_URL="amqps://guest:guest@localhost:$RABBITMQ_TLS_PORT/%2f" AMQPS_CA_FILE="$tls/ca.pem"
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
-    export REDIS_PORT RABBITMQ_PORT
+    # REDIS_PORT and APNS_SIM_* stay the scripts' own: apns-worker warns about unknown REDIS_/APNS_ variables.
+    export RABBITMQ_PORT
     log "services under $SERVICES_DIR: RabbitMQ on $RABBITMQ_PORT (starting), Redis on $REDIS_PORT"
 }
 
@@ -130,7 +139,6 @@ services_start_sim() {
         sleep 0.05
     done
     grep -q "listening" "$SERVICES_DIR/apns-sim.log" || { log "apns-sim did not start"; cat "$SERVICES_DIR/apns-sim.log" >&2; return 1; }
-    export APNS_SIM_PORT APNS_SIM_CA APNS_SIM_PID
     export APNS_PRODUCTION_URL="https://127.0.0.1:$APNS_SIM_PORT" APNS_SANDBOX_URL="https://127.0.0.1:$APNS_SIM_PORT"
     export APNS_CA_FILE="$APNS_SIM_CA"
 }
