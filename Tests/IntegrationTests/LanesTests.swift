@@ -44,12 +44,12 @@ import WorkerPipeline
                                                                                settings.merging(["PUSH_BULK_QUEUE": bulk]) { $1 }),
                                             logger: logger)
         defer { workerThread.stop() }
-        #expect(TestServices.waitUntil(timeout: 60) { simulator.received().count >= underWay }, "the bulk lane is under way")
+        try #require(TestServices.waitUntil(timeout: 60) { simulator.received().count >= underWay }, "the bulk lane is under way")
         let bulkAhead = simulator.received().count
         let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: urgentJobs, perJob: 1, first: 0xE0000)
 
-        #expect(TestServices.waitUntil(timeout: 60) { urgent.isSubset(of: Set(simulator.received().map(\.deviceToken))) },
-                "every urgent notification delivered")
+        try #require(TestServices.waitUntil(timeout: 60) { urgent.isSubset(of: Set(simulator.received().map(\.deviceToken))) },
+                     "every urgent notification delivered")
         let received = simulator.received()
         let lastUrgent = try #require(received.lastIndex { urgent.contains($0.deviceToken) })
         let between = received[bulkAhead..<lastUrgent].filter { backlog.contains($0.deviceToken) }.count
@@ -64,6 +64,8 @@ import WorkerPipeline
     @Test func urgentJobsBehindABulkBacklogAreDeliveredBeforeItDrains() throws {
         let passing = try bulkPassingUrgentWork(backlogJobs: 200, perJob: 100, urgentJobs: 5, underWay: 500,
                                                 settings: ["WORKER_MAX_IN_FLIGHT": "200"])
+        // The backlog was far from drained when the urgent jobs came: the figure below can tell the lanes apart.
+        #expect(passing.left > 10_000, "\(passing.left) bulk notifications left when the urgent jobs came")
         #expect(passing.between < 2_000,
                 "urgent jobs went ahead: \(passing.between) bulk notifications passed them, of \(passing.left) left")
     }
@@ -77,6 +79,7 @@ import WorkerPipeline
             "APNS_RATE_LIMIT": "100", "APNS_RATE_LIMIT_URGENT_SHARE": "0.2",
             "REDIS_URL": redisURL.description(revealingPassword: true),
         ])
+        #expect(passing.left > 200, "\(passing.left) bulk notifications left when the urgent jobs came")
         #expect(passing.between < 100, "\(passing.between) bulk notifications went before the last urgent one")
     }
 
@@ -102,7 +105,7 @@ import WorkerPipeline
             outcome.append(next)
             return true
         }
-        #expect(clean, "no run fitted the slots")
+        try #require(clean, "no run fitted the slots")
         #expect(outcome == [.granted(urgent: 0, bulk: 100, nextWindowIn: outcome[0].left),
                             .granted(urgent: 20, bulk: 0, nextWindowIn: outcome[1].left),
                             .granted(urgent: 0, bulk: 0, nextWindowIn: outcome[2].left),
@@ -186,8 +189,6 @@ import WorkerPipeline
                 "both delivered on their second attempt")
         #expect(workerThread.worker.statistics.jobsTaken.counts == LaneCounts(urgent: 2, bulk: 2),
                 "each retry came back through its own lane's delay queue")
-        let amqp = try AMQPConnection(url: TestServices.amqpURL())
-        #expect(try amqp.queueStatus("\(bulk).retry.100ms") != nil, "the bulk lane has delay queues of its own")
     }
 }
 

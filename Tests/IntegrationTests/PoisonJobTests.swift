@@ -76,6 +76,9 @@ import Glibc
         #expect(allDelivered, "every other job was delivered")
         #expect(!simulator.received().contains { $0.deviceToken.hasPrefix("eeee") }, "the poison job sent nothing")
         #expect(try failedReader.read(1, timeout: 1).isEmpty, "no other job was parked")
+        let delivered = Set(simulator.received().filter { $0.status == 200 }.map(\.deviceToken)).intersection(tokens).count
+        print("failover | poison job among 20 others, \(queueType) queue: \(exits.count) worker exits, parked | 21 | "
+              + "\(delivered) + 1 parked | 0 | -")
         // Classic queues do not count deliveries: the fleet counted in Redis the 5 redeliveries of a job behind the
         // poison job. Quorum queues do (x-delivery-count), and Redis is not asked. A parked job's history is gone.
         let redis = try RedisConnection(url: TestServices.redisURL())

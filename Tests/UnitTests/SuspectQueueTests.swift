@@ -13,7 +13,7 @@ import WorkerPipeline
     static func tags(_ step: SuspectQueue.Step) -> (alone: UInt64?, dispatched: [UInt64]) {
         switch step {
         case .none: (nil, [])
-        case .startAlone(let delivery): (delivery.tag, [])
+        case .startAlone(let delivery, _): (delivery.tag, [])
         case .dispatch(let deliveries): (nil, deliveries.map(\.tag))
         }
     }
