@@ -38,12 +38,14 @@ let package = Package(
         // The pipeline speaks to the broker and the stores through protocols of its own (Ports.swift): it imports
         // neither AMQP nor Redis.
         .target(name: "WorkerPipeline", dependencies: ["APNs", "Telemetry"], swiftSettings: hotPath),
-        // Adapters: the pipeline's ports over RabbitMQ and over Redis.
+        // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
         .target(name: "AMQPBroker", dependencies: ["AMQP", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
         .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "Telemetry"], swiftSettings: hotPath),
+        // The pipeline's sender port over the APNs client.
+        .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
         // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a
         // worker from them.
-        .target(name: "Configuration", dependencies: ["AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs",
+        .target(name: "Configuration", dependencies: ["AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs", "APNsSender",
                                                       "WorkerPipeline", "Telemetry"]),
         // What operators and backends run beside the workers: enqueue, tokens, stats, dead-tokens tail, cleanup.
         .target(name: "Operations", dependencies: ["Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",

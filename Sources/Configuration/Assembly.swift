@@ -1,4 +1,5 @@
 import AMQPBroker
+import APNsSender
 import Redis
 import RedisStore
 import Telemetry
@@ -16,7 +17,9 @@ extension WorkerConfiguration {
         if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
         let broker = self.broker, redisURL = self.redisURL, rateLimit = self.rateLimit
         let urgentShare = rateLimitUrgentShare
-        return Worker(settings: pipeline, apns: apns, authentication: authentication, logger: logger) {
+        let sender = APNsNotificationSender(configuration: apns, authentication: authentication,
+                                            logger: logger.child("apns-client"))
+        return Worker(settings: pipeline, sender: sender, logger: logger) {
             let amqp = try AMQPJobBroker(settings: broker, logger: logger)
             do {
                 let stores = try RedisStores(url: redisURL, rateLimit: rateLimit, urgentShare: urgentShare,

@@ -82,45 +82,40 @@ public final class TokenCleanup: Service {
     /// queues have been empty for `idleSeconds` and one sweep has run (for cron jobs and tests); it then throws what
     /// went wrong rather than reconnecting.
     public func run(untilIdle: Bool = false, idleSeconds: Double = 1) throws {
-        var backoff = ReconnectBackoff()
-        var connectedOnce = false
         var nextSweep = Date()
-        while !stopRequested.load(ordering: .acquiring) {
-            do {
-                let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
-                                                                  caFile: configuration.broker.caFile)
-                defer { amqp.close() }
-                let redis = try RedisConnection(url: configuration.redisURL)
-                let names = configuration.broker.queues
-                try Topology.declareDeadTokens(on: amqp, names)
-                try Topology.declare(names.registrations, on: amqp, names)
-                try Topology.declare(names.failed, on: amqp, names)
-                try amqp.setPrefetch(500)
-                try amqp.enablePublisherConfirms()
-                let deadTag = try amqp.consume(names.deadTokens)
-                try amqp.consume(names.registrations)
-                // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
-                ready.store(true, ordering: .relaxed)
-                logger.info("cleanup consuming", ["amqp.url": amqp.url.description,
-                                                  "amqp.queue.dead_tokens": names.deadTokens,
-                                                  "amqp.queue.registrations": names.registrations,
-                                                  "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
-                connectedOnce = true
-                backoff.connected()
-                let finished = try serve(amqp, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
-                                         untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
-                ready.store(false, ordering: .relaxed)
-                if finished { return }
-            } catch {
-                ready.store(false, ordering: .relaxed)
-                if untilIdle { throw error }
-                if !connectedOnce, let problem = StartupError(permanent: error) { throw problem }
-                let delay = backoff.failed()
-                logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
-                                                                         "retry_in_s": String(format: "%.2f", delay)])
-                wakeup.wait(timeout: delay)
-            }
+        let loop = ReconnectLoop(logger: logger, wakeup: wakeup) { [unowned self] in
+            stopRequested.load(ordering: .acquiring)
         }
+        try loop.run(session: { connected in
+            let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
+                                                              caFile: configuration.broker.caFile)
+            defer { amqp.close() }
+            let redis = try RedisConnection(url: configuration.redisURL)
+            let names = configuration.broker.queues
+            try Topology.declareDeadTokens(on: amqp, names)
+            try Topology.declare(names.registrations, on: amqp, names)
+            try Topology.declare(names.failed, on: amqp, names)
+            try amqp.setPrefetch(500)
+            try amqp.enablePublisherConfirms()
+            let deadTag = try amqp.consume(names.deadTokens)
+            try amqp.consume(names.registrations)
+            // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
+            ready.store(true, ordering: .relaxed)
+            logger.info("cleanup consuming", ["amqp.url": amqp.url.description,
+                                              "amqp.queue.dead_tokens": names.deadTokens,
+                                              "amqp.queue.registrations": names.registrations,
+                                              "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
+            connected()
+            let finished = try serve(amqp, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
+                                     untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
+            ready.store(false, ordering: .relaxed)
+            return finished
+        }, giveUp: { error, connectedOnce in
+            if untilIdle { return error }
+            return connectedOnce ? nil : StartupError(permanent: error)
+        }, lost: {
+            ready.store(false, ordering: .relaxed)
+        })
     }
 
     /// Returns true when done (stopped, or idle in `untilIdle` mode).

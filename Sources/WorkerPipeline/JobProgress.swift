@@ -107,12 +107,13 @@ final class JobProgress: @unchecked Sendable {
         noteFinal(index)
     }
 
-    /// Once complete: a retry that could only come after the deadline would not be sent, so those notifications
-    /// expire now instead of travelling through a delay queue.
-    func expireRetryable(before deadline: Int64, retryAt: Double) {
-        guard !retryable.isEmpty, retryAt >= Double(deadline) else { return }
-        expired += retryable.count
+    /// Once complete, when a retry could only come after the job's deadline (`RetryPolicy.Decision.expire`): the
+    /// retryable notifications expire now instead of travelling through a delay queue. Returns how many expired.
+    func expireRetryable() -> Int {
+        let count = retryable.count
+        expired += count
         retryable.removeAll()
+        return count
     }
 
     /// Whether `applyGuard` ran: a job whose publishes are made again is judged once.

@@ -35,8 +35,6 @@ public struct MessageProperties: Sendable, Equatable {
 public enum JobLane: String, Sendable, Hashable, CaseIterable {
     case urgent, bulk
 
-    /// Each lane has APNs connections of its own.
-    public var traffic: APNsTraffic { self == .urgent ? .urgent : .bulk }
 }
 
 /// A job as the broker handed it over. `tag` is the broker's handle for settling it; the pipeline only gives it back.
@@ -203,6 +201,36 @@ public protocol StatisticsSink {
     /// queue (milliseconds; 0: none measured); returns what the store refused, if anything. Only a lost connection
     /// throws.
     func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String?
+}
+
+/// What happened to one of the sender's connections: the worker counts these for its metrics and readiness.
+public enum ConnectionHealth: Sendable, Equatable {
+    case opened
+    case closed
+    /// The server announced it closes the connection (GOAWAY): new requests go to another.
+    case goAway
+    case connectFailed
+}
+
+/// One notification to send: the environment its token belongs to, and the request.
+public typealias OutgoingNotification = (environment: APNsEnvironment, notification: APNsNotification)
+
+/// Where notifications go: APNs, over connections the sender owns on a thread of its own.
+///
+/// Answers arrive on the sender's thread, and so do the actions `schedule` runs: a job whose notifications are out
+/// is owned by that thread until its last answer is in. Work crosses in batches: one `send` per hand-over, not one
+/// per notification.
+public protocol NotificationSender: AnyObject, Sendable {
+    /// Opens connections ahead of the first notification (readiness waits for one), and from now on reports what
+    /// becomes of every connection.
+    func start(reportingHealth: @escaping @Sendable (ConnectionHealth) -> Void)
+    /// Sends a batch of one lane's notifications (each lane has connections of its own). `answer` runs once per
+    /// notification, with its position in the batch, on the sender's thread: keep it short.
+    func send(_ batch: [OutgoingNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
+    /// Runs `action` on the sender's thread after `delay` seconds.
+    func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void)
+    /// Closes the connections and stops the thread.
+    func shutdown()
 }
 
 /// One connection's worth of everything the worker talks to, opened together and dropped together.

@@ -32,3 +32,44 @@ public struct ReconnectBackoff: Sendable {
         return reconnectDelay(afterFailures: failures)
     }
 }
+
+/// Runs sessions until a stop is asked for: connects and serves; after a failure, waits with back-off (a wake-up
+/// cuts the wait short) and connects again. The worker and the cleanup consumer both run on it.
+public struct ReconnectLoop {
+    public var logger: Logger
+    public var wakeup: Wakeup
+    public var stopRequested: () -> Bool
+
+    public init(logger: Logger, wakeup: Wakeup, stopRequested: @escaping () -> Bool) {
+        self.logger = logger
+        self.wakeup = wakeup
+        self.stopRequested = stopRequested
+    }
+
+    /// `session` connects and serves; it calls `connected()` once its connections are up, and returns true when it
+    /// is done for good. After a failure, `giveUp` says what to throw instead of reconnecting (nil: reconnect), told
+    /// whether any session had connected; `lost` runs first (readiness goes).
+    public func run(session: (_ connected: () -> Void) throws -> Bool,
+                    giveUp: (_ error: any Error, _ connectedOnce: Bool) -> (any Error)?,
+                    lost: () -> Void = {}) throws {
+        var backoff = ReconnectBackoff()
+        var connectedOnce = false
+        while !stopRequested() {
+            do {
+                let done = try session {
+                    connectedOnce = true
+                    backoff.connected()
+                }
+                if done { return }
+            } catch {
+                lost()
+                if let fatal = giveUp(error, connectedOnce) { throw fatal }
+                let delay = backoff.failed()
+                logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
+                                                                         "failures_in_a_row": String(backoff.failures),
+                                                                         "retry_in_s": String(format: "%.2f", delay)])
+                wakeup.wait(timeout: delay)
+            }
+        }
+    }
+}

@@ -32,6 +32,11 @@ public struct WorkerCore: Sendable {
         /// A progress line in the log this often while work flows.
         public var progressInterval: Double
 
+        /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
+        /// batch's worth of room opened (or half the window, for small windows), so hand-overs stay small and an
+        /// urgent one never waits long behind a bulk one.
+        public var sendMoreAt: Int { max(maximumNotificationsInFlight - sendBatchLimit, maximumNotificationsInFlight / 2) }
+
         public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
                     sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
                     progressInterval: Double = 10) {
@@ -76,11 +81,12 @@ public struct WorkerCore: Sendable {
         case deadlinePassed(unfinishedJobs: Int)
     }
 
-    public enum Action: Equatable, Sendable {
+    /// What the first half of a turn does, in this order.
+    public enum BeginAction: Equatable, Sendable {
         /// A stop was asked for: say so (with the jobs under way); reading stops, the jobs under way finish.
         case announceStop(jobsInFlight: Int)
-        /// Give the bulk jobs not started yet back to the broker, for other workers.
-        case requeueUnstartedBulk
+        /// Give the jobs read and not started yet (bulk jobs, jobs waiting behind suspects) back to the broker.
+        case requeueUnstarted
         /// Leave this session.
         case exit(Exit)
         /// Add the handed-over outcomes to the idempotency record: before anything else, so that whatever fails
@@ -94,6 +100,10 @@ public struct WorkerCore: Sendable {
         /// Publish again what the broker did not take.
         case publishHeld
         case readDeliveries(limit: Int)
+    }
+
+    /// What the second half of a turn does, in this order.
+    public enum EndAction: Equatable, Sendable {
         /// Hand this many queued notifications of each lane to APNs (within the rate limit, if there is one).
         case send(urgent: Int, bulk: Int)
         /// Start up to this many of the bulk jobs read but not started.
@@ -156,13 +166,13 @@ public struct WorkerCore: Sendable {
     }
 
     /// The first half of a turn: stopping, the idempotency record, completions, held publications, reading.
-    public mutating func beginTurn(_ observation: Observation) -> [Action] {
+    public mutating func beginTurn(_ observation: Observation) -> [BeginAction] {
         let now = observation.now
-        var actions: [Action] = []
+        var actions: [BeginAction] = []
         if observation.stopRequested && stopDeadline == nil {
             stopDeadline = now.addingTimeInterval(settings.shutdownTimeout)
             actions.append(.announceStop(jobsInFlight: jobsInFlight))
-            actions.append(.requeueUnstartedBulk)
+            actions.append(.requeueUnstarted)
         }
         if let deadline = stopDeadline {
             if jobsInFlight == 0 && observation.heldDue == nil { return actions + [.exit(.drained)] }
@@ -177,12 +187,18 @@ public struct WorkerCore: Sendable {
         return actions
     }
 
+    /// Of a batch just read (and admitted past the suspects): the urgent jobs start at once, the bulk jobs wait
+    /// their turn (`startBulk`).
+    public static func arrivals(_ batch: [JobDelivery]) -> (startNow: [JobDelivery], later: [JobDelivery]) {
+        (batch.filter { $0.lane == .urgent }, batch.filter { $0.lane == .bulk })
+    }
+
     /// The second half: sending within the bounds, starting bulk jobs, the chores, and the wait. `deliveriesRead`:
     /// how many deliveries this turn read (then the loop goes round at once: more may be waiting, and so after
-    /// starting bulk jobs).
+    /// starting bulk jobs). While `suspectsActive` (a suspect job waits or runs alone), no bulk job starts.
     public mutating func endTurn(now: Date, deliveriesRead: Int, queued: LaneCounts, inFlight: LaneCounts,
-                                 unstartedBulkJobs: Int, heldDue: Date?) -> [Action] {
-        var actions: [Action] = []
+                                 unstartedBulkJobs: Int, suspectsActive: Bool = false, heldDue: Date?) -> [EndAction] {
+        var actions: [EndAction] = []
         var sending = LaneCounts()
         // A lane cut to the batch limit with more to send and room for it: round again at once, not after a wait.
         var more = false
@@ -198,7 +214,8 @@ public struct WorkerCore: Sendable {
         if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }
         // After urgent work has gone: resolving a bulk job holds this thread, so only a few, and only while the bulk
         // lane has less than a window queued (which keeps its notifications flowing).
-        let startingBulk = !isStopping && unstartedBulkJobs > 0 && queued.bulk < settings.maximumNotificationsInFlight
+        let startingBulk = !isStopping && !suspectsActive && unstartedBulkJobs > 0
+            && queued.bulk < settings.maximumNotificationsInFlight
         if startingBulk { actions.append(.startBulk(limit: min(unstartedBulkJobs, settings.bulkJobsPerTurn))) }
         if now.timeIntervalSince(lastProbe) >= settings.probeInterval { actions.append(.probe) }
         if deliveriesRead > 0 || startingBulk || more { return actions }

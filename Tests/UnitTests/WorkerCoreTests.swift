@@ -13,7 +13,7 @@ import WorkerPipeline
 
     /// The second half of a turn with urgent work only, unless said otherwise.
     func end(_ core: inout WorkerCore, at seconds: Double, read: Int = 0, queued: Int = 0, inFlight: Int = 0,
-             bulkQueued: Int = 0, bulkInFlight: Int = 0, unstartedBulk: Int = 0, heldDue: Date? = nil) -> [WorkerCore.Action] {
+             bulkQueued: Int = 0, bulkInFlight: Int = 0, unstartedBulk: Int = 0, heldDue: Date? = nil) -> [WorkerCore.EndAction] {
         core.endTurn(now: at(seconds), deliveriesRead: read, queued: LaneCounts(urgent: queued, bulk: bulkQueued),
                      inFlight: LaneCounts(urgent: inFlight, bulk: bulkInFlight), unstartedBulkJobs: unstartedBulk,
                      heldDue: heldDue)
@@ -27,7 +27,7 @@ import WorkerPipeline
     @Test func aStopReadsNothingMoreAndLeavesOnceTheJobsUnderWaySettle() {
         var core = core()
         core.handle(.jobsStarted(3))
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 3), .requeueUnstartedBulk],
+        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 3), .requeueUnstarted],
                 "no reading: the broker gives the unread deliveries to another worker")
         #expect(core.beginTurn(.init(now: at(2), stopRequested: true, completedJobs: 2)) == [.finishCompleted])
         core.handle(.jobsSettled(2))
@@ -39,7 +39,7 @@ import WorkerPipeline
     @Test func aStopWithNothingUnderWayLeavesAtOnce() {
         var core = core()
         #expect(core.beginTurn(.init(now: at(1), stopRequested: true))
-                == [.announceStop(jobsInFlight: 0), .requeueUnstartedBulk, .exit(.drained)])
+                == [.announceStop(jobsInFlight: 0), .requeueUnstarted, .exit(.drained)])
     }
 
     @Test func theShutdownDeadlineLeavesWhatIsUnfinishedToTheBroker() {
@@ -54,7 +54,7 @@ import WorkerPipeline
         var core = core()
         let due = at(6)
         #expect(core.beginTurn(.init(now: at(1), stopRequested: true, heldDue: due))
-                == [.announceStop(jobsInFlight: 0), .requeueUnstartedBulk],
+                == [.announceStop(jobsInFlight: 0), .requeueUnstarted],
                 "not drained while something waits to be published again")
         #expect(core.beginTurn(.init(now: at(6), stopRequested: true, heldDue: due)) == [.publishHeld])
         let wait = end(&core, at: 1, unstartedBulk: 5, heldDue: due)
@@ -116,7 +116,7 @@ import WorkerPipeline
     @Test func aStopGivesUnstartedBulkJobsBackAndStartsNoMore() {
         var core = core()
         core.handle(.jobsStarted(1))
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 1), .requeueUnstartedBulk])
+        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 1), .requeueUnstarted])
         let stopping = end(&core, at: 1.1, bulkQueued: 10, unstartedBulk: 3)
         #expect(stopping.first == .send(urgent: 0, bulk: 10), "started bulk jobs still finish")
         #expect(!stopping.contains(.startBulk(limit: 3)))

@@ -1,0 +1,126 @@
+import APNs
+import Foundation
+import Telemetry
+
+/// The worker's side of the sender's thread: records each answer in its job's progress, and hands the broker thread
+/// what it must act on, in batches: jobs whose every notification has an outcome (with one wake-up), and final
+/// outcomes of jobs still under way for the idempotency record (at most every `outcomeInterval`).
+final class AnswerCollector: Sendable {
+    /// Final outcomes go to the idempotency record at least this often (seconds): a crash sends again what was
+    /// unanswered plus at most this much of answers. One hand-over per interval, not one per answer.
+    static let outcomeInterval = 0.01
+
+    private let statistics: WorkerStatistics
+    private let logger: Logger
+    private let sender: any NotificationSender
+    private let wakeup: Wakeup
+    private let completions = Locked<[JobProgress]>([])
+    private let finalOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
+    /// Sender thread only: jobs with final outcomes not handed over yet, and whether a hand-over is scheduled.
+    private let outcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
+
+    init(statistics: WorkerStatistics, logger: Logger, sender: any NotificationSender, wakeup: Wakeup) {
+        self.statistics = statistics
+        self.logger = logger
+        self.sender = sender
+        self.wakeup = wakeup
+    }
+
+    // MARK: broker thread
+
+    /// The jobs completed since the last call.
+    func takeCompleted() -> [JobProgress] {
+        completions.withLock { queue in
+            defer { queue.removeAll(keepingCapacity: true) }
+            return queue
+        }
+    }
+
+    /// The final outcomes handed over since the last call.
+    func takeOutcomes() -> [(jobID: String, outcomes: [SettledOutcome])] {
+        finalOutcomes.withLock { queue in
+            defer { queue.removeAll(keepingCapacity: true) }
+            return queue
+        }
+    }
+
+    /// Notifications whose deadline passed before they could be handed to APNs: settled as expired on the sender's
+    /// thread, which owns their jobs' progress while they are out.
+    func settleExpired(_ expired: [(progress: JobProgress, index: Int32)]) {
+        statistics.expired.add(expired.count, ordering: .relaxed)
+        sender.schedule(after: 0) { [self] in
+            for (progress, index) in expired {
+                progress.recordExpired(Int(index))
+                noteOutcome(of: progress)
+            }
+        }
+    }
+
+    // MARK: sender thread
+
+    func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
+        if result.response != nil { progress.countAnswer() }
+        // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an
+        // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
+        let reasonLabel = result.response?.reason?.label
+        if result.outcome != .delivered {
+            statistics.countUnsuccessful(status: result.response?.status, reason: reasonLabel
+                                         ?? (result.response == nil ? (result.outcome == .permanentFailure
+                                                                       ? "not_sent" : "no_answer") : ""))
+        }
+        switch result.outcome {
+        case .delivered:
+            progress.recordDelivered(index)
+            statistics.delivered.add(1, ordering: .relaxed)
+        case .deadToken:
+            let response = result.response ?? APNsResponse(status: 410)
+            progress.recordDead(index, response)
+            // A 400 mismatch is counted once the job is complete, as dead or as held back (the guard decides).
+            if !APNsOutcome.isTokenMismatch(response) { statistics.deadTokens.add(1, ordering: .relaxed) }
+        case .permanentFailure:
+            let reason = result.response.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent"
+            progress.recordFailed(index, reason: reason)
+            statistics.permanentFailures.add(1, ordering: .relaxed)
+            logger.warning("notification failed", ["job.id": progress.job.id,
+                                                   "apns.reason": Redact.outsideText(result.response?.reason?.rawValue ?? reason),
+                                                   "apns.status": String(result.response?.status ?? 0),
+                                                   "apns.token": Redact.token(progress.targets[index].token)])
+        case .retryLater(let suggested):
+            progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later", delay: suggested)
+        case .refreshTokenAndRetry, .replaceConnectionAndRetry:
+            progress.recordRetryable(index, reason: reasonLabel ?? "provider token", delay: 1)
+        }
+        noteOutcome(of: progress)
+    }
+
+    /// After an outcome: a complete job goes back to the broker thread; final outcomes of a job still under way are
+    /// handed over for the idempotency record within `outcomeInterval`.
+    private func noteOutcome(of progress: JobProgress) {
+        if progress.isComplete {
+            // From here the broker thread owns the job, its outcomes not yet recorded included (finishing settles it).
+            progress.handedBack = true
+            completions.withLock { $0.append(progress) }
+            wakeup.signal()
+        } else if !progress.unrecordedFinal.isEmpty && !progress.awaitsHandOver {
+            progress.awaitsHandOver = true
+            outcomesAwaiting.value.jobs.append(progress)
+            if !outcomesAwaiting.value.scheduled {
+                outcomesAwaiting.value.scheduled = true
+                sender.schedule(after: Self.outcomeInterval) { [self] in handOverOutcomes() }
+            }
+        }
+    }
+
+    /// The final outcomes gathered over the last interval go to the broker thread in one hand-over.
+    private func handOverOutcomes() {
+        var batches: [(jobID: String, outcomes: [SettledOutcome])] = []
+        for progress in outcomesAwaiting.value.jobs where !progress.handedBack {
+            progress.awaitsHandOver = false
+            if let outcomes = progress.takeUnrecordedFinal() { batches.append((progress.job.id, outcomes)) }
+        }
+        outcomesAwaiting.value = ([], false)
+        guard !batches.isEmpty else { return }
+        finalOutcomes.withLock { $0.append(contentsOf: batches) }
+        wakeup.signal()
+    }
+}

@@ -1,0 +1,106 @@
+/// Which delivered jobs are poison: a job that stops every worker it is delivered to would otherwise go from worker
+/// to worker for ever.
+///
+/// A job's deliveries are counted by the broker (quorum queues) or, where it does not count them, by the fleet in
+/// the store under the job's history key. From `suspectFrom` deliveries on, a job came back twice without being
+/// settled (one broker failover explains one redelivery, not two): it is a suspect and runs alone, so that if it
+/// stops this worker too, its next delivery knows it. A job delivered more than `maximumDeliveries` times whose last
+/// lone run never settled is poison: parked unread.
+public struct DeliveryTriage: Sendable, Equatable {
+    /// Deliveries of one job at most.
+    public var maximumDeliveries: Int
+
+    public init(maximumDeliveries: Int) {
+        self.maximumDeliveries = maximumDeliveries
+    }
+
+    /// A job at this delivery or later is a suspect.
+    public var suspectFrom: Int { min(3, maximumDeliveries + 1) }
+
+    /// The key a job's delivery history is kept under: its message-id or, without one, its body.
+    public static func historyKey(_ delivery: JobDelivery) -> String {
+        delivery.properties.messageID.map { "id:" + $0 } ?? "body:" + fingerprint(delivery.body)
+    }
+
+    /// FNV-1a, 64 bits, in hex: the same body gives the same key in every worker (Swift's `Hasher` is seeded per
+    /// process).
+    public static func fingerprint(_ body: [UInt8]) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in body {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        return String(hash, radix: 16)
+    }
+
+    /// Deliveries so far of a batch's redelivered jobs, as far as the broker counts them (by delivery tag, this
+    /// delivery included); and the history keys of those it does not count, for the store to count. First
+    /// deliveries cost nothing.
+    public func brokerCounts(of batch: [JobDelivery]) -> (counts: [UInt64: Int], uncounted: [(tag: UInt64, key: String)]) {
+        var counts: [UInt64: Int] = [:]
+        var uncounted: [(tag: UInt64, key: String)] = []
+        for delivery in batch where delivery.redelivered {
+            if let before = delivery.properties.deliveryCount {
+                counts[delivery.tag] = before + 1
+            } else {
+                uncounted.append((delivery.tag, Self.historyKey(delivery)))
+            }
+        }
+        return (counts, uncounted)
+    }
+
+    /// Adds what the store counted: redeliveries per history key (the first delivery is never counted there).
+    public func merging(_ counts: [UInt64: Int], uncounted: [(tag: UInt64, key: String)],
+                        storeRedeliveries: [String: Int]) -> [UInt64: Int] {
+        var merged = counts
+        for (tag, key) in uncounted {
+            if let redelivered = storeRedeliveries[key] { merged[tag] = redelivered + 1 }
+        }
+        return merged
+    }
+
+    /// The history keys of the jobs delivered more often than allowed: whether each died alone decides if it is poison.
+    public func overLimit(_ batch: [JobDelivery], deliveries: [UInt64: Int]) -> [String] {
+        batch.filter { (deliveries[$0.tag] ?? 1) > maximumDeliveries }.map(Self.historyKey)
+    }
+
+    /// A poison job, with how often it was delivered.
+    public struct Poison: Sendable {
+        public var delivery: JobDelivery
+        public var deliveries: Int
+        public var historyKey: String
+    }
+
+    public struct Sorted: Sendable {
+        /// Started as usual.
+        public var usual: [JobDelivery] = []
+        /// Started alone, one after the other.
+        public var suspects: [JobDelivery] = []
+        /// Parked unread.
+        public var poison: [Poison] = []
+    }
+
+    /// Sorts a batch by its jobs' deliveries so far (absent: a first delivery) and the history keys whose last lone
+    /// run ended without settling.
+    public func sort(_ batch: [JobDelivery], deliveries: [UInt64: Int], diedAlone: Set<String>) -> Sorted {
+        guard !deliveries.isEmpty else { return Sorted(usual: batch) }
+        var sorted = Sorted()
+        for delivery in batch {
+            let count = deliveries[delivery.tag] ?? 1
+            if count > maximumDeliveries, case let key = Self.historyKey(delivery), diedAlone.contains(key) {
+                sorted.poison.append(Poison(delivery: delivery, deliveries: count, historyKey: key))
+            } else if count >= suspectFrom {
+                sorted.suspects.append(delivery)
+            } else {
+                sorted.usual.append(delivery)
+            }
+        }
+        return sorted
+    }
+
+    /// Why a poison job is parked, for its reason header.
+    public func reason(_ poison: Poison) -> String {
+        "delivered \(poison.deliveries) times, more than the \(maximumDeliveries) allowed, and the last time it was "
+            + "the only job of a worker that ended without settling it: the job stops workers"
+    }
+}

@@ -1,0 +1,32 @@
+import Foundation
+
+/// What the broker did not take (handed back: no queue; or refused), kept unacknowledged and published again after
+/// a pause: finished jobs with everything they produce, and bad jobs to park. Bounded by the prefetch, as every one
+/// of them is an unacknowledged delivery. A pause rather than at once, so that a queue someone deleted costs a
+/// retry every few seconds (the broker adapter declares the queues again meanwhile), not a loop.
+struct HeldPublishes {
+    static let pause = 5.0
+
+    private var jobs: [(progress: JobProgress, due: Date)] = []
+    private var rejections: [(delivery: JobDelivery, reason: String, due: Date)] = []
+
+    mutating func hold(job: JobProgress, now: Date = Date()) {
+        jobs.append((job, now.addingTimeInterval(Self.pause)))
+    }
+
+    mutating func hold(rejection: (JobDelivery, String), now: Date = Date()) {
+        rejections.append((rejection.0, rejection.1, now.addingTimeInterval(Self.pause)))
+    }
+
+    var nextDue: Date? { (jobs.map(\.due) + rejections.map(\.due)).min() }
+
+    /// What is due now, taken out; nil if nothing is.
+    mutating func takeDue(now: Date = Date()) -> (jobs: [JobProgress], rejections: [(JobDelivery, String)])? {
+        guard let next = nextDue, next <= now else { return nil }
+        let dueJobs = jobs.filter { $0.due <= now }.map(\.progress)
+        let dueRejections = rejections.filter { $0.due <= now }.map { ($0.delivery, $0.reason) }
+        jobs.removeAll { $0.due <= now }
+        rejections.removeAll { $0.due <= now }
+        return (dueJobs, dueRejections)
+    }
+}

@@ -1,0 +1,99 @@
+/// What a finished job publishes, what it takes out of the token cache, and when it may be acknowledged.
+///
+/// Events, retries and parked jobs must not be lost: the job is acknowledged only once the broker has taken every
+/// one of them (`isSafe`); otherwise it stays unacknowledged and its publications are made again. A summary to a
+/// `reply_to` queue that does not exist holds nothing up. Dead tokens leave the cache only once their events are
+/// safe with the broker, so a crash repeats work and never loses an event.
+struct SettlementPlan {
+    /// The job's publications: its dead-token events, then its retry or its parked copy, then its summary.
+    let publications: [Publication]
+    /// The index of its summary among them, if its sender asked for one.
+    let summary: Int?
+    /// Cache entries to remove once the publications are safe: only an entry that still serves the job's topic in
+    /// that environment goes (a token registered since for another kind or app is someone else's). Tokens sent
+    /// directly have no user: they are left to the cleanup consumer's events.
+    let removals: [TokenRemoval]
+    /// The reason a parked job carries, if it is parked.
+    let parkedReason: String?
+
+    /// On a job parked after its last attempt: the device tokens still undelivered, at most this many.
+    static let undeliveredListed = 100
+
+    /// `retry`: the retry policy's decision for the job, already applied to it (expired notifications counted).
+    init(_ progress: JobProgress, retry: RetryPolicy.Decision, defaultTopic: String?) {
+        let job = progress.job, delivery = progress.delivery
+        var publications = progress.dead.map { target, response in
+            let event = DeadTokenEvent(token: target.token, user: target.user, topic: job.topic,
+                                       environment: target.environment, status: response.status,
+                                       reason: response.reason?.label ?? "", timestamp: response.timestamp, jobID: job.id)
+            return Publication(destination: .deadTokens, body: event.json, properties: MessageProperties())
+        }
+        var parkedReason: String?
+        switch retry {
+        case .retry(let delay):
+            publications.append(Self.retry(progress, after: delay))
+        case .park:
+            let reason = "\(progress.retryable.count) of \(progress.targets.count) notifications not delivered after "
+                + "\(job.attempt) attempts: \(progress.retryable.first?.reason ?? "")"
+            publications.append(Self.parked(progress, reason: reason))
+            parkedReason = reason
+        case .none, .expire:
+            break
+        }
+        var summary: Int?
+        if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty {
+            summary = publications.count
+            let retrying = if case .retry = retry { true } else { false }
+            publications.append(Publication(
+                destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
+                properties: MessageProperties(correlationID: delivery.properties.correlationID ?? job.id, persistent: false)))
+        }
+        let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+        self.removals = progress.dead.compactMap { target, response in
+            target.user.map { user in
+                TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
+                             onlyIfValueIn: matcher.cacheValues(in: target.environment))
+            }
+        }
+        self.publications = publications
+        self.summary = summary
+        self.parkedReason = parkedReason
+    }
+
+    /// Whether everything that must not be lost was taken (`outcomes`: this plan's, in order).
+    func isSafe(_ outcomes: ArraySlice<PublicationOutcome>) -> Bool {
+        zip(publications.indices, outcomes).allSatisfy { index, outcome in index == summary || outcome == .taken }
+    }
+
+    /// Whether the summary went missing (no queue by its reply_to): worth a warning, nothing more.
+    func summaryLost(_ outcomes: ArraySlice<PublicationOutcome>) -> Bool {
+        guard let summary else { return false }
+        return outcomes[outcomes.startIndex + summary] != .taken
+    }
+
+    /// Another attempt waits in a delay queue that dead-letters back to the queue of the job's lane: nothing is held
+    /// here, and the retry survives this worker.
+    private static func retry(_ progress: JobProgress, after delay: Double) -> Publication {
+        var properties = progress.delivery.properties
+        properties.persistent = true
+        // The retry's wait in its lane is the delay it was given, not a queue falling behind.
+        properties.timestamp = nil
+        properties.headers[Worker.reasonHeader] = progress.retryable.first?.reason
+        return Publication(destination: .retry(delay: delay, lane: progress.delivery.lane),
+                           body: progress.job.retryBody(targets: progress.retryable.map(\.target),
+                                                        original: progress.delivery.body),
+                           properties: properties)
+    }
+
+    /// Parked as its sender enqueued it, with what happened in headers.
+    private static func parked(_ progress: JobProgress, reason: String) -> Publication {
+        var properties = progress.delivery.properties
+        properties.persistent = true
+        properties.headers[Worker.reasonHeader] = reason
+        properties.headers[Worker.attemptsHeader] = String(progress.job.attempt)
+        properties.headers[Worker.undeliveredHeader] = progress.retryable.prefix(undeliveredListed)
+            .map(\.target.token).joined(separator: ",")
+        return Publication(destination: .failed, body: progress.job.originalBody ?? progress.delivery.body,
+                           properties: properties)
+    }
+}

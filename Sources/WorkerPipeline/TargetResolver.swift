@@ -1,0 +1,55 @@
+/// Which device tokens a job reaches: its own tokens, then those of its users' cached tokens that serve its topic,
+/// each token once, less what an earlier delivery of the same job already settled.
+///
+/// A user's tokens of other kinds (a VoIP token for an alert, another app's token) are never reached; a device named
+/// twice, or sitting under two users of a cache other systems feed, is sent to once.
+public struct TargetResolver: Sendable, Equatable {
+    /// The topic of jobs that name none, and the app whose plain cache entries serve it.
+    public var defaultTopic: String?
+
+    public init(defaultTopic: String?) {
+        self.defaultTopic = defaultTopic
+    }
+
+    /// Jobs that name themselves (an `id` in the body, or a message-id) can be recognised when redelivered; a
+    /// delivery tag changes with every delivery.
+    public static func hasStableID(_ job: PushJob, _ delivery: JobDelivery) -> Bool {
+        job.idFromBody || delivery.properties.messageID != nil
+    }
+
+    /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved).
+    public func usersToResolve(_ jobs: [PushJob]) -> [String] {
+        jobs.flatMap { $0.retryTargets == nil ? $0.users : [] }
+    }
+
+    /// The jobs whose earlier deliveries may have settled some notifications already: redelivered, with a stable id.
+    public func jobsToLookUp(_ jobs: [(delivery: JobDelivery, job: PushJob)]) -> [String] {
+        jobs.filter { $0.delivery.redelivered && Self.hasStableID($0.job, $0.delivery) }.map(\.job.id)
+    }
+
+    /// A job's targets, and how many were skipped as already settled by an earlier delivery.
+    public func targets(of job: PushJob, resolved: [String: [CachedToken]],
+                        alreadySettled: Set<String> = []) -> (targets: [DeviceTarget], skipped: Int) {
+        var targets = job.retryTargets ?? newTargets(of: job, resolved: resolved)
+        guard !alreadySettled.isEmpty else { return (targets, 0) }
+        let before = targets.count
+        targets.removeAll { alreadySettled.contains($0.token) }
+        return (targets, before - targets.count)
+    }
+
+    private func newTargets(of job: PushJob, resolved: [String: [CachedToken]]) -> [DeviceTarget] {
+        let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+        var targets: [DeviceTarget] = []
+        // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
+        var seen = Set<String>(minimumCapacity: job.tokens.count + job.users.count * 2)
+        for token in job.tokens where seen.insert(token).inserted {
+            targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
+        }
+        for user in job.users {
+            for cached in resolved[user] ?? [] where matcher.serves(cached.scope) && seen.insert(cached.token).inserted {
+                targets.append(DeviceTarget(token: cached.token, environment: cached.scope.environment, user: user))
+            }
+        }
+        return targets
+    }
+}
