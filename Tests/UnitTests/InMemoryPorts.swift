@@ -1,0 +1,263 @@
+import APNs
+import Foundation
+import Telemetry
+import WorkerPipeline
+
+/// The pipeline's ports in memory, for running the real `Worker` with no process or socket. Every port writes into one
+/// `InMemoryFleet`, whose state a test reads and waits on: each change wakes the waiters, so a test waits for what it
+/// expects (with a timeout) rather than for time to pass.
+final class InMemoryFleet: @unchecked Sendable {
+    /// What the ports saw and hold. Guarded by `condition`.
+    struct State {
+        // Broker
+        var ready: [JobDelivery] = []
+        var nextTag: UInt64 = 1
+        var acknowledged: [UInt64] = []
+        var requeued: [UInt64] = []
+        var published: [Publication] = []
+        /// Destinations whose publications the broker hands back (their queue was deleted).
+        var missingQueues: Set<Publication.Destination> = []
+        // Store
+        var cache: [String: [CachedToken]] = [:]
+        var removals: [TokenRemoval] = []
+        var settled: [String: Settled] = [:]
+        var redeliveries: [String: Int] = [:]
+        var alone: Set<String> = []
+        var reports = 0
+        /// Permits per reservation per lane (nil: no limit).
+        var permitsPerWindow: Int?
+        // Sender
+        var sent: [(lane: JobLane, token: String)] = []
+        var holdingAnswers = false
+        var heldAnswers: [() -> Void] = []
+    }
+
+    private let condition = NSCondition()
+    private var state = State()
+    /// The broker's socket: readable when deliveries are waiting.
+    let brokerReadable = Wakeup()
+
+    func read<T>(_ body: (State) -> T) -> T {
+        condition.lock()
+        defer { condition.unlock() }
+        return body(state)
+    }
+
+    func change<T>(_ body: (inout State) -> T) -> T {
+        condition.lock()
+        defer {
+            condition.broadcast()
+            condition.unlock()
+        }
+        return body(&state)
+    }
+
+    /// Waits until `predicate` holds, at most `timeout` seconds; returns whether it holds.
+    func wait(timeout: Double = 10, until predicate: (State) -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while !predicate(state) {
+            guard condition.wait(until: deadline) else { return predicate(state) }
+        }
+        return true
+    }
+
+    /// Puts a job on the broker; returns its delivery tag.
+    @discardableResult
+    func deliver(_ json: String, lane: JobLane = .urgent, properties: MessageProperties = MessageProperties(),
+                 redelivered: Bool = false) -> UInt64 {
+        let tag = change { state in
+            defer { state.nextTag += 1 }
+            state.ready.append(JobDelivery(tag: state.nextTag, redelivered: redelivered, body: Array(json.utf8),
+                                           properties: properties, lane: lane))
+            return state.nextTag
+        }
+        brokerReadable.signal()
+        return tag
+    }
+
+    func session() -> WorkerSession {
+        WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
+                      statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(self),
+                      store: InMemoryBroker(self), logMetadata: [:])
+    }
+
+    /// Answers held back by the sender go out now, and from now on answers go out at once.
+    func releaseAnswers() {
+        let held = change { state in
+            state.holdingAnswers = false
+            defer { state.heldAnswers.removeAll() }
+            return state.heldAnswers
+        }
+        for answer in held { answer() }
+    }
+}
+
+final class InMemoryBroker: JobBroker {
+    private let fleet: InMemoryFleet
+
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func receive(limit: Int) throws -> [BrokerNotice] {
+        fleet.brokerReadable.acknowledge()
+        return fleet.change { state in
+            let taken = state.ready.prefix(limit)
+            state.ready.removeFirst(taken.count)
+            return taken.map { .delivery($0) }
+        }
+    }
+
+    var hasBufferedInput: Bool { fleet.read { !$0.ready.isEmpty } }
+    var readableDescriptor: Int32 { fleet.brokerReadable.fileDescriptor }
+
+    func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
+        fleet.change { state in
+            publications.map { publication in
+                guard !state.missingQueues.contains(publication.destination) else { return .noQueue }
+                state.published.append(publication)
+                return .taken
+            }
+        }
+    }
+
+    func acknowledge(_ tags: [UInt64]) throws { fleet.change { $0.acknowledged += tags } }
+    func requeue(_ tag: UInt64) throws { fleet.change { $0.requeued.append(tag) } }
+    func probe() throws {}
+    func close() {}
+    var logMetadata: [String: String] { [:] }
+}
+
+final class InMemoryTokenStore: TokenStore {
+    private let fleet: InMemoryFleet
+
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func resolve(_ users: [String]) throws -> ResolvedUsers {
+        fleet.read { state in ResolvedUsers(tokens: state.cache.filter { users.contains($0.key) }) }
+    }
+
+    /// As the Redis store does: a token goes only if its entry still serves what the removal names.
+    func remove(_ removals: [TokenRemoval]) throws -> [CacheChange] {
+        fleet.change { state in
+            removals.map { removal in
+                state.removals.append(removal)
+                let before = state.cache[removal.user]?.count ?? 0
+                state.cache[removal.user]?.removeAll { cached in
+                    cached.token == removal.token
+                        && (removal.onlyIfValueIn.map { $0.contains(cached.scope.cacheValue) } ?? true)
+                }
+                return (state.cache[removal.user]?.count ?? 0) < before ? .applied : .unchanged
+            }
+        }
+    }
+}
+
+final class InMemoryRecord: IdempotencyRecord {
+    private let fleet: InMemoryFleet
+
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> [String: String] {
+        fleet.change { state in
+            for (jobID, outcomes) in batches {
+                var settled = state.settled[jobID] ?? Settled()
+                for outcome in outcomes {
+                    switch outcome {
+                    case .done(let token): settled.tokens.insert(token)
+                    case .dead(let target, let response):
+                        settled.tokens.insert(target.token)
+                        settled.dead.append((target, response))
+                    }
+                }
+                state.settled[jobID] = settled
+            }
+            return [:]
+        }
+    }
+
+    func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String]) {
+        fleet.read { state in (state.settled.filter { jobIDs.contains($0.key) }, [:]) }
+    }
+
+    func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String]) {
+        fleet.change { state in
+            var counts: [String: Int] = [:]
+            for key in keys {
+                state.redeliveries[key, default: 0] += 1
+                counts[key] = state.redeliveries[key]
+            }
+            return (counts, [:])
+        }
+    }
+
+    func startingAlone(_ key: String) throws { fleet.change { _ = $0.alone.insert(key) } }
+    func settledAlone(_ key: String) throws { fleet.change { _ = $0.alone.remove(key) } }
+    func forget(_ key: String) throws { fleet.change { _ = $0.redeliveries.removeValue(forKey: key) } }
+    func diedAlone(_ keys: [String]) throws -> Set<String> { fleet.read { $0.alone.intersection(keys) } }
+}
+
+final class InMemoryRateLimiter: RateLimiter {
+    private let fleet: InMemoryFleet
+
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
+        guard let permits = fleet.read(\.permitsPerWindow) else {
+            return .granted(urgent: urgent, bulk: bulk, nextWindowIn: 0)
+        }
+        return .granted(urgent: min(urgent, permits), bulk: min(bulk, permits), nextWindowIn: 0.01)
+    }
+}
+
+final class InMemoryStatistics: StatisticsSink {
+    private let fleet: InMemoryFleet
+
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String? {
+        fleet.change { $0.reports += 1 }
+        return nil
+    }
+}
+
+/// APNs in memory: answers each notification as `answer` says (read as the APNs client reads answers), on a thread
+/// of its own as the client does; while the fleet holds answers, they wait for `releaseAnswers`.
+final class InMemorySender: NotificationSender, @unchecked Sendable {
+    private let fleet: InMemoryFleet
+    private let answer: @Sendable (APNsNotification) -> APNsResponse
+    private let thread = DispatchQueue(label: "in-memory-sender")
+
+    init(_ fleet: InMemoryFleet, answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in
+        APNsResponse(status: 200)
+    }) {
+        self.fleet = fleet
+        self.answer = answer
+    }
+
+    func start(reportingHealth report: @escaping @Sendable (ConnectionHealth) -> Void) {
+        thread.async { report(.opened) }
+    }
+
+    func send(_ batch: [OutgoingNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) {
+        let results = batch.map { outgoing in
+            let response = answer(outgoing.notification)
+            return APNsResult(outcome: APNsOutcome.classify(response), response: response)
+        }
+        let deliver: @Sendable () -> Void = { [thread] in
+            thread.async { for (position, result) in results.enumerated() { reply(position, result) } }
+        }
+        let holding = fleet.change { state in
+            state.sent += batch.map { (lane, $0.notification.deviceToken) }
+            if state.holdingAnswers { state.heldAnswers.append(deliver) }
+            return state.holdingAnswers
+        }
+        if !holding { deliver() }
+    }
+
+    func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
+        thread.asyncAfter(deadline: .now() + delay, execute: action)
+    }
+
+    func shutdown() {}
+}
