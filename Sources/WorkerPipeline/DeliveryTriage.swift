@@ -69,6 +69,12 @@ public struct DeliveryTriage: Sendable, Equatable {
         public var delivery: JobDelivery
         public var deliveries: Int
         public var historyKey: String
+
+        public init(delivery: JobDelivery, deliveries: Int, historyKey: String) {
+            self.delivery = delivery
+            self.deliveries = deliveries
+            self.historyKey = historyKey
+        }
     }
 
     public struct Sorted: Sendable {

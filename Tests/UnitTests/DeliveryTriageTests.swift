@@ -1,0 +1,52 @@
+import Testing
+import WorkerPipeline
+
+@Suite struct DeliveryTriageTests {
+    let triage = DeliveryTriage(maximumDeliveries: 5)
+
+    func delivery(_ tag: UInt64, body: String = "{}", messageID: String? = nil, redelivered: Bool = false,
+                  brokerCount: Int? = nil) -> JobDelivery {
+        JobDelivery(tag: tag, redelivered: redelivered, body: Array(body.utf8),
+                    properties: MessageProperties(messageID: messageID, deliveryCount: brokerCount))
+    }
+
+    @Test func aJobsHistoryIsKeptUnderItsMessageIDOrItsBody() {
+        #expect(DeliveryTriage.historyKey(delivery(1, messageID: "m-1")) == "id:m-1")
+        #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) == "body:af63dc4c8601ec8c", "FNV-1a 64 of \"a\"")
+        #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) == DeliveryTriage.historyKey(delivery(2, body: "a")),
+                "the same body gives the same key whatever the delivery")
+        #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) != DeliveryTriage.historyKey(delivery(1, body: "b")))
+    }
+
+    @Test func firstDeliveriesCostNothingAndTheBrokersCountIsUsedWhereItCounts() {
+        let (counts, uncounted) = triage.brokerCounts(of: [
+            delivery(1), delivery(2, redelivered: true, brokerCount: 3), delivery(3, messageID: "m", redelivered: true),
+        ])
+        #expect(counts == [2: 4], "the broker's count is of deliveries before this one")
+        #expect(uncounted.map(\.tag) == [3] && uncounted.map(\.key) == ["id:m"])
+        let merged = triage.merging(counts, uncounted: uncounted, storeRedeliveries: ["id:m": 2])
+        #expect(merged == [2: 4, 3: 3], "the store counts redeliveries: two of them make the third delivery")
+    }
+
+    @Test func sortsUsualJobsSuspectsAndPoison() {
+        let batch = [delivery(1), delivery(2, messageID: "twice"), delivery(3, messageID: "thrice"),
+                     delivery(4, messageID: "over-and-died"), delivery(5, messageID: "over-but-settled")]
+        let sorted = triage.sort(batch, deliveries: [2: 2, 3: 3, 4: 6, 5: 6], diedAlone: ["id:over-and-died"])
+        #expect(sorted.usual.map(\.tag) == [1, 2], "one redelivery is a failover, not a suspect")
+        #expect(sorted.suspects.map(\.tag) == [3, 5], "over the limit without dying alone: run alone once more")
+        #expect(sorted.poison.map(\.delivery.tag) == [4])
+        #expect(sorted.poison.first?.deliveries == 6 && sorted.poison.first?.historyKey == "id:over-and-died")
+        #expect(triage.overLimit(batch, deliveries: [4: 6, 5: 6, 3: 5]).sorted() == ["id:over-and-died", "id:over-but-settled"])
+    }
+
+    @Test func aLowLimitMakesSuspectsSooner() {
+        #expect(DeliveryTriage(maximumDeliveries: 1).suspectFrom == 2)
+        #expect(DeliveryTriage(maximumDeliveries: 5).suspectFrom == 3)
+    }
+
+    @Test func thePoisonReasonSaysWhyWithoutNamingASetting() {
+        let reason = triage.reason(.init(delivery: delivery(1), deliveries: 6, historyKey: "id:x"))
+        #expect(reason.hasPrefix("delivered 6 times, more than the 5 allowed"))
+        #expect(!reason.contains("WORKER_"))
+    }
+}

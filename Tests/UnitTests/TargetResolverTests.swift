@@ -1,0 +1,69 @@
+import APNs
+import Testing
+import WorkerPipeline
+
+@Suite struct TargetResolverTests {
+    static let topic = "com.example.app"
+    let resolver = TargetResolver(defaultTopic: topic)
+
+    static func token(_ number: Int) -> String { String(format: "%064x", number) }
+
+    func job(users: [String] = [], tokens: [String] = [], pushType: String = "alert", topic: String = topic) throws -> PushJob {
+        let users = users.map { "\"\($0)\"" }.joined(separator: ","), tokens = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+        let body = #"{"id":"j","topic":"\#(topic)","push_type":"\#(pushType)","users":[\#(users)],"tokens":[\#(tokens)],"payload":{"aps":{}}}"#
+        return try PushJob.decode(Array(body.utf8), defaultTopic: Self.topic, fallbackID: "-")
+    }
+
+    @Test func aJobsOwnTokensThenItsUsersTokensEachOnce() throws {
+        let resolved = ["alice": [CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox)),
+                                  CachedToken(token: Self.token(1), scope: TokenScope(environment: .production))],
+                        "bob": [CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox))]]
+        let (targets, skipped) = resolver.targets(of: try job(users: ["alice", "bob"], tokens: [Self.token(1)]),
+                                                  resolved: resolved)
+        #expect(targets == [DeviceTarget(token: Self.token(1), environment: .production, user: nil),
+                            DeviceTarget(token: Self.token(2), environment: .sandbox, user: "alice")])
+        #expect(skipped == 0)
+    }
+
+    @Test func aUsersTokensOfAnotherKindOrAppAreNeverReached() throws {
+        let resolved = ["alice": [
+            CachedToken(token: Self.token(1), scope: TokenScope(environment: .production)),
+            CachedToken(token: Self.token(2), scope: TokenScope(environment: .production, topic: "com.example.app.voip")),
+            CachedToken(token: Self.token(3), scope: TokenScope(environment: .production, topic: "com.other.app")),
+        ]]
+        #expect(resolver.targets(of: try job(users: ["alice"]), resolved: resolved).targets.map(\.token) == [Self.token(1)])
+        let voip = try job(users: ["alice"], pushType: "voip", topic: "com.example.app.voip")
+        #expect(resolver.targets(of: voip, resolved: resolved).targets.map(\.token) == [Self.token(2)])
+    }
+
+    @Test func whatAnEarlierDeliverySettledIsSkippedAndCounted() throws {
+        let (targets, skipped) = resolver.targets(of: try job(tokens: [Self.token(1), Self.token(2)]), resolved: [:],
+                                                  alreadySettled: [Self.token(1)])
+        #expect(targets.map(\.token) == [Self.token(2)])
+        #expect(skipped == 1)
+    }
+
+    @Test func aRetryGoesToExactlyItsTargetsWithoutResolvingUsers() throws {
+        let original = try job(users: ["alice"])
+        let target = DeviceTarget(token: Self.token(5), environment: .sandbox, user: "alice")
+        let retry = try PushJob.decode(original.retryBody(targets: [target], original: Array("{}".utf8)),
+                                       defaultTopic: Self.topic, fallbackID: "-")
+        #expect(resolver.usersToResolve([original, retry]) == ["alice"], "only the new job's users are looked up")
+        let reached = resolver.targets(of: retry, resolved: ["alice": [CachedToken(token: Self.token(6),
+                                                                                      scope: TokenScope(environment: .production))]])
+        #expect(reached.targets == [target])
+    }
+
+    @Test func onlyRedeliveredJobsWithAStableIDAreLookedUp() throws {
+        let named = try job(tokens: [Self.token(1)])
+        var unnamed = named
+        unnamed.idFromBody = false
+        let first = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
+        let again = JobDelivery(tag: 2, redelivered: true, body: [], properties: MessageProperties())
+        let againWithMessageID = JobDelivery(tag: 3, redelivered: true, body: [], properties: MessageProperties(messageID: "m"))
+        #expect(resolver.jobsToLookUp([(first, named)]).isEmpty, "a first delivery has no history")
+        #expect(resolver.jobsToLookUp([(again, named)]) == ["j"])
+        #expect(resolver.jobsToLookUp([(again, unnamed)]).isEmpty, "a delivery tag names no job across deliveries")
+        #expect(resolver.jobsToLookUp([(againWithMessageID, unnamed)]) == ["j"])
+    }
+}
