@@ -216,6 +216,16 @@ import WorkerPipeline
         #expect(throws: ConfigurationError.self) { try ConfigurationSources.readFile("/nonexistent/file.env") }
     }
 
+    /// A file saved on Windows: every line is read, no value keeps a carriage return, a bad line has its number.
+    @Test func linesEndingInCRLFAreReadLikeLF() throws {
+        let values = try ConfigurationSources.parseFile("# written on Windows\r\nLOG_LEVEL=debug\r\nAPNS_TOPIC=com.example.app\r\n",
+                                                        name: "windows.env")
+        #expect(values == ["LOG_LEVEL": "debug", "APNS_TOPIC": "com.example.app"])
+        #expect(throws: ConfigurationError(key: "--config", "windows.env line 2: expected KEY=VALUE")) {
+            try ConfigurationSources.parseFile("A=1\r\njust words\r\n", name: "windows.env")
+        }
+    }
+
     @Test func flagsBeatTheEnvironmentWhichBeatsTheFile() {
         let merged = ConfigurationSources.merge(file: ["A": "file", "B": "file", "C": "file"],
                                                 environment: ["B": "environment", "C": "environment"],
