@@ -104,6 +104,15 @@ public struct AMQPNodes: Sendable, Equatable, CustomStringConvertible {
     public init(_ text: String) throws(AMQPError) {
         let parts = text.split(separator: ",", omittingEmptySubsequences: false)
             .map { $0.trimmingCharacters(in: .whitespaces) }
+        // A later part that is no URL is most likely the rest of a password with a raw comma: say so before any part
+        // is parsed, since the part before it would otherwise be read as host:port and its error would show the
+        // password's first half as a port.
+        if let stray = parts.indices.dropFirst().first(where: { index in
+            !parts[index].isEmpty && !parts[index].hasPrefix("amqp://") && !parts[index].hasPrefix("amqps://")
+        }) {
+            throw .badURL("URL \(stray + 1) of \(parts.count): must start with amqp:// or amqps:// (a comma separates "
+                          + "nodes; a comma in a password is written %2C)")
+        }
         var urls: [AMQPURL] = []
         for (index, part) in parts.enumerated() {
             do { urls.append(try AMQPURL(part)) } catch {

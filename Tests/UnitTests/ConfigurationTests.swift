@@ -36,6 +36,20 @@ import WorkerPipeline
         #expect(throws: AMQPError.self) { try AMQPNodes("amqp://h,") }
     }
 
+    /// A password with a raw comma splits one URL into two "nodes": the error says how to write the comma, and shows
+    /// no part of the password (not even the half before the comma, which would otherwise be read as a port).
+    @Test(arguments: ["amqp://app:se,cret@rabbit-1:5672/prod", "amqp://app:12,34@rabbit-1:5672/prod"])
+    func aRawCommaInAPasswordIsExplained(url: String) {
+        do {
+            _ = try AMQPNodes(url)
+            Issue.record("a password with a raw comma was accepted")
+        } catch {
+            #expect(error.message.contains("a comma separates nodes") && error.message.contains("%2C"), "\(error.message)")
+            #expect(!error.message.contains("port ") && !error.message.contains("cret") && !error.message.contains("34"),
+                    "\(error.message)")
+        }
+    }
+
     @Test func redisURLs() throws {
         #expect(try RedisURL("redis://127.0.0.1:6380/2") == RedisURL(host: "127.0.0.1", port: 6380, database: 2))
         let secret = try RedisURL("redis://:s3cret@cache:6379/0")
