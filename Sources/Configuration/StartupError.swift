@@ -12,11 +12,12 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
     public init?(permanent error: any Error) {
         switch error {
         case let refused as ConnectionRefused:
-            description = (refused.system == .broker ? "AMQP_URL: " : "REDIS_URL: ") + refused.message
+            description = (refused.system == .broker ? ConfigurationError(\.amqpURL, refused.message)
+                : ConfigurationError(\.redisURL, refused.message)).description
         case let amqp as AMQPError where amqp.isPermanent:
-            description = "AMQP_URL: \(amqp.message)"
+            description = ConfigurationError(\.amqpURL, amqp.message).description
         case let redis as RedisError where redis.kind == .refused || redis.kind == .badURL:
-            description = "REDIS_URL: \(redis.message)"
+            description = ConfigurationError(\.redisURL, redis.message).description
         default:
             return nil
         }

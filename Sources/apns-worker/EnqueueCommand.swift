@@ -38,6 +38,9 @@ Other options:
   --reply-to QUEUE      ask workers for a summary of each job on QUEUE
   --no-progress         no progress output
 
+Settings it reads (environment, --config file or --set):
+\(SettingTable.help(for: .enqueue))
+
 EXAMPLES:
   apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
   apns-worker enqueue --bulk campaign.jsonl

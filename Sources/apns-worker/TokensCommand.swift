@@ -26,6 +26,9 @@ USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--t
             --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
             characters and length) unless --full-tokens; --json for scripts.
 
+Settings it reads (environment, --config file or --set):
+\(SettingTable.help(for: .tokens))
+
 EXAMPLES:
   apns-worker tokens add alice 3f0c9a...e1 --environment sandbox
   apns-worker tokens add alice 7d41e0...9b --topic com.example.app.voip

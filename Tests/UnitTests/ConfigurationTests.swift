@@ -275,21 +275,59 @@ import WorkerPipeline
         #expect(warnings.contains { $0.hasPrefix("PUSH_JOBS_QUEUEE") })
     }
 
-    /// The list of known keys is the reference file's, key for key.
-    @Test func everyKnownKeyIsDocumentedInTheReferenceFile() throws {
+    /// config/apns-worker.env documents the table: every key of the table and no other, and where the file sets a
+    /// value (a line not commented out), it is the table's default; every default of the table is set there.
+    @Test func theReferenceFileDocumentsExactlyTheTable() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().path
         let text = try String(contentsOfFile: root + "/config/apns-worker.env", encoding: .utf8)
-        let documented = Set(text.split(separator: "\n").compactMap { line -> String? in
-            let trimmed = line.drop { $0 == "#" || $0 == " " }
-            guard let equals = trimmed.firstIndex(of: "="), trimmed[..<equals].allSatisfy({ $0.isUppercase || $0 == "_" || $0.isNumber }),
-                  !trimmed[..<equals].isEmpty else { return nil }
-            return String(trimmed[..<equals])
-        })
-        #expect(documented == SettingKeys.all, """
-            undocumented: \(SettingKeys.all.subtracting(documented).sorted()), \
-            unknown: \(documented.subtracting(SettingKeys.all).sorted())
+        var documented: Set<String> = []
+        var defaults: [String: String] = [:]
+        for line in text.split(separator: "\n") {
+            let commented = line.hasPrefix("#")
+            let setting = line.drop { $0 == "#" || $0 == " " }
+            guard let equals = setting.firstIndex(of: "="), case let key = String(setting[..<equals]), !key.isEmpty,
+                  key.allSatisfy({ $0.isUppercase || $0.isNumber || $0 == "_" }) else { continue }
+            documented.insert(key)
+            if !commented { defaults[key] = String(setting[setting.index(after: equals)...]) }
+        }
+        let table = Dictionary(uniqueKeysWithValues: SettingTable.entries.map { ($0.name, $0) })
+        #expect(documented == Set(table.keys), """
+            undocumented: \(Set(table.keys).subtracting(documented).sorted()), \
+            not in the table: \(documented.subtracting(table.keys).sorted())
             """)
+        for (key, value) in defaults.sorted(by: { $0.key < $1.key }) {
+            #expect(table[key]?.defaultText == value, "\(key)=\(value) in the file, \(table[key]?.defaultText ?? "no default") in the table")
+        }
+        for entry in SettingTable.entries where entry.defaultText != nil {
+            #expect(defaults[entry.name] != nil, "\(entry.name)'s default \(entry.defaultText!) is not set in the file")
+        }
+    }
+
+    /// Each key declared once, and the unknown-key check knows exactly the table's keys.
+    @Test func theTableDeclaresEachKeyOnce() {
+        let names = SettingTable.entries.map(\.name)
+        #expect(names.count == Set(names).count, "declared twice: \(names.filter { name in names.count { $0 == name } > 1 })")
+        #expect(SettingKeys.all == Set(names))
+        #expect(names.count >= 41)
+    }
+
+    /// A program's --help lists the settings it reads, with the kind of value and the default, and no others.
+    @Test func helpListsTheSettingsAProgramReads() {
+        let tokens = SettingTable.help(for: .tokens)
+        #expect(tokens.contains("REDIS_URL") && tokens.contains("APNS_TOPIC") && tokens.contains("LOG_LEVEL"), "\(tokens)")
+        #expect(!tokens.contains("AMQP_URL") && !tokens.contains("WORKER_PREFETCH"), "\(tokens)")
+        let worker = SettingTable.help(for: .worker)
+        #expect(worker.contains("APNS_CONNECTIONS") && worker.contains("whole number 1..64; default 2"), "\(worker)")
+        #expect(worker.split(separator: "\n").allSatisfy { $0.count <= 118 }, "\(worker)")
+        let programs: [Programs] = [.worker, .cleanup, .enqueue, .tokens, .stats, .deadTokensTail]
+        for program in programs {
+            let listed = Set(SettingTable.help(for: program).split(separator: "\n").compactMap { line in
+                line.hasPrefix("  ") && !line.hasPrefix("   ") ? line.split(separator: " ").first.map(String.init) : nil
+            })
+            #expect(listed == Set(SettingTable.entries.filter { $0.readers.contains(program) }.map(\.name)))
+        }
+        #expect(SettingTable.entries.allSatisfy { !$0.readers.isEmpty }, "every setting is read by some program")
     }
 
     /// Foundation reads a settings or key file past a byte-order mark; JSON read as bytes names it.
