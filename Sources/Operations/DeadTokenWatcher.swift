@@ -14,16 +14,13 @@ public final class DeadTokenWatcher {
     private let logger: Logger?
     private var amqp: AMQPConnection
 
+    /// Throws `NoDeadTokensExchange` (before connecting) when events go straight to their queue.
     public init(configuration: WorkerConfiguration, logger: Logger? = nil) throws {
-        let names = configuration.broker.queues
-        guard !names.deadTokensExchange.isEmpty else {
-            throw ConfigurationError(key: "PUSH_DEAD_TOKENS_EXCHANGE", "empty: events go straight to "
-                                     + "\(names.deadTokens), so there is nothing to watch without taking them")
-        }
+        let exchange = try configuration.broker.queues.watchableDeadTokensExchange()
         self.configuration = configuration
         self.logger = logger
         amqp = try Self.watch(configuration)
-        logger?.info("watching", ["amqp.url": amqp.url.description, "amqp.exchange": names.deadTokensExchange])
+        logger?.info("watching", ["amqp.url": amqp.url.description, "amqp.exchange": exchange])
     }
 
     deinit { amqp.close() }

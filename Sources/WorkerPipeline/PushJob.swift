@@ -291,7 +291,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
             "unknown push_type \"\(text)\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"
         case .badPriority(let value): "priority \(value): priority must be 10, 5 or 1"
         case .breaksRule(let rule): rule.description
-        case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
+        case .missingTopic: "no topic: the job names none and no default topic is configured"
         case .badDeadline(let value):
             value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"

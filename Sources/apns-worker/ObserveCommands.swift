@@ -90,9 +90,8 @@ func deadTokensCommand(_ arguments: [String]) {
             line.append(UInt8(ascii: "\n"))
             FileHandle.standardOutput.write(Data(line))
         }
-    } catch let error as ConfigurationError {
-        fail("configuration error: \(error)", code: ExitCode.configuration)
     } catch {
+        if let named = ConfigurationError(naming: error) { fail("configuration error: \(named)", code: ExitCode.configuration) }
         failReaching("dead-tokens tail: \(error)", error)
     }
 }
