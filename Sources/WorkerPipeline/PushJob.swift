@@ -41,7 +41,7 @@ public struct PushJob: Sendable, Equatable {
     static let retryWrapperDepth = 2
     static let retrySizeFactor = 3
     /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
-    static let latestDeadline: Int64 = 99_999_999_999
+    public static let latestDeadline: Int64 = 99_999_999_999
 
     /// Decodes a message body. `defaultTopic` is APNS_TOPIC; `fallbackID` names jobs that carry no id.
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
