@@ -3,6 +3,7 @@ import APNs
 import Configuration
 import Foundation
 import Redis
+import Telemetry
 import Testing
 import WorkerPipeline
 
@@ -48,6 +49,23 @@ import WorkerPipeline
             #expect(!error.message.contains("port ") && !error.message.contains("cret") && !error.message.contains("34"),
                     "\(error.message)")
         }
+    }
+
+    /// The parser both URLs share: the parts split, credentials percent-decoded, an IPv6 literal's brackets dropped,
+    /// errors by part.
+    @Test func serviceURLParts() throws {
+        let url = try ServiceURL("redis://ops%40team:pa%3As@[::1]:6380/2")
+        #expect(url.scheme == "redis" && url.user == "ops@team" && url.password == "pa:s")
+        #expect(url.host == "::1" && url.port == 6380 && url.path == "2")
+        #expect(try ServiceURL("amqp://bob@h").user == "bob" && ServiceURL("amqp://bob@h").password == nil)
+        #expect(try ServiceURL("redis://secret@h", loneCredential: .password).password == "secret")
+        #expect(try ServiceURL("amqp://h").path == nil && ServiceURL("amqp://h/").path == "")
+        #expect(throws: ServiceURLError.badPort("x")) { try ServiceURL("amqp://h:x") }
+        #expect(throws: ServiceURLError.noHost) { try ServiceURL("amqp://u:p@:5672") }
+        #expect(throws: ServiceURLError.badPercentEncoding("password")) { try ServiceURL("amqp://u:%zz@h") }
+        #expect(throws: ServiceURLError.noScheme) { try ServiceURL("h:5672") }
+        #expect(try RedisURL("redis://[::1]:6380/0").host == "::1", "Redis takes an IPv6 literal as AMQP does")
+        #expect(try AMQPURL("amqp://[::1]:5673").host == "::1")
     }
 
     @Test func redisURLs() throws {
