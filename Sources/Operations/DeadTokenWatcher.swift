@@ -27,18 +27,12 @@ public final class DeadTokenWatcher {
 
     private static func watch(_ configuration: WorkerConfiguration) throws(AMQPError) -> AMQPConnection {
         let names = configuration.broker.queues
-        let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
-                                                          caFile: configuration.broker.caFile)
-        do {
+        return try configuration.broker.connect { amqp throws(AMQPError) in
             try Topology.declareDeadTokens(on: amqp, names)
             let queue = try amqp.declareTemporaryQueue()
             try amqp.bindQueue(queue, to: names.deadTokensExchange, routingKey: names.deadTokens)
             try amqp.consume(queue, acknowledging: false)
-        } catch {
-            amqp.close()
-            throw error
         }
-        return amqp
     }
 
     /// The next event's body, or nil if none came within `timeout` seconds (nil: wait for ever).
