@@ -51,8 +51,9 @@ let package = Package(
         .target(name: "Operations", dependencies: ["Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",
                                                    "Redis", "APNs", "Telemetry"]),
 
-        .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "RedisStore",
-                                                              "Redis", "APNs", "Telemetry"]),
+        // Argument parsing and help over Operations and Configuration: no connection is made here.
+        .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "APNs",
+                                                              "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
         // libFuzzer target over the decoders (scripts/fuzz builds it with -sanitize=fuzzer).

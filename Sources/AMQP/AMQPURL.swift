@@ -1,4 +1,5 @@
 import Telemetry
+
 /// `amqp[s]://user:password@host:port/vhost`, parsed with errors that name the part that is wrong.
 /// The password never appears in `description`.
 public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
@@ -20,64 +21,22 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
     }
 
     public init(_ text: String) throws(AMQPError) {
-        let usesTLS: Bool
-        var rest: Substring
-        if text.hasPrefix("amqp://") {
-            usesTLS = false
-            rest = text.dropFirst(7)
-        } else if text.hasPrefix("amqps://") {
-            usesTLS = true
-            rest = text.dropFirst(8)
-        } else {
+        guard text.hasPrefix("amqp://") || text.hasPrefix("amqps://") else {
             throw .badURL("must start with amqp:// or amqps://")
         }
-        var user = "guest"
-        var password = "guest"
+        let parts: ServiceURL
+        do { parts = try ServiceURL(text, loneCredential: .user) } catch { throw .badURL(error.description) }
+        let usesTLS = parts.scheme == "amqps"
         var virtualHost = "/"
-        if let slash = rest.firstIndex(of: "/") {
-            let path = rest[rest.index(after: slash)...]
+        if let path = parts.path {
             guard !path.isEmpty else {
                 throw .badURL("a trailing / names the empty vhost; use /%2f for the default vhost \"/\"")
             }
             guard let decoded = PercentEncoding.decode(path) else { throw .badURL("bad percent-encoding in the vhost") }
             virtualHost = decoded
-            rest = rest[..<slash]
         }
-        if let at = rest.lastIndex(of: "@") {
-            let credentials = rest[..<at]
-            rest = rest[rest.index(after: at)...]
-            let parts = credentials.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
-            guard let decodedUser = PercentEncoding.decode(parts[0]) else { throw .badURL("bad percent-encoding in the user") }
-            user = decodedUser
-            if parts.count == 2 {
-                guard let decoded = PercentEncoding.decode(parts[1]) else {
-                    throw .badURL("bad percent-encoding in the password")
-                }
-                password = decoded
-            }
-        }
-        var host = rest
-        var port = usesTLS ? 5671 : 5672
-        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
-            let after = host[host.index(after: close)...]
-            if after.hasPrefix(":") {
-                guard let parsed = Int(after.dropFirst()), (1...65535).contains(parsed) else {
-                    throw .badURL("port \(after.dropFirst()) is not a number from 1 to 65535")
-                }
-                port = parsed
-            }
-            host = host[host.index(after: host.startIndex)..<close]
-        } else if let colon = host.lastIndex(of: ":") {
-            let portText = host[host.index(after: colon)...]
-            guard let parsed = Int(portText), (1...65535).contains(parsed) else {
-                throw .badURL("port \(portText) is not a number from 1 to 65535")
-            }
-            port = parsed
-            host = host[..<colon]
-        }
-        guard !host.isEmpty else { throw .badURL("no host") }
-        self.init(host: String(host), port: port, user: user, password: password, virtualHost: virtualHost,
-                  usesTLS: usesTLS)
+        self.init(host: parts.host, port: parts.port ?? (usesTLS ? 5671 : 5672), user: parts.user ?? "guest",
+                  password: parts.password ?? "guest", virtualHost: virtualHost, usesTLS: usesTLS)
     }
 
     public var description: String {
@@ -104,6 +63,15 @@ public struct AMQPNodes: Sendable, Equatable, CustomStringConvertible {
     public init(_ text: String) throws(AMQPError) {
         let parts = text.split(separator: ",", omittingEmptySubsequences: false)
             .map { $0.trimmingCharacters(in: .whitespaces) }
+        // A later part that is no URL is most likely the rest of a password with a raw comma: say so before any part
+        // is parsed, since the part before it would otherwise be read as host:port and its error would show the
+        // password's first half as a port.
+        if let stray = parts.indices.dropFirst().first(where: { index in
+            !parts[index].isEmpty && !parts[index].hasPrefix("amqp://") && !parts[index].hasPrefix("amqps://")
+        }) {
+            throw .badURL("URL \(stray + 1) of \(parts.count): must start with amqp:// or amqps:// (a comma separates "
+                          + "nodes; a comma in a password is written %2C)")
+        }
         var urls: [AMQPURL] = []
         for (index, part) in parts.enumerated() {
             do { urls.append(try AMQPURL(part)) } catch {

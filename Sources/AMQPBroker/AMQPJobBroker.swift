@@ -179,3 +179,18 @@ extension AMQPProperties {
                   persistent: message.persistent, timestamp: message.timestamp, headers: message.headers)
     }
 }
+
+extension AMQPJobBroker.Settings {
+    /// A connection to a node that answers, made ready by `prepare` (declarations, confirms, a consumer). One that
+    /// fails to be made ready is closed before the error is thrown: an attempt that fails leaves no connection open.
+    public func connect(preparing prepare: (AMQPConnection) throws(AMQPError) -> Void) throws(AMQPError) -> AMQPConnection {
+        let amqp = try nodes.connect(heartbeat: heartbeat, caFile: caFile)
+        do {
+            try prepare(amqp)
+        } catch {
+            amqp.close()
+            throw error
+        }
+        return amqp
+    }
+}

@@ -35,6 +35,13 @@ public struct QueueNames: Sendable, Equatable {
         self.registrations = registrations
     }
 
+    /// The exchange a watcher of dead-token events binds a queue of its own to: there is none when events go straight
+    /// to their queue, and a watcher consuming that queue would take them from the consumers that apply them.
+    public func watchableDeadTokensExchange() throws(NoDeadTokensExchange) -> String {
+        guard !deadTokensExchange.isEmpty else { throw NoDeadTokensExchange(queue: deadTokens) }
+        return deadTokensExchange
+    }
+
     /// The queue of a lane.
     public func jobs(_ lane: JobLane) -> String { lane == .urgent ? jobs : bulk }
 
@@ -42,6 +49,15 @@ public struct QueueNames: Sendable, Equatable {
     /// queue (so a retry stays in its lane).
     public func retry(delay: Double, lane: JobLane = .urgent) -> String {
         "\(jobs(lane)).retry.\(Int((delay * 1000).rounded()))ms"
+    }
+}
+
+/// Dead-token events are published straight to their queue, with no exchange: nothing can watch them without taking
+/// them.
+public struct NoDeadTokensExchange: Error, Sendable, Equatable, CustomStringConvertible {
+    public let queue: String
+    public var description: String {
+        "no dead-token exchange: events go straight to \(queue), so there is nothing to watch without taking them"
     }
 }
 

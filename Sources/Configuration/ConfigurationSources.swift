@@ -4,10 +4,13 @@ import Foundation
 /// flags. The result is one dictionary for `WorkerConfiguration.load`.
 public enum ConfigurationSources {
     /// Reads KEY=VALUE lines: `#` comments and blank lines are skipped, an `export ` prefix and one pair of quotes
-    /// around the value are allowed (so a file can also be sourced by a shell).
+    /// around the value are allowed (so a file can also be sourced by a shell). Lines may end in LF or CR LF.
     public static func parseFile(_ text: String, name: String) throws(ConfigurationError) -> [String: String] {
         var values: [String: String] = [:]
-        for (number, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+        // A file saved on Windows ends its lines with CR LF, which Swift reads as one character, not as "\n": split
+        // on either, or a CRLF file would be one long line (and a first comment line would hide every setting).
+        let lines = text.split(omittingEmptySubsequences: false) { $0 == "\n" || $0 == "\r\n" || $0 == "\r" }
+        for (number, rawLine) in lines.enumerated() {
             var line = rawLine.trimmingCharacters(in: .whitespaces)
             if line.isEmpty || line.hasPrefix("#") { continue }
             if line.hasPrefix("export ") { line = String(line.dropFirst(7)).trimmingCharacters(in: .whitespaces) }

@@ -1,20 +1,8 @@
-/// Every setting the programs read (config/apns-worker.env documents each, with its default), and what to say of a
-/// name that is none of them: a typo such as APNS_RATELIMIT must not run silently with no limit at all.
+/// What to say of a name that is no setting of `SettingTable`: a typo such as APNS_RATELIMIT must not run silently
+/// with no limit at all.
 public enum SettingKeys {
-    public static let all: Set<String> = [
-        "AMQP_URL", "AMQP_CA_FILE", "AMQP_HEARTBEAT", "REDIS_URL",
-        "APNS_PRODUCTION_URL", "APNS_SANDBOX_URL", "APNS_CA_FILE", "APNS_KEY_FILE", "APNS_KEY_ID", "APNS_TEAM_ID",
-        "APNS_CERT_FILE", "APNS_CERT_KEY_FILE", "APNS_TOPIC", "APNS_CONNECTIONS", "APNS_REQUEST_TIMEOUT",
-        "APNS_PING_INTERVAL", "APNS_PING_TIMEOUT", "APNS_INSECURE_SKIP_VERIFY", "APNS_RATE_LIMIT", "APNS_RATE_LIMIT_URGENT_SHARE",
-        "APNS_MAX_ATTEMPTS",
-        "APNS_RETRY_DELAYS",
-        "PUSH_JOBS_QUEUE", "PUSH_BULK_QUEUE", "PUSH_DEAD_TOKENS_QUEUE", "PUSH_DEAD_TOKENS_EXCHANGE", "PUSH_FAILED_QUEUE",
-        "PUSH_REGISTRATIONS_QUEUE", "PUSH_QUEUE_TYPE",
-        "WORKER_PREFETCH", "WORKER_BULK_PREFETCH", "WORKER_MAX_IN_FLIGHT", "WORKER_MASS_INVALIDATION_THRESHOLD",
-        "WORKER_MAX_DELIVERIES",
-        "SHUTDOWN_TIMEOUT", "METRICS_HOST", "METRICS_PORT", "LOG_LEVEL", "LOG_FORMAT",
-        "CLEANUP_INACTIVE_DAYS", "CLEANUP_SWEEP_INTERVAL",
-    ]
+    /// Every setting's name.
+    public static let all = Set(SettingTable.entries.map(\.name))
 
     /// Environment variables with these prefixes are meant for these programs: one that none of them reads is
     /// worth a warning (the environment holds much else, so nothing stops there).

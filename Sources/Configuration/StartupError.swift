@@ -1,6 +1,20 @@
 import AMQP
+import AMQPBroker
 import Redis
 import WorkerPipeline
+
+extension ConfigurationError {
+    /// A lower module's refusal of what a setting made it do, named by that setting; nil for any other error.
+    public init?(naming error: any Error) {
+        switch error {
+        case let missing as NoDeadTokensExchange:
+            self.init(\.pushDeadTokensExchange, "empty: events go straight to \(missing.queue), so there is nothing to "
+                      + "watch without taking them")
+        default:
+            return nil
+        }
+    }
+}
 
 /// A refusal that waiting cannot cure, named by the setting to fix: the broker refused the user, password or vhost
 /// in AMQP_URL, Redis the password or database in REDIS_URL. The programs exit 78 with it; a broker or Redis that is
@@ -12,11 +26,12 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
     public init?(permanent error: any Error) {
         switch error {
         case let refused as ConnectionRefused:
-            description = (refused.system == .broker ? "AMQP_URL: " : "REDIS_URL: ") + refused.message
+            description = (refused.system == .broker ? ConfigurationError(\.amqpURL, refused.message)
+                : ConfigurationError(\.redisURL, refused.message)).description
         case let amqp as AMQPError where amqp.isPermanent:
-            description = "AMQP_URL: \(amqp.message)"
+            description = ConfigurationError(\.amqpURL, amqp.message).description
         case let redis as RedisError where redis.kind == .refused || redis.kind == .badURL:
-            description = "REDIS_URL: \(redis.message)"
+            description = ConfigurationError(\.redisURL, redis.message).description
         default:
             return nil
         }

@@ -16,8 +16,16 @@ public struct ConfigurationError: Error, Sendable, Equatable, CustomStringConver
         self.problem = problem
     }
 
+    /// An error naming a setting of the table.
+    init(_ key: KeyPath<SettingTable, some SettingEntry>, _ problem: String) {
+        self.init(key: WorkerConfiguration.name(key), problem)
+    }
+
     public var description: String { "\(key): \(problem)" }
 }
+
+/// A setting's name, for messages that name another setting than their own.
+private func name(_ key: KeyPath<SettingTable, some SettingEntry>) -> String { WorkerConfiguration.name(key) }
 
 /// The credential a worker proves itself to APNs with, and the app it speaks for: one value per credential (today
 /// one per process; several teams will be several of these).
@@ -31,7 +39,7 @@ public struct CredentialSettings: Sendable, Equatable {
 
     /// nil for the tools that send nothing to APNs.
     public var proof: Proof?
-    /// APNS_TOPIC: the topic of jobs that name none, the app whose plain cache entries serve it.
+    /// The topic of jobs that name none, the app whose plain cache entries serve it.
     public var defaultTopic: String?
     /// Both kinds were set (the key is used): worth a warning.
     public var ignoredCertificate: Bool
@@ -54,15 +62,17 @@ public struct CredentialSettings: Sendable, Equatable {
                 return .token(try APNsTokenProvider(key: key, keyID: keyID, teamID: teamID))
             } catch {
                 if case .badIdentifier(let field, _) = error {
-                    throw ConfigurationError(key: field == .keyID ? "APNS_KEY_ID" : "APNS_TEAM_ID", error.description)
+                    throw field == .keyID ? ConfigurationError(\.apnsKeyID, error.description)
+                        : ConfigurationError(\.apnsTeamID, error.description)
                 }
-                throw ConfigurationError(key: "APNS_KEY_FILE", error.description)
+                throw ConfigurationError(\.apnsKeyFile, error.description)
             }
         case .certificate(let file, let keyFile)?:
             return .certificate(certificateFile: file, privateKeyFile: keyFile)
         case nil:
-            throw ConfigurationError(key: "APNS_KEY_FILE", "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and "
-                                     + "APNS_TEAM_ID (token), or APNS_CERT_FILE (certificate)")
+            throw ConfigurationError(\.apnsKeyFile, "no APNs credentials: set \(name(\.apnsKeyFile)), "
+                                     + "\(name(\.apnsKeyID)) and \(name(\.apnsTeamID)) (token), or \(name(\.apnsCertFile)) "
+                                     + "(certificate)")
         }
     }
 
@@ -79,8 +89,8 @@ public struct CredentialSettings: Sendable, Equatable {
 
     /// Both kinds of credentials set: which one is used, for the log.
     public var choice: String? {
-        ignoredCertificate ? "APNS_KEY_FILE and APNS_CERT_FILE are both set: token authentication with APNS_KEY_FILE "
-            + "is used; the certificate is ignored (unset one of them)" : nil
+        ignoredCertificate ? "\(name(\.apnsKeyFile)) and \(name(\.apnsCertFile)) are both set: token authentication "
+            + "with \(name(\.apnsKeyFile)) is used; the certificate is ignored (unset one of them)" : nil
     }
 }
 
@@ -94,8 +104,6 @@ public struct CleanupSettings: Sendable, Equatable {
 
 /// Where `/metrics`, `/healthz` and `/readyz` listen.
 public struct MetricsSettings: Sendable, Equatable {
-    public static let defaultPort = 9464
-
     public var host: String
     /// 0 turns the endpoint off.
     public var port: Int
@@ -123,10 +131,35 @@ public struct WorkerConfiguration: Sendable {
     public var logLevel: Logger.Level
     public var logFormat: Logger.Format
 
-    /// Reads and checks every setting; the first bad one throws. The command-line tools (`enqueue`, `tokens`,
-    /// `stats`, `cleanup`, ...) send nothing to APNs and load without `requiringCredentials`.
+    /// Reads and checks every setting (each an entry of `SettingTable`); the first bad one throws. The command-line
+    /// tools (`enqueue`, `tokens`, `stats`, `cleanup`, ...) send nothing to APNs and load without
+    /// `requiringCredentials`.
+    public static func load(from environment: [String: String],
+                            requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
+        let settings = SettingValues(environment)
+        let nodes = try settings(\.amqpURL)
+        let redisURL = try settings(\.redisURL)
+        let apns = try apnsClient(settings)
+        let credential = try credential(settings, required: requiringCredentials)
+        let logLevel = try settings(\.logLevel)
+        let logFormat = try settings(\.logFormat)
+        let queues = try queueNames(settings, nodes: nodes)
+        let broker = try brokerSettings(settings, nodes: nodes, queues: queues)
+        return WorkerConfiguration(
+            broker: broker, redisURL: redisURL,
+            rateLimit: try settings(\.apnsRateLimit), rateLimitUrgentShare: try settings(\.apnsRateLimitUrgentShare),
+            apns: apns, credential: credential,
+            pipeline: try pipeline(settings, broker: broker, defaultTopic: credential.defaultTopic,
+                                   exitOnJobID: testFault(environment)),
+            cleanup: CleanupSettings(inactiveDays: try settings(\.cleanupInactiveDays),
+                                     sweepInterval: try settings(\.cleanupSweepInterval)),
+            metrics: MetricsSettings(host: try settings(\.metricsHost), port: try settings(\.metricsPort),
+                                     portIsExplicit: settings.isGiven(\.metricsPort)),
+            logLevel: logLevel, logFormat: logFormat)
+    }
+
     /// Debug builds only: TEST_FAULT_EXIT_ON_JOB=<job id> makes the worker exit when it starts that job, for the
-    /// tests of poison jobs. Release builds ignore it.
+    /// tests of poison jobs. Release builds ignore it (so it is no setting of the table).
     static func testFault(_ environment: [String: String]) -> String? {
         #if DEBUG
         return environment["TEST_FAULT_EXIT_ON_JOB"]
@@ -135,175 +168,88 @@ public struct WorkerConfiguration: Sendable {
         #endif
     }
 
-    public static func load(from environment: [String: String],
-                            requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
-        func value(_ key: String) -> String? {
-            guard let text = environment[key]?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return nil }
-            return text
-        }
-        func integer(_ key: String, default fallback: Int, range: ClosedRange<Int>) throws(ConfigurationError) -> Int {
-            guard let text = value(key) else { return fallback }
-            guard let number = Int(text), range.contains(number) else {
-                throw ConfigurationError(key: key, "\"\(text)\" is not a whole number from \(range.lowerBound) to \(range.upperBound)")
-            }
-            return number
-        }
-        func seconds(_ key: String, default fallback: Double) throws(ConfigurationError) -> Double {
-            guard let text = value(key) else { return fallback }
-            guard let number = Double(text), number > 0, number <= 86_400 else {
-                throw ConfigurationError(key: key, "\"\(text)\" is not a number of seconds above 0")
-            }
-            return number
-        }
-        func file(_ key: String) throws(ConfigurationError) -> String? {
-            guard let path = value(key) else { return nil }
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-                throw ConfigurationError(key: key, "no file \(path)")
-            }
-            guard !isDirectory.boolValue else { throw ConfigurationError(key: key, "\(path) is a directory, not a file") }
-            guard FileManager.default.isReadableFile(atPath: path) else {
-                throw ConfigurationError(key: key, "cannot read file \(path) (permissions)")
-            }
-            return path
-        }
-        func delays(_ key: String, default fallback: [Double]) throws(ConfigurationError) -> [Double] {
-            guard let text = value(key) else { return fallback }
-            let parsed = text.split(separator: ",").map { Double($0.trimmingCharacters(in: .whitespaces)) }
-            guard !parsed.isEmpty, parsed.allSatisfy({ $0 != nil && $0! >= 0.001 && $0! <= 86_400 }) else {
-                throw ConfigurationError(key: key, "\"\(text)\" is not a comma-separated list of seconds, e.g. 1,15,60,300")
-            }
-            return parsed.map { $0! }.sorted()
-        }
-        func fraction(_ key: String, default fallback: Double) throws(ConfigurationError) -> Double {
-            guard let text = value(key) else { return fallback }
-            guard let number = Double(text), (0...1).contains(number) else {
-                throw ConfigurationError(key: key, "\"\(text)\" is not a number from 0 to 1 (a share, e.g. 0.2)")
-            }
-            return number
-        }
-        /// Unset: quorum when AMQP_URL names several nodes (a cluster, where a classic queue dies with its node),
-        /// classic for one (where a quorum queue costs more and replicates nothing).
-        func queueType(nodes: AMQPNodes) throws(ConfigurationError) -> QueueType {
-            guard let text = value("PUSH_QUEUE_TYPE") else { return nodes.urls.count > 1 ? .quorum : .classic }
-            guard let type = QueueType(rawValue: text) else {
-                throw ConfigurationError(key: "PUSH_QUEUE_TYPE", "\"\(text)\" is not classic or quorum")
-            }
-            return type
-        }
-        func queue(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
-            let name = value(key) ?? fallback
-            guard name.utf8.count <= 255 else { throw ConfigurationError(key: key, "queue names are at most 255 bytes") }
-            return name
-        }
-
-        let amqpNodes: AMQPNodes
-        do { amqpNodes = try AMQPNodes(value("AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/%2f") } catch {
-            throw ConfigurationError(key: "AMQP_URL", error.message)
-        }
-        let redisURL: RedisURL
-        do { redisURL = try RedisURL(value("REDIS_URL") ?? "redis://127.0.0.1:6379/0") } catch {
-            throw ConfigurationError(key: "REDIS_URL", error.message)
-        }
+    private static func apnsClient(_ settings: SettingValues) throws(ConfigurationError) -> APNsClientConfiguration {
         var apns = APNsClientConfiguration()
-        for (key, environmentName) in [("APNS_PRODUCTION_URL", APNsEnvironment.production), ("APNS_SANDBOX_URL", .sandbox)] {
-            guard let text = value(key) else { continue }
-            do {
-                let endpoint = try APNsEndpoint(url: text)
-                if environmentName == .production { apns.production = endpoint } else { apns.sandbox = endpoint }
-            } catch { throw ConfigurationError(key: key, error.description) }
-        }
-        apns.caFile = try file("APNS_CA_FILE")
-        apns.connectionsPerEnvironment = try integer("APNS_CONNECTIONS", default: 2, range: 1...64)
-        apns.requestTimeout = try seconds("APNS_REQUEST_TIMEOUT", default: 30)
-        apns.pingInterval = try seconds("APNS_PING_INTERVAL", default: 3600)
-        apns.pingTimeout = try seconds("APNS_PING_TIMEOUT", default: 15)
-        if let insecure = value("APNS_INSECURE_SKIP_VERIFY") {
-            guard ["true", "false", "1", "0"].contains(insecure) else {
-                throw ConfigurationError(key: "APNS_INSECURE_SKIP_VERIFY", "must be true or false")
-            }
-            apns.verifyPeer = !(insecure == "true" || insecure == "1")
-        }
+        apns.production = try settings(\.apnsProductionURL)
+        apns.sandbox = try settings(\.apnsSandboxURL)
+        apns.caFile = try settings(\.apnsCAFile)
+        apns.connectionsPerEnvironment = try settings(\.apnsConnections)
+        apns.requestTimeout = try settings(\.apnsRequestTimeout)
+        apns.pingInterval = try settings(\.apnsPingInterval)
+        apns.pingTimeout = try settings(\.apnsPingTimeout)
+        apns.verifyPeer = !(try settings(\.apnsInsecureSkipVerify))
+        return apns
+    }
 
-        let keyFile = try file("APNS_KEY_FILE")
-        let keyID = value("APNS_KEY_ID")
-        let teamID = value("APNS_TEAM_ID")
-        let certificateFile = try file("APNS_CERT_FILE")
-        let certificateKeyFile = try file("APNS_CERT_KEY_FILE")
+    private static func credential(_ settings: SettingValues,
+                                   required: Bool) throws(ConfigurationError) -> CredentialSettings {
+        let keyFile = try settings(\.apnsKeyFile)
+        let keyID = try settings(\.apnsKeyID)
+        let teamID = try settings(\.apnsTeamID)
+        let certificateFile = try settings(\.apnsCertFile)
+        let certificateKeyFile = try settings(\.apnsCertKeyFile)
         var proof: CredentialSettings.Proof?
         if let keyFile {
-            guard let keyID else { throw ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE") }
-            guard let teamID else { throw ConfigurationError(key: "APNS_TEAM_ID", "required with APNS_KEY_FILE") }
+            guard let keyID else { throw ConfigurationError(\.apnsKeyID, "required with \(name(\.apnsKeyFile))") }
+            guard let teamID else { throw ConfigurationError(\.apnsTeamID, "required with \(name(\.apnsKeyFile))") }
             proof = .signingKey(file: keyFile, keyID: keyID, teamID: teamID)
         } else if let certificateFile {
             proof = .certificate(file: certificateFile, keyFile: certificateKeyFile)
-        } else if requiringCredentials {
-            throw ConfigurationError(key: "APNS_KEY_FILE",
-                                     "no APNs credentials: set APNS_KEY_FILE, APNS_KEY_ID and APNS_TEAM_ID, or APNS_CERT_FILE")
+        } else if required {
+            throw ConfigurationError(\.apnsKeyFile, "no APNs credentials: set \(name(\.apnsKeyFile)), \(name(\.apnsKeyID)) "
+                                     + "and \(name(\.apnsTeamID)), or \(name(\.apnsCertFile))")
         }
-        let defaultTopic = value("APNS_TOPIC")
-        if let defaultTopic, let problem = HeaderValue.problem(defaultTopic, allowsInnerSpaces: false) {
-            throw ConfigurationError(key: "APNS_TOPIC", "\(problem): it is sent as the apns-topic header")
-        }
+        return CredentialSettings(proof: proof, defaultTopic: try settings(\.apnsTopic),
+                                  ignoredCertificate: keyFile != nil && certificateFile != nil)
+    }
 
-        let levelText = value("LOG_LEVEL") ?? "info"
-        guard let level = Logger.Level(name: levelText) else {
-            throw ConfigurationError(key: "LOG_LEVEL", "\"\(levelText)\" is not trace, debug, info, notice, warning or error")
-        }
-        let formatText = value("LOG_FORMAT") ?? "json"
-        guard let format = Logger.Format(rawValue: formatText) else {
-            throw ConfigurationError(key: "LOG_FORMAT", "\"\(formatText)\" is not json or text")
-        }
-
-        let deadTokensQueue = try queue("PUSH_DEAD_TOKENS_QUEUE", default: "push.dead-tokens")
-        let jobsQueue = try queue("PUSH_JOBS_QUEUE", default: "push.jobs")
-        let bulkQueue = try queue("PUSH_BULK_QUEUE", default: "push.bulk")
+    private static func queueNames(_ settings: SettingValues, nodes: AMQPNodes) throws(ConfigurationError) -> QueueNames {
+        let deadTokensQueue = try settings(\.pushDeadTokensQueue)
+        let jobsQueue = try settings(\.pushJobsQueue)
+        let bulkQueue = try settings(\.pushBulkQueue)
         // One queue for both lanes would make two consumers of it: every job would land in either lane by chance.
         guard bulkQueue != jobsQueue else {
-            throw ConfigurationError(key: "PUSH_BULK_QUEUE", "\"\(bulkQueue)\" is PUSH_JOBS_QUEUE too: the bulk lane needs a queue of its own")
+            throw ConfigurationError(\.pushBulkQueue, "\"\(bulkQueue)\" is \(name(\.pushJobsQueue)) too: the bulk lane "
+                                     + "needs a queue of its own")
         }
-        let queues = QueueNames(
-            jobs: jobsQueue, bulk: bulkQueue,
-            failed: try queue("PUSH_FAILED_QUEUE", default: "push.failed"),
-            deadTokens: deadTokensQueue,
+        return QueueNames(
+            jobs: jobsQueue, bulk: bulkQueue, failed: try settings(\.pushFailedQueue), deadTokens: deadTokensQueue,
             // By default the exchange has the queue's name (exchanges and queues are apart in AMQP): two deployments
-            // with different queues on one broker then never receive each other's events. Set but empty means no
-            // exchange (publish straight to the queue), so not `queue()`'s default rule.
-            deadTokensExchange: environment["PUSH_DEAD_TOKENS_EXCHANGE"] == nil ? deadTokensQueue
-                : try queue("PUSH_DEAD_TOKENS_EXCHANGE", default: ""),
-            registrations: try queue("PUSH_REGISTRATIONS_QUEUE", default: "push.registrations"),
-            type: try queueType(nodes: amqpNodes))
-        let retryDelays = try delays("APNS_RETRY_DELAYS", default: [1, 15, 60, 300])
-        let prefetch = try integer("WORKER_PREFETCH", default: 500, range: 1...65_535)
-        let bulkPrefetch = try integer("WORKER_BULK_PREFETCH", default: 100, range: 1...65_535)
-        let core = WorkerCore.Settings(
-            prefetch: prefetch + bulkPrefetch,
-            maximumNotificationsInFlight: try integer("WORKER_MAX_IN_FLIGHT", default: 5_000, range: 2...1_000_000),
-            shutdownTimeout: try seconds("SHUTDOWN_TIMEOUT", default: 25))
-        return WorkerConfiguration(
-            broker: AMQPJobBroker.Settings(nodes: amqpNodes, caFile: try file("AMQP_CA_FILE"),
-                                           heartbeat: try integer("AMQP_HEARTBEAT", default: 30, range: 0...3600),
-                                           queues: queues, retryDelays: retryDelays, prefetch: prefetch,
-                                           bulkPrefetch: bulkPrefetch),
-            redisURL: redisURL,
-            rateLimit: try integer("APNS_RATE_LIMIT", default: 0, range: 0...10_000_000),
-            rateLimitUrgentShare: try fraction("APNS_RATE_LIMIT_URGENT_SHARE", default: 0.2),
-            apns: apns,
-            credential: CredentialSettings(proof: proof, defaultTopic: defaultTopic,
-                                           ignoredCertificate: keyFile != nil && certificateFile != nil),
-            pipeline: WorkerSettings(
-                core: core, defaultTopic: defaultTopic,
-                invalidationGuard: MassInvalidationGuard(
-                    threshold: try integer("WORKER_MASS_INVALIDATION_THRESHOLD", default: 20, range: 1...1_000_000)),
-                maximumSendAttempts: try integer("APNS_MAX_ATTEMPTS", default: 3, range: 1...100),
-                retryDelays: retryDelays,
-                maximumDeliveries: try integer("WORKER_MAX_DELIVERIES", default: 5, range: 1...1_000),
-                exitOnJobID: Self.testFault(environment)),
-            cleanup: CleanupSettings(inactiveDays: try integer("CLEANUP_INACTIVE_DAYS", default: 90, range: 1...3650),
-                                     sweepInterval: try seconds("CLEANUP_SWEEP_INTERVAL", default: 3600)),
-            metrics: MetricsSettings(host: value("METRICS_HOST") ?? "0.0.0.0",
-                                     port: try integer("METRICS_PORT", default: MetricsSettings.defaultPort, range: 0...65535),
-                                     portIsExplicit: value("METRICS_PORT") != nil),
-            logLevel: level, logFormat: format)
+            // with different queues on one broker then never receive each other's events. Given but empty means no
+            // exchange (publish straight to the queue).
+            deadTokensExchange: settings.isPresent(\.pushDeadTokensExchange)
+                ? try settings(\.pushDeadTokensExchange) ?? "" : deadTokensQueue,
+            registrations: try settings(\.pushRegistrationsQueue),
+            // Unset: quorum when several nodes are given (a cluster, where a classic queue dies with its node),
+            // classic for one (where a quorum queue costs more and replicates nothing).
+            type: try settings(\.pushQueueType) ?? (nodes.urls.count > 1 ? .quorum : .classic))
     }
+
+    private static func brokerSettings(_ settings: SettingValues, nodes: AMQPNodes,
+                                       queues: QueueNames) throws(ConfigurationError) -> AMQPJobBroker.Settings {
+        let retryDelays = try settings(\.apnsRetryDelays)
+        let prefetch = try settings(\.workerPrefetch)
+        let bulkPrefetch = try settings(\.workerBulkPrefetch)
+        return AMQPJobBroker.Settings(nodes: nodes, caFile: try settings(\.amqpCAFile),
+                                      heartbeat: try settings(\.amqpHeartbeat), queues: queues,
+                                      retryDelays: retryDelays, prefetch: prefetch, bulkPrefetch: bulkPrefetch)
+    }
+
+    private static func pipeline(_ settings: SettingValues, broker: AMQPJobBroker.Settings, defaultTopic: String?,
+                                 exitOnJobID: String?) throws(ConfigurationError) -> WorkerSettings {
+        let core = WorkerCore.Settings(
+            prefetch: broker.prefetch + broker.bulkPrefetch,
+            maximumNotificationsInFlight: try settings(\.workerMaxInFlight),
+            shutdownTimeout: try settings(\.shutdownTimeout))
+        return WorkerSettings(
+            core: core, defaultTopic: defaultTopic,
+            invalidationGuard: MassInvalidationGuard(threshold: try settings(\.workerMassInvalidationThreshold)),
+            maximumSendAttempts: try settings(\.apnsMaxAttempts),
+            retryDelays: broker.retryDelays,
+            maximumDeliveries: try settings(\.workerMaxDeliveries),
+            exitOnJobID: exitOnJobID)
+    }
+
+    /// A setting's name, for the messages that name another setting than their own.
+    static func name(_ key: KeyPath<SettingTable, some SettingEntry>) -> String { SettingTable.shared[keyPath: key].name }
 }

@@ -14,34 +14,25 @@ public final class DeadTokenWatcher {
     private let logger: Logger?
     private var amqp: AMQPConnection
 
+    /// Throws `NoDeadTokensExchange` (before connecting) when events go straight to their queue.
     public init(configuration: WorkerConfiguration, logger: Logger? = nil) throws {
-        let names = configuration.broker.queues
-        guard !names.deadTokensExchange.isEmpty else {
-            throw ConfigurationError(key: "PUSH_DEAD_TOKENS_EXCHANGE", "empty: events go straight to "
-                                     + "\(names.deadTokens), so there is nothing to watch without taking them")
-        }
+        let exchange = try configuration.broker.queues.watchableDeadTokensExchange()
         self.configuration = configuration
         self.logger = logger
         amqp = try Self.watch(configuration)
-        logger?.info("watching", ["amqp.url": amqp.url.description, "amqp.exchange": names.deadTokensExchange])
+        logger?.info("watching", ["amqp.url": amqp.url.description, "amqp.exchange": exchange])
     }
 
     deinit { amqp.close() }
 
     private static func watch(_ configuration: WorkerConfiguration) throws(AMQPError) -> AMQPConnection {
         let names = configuration.broker.queues
-        let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
-                                                          caFile: configuration.broker.caFile)
-        do {
+        return try configuration.broker.connect { amqp throws(AMQPError) in
             try Topology.declareDeadTokens(on: amqp, names)
             let queue = try amqp.declareTemporaryQueue()
             try amqp.bindQueue(queue, to: names.deadTokensExchange, routingKey: names.deadTokens)
             try amqp.consume(queue, acknowledging: false)
-        } catch {
-            amqp.close()
-            throw error
         }
-        return amqp
     }
 
     /// The next event's body, or nil if none came within `timeout` seconds (nil: wait for ever).

@@ -67,16 +67,10 @@ public final class JobEnqueuer {
     deinit { amqp.close() }
 
     private static func open(_ configuration: WorkerConfiguration, queue: String) throws(AMQPError) -> AMQPConnection {
-        let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
-                                                          caFile: configuration.broker.caFile)
-        do {
+        try configuration.broker.connect { amqp throws(AMQPError) in
             try Topology.declare(queue, on: amqp, configuration.broker.queues)
             try amqp.enablePublisherConfirms()
-        } catch {
-            amqp.close()
-            throw error
         }
-        return amqp
     }
 
     /// Checks and publishes one job (`line` names it in refusals).

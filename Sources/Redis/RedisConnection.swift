@@ -49,49 +49,17 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
                 ? "rediss:// (TLS) is not supported by hiredis 0.14; use redis:// on a trusted network"
                 : "must start with redis://")
         }
-        var rest = text.dropFirst(8)
+        let parts: ServiceURL
+        do { parts = try ServiceURL(text, loneCredential: .password) } catch {
+            throw RedisError(kind: .badURL, error.description)
+        }
         var database = 0
-        if let slash = rest.firstIndex(of: "/") {
-            let path = rest[rest.index(after: slash)...]
-            if !path.isEmpty {
-                guard let parsed = Int(path), parsed >= 0 else {
-                    throw RedisError(kind: .badURL, "database \(path) is not a number")
-                }
-                database = parsed
-            }
-            rest = rest[..<slash]
+        if let path = parts.path, !path.isEmpty {
+            guard let parsed = Int(path), parsed >= 0 else { throw RedisError(kind: .badURL, "database \(path) is not a number") }
+            database = parsed
         }
-        var user: String?
-        var password: String?
-        if let at = rest.lastIndex(of: "@") {
-            let credentials = rest[..<at]
-            rest = rest[rest.index(after: at)...]
-            // Percent-encoded like any URL's credentials, so that '/', '@' or '%' can be in a password.
-            func decoded(_ part: Substring, _ what: String) throws(RedisError) -> String {
-                guard let text = PercentEncoding.decode(part) else {
-                    throw RedisError(kind: .badURL, "the \(what) is not valid percent-encoding")
-                }
-                return text
-            }
-            if let colon = credentials.firstIndex(of: ":") {
-                let name = credentials[..<colon]
-                user = name.isEmpty ? nil : try decoded(name, "user name")
-                password = try decoded(credentials[credentials.index(after: colon)...], "password")
-            } else {
-                password = try decoded(credentials, "password")
-            }
-        }
-        var port = 6379
-        if let colon = rest.lastIndex(of: ":") {
-            let portText = rest[rest.index(after: colon)...]
-            guard let parsed = Int(portText), (1...65535).contains(parsed) else {
-                throw RedisError(kind: .badURL, "port \(portText) is not a number from 1 to 65535")
-            }
-            port = parsed
-            rest = rest[..<colon]
-        }
-        guard !rest.isEmpty else { throw RedisError(kind: .badURL, "no host") }
-        self.init(host: String(rest), port: port, user: user, password: password, database: database)
+        self.init(host: parts.host, port: parts.port ?? 6379, user: parts.user.flatMap { $0.isEmpty ? nil : $0 },
+                  password: parts.password, database: database)
     }
 
     public var description: String {

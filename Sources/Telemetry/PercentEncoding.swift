@@ -1,4 +1,4 @@
-/// URL percent-decoding (RFC 3986) for the credentials and paths of AMQP_URL and REDIS_URL, so that '/', '@', ':'
+/// URL percent-decoding (RFC 3986) for the credentials and paths of the broker's and Redis's URLs, so that '/', '@', ':'
 /// or '%' can be part of a password.
 public enum PercentEncoding {
     /// nil for a broken escape or bytes that are not UTF-8.

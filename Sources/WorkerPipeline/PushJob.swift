@@ -41,7 +41,7 @@ public struct PushJob: Sendable, Equatable {
     static let retryWrapperDepth = 2
     static let retrySizeFactor = 3
     /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
-    static let latestDeadline: Int64 = 99_999_999_999
+    public static let latestDeadline: Int64 = 99_999_999_999
 
     /// Decodes a message body. `defaultTopic` is APNS_TOPIC; `fallbackID` names jobs that carry no id.
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
@@ -291,7 +291,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
             "unknown push_type \"\(text)\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"
         case .badPriority(let value): "priority \(value): priority must be 10, 5 or 1"
         case .breaksRule(let rule): rule.description
-        case .missingTopic: "no topic: the job names none and APNS_TOPIC is not set"
+        case .missingTopic: "no topic: the job names none and no default topic is configured"
         case .badDeadline(let value):
             value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"

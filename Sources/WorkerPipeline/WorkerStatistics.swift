@@ -109,7 +109,7 @@ public final class WorkerStatistics: Sendable {
                         "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
                             + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
         metrics.counter("apns_worker_poison_jobs_total",
-                        "Jobs delivered more than WORKER_MAX_DELIVERIES times, parked on the failed queue unread.",
+                        "Jobs delivered more often than the delivery limit allows, parked on the failed queue unread.",
                         load(poisonJobs))
         let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
         metrics.family("apns_worker_apns_responses_total", "counter",

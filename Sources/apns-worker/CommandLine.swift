@@ -151,6 +151,3 @@ func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any 
         fail("configuration error: METRICS_PORT: \(error)", code: ExitCode.configuration)
     }
 }
-
-/// A token as people see it: shortened unless they asked for it whole (`--full-tokens`).
-func shown(_ token: String, full: Bool) -> String { full ? token : Redact.token(token) }

@@ -38,6 +38,9 @@ Other options:
   --reply-to QUEUE      ask workers for a summary of each job on QUEUE
   --no-progress         no progress output
 
+Settings it reads (environment, --config file or --set):
+\(SettingTable.help(for: .enqueue))
+
 EXAMPLES:
   apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
   apns-worker enqueue --bulk campaign.jsonl
@@ -59,6 +62,8 @@ func enqueueCommand(_ arguments: [String]) {
         fail("enqueue: give either a FILE (or - for stdin) or --user/--token flags; try 'apns-worker enqueue --help'",
              code: ExitCode.usage)
     }
+    // A job from flags is built before the broker is reached: a flag's mistake is the command line's (exit 2).
+    let flagJob = fromFlags ? jobFromFlags(parsed) : nil
     let enqueuer: JobEnqueuer
     do {
         enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to"),
@@ -69,8 +74,8 @@ func enqueueCommand(_ arguments: [String]) {
         failReaching("enqueue: \(error)", error)
     }
     do {
-        if fromFlags {
-            try enqueuer.enqueue(jobFromFlags(parsed), line: 1)
+        if let flagJob {
+            try enqueuer.enqueue(flagJob, line: 1)
             try enqueuer.settle()
         } else {
             var reader = try JobReader(path: parsed.positionals[0])
@@ -94,37 +99,18 @@ func enqueueCommand(_ arguments: [String]) {
     if !enqueuer.refusals.isEmpty { exit(ExitCode.dataError) }
 }
 
-/// The job the flags describe, as JSON (checked afterwards like any other job).
+/// The job the flags describe, as JSON (checked afterwards like any other job), or exit 2 naming the flag.
 func jobFromFlags(_ parsed: ParsedArguments) -> [UInt8] {
-    var members: [String] = []
-    if let id = parsed.value("--id") { members.append("\"id\":\(JSONString.quote(id))") }
-    if let topic = parsed.value("--topic") { members.append("\"topic\":\(JSONString.quote(topic))") }
-    let users = parsed.all("--user"), tokens = parsed.all("--token")
-    if !users.isEmpty { members.append("\"users\":[\(users.map(JSONString.quote).joined(separator: ","))]") }
-    if !tokens.isEmpty { members.append("\"tokens\":[\(tokens.map(JSONString.quote).joined(separator: ","))]") }
-    if let environment = parsed.value("--environment") {
-        members.append("\"environment\":\(JSONString.quote(environment))")
-    }
-    if let pushType = parsed.value("--push-type") { members.append("\"push_type\":\(JSONString.quote(pushType))") }
-    for (option, field) in [("--priority", "priority"), ("--expiration", "expiration"), ("--deadline", "deadline")] {
-        guard let text = parsed.value(option) else { continue }
-        guard let number = Int64(text) else { fail("enqueue: \(option) wants a whole number, got \(text)", code: ExitCode.usage) }
-        members.append("\"\(field)\":\(number)")
-    }
-    if let collapseID = parsed.value("--collapse-id") { members.append("\"collapse_id\":\(JSONString.quote(collapseID))") }
-    switch (parsed.value("--alert"), parsed.value("--payload")) {
-    case (let alert?, nil):
-        let body = parsed.value("--title").map { "{\"title\":\(JSONString.quote($0)),\"body\":\(JSONString.quote(alert))}" }
-            ?? JSONString.quote(alert)
-        members.append("\"payload\":{\"aps\":{\"alert\":\(body)}}")
-    case (nil, let payload?):
-        members.append("\"payload\":\(payload)")
-    case (nil, nil):
-        fail("enqueue: say what to send: --alert TEXT or --payload JSON", code: ExitCode.usage)
-    case (.some, .some):
-        fail("enqueue: --alert and --payload exclude each other", code: ExitCode.usage)
-    }
-    return Array("{\(members.joined(separator: ","))}".utf8)
+    var flags = JobFlags()
+    let options: [(String, WritableKeyPath<JobFlags, String?>)] = [
+        ("--id", \.id), ("--topic", \.topic), ("--environment", \.environment), ("--push-type", \.pushType),
+        ("--priority", \.priority), ("--expiration", \.expiration), ("--deadline", \.deadline),
+        ("--collapse-id", \.collapseID), ("--alert", \.alert), ("--title", \.title), ("--payload", \.payload),
+    ]
+    for (option, field) in options { flags[keyPath: field] = parsed.value(option) }
+    flags.users = parsed.all("--user")
+    flags.tokens = parsed.all("--token")
+    do { return try flags.body() } catch { fail("enqueue: \(error)", code: ExitCode.usage) }
 }
 
 /// Progress on stderr: a bar redrawn in place on a terminal; elsewhere (logs, CI) a line every 5 s.

@@ -18,6 +18,9 @@ minutes (default 5; notifications delivered, dead tokens, failures, expired, ret
 second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
 apns:stats:<minute>:waited and apns:workers).
 
+Settings it reads (environment, --config file or --set):
+\(SettingTable.help(for: .stats))
+
 EXIT CODES: 0 done, 2 bad command line, 69 broker or Redis unreachable, 78 bad configuration.
 """
 
@@ -45,6 +48,9 @@ cleanup consumers still receive every event; it sees events published while it r
 Tokens are shortened (first 8 characters and length) unless --full-tokens.
   --count N          stop after N events
   --timeout SECONDS  stop when no event came for this long (exit 0)
+
+Settings it reads (environment, --config file or --set):
+\(SettingTable.help(for: .deadTokensTail))
 
 EXIT CODES: 0 done, 2 bad command line, 69 broker unreachable, 78 bad configuration.
 """
@@ -84,9 +90,8 @@ func deadTokensCommand(_ arguments: [String]) {
             line.append(UInt8(ascii: "\n"))
             FileHandle.standardOutput.write(Data(line))
         }
-    } catch let error as ConfigurationError {
-        fail("configuration error: \(error)", code: ExitCode.configuration)
     } catch {
+        if let named = ConfigurationError(naming: error) { fail("configuration error: \(named)", code: ExitCode.configuration) }
         failReaching("dead-tokens tail: \(error)", error)
     }
 }
@@ -110,6 +115,9 @@ Serves GET /metrics, /healthz, /readyz on METRICS_HOST:METRICS_PORT like the wor
 both run on one host). One cleanup process is enough for most fleets; more can run side by side.
 
   --once     process what is queued, sweep once, and exit (for a cron job)
+
+Settings it reads (environment, --config file or --set):
+\(SettingTable.help(for: .cleanup))
 
 EXIT CODES: 0 done or stopped on a signal, 2 bad command line, 69 broker or Redis unreachable (--once),
 78 bad configuration.

@@ -17,22 +17,8 @@ acknowledges a job once all of it is settled.
 
 Run as many workers as the rate needs, on any number of machines: they share the broker, Redis and the rate limit.
 
-Settings (environment; config/apns-worker.env lists every key with its default):
-  AMQP_URL, AMQP_CA_FILE, AMQP_HEARTBEAT          the broker; a cluster's nodes comma-separated (starts on a random
-                                                   node that answers, moves to another when its node goes away)
-  REDIS_URL                                        token cache, rate limit, shared statistics
-  APNS_KEY_FILE, APNS_KEY_ID, APNS_TEAM_ID         token authentication (.p8), or APNS_CERT_FILE [+ APNS_CERT_KEY_FILE]
-  APNS_TOPIC                                       topic for jobs that name none
-  APNS_PRODUCTION_URL, APNS_SANDBOX_URL, APNS_CA_FILE
-                                                   endpoints (default Apple's) and an extra CA (apns-sim)
-  APNS_CONNECTIONS, APNS_REQUEST_TIMEOUT, APNS_RATE_LIMIT, APNS_RATE_LIMIT_URGENT_SHARE, APNS_MAX_ATTEMPTS,
-  APNS_RETRY_DELAYS
-  PUSH_JOBS_QUEUE, PUSH_BULK_QUEUE, PUSH_DEAD_TOKENS_QUEUE, PUSH_DEAD_TOKENS_EXCHANGE, PUSH_FAILED_QUEUE
-  PUSH_QUEUE_TYPE                                  classic (default) or quorum (replicated: for a cluster)
-  WORKER_PREFETCH, WORKER_BULK_PREFETCH, WORKER_MAX_IN_FLIGHT, SHUTDOWN_TIMEOUT, LOG_LEVEL, LOG_FORMAT (json | text)
-  WORKER_MAX_DELIVERIES                            a job that came back more often, and stopped a worker while it
-                                                   ran alone, is parked on PUSH_FAILED_QUEUE (poison job; default 5)
-  METRICS_HOST, METRICS_PORT                       GET /metrics, /healthz, /readyz (default 0.0.0.0:9464; 0 = off)
+Settings (environment, --config file or --set; config/apns-worker.env lists every key with its default):
+\(SettingTable.help(for: .worker))
 
 Signals: SIGTERM or SIGINT stops consuming and finishes the jobs under way (at most SHUTDOWN_TIMEOUT, default
 25 s); a second signal exits at once (code 1) and the broker redelivers what was unfinished.

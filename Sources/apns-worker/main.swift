@@ -1,3 +1,4 @@
+import Configuration
 import Foundation
 import Telemetry
 
@@ -24,14 +25,8 @@ Every command takes:
   --log-level LEVEL   trace, debug, info, notice, warning, error
   --help              what the command does, its options and an example
 
-The settings most deployments need (all are environment variables):
-  AMQP_URL            broker (default amqp://guest:guest@127.0.0.1:5672/%2f; amqps:// for TLS); a cluster's
-                      nodes comma-separated, with PUSH_QUEUE_TYPE=quorum
-  REDIS_URL           token cache and shared counters (default redis://127.0.0.1:6379/0)
-  APNS_KEY_FILE, APNS_KEY_ID, APNS_TEAM_ID
-                      token authentication (.p8 key); or APNS_CERT_FILE [+ APNS_CERT_KEY_FILE]
-  APNS_TOPIC          the app's bundle id, for jobs that name no topic
-  APNS_RATE_LIMIT     notifications per second shared by all workers (0 = none)
+The settings most deployments need (all are environment variables; each command's --help lists those it reads):
+\(SettingTable.help(listing: SettingTable.essentials))
 
 A job (one JSON message on PUSH_JOBS_QUEUE, default push.jobs, the urgent lane; campaigns go to
 PUSH_BULK_QUEUE, default push.bulk, the bulk lane, served after urgent work):

@@ -3,6 +3,7 @@ import APNs
 import Configuration
 import Foundation
 import Redis
+import Telemetry
 import Testing
 import WorkerPipeline
 
@@ -34,6 +35,37 @@ import WorkerPipeline
             #expect(!error.message.contains("s3cret"))
         }
         #expect(throws: AMQPError.self) { try AMQPNodes("amqp://h,") }
+    }
+
+    /// A password with a raw comma splits one URL into two "nodes": the error says how to write the comma, and shows
+    /// no part of the password (not even the half before the comma, which would otherwise be read as a port).
+    @Test(arguments: ["amqp://app:se,cret@rabbit-1:5672/prod", "amqp://app:12,34@rabbit-1:5672/prod"])
+    func aRawCommaInAPasswordIsExplained(url: String) {
+        do {
+            _ = try AMQPNodes(url)
+            Issue.record("a password with a raw comma was accepted")
+        } catch {
+            #expect(error.message.contains("a comma separates nodes") && error.message.contains("%2C"), "\(error.message)")
+            #expect(!error.message.contains("port ") && !error.message.contains("cret") && !error.message.contains("34"),
+                    "\(error.message)")
+        }
+    }
+
+    /// The parser both URLs share: the parts split, credentials percent-decoded, an IPv6 literal's brackets dropped,
+    /// errors by part.
+    @Test func serviceURLParts() throws {
+        let url = try ServiceURL("redis://ops%40team:pa%3As@[::1]:6380/2")
+        #expect(url.scheme == "redis" && url.user == "ops@team" && url.password == "pa:s")
+        #expect(url.host == "::1" && url.port == 6380 && url.path == "2")
+        #expect(try ServiceURL("amqp://bob@h").user == "bob" && ServiceURL("amqp://bob@h").password == nil)
+        #expect(try ServiceURL("redis://secret@h", loneCredential: .password).password == "secret")
+        #expect(try ServiceURL("amqp://h").path == nil && ServiceURL("amqp://h/").path == "")
+        #expect(throws: ServiceURLError.badPort("x")) { try ServiceURL("amqp://h:x") }
+        #expect(throws: ServiceURLError.noHost) { try ServiceURL("amqp://u:p@:5672") }
+        #expect(throws: ServiceURLError.badPercentEncoding("password")) { try ServiceURL("amqp://u:%zz@h") }
+        #expect(throws: ServiceURLError.noScheme) { try ServiceURL("h:5672") }
+        #expect(try RedisURL("redis://[::1]:6380/0").host == "::1", "Redis takes an IPv6 literal as AMQP does")
+        #expect(try AMQPURL("amqp://[::1]:5673").host == "::1")
     }
 
     @Test func redisURLs() throws {
@@ -216,6 +248,16 @@ import WorkerPipeline
         #expect(throws: ConfigurationError.self) { try ConfigurationSources.readFile("/nonexistent/file.env") }
     }
 
+    /// A file saved on Windows: every line is read, no value keeps a carriage return, a bad line has its number.
+    @Test func linesEndingInCRLFAreReadLikeLF() throws {
+        let values = try ConfigurationSources.parseFile("# written on Windows\r\nLOG_LEVEL=debug\r\nAPNS_TOPIC=com.example.app\r\n",
+                                                        name: "windows.env")
+        #expect(values == ["LOG_LEVEL": "debug", "APNS_TOPIC": "com.example.app"])
+        #expect(throws: ConfigurationError(key: "--config", "windows.env line 2: expected KEY=VALUE")) {
+            try ConfigurationSources.parseFile("A=1\r\njust words\r\n", name: "windows.env")
+        }
+    }
+
     @Test func flagsBeatTheEnvironmentWhichBeatsTheFile() {
         let merged = ConfigurationSources.merge(file: ["A": "file", "B": "file", "C": "file"],
                                                 environment: ["B": "environment", "C": "environment"],
@@ -251,21 +293,59 @@ import WorkerPipeline
         #expect(warnings.contains { $0.hasPrefix("PUSH_JOBS_QUEUEE") })
     }
 
-    /// The list of known keys is the reference file's, key for key.
-    @Test func everyKnownKeyIsDocumentedInTheReferenceFile() throws {
+    /// config/apns-worker.env documents the table: every key of the table and no other, and where the file sets a
+    /// value (a line not commented out), it is the table's default; every default of the table is set there.
+    @Test func theReferenceFileDocumentsExactlyTheTable() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().path
         let text = try String(contentsOfFile: root + "/config/apns-worker.env", encoding: .utf8)
-        let documented = Set(text.split(separator: "\n").compactMap { line -> String? in
-            let trimmed = line.drop { $0 == "#" || $0 == " " }
-            guard let equals = trimmed.firstIndex(of: "="), trimmed[..<equals].allSatisfy({ $0.isUppercase || $0 == "_" || $0.isNumber }),
-                  !trimmed[..<equals].isEmpty else { return nil }
-            return String(trimmed[..<equals])
-        })
-        #expect(documented == SettingKeys.all, """
-            undocumented: \(SettingKeys.all.subtracting(documented).sorted()), \
-            unknown: \(documented.subtracting(SettingKeys.all).sorted())
+        var documented: Set<String> = []
+        var defaults: [String: String] = [:]
+        for line in text.split(separator: "\n") {
+            let commented = line.hasPrefix("#")
+            let setting = line.drop { $0 == "#" || $0 == " " }
+            guard let equals = setting.firstIndex(of: "="), case let key = String(setting[..<equals]), !key.isEmpty,
+                  key.allSatisfy({ $0.isUppercase || $0.isNumber || $0 == "_" }) else { continue }
+            documented.insert(key)
+            if !commented { defaults[key] = String(setting[setting.index(after: equals)...]) }
+        }
+        let table = Dictionary(uniqueKeysWithValues: SettingTable.entries.map { ($0.name, $0) })
+        #expect(documented == Set(table.keys), """
+            undocumented: \(Set(table.keys).subtracting(documented).sorted()), \
+            not in the table: \(documented.subtracting(table.keys).sorted())
             """)
+        for (key, value) in defaults.sorted(by: { $0.key < $1.key }) {
+            #expect(table[key]?.defaultText == value, "\(key)=\(value) in the file, \(table[key]?.defaultText ?? "no default") in the table")
+        }
+        for entry in SettingTable.entries where entry.defaultText != nil {
+            #expect(defaults[entry.name] != nil, "\(entry.name)'s default \(entry.defaultText!) is not set in the file")
+        }
+    }
+
+    /// Each key declared once, and the unknown-key check knows exactly the table's keys.
+    @Test func theTableDeclaresEachKeyOnce() {
+        let names = SettingTable.entries.map(\.name)
+        #expect(names.count == Set(names).count, "declared twice: \(names.filter { name in names.count { $0 == name } > 1 })")
+        #expect(SettingKeys.all == Set(names))
+        #expect(names.count >= 41)
+    }
+
+    /// A program's --help lists the settings it reads, with the kind of value and the default, and no others.
+    @Test func helpListsTheSettingsAProgramReads() {
+        let tokens = SettingTable.help(for: .tokens)
+        #expect(tokens.contains("REDIS_URL") && tokens.contains("APNS_TOPIC") && tokens.contains("LOG_LEVEL"), "\(tokens)")
+        #expect(!tokens.contains("AMQP_URL") && !tokens.contains("WORKER_PREFETCH"), "\(tokens)")
+        let worker = SettingTable.help(for: .worker)
+        #expect(worker.contains("APNS_CONNECTIONS") && worker.contains("whole number 1..64; default 2"), "\(worker)")
+        #expect(worker.split(separator: "\n").allSatisfy { $0.count <= 118 }, "\(worker)")
+        let programs: [Programs] = [.worker, .cleanup, .enqueue, .tokens, .stats, .deadTokensTail]
+        for program in programs {
+            let listed = Set(SettingTable.help(for: program).split(separator: "\n").compactMap { line in
+                line.hasPrefix("  ") && !line.hasPrefix("   ") ? line.split(separator: " ").first.map(String.init) : nil
+            })
+            #expect(listed == Set(SettingTable.entries.filter { $0.readers.contains(program) }.map(\.name)))
+        }
+        #expect(SettingTable.entries.allSatisfy { !$0.readers.isEmpty }, "every setting is read by some program")
     }
 
     /// Foundation reads a settings or key file past a byte-order mark; JSON read as bytes names it.

@@ -1,4 +1,5 @@
 import APNs
+import Configuration
 import Foundation
 import HTTP2
 import Operations
@@ -149,5 +150,65 @@ enum TemporaryText {
         #expect(block.value("apns-id") == nil && block.value("apns-topi") == nil, "names match whole")
         #expect(block.fields.last?.value == "/3/device/cd")
         #expect(block.fields.map(\.indexed) == [true, true, true, false, true, false], "unique values (paths) are never indexed")
+    }
+}
+
+/// Messages of the modules below Configuration speak their own words; where an operator needs the setting's name,
+/// the configuration layer names it.
+@Suite struct MessagesOutsideConfigurationTests {
+    @Test func pipelineMessagesNameNoSetting() {
+        let texts = [JobError.missingTopic.description, WorkerStatistics().prometheusText(ready: true)]
+        for text in texts {
+            let named = SettingKeys.all.filter { text.contains($0) }
+            #expect(named.isEmpty, "\(named.sorted()) in \(text.prefix(200))")
+        }
+    }
+
+    /// Events that go straight to their queue leave a watcher nothing to bind to: it refuses before connecting, in
+    /// the broker's words, and the configuration layer names the setting to change.
+    @Test func theDeadTokenWatcherRefusesNoExchangeAndConfigurationNamesIt() throws {
+        let configuration = try WorkerConfiguration.load(from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)
+        do {
+            _ = try DeadTokenWatcher(configuration: configuration)
+            Issue.record("a watcher started with no exchange")
+        } catch {
+            #expect(!"\(error)".contains("PUSH_") && "\(error)".contains("push.dead-tokens"), "\(error)")
+            let named = try #require(ConfigurationError(naming: error))
+            #expect(named == ConfigurationError(key: "PUSH_DEAD_TOKENS_EXCHANGE", "empty: events go straight to "
+                                                + "push.dead-tokens, so there is nothing to watch without taking them"))
+        }
+    }
+}
+
+/// `apns-worker enqueue --user ... --alert ...`: the job the flags describe, and what a flag's value cannot be.
+@Suite struct JobFlagsTests {
+    var alert: JobFlags {
+        var flags = JobFlags()
+        flags.users = ["alice"]
+        flags.alert = "Your order shipped"
+        return flags
+    }
+
+    @Test func aDeadlineInSecondsIsTheJobsDeadline() throws {
+        var flags = alert
+        flags.deadline = "4102444800"
+        let job = try PushJob.decode(try flags.body(), defaultTopic: "com.example.app", fallbackID: "flags")
+        #expect(job.deadline == 4_102_444_800 && job.users == ["alice"])
+    }
+
+    /// Milliseconds are what many clocks give: the error names the flag, the unit it wants and the value in it.
+    @Test func aDeadlineInMillisecondsNamesTheFlagAndItsUnit() {
+        var flags = alert
+        flags.deadline = "4102444800000"
+        do {
+            _ = try flags.body()
+            Issue.record("a deadline in milliseconds was accepted")
+        } catch {
+            #expect(error.description.hasPrefix("--deadline wants UNIX seconds"), "\(error)")
+            #expect(error.description.contains("milliseconds") && error.description.hasSuffix("--deadline 4102444800"),
+                    "\(error)")
+        }
+        flags.deadline = "-1"
+        #expect(throws: JobFlags.Problem.self) { try flags.body() }
     }
 }
