@@ -76,7 +76,12 @@ public enum ServiceURLError: Error, Sendable, Equatable, CustomStringConvertible
         switch self {
         case .noScheme: "no scheme (such as redis:// or amqp://)"
         case .badPercentEncoding(let part): "bad percent-encoding in the \(part)"
-        case .badPort(let text): "port \(text) is not a number from 1 to 65535"
+        // Text that is not digits is not echoed: `amqp://user:secret` (no '@') puts a password where the port goes.
+        case .badPort(let text) where !text.isEmpty && text.allSatisfy(\.isNumber):
+            "port \(text) is not a number from 1 to 65535"
+        case .badPort:
+            "the port is not a number from 1 to 65535 (not shown: with no '@' before the host, a password is read "
+                + "as the port)"
         case .noHost: "no host"
         }
     }

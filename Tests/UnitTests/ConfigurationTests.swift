@@ -61,6 +61,13 @@ import WorkerPipeline
         #expect(try ServiceURL("redis://secret@h", loneCredential: .password).password == "secret")
         #expect(try ServiceURL("amqp://h").path == nil && ServiceURL("amqp://h/").path == "")
         #expect(throws: ServiceURLError.badPort("x")) { try ServiceURL("amqp://h:x") }
+        #expect(ServiceURLError.badPort("70000").description == "port 70000 is not a number from 1 to 65535")
+        do {
+            _ = try ServiceURL("amqp://guest:s3cret-pass")
+            Issue.record("a URL whose password stands where the port goes is refused")
+        } catch {
+            #expect(!error.description.contains("s3cret"), "the password is never echoed: \(error)")
+        }
         #expect(throws: ServiceURLError.noHost) { try ServiceURL("amqp://u:p@:5672") }
         #expect(throws: ServiceURLError.badPercentEncoding("password")) { try ServiceURL("amqp://u:%zz@h") }
         #expect(throws: ServiceURLError.noScheme) { try ServiceURL("h:5672") }
