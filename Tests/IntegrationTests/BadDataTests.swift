@@ -112,7 +112,11 @@ import Glibc
             let reason = message.properties.headers[Worker.reasonHeader] ?? ""
             #expect(reason.contains(expected), "\(reason)")
         }
-        #expect(try replyReader.read(1).first != nil)
+        let summary = try Self.json(try #require(try replyReader.read(1).first, "the good job's summary"))
+        #expect(summary["job_id"] as? String == "fine" && summary["notifications"] as? Int == 1
+                && summary["delivered"] as? Int == 1 && summary["failed"] as? Int == 0 && summary["dead"] as? Int == 0
+                && summary["failed_by_reason"] as? [String: Int] == [:],
+                "the good job was delivered: \(summary)")
         let received = simulator.received()
         #expect(received.map(\.deviceToken) == [other], "only the good job reached APNs")
         TestServices.reportFault("ambiguous jobs (prevalidate not a boolean, a key twice, control characters in topic)",

@@ -144,13 +144,17 @@ import Glibc
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         defer { _ = worker.stop(SIGKILL) }
-        func ready() -> Bool { (try? TestServices.httpGet(port: metricsPort, "/readyz").status) == 200 }
+        // /readyz's answer; nil while nothing answers on the port (the worker not listening yet).
+        func readiness() -> (status: Int, body: String)? { try? TestServices.httpGet(port: metricsPort, "/readyz") }
+        func ready() -> Bool { readiness()?.status == 200 }
+        // Not ready is an answer (503 "not ready"), not a worker that stopped answering.
+        func notReady() -> Bool { readiness().map { $0.status == 503 && $0.body == "not ready\n" } ?? false }
         #expect(TestServices.waitUntil(ready), "ready once Redis answers")
         kill(redis.pid, SIGSTOP)
         // Within the readiness window (3 s) after the last answer, before Redis's 5 s call timeout would end the
         // session: readiness is the probe's answer, not the connection's fate.
-        #expect(TestServices.waitUntil(timeout: 4.5) { !ready() }, "not ready while Redis is frozen")
-        #expect(!ready(), "and still not ready")
+        #expect(TestServices.waitUntil(timeout: 4.5, notReady), "not ready while Redis is frozen")
+        #expect(notReady(), "and still not ready: \(String(describing: readiness()))")
         // A job published while Redis is frozen waits, and is delivered once it answers again.
         let jobs = try #require(environment["PUSH_JOBS_QUEUE"])
         let replies = TestServices.unique("replies")

@@ -18,16 +18,20 @@ import WorkerPipeline
         let firstReceived = DispatchSemaphore(value: 0)
         let alarmRaised = DispatchSemaphore(value: 0)
         let held = Atomic<Bool>(false)
+        let heldUntilAlarm = Locked<DispatchTimeoutResult?>(nil)
         var configuration = APNsSimulator.Configuration()
         // The simulator answers nothing until the alarm is up (the observer runs before each answer, on the
-        // simulator's one thread), so the worker cannot publish its summary before the broker blocks it.
+        // simulator's one thread), so the worker cannot publish its summary before the broker blocks it. The test
+        // checks how the hold ended: answers let go by the timeout would prove nothing about the alarm.
         configuration.observer = { _ in
             guard !held.exchange(true, ordering: .relaxed) else { return }
             firstReceived.signal()
-            _ = alarmRaised.wait(timeout: .now() + 120)
+            let result = alarmRaised.wait(timeout: .now() + 120)
+            heldUntilAlarm.withLock { $0 = result }
         }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
+        defer { alarmRaised.signal() }  // a test that ends early lets the held answer go before the shutdown
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { workerThread.stop() }
@@ -35,10 +39,14 @@ import WorkerPipeline
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         publisher.close()
 
-        #expect(firstReceived.wait(timeout: .now() + 30) == .success, "the job is under way")
+        try #require(firstReceived.wait(timeout: .now() + 30) == .success, "the job is under way")
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")
         _ = try TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0"])
         defer { _ = try? TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0.4"]) }
+        func memoryAlarm() throws -> Bool {
+            try TestServices.run(rabbitmqctl, ["eval", "rabbit_alarm:get_alarms()."]).contains("memory")
+        }
+        try #require(try TestServices.waitUntil(timeout: 30, memoryAlarm), "the broker raised its memory alarm")
         alarmRaised.signal()
         // Once the answers are in, the worker publishes the summary and the broker holds it. Condition, not
         // delay: the broker lists the worker's connection as blocked (each listing takes about a second).
@@ -52,14 +60,16 @@ import WorkerPipeline
 
         let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1, timeout: 60).first).body))
             as? [String: Any]
+        #expect(heldUntilAlarm.withLock { $0 } == .success, "APNs answered once the alarm was up, not after the 120 s hold ran out")
         #expect(summary?["delivered"] as? Int == 20, "the job completed once the alarm cleared: \(summary ?? [:])")
         #expect(simulator.received().count == 20, "each notification sent once: no reconnection, no redelivery")
         TestServices.reportFault("broker memory alarm blocks publishing mid-job", notifications: 20,
                                  received: simulator.received())
         // The worker reads the broker's block and unblock notices in its loop, right after the job: poll for it.
         let statistics = workerThread.worker.statistics
-        let deadline = Date().addingTimeInterval(10)
-        while statistics.brokerBlocks.load(ordering: .relaxed) == 0 && Date() < deadline { usleep(10_000) }
+        #expect(TestServices.waitUntil(timeout: 10) {
+            statistics.brokerBlocks.load(ordering: .relaxed) == 1 && !statistics.brokerBlocked.load(ordering: .relaxed)
+        }, "the worker read the block and the unblock (blocks \(statistics.brokerBlocks.load(ordering: .relaxed)), blocked \(statistics.brokerBlocked.load(ordering: .relaxed)))")
         let metrics = statistics.prometheusText(ready: true)
         #expect(metrics.contains("apns_worker_broker_blocks_total 1"), "\(metrics)")
         #expect(metrics.contains("apns_worker_broker_blocked 0"), "unblocked again")
@@ -98,7 +108,7 @@ import WorkerPipeline
         ]), logger: logger)
         defer { workerThread.stop() }
 
-        #expect(someDone.wait(timeout: .now() + 60) == .success)
+        try #require(someDone.wait(timeout: .now() + 60) == .success, "100 delivered before the restart")
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")
         _ = try TestServices.run(rabbitmqctl, ["stop_app"])
         _ = try TestServices.run(rabbitmqctl, ["start_app"])

@@ -4,6 +4,7 @@ import APNs
 import APNsSimulator
 import Configuration
 import Foundation
+import HTTP2
 import Operations
 import Redis
 import RedisStore
@@ -355,23 +356,33 @@ import WorkerPipeline
         #expect(try Self.apnsWorker(["stats", "--bogus"]).errors.contains("unknown option --bogus"))
     }
 
-    /// Ready means able to deliver: consuming is not enough while no APNs connection is open.
+    /// Ready means able to deliver: consuming is not enough while no APNs connection is open. The APNs endpoint
+    /// comes up at the end, and the same worker becomes ready: the missing connection was the only reason.
     @Test func aWorkerWithoutAPNsIsNotReady() throws {
-        let simulator = try APNsSimulator(configuration: .init(), logger: Logger(label: "sim", level: .warning))
+        let pair = try SelfSignedCertificate.generate()
+        let simulatorConfiguration = APNsSimulator.Configuration(port: TestServices.freePort(),
+                                                                 certificatePEM: pair.certificatePEM,
+                                                                 privateKeyPEM: pair.privateKeyPEM)
+        let down = try APNsSimulator(configuration: simulatorConfiguration, logger: Logger(label: "sim", level: .warning))
         let jobs = TestServices.unique("jobs")
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(TestServices.freePort())",
-        ])
-        simulator.shutdown()
+        let environment = try TestServices.workerEnvironment(simulator: down, jobs: jobs)
+        down.shutdown()  // nothing listens on the worker's APNs port now
         let worker = try WorkerThread(environment, logger: Logger(label: "worker", level: .critical))
         defer { worker.stop() }
+        let statistics = worker.worker.statistics
         let broker = try AMQPConnection(url: TestServices.amqpURL())
-        // Condition, not a delay: the worker has subscribed once the queue shows its consumer.
-        let deadline = Date().addingTimeInterval(20)
-        while try broker.queueStatus(jobs)?.consumers != 1, Date() < deadline { usleep(20_000) }
-        #expect(try broker.queueStatus(jobs)?.consumers == 1, "consuming")
+        #expect(try TestServices.waitUntil { try broker.queueStatus(jobs)?.consumers == 1 }, "consuming")
+        #expect(TestServices.waitUntil { statistics.connectFailures.load(ordering: .relaxed) > 0 }, "APNs tried, and refused")
+        #expect(statistics.openConnections == 0)
         #expect(!worker.worker.isReady, "no APNs connection: not ready")
-        #expect(worker.worker.statistics.prometheusText(ready: worker.worker.isReady).contains("apns_worker_ready 0"))
+        let metrics = statistics.prometheusText(ready: worker.worker.isReady)
+        #expect(metrics.contains("apns_worker_ready 0") && metrics.contains("apns_worker_apns_connections 0"), "\(metrics)")
+
+        let simulator = try APNsSimulator(configuration: simulatorConfiguration, logger: Logger(label: "sim", level: .warning))
+        defer { simulator.shutdown() }
+        #expect(TestServices.waitUntil(timeout: 60) { worker.worker.isReady },
+                "ready once APNs listens (\(statistics.openConnections) connections open)")
+        #expect(statistics.prometheusText(ready: worker.worker.isReady).contains("apns_worker_ready 1"))
     }
 
     /// The long-running cleanup serves health and metrics like the worker, and drains on SIGTERM.

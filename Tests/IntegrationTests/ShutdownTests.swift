@@ -71,14 +71,63 @@ import Glibc
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment.merging(["AMQP_HEARTBEAT": "1"]) { _, new in new })
         defer { _ = worker.stop(SIGTERM) }
         #expect(try replyReader.read(20).count == 20)
-        // Idleness is the condition under test, so time itself is what the test waits for.
-        _ = DispatchSemaphore(value: 0).wait(timeout: .now() + 4)
-        let listing = try TestServices.run(try TestServices.value("RABBITMQCTL"), ["list_connections", "timeout", "state", "--quiet"])
-        #expect(listing.contains("1\trunning"), "a connection with a 1 s heartbeat is still running: \(listing)")
+        // The broker's view of the worker's connections, now idle: each must still be running, with more bytes
+        // received from the worker, once longer than the broker tolerates silence (two heartbeats) has passed.
+        let before = try brokerConnections(of: worker.process.processIdentifier)
+        try #require(!before.isEmpty && before.values.allSatisfy { $0.timeout == 1 }, "the worker's connections: \(before)")
+        let idleSince = Date()
+        var after = before
+        let keptAlive = try TestServices.waitUntil(timeout: 20) {
+            after = try brokerConnections(of: worker.process.processIdentifier)
+            return Date().timeIntervalSince(idleSince) > 3 && before.allSatisfy { port, earlier in
+                after[port].map { $0.state == "running" && $0.received > earlier.received } ?? false
+            }
+        }
+        #expect(keptAlive, "an idle worker's connections outlive the broker's 2 s of tolerated silence: \(before) then \(after)")
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.publish(to: jobs, body: Array(#"{"id": "after-idle", "tokens": ["\#(String(repeating: "3d", count: 32))"], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replyReader.queue))
         #expect(try replyReader.read(1).first.map { String(decoding: $0.body, as: UTF8.self).contains("after-idle") } == true)
         #expect(worker.waitForLine(containing: "reconnecting", timeout: 1) == nil, "no reconnection was needed")
+    }
+
+    /// The broker's connections from process `pid`, by the process's local port: heartbeat timeout, state, and
+    /// bytes received from it so far.
+    func brokerConnections(of pid: Int32) throws -> [Int: (timeout: Int, state: String, received: Int)] {
+        let ports = Self.localTCPPorts(of: pid)
+        let listing = try TestServices.run(try TestServices.value("RABBITMQCTL"),
+                                           ["list_connections", "peer_port", "timeout", "state", "recv_oct", "--quiet"])
+        var connections: [Int: (timeout: Int, state: String, received: Int)] = [:]
+        for line in listing.split(separator: "\n") {
+            let fields = line.split(separator: "\t").map(String.init)
+            guard fields.count == 4, let port = Int(fields[0]), ports.contains(port),
+                  let timeout = Int(fields[1]), let received = Int(fields[3]) else { continue }
+            connections[port] = (timeout, fields[2], received)
+        }
+        return connections
+    }
+
+    /// The local ports of the TCP sockets process `pid` holds: its descriptors' socket inodes, found in the
+    /// kernel's TCP tables.
+    static func localTCPPorts(of pid: Int32) -> Set<Int> {
+        let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+        let inodes = Set(descriptors.compactMap { descriptor -> String? in
+            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(descriptor)"),
+                  target.hasPrefix("socket:[") else { return nil }
+            return String(target.dropFirst("socket:[".count).dropLast())
+        })
+        var ports: Set<Int> = []
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            // Read to the end: String(contentsOfFile:) stops after the first page of a /proc file.
+            let text = String(decoding: FileHandle(forReadingAtPath: table)?.readDataToEndOfFile() ?? Data(), as: UTF8.self)
+            for row in text.split(separator: "\n").dropFirst() {
+                // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+                let columns = row.split(separator: " ")
+                guard columns.count > 9, inodes.contains(String(columns[9])),
+                      let port = columns[1].split(separator: ":").last.flatMap({ Int($0, radix: 16) }) else { continue }
+                ports.insert(port)
+            }
+        }
+        return ports
     }
 }

@@ -216,26 +216,39 @@ final class QueueReader {
 }
 
 /// A Worker on its own thread, as apns-worker runs it. `stop()` drains, waits, and may be called more than once.
+/// A worker whose `run()` throws fails the test that ran it: `stop()` records the error (the first call does), and
+/// `error` tells a test that expects one what it was.
 final class WorkerThread {
     let worker: Worker
     private let stopped = DispatchSemaphore(value: 0)
+    private let thrown = Locked<(any Error)?>(nil)
     private var isStopped = false
 
     init(_ environment: [String: String], logger: Logger) throws {
         worker = try WorkerConfiguration.load(from: environment).makeWorker(logger: logger)
         let worker = self.worker
         let stopped = self.stopped
+        let thrown = self.thrown
         Thread {
-            try? worker.run()
+            do { try worker.run() } catch { thrown.withLock { $0 = error } }
             stopped.signal()
         }.start()
     }
 
-    func stop() {
+    /// What `run()` threw, once it has returned; nil while it runs or when it returned normally.
+    var error: (any Error)? { thrown.withLock { $0 } }
+
+    /// Stops the worker and waits for `run()` to return: an error it threw, or a worker that does not return within
+    /// `timeout` seconds, is an issue of the calling test.
+    func stop(timeout: Double = 120, sourceLocation: SourceLocation = #_sourceLocation) {
         guard !isStopped else { return }
         isStopped = true
         worker.stop()
-        stopped.wait()
+        guard stopped.wait(timeout: .now() + timeout) == .success else {
+            Issue.record("the worker did not stop within \(timeout) s", sourceLocation: sourceLocation)
+            return
+        }
+        if let error { Issue.record("the worker's run() threw: \(error)", sourceLocation: sourceLocation) }
     }
 }
 

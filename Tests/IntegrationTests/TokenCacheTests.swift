@@ -157,7 +157,15 @@ import WorkerPipeline
         #expect(try connection.waitForConfirms(through: sequence).isEmpty)
         let listing = try TestServices.run(rabbitmqctl, ["list_queues", "-p", vhost, "name", "messages", "--quiet"])
         #expect(listing.contains("in-\(vhost)\t1"), "the queue lives in the vhost: \(listing)")
-        let refused = try? AMQPConnection(url: try AMQPURL("amqp://\(user):wrong@\(base.host):\(base.port)/\(vhost)"))
-        #expect(refused == nil)
+        // A wrong password is refused by the broker (ACCESS_REFUSED, 403: permanent, so the worker stops trying)
+        // and the error does not show it.
+        let wrong = try AMQPURL("amqp://\(user):not-the-s3cr3t@\(base.host):\(base.port)/\(vhost)")
+        do {
+            _ = try AMQPConnection(url: wrong)
+            Issue.record("a wrong password was accepted")
+        } catch {
+            #expect(error.code == 403 && error.isPermanent, "\(error.kind) \(error.code): \(error)")
+            #expect(error.message.contains("ACCESS_REFUSED") && !error.message.contains("not-the-s3cr3t"), "\(error)")
+        }
     }
 }

@@ -78,13 +78,22 @@ import Testing
         #expect(error { $0.apnsID = "NOT-A-UUID" } == .badAPNsID("NOT-A-UUID"))
         #expect(error { $0.apnsID = "123e4567-e89b-12d3-a456-426614174000" } == nil)
         #expect(error { $0.pushType = .voip } == .topicMissingSuffix(topic: "com.example.app", pushType: .voip))
+        #expect(error { $0.topic = "" } == .missingTopic)
+        #expect(error { $0.topic = "com.example app" } == .badHeaderValue("apns-topic", "holds a space"))
+        #expect(error { $0.collapseID = "sale\r\nx: y" } == .badHeaderValue("apns-collapse-id", "holds control character 0xD"))
+        #expect(error { $0.expiration = -1 } == .badExpiration(-1))
+        #expect(error { $0.expiration = 0 } == nil, "0: try once, do not store")
     }
 
-    @Test func tokensAreHexOfAnyEvenLength() {
-        #expect((try? APNsNotification.validateDeviceToken(String(repeating: "0f", count: 50))) != nil)
-        #expect((try? APNsNotification.validateDeviceToken("abc")) == nil)
-        #expect((try? APNsNotification.validateDeviceToken("")) == nil)
-        #expect((try? APNsNotification.validateDeviceToken("zz")) == nil)
+    @Test func tokensAreHexOfAnyEvenLength() throws {
+        try APNsNotification.validateDeviceToken(String(repeating: "0f", count: 50))
+        try APNsNotification.validateDeviceToken(String(repeating: "0F", count: 100))
+        #expect(throws: APNsRequestError.badDeviceToken(length: 3)) { try APNsNotification.validateDeviceToken("abc") }
+        #expect(throws: APNsRequestError.badDeviceToken(length: 0)) { try APNsNotification.validateDeviceToken("") }
+        #expect(throws: APNsRequestError.badDeviceToken(length: 2)) { try APNsNotification.validateDeviceToken("zz") }
+        #expect(throws: APNsRequestError.badDeviceToken(length: 202)) {
+            try APNsNotification.validateDeviceToken(String(repeating: "0f", count: 101))
+        }
     }
 
     /// Every ASCII character, and a few beyond: exactly 0-9, a-f and A-F make a token (the check is a bit trick).
@@ -92,8 +101,13 @@ import Testing
         let hex = Set("0123456789abcdefABCDEF".unicodeScalars.map(\.value))
         for value in UInt32(0)..<256 {
             let token = String(Character(Unicode.Scalar(value)!)) + "a"
-            let accepted = (try? APNsNotification.validateDeviceToken(token)) != nil
-            #expect(accepted == hex.contains(value), "character \(value)")
+            if hex.contains(value) {
+                #expect(throws: Never.self, "character \(value)") { try APNsNotification.validateDeviceToken(token) }
+            } else {
+                #expect(throws: APNsRequestError.badDeviceToken(length: token.utf8.count), "character \(value)") {
+                    try APNsNotification.validateDeviceToken(token)
+                }
+            }
         }
     }
 
