@@ -33,11 +33,14 @@ let package = Package(
         .target(name: "AMQP", dependencies: ["CRabbitMQ", "Telemetry"], swiftSettings: hotPath),
         .target(name: "Redis", dependencies: ["CHiredis", "Telemetry"], swiftSettings: hotPath),
         .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "APNs", dependencies: ["HTTP2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
+        // Apple's vocabulary and rules: notifications, answers and what they mean, reasons, JSON. No connection.
+        .target(name: "APNsModel", dependencies: ["Telemetry"], swiftSettings: hotPath),
+        // The APNs client: connections, provider tokens, certificates (re-exports APNsModel).
+        .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
-        // The pipeline speaks to the broker and the stores through protocols of its own (Ports.swift): it imports
-        // neither AMQP nor Redis.
-        .target(name: "WorkerPipeline", dependencies: ["APNs", "Telemetry"], swiftSettings: hotPath),
+        // The pipeline speaks to the broker, the stores and APNs through protocols of its own (Ports.swift): it imports
+        // neither AMQP, Redis nor HTTP/2, and nothing that opens a connection.
+        .target(name: "WorkerPipeline", dependencies: ["APNsModel", "Telemetry"], swiftSettings: hotPath),
         // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
         .target(name: "AMQPBroker", dependencies: ["AMQP", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
         .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "Telemetry"], swiftSettings: hotPath),

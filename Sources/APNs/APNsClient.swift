@@ -93,21 +93,6 @@ public struct APNsClientConfiguration: Sendable {
     }
 }
 
-/// One notification's fate, as the pipeline needs it.
-public struct APNsResult: Sendable, Equatable {
-    public var outcome: APNsOutcome
-    /// APNs's answer, when there was one.
-    public var response: APNsResponse?
-    /// Why there was no answer (connection trouble), or why it was not sent (a broken rule).
-    public var error: String?
-
-    public init(outcome: APNsOutcome, response: APNsResponse? = nil, error: String? = nil) {
-        self.outcome = outcome
-        self.response = response
-        self.error = error
-    }
-}
-
 /// Which connections a notification travels on. Urgent and bulk traffic each have connections of their own, so
 /// that an urgent request never waits behind bulk requests for a stream, in a connection's send buffer or in the
 /// order a server reads one connection.

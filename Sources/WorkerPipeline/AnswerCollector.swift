@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Foundation
 import Telemetry
 

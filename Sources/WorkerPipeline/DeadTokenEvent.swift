@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Telemetry
 
 /// Published on PUSH_DEAD_TOKENS_QUEUE, one per dead token (the contract in README.md).

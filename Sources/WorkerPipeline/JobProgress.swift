@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Telemetry
 
 /// One job on its way: which notifications still lack an outcome, and what the others became.

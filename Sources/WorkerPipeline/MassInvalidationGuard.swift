@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 
 /// Weighs one job's 400 BadDeviceToken and DeviceTokenNotForTopic answers before any token is removed for them.
 ///

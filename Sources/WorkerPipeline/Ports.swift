@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 
 // What the pipeline needs from the systems around it, in its own words. Adapters implement these over the wrappers
 // (`AMQPBroker` over RabbitMQ, `RedisStore` over Redis) and the executables wire them in through a `WorkerSession`

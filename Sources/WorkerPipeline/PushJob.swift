@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Telemetry
 
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).

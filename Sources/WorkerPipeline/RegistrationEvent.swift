@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Telemetry
 
 /// One message on PUSH_REGISTRATIONS_QUEUE: an app reporting its device token at launch (or at logout), sent by the

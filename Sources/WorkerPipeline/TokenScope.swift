@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 
 /// What one cached token serves: the environment it lives in and the topic it was issued for. This is the value of
 /// a field of `apns:tokens:<user>` (the contract in README.md):

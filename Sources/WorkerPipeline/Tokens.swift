@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 
 /// A device token to send to, and whom it belongs to.
 public struct DeviceTarget: Sendable, Equatable {

@@ -1,5 +1,10 @@
 import Foundation
-import HTTP2
+
+/// An answer's header fields as the transport received them, read only when asked for (the HTTP/2 client's header
+/// block conforms, and fits an existential's inline storage: no allocation per answer).
+public protocol ReceivedHeaderFields: Sendable {
+    func value(_ name: String) -> String?
+}
 
 /// What APNs answered for one notification.
 public struct APNsResponse: Sendable, Equatable {
@@ -20,7 +25,7 @@ public struct APNsResponse: Sendable, Equatable {
     public var timestamp: Int64?
     private var givenAPNsID: String?
     private var givenUniqueID: String?
-    private var fields: HTTP2HeaderBlock?
+    private var fields: (any ReceivedHeaderFields)?
 
     public init(status: Int, apnsID: String? = nil, apnsUniqueID: String? = nil, reason: APNsReason? = nil,
                 timestamp: Int64? = nil) {
@@ -31,7 +36,7 @@ public struct APNsResponse: Sendable, Equatable {
         self.timestamp = timestamp
     }
 
-    init(status: Int, fields: HTTP2HeaderBlock, reason: APNsReason?, timestamp: Int64?) {
+    public init(status: Int, fields: some ReceivedHeaderFields, reason: APNsReason?, timestamp: Int64?) {
         self.init(status: status, reason: reason, timestamp: timestamp)
         self.fields = fields
     }
@@ -110,5 +115,20 @@ public enum APNsOutcome: Sendable, Equatable {
     public static func isConfigurationError(_ response: APNsResponse) -> Bool {
         guard response.status == 403 else { return response.reason == .topicDisallowed || response.reason == .badTopic }
         return response.reason != .expiredProviderToken
+    }
+}
+
+/// One notification's fate, as the pipeline needs it.
+public struct APNsResult: Sendable, Equatable {
+    public var outcome: APNsOutcome
+    /// APNs's answer, when there was one.
+    public var response: APNsResponse?
+    /// Why there was no answer (connection trouble), or why it was not sent (a broken rule).
+    public var error: String?
+
+    public init(outcome: APNsOutcome, response: APNsResponse? = nil, error: String? = nil) {
+        self.outcome = outcome
+        self.response = response
+        self.error = error
     }
 }

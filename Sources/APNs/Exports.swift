@@ -1,0 +1,7 @@
+import HTTP2
+
+// Whoever talks to APNs through this module speaks its vocabulary too (notifications, answers, reasons): one import.
+@_exported import APNsModel
+
+/// The HTTP/2 client's header block is what an APNs answer's fields are read from.
+extension HTTP2HeaderBlock: ReceivedHeaderFields {}
