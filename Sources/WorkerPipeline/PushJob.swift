@@ -43,11 +43,51 @@ public struct PushJob: Sendable, Equatable {
     /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
     public static let latestDeadline: Int64 = 99_999_999_999
 
-    /// Decodes a message body. `defaultTopic` is APNS_TOPIC; `fallbackID` names jobs that carry no id.
+    /// Decodes a message body. `defaultTopic` is the configured topic of jobs that name none; `fallbackID` names
+    /// jobs that carry no id.
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
                               limits: Limits = .init()) throws(JobError) -> PushJob {
-        // A retry body (the worker's own) carries the original job inside it, so it may be larger and deeper than a
-        // job; any other body is held to the limits once parsed.
+        let document = try parse(body, limits: limits)
+        let ownID = try optionalString(document, "id")
+        let users = try stringArray(document, "users")
+        let tokens = try stringArray(document, "tokens")
+        let retry = try retryState(document)
+        try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
+        let sending = try SendingOptions(document)
+        guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
+            throw .missingTopic
+        }
+        do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
+            throw .breaksRule(error)
+        }
+        var job: PushJob
+        if try flag(document, "prevalidate") {
+            // Token pre-validation (from the source article): a silent background push to every target, so that
+            // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
+            // not used.
+            job = PushJob(id: ownID ?? fallbackID, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
+                          tokens: tokens, environment: sending.environment, pushType: .background,
+                          priority: .considerPower, expiration: 0, collapseID: nil,
+                          payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+        } else {
+            job = PushJob(id: ownID ?? fallbackID, topic: sending.pushType.topic(forBundle: bundle), users: users,
+                          tokens: tokens, environment: sending.environment, pushType: sending.pushType,
+                          priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
+                          payload: try payload(document, body, pushType: sending.pushType))
+        }
+        job.deadline = sending.deadline
+        if let retry {
+            job.attempt = retry.attempt
+            job.retryTargets = retry.targets
+            job.originalBody = retry.original.map { Array(body[$0]) }
+        }
+        job.idFromBody = ownID != nil
+        return job
+    }
+
+    /// The body as JSON, within the limits. A retry body (the worker's own) carries the original job inside it, so
+    /// it may be larger and deeper than a job; any other body is held to the limits once parsed.
+    private static func parse(_ body: [UInt8], limits: Limits) throws(JobError) -> JSONValue {
         guard body.count <= limits.maximumMessageSize * Self.retrySizeFactor else {
             throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
         }
@@ -68,13 +108,12 @@ public struct PushJob: Sendable, Equatable {
                 throw .notJSON("nesting deeper than \(limits.maximumDepth) levels")
             }
         }
+        return document
+    }
 
-        let ownID = try optionalString(document, "id")
-        let id = ownID ?? fallbackID
-        let users = try stringArray(document, "users")
-        let tokens = try stringArray(document, "tokens")
-        let retry = try retryState(document)
-        guard !users.isEmpty || !tokens.isEmpty || retry != nil else { throw .noTargets }
+    private static func checkTargets(users: [String], tokens: [String], retrying: Bool,
+                                     limits: Limits) throws(JobError) {
+        guard !users.isEmpty || !tokens.isEmpty || retrying else { throw .noTargets }
         guard users.count + tokens.count <= limits.maximumTargets else {
             throw .tooManyTargets(users.count + tokens.count, limit: limits.maximumTargets)
         }
@@ -86,64 +125,57 @@ public struct PushJob: Sendable, Equatable {
                 throw .badToken(field: "tokens[\(index)]", error.description)
             }
         }
+    }
 
+    /// How a job's notifications are sent, read and checked against Apple's rules (the same the client applies
+    /// before sending, `APNsRules`): a job that breaks one is refused now, with its reason, rather than accepted
+    /// and failed notification by notification.
+    private struct SendingOptions {
         var environment = APNsEnvironment.production
-        if let text = try optionalString(document, "environment") {
-            guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
-            environment = parsed
-        }
         var pushType = APNsPushType.alert
-        if let text = try optionalString(document, "push_type") {
-            guard let parsed = APNsPushType(rawValue: text) else { throw .unknownPushType(text) }
-            pushType = parsed
-        }
-        var priority = pushType.defaultPriority
-        if let number = try optionalInteger(document, "priority") {
-            guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
-            priority = parsed
-        }
-        let expiration = try optionalInteger(document, "expiration")
-        let deadline = try optionalInteger(document, "deadline")
-        if let deadline, deadline < 0 || deadline > Self.latestDeadline { throw .badDeadline(deadline) }
-        let collapseID = try optionalString(document, "collapse_id")
-        // Apple's rules, the same the client applies before sending (APNsRules): a job that breaks one is refused
-        // now, with its reason, rather than accepted and failed notification by notification.
-        do throws(APNsRequestError) {
-            try APNsRules.checkPriority(priority, for: pushType)
-            if let expiration { try APNsRules.checkExpiration(expiration) }
-            if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "\"collapse_id\"") }
-        } catch {
-            throw .breaksRule(error)
-        }
-        guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
-            throw .missingTopic
-        }
-        do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
-            throw .breaksRule(error)
-        }
-        var prevalidate = false
-        switch document["prevalidate"] {
-        case nil, .null?: break
-        case .bool(let flag)?: prevalidate = flag
-        case let other?: throw .wrongType(field: "prevalidate", expected: "true or false", got: other.typeName)
-        }
+        var priority: APNsPriority
+        var expiration: Int64?
+        var deadline: Int64?
+        var collapseID: String?
 
-        // Token pre-validation (from the source article): a silent background push to every target, so that APNs
-        // reports the dead tokens before a campaign's real send. The job's own payload and push type are not used.
-        if prevalidate {
-            let silent = Array(#"{"aps":{"content-available":1}}"#.utf8)
-            var job = PushJob(id: id, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
-                              tokens: tokens, environment: environment, pushType: .background,
-                              priority: .considerPower, expiration: 0, collapseID: nil, payload: silent)
-            job.deadline = deadline
-            if let retry {
-                job.attempt = retry.attempt
-                job.retryTargets = retry.targets
-                job.originalBody = retry.original.map { Array(body[$0]) }
+        init(_ document: JSONValue) throws(JobError) {
+            if let text = try optionalString(document, "environment") {
+                guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
+                environment = parsed
             }
-            job.idFromBody = ownID != nil
-            return job
+            if let text = try optionalString(document, "push_type") {
+                guard let parsed = APNsPushType(rawValue: text) else { throw .unknownPushType(text) }
+                pushType = parsed
+            }
+            priority = pushType.defaultPriority
+            if let number = try optionalInteger(document, "priority") {
+                guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
+                priority = parsed
+            }
+            expiration = try optionalInteger(document, "expiration")
+            deadline = try optionalInteger(document, "deadline")
+            if let deadline, deadline < 0 || deadline > PushJob.latestDeadline { throw .badDeadline(deadline) }
+            collapseID = try optionalString(document, "collapse_id")
+            do throws(APNsRequestError) {
+                try APNsRules.checkPriority(priority, for: pushType)
+                if let expiration { try APNsRules.checkExpiration(expiration) }
+                if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "\"collapse_id\"") }
+            } catch {
+                throw .breaksRule(error)
+            }
         }
+    }
+
+    private static func flag(_ document: JSONValue, _ field: String) throws(JobError) -> Bool {
+        switch document[field] {
+        case nil, .null?: false
+        case .bool(let flag)?: flag
+        case let other?: throw .wrongType(field: field, expected: "true or false", got: other.typeName)
+        }
+    }
+
+    /// The payload exactly as the job wrote it (its bytes in the body), within the push type's size.
+    private static func payload(_ document: JSONValue, _ body: [UInt8], pushType: APNsPushType) throws(JobError) -> [UInt8] {
         guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
         guard case .object = payloadMember.value else {
             throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)
@@ -152,17 +184,7 @@ public struct PushJob: Sendable, Equatable {
         do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
             throw .breaksRule(error)
         }
-        var job = PushJob(id: id, topic: pushType.topic(forBundle: bundle), users: users, tokens: tokens,
-                          environment: environment, pushType: pushType, priority: priority, expiration: expiration,
-                          collapseID: collapseID, payload: payload)
-        job.deadline = deadline
-        if let retry {
-            job.attempt = retry.attempt
-            job.retryTargets = retry.targets
-            job.originalBody = retry.original.map { Array(body[$0]) }
-        }
-        job.idFromBody = ownID != nil
-        return job
+        return payload
     }
 
     /// The job the worker schedules to send `targets` again: everything as before, the users already resolved, and
