@@ -73,7 +73,7 @@ struct ParsedArguments {
             }
             switch name {
             case "--config": parsed.configFile = value
-            case "--log-level": parsed.settings["LOG_LEVEL"] = value
+            case "--log-level": parsed.settings[SettingTable().logLevel.name] = value
             case "--set":
                 guard let equals = value.firstIndex(of: "="), equals != value.startIndex else {
                     fail("--set wants KEY=VALUE, got \(value)", code: ExitCode.usage)
@@ -148,6 +148,6 @@ func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any 
         logger.info("metrics and health endpoint", ["http.address": "\(metrics.host):\(server.port)"])
         return server
     } catch {
-        fail("configuration error: METRICS_PORT: \(error)", code: ExitCode.configuration)
+        fail("configuration error: \(SettingTable().metricsPort.name): \(error)", code: ExitCode.configuration)
     }
 }
