@@ -26,6 +26,7 @@ extension WorkerConfiguration {
                                              logger: logger)
                 return WorkerSession(broker: amqp, tokens: stores.tokens, record: stores.record,
                                      statistics: stores.statistics, rateLimiter: stores.rateLimiter,
+                                     invalidationWindow: stores.invalidationWindow,
                                      store: stores.connection,
                                      logMetadata: amqp.logMetadata.merging(["redis.url": redisURL.description]) { $1 })
             } catch {

@@ -99,7 +99,12 @@ public struct SettingTable: Sendable {
         help: "notifications sent to APNs and not answered yet, per lane")
     public let workerMassInvalidationThreshold: Setting<Int> = Setting(
         name: "WORKER_MASS_INVALIDATION_THRESHOLD", kind: .wholeNumber(1...1_000_000), defaultValue: "20", readers: .worker,
-        help: "this many bad-token answers in one job, over half of its answers, remove no token")
+        help: "this many bad-token answers (400 mismatches), in one job or across the fleet's last minute, over "
+            + "WORKER_MASS_INVALIDATION_SHARE of the answers that judge a token, remove no token")
+    public let workerMassInvalidationShare: Setting<Double> = Setting(
+        name: "WORKER_MASS_INVALIDATION_SHARE", kind: .fraction, defaultValue: "0.1", readers: [.worker, .stats],
+        help: "the share of token-judging answers (200, 410, 400 mismatch) that bad-token answers must exceed to be "
+            + "held back")
     public let workerMaxDeliveries: Setting<Int> = Setting(
         name: "WORKER_MAX_DELIVERIES", kind: .wholeNumber(1...1_000), defaultValue: "5", readers: .worker,
         help: "deliveries of one job at most, then it is parked as a poison job")

@@ -243,7 +243,8 @@ public struct WorkerConfiguration: Sendable {
             shutdownTimeout: try settings(\.shutdownTimeout))
         return WorkerSettings(
             core: core, defaultTopic: defaultTopic,
-            invalidationGuard: MassInvalidationGuard(threshold: try settings(\.workerMassInvalidationThreshold)),
+            invalidationGuard: MassInvalidationGuard(threshold: try settings(\.workerMassInvalidationThreshold),
+                                                     share: try settings(\.workerMassInvalidationShare)),
             maximumSendAttempts: try settings(\.apnsMaxAttempts),
             retryDelays: broker.retryDelays,
             maximumDeliveries: try settings(\.workerMaxDeliveries),

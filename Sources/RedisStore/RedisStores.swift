@@ -8,7 +8,7 @@ extension RedisConnection: Probing {
 }
 
 /// Everything the worker keeps in Redis, over one connection owned by the broker thread: the token cache, the
-/// idempotency record, the shared statistics and the shared rate limit.
+/// idempotency record, the shared statistics, the shared rate limit and the invalidation guard's window.
 public struct RedisStores {
     public let connection: RedisConnection
     public let tokens: TokenCache
@@ -16,6 +16,7 @@ public struct RedisStores {
     public let statistics: SharedStatistics
     /// nil without a rate limit.
     public let rateLimiter: SharedRateLimit?
+    public let invalidationWindow: SharedInvalidationWindow
 
     /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
     public init(url: RedisURL, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
@@ -28,6 +29,7 @@ public struct RedisStores {
         tokens = TokenCache(redis: connection, logger: logger)
         record = SentRecord(redis: connection)
         statistics = SharedStatistics(redis: connection)
+        invalidationWindow = SharedInvalidationWindow(redis: connection)
         rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
     }
 }

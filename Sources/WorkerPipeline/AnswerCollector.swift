@@ -59,7 +59,7 @@ final class AnswerCollector: Sendable {
     // MARK: sender thread
 
     func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
-        if result.response != nil { progress.countAnswer() }
+        if let response = result.response { progress.countAnswer(response) }
         // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an
         // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
         let reasonLabel = result.response?.reason?.label

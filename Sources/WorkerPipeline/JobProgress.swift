@@ -21,8 +21,8 @@ final class JobProgress: @unchecked Sendable {
     /// Not handed to APNs by the job's deadline: not sent.
     private(set) var expired = 0
 
-    /// Answers APNs gave in this attempt (notifications with an HTTP status, whatever it was).
-    private(set) var answered = 0
+    /// Answers of this attempt that judge a token (200, 410, 400 mismatch: `MassInvalidationGuard.judgesToken`).
+    private(set) var judged = 0
     /// 400 mismatch answers the mass-invalidation guard held back: no token removed, no event (see `applyGuard`).
     private(set) var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
 
@@ -63,7 +63,9 @@ final class JobProgress: @unchecked Sendable {
         noteFinal(index)
     }
 
-    func countAnswer() { answered += 1 }
+    func countAnswer(_ response: APNsResponse) {
+        if MassInvalidationGuard.judgesToken(response) { judged += 1 }
+    }
 
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
@@ -91,7 +93,7 @@ final class JobProgress: @unchecked Sendable {
     /// A redelivered job: what the idempotency record says an earlier delivery already settled. Those answers
     /// count for the guard, and the dead tokens among them are published again (their events may not have been).
     func restore(settled: Int, dead restored: [(target: DeviceTarget, response: APNsResponse)]) {
-        answered += settled
+        judged += settled
         dead += restored
     }
 
@@ -116,17 +118,23 @@ final class JobProgress: @unchecked Sendable {
         return count
     }
 
-    /// Whether `applyGuard` ran: a job whose publishes are made again is judged once.
-    private var guardApplied = false
+    /// Whether the guard judged this job: a job whose publishes are made again is judged once.
+    private(set) var guardApplied = false
+    /// Who held its mismatches back, if anyone did.
+    private(set) var heldBackBy: MassInvalidationGuard.Verdict = .remove
 
-    /// Once every outcome is in: moves the 400 mismatch answers out of `dead` into `heldBack` if the guard says they
-    /// look like a configuration mistake rather than dead tokens. Returns how many it held back; nil if it had run.
-    func applyGuard(_ invalidationGuard: MassInvalidationGuard) -> Int? {
-        guard !guardApplied else { return nil }
+    /// What this job's answers say for the guard.
+    var invalidationCounts: InvalidationCounts {
+        InvalidationCounts(mismatches: dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count, judged: judged)
+    }
+
+    /// Once every outcome is in, the guard's verdict: held back, the 400 mismatch answers move out of `dead` into
+    /// `heldBack` (no removal, no event). Returns how many it held back.
+    func applyGuard(_ verdict: MassInvalidationGuard.Verdict) -> Int {
         guardApplied = true
-        let mismatches = dead.filter { APNsOutcome.isTokenMismatch($0.response) }
-        guard invalidationGuard.holdsBack(mismatches: mismatches.count, answers: answered) else { return 0 }
-        heldBack = mismatches
+        heldBackBy = verdict
+        guard verdict != .remove else { return 0 }
+        heldBack = dead.filter { APNsOutcome.isTokenMismatch($0.response) }
         dead.removeAll { APNsOutcome.isTokenMismatch($0.response) }
         return heldBack.count
     }
@@ -138,8 +146,11 @@ final class JobProgress: @unchecked Sendable {
         for held in heldBack { reasons[held.response.reason?.rawValue ?? "", default: 0] += 1 }
         let counts = reasons.keys.sorted().map { "\(reasons[$0]!) \($0)" }.joined(separator: ", ")
         let environments = Set(heldBack.map(\.target.environment.rawValue)).sorted().joined(separator: ", ")
-        return "\(heldBack.count) of \(answered) answers were 400 (\(counts)): most likely a wrong topic (\(job.topic)) "
-            + "or APNs endpoint for \(environments), not dead tokens; no token removed, no dead-token event published"
+        let seen = heldBackBy == .heldBackByFleet
+            ? "the fleet's recent answers are mostly 400 too, and this job's \(heldBack.count) 400s (\(counts)) are held back"
+            : "\(heldBack.count) of the \(judged) answers that judge a token were 400 (\(counts))"
+        return seen + ": most likely a wrong topic (\(job.topic)) or APNs endpoint for \(environments), not dead tokens; "
+            + "no token removed, no dead-token event published"
     }
 
     /// The summary a job's sender can ask for (reply_to), as JSON. `retrying`: the retryable ones were scheduled

@@ -195,6 +195,14 @@ public protocol RateLimiter {
     func reserve(urgent: Int, bulk: Int) throws -> RateReservation
 }
 
+/// The fleet's recent answers that judge a token, shared by every worker: what the mass-invalidation guard weighs a
+/// wave of 400 mismatches spread over many small jobs by.
+public protocol InvalidationWindow {
+    /// Adds answers to the window and returns its totals, these included; nil when the store refused (a key of the
+    /// wrong type: the guard then removes nothing on a guess). Only a lost connection throws.
+    func add(_ counts: InvalidationCounts) throws -> InvalidationCounts?
+}
+
 /// Where the fleet's counters and live workers are kept.
 public protocol StatisticsSink {
     /// Adds what happened since the last report, and per lane the longest a job taken since then had waited in its
@@ -240,14 +248,16 @@ public struct WorkerSession {
     public var record: any IdempotencyRecord
     public var statistics: any StatisticsSink
     public var rateLimiter: (any RateLimiter)?
+    public var invalidationWindow: any InvalidationWindow
     /// The store's round trip, for readiness.
     public var store: any Probing
     /// For the log line that says the worker consumes.
     public var logMetadata: [String: String]
 
     public init(broker: any JobBroker, tokens: any TokenStore, record: any IdempotencyRecord,
-                statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?, store: any Probing,
-                logMetadata: [String: String]) {
+                statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
+                invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String]) {
+        self.invalidationWindow = invalidationWindow
         self.broker = broker
         self.tokens = tokens
         self.record = record

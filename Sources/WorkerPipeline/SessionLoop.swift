@@ -23,6 +23,9 @@ final class SessionLoop {
     private var held = HeldPublishes()
     private var suspects = SuspectQueue()
     private var lastProgress: (at: Date, snapshot: WorkerStatistics.Snapshot)
+    /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
+    /// has mismatches to weigh, or with the statistics report.
+    private var unsharedAnswers = InvalidationCounts()
 
     private var statistics: WorkerStatistics { worker.statistics }
     private var logger: Logger { worker.logger }
@@ -103,6 +106,7 @@ final class SessionLoop {
             worker.markAlive()
             core.handle(.probed(now))
         case .reportStatistics:
+            if unsharedAnswers.judged > 0 { _ = try shareAnswers() }
             if let refused = try worker.reportStatistics(to: session.statistics) {
                 statistics.countDataError("statistics")
                 logger.warning("Redis refused the shared statistics", ["redis.error": refused])
@@ -394,8 +398,8 @@ final class SessionLoop {
     /// is held for another try. Returns how many jobs it settled.
     private func finish(_ finished: [JobProgress]) throws -> Int {
         let now = Date().timeIntervalSince1970
+        try weighMismatches(finished.filter { !$0.guardApplied })
         let plans = finished.map { progress in
-            weighMismatches(progress)
             let decision = retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
                                               suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
                                               deadline: progress.job.deadline, now: now)
@@ -472,22 +476,56 @@ final class SessionLoop {
                                   "job.retryable": String(progress.retryable.count)])
     }
 
-    /// The mass-invalidation guard, once a job's outcomes are all in: its 400 mismatch answers either count as dead
-    /// tokens (removed, with events) or, when they look like a configuration mistake, are held back, logged at error
-    /// level and counted. 410s are never held back.
-    private func weighMismatches(_ progress: JobProgress) {
-        guard let heldBack = progress.applyGuard(worker.settings.invalidationGuard) else { return }
-        statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
-                                  ordering: .relaxed)
-        guard heldBack > 0 else { return }
-        statistics.heldBack.add(heldBack, ordering: .relaxed)
-        statistics.invalidationGuardTrips.add(1, ordering: .relaxed)
-        let reasons = Set(progress.heldBack.compactMap { $0.response.reason?.rawValue }).sorted().joined(separator: ",")
-        logger.error("mass invalidation guard: 400 answers held back as a configuration error, no token removed", [
-            "job.id": progress.job.id, "apns.reason": reasons, "apns.topic": progress.job.topic,
-            "job.held_back": String(heldBack), "job.answers": String(progress.answered),
-            "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? "",
-        ])
+    /// The mass-invalidation guard, once jobs' outcomes are all in: their 400 mismatch answers either count as dead
+    /// tokens (removed, with events) or, when the job's answers or the fleet's recent ones look like a configuration
+    /// mistake, are held back, logged at error level and counted. 410s are never held back. The fleet's window is
+    /// asked only when there are mismatches to weigh.
+    private func weighMismatches(_ jobs: [JobProgress]) throws {
+        let batch = jobs.reduce(InvalidationCounts()) { $0 + $1.invalidationCounts }
+        unsharedAnswers = unsharedAnswers + batch
+        let fleet = batch.mismatches > 0 ? try shareAnswers() : nil
+        if batch.mismatches > 0 { noteFleetGuard(fleet) }
+        for progress in jobs {
+            let verdict = worker.settings.invalidationGuard.verdict(job: progress.invalidationCounts, fleet: fleet)
+            let heldBack = progress.applyGuard(verdict)
+            statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
+                                      ordering: .relaxed)
+            guard heldBack > 0 else { continue }
+            statistics.heldBack.add(heldBack, ordering: .relaxed)
+            guard verdict == .heldBackByJob else { continue }
+            statistics.invalidationGuardTrips.add(1, ordering: .relaxed)
+            let reasons = Set(progress.heldBack.compactMap { $0.response.reason?.rawValue }).sorted().joined(separator: ",")
+            logger.error("mass invalidation guard: 400 answers held back as a configuration error, no token removed", [
+                "job.id": progress.job.id, "apns.reason": reasons, "apns.topic": progress.job.topic,
+                "job.held_back": String(heldBack), "job.judged": String(progress.judged),
+                "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? "",
+            ])
+        }
+    }
+
+    /// Adds the answers not yet shared to the fleet's window; returns its totals (nil: the store refused).
+    private func shareAnswers() throws -> InvalidationCounts? {
+        let totals = try session.invalidationWindow.add(unsharedAnswers)
+        unsharedAnswers = InvalidationCounts()
+        if totals == nil { statistics.countDataError("invalidation_window") }
+        return totals
+    }
+
+    /// The fleet guard's state as this worker last saw it: a trip and its end are logged once, not per job.
+    private func noteFleetGuard(_ fleet: InvalidationCounts?) {
+        let tripped = fleet.map(worker.settings.invalidationGuard.holdsBack) ?? true
+        guard statistics.fleetGuardTripped.exchange(tripped, ordering: .relaxed) != tripped else { return }
+        if tripped {
+            statistics.invalidationGuardFleetTrips.add(1, ordering: .relaxed)
+            logger.error("mass invalidation guard (fleet): 400 answers across the fleet look like a configuration error; "
+                         + "no worker removes tokens for them until their share falls", [
+                "guard.mismatches": fleet.map { String($0.mismatches) } ?? "unreadable",
+                "guard.judged": fleet.map { String($0.judged) } ?? "unreadable",
+            ])
+        } else {
+            logger.warning("mass invalidation guard (fleet): the share of 400 answers fell back; mismatches count again",
+                           ["guard.mismatches": String(fleet?.mismatches ?? 0), "guard.judged": String(fleet?.judged ?? 0)])
+        }
     }
 
     /// Adds final outcomes to the idempotency record. A record the store refuses concerns that job only: logged and

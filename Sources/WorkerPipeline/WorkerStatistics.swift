@@ -13,6 +13,9 @@ public final class WorkerStatistics: Sendable {
     /// event), and the jobs in which it did.
     public let heldBack = Atomic<Int>(0)
     public let invalidationGuardTrips = Atomic<Int>(0)
+    /// The fleet's window, as this worker last weighed it: tripped or not, and how often it went from not to tripped.
+    public let fleetGuardTripped = Atomic<Bool>(false)
+    public let invalidationGuardFleetTrips = Atomic<Int>(0)
     /// Jobs delivered more often than allowed, parked unread (also counted as rejected).
     public let poisonJobs = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
@@ -108,6 +111,13 @@ public final class WorkerStatistics: Sendable {
         metrics.counter("apns_worker_invalidation_guard_trips_total",
                         "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
                             + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
+        metrics.gauge("apns_worker_invalidation_guard_fleet_tripped",
+                      "1 while the fleet's recent 400 BadDeviceToken/DeviceTokenNotForTopic answers are held back as a "
+                        + "likely configuration error (as this worker last weighed them), else 0.",
+                      fleetGuardTripped.load(ordering: .relaxed) ? 1 : 0)
+        metrics.counter("apns_worker_invalidation_guard_fleet_trips_total",
+                        "Times this worker found the fleet's window tripped after it was not.",
+                        load(invalidationGuardFleetTrips))
         metrics.counter("apns_worker_poison_jobs_total",
                         "Jobs delivered more often than the delivery limit allows, parked on the failed queue unread.",
                         load(poisonJobs))

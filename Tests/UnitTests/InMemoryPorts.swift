@@ -24,6 +24,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
         var reports = 0
+        /// The fleet's window of token-judging answers; nil makes the store refuse it.
+        var invalidationWindow: InvalidationCounts? = InvalidationCounts()
         /// Permits per reservation per lane (nil: no limit).
         var permitsPerWindow: Int?
         // Sender
@@ -80,7 +82,7 @@ final class InMemoryFleet: @unchecked Sendable {
     func session() -> WorkerSession {
         WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
                       statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(self),
-                      store: InMemoryBroker(self), logMetadata: [:])
+                      invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:])
     }
 
     /// Answers held back by the sender go out now, and from now on answers go out at once.
@@ -207,6 +209,20 @@ final class InMemoryRateLimiter: RateLimiter {
             return .granted(urgent: urgent, bulk: bulk, nextWindowIn: 0)
         }
         return .granted(urgent: min(urgent, permits), bulk: min(bulk, permits), nextWindowIn: 0.01)
+    }
+}
+
+/// The fleet's window with no time: it holds whatever was added (a test starts it where it wants).
+final class InMemoryInvalidationWindow: InvalidationWindow {
+    private let fleet: InMemoryFleet
+
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
+        fleet.change { state in
+            state.invalidationWindow = state.invalidationWindow.map { $0 + counts }
+            return state.invalidationWindow
+        }
     }
 }
 

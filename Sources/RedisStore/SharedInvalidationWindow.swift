@@ -1,0 +1,49 @@
+import Redis
+import WorkerPipeline
+
+/// The fleet's token-judging answers over the last `seconds` seconds, in one-second buckets keyed by Redis's own clock
+/// (`apns:guard:<unix second>`, a hash of `mismatches` and `judged`, kept a little longer than the window): every
+/// worker adds its answers and reads the totals in one atomic script call.
+public struct SharedInvalidationWindow: InvalidationWindow {
+    public static let keyPrefix = "apns:guard"
+    public static let seconds = 60
+
+    static let script = """
+        local now = tonumber(redis.call('TIME')[1])
+        local window = tonumber(ARGV[3])
+        if tonumber(ARGV[2]) > 0 then
+            local key = KEYS[1] .. ':' .. now
+            redis.call('HINCRBY', key, 'mismatches', ARGV[1])
+            redis.call('HINCRBY', key, 'judged', ARGV[2])
+            redis.call('EXPIRE', key, window + 5)
+        end
+        local mismatches, judged = 0, 0
+        for second = now - window + 1, now do
+            local bucket = redis.call('HMGET', KEYS[1] .. ':' .. second, 'mismatches', 'judged')
+            mismatches = mismatches + tonumber(bucket[1] or '0')
+            judged = judged + tonumber(bucket[2] or '0')
+        end
+        return {mismatches, judged}
+        """
+
+    private let redis: RedisConnection
+    private let prefix: String
+
+    public init(redis: RedisConnection, keyPrefix: String = SharedInvalidationWindow.keyPrefix) {
+        self.redis = redis
+        self.prefix = keyPrefix
+    }
+
+    /// Adds `counts` (nothing when it judged nothing) and returns the window's totals; nil when Redis refused the
+    /// script (a bucket of the wrong type). Only a lost connection throws.
+    public func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
+        let reply = try redis.command(["EVAL", Self.script, "1", prefix, String(counts.mismatches), String(counts.judged),
+                                       String(Self.seconds)])
+        let values = reply.elements.compactMap(\.integer)
+        guard values.count == 2 else { return nil }
+        return InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1]))
+    }
+
+    /// The window's totals, adding nothing.
+    public func totals() throws -> InvalidationCounts? { try add(InvalidationCounts()) }
+}
