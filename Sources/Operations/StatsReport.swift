@@ -35,6 +35,12 @@ public struct StatsReport: Sendable {
     public var totals: [String: Int]
     public var windowMinutes: Int
     public var workers: [String]
+    /// The mass-invalidation guard's window across the fleet (nil: unreadable), and the guard it is weighed by.
+    public var invalidationWindow: InvalidationCounts?
+    public var invalidationGuard: MassInvalidationGuard
+
+    /// Whether the workers hold 400 mismatches back now (an unreadable window holds them back too).
+    public var guardTripped: Bool { invalidationWindow.map(invalidationGuard.holdsBack) ?? true }
 
     public static func collect(_ configuration: WorkerConfiguration, windowMinutes: Int) throws -> StatsReport {
         let amqp = try configuration.broker.nodes.connect(heartbeat: 0, caFile: configuration.broker.caFile)
@@ -61,7 +67,9 @@ public struct StatsReport: Sendable {
                  sent: shared.totals["\(lane.rawValue)_sent"] ?? 0, longestWaitMilliseconds: shared.longestWait[lane])
         }
         return StatsReport(lanes: lanes, queues: queues, totals: shared.totals, windowMinutes: windowMinutes,
-                           workers: shared.workers.sorted())
+                           workers: shared.workers.sorted(),
+                           invalidationWindow: try SharedInvalidationWindow(redis: redis).totals(),
+                           invalidationGuard: configuration.pipeline.invalidationGuard)
     }
 
     public var text: String {
@@ -99,6 +107,8 @@ public struct StatsReport: Sendable {
                          + String(format: "  %9.1f", Double(total) / seconds))
         }
         lines.append("")
+        lines.append("INVALIDATION GUARD (all workers, last \(SharedInvalidationWindow.seconds) s): " + guardLine)
+        lines.append("")
         lines.append("WORKERS ALIVE (reported in the last 30 s): \(workers.count)")
         for worker in workers { lines.append("  \(worker)") }
         return lines.joined(separator: "\n")
@@ -119,8 +129,22 @@ public struct StatsReport: Sendable {
         }.joined(separator: ",")
         let totalText = WorkerStatistics.Snapshot.fieldNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }.joined(separator: ",")
         let workerText = workers.map(JSONString.quote).joined(separator: ",")
+        let window = invalidationWindow.map { "{\"mismatches\":\($0.mismatches),\"judged\":\($0.judged)}" } ?? "null"
+        let guardText = "{\"tripped\":\(guardTripped),\"window_seconds\":\(SharedInvalidationWindow.seconds),"
+            + "\"window\":\(window),\"threshold\":\(invalidationGuard.threshold),\"share\":\(invalidationGuard.share)}"
         return "{\"lanes\":[\(laneText)],\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
-            + "\"workers\":[\(workerText)]}"
+            + "\"workers\":[\(workerText)],\"invalidation_guard\":\(guardText)}"
+    }
+
+    /// The guard's state in one line: what the window holds, what trips it, and whether it holds 400s back now.
+    private var guardLine: String {
+        let rule = "trips at \(invalidationGuard.threshold) or more over \(Int((invalidationGuard.share * 100).rounded()))%"
+        guard let window = invalidationWindow else {
+            return "window unreadable (a key of the wrong type under \(SharedInvalidationWindow.keyPrefix)): 400s held back"
+        }
+        let state = guardTripped ? "TRIPPED: no worker removes tokens for 400 BadDeviceToken/DeviceTokenNotForTopic"
+            : "not tripped"
+        return "\(window.mismatches) 400 mismatches of \(window.judged) token-judging answers (\(rule)): \(state)"
     }
 
 }

@@ -27,6 +27,22 @@ enum TestServices {
     static func amqpURL() throws -> AMQPURL { try AMQPURL(value("AMQP_URL")) }
     static func redisURL() throws -> RedisURL { try RedisURL(value("REDIS_URL")) }
 
+    /// Redis databases a test holds alone (others: 8 to 15, each named where it is used). The fleet's invalidation
+    /// window is one per Redis database, and a test that sends waves of 400 mismatches (or counts on none) must not
+    /// meet another test's answers there.
+    enum IsolatedDatabase: Int {
+        case wrongEnvironmentCampaign = 1, siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs,
+             diluted
+    }
+
+    /// The REDIS_URL of `database`, emptied, with a connection to it.
+    static func isolatedRedis(_ database: IsolatedDatabase) throws -> (url: String, connection: RedisConnection) {
+        let url = try redisURL().withDatabase(database.rawValue)
+        let connection = try RedisConnection(url: url)
+        _ = try connection.command(["FLUSHDB"])
+        return (url.description(revealingPassword: true), connection)
+    }
+
     /// Names no other test (or earlier run) uses.
     static func unique(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
 

@@ -112,7 +112,8 @@ import WorkerPipeline
         let port = try #require(listening.split(separator: ":").last.map(String.init))
 
         let users = (0..<100).map { _ in TestServices.unique("fan") }
-        let redis = try RedisConnection(url: TestServices.redisURL())
+        let (redisURL, redis) = try TestServices.isolatedRedis(reason == "BadDeviceToken" ? .wrongEnvironmentCampaign
+                                                                   : .siblingTopicCampaign)
         _ = try redis.pipeline(zip(users, tokens).map { ["HSET", TokenCache.key(forUser: $0), $1, "production"] })
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
@@ -124,7 +125,7 @@ import WorkerPipeline
             "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
             "APNS_TOPIC": reason == "BadDeviceToken" ? "com.example.app" : "com.example.other",
             "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead, "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
-            "LOG_LEVEL": "info",
+            "LOG_LEVEL": "info", "REDIS_URL": redisURL,
         ])
         defer { _ = worker.stop() }
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
@@ -141,7 +142,7 @@ import WorkerPipeline
         let remaining = try redis.pipeline(users.map { ["HLEN", TokenCache.key(forUser: $0)] }).compactMap(\.integer)
         #expect(remaining == Array(repeating: 1, count: 100), "every user keeps the token")
 
-        let line = worker.waitForLine(containing: "mass invalidation guard")
+        let line = worker.waitForLine(containing: "mass invalidation guard: 400 answers held back")
         #expect(line?.contains("\"level\":\"error\"") == true, "\(line ?? "no log line")")
         #expect(line?.contains("campaign-\(prefix)") == true && line?.contains(reason) == true, "\(line ?? "")")
         let metrics = try TestServices.httpGet(port: metricsPort, "/metrics").body
@@ -152,7 +153,7 @@ import WorkerPipeline
     }
 
     /// 410s are Apple's word about one token: never held back, even in numbers and beside a held-back wave of 400s.
-    /// Below the threshold, 400 mismatches still remove their tokens.
+    /// Below the threshold, and before any wave, 400 mismatches still remove their tokens.
     @Test func genuineUnregisteredTokensAreAlwaysRemovedWithEvents() throws {
         let unregistered = Self.tokens("a4100001", 40)
         let mismatched = Self.tokens("a4000001", 32)
@@ -165,26 +166,31 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         // Every token lives under a user of its own, registered before it died.
         let owners = Dictionary(uniqueKeysWithValues: (unregistered + mismatched + live).map { ($0, TestServices.unique("u")) })
-        let redis = try RedisConnection(url: TestServices.redisURL())
+        let (redisURL, redis) = try TestServices.isolatedRedis(.genuineTokens)
         _ = try redis.pipeline(owners.map { ["HSET", TokenCache.key(forUser: $1), $0, "production"] })
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
         let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs,
-                                                                         ["PUSH_DEAD_TOKENS_QUEUE": dead]), logger: logger)
+                                                                         ["PUSH_DEAD_TOKENS_QUEUE": dead,
+                                                                          "REDIS_URL": redisURL]), logger: logger)
         defer { worker.stop() }
         func users(_ tokens: some Sequence<String>) -> String { tokens.map { "\"\(owners[$0]!)\"" }.joined(separator: ",") }
-        // 25 410s alone; a job of 30 mismatches, 15 410s and 5 deliveries (the 400s are held back, the 410s are
-        // not); 2 mismatches beside 2 deliveries (under the threshold: dead tokens).
+        // First, alone: 2 mismatches beside 2 deliveries (under the threshold, in the job and in the fleet's window:
+        // dead tokens). Then 25 410s alone, and a job of 30 mismatches, 15 410s and 5 deliveries (the 400s are held
+        // back, the 410s are not).
+        let few = #"{"id": "few", "users": [\#(users(mismatched[30..<32] + live[0..<2]))], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(few.utf8), properties: AMQPProperties(replyTo: replies))
+        var read = try replyReader.read(1)
         let bodies = [
             #"{"id": "gone", "users": [\#(users(unregistered[0..<25]))], "payload": {"aps": {}}}"#,
             #"{"id": "mixed", "users": [\#(users(mismatched[0..<30] + unregistered[25..<40] + live))], "payload": {"aps": {}}}"#,
-            #"{"id": "few", "users": [\#(users(mismatched[30..<32] + live[0..<2]))], "payload": {"aps": {}}}"#,
         ]
         for body in bodies {
             try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         }
-        let summaries = Dictionary(uniqueKeysWithValues: try replyReader.read(3).map(Self.summary).map { ($0["job_id"] as! String, $0) })
+        read += try replyReader.read(2)
+        let summaries = Dictionary(uniqueKeysWithValues: try read.map(Self.summary).map { ($0["job_id"] as! String, $0) })
         #expect(summaries["gone"]?["dead"] as? Int == 25 && summaries["gone"]?["held_back"] as? Int == 0)
         #expect(summaries["mixed"]?["dead"] as? Int == 15 && summaries["mixed"]?["held_back"] as? Int == 30,
                 "\(summaries["mixed"] ?? [:])")
