@@ -167,8 +167,14 @@ public final class JobEnqueuer {
             progress.totalBytes = reader.totalBytes
             progress.elapsed = Date().timeIntervalSince(start)
         }
-        while let (line, body) = try reader.next() {
-            try enqueue(body, line: line)
+        while let entry = try nextEntry(&reader) {
+            switch entry {
+            case .job(let line, let body):
+                try enqueue(body, line: line)
+            case .overLimit(let line):
+                refuse(line: line, "over the \(reader.lineLimit)-byte message limit: refused as it passed it, the rest "
+                       + "of the line skipped")
+            }
             if Date().timeIntervalSince(lastReport) >= interval {
                 update()
                 report(progress)
@@ -178,6 +184,16 @@ public final class JobEnqueuer {
         try settle()
         update()
         report(progress)
+    }
+
+    /// The reader's next entry; when the input cannot be read on, what was published is confirmed first.
+    private func nextEntry(_ reader: inout JobReader) throws -> JobReader.Entry? {
+        do {
+            return try reader.next()
+        } catch let error as JobReaderError {
+            try settle()
+            throw error
+        }
     }
 
     private func refuse(line: Int, _ reason: String) {

@@ -84,17 +84,13 @@ func enqueueCommand(_ arguments: [String]) {
             bar.finish(enqueuer.progress)
         }
     } catch let error as JobReaderError {
-        fail("enqueue: \(error)", code: ExitCode.usage)
+        reportRefusals(of: enqueuer)
+        fail("enqueue: \(error) (\(enqueuer.progress.published) jobs were published before this)", code: ExitCode.usage)
     } catch {
         fail("enqueue: \(error) (\(enqueuer.progress.published) jobs were published before this)",
              code: ExitCode.unavailable)
     }
-    for refusal in enqueuer.refusals.prefix(100) {
-        FileHandle.standardError.write(Data("apns-worker: enqueue: refused \(refusal)\n".utf8))
-    }
-    if enqueuer.refusals.count > 100 {
-        FileHandle.standardError.write(Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
-    }
+    reportRefusals(of: enqueuer)
     print("published \(enqueuer.progress.published) jobs to \(enqueuer.queue), refused \(enqueuer.progress.refused)")
     if !enqueuer.refusals.isEmpty { exit(ExitCode.dataError) }
 }
@@ -150,4 +146,14 @@ final class ProgressBar {
     }
 
     private func write(_ text: String) { FileHandle.standardError.write(Data(text.utf8)) }
+}
+
+/// The first hundred refused lines with their reasons, on stderr.
+private func reportRefusals(of enqueuer: JobEnqueuer) {
+    for refusal in enqueuer.refusals.prefix(100) {
+        FileHandle.standardError.write(Data("apns-worker: enqueue: refused \(refusal)\n".utf8))
+    }
+    if enqueuer.refusals.count > 100 {
+        FileHandle.standardError.write(Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
+    }
 }

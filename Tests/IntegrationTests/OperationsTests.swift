@@ -117,6 +117,25 @@ import WorkerPipeline
         #expect(String(decoding: messages[1].body, as: UTF8.self).contains("\"two\""), "bodies published unchanged, in order")
     }
 
+    /// A line past the message limit is refused at once and skipped; one that never ends (`/dev/zero`) stops the
+    /// reading instead of filling memory, and the command says why.
+    @Test func enqueueRefusesAnEndlessLine() throws {
+        let jobs = TestServices.unique("jobs")
+        let huge = String(repeating: "x", count: (1 << 20) + 10)
+        let file = try TestServices.temporaryFile("long.jsonl", contents: """
+            \(huge)
+            {"users": ["u1"], "payload": {"aps": {"alert": "after"}}}
+            """)
+        let long = try Self.apnsWorker(["enqueue", file, "--no-progress"], environment: ["PUSH_JOBS_QUEUE": jobs])
+        #expect(long.status == 65 && long.output.contains("published 1 jobs"), "\(long.output) \(long.errors)")
+        #expect(long.errors.contains("refused line 1: over the 1048576-byte message limit"), "\(long.errors)")
+
+        let endless = try Self.apnsWorker(["enqueue", "/dev/zero", "--no-progress"], environment: ["PUSH_JOBS_QUEUE": jobs])
+        #expect(endless.status == 2, "\(endless.errors)")
+        #expect(endless.errors.contains("refused line 1: over the 1048576-byte message limit"), "\(endless.errors)")
+        #expect(endless.errors.contains("line 1 is over 64 MiB and still has no line end"), "\(endless.errors)")
+    }
+
     @Test func enqueueFromFlagsAndFromStdin() throws {
         let jobs = TestServices.unique("jobs")
         let reader = try QueueReader(jobs)
