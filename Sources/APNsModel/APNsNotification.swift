@@ -49,6 +49,12 @@ public struct APNsNotification: Sendable {
         guard valid else { throw .badDeviceToken(length: token.utf8.count) }
     }
 
+    /// A device token as the project keeps it: lower-case hex. Apple's tokens are case-insensitive hex, and one
+    /// device's token written in two cases would be two cache entries and two pushes. No copy when already lower.
+    public static func canonicalToken(_ token: String) -> String {
+        token.utf8.contains { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") } ? token.lowercased() : token
+    }
+
     static func isHexDigit(_ byte: UInt8) -> Bool {
         // 0-9, or a-f once ASCII letters are lowered (| 0x20 maps A-F onto a-f and nothing else onto them).
         byte &- 48 < 10 || (byte | 0x20) &- 97 < 6

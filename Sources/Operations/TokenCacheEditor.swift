@@ -26,7 +26,8 @@ public final class TokenCacheEditor {
     }
 
     /// The token belongs to `user` from now on, registered now (taken from another user who had it).
-    public func add(user: String, token: String, scope: TokenScope, deviceJSON: String?) throws -> String {
+    public func add(user: String, token written: String, scope: TokenScope, deviceJSON: String?) throws -> String {
+        let token = APNsNotification.canonicalToken(written)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let change = try cache.register([TokenRegistration(user: user, token: token, scope: scope, registeredAt: now,
                                                            deviceJSON: deviceJSON)])

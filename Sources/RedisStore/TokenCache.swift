@@ -29,25 +29,38 @@ public struct TokenCache: TokenStore {
 
         """
 
-    /// Atomic, so a registration landing between the check and the delete cannot be lost.
+    /// Atomic, so a registration landing between the check and the delete cannot be lost. Every spelling of the
+    /// token in the user's entry goes (other systems may have written one in upper case): each is judged as one.
     /// ARGV: user ("" for a token sent directly: its owner, if known), token, died-at ms (-1: unconditionally), then
     /// the cache values the entry must hold to be removed (none: any).
     static let removeUnlessRegisteredAfter = forgetFunction + """
         local user = ARGV[1]
-        if user == '' then user = redis.call('GET', 'apns:owner:' .. ARGV[2]) end
+        local wanted = string.lower(ARGV[2])
+        if user == '' then user = redis.call('GET', 'apns:owner:' .. ARGV[2]) or redis.call('GET', 'apns:owner:' .. wanted) end
         if not user then return 0 end
-        local registered = tonumber(redis.call('HGET', 'apns:registered:' .. user, ARGV[2]) or '0') or 0
         local died = tonumber(ARGV[3])
-        if died >= 0 and registered > died then return 0 end
-        local value = redis.call('HGET', 'apns:tokens:' .. user, ARGV[2])
-        if not value then forget(user, ARGV[2]) return 0 end
-        if #ARGV > 3 then
-          local serves = false
-          for index = 4, #ARGV do if ARGV[index] == value then serves = true end end
-          if not serves then return 0 end
+        local function removeOne(token)
+          local registered = tonumber(redis.call('HGET', 'apns:registered:' .. user, token) or '0') or 0
+          if died >= 0 and registered > died then return 0 end
+          local value = redis.call('HGET', 'apns:tokens:' .. user, token)
+          if not value then forget(user, token) return 0 end
+          if #ARGV > 3 then
+            local serves = false
+            for index = 4, #ARGV do if ARGV[index] == value then serves = true end end
+            if not serves then return 0 end
+          end
+          forget(user, token)
+          return 1
         end
-        forget(user, ARGV[2])
-        return 1
+        local spellings = {}
+        for _, field in ipairs(redis.call('HKEYS', 'apns:tokens:' .. user)) do
+          if string.lower(field) == wanted then table.insert(spellings, field) end
+        end
+        if #spellings == 0 then spellings = {ARGV[2]} end
+        local removed = 0
+        for _, token in ipairs(spellings) do removed = removed + removeOne(token) end
+        if removed > 0 then return 1 end
+        return 0
         """
 
     /// A registration: newer than what is known, it (re)writes the token under its user and moves it away from

@@ -50,7 +50,7 @@ public struct PushJob: Sendable, Equatable {
         let document = try parse(body, limits: limits)
         let ownID = try optionalString(document, "id")
         let users = try stringArray(document, "users")
-        let tokens = try stringArray(document, "tokens")
+        let tokens = try stringArray(document, "tokens").map(APNsNotification.canonicalToken)
         let retry = try retryState(document)
         try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
         let sending = try SendingOptions(document)

@@ -30,7 +30,8 @@ public struct RegistrationEvent: Sendable, Equatable {
 
         guard let user = try PushJob.optionalString(document, "user") else { throw .missingField("user") }
         guard !user.isEmpty, user.utf8.count <= 256 else { throw .badUser(field: "user") }
-        guard let token = try PushJob.optionalString(document, "token") else { throw .missingField("token") }
+        guard let written = try PushJob.optionalString(document, "token") else { throw .missingField("token") }
+        let token = APNsNotification.canonicalToken(written)
         do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
             throw .badToken(field: "token", error.description)
         }

@@ -1,5 +1,7 @@
+import APNsModel
+
 /// Which device tokens a job reaches: its own tokens, then those of its users' cached tokens that serve its topic,
-/// each token once, less what an earlier delivery of the same job already settled.
+/// each token once (whatever its case), less what an earlier delivery of the same job already settled.
 ///
 /// A user's tokens of other kinds (a VoIP token for an alert, another app's token) are never reached; a device named
 /// twice, or sitting under two users of a cache other systems feed, is sent to once.
@@ -45,9 +47,12 @@ public struct TargetResolver: Sendable, Equatable {
         for token in job.tokens where seen.insert(token).inserted {
             targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
         }
+        // Spellings of one token in two cases (written by other systems) are one device: sent to once, lower-case.
         for user in job.users {
-            for cached in resolved[user] ?? [] where matcher.serves(cached.scope) && seen.insert(cached.token).inserted {
-                targets.append(DeviceTarget(token: cached.token, environment: cached.scope.environment, user: user))
+            for cached in resolved[user] ?? [] where matcher.serves(cached.scope) {
+                let token = APNsNotification.canonicalToken(cached.token)
+                guard seen.insert(token).inserted else { continue }
+                targets.append(DeviceTarget(token: token, environment: cached.scope.environment, user: user))
             }
         }
         return targets

@@ -212,6 +212,33 @@ import WorkerPipeline
         #expect(try live.allSatisfy { try cached($0) })
     }
 
+    /// A token cached in two cases (other systems write the cache too) is one device: one push, and its 410 removes
+    /// every spelling.
+    @Test func spellingsOfOneTokenGetOnePushAndGoTogether() throws {
+        let lower = Self.tokens("abcdef01", 1)[0], upper = lower.uppercased()
+        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [lower: 1_732_900_000_000]), logger: logger)
+        defer { simulator.shutdown() }
+        let user = TestServices.unique("cases")
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        _ = try redis.pipeline([["HSET", TokenCache.key(forUser: user), upper, "production", lower, "production"]])
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let dead = TestServices.unique("dead")
+        let deadReader = try QueueReader(dead)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs,
+                                                                         ["PUSH_DEAD_TOKENS_QUEUE": dead]), logger: logger)
+        defer { worker.stop() }
+        let body = #"{"id": "cases", "users": ["\#(user)"], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let summary = try Self.summary(try #require(try replyReader.read(1).first))
+        #expect(summary["notifications"] as? Int == 1 && summary["dead"] as? Int == 1, "\(summary)")
+        #expect(simulator.received().map(\.deviceToken) == [lower], "one push, in lower case")
+        // The summary goes out with the event; the cache is changed once both are confirmed.
+        #expect(TestServices.waitUntil(timeout: 10) {
+            (try? redis.command(["HLEN", TokenCache.key(forUser: user)]).integer) == 0
+        }, "both spellings removed")
+        #expect(try deadReader.read(2, timeout: 1).count == 1, "one event")
+    }
+
     /// The app's backend registers each kind with its topic; the cleanup consumer keeps each dead-token event to
     /// the token of its topic.
     @Test func registrationsAndDeadTokenEventsKeepToTheirTopic() throws {

@@ -66,4 +66,12 @@ import WorkerPipeline
         #expect(resolver.jobsToLookUp([(again, unnamed)]).isEmpty, "a delivery tag names no job across deliveries")
         #expect(resolver.jobsToLookUp([(againWithMessageID, unnamed)]) == ["j"])
     }
+
+    @Test func spellingsOfOneTokenInTwoCasesAreOneLowerCaseTarget() throws {
+        let lower = Self.token(0xabc), upper = lower.uppercased()
+        let resolved = ["alice": [CachedToken(token: upper, scope: TokenScope(environment: .production)),
+                                  CachedToken(token: lower, scope: TokenScope(environment: .production))]]
+        let reached = resolver.targets(of: try job(users: ["alice"], tokens: [upper]), resolved: resolved).targets
+        #expect(reached.map(\.token) == [lower], "one device, one push, in lower case")
+    }
 }
