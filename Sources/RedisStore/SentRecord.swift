@@ -19,6 +19,9 @@ public struct SentRecord: IdempotencyRecord {
     /// Set while a worker runs a suspect job alone, `apns:alone:<key>`; deleted when the job settles. Found on the
     /// job's next delivery, it says the worker died with the job alone.
     public static func key(forAlone key: String) -> String { "apns:alone:" + key }
+    /// Deliveries of a message a worker gave back in an orderly stop, `apns:givenback:<key>`, kept as long as the
+    /// delivery counts: they do not count towards making the job a suspect.
+    public static func key(forGivenBack key: String) -> String { "apns:givenback:" + key }
 
     private let redis: RedisConnection
 
@@ -113,7 +116,25 @@ public struct SentRecord: IdempotencyRecord {
     public func settledAlone(_ key: String) throws { _ = try redis.command(["DEL", Self.key(forAlone: key)]) }
 
     public func forget(_ key: String) throws {
-        _ = try redis.command(["DEL", Self.key(forAlone: key), Self.key(forDeliveriesOf: key)])
+        _ = try redis.command(["DEL", Self.key(forAlone: key), Self.key(forDeliveriesOf: key), Self.key(forGivenBack: key)])
+    }
+
+    public func gaveBack(_ keys: [String]) throws {
+        guard !keys.isEmpty else { return }
+        _ = try redis.pipeline(keys.flatMap { key in
+            [["INCR", Self.key(forGivenBack: key)], ["EXPIRE", Self.key(forGivenBack: key), String(Self.deliveriesLifetime)]]
+        })
+    }
+
+    /// A count Redis cannot read (a key of the wrong type) is none: the job is judged by its deliveries alone.
+    public func givenBack(_ keys: [String]) throws -> [String: Int] {
+        guard !keys.isEmpty else { return [:] }
+        let reply = try redis.command(["MGET"] + keys.map(Self.key(forGivenBack:)))
+        var counts: [String: Int] = [:]
+        for (key, value) in zip(keys, reply.elements) {
+            if let count = value.text.flatMap({ Int($0) }), count > 0 { counts[key] = count }
+        }
+        return counts
     }
 
     public func diedAlone(_ keys: [String]) throws -> Set<String> {

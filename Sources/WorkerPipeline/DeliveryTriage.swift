@@ -59,6 +59,19 @@ public struct DeliveryTriage: Sendable, Equatable {
         return merged
     }
 
+    /// Deliveries that followed an orderly stop (the job given back unfinished) do not count: two rolling restarts
+    /// make no suspect. A job's first delivery always counts.
+    public func discounting(_ deliveries: [UInt64: Int], of batch: [JobDelivery],
+                            givenBack: [String: Int]) -> [UInt64: Int] {
+        guard !givenBack.isEmpty else { return deliveries }
+        var discounted = deliveries
+        for delivery in batch {
+            guard let count = deliveries[delivery.tag], let back = givenBack[Self.historyKey(delivery)] else { continue }
+            discounted[delivery.tag] = max(1, count - back)
+        }
+        return discounted
+    }
+
     /// The history keys of the jobs delivered more often than allowed: whether each died alone decides if it is poison.
     public func overLimit(_ batch: [JobDelivery], deliveries: [UInt64: Int]) -> [String] {
         batch.filter { (deliveries[$0.tag] ?? 1) > maximumDeliveries }.map(Self.historyKey)

@@ -165,6 +165,11 @@ public protocol IdempotencyRecord {
     func forget(_ key: String) throws
     /// The keys whose last delivery was started alone and never settled: the worker running it died.
     func diedAlone(_ keys: [String]) throws -> Set<String>
+    /// This worker gives these jobs back in an orderly stop (a SIGTERM, a rolling restart): their next delivery is
+    /// no sign of a job that stops workers.
+    func gaveBack(_ keys: [String]) throws
+    /// How many of each job's deliveries were given back in orderly stops.
+    func givenBack(_ keys: [String]) throws -> [String: Int]
 }
 
 /// What a rate limiter grants.

@@ -22,6 +22,7 @@ final class SessionLoop {
     private var unstartedBulk: [JobDelivery] = []
     private var held = HeldPublishes()
     private var suspects = SuspectQueue()
+    private var underWay = JobsUnderWay()
     private var lastProgress: (at: Date, snapshot: WorkerStatistics.Snapshot)
     /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
     /// has mismatches to weigh, or with the statistics report.
@@ -46,7 +47,7 @@ final class SessionLoop {
     /// store is lost.
     func serve() throws {
         // Ending this session is not dying: a suspect under way did not stop the worker.
-        defer { if let key = suspects.alone { try? session.record.settledAlone(key) } }
+        defer { if let key = suspects.alone?.key { try? session.record.settledAlone(key) } }
         while true {
             let completed = worker.answers.takeCompleted()
             let current = completed.filter { core.isCurrent(generation: $0.generation) }
@@ -61,7 +62,9 @@ final class SessionLoop {
                     logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstarted:
-                    for delivery in unstartedBulk + suspects.giveBack() { try session.broker.requeue(delivery.tag) }
+                    let unstarted = unstartedBulk + suspects.giveBack()
+                    try session.record.gaveBack(unstarted.map(DeliveryTriage.historyKey))
+                    for delivery in unstarted { try session.broker.requeue(delivery.tag) }
                     unstartedBulk.removeAll()
                 case .exit(let exit):
                     leave(exit)
@@ -127,6 +130,8 @@ final class SessionLoop {
         if case .deadlinePassed(let unfinished) = exit {
             logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
                            ["jobs.in_flight": String(unfinished)])
+            // Given back by an orderly stop: their next delivery is no sign of a job that stops workers.
+            try? session.record.gaveBack(underWay.deliveries.values.map(DeliveryTriage.historyKey))
         }
         _ = try? worker.reportStatistics(to: session.statistics)
         session.broker.close()
@@ -193,6 +198,10 @@ final class SessionLoop {
             }
             deliveries = triage.merging(counted, uncounted: uncounted, storeRedeliveries: redeliveries)
         }
+        if !deliveries.isEmpty {
+            let redelivered = batch.filter { deliveries[$0.tag] != nil }.map(DeliveryTriage.historyKey)
+            deliveries = triage.discounting(deliveries, of: batch, givenBack: try session.record.givenBack(redelivered))
+        }
         let overLimit = triage.overLimit(batch, deliveries: deliveries)
         let diedAlone = overLimit.isEmpty ? [] : try session.record.diedAlone(overLimit)
         let sorted = triage.sort(batch, deliveries: deliveries, diedAlone: diedAlone)
@@ -209,7 +218,7 @@ final class SessionLoop {
     /// After a turn's work: the suspect whose lone run settled is unmarked; the next suspect starts alone once
     /// nothing is in flight, and the jobs behind once no suspect is left.
     private func startSuspectOrWaiting() throws {
-        let (ended, next) = suspects.step(jobsInFlight: core.jobsInFlight, stopping: core.isStopping,
+        let (ended, next) = suspects.step(jobsInFlight: underWay.counts, stopping: core.isStopping,
                                           key: DeliveryTriage.historyKey)
         if let ended { try session.record.settledAlone(ended) }
         switch next {
@@ -247,6 +256,7 @@ final class SessionLoop {
         }
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
+            underWay.started(delivery)
             let settled = alreadySettled[job.id]
             let (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens,
                                                       alreadySettled: settled?.tokens ?? [])
@@ -427,7 +437,10 @@ final class SessionLoop {
         }
         try removeDeadTokens(confirmed.flatMap { job in job.plan.removals.map { (job.progress.job.id, $0) } })
         try hold(refused)
-        for job in confirmed { count(settled: job.progress, job.decision, parkedReason: job.plan.parkedReason) }
+        for job in confirmed {
+            count(settled: job.progress, job.decision, parkedReason: job.plan.parkedReason)
+            underWay.settled(job.progress.delivery.tag)
+        }
         try session.broker.acknowledge(confirmed.map(\.progress.delivery.tag))
         return confirmed.count
     }

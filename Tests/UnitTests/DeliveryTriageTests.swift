@@ -49,4 +49,11 @@ import WorkerPipeline
         #expect(reason.hasPrefix("delivered 6 times, more than the 5 allowed"))
         #expect(!reason.contains("WORKER_"))
     }
+
+    @Test func deliveriesGivenBackInOrderlyStopsDoNotCount() {
+        let batch = [delivery(1, messageID: "restarted", redelivered: true), delivery(2, messageID: "crashed", redelivered: true)]
+        let discounted = triage.discounting([1: 3, 2: 3], of: batch, givenBack: ["id:restarted": 2, "id:other": 5])
+        #expect(discounted == [1: 1, 2: 3])
+        #expect(triage.discounting([1: 2], of: batch, givenBack: ["id:restarted": 9]) == [1: 1], "the first delivery counts")
+    }
 }

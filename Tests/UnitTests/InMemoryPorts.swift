@@ -23,6 +23,9 @@ final class InMemoryFleet: @unchecked Sendable {
         var settled: [String: Settled] = [:]
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
+        var givenBack: [String: Int] = [:]
+        /// Every history key a worker marked as running alone, in order.
+        var startedAlone: [String] = []
         var reports = 0
         /// The fleet's window of token-judging answers; nil makes the store refuse it.
         var invalidationWindow: InvalidationCounts? = InvalidationCounts()
@@ -193,10 +196,17 @@ final class InMemoryRecord: IdempotencyRecord {
         }
     }
 
-    func startingAlone(_ key: String) throws { fleet.change { _ = $0.alone.insert(key) } }
+    func startingAlone(_ key: String) throws {
+        fleet.change { state in
+            state.alone.insert(key)
+            state.startedAlone.append(key)
+        }
+    }
     func settledAlone(_ key: String) throws { fleet.change { _ = $0.alone.remove(key) } }
     func forget(_ key: String) throws { fleet.change { _ = $0.redeliveries.removeValue(forKey: key) } }
     func diedAlone(_ keys: [String]) throws -> Set<String> { fleet.read { $0.alone.intersection(keys) } }
+    func gaveBack(_ keys: [String]) throws { fleet.change { state in for key in keys { state.givenBack[key, default: 0] += 1 } } }
+    func givenBack(_ keys: [String]) throws -> [String: Int] { fleet.read { $0.givenBack.filter { keys.contains($0.key) } } }
 }
 
 final class InMemoryRateLimiter: RateLimiter {
