@@ -35,12 +35,21 @@ public struct SentRecord: IdempotencyRecord {
         case .dead(let target, let response):
             return "\(target.token)|\(response.status)|\(response.timestamp.map(String.init) ?? "")|"
                 + "\(target.environment.rawValue)|\(response.reason?.label ?? "")|\(target.user ?? "")"
+        case .summarySent:
+            return summaryMember
         }
     }
+
+    /// Not hex, so never a token.
+    static let summaryMember = "summary"
 
     static func settled(_ members: [String]) -> Settled {
         var result = Settled()
         for member in members {
+            if member == summaryMember {
+                result.summarySent = true
+                continue
+            }
             guard member.contains("|") else {
                 result.tokens.insert(member)
                 continue

@@ -92,6 +92,9 @@ final class JobProgress: @unchecked Sendable {
 
     /// A redelivered job: what the idempotency record says an earlier delivery already settled. Those answers
     /// count for the guard, and the dead tokens among them are published again (their events may not have been).
+    /// Broker thread: the job's summary went out (in an earlier try of its publications, or an earlier delivery).
+    var summarySent = false
+
     func restore(settled: Int, dead restored: [(target: DeviceTarget, response: APNsResponse)]) {
         judged += settled
         dead += restored

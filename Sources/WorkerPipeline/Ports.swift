@@ -133,16 +133,21 @@ public protocol TokenStore {
 public enum SettledOutcome: Sendable, Equatable {
     case done(String)
     indirect case dead(DeviceTarget, APNsResponse)
+    /// The job's summary went to its reply_to queue: a redelivery publishes none.
+    case summarySent
 }
 
 /// What an earlier delivery of a job settled.
 public struct Settled: Sendable {
     public var tokens: Set<String>
     public var dead: [(target: DeviceTarget, response: APNsResponse)]
+    public var summarySent: Bool
 
-    public init(tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = []) {
+    public init(tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = [],
+                summarySent: Bool = false) {
         self.tokens = tokens
         self.dead = dead
+        self.summarySent = summarySent
     }
 }
 

@@ -263,7 +263,10 @@ final class SessionLoop {
             statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
                                        hasStableID: TargetResolver.hasStableID(job, delivery))
-            if let settled { progress.restore(settled: settled.tokens.count, dead: settled.dead) }
+            if let settled {
+                progress.restore(settled: settled.tokens.count, dead: settled.dead)
+                progress.summarySent = settled.summarySent
+            }
             if targets.isEmpty {
                 finishedAtOnce.append(progress)
             } else {
@@ -421,9 +424,15 @@ final class SessionLoop {
         var confirmed: [(progress: JobProgress, decision: RetryPolicy.Decision, plan: SettlementPlan)] = []
         var refused: [JobProgress] = []
         var offset = 0
+        var summariesSent: [(jobID: String, outcomes: [SettledOutcome])] = []
         for job in plans {
             let own = outcomes[offset..<offset + job.plan.publications.count]
             offset += job.plan.publications.count
+            if let summary = job.plan.summary, own[own.startIndex + summary] == .taken {
+                // Once out, never again: not when the job's other publications are made again, nor on a redelivery.
+                job.progress.summarySent = true
+                if job.progress.hasStableID { summariesSent.append((job.progress.job.id, [.summarySent])) }
+            }
             guard job.plan.isSafe(own) else {
                 refused.append(job.progress)
                 continue
@@ -435,6 +444,7 @@ final class SessionLoop {
                                ["job.id": job.progress.job.id, "amqp.reply_to": job.progress.delivery.properties.replyTo ?? ""])
             }
         }
+        if !summariesSent.isEmpty { try record(summariesSent) }
         try removeDeadTokens(confirmed.flatMap { job in job.plan.removals.map { (job.progress.job.id, $0) } })
         try hold(refused)
         for job in confirmed {

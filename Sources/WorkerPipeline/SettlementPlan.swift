@@ -7,7 +7,7 @@
 struct SettlementPlan {
     /// The job's publications: its dead-token events, then its retry or its parked copy, then its summary.
     let publications: [Publication]
-    /// The index of its summary among them, if its sender asked for one.
+    /// The index of its summary among them, if its sender asked for one and none went out before.
     let summary: Int?
     /// Cache entries to remove once the publications are safe: only an entry that still serves the job's topic in
     /// that environment goes (a token registered since for another kind or app is someone else's). Tokens sent
@@ -41,7 +41,7 @@ struct SettlementPlan {
             break
         }
         var summary: Int?
-        if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty {
+        if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, !progress.summarySent {
             summary = publications.count
             let retrying = if case .retry = retry { true } else { false }
             publications.append(Publication(

@@ -173,6 +173,7 @@ final class InMemoryRecord: IdempotencyRecord {
                     case .dead(let target, let response):
                         settled.tokens.insert(target.token)
                         settled.dead.append((target, response))
+                    case .summarySent: settled.summarySent = true
                     }
                 }
                 state.settled[jobID] = settled

@@ -189,6 +189,26 @@ import WorkerPipeline
     }
 }
 
+/// A job's summary (reply_to) goes out at most once.
+@Suite struct WorkerSummaryTests {
+    typealias Spec = WorkerTests
+
+    @Test func aSummaryIsRecordedAndARedeliveryPublishesNone() throws {
+        let fleet = InMemoryFleet()
+        let running = Spec.Running(fleet)
+        let first = fleet.deliver(Spec.job("summarised", tokens: [Spec.token(1)]), properties: MessageProperties(replyTo: "replies"))
+        #expect(fleet.wait { $0.acknowledged.contains(first) })
+        #expect(fleet.read { $0.published.map(\.destination) } == [.reply("replies")])
+        #expect(fleet.read { $0.settled["summarised"]?.summarySent } == true, "recorded before the job was acknowledged")
+        // The same job again (its worker died after the summary, before the acknowledgement): no second summary.
+        let again = fleet.deliver(Spec.job("summarised", tokens: [Spec.token(1)]), properties: MessageProperties(replyTo: "replies"),
+                                  redelivered: true)
+        #expect(fleet.wait { $0.acknowledged.contains(again) })
+        running.stop()
+        #expect(fleet.read { $0.published.count } == 1, "one summary in all")
+    }
+}
+
 /// Suspects (jobs that came back twice unsettled) over whole jobs.
 @Suite struct WorkerSuspectTests {
     typealias Spec = WorkerTests
