@@ -59,14 +59,15 @@ public final class TokenCleanup: Service {
     private let logger: Logger
     private let wakeup = Wakeup()
     private let stopRequested = Atomic<Bool>(false)
-    private let ready = Atomic<Bool>(false)
+    private let readiness = RoundTripReadiness()
 
     public init(configuration: WorkerConfiguration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
     }
 
-    public var isReady: Bool { ready.load(ordering: .relaxed) }
+    /// Consuming, and the broker and Redis answered a round trip within the last few seconds.
+    public var isReady: Bool { readiness.isReady }
 
     public var metricsText: String { statistics.prometheusText(ready: isReady) }
 
@@ -100,27 +101,27 @@ public final class TokenCleanup: Service {
             let deadTag = try amqp.consume(names.deadTokens)
             try amqp.consume(names.registrations)
             // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
-            ready.store(true, ordering: .relaxed)
+            readiness.consuming(true)
             logger.info("cleanup consuming", ["amqp.url": amqp.url.description,
                                               "amqp.queue.dead_tokens": names.deadTokens,
                                               "amqp.queue.registrations": names.registrations,
                                               "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
             connected()
-            let finished = try serve(amqp, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
+            let finished = try serve(amqp, redis, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
                                      untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
-            ready.store(false, ordering: .relaxed)
+            readiness.consuming(false)
             return finished
         }, giveUp: { error, connectedOnce in
             if untilIdle { return error }
             return connectedOnce ? nil : StartupError(permanent: error)
         }, lost: {
-            ready.store(false, ordering: .relaxed)
+            readiness.consuming(false)
         })
     }
 
     /// Returns true when done (stopped, or idle in `untilIdle` mode).
-    private func serve(_ amqp: AMQPConnection, _ tokens: TokenCache, deadTag: String, untilIdle: Bool,
-                       idleSeconds: Double, nextSweep: inout Date) throws -> Bool {
+    private func serve(_ amqp: AMQPConnection, _ redis: RedisConnection, _ tokens: TokenCache, deadTag: String,
+                       untilIdle: Bool, idleSeconds: Double, nextSweep: inout Date) throws -> Bool {
         var idleSince = Date()
         var swept = false
         while !stopRequested.load(ordering: .acquiring) {
@@ -130,6 +131,8 @@ public final class TokenCleanup: Service {
             }
             if !batch.isEmpty {
                 try apply(batch, amqp: amqp, tokens: tokens, deadTag: deadTag)
+                // A batch applied is a round trip to Redis and to the broker that answered.
+                readiness.answered()
                 idleSince = Date()
                 continue
             }
@@ -140,9 +143,16 @@ public final class TokenCleanup: Service {
                 nextSweep = Date().addingTimeInterval(configuration.cleanup.sweepInterval)
             }
             if untilIdle && swept && Date().timeIntervalSince(idleSince) >= idleSeconds { return true }
+            if readiness.probeDue {
+                // A round trip to each: one that does not answer within its timeout ends this session (reconnect).
+                try redis.ping()
+                _ = try amqp.queueStatus(configuration.broker.queues.deadTokens)
+                readiness.answered()
+            }
             if !amqp.hasBufferedInput {
                 let untilSweep = max(0.001, nextSweep.timeIntervalSinceNow)
-                wakeup.wait(alsoReadable: amqp.socketDescriptor, timeout: min(untilIdle ? idleSeconds : 60, untilSweep))
+                wakeup.wait(alsoReadable: amqp.socketDescriptor,
+                            timeout: min(untilIdle ? idleSeconds : RoundTripReadiness.probeInterval, untilSweep))
             }
         }
         return true

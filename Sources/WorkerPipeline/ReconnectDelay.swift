@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Telemetry
 
 /// How long to wait before reconnecting to the broker or Redis after `failures` failures in a row: from 0.25 s
@@ -71,5 +72,38 @@ public struct ReconnectLoop {
                 wakeup.wait(timeout: delay)
             }
         }
+    }
+}
+
+/// Readiness built on round trips: a program that consumes says it is ready only while its broker and store answered
+/// within the last `window` seconds (a round trip each, `probeInterval` apart), so /readyz goes stale when either
+/// stops answering, not only when a connection drops.
+public final class RoundTripReadiness: Sendable {
+    public static let window = 3.0
+    public static let probeInterval = 1.0
+
+    private let consuming = Atomic<Bool>(false)
+    /// When the last round trips answered (monotonic nanoseconds).
+    private let lastAnswered = Atomic<UInt64>(0)
+
+    public init() {}
+
+    public var isReady: Bool {
+        let since = Double(DispatchTime.now().uptimeNanoseconds &- lastAnswered.load(ordering: .relaxed)) / 1e9
+        return consuming.load(ordering: .relaxed) && since < Self.window
+    }
+
+    /// Whether a round trip is due (more than `probeInterval` since the last that answered).
+    public var probeDue: Bool {
+        Double(DispatchTime.now().uptimeNanoseconds &- lastAnswered.load(ordering: .relaxed)) / 1e9 >= Self.probeInterval
+    }
+
+    /// The broker and the store just answered.
+    public func answered() { lastAnswered.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) }
+
+    /// Consuming from now on (the connections just answered), or no longer.
+    public func consuming(_ flag: Bool) {
+        if flag { answered() }
+        consuming.store(flag, ordering: .relaxed)
     }
 }

@@ -49,8 +49,6 @@ public final class Worker: Service {
     public static let undeliveredHeader = "x-apns-worker-undelivered"
     /// How this process appears in the fleet's statistics and in `apns-worker stats`.
     public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
-    /// /readyz says not ready once the broker or the store has not answered for this long.
-    static let readinessWindow = 3.0
 
     public let settings: WorkerSettings
     public let statistics = WorkerStatistics()
@@ -60,9 +58,7 @@ public final class Worker: Service {
     let wakeup = Wakeup()
     private let connect: @Sendable () throws -> WorkerSession
     private let stopRequested = Atomic<Bool>(false)
-    private let consuming = Atomic<Bool>(false)
-    /// When the broker and the store last answered a round trip (monotonic nanoseconds).
-    private let lastAlive = Atomic<UInt64>(0)
+    private let readiness = RoundTripReadiness()
     /// The counters already added to the fleet's statistics (across sessions; the broker thread's alone).
     private let reportedThrough: Locked<WorkerStatistics.Snapshot>
 
@@ -78,12 +74,9 @@ public final class Worker: Service {
         reportedThrough = Locked(statistics.snapshot())
     }
 
-    /// Whether the worker can work now: consuming, the broker and the store answering (a round trip within the last
-    /// `readinessWindow` seconds), and an APNs connection open.
-    public var isReady: Bool {
-        let sinceAlive = Double(DispatchTime.now().uptimeNanoseconds &- lastAlive.load(ordering: .relaxed)) / 1e9
-        return consuming.load(ordering: .relaxed) && sinceAlive < Self.readinessWindow && statistics.openConnections > 0
-    }
+    /// Whether the worker can work now: consuming, the broker and the store answering (`RoundTripReadiness`), and
+    /// an APNs connection open.
+    public var isReady: Bool { readiness.isReady && statistics.openConnections > 0 }
 
     public var metricsText: String { statistics.prometheusText(ready: isReady) }
 
@@ -95,7 +88,7 @@ public final class Worker: Service {
 
     var isStopRequested: Bool { stopRequested.load(ordering: .acquiring) }
 
-    func markAlive() { lastAlive.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) }
+    func markAlive() { readiness.answered() }
 
     /// Runs until `stop()`; reconnects with back-off when the broker or the store goes away. Only connection
     /// failures reach here: a data error (a key of the wrong type, a bad job) is settled where it concerns one user,
@@ -112,16 +105,15 @@ public final class Worker: Service {
                 generation += 1
                 let session = try connect()
                 connected()
-                markAlive()
-                consuming.store(true, ordering: .relaxed)
+                readiness.consuming(true)
                 logger.info("consuming", session.logMetadata)
                 try SessionLoop(worker: self, session: session, generation: generation).serve()
-                consuming.store(false, ordering: .relaxed)
+                readiness.consuming(false)
                 return true
             }, giveUp: { error, connectedOnce in
                 !connectedOnce && error is ConnectionRefused ? error : nil
             }, lost: {
-                consuming.store(false, ordering: .relaxed)
+                readiness.consuming(false)
             })
         } catch {
             sender.shutdown()

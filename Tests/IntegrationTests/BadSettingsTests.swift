@@ -169,4 +169,30 @@ import Glibc
         TestServices.reportFault("Redis frozen (SIGSTOP): /readyz not ready within 3 s, a job waits and is delivered after",
                                  notifications: 1, received: simulator.received())
     }
+
+    /// The cleanup consumer's /readyz is a round trip too: Redis frozen, not ready within a few seconds; thawed, ready.
+    @Test func cleanupReadinessFollowsAFrozenRedis() throws {
+        let port = TestServices.freePort()
+        let directory = NSTemporaryDirectory() + TestServices.unique("redis-frozen-cleanup")
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let redis = try TestServices.Daemon("/usr/bin/redis-server", ["--port", String(port), "--bind", "127.0.0.1",
+                                                                     "--save", "", "--appendonly", "no", "--dir", directory])
+        defer { redis.stop() }
+        let metricsPort = TestServices.freePort()
+        let cleanup = try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: [
+            "REDIS_URL": "redis://127.0.0.1:\(port)/0", "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort),
+            "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
+            "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
+            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
+        ])
+        defer { _ = cleanup.stop(SIGKILL) }
+        func readiness() -> (status: Int, body: String)? { try? TestServices.httpGet(port: metricsPort, "/readyz") }
+        func ready() -> Bool { readiness()?.status == 200 }
+        func notReady() -> Bool { readiness().map { $0.status == 503 && $0.body == "not ready\n" } ?? false }
+        #expect(TestServices.waitUntil(ready), "ready once consuming")
+        kill(redis.pid, SIGSTOP)
+        #expect(TestServices.waitUntil(timeout: 4.5, notReady), "not ready while Redis is frozen")
+        kill(redis.pid, SIGCONT)
+        #expect(TestServices.waitUntil(timeout: 30, ready), "ready again once Redis answers")
+    }
 }
