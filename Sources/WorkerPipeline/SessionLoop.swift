@@ -424,15 +424,11 @@ final class SessionLoop {
         var confirmed: [(progress: JobProgress, decision: RetryPolicy.Decision, plan: SettlementPlan)] = []
         var refused: [JobProgress] = []
         var offset = 0
-        var summariesSent: [(jobID: String, outcomes: [SettledOutcome])] = []
         for job in plans {
             let own = outcomes[offset..<offset + job.plan.publications.count]
             offset += job.plan.publications.count
-            if let summary = job.plan.summary, own[own.startIndex + summary] == .taken {
-                // Once out, never again: not when the job's other publications are made again, nor on a redelivery.
-                job.progress.summarySent = true
-                if job.progress.hasStableID { summariesSent.append((job.progress.job.id, [.summarySent])) }
-            }
+            // Once out, never again: not when the job's other publications are made again (nor, held, on a redelivery).
+            if let summary = job.plan.summary, own[own.startIndex + summary] == .taken { job.progress.summarySent = true }
             guard job.plan.isSafe(own) else {
                 refused.append(job.progress)
                 continue
@@ -444,7 +440,6 @@ final class SessionLoop {
                                ["job.id": job.progress.job.id, "amqp.reply_to": job.progress.delivery.properties.replyTo ?? ""])
             }
         }
-        if !summariesSent.isEmpty { try record(summariesSent) }
         try removeDeadTokens(confirmed.flatMap { job in job.plan.removals.map { (job.progress.job.id, $0) } })
         try hold(refused)
         for job in confirmed {
@@ -468,11 +463,14 @@ final class SessionLoop {
         }
     }
 
-    /// Jobs whose publications the broker did not take. Their outcomes go to the idempotency record now: if this
-    /// connection drops before their publications are made again, a redelivery sends nothing twice and still
-    /// publishes its dead tokens' events.
+    /// Jobs whose publications the broker did not take. Their outcomes (and whether their summary went out) go to
+    /// the idempotency record now: if this connection drops before their publications are made again, a redelivery
+    /// sends nothing twice, publishes no second summary, and still publishes its dead tokens' events.
     private func hold(_ refused: [JobProgress]) throws {
-        let unrecorded = refused.compactMap { progress in progress.takeUnrecordedFinal().map { (progress.job.id, $0) } }
+        let unrecorded = refused.compactMap { progress -> (jobID: String, outcomes: [SettledOutcome])? in
+            let outcomes = (progress.takeUnrecordedFinal() ?? []) + (progress.summarySent ? [.summarySent] : [])
+            return outcomes.isEmpty || !progress.hasStableID ? nil : (progress.job.id, outcomes)
+        }
         if !unrecorded.isEmpty { try record(unrecorded) }
         for progress in refused {
             held.hold(job: progress)

@@ -193,19 +193,29 @@ import WorkerPipeline
 @Suite struct WorkerSummaryTests {
     typealias Spec = WorkerTests
 
-    @Test func aSummaryIsRecordedAndARedeliveryPublishesNone() throws {
+    /// A job whose dead-token event the broker did not take is held, its summary already out: neither publishing it
+    /// again nor a redelivery (its worker stopped meanwhile) sends a second summary.
+    @Test func aHeldJobsSummaryIsNotPublishedAgain() throws {
         let fleet = InMemoryFleet()
-        let running = Spec.Running(fleet)
-        let first = fleet.deliver(Spec.job("summarised", tokens: [Spec.token(1)]), properties: MessageProperties(replyTo: "replies"))
-        #expect(fleet.wait { $0.acknowledged.contains(first) })
-        #expect(fleet.read { $0.published.map(\.destination) } == [.reply("replies")])
-        #expect(fleet.read { $0.settled["summarised"]?.summarySent } == true, "recorded before the job was acknowledged")
-        // The same job again (its worker died after the summary, before the acknowledgement): no second summary.
-        let again = fleet.deliver(Spec.job("summarised", tokens: [Spec.token(1)]), properties: MessageProperties(replyTo: "replies"),
-                                  redelivered: true)
+        let dead = Spec.token(1)
+        fleet.change { $0.missingQueues = [.deadTokens] }
+        var settings = Spec.settings()
+        settings.core.shutdownTimeout = 0.2
+        let answer: @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 410, reason: .unregistered) }
+        let first = Spec.Running(fleet, settings: settings, answer: answer)
+        let body = Spec.job("held", tokens: [dead])
+        let tag = fleet.deliver(body, properties: MessageProperties(replyTo: "replies"))
+        #expect(fleet.wait { $0.settled["held"]?.summarySent == true }, "held, with its summary recorded as sent")
+        first.stop()
+        #expect(!fleet.read(\.acknowledged).contains(tag), "held jobs stay unacknowledged")
+        fleet.change { $0.missingQueues = [] }
+        let second = Spec.Running(fleet, settings: settings, answer: answer)
+        let again = fleet.deliver(body, properties: MessageProperties(replyTo: "replies"), redelivered: true)
         #expect(fleet.wait { $0.acknowledged.contains(again) })
-        running.stop()
-        #expect(fleet.read { $0.published.count } == 1, "one summary in all")
+        second.stop()
+        let destinations = fleet.read { $0.published.map(\.destination) }
+        #expect(destinations == [.reply("replies"), .deadTokens], "one summary, then the event: \(destinations)")
+        #expect(fleet.read(\.sent).count == 1, "the token was not sent to again")
     }
 }
 
