@@ -137,6 +137,9 @@ public final class JobEnqueuer {
                 amqp.close()
                 amqp = try reconnect(after: error)
                 sequences.removeAll(keepingCapacity: true)
+                // The old node may have taken some of them before it went: the copies say they may be copies, and
+                // the workers send nothing a copy's original already sent.
+                for index in pending.indices { pending[index].properties.headers[Worker.republishedHeader] = "1" }
                 logger?.warning("publishing again", ["amqp.url": amqp.url.description, "amqp.queue": queue,
                                                      "jobs.unconfirmed": String(pending.count)])
             }

@@ -1,4 +1,5 @@
 import APNs
+import Foundation
 import Redis
 import WorkerPipeline
 
@@ -22,6 +23,13 @@ public struct SentRecord: IdempotencyRecord {
     /// Deliveries of a message a worker gave back in an orderly stop, `apns:givenback:<key>`, kept as long as the
     /// delivery counts: they do not count towards making the job a suspect.
     public static func key(forGivenBack key: String) -> String { "apns:givenback:" + key }
+    /// Jobs settled in one ten-second span, `apns:settled:<unix seconds / 10>`: a set of job ids kept a minute, so
+    /// that memory follows the rate over that minute, not an hour. Looked up over the last 40 s (clocks of workers
+    /// may differ by a few seconds).
+    public static func key(forSettledIn span: Int) -> String { "apns:settled:\(span)" }
+    static let settledSpan = 10
+    static let settledLifetime = 60
+    static let settledLookback = 4
 
     private let redis: RedisConnection
 
@@ -133,6 +141,26 @@ public struct SentRecord: IdempotencyRecord {
         _ = try redis.pipeline(keys.flatMap { key in
             [["INCR", Self.key(forGivenBack: key)], ["EXPIRE", Self.key(forGivenBack: key), String(Self.deliveriesLifetime)]]
         })
+    }
+
+    public func settledRecently(_ jobIDs: [String]) throws {
+        guard !jobIDs.isEmpty else { return }
+        let key = Self.key(forSettledIn: Int(Date().timeIntervalSince1970) / Self.settledSpan)
+        _ = try redis.pipeline([["SADD", key] + jobIDs, ["EXPIRE", key, String(Self.settledLifetime)]])
+    }
+
+    /// A span Redis cannot read (a key of the wrong type) holds none: the copies are then sent as jobs, with the
+    /// idempotency record's per-token outcomes.
+    public func recentlySettled(_ jobIDs: [String]) throws -> Set<String> {
+        guard !jobIDs.isEmpty else { return [] }
+        let now = Int(Date().timeIntervalSince1970) / Self.settledSpan
+        let spans = (0..<Self.settledLookback).map { now - $0 }
+        let replies = try redis.pipeline(spans.map { ["SMISMEMBER", Self.key(forSettledIn: $0)] + jobIDs })
+        var found = Set<String>()
+        for reply in replies {
+            for (id, member) in zip(jobIDs, reply.elements) where member.integer == 1 { found.insert(id) }
+        }
+        return found
     }
 
     /// A count Redis cannot read (a key of the wrong type) is none: the job is judged by its deliveries alone.

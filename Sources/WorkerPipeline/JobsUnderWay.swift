@@ -1,16 +1,22 @@
-/// The deliveries a session started and has not settled yet, with a count per lane: what a bulk suspect waits for
-/// (no other bulk job in progress), and what an orderly stop leaves to the broker.
+/// The deliveries a session started and has not settled yet, with a count per lane and per job id: what a bulk
+/// suspect waits for (no other bulk job in progress), what a job's republished copy waits for (its original settled
+/// here first), and what an orderly stop leaves to the broker.
 struct JobsUnderWay {
-    private(set) var deliveries: [UInt64: JobDelivery] = [:]
+    private(set) var deliveries: [UInt64: (delivery: JobDelivery, jobID: String)] = [:]
     private(set) var counts = LaneCounts()
+    private var jobIDs: [String: Int] = [:]
 
-    mutating func started(_ delivery: JobDelivery) {
-        guard deliveries.updateValue(delivery, forKey: delivery.tag) == nil else { return }
+    mutating func started(_ delivery: JobDelivery, jobID: String) {
+        guard deliveries.updateValue((delivery, jobID), forKey: delivery.tag) == nil else { return }
         counts[delivery.lane] += 1
+        jobIDs[jobID, default: 0] += 1
     }
 
     mutating func settled(_ tag: UInt64) {
-        guard let delivery = deliveries.removeValue(forKey: tag) else { return }
+        guard let (delivery, jobID) = deliveries.removeValue(forKey: tag) else { return }
         counts[delivery.lane] -= 1
+        if jobIDs[jobID] == 1 { jobIDs.removeValue(forKey: jobID) } else { jobIDs[jobID, default: 1] -= 1 }
     }
+
+    func contains(jobID: String) -> Bool { jobIDs[jobID] != nil }
 }

@@ -175,6 +175,11 @@ public protocol IdempotencyRecord {
     func gaveBack(_ keys: [String]) throws
     /// How many of each job's deliveries were given back in orderly stops.
     func givenBack(_ keys: [String]) throws -> [String: Int]
+    /// These jobs were settled (acknowledged) just now: remembered for half a minute or so, long enough for a copy
+    /// its publisher made after a failover (queued right after the original) to be recognised.
+    func settledRecently(_ jobIDs: [String]) throws
+    /// Which of these jobs were settled in the last half minute or so.
+    func recentlySettled(_ jobIDs: [String]) throws -> Set<String>
 }
 
 /// What a rate limiter grants.

@@ -23,6 +23,9 @@ final class SessionLoop {
     private var held = HeldPublishes()
     private var suspects = SuspectQueue()
     private var underWay = JobsUnderWay()
+    /// Republished copies read while their job (same id) was under way here: started once it settled, so that they
+    /// find what it sent in the idempotency record.
+    private var copiesWaiting: [(delivery: JobDelivery, jobID: String)] = []
     private var lastProgress: (at: Date, snapshot: WorkerStatistics.Snapshot)
     /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
     /// has mismatches to weigh, or with the statistics report.
@@ -62,7 +65,8 @@ final class SessionLoop {
                     logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstarted:
-                    let unstarted = unstartedBulk + suspects.giveBack()
+                    let unstarted = unstartedBulk + suspects.giveBack() + copiesWaiting.map(\.delivery)
+                    copiesWaiting.removeAll()
                     try session.record.gaveBack(unstarted.map(DeliveryTriage.historyKey))
                     for delivery in unstarted { try session.broker.requeue(delivery.tag) }
                     unstartedBulk.removeAll()
@@ -82,6 +86,7 @@ final class SessionLoop {
                 }
             }
             try startSuspectOrWaiting()
+            try startCopiesWhoseJobSettled()
             let now = Date()
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
                                        inFlight: statistics.inFlight.counts, unstartedBulkJobs: unstartedBulk.count,
@@ -131,7 +136,7 @@ final class SessionLoop {
             logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
                            ["jobs.in_flight": String(unfinished)])
             // Given back by an orderly stop: their next delivery is no sign of a job that stops workers.
-            try? session.record.gaveBack(underWay.deliveries.values.map(DeliveryTriage.historyKey))
+            try? session.record.gaveBack(underWay.deliveries.values.map { DeliveryTriage.historyKey($0.delivery) })
         }
         _ = try? worker.reportStatistics(to: session.statistics)
         session.broker.close()
@@ -235,6 +240,14 @@ final class SessionLoop {
         }
     }
 
+    private func startCopiesWhoseJobSettled() throws {
+        guard !copiesWaiting.isEmpty, !core.isStopping else { return }
+        let ready = copiesWaiting.filter { !underWay.contains(jobID: $0.jobID) }
+        guard !ready.isEmpty else { return }
+        copiesWaiting.removeAll { !underWay.contains(jobID: $0.jobID) }
+        try start(ready.map(\.delivery))
+    }
+
     private func dispatch(_ batch: [JobDelivery]) throws {
         let (startNow, later) = WorkerCore.arrivals(batch)
         unstartedBulk += later
@@ -244,7 +257,8 @@ final class SessionLoop {
     /// Decodes a batch, parks the bad jobs, resolves users in one round trip to the store, and queues every
     /// notification for sending; jobs with nothing left to send are settled at once.
     private func start(_ batch: [JobDelivery]) throws {
-        let (jobs, rejected) = decode(batch)
+        let (decoded, rejected) = decode(batch)
+        let jobs = try skippingSettledCopies(holdingBackCopies(decoded))
         let resolved = try session.tokens.resolve(resolver.usersToResolve(jobs.map(\.job)))
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
@@ -256,7 +270,7 @@ final class SessionLoop {
         }
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
-            underWay.started(delivery)
+            underWay.started(delivery, jobID: job.id)
             let settled = alreadySettled[job.id]
             let (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens,
                                                       alreadySettled: settled?.tokens ?? [])
@@ -276,6 +290,41 @@ final class SessionLoop {
         core.handle(.jobsStarted(jobs.count))
         if !rejected.isEmpty { try reject(rejected) }
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    /// A republished copy whose job (same id) is under way here, or earlier in the same batch, waits for it to settle.
+    private func holdingBackCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) -> [(delivery: JobDelivery, job: PushJob)] {
+        guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
+        var starting: [(delivery: JobDelivery, job: PushJob)] = []
+        var ids = Set<String>()
+        for entry in jobs {
+            if Self.isCopy(entry.delivery) && (underWay.contains(jobID: entry.job.id) || ids.contains(entry.job.id)) {
+                copiesWaiting.append((entry.delivery, entry.job.id))
+                continue
+            }
+            starting.append(entry)
+            ids.insert(entry.job.id)
+        }
+        return starting
+    }
+
+    private static func isCopy(_ delivery: JobDelivery) -> Bool {
+        delivery.properties.headers[Worker.republishedHeader] != nil
+    }
+
+    /// Republished copies of jobs the fleet settled in the last half minute are acknowledged without sending anything
+    /// (their summary included); copies of jobs under way elsewhere skip what the idempotency record says was sent.
+    private func skippingSettledCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws
+        -> [(delivery: JobDelivery, job: PushJob)] {
+        let copies = jobs.filter { Self.isCopy($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
+        guard !copies.isEmpty else { return jobs }
+        let settled = try session.record.recentlySettled(copies.map(\.job.id))
+        guard !settled.isEmpty else { return jobs }
+        let skipped = jobs.filter { Self.isCopy($0.delivery) && settled.contains($0.job.id) }
+        statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)
+        logger.info("republished copies of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
+        try session.broker.acknowledge(skipped.map(\.delivery.tag))
+        return jobs.filter { !(Self.isCopy($0.delivery) && settled.contains($0.job.id)) }
     }
 
     private func decode(_ batch: [JobDelivery]) -> (jobs: [(delivery: JobDelivery, job: PushJob)],
@@ -447,6 +496,10 @@ final class SessionLoop {
             underWay.settled(job.progress.delivery.tag)
         }
         try session.broker.acknowledge(confirmed.map(\.progress.delivery.tag))
+        // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
+        // settled, so that a copy its publisher made after a failover sends nothing (one command per batch).
+        let settledIDs = confirmed.filter(\.progress.hasStableID).map(\.progress.job.id)
+        if !settledIDs.isEmpty { try session.record.settledRecently(settledIDs) }
         return confirmed.count
     }
 
@@ -467,10 +520,7 @@ final class SessionLoop {
     /// the idempotency record now: if this connection drops before their publications are made again, a redelivery
     /// sends nothing twice, publishes no second summary, and still publishes its dead tokens' events.
     private func hold(_ refused: [JobProgress]) throws {
-        let unrecorded = refused.compactMap { progress -> (jobID: String, outcomes: [SettledOutcome])? in
-            let outcomes = (progress.takeUnrecordedFinal() ?? []) + (progress.summarySent ? [.summarySent] : [])
-            return outcomes.isEmpty || !progress.hasStableID ? nil : (progress.job.id, outcomes)
-        }
+        let unrecorded = refused.compactMap(settledOutcomes)
         if !unrecorded.isEmpty { try record(unrecorded) }
         for progress in refused {
             held.hold(job: progress)
@@ -478,6 +528,13 @@ final class SessionLoop {
             logger.error("the broker did not take what a job produced; kept unacknowledged, published again shortly",
                          ["job.id": progress.job.id, "retry_in_s": String(HeldPublishes.pause)])
         }
+    }
+
+    /// A stable-id job's final outcomes not recorded yet, and its summary if it went out.
+    private func settledOutcomes(of progress: JobProgress) -> (jobID: String, outcomes: [SettledOutcome])? {
+        guard progress.hasStableID else { return nil }
+        let outcomes = (progress.takeUnrecordedFinal() ?? []) + (progress.summarySent ? [.summarySent] : [])
+        return outcomes.isEmpty ? nil : (progress.job.id, outcomes)
     }
 
     private func count(settled progress: JobProgress, _ decision: RetryPolicy.Decision, parkedReason: String?) {

@@ -24,9 +24,15 @@ public struct TargetResolver: Sendable, Equatable {
         jobs.flatMap { $0.retryTargets == nil ? $0.users : [] }
     }
 
-    /// The jobs whose earlier deliveries may have settled some notifications already: redelivered, with a stable id.
+    /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or
+    /// published again by its publisher after a failover (`Worker.republishedHeader`).
+    public static func mayRepeat(_ delivery: JobDelivery) -> Bool {
+        delivery.redelivered || delivery.properties.headers[Worker.republishedHeader] != nil
+    }
+
+    /// The jobs whose earlier deliveries or copies may have settled some notifications already, with a stable id.
     public func jobsToLookUp(_ jobs: [(delivery: JobDelivery, job: PushJob)]) -> [String] {
-        jobs.filter { $0.delivery.redelivered && Self.hasStableID($0.job, $0.delivery) }.map(\.job.id)
+        jobs.filter { Self.mayRepeat($0.delivery) && Self.hasStableID($0.job, $0.delivery) }.map(\.job.id)
     }
 
     /// A job's targets, and how many were skipped as already settled by an earlier delivery.

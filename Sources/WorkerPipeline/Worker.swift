@@ -47,6 +47,9 @@ public final class Worker: Service {
     /// (comma-separated, the first `SettlementPlan.undeliveredListed` of them).
     public static let attemptsHeader = "x-apns-worker-attempts"
     public static let undeliveredHeader = "x-apns-worker-undelivered"
+    /// On a job its publisher published again after losing its broker node before the confirm (the first copy may
+    /// be in the queue too): the worker sends nothing the job's id already has a final outcome for.
+    public static let republishedHeader = "x-apns-worker-republished"
     /// How this process appears in the fleet's statistics and in `apns-worker stats`.
     public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
 

@@ -32,6 +32,8 @@ public final class WorkerStatistics: Sendable {
     public let rateLimitWaits = Atomic<Int>(0)
     /// Notifications of redelivered jobs not sent again because the idempotency record showed them done.
     public let duplicatesAvoided = Atomic<Int>(0)
+    /// Copies a publisher made after a failover of jobs already settled: acknowledged without sending.
+    public let republishedCopiesSkipped = Atomic<Int>(0)
 
     /// APNs connections opened and closed, GOAWAYs received, failed connects (from the client's events).
     public let connectionsOpened = Atomic<Int>(0)
@@ -146,6 +148,9 @@ public final class WorkerStatistics: Sendable {
                         load(rateLimitWaits))
         metrics.counter("apns_worker_duplicates_avoided_total",
                         "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
+        metrics.counter("apns_worker_republished_copies_skipped_total",
+                        "Copies of settled jobs their publisher made after a broker failover, acknowledged without sending.",
+                        load(republishedCopiesSkipped))
         metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
         metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
         metrics.counter("apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",

@@ -24,6 +24,7 @@ final class InMemoryFleet: @unchecked Sendable {
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
         var givenBack: [String: Int] = [:]
+        var settledRecently: Set<String> = []
         /// Every history key a worker marked as running alone, in order.
         var startedAlone: [String] = []
         var reports = 0
@@ -208,6 +209,8 @@ final class InMemoryRecord: IdempotencyRecord {
     func diedAlone(_ keys: [String]) throws -> Set<String> { fleet.read { $0.alone.intersection(keys) } }
     func gaveBack(_ keys: [String]) throws { fleet.change { state in for key in keys { state.givenBack[key, default: 0] += 1 } } }
     func givenBack(_ keys: [String]) throws -> [String: Int] { fleet.read { $0.givenBack.filter { keys.contains($0.key) } } }
+    func settledRecently(_ jobIDs: [String]) throws { fleet.change { $0.settledRecently.formUnion(jobIDs) } }
+    func recentlySettled(_ jobIDs: [String]) throws -> Set<String> { fleet.read { $0.settledRecently.intersection(jobIDs) } }
 }
 
 final class InMemoryRateLimiter: RateLimiter {
