@@ -12,6 +12,10 @@ final class JobProgress: @unchecked Sendable {
     /// The broker connection the delivery came on: an ack on a newer connection would be meaningless.
     let generation: Int
     let targets: [DeviceTarget]
+    /// Notifications of the whole job: its targets, or for a job resolved in pieces (`JobAssembly`), all its parts'.
+    private(set) var notificationCount: Int
+    /// Broker thread only: for one piece of a large job, the job it belongs to.
+    var assembly: JobAssembly?
     private(set) var remaining: Int
     private(set) var delivered = 0
     private(set) var dead: [(target: DeviceTarget, response: APNsResponse)] = []
@@ -44,10 +48,16 @@ final class JobProgress: @unchecked Sendable {
         self.delivery = delivery
         self.generation = generation
         self.targets = targets
+        self.notificationCount = targets.count
         self.remaining = targets.count
     }
 
     var isComplete: Bool { remaining == 0 }
+
+    /// One piece of this (large) job: these targets, with nothing of the job's own outcomes.
+    func piece(_ targets: [DeviceTarget]) -> JobProgress {
+        JobProgress(job: job, delivery: delivery, generation: generation, targets: targets, hasStableID: hasStableID)
+    }
 
     func notification(_ index: Int) -> (environment: APNsEnvironment, notification: APNsNotification) {
         let target = targets[index]
@@ -112,6 +122,19 @@ final class JobProgress: @unchecked Sendable {
         noteFinal(index)
     }
 
+    /// Broker thread, on the whole job of a large one: a piece's outcomes, once every one of them is in. The piece's
+    /// targets are not kept: memory follows what went wrong, not the job's size.
+    func absorb(_ piece: JobProgress) {
+        notificationCount += piece.notificationCount
+        delivered += piece.delivered
+        dead += piece.dead
+        failed += piece.failed
+        retryable += piece.retryable
+        expired += piece.expired
+        judged += piece.judged
+        if let outcomes = piece.takeUnrecordedFinal() { unrecordedFinal += outcomes }
+    }
+
     /// Once complete, when a retry could only come after the job's deadline (`RetryPolicy.Decision.expire`): the
     /// retryable notifications expire now instead of travelling through a delay queue. Returns how many expired.
     func expireRetryable() -> Int {
@@ -163,7 +186,7 @@ final class JobProgress: @unchecked Sendable {
         for failure in failed { reasons[failure.reason, default: 0] += 1 }
         if !retrying { for failure in retryable { reasons["undelivered: " + failure.reason, default: 0] += 1 } }
         let failedByReason = reasons.keys.sorted().map { "\(JSONString.quote($0)):\(reasons[$0]!)" }.joined(separator: ",")
-        var text = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(job.attempt),\"notifications\":\(targets.count),"
+        var text = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(job.attempt),\"notifications\":\(notificationCount),"
         text += "\"delivered\":\(delivered),\"dead\":\(dead.count),"
         text += "\"failed\":\(failed.count + (retrying ? 0 : retryable.count)),\"retrying\":\(retrying ? retryable.count : 0),"
         text += "\"held_back\":\(heldBack.count),\"expired\":\(expired),"

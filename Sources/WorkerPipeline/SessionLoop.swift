@@ -26,6 +26,8 @@ final class SessionLoop {
     /// Republished copies read while their job (same id) was under way here: started once it settled, so that they
     /// find what it sent in the idempotency record.
     private var copiesWaiting: [(delivery: JobDelivery, jobID: String)] = []
+    /// Large jobs under way with users still to resolve, a piece at a time.
+    private var assemblies: [JobAssembly] = []
     private var lastProgress: (at: Date, snapshot: WorkerStatistics.Snapshot)
     /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
     /// has mismatches to weigh, or with the statistics report.
@@ -78,7 +80,8 @@ final class SessionLoop {
                 case .discardStale(let count):
                     logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
                 case .finishCompleted:
-                    core.handle(.jobsSettled(try finish(current)))
+                    let jobs = jobsToSettle(current)
+                    if !jobs.isEmpty { core.handle(.jobsSettled(try finish(jobs))) }
                 case .publishHeld:
                     try publishHeld()
                 case .readDeliveries(let limit):
@@ -90,10 +93,17 @@ final class SessionLoop {
             let now = Date()
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
                                        inFlight: statistics.inFlight.counts, unstartedBulkJobs: unstartedBulk.count,
-                                       suspectsActive: suspects.isActive, heldDue: held.nextDue) {
+                                       suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting,
+                                       heldDue: held.nextDue) {
                 try perform(action, at: now)
             }
         }
+    }
+
+    private var piecesWaiting: LaneCounts {
+        var counts = LaneCounts()
+        for assembly in assemblies { counts[assembly.lane] += 1 }
+        return counts
     }
 
     private func perform(_ action: WorkerCore.EndAction, at now: Date) throws {
@@ -103,9 +113,17 @@ final class SessionLoop {
                 core.handle(.rateLimited(limited.lanes, nextWindowIn: limited.wait, at: now))
             }
         case .startBulk(let limit):
-            let starting = Array(unstartedBulk.prefix(limit))
+            // By size: as many jobs as fit in the turn's bytes, at least one.
+            var bytes = 0
+            let count = unstartedBulk.prefix(limit).prefix { delivery in
+                defer { bytes += delivery.body.count }
+                return bytes == 0 || bytes + delivery.body.count <= core.settings.bulkBytesPerTurn
+            }.count
+            let starting = Array(unstartedBulk.prefix(count))
             unstartedBulk.removeFirst(starting.count)
             try start(starting)
+        case .resolvePiece(let lane):
+            try resolveNextPiece(of: lane)
         case .probe:
             // Readiness is the broker and the store as they are now: a round trip to each. One that does not answer
             // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
@@ -255,11 +273,13 @@ final class SessionLoop {
     }
 
     /// Decodes a batch, parks the bad jobs, resolves users in one round trip to the store, and queues every
-    /// notification for sending; jobs with nothing left to send are settled at once.
+    /// notification for sending; jobs with nothing left to send are settled at once. A job with more users than a
+    /// piece starts with its first piece (`JobAssembly`); the next ones come as its lane makes room.
     private func start(_ batch: [JobDelivery]) throws {
         let (decoded, rejected) = decode(batch)
         let jobs = try skippingSettledCopies(holdingBackCopies(decoded))
-        let resolved = try session.tokens.resolve(resolver.usersToResolve(jobs.map(\.job)))
+        let piece = core.settings.usersPerPiece
+        let resolved = try session.tokens.resolve(resolver.usersToResolve(jobs.map(\.job), upTo: piece))
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
         let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: resolver.jobsToLookUp(jobs))
@@ -272,24 +292,78 @@ final class SessionLoop {
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
             let settled = alreadySettled[job.id]
-            let (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens,
-                                                      alreadySettled: settled?.tokens ?? [])
-            statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
+            let large = job.retryTargets == nil && job.users.count > piece
+            var targets: [DeviceTarget] = []
+            if !large {
+                let skipped: Int
+                (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens, alreadySettled: settled?.tokens ?? [])
+                statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
+            }
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
                                        hasStableID: TargetResolver.hasStableID(job, delivery))
             if let settled {
                 progress.restore(settled: settled.tokens.count, dead: settled.dead)
                 progress.summarySent = settled.summarySent
             }
-            if targets.isEmpty {
-                finishedAtOnce.append(progress)
-            } else {
-                backlogs.withQueue(delivery.lane) { $0.append(progress, count: targets.count) }
+            guard large else {
+                if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
+                continue
             }
+            let assembly = JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? [])
+            sendPiece(of: assembly, resolved: resolved.tokens)
+            if assembly.hasUsersLeft { assemblies.append(assembly) } else if assembly.isComplete { finishedAtOnce.append(progress) }
         }
         core.handle(.jobsStarted(jobs.count))
         if !rejected.isEmpty { try reject(rejected) }
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    private func queue(_ progress: JobProgress) {
+        backlogs.withQueue(progress.delivery.lane) { $0.append(progress, count: progress.targets.count) }
+    }
+
+    /// The next piece of a large job: its users taken, their tokens (from `resolved`) queued as a progress of its own.
+    private func sendPiece(of assembly: JobAssembly, resolved: [String: [CachedToken]]) {
+        let withOwnTokens = assembly.nextUser == 0
+        let users = assembly.takeUsers(core.settings.usersPerPiece)
+        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: withOwnTokens,
+                                                       resolved: resolved, alreadySettled: assembly.alreadySettled,
+                                                       firstTime: assembly.firstTime)
+        statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
+        guard !targets.isEmpty else { return }
+        let piece = assembly.whole.piece(targets)
+        assembly.sent(piece)
+        queue(piece)
+    }
+
+    /// Resolves and queues the next piece of the first large job of `lane` with users left; settles the job if that
+    /// was its last piece and nothing of it is out.
+    private func resolveNextPiece(of lane: JobLane) throws {
+        guard let index = assemblies.firstIndex(where: { $0.lane == lane }) else { return }
+        let assembly = assemblies[index]
+        let users = Array(assembly.job.users[assembly.nextUser..<min(assembly.job.users.count,
+                                                                      assembly.nextUser + core.settings.usersPerPiece)])
+        let resolved = try session.tokens.resolve(users)
+        statistics.countDataError("token_cache_read", resolved.unreadable.count)
+        sendPiece(of: assembly, resolved: resolved.tokens)
+        guard !assembly.hasUsersLeft else { return }
+        assemblies.remove(at: index)
+        if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
+    }
+
+    /// Completed progresses as jobs to settle: a piece of a large job is absorbed into its job, which is settled once
+    /// every user is resolved and no piece is out.
+    private func jobsToSettle(_ completed: [JobProgress]) -> [JobProgress] {
+        var jobs: [JobProgress] = []
+        for progress in completed {
+            guard let assembly = progress.assembly else {
+                jobs.append(progress)
+                continue
+            }
+            assembly.absorb(progress)
+            if assembly.isComplete { jobs.append(assembly.whole) }
+        }
+        return jobs
     }
 
     /// A republished copy whose job (same id) is under way here, or earlier in the same batch, waits for it to settle.
@@ -548,7 +622,7 @@ final class SessionLoop {
             logger.error("job parked after its last attempt", ["job.id": progress.job.id, "job.reason": parkedReason])
         }
         logger.debug("job done", ["job.id": progress.job.id, "job.attempt": String(progress.job.attempt),
-                                  "job.notifications": String(progress.targets.count),
+                                  "job.notifications": String(progress.notificationCount),
                                   "job.delivered": String(progress.delivered), "job.dead": String(progress.dead.count),
                                   "job.failed": String(progress.failed.count),
                                   "job.retryable": String(progress.retryable.count)])

@@ -33,7 +33,7 @@ struct SettlementPlan {
         case .retry(let delay):
             publications.append(Self.retry(progress, after: delay))
         case .park:
-            let reason = "\(progress.retryable.count) of \(progress.targets.count) notifications not delivered after "
+            let reason = "\(progress.retryable.count) of \(progress.notificationCount) notifications not delivered after "
                 + "\(job.attempt) attempts: \(progress.retryable.first?.reason ?? "")"
             publications.append(Self.parked(progress, reason: reason))
             parkedReason = reason

@@ -19,9 +19,10 @@ public struct TargetResolver: Sendable, Equatable {
         job.idFromBody || delivery.properties.messageID != nil
     }
 
-    /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved).
-    public func usersToResolve(_ jobs: [PushJob]) -> [String] {
-        jobs.flatMap { $0.retryTargets == nil ? $0.users : [] }
+    /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved);
+    /// of a job with more than `piece` users, the first piece only.
+    public func usersToResolve(_ jobs: [PushJob], upTo piece: Int = .max) -> [String] {
+        jobs.flatMap { $0.retryTargets == nil ? Array($0.users.prefix(piece)) : [] }
     }
 
     /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or
@@ -45,19 +46,38 @@ public struct TargetResolver: Sendable, Equatable {
         return (targets, before - targets.count)
     }
 
+    /// One piece of a large job's targets (`JobAssembly`): its own tokens with the first piece, then these users'
+    /// tokens; `firstTime` says whether a token is reached for the first time in the whole job.
+    public func pieceTargets(of job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
+                             resolved: [String: [CachedToken]], alreadySettled: Set<String>,
+                             firstTime: (String) -> Bool) -> (targets: [DeviceTarget], skipped: Int) {
+        var targets = collect(job, users: users, withOwnTokens: withOwnTokens, resolved: resolved, firstTime: firstTime)
+        guard !alreadySettled.isEmpty else { return (targets, 0) }
+        let before = targets.count
+        targets.removeAll { alreadySettled.contains($0.token) }
+        return (targets, before - targets.count)
+    }
+
     private func newTargets(of job: PushJob, resolved: [String: [CachedToken]]) -> [DeviceTarget] {
-        let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
-        var targets: [DeviceTarget] = []
         // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
         var seen = Set<String>(minimumCapacity: job.tokens.count + job.users.count * 2)
-        for token in job.tokens where seen.insert(token).inserted {
-            targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
+        return collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) { seen.insert($0).inserted }
+    }
+
+    private func collect(_ job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
+                         resolved: [String: [CachedToken]], firstTime: (String) -> Bool) -> [DeviceTarget] {
+        let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+        var targets: [DeviceTarget] = []
+        if withOwnTokens {
+            for token in job.tokens where firstTime(token) {
+                targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
+            }
         }
         // Spellings of one token in two cases (written by other systems) are one device: sent to once, lower-case.
-        for user in job.users {
+        for user in users {
             for cached in resolved[user] ?? [] where matcher.serves(cached.scope) {
                 let token = APNsNotification.canonicalToken(cached.token)
-                guard seen.insert(token).inserted else { continue }
+                guard firstTime(token) else { continue }
                 targets.append(DeviceTarget(token: token, environment: cached.scope.environment, user: user))
             }
         }

@@ -31,6 +31,11 @@ public struct WorkerCore: Sendable {
         public var reportInterval: Double
         /// A progress line in the log this often while work flows.
         public var progressInterval: Double
+        /// Users of one job resolved at a time: a larger job is resolved and sent in pieces (`JobAssembly`).
+        public var usersPerPiece: Int
+        /// Bulk jobs started in one turn, by the size of their bodies (at least one job): a few large jobs cost the
+        /// broker thread as much as many small ones.
+        public var bulkBytesPerTurn: Int
 
         /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
         /// batch's worth of room opened (or half the window, for small windows), so hand-overs stay small and an
@@ -39,7 +44,9 @@ public struct WorkerCore: Sendable {
 
         public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
                     sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
-                    progressInterval: Double = 10) {
+                    progressInterval: Double = 10, usersPerPiece: Int = 1000, bulkBytesPerTurn: Int = 64 << 10) {
+            self.usersPerPiece = usersPerPiece
+            self.bulkBytesPerTurn = bulkBytesPerTurn
             self.prefetch = prefetch
             self.maximumNotificationsInFlight = maximumNotificationsInFlight
             self.bulkJobsPerTurn = bulkJobsPerTurn
@@ -108,6 +115,8 @@ public struct WorkerCore: Sendable {
         case send(urgent: Int, bulk: Int)
         /// Start up to this many of the bulk jobs read but not started.
         case startBulk(limit: Int)
+        /// Resolve and queue the next piece of a large job of this lane.
+        case resolvePiece(JobLane)
         case probe
         case reportStatistics
         case logProgress
@@ -196,8 +205,11 @@ public struct WorkerCore: Sendable {
     /// The second half: sending within the bounds, starting bulk jobs, the chores, and the wait. `deliveriesRead`:
     /// how many deliveries this turn read (then the loop goes round at once: more may be waiting, and so after
     /// starting bulk jobs). While `suspectsActive` (a suspect job waits or runs alone), no bulk job starts.
+    /// `piecesWaiting`: large jobs under way with users still to resolve, per lane; the next piece of one is resolved
+    /// once its lane has less than a window queued, one piece per lane and turn, urgent first.
     public mutating func endTurn(now: Date, deliveriesRead: Int, queued: LaneCounts, inFlight: LaneCounts,
-                                 unstartedBulkJobs: Int, suspectsActive: Bool = false, heldDue: Date?) -> [EndAction] {
+                                 unstartedBulkJobs: Int, suspectsActive: Bool = false, piecesWaiting: LaneCounts = LaneCounts(),
+                                 heldDue: Date?) -> [EndAction] {
         var actions: [EndAction] = []
         var sending = LaneCounts()
         // A lane cut to the batch limit with more to send and room for it: round again at once, not after a wait.
@@ -217,8 +229,12 @@ public struct WorkerCore: Sendable {
         let startingBulk = !isStopping && !suspectsActive && unstartedBulkJobs > 0
             && queued.bulk < settings.maximumNotificationsInFlight
         if startingBulk { actions.append(.startBulk(limit: min(unstartedBulkJobs, settings.bulkJobsPerTurn))) }
+        let resolving = JobLane.allCases.filter {
+            piecesWaiting[$0] > 0 && queued[$0] < settings.maximumNotificationsInFlight
+        }
+        actions += resolving.map { .resolvePiece($0) }
         if now.timeIntervalSince(lastProbe) >= settings.probeInterval { actions.append(.probe) }
-        if deliveriesRead > 0 || startingBulk || more { return actions }
+        if deliveriesRead > 0 || startingBulk || more || !resolving.isEmpty { return actions }
         if now.timeIntervalSince(lastReport) >= settings.reportInterval { actions.append(.reportStatistics) }
         if now.timeIntervalSince(lastProgress) >= settings.progressInterval { actions.append(.logProgress) }
         // Stopping with nothing left: round again at once, to leave.

@@ -20,6 +20,8 @@ final class InMemoryFleet: @unchecked Sendable {
         // Store
         var cache: [String: [CachedToken]] = [:]
         var removals: [TokenRemoval] = []
+        /// How many users each resolution asked for, in order.
+        var resolutions: [Int] = []
         var settled: [String: Settled] = [:]
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
@@ -140,7 +142,11 @@ final class InMemoryTokenStore: TokenStore {
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
     func resolve(_ users: [String]) throws -> ResolvedUsers {
-        fleet.read { state in ResolvedUsers(tokens: state.cache.filter { users.contains($0.key) }) }
+        let wanted = Set(users)
+        return fleet.change { state in
+            state.resolutions.append(users.count)
+            return ResolvedUsers(tokens: state.cache.filter { wanted.contains($0.key) })
+        }
     }
 
     /// As the Redis store does: a token goes only if its entry still serves what the removal names.

@@ -11,10 +11,10 @@ import WorkerPipeline
     static func token(_ number: Int) -> String { String(format: "%064x", number) }
 
     static func settings(maximumInFlight: Int = 100, bulkJobsPerTurn: Int = 16, attempts: Int = 3,
-                         maximumDeliveries: Int = 5, guardThreshold: Int = 20) -> WorkerSettings {
+                         maximumDeliveries: Int = 5, guardThreshold: Int = 20, usersPerPiece: Int = 1000) -> WorkerSettings {
         WorkerSettings(core: WorkerCore.Settings(prefetch: 100, maximumNotificationsInFlight: maximumInFlight,
                                                  shutdownTimeout: 5, bulkJobsPerTurn: bulkJobsPerTurn,
-                                                 sendBatchLimit: maximumInFlight),
+                                                 sendBatchLimit: maximumInFlight, usersPerPiece: usersPerPiece),
                        defaultTopic: topic, invalidationGuard: MassInvalidationGuard(threshold: guardThreshold),
                        maximumSendAttempts: attempts, retryDelays: [1, 15, 60, 300], maximumDeliveries: maximumDeliveries)
     }
@@ -216,6 +216,57 @@ import WorkerPipeline
         let destinations = fleet.read { $0.published.map(\.destination) }
         #expect(destinations == [.reply("replies"), .deadTokens], "one summary, then the event: \(destinations)")
         #expect(fleet.read(\.sent).count == 1, "the token was not sent to again")
+    }
+}
+
+/// Large jobs are resolved and sent a piece at a time.
+@Suite struct WorkerLargeJobTests {
+    typealias Spec = WorkerTests
+
+    @Test func aLargeJobGoesOutInPiecesEachTokenOnceAndSettlesOnce() throws {
+        let fleet = InMemoryFleet()
+        let users = (1...35).map { "fan-\($0)" }
+        fleet.change { state in
+            for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
+            state.cache["fan-35"] = Spec.cached(35, 1)  // a device under two users, in different pieces
+        }
+        let dead = Spec.token(30)
+        let running = Spec.Running(fleet, settings: Spec.settings(usersPerPiece: 10)) { notification in
+            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered) : APNsResponse(status: 200)
+        }
+        let tag = fleet.deliver(Spec.job("large", users: users, tokens: [Spec.token(99)]),
+                                properties: MessageProperties(replyTo: "replies"))
+        #expect(fleet.wait { $0.acknowledged.contains(tag) })
+        running.stop()
+        let state = fleet.read { $0 }
+        #expect(state.resolutions == [10, 10, 10, 5], "a piece of users at a time: \(state.resolutions)")
+        #expect(state.sent.map(\.token).sorted() == ((1...35).map(Spec.token) + [Spec.token(99)]).sorted(), "each once")
+        #expect(state.acknowledged == [tag])
+        let destinations = state.published.map(\.destination)
+        #expect(destinations.filter { $0 == .deadTokens }.count == 1 && destinations.filter { $0 == .reply("replies") }.count == 1)
+        let summary = try #require(state.published.first { $0.destination == .reply("replies") })
+        let text = String(decoding: summary.body, as: UTF8.self)
+        #expect(text.contains("\"notifications\":36") && text.contains("\"delivered\":35") && text.contains("\"dead\":1"), "\(text)")
+        #expect(state.cache["fan-30"] == [], "the dead token of a later piece left the cache")
+    }
+
+    @Test func urgentJobsStartBetweenALargeJobsPieces() throws {
+        let fleet = InMemoryFleet()
+        let users = (1...100).map { "campaign-\($0)" }
+        fleet.change { state in
+            for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
+            state.holdingAnswers = true
+        }
+        let running = Spec.Running(fleet, settings: Spec.settings(maximumInFlight: 10, usersPerPiece: 10))
+        let large = fleet.deliver(Spec.job("campaign", users: users), lane: .bulk)
+        #expect(fleet.wait { $0.sent.count == 10 }, "the first piece went out")
+        let urgent = fleet.deliver(Spec.job("urgent", tokens: [Spec.token(500)]))
+        #expect(fleet.wait { $0.sent.contains { $0.token == Spec.token(500) } }, "the urgent job went out")
+        #expect(fleet.read { $0.resolutions.reduce(0, +) } <= 30, "while most of the campaign was not even resolved")
+        fleet.releaseAnswers()
+        #expect(fleet.wait { Set($0.acknowledged) == [large, urgent] })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 101)
     }
 }
 

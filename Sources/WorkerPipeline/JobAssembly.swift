@@ -1,0 +1,50 @@
+/// A job with more users than one piece (`WorkerCore.Settings.usersPerPiece`): its users are resolved and sent a
+/// piece at a time, so that a 100,000-user campaign costs the broker thread no more at a time than a small job, urgent
+/// deliveries are read and started between its pieces, and the memory it holds follows the piece (plus 8 bytes a
+/// notification to send each token once, and what went wrong), not the job. Broker thread only.
+///
+/// Each piece is a `JobProgress` of its own on its way to APNs; when one comes back complete, `whole` absorbs its
+/// outcomes. Once every user is resolved and no piece is out, `whole` is settled like any finished job.
+final class JobAssembly {
+    /// The job's outcomes so far, settled once complete.
+    let whole: JobProgress
+    /// The next user to resolve.
+    private(set) var nextUser: Int
+    private(set) var piecesOut = 0
+    /// What an earlier delivery of the job settled: skipped in every piece.
+    let alreadySettled: Set<String>
+    /// Hashes of the tokens reached so far (Swift's hasher is seeded per process, which is all this needs).
+    private var seen = Set<Int>()
+
+    init(whole: JobProgress, alreadySettled: Set<String>) {
+        self.whole = whole
+        self.alreadySettled = alreadySettled
+        nextUser = 0
+    }
+
+    var job: PushJob { whole.job }
+    var lane: JobLane { whole.delivery.lane }
+    var hasUsersLeft: Bool { nextUser < job.users.count }
+    var isComplete: Bool { !hasUsersLeft && piecesOut == 0 }
+
+    /// The users of the next piece, at most `size`; they count as taken.
+    func takeUsers(_ size: Int) -> ArraySlice<String> {
+        let users = job.users[nextUser..<min(job.users.count, nextUser + size)]
+        nextUser = users.endIndex
+        return users
+    }
+
+    /// Whether a token is reached for the first time in this job.
+    func firstTime(_ token: String) -> Bool { seen.insert(token.hashValue).inserted }
+
+    func sent(_ piece: JobProgress) {
+        piece.assembly = self
+        piecesOut += 1
+    }
+
+    /// A piece came back complete.
+    func absorb(_ piece: JobProgress) {
+        whole.absorb(piece)
+        piecesOut -= 1
+    }
+}
