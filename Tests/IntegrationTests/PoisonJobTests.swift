@@ -88,4 +88,46 @@ import Glibc
                                            SentRecord.key(forAlone: "id:" + poisonID)])
         #expect(forgotten.integer == 0, "the parked job's count and mark are deleted")
     }
+
+    /// Two rolling restarts (SIGTERM, jobs given back unfinished) while two slow bulk jobs run (APNS_RATE_LIMIT=20:
+    /// 400 notifications take 20 s): their third delivery makes no suspect, and an urgent job published after the
+    /// third start is delivered while they are still under way, not after them.
+    @Test func rollingRestartsDoNotHoldUpUrgentWork() throws {
+        let logger = Logger(label: "rolling", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (redisURL, _) = try TestServices.isolatedRedis(.rollingRestarts)
+        let (jobs, urgentReplies, urgentReader, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("rolling-bulk"), bulkReplies = TestServices.unique("rolling-bulk-replies")
+        let bulkReader = try QueueReader(bulkReplies)
+        try publisher.declareQueue(bulk)
+        for job in 0..<2 {
+            let tokens = (0..<200).map { "\"" + String(format: "%064x", 0xD0_0000 + job * 1000 + $0) + "\"" }
+            let body = #"{"id": "\#(bulk)-\#(job)", "tokens": [\#(tokens.joined(separator: ","))], "payload": {"aps": {}}}"#
+            try publisher.publish(to: bulk, body: Array(body.utf8),
+                                  properties: AMQPProperties(replyTo: bulkReplies, messageID: "\(bulk)-\(job)"))
+        }
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "20", "SHUTDOWN_TIMEOUT": "1",
+            "LOG_FORMAT": "text", "LOG_LEVEL": "info",
+        ])
+        for restart in 1...2 {
+            let sentBefore = simulator.received().count
+            let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+            #expect(TestServices.waitUntil(timeout: 30) { simulator.received().count >= sentBefore + 10 },
+                    "start \(restart): the bulk jobs are under way")
+            #expect(worker.stop() == 0, "start \(restart): an orderly stop")
+        }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        defer { _ = worker.stop() }
+        #expect(worker.waitForLine(containing: "consuming") != nil)
+        let published = Date()
+        try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(repeating: "ab", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: urgentReplies))
+        let summary = try urgentReader.read(1, timeout: 30)
+        let waited = Date().timeIntervalSince(published)
+        #expect(summary.count == 1, "the urgent job was delivered")
+        #expect(try bulkReader.read(1, timeout: 0.2).isEmpty, "while the bulk jobs were still under way")
+        print(String(format: "rolling restarts | urgent job after two rolling restarts under two bulk jobs | summary in %.2f s", waited))
+    }
 }

@@ -32,7 +32,7 @@ enum TestServices {
     /// meet another test's answers there.
     enum IsolatedDatabase: Int {
         case wrongEnvironmentCampaign = 1, siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs,
-             diluted
+             diluted, rollingRestarts
     }
 
     /// The REDIS_URL of `database`, emptied, with a connection to it.
