@@ -132,11 +132,7 @@ import Glibc
     /// /readyz is Redis as it is now: frozen (SIGSTOP), the worker is not ready within a few seconds; thawed, it is
     /// ready again.
     @Test func readinessFollowsAFrozenRedis() throws {
-        let port = TestServices.freePort()
-        let directory = NSTemporaryDirectory() + TestServices.unique("redis-frozen")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let redis = try TestServices.Daemon("/usr/bin/redis-server", ["--port", String(port), "--bind", "127.0.0.1",
-                                                                     "--save", "", "--appendonly", "no", "--dir", directory])
+        let (port, redis) = try Self.privateRedis()
         defer { redis.stop() }
         let metricsPort = TestServices.freePort()
         let (environment, simulator) = try environment(["REDIS_URL": "redis://127.0.0.1:\(port)/0",
@@ -144,11 +140,9 @@ import Glibc
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         defer { _ = worker.stop(SIGKILL) }
-        // /readyz's answer; nil while nothing answers on the port (the worker not listening yet).
-        func readiness() -> (status: Int, body: String)? { try? TestServices.httpGet(port: metricsPort, "/readyz") }
+        func readiness() -> (status: Int, body: String)? { Self.readiness(metricsPort) }
         func ready() -> Bool { readiness()?.status == 200 }
-        // Not ready is an answer (503 "not ready"), not a worker that stopped answering.
-        func notReady() -> Bool { readiness().map { $0.status == 503 && $0.body == "not ready\n" } ?? false }
+        func notReady() -> Bool { Self.notReady(readiness()) }
         #expect(TestServices.waitUntil(ready), "ready once Redis answers")
         kill(redis.pid, SIGSTOP)
         // Within the readiness window (3 s) after the last answer, before Redis's 5 s call timeout would end the
@@ -172,11 +166,7 @@ import Glibc
 
     /// The cleanup consumer's /readyz is a round trip too: Redis frozen, not ready within a few seconds; thawed, ready.
     @Test func cleanupReadinessFollowsAFrozenRedis() throws {
-        let port = TestServices.freePort()
-        let directory = NSTemporaryDirectory() + TestServices.unique("redis-frozen-cleanup")
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let redis = try TestServices.Daemon("/usr/bin/redis-server", ["--port", String(port), "--bind", "127.0.0.1",
-                                                                     "--save", "", "--appendonly", "no", "--dir", directory])
+        let (port, redis) = try Self.privateRedis()
         defer { redis.stop() }
         let metricsPort = TestServices.freePort()
         let cleanup = try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: [
@@ -186,13 +176,30 @@ import Glibc
             "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
         ])
         defer { _ = cleanup.stop(SIGKILL) }
-        func readiness() -> (status: Int, body: String)? { try? TestServices.httpGet(port: metricsPort, "/readyz") }
-        func ready() -> Bool { readiness()?.status == 200 }
-        func notReady() -> Bool { readiness().map { $0.status == 503 && $0.body == "not ready\n" } ?? false }
+        func ready() -> Bool { Self.readiness(metricsPort)?.status == 200 }
+        func notReady() -> Bool { Self.notReady(Self.readiness(metricsPort)) }
         #expect(TestServices.waitUntil(ready), "ready once consuming")
         kill(redis.pid, SIGSTOP)
         #expect(TestServices.waitUntil(timeout: 4.5, notReady), "not ready while Redis is frozen")
         kill(redis.pid, SIGCONT)
         #expect(TestServices.waitUntil(timeout: 30, ready), "ready again once Redis answers")
+    }
+
+    /// A redis-server of the test's own, on a free port, without persistence: one the test may freeze.
+    static func privateRedis() throws -> (port: Int, daemon: TestServices.Daemon) {
+        let port = TestServices.freePort()
+        let directory = NSTemporaryDirectory() + TestServices.unique("redis-frozen")
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let redis = try TestServices.Daemon("/usr/bin/redis-server", ["--port", String(port), "--bind", "127.0.0.1",
+                                                                     "--save", "", "--appendonly", "no", "--dir", directory])
+        return (port, redis)
+    }
+
+    /// /readyz's answer; nil while nothing answers on the port (not listening yet).
+    static func readiness(_ port: Int) -> (status: Int, body: String)? { try? TestServices.httpGet(port: port, "/readyz") }
+
+    /// Not ready is an answer (503 "not ready"), not a program that stopped answering.
+    static func notReady(_ answer: (status: Int, body: String)?) -> Bool {
+        answer.map { $0.status == 503 && $0.body == "not ready\n" } ?? false
     }
 }

@@ -1,0 +1,75 @@
+import APNsModel
+import Foundation
+import Telemetry
+
+/// Handing queued notifications to the sender, within the in-flight windows and the shared rate limit.
+extension SessionLoop {
+    /// Hands up to `wanted` queued notifications of each lane to the sender, urgent first (fewer if the shared rate
+    /// limit grants fewer); returns the lanes the rate limit held back, with the seconds until more may go.
+    /// Notifications whose job's deadline has passed are settled as expired on the way, without a permit or a
+    /// request.
+    func send(_ wanted: LaneCounts) throws -> (lanes: [JobLane], wait: Double)? {
+        let now = Date().timeIntervalSince1970
+        var sending: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+        var expired: [(progress: JobProgress, index: Int32)] = []
+        for lane in JobLane.allCases where wanted[lane] > 0 {
+            let taken = backlogs.withQueue(lane) { $0.take(upTo: wanted[lane], liveAt: now) }
+            sending[lane] = taken.live
+            expired += taken.expired
+        }
+        if !expired.isEmpty { worker.answers.settleExpired(expired) }
+        var limited: (lanes: [JobLane], wait: Double)?
+        if let rateLimiter = session.rateLimiter {
+            let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
+            guard asked.total > 0 else { return nil }
+            let granted: LaneCounts
+            (granted, limited) = try reserve(asked, from: rateLimiter)
+            for lane in JobLane.allCases {
+                guard let entries = sending[lane], granted[lane] < entries.count else { continue }
+                backlogs.withQueue(lane) { $0.putBack(entries[granted[lane]...]) }
+                sending[lane] = Array(entries.prefix(granted[lane]))
+            }
+        }
+        for lane in JobLane.allCases {
+            guard let entries = sending[lane], !entries.isEmpty else { continue }
+            hand(entries, of: lane)
+        }
+        return limited
+    }
+
+    /// Permits for what is asked, per lane, and the lanes held back with the seconds until the next window.
+    func reserve(_ asked: LaneCounts, from rateLimiter: any RateLimiter) throws
+        -> (granted: LaneCounts, limited: (lanes: [JobLane], wait: Double)?) {
+        let reservation = try rateLimiter.reserve(urgent: asked.urgent, bulk: asked.bulk)
+        switch reservation {
+        case .granted(let urgent, let bulk, let nextWindowIn):
+            let short = reservation.lanesHeldBack(asked: asked)
+            guard !short.isEmpty else { return (LaneCounts(urgent: urgent, bulk: bulk), nil) }
+            statistics.rateLimitWaits.add(1, ordering: .relaxed)
+            return (LaneCounts(urgent: urgent, bulk: bulk), (short, nextWindowIn))
+        case .refused(let message):
+            // The store refused the reservation (a slot key of the wrong type): nothing goes out unmetered; the slot
+            // keys expire within 10 s, so waiting a second and asking again is enough.
+            statistics.countDataError("rate_limit")
+            logger.error("Redis refused the rate-limit reservation; waiting", ["redis.error": message])
+            return (LaneCounts(), (JobLane.allCases, 1))
+        }
+    }
+
+    /// One hand-over of a lane's notifications to the sender; each answer is recorded on the sender's thread, and
+    /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
+    func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
+        let statistics = self.statistics, answers = worker.answers, wakeup = worker.wakeup
+        let sendMoreAt = core.settings.sendMoreAt
+        statistics.inFlight.add(lane, entries.count)
+        statistics.sent.add(lane, entries.count)
+        let handedOver = DispatchTime.now().uptimeNanoseconds
+        let latency = statistics.latency(lane)
+        worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) { position, result in
+            latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
+            if statistics.inFlight.add(lane, -1) == sendMoreAt { wakeup.signal() }
+            let (progress, index) = entries[position]
+            answers.record(result, for: progress, Int(index))
+        }
+    }
+}

@@ -1,0 +1,201 @@
+import APNsModel
+import Foundation
+import Telemetry
+
+/// Settling jobs: parking bad ones, weighing mismatches, publishing what finished jobs produced, removing dead tokens,
+/// acknowledging.
+extension SessionLoop {
+    /// Parks bad jobs with their reason, waits for the broker's confirms, then acknowledges them. One the broker hands
+    /// back (the failed queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
+    func reject(_ rejected: [(JobDelivery, String)]) throws {
+        let publications = rejected.map { delivery, reason in
+            logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.tag)])
+            var properties = delivery.properties
+            properties.persistent = true
+            properties.headers[Worker.reasonHeader] = reason
+            return Publication(destination: .failed, body: delivery.body, properties: properties)
+        }
+        let outcomes = try session.broker.publish(publications)
+        var settled: [UInt64] = []
+        for ((delivery, reason), outcome) in zip(rejected, outcomes) {
+            if outcome == .taken {
+                settled.append(delivery.tag)
+                statistics.jobsRejected.add(1, ordering: .relaxed)
+            } else {
+                held.hold(rejection: (delivery, reason))
+                statistics.countRefusedPublish("rejected_job")
+            }
+        }
+        if settled.count < rejected.count {
+            logger.error("the broker did not take parked jobs; kept unacknowledged, parked again shortly",
+                         ["jobs": String(rejected.count - settled.count), "retry_in_s": String(HeldPublishes.pause)])
+        }
+        try session.broker.acknowledge(settled)
+    }
+
+    func publishHeld() throws {
+        guard let due = held.takeDue() else { return }
+        if !due.jobs.isEmpty { core.handle(.jobsSettled(try finish(due.jobs))) }
+        if !due.rejections.isEmpty { try reject(due.rejections) }
+    }
+
+    /// Settles finished jobs as their plans say: publishes, waits for the broker's confirms, takes dead tokens out of
+    /// the cache, then acknowledges. A job whose publications the broker did not all take stays unacknowledged and
+    /// is held for another try. Returns how many jobs it settled.
+    func finish(_ finished: [JobProgress]) throws -> Int {
+        let now = Date().timeIntervalSince1970
+        try weighMismatches(finished.filter { !$0.guardApplied })
+        let plans = finished.map { progress in
+            let decision = retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
+                                              suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
+                                              deadline: progress.job.deadline, now: now)
+            if decision == .expire { statistics.expired.add(progress.expireRetryable(), ordering: .relaxed) }
+            return (progress: progress, decision: decision,
+                    plan: SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic))
+        }
+        let outcomes = try session.broker.publish(plans.flatMap(\.plan.publications))
+        var confirmed: [(progress: JobProgress, decision: RetryPolicy.Decision, plan: SettlementPlan)] = []
+        var refused: [JobProgress] = []
+        var offset = 0
+        for job in plans {
+            let own = outcomes[offset..<offset + job.plan.publications.count]
+            offset += job.plan.publications.count
+            // Once out, never again: not when the job's other publications are made again (nor, held, on a redelivery).
+            if let summary = job.plan.summary, own[own.startIndex + summary] == .taken { job.progress.summarySent = true }
+            guard job.plan.isSafe(own) else {
+                refused.append(job.progress)
+                continue
+            }
+            confirmed.append(job)
+            if job.plan.summaryLost(own) {
+                statistics.countRefusedPublish("summary")
+                logger.warning("a job's summary was not taken: no queue named by its reply_to",
+                               ["job.id": job.progress.job.id, "amqp.reply_to": job.progress.delivery.properties.replyTo ?? ""])
+            }
+        }
+        try removeDeadTokens(confirmed.flatMap { job in job.plan.removals.map { (job.progress.job.id, $0) } })
+        try hold(refused)
+        for job in confirmed {
+            count(settled: job.progress, job.decision, parkedReason: job.plan.parkedReason)
+            underWay.settled(job.progress.delivery.tag)
+        }
+        try session.broker.acknowledge(confirmed.map(\.progress.delivery.tag))
+        // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
+        // settled, so that a copy its publisher made after a failover sends nothing (one command per batch).
+        let settledIDs = confirmed.filter(\.progress.hasStableID).map(\.progress.job.id)
+        if !settledIDs.isEmpty { try session.record.settledRecently(settledIDs) }
+        return confirmed.count
+    }
+
+    /// A removal the store refuses (a key of the wrong type) concerns that token only: its event is out, the job is
+    /// settled, and the cleanup consumer will meet the same key and park the event with the reason.
+    func removeDeadTokens(_ removals: [(jobID: String, removal: TokenRemoval)]) throws {
+        guard !removals.isEmpty else { return }
+        for ((jobID, removal), change) in zip(removals, try session.tokens.remove(removals.map(\.removal))) {
+            guard case .failed(let message) = change else { continue }
+            statistics.countDataError("token_removal")
+            logger.error("Redis refused to remove a dead token", ["job.id": jobID, "user": removal.user,
+                                                                  "apns.token": Redact.token(removal.token),
+                                                                  "redis.error": message])
+        }
+    }
+
+    /// Jobs whose publications the broker did not take. Their outcomes (and whether their summary went out) go to
+    /// the idempotency record now: if this connection drops before their publications are made again, a redelivery
+    /// sends nothing twice, publishes no second summary, and still publishes its dead tokens' events.
+    func hold(_ refused: [JobProgress]) throws {
+        let unrecorded = refused.compactMap(settledOutcomes)
+        if !unrecorded.isEmpty { try record(unrecorded) }
+        for progress in refused {
+            held.hold(job: progress)
+            statistics.countRefusedPublish("job_outputs")
+            logger.error("the broker did not take what a job produced; kept unacknowledged, published again shortly",
+                         ["job.id": progress.job.id, "retry_in_s": String(HeldPublishes.pause)])
+        }
+    }
+
+    /// A stable-id job's final outcomes not recorded yet, and its summary if it went out.
+    func settledOutcomes(of progress: JobProgress) -> (jobID: String, outcomes: [SettledOutcome])? {
+        guard progress.hasStableID else { return nil }
+        let outcomes = (progress.takeUnrecordedFinal() ?? []) + (progress.summarySent ? [.summarySent] : [])
+        return outcomes.isEmpty ? nil : (progress.job.id, outcomes)
+    }
+
+    func count(settled progress: JobProgress, _ decision: RetryPolicy.Decision, parkedReason: String?) {
+        statistics.jobsCompleted.add(1, ordering: .relaxed)
+        switch decision {
+        case .retry: statistics.retries.add(progress.retryable.count, ordering: .relaxed)
+        case .park: statistics.jobsParked.add(1, ordering: .relaxed)
+        case .none, .expire: break
+        }
+        if let parkedReason {
+            logger.error("job parked after its last attempt", ["job.id": progress.job.id, "job.reason": parkedReason])
+        }
+        logger.debug("job done", ["job.id": progress.job.id, "job.attempt": String(progress.job.attempt),
+                                  "job.notifications": String(progress.notificationCount),
+                                  "job.delivered": String(progress.delivered), "job.dead": String(progress.dead.count),
+                                  "job.failed": String(progress.failed.count),
+                                  "job.retryable": String(progress.retryable.count)])
+    }
+
+    /// The mass-invalidation guard, once jobs' outcomes are all in: their 400 mismatch answers either count as dead
+    /// tokens (removed, with events) or, when the job's answers or the fleet's recent ones look like a configuration
+    /// mistake, are held back, logged at error level and counted. 410s are never held back. The fleet's window is
+    /// asked only when there are mismatches to weigh.
+    func weighMismatches(_ jobs: [JobProgress]) throws {
+        let batch = jobs.reduce(InvalidationCounts()) { $0 + $1.invalidationCounts }
+        unsharedAnswers = unsharedAnswers + batch
+        let fleet = batch.mismatches > 0 ? try shareAnswers() : nil
+        if batch.mismatches > 0 { noteFleetGuard(fleet) }
+        for progress in jobs {
+            let verdict = worker.settings.invalidationGuard.verdict(job: progress.invalidationCounts, fleet: fleet)
+            let heldBack = progress.applyGuard(verdict)
+            statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
+                                      ordering: .relaxed)
+            guard heldBack > 0 else { continue }
+            statistics.heldBack.add(heldBack, ordering: .relaxed)
+            guard verdict == .heldBackByJob else { continue }
+            statistics.invalidationGuardTrips.add(1, ordering: .relaxed)
+            let reasons = Set(progress.heldBack.compactMap { $0.response.reason?.rawValue }).sorted().joined(separator: ",")
+            logger.error("mass invalidation guard: 400 answers held back as a configuration error, no token removed", [
+                "job.id": progress.job.id, "apns.reason": reasons, "apns.topic": progress.job.topic,
+                "job.held_back": String(heldBack), "job.judged": String(progress.judged),
+                "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? "",
+            ])
+        }
+    }
+
+    /// Adds the answers not yet shared to the fleet's window; returns its totals (nil: the store refused).
+    func shareAnswers() throws -> InvalidationCounts? {
+        let totals = try session.invalidationWindow.add(unsharedAnswers)
+        unsharedAnswers = InvalidationCounts()
+        if totals == nil { statistics.countDataError("invalidation_window") }
+        return totals
+    }
+
+    /// The fleet guard's state as this worker last saw it: a trip and its end are logged once, not per job.
+    func noteFleetGuard(_ fleet: InvalidationCounts?) {
+        let tripped = fleet.map(worker.settings.invalidationGuard.holdsBack) ?? true
+        guard statistics.fleetGuardTripped.exchange(tripped, ordering: .relaxed) != tripped else { return }
+        if tripped {
+            statistics.invalidationGuardFleetTrips.add(1, ordering: .relaxed)
+            logger.error("mass invalidation guard (fleet): 400 answers across the fleet look like a configuration error; "
+                         + "no worker removes tokens for them until their share falls", [
+                "guard.mismatches": fleet.map { String($0.mismatches) } ?? "unreadable",
+                "guard.judged": fleet.map { String($0.judged) } ?? "unreadable",
+            ])
+        } else {
+            logger.warning("mass invalidation guard (fleet): the share of 400 answers fell back; mismatches count again",
+                           ["guard.mismatches": String(fleet?.mismatches ?? 0), "guard.judged": String(fleet?.judged ?? 0)])
+        }
+    }
+
+    /// Adds final outcomes to the idempotency record. A record the store refuses concerns that job only: logged and
+    /// counted (a redelivery of it would send its notifications again), never a reconnect.
+    func record(_ outcomes: [(jobID: String, outcomes: [SettledOutcome])]) throws {
+        for (jobID, message) in try session.record.record(outcomes) {
+            statistics.countDataError("idempotency_record")
+            logger.error("Redis refused the idempotency record", ["job.id": jobID, "redis.error": message])
+        }
+    }
+}

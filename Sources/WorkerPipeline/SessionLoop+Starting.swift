@@ -1,0 +1,254 @@
+import APNsModel
+import Foundation
+import Telemetry
+
+/// Reading and starting jobs: triage, suspects, copies, decoding, resolving users (a piece at a time for large
+/// jobs) and queueing their notifications.
+extension SessionLoop {
+    /// Reads up to `limit` deliveries, parks the poison ones, and starts the rest as the suspects and lanes allow.
+    /// Returns how many it read.
+    func read(limit: Int) throws -> Int {
+        var batch: [JobDelivery] = []
+        for notice in try session.broker.receive(limit: limit) {
+            switch notice {
+            case .delivery(let delivery):
+                batch.append(delivery)
+            case .publishingBlocked(let blocked):
+                logger.warning(blocked ? "broker blocks publishers (resource alarm)" : "broker unblocked")
+                statistics.brokerBlocked.store(blocked, ordering: .relaxed)
+                if blocked { statistics.brokerBlocks.add(1, ordering: .relaxed) }
+            }
+        }
+        note(taken: batch)
+        let sorted = try sortByDeliveries(batch)
+        if !sorted.poison.isEmpty { try reject(sorted.poison.map { ($0.delivery, triage.reason($0)) }) }
+        try dispatch(suspects.admit(usual: sorted.usual, suspects: sorted.suspects))
+        return batch.count
+    }
+
+    /// Counts the jobs taken from each lane, and how long they had waited there (from their timestamp).
+    func note(taken batch: [JobDelivery]) {
+        let now = Date().timeIntervalSince1970
+        for delivery in batch {
+            statistics.jobsTaken.add(delivery.lane, 1)
+            if let published = delivery.properties.timestamp {
+                statistics.longestWait.raise(delivery.lane, to: Int(max(0, (now - Double(published)) * 1000)))
+            }
+        }
+    }
+
+    /// The triage of a batch, with the counts it needs from the store; poison jobs' histories are forgotten, so that
+    /// the same job sent again after a fix starts afresh.
+    func sortByDeliveries(_ batch: [JobDelivery]) throws -> DeliveryTriage.Sorted {
+        let (counted, uncounted) = triage.brokerCounts(of: batch)
+        var deliveries = counted
+        if !uncounted.isEmpty {
+            let (redeliveries, unreadable) = try session.record.countRedeliveries(of: uncounted.map(\.key))
+            for (key, message) in unreadable {
+                statistics.countDataError("delivery_count")
+                logger.error("a redelivered job's delivery count cannot be read; the job is handled",
+                             ["redis.error": message, "job.history_key": key])
+            }
+            deliveries = triage.merging(counted, uncounted: uncounted, storeRedeliveries: redeliveries)
+        }
+        if !deliveries.isEmpty {
+            let redelivered = batch.filter { deliveries[$0.tag] != nil }.map(DeliveryTriage.historyKey)
+            deliveries = triage.discounting(deliveries, of: batch, givenBack: try session.record.givenBack(redelivered))
+        }
+        let overLimit = triage.overLimit(batch, deliveries: deliveries)
+        let diedAlone = overLimit.isEmpty ? [] : try session.record.diedAlone(overLimit)
+        let sorted = triage.sort(batch, deliveries: deliveries, diedAlone: diedAlone)
+        for poison in sorted.poison {
+            statistics.poisonJobs.add(1, ordering: .relaxed)
+            logger.error("poison job parked: delivered more often than allowed, and a worker died with it alone",
+                         ["job.deliveries": String(poison.deliveries), "job.max_deliveries": String(triage.maximumDeliveries),
+                          "amqp.message_id": poison.delivery.properties.messageID ?? ""])
+            try session.record.forget(poison.historyKey)
+        }
+        return sorted
+    }
+
+    /// After a turn's work: the suspect whose lone run settled is unmarked; the next suspect starts alone once
+    /// nothing is in flight, and the jobs behind once no suspect is left.
+    func startSuspectOrWaiting() throws {
+        let (ended, next) = suspects.step(jobsInFlight: underWay.counts, stopping: core.isStopping,
+                                          key: DeliveryTriage.historyKey)
+        if let ended { try session.record.settledAlone(ended) }
+        switch next {
+        case .startAlone(let suspect, let key):
+            try session.record.startingAlone(key)
+            logger.warning("starting a job alone: it came back twice or more without being settled",
+                           ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
+                            "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)])
+            try start([suspect])
+        case .dispatch(let waiting):
+            try dispatch(waiting)
+        case .none:
+            break
+        }
+    }
+
+    func startCopiesWhoseJobSettled() throws {
+        guard !copiesWaiting.isEmpty, !core.isStopping else { return }
+        let ready = copiesWaiting.filter { !underWay.contains(jobID: $0.jobID) }
+        guard !ready.isEmpty else { return }
+        copiesWaiting.removeAll { !underWay.contains(jobID: $0.jobID) }
+        try start(ready.map(\.delivery))
+    }
+
+    func dispatch(_ batch: [JobDelivery]) throws {
+        let (startNow, later) = WorkerCore.arrivals(batch)
+        unstartedBulk += later
+        if !startNow.isEmpty { try start(startNow) }
+    }
+
+    /// Decodes a batch, parks the bad jobs, resolves users in one round trip to the store, and queues every
+    /// notification for sending; jobs with nothing left to send are settled at once. A job with more users than a
+    /// piece starts with its first piece (`JobAssembly`); the next ones come as its lane makes room.
+    func start(_ batch: [JobDelivery]) throws {
+        let (decoded, rejected) = decode(batch)
+        let jobs = try skippingSettledCopies(holdingBackCopies(decoded))
+        let piece = core.settings.usersPerPiece
+        let resolved = try session.tokens.resolve(resolver.usersToResolve(jobs.map(\.job), upTo: piece))
+        statistics.countDataError("token_cache_read", resolved.unreadable.count)
+        // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
+        let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: resolver.jobsToLookUp(jobs))
+        for (jobID, message) in unreadableRecords {
+            statistics.countDataError("idempotency_record")
+            logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
+                         ["job.id": jobID, "redis.error": message])
+        }
+        var finishedAtOnce: [JobProgress] = []
+        for (delivery, job) in jobs {
+            underWay.started(delivery, jobID: job.id)
+            let settled = alreadySettled[job.id]
+            let large = job.retryTargets == nil && job.users.count > piece
+            var targets: [DeviceTarget] = []
+            if !large {
+                let skipped: Int
+                (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens, alreadySettled: settled?.tokens ?? [])
+                statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
+            }
+            let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
+                                       hasStableID: TargetResolver.hasStableID(job, delivery))
+            if let settled {
+                progress.restore(settled: settled.tokens.count, dead: settled.dead)
+                progress.summarySent = settled.summarySent
+            }
+            guard large else {
+                if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
+                continue
+            }
+            let assembly = JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? [])
+            sendPiece(of: assembly, resolved: resolved.tokens)
+            if assembly.hasUsersLeft { assemblies.append(assembly) } else if assembly.isComplete { finishedAtOnce.append(progress) }
+        }
+        core.handle(.jobsStarted(jobs.count))
+        if !rejected.isEmpty { try reject(rejected) }
+        if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    func queue(_ progress: JobProgress) {
+        backlogs.withQueue(progress.delivery.lane) { $0.append(progress, count: progress.targets.count) }
+    }
+
+    /// The next piece of a large job: its users taken, their tokens (from `resolved`) queued as a progress of its own.
+    func sendPiece(of assembly: JobAssembly, resolved: [String: [CachedToken]]) {
+        let withOwnTokens = assembly.nextUser == 0
+        let users = assembly.takeUsers(core.settings.usersPerPiece)
+        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: withOwnTokens,
+                                                       resolved: resolved, alreadySettled: assembly.alreadySettled,
+                                                       firstTime: assembly.firstTime)
+        statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
+        guard !targets.isEmpty else { return }
+        let piece = assembly.whole.piece(targets)
+        assembly.sent(piece)
+        queue(piece)
+    }
+
+    /// Resolves and queues the next piece of the first large job of `lane` with users left; settles the job if that
+    /// was its last piece and nothing of it is out.
+    func resolveNextPiece(of lane: JobLane) throws {
+        guard let index = assemblies.firstIndex(where: { $0.lane == lane }) else { return }
+        let assembly = assemblies[index]
+        let users = Array(assembly.job.users[assembly.nextUser..<min(assembly.job.users.count,
+                                                                      assembly.nextUser + core.settings.usersPerPiece)])
+        let resolved = try session.tokens.resolve(users)
+        statistics.countDataError("token_cache_read", resolved.unreadable.count)
+        sendPiece(of: assembly, resolved: resolved.tokens)
+        guard !assembly.hasUsersLeft else { return }
+        assemblies.remove(at: index)
+        if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
+    }
+
+    /// Completed progresses as jobs to settle: a piece of a large job is absorbed into its job, which is settled once
+    /// every user is resolved and no piece is out.
+    func jobsToSettle(_ completed: [JobProgress]) -> [JobProgress] {
+        var jobs: [JobProgress] = []
+        for progress in completed {
+            guard let assembly = progress.assembly else {
+                jobs.append(progress)
+                continue
+            }
+            assembly.absorb(progress)
+            if assembly.isComplete { jobs.append(assembly.whole) }
+        }
+        return jobs
+    }
+
+    /// A republished copy whose job (same id) is under way here, or earlier in the same batch, waits for it to settle.
+    func holdingBackCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) -> [(delivery: JobDelivery, job: PushJob)] {
+        guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
+        var starting: [(delivery: JobDelivery, job: PushJob)] = []
+        var ids = Set<String>()
+        for entry in jobs {
+            if Self.isCopy(entry.delivery) && (underWay.contains(jobID: entry.job.id) || ids.contains(entry.job.id)) {
+                copiesWaiting.append((entry.delivery, entry.job.id))
+                continue
+            }
+            starting.append(entry)
+            ids.insert(entry.job.id)
+        }
+        return starting
+    }
+
+    static func isCopy(_ delivery: JobDelivery) -> Bool {
+        delivery.properties.headers[Worker.republishedHeader] != nil
+    }
+
+    /// Republished copies of jobs the fleet settled in the last half minute are acknowledged without sending anything
+    /// (their summary included); copies of jobs under way elsewhere skip what the idempotency record says was sent.
+    func skippingSettledCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws
+        -> [(delivery: JobDelivery, job: PushJob)] {
+        let copies = jobs.filter { Self.isCopy($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
+        guard !copies.isEmpty else { return jobs }
+        let settled = try session.record.recentlySettled(copies.map(\.job.id))
+        guard !settled.isEmpty else { return jobs }
+        let skipped = jobs.filter { Self.isCopy($0.delivery) && settled.contains($0.job.id) }
+        statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)
+        logger.info("republished copies of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
+        try session.broker.acknowledge(skipped.map(\.delivery.tag))
+        return jobs.filter { !(Self.isCopy($0.delivery) && settled.contains($0.job.id)) }
+    }
+
+    func decode(_ batch: [JobDelivery]) -> (jobs: [(delivery: JobDelivery, job: PushJob)],
+                                                    rejected: [(JobDelivery, String)]) {
+        var jobs: [(delivery: JobDelivery, job: PushJob)] = []
+        var rejected: [(JobDelivery, String)] = []
+        for delivery in batch {
+            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
+            do {
+                let job = try PushJob.decode(delivery.body, defaultTopic: worker.settings.defaultTopic,
+                                             fallbackID: fallbackID)
+                if let exitOnJobID = worker.settings.exitOnJobID, job.id == exitOnJobID {
+                    logger.critical("test fault: exiting on this job", ["job.id": job.id])
+                    exit(70)
+                }
+                jobs.append((delivery, job))
+            } catch {
+                rejected.append((delivery, error.description))
+            }
+        }
+        return (jobs, rejected)
+    }
+}
