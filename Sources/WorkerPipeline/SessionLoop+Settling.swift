@@ -81,10 +81,23 @@ extension SessionLoop {
         }
         try session.broker.acknowledge(confirmed.map(\.progress.delivery.tag))
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
-        // settled, so that a copy its publisher made after a failover sends nothing (one command per batch).
-        let settledIDs = confirmed.filter(\.progress.hasStableID).map(\.progress.job.id)
-        if !settledIDs.isEmpty { try session.record.settledRecently(settledIDs) }
+        // settled, so that a copy its publisher made after a failover sends nothing.
+        for job in confirmed where job.progress.hasStableID { settledUnshared.insert(job.progress.job.id) }
+        try shareSettled()
         return confirmed.count
+    }
+
+    /// The jobs settled since the last share go to the fleet's record of settled jobs every `settledShareInterval`
+    /// (or every 1,000 jobs, or with `force`): a few round trips a second however fast jobs settle. Until then this
+    /// worker recognises their copies itself.
+    func shareSettled(force: Bool = false) throws {
+        guard !settledUnshared.isEmpty else { return }
+        let now = DispatchTime.now().uptimeNanoseconds
+        guard force || settledUnshared.count >= 1000
+                || Double(now &- settledSharedAt) / 1e9 >= Self.settledShareInterval else { return }
+        try session.record.settledRecently(Array(settledUnshared))
+        settledUnshared.removeAll(keepingCapacity: true)
+        settledSharedAt = now
     }
 
     /// A removal the store refuses (a key of the wrong type) concerns that token only: its event is out, the job is

@@ -213,16 +213,18 @@ extension SessionLoop {
     }
 
     static func isCopy(_ delivery: JobDelivery) -> Bool {
-        delivery.properties.headers[Worker.republishedHeader] != nil
+        !delivery.properties.headers.isEmpty && delivery.properties.headers[Worker.republishedHeader] != nil
     }
 
     /// Republished copies of jobs the fleet settled in the last half minute are acknowledged without sending anything
     /// (their summary included); copies of jobs under way elsewhere skip what the idempotency record says was sent.
     func skippingSettledCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws
         -> [(delivery: JobDelivery, job: PushJob)] {
+        guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
         let copies = jobs.filter { Self.isCopy($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
         guard !copies.isEmpty else { return jobs }
-        let settled = try session.record.recentlySettled(copies.map(\.job.id))
+        let ids = copies.map(\.job.id)
+        let settled = settledUnshared.intersection(ids).union(try session.record.recentlySettled(ids))
         guard !settled.isEmpty else { return jobs }
         let skipped = jobs.filter { Self.isCopy($0.delivery) && settled.contains($0.job.id) }
         statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)

@@ -32,6 +32,11 @@ final class SessionLoop {
     /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
     /// has mismatches to weigh, or with the statistics report.
     var unsharedAnswers = InvalidationCounts()
+    /// Stable ids of jobs settled here and not yet added to the fleet's record of settled jobs, and when it was last
+    /// added to (monotonic nanoseconds).
+    var settledUnshared = Set<String>()
+    var settledSharedAt = DispatchTime.now().uptimeNanoseconds
+    static let settledShareInterval = 0.1
 
     var statistics: WorkerStatistics { worker.statistics }
     var logger: Logger { worker.logger }
@@ -129,6 +134,7 @@ final class SessionLoop {
             // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
             try session.store.probe()
             try session.broker.probe()
+            try shareSettled(force: true)
             worker.markAlive()
             core.handle(.probed(now))
         case .reportStatistics:
@@ -157,6 +163,7 @@ final class SessionLoop {
             try? session.record.gaveBack(underWay.deliveries.values.map { DeliveryTriage.historyKey($0.delivery) })
         }
         _ = try? worker.reportStatistics(to: session.statistics)
+        try? shareSettled(force: true)
         session.broker.close()
     }
 

@@ -22,13 +22,17 @@ public struct TargetResolver: Sendable, Equatable {
     /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved);
     /// of a job with more than `piece` users, the first piece only.
     public func usersToResolve(_ jobs: [PushJob], upTo piece: Int = .max) -> [String] {
-        jobs.flatMap { $0.retryTargets == nil ? Array($0.users.prefix(piece)) : [] }
+        jobs.flatMap { job in
+            guard job.retryTargets == nil else { return [String]() }
+            return job.users.count > piece ? Array(job.users.prefix(piece)) : job.users
+        }
     }
 
     /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or
     /// published again by its publisher after a failover (`Worker.republishedHeader`).
     public static func mayRepeat(_ delivery: JobDelivery) -> Bool {
-        delivery.redelivered || delivery.properties.headers[Worker.republishedHeader] != nil
+        delivery.redelivered || (!delivery.properties.headers.isEmpty
+                                 && delivery.properties.headers[Worker.republishedHeader] != nil)
     }
 
     /// The jobs whose earlier deliveries or copies may have settled some notifications already, with a stable id.

@@ -130,4 +130,38 @@ import Glibc
         #expect(try bulkReader.read(1, timeout: 0.2).isEmpty, "while the bulk jobs were still under way")
         print(String(format: "rolling restarts | urgent job after two rolling restarts under two bulk jobs | summary in %.2f s", waited))
     }
+
+    /// A bulk job that stopped two workers (the test fault exits on it) is a suspect at its third delivery and runs
+    /// alone among bulk work; slow under APNS_RATE_LIMIT=20, it does not hold up an urgent job published meanwhile.
+    @Test func aBulkSuspectRunsAloneWhileUrgentJobsAreDelivered() throws {
+        let logger = Logger(label: "bulk-suspect", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (redisURL, _) = try TestServices.isolatedRedis(.bulkSuspect)
+        let (jobs, urgentReplies, urgentReader, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("suspect-bulk"), bulkReplies = TestServices.unique("suspect-bulk-replies")
+        let bulkReader = try QueueReader(bulkReplies)
+        try publisher.declareQueue(bulk)
+        let suspectID = "\(bulk)-suspect"
+        let tokens = (0..<200).map { "\"" + String(format: "%064x", 0xE0_0000 + $0) + "\"" }
+        let body = #"{"id": "\#(suspectID)", "tokens": [\#(tokens.joined(separator: ","))], "payload": {"aps": {}}}"#
+        try publisher.publish(to: bulk, body: Array(body.utf8), properties: AMQPProperties(replyTo: bulkReplies, messageID: suspectID))
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "20", "LOG_FORMAT": "text", "LOG_LEVEL": "info",
+        ])
+        for start in 1...2 {
+            let crashing = try ExecutablesTests.Child("apns-worker", ["run"],
+                                                     environment: environment.merging(["TEST_FAULT_EXIT_ON_JOB": suspectID]) { $1 })
+            #expect(crashing.waitForExit() == 70, "start \(start): the job stopped the worker")
+        }
+        environment["TEST_FAULT_EXIT_ON_JOB"] = nil
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        defer { _ = worker.stop() }
+        #expect(worker.waitForLine(containing: "starting a job alone") != nil, "the bulk job runs alone")
+        try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(repeating: "cd", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: urgentReplies))
+        #expect(try urgentReader.read(1, timeout: 30).count == 1, "the urgent job was delivered")
+        #expect(try bulkReader.read(1, timeout: 0.2).isEmpty, "while the suspect was still running alone")
+        #expect(try bulkReader.read(1, timeout: 30).count == 1, "and the suspect settled after")
+    }
 }

@@ -27,12 +27,12 @@ enum TestServices {
     static func amqpURL() throws -> AMQPURL { try AMQPURL(value("AMQP_URL")) }
     static func redisURL() throws -> RedisURL { try RedisURL(value("REDIS_URL")) }
 
-    /// Redis databases a test holds alone (others: 8 to 15, each named where it is used). The fleet's invalidation
-    /// window is one per Redis database, and a test that sends waves of 400 mismatches (or counts on none) must not
-    /// meet another test's answers there.
+    /// Redis databases a test holds alone (others: 8 to 15, each named where it is used; scripts/test starts Redis
+    /// with 32). The fleet's invalidation window and the rate limit are one per Redis database, and a test that sends
+    /// waves of 400 mismatches or runs under a rate limit of its own must not meet another test's there.
     enum IsolatedDatabase: Int {
-        case wrongEnvironmentCampaign = 1, siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs,
-             diluted, rollingRestarts
+        case wrongEnvironmentCampaign = 16, siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs,
+             diluted, rollingRestarts, bulkSuspect
     }
 
     /// The REDIS_URL of `database`, emptied, with a connection to it.

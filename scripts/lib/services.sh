@@ -88,8 +88,9 @@ CONF
         services_rabbitmq_env
         rabbitmq-server -detached >"$SERVICES_DIR/rabbitmq/start.log" 2>&1
     )
+    # 32 databases: tests that need a Redis of their own (the fleet's invalidation window, a rate limit) each take one.
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$SERVICES_DIR/redis" --save '' --appendonly no \
-        --daemonize yes --pidfile "$SERVICES_DIR/redis/pid" --logfile "$SERVICES_DIR/redis/log" >/dev/null
+        --databases 32 --daemonize yes --pidfile "$SERVICES_DIR/redis/pid" --logfile "$SERVICES_DIR/redis/log" >/dev/null
     # rabbitmqctl for this node, for tests that act on the broker (closing one connection, listing queues).
     cat > "$SERVICES_DIR/rabbitmqctl" <<WRAPPER
 #!/usr/bin/env bash
