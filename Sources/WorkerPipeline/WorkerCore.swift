@@ -44,7 +44,7 @@ public struct WorkerCore: Sendable {
 
         public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
                     sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
-                    progressInterval: Double = 10, usersPerPiece: Int = 250, bulkBytesPerTurn: Int = 64 << 10) {
+                    progressInterval: Double = 10, usersPerPiece: Int = 250, bulkBytesPerTurn: Int = 8 << 10) {
             self.usersPerPiece = usersPerPiece
             self.bulkBytesPerTurn = bulkBytesPerTurn
             self.prefetch = prefetch
