@@ -9,7 +9,7 @@ final class JobAssembly {
     /// The job's outcomes so far, settled once complete.
     let whole: JobProgress
     /// The next user to resolve.
-    private(set) var nextUser: Int
+    private var nextUser = 0
     private(set) var piecesOut = 0
     /// What an earlier delivery of the job settled: skipped in every piece.
     let alreadySettled: Set<String>
@@ -19,7 +19,6 @@ final class JobAssembly {
     init(whole: JobProgress, alreadySettled: Set<String>) {
         self.whole = whole
         self.alreadySettled = alreadySettled
-        nextUser = 0
     }
 
     var job: PushJob { whole.job }

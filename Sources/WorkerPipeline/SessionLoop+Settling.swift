@@ -156,16 +156,22 @@ extension SessionLoop {
     /// mistake, are held back, logged at error level and counted. 410s are never held back. The fleet's window is
     /// asked only when there are mismatches to weigh.
     func weighMismatches(_ jobs: [JobProgress]) throws {
-        let batch = jobs.reduce(InvalidationCounts()) { $0 + $1.invalidationCounts }
+        let counts = jobs.map(\.invalidationCounts)
+        let batch = counts.reduce(InvalidationCounts(), +)
         unsharedAnswers = unsharedAnswers + batch
-        let fleet = batch.mismatches > 0 ? try shareAnswers() : nil
-        if batch.mismatches > 0 { noteFleetGuard(fleet) }
-        for progress in jobs {
-            let verdict = worker.settings.invalidationGuard.verdict(job: progress.invalidationCounts, fleet: fleet)
+        guard batch.mismatches > 0 else {
+            for progress in jobs { _ = progress.applyGuard(.remove) }
+            return
+        }
+        let fleet = try shareAnswers()
+        noteFleetGuard(fleet)
+        for (progress, job) in zip(jobs, counts) {
+            let verdict = worker.settings.invalidationGuard.verdict(job: job, fleet: fleet)
             let heldBack = progress.applyGuard(verdict)
-            statistics.deadTokens.add(progress.dead.filter { APNsOutcome.isTokenMismatch($0.response) }.count,
-                                      ordering: .relaxed)
-            guard heldBack > 0 else { continue }
+            guard heldBack > 0 else {
+                statistics.deadTokens.add(job.mismatches, ordering: .relaxed)
+                continue
+            }
             statistics.heldBack.add(heldBack, ordering: .relaxed)
             guard verdict == .heldBackByJob else { continue }
             statistics.invalidationGuardTrips.add(1, ordering: .relaxed)

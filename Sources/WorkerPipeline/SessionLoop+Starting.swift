@@ -140,7 +140,7 @@ extension SessionLoop {
                 continue
             }
             let assembly = JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? [])
-            sendPiece(of: assembly, resolved: resolved.tokens)
+            sendPiece(of: assembly, users: assembly.takeUsers(piece), resolved: resolved.tokens)
             if assembly.hasUsersLeft { assemblies.append(assembly) } else if assembly.isComplete { finishedAtOnce.append(progress) }
         }
         core.handle(.jobsStarted(jobs.count))
@@ -152,11 +152,10 @@ extension SessionLoop {
         backlogs.withQueue(progress.delivery.lane) { $0.append(progress, count: progress.targets.count) }
     }
 
-    /// The next piece of a large job: its users taken, their tokens (from `resolved`) queued as a progress of its own.
-    func sendPiece(of assembly: JobAssembly, resolved: [String: [CachedToken]]) {
-        let withOwnTokens = assembly.nextUser == 0
-        let users = assembly.takeUsers(core.settings.usersPerPiece)
-        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: withOwnTokens,
+    /// One piece of a large job: these users' tokens (from `resolved`), with the job's own tokens in the first piece,
+    /// queued as a progress of its own.
+    func sendPiece(of assembly: JobAssembly, users: ArraySlice<String>, resolved: [String: [CachedToken]]) {
+        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: users.startIndex == 0,
                                                        resolved: resolved, alreadySettled: assembly.alreadySettled,
                                                        firstTime: assembly.firstTime)
         statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
@@ -171,11 +170,10 @@ extension SessionLoop {
     func resolveNextPiece(of lane: JobLane) throws {
         guard let index = assemblies.firstIndex(where: { $0.lane == lane }) else { return }
         let assembly = assemblies[index]
-        let users = Array(assembly.job.users[assembly.nextUser..<min(assembly.job.users.count,
-                                                                      assembly.nextUser + core.settings.usersPerPiece)])
-        let resolved = try session.tokens.resolve(users)
+        let users = assembly.takeUsers(core.settings.usersPerPiece)
+        let resolved = try session.tokens.resolve(Array(users))
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
-        sendPiece(of: assembly, resolved: resolved.tokens)
+        sendPiece(of: assembly, users: users, resolved: resolved.tokens)
         guard !assembly.hasUsersLeft else { return }
         assemblies.remove(at: index)
         if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }

@@ -32,8 +32,6 @@ final class InMemoryFleet: @unchecked Sendable {
         var reports = 0
         /// The fleet's window of token-judging answers; nil makes the store refuse it.
         var invalidationWindow: InvalidationCounts? = InvalidationCounts()
-        /// Permits per reservation per lane (nil: no limit).
-        var permitsPerWindow: Int?
         // Sender
         var sent: [(lane: JobLane, token: String)] = []
         var holdingAnswers = false
@@ -87,7 +85,7 @@ final class InMemoryFleet: @unchecked Sendable {
 
     func session() -> WorkerSession {
         WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
-                      statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(self),
+                      statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
                       invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:])
     }
 
@@ -219,16 +217,10 @@ final class InMemoryRecord: IdempotencyRecord {
     func recentlySettled(_ jobIDs: [String]) throws -> Set<String> { fleet.read { $0.settledRecently.intersection(jobIDs) } }
 }
 
+/// Grants everything: the rate limit's rules are the Redis script's, proven against Redis in RateLimitTests.
 final class InMemoryRateLimiter: RateLimiter {
-    private let fleet: InMemoryFleet
-
-    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
-
     func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
-        guard let permits = fleet.read(\.permitsPerWindow) else {
-            return .granted(urgent: urgent, bulk: bulk, nextWindowIn: 0)
-        }
-        return .granted(urgent: min(urgent, permits), bulk: min(bulk, permits), nextWindowIn: 0.01)
+        .granted(urgent: urgent, bulk: bulk, nextWindowIn: 0)
     }
 }
 
