@@ -89,79 +89,88 @@ import Glibc
         #expect(forgotten.integer == 0, "the parked job's count and mark are deleted")
     }
 
-    /// Two rolling restarts (SIGTERM, jobs given back unfinished) while two slow bulk jobs run (APNS_RATE_LIMIT=20:
-    /// 400 notifications take 20 s): their third delivery makes no suspect, and an urgent job published after the
-    /// third start is delivered while they are still under way, not after them.
-    @Test func rollingRestartsDoNotHoldUpUrgentWork() throws {
-        let logger = Logger(label: "rolling", level: .critical)
-        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
-        defer { simulator.shutdown() }
-        let (redisURL, _) = try TestServices.isolatedRedis(.rollingRestarts)
-        let (jobs, urgentReplies, urgentReader, publisher) = try TestServices.jobQueues()
-        let bulk = TestServices.unique("rolling-bulk"), bulkReplies = TestServices.unique("rolling-bulk-replies")
-        let bulkReader = try QueueReader(bulkReplies)
-        try publisher.declareQueue(bulk)
-        for job in 0..<2 {
-            let tokens = (0..<200).map { "\"" + String(format: "%064x", 0xD0_0000 + job * 1000 + $0) + "\"" }
-            let body = #"{"id": "\#(bulk)-\#(job)", "tokens": [\#(tokens.joined(separator: ","))], "payload": {"aps": {}}}"#
-            try publisher.publish(to: bulk, body: Array(body.utf8),
-                                  properties: AMQPProperties(replyTo: bulkReplies, messageID: "\(bulk)-\(job)"))
+    /// Slow bulk jobs (200 tokens each under APNS_RATE_LIMIT=20: ten seconds a job) with summaries, an urgent queue,
+    /// and a Redis database of their own: the scene of the two tests below.
+    struct SlowBulkLane {
+        let simulator: APNsSimulator
+        let environment: [String: String]
+        let bulkIDs: [String]
+        private let jobs: String, urgentReplies: String
+        private let urgentReader: QueueReader, bulkReader: QueueReader
+        private let publisher: AMQPConnection
+
+        init(_ label: String, _ database: TestServices.IsolatedDatabase, bulkJobs: Int, tokenBase: Int,
+             _ settings: [String: String] = [:]) throws {
+            simulator = try APNsSimulator(configuration: .init(), logger: Logger(label: label, level: .critical))
+            let (redisURL, _) = try TestServices.isolatedRedis(database)
+            (jobs, urgentReplies, urgentReader, publisher) = try TestServices.jobQueues()
+            let bulk = TestServices.unique("\(label)-bulk"), bulkReplies = TestServices.unique("\(label)-bulk-replies")
+            bulkReader = try QueueReader(bulkReplies)
+            try publisher.declareQueue(bulk)
+            bulkIDs = (0..<bulkJobs).map { "\(bulk)-\($0)" }
+            for (job, id) in bulkIDs.enumerated() {
+                let tokens = (0..<200).map { "\"" + String(format: "%064x", tokenBase + job * 1000 + $0) + "\"" }
+                let body = #"{"id": "\#(id)", "tokens": [\#(tokens.joined(separator: ","))], "payload": {"aps": {}}}"#
+                try publisher.publish(to: bulk, body: Array(body.utf8), properties: AMQPProperties(replyTo: bulkReplies, messageID: id))
+            }
+            environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+                "PUSH_BULK_QUEUE": bulk, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "20", "LOG_FORMAT": "text",
+                "LOG_LEVEL": "info",
+            ].merging(settings) { $1 })
         }
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_BULK_QUEUE": bulk, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "20", "SHUTDOWN_TIMEOUT": "1",
-            "LOG_FORMAT": "text", "LOG_LEVEL": "info",
-        ])
+
+        /// Publishes an urgent single-token job and waits for its summary; returns the seconds it took, and whether a
+        /// bulk job's summary had come before it was read.
+        func urgentJob(token: String) throws -> (seconds: Double?, bulkSettledFirst: Bool) {
+            let published = Date()
+            try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8),
+                                  properties: AMQPProperties(replyTo: urgentReplies))
+            let delivered = try urgentReader.read(1, timeout: 30).count == 1
+            let seconds = delivered ? Date().timeIntervalSince(published) : nil
+            return (seconds, !(try bulkReader.read(1, timeout: 0.2).isEmpty))
+        }
+
+        func bulkSettles() throws -> Bool { try bulkReader.read(1, timeout: 30).count == 1 }
+    }
+
+    /// Two rolling restarts (SIGTERM, jobs given back unfinished) while two slow bulk jobs run: their third delivery
+    /// makes no suspect, and an urgent job published after the third start is delivered while they are still under
+    /// way, not after them.
+    @Test func rollingRestartsDoNotHoldUpUrgentWork() throws {
+        let lane = try SlowBulkLane("rolling", .rollingRestarts, bulkJobs: 2, tokenBase: 0xD0_0000, ["SHUTDOWN_TIMEOUT": "1"])
+        defer { lane.simulator.shutdown() }
         for restart in 1...2 {
-            let sentBefore = simulator.received().count
-            let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-            #expect(TestServices.waitUntil(timeout: 30) { simulator.received().count >= sentBefore + 10 },
+            let sentBefore = lane.simulator.received().count
+            let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: lane.environment)
+            #expect(TestServices.waitUntil(timeout: 30) { lane.simulator.received().count >= sentBefore + 10 },
                     "start \(restart): the bulk jobs are under way")
             #expect(worker.stop() == 0, "start \(restart): an orderly stop")
         }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: lane.environment)
         defer { _ = worker.stop() }
         #expect(worker.waitForLine(containing: "consuming") != nil)
-        let published = Date()
-        try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(repeating: "ab", count: 32))"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: urgentReplies))
-        let summary = try urgentReader.read(1, timeout: 30)
-        let waited = Date().timeIntervalSince(published)
-        #expect(summary.count == 1, "the urgent job was delivered")
-        #expect(try bulkReader.read(1, timeout: 0.2).isEmpty, "while the bulk jobs were still under way")
-        print(String(format: "rolling restarts | urgent job after two rolling restarts under two bulk jobs | summary in %.2f s", waited))
+        let urgent = try lane.urgentJob(token: String(repeating: "ab", count: 32))
+        let seconds = try #require(urgent.seconds, "the urgent job was delivered")
+        #expect(!urgent.bulkSettledFirst, "while the bulk jobs were still under way")
+        print(String(format: "rolling restarts | urgent job after two rolling restarts under two bulk jobs | summary in %.2f s", seconds))
     }
 
     /// A bulk job that stopped two workers (the test fault exits on it) is a suspect at its third delivery and runs
-    /// alone among bulk work; slow under APNS_RATE_LIMIT=20, it does not hold up an urgent job published meanwhile.
+    /// alone among bulk work; slow under the rate limit, it does not hold up an urgent job published meanwhile.
     @Test func aBulkSuspectRunsAloneWhileUrgentJobsAreDelivered() throws {
-        let logger = Logger(label: "bulk-suspect", level: .critical)
-        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
-        defer { simulator.shutdown() }
-        let (redisURL, _) = try TestServices.isolatedRedis(.bulkSuspect)
-        let (jobs, urgentReplies, urgentReader, publisher) = try TestServices.jobQueues()
-        let bulk = TestServices.unique("suspect-bulk"), bulkReplies = TestServices.unique("suspect-bulk-replies")
-        let bulkReader = try QueueReader(bulkReplies)
-        try publisher.declareQueue(bulk)
-        let suspectID = "\(bulk)-suspect"
-        let tokens = (0..<200).map { "\"" + String(format: "%064x", 0xE0_0000 + $0) + "\"" }
-        let body = #"{"id": "\#(suspectID)", "tokens": [\#(tokens.joined(separator: ","))], "payload": {"aps": {}}}"#
-        try publisher.publish(to: bulk, body: Array(body.utf8), properties: AMQPProperties(replyTo: bulkReplies, messageID: suspectID))
-        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_BULK_QUEUE": bulk, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "20", "LOG_FORMAT": "text", "LOG_LEVEL": "info",
-        ])
+        let lane = try SlowBulkLane("bulk-suspect", .bulkSuspect, bulkJobs: 1, tokenBase: 0xE0_0000)
+        defer { lane.simulator.shutdown() }
         for start in 1...2 {
-            let crashing = try ExecutablesTests.Child("apns-worker", ["run"],
-                                                     environment: environment.merging(["TEST_FAULT_EXIT_ON_JOB": suspectID]) { $1 })
+            let crashing = try ExecutablesTests.Child("apns-worker", ["run"], environment: lane.environment.merging(
+                ["TEST_FAULT_EXIT_ON_JOB": lane.bulkIDs[0]]) { $1 })
             #expect(crashing.waitForExit() == 70, "start \(start): the job stopped the worker")
         }
-        environment["TEST_FAULT_EXIT_ON_JOB"] = nil
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: lane.environment)
         defer { _ = worker.stop() }
         #expect(worker.waitForLine(containing: "starting a job alone") != nil, "the bulk job runs alone")
-        try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(repeating: "cd", count: 32))"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: urgentReplies))
-        #expect(try urgentReader.read(1, timeout: 30).count == 1, "the urgent job was delivered")
-        #expect(try bulkReader.read(1, timeout: 0.2).isEmpty, "while the suspect was still running alone")
-        #expect(try bulkReader.read(1, timeout: 30).count == 1, "and the suspect settled after")
+        let urgent = try lane.urgentJob(token: String(repeating: "cd", count: 32))
+        #expect(urgent.seconds != nil, "the urgent job was delivered")
+        #expect(!urgent.bulkSettledFirst, "while the suspect was still running alone")
+        #expect(try lane.bulkSettles(), "and the suspect settled after")
     }
 }
