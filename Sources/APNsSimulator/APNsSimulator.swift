@@ -35,6 +35,9 @@ public final class APNsSimulator: Sendable {
         /// Provider-token checking: key id -> (team id, public key). Empty: any bearer token is accepted.
         public var trustedKeys: [String: TrustedKey]
         public var maximumConcurrentStreams: UInt32
+        /// Threads the connections are spread over: as at APNs, a connection kept busy (a bulk sender's) does not
+        /// make another wait for the server.
+        public var threads = 1
         /// Keep every received notification for `received()` (tests); counters are always kept.
         public var recordsNotifications: Bool
         /// Faults and answers scripted on top of APNs's rules; changeable at run time with `setBehaviour`.
@@ -152,14 +155,13 @@ public final class APNsSimulator: Sendable {
             privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: configuration.maximumConcurrentStreams,
             clientCertificateCA: configuration.clientCertificateCA)
         serverConfiguration.acknowledgesPings = !configuration.behaviour.ignoresPings
+        serverConfiguration.loopCount = configuration.threads
         let server = try HTTP2Server(
             configuration: serverConfiguration,
             logger: logger) { request, writer in core.handle(request, writer) }
         self.port = server.port
         self.server.withLock { $0 = server }
-        server.loop.execute {
-            server.onConnectionClosed = { id in core.state.withLock { _ = $0.connections.removeValue(forKey: id) } }
-        }
+        server.onConnectionClosed = { id in core.state.withLock { _ = $0.connections.removeValue(forKey: id) } }
     }
 
     public func shutdown() {

@@ -20,7 +20,7 @@ public struct HTTP2ServerRequest: Sendable {
 }
 
 /// A connection carried through the loop's task queue back to its own loop thread, which alone uses it.
-private struct LoopThreadReference: @unchecked Sendable {
+struct LoopThreadReference: @unchecked Sendable {
     let connection: HTTP2Connection
 }
 

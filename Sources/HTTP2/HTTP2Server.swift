@@ -3,9 +3,12 @@ import Glibc
 #endif
 import Telemetry
 
-/// A TLS + HTTP/2 server (ALPN h2 only) on one event loop: the ground apns-sim stands on.
+/// A TLS + HTTP/2 server (ALPN h2 only): the ground apns-sim stands on. Connections are spread over `loopCount`
+/// event loops (threads), each connection served by one: a server that answers one busy connection does not make
+/// the others wait for it, as APNs does not.
 public final class HTTP2Server: PollHandler, @unchecked Sendable {
-    // Invariant: `connections` and `nextConnectionID` are touched only on the loop thread; the rest is immutable.
+    // Invariant: `nextConnectionID` is touched only on the accepting loop's thread, each connection only on its own
+    // loop's; `connections` is shared by the loops under its lock; the rest is immutable.
     public struct Configuration: Sendable {
         public var host: String
         public var port: Int
@@ -16,6 +19,8 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         public var clientCertificateCA: String?
         /// false: PINGs go unanswered, as from a peer that silently died.
         public var acknowledgesPings = true
+        /// Event loops (threads) the connections are spread over, in the order they arrive.
+        public var loopCount = 1
 
         public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String, privateKeyPEM: String,
                     maximumConcurrentStreams: UInt32 = 1000, clientCertificateCA: String? = nil) {
@@ -29,18 +34,24 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
     }
 
     public let port: Int
-    public let loop: EventLoop
+    /// The loop that accepts connections (and serves the first, the n+1st, ...).
+    public var loop: EventLoop { loops[0] }
+    private let loops: [EventLoop]
     public let fileDescriptor: Int32
     private let tlsContext: TLSContext
     private let handler: HTTP2RequestHandler
     private let logger: Logger
     private let maximumConcurrentStreams: UInt32
     private let acknowledgesPings: Bool
-    private var connections: [Int: HTTP2Connection] = [:]
+    private let connections = Locked<[Int: HTTP2Connection]>([:])
     private var nextConnectionID = 1
+    private let closedObserver = Locked<(@Sendable (Int) -> Void)?>(nil)
 
-    /// Called on the loop thread when a connection closes, with its id: per-connection state can go.
-    public var onConnectionClosed: ((Int) -> Void)?
+    /// Called on the connection's loop thread when a connection closes, with its id: per-connection state can go.
+    public var onConnectionClosed: (@Sendable (Int) -> Void)? {
+        get { closedObserver.withLock { $0 } }
+        set { closedObserver.withLock { $0 = newValue } }
+    }
 
     public init(configuration: Configuration, logger: Logger, handler: @escaping HTTP2RequestHandler) throws {
         tlsContext = try TLSContext.server(certificatePEM: configuration.certificatePEM,
@@ -53,17 +64,21 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         self.logger = logger
         maximumConcurrentStreams = configuration.maximumConcurrentStreams
         acknowledgesPings = configuration.acknowledgesPings
-        loop = EventLoop(name: "http2-server")
+        loops = (0..<max(1, configuration.loopCount)).map { EventLoop(name: "http2-server-\($0)") }
         loop.execute { [self] in loop.register(self) }
     }
 
     public func shutdown() {
         loop.execute { [self] in
             loop.deregister(self)
-            for connection in connections.values { connection.close(reason: "server shut down") }
             close(fileDescriptor)
         }
-        loop.shutdown()
+        let open = connections.withLock { Array($0.values) }
+        for connection in open {
+            let reference = LoopThreadReference(connection: connection)
+            connection.loop.execute { reference.connection.close(reason: "server shut down") }
+        }
+        for loop in loops { loop.shutdown() }
     }
 
     public var pollEvents: Int16 { Int16(POLLIN) }
@@ -77,17 +92,23 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
                 let tls = try TLSStream(context: tlsContext, fileDescriptor: client, serverName: nil)
                 let id = nextConnectionID
                 nextConnectionID += 1
+                let owner = loops[(id - 1) % loops.count]
                 let connection = HTTP2Connection(
-                    id: id, loop: loop, fileDescriptor: client, tls: tls, role: .server(handler), connecting: false,
+                    id: id, loop: owner, fileDescriptor: client, tls: tls, role: .server(handler), connecting: false,
                     serverSettings: [(Int32(3), maximumConcurrentStreams)],  // SETTINGS_MAX_CONCURRENT_STREAMS
                     acknowledgesPings: acknowledgesPings)
                 connection.onClose = { [self] _, reason in
-                    connections[id] = nil
+                    connections.withLock { $0[id] = nil }
                     logger.debug("connection closed", ["http2.connection": String(id), "http2.reason": reason])
                     onConnectionClosed?(id)
                 }
-                connections[id] = connection
-                loop.register(connection)
+                connections.withLock { $0[id] = connection }
+                if owner === loop {
+                    owner.register(connection)
+                } else {
+                    let reference = LoopThreadReference(connection: connection)
+                    owner.execute { owner.register(reference.connection) }
+                }
             } catch {
                 logger.error("cannot accept a TLS connection", ["error": "\(error)"])
                 close(client)

@@ -32,6 +32,8 @@ OPTIONS:
                               play (production, or sandbox with --development) is answered 400 BadDeviceToken, as
                               Apple's sandbox answers a production token. Prefix rules and repetition as above.
   --max-streams N             SETTINGS_MAX_CONCURRENT_STREAMS (default 1000)
+  --threads N                 serve connections on N threads (default 2), spread in the order they arrive: as at
+                              APNs, one connection kept busy does not make the others wait
   --development               play the development environment: answers also carry apns-unique-id (production,
                               the default, sends only apns-id)
 
@@ -73,6 +75,7 @@ func fail(_ message: String) -> Never {
 }
 
 var configuration = APNsSimulator.Configuration(port: 2197, recordsNotifications: false)
+configuration.threads = 2
 var certificateFile: String?
 var keyFile: String?
 var writeCertificate: String?
@@ -147,6 +150,10 @@ while let argument = arguments.popFirst() {
             }
             configuration.behaviour.tokenEnvironments.append(rule)
         }
+    case "--threads":
+        let text = value(for: argument)
+        guard let threads = Int(text), (1...64).contains(threads) else { fail("--threads: \(text) is not a number 1..64") }
+        configuration.threads = threads
     case "--max-streams":
         let text = value(for: argument)
         guard let streams = UInt32(text), streams > 0 else { fail("--max-streams: \(text) is not a positive number") }
