@@ -100,13 +100,15 @@ public enum APNsTraffic: String, Sendable, Hashable, CaseIterable {
     case urgent, bulk
 }
 
-/// Sends notifications over persistent HTTP/2 connections, one pool per environment and traffic class, all on one
-/// event loop.
+/// Sends notifications over persistent HTTP/2 connections, one pool per environment and traffic class, and one event
+/// loop (thread) per traffic class: writing a large bulk batch or reading a burst of bulk answers never holds up an
+/// urgent request on its way out, and the bulk thread runs at a lower priority (`BulkThread`).
 public final class APNsClient: Sendable {
     public let configuration: APNsClientConfiguration
     private let authentication: APNsAuthentication
     private let logger: Logger
-    private let loop: EventLoop
+    private let urgentLoop: EventLoop
+    private let bulkLoop: EventLoop
     private let pools = Locked<[PoolKey: HTTP2Client]>([:])
 
     private struct PoolKey: Hashable {
@@ -118,14 +120,17 @@ public final class APNsClient: Sendable {
         self.configuration = configuration
         self.authentication = authentication
         self.logger = logger
-        self.loop = EventLoop(name: "apns")
+        urgentLoop = EventLoop(name: "apns-urgent")
+        bulkLoop = EventLoop(name: "apns-bulk", bulkWork: true)
         if !configuration.verifyPeer {
             logger.critical("TLS peer verification is OFF for APNs: anyone on the path can read and forge pushes",
                             ["tls.verify": "false"])
         }
     }
 
-    /// Sends a batch. `completion` runs once per notification with its index, always on the client's loop thread:
+    private func loop(_ traffic: APNsTraffic) -> EventLoop { traffic == .urgent ? urgentLoop : bulkLoop }
+
+    /// Sends a batch. `completion` runs once per notification with its index, always on the loop thread of `traffic`:
     /// keep it short. Notifications that break Apple's rules are answered without a request.
     public func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)],
                      traffic: APNsTraffic = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) {
@@ -134,7 +139,7 @@ public final class APNsClient: Sendable {
         defer {
             if !immediate.isEmpty {
                 let answers = immediate
-                loop.execute { for (index, result) in answers { completion(index, result) } }
+                loop(traffic).execute { for (index, result) in answers { completion(index, result) } }
             }
         }
         var authorization: String?
@@ -188,9 +193,10 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// Runs `action` on the client's loop thread after `delay` seconds: for work that belongs with the answers
+    /// Runs `action` on the loop thread of `traffic` after `delay` seconds: for work that belongs with its answers
     /// (which `send`'s completions deliver on that thread), such as handing a batch of them on.
-    public func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
+    public func schedule(after delay: Double, traffic: APNsTraffic = .urgent, _ action: @escaping @Sendable () -> Void) {
+        let loop = loop(traffic)
         if loop.inEventLoop {
             loop.schedule(after: delay, action)
         } else {
@@ -201,7 +207,8 @@ public final class APNsClient: Sendable {
     public func shutdown() {
         let all = pools.withLock { Array($0.values) }
         for pool in all { pool.shutdown() }
-        loop.shutdown()
+        urgentLoop.shutdown()
+        bulkLoop.shutdown()
     }
 
     private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment) -> APNsResult {
@@ -249,7 +256,7 @@ public final class APNsClient: Sendable {
             if let observer = configuration.observer { poolConfiguration.observer = { observer(environment, $0) } }
             let pool = try HTTP2Client(
                 configuration: poolConfiguration,
-                loop: loop, logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
+                loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
                                                                     "apns.traffic": traffic.rawValue]))
             pools[key] = pool
             return pool

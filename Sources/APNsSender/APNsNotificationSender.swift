@@ -3,8 +3,8 @@ import HTTP2
 import Telemetry
 import WorkerPipeline
 
-/// The pipeline's sender port over `APNsClient`: each lane on connections of its own, answers on the client's loop
-/// thread, connection events turned into the pipeline's `ConnectionHealth`.
+/// The pipeline's sender port over `APNsClient`: each lane on connections and a loop thread of its own, answers on
+/// the lane's thread, connection events turned into the pipeline's `ConnectionHealth`.
 public final class APNsNotificationSender: NotificationSender {
     private let client: APNsClient
     /// Who hears of connection events: set once by `start`, read by the client's loop thread on each event.
@@ -30,14 +30,18 @@ public final class APNsNotificationSender: NotificationSender {
 
     public func send(_ batch: [OutgoingNotification], lane: JobLane,
                      answer: @escaping @Sendable (Int, APNsResult) -> Void) {
-        client.send(batch, traffic: lane == .urgent ? .urgent : .bulk, completion: answer)
+        client.send(batch, traffic: APNsTraffic(lane), completion: answer)
     }
 
-    public func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
-        client.schedule(after: delay, action)
+    public func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
+        client.schedule(after: delay, traffic: APNsTraffic(lane), action)
     }
 
     public func shutdown() { client.shutdown() }
+}
+
+extension APNsTraffic {
+    init(_ lane: JobLane) { self = lane == .urgent ? .urgent : .bulk }
 }
 
 extension ConnectionHealth {

@@ -24,7 +24,9 @@ extension WorkerConfiguration {
             do {
                 let stores = try RedisStores(url: redisURL, rateLimit: rateLimit, urgentShare: urgentShare,
                                              logger: logger)
-                return WorkerSession(broker: amqp, tokens: stores.tokens, record: stores.record,
+                return WorkerSession(broker: amqp, tokens: stores.tokens,
+                                     preparationTokens: try RedisStores.tokenCache(url: redisURL, logger: logger),
+                                     record: stores.record,
                                      statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                                      invalidationWindow: stores.invalidationWindow,
                                      store: stores.connection,

@@ -33,10 +33,14 @@ public final class EventLoop: @unchecked Sendable {
     /// what we act on, so the signal must not kill the process. Done once, on the first loop made.
     private static let ignoreBrokenPipes: Void = { _ = signal(SIGPIPE, SIG_IGN) }()
 
-    public init(name: String) {
+    /// `bulkWork`: the loop's thread only ever does bulk work, and runs at `BulkThread`'s lower priority.
+    public init(name: String, bulkWork: Bool = false) {
         _ = Self.ignoreBrokenPipes
         self.name = name
-        let thread = Thread { [self] in self.run() }
+        let thread = Thread { [self] in
+            if bulkWork { BulkThread.lowerCurrentThreadPriority() }
+            self.run()
+        }
         thread.name = name
         thread.start()
     }

@@ -20,16 +20,24 @@ public struct RedisStores {
 
     /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
     public init(url: RedisURL, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
-        let connection: RedisConnection
-        do { connection = try RedisConnection(url: url) } catch {
-            if error.kind == .refused || error.kind == .badURL { throw ConnectionRefused(.store, error.message) }
-            throw error
-        }
+        let connection = try Self.connect(url)
         self.connection = connection
         tokens = TokenCache(redis: connection, logger: logger)
         record = SentRecord(redis: connection)
         statistics = SharedStatistics(redis: connection)
         invalidationWindow = SharedInvalidationWindow(redis: connection)
         rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
+    }
+
+    /// A token cache on a connection of its own, for a thread of its own (the worker's job preparer).
+    public static func tokenCache(url: RedisURL, logger: Logger) throws -> TokenCache {
+        TokenCache(redis: try connect(url), logger: logger)
+    }
+
+    private static func connect(_ url: RedisURL) throws -> RedisConnection {
+        do { return try RedisConnection(url: url) } catch {
+            if error.kind == .refused || error.kind == .badURL { throw ConnectionRefused(.store, error.message) }
+            throw error
+        }
     }
 }

@@ -2,7 +2,7 @@ import APNsModel
 import Foundation
 import Telemetry
 
-/// The worker's side of the sender's thread: records each answer in its job's progress, and hands the broker thread
+/// The worker's side of the sender's lane threads: records each answer in its job's progress, and hands the broker thread
 /// what it must act on, in batches: jobs whose every notification has an outcome (with one wake-up), and final
 /// outcomes of jobs still under way for the idempotency record (at most every `outcomeInterval`).
 final class AnswerCollector: Sendable {
@@ -16,8 +16,14 @@ final class AnswerCollector: Sendable {
     private let wakeup: Wakeup
     private let completions = Locked<[JobProgress]>([])
     private let finalOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
-    /// Sender thread only: jobs with final outcomes not handed over yet, and whether a hand-over is scheduled.
-    private let outcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
+    /// Per lane, on that lane's sender thread only: jobs with final outcomes not handed over yet, and whether a
+    /// hand-over is scheduled.
+    private let urgentOutcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
+    private let bulkOutcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
+
+    private func outcomesAwaiting(_ lane: JobLane) -> LoopConfined<(jobs: [JobProgress], scheduled: Bool)> {
+        lane == .urgent ? urgentOutcomesAwaiting : bulkOutcomesAwaiting
+    }
 
     init(statistics: WorkerStatistics, logger: Logger, sender: any NotificationSender, wakeup: Wakeup) {
         self.statistics = statistics
@@ -27,6 +33,21 @@ final class AnswerCollector: Sendable {
     }
 
     // MARK: broker thread
+
+    /// Jobs completed and not taken yet, by whether `isCurrent` says their broker connection is the current one.
+    func completedCounts(isCurrent: (Int) -> Bool) -> (current: Int, stale: Int) {
+        completions.withLock { queue in
+            let current = queue.count { isCurrent($0.generation) }
+            return (current, queue.count - current)
+        }
+    }
+
+    var hasOutcomes: Bool { finalOutcomes.withLock { !$0.isEmpty } }
+
+    /// Forgets the completed jobs of the broker connections `isStale` names.
+    func dropCompleted(isStale: (Int) -> Bool) {
+        completions.withLock { queue in queue.removeAll { isStale($0.generation) } }
+    }
 
     /// The jobs completed since the last call.
     func takeCompleted() -> [JobProgress] {
@@ -44,11 +65,11 @@ final class AnswerCollector: Sendable {
         }
     }
 
-    /// Notifications whose deadline passed before they could be handed to APNs: settled as expired on the sender's
-    /// thread, which owns their jobs' progress while they are out.
-    func settleExpired(_ expired: [(progress: JobProgress, index: Int32)]) {
+    /// Notifications of one lane whose deadline passed before they could be handed to APNs: settled as expired on
+    /// the lane's sender thread, which owns their jobs' progress while they are out.
+    func settleExpired(_ expired: [(progress: JobProgress, index: Int32)], lane: JobLane) {
         statistics.expired.add(expired.count, ordering: .relaxed)
-        sender.schedule(after: 0) { [self] in
+        sender.schedule(after: 0, lane: lane) { [self] in
             for (progress, index) in expired {
                 progress.recordExpired(Int(index))
                 noteOutcome(of: progress)
@@ -56,7 +77,7 @@ final class AnswerCollector: Sendable {
         }
     }
 
-    // MARK: sender thread
+    // MARK: sender threads (each job's on its lane's)
 
     func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
         if let response = result.response { progress.countAnswer(response) }
@@ -103,22 +124,24 @@ final class AnswerCollector: Sendable {
             wakeup.signal()
         } else if !progress.unrecordedFinal.isEmpty && !progress.awaitsHandOver {
             progress.awaitsHandOver = true
-            outcomesAwaiting.value.jobs.append(progress)
-            if !outcomesAwaiting.value.scheduled {
-                outcomesAwaiting.value.scheduled = true
-                sender.schedule(after: Self.outcomeInterval) { [self] in handOverOutcomes() }
+            let lane = progress.delivery.lane, awaiting = outcomesAwaiting(lane)
+            awaiting.value.jobs.append(progress)
+            if !awaiting.value.scheduled {
+                awaiting.value.scheduled = true
+                sender.schedule(after: Self.outcomeInterval, lane: lane) { [self] in handOverOutcomes(of: lane) }
             }
         }
     }
 
-    /// The final outcomes gathered over the last interval go to the broker thread in one hand-over.
-    private func handOverOutcomes() {
+    /// The final outcomes of a lane gathered over the last interval go to the broker thread in one hand-over.
+    private func handOverOutcomes(of lane: JobLane) {
+        let awaiting = outcomesAwaiting(lane)
         var batches: [(jobID: String, outcomes: [SettledOutcome])] = []
-        for progress in outcomesAwaiting.value.jobs where !progress.handedBack {
+        for progress in awaiting.value.jobs where !progress.handedBack {
             progress.awaitsHandOver = false
             if let outcomes = progress.takeUnrecordedFinal() { batches.append((progress.job.id, outcomes)) }
         }
-        outcomesAwaiting.value = ([], false)
+        awaiting.value = ([], false)
         guard !batches.isEmpty else { return }
         finalOutcomes.withLock { $0.append(contentsOf: batches) }
         wakeup.signal()

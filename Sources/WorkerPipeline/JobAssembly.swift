@@ -1,6 +1,6 @@
 /// A job with more users than one piece (`WorkerCore.Settings.usersPerPiece`): its users are resolved and sent a
 /// piece at a time, so that a 100,000-user campaign costs the broker thread no more at a time than a small job, urgent
-/// deliveries are read and started between its pieces, and the memory it holds follows the piece (plus 8 bytes a
+/// deliveries are read and started while its pieces are resolved (on the session's `JobPreparer` thread), and the memory it holds follows the piece (plus 8 bytes a
 /// notification to send each token once, and what went wrong), not the job. Broker thread only.
 ///
 /// Each piece is a `JobProgress` of its own on its way to APNs; when one comes back complete, `whole` absorbs its
@@ -11,6 +11,8 @@ final class JobAssembly {
     /// The next user to resolve.
     private var nextUser = 0
     private(set) var piecesOut = 0
+    /// A piece's users are being resolved (by the session's `JobPreparer`).
+    var resolving = false
     /// What an earlier delivery of the job settled: skipped in every piece.
     let alreadySettled: Set<String>
     /// Hashes of the tokens reached so far (Swift's hasher is seeded per process, which is all this needs).
@@ -24,7 +26,7 @@ final class JobAssembly {
     var job: PushJob { whole.job }
     var lane: JobLane { whole.delivery.lane }
     var hasUsersLeft: Bool { nextUser < job.users.count }
-    var isComplete: Bool { !hasUsersLeft && piecesOut == 0 }
+    var isComplete: Bool { !hasUsersLeft && !resolving && piecesOut == 0 }
 
     /// The users of the next piece, at most `size`; they count as taken.
     func takeUsers(_ size: Int) -> ArraySlice<String> {

@@ -3,7 +3,7 @@ import Telemetry
 
 /// One job on its way: which notifications still lack an outcome, and what the others became.
 ///
-/// Built on the broker thread, then handed to the APNs client's loop thread, which alone mutates it until the
+/// Built on the broker thread, then handed to its lane's sender thread, which alone mutates it until the
 /// last outcome is in; then handed back through the worker's completion queue. Hand-offs go through the loop's
 /// task queue and a Mutex, which order the memory accesses.
 final class JobProgress: @unchecked Sendable {
@@ -196,7 +196,7 @@ final class JobProgress: @unchecked Sendable {
     }
 }
 
-/// A value one thread alone reads and writes (the APNs client's loop thread), kept in a Sendable owner: the
+/// A value one thread alone reads and writes (a lane's sender thread), kept in a Sendable owner: the
 /// confinement is the invariant, not a lock.
 final class LoopConfined<Value>: @unchecked Sendable {
     var value: Value

@@ -3,7 +3,8 @@ import APNsModel
 // What the pipeline needs from the systems around it, in its own words. Adapters implement these over the wrappers
 // (`AMQPBroker` over RabbitMQ, `RedisStore` over Redis) and the executables wire them in through a `WorkerSession`
 // factory: another broker, a cluster-aware connection or another store is one new type, not an edit of the pipeline.
-// Every implementation is owned by the worker's broker thread and may block; none is shared across threads.
+// Every implementation is owned by one thread (the worker's broker thread, or its job preparer's for the second token
+// store) and may block; none is shared across threads.
 
 /// The message properties the pipeline reads and writes: the contract's reply_to, correlation-id, message-id,
 /// timestamp and string headers.
@@ -238,21 +239,22 @@ public enum ConnectionHealth: Sendable, Equatable {
 /// One notification to send: the environment its token belongs to, and the request.
 public typealias OutgoingNotification = (environment: APNsEnvironment, notification: APNsNotification)
 
-/// Where notifications go: APNs, over connections the sender owns on a thread of its own.
+/// Where notifications go: APNs, over connections the sender owns, each lane's on a thread of its own (a lane's
+/// thread never waits for the other lane's work).
 ///
-/// Answers arrive on the sender's thread, and so do the actions `schedule` runs: a job whose notifications are out
-/// is owned by that thread until its last answer is in. Work crosses in batches: one `send` per hand-over, not one
-/// per notification.
+/// A lane's answers arrive on that lane's thread, and so do the actions `schedule` runs for it: a job whose
+/// notifications are out is owned by its lane's thread until its last answer is in. Work crosses in batches: one
+/// `send` per hand-over, not one per notification.
 public protocol NotificationSender: AnyObject, Sendable {
     /// Opens connections ahead of the first notification (readiness waits for one), and from now on reports what
     /// becomes of every connection.
     func start(reportingHealth: @escaping @Sendable (ConnectionHealth) -> Void)
     /// Sends a batch of one lane's notifications (each lane has connections of its own). `answer` runs once per
-    /// notification, with its position in the batch, on the sender's thread: keep it short.
+    /// notification, with its position in the batch, on the lane's thread: keep it short.
     func send(_ batch: [OutgoingNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
-    /// Runs `action` on the sender's thread after `delay` seconds.
-    func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void)
-    /// Closes the connections and stops the thread.
+    /// Runs `action` on the lane's thread after `delay` seconds.
+    func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void)
+    /// Closes the connections and stops the threads.
     func shutdown()
 }
 
@@ -260,6 +262,8 @@ public protocol NotificationSender: AnyObject, Sendable {
 public struct WorkerSession {
     public var broker: any JobBroker
     public var tokens: any TokenStore
+    /// The same token store on a connection of its own, owned by the session's `JobPreparer` thread.
+    public var preparationTokens: any TokenStore
     public var record: any IdempotencyRecord
     public var statistics: any StatisticsSink
     public var rateLimiter: (any RateLimiter)?
@@ -269,12 +273,14 @@ public struct WorkerSession {
     /// For the log line that says the worker consumes.
     public var logMetadata: [String: String]
 
-    public init(broker: any JobBroker, tokens: any TokenStore, record: any IdempotencyRecord,
+    public init(broker: any JobBroker, tokens: any TokenStore, preparationTokens: any TokenStore,
+                record: any IdempotencyRecord,
                 statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
                 invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String]) {
         self.invalidationWindow = invalidationWindow
         self.broker = broker
         self.tokens = tokens
+        self.preparationTokens = preparationTokens
         self.record = record
         self.statistics = statistics
         self.rateLimiter = rateLimiter

@@ -11,13 +11,11 @@ extension SessionLoop {
     func send(_ wanted: LaneCounts) throws -> (lanes: [JobLane], wait: Double)? {
         let now = Date().timeIntervalSince1970
         var sending: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
-        var expired: [(progress: JobProgress, index: Int32)] = []
         for lane in JobLane.allCases where wanted[lane] > 0 {
             let taken = backlogs.withQueue(lane) { $0.take(upTo: wanted[lane], liveAt: now) }
             sending[lane] = taken.live
-            expired += taken.expired
+            if !taken.expired.isEmpty { worker.answers.settleExpired(taken.expired, lane: lane) }
         }
-        if !expired.isEmpty { worker.answers.settleExpired(expired) }
         var limited: (lanes: [JobLane], wait: Double)?
         if let rateLimiter = session.rateLimiter {
             let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
@@ -35,6 +33,14 @@ extension SessionLoop {
             hand(entries, of: lane)
         }
         return limited
+    }
+
+    /// The urgent notifications queued now, as many as the core allows, ahead of the rest of the turn.
+    func sendUrgent() throws {
+        let now = Date()
+        let count = core.urgentToSend(queued: backlogs.counts.urgent, inFlight: statistics.inFlight.counts.urgent, now: now)
+        guard count > 0, let limited = try send(LaneCounts(urgent: count)) else { return }
+        core.handle(.rateLimited(limited.lanes, nextWindowIn: limited.wait, at: now))
     }
 
     /// Permits for what is asked, per lane, and the lanes held back with the seconds until the next window.
@@ -56,7 +62,7 @@ extension SessionLoop {
         }
     }
 
-    /// One hand-over of a lane's notifications to the sender; each answer is recorded on the sender's thread, and
+    /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
     /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
     func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
         let statistics = self.statistics, answers = worker.answers, wakeup = worker.wakeup

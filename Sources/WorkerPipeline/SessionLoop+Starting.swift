@@ -102,14 +102,20 @@ extension SessionLoop {
         if !startNow.isEmpty { try start(startNow) }
     }
 
-    /// Decodes a batch, parks the bad jobs, resolves users in one round trip to the store, and queues every
-    /// notification for sending; jobs with nothing left to send are settled at once. A job with more users than a
-    /// piece starts with its first piece (`JobAssembly`); the next ones come as its lane makes room.
+    /// Decodes a batch and resolves its users here, on the broker thread (urgent jobs, suspects, copies), then starts
+    /// it.
     func start(_ batch: [JobDelivery]) throws {
-        let (decoded, rejected) = decode(batch)
-        let jobs = try skippingSettledCopies(holdingBackCopies(decoded))
-        let piece = core.settings.usersPerPiece
-        let resolved = try session.tokens.resolve(resolver.usersToResolve(jobs.map(\.job), upTo: piece))
+        try start(PreparedBatch.prepare(batch, tokens: session.tokens, settings: worker.settings, resolver: resolver,
+                                        logger: logger))
+    }
+
+    /// Parks the bad jobs of a prepared batch and queues every notification for sending; jobs with nothing left to
+    /// send are settled at once. A job with more users than a piece is resolved a piece at a time (`JobAssembly`) as
+    /// its lane makes room.
+    func start(_ prepared: PreparedBatch) throws {
+        let rejected = prepared.rejected
+        let jobs = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
+        let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
         let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: resolver.jobsToLookUp(jobs))
@@ -122,7 +128,7 @@ extension SessionLoop {
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
             let settled = alreadySettled[job.id]
-            let large = job.retryTargets == nil && job.users.count > piece
+            let large = PreparedBatch.isLarge(job, usersPerPiece: core.settings.usersPerPiece)
             var targets: [DeviceTarget] = []
             if !large {
                 let skipped: Int
@@ -139,9 +145,7 @@ extension SessionLoop {
                 if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
                 continue
             }
-            let assembly = JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? [])
-            sendPiece(of: assembly, users: assembly.takeUsers(piece), resolved: resolved.tokens)
-            if assembly.hasUsersLeft { assemblies.append(assembly) } else if assembly.isComplete { finishedAtOnce.append(progress) }
+            assemblies.append(JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? []))
         }
         core.handle(.jobsStarted(jobs.count))
         if !rejected.isEmpty { try reject(rejected) }
@@ -165,18 +169,48 @@ extension SessionLoop {
         queue(piece)
     }
 
-    /// Resolves and queues the next piece of the first large job of `lane` with users left; settles the job if that
-    /// was its last piece and nothing of it is out.
-    func resolveNextPiece(of lane: JobLane) throws {
-        guard let index = assemblies.firstIndex(where: { $0.lane == lane }) else { return }
-        let assembly = assemblies[index]
-        let users = assembly.takeUsers(core.settings.usersPerPiece)
-        let resolved = try session.tokens.resolve(Array(users))
-        statistics.countDataError("token_cache_read", resolved.unreadable.count)
-        sendPiece(of: assembly, users: users, resolved: resolved.tokens)
-        guard !assembly.hasUsersLeft else { return }
-        assemblies.remove(at: index)
-        if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
+    /// Asks the preparer for the users of the next piece of the first large job of `lane` with users left.
+    func askForNextPiece(of lane: JobLane) {
+        guard let assembly = assemblies.first(where: { $0.lane == lane && !$0.resolving }) else { return }
+        assembly.resolving = true
+        preparer.resolve(assembly.takeUsers(core.settings.usersPerPiece), of: assembly)
+    }
+
+    /// What the preparer finished: bulk batches are started (or given back, if the worker is stopping, or put back
+    /// behind a suspect that must run alone); pieces are queued, and a large job whose last piece that was and which has
+    /// nothing out is settled. A lost connection on the preparer's side ends the session.
+    func takePrepared() throws {
+        for result in preparer.takeResults() {
+            switch result {
+            case .batch(let prepared):
+                // From here they count as started (by `start`), as given back, or as unstarted again.
+                core.handle(.jobsSettled(prepared.deliveries.count))
+                if core.isStopping {
+                    try giveBack(prepared.deliveries)
+                } else if suspects.isActive {
+                    unstartedBulk.insert(contentsOf: prepared.deliveries, at: 0)
+                } else {
+                    try start(prepared)
+                }
+            case .piece(let assembly, let users, let resolved):
+                assembly.resolving = false
+                statistics.countDataError("token_cache_read", resolved.unreadable.count)
+                sendPiece(of: assembly, users: users, resolved: resolved.tokens)
+                guard !assembly.hasUsersLeft else { continue }
+                assemblies.removeAll { $0 === assembly }
+                if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
+            case .failed(let error):
+                throw error
+            }
+        }
+    }
+
+    /// Deliveries read and not started go back to the broker, noted as given back by an orderly stop (so that their
+    /// next delivery does not count towards making them suspects).
+    func giveBack(_ deliveries: [JobDelivery]) throws {
+        guard !deliveries.isEmpty else { return }
+        try session.record.gaveBack(deliveries.map(DeliveryTriage.historyKey))
+        for delivery in deliveries { try session.broker.requeue(delivery.tag) }
     }
 
     /// Completed progresses as jobs to settle: a piece of a large job is absorbed into its job, which is settled once
@@ -229,26 +263,5 @@ extension SessionLoop {
         logger.info("republished copies of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
         try session.broker.acknowledge(skipped.map(\.delivery.tag))
         return jobs.filter { !(Self.isCopy($0.delivery) && settled.contains($0.job.id)) }
-    }
-
-    func decode(_ batch: [JobDelivery]) -> (jobs: [(delivery: JobDelivery, job: PushJob)],
-                                                    rejected: [(JobDelivery, String)]) {
-        var jobs: [(delivery: JobDelivery, job: PushJob)] = []
-        var rejected: [(JobDelivery, String)] = []
-        for delivery in batch {
-            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
-            do {
-                let job = try PushJob.decode(delivery.body, defaultTopic: worker.settings.defaultTopic,
-                                             fallbackID: fallbackID)
-                if let exitOnJobID = worker.settings.exitOnJobID, job.id == exitOnJobID {
-                    logger.critical("test fault: exiting on this job", ["job.id": job.id])
-                    exit(70)
-                }
-                jobs.append((delivery, job))
-            } catch {
-                rejected.append((delivery, error.description))
-            }
-        }
-        return (jobs, rejected)
     }
 }

@@ -8,8 +8,10 @@ import Telemetry
 /// removes `SettlementPlan`'s, and the order of a turn, the lanes and the bounds `WorkerCore`'s.
 ///
 /// What lives and dies with the session is here: the core, notifications waiting to go, bulk jobs read and not
-/// started, publications the broker did not take, and suspects waiting to run alone. All of it is bounded by the
-/// prefetch, as every job it holds is an unacknowledged delivery.
+/// started, publications the broker did not take, suspects waiting to run alone, and the job preparer (a thread with
+/// a token-store connection of its own that decodes bulk jobs and resolves users of bulk and large jobs, so that this
+/// thread never waits on them). All of it is bounded by the prefetch, as every job it holds is an unacknowledged
+/// delivery.
 final class SessionLoop {
     let worker: Worker
     let session: WorkerSession
@@ -28,6 +30,8 @@ final class SessionLoop {
     var copiesWaiting: [(delivery: JobDelivery, jobID: String)] = []
     /// Large jobs under way with users still to resolve, a piece at a time.
     var assemblies: [JobAssembly] = []
+    /// Decodes bulk jobs and resolves users of bulk and large jobs on a thread of its own.
+    let preparer: JobPreparer
     var lastProgress: (at: Date, snapshot: WorkerStatistics.Snapshot)
     /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
     /// has mismatches to weigh, or with the statistics report.
@@ -50,6 +54,8 @@ final class SessionLoop {
         retryPolicy = RetryPolicy(maximumAttempts: settings.maximumSendAttempts, delays: settings.retryDelays)
         triage = DeliveryTriage(maximumDeliveries: settings.maximumDeliveries)
         resolver = TargetResolver(defaultTopic: settings.defaultTopic)
+        preparer = JobPreparer(tokens: session.preparationTokens, settings: settings, resolver: resolver,
+                               wakeup: worker.wakeup, logger: worker.logger)
         lastProgress = (Date(), worker.statistics.snapshot())
     }
 
@@ -58,13 +64,13 @@ final class SessionLoop {
     func serve() throws {
         // Ending this session is not dying: a suspect under way did not stop the worker.
         defer { if let key = suspects.alone?.key { try? session.record.settledAlone(key) } }
+        defer { preparer.stop() }
         while true {
-            let completed = worker.answers.takeCompleted()
-            let current = completed.filter { core.isCurrent(generation: $0.generation) }
-            let outcomes = worker.answers.takeOutcomes()
+            // Counted, not taken: what a turn takes it settles (see `WorkerCore.BeginAction`).
+            let completions = worker.answers.completedCounts { core.isCurrent(generation: $0) }
             let observation = WorkerCore.Observation(
-                now: Date(), stopRequested: worker.isStopRequested, outcomesWaiting: !outcomes.isEmpty,
-                completedJobs: current.count, staleCompletions: completed.count - current.count, heldDue: held.nextDue)
+                now: Date(), stopRequested: worker.isStopRequested, outcomesWaiting: worker.answers.hasOutcomes,
+                completedJobs: completions.current, staleCompletions: completions.stale, heldDue: held.nextDue)
             var deliveriesRead = 0
             for action in core.beginTurn(observation) {
                 switch action {
@@ -72,32 +78,41 @@ final class SessionLoop {
                     logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstarted:
-                    let unstarted = unstartedBulk + suspects.giveBack() + copiesWaiting.map(\.delivery)
+                    let withdrawn = preparer.withdrawBatch()
+                    core.handle(.jobsSettled(withdrawn.count))
+                    let unstarted = unstartedBulk + suspects.giveBack() + copiesWaiting.map(\.delivery) + withdrawn
                     copiesWaiting.removeAll()
-                    try session.record.gaveBack(unstarted.map(DeliveryTriage.historyKey))
-                    for delivery in unstarted { try session.broker.requeue(delivery.tag) }
+                    try giveBack(unstarted)
                     unstartedBulk.removeAll()
                 case .exit(let exit):
                     leave(exit)
                     return
+                case .readDeliveries(let limit):
+                    deliveriesRead = try read(limit: limit)
+                case .sendUrgent:
+                    try sendUrgent()
                 case .recordOutcomes:
-                    try record(outcomes)
+                    try record(worker.answers.takeOutcomes())
                 case .discardStale(let count):
                     logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
+                    worker.answers.dropCompleted { !core.isCurrent(generation: $0) }
                 case .finishCompleted:
+                    // Any stale completion that came in meanwhile goes with them, unsettled (as `discardStale`).
+                    let current = worker.answers.takeCompleted().filter { core.isCurrent(generation: $0.generation) }
                     let jobs = jobsToSettle(current)
                     if !jobs.isEmpty { core.handle(.jobsSettled(try finish(jobs))) }
                 case .publishHeld:
                     try publishHeld()
-                case .readDeliveries(let limit):
-                    deliveriesRead = try read(limit: limit)
                 }
             }
+            try takePrepared()
             try startSuspectOrWaiting()
             try startCopiesWhoseJobSettled()
             let now = Date()
+            // One batch and one piece out to the preparer at a time.
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
-                                       inFlight: statistics.inFlight.counts, unstartedBulkJobs: unstartedBulk.count,
+                                       inFlight: statistics.inFlight.counts,
+                                       unstartedBulkJobs: preparer.batchOut ? 0 : unstartedBulk.count,
                                        suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting,
                                        heldDue: held.nextDue) {
                 try perform(action, at: now)
@@ -107,7 +122,8 @@ final class SessionLoop {
 
     private var piecesWaiting: LaneCounts {
         var counts = LaneCounts()
-        for assembly in assemblies { counts[assembly.lane] += 1 }
+        guard preparer.pieceOut == nil else { return counts }
+        for assembly in assemblies where !assembly.resolving { counts[assembly.lane] += 1 }
         return counts
     }
 
@@ -126,9 +142,11 @@ final class SessionLoop {
             }.count
             let starting = Array(unstartedBulk.prefix(count))
             unstartedBulk.removeFirst(starting.count)
-            try start(starting)
+            // Delivered and not settled: they count as in flight from here (and once started, as started).
+            core.handle(.jobsStarted(starting.count))
+            preparer.prepare(starting)
         case .resolvePiece(let lane):
-            try resolveNextPiece(of: lane)
+            askForNextPiece(of: lane)
         case .probe:
             // Readiness is the broker and the store as they are now: a round trip to each. One that does not answer
             // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.

@@ -21,11 +21,8 @@ public struct TargetResolver: Sendable, Equatable {
 
     /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved);
     /// of a job with more than `piece` users, the first piece only.
-    public func usersToResolve(_ jobs: [PushJob], upTo piece: Int = .max) -> [String] {
-        jobs.flatMap { job in
-            guard job.retryTargets == nil else { return [String]() }
-            return job.users.count > piece ? Array(job.users.prefix(piece)) : job.users
-        }
+    public func usersToResolve(_ jobs: [PushJob]) -> [String] {
+        jobs.flatMap { job in job.retryTargets == nil ? job.users : [] }
     }
 
     /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or

@@ -38,8 +38,8 @@ public struct WorkerSettings: Sendable {
 /// settles each job once every one of its notifications has a final outcome.
 ///
 /// Threads: `run()` is the broker thread; it alone owns the session (broker and store connections, blocking C
-/// clients), and its `SessionLoop` performs what `WorkerCore` and the rules decide. The sender's thread owns every
-/// job's progress while its notifications are out (`AnswerCollector`). Work crosses between the two in batches: a
+/// clients), and its `SessionLoop` performs what `WorkerCore` and the rules decide. The sender's thread of a job's
+/// lane owns its progress while its notifications are out (`AnswerCollector`). Work crosses between them in batches: a
 /// batch of notifications goes out in one `send`; finished jobs come back with one wake-up.
 public final class Worker: Service {
     public static let reasonHeader = "x-apns-worker-reason"

@@ -8,7 +8,9 @@ import Foundation
 /// prefetch), and notifications handed to APNs and not yet answered (the client's, bounded by
 /// `maximumNotificationsInFlight` in each lane).
 ///
-/// Lanes: urgent work always goes first. Each turn sends urgent notifications before anything else is considered;
+/// Lanes: urgent work always goes first. Each turn reads what arrived and sends the urgent notifications it brings
+/// before anything else is done (recording, settling, bulk work); the heavy part of bulk work (decoding bulk jobs,
+/// resolving their users) happens on the session's preparer thread, not in a turn;
 /// bulk jobs are started (their users resolved, their notifications queued) a few at a time and only while the bulk
 /// lane has less than a window queued, so that urgent deliveries never wait long behind a large bulk job being
 /// resolved; and a stop gives unstarted bulk jobs back to the broker at once.
@@ -20,8 +22,8 @@ public struct WorkerCore: Sendable {
         public var maximumNotificationsInFlight: Int
         /// Bulk jobs started per turn at most.
         public var bulkJobsPerTurn: Int
-        /// Notifications of one lane handed to APNs per turn at most: the client's loop thread builds and writes a
-        /// hand-over's requests in one go, and an urgent hand-over queued behind a large bulk one would wait for it.
+        /// Notifications of one lane handed to APNs per turn at most: the broker thread builds a hand-over in one go,
+        /// and the lane's sender thread writes its requests in one go.
         public var sendBatchLimit: Int
         /// How long a stop waits for the jobs under way before leaving them to the broker.
         public var shutdownTimeout: Double
@@ -88,7 +90,9 @@ public struct WorkerCore: Sendable {
         case deadlinePassed(unfinishedJobs: Int)
     }
 
-    /// What the first half of a turn does, in this order.
+    /// What the first half of a turn does, in this order. Reading comes first, so that an urgent job waits for no
+    /// more than the turn under way when it arrives; the answers and completions it does not take yet stay with the
+    /// collector (a reading that fails leaves them for the next session, which records and settles them).
     public enum BeginAction: Equatable, Sendable {
         /// A stop was asked for: say so (with the jobs under way); reading stops, the jobs under way finish.
         case announceStop(jobsInFlight: Int)
@@ -96,8 +100,11 @@ public struct WorkerCore: Sendable {
         case requeueUnstarted
         /// Leave this session.
         case exit(Exit)
-        /// Add the handed-over outcomes to the idempotency record: before anything else, so that whatever fails
-        /// next, nothing already answered is sent again.
+        case readDeliveries(limit: Int)
+        /// Send the urgent notifications queued now, as many as `urgentToSend` says.
+        case sendUrgent
+        /// Take the handed-over outcomes and add them to the idempotency record: before settling anything, so that
+        /// whatever fails next, nothing already answered is sent again.
         case recordOutcomes
         /// Drop completions of jobs delivered on an older broker connection: an acknowledgement now would mean
         /// nothing, and the broker redelivers those jobs.
@@ -106,7 +113,6 @@ public struct WorkerCore: Sendable {
         case finishCompleted
         /// Publish again what the broker did not take.
         case publishHeld
-        case readDeliveries(limit: Int)
     }
 
     /// What the second half of a turn does, in this order.
@@ -187,13 +193,28 @@ public struct WorkerCore: Sendable {
             if jobsInFlight == 0 && observation.heldDue == nil { return actions + [.exit(.drained)] }
             if now > deadline { return actions + [.exit(.deadlinePassed(unfinishedJobs: jobsInFlight))] }
         }
+        // While stopping, deliveries are left unread: the broker gives them to another worker.
+        if !isStopping { actions += [.readDeliveries(limit: settings.prefetch), .sendUrgent] }
         if observation.outcomesWaiting { actions.append(.recordOutcomes) }
         if observation.staleCompletions > 0 { actions.append(.discardStale(observation.staleCompletions)) }
         if observation.completedJobs > 0 { actions.append(.finishCompleted) }
         if let due = observation.heldDue, due <= now { actions.append(.publishHeld) }
-        // While stopping, deliveries are left unread: the broker gives them to another worker.
-        if !isStopping { actions.append(.readDeliveries(limit: settings.prefetch)) }
         return actions
+    }
+
+    /// How many urgent notifications to hand to APNs now: what is queued, within the lane's room in flight, the batch
+    /// limit and the rate limit's window.
+    public mutating func urgentToSend(queued: Int, inFlight: Int, now: Date) -> Int {
+        sendable(.urgent, queued: queued, inFlight: inFlight, now: now)
+    }
+
+    /// A lane's notifications that may go now; a window that opened is forgotten.
+    private mutating func sendable(_ lane: JobLane, queued: Int, inFlight: Int, now: Date) -> Int {
+        let room = settings.maximumNotificationsInFlight - inFlight
+        let windowOpen = nextWindowAt[lane].map { now >= $0 } ?? true
+        guard queued > 0 && room > 0 && windowOpen else { return 0 }
+        nextWindowAt[lane] = nil
+        return min(queued, room, settings.sendBatchLimit)
     }
 
     /// Of a batch just read (and admitted past the suspects): the urgent jobs start at once, the bulk jobs wait
@@ -215,13 +236,9 @@ public struct WorkerCore: Sendable {
         // A lane cut to the batch limit with more to send and room for it: round again at once, not after a wait.
         var more = false
         for lane in JobLane.allCases {
+            sending[lane] = sendable(lane, queued: queued[lane], inFlight: inFlight[lane], now: now)
             let room = settings.maximumNotificationsInFlight - inFlight[lane]
-            let windowOpen = nextWindowAt[lane].map { now >= $0 } ?? true
-            if queued[lane] > 0 && room > 0 && windowOpen {
-                nextWindowAt[lane] = nil
-                sending[lane] = min(queued[lane], room, settings.sendBatchLimit)
-                more = more || (sending[lane] < min(queued[lane], room))
-            }
+            more = more || (sending[lane] > 0 && sending[lane] < min(queued[lane], room))
         }
         if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }
         // After urgent work has gone: resolving a bulk job holds this thread, so only a few, and only while the bulk

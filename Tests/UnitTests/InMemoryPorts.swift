@@ -22,6 +22,9 @@ final class InMemoryFleet: @unchecked Sendable {
         var removals: [TokenRemoval] = []
         /// How many users each resolution asked for, in order.
         var resolutions: [Int] = []
+        /// While true, resolutions wait (a slow token cache); `resolutionsWaiting` counts those waiting now.
+        var holdingResolutions = false
+        var resolutionsWaiting = 0
         var settled: [String: Settled] = [:]
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
@@ -58,6 +61,18 @@ final class InMemoryFleet: @unchecked Sendable {
         return body(&state)
     }
 
+    /// Blocks the caller while the fleet holds resolutions, counted in `resolutionsWaiting`.
+    func passResolutionHold() {
+        condition.lock()
+        defer { condition.unlock() }
+        guard state.holdingResolutions else { return }
+        state.resolutionsWaiting += 1
+        condition.broadcast()
+        while state.holdingResolutions { condition.wait() }
+        state.resolutionsWaiting -= 1
+        condition.broadcast()
+    }
+
     /// Waits until `predicate` holds, at most `timeout` seconds; returns whether it holds.
     func wait(timeout: Double = 10, until predicate: (State) -> Bool) -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
@@ -84,7 +99,8 @@ final class InMemoryFleet: @unchecked Sendable {
     }
 
     func session() -> WorkerSession {
-        WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
+        WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
+                      preparationTokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
                       statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
                       invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:])
     }
@@ -140,6 +156,7 @@ final class InMemoryTokenStore: TokenStore {
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
     func resolve(_ users: [String]) throws -> ResolvedUsers {
+        fleet.passResolutionHold()
         let wanted = Set(users)
         return fleet.change { state in
             state.resolutions.append(users.count)
@@ -250,11 +267,12 @@ final class InMemoryStatistics: StatisticsSink {
 }
 
 /// APNs in memory: answers each notification as `answer` says (read as the APNs client reads answers), on a thread
-/// of its own as the client does; while the fleet holds answers, they wait for `releaseAnswers`.
+/// per lane as the client does; while the fleet holds answers, they wait for `releaseAnswers`.
 final class InMemorySender: NotificationSender, @unchecked Sendable {
     private let fleet: InMemoryFleet
     private let answer: @Sendable (APNsNotification) -> APNsResponse
-    private let thread = DispatchQueue(label: "in-memory-sender")
+    private let threads: [JobLane: DispatchQueue] = [.urgent: DispatchQueue(label: "in-memory-sender-urgent"),
+                                                     .bulk: DispatchQueue(label: "in-memory-sender-bulk")]
 
     init(_ fleet: InMemoryFleet, answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in
         APNsResponse(status: 200)
@@ -264,7 +282,7 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
     }
 
     func start(reportingHealth report: @escaping @Sendable (ConnectionHealth) -> Void) {
-        thread.async { report(.opened) }
+        threads[.urgent]!.async { report(.opened) }
     }
 
     func send(_ batch: [OutgoingNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) {
@@ -272,7 +290,7 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
             let response = answer(outgoing.notification)
             return APNsResult(outcome: APNsOutcome.classify(response), response: response)
         }
-        let deliver: @Sendable () -> Void = { [thread] in
+        let deliver: @Sendable () -> Void = { [thread = threads[lane]!] in
             thread.async { for (position, result) in results.enumerated() { reply(position, result) } }
         }
         let holding = fleet.change { state in
@@ -283,8 +301,8 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         if !holding { deliver() }
     }
 
-    func schedule(after delay: Double, _ action: @escaping @Sendable () -> Void) {
-        thread.asyncAfter(deadline: .now() + delay, execute: action)
+    func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
+        threads[lane]!.asyncAfter(deadline: .now() + delay, execute: action)
     }
 
     func shutdown() {}

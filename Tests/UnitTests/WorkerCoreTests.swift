@@ -19,9 +19,18 @@ import WorkerPipeline
                      heldDue: heldDue)
     }
 
-    @Test func whileRunningEveryTurnReadsUpToThePrefetch() {
+    @Test func whileRunningEveryTurnReadsUpToThePrefetchAndSendsUrgentWorkFirst() {
         var core = core()
-        #expect(core.beginTurn(.init(now: at(0.1))) == [.readDeliveries(limit: 500)])
+        #expect(core.beginTurn(.init(now: at(0.1))) == [.readDeliveries(limit: 500), .sendUrgent])
+    }
+
+    @Test func urgentNotificationsReadAtATurnsStartGoWithinTheWindowAndTheBatchLimit() {
+        var core = core()
+        #expect(core.urgentToSend(queued: 250, inFlight: 30, now: at(1)) == 70, "the room left in flight")
+        #expect(core.urgentToSend(queued: 0, inFlight: 0, now: at(1)) == 0)
+        core.handle(.rateLimited([.urgent], nextWindowIn: 0.5, at: at(1)))
+        #expect(core.urgentToSend(queued: 5, inFlight: 0, now: at(1.2)) == 0, "the rate limit's window is closed")
+        #expect(core.urgentToSend(queued: 5, inFlight: 0, now: at(1.5)) == 5)
     }
 
     @Test func aStopReadsNothingMoreAndLeavesOnceTheJobsUnderWaySettle() {
@@ -66,13 +75,13 @@ import WorkerPipeline
         var core = core(generation: 2)
         #expect(!core.isCurrent(generation: 1) && core.isCurrent(generation: 2))
         #expect(core.beginTurn(.init(now: at(1), completedJobs: 1, staleCompletions: 3))
-                == [.discardStale(3), .finishCompleted, .readDeliveries(limit: 500)])
+                == [.readDeliveries(limit: 500), .sendUrgent, .discardStale(3), .finishCompleted])
     }
 
-    @Test func theIdempotencyRecordComesBeforeAnythingThatCanFail() {
+    @Test func theIdempotencyRecordComesBeforeAnythingIsSettled() {
         var core = core()
         let actions = core.beginTurn(.init(now: at(6), outcomesWaiting: true, completedJobs: 2, heldDue: at(5)))
-        #expect(actions == [.recordOutcomes, .finishCompleted, .publishHeld, .readDeliveries(limit: 500)])
+        #expect(actions == [.readDeliveries(limit: 500), .sendUrgent, .recordOutcomes, .finishCompleted, .publishHeld])
     }
 
     @Test func notificationsInFlightStayWithinTheBound() {

@@ -268,6 +268,47 @@ import WorkerPipeline
         running.stop()
         #expect(fleet.read(\.sent).count == 101)
     }
+
+    @Test func urgentJobsGoOutWhileABulkJobsUsersAreBeingResolved() throws {
+        let fleet = InMemoryFleet()
+        let users = (1...5).map { "digest-\($0)" }
+        fleet.change { state in
+            for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
+            state.holdingResolutions = true
+        }
+        let running = Spec.Running(fleet)
+        let bulk = fleet.deliver(Spec.job("digest", users: users), lane: .bulk)
+        #expect(fleet.wait { $0.resolutionsWaiting == 1 }, "the bulk job's users are being resolved (slowly)")
+        let urgent = fleet.deliver(Spec.job("urgent", tokens: [Spec.token(500)]))
+        #expect(fleet.wait { $0.acknowledged == [urgent] }, "the urgent job was sent and settled meanwhile")
+        #expect(fleet.read { $0.sent.map(\.token) } == [Spec.token(500)])
+        fleet.change { $0.holdingResolutions = false }
+        #expect(fleet.wait { Set($0.acknowledged) == [bulk, urgent] })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 6)
+    }
+
+    @Test func aStopGivesBackABulkJobWhoseUsersWereBeingResolved() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { state in
+            state.cache["reader"] = Spec.cached(1)
+            state.holdingResolutions = true
+        }
+        let running = Spec.Running(fleet)
+        let first = fleet.deliver(Spec.job("digest", users: ["reader"]), lane: .bulk)
+        #expect(fleet.wait { $0.resolutionsWaiting == 1 }, "the first bulk job's users are being resolved")
+        // Read while the first is being prepared: it waits its turn, unstarted.
+        let second = fleet.deliver(Spec.job("digest-2", users: ["reader"]), lane: .bulk)
+        #expect(fleet.wait { $0.ready.isEmpty }, "the second bulk job was read")
+        running.worker.stop()
+        #expect(fleet.wait { $0.requeued == [second] }, "the stop gave back the job waiting its turn at once")
+        fleet.change { $0.holdingResolutions = false }
+        running.stop()
+        let state = fleet.read { $0 }
+        #expect(state.requeued == [second, first] && state.sent.isEmpty && state.acknowledged.isEmpty,
+                "the job being prepared given back too, once prepared: \(state.requeued), \(state.sent.count) sent")
+        #expect(state.givenBack.count == 2, "both noted as given back by an orderly stop")
+    }
 }
 
 /// Copies of jobs a publisher made after a broker failover (`Worker.republishedHeader`) send nothing twice.

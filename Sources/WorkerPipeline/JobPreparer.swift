@@ -1,0 +1,183 @@
+import Foundation
+import Telemetry
+
+/// What starting a batch of jobs needs before the broker thread can queue their notifications: the jobs decoded (or
+/// refused, with the reason), and the users of the small ones resolved in the token cache (a large job's users are
+/// resolved a piece at a time, `JobAssembly`).
+struct PreparedBatch {
+    var jobs: [(delivery: JobDelivery, job: PushJob)]
+    var rejected: [(JobDelivery, String)]
+    var resolved: ResolvedUsers
+    /// The deliveries handed in, for giving them back unstarted.
+    var deliveries: [JobDelivery]
+
+    /// Decodes `batch` and resolves the users of every job of at most `usersPerPiece` users, in one round trip to
+    /// `tokens`. Only a lost connection throws.
+    static func prepare(_ batch: [JobDelivery], tokens: any TokenStore, settings: WorkerSettings,
+                        resolver: TargetResolver, logger: Logger) throws -> PreparedBatch {
+        var jobs: [(delivery: JobDelivery, job: PushJob)] = []
+        var rejected: [(JobDelivery, String)] = []
+        for delivery in batch {
+            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
+            do {
+                let job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic, fallbackID: fallbackID)
+                if let exitOnJobID = settings.exitOnJobID, job.id == exitOnJobID {
+                    logger.critical("test fault: exiting on this job", ["job.id": job.id])
+                    exit(70)
+                }
+                jobs.append((delivery, job))
+            } catch {
+                rejected.append((delivery, error.description))
+            }
+        }
+        let small = jobs.map(\.job).filter { !Self.isLarge($0, usersPerPiece: settings.core.usersPerPiece) }
+        let users = resolver.usersToResolve(small)
+        let resolved = users.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolve(users)
+        return PreparedBatch(jobs: jobs, rejected: rejected, resolved: resolved, deliveries: batch)
+    }
+
+    /// A job whose users are resolved and sent a piece at a time.
+    static func isLarge(_ job: PushJob, usersPerPiece: Int) -> Bool {
+        job.retryTargets == nil && job.users.count > usersPerPiece
+    }
+}
+
+/// The broker thread's helper for the heavy part of bulk work: decoding bulk jobs and resolving their users, and
+/// resolving the pieces of large jobs, on a thread of its own with a token-store connection of its own. The broker
+/// thread meanwhile keeps reading, starting and sending urgent work: a 1 MB campaign job takes milliseconds to decode
+/// and a piece of users a round trip to Redis, and neither waits on it. Its thread runs at `BulkThread`'s lower
+/// priority (large urgent jobs' pieces pass through it too, behind at most one bulk request).
+///
+/// One request of each kind is out at a time (the broker thread asks for the next when the last came back), so what
+/// it holds stays bounded by a batch and a piece. Results come back in the order asked, with a wake-up. A lost
+/// connection comes back as a failure, which ends the session like any other. Lives and dies with a session.
+final class JobPreparer: @unchecked Sendable {
+    enum Request {
+        case batch([JobDelivery])
+        case piece(JobAssembly, ArraySlice<String>)
+    }
+
+    enum Result {
+        case batch(PreparedBatch)
+        case piece(JobAssembly, ArraySlice<String>, ResolvedUsers)
+        case failed(any Error)
+    }
+
+    // Invariant: `requests`, `results` and `running` under `condition`; `tokens` on the preparer's thread only, and the
+    // jobs and assemblies in a request belong to that thread from `submit` until their result is taken.
+    private let condition = NSCondition()
+    private var requests: [Request] = []
+    private var results: [Result] = []
+    private var running = true
+    private(set) var batchOut = false
+    private(set) var pieceOut: JobLane?
+    private let tokens: any TokenStore
+    private let settings: WorkerSettings
+    private let resolver: TargetResolver
+    private let wakeup: Wakeup
+    private let logger: Logger
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(tokens: any TokenStore, settings: WorkerSettings, resolver: TargetResolver, wakeup: Wakeup, logger: Logger) {
+        self.logger = logger
+        self.tokens = tokens
+        self.settings = settings
+        self.resolver = resolver
+        self.wakeup = wakeup
+        let thread = Thread { [self] in
+            BulkThread.lowerCurrentThreadPriority()
+            run()
+        }
+        thread.name = "preparer"
+        thread.start()
+    }
+
+    // MARK: broker thread
+
+    /// Decode and resolve these bulk jobs.
+    func prepare(_ batch: [JobDelivery]) {
+        batchOut = true
+        submit(.batch(batch))
+    }
+
+    /// Resolve these users of a large job.
+    func resolve(_ users: ArraySlice<String>, of assembly: JobAssembly) {
+        pieceOut = assembly.lane
+        submit(.piece(assembly, users))
+    }
+
+    /// The results since the last call, in the order asked.
+    func takeResults() -> [Result] {
+        condition.lock()
+        let taken = results
+        results.removeAll()
+        condition.unlock()
+        for result in taken {
+            switch result {
+            case .batch: batchOut = false
+            case .piece: pieceOut = nil
+            case .failed: break
+            }
+        }
+        return taken
+    }
+
+    /// The batch not begun yet, if any: given back by a stop. (A batch begun comes back as a result.)
+    func withdrawBatch() -> [JobDelivery] {
+        condition.lock()
+        defer { condition.unlock() }
+        guard let index = requests.firstIndex(where: { if case .batch = $0 { true } else { false } }),
+              case .batch(let batch) = requests.remove(at: index) else { return [] }
+        batchOut = false
+        return batch
+    }
+
+    /// Ends the thread after the request under way; what is still asked is dropped (the session that asked is over).
+    func stop() {
+        condition.lock()
+        running = false
+        requests.removeAll()
+        condition.signal()
+        condition.unlock()
+        finished.wait()
+    }
+
+    private func submit(_ request: Request) {
+        condition.lock()
+        requests.append(request)
+        condition.signal()
+        condition.unlock()
+    }
+
+    // MARK: the preparer's thread
+
+    private func run() {
+        defer { finished.signal() }
+        while let request = next() {
+            let result: Result
+            do {
+                switch request {
+                case .batch(let batch):
+                    result = .batch(try PreparedBatch.prepare(batch, tokens: tokens, settings: settings,
+                                                                 resolver: resolver, logger: logger))
+                case .piece(let assembly, let users):
+                    result = .piece(assembly, users, try tokens.resolve(Array(users)))
+                }
+            } catch {
+                result = .failed(error)
+            }
+            condition.lock()
+            results.append(result)
+            condition.unlock()
+            wakeup.signal()
+            if case .failed = result { return }
+        }
+    }
+
+    private func next() -> Request? {
+        condition.lock()
+        defer { condition.unlock() }
+        while running && requests.isEmpty { condition.wait() }
+        return running ? requests.removeFirst() : nil
+    }
+}
