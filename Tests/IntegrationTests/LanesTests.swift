@@ -70,6 +70,56 @@ import WorkerPipeline
                 "urgent jobs went ahead: \(passing.between) bulk notifications passed them, of \(passing.left) left")
     }
 
+    /// A 100,000-user campaign job (about 800 KB of JSON) is decoded and resolved beside the broker thread, 250 users
+    /// at a time: urgent jobs published while it runs go ahead of most of it, and the job is settled once, whole.
+    @Test func urgentJobsPassAHundredThousandUserBulkJob() throws {
+        // What the simulator received, counted as it comes (a 100,000-entry record copied on every poll would be the
+        // test's own bottleneck): how many so far, and how many when each urgent token arrived.
+        struct Arrivals { var count = 0; var urgentAt: [String: Int] = [:] }
+        let urgentTokens = Set((0..<20).map { Self.token(0xE0000 + $0) })
+        let arrivals = Locked(Arrivals())
+        var configuration = APNsSimulator.Configuration(recordsNotifications: false)
+        configuration.observer = { notification in
+            arrivals.withLock { state in
+                state.count += 1
+                if urgentTokens.contains(notification.deviceToken) { state.urgentAt[notification.deviceToken] = state.count }
+            }
+        }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+        let (redisURL, redis) = try TestServices.isolatedRedis(.hundredThousandUsers)
+        let users = (0..<100_000).map { "b\($0)" }
+        for start in stride(from: 0, to: users.count, by: 10_000) {
+            _ = try redis.pipeline((start..<start + 10_000).map {
+                ["HSET", TokenCache.key(forUser: users[$0]), Self.token(0xC00000 + $0), "production"]
+            })
+        }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("bulk")
+        try publisher.declareQueue(bulk)
+        let list = users.map { "\"\($0)\"" }.joined(separator: ",")
+        try publisher.publish(to: bulk, body: Array(#"{"id": "campaign", "users": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "REDIS_URL": redisURL]), logger: logger)
+        defer { worker.stop() }
+        try #require(TestServices.waitUntil(timeout: 60) { arrivals.withLock { $0.count } >= 5_000 }, "the campaign is under way")
+        let campaignAhead = arrivals.withLock { $0.count }
+        let urgent = try Self.publishBacklog(publisher, to: jobs, jobs: 20, perJob: 1, first: 0xE0000)
+        try #require(urgent == urgentTokens)
+        try #require(TestServices.waitUntil(timeout: 60) { arrivals.withLock { $0.urgentAt.count } == urgent.count },
+                     "every urgent notification delivered")
+        let lastUrgent = arrivals.withLock { $0.urgentAt.values.max() ?? 0 }
+        let between = lastUrgent - campaignAhead - urgent.count
+        #expect(100_000 - campaignAhead > 50_000, "\(100_000 - campaignAhead) campaign notifications left when the urgent jobs came")
+        #expect(between < 10_000, "urgent jobs went ahead: \(between) campaign notifications passed them")
+        let summaries = try replyReader.read(1, timeout: 60)
+        let summary = try JSONSerialization.jsonObject(with: Data(try #require(summaries.first).body)) as! [String: Any]
+        #expect(summary["job_id"] as? String == "campaign" && summary["delivered"] as? Int == 100_000,
+                "one summary for the whole job, each token once: \(summary)")
+        #expect(arrivals.withLock { $0.count } == 100_020, "each token once")
+    }
+
     /// With the rate limit spent by a bulk backlog, urgent work still goes first (its share, then every slot's
     /// permits before bulk work). At 100/s the 400 bulk notifications take 4 s.
     @Test func underARateLimitUrgentJobsGoBeforeTheBulkBacklog() throws {
