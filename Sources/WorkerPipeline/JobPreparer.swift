@@ -132,7 +132,8 @@ final class JobPreparer: @unchecked Sendable {
         return batch
     }
 
-    /// Ends the thread after the request under way; what is still asked is dropped (the session that asked is over).
+    /// Ends the thread after the request under way (a store call ends within its connection's timeout); what is still
+    /// asked is dropped (the session that asked is over).
     func stop() {
         condition.lock()
         running = false
