@@ -15,22 +15,22 @@ extension WorkerConfiguration {
             logger.critical("the APNs private key is not private", ["file.problem": problem])
         }
         if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
-        let broker = self.broker, redisURL = self.redisURL, rateLimit = self.rateLimit
+        let broker = self.broker, redis = self.redis, rateLimit = self.rateLimit
         let urgentShare = rateLimitUrgentShare
         let sender = APNsNotificationSender(configuration: apns, authentication: authentication,
                                             logger: logger.child("apns-client"))
         return Worker(settings: pipeline, sender: sender, logger: logger) {
             let amqp = try AMQPJobBroker(settings: broker, logger: logger)
             do {
-                let stores = try RedisStores(url: redisURL, rateLimit: rateLimit, urgentShare: urgentShare,
+                let stores = try RedisStores(redis, rateLimit: rateLimit, urgentShare: urgentShare,
                                              logger: logger)
                 return WorkerSession(broker: amqp, tokens: stores.tokens,
-                                     preparationTokens: try RedisStores.tokenCache(url: redisURL, logger: logger),
+                                     preparationTokens: try RedisStores.tokenCache(redis, logger: logger),
                                      record: stores.record,
                                      statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                                      invalidationWindow: stores.invalidationWindow,
                                      store: stores.connection,
-                                     logMetadata: amqp.logMetadata.merging(["redis.url": redisURL.description]) { $1 })
+                                     logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 })
             } catch {
                 amqp.close()
                 throw error

@@ -118,7 +118,8 @@ public struct MetricsSettings: Sendable, Equatable {
 /// them.
 public struct WorkerConfiguration: Sendable {
     public var broker: AMQPJobBroker.Settings
-    public var redisURL: RedisURL
+    /// Where Redis is; every program connects through `RedisDeployment.connect`.
+    public var redis: RedisDeployment
     /// Notifications per second shared by every worker on the same Redis; 0: none.
     public var rateLimit: Int
     /// The share of the rate limit urgent work can always take at once, however busy the bulk lane (0...1).
@@ -138,7 +139,7 @@ public struct WorkerConfiguration: Sendable {
                             requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
         let settings = SettingValues(environment)
         let nodes = try settings(\.amqpURL)
-        let redisURL = try settings(\.redisURL)
+        let redis = RedisDeployment.node(try settings(\.redisURL))
         let apns = try apnsClient(settings)
         let credential = try credential(settings, required: requiringCredentials)
         let logLevel = try settings(\.logLevel)
@@ -146,7 +147,7 @@ public struct WorkerConfiguration: Sendable {
         let queues = try queueNames(settings, nodes: nodes)
         let broker = try brokerSettings(settings, nodes: nodes, queues: queues)
         return WorkerConfiguration(
-            broker: broker, redisURL: redisURL,
+            broker: broker, redis: redis,
             rateLimit: try settings(\.apnsRateLimit), rateLimitUrgentShare: try settings(\.apnsRateLimitUrgentShare),
             apns: apns, credential: credential,
             pipeline: try pipeline(settings, broker: broker, defaultTopic: credential.defaultTopic,

@@ -60,7 +60,7 @@ public struct StatsReport: Sendable {
             let status = try amqp.queueStatus(name)
             queues.append(Queue(role: role, name: name, messages: status?.messages, consumers: status?.consumers))
         }
-        let redis = try RedisConnection(url: configuration.redisURL)
+        let redis = try configuration.redis.connect()
         let shared = try SharedStatistics(redis: redis).read(minutes: windowMinutes)
         let lanes = JobLane.allCases.enumerated().map { position, lane in
             Lane(lane: lane, queue: queues[position], jobsTaken: shared.totals["\(lane.rawValue)_jobs"] ?? 0,

@@ -20,7 +20,7 @@ public final class TokenCacheEditor {
     private let fullTokens: Bool
 
     public init(configuration: WorkerConfiguration, fullTokens: Bool, logger: Logger) throws(RedisError) {
-        cache = TokenCache(redis: try RedisConnection(url: configuration.redisURL), logger: logger)
+        cache = TokenCache(redis: try configuration.redis.connect(), logger: logger)
         defaultTopic = configuration.credential.defaultTopic
         self.fullTokens = fullTokens
     }

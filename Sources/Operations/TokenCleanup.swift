@@ -91,7 +91,7 @@ public final class TokenCleanup: Service {
             let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
                                                               caFile: configuration.broker.caFile)
             defer { amqp.close() }
-            let redis = try RedisConnection(url: configuration.redisURL)
+            let redis = try configuration.redis.connect()
             let names = configuration.broker.queues
             try Topology.declareDeadTokens(on: amqp, names)
             try Topology.declare(names.registrations, on: amqp, names)

@@ -19,8 +19,8 @@ public struct RedisStores {
     public let invalidationWindow: SharedInvalidationWindow
 
     /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
-    public init(url: RedisURL, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
-        let connection = try Self.connect(url)
+    public init(_ deployment: RedisDeployment, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
+        let connection = try Self.connect(deployment)
         self.connection = connection
         tokens = TokenCache(redis: connection, logger: logger)
         record = SentRecord(redis: connection)
@@ -30,12 +30,12 @@ public struct RedisStores {
     }
 
     /// A token cache on a connection of its own, for a thread of its own (the worker's job preparer).
-    public static func tokenCache(url: RedisURL, logger: Logger) throws -> TokenCache {
-        TokenCache(redis: try connect(url), logger: logger)
+    public static func tokenCache(_ deployment: RedisDeployment, logger: Logger) throws -> TokenCache {
+        TokenCache(redis: try connect(deployment), logger: logger)
     }
 
-    private static func connect(_ url: RedisURL) throws -> RedisConnection {
-        do { return try RedisConnection(url: url) } catch {
+    private static func connect(_ deployment: RedisDeployment) throws -> RedisConnection {
+        do { return try deployment.connect() } catch {
             if error.kind == .refused || error.kind == .badURL { throw ConnectionRefused(.store, error.message) }
             throw error
         }

@@ -102,7 +102,7 @@ import WorkerPipeline
     @Test func contractDefaults() throws {
         let configuration = try WorkerConfiguration.load(from: minimal)
         #expect(configuration.broker.nodes == AMQPNodes(AMQPURL()))
-        #expect(configuration.redisURL == RedisURL())
+        #expect(configuration.redis == .node(RedisURL()))
         #expect(configuration.apns.production == .production)
         #expect(configuration.apns.sandbox == .sandbox)
         #expect(configuration.broker.queues.jobs == "push.jobs")
