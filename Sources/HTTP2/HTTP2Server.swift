@@ -68,15 +68,21 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         loop.execute { [self] in loop.register(self) }
     }
 
+    /// Stops accepting, closes every open connection on its own loop, and ends the loops.
     public func shutdown() {
+        // On the accepting loop, so that no connection is accepted after the list of open ones is taken; its own
+        // connections are closed there and then, the others' close is queued on their loops, which end after it.
         loop.execute { [self] in
             loop.deregister(self)
             close(fileDescriptor)
-        }
-        let open = connections.withLock { Array($0.values) }
-        for connection in open {
-            let reference = LoopThreadReference(connection: connection)
-            connection.loop.execute { reference.connection.close(reason: "server shut down") }
+            for connection in connections.withLock({ Array($0.values) }) {
+                let reference = LoopThreadReference(connection: connection)
+                if connection.loop === loop {
+                    connection.close(reason: "server shut down")
+                } else {
+                    connection.loop.execute { reference.connection.close(reason: "server shut down") }
+                }
+            }
         }
         for loop in loops { loop.shutdown() }
     }

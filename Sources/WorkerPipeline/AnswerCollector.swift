@@ -44,9 +44,13 @@ final class AnswerCollector: Sendable {
 
     var hasOutcomes: Bool { finalOutcomes.withLock { !$0.isEmpty } }
 
-    /// Forgets the completed jobs of the broker connections `isStale` names.
-    func dropCompleted(isStale: (Int) -> Bool) {
-        completions.withLock { queue in queue.removeAll { isStale($0.generation) } }
+    /// Takes the completed jobs of the broker connections `isStale` names, leaving the others.
+    func takeCompleted(isStale: (Int) -> Bool) -> [JobProgress] {
+        completions.withLock { queue in
+            let stale = queue.filter { isStale($0.generation) }
+            if !stale.isEmpty { queue.removeAll { isStale($0.generation) } }
+            return stale
+        }
     }
 
     /// The jobs completed since the last call.

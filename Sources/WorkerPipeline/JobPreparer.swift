@@ -63,14 +63,16 @@ final class JobPreparer: @unchecked Sendable {
         case failed(any Error)
     }
 
-    // Invariant: `requests`, `results` and `running` under `condition`; `tokens` on the preparer's thread only, and the
-    // jobs and assemblies in a request belong to that thread from `submit` until their result is taken.
+    // Invariant: `requests`, `results` and `running` under `condition`; `tokens` on the preparer's thread only. The
+    // deliveries of a batch belong to that thread from `submit` until its result is taken; an assembly only passes
+    // through it (its users slice is a copy), and stays the broker thread's.
     private let condition = NSCondition()
     private var requests: [Request] = []
     private var results: [Result] = []
     private var running = true
     private(set) var batchOut = false
-    private(set) var pieceOut: JobLane?
+    /// Pieces asked for and not yet taken back (the broker thread asks for one only when none is out).
+    private(set) var piecesOut = 0
     private let tokens: any TokenStore
     private let settings: WorkerSettings
     private let resolver: TargetResolver
@@ -102,7 +104,7 @@ final class JobPreparer: @unchecked Sendable {
 
     /// Resolve these users of a large job.
     func resolve(_ users: ArraySlice<String>, of assembly: JobAssembly) {
-        pieceOut = assembly.lane
+        piecesOut += 1
         submit(.piece(assembly, users))
     }
 
@@ -115,7 +117,7 @@ final class JobPreparer: @unchecked Sendable {
         for result in taken {
             switch result {
             case .batch: batchOut = false
-            case .piece: pieceOut = nil
+            case .piece: piecesOut -= 1
             case .failed: break
             }
         }

@@ -127,6 +127,22 @@ extension SessionLoop {
         }
     }
 
+    /// Jobs completed on an earlier broker connection are not settled (an acknowledgement would mean nothing there, and
+    /// the broker redelivers them), but their outcomes go to the idempotency record, so that the redelivery sends
+    /// nothing twice.
+    func recordUnsettled(_ stale: [JobProgress]) throws {
+        let unrecorded = stale.compactMap(settledOutcomes)
+        if !unrecorded.isEmpty { try record(unrecorded) }
+    }
+
+    /// Every answer this worker has and the idempotency record has not: the outcomes handed over, and those of jobs
+    /// completed on an earlier broker connection. Before the record is read for redelivered jobs, which may be those.
+    func recordAnswered() throws {
+        let stale = worker.answers.takeCompleted { !core.isCurrent(generation: $0) }
+        let unrecorded = worker.answers.takeOutcomes() + stale.compactMap(settledOutcomes)
+        if !unrecorded.isEmpty { try record(unrecorded) }
+    }
+
     /// A stable-id job's final outcomes not recorded yet, and its summary if it went out.
     func settledOutcomes(of progress: JobProgress) -> (jobID: String, outcomes: [SettledOutcome])? {
         guard progress.hasStableID else { return nil }

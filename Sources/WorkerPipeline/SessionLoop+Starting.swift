@@ -117,8 +117,12 @@ extension SessionLoop {
         let jobs = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
-        // A redelivered job may have been under way when a worker died: skip what already had a final outcome.
-        let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: resolver.jobsToLookUp(jobs))
+        // A redelivered job may have been under way when a worker died: skip what already had a final outcome. What
+        // this worker has answered and not recorded (perhaps this very job, delivered on the connection it lost) goes
+        // into the record first, so that the lookup sees it.
+        let lookUp = resolver.jobsToLookUp(jobs)
+        if !lookUp.isEmpty { try recordAnswered() }
+        let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: lookUp)
         for (jobID, message) in unreadableRecords {
             statistics.countDataError("idempotency_record")
             logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
@@ -183,6 +187,7 @@ extension SessionLoop {
         for result in preparer.takeResults() {
             switch result {
             case .batch(let prepared):
+                preparing.removeAll()
                 // From here they count as started (by `start`), as given back, or as unstarted again.
                 core.handle(.jobsSettled(prepared.deliveries.count))
                 if core.isStopping {

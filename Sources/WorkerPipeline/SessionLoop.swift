@@ -32,6 +32,8 @@ final class SessionLoop {
     var assemblies: [JobAssembly] = []
     /// Decodes bulk jobs and resolves users of bulk and large jobs on a thread of its own.
     let preparer: JobPreparer
+    /// The bulk jobs handed to the preparer and not back yet.
+    var preparing: [JobDelivery] = []
     var lastProgress: (at: Date, snapshot: WorkerStatistics.Snapshot)
     /// Token-judging answers of finished jobs not yet added to the fleet's window: added with the next batch that
     /// has mismatches to weigh, or with the statistics report.
@@ -79,6 +81,7 @@ final class SessionLoop {
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstarted:
                     let withdrawn = preparer.withdrawBatch()
+                    if !withdrawn.isEmpty { preparing.removeAll() }
                     core.handle(.jobsSettled(withdrawn.count))
                     let unstarted = unstartedBulk + suspects.giveBack() + copiesWaiting.map(\.delivery) + withdrawn
                     copiesWaiting.removeAll()
@@ -95,11 +98,12 @@ final class SessionLoop {
                     try record(worker.answers.takeOutcomes())
                 case .discardStale(let count):
                     logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
-                    worker.answers.dropCompleted { !core.isCurrent(generation: $0) }
+                    try recordUnsettled(worker.answers.takeCompleted { !core.isCurrent(generation: $0) })
                 case .finishCompleted:
-                    // Any stale completion that came in meanwhile goes with them, unsettled (as `discardStale`).
-                    let current = worker.answers.takeCompleted().filter { core.isCurrent(generation: $0.generation) }
-                    let jobs = jobsToSettle(current)
+                    // Any stale completion that came in meanwhile goes as `discardStale` does.
+                    let completed = worker.answers.takeCompleted()
+                    try recordUnsettled(completed.filter { !core.isCurrent(generation: $0.generation) })
+                    let jobs = jobsToSettle(completed.filter { core.isCurrent(generation: $0.generation) })
                     if !jobs.isEmpty { core.handle(.jobsSettled(try finish(jobs))) }
                 case .publishHeld:
                     try publishHeld()
@@ -122,7 +126,7 @@ final class SessionLoop {
 
     private var piecesWaiting: LaneCounts {
         var counts = LaneCounts()
-        guard preparer.pieceOut == nil else { return counts }
+        guard preparer.piecesOut == 0 else { return counts }
         for assembly in assemblies where !assembly.resolving { counts[assembly.lane] += 1 }
         return counts
     }
@@ -144,9 +148,11 @@ final class SessionLoop {
             unstartedBulk.removeFirst(starting.count)
             // Delivered and not settled: they count as in flight from here (and once started, as started).
             core.handle(.jobsStarted(starting.count))
+            preparing = starting
             preparer.prepare(starting)
         case .resolvePiece(let lane):
-            askForNextPiece(of: lane)
+            // One piece out at a time: the first lane asked (urgent first) has it.
+            if preparer.piecesOut == 0 { askForNextPiece(of: lane) }
         case .probe:
             // Readiness is the broker and the store as they are now: a round trip to each. One that does not answer
             // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
@@ -178,7 +184,8 @@ final class SessionLoop {
             logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
                            ["jobs.in_flight": String(unfinished)])
             // Given back by an orderly stop: their next delivery is no sign of a job that stops workers.
-            try? session.record.gaveBack(underWay.deliveries.values.map { DeliveryTriage.historyKey($0.delivery) })
+            let unfinished = underWay.deliveries.values.map(\.delivery) + preparing
+            try? session.record.gaveBack(unfinished.map(DeliveryTriage.historyKey))
         }
         _ = try? worker.reportStatistics(to: session.statistics)
         try? shareSettled(force: true)

@@ -20,7 +20,7 @@ public struct WorkerCore: Sendable {
         public var prefetch: Int
         /// Notifications handed to APNs and unanswered, per lane.
         public var maximumNotificationsInFlight: Int
-        /// Bulk jobs started per turn at most.
+        /// Bulk jobs handed to the preparer per turn at most.
         public var bulkJobsPerTurn: Int
         /// Notifications of one lane handed to APNs per turn at most: the broker thread builds a hand-over in one go,
         /// and the lane's sender thread writes its requests in one go.
@@ -35,8 +35,9 @@ public struct WorkerCore: Sendable {
         public var progressInterval: Double
         /// Users of one job resolved at a time: a larger job is resolved and sent in pieces (`JobAssembly`).
         public var usersPerPiece: Int
-        /// Bulk jobs started in one turn, by the size of their bodies (at least one job): a few large jobs cost the
-        /// broker thread as much as many small ones.
+        /// Bulk jobs handed to the preparer in one turn, by the size of their bodies (at least one job): the preparer
+        /// decodes and resolves them as one batch, and the batch must come back soon for the bulk lane to keep
+        /// flowing, a few large jobs taking as long as many small ones.
         public var bulkBytesPerTurn: Int
 
         /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
@@ -92,7 +93,8 @@ public struct WorkerCore: Sendable {
 
     /// What the first half of a turn does, in this order. Reading comes first, so that an urgent job waits for no
     /// more than the turn under way when it arrives; the answers and completions it does not take yet stay with the
-    /// collector (a reading that fails leaves them for the next session, which records and settles them).
+    /// collector. A reading that fails leaves them for the next session, which records their outcomes (before it
+    /// looks up any redelivered job) but settles none of the completions: their deliveries went with the connection.
     public enum BeginAction: Equatable, Sendable {
         /// A stop was asked for: say so (with the jobs under way); reading stops, the jobs under way finish.
         case announceStop(jobsInFlight: Int)
@@ -106,8 +108,8 @@ public struct WorkerCore: Sendable {
         /// Take the handed-over outcomes and add them to the idempotency record: before settling anything, so that
         /// whatever fails next, nothing already answered is sent again.
         case recordOutcomes
-        /// Drop completions of jobs delivered on an older broker connection: an acknowledgement now would mean
-        /// nothing, and the broker redelivers those jobs.
+        /// Drop completions of jobs delivered on an older broker connection, their outcomes recorded: an
+        /// acknowledgement now would mean nothing, and the broker redelivers those jobs.
         case discardStale(Int)
         /// Publish what the completed jobs produced and settle them.
         case finishCompleted
@@ -227,7 +229,8 @@ public struct WorkerCore: Sendable {
     /// how many deliveries this turn read (then the loop goes round at once: more may be waiting, and so after
     /// starting bulk jobs). While `suspectsActive` (a suspect job waits or runs alone), no bulk job starts.
     /// `piecesWaiting`: large jobs under way with users still to resolve, per lane; the next piece of one is resolved
-    /// once its lane has less than a window queued, one piece per lane and turn, urgent first.
+    /// once its lane has less than a window queued, urgent first (the loop keeps one piece out at a time, so the first
+    /// lane named gets it).
     public mutating func endTurn(now: Date, deliveriesRead: Int, queued: LaneCounts, inFlight: LaneCounts,
                                  unstartedBulkJobs: Int, suspectsActive: Bool = false, piecesWaiting: LaneCounts = LaneCounts(),
                                  heldDue: Date?) -> [EndAction] {
@@ -241,8 +244,8 @@ public struct WorkerCore: Sendable {
             more = more || (sending[lane] > 0 && sending[lane] < min(queued[lane], room))
         }
         if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }
-        // After urgent work has gone: resolving a bulk job holds this thread, so only a few, and only while the bulk
-        // lane has less than a window queued (which keeps its notifications flowing).
+        // After urgent work has gone: bulk jobs go to the preparer a batch at a time, and only while the bulk lane has
+        // less than a window queued (enough to keep its notifications flowing, and no more held in memory).
         let startingBulk = !isStopping && !suspectsActive && unstartedBulkJobs > 0
             && queued.bulk < settings.maximumNotificationsInFlight
         if startingBulk { actions.append(.startBulk(limit: min(unstartedBulkJobs, settings.bulkJobsPerTurn))) }

@@ -17,6 +17,10 @@ final class InMemoryFleet: @unchecked Sendable {
         var published: [Publication] = []
         /// Destinations whose publications the broker hands back (their queue was deleted).
         var missingQueues: Set<Publication.Destination> = []
+        /// While true, the broker is gone: a session's next read fails and no new session connects.
+        var brokerDown = false
+        /// Reads that failed because the broker was down (sessions lost).
+        var sessionsLost = 0
         // Store
         var cache: [String: [CachedToken]] = [:]
         var removals: [TokenRemoval] = []
@@ -52,13 +56,13 @@ final class InMemoryFleet: @unchecked Sendable {
         return body(state)
     }
 
-    func change<T>(_ body: (inout State) -> T) -> T {
+    func change<T, Failure: Error>(_ body: (inout State) throws(Failure) -> T) throws(Failure) -> T {
         condition.lock()
         defer {
             condition.broadcast()
             condition.unlock()
         }
-        return body(&state)
+        return try body(&state)
     }
 
     /// Blocks the caller while the fleet holds resolutions, counted in `resolutionsWaiting`.
@@ -98,8 +102,11 @@ final class InMemoryFleet: @unchecked Sendable {
         return tag
     }
 
-    func session() -> WorkerSession {
-        WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
+    struct BrokerDown: Error {}
+
+    func session() throws -> WorkerSession {
+        guard !read(\.brokerDown) else { throw BrokerDown() }
+        return WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
                       preparationTokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
                       statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
                       invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:])
@@ -123,7 +130,11 @@ final class InMemoryBroker: JobBroker {
 
     func receive(limit: Int) throws -> [BrokerNotice] {
         fleet.brokerReadable.acknowledge()
-        return fleet.change { state in
+        return try fleet.change { state in
+            if state.brokerDown {
+                state.sessionsLost += 1
+                throw InMemoryFleet.BrokerDown()
+            }
             let taken = state.ready.prefix(limit)
             state.ready.removeFirst(taken.count)
             return taken.map { .delivery($0) }

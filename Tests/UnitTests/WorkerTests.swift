@@ -28,7 +28,7 @@ import WorkerPipeline
         init(_ fleet: InMemoryFleet, settings: WorkerSettings = WorkerTests.settings(),
              answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 200) }) {
             worker = Worker(settings: settings, sender: InMemorySender(fleet, answer: answer),
-                            logger: Logger(label: "worker-test", level: .critical)) { fleet.session() }
+                            logger: Logger(label: "worker-test", level: .critical)) { try fleet.session() }
             Thread.detachNewThread { [self] in
                 do { try worker.run() } catch { failure.withLock { $0 = error } }
                 finished.signal()
@@ -328,6 +328,26 @@ import WorkerPipeline
         #expect(fleet.read(\.sent).count == 2, "each notification once")
         #expect(fleet.read { $0.published.count } == 1, "one summary")
         #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
+    }
+
+    @Test func aRedeliveryAfterABrokerLossSkipsWhatWasAnsweredBeforeIt() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.holdingAnswers = true }
+        let running = Spec.Running(fleet)
+        let body = Spec.job("lost", tokens: [Spec.token(1)])
+        fleet.deliver(body, properties: MessageProperties(messageID: "lost"))
+        #expect(fleet.wait { $0.sent.count == 1 })
+        fleet.change { $0.brokerDown = true }
+        fleet.brokerReadable.signal()
+        #expect(fleet.wait { $0.sessionsLost == 1 }, "the session ended")
+        // While the worker is away: APNs answers the notification, and the broker redelivers the job. The next
+        // session reads the redelivery in the same turn as it finds the answer waiting.
+        fleet.releaseAnswers()
+        let redelivery = fleet.deliver(body, properties: MessageProperties(messageID: "lost"), redelivered: true)
+        fleet.change { $0.brokerDown = false }
+        #expect(fleet.wait { $0.acknowledged.contains(redelivery) })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 1, "the answered notification is not sent again")
     }
 
     @Test func aCopyReadWithItsOriginalWaitsForIt() throws {
