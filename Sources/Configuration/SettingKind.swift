@@ -129,6 +129,14 @@ extension SettingKind where Value == RedisURL {
     }
 }
 
+extension SettingKind where Value == [RedisAddress] {
+    static var redisAddresses: SettingKind {
+        SettingKind("host:port, comma-separated") { text throws(SettingProblem) in
+            do throws(RedisError) { return try RedisAddress.list(text) } catch { throw SettingProblem(error.message) }
+        }
+    }
+}
+
 extension SettingKind where Value == APNsEndpoint {
     static var endpoint: SettingKind {
         SettingKind("https://host[:port]") { text throws(SettingProblem) in

@@ -25,6 +25,17 @@ public struct SettingTable: Sendable {
         name: "REDIS_URL", kind: .redisURL, defaultValue: "redis://127.0.0.1:6379/0",
         readers: [.worker, .cleanup, .tokens, .stats],
         help: "token cache, rate limit and shared statistics")
+    public let redisSentinels: OptionalSetting<[RedisAddress]> = OptionalSetting(
+        name: "REDIS_SENTINELS", kind: .redisAddresses, unsetMeans: "none: REDIS_URL names the one node",
+        readers: [.worker, .cleanup, .tokens, .stats],
+        help: "Sentinel: the sentinels, host:port comma-separated; they name the master (REDIS_URL then holds only "
+            + "the data nodes' password and database, redis://:password@/db)")
+    public let redisMasterName: OptionalSetting<String> = OptionalSetting(
+        name: "REDIS_MASTER_NAME", kind: .text, readers: [.worker, .cleanup, .tokens, .stats],
+        help: "Sentinel: the master's name, as the sentinels' 'sentinel monitor' line gives it")
+    public let redisSentinelPassword: OptionalSetting<String> = OptionalSetting(
+        name: "REDIS_SENTINEL_PASSWORD", kind: .text, unsetMeans: "none", readers: [.worker, .cleanup, .tokens, .stats],
+        help: "Sentinel: the sentinels' own password (their requirepass), if they require one")
 
     // APNs: where, and with which credential.
     public let apnsProductionURL: Setting<APNsEndpoint> = Setting(

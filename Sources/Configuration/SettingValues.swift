@@ -30,6 +30,11 @@ struct SettingValues {
         given[SettingTable.shared[keyPath: key].name] != nil
     }
 
+    /// The text given for the setting, unread; nil when it is not given (or given empty).
+    func text(_ key: KeyPath<SettingTable, some SettingEntry>) -> String? {
+        text(SettingTable.shared[keyPath: key].name)
+    }
+
     private func text(_ name: String) -> String? {
         guard let text = given[name]?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return nil }
         return text

@@ -26,14 +26,27 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
     public init?(permanent error: any Error) {
         switch error {
         case let refused as ConnectionRefused:
-            description = (refused.system == .broker ? ConfigurationError(\.amqpURL, refused.message)
-                : ConfigurationError(\.redisURL, refused.message)).description
+            if let redis = refused.cause as? RedisError {
+                description = Self.naming(redis).description
+            } else {
+                description = (refused.system == .broker ? ConfigurationError(\.amqpURL, refused.message)
+                    : ConfigurationError(\.redisURL, refused.message)).description
+            }
         case let amqp as AMQPError where amqp.isPermanent:
             description = ConfigurationError(\.amqpURL, amqp.message).description
         case let redis as RedisError where redis.kind == .refused || redis.kind == .badURL:
-            description = ConfigurationError(\.redisURL, redis.message).description
+            description = Self.naming(redis).description
         default:
             return nil
+        }
+    }
+
+    /// Redis's refusal, named by the setting it concerns.
+    private static func naming(_ redis: RedisError) -> ConfigurationError {
+        switch redis.part {
+        case .dataNodes: ConfigurationError(\.redisURL, redis.message)
+        case .sentinels: ConfigurationError(\.redisSentinelPassword, redis.message)
+        case .masterName: ConfigurationError(\.redisMasterName, redis.message)
         }
     }
 }

@@ -139,7 +139,7 @@ public struct WorkerConfiguration: Sendable {
                             requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
         let settings = SettingValues(environment)
         let nodes = try settings(\.amqpURL)
-        let redis = RedisDeployment.node(try settings(\.redisURL))
+        let redis = try redisDeployment(settings)
         let apns = try apnsClient(settings)
         let credential = try credential(settings, required: requiringCredentials)
         let logLevel = try settings(\.logLevel)
@@ -167,6 +167,34 @@ public struct WorkerConfiguration: Sendable {
         #else
         return nil
         #endif
+    }
+
+    /// One node (REDIS_URL), or a master its sentinels name (REDIS_SENTINELS, REDIS_MASTER_NAME): beside the
+    /// sentinels, REDIS_URL may give the data nodes' user, password and database, but no host, since a second place
+    /// to find Redis would leave which one is meant to chance.
+    private static func redisDeployment(_ settings: SettingValues) throws(ConfigurationError) -> RedisDeployment {
+        guard let sentinels = try settings(\.redisSentinels) else {
+            if settings.isGiven(\.redisMasterName) {
+                throw ConfigurationError(\.redisMasterName, "given without \(name(\.redisSentinels))")
+            }
+            return .node(try settings(\.redisURL))
+        }
+        guard let masterName = try settings(\.redisMasterName) else {
+            throw ConfigurationError(\.redisMasterName, "required with \(name(\.redisSentinels))")
+        }
+        var dataNodes = RedisURL()
+        if let text = settings.text(\.redisURL) {
+            do throws(RedisError) { dataNodes = try RedisURL(text, requiringHost: false) } catch {
+                throw ConfigurationError(\.redisURL, error.message)
+            }
+            guard dataNodes.host.isEmpty else {
+                throw ConfigurationError(\.redisURL, "names a Redis (\(dataNodes.host)) beside \(name(\.redisSentinels)): "
+                                         + "give one of the two; beside the sentinels, REDIS_URL holds only the data "
+                                         + "nodes' password and database (redis://:password@/db)")
+            }
+        }
+        return .sentinel(RedisSentinels(sentinels: sentinels, masterName: masterName,
+                                        sentinelPassword: try settings(\.redisSentinelPassword), dataNodes: dataNodes))
     }
 
     private static func apnsClient(_ settings: SettingValues) throws(ConfigurationError) -> APNsClientConfiguration {

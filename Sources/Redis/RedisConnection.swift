@@ -16,13 +16,21 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
         case refused
     }
 
+    /// What a refusal concerns: the data nodes (REDIS_URL's password or database), the sentinels (their password), or
+    /// the master's name (no sentinel knows it). Where to look when waiting will not help.
+    public enum Part: Sendable, Equatable {
+        case dataNodes, sentinels, masterName
+    }
+
     public let kind: Kind
     public let message: String
+    public var part: Part
     public var description: String { message }
 
-    public init(kind: Kind, _ message: String) {
+    public init(kind: Kind, _ message: String, part: Part = .dataNodes) {
         self.kind = kind
         self.message = message
+        self.part = part
     }
 }
 
@@ -43,14 +51,16 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
         self.database = database
     }
 
-    public init(_ text: String) throws(RedisError) {
+    /// `requiringHost`: false for the credentials and database of nodes found otherwise (by Sentinel), as
+    /// `redis://:password@/db`; the host is then empty.
+    public init(_ text: String, requiringHost: Bool = true) throws(RedisError) {
         guard text.hasPrefix("redis://") else {
             throw RedisError(kind: .badURL, text.hasPrefix("rediss://")
                 ? "rediss:// (TLS) is not supported by hiredis 0.14; use redis:// on a trusted network"
                 : "must start with redis://")
         }
         let parts: ServiceURL
-        do { parts = try ServiceURL(text, loneCredential: .password) } catch {
+        do { parts = try ServiceURL(text, loneCredential: .password, requiringHost: requiringHost) } catch {
             throw RedisError(kind: .badURL, error.description)
         }
         var database = 0
@@ -159,11 +169,25 @@ public final class RedisConnection {
             guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
                 throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
             }
-            let reply = raw.assumingMemoryBound(to: redisReply.self)
-            replies.append(Self.convert(reply))
+            let reply = Self.convert(raw.assumingMemoryBound(to: redisReply.self))
             freeReplyObject(raw)
+            // The node became a replica (a Sentinel failover, or an operator's REPLICAOF): nothing more can be written
+            // here, so the connection is as good as lost, and the next one asks where the master is now.
+            if case .error(let message) = reply, message.hasPrefix("READONLY") {
+                throw RedisError(kind: .connectionLost, "Redis \(url) is a replica now: \(message)")
+            }
+            replies.append(reply)
         }
         return replies
+    }
+
+    /// The node's role (`ROLE`): "master", "slave" or "sentinel".
+    public func role() throws(RedisError) -> String {
+        let reply = try command(["ROLE"])
+        guard let role = reply.elements.first?.text else {
+            throw RedisError(kind: .server, "Redis \(url) did not say its role: \(reply)")
+        }
+        return role
     }
 
     private func append(_ arguments: [String]) throws(RedisError) {

@@ -1,14 +1,20 @@
 /// Where Redis is, as the settings say, and the one way every program connects to it: the token cache, the rate
 /// limit, the idempotency record and the statistics all take their connections from here, so that a deployment of
-/// another kind (Sentinel, Cluster) is a case of this type and a branch of `connect`, not an edit of every store.
+/// another kind is a case of this type and a branch of `connect`, not an edit of every store.
 public enum RedisDeployment: Sendable, Equatable, CustomStringConvertible {
     /// One node (REDIS_URL).
     case node(RedisURL)
+    /// A master and its replicas watched by sentinels (REDIS_SENTINELS, REDIS_MASTER_NAME): the sentinels say which
+    /// node is the master, and after a failover, which is the new one.
+    case sentinel(RedisSentinels)
 
-    /// Opens a connection to the node that serves this deployment's data, authenticated and on its database.
+    /// Opens a connection to the node that serves this deployment's data, authenticated and on its database. A
+    /// connection that breaks, or a node that answers READONLY (it became a replica), throws `connectionLost`: the
+    /// caller connects again (with its back-off), which asks the sentinels again.
     public func connect(timeout: Double = 5) throws(RedisError) -> RedisConnection {
         switch self {
         case .node(let url): try RedisConnection(url: url, timeout: timeout)
+        case .sentinel(let sentinels): try sentinels.connectToMaster(timeout: timeout)
         }
     }
 
@@ -16,6 +22,126 @@ public enum RedisDeployment: Sendable, Equatable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .node(let url): url.description
+        case .sentinel(let sentinels): sentinels.description
         }
+    }
+}
+
+/// A host and port: a sentinel's.
+public struct RedisAddress: Sendable, Hashable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    /// `host:port` (`[v6 address]:port`); the port is required: sentinels listen on 26379 by custom, not by rule.
+    public init(_ text: Substring) throws(RedisError) {
+        var trimmed = text
+        while trimmed.first == " " { trimmed.removeFirst() }
+        while trimmed.last == " " { trimmed.removeLast() }
+        guard let colon = trimmed.lastIndex(of: ":"), let port = Int(trimmed[trimmed.index(after: colon)...]),
+              (1...65_535).contains(port) else {
+            throw RedisError(kind: .badURL, "'\(trimmed)' is not host:port (a port from 1 to 65535 is required)")
+        }
+        var host = trimmed[..<colon]
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = host.dropFirst().dropLast() }
+        guard !host.isEmpty, !host.contains(where: { $0 == "/" || $0 == "@" || $0 == " " }) else {
+            throw RedisError(kind: .badURL, "'\(trimmed)' is not host:port")
+        }
+        self.init(host: String(host), port: port)
+    }
+
+    /// Comma-separated addresses, at least one, none twice.
+    public static func list(_ text: String) throws(RedisError) -> [RedisAddress] {
+        var addresses: [RedisAddress] = []
+        for part in text.split(separator: ",", omittingEmptySubsequences: false) {
+            let address = try RedisAddress(part)
+            guard !addresses.contains(address) else { throw RedisError(kind: .badURL, "\(address) is listed twice") }
+            addresses.append(address)
+        }
+        return addresses
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
+/// A Sentinel deployment: the sentinels to ask, the master's name, the sentinels' own password, and the data nodes'
+/// user, password and database (their host and port are the master's, as the sentinels say).
+public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
+    public var sentinels: [RedisAddress]
+    public var masterName: String
+    public var sentinelPassword: String?
+    public var dataNodes: RedisURL
+
+    public init(sentinels: [RedisAddress], masterName: String, sentinelPassword: String? = nil,
+                dataNodes: RedisURL = RedisURL()) {
+        self.sentinels = sentinels
+        self.masterName = masterName
+        self.sentinelPassword = sentinelPassword
+        self.dataNodes = dataNodes
+    }
+
+    public var description: String {
+        "sentinels \(sentinels.map(\.description).joined(separator: ",")) master \(masterName) "
+            + "database \(dataNodes.database)"
+    }
+
+    /// Asks the sentinels in turn for the master's address, connects to it, and checks with ROLE that it is the
+    /// master (a sentinel that has not seen the latest failover yet names the old master, which may be back as a
+    /// replica). A sentinel that does not answer, or names a node that is not the master, passes the question to
+    /// the next. Throws `connectionLost` when none leads to the master (a failover under way: the caller tries again
+    /// after its back-off); `refused` when waiting will not help (passwords, the database, a name no sentinel knows).
+    func connectToMaster(timeout: Double) throws(RedisError) -> RedisConnection {
+        var problems: [String] = []
+        var unknownName = 0
+        for sentinel in sentinels {
+            let master: RedisAddress?
+            do { master = try askForMaster(sentinel, timeout: timeout) } catch {
+                if error.kind == .refused { throw error }
+                problems.append(error.message)
+                continue
+            }
+            guard let master else {
+                unknownName += 1
+                problems.append("sentinel \(sentinel) knows no master named \(masterName)")
+                continue
+            }
+            var url = dataNodes
+            url.host = master.host
+            url.port = master.port
+            let connection = try RedisConnection(url: url, timeout: timeout)
+            let role = try connection.role()
+            if role == "master" { return connection }
+            problems.append("sentinel \(sentinel) names \(master) as the master, and it is a \(role)")
+        }
+        if unknownName == sentinels.count {
+            throw RedisError(kind: .refused, "no sentinel knows a master named \(masterName)", part: .masterName)
+        }
+        throw RedisError(kind: .connectionLost, "no master reached for \(masterName): "
+                         + problems.joined(separator: "; "))
+    }
+
+    /// What one sentinel says the master's address is; nil when it knows no master of that name.
+    private func askForMaster(_ sentinel: RedisAddress, timeout: Double) throws(RedisError) -> RedisAddress? {
+        let connection: RedisConnection
+        do {
+            connection = try RedisConnection(url: RedisURL(host: sentinel.host, port: sentinel.port,
+                                                           password: sentinelPassword), timeout: timeout)
+        } catch {
+            throw RedisError(kind: error.kind, "sentinel \(sentinel): \(error.message)", part: .sentinels)
+        }
+        let reply = try connection.command(["SENTINEL", "get-master-addr-by-name", masterName])
+        if case .null = reply { return nil }
+        if case .array(let parts) = reply, parts.count == 2, let host = parts[0].text,
+           let port = parts[1].text.flatMap({ Int($0) }) {
+            return RedisAddress(host: host, port: port)
+        }
+        // An error reply (an unknown command: a data node listed as a sentinel) is a setting to fix.
+        let kind: RedisError.Kind = if case .error = reply { .refused } else { .connectionLost }
+        throw RedisError(kind: kind, "\(sentinel) is no sentinel: get-master-addr-by-name answered \(reply)",
+                         part: .sentinels)
     }
 }

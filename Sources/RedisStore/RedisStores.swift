@@ -36,7 +36,9 @@ public struct RedisStores {
 
     private static func connect(_ deployment: RedisDeployment) throws -> RedisConnection {
         do { return try deployment.connect() } catch {
-            if error.kind == .refused || error.kind == .badURL { throw ConnectionRefused(.store, error.message) }
+            if error.kind == .refused || error.kind == .badURL {
+                throw ConnectionRefused(.store, error.message, cause: error)
+            }
             throw error
         }
     }

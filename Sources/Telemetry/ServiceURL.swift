@@ -18,7 +18,9 @@ public struct ServiceURL: Sendable, Equatable {
     /// What follows the first "/" after the scheme, still percent-encoded; nil without a "/".
     public var path: Substring? = nil
 
-    public init(_ text: String, loneCredential: LoneCredential = .user) throws(ServiceURLError) {
+    /// `requiringHost`: false where a URL may carry only credentials and a path (the host is known otherwise); its
+    /// host is then empty.
+    public init(_ text: String, loneCredential: LoneCredential = .user, requiringHost: Bool = true) throws(ServiceURLError) {
         guard let separator = text.range(of: "://") else { throw .noScheme }
         scheme = text[..<separator.lowerBound]
         var rest = text[separator.upperBound...]
@@ -43,7 +45,7 @@ public struct ServiceURL: Sendable, Equatable {
             guard let number = Int(portText), (1...65535).contains(number) else { throw .badPort(String(portText)) }
             port = number
         }
-        guard !rest.isEmpty else { throw .noHost }
+        guard !rest.isEmpty || !requiringHost else { throw .noHost }
         host = String(rest)
     }
 

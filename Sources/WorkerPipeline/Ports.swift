@@ -295,12 +295,15 @@ public struct ConnectionRefused: Error, Sendable, CustomStringConvertible {
     /// Which setting to fix, as the configuration names it (filled in by whoever knows the names).
     public var system: System
     public var message: String
+    /// The wrapper's own error, for whoever knows which setting it concerns.
+    public var cause: (any Error & Sendable)?
 
     public enum System: Sendable { case broker, store }
 
-    public init(_ system: System, _ message: String) {
+    public init(_ system: System, _ message: String, cause: (any Error & Sendable)? = nil) {
         self.system = system
         self.message = message
+        self.cause = cause
     }
 
     public var description: String { message }

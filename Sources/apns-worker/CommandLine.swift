@@ -22,10 +22,13 @@ func fail(_ message: String, code: Int32) -> Never {
     exit(code)
 }
 
-/// The broker or Redis failed a command: exit 78 if it refused the URL's credentials, vhost or database (a setting to
-/// fix), 69 if it could not be reached or broke off (try again later).
-func failReaching(_ message: String, _ error: any Error) -> Never {
-    fail(message, code: StartupError(permanent: error) == nil ? ExitCode.unavailable : ExitCode.configuration)
+/// The broker or Redis failed a command: exit 78 naming the setting to fix if it refused what the settings say
+/// (credentials, vhost, database, a master's name), 69 if it could not be reached or broke off (try again later).
+func failReaching(_ command: String, _ error: any Error) -> Never {
+    if let permanent = StartupError(permanent: error) {
+        fail("\(command): configuration error: \(permanent)", code: ExitCode.configuration)
+    }
+    fail("\(command): \(error)", code: ExitCode.unavailable)
 }
 
 /// One subcommand's arguments: options with values (repeatable), switches, and the words left over.

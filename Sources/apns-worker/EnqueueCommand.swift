@@ -71,7 +71,7 @@ func enqueueCommand(_ arguments: [String]) {
                                    logger: Logger(label: "apns-worker", level: configuration.logLevel,
                                                   format: configuration.logFormat))
     } catch {
-        failReaching("enqueue: \(error)", error)
+        failReaching("enqueue", error)
     }
     do {
         if let flagJob {

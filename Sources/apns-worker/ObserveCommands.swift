@@ -34,7 +34,7 @@ func statsCommand(_ arguments: [String]) {
         let report = try StatsReport.collect(configuration, windowMinutes: minutes)
         print(parsed.switches.contains("--json") ? report.json : report.text)
     } catch {
-        failReaching("stats: \(error)", error)
+        failReaching("stats", error)
     }
 }
 
@@ -92,7 +92,7 @@ func deadTokensCommand(_ arguments: [String]) {
         }
     } catch {
         if let named = ConfigurationError(naming: error) { fail("configuration error: \(named)", code: ExitCode.configuration) }
-        failReaching("dead-tokens tail: \(error)", error)
+        failReaching("dead-tokens tail", error)
     }
 }
 
@@ -130,7 +130,7 @@ func cleanupCommand(_ arguments: [String]) {
     let logger = Logger(label: "apns-cleanup", level: configuration.logLevel, format: configuration.logFormat)
     let cleanup = TokenCleanup(configuration: configuration, logger: logger)
     if parsed.switches.contains("--once") {
-        do { try cleanup.run(untilIdle: true) } catch { failReaching("cleanup: \(error)", error) }
+        do { try cleanup.run(untilIdle: true) } catch { failReaching("cleanup", error) }
         logger.info("cleanup done", ["stats": cleanup.statistics.summary])
         return
     }

@@ -83,7 +83,7 @@ func tokensCommand(_ arguments: [String]) {
                                       logger: Logger(label: "apns-worker", level: configuration.logLevel,
                                                      format: configuration.logFormat))
     } catch {
-        failReaching("tokens: \(error)", error)
+        failReaching("tokens", error)
     }
     do {
         switch action {
@@ -99,6 +99,6 @@ func tokensCommand(_ arguments: [String]) {
     } catch let refused as TokenCacheEditor.RefusedChange {
         fail("tokens \(action): \(refused)", code: ExitCode.dataError)
     } catch {
-        failReaching("tokens \(action): \(error)", error)
+        failReaching("tokens \(action)", error)
     }
 }

@@ -224,6 +224,42 @@ import WorkerPipeline
         }
     }
 
+    /// Sentinel: the sentinels and the master's name; REDIS_URL beside them gives only the data nodes' credentials
+    /// and database. Two places to find Redis, or sentinels without a name, stop start-up with the key to fix.
+    @Test func redisSentinels() throws {
+        let sentinels = ["REDIS_SENTINELS": "10.0.0.11:26379, 10.0.0.12:26379,[::1]:26380", "REDIS_MASTER_NAME": "apns"]
+        let configuration = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 })
+        #expect(configuration.redis == .sentinel(RedisSentinels(
+            sentinels: [RedisAddress(host: "10.0.0.11", port: 26379), RedisAddress(host: "10.0.0.12", port: 26379),
+                        RedisAddress(host: "::1", port: 26380)], masterName: "apns", dataNodes: RedisURL())))
+        let credentials = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 }.merging([
+            "REDIS_URL": "redis://:s3cret@/3", "REDIS_SENTINEL_PASSWORD": "watch"]) { $1 })
+        guard case .sentinel(let deployment) = credentials.redis else { Issue.record("not Sentinel"); return }
+        #expect(deployment.dataNodes.password == "s3cret" && deployment.dataNodes.database == 3)
+        #expect(deployment.sentinelPassword == "watch")
+        #expect(!credentials.redis.description.contains("s3cret") && !credentials.redis.description.contains("watch"))
+
+        #expect(throws: ConfigurationError(key: "REDIS_MASTER_NAME", "required with REDIS_SENTINELS")) {
+            try WorkerConfiguration.load(from: minimal.merging(["REDIS_SENTINELS": "s1:26379"]) { $1 })
+        }
+        #expect(throws: ConfigurationError(key: "REDIS_MASTER_NAME", "given without REDIS_SENTINELS")) {
+            try WorkerConfiguration.load(from: minimal.merging(["REDIS_MASTER_NAME": "apns"]) { $1 })
+        }
+        do {
+            _ = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 }.merging(
+                ["REDIS_URL": "redis://:s3cret@cache:6379/0"]) { $1 })
+            Issue.record("REDIS_URL naming a host beside REDIS_SENTINELS was accepted")
+        } catch {
+            #expect(error.key == "REDIS_URL" && error.problem.contains("beside REDIS_SENTINELS"), "\(error)")
+            #expect(!error.description.contains("s3cret"))
+        }
+        for bad in ["s1", "s1:0", "s1:26379,", "s1:26379,s1:26379", "u:p@s1:26379"] {
+            #expect(throws: ConfigurationError.self, "\(bad)") {
+                try WorkerConfiguration.load(from: minimal.merging(["REDIS_SENTINELS": bad, "REDIS_MASTER_NAME": "m"]) { $1 })
+            }
+        }
+    }
+
     @Test func secretsStayOutOfErrors() {
         do {
             _ = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": "amqp://u:topsecret@h:notaport"]) { _, new in new })

@@ -154,6 +154,7 @@ services_stop() {
     for leftover in $(jobs -p); do pkill -TERM -P "$leftover" 2>/dev/null; kill "$leftover" 2>/dev/null; done
     [ -n "${APNS_SIM_PID:-}" ] && kill "$APNS_SIM_PID" 2>/dev/null
     declare -F cluster_stop >/dev/null && cluster_stop
+    declare -F sentinel_stop >/dev/null && sentinel_stop
     [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
     if [ -n "${RABBITMQ_PORT:-}" ]; then
         services_rabbitmqctl shutdown >/dev/null 2>&1 || true
