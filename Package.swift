@@ -56,14 +56,14 @@ let package = Package(
 
         // Argument parsing and help over Operations and Configuration: no connection is made here.
         .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "APNs",
-                                                              "Telemetry"]),
+                                                              "Redis", "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
         // libFuzzer target over the decoders (scripts/fuzz builds it with -sanitize=fuzzer).
         .executableTarget(name: "fuzz-job-decoder", dependencies: ["APNs", "WorkerPipeline"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
-                                                 "AMQP", "Redis", "Telemetry", "COpenSSL"]),
+                                                 "AMQP", "Redis", "RedisStore", "Telemetry", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",
                     dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
                                    "Configuration", "Operations", "AMQP", "Redis", "Telemetry"]),

@@ -29,7 +29,7 @@ extension WorkerConfiguration {
                                      record: stores.record,
                                      statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                                      invalidationWindow: stores.invalidationWindow,
-                                     store: stores.connection,
+                                     store: RedisProbe(stores.connection),
                                      logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 })
             } catch {
                 amqp.close()

@@ -33,6 +33,11 @@ public struct SettingTable: Sendable {
     public let redisMasterName: OptionalSetting<String> = OptionalSetting(
         name: "REDIS_MASTER_NAME", kind: .text, readers: [.worker, .cleanup, .tokens, .stats],
         help: "Sentinel: the master's name, as the sentinels' 'sentinel monitor' line gives it")
+    public let redisClusterNodes: OptionalSetting<[RedisAddress]> = OptionalSetting(
+        name: "REDIS_CLUSTER_NODES", kind: .redisAddresses, unsetMeans: "none: REDIS_URL names the one node",
+        readers: [.worker, .cleanup, .tokens, .stats],
+        help: "Redis Cluster: some of its nodes, host:port comma-separated, from which the slot map is learned "
+            + "(REDIS_URL then holds only the nodes' password, redis://:password@)")
     public let redisSentinelPassword: OptionalSetting<String> = OptionalSetting(
         name: "REDIS_SENTINEL_PASSWORD", kind: .text, unsetMeans: "none", readers: [.worker, .cleanup, .tokens, .stats],
         help: "Sentinel: the sentinels' own password (their requirepass), if they require one")

@@ -47,6 +47,7 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
         case .dataNodes: ConfigurationError(\.redisURL, redis.message)
         case .sentinels: ConfigurationError(\.redisSentinelPassword, redis.message)
         case .masterName: ConfigurationError(\.redisMasterName, redis.message)
+        case .clusterNodes: ConfigurationError(\.redisClusterNodes, redis.message)
         }
     }
 }

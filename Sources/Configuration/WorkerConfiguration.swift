@@ -169,32 +169,50 @@ public struct WorkerConfiguration: Sendable {
         #endif
     }
 
-    /// One node (REDIS_URL), or a master its sentinels name (REDIS_SENTINELS, REDIS_MASTER_NAME): beside the
-    /// sentinels, REDIS_URL may give the data nodes' user, password and database, but no host, since a second place
-    /// to find Redis would leave which one is meant to chance.
+    /// One node (REDIS_URL), a master its sentinels name (REDIS_SENTINELS, REDIS_MASTER_NAME), or a cluster
+    /// (REDIS_CLUSTER_NODES). Beside the sentinels or the cluster's nodes, REDIS_URL may give the data nodes' user,
+    /// password (and beside sentinels, database), but no host, since a second place to find Redis would leave which
+    /// one is meant to chance.
     private static func redisDeployment(_ settings: SettingValues) throws(ConfigurationError) -> RedisDeployment {
+        let clusterNodes = try settings(\.redisClusterNodes)
         guard let sentinels = try settings(\.redisSentinels) else {
             if settings.isGiven(\.redisMasterName) {
                 throw ConfigurationError(\.redisMasterName, "given without \(name(\.redisSentinels))")
             }
-            return .node(try settings(\.redisURL))
+            guard let clusterNodes else { return .node(try settings(\.redisURL)) }
+            let dataNodes = try dataNodes(settings, beside: \.redisClusterNodes)
+            guard dataNodes.database == 0 else {
+                throw ConfigurationError(\.redisURL, "names database \(dataNodes.database): a Redis Cluster has "
+                                         + "database 0 only")
+            }
+            return .cluster(RedisClusterNodes(seeds: clusterNodes, dataNodes: dataNodes))
+        }
+        guard clusterNodes == nil else {
+            throw ConfigurationError(\.redisClusterNodes, "given beside \(name(\.redisSentinels)): a Redis is either "
+                                     + "watched by sentinels or a cluster; give one of the two")
         }
         guard let masterName = try settings(\.redisMasterName) else {
             throw ConfigurationError(\.redisMasterName, "required with \(name(\.redisSentinels))")
         }
-        var dataNodes = RedisURL()
-        if let text = settings.text(\.redisURL) {
-            do throws(RedisError) { dataNodes = try RedisURL(text, requiringHost: false) } catch {
-                throw ConfigurationError(\.redisURL, error.message)
-            }
-            guard dataNodes.host.isEmpty else {
-                throw ConfigurationError(\.redisURL, "names a Redis (\(dataNodes.host)) beside \(name(\.redisSentinels)): "
-                                         + "give one of the two; beside the sentinels, REDIS_URL holds only the data "
-                                         + "nodes' password and database (redis://:password@/db)")
-            }
-        }
         return .sentinel(RedisSentinels(sentinels: sentinels, masterName: masterName,
-                                        sentinelPassword: try settings(\.redisSentinelPassword), dataNodes: dataNodes))
+                                        sentinelPassword: try settings(\.redisSentinelPassword),
+                                        dataNodes: try dataNodes(settings, beside: \.redisSentinels)))
+    }
+
+    /// REDIS_URL beside the setting that says where the nodes are: their credentials (and database) only.
+    private static func dataNodes(_ settings: SettingValues, beside nodes: KeyPath<SettingTable, OptionalSetting<[RedisAddress]>>)
+        throws(ConfigurationError) -> RedisURL {
+        guard let text = settings.text(\.redisURL) else { return RedisURL() }
+        let dataNodes: RedisURL
+        do throws(RedisError) { dataNodes = try RedisURL(text, requiringHost: false) } catch {
+            throw ConfigurationError(\.redisURL, error.message)
+        }
+        guard dataNodes.host.isEmpty else {
+            throw ConfigurationError(\.redisURL, "names a Redis (\(dataNodes.host)) beside \(name(nodes)): give one of "
+                                     + "the two; beside it, REDIS_URL holds only the nodes' password and database "
+                                     + "(redis://:password@/db)")
+        }
+        return dataNodes
     }
 
     private static func apnsClient(_ settings: SettingValues) throws(ConfigurationError) -> APNsClientConfiguration {

@@ -140,7 +140,7 @@ public struct StatsReport: Sendable {
     private var guardLine: String {
         let rule = "trips at \(invalidationGuard.threshold) or more over \(Int((invalidationGuard.share * 100).rounded()))%"
         guard let window = invalidationWindow else {
-            return "window unreadable (a key of the wrong type under \(SharedInvalidationWindow.keyPrefix)): 400s held back"
+            return "window unreadable (a key of the wrong type among the guard's buckets): 400s held back"
         }
         let state = guardTripped ? "TRIPPED: no worker removes tokens for 400 BadDeviceToken/DeviceTokenNotForTopic"
             : "not tripped"

@@ -55,6 +55,67 @@ public final class TokenCacheEditor {
         return "\(user) had no token \(shown(token))"
     }
 
+    /// What `tokens import` did.
+    public struct ImportReport: Sendable, Equatable {
+        public var lines = 0
+        public var applied = 0
+        /// Older than what the cache knows, or a logout of a token already gone.
+        public var unchanged = 0
+        public var refused = 0
+        /// The first refusals: line number and reason.
+        public var firstRefusals: [String] = []
+        /// Bytes read, and the input's size when it is a file.
+        public var bytesRead = 0
+        public var totalBytes: Int?
+
+        mutating func refuse(line: Int, _ reason: String) {
+            refused += 1
+            if firstRefusals.count < 20 { firstRefusals.append("line \(line): \(reason)") }
+        }
+    }
+
+    /// Applies registration events (one JSON object per line, as on PUSH_REGISTRATIONS_QUEUE, `-` for standard
+    /// input) as the cleanup consumer would: a registration older than what the cache knows changes nothing, so a
+    /// file can be imported again. `batch` events per round of Redis round trips; `progress` after each round.
+    public func importRegistrations(path: String, batch: Int = 1_000,
+                                    progress: (ImportReport) -> Void) throws -> ImportReport {
+        var reader = try JobReader(path: path, lineLimit: RegistrationEvent.maximumSize)
+        var report = ImportReport(totalBytes: reader.totalBytes)
+        var pending: [(line: Int, event: RegistrationEvent)] = []
+        func flush() throws {
+            let registrations = pending.filter { $0.event.action == .register }
+            let logouts = pending.filter { $0.event.action == .unregister }
+            let changes = try cache.register(registrations.map(\.event.registration))
+                + cache.remove(logouts.map { TokenRemoval(user: $0.event.registration.user, token: $0.event.registration.token,
+                                                          unlessRegisteredAfter: $0.event.registration.registeredAt) })
+            for (item, change) in zip(registrations + logouts, changes) {
+                switch change {
+                case .applied: report.applied += 1
+                case .unchanged: report.unchanged += 1
+                case .failed(let message): report.refuse(line: item.line, "Redis refused it: \(message)")
+                }
+            }
+            pending.removeAll(keepingCapacity: true)
+            report.bytesRead = reader.bytesRead
+            progress(report)
+        }
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        while let entry = try reader.next() {
+            report.lines += 1
+            switch entry {
+            case .overLimit(let line):
+                report.refuse(line: line, "longer than \(RegistrationEvent.maximumSize) bytes")
+            case .job(let line, let body):
+                do throws(JobError) { pending.append((line, try RegistrationEvent.decode(body, now: now))) } catch {
+                    report.refuse(line: line, error.description)
+                }
+            }
+            if pending.count >= batch { try flush() }
+        }
+        try flush()
+        return report
+    }
+
     /// `user`'s tokens (with a topic, only those a job with that topic reaches), as a table or as JSON.
     public func list(user: String, topic: String?, json: Bool) throws -> String {
         var entries = try cache.entries(forUser: user)

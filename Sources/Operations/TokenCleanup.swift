@@ -120,7 +120,7 @@ public final class TokenCleanup: Service {
     }
 
     /// Returns true when done (stopped, or idle in `untilIdle` mode).
-    private func serve(_ amqp: AMQPConnection, _ redis: RedisConnection, _ tokens: TokenCache, deadTag: String,
+    private func serve(_ amqp: AMQPConnection, _ redis: any RedisClient, _ tokens: TokenCache, deadTag: String,
                        untilIdle: Bool, idleSeconds: Double, nextSweep: inout Date) throws -> Bool {
         var idleSince = Date()
         var swept = false

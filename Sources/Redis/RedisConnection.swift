@@ -17,9 +17,9 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
     }
 
     /// What a refusal concerns: the data nodes (REDIS_URL's password or database), the sentinels (their password), or
-    /// the master's name (no sentinel knows it). Where to look when waiting will not help.
+    /// the master's name (no sentinel knows it), or the cluster's nodes (one is no cluster node). Where to look when waiting will not help.
     public enum Part: Sendable, Equatable {
-        case dataNodes, sentinels, masterName
+        case dataNodes, sentinels, masterName, clusterNodes
     }
 
     public let kind: Kind
@@ -107,8 +107,13 @@ public enum RedisReply: Sendable, Equatable {
     public var elements: [RedisReply] { if case .array(let items) = self { items } else { [] } }
 }
 
-/// One Redis connection, owning its hiredis context. Blocking and not thread-safe: one owner thread.
-public final class RedisConnection {
+/// One Redis connection, owning its hiredis context. Blocking and not thread-safe: one owner thread. The client of a
+/// single node (or of the master a Sentinel names).
+public final class RedisConnection: RedisClient {
+    public var isCluster: Bool { false }
+
+    public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) { try body(self) }
+
     public let url: RedisURL
     private let context: UnsafeMutablePointer<redisContext>
 
@@ -162,9 +167,26 @@ public final class RedisConnection {
     /// Many commands in one round trip: all are written, then all replies read, in order.
     public func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
         for arguments in commands { try append(arguments) }
+        return try receive(commands.count)
+    }
+
+    /// Writes the commands without waiting for their replies (`receive` reads them), so that a cluster's nodes all
+    /// work on their part of a pipeline at once.
+    func send(_ commands: [[String]]) throws(RedisError) {
+        for arguments in commands { try append(arguments) }
+        var done: Int32 = 0
+        while done == 0 {
+            guard redisBufferWrite(context, &done) == REDIS_OK else {
+                throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+            }
+        }
+    }
+
+    /// The next `count` replies, in order.
+    func receive(_ count: Int) throws(RedisError) -> [RedisReply] {
         var replies: [RedisReply] = []
-        replies.reserveCapacity(commands.count)
-        for _ in commands {
+        replies.reserveCapacity(count)
+        for _ in 0..<count {
             var raw: UnsafeMutableRawPointer?
             guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
                 throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")

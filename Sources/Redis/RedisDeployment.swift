@@ -7,27 +7,34 @@ public enum RedisDeployment: Sendable, Equatable, CustomStringConvertible {
     /// A master and its replicas watched by sentinels (REDIS_SENTINELS, REDIS_MASTER_NAME): the sentinels say which
     /// node is the master, and after a failover, which is the new one.
     case sentinel(RedisSentinels)
+    /// A Redis Cluster (REDIS_CLUSTER_NODES): keys spread over its masters by hash slot.
+    case cluster(RedisClusterNodes)
 
-    /// Opens a connection to the node that serves this deployment's data, authenticated and on its database. A
+    /// Opens a client of the nodes that serve this deployment's data, authenticated and on its database. A
     /// connection that breaks, or a node that answers READONLY (it became a replica), throws `connectionLost`: the
-    /// caller connects again (with its back-off), which asks the sentinels again.
-    public func connect(timeout: Double = 5) throws(RedisError) -> RedisConnection {
+    /// caller connects again (with its back-off), which asks the sentinels, or the cluster's nodes, again.
+    public func connect(timeout: Double = 5) throws(RedisError) -> any RedisClient {
         switch self {
         case .node(let url): try RedisConnection(url: url, timeout: timeout)
         case .sentinel(let sentinels): try sentinels.connectToMaster(timeout: timeout)
+        case .cluster(let nodes): try RedisCluster(nodes, timeout: timeout)
         }
     }
+
+    /// Whether keys are written for a cluster (one user's keys in one hash slot).
+    public var isCluster: Bool { if case .cluster = self { true } else { false } }
 
     /// For logs: no password.
     public var description: String {
         switch self {
         case .node(let url): url.description
         case .sentinel(let sentinels): sentinels.description
+        case .cluster(let nodes): nodes.description
         }
     }
 }
 
-/// A host and port: a sentinel's.
+/// A host and port: a sentinel's, or a cluster node's.
 public struct RedisAddress: Sendable, Hashable, CustomStringConvertible {
     public var host: String
     public var port: Int

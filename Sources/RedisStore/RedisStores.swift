@@ -2,15 +2,19 @@ import Redis
 import Telemetry
 import WorkerPipeline
 
-extension RedisConnection: Probing {
-    /// A PING within the connection's timeout.
-    public func probe() throws { try ping() }
+/// The readiness probe of the worker's Redis: a PING of every node in use, within the connections' timeout.
+public final class RedisProbe: Probing {
+    let redis: any RedisClient
+
+    public init(_ redis: any RedisClient) { self.redis = redis }
+
+    public func probe() throws { try redis.ping() }
 }
 
 /// Everything the worker keeps in Redis, over one connection owned by the broker thread: the token cache, the
 /// idempotency record, the shared statistics, the shared rate limit and the invalidation guard's window.
 public struct RedisStores {
-    public let connection: RedisConnection
+    public let connection: any RedisClient
     public let tokens: TokenCache
     public let record: SentRecord
     public let statistics: SharedStatistics
@@ -34,7 +38,7 @@ public struct RedisStores {
         TokenCache(redis: try connect(deployment), logger: logger)
     }
 
-    private static func connect(_ deployment: RedisDeployment) throws -> RedisConnection {
+    private static func connect(_ deployment: RedisDeployment) throws -> any RedisClient {
         do { return try deployment.connect() } catch {
             if error.kind == .refused || error.kind == .badURL {
                 throw ConnectionRefused(.store, error.message, cause: error)

@@ -11,29 +11,27 @@ import WorkerPipeline
 /// (`<token>|<status>|<timestamp>|<environment>|<reason>|<user>`), so that a redelivery that skips the token still
 /// publishes its event: an event is never lost because the notification was not sent again.
 public struct SentRecord: IdempotencyRecord {
-    public static func key(forJob id: String) -> String { "apns:job:" + id + ":done" }
     public static let lifetime = 3600
     /// Redeliveries of a message the broker does not count (classic queues), `apns:deliveries:<key>`: a day after
     /// the last one, a message that stopped coming back is forgotten.
-    public static func key(forDeliveriesOf key: String) -> String { "apns:deliveries:" + key }
     public static let deliveriesLifetime = 86_400
-    /// Set while a worker runs a suspect job alone, `apns:alone:<key>`; deleted when the job settles. Found on the
-    /// job's next delivery, it says the worker died with the job alone.
-    public static func key(forAlone key: String) -> String { "apns:alone:" + key }
-    /// Deliveries of a message a worker gave back in an orderly stop, `apns:givenback:<key>`, kept as long as the
-    /// delivery counts: they do not count towards making the job a suspect.
-    public static func key(forGivenBack key: String) -> String { "apns:givenback:" + key }
-    /// Jobs settled in one ten-second span, `apns:settled:<unix seconds / 10>`: a set of job ids kept a minute, so
-    /// that memory follows the rate over that minute, not an hour. Looked up over the last 40 s (clocks of workers
-    /// may differ by a few seconds).
-    public static func key(forSettledIn span: Int) -> String { "apns:settled:\(span)" }
+    // Also `apns:alone:<key>`, set while a worker runs a suspect job alone and deleted when the job settles (found on
+    // the job's next delivery, it says the worker died with the job alone); `apns:givenback:<key>`, deliveries of a
+    // message a worker gave back in an orderly stop, kept as long as the delivery counts (they do not count towards
+    // making the job a suspect); and `apns:settled:<unix seconds / 10>`, the jobs settled in one ten-second span, a
+    // set kept a minute, so that memory follows the rate over that minute, not an hour, looked up over the last 40 s
+    // (clocks of workers may differ by a few seconds).
     static let settledSpan = 10
     static let settledLifetime = 60
     static let settledLookback = 4
 
-    private let redis: RedisConnection
+    private let redis: any RedisClient
+    private let redisKeys: RedisKeys
 
-    public init(redis: RedisConnection) { self.redis = redis }
+    public init(redis: any RedisClient) {
+        self.redis = redis
+        redisKeys = RedisKeys(cluster: redis.isCluster)
+    }
 
     /// The member for an outcome: the token, or for a dead token what its event needs.
     static func member(_ outcome: SettledOutcome) -> String {
@@ -81,8 +79,8 @@ public struct SentRecord: IdempotencyRecord {
         var commands: [[String]] = []
         var jobs: [String] = []
         for batch in batches where !batch.outcomes.isEmpty {
-            commands.append(["SADD", Self.key(forJob: batch.jobID)] + batch.outcomes.map(Self.member))
-            commands.append(["EXPIRE", Self.key(forJob: batch.jobID), String(Self.lifetime)])
+            commands.append(["SADD", redisKeys.job(batch.jobID)] + batch.outcomes.map(Self.member))
+            commands.append(["EXPIRE", redisKeys.job(batch.jobID), String(Self.lifetime)])
             jobs += [batch.jobID, batch.jobID]
         }
         guard !commands.isEmpty else { return [:] }
@@ -97,7 +95,7 @@ public struct SentRecord: IdempotencyRecord {
     /// count as having nothing settled). Only a lost connection throws.
     public func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String]) {
         guard !jobIDs.isEmpty else { return ([:], [:]) }
-        let replies = try redis.pipeline(jobIDs.map { ["SMEMBERS", Self.key(forJob: $0)] })
+        let replies = try redis.pipeline(jobIDs.map { ["SMEMBERS", redisKeys.job($0)] })
         var result: [String: Settled] = [:]
         var unreadable: [String: String] = [:]
         for (id, reply) in zip(jobIDs, replies) {
@@ -111,8 +109,8 @@ public struct SentRecord: IdempotencyRecord {
     public func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String]) {
         guard !keys.isEmpty else { return ([:], [:]) }
         let replies = try redis.pipeline(keys.flatMap { key in
-            [["INCR", Self.key(forDeliveriesOf: key)],
-             ["EXPIRE", Self.key(forDeliveriesOf: key), String(Self.deliveriesLifetime)]]
+            [["INCR", redisKeys.deliveries(key)],
+             ["EXPIRE", redisKeys.deliveries(key), String(Self.deliveriesLifetime)]]
         })
         var counts: [String: Int] = [:]
         var unreadable: [String: String] = [:]
@@ -127,25 +125,25 @@ public struct SentRecord: IdempotencyRecord {
     }
 
     public func startingAlone(_ key: String) throws {
-        _ = try redis.command(["SET", Self.key(forAlone: key), "1", "EX", String(Self.deliveriesLifetime)])
+        _ = try redis.command(["SET", redisKeys.alone(key), "1", "EX", String(Self.deliveriesLifetime)])
     }
 
-    public func settledAlone(_ key: String) throws { _ = try redis.command(["DEL", Self.key(forAlone: key)]) }
+    public func settledAlone(_ key: String) throws { _ = try redis.command(["DEL", redisKeys.alone(key)]) }
 
     public func forget(_ key: String) throws {
-        _ = try redis.command(["DEL", Self.key(forAlone: key), Self.key(forDeliveriesOf: key), Self.key(forGivenBack: key)])
+        _ = try redis.command(["DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key)])
     }
 
     public func gaveBack(_ keys: [String]) throws {
         guard !keys.isEmpty else { return }
         _ = try redis.pipeline(keys.flatMap { key in
-            [["INCR", Self.key(forGivenBack: key)], ["EXPIRE", Self.key(forGivenBack: key), String(Self.deliveriesLifetime)]]
+            [["INCR", redisKeys.givenBack(key)], ["EXPIRE", redisKeys.givenBack(key), String(Self.deliveriesLifetime)]]
         })
     }
 
     public func settledRecently(_ jobIDs: [String]) throws {
         guard !jobIDs.isEmpty else { return }
-        let key = Self.key(forSettledIn: Int(Date().timeIntervalSince1970) / Self.settledSpan)
+        let key = redisKeys.settled(inSpan: Int(Date().timeIntervalSince1970) / Self.settledSpan)
         _ = try redis.pipeline([["SADD", key] + jobIDs, ["EXPIRE", key, String(Self.settledLifetime)]])
     }
 
@@ -155,7 +153,7 @@ public struct SentRecord: IdempotencyRecord {
         guard !jobIDs.isEmpty else { return [] }
         let now = Int(Date().timeIntervalSince1970) / Self.settledSpan
         let spans = (0..<Self.settledLookback).map { now - $0 }
-        let replies = try redis.pipeline(spans.map { ["SMISMEMBER", Self.key(forSettledIn: $0)] + jobIDs })
+        let replies = try redis.pipeline(spans.map { ["SMISMEMBER", redisKeys.settled(inSpan: $0)] + jobIDs })
         var found = Set<String>()
         for reply in replies {
             for (id, member) in zip(jobIDs, reply.elements) where member.integer == 1 { found.insert(id) }
@@ -166,9 +164,9 @@ public struct SentRecord: IdempotencyRecord {
     /// A count Redis cannot read (a key of the wrong type) is none: the job is judged by its deliveries alone.
     public func givenBack(_ keys: [String]) throws -> [String: Int] {
         guard !keys.isEmpty else { return [:] }
-        let reply = try redis.command(["MGET"] + keys.map(Self.key(forGivenBack:)))
+        let replies = try redis.pipeline(keys.map { ["GET", redisKeys.givenBack($0)] })
         var counts: [String: Int] = [:]
-        for (key, value) in zip(keys, reply.elements) {
+        for (key, value) in zip(keys, replies) {
             if let count = value.text.flatMap({ Int($0) }), count > 0 { counts[key] = count }
         }
         return counts
@@ -176,7 +174,7 @@ public struct SentRecord: IdempotencyRecord {
 
     public func diedAlone(_ keys: [String]) throws -> Set<String> {
         guard !keys.isEmpty else { return [] }
-        let replies = try redis.pipeline(keys.map { ["EXISTS", Self.key(forAlone: $0)] })
+        let replies = try redis.pipeline(keys.map { ["EXISTS", redisKeys.alone($0)] })
         return Set(zip(keys, replies).compactMap { key, reply in reply.integer == 1 ? key : nil })
     }
 }

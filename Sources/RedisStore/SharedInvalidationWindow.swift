@@ -2,10 +2,9 @@ import Redis
 import WorkerPipeline
 
 /// The fleet's token-judging answers over the last `seconds` seconds, in one-second buckets keyed by Redis's own clock
-/// (`apns:guard:<unix second>`, a hash of `mismatches` and `judged`, kept a little longer than the window): every
+/// (`apns:guard:<unix second>`, `apns:{guard}:...` in a cluster; a hash of `mismatches` and `judged`, kept a little longer than the window): every
 /// worker adds its answers and reads the totals in one atomic script call.
 public struct SharedInvalidationWindow: InvalidationWindow {
-    public static let keyPrefix = "apns:guard"
     public static let seconds = 60
 
     static let script = """
@@ -26,12 +25,14 @@ public struct SharedInvalidationWindow: InvalidationWindow {
         return {mismatches, judged}
         """
 
-    private let redis: RedisConnection
+    private let redis: any RedisClient
     private let prefix: String
 
-    public init(redis: RedisConnection, keyPrefix: String = SharedInvalidationWindow.keyPrefix) {
+    /// `keyPrefix`: the buckets' (`RedisKeys.guardPrefix` unless a test keeps its own); in a cluster it holds a hash
+    /// tag, so that the whole window is on one node.
+    public init(redis: any RedisClient, keyPrefix: String? = nil) {
         self.redis = redis
-        self.prefix = keyPrefix
+        self.prefix = keyPrefix ?? RedisKeys(cluster: redis.isCluster).guardPrefix
     }
 
     /// Adds `counts` (nothing when it judged nothing) and returns the window's totals; nil when Redis refused the

@@ -15,8 +15,6 @@ import WorkerPipeline
 /// urgent work at once, and no permit is set aside unused while no urgent work comes. Over any second the fleet sends
 /// at most one slot's borrowing more than the rate (plus the slot overlap above).
 public struct SharedRateLimit: RateLimiter {
-    public static let keyPrefix = "apns:rate"
-
     static let reserveScript = """
         local now = redis.call('TIME')
         local second = tonumber(now[1])
@@ -44,18 +42,19 @@ public struct SharedRateLimit: RateLimiter {
         return {urgent, bulk, 100000 - (micros % 100000)}
         """
 
-    private let redis: RedisConnection
+    private let redis: any RedisClient
     public let limit: Int
     /// The share of each slot urgent work can always take at once (0...1).
     public let urgentShare: Double
     private let prefix: String
 
-    public init(redis: RedisConnection, limit: Int, urgentShare: Double = 0.2,
-                keyPrefix: String = SharedRateLimit.keyPrefix) {
+    /// `keyPrefix`: the slots' (`RedisKeys.ratePrefix` unless a test keeps its own); in a cluster it holds a hash
+    /// tag, so that the slots one call reads and writes share a node.
+    public init(redis: any RedisClient, limit: Int, urgentShare: Double = 0.2, keyPrefix: String? = nil) {
         self.redis = redis
         self.limit = limit
         self.urgentShare = urgentShare
-        self.prefix = keyPrefix
+        self.prefix = keyPrefix ?? RedisKeys(cluster: redis.isCluster).ratePrefix
     }
 
     /// Reserves up to `urgent` + `bulk` permits in the current slot: how many each lane was granted and the seconds

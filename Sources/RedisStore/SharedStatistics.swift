@@ -11,15 +11,14 @@ import WorkerPipeline
 ///   kept 26 hours.
 /// - `apns:workers`: sorted set, member = `<host>:<pid>`, score = when it last reported (ms).
 public struct SharedStatistics: StatisticsSink {
-    public static let workersKey = "apns:workers"
-    public static func minuteKey(_ minute: Int64) -> String { "apns:stats:\(minute)" }
-    public static func waitedKey(_ minute: Int64) -> String { "apns:stats:\(minute):waited" }
     static let retention = 26 * 3600
 
-    private let redis: RedisConnection
+    private let redis: any RedisClient
+    private let keys: RedisKeys
 
-    public init(redis: RedisConnection) {
+    public init(redis: any RedisClient) {
         self.redis = redis
+        keys = RedisKeys(cluster: redis.isCluster)
     }
 
     /// Adds what happened since the last report (`delta`) to the current minute and marks `worker` alive, in one
@@ -33,16 +32,16 @@ public struct SharedStatistics: StatisticsSink {
     public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts = LaneCounts(), worker: String,
                        now: Date) throws(RedisError) -> String? {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
-        let key = Self.minuteKey(milliseconds / 60_000)
+        let key = keys.statistics(minute: milliseconds / 60_000)
         var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }
         if !commands.isEmpty { commands.append(["EXPIRE", key, String(Self.retention)]) }
-        let waitedKey = Self.waitedKey(milliseconds / 60_000)
+        let waitedKey = keys.waited(minute: milliseconds / 60_000)
         let waits = JobLane.allCases.filter { longestWait[$0] > 0 }
         // GT: a score only grows, so the minute keeps the longest wait any worker saw.
         for lane in waits { commands.append(["ZADD", waitedKey, "GT", String(longestWait[lane]), lane.rawValue]) }
         if !waits.isEmpty { commands.append(["EXPIRE", waitedKey, String(Self.retention)]) }
-        commands.append(["ZADD", Self.workersKey, String(milliseconds), worker])
-        commands.append(["ZREMRANGEBYSCORE", Self.workersKey, "-inf", String(milliseconds - 3_600_000)])
+        commands.append(["ZADD", keys.workers, String(milliseconds), worker])
+        commands.append(["ZREMRANGEBYSCORE", keys.workers, "-inf", String(milliseconds - 3_600_000)])
         for reply in try redis.pipeline(commands) {
             if case .error(let message) = reply { return message }
         }
@@ -56,9 +55,9 @@ public struct SharedStatistics: StatisticsSink {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let current = milliseconds / 60_000
         let minuteNumbers = (0..<Int64(max(1, minutes))).map { current - $0 }
-        var commands = minuteNumbers.map { ["HGETALL", Self.minuteKey($0)] }
-        commands += minuteNumbers.map { ["ZRANGE", Self.waitedKey($0), "0", "-1", "WITHSCORES"] }
-        commands.append(["ZRANGEBYSCORE", Self.workersKey, String(milliseconds - Int64(aliveWithin * 1000)), "+inf"])
+        var commands = minuteNumbers.map { ["HGETALL", keys.statistics(minute: $0)] }
+        commands += minuteNumbers.map { ["ZRANGE", keys.waited(minute: $0), "0", "-1", "WITHSCORES"] }
+        commands.append(["ZRANGEBYSCORE", keys.workers, String(milliseconds - Int64(aliveWithin * 1000)), "+inf"])
         let replies = try redis.pipeline(commands)
         var longestWait: [JobLane: Int] = [:]
         for reply in replies[minuteNumbers.count..<(2 * minuteNumbers.count)] {

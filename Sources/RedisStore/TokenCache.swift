@@ -3,118 +3,173 @@ import Redis
 import Telemetry
 import WorkerPipeline
 
-/// The Redis token cache (the schema is part of the contract in README.md):
+/// The Redis token cache (the schema is part of the contract in README.md; keys from `RedisKeys`):
 /// - `apns:tokens:<user>`: hash, field = hex device token, value = what it serves (`TokenScope`): production |
 ///   sandbox (the default app's device token) | `<environment>:<topic>`. The worker reads only this.
 /// - `apns:registered:<user>`: hash, field = token, value = when the app last registered it (ms since epoch).
 /// - `apns:devices:<user>`: hash, field = token, value = the device's metadata as JSON (from registration events).
 /// - `apns:owner:<token>`: string, the user a token currently belongs to, so a device that changes accounts stops
 ///   receiving the previous account's notifications.
+///
+/// Every script touches one user's three keys, declared in KEYS (one hash slot in a cluster). What spans a user and a
+/// token's owner key, or two users (a token moving between accounts), is ordered steps, each safe to repeat: an
+/// event redelivered after a crash between two steps finishes the work.
 public struct TokenCache: TokenStore {
-    public static func key(forUser user: String) -> String { "apns:tokens:" + user }
-    public static func registeredKey(forUser user: String) -> String { "apns:registered:" + user }
-    public static func devicesKey(forUser user: String) -> String { "apns:devices:" + user }
-    public static func ownerKey(forToken token: String) -> String { "apns:owner:" + token }
-    static let registeredPrefix = "apns:registered:"
-
-    /// Forgets one token of one user everywhere. Lua, shared by the scripts below; KEYS are never built here
-    /// except from the fixed prefixes above.
+    /// Forgets one token of the user whose keys are KEYS[1] (tokens), KEYS[2] (registered), KEYS[3] (devices).
     private static let forgetFunction = """
-        local function forget(user, token)
-          redis.call('HDEL', 'apns:tokens:' .. user, token)
-          redis.call('HDEL', 'apns:registered:' .. user, token)
-          redis.call('HDEL', 'apns:devices:' .. user, token)
-          if redis.call('GET', 'apns:owner:' .. token) == user then redis.call('DEL', 'apns:owner:' .. token) end
+        local function forget(token)
+          redis.call('HDEL', KEYS[1], token)
+          redis.call('HDEL', KEYS[2], token)
+          redis.call('HDEL', KEYS[3], token)
         end
 
         """
 
-    /// Atomic, so a registration landing between the check and the delete cannot be lost. Every spelling of the
-    /// token in the user's entry goes (other systems may have written one in upper case): each is judged as one.
-    /// ARGV: user ("" for a token sent directly: its owner, if known), token, died-at ms (-1: unconditionally), then
-    /// the cache values the entry must hold to be removed (none: any).
+    /// Atomic per user, so a registration landing between the check and the delete cannot be lost. Every spelling of
+    /// the token in the user's entry goes (other systems may have written one in upper case): each is judged as one.
+    /// ARGV: token, died-at ms (-1: unconditionally), then the cache values the entry must hold to be removed (none:
+    /// any). Returns {1 if a token was removed else 0, then the spellings forgotten, whose owner key may name the
+    /// user}.
     static let removeUnlessRegisteredAfter = forgetFunction + """
-        local user = ARGV[1]
-        local wanted = string.lower(ARGV[2])
-        if user == '' then user = redis.call('GET', 'apns:owner:' .. ARGV[2]) or redis.call('GET', 'apns:owner:' .. wanted) end
-        if not user then return 0 end
-        local died = tonumber(ARGV[3])
+        local wanted = string.lower(ARGV[1])
+        local died = tonumber(ARGV[2])
+        local result = {0}
         local function removeOne(token)
-          local registered = tonumber(redis.call('HGET', 'apns:registered:' .. user, token) or '0') or 0
-          if died >= 0 and registered > died then return 0 end
-          local value = redis.call('HGET', 'apns:tokens:' .. user, token)
-          if not value then forget(user, token) return 0 end
-          if #ARGV > 3 then
+          local registered = tonumber(redis.call('HGET', KEYS[2], token) or '0') or 0
+          if died >= 0 and registered > died then return end
+          local value = redis.call('HGET', KEYS[1], token)
+          if value and #ARGV > 2 then
             local serves = false
-            for index = 4, #ARGV do if ARGV[index] == value then serves = true end end
-            if not serves then return 0 end
+            for index = 3, #ARGV do if ARGV[index] == value then serves = true end end
+            if not serves then return end
           end
-          forget(user, token)
-          return 1
+          forget(token)
+          if value then result[1] = 1 end
+          table.insert(result, token)
         end
         local spellings = {}
-        for _, field in ipairs(redis.call('HKEYS', 'apns:tokens:' .. user)) do
+        for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
           if string.lower(field) == wanted then table.insert(spellings, field) end
         end
-        if #spellings == 0 then spellings = {ARGV[2]} end
-        local removed = 0
-        for _, token in ipairs(spellings) do removed = removed + removeOne(token) end
-        if removed > 0 then return 1 end
-        return 0
+        if #spellings == 0 then spellings = {ARGV[1]} end
+        for _, token in ipairs(spellings) do removeOne(token) end
+        return result
         """
 
-    /// A registration: newer than what is known, it (re)writes the token under its user and moves it away from
-    /// a previous owner; older (events can arrive out of order), it changes nothing. Returns 1 if applied.
-    /// ARGV: user, token, cache value (`TokenScope`), registered-at ms, device JSON or "".
-    static let register = forgetFunction + """
-        local user, token, at = ARGV[1], ARGV[2], tonumber(ARGV[4])
-        local owner = redis.call('GET', 'apns:owner:' .. token) or user
-        local known = tonumber(redis.call('HGET', 'apns:registered:' .. owner, token) or '0') or 0
-        if known > at then return 0 end
-        if owner ~= user then forget(owner, token) end
-        redis.call('HSET', 'apns:tokens:' .. user, token, ARGV[3])
-        redis.call('HSET', 'apns:registered:' .. user, token, ARGV[4])
-        if ARGV[5] ~= '' then redis.call('HSET', 'apns:devices:' .. user, token, ARGV[5]) end
-        redis.call('SET', 'apns:owner:' .. token, user)
+    /// A token leaving its previous owner for another user: forgotten there unless that owner registered it after
+    /// this registration (events can arrive out of order). ARGV: token, registered-at ms. Returns 1 if forgotten (or
+    /// not there), -1 if the previous owner's registration is newer.
+    static let leavePreviousOwner = forgetFunction + """
+        local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
+        if known > tonumber(ARGV[2]) then return -1 end
+        forget(ARGV[1])
         return 1
         """
 
-    /// Removes every token of one user last registered before a cutoff. ARGV: user, cutoff ms.
+    /// A registration newer than what the user's keys know (re)writes the token; an older one changes nothing.
+    /// ARGV: token, cache value (`TokenScope`), registered-at ms, device JSON or "". Returns 1 if applied.
+    static let register = """
+        local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
+        if known > tonumber(ARGV[3]) then return 0 end
+        redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+        redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+        if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[4]) end
+        return 1
+        """
+
+    /// Removes every token of one user last registered before a cutoff. ARGV: cutoff ms. Returns the tokens removed.
     /// Tokens with no registration time are kept: their age is unknown.
     static let sweepUser = forgetFunction + """
-        local user, cutoff = ARGV[1], tonumber(ARGV[2])
-        local entries = redis.call('HGETALL', 'apns:registered:' .. user)
-        local removed = 0
+        local cutoff = tonumber(ARGV[1])
+        local entries = redis.call('HGETALL', KEYS[2])
+        local removed = {}
         for index = 1, #entries, 2 do
           if (tonumber(entries[index + 1]) or 0) < cutoff then
-            forget(user, entries[index])
-            removed = removed + 1
+            forget(entries[index])
+            table.insert(removed, entries[index])
           end
         end
         return removed
         """
 
-    private let redis: RedisConnection
+    /// Writes copied tokens unless this user's keys know the same or a newer registration (or, for a token with no
+    /// registration time, already hold it). ARGV: per token, token, cache value, registered-at ms or "", device JSON
+    /// or "". Returns the tokens written.
+    static let copyEntries = """
+        local written = {}
+        for index = 1, #ARGV, 4 do
+          local token, at = ARGV[index], ARGV[index + 2]
+          local known = redis.call('HGET', KEYS[2], token)
+          local same = known == false and at == '' and redis.call('HGET', KEYS[1], token) == ARGV[index + 1]
+          local newer = known and (at == '' or (tonumber(known) or 0) >= (tonumber(at) or 0))
+          if not (newer or same) then
+            redis.call('HSET', KEYS[1], token, ARGV[index + 1])
+            if at ~= '' then redis.call('HSET', KEYS[2], token, at) end
+            if ARGV[index + 3] ~= '' then redis.call('HSET', KEYS[3], token, ARGV[index + 3]) end
+            table.insert(written, token)
+          end
+        end
+        return written
+        """
+
+    /// Deletes a token's owner key only if it still names the user. KEYS[1]: the owner key; ARGV: user.
+    static let releaseOwner = """
+        if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+        return 0
+        """
+
+    private let redis: any RedisClient
+    private let keys: RedisKeys
     private let logger: Logger
 
-    public init(redis: RedisConnection, logger: Logger) {
+    public init(redis: any RedisClient, logger: Logger) {
         self.redis = redis
+        self.keys = RedisKeys(cluster: redis.isCluster)
         self.logger = logger
     }
 
-    /// Takes tokens out of the cache in one round trip, each only if what is known of it still says so (see
-    /// `TokenRemoval`). Returns what each removal did; only a lost connection throws.
+    /// EVAL of one of the scripts above on one user's keys.
+    private func onUser(_ script: String, _ user: String, _ arguments: [String]) -> [String] {
+        ["EVAL", script, "3", keys.tokens(user), keys.registered(user), keys.devices(user)] + arguments
+    }
+
+    /// Takes tokens out of the cache, each only if what is known of it still says so (see `TokenRemoval`): a round
+    /// trip for the owners of tokens sent directly, one for the removals, one to release the owner keys that named
+    /// the users. Returns what each removal did; only a lost connection throws.
     @discardableResult
     public func remove(_ removals: [TokenRemoval]) throws(RedisError) -> [CacheChange] {
         guard !removals.isEmpty else { return [] }
-        let replies = try redis.pipeline(removals.map { removal in
-            ["EVAL", Self.removeUnlessRegisteredAfter, "0", removal.user, removal.token,
-             String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? [])
-        })
-        return replies.map { reply in
-            if case .error(let message) = reply { return .failed(message) }
-            return reply.integer == 1 ? .applied : .unchanged
+        var users = removals.map { $0.user.isEmpty ? nil : $0.user }
+        let direct = removals.indices.filter { users[$0] == nil }
+        if !direct.isEmpty {
+            let owners = try redis.pipeline(direct.flatMap { index in
+                [["GET", keys.owner(removals[index].token)], ["GET", keys.owner(removals[index].token.lowercased())]]
+            })
+            for (position, index) in direct.enumerated() {
+                users[index] = owners[position * 2].text ?? owners[position * 2 + 1].text
+            }
         }
+        var changes = [CacheChange](repeating: .unchanged, count: removals.count)
+        let known = removals.indices.filter { users[$0] != nil }
+        let replies = try redis.pipeline(known.map { index in
+            let removal = removals[index]
+            return onUser(Self.removeUnlessRegisteredAfter, users[index]!,
+                          [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
+        })
+        var releases: [[String]] = []
+        for (index, reply) in zip(known, replies) {
+            if case .error(let message) = reply {
+                changes[index] = .failed(message)
+                continue
+            }
+            let parts = reply.elements
+            changes[index] = parts.first?.integer == 1 ? .applied : .unchanged
+            for token in parts.dropFirst().compactMap(\.text) {
+                releases.append(["EVAL", Self.releaseOwner, "1", keys.owner(token), users[index]!])
+            }
+        }
+        if !releases.isEmpty { _ = try redis.pipeline(releases) }
+        return changes
     }
 
     /// Every user's tokens with what each serves, in one pipelined round trip. Entries that are not a hex token
@@ -123,13 +178,13 @@ public struct TokenCache: TokenStore {
     public func resolve(_ users: [String]) throws(RedisError) -> ResolvedUsers {
         let unique = Array(Set(users))
         guard !unique.isEmpty else { return ResolvedUsers(tokens: [:], unreadable: [:]) }
-        let replies = try redis.pipeline(unique.map { ["HGETALL", Self.key(forUser: $0)] })
+        let replies = try redis.pipeline(unique.map { ["HGETALL", keys.tokens($0)] })
         var result: [String: [CachedToken]] = [:]
         var unreadable: [String: String] = [:]
         for (user, reply) in zip(unique, replies) {
             if case .error(let message) = reply {
                 logger.warning("skipping a user whose token cache entry cannot be read",
-                               ["redis.key": Self.key(forUser: user), "redis.error": message])
+                               ["redis.key": keys.tokens(user), "redis.error": message])
                 unreadable[user] = message
                 continue
             }
@@ -143,7 +198,7 @@ public struct TokenCache: TokenStore {
                 index += 2
                 guard (try? APNsNotification.validateDeviceToken(token)) != nil,
                       let scope = TokenScope(cacheValue: value) else {
-                    logger.warning("skipping a bad token cache entry", ["redis.key": Self.key(forUser: user),
+                    logger.warning("skipping a bad token cache entry", ["redis.key": keys.tokens(user),
                                                                         "apns.token": Redact.token(token),
                                                                         "redis.value": String(value.prefix(40))])
                     continue
@@ -155,28 +210,81 @@ public struct TokenCache: TokenStore {
         return ResolvedUsers(tokens: result, unreadable: unreadable)
     }
 
-    /// Applies registrations in one round trip; returns, per registration, whether it changed the cache (`.unchanged`
-    /// for one older than what is known, `.failed` where Redis refused its keys). Only a lost connection throws.
+    /// Applies registrations; returns, per registration, whether it changed the cache (`.unchanged` for one older
+    /// than what is known, `.failed` where Redis refused its keys). Ordered steps, each a round trip for the whole
+    /// batch and each safe to repeat: the tokens' owners are read; a token that belonged to another user leaves
+    /// that user (unless the other registration is newer); the token is written under its user; its owner key names
+    /// the user. Only a lost connection throws.
+    /// A token named twice in one batch (a device that changed accounts twice) is applied in the batch's order: the
+    /// batch goes in rounds, each holding a token at most once.
     @discardableResult
     public func register(_ registrations: [TokenRegistration]) throws(RedisError) -> [CacheChange] {
-        guard !registrations.isEmpty else { return [] }
-        let replies = try redis.pipeline(registrations.map { registration in
-            ["EVAL", Self.register, "0", registration.user, registration.token, registration.scope.cacheValue,
-             String(registration.registeredAt), registration.deviceJSON ?? ""]
-        })
-        return replies.map { reply in
-            if case .error(let message) = reply { return .failed(message) }
-            return reply.integer == 1 ? .applied : .unchanged
+        var rounds: [[Int]] = []
+        var seen: [String: Int] = [:]
+        for (index, registration) in registrations.enumerated() {
+            let round = seen[registration.token, default: 0]
+            seen[registration.token] = round + 1
+            if round == rounds.count { rounds.append([]) }
+            rounds[round].append(index)
         }
+        var changes = [CacheChange](repeating: .unchanged, count: registrations.count)
+        for round in rounds {
+            for (index, change) in zip(round, try registerOnce(round.map { registrations[$0] })) { changes[index] = change }
+        }
+        return changes
+    }
+
+    /// `register` for a batch that names each token once.
+    private func registerOnce(_ registrations: [TokenRegistration]) throws(RedisError) -> [CacheChange] {
+        guard !registrations.isEmpty else { return [] }
+        let owners = try redis.pipeline(registrations.map { ["GET", keys.owner($0.token)] })
+        var changes = [CacheChange?](repeating: nil, count: registrations.count)
+        let moving = registrations.indices.filter { index in
+            owners[index].text.map { $0 != registrations[index].user } ?? false
+        }
+        let left = try redis.pipeline(moving.map { index in
+            onUser(Self.leavePreviousOwner, owners[index].text!,
+                   [registrations[index].token, String(registrations[index].registeredAt)])
+        })
+        for (index, reply) in zip(moving, left) {
+            if case .error(let message) = reply { changes[index] = .failed(message) }
+            else if reply.integer == -1 { changes[index] = .unchanged }
+        }
+        let writing = registrations.indices.filter { changes[$0] == nil }
+        let written = try redis.pipeline(writing.map { index in
+            let registration = registrations[index]
+            return onUser(Self.register, registration.user, [registration.token, registration.scope.cacheValue,
+                                                              String(registration.registeredAt), registration.deviceJSON ?? ""])
+        })
+        var owned: [[String]] = []
+        for (index, reply) in zip(writing, written) {
+            if case .error(let message) = reply {
+                changes[index] = .failed(message)
+                continue
+            }
+            changes[index] = reply.integer == 1 ? .applied : .unchanged
+            // Even an older registration: the token left its previous owner above, so it is this user's now.
+            owned.append(["SET", keys.owner(registrations[index].token), registrations[index].user])
+        }
+        if !owned.isEmpty { _ = try redis.pipeline(owned) }
+        return changes.map { $0 ?? .unchanged }
     }
 
     /// One user's tokens with what is known of them, sorted by token.
     public func entries(forUser user: String) throws(RedisError) -> [TokenEntry] {
-        let replies = try redis.pipeline([["HGETALL", Self.key(forUser: user)],
-                                          ["HGETALL", Self.registeredKey(forUser: user)],
-                                          ["HGETALL", Self.devicesKey(forUser: user)]])
-        func fields(_ reply: RedisReply) throws(RedisError) -> [String: String] {
-            if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(user)'s tokens: \(message)") }
+        let (entries, unreadable) = try entries(forUsers: [user])
+        if let message = unreadable[user] { throw RedisError(kind: .server, "reading \(user)'s tokens: \(message)") }
+        return entries[user] ?? []
+    }
+
+    /// Users' tokens with what is known of them, sorted by token, in one round trip; and the users whose keys Redis
+    /// cannot read (keys of the wrong type), with its error.
+    public func entries(forUsers users: [String]) throws(RedisError)
+        -> (entries: [String: [TokenEntry]], unreadable: [String: String]) {
+        let replies = try redis.pipeline(users.flatMap { user in
+            [["HGETALL", keys.tokens(user)], ["HGETALL", keys.registered(user)], ["HGETALL", keys.devices(user)]]
+        })
+        func fields(_ reply: RedisReply) -> [String: String] {
             var result: [String: String] = [:]
             let items = reply.elements
             var index = 0
@@ -186,39 +294,86 @@ public struct TokenCache: TokenStore {
             }
             return result
         }
-        let values = try fields(replies[0])
-        let registered = try fields(replies[1])
-        let devices = try fields(replies[2])
-        return values.keys.sorted().map { token in
-            TokenEntry(token: token, value: values[token] ?? "",
-                       registeredAt: registered[token].flatMap { Int64($0) }, deviceJSON: devices[token])
+        var entries: [String: [TokenEntry]] = [:]
+        var unreadable: [String: String] = [:]
+        for (index, user) in users.enumerated() {
+            let own = replies[(index * 3)..<(index * 3 + 3)]
+            if let failure = own.first(where: { if case .error = $0 { true } else { false } }), case .error(let message) = failure {
+                unreadable[user] = message
+                continue
+            }
+            let values = fields(replies[index * 3])
+            let registered = fields(replies[index * 3 + 1])
+            let devices = fields(replies[index * 3 + 2])
+            entries[user] = values.keys.sorted().map { token in
+                TokenEntry(token: token, value: values[token] ?? "",
+                           registeredAt: registered[token].flatMap { Int64($0) }, deviceJSON: devices[token])
+            }
+        }
+        return (entries, unreadable)
+    }
+
+    /// Every user with a token entry, a page at a time, on every master.
+    public func forEachUserPage(_ page: ([String]) throws(RedisError) -> Void) throws(RedisError) {
+        try redis.scan(matching: keys.tokensPattern) { (found: [String]) throws(RedisError) in
+            let users = found.compactMap { keys.user(fromTokensKey: $0) }
+            if !users.isEmpty { try page(users) }
         }
     }
 
+    /// Copies users' entries (from another cache: `tokens migrate`) without undoing anything newer here: a token this
+    /// cache knows the same or a later registration of (or any registration, where the copy has none) is left as it
+    /// is, so a second copy writes nothing; so is a token whose owner key here names another user. The
+    /// owner key is written only where none exists. Returns, per user, how many tokens were written.
+    public func copy(_ copies: [(user: String, entries: [TokenEntry])]) throws(RedisError) -> [Int] {
+        // A token this cache says belongs to another user now moved after the copy was taken: it stays there.
+        let tokens = copies.flatMap { item in item.entries.map { (user: item.user, token: $0.token) } }
+        let owners = try redis.pipeline(tokens.map { ["GET", keys.owner($0.token)] })
+        let ownedElsewhere = Set(zip(tokens, owners).compactMap { item, owner in
+            owner.text.map { $0 != item.user ? item.user + "\u{0}" + item.token : nil } ?? nil
+        })
+        let entries = copies.map { item in
+            (user: item.user, entries: item.entries.filter { !ownedElsewhere.contains(item.user + "\u{0}" + $0.token) })
+        }
+        let replies = try redis.pipeline(entries.map { item in
+            onUser(Self.copyEntries, item.user, item.entries.flatMap { entry in
+                [entry.token, entry.value, entry.registeredAt.map(String.init) ?? "", entry.deviceJSON ?? ""]
+            })
+        })
+        var ownerWrites: [[String]] = []
+        var written: [Int] = []
+        for (item, reply) in zip(entries, replies) {
+            if case .error(let message) = reply { throw RedisError(kind: .server, "copying \(item.user)'s tokens: \(message)") }
+            let tokens = reply.elements.compactMap(\.text)
+            written.append(tokens.count)
+            ownerWrites += tokens.map { ["SET", keys.owner($0), item.user, "NX"] }
+        }
+        if !ownerWrites.isEmpty { _ = try redis.pipeline(ownerWrites) }
+        return written
+    }
+
     /// Removes tokens last registered before `cutoff` (ms since epoch) from every user, a page of users at a time
-    /// (SCAN, so Redis is never blocked for long). Returns how many tokens went.
+    /// on every master (SCAN, so Redis is never blocked for long). Returns how many tokens went.
     public func sweep(registeredBefore cutoff: Int64) throws(RedisError) -> Int {
-        var cursor = "0"
         var removed = 0
-        repeat {
-            let page = try redis.command(["SCAN", cursor, "MATCH", Self.registeredPrefix + "*", "COUNT", "500"])
-            if case .error(let message) = page { throw RedisError(kind: .server, "SCAN: \(message)") }
-            let parts = page.elements
-            guard parts.count == 2 else { throw RedisError(kind: .server, "SCAN: unexpected reply") }
-            cursor = parts[0].text ?? "0"
-            let users = parts[1].elements.compactMap { $0.text.map { String($0.dropFirst(Self.registeredPrefix.count)) } }
-            guard !users.isEmpty else { continue }
-            let replies = try redis.pipeline(users.map { ["EVAL", Self.sweepUser, "0", $0, String(cutoff)] })
+        try redis.scan(matching: keys.registeredPattern) { (page: [String]) throws(RedisError) in
+            let users = page.compactMap { keys.user(fromRegisteredKey: $0) }
+            guard !users.isEmpty else { return }
+            let replies = try redis.pipeline(users.map { onUser(Self.sweepUser, $0, [String(cutoff)]) })
+            var releases: [[String]] = []
             for (user, reply) in zip(users, replies) {
                 if case .error(let message) = reply {
                     // One user's keys of the wrong type (written by another system) cost that user's sweep only.
                     logger.warning("inactivity sweep skipped a user whose keys cannot be read",
-                                   ["redis.key": Self.registeredKey(forUser: user), "redis.error": message])
+                                   ["redis.key": keys.registered(user), "redis.error": message])
                     continue
                 }
-                removed += Int(reply.integer ?? 0)
+                let tokens = reply.elements.compactMap(\.text)
+                removed += tokens.count
+                releases += tokens.map { ["EVAL", Self.releaseOwner, "1", keys.owner($0), user] }
             }
-        } while cursor != "0"
+            if !releases.isEmpty { _ = try redis.pipeline(releases) }
+        }
         return removed
     }
 }

@@ -20,9 +20,12 @@ public struct RegistrationEvent: Sendable, Equatable {
     public var action: Action
     public var registration: TokenRegistration
 
+    /// The largest event taken, in bytes.
+    public static let maximumSize = 16_384
+
     /// Checks every field; `now` (ms) stands in for a missing timestamp.
     public static func decode(_ body: [UInt8], now: Int64) throws(JobError) -> RegistrationEvent {
-        guard body.count <= 16_384 else { throw .tooLarge(size: body.count, limit: 16_384) }
+        guard body.count <= maximumSize else { throw .tooLarge(size: body.count, limit: maximumSize) }
         guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
         let document: JSONValue
         do { document = try JSONReader.parse(body, maximumDepth: 8) } catch { throw .notJSON(error.description) }

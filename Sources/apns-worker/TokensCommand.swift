@@ -2,6 +2,7 @@ import APNs
 import Configuration
 import Foundation
 import Operations
+import Redis
 import Telemetry
 import WorkerPipeline
 
@@ -11,6 +12,8 @@ apns-worker tokens: read and change the Redis token cache by hand (the schema is
 USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
        apns-worker tokens remove USER TOKEN [--topic TOPIC] [--environment production|sandbox]
        apns-worker tokens list USER [--topic TOPIC] [--full-tokens] [--json]
+       apns-worker tokens import [FILE]
+       apns-worker tokens migrate --from redis://[:password@]host:port/db
 
   add       the token belongs to USER from now on (as a registration event would say): written with the time
             of registration, taken away from another user who had it; --device keeps metadata such as
@@ -24,6 +27,17 @@ USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--t
   list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
             --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
             characters and length) unless --full-tokens; --json for scripts.
+  import    registration events from FILE (standard input without it, or -), one JSON object per line as on
+            PUSH_REGISTRATIONS_QUEUE ({"user": "u1", "token": "<hex>", "environment": "sandbox", "timestamp":
+            1732900000000}); applied as the cleanup consumer applies them, 1,000 at a time: an event older than
+            what the cache knows changes nothing, so a file imported again leaves the cache as it was (events
+            without a timestamp count as registered now). Progress on standard error, counts at the end. Lines
+            that are not an event are reported by number and skipped (exit 65 once the rest is in).
+  migrate   copies the token cache of the single Redis --from names (tokens, registration times, devices,
+            owners) into the configured Redis, usually a Redis Cluster (REDIS_CLUSTER_NODES), writing its key
+            form; a page of users at a time, progress every two seconds, counts at the end. Nothing the
+            destination knows a newer registration of is overwritten, so it can run again: after an interruption,
+            or to catch up just before the workers switch over.
 
 Settings it reads (environment, --config file or --set):
 \(SettingTable.help(for: .tokens))
@@ -32,21 +46,33 @@ EXAMPLES:
   apns-worker tokens add alice 3f0c9a...e1 --environment sandbox
   apns-worker tokens add alice 7d41e0...9b --topic com.example.app.voip
   apns-worker tokens list alice
+  apns-worker tokens import registrations.jsonl
+  REDIS_CLUSTER_NODES=10.0.0.21:6379 apns-worker tokens migrate --from redis://10.0.0.5:6379/0
 
 EXIT CODES: 0 done, 2 bad command line or bad token, 69 Redis unreachable, 78 bad configuration.
 """
 
 func tokensCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic"],
+    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic", "--from"],
                                        switches: ["--full-tokens", "--json"], help: tokensHelp)
     guard let action = parsed.positionals.first else {
         fail("tokens: say add, remove or list; try 'apns-worker tokens --help'", code: ExitCode.usage)
     }
     let operands = Array(parsed.positionals.dropFirst())
-    let wanted = action == "list" ? 1 : 2
-    guard ["add", "remove", "list"].contains(action) else {
-        fail("tokens: unknown action \(action) (add, remove, list)", code: ExitCode.usage)
+    guard ["add", "remove", "list", "import", "migrate"].contains(action) else {
+        fail("tokens: unknown action \(action) (add, remove, list, import, migrate)", code: ExitCode.usage)
     }
+    if action == "migrate" {
+        guard operands.isEmpty, let from = parsed.value("--from") else {
+            fail("tokens migrate: wants --from redis://host:port/db; try 'apns-worker tokens --help'", code: ExitCode.usage)
+        }
+        migrateTokens(from: from, parsed)
+    }
+    if action == "import" {
+        guard operands.count <= 1 else { fail("tokens import: wants at most one FILE", code: ExitCode.usage) }
+        importTokens(from: operands.first ?? "-", parsed)
+    }
+    let wanted = action == "list" ? 1 : 2
     guard operands.count == wanted else {
         fail("tokens \(action): wants \(action == "list" ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
              code: ExitCode.usage)
@@ -101,4 +127,68 @@ func tokensCommand(_ arguments: [String]) {
     } catch {
         failReaching("tokens \(action)", error)
     }
+}
+
+/// `tokens import`: progress every two seconds on standard error, the counts at the end.
+private func importTokens(from path: String, _ parsed: ParsedArguments) -> Never {
+    let configuration = parsed.configuration(requiringCredentials: false)
+    let editor: TokenCacheEditor
+    do {
+        editor = try TokenCacheEditor(configuration: configuration, fullTokens: false,
+                                      logger: Logger(label: "apns-worker", level: configuration.logLevel,
+                                                     format: configuration.logFormat))
+    } catch {
+        failReaching("tokens import", error)
+    }
+    let started = Date()
+    var lastShown = started
+    let report: TokenCacheEditor.ImportReport
+    do {
+        report = try editor.importRegistrations(path: path) { report in
+            guard Date().timeIntervalSince(lastShown) >= 2 else { return }
+            lastShown = Date()
+            let share = report.totalBytes.map { total in
+                String(format: " (%.0f%% of the file)", 100 * Double(report.bytesRead) / Double(max(1, total)))
+            } ?? ""
+            FileHandle.standardError.write(Data("tokens import: \(report.lines) lines, \(report.applied) applied\(share)\n".utf8))
+        }
+    } catch let unreadable as JobReaderError {
+        fail("tokens import: \(unreadable)", code: ExitCode.usage)
+    } catch {
+        failReaching("tokens import", error)
+    }
+    for refusal in report.firstRefusals { FileHandle.standardError.write(Data("tokens import: \(refusal)\n".utf8)) }
+    print(String(format: "imported %d lines in %.1f s: %d applied, %d unchanged (the cache knew a newer registration), "
+                 + "%d refused", report.lines, Date().timeIntervalSince(started), report.applied, report.unchanged,
+                 report.refused))
+    exit(report.refused == 0 ? ExitCode.success : ExitCode.dataError)
+}
+
+/// `tokens migrate`: progress every two seconds on standard error, the counts at the end.
+private func migrateTokens(from text: String, _ parsed: ParsedArguments) -> Never {
+    let source: RedisURL
+    do throws(RedisError) { source = try RedisURL(text) } catch {
+        fail("tokens migrate: --from: \(error.message)", code: ExitCode.usage)
+    }
+    let configuration = parsed.configuration(requiringCredentials: false)
+    let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
+    let started = Date()
+    var lastShown = started
+    let done: TokenMigration.Progress
+    do {
+        let migration = try TokenMigration(from: source, to: configuration.redis, logger: logger)
+        done = try migration.run { progress in
+            guard Date().timeIntervalSince(lastShown) >= 2 else { return }
+            lastShown = Date()
+            FileHandle.standardError.write(Data("tokens migrate: \(progress.users) users, \(progress.tokens) tokens read\n".utf8))
+        }
+    } catch {
+        if error.kind == .badURL { fail("tokens migrate: \(error.message)", code: ExitCode.usage) }
+        failReaching("tokens migrate", error)
+    }
+    print(String(format: "migrated %d users in %.1f s from %@ to %@: %d tokens read, %d written, %d kept (the destination "
+                 + "knew a newer registration), %d users unreadable at the source", done.users,
+                 Date().timeIntervalSince(started), source.description, configuration.redis.description, done.tokens,
+                 done.written, done.kept, done.unreadableUsers))
+    exit(ExitCode.success)
 }

@@ -30,9 +30,9 @@ import Glibc
         defer { simulator.shutdown() }
         let u1 = TestServices.unique("u1"), u2 = TestServices.unique("u2")
         let redis = try RedisConnection(url: TestServices.redisURL())
-        _ = try redis.pipeline([["HSET", TokenCache.key(forUser: u1), dead, "production"],
-                                ["HSET", TokenCache.key(forUser: u2), live, "production"],
-                                ["SET", TokenCache.registeredKey(forUser: u1), "oops"]])
+        _ = try redis.pipeline([["HSET", RedisKeys.node.tokens(u1), dead, "production"],
+                                ["HSET", RedisKeys.node.tokens(u2), live, "production"],
+                                ["SET", RedisKeys.node.registered(u1), "oops"]])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let deadQueue = TestServices.unique("dead")
         let deadReader = try QueueReader(deadQueue)
@@ -60,9 +60,9 @@ import Glibc
         let u2 = TestServices.unique("u2"), u3 = TestServices.unique("u3"), u4 = TestServices.unique("u4")
         let tokens = [String(repeating: "7c", count: 32), String(repeating: "7d", count: 32)]
         let redis = try RedisConnection(url: TestServices.redisURL())
-        _ = try redis.pipeline([["SET", TokenCache.key(forUser: u3), "hello"],
-                                ["HSET", TokenCache.key(forUser: u2), tokens[0], "production"],
-                                ["HSET", TokenCache.key(forUser: u4), tokens[1], "production"]])
+        _ = try redis.pipeline([["SET", RedisKeys.node.tokens(u3), "hello"],
+                                ["HSET", RedisKeys.node.tokens(u2), tokens[0], "production"],
+                                ["HSET", RedisKeys.node.tokens(u4), tokens[1], "production"]])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         // Published before the worker starts, so that they arrive as one batch.
         for (index, users) in [[u3, u2], [u4]].enumerated() {

@@ -301,8 +301,8 @@ enum Cluster {
     @Test func cleanupAndTailMoveToAnotherNode() throws {
         let user = TestServices.unique("erin"), token = String(repeating: "e7", count: 32)
         let redis = try RedisConnection(url: TestServices.redisURL())
-        _ = try redis.command(["HSET", TokenCache.key(forUser: user), token, "production"])
-        try #require(try redis.command(["HEXISTS", TokenCache.key(forUser: user), token]).integer == 1)
+        _ = try redis.command(["HSET", RedisKeys.node.tokens(user), token, "production"])
+        try #require(try redis.command(["HEXISTS", RedisKeys.node.tokens(user), token]).integer == 1)
         let deadTokens = TestServices.unique("cluster-dead")
         let environment = [
             "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
@@ -339,7 +339,7 @@ enum Cluster {
         let shown = try #require(watcher.waitForLine(containing: "Unregistered", timeout: 60), "the tail shows the event")
         #expect(shown.contains("\"user\":\"\(user)\""))
         let removed = try TestServices.waitUntil(timeout: 30) {
-            try redis.command(["HEXISTS", TokenCache.key(forUser: user), token]).integer == 0
+            try redis.command(["HEXISTS", RedisKeys.node.tokens(user), token]).integer == 0
         }
         #expect(removed, "cleanup applied the event after moving")
         print("failover | cluster: cleanup and dead-tokens tail on the stopped node, then a dead-token event | 1 | "

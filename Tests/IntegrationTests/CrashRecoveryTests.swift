@@ -95,7 +95,7 @@ import Glibc
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let redis = try RedisConnection(url: TestServices.redisURL())
         let recorded = TestServices.waitUntil {
-            (try? redis.command(["SCARD", SentRecord.key(forJob: jobID)]).integer) == Int64(answered)
+            (try? redis.command(["SCARD", RedisKeys.node.job(jobID)]).integer) == Int64(answered)
         }
         #expect(recorded, "every answered push in the idempotency record while the rest wait")
         #expect(first.stop(SIGKILL) == -SIGKILL)
@@ -135,7 +135,7 @@ import Glibc
         let redis = try RedisConnection(url: TestServices.redisURL())
         for chunk in stride(from: 0, to: total, by: 1000) {
             _ = try redis.pipeline((chunk..<min(total, chunk + 1000)).map {
-                ["HSET", TokenCache.key(forUser: "\(prefix)-\($0)"), String(format: "%064x", 0x5000_0000 + $0), "production"]
+                ["HSET", RedisKeys.node.tokens("\(prefix)-\($0)"), String(format: "%064x", 0x5000_0000 + $0), "production"]
             })
         }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
@@ -258,7 +258,7 @@ import Glibc
         let seeded = try connectWithRetry(redisURL)
         let user = TestServices.unique("gina")
         let token = String(repeating: "9a", count: 32)
-        _ = try seeded.command(["HSET", TokenCache.key(forUser: user), token, "production"])
+        _ = try seeded.command(["HSET", RedisKeys.node.tokens(user), token, "production"])
 
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
@@ -277,7 +277,7 @@ import Glibc
         defer { secondRedis.stop() }
         // The app registered again meanwhile, with a new token: what Redis holds now is what the job reaches.
         let newToken = String(repeating: "9b", count: 32)
-        _ = try connectWithRetry(redisURL).command(["HSET", TokenCache.key(forUser: user), newToken, "production"])
+        _ = try connectWithRetry(redisURL).command(["HSET", RedisKeys.node.tokens(user), newToken, "production"])
         try publisher.publish(to: jobs, body: Array(#"{"id": "after", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replies))
         let summary = try #require(try replyReader.read(1, timeout: 60).first)

@@ -31,8 +31,8 @@ import WorkerPipeline
         let bob = TestServices.unique("bob")
         let redis = try RedisConnection(url: TestServices.redisURL())
         _ = try redis.pipeline([
-            ["HSET", TokenCache.key(forUser: alice), liveTokens[0], "production", liveTokens[1], "sandbox"],
-            ["HSET", TokenCache.key(forUser: bob), deadToken, "production"],
+            ["HSET", RedisKeys.node.tokens(alice), liveTokens[0], "production", liveTokens[1], "sandbox"],
+            ["HSET", RedisKeys.node.tokens(bob), deadToken, "production"],
         ])
 
         let jobs = TestServices.unique("jobs")
@@ -101,9 +101,9 @@ import WorkerPipeline
 
         // Stopping waits for the jobs under way, so their acknowledgements are counted by then.
         workerThread.stop()
-        #expect(try redis.command(["HEXISTS", TokenCache.key(forUser: bob), deadToken]).integer == 0,
+        #expect(try redis.command(["HEXISTS", RedisKeys.node.tokens(bob), deadToken]).integer == 0,
                 "the dead token left bob's cache entry")
-        #expect(try redis.command(["HLEN", TokenCache.key(forUser: alice)]).integer == 2)
+        #expect(try redis.command(["HLEN", RedisKeys.node.tokens(alice)]).integer == 2)
         let stats = workerThread.worker.statistics.snapshot()
         #expect(stats.delivered == 3)
         #expect(stats.deadTokens == 1)
@@ -119,7 +119,7 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let user = TestServices.unique("ivy")
         _ = try RedisConnection(url: TestServices.redisURL())
-            .command(["HSET", TokenCache.key(forUser: user), dead, "production", live, "production"])
+            .command(["HSET", RedisKeys.node.tokens(user), dead, "production", live, "production"])
         let jobs = TestServices.unique("jobs")
         let deadQueue = TestServices.unique("dead")
         let deadReader = try QueueReader(deadQueue)

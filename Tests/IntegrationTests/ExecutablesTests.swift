@@ -103,7 +103,7 @@ import Glibc
 
         let user = TestServices.unique("carol")
         let redis = try RedisConnection(url: TestServices.redisURL())
-        _ = try redis.command(["HSET", TokenCache.key(forUser: user), liveToken, "production", deadToken, "production"])
+        _ = try redis.command(["HSET", RedisKeys.node.tokens(user), liveToken, "production", deadToken, "production"])
 
         let jobs = TestServices.unique("jobs")
         let dead = TestServices.unique("dead")

@@ -91,7 +91,7 @@ import WorkerPipeline
         let users = (0..<100_000).map { "b\($0)" }
         for start in stride(from: 0, to: users.count, by: 10_000) {
             _ = try redis.pipeline((start..<start + 10_000).map {
-                ["HSET", TokenCache.key(forUser: users[$0]), Self.token(0xC00000 + $0), "production"]
+                ["HSET", RedisKeys.node.tokens(users[$0]), Self.token(0xC00000 + $0), "production"]
             })
         }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()

@@ -20,7 +20,7 @@ import WorkerPipeline
         var owners: [String: String]
 
         func cached(_ token: String) throws -> Bool {
-            try redis.command(["HEXISTS", TokenCache.key(forUser: owners[token]!), token]).integer == 1
+            try redis.command(["HEXISTS", RedisKeys.node.tokens(owners[token]!), token]).integer == 1
         }
     }
 
@@ -32,7 +32,7 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let (redisURL, redis) = try TestServices.isolatedRedis(database)
         let owners = Dictionary(uniqueKeysWithValues: jobs.joined().map { ($0, TestServices.unique("u")) })
-        _ = try redis.pipeline(owners.map { ["HSET", TokenCache.key(forUser: $1), $0, "production"] })
+        _ = try redis.pipeline(owners.map { ["HSET", RedisKeys.node.tokens($1), $0, "production"] })
         let (queue, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
@@ -61,7 +61,7 @@ import WorkerPipeline
         #expect(run.events == removed, "an event for each token removed, none for those kept")
         let heldBack = run.summaries.compactMap { $0["held_back"] as? Int }.reduce(0, +)
         #expect(heldBack == 200 - removed, "every other answer held back")
-        let state = try run.redis.command(["KEYS", SharedInvalidationWindow.keyPrefix + ":*"]).elements.count
+        let state = try run.redis.command(["KEYS", RedisKeys.node.guardPrefix + ":*"]).elements.count
         #expect(state >= 1, "the fleet's window is in Redis")
     }
 

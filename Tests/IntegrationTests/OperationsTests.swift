@@ -77,12 +77,12 @@ import WorkerPipeline
         #expect((entries.first?["registered_at"] as? NSNumber).map { abs($0.doubleValue / 1000 - Date().timeIntervalSince1970) < 60 } == true)
 
         let redis = try RedisConnection(url: TestServices.redisURL())
-        #expect(try redis.command(["HGET", TokenCache.key(forUser: bob), tablet]).text == "production")
-        #expect(try redis.command(["GET", TokenCache.ownerKey(forToken: tablet)]).text == bob)
+        #expect(try redis.command(["HGET", RedisKeys.node.tokens(bob), tablet]).text == "production")
+        #expect(try redis.command(["GET", RedisKeys.node.owner(tablet)]).text == bob)
 
         #expect(try Self.apnsWorker(["tokens", "remove", alice, phone]).output.contains("removed"))
         #expect(try Self.apnsWorker(["tokens", "list", alice]).output.contains("has no tokens"))
-        #expect(try redis.command(["EXISTS", TokenCache.registeredKey(forUser: alice)]).integer == 0)
+        #expect(try redis.command(["EXISTS", RedisKeys.node.registered(alice)]).integer == 0)
 
         let bad = try Self.apnsWorker(["tokens", "add", alice, "not-hex"])
         #expect(bad.status == 2)
@@ -215,7 +215,7 @@ import WorkerPipeline
             "REDIS_URL": redisURL.description(revealingPassword: true),
         ])
         let user = TestServices.unique("dora")
-        _ = try redis.command(["HSET", TokenCache.key(forUser: user), Self.token("d0"), "production",
+        _ = try redis.command(["HSET", RedisKeys.node.tokens(user), Self.token("d0"), "production",
                                Self.token("d1"), "production"])
         let failedQueue = try #require(environment["PUSH_FAILED_QUEUE"])
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
@@ -270,20 +270,27 @@ import WorkerPipeline
     @Test func cleanupAppliesEventsAndSweepsInactiveTokens() throws {
         // A database of its own: the sweep covers every user in it.
         let redisURL = try TestServices.redisURL().withDatabase(11)
-        let redis = try RedisConnection(url: redisURL)
+        try Self.checkTokenLifecycle(redis: try RedisConnection(url: redisURL),
+                                     settings: ["REDIS_URL": redisURL.description(revealingPassword: true)])
+    }
+
+    /// The lifecycle above on the Redis `settings` name, which `redis` reaches; every swept token in it is this
+    /// test's.
+    static func checkTokenLifecycle(redis: any RedisClient, settings: [String: String]) throws {
+        let keys = RedisKeys(cluster: redis.isCluster)
         let environment = [
-            "AMQP_URL": try TestServices.value("AMQP_URL"), "REDIS_URL": redisURL.description(revealingPassword: true),
+            "AMQP_URL": try TestServices.value("AMQP_URL"),
             "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
             "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"), "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
             "CLEANUP_INACTIVE_DAYS": "90",
-        ]
+        ].merging(settings) { $1 }
         let configuration = try WorkerConfiguration.load(from: environment, requiringCredentials: false)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let day: Int64 = 86_400_000
         let user = TestServices.unique("erin"), other = TestServices.unique("frank")
-        let fresh = Self.token("f1"), old = Self.token("f2"), loggedOut = Self.token("f3")
-        let revived = Self.token("f4"), dead = Self.token("f5"), direct = Self.token("f6"), unknownAge = Self.token("f7")
-        _ = try redis.command(["HSET", TokenCache.key(forUser: user), unknownAge, "production"])
+        let fresh = OperationsTests.token("f1"), old = OperationsTests.token("f2"), loggedOut = OperationsTests.token("f3")
+        let revived = OperationsTests.token("f4"), dead = OperationsTests.token("f5"), direct = OperationsTests.token("f6"), unknownAge = OperationsTests.token("f7")
+        _ = try redis.command(["HSET", keys.tokens(user), unknownAge, "production"])
         let cache = TokenCache(redis: redis, logger: Logger(label: "test", level: .warning))
         try cache.register([
             TokenRegistration(user: user, token: revived, scope: TokenScope(environment: .production), registeredAt: now - 1_000),
@@ -325,7 +332,7 @@ import WorkerPipeline
         #expect(entries[fresh]?.value == "sandbox")
         #expect(entries[fresh]?.deviceJSON == #"{"model": "iPhone15,2", "os": "17.1"}"#)
         #expect(try cache.entries(forUser: other).isEmpty)
-        #expect(try redis.command(["EXISTS", TokenCache.ownerKey(forToken: direct)]).integer == 0)
+        #expect(try redis.command(["EXISTS", keys.owner(direct)]).integer == 0)
         let statistics = cleanup.statistics
         #expect(statistics.registrationsApplied.load(ordering: .relaxed) == 3)
         #expect(statistics.registrationsStale.load(ordering: .relaxed) == 1)
@@ -339,6 +346,48 @@ import WorkerPipeline
                 "\(parked.first?.properties.headers ?? [:])")
         let depth = try publisher.queueStatus(configuration.broker.queues.registrations)
         #expect(depth?.messages == 0, "everything acknowledged")
+    }
+
+    @Test func tokensImportAppliesRegistrationEvents() throws {
+        try Self.checkTokensImport(redis: try RedisConnection(url: TestServices.redisURL()), settings: [:])
+    }
+
+    /// `tokens import` on the Redis `settings` name, which `redis` reaches: events applied as cleanup applies them (an
+    /// older registration loses, a logout of a token not there changes nothing), a bad line reported by number and
+    /// skipped, and the same file again leaves the cache as it was.
+    static func checkTokensImport(redis: any RedisClient, settings: [String: String]) throws {
+        let first = TestServices.unique("import-a"), second = TestServices.unique("import-b")
+        // Tokens of this run only: owner keys are shared by everything on the same Redis.
+        let base = String(UInt64.random(in: 1...UInt64.max), radix: 16)
+        func token(_ byte: String) -> String { String((String(repeating: byte, count: 32) + base).suffix(64)) }
+        let lines = """
+            {"user": "\(first)", "token": "\(token("a1"))", "timestamp": 1000}
+            {"user": "\(second)", "token": "\(token("a2"))", "environment": "sandbox", "timestamp": 2000}
+            {"user": "\(first)", "token": "\(token("a2"))", "timestamp": 1500}
+
+            not an event
+            {"user": "\(second)", "token": "\(token("a3"))", "timestamp": 3000, "action": "unregister"}
+
+            """
+        let cache = TokenCache(redis: redis, logger: Logger(label: "test", level: .critical))
+        func expectCache(_ note: Comment) throws {
+            let resolved = try cache.resolve([first, second]).tokens
+            #expect(resolved[first]?.map(\.token) == [token("a1")], note)
+            #expect(resolved[second]?.map(\.token) == [token("a2")] && resolved[second]?.first?.scope.environment == .sandbox,
+                    note)
+        }
+        let imported = try apnsWorker(["tokens", "import"], environment: settings, input: lines)
+        #expect(imported.status == 65, "a refused line: exit 65 once the rest is in: \(imported.errors)")
+        #expect(imported.output.contains("imported 5 lines") && imported.output.contains("2 applied")
+                && imported.output.contains("2 unchanged") && imported.output.contains("1 refused"), "\(imported.output)")
+        #expect(imported.errors.contains("line 5: body is not JSON"), "\(imported.errors)")
+        try expectCache("imported")
+
+        let file = try TestServices.temporaryFile("registrations.jsonl", contents: lines)
+        let again = try apnsWorker(["tokens", "import", file], environment: settings)
+        #expect(again.status == 65 && again.output.contains("imported 5 lines"), "\(again.output)\(again.errors)")
+        try expectCache("imported again")
+        #expect(try apnsWorker(["tokens", "import", "/no/such/file"], environment: settings).status == 2)
     }
 
     /// `cleanup --once` as a cron job runs it: a registration becomes a token the worker can use.

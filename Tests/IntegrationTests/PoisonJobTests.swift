@@ -82,10 +82,10 @@ import Glibc
         // Classic queues do not count deliveries: the fleet counted in Redis the 5 redeliveries of a job behind the
         // poison job. Quorum queues do (x-delivery-count), and Redis is not asked. A parked job's history is gone.
         let redis = try RedisConnection(url: TestServices.redisURL())
-        let behind = try redis.command(["GET", SentRecord.key(forDeliveriesOf: "id:\(jobs)-11")])
+        let behind = try redis.command(["GET", RedisKeys.node.deliveries("id:\(jobs)-11")])
         #expect(behind.integer == (queueType == "quorum" ? nil : 5), "\(behind)")
-        let forgotten = try redis.command(["EXISTS", SentRecord.key(forDeliveriesOf: "id:" + poisonID),
-                                           SentRecord.key(forAlone: "id:" + poisonID)])
+        let forgotten = try redis.command(["EXISTS", RedisKeys.node.deliveries("id:" + poisonID),
+                                           RedisKeys.node.alone("id:" + poisonID)])
         #expect(forgotten.integer == 0, "the parked job's count and mark are deleted")
     }
 

@@ -68,7 +68,7 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let user = TestServices.unique("hank")
         _ = try RedisConnection(url: TestServices.redisURL())
-            .command(["HSET", TokenCache.key(forUser: user), flaky, "production", throttled, "sandbox"])
+            .command(["HSET", RedisKeys.node.tokens(user), flaky, "production", throttled, "sandbox"])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)

@@ -67,14 +67,14 @@ enum Sentinel {
         let added = try OperationsTests.apnsWorker(["tokens", "add", user, token], environment: environment)
         #expect(added.status == 0, "\(added.errors)")
         let master = try RedisConnection(url: RedisURL(host: "127.0.0.1", port: Sentinel.masterPort()))
-        #expect(try master.command(["HGET", TokenCache.key(forUser: user), token]).text == "production",
+        #expect(try master.command(["HGET", RedisKeys.node.tokens(user), token]).text == "production",
                 "the token is on the master the sentinels name")
         let listed = try OperationsTests.apnsWorker(["tokens", "list", user, "--full-tokens"], environment: environment)
         #expect(listed.status == 0 && listed.output.contains(token), "\(listed.output)\(listed.errors)")
         let stats = try OperationsTests.apnsWorker(["stats"], environment: environment)
         #expect(stats.status == 0, "\(stats.errors)")
         let connection = try Sentinel.deployment().connect()
-        #expect(try connection.role() == "master")
+        #expect(try (connection as? RedisConnection)?.role() == "master", "a Sentinel deployment connects to one node, the master")
     }
 
     /// What waiting cannot cure stops a program at once (exit 78) with the key to fix.
@@ -116,7 +116,7 @@ enum Sentinel {
         let master = try Sentinel.deployment().connect()
         for start in stride(from: 0, to: users.count, by: 1_000) {
             _ = try master.pipeline((start..<start + 1_000).map {
-                ["HSET", TokenCache.key(forUser: users[$0]), tokens[$0], "production"]
+                ["HSET", RedisKeys.node.tokens(users[$0]), tokens[$0], "production"]
             })
         }
         // The cache is on the replica before the master dies (what a failover can lose is README's matter).

@@ -17,9 +17,9 @@ import WorkerPipeline
         let voip = String(repeating: "0e", count: 32)
         let wrongType = TestServices.unique("flo")
         _ = try redis.pipeline([
-            ["HSET", TokenCache.key(forUser: dana), good, "sandbox", "not-hex", "production", "aa", "staging",
+            ["HSET", RedisKeys.node.tokens(dana), good, "sandbox", "not-hex", "production", "aa", "staging",
              voip, "production:com.example.app.voip", "0f0f", "production:", "0a0a", "test:com.example.app"],
-            ["SET", TokenCache.key(forUser: wrongType), "hello"],
+            ["SET", RedisKeys.node.tokens(wrongType), "hello"],
         ])
         let all = try cache.resolve([dana, eve, dana, wrongType])
         #expect(all.unreadable.keys.sorted() == [wrongType], "a key of the wrong type skips that user only")
@@ -55,7 +55,7 @@ import WorkerPipeline
         ])
         #expect(removed == [.unchanged, .unchanged, .unchanged])
         #expect(Set(try cache.entries(forUser: user).map(\.token)) == [device, voip, sandbox])
-        #expect(try redis.command(["GET", TokenCache.ownerKey(forToken: voip)]).text == user, "nothing else forgotten")
+        #expect(try redis.command(["GET", RedisKeys.node.owner(voip)]).text == user, "nothing else forgotten")
 
         let matching = try cache.remove([
             TokenRemoval(user: user, token: voip, onlyIfValueIn: voipTopic.cacheValues(in: .production)),
@@ -93,16 +93,16 @@ import WorkerPipeline
         let reRegistered = String(repeating: "52", count: 32)
         let badToken = String(repeating: "53", count: 32)
         _ = try redis.pipeline([
-            ["HSET", TokenCache.key(forUser: user), stale, "production", reRegistered, "production", badToken, "production"],
-            ["HSET", TokenCache.registeredKey(forUser: user), stale, "1000", reRegistered, "5000", badToken, "9000"],
+            ["HSET", RedisKeys.node.tokens(user), stale, "production", reRegistered, "production", badToken, "production"],
+            ["HSET", RedisKeys.node.registered(user), stale, "1000", reRegistered, "5000", badToken, "9000"],
         ])
         let removed = try cache.remove([TokenRemoval(user: user, token: stale, unlessRegisteredAfter: 2000),
                                         TokenRemoval(user: user, token: reRegistered, unlessRegisteredAfter: 2000),
                                         TokenRemoval(user: user, token: badToken)])
         #expect(removed == [.applied, .unchanged, .applied])
-        let remaining = try redis.command(["HKEYS", TokenCache.key(forUser: user)]).elements.compactMap(\.text)
+        let remaining = try redis.command(["HKEYS", RedisKeys.node.tokens(user)]).elements.compactMap(\.text)
         #expect(remaining == [reRegistered], "the token the app registered after APNs's 410 stays")
-        #expect(try redis.command(["HEXISTS", TokenCache.registeredKey(forUser: user), stale]).integer == 0)
+        #expect(try redis.command(["HEXISTS", RedisKeys.node.registered(user), stale]).integer == 0)
     }
 }
 

@@ -76,7 +76,7 @@ import WorkerPipeline
         let device = String(repeating: "e1", count: 32), voip = String(repeating: "e2", count: 32)
         let user = TestServices.unique("lou")
         let redis = try RedisConnection(url: TestServices.redisURL())
-        _ = try redis.command(["HSET", TokenCache.key(forUser: user), device, "production", voip, "sandbox:com.example.app.voip"])
+        _ = try redis.command(["HSET", RedisKeys.node.tokens(user), device, "production", voip, "sandbox:com.example.app.voip"])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { worker.stop() }
@@ -88,7 +88,7 @@ import WorkerPipeline
         #expect(summaries.count == 2)
         #expect(summaries.allSatisfy { $0["notifications"] as? Int == 0 }, "\(summaries)")
         #expect(simulator.received().isEmpty, "nothing sent")
-        #expect(try redis.command(["HGETALL", TokenCache.key(forUser: user)]).elements.compactMap(\.text).sorted()
+        #expect(try redis.command(["HGETALL", RedisKeys.node.tokens(user)]).elements.compactMap(\.text).sorted()
                 == [device, voip, "production", "sandbox:com.example.app.voip"].sorted(), "nothing deleted")
     }
 
@@ -114,7 +114,7 @@ import WorkerPipeline
         let users = (0..<100).map { _ in TestServices.unique("fan") }
         let (redisURL, redis) = try TestServices.isolatedRedis(reason == "BadDeviceToken" ? .wrongEnvironmentCampaign
                                                                    : .siblingTopicCampaign)
-        _ = try redis.pipeline(zip(users, tokens).map { ["HSET", TokenCache.key(forUser: $0), $1, "production"] })
+        _ = try redis.pipeline(zip(users, tokens).map { ["HSET", RedisKeys.node.tokens($0), $1, "production"] })
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let metricsPort = TestServices.freePort()
@@ -139,7 +139,7 @@ import WorkerPipeline
         #expect((summary["held_back_reason"] as? String)?.contains("100 \(reason)") == true, "\(summary)")
         // The summary is published after everything else the job caused was confirmed: an event would be there now.
         #expect(try publisher.queueStatus(dead)?.messages == 0, "no dead-token event")
-        let remaining = try redis.pipeline(users.map { ["HLEN", TokenCache.key(forUser: $0)] }).compactMap(\.integer)
+        let remaining = try redis.pipeline(users.map { ["HLEN", RedisKeys.node.tokens($0)] }).compactMap(\.integer)
         #expect(remaining == Array(repeating: 1, count: 100), "every user keeps the token")
 
         let line = worker.waitForLine(containing: "mass invalidation guard: 400 answers held back")
@@ -167,7 +167,7 @@ import WorkerPipeline
         // Every token lives under a user of its own, registered before it died.
         let owners = Dictionary(uniqueKeysWithValues: (unregistered + mismatched + live).map { ($0, TestServices.unique("u")) })
         let (redisURL, redis) = try TestServices.isolatedRedis(.genuineTokens)
-        _ = try redis.pipeline(owners.map { ["HSET", TokenCache.key(forUser: $1), $0, "production"] })
+        _ = try redis.pipeline(owners.map { ["HSET", RedisKeys.node.tokens($1), $0, "production"] })
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
@@ -204,7 +204,7 @@ import WorkerPipeline
         #expect(Set(eventTokens) == Set(unregistered + mismatched[30..<32]), "every 410 and the two lone 400s")
         #expect(eventTokens.count == 42, "each once")
         func cached(_ token: String) throws -> Bool {
-            try redis.command(["HEXISTS", TokenCache.key(forUser: owners[token]!), token]).integer == 1
+            try redis.command(["HEXISTS", RedisKeys.node.tokens(owners[token]!), token]).integer == 1
         }
         #expect(try unregistered.allSatisfy { try !cached($0) }, "every 410 removed")
         #expect(try mismatched[0..<30].allSatisfy { try cached($0) }, "the held-back 400s kept")
@@ -220,7 +220,7 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let user = TestServices.unique("cases")
         let redis = try RedisConnection(url: TestServices.redisURL())
-        _ = try redis.pipeline([["HSET", TokenCache.key(forUser: user), upper, "production", lower, "production"]])
+        _ = try redis.pipeline([["HSET", RedisKeys.node.tokens(user), upper, "production", lower, "production"]])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
@@ -234,7 +234,7 @@ import WorkerPipeline
         #expect(simulator.received().map(\.deviceToken) == [lower], "one push, in lower case")
         // The summary goes out with the event; the cache is changed once both are confirmed.
         #expect(TestServices.waitUntil(timeout: 10) {
-            (try? redis.command(["HLEN", TokenCache.key(forUser: user)]).integer) == 0
+            (try? redis.command(["HLEN", RedisKeys.node.tokens(user)]).integer) == 0
         }, "both spellings removed")
         #expect(try deadReader.read(2, timeout: 1).count == 1, "one event")
     }

@@ -260,6 +260,38 @@ import WorkerPipeline
         }
     }
 
+    /// Cluster: some nodes to learn the slot map from; REDIS_URL beside them gives only their password. Two places to
+    /// find Redis, or a database other than 0, stop start-up with the key to fix.
+    @Test func redisClusterNodes() throws {
+        let nodes = ["REDIS_CLUSTER_NODES": "10.0.0.21:6379,10.0.0.22:6379"]
+        let configuration = try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(
+            ["REDIS_URL": "redis://:s3cret@"]) { $1 })
+        guard case .cluster(let cluster) = configuration.redis else { Issue.record("not a cluster"); return }
+        #expect(cluster.seeds == [RedisAddress(host: "10.0.0.21", port: 6379), RedisAddress(host: "10.0.0.22", port: 6379)])
+        #expect(cluster.dataNodes.password == "s3cret" && !configuration.redis.description.contains("s3cret"))
+        #expect(configuration.redis.isCluster)
+
+        do {
+            _ = try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(
+                ["REDIS_SENTINELS": "s1:26379", "REDIS_MASTER_NAME": "apns"]) { $1 })
+            Issue.record("REDIS_CLUSTER_NODES beside REDIS_SENTINELS was accepted")
+        } catch {
+            #expect(error.key == "REDIS_CLUSTER_NODES" && error.problem.contains("REDIS_SENTINELS"), "\(error)")
+        }
+        do {
+            _ = try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(["REDIS_URL": "redis://cache:6379/0"]) { $1 })
+            Issue.record("REDIS_URL naming a host beside REDIS_CLUSTER_NODES was accepted")
+        } catch {
+            #expect(error.key == "REDIS_URL" && error.problem.contains("beside REDIS_CLUSTER_NODES"), "\(error)")
+        }
+        #expect(throws: ConfigurationError.self, "a cluster has database 0 only") {
+            try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(["REDIS_URL": "redis:///2"]) { $1 })
+        }
+        #expect(throws: ConfigurationError.self) {
+            try WorkerConfiguration.load(from: minimal.merging(["REDIS_CLUSTER_NODES": "n1"]) { $1 })
+        }
+    }
+
     @Test func secretsStayOutOfErrors() {
         do {
             _ = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": "amqp://u:topsecret@h:notaport"]) { _, new in new })

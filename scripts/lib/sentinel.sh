@@ -50,27 +50,11 @@ CONF
 
 # Waits until the replica has synchronised and every sentinel sees the replica and the two other sentinels.
 sentinel_wait() {
-    local deadline=$((SECONDS + 60)) address port ready
-    while [ $SECONDS -lt $deadline ]; do
-        ready=1
-        for address in ${SENTINEL_NODES//,/ }; do
-            port=${address##*:}
-            redis-cli -p "$port" sentinel master apns 2>/dev/null | tr '\n' ' ' \
-                | grep -q "num-slaves 1 .*num-other-sentinels 2" || ready=0
-        done
-        [ $ready -eq 1 ] && { log "Redis Sentinel is up"; return 0; }
-        sleep 0.2
-    done
-    log "Redis Sentinel did not come up:"
-    tail -n 20 "$SENTINEL_DIR"/*.log >&2
-    return 1
+    wait_for_redis_nodes "Redis Sentinel" "$SENTINEL_NODES" "$SENTINEL_DIR" sentinel_ready $((SECONDS + 60))
 }
 
-sentinel_stop() {
-    [ -n "${SENTINEL_DIR:-}" ] || return 0
-    local pidfile
-    for pidfile in "$SENTINEL_DIR"/*.pid; do
-        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null
-    done
-    return 0
+sentinel_ready() {
+    redis-cli -p "$1" sentinel master apns 2>/dev/null | tr '\n' ' ' | grep -q "num-slaves 1 .*num-other-sentinels 2"
 }
+
+sentinel_stop() { kill_pidfiles "${SENTINEL_DIR:-}"; }

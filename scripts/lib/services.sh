@@ -155,6 +155,7 @@ services_stop() {
     [ -n "${APNS_SIM_PID:-}" ] && kill "$APNS_SIM_PID" 2>/dev/null
     declare -F cluster_stop >/dev/null && cluster_stop
     declare -F sentinel_stop >/dev/null && sentinel_stop
+    declare -F redis_cluster_stop >/dev/null && redis_cluster_stop
     [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
     if [ -n "${RABBITMQ_PORT:-}" ]; then
         services_rabbitmqctl shutdown >/dev/null 2>&1 || true
@@ -174,4 +175,41 @@ services_stop() {
 services_swift_path() {
     command -v swift >/dev/null 2>&1 || export PATH="/opt/swift/usr/bin:$PATH"
     command -v swift >/dev/null 2>&1 || { log "no Swift toolchain: install Swift 6.x first"; return 1; }
+}
+
+# 100 users with one or two tokens each (150 tokens), bench-user-0 ... bench-user-99: a fan-out job to all of them is
+# 150 notifications. Written as registrations through `apns-worker tokens import` (keys as the configured Redis
+# wants them), with $BUILD_DIR/apns-worker.
+seed_bench_users() {
+    local user
+    for user in $(seq 0 99); do
+        printf '{"user": "bench-user-%d", "token": "%064x"}\n' "$user" $((user * 2 + 1))
+        [ $((user % 2)) = 0 ] && printf '{"user": "bench-user-%d", "token": "%064x"}\n' "$user" $((user * 2 + 2))
+    done | "$BUILD_DIR/apns-worker" tokens import >/dev/null
+}
+
+# Kills every process with a pid file in DIR (the Redis nodes and sentinels of scripts/lib/sentinel.sh and
+# scripts/lib/redis-cluster.sh).
+kill_pidfiles() {
+    [ -n "${1:-}" ] || return 0
+    local pidfile
+    for pidfile in "$1"/*.pid; do
+        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null
+    done
+    return 0
+}
+
+# Waits (up to DEADLINE, in $SECONDS) until CHECK PORT succeeds for every host:port of the comma-separated NODES; logs
+# "NAME is up", or NAME's logs under DIR and fails.
+wait_for_redis_nodes() {
+    local name=$1 nodes=$2 dir=$3 check=$4 deadline=$5 address ready
+    while [ $SECONDS -lt "$deadline" ]; do
+        ready=1
+        for address in ${nodes//,/ }; do "$check" "${address##*:}" || ready=0; done
+        [ $ready -eq 1 ] && { log "$name is up"; return 0; }
+        sleep 0.2
+    done
+    log "$name did not come up:"
+    tail -n 20 "$dir"/*.log >&2
+    return 1
 }

@@ -1,0 +1,43 @@
+/// What the stores (token cache, idempotency record, rate limit, statistics) talk to, whatever the deployment: one
+/// node's connection (`RedisConnection`, also the master a Sentinel names) or a Redis Cluster (`RedisCluster`), which
+/// routes each command to the node that owns its key. No store knows which it has; the one thing that differs for
+/// them is how keys are written (`isCluster`: one user's keys must share a hash slot). Blocking and not thread-safe:
+/// one owner thread, like the connections inside.
+public protocol RedisClient: AnyObject {
+    /// A Redis Cluster: every command carries its key (Lua scripts declare theirs in KEYS), and the keys one command
+    /// or script touches share one hash slot.
+    var isCluster: Bool { get }
+
+    /// One command, one round trip. Error replies come back as `.error`, not thrown; only a lost connection throws.
+    func command(_ arguments: [String]) throws(RedisError) -> RedisReply
+
+    /// Many commands in one round trip per node, replies in the commands' order.
+    func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply]
+
+    /// A round trip to every node in use; throws if one does not answer PONG.
+    func ping() throws(RedisError)
+
+    /// Every master's connection in turn (the one connection of a single node): for what concerns a node rather
+    /// than a key, such as SCAN.
+    func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError)
+}
+
+extension RedisClient {
+    /// Every key matching `pattern` on every master, a page at a time (SCAN: Redis is never blocked for long).
+    /// A page Redis refuses throws `.server`.
+    public func scan(matching pattern: String, count: Int = 500,
+                     _ page: ([String]) throws(RedisError) -> Void) throws(RedisError) {
+        try forEachMaster { (node: RedisConnection) throws(RedisError) in
+            var cursor = "0"
+            repeat {
+                let reply = try node.command(["SCAN", cursor, "MATCH", pattern, "COUNT", String(count)])
+                if case .error(let message) = reply { throw RedisError(kind: .server, "SCAN: \(message)") }
+                let parts = reply.elements
+                guard parts.count == 2 else { throw RedisError(kind: .server, "SCAN: unexpected reply \(reply)") }
+                cursor = parts[0].text ?? "0"
+                let keys = parts[1].elements.compactMap(\.text)
+                if !keys.isEmpty { try page(keys) }
+            } while cursor != "0"
+        }
+    }
+}

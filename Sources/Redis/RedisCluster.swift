@@ -1,0 +1,299 @@
+/// A Redis Cluster's seed nodes (REDIS_CLUSTER_NODES) and the data nodes' user and password (REDIS_URL's; a
+/// cluster has database 0 only).
+public struct RedisClusterNodes: Sendable, Equatable, CustomStringConvertible {
+    public var seeds: [RedisAddress]
+    public var dataNodes: RedisURL
+
+    public init(seeds: [RedisAddress], dataNodes: RedisURL = RedisURL()) {
+        self.seeds = seeds
+        self.dataNodes = dataNodes
+    }
+
+    public var description: String { "cluster \(seeds.map(\.description).joined(separator: ","))" }
+}
+
+/// A Redis Cluster client: learns which master serves which of the 16,384 hash slots (`CLUSTER SLOTS`), sends each
+/// command to the master of its key's slot, follows `MOVED` (the slot moved for good: the map is learned again) and
+/// `ASK` (the slot is being moved: this one command goes to the new node after `ASKING`), and splits a pipeline by
+/// node: every node's part is written before any reply is read, so a pipeline costs one round trip of the slowest
+/// node, not one per node. One connection per master, opened when first needed. Not thread-safe: one owner thread.
+public final class RedisCluster: RedisClient {
+    public static let slotCount = 16_384
+    /// Redirections followed for one command before giving up (a map that keeps changing under us).
+    static let redirectionLimit = 5
+
+    public let nodes: RedisClusterNodes
+    private let timeout: Double
+    /// Per slot, an index into `masters`; -1 while no master serves it.
+    private var slotOwners: [Int16]
+    private var masters: [RedisAddress] = []
+    private var connections: [RedisAddress: RedisConnection] = [:]
+
+    public var isCluster: Bool { true }
+
+    /// Connects to a seed and learns the slot map. Throws `refused` when a node refuses the password or is no cluster
+    /// node (a setting to fix), `connectionLost` when no seed answers.
+    public init(_ nodes: RedisClusterNodes, timeout: Double = 5) throws(RedisError) {
+        self.nodes = nodes
+        self.timeout = timeout
+        slotOwners = Array(repeating: -1, count: Self.slotCount)
+        try learnSlots()
+    }
+
+    public func command(_ arguments: [String]) throws(RedisError) -> RedisReply {
+        try pipeline([arguments])[0]
+    }
+
+    public func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
+        // A command whose keys span slots (a multi-key DEL) goes out as one command per key; the replies are summed.
+        var parts: [[String]] = []
+        var partsOf: [Range<Int>] = []
+        parts.reserveCapacity(commands.count)
+        partsOf.reserveCapacity(commands.count)
+        for command in commands {
+            let start = parts.count
+            if let split = Self.splitBySlot(command) { parts += split } else { parts.append(command) }
+            partsOf.append(start..<parts.count)
+        }
+        let replies = try send(parts)
+        return partsOf.map { range in
+            guard range.count != 1 else { return replies[range.lowerBound] }
+            var total: Int64 = 0
+            for reply in replies[range] {
+                if case .error = reply { return reply }
+                total += reply.integer ?? 0
+            }
+            return .integer(total)
+        }
+    }
+
+    public func ping() throws(RedisError) {
+        try forEachMaster { (node: RedisConnection) throws(RedisError) in try node.ping() }
+    }
+
+    public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) {
+        for master in masters { try body(try connection(to: master)) }
+    }
+
+    /// The masters serving slots, as last learned.
+    public var masterAddresses: [RedisAddress] { masters }
+
+    /// The master serving a slot, as last learned.
+    public func master(ofSlot slot: Int) -> RedisAddress? {
+        let owner = slotOwners[slot]
+        return owner >= 0 ? masters[Int(owner)] : nil
+    }
+
+    /// `MOVED` and `ASK` answers followed so far (how often the map was out of date, or a slot was moving).
+    public private(set) var redirectionsFollowed = 0
+
+    // MARK: - Routing
+
+    /// One command on the wire: its index among the pipeline's commands, and for an `ASK` redirection the node to
+    /// send it to after `ASKING`.
+    private struct Routed {
+        var index: Int
+        var asking: RedisAddress?
+    }
+
+    private func send(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
+        var replies = [RedisReply](repeating: .null, count: commands.count)
+        var pending = commands.indices.map { Routed(index: $0) }
+        for _ in 0...Self.redirectionLimit {
+            var byNode: [RedisAddress: [Routed]] = [:]
+            for routed in pending { byNode[try address(for: commands[routed.index], routed), default: []].append(routed) }
+            // Every node's part is written before any reply is read.
+            var order: [(RedisAddress, RedisConnection, [Routed])] = []
+            for (address, routed) in byNode {
+                let node = try connection(to: address)
+                try node.send(routed.flatMap { item in
+                    item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
+                })
+                order.append((address, node, routed))
+            }
+            var redirected: [Routed] = []
+            var mapChanged = false
+            for (address, node, routed) in order {
+                let received = try node.receive(routed.reduce(0) { $0 + ($1.asking == nil ? 1 : 2) })
+                var next = 0
+                for item in routed {
+                    if item.asking != nil { next += 1 }   // ASKING's +OK
+                    let reply = received[next]
+                    next += 1
+                    switch Redirection(reply, from: address) {
+                    case .moved(let slot, let owner)?:
+                        redirectionsFollowed += 1
+                        setOwner(owner, of: slot)
+                        mapChanged = true
+                        redirected.append(Routed(index: item.index))
+                    case .ask(let owner)?:
+                        redirectionsFollowed += 1
+                        redirected.append(Routed(index: item.index, asking: owner))
+                    case .tryAgain?:
+                        redirected.append(item)
+                    case nil:
+                        replies[item.index] = reply
+                    }
+                }
+            }
+            if redirected.isEmpty { return replies }
+            // MOVED: the map changed (a resharding, a failover); learn all of it rather than one slot per reply.
+            if mapChanged { try? learnSlots() }
+            pending = redirected
+        }
+        throw RedisError(kind: .connectionLost, "\(nodes): still redirected after \(Self.redirectionLimit) tries "
+                         + "(the cluster's slots keep moving)")
+    }
+
+    private func address(for command: [String], _ routed: Routed) throws(RedisError) -> RedisAddress {
+        if let asking = routed.asking { return asking }
+        guard let key = Self.key(of: command) else {
+            guard let first = masters.first else { throw RedisError(kind: .connectionLost, "\(nodes): no master known") }
+            return first
+        }
+        let owner = slotOwners[Self.slot(of: key)]
+        guard owner >= 0 else {
+            throw RedisError(kind: .connectionLost, "\(nodes): no master serves slot \(Self.slot(of: key)) (CLUSTERDOWN)")
+        }
+        return masters[Int(owner)]
+    }
+
+    private func setOwner(_ owner: RedisAddress, of slot: Int) {
+        guard (0..<Self.slotCount).contains(slot) else { return }
+        if let index = masters.firstIndex(of: owner) {
+            slotOwners[slot] = Int16(index)
+        } else {
+            masters.append(owner)
+            slotOwners[slot] = Int16(masters.count - 1)
+        }
+    }
+
+    private func connection(to address: RedisAddress) throws(RedisError) -> RedisConnection {
+        if let open = connections[address] { return open }
+        var url = nodes.dataNodes
+        url.host = address.host
+        url.port = address.port
+        url.database = 0
+        let connection = try RedisConnection(url: url, timeout: timeout)
+        connections[address] = connection
+        return connection
+    }
+
+    /// Asks the masters already known, then the seeds, for the slot map (`CLUSTER SLOTS`), and keeps the first answer.
+    private func learnSlots() throws(RedisError) {
+        var problems: [String] = []
+        var asked = Set<RedisAddress>()
+        for address in masters + nodes.seeds where asked.insert(address).inserted {
+            let reply: RedisReply
+            do { reply = try connection(to: address).command(["CLUSTER", "SLOTS"]) } catch {
+                if error.kind == .refused { throw error }
+                connections[address] = nil
+                problems.append(error.message)
+                continue
+            }
+            if case .error(let message) = reply {
+                // A node that is no cluster node (cluster-enabled no) will not become one by waiting.
+                throw RedisError(kind: .refused, "\(address) is not a Redis Cluster node: CLUSTER SLOTS answered \(message)",
+                                 part: .clusterNodes)
+            }
+            apply(slotMap: reply, askedAt: address)
+            return
+        }
+        throw RedisError(kind: .connectionLost, "no Redis Cluster node answered: " + problems.joined(separator: "; "))
+    }
+
+    /// `CLUSTER SLOTS`: per range, [start, end, [host, port, id, ...], replicas...]. A master that does not know its
+    /// own address is listed with an empty host: the one asked.
+    private func apply(slotMap reply: RedisReply, askedAt asked: RedisAddress) {
+        var owners = [Int16](repeating: -1, count: Self.slotCount)
+        var addresses: [RedisAddress] = []
+        for range in reply.elements {
+            let fields = range.elements
+            guard fields.count >= 3, let start = fields[0].integer, let end = fields[1].integer,
+                  let port = fields[2].elements.dropFirst().first?.integer,
+                  0 <= start, start <= end, end < Self.slotCount else { continue }
+            let host = fields[2].elements.first?.text ?? ""
+            let master = RedisAddress(host: host.isEmpty || host == "?" ? asked.host : host, port: Int(port))
+            let index: Int
+            if let known = addresses.firstIndex(of: master) { index = known } else {
+                addresses.append(master)
+                index = addresses.count - 1
+            }
+            for slot in Int(start)...Int(end) { owners[slot] = Int16(index) }
+        }
+        // Connections to nodes that no longer serve slots are closed.
+        for (address, _) in connections where !addresses.contains(address) { connections[address] = nil }
+        masters = addresses
+        slotOwners = owners
+    }
+
+    // MARK: - Keys and slots
+
+    /// Where a command's key is: after the command's name, or for a script the first of its KEYS. nil for a command
+    /// that names no key (PING, SCAN, a script with no KEYS).
+    static func key(of command: [String]) -> String? {
+        guard command.count >= 2 else { return nil }
+        switch command[0].uppercased() {
+        case "EVAL", "EVALSHA", "FCALL":
+            guard let count = Int(command[2]), count > 0, command.count > 3 else { return nil }
+            return command[3]
+        case "PING", "SCAN", "TIME", "ROLE", "INFO", "CLUSTER", "WAIT", "FLUSHDB", "DBSIZE", "SCRIPT", "ASKING":
+            return nil
+        default:
+            return command[1]
+        }
+    }
+
+    /// A DEL, UNLINK or EXISTS of keys in different slots as one command per key; nil when it need not be split.
+    static func splitBySlot(_ command: [String]) -> [[String]]? {
+        guard command.count > 2, ["DEL", "UNLINK", "EXISTS"].contains(command[0].uppercased()) else { return nil }
+        let keys = command.dropFirst()
+        let first = slot(of: keys.first!)
+        guard keys.contains(where: { slot(of: $0) != first }) else { return nil }
+        return keys.map { [command[0], $0] }
+    }
+
+    /// The key's hash slot: CRC16 (XMODEM) of the key, or of its hash tag (the text between the first `{` and the
+    /// next `}`, if not empty), modulo 16,384.
+    public static func slot(of key: String) -> Int {
+        var bytes = Substring(key).utf8[...]
+        if let open = bytes.firstIndex(of: UInt8(ascii: "{")),
+           let close = bytes[bytes.index(after: open)...].firstIndex(of: UInt8(ascii: "}")),
+           close > bytes.index(after: open) {
+            bytes = bytes[bytes.index(after: open)..<close]
+        }
+        var crc: UInt16 = 0
+        for byte in bytes {
+            crc ^= UInt16(byte) << 8
+            for _ in 0..<8 { crc = crc & 0x8000 != 0 ? (crc << 1) ^ 0x1021 : crc << 1 }
+        }
+        return Int(crc) % slotCount
+    }
+}
+
+/// A reply that says the command belongs elsewhere.
+enum Redirection: Equatable {
+    case moved(slot: Int, to: RedisAddress)
+    case ask(to: RedisAddress)
+    /// A multi-key command during a slot's move: the same command again.
+    case tryAgain
+
+    /// `MOVED 3999 127.0.0.1:6381`, `ASK 3999 127.0.0.1:6381` (`:6381`: the host of the node that answered).
+    init?(_ reply: RedisReply, from answering: RedisAddress) {
+        guard case .error(let message) = reply else { return nil }
+        if message.hasPrefix("TRYAGAIN") {
+            self = .tryAgain
+            return
+        }
+        let words = message.split(separator: " ")
+        guard words.count == 3, words[0] == "MOVED" || words[0] == "ASK", let slot = Int(words[1]),
+              let colon = words[2].lastIndex(of: ":"), let port = Int(words[2][words[2].index(after: colon)...]) else {
+            return nil
+        }
+        var host = String(words[2][..<colon])
+        if host.isEmpty { host = answering.host }
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        let target = RedisAddress(host: host, port: port)
+        self = words[0] == "MOVED" ? .moved(slot: slot, to: target) : .ask(to: target)
+    }
+}

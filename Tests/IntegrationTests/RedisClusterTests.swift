@@ -1,0 +1,336 @@
+import AMQP
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import RedisStore
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// The three-master Redis Cluster that scripts/test starts (scripts/lib/redis-cluster.sh): where it is, and moving a
+/// slot between its masters the way `redis-cli --cluster reshard` does.
+enum RedisClusterSetup {
+    static func nodes() throws -> String { try TestServices.value("CLUSTER_REDIS_NODES") }
+
+    static func client() throws -> RedisCluster {
+        try RedisCluster(RedisClusterNodes(seeds: try RedisAddress.list(nodes())))
+    }
+
+    /// The programs' settings for it.
+    static func environment() throws -> [String: String] {
+        ["REDIS_CLUSTER_NODES": try nodes(), "REDIS_URL": "redis://"]
+    }
+
+    static func connection(_ address: RedisAddress) throws -> RedisConnection {
+        try RedisConnection(url: RedisURL(host: address.host, port: address.port))
+    }
+
+    /// `count` users (unique to this run) whose keys hash into `slots`.
+    static func users(_ prefix: String, count: Int, in slots: ClosedRange<Int>) -> [String] {
+        let base = TestServices.unique(prefix)
+        var users: [String] = []
+        var index = 0
+        while users.count < count {
+            let user = "\(base)-\(index)"
+            if slots.contains(RedisCluster.slot(of: user)) { users.append(user) }
+            index += 1
+        }
+        return users
+    }
+
+    /// Starts moving `slot` to `target` (IMPORTING there, MIGRATING at its master) and migrates the first `keys` of
+    /// its keys (all: nil). Returns the source's connection.
+    @discardableResult
+    static func beginMoving(_ slot: Int, to target: RedisAddress, keys: Int? = nil) throws -> RedisConnection {
+        let cluster = try client()
+        let source = try #require(cluster.master(ofSlot: slot))
+        let from = try connection(source), to = try connection(target)
+        let fromID = try #require(try from.command(["CLUSTER", "MYID"]).text)
+        let toID = try #require(try to.command(["CLUSTER", "MYID"]).text)
+        try expectOK(to.command(["CLUSTER", "SETSLOT", String(slot), "IMPORTING", fromID]))
+        try expectOK(from.command(["CLUSTER", "SETSLOT", String(slot), "MIGRATING", toID]))
+        try migrate(slot, from: from, to: target, keys: keys)
+        return from
+    }
+
+    /// Migrates keys of `slot` still at `from` to `target`.
+    static func migrate(_ slot: Int, from: RedisConnection, to target: RedisAddress, keys: Int? = nil) throws {
+        let names = try from.command(["CLUSTER", "GETKEYSINSLOT", String(slot), "100000"]).elements.compactMap(\.text)
+        let moving = keys.map { Array(names.prefix($0)) } ?? names
+        guard !moving.isEmpty else { return }
+        try expectOK(from.command(["MIGRATE", target.host, String(target.port), "", "0", "5000", "KEYS"] + moving))
+    }
+
+    /// Ends a move: every master learns that `target` serves `slot`.
+    static func finishMoving(_ slot: Int, to target: RedisAddress) throws {
+        let toID = try #require(try connection(target).command(["CLUSTER", "MYID"]).text)
+        try expectOK(connection(target).command(["CLUSTER", "SETSLOT", String(slot), "NODE", toID]))
+        for master in try RedisAddress.list(nodes()) where master != target {
+            try expectOK(connection(master).command(["CLUSTER", "SETSLOT", String(slot), "NODE", toID]))
+        }
+    }
+
+    static func expectOK(_ reply: RedisReply, sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(reply == .status("OK"), "\(reply)", sourceLocation: sourceLocation)
+    }
+}
+
+/// The worker, cleanup and `tokens` on a three-master Redis Cluster: one user's keys in one slot, the cache spread over
+/// every master, a pipeline split by node, MOVED and ASK followed while slots move under a running worker. Serialized:
+/// a test moves slots, and the sweep covers the whole cluster.
+@Suite(.serialized) struct RedisClusterTests {
+    let logger = Logger(label: "redis-cluster", level: .critical)
+
+    /// Registrations, resolution, a token moving between accounts and removals, through the cluster client: the cache
+    /// lands on every master and a batch of users resolves in one call.
+    @Test func theCacheSpreadsOverEveryMasterWithOneUsersKeysTogether() throws {
+        let cluster = try RedisClusterSetup.client()
+        let cache = TokenCache(redis: cluster, logger: logger)
+        let users = (0..<300).map { TestServices.unique("spread-\($0)") }
+        let tokens = users.indices.map { String(format: "%064x", 0xC1_0000 + $0) }
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let applied = try cache.register(zip(users, tokens).map {
+            TokenRegistration(user: $0, token: $1, scope: TokenScope(environment: .production), registeredAt: now)
+        })
+        #expect(applied.allSatisfy { $0 == .applied })
+        let resolved = try cache.resolve(users)
+        #expect(users.indices.allSatisfy { resolved.tokens[users[$0]]?.map(\.token) == [tokens[$0]] },
+                "every user resolved in one call across the masters")
+        #expect(cluster.masterAddresses.count == 3)
+        for master in cluster.masterAddresses {
+            let node = try RedisClusterSetup.connection(master)
+            let replies = try node.pipeline(users.flatMap {
+                [["EXISTS", RedisKeys.cluster.tokens($0)], ["EXISTS", RedisKeys.cluster.registered($0)]]
+            })
+            let held = stride(from: 0, to: replies.count, by: 2).filter { replies[$0] == .integer(1) }
+            #expect(!held.isEmpty, "master \(master) holds some of the users")
+            #expect(held.allSatisfy { replies[$0 + 1] == .integer(1) }, "and each such user's registered key beside the tokens")
+        }
+
+        // A device changes accounts: it leaves the first user, and its owner key names the second.
+        let newOwner = TestServices.unique("spread-new-owner")
+        #expect(try cache.register([TokenRegistration(user: newOwner, token: tokens[0],
+                                                      scope: TokenScope(environment: .production), registeredAt: now + 1)])
+                == [.applied])
+        #expect(try cache.resolve([users[0]]).tokens[users[0]] == [])
+        #expect(try cluster.command(["GET", RedisKeys.cluster.owner(tokens[0])]).text == newOwner)
+        // An older registration for the first user changes nothing.
+        #expect(try cache.register([TokenRegistration(user: users[0], token: tokens[0],
+                                                      scope: TokenScope(environment: .production), registeredAt: now)])
+                == [.unchanged])
+        #expect(try cache.resolve([newOwner]).tokens[newOwner]?.map(\.token) == [tokens[0]])
+
+        // Removals: by user, and for a token sent directly, through its owner; the owner keys go with them.
+        let removed = try cache.remove([TokenRemoval(user: users[1], token: tokens[1]),
+                                        TokenRemoval(user: "", token: tokens[0])])
+        #expect(removed == [.applied, .applied])
+        #expect(try cache.resolve([users[1], newOwner]).tokens.values.allSatisfy(\.isEmpty))
+        #expect(try cluster.pipeline([["EXISTS", RedisKeys.cluster.owner(tokens[0])],
+                                      ["EXISTS", RedisKeys.cluster.owner(tokens[1])]]) == [.integer(0), .integer(0)])
+        // A multi-key DEL over several masters is split by slot and its counts summed.
+        #expect(try cluster.command(["DEL"] + users[2..<12].map { RedisKeys.cluster.tokens($0) }) == .integer(10))
+    }
+
+    /// A slot in the middle of a move answers ASK for the keys already moved; once moved, the old node answers MOVED.
+    /// A pipeline over both follows each, and the map is learned again.
+    @Test func askAndMovedAreFollowed() throws {
+        let cluster = try RedisClusterSetup.client()
+        let cache = TokenCache(redis: cluster, logger: logger)
+        let slot = RedisCluster.slot(of: TestServices.unique("ask"))
+        let users = RedisClusterSetup.users("ask", count: 6, in: slot...slot)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        _ = try cache.register(users.enumerated().map {
+            TokenRegistration(user: $1, token: String(format: "%064x", 0xA5_0000 + $0),
+                              scope: TokenScope(environment: .production), registeredAt: now)
+        })
+        let source = try #require(cluster.master(ofSlot: slot))
+        let target = try #require(cluster.masterAddresses.first { $0 != source })
+
+        let from = try RedisClusterSetup.beginMoving(slot, to: target, keys: 6)   // some users' keys moved, not all
+        let midway = try cache.resolve(users)
+        #expect(users.allSatisfy { midway.tokens[$0]?.count == 1 }, "every user found midway: \(midway.tokens)")
+        #expect(cluster.redirectionsFollowed > 0, "ASK followed")
+
+        try RedisClusterSetup.migrate(slot, from: from, to: target)
+        try RedisClusterSetup.finishMoving(slot, to: target)
+        let asked = cluster.redirectionsFollowed
+        let after = try cache.resolve(users)
+        #expect(users.allSatisfy { after.tokens[$0]?.count == 1 }, "every user found after the move")
+        #expect(cluster.redirectionsFollowed > asked, "MOVED followed")
+        #expect(cluster.master(ofSlot: slot) == target, "the map was learned again")
+        let settled = cluster.redirectionsFollowed
+        _ = try cache.resolve(users)
+        #expect(cluster.redirectionsFollowed == settled, "no redirection once the map is known")
+
+        try RedisClusterSetup.beginMoving(slot, to: source)
+        try RedisClusterSetup.finishMoving(slot, to: source)
+    }
+
+    /// The worker on the cluster: fan-out jobs over users on every master, a dead token removed and its event
+    /// published, the rate limit and the fleet statistics in the cluster, while slots holding a quarter of the users
+    /// move to another master. Nothing is lost.
+    @Test func aWorkerDeliversWhileSlotsMove() throws {
+        let slots = 0...4_095   // a quarter of the slots, all the first master's (redis-cli --cluster create gives it 0-5460)
+        let movingUsers = RedisClusterSetup.users("moving", count: 200, in: slots)
+        let otherUsers = (0..<600).map { TestServices.unique("staying-\($0)") }
+        let users = movingUsers + otherUsers
+        let tokens = users.indices.map { String(format: "%064x", 0xC2_0000 + $0) }
+        let deadToken = tokens[7]
+        let cluster = try RedisClusterSetup.client()
+        _ = try cluster.pipeline(zip(users, tokens).map { ["HSET", RedisKeys.cluster.tokens($0), $1, "production"] })
+
+        let deliveries = ClusterTests.Deliveries(target: tokens.count - 1)
+        var configuration = APNsSimulator.Configuration(unregisteredTokens: [deadToken: 1_732_900_000_123])
+        configuration.observer = { deliveries.observe($0) }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let dead = TestServices.unique("dead")
+        let deadReader = try QueueReader(dead)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_DEAD_TOKENS_QUEUE": dead, "APNS_RATE_LIMIT": "2000",
+        ]).merging(try RedisClusterSetup.environment()) { $1 }, logger: logger)
+        defer { worker.stop() }
+
+        // One job per 20 users, taken a stride apart so that most jobs touch moving and staying users alike.
+        let jobCount = users.count / 20
+        try publisher.enablePublisherConfirms()
+        var last: UInt64 = 0
+        for job in 0..<jobCount {
+            let members = stride(from: job, to: users.count, by: jobCount).map { "\"\(users[$0])\"" }
+            last = try publisher.publish(to: jobs, body: Array(
+                #"{"id": "\#(jobs)-\#(job)", "users": [\#(members.joined(separator: ","))], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
+        }
+        #expect(try publisher.waitForConfirms(through: last).isEmpty)
+
+        // Move the slots (and their keys) while the jobs go through: the first few under way, the rest after.
+        try #require(deliveries.wait(for: 40, timeout: 60), "delivery under way")
+        let source = try #require(cluster.master(ofSlot: slots.lowerBound))
+        let target = try #require(cluster.masterAddresses.first { $0 != source })
+        let movedSlots = Set(movingUsers.map(RedisCluster.slot(of:))).sorted()
+        for slot in movedSlots {
+            let from = try RedisClusterSetup.beginMoving(slot, to: target, keys: 1)
+            try RedisClusterSetup.migrate(slot, from: from, to: target)
+            try RedisClusterSetup.finishMoving(slot, to: target)
+        }
+
+        #expect(deliveries.wait(for: tokens.count - 1, timeout: 120),
+                "\(deliveries.distinct) of \(tokens.count - 1) delivered (and one dead)")
+        let summaries = try replyReader.read(jobCount, timeout: 60)
+        #expect(summaries.count == jobCount, "a summary per job")
+        let events = try deadReader.read(1)
+        #expect(events.count == 1, "the dead token's event")
+        worker.stop()
+
+        #expect(try cluster.command(["HEXISTS", RedisKeys.cluster.tokens(users[7]), deadToken]).integer == 0,
+                "the dead token left its user's entry")
+        #expect(try cluster.command(["HLEN", RedisKeys.cluster.tokens(users[8])]).integer == 1)
+        let now = try RedisClusterSetup.client()
+        #expect(movedSlots.allSatisfy { now.master(ofSlot: $0) == target }, "the slots moved")
+        let statistics = try SharedStatistics(redis: cluster).read(minutes: 2)
+        #expect((statistics.totals["delivered"] ?? 0) >= tokens.count - 1, "the fleet statistics are in the cluster: \(statistics.totals)")
+        #expect(!statistics.workers.isEmpty)
+        let received = simulator.received()
+        let duplicates = received.filter { $0.status == 200 }.count - Set(received.filter { $0.status == 200 }.map(\.deviceToken)).count
+        #expect(duplicates == 0, "nothing sent twice")
+
+        // Back where they were, for whatever runs next.
+        for slot in movedSlots {
+            try RedisClusterSetup.beginMoving(slot, to: source)
+            try RedisClusterSetup.finishMoving(slot, to: source)
+        }
+    }
+
+    /// Registrations, logouts and dead-token events through `cleanup`, and the sweep over every master.
+    @Test func cleanupAppliesEventsAndSweepsEveryMaster() throws {
+        let cluster = try RedisClusterSetup.client()
+        try OperationsTests.checkTokenLifecycle(redis: cluster, settings: try RedisClusterSetup.environment())
+
+        let cache = TokenCache(redis: cluster, logger: logger)
+        let users = (0..<60).map { TestServices.unique("swept-\($0)") }
+        let longAgo = Int64(Date().timeIntervalSince1970 * 1000) - 100 * 86_400_000
+        _ = try cache.register(users.enumerated().map {
+            TokenRegistration(user: $1, token: String(format: "%064x", 0x5E_E000 + $0),
+                              scope: TokenScope(environment: .production), registeredAt: longAgo)
+        })
+        let mastersHolding = Set(users.map { cluster.master(ofSlot: RedisCluster.slot(of: $0)) })
+        #expect(mastersHolding.count == 3, "the swept users are on every master")
+        let swept = try cache.sweep(registeredBefore: longAgo + 1)
+        #expect(swept == users.count)
+        #expect(try cache.resolve(users).tokens.values.allSatisfy(\.isEmpty))
+        #expect(try cluster.command(["EXISTS", RedisKeys.cluster.owner(String(format: "%064x", 0x5E_E000))]).integer == 0)
+    }
+
+    @Test func tokensImportWritesTheClustersKeys() throws {
+        try OperationsTests.checkTokensImport(redis: try RedisClusterSetup.client(),
+                                              settings: try RedisClusterSetup.environment())
+    }
+
+    /// `tokens migrate` copies a single node's cache into the cluster: tokens, registration times, devices and owners
+    /// in the cluster's key form; a newer registration already in the cluster is kept; a second run writes nothing.
+    @Test func tokensMigrateCopiesASingleNodesCache() throws {
+        let (sourceURL, source) = try TestServices.isolatedRedis(.migrationSource)
+        let first = TestServices.unique("migrated-{a}"), second = TestServices.unique("migrated-b")
+        let base = String(UInt64.random(in: 1...UInt64.max), radix: 16)
+        func token(_ byte: String) -> String { String((String(repeating: byte, count: 32) + base).suffix(64)) }
+        _ = try source.pipeline([
+            ["HSET", RedisKeys.node.tokens(first), token("d1"), "production", token("d2"), "sandbox:com.example.app.voip"],
+            ["HSET", RedisKeys.node.registered(first), token("d1"), "1000", token("d2"), "2000"],
+            ["HSET", RedisKeys.node.devices(first), token("d1"), #"{"model": "iPhone15,2"}"#],
+            ["SET", RedisKeys.node.owner(token("d1")), first],
+            ["HSET", RedisKeys.node.tokens(second), token("d3"), "production"],
+        ])
+        let cluster = try RedisClusterSetup.client()
+        let cache = TokenCache(redis: cluster, logger: logger)
+        // The device moved to another account after the copy was taken: the cluster's newer registration stays.
+        let mover = TestServices.unique("migrated-mover")
+        _ = try cache.register([TokenRegistration(user: mover, token: token("d2"),
+                                                  scope: TokenScope(environment: .production), registeredAt: 5000)])
+
+        let migrated = try OperationsTests.apnsWorker(["tokens", "migrate", "--from", sourceURL],
+                                                      environment: try RedisClusterSetup.environment())
+        #expect(migrated.status == 0, "\(migrated.errors)")
+        #expect(migrated.output.contains("migrated 2 users") && migrated.output.contains("3 tokens read, 2 written, 1 kept"),
+                "\(migrated.output)")
+        let entries = try cache.entries(forUser: first)
+        #expect(entries.map(\.token) == [token("d1")], "d2 belongs to the mover now")
+        #expect(entries.first?.registeredAt == 1000 && entries.first?.deviceJSON == #"{"model": "iPhone15,2"}"#)
+        #expect(try cache.entries(forUser: second).map(\.token) == [token("d3")])
+        #expect(try cache.entries(forUser: second).first?.registeredAt == nil, "an unknown age stays unknown")
+        #expect(try cluster.command(["GET", RedisKeys.cluster.owner(token("d1"))]).text == first)
+        #expect(try cluster.command(["EXISTS", RedisKeys.cluster.tokens(first)]).integer == 1, "the cluster's key form")
+
+        let again = try OperationsTests.apnsWorker(["tokens", "migrate", "--from", sourceURL],
+                                                   environment: try RedisClusterSetup.environment())
+        #expect(again.status == 0 && again.output.contains("3 tokens read, 0 written, 3 kept"), "\(again.output)")
+        #expect(try OperationsTests.apnsWorker(["tokens", "migrate", "--from", "http://x"],
+                                               environment: try RedisClusterSetup.environment()).status == 2)
+    }
+
+    /// The rate limit's slots and the guard's window on the cluster; delivery counts and the idempotency record
+    /// spread over it (keys of jobs and messages carry no hash tag).
+    @Test func sharedCountersWorkOnTheCluster() throws {
+        let cluster = try RedisClusterSetup.client()
+        let limiter = SharedRateLimit(redis: cluster, limit: 100, urgentShare: 0)
+        guard case .granted(let urgent, let bulk, _) = try limiter.reserve(urgent: 1_000, bulk: 0) else {
+            Issue.record("the rate limit script was refused on the cluster")
+            return
+        }
+        #expect(urgent + bulk <= 10, "a tenth of the limit per slot: \(urgent)")
+        #expect(try SharedInvalidationWindow(redis: cluster).add(InvalidationCounts(mismatches: 1, judged: 2)) != nil)
+
+        let record = SentRecord(redis: cluster)
+        let messages = (0..<30).map { TestServices.unique("poison-\($0)") }
+        _ = try record.countRedeliveries(of: messages)
+        let counted = try record.countRedeliveries(of: messages)
+        #expect(messages.allSatisfy { counted.counts[$0] == 2 }, "\(counted)")
+        let masters = Set(messages.map { cluster.master(ofSlot: RedisCluster.slot(of: RedisKeys.cluster.deliveries($0))) })
+        #expect(masters.count > 1, "delivery counts spread over the masters")
+        try record.gaveBack([messages[0]])
+        #expect(try record.givenBack(messages) == [messages[0]: 1])
+        for message in messages { try record.forget(message) }
+        #expect(try record.countRedeliveries(of: [messages[0]]).counts[messages[0]] == 1, "forgotten, across slots")
+    }
+}
