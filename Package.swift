@@ -31,12 +31,13 @@ let package = Package(
 
         .target(name: "Telemetry", swiftSettings: hotPath),
         .target(name: "AMQP", dependencies: ["CRabbitMQ", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "Redis", dependencies: ["CHiredis", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "TLS", dependencies: ["COpenSSL", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "Redis", dependencies: ["CHiredis", "TLS", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "Telemetry"], swiftSettings: hotPath),
         // Apple's vocabulary and rules: notifications, answers and what they mean, reasons, JSON. No connection.
         .target(name: "APNsModel", dependencies: ["Telemetry"], swiftSettings: hotPath),
         // The APNs client: connections, provider tokens, certificates (re-exports APNsModel).
-        .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
         // The pipeline speaks to the broker, the stores and APNs through protocols of its own (Ports.swift): it imports
         // neither AMQP, Redis nor HTTP/2, and nothing that opens a connection.
@@ -57,16 +58,16 @@ let package = Package(
         // Argument parsing and help over Operations and Configuration: no connection is made here.
         .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "APNs",
                                                               "Redis", "Telemetry"]),
-        .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "APNs", "Telemetry"]),
+        .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "TLS", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
         // libFuzzer target over the decoders (scripts/fuzz builds it with -sanitize=fuzzer).
         .executableTarget(name: "fuzz-job-decoder", dependencies: ["APNs", "WorkerPipeline"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
-                                                 "AMQP", "Redis", "RedisStore", "Telemetry", "COpenSSL"]),
+                                                 "AMQP", "Redis", "RedisStore", "TLS", "Telemetry", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",
                     dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
-                                   "Configuration", "Operations", "AMQP", "Redis", "Telemetry"]),
+                                   "Configuration", "Operations", "AMQP", "Redis", "TLS", "Telemetry"]),
     ],
     swiftLanguageModes: [.v6]
 )

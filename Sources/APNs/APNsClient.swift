@@ -1,4 +1,5 @@
 import Foundation
+import TLS
 import HTTP2
 import Synchronization
 import Telemetry

@@ -1,4 +1,5 @@
 internal import COpenSSL
+import TLS
 import Foundation
 import HTTP2
 import Synchronization

@@ -42,6 +42,17 @@ public struct SettingTable: Sendable {
         name: "REDIS_SENTINEL_PASSWORD", kind: .text, unsetMeans: "none", readers: [.worker, .cleanup, .tokens, .stats],
         help: "Sentinel: the sentinels' own password (their requirepass), if they require one")
 
+    public let redisCAFile: OptionalSetting<String> = OptionalSetting(
+        name: "REDIS_CA_FILE", kind: .file, unsetMeans: "the system trust store only",
+        readers: [.worker, .cleanup, .tokens, .stats],
+        help: "TLS (a rediss:// REDIS_URL): an extra trusted CA, PEM, for a private Redis CA")
+    public let redisCertFile: OptionalSetting<String> = OptionalSetting(
+        name: "REDIS_CERT_FILE", kind: .file, unsetMeans: "none", readers: [.worker, .cleanup, .tokens, .stats],
+        help: "TLS: a client certificate, PEM, for Redis that requires one (tls-auth-clients)")
+    public let redisCertKeyFile: OptionalSetting<String> = OptionalSetting(
+        name: "REDIS_CERT_KEY_FILE", kind: .file, unsetMeans: "the key in REDIS_CERT_FILE",
+        readers: [.worker, .cleanup, .tokens, .stats], help: "TLS: the client certificate's private key, PEM")
+
     // APNs: where, and with which credential.
     public let apnsProductionURL: Setting<APNsEndpoint> = Setting(
         name: "APNS_PRODUCTION_URL", kind: .endpoint, defaultValue: "https://api.push.apple.com:443", readers: .worker,

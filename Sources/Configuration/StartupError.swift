@@ -48,6 +48,8 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
         case .sentinels: ConfigurationError(\.redisSentinelPassword, redis.message)
         case .masterName: ConfigurationError(\.redisMasterName, redis.message)
         case .clusterNodes: ConfigurationError(\.redisClusterNodes, redis.message)
+        case .tls: ConfigurationError(\.redisCAFile, redis.message)
+        case .clientCertificate: ConfigurationError(\.redisCertFile, redis.message)
         }
     }
 }

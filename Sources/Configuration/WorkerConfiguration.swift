@@ -174,6 +174,35 @@ public struct WorkerConfiguration: Sendable {
     /// password (and beside sentinels, database), but no host, since a second place to find Redis would leave which
     /// one is meant to chance.
     private static func redisDeployment(_ settings: SettingValues) throws(ConfigurationError) -> RedisDeployment {
+        switch try redisPlacement(settings) {
+        case .node(let url):
+            return .node(try withTLSFiles(url, settings))
+        case .sentinel(var sentinels):
+            sentinels.dataNodes = try withTLSFiles(sentinels.dataNodes, settings)
+            return .sentinel(sentinels)
+        case .cluster(var nodes):
+            nodes.dataNodes = try withTLSFiles(nodes.dataNodes, settings)
+            return .cluster(nodes)
+        }
+    }
+
+    /// REDIS_CA_FILE, REDIS_CERT_FILE and REDIS_CERT_KEY_FILE on a rediss:// URL; given beside a redis:// one, they
+    /// would be ignored, so they stop start-up instead.
+    private static func withTLSFiles(_ url: RedisURL, _ settings: SettingValues) throws(ConfigurationError) -> RedisURL {
+        let files = RedisTLS(caFile: try settings(\.redisCAFile), certificateFile: try settings(\.redisCertFile),
+                             keyFile: try settings(\.redisCertKeyFile))
+        guard url.tls != nil else {
+            for key in [\SettingTable.redisCAFile, \.redisCertFile, \.redisCertKeyFile] where settings.isGiven(key) {
+                throw ConfigurationError(key, "given, but REDIS_URL is not rediss:// (TLS)")
+            }
+            return url
+        }
+        var secured = url
+        secured.tls = files
+        return secured
+    }
+
+    private static func redisPlacement(_ settings: SettingValues) throws(ConfigurationError) -> RedisDeployment {
         let clusterNodes = try settings(\.redisClusterNodes)
         guard let sentinels = try settings(\.redisSentinels) else {
             if settings.isGiven(\.redisMasterName) {

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import TLS
 import Foundation
 import Telemetry
 import Synchronization

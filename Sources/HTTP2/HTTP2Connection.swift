@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import TLS
 internal import CNghttp2
 
 /// What a server does with a complete request: answer it through the writer, now or later, on the loop thread.

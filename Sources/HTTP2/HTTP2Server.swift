@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import TLS
 import Telemetry
 
 /// A TLS + HTTP/2 server (ALPN h2 only): the ground apns-sim stands on. Connections are spread over `loopCount`

@@ -1,4 +1,5 @@
 internal import COpenSSL
+import TLS
 
 /// A throwaway self-signed certificate for local servers (apns-sim): a P-256 key, CN and subjectAltNames for the
 /// hosts given, CA:TRUE so that a client can trust it directly as its CA file.

@@ -17,9 +17,10 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
     }
 
     /// What a refusal concerns: the data nodes (REDIS_URL's password or database), the sentinels (their password), or
-    /// the master's name (no sentinel knows it), or the cluster's nodes (one is no cluster node). Where to look when waiting will not help.
+    /// the master's name (no sentinel knows it), the cluster's nodes (one is no cluster node), or TLS (a certificate the
+    /// CA file does not vouch for, a client certificate that does not load). Where to look when waiting will not help.
     public enum Part: Sendable, Equatable {
-        case dataNodes, sentinels, masterName, clusterNodes
+        case dataNodes, sentinels, masterName, clusterNodes, tls, clientCertificate
     }
 
     public let kind: Kind
@@ -34,30 +35,32 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
     }
 }
 
-/// `redis://[[user]:password@]host[:port][/db]`. The password never appears in `description`.
+/// `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS. The password never appears in
+/// `description`.
 public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
     public var host: String
     public var port: Int
     public var user: String?
     public var password: String?
     public var database: Int
+    /// nil: plain TCP (`redis://`).
+    public var tls: RedisTLS?
 
     public init(host: String = "127.0.0.1", port: Int = 6379, user: String? = nil, password: String? = nil,
-                database: Int = 0) {
+                database: Int = 0, tls: RedisTLS? = nil) {
         self.host = host
         self.port = port
         self.user = user
         self.password = password
         self.database = database
+        self.tls = tls
     }
 
     /// `requiringHost`: false for the credentials and database of nodes found otherwise (by Sentinel), as
     /// `redis://:password@/db`; the host is then empty.
     public init(_ text: String, requiringHost: Bool = true) throws(RedisError) {
-        guard text.hasPrefix("redis://") else {
-            throw RedisError(kind: .badURL, text.hasPrefix("rediss://")
-                ? "rediss:// (TLS) is not supported by hiredis 0.14; use redis:// on a trusted network"
-                : "must start with redis://")
+        guard text.hasPrefix("redis://") || text.hasPrefix("rediss://") else {
+            throw RedisError(kind: .badURL, "must start with redis:// or rediss:// (TLS)")
         }
         let parts: ServiceURL
         do { parts = try ServiceURL(text, loneCredential: .password, requiringHost: requiringHost) } catch {
@@ -69,12 +72,12 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
             database = parsed
         }
         self.init(host: parts.host, port: parts.port ?? 6379, user: parts.user.flatMap { $0.isEmpty ? nil : $0 },
-                  password: parts.password, database: database)
+                  password: parts.password, database: database, tls: text.hasPrefix("rediss://") ? RedisTLS() : nil)
     }
 
     public var description: String {
         let credentials = password == nil ? "" : "\(user ?? ""):***@"
-        return "redis://\(credentials)\(host):\(port)/\(database)"
+        return "\(tls == nil ? "redis" : "rediss")://\(credentials)\(host):\(port)/\(database)"
     }
 }
 
@@ -115,22 +118,30 @@ public final class RedisConnection: RedisClient {
     public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) { try body(self) }
 
     public let url: RedisURL
-    private let context: UnsafeMutablePointer<redisContext>
+    /// hiredis's own connection (`redis://`), or a TLS channel of ours (`rediss://`): exactly one is set.
+    private let context: UnsafeMutablePointer<redisContext>?
+    private let secure: RedisTLSChannel?
 
     public init(url: RedisURL, timeout: Double = 5) throws(RedisError) {
         self.url = url
-        let wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
-        guard let context = redisConnectWithTimeout(url.host, Int32(url.port), wait) else {
-            throw RedisError(kind: .connectionLost, "cannot connect to \(url): out of memory")
+        if let tls = url.tls {
+            secure = try RedisTLSChannel(host: url.host, port: url.port, tls: tls, timeout: timeout, name: url.description)
+            context = nil
+        } else {
+            secure = nil
+            let wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+            guard let context = redisConnectWithTimeout(url.host, Int32(url.port), wait) else {
+                throw RedisError(kind: .connectionLost, "cannot connect to \(url): out of memory")
+            }
+            guard context.pointee.err == 0 else {
+                let reason = Self.errorText(context)
+                redisFree(context)
+                throw RedisError(kind: .connectionLost, "cannot connect to \(url): \(reason)")
+            }
+            self.context = context
+            redisSetTimeout(context, wait)
+            redisEnableKeepAlive(context)
         }
-        guard context.pointee.err == 0 else {
-            let reason = Self.errorText(context)
-            redisFree(context)
-            throw RedisError(kind: .connectionLost, "cannot connect to \(url): \(reason)")
-        }
-        self.context = context
-        redisSetTimeout(context, wait)
-        redisEnableKeepAlive(context)
         if let password = url.password {
             let reply = try command(url.user.map { ["AUTH", $0, password] } ?? ["AUTH", password])
             if case .error(let message) = reply {
@@ -157,7 +168,7 @@ public final class RedisConnection: RedisClient {
         }
     }
 
-    deinit { redisFree(context) }
+    deinit { if let context { redisFree(context) } }
 
     /// One command, one round trip. Error replies come back as `.error`, not thrown.
     public func command(_ arguments: [String]) throws(RedisError) -> RedisReply {
@@ -174,6 +185,7 @@ public final class RedisConnection: RedisClient {
     /// work on their part of a pipeline at once.
     func send(_ commands: [[String]]) throws(RedisError) {
         for arguments in commands { try append(arguments) }
+        guard let context else { return try secure!.flush() }
         var done: Int32 = 0
         while done == 0 {
             guard redisBufferWrite(context, &done) == REDIS_OK else {
@@ -187,10 +199,7 @@ public final class RedisConnection: RedisClient {
         var replies: [RedisReply] = []
         replies.reserveCapacity(count)
         for _ in 0..<count {
-            var raw: UnsafeMutableRawPointer?
-            guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
-                throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
-            }
+            let raw = try nextReply()
             let reply = Self.convert(raw.assumingMemoryBound(to: redisReply.self))
             freeReplyObject(raw)
             // The node became a replica (a Sentinel failover, or an operator's REPLICAOF): nothing more can be written
@@ -212,7 +221,23 @@ public final class RedisConnection: RedisClient {
         return role
     }
 
+    /// The next reply object (freed by the caller with `freeReplyObject`).
+    private func nextReply() throws(RedisError) -> UnsafeMutableRawPointer {
+        guard let context else { return try secure!.readReply() }
+        var raw: UnsafeMutableRawPointer?
+        guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
+            throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+        }
+        return raw
+    }
+
     private func append(_ arguments: [String]) throws(RedisError) {
+        guard let context else {
+            let secure = secure!
+            return try withCStrings(arguments) { (pointers, lengths) throws(RedisError) in
+                try secure.append(count: arguments.count, pointers, lengths)
+            }
+        }
         let status: Int32 = withCStrings(arguments) { pointers, lengths in
             redisAppendCommandArgv(context, Int32(arguments.count), pointers, lengths)
         }
@@ -223,8 +248,9 @@ public final class RedisConnection: RedisClient {
 
     /// The arguments' UTF-8 bytes back to back in one buffer, with a pointer and a length per argument. Copied
     /// straight from each string (an array per argument cost an allocation per token in the idempotency record).
-    private func withCStrings<T>(_ arguments: [String],
-                                 _ body: (UnsafeMutablePointer<UnsafePointer<CChar>?>, UnsafePointer<Int>) -> T) -> T {
+    private func withCStrings<T, E: Error>(_ arguments: [String],
+                                           _ body: (UnsafeMutablePointer<UnsafePointer<CChar>?>, UnsafePointer<Int>) throws(E) -> T)
+        throws(E) -> T {
         // hiredis copies the arguments into its output buffer during the call.
         let total = arguments.reduce(0) { $0 + $1.utf8.count }
         let storage = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, total))
@@ -248,7 +274,7 @@ public final class RedisConnection: RedisClient {
             lengths[index] = count
             offset += count
         }
-        return body(pointers, lengths)
+        return try body(pointers, lengths)
     }
 
     private static func convert(_ reply: UnsafeMutablePointer<redisReply>) -> RedisReply {

@@ -135,8 +135,10 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
     private func askForMaster(_ sentinel: RedisAddress, timeout: Double) throws(RedisError) -> RedisAddress? {
         let connection: RedisConnection
         do {
+            // Sentinels speak TLS when the data nodes do (one tls-port configuration for both, as Redis sets them up).
             connection = try RedisConnection(url: RedisURL(host: sentinel.host, port: sentinel.port,
-                                                           password: sentinelPassword), timeout: timeout)
+                                                           password: sentinelPassword, tls: dataNodes.tls),
+                                             timeout: timeout)
         } catch {
             throw RedisError(kind: error.kind, "sentinel \(sentinel): \(error.message)", part: .sentinels)
         }

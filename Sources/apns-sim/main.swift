@@ -1,4 +1,5 @@
 import APNs
+import TLS
 import APNsSimulator
 import HTTP2
 import Foundation

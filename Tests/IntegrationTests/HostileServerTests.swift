@@ -1,5 +1,6 @@
 import Foundation
 @testable import HTTP2
+import TLS
 import Synchronization
 import Telemetry
 import Testing

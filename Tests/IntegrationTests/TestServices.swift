@@ -3,6 +3,7 @@ import APNs
 import APNsSimulator
 import Configuration
 import Foundation
+import TLS
 import HTTP2
 import Redis
 import Telemetry

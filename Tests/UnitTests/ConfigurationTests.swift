@@ -84,7 +84,11 @@ import WorkerPipeline
         #expect(encoded.user == "ops@team" && encoded.password == "pa:s/s%", "credentials are percent-decoded")
         #expect(try RedisURL("redis://:pa:ss@cache").password == "pa:ss", "a colon after the first belongs to the password")
         #expect(throws: RedisError.self) { try RedisURL("redis://:bad%zz@cache") }
-        #expect(throws: RedisError.self) { try RedisURL("rediss://cache") }
+        let secure = try RedisURL("rediss://:s3cret@cache:6380/2")
+        #expect(secure.tls == RedisTLS() && secure.port == 6380 && secure.description == "rediss://:***@cache:6380/2",
+                "rediss:// is TLS")
+        #expect(try RedisURL("redis://cache").tls == nil)
+        #expect(throws: RedisError.self) { try RedisURL("http://cache") }
         #expect(throws: RedisError.self) { try RedisURL("redis://cache/x") }
     }
 }
@@ -290,6 +294,24 @@ import WorkerPipeline
         #expect(throws: ConfigurationError.self) {
             try WorkerConfiguration.load(from: minimal.merging(["REDIS_CLUSTER_NODES": "n1"]) { $1 })
         }
+    }
+
+    /// TLS files belong to a rediss:// URL: beside redis:// they would be ignored, so they stop start-up.
+    @Test func redisTLSFiles() throws {
+        let ca = keyFile   // any readable file: a CA file is read when a connection is made
+        let configuration = try WorkerConfiguration.load(from: minimal.merging(
+            ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CA_FILE": ca]) { $1 })
+        #expect(configuration.redis == .node(RedisURL(host: "cache", port: 6380, tls: RedisTLS(caFile: ca))))
+        do {
+            _ = try WorkerConfiguration.load(from: minimal.merging(["REDIS_URL": "redis://cache:6379/0", "REDIS_CA_FILE": ca]) { $1 })
+            Issue.record("REDIS_CA_FILE beside redis:// was accepted")
+        } catch {
+            #expect(error.key == "REDIS_CA_FILE" && error.problem.contains("not rediss://"), "\(error)")
+        }
+        let clustered = try WorkerConfiguration.load(from: minimal.merging(
+            ["REDIS_CLUSTER_NODES": "n1:6379", "REDIS_URL": "rediss://:pw@", "REDIS_CA_FILE": ca]) { $1 })
+        guard case .cluster(let nodes) = clustered.redis else { Issue.record("not a cluster"); return }
+        #expect(nodes.dataNodes.tls?.caFile == ca, "TLS to every cluster node")
     }
 
     @Test func secretsStayOutOfErrors() {

@@ -1,6 +1,7 @@
 import APNs
 import COpenSSL
 import Foundation
+import TLS
 import Testing
 
 /// The provider token must verify with OpenSSL's own ES256 verifier, not only with our signer's code.

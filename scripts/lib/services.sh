@@ -70,6 +70,11 @@ services_start() {
     printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$tls/san.ext"
     openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -days 2 \
         -extfile "$tls/san.ext" -out "$tls/server.pem" 2>/dev/null
+    # A client certificate from the same CA, for the Redis below that requires one.
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=apns-worker" \
+        -keyout "$tls/client.key" -out "$tls/client.csr" 2>/dev/null
+    openssl x509 -req -in "$tls/client.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -days 2 \
+        -out "$tls/client.pem" 2>/dev/null
     chmod 644 "$tls"/*
     cat > "$SERVICES_DIR/rabbitmq/rabbitmq.conf" <<CONF
 listeners.tcp.default = 127.0.0.1:$RABBITMQ_PORT
@@ -91,6 +96,14 @@ CONF
     # 32 databases: tests that need a Redis of their own (the fleet's invalidation window, a rate limit) each take one.
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$SERVICES_DIR/redis" --save '' --appendonly no \
         --databases 32 --daemonize yes --pidfile "$SERVICES_DIR/redis/pid" --logfile "$SERVICES_DIR/redis/log" >/dev/null
+    # And a Redis that speaks TLS only, with the same CA, requiring a client certificate, so that rediss:// is tested
+    # for real.
+    REDIS_TLS_PORT=$(free_port)
+    mkdir -p "$SERVICES_DIR/redis-tls"
+    redis-server --port 0 --tls-port "$REDIS_TLS_PORT" --bind 127.0.0.1 --tls-cert-file "$tls/server.pem" \
+        --tls-key-file "$tls/server.key" --tls-ca-cert-file "$tls/ca.pem" --tls-auth-clients yes \
+        --dir "$SERVICES_DIR/redis-tls" --save '' --appendonly no --daemonize yes \
+        --pidfile "$SERVICES_DIR/redis-tls/pid" --logfile "$SERVICES_DIR/redis-tls/log" >/dev/null
     # rabbitmqctl for this node, for tests that act on the broker (closing one connection, listing queues).
     cat > "$SERVICES_DIR/rabbitmqctl" <<WRAPPER
 #!/usr/bin/env bash
@@ -103,6 +116,8 @@ WRAPPER
     export AMQP_URL="amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2f"
     export AMQPS_URL="amqps://guest:guest@localhost:$RABBITMQ_TLS_PORT/%2f" AMQPS_CA_FILE="$tls/ca.pem"
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+    export TLS_REDIS_URL="rediss://localhost:$REDIS_TLS_PORT/0" TLS_REDIS_CA="$tls/ca.pem" \
+        TLS_REDIS_CERT="$tls/client.pem" TLS_REDIS_KEY="$tls/client.key"
     # REDIS_PORT and APNS_SIM_* stay the scripts' own: apns-worker warns about unknown REDIS_/APNS_ variables.
     export RABBITMQ_PORT
     log "services under $SERVICES_DIR: RabbitMQ on $RABBITMQ_PORT (starting), Redis on $REDIS_PORT"
@@ -157,6 +172,7 @@ services_stop() {
     declare -F sentinel_stop >/dev/null && sentinel_stop
     declare -F redis_cluster_stop >/dev/null && redis_cluster_stop
     [ -f "$SERVICES_DIR/redis/pid" ] && kill "$(cat "$SERVICES_DIR/redis/pid")" 2>/dev/null
+    [ -f "$SERVICES_DIR/redis-tls/pid" ] && kill "$(cat "$SERVICES_DIR/redis-tls/pid")" 2>/dev/null
     if [ -n "${RABBITMQ_PORT:-}" ]; then
         services_rabbitmqctl shutdown >/dev/null 2>&1 || true
         # Whatever of the node is left (it may not have finished starting): its command line names our directory.

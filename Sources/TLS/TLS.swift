@@ -6,7 +6,7 @@ public struct TLSError: Error, CustomStringConvertible, Sendable {
     public let message: String
     public var description: String { message }
 
-    init(_ what: String) {
+    package init(_ what: String) {
         var reasons: [String] = []
         while true {
             let code = ERR_get_error()
@@ -28,13 +28,16 @@ public struct TLSClientConfiguration: Sendable {
     /// TLS client certificate (PEM) and its key, for APNs certificate authentication.
     public var certificateFile: String?
     public var privateKeyFile: String?
+    /// ALPN protocols offered, most wanted first (none: no ALPN, as Redis expects).
+    public var applicationProtocols: [String]
 
     public init(caFile: String? = nil, verifyPeer: Bool = true, certificateFile: String? = nil,
-                privateKeyFile: String? = nil) {
+                privateKeyFile: String? = nil, applicationProtocols: [String] = ["h2"]) {
         self.caFile = caFile
         self.verifyPeer = verifyPeer
         self.certificateFile = certificateFile
         self.privateKeyFile = privateKeyFile
+        self.applicationProtocols = applicationProtocols
     }
 }
 
@@ -51,10 +54,10 @@ public enum OpenSSLLibrary {
 }
 
 /// Owner of one SSL_CTX, shared read-only by every connection made from it (OpenSSL allows that once configured).
-final class TLSContext: @unchecked Sendable {
+package final class TLSContext: @unchecked Sendable {
     // Invariant: the SSL_CTX is fully configured in init and never changed afterwards.
-    let context: OpaquePointer
-    let verifiesPeer: Bool
+    package let context: OpaquePointer
+    package let verifiesPeer: Bool
 
     /// Takes ownership of `method`'s new SSL_CTX at once, so every early throw below frees it.
     private init(method: OpaquePointer, verifiesPeer: Bool) throws {
@@ -70,7 +73,7 @@ final class TLSContext: @unchecked Sendable {
 
     deinit { SSL_CTX_free(context) }
 
-    static func client(_ configuration: TLSClientConfiguration) throws -> TLSContext {
+    package static func client(_ configuration: TLSClientConfiguration) throws -> TLSContext {
         OpenSSLLibrary.prepare()
         let owner = try TLSContext(method: TLS_client_method(), verifiesPeer: configuration.verifyPeer)
         let context = owner.context
@@ -95,16 +98,18 @@ final class TLSContext: @unchecked Sendable {
                 throw TLSError("cannot load the client certificate's key \(keyFile)")
             }
         }
-        let alpn: [UInt8] = [2, UInt8(ascii: "h"), UInt8(ascii: "2")]
-        guard SSL_CTX_set_alpn_protos(context, alpn, UInt32(alpn.count)) == 0 else {
-            throw TLSError("cannot offer ALPN h2")
+        let alpn = configuration.applicationProtocols.flatMap { [UInt8($0.utf8.count)] + Array($0.utf8) }
+        if !alpn.isEmpty {
+            guard SSL_CTX_set_alpn_protos(context, alpn, UInt32(alpn.count)) == 0 else {
+                throw TLSError("cannot offer ALPN \(configuration.applicationProtocols.joined(separator: ", "))")
+            }
         }
         return owner
     }
 
     /// `clientCertificateCA`: when set, clients must present a certificate issued by (or equal to) this PEM
     /// certificate, as APNs requires on certificate-authenticated connections.
-    static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil) throws -> TLSContext {
+    package static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil) throws -> TLSContext {
         OpenSSLLibrary.prepare()
         let owner = try TLSContext(method: TLS_server_method(), verifiesPeer: false)
         let context = owner.context
@@ -157,14 +162,14 @@ package enum PEM {
         }
     }
 
-    static func readCertificate(_ text: String) throws -> OpaquePointer {
+    package static func readCertificate(_ text: String) throws -> OpaquePointer {
         try withMemoryBIO(text) { bio in
             guard let certificate = PEM_read_bio_X509(bio, nil, nil, nil) else { throw TLSError("not a PEM certificate") }
             return certificate
         }
     }
 
-    static func readPrivateKey(_ text: String) throws -> OpaquePointer {
+    package static func readPrivateKey(_ text: String) throws -> OpaquePointer {
         try withMemoryBIO(text) { bio in
             guard let key = PEM_read_bio_PrivateKey(bio, nil, nil, nil) else { throw TLSError("not a PEM private key") }
             return key
@@ -183,8 +188,8 @@ package enum PEM {
 }
 
 /// Owner of one SSL object over a non-blocking socket. Used only by the connection that made it.
-final class TLSStream {
-    enum IOResult: Equatable {
+package final class TLSStream {
+    package enum IOResult: Equatable {
         case done(Int)
         case wantRead
         case wantWrite
@@ -192,9 +197,9 @@ final class TLSStream {
         case failed(String)
     }
 
-    let ssl: OpaquePointer
+    package let ssl: OpaquePointer
 
-    init(context: TLSContext, fileDescriptor: Int32, serverName: String?) throws {
+    package init(context: TLSContext, fileDescriptor: Int32, serverName: String?) throws {
         guard let ssl = SSL_new(context.context) else { throw TLSError("SSL_new failed") }
         self.ssl = ssl
         SSL_set_fd(ssl, fileDescriptor)
@@ -215,7 +220,7 @@ final class TLSStream {
 
     deinit { SSL_free(ssl) }
 
-    static func isIPAddress(_ host: String) -> Bool {
+    package static func isIPAddress(_ host: String) -> Bool {
         var v4 = in_addr()
         var v6 = in6_addr()
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
@@ -226,22 +231,22 @@ final class TLSStream {
     // fatal and close it (a client that dropped its connection without close_notify closed the others'). Every
     // call starts with an empty queue, and `classify` leaves it empty.
 
-    func handshake() -> IOResult {
+    package func handshake() -> IOResult {
         ERR_clear_error()
         return classify(SSL_do_handshake(ssl), what: "TLS handshake")
     }
 
-    func read(into buffer: UnsafeMutableRawBufferPointer) -> IOResult {
+    package func read(into buffer: UnsafeMutableRawBufferPointer) -> IOResult {
         ERR_clear_error()
         return classify(SSL_read(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS read")
     }
 
-    func write(_ buffer: UnsafeRawBufferPointer) -> IOResult {
+    package func write(_ buffer: UnsafeRawBufferPointer) -> IOResult {
         ERR_clear_error()
         return classify(SSL_write(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS write")
     }
 
-    var negotiatedProtocol: String? {
+    package var negotiatedProtocol: String? {
         var data: UnsafePointer<UInt8>?
         var length: UInt32 = 0
         SSL_get0_alpn_selected(ssl, &data, &length)
@@ -249,13 +254,13 @@ final class TLSStream {
         return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
     }
 
-    var verificationError: String? {
+    package var verificationError: String? {
         let result = SSL_get_verify_result(ssl)
         guard result != X509_V_OK else { return nil }
         return String(cString: X509_verify_cert_error_string(result))
     }
 
-    func shutdown() {
+    package func shutdown() {
         ERR_clear_error()
         SSL_shutdown(ssl)
         ERR_clear_error()

@@ -6,18 +6,18 @@ import Glibc
 public struct SocketError: Error, CustomStringConvertible, Sendable {
     public let description: String
 
-    init(_ what: String, errno code: Int32 = errno) {
+    package init(_ what: String, errno code: Int32 = errno) {
         description = "\(what): \(String(cString: strerror(code)))"
     }
 
-    init(message: String) { description = message }
+    package init(message: String) { description = message }
 }
 
 /// Plain socket calls, kept apart from the protocol code.
-enum Socket {
+package enum Socket {
     /// Resolves a host afresh (no cache of ours), as Apple asks before each new connection. Blocks: call it off
     /// any event loop.
-    static func resolve(host: String, port: Int) throws -> [sockaddr_storage] {
+    package static func resolve(host: String, port: Int) throws -> [sockaddr_storage] {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
@@ -41,13 +41,13 @@ enum Socket {
         return addresses
     }
 
-    static func length(of address: sockaddr_storage) -> socklen_t {
+    package static func length(of address: sockaddr_storage) -> socklen_t {
         socklen_t(address.ss_family == sa_family_t(AF_INET6) ? MemoryLayout<sockaddr_in6>.size
                                                               : MemoryLayout<sockaddr_in>.size)
     }
 
     /// Starts a non-blocking connect; completion shows as POLLOUT.
-    static func startConnect(to address: sockaddr_storage) throws -> Int32 {
+    package static func startConnect(to address: sockaddr_storage) throws -> Int32 {
         let descriptor = socket(Int32(address.ss_family), Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else { throw SocketError("socket") }
         configure(descriptor)
@@ -65,7 +65,7 @@ enum Socket {
     }
 
     /// Non-blocking, close-on-exec, no Nagle delay (HTTP/2 frames are already batched by us).
-    static func configure(_ descriptor: Int32) {
+    package static func configure(_ descriptor: Int32) {
         _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
         _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
         var one: Int32 = 1

@@ -1,0 +1,171 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+internal import CHiredis
+import TLS
+
+/// How a `rediss://` connection checks the server and proves who it is (REDIS_CA_FILE, REDIS_CERT_FILE,
+/// REDIS_CERT_KEY_FILE). The server's name is checked against its certificate (an IP address, against its IP SANs).
+public struct RedisTLS: Sendable, Equatable {
+    /// A private CA bundle (PEM), added to the system trust store.
+    public var caFile: String?
+    /// A client certificate (PEM) and its key, for servers that require one (`tls-auth-clients yes`).
+    public var certificateFile: String?
+    public var keyFile: String?
+
+    public init(caFile: String? = nil, certificateFile: String? = nil, keyFile: String? = nil) {
+        self.caFile = caFile
+        self.certificateFile = certificateFile
+        self.keyFile = keyFile
+    }
+}
+
+/// One Redis connection over TLS: a blocking socket of its own with an OpenSSL session, commands formatted and
+/// replies parsed by hiredis (its formatter and reader work over any transport; Debian's hiredis 0.14 has no TLS of
+/// its own). The socket's send and receive timeouts bound every call, as hiredis's do for plain connections.
+final class RedisTLSChannel {
+    private let descriptor: Int32
+    private let stream: TLSStream
+    private let reader: UnsafeMutablePointer<redisReader>
+    private var output: [UInt8] = []
+    private var input = [UInt8](repeating: 0, count: 16 << 10)
+    private let name: String
+
+    init(host: String, port: Int, tls: RedisTLS, timeout: Double, name: String) throws(RedisError) {
+        self.name = name
+        let context: TLSContext
+        do {
+            context = try TLSContext.client(TLSClientConfiguration(
+                caFile: tls.caFile, certificateFile: tls.certificateFile, privateKeyFile: tls.keyFile ?? tls.certificateFile,
+                applicationProtocols: []))
+        } catch {
+            throw RedisError(kind: .refused, "\(name): \(error)", part: .tls)
+        }
+        descriptor = try Self.connect(host: host, port: port, timeout: timeout, name: name)
+        do {
+            stream = try TLSStream(context: context, fileDescriptor: descriptor, serverName: host)
+        } catch {
+            close(descriptor)
+            throw RedisError(kind: .connectionLost, "\(name): \(error)")
+        }
+        guard let reader = redisReaderCreate() else {
+            close(descriptor)
+            throw RedisError(kind: .connectionLost, "\(name): out of memory")
+        }
+        self.reader = reader
+        switch stream.handshake() {
+        case .done: break
+        case .failed(let message):
+            // A certificate the CA file does not vouch for, a name it does not carry: a setting to fix.
+            let kind: RedisError.Kind = stream.verificationError == nil ? .connectionLost : .refused
+            throw RedisError(kind: kind, "\(name): \(message)", part: .tls)
+        case .closed:
+            throw RedisError(kind: .connectionLost, "\(name): the server closed the connection during the TLS handshake "
+                             + "(a plain port?)")
+        case .wantRead, .wantWrite:
+            throw RedisError(kind: .connectionLost, "\(name): TLS handshake timed out")
+        }
+    }
+
+    deinit {
+        stream.shutdown()
+        close(descriptor)
+        redisReaderFree(reader)
+    }
+
+    /// Adds one command, formatted by hiredis, to what the next `flush` writes.
+    func append(count: Int, _ arguments: UnsafeMutablePointer<UnsafePointer<CChar>?>,
+                _ lengths: UnsafePointer<Int>) throws(RedisError) {
+        var formatted: UnsafeMutablePointer<CChar>?
+        let length = redisFormatCommandArgv(&formatted, Int32(count), arguments, lengths)
+        guard length >= 0, let formatted else { throw RedisError(kind: .connectionLost, "\(name): out of memory") }
+        defer { redisFreeCommand(formatted) }
+        formatted.withMemoryRebound(to: UInt8.self, capacity: Int(length)) { bytes in
+            output.append(contentsOf: UnsafeBufferPointer(start: bytes, count: Int(length)))
+        }
+    }
+
+    func flush() throws(RedisError) {
+        var written = 0
+        while written < output.count {
+            let result = output.withUnsafeBytes { bytes in
+                stream.write(UnsafeRawBufferPointer(rebasing: bytes[written...]))
+            }
+            guard case .done(let count) = result else {
+                // A server that closed on us may have said why first (an alert about our certificate): read it.
+                let reason = input.withUnsafeMutableBytes { stream.read(into: $0) }
+                if case .failed = reason { throw lost(reason, "writing") }
+                throw lost(result, "writing")
+            }
+            written += count
+        }
+        output.removeAll(keepingCapacity: true)
+    }
+
+    /// The next reply, read as far as needed; the caller frees it with `freeReplyObject`.
+    func readReply() throws(RedisError) -> UnsafeMutableRawPointer {
+        try flush()
+        while true {
+            var reply: UnsafeMutableRawPointer?
+            guard redisReaderGetReply(reader, &reply) == REDIS_OK else {
+                throw RedisError(kind: .connectionLost, "\(name): unreadable reply (protocol error)")
+            }
+            if let reply { return reply }
+            let result = input.withUnsafeMutableBytes { stream.read(into: $0) }
+            guard case .done(let count) = result else { throw lost(result, "reading") }
+            _ = input.withUnsafeBytes { bytes in
+                redisReaderFeed(reader, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), count)
+            }
+        }
+    }
+
+    private func lost(_ result: TLSStream.IOResult, _ doing: String) -> RedisError {
+        switch result {
+        case .closed:
+            return RedisError(kind: .connectionLost, "\(name): connection closed while \(doing)")
+        case .failed(let message):
+            // Under TLS 1.3 the server judges the client's certificate after the handshake: its refusal arrives as an
+            // alert on the first read, and waiting will not change it.
+            if message.contains("certificate required") || message.contains("bad certificate")
+                || message.contains("unknown ca") {
+                return RedisError(kind: .refused, "\(name): the server refused the client certificate: \(message)",
+                                  part: .clientCertificate)
+            }
+            return RedisError(kind: .connectionLost, "\(name): \(message)")
+        default:
+            return RedisError(kind: .connectionLost, "\(name): timed out while \(doing)")
+        }
+    }
+
+    /// A blocking socket connected within `timeout`, whose sends and receives time out after it too.
+    private static func connect(host: String, port: Int, timeout: Double, name: String) throws(RedisError) -> Int32 {
+        let addresses: [sockaddr_storage]
+        do { addresses = try Socket.resolve(host: host, port: port) } catch {
+            throw RedisError(kind: .connectionLost, "cannot connect to \(name): \(error)")
+        }
+        var problems: [String] = []
+        for address in addresses {
+            let descriptor: Int32
+            do { descriptor = try Socket.startConnect(to: address) } catch {
+                problems.append("\(error)")
+                continue
+            }
+            var poller = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
+            var failure: Int32 = 0
+            var failureLength = socklen_t(MemoryLayout<Int32>.size)
+            if poll(&poller, 1, Int32(timeout * 1000)) == 1,
+               getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &failure, &failureLength) == 0, failure == 0 {
+                _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) & ~O_NONBLOCK)
+                var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+                setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+                setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+                var one: Int32 = 1
+                setsockopt(descriptor, SOL_SOCKET, SO_KEEPALIVE, &one, socklen_t(MemoryLayout<Int32>.size))
+                return descriptor
+            }
+            problems.append(failure == 0 ? "timed out" : String(cString: strerror(failure)))
+            close(descriptor)
+        }
+        throw RedisError(kind: .connectionLost, "cannot connect to \(name): " + problems.joined(separator: "; "))
+    }
+}
