@@ -119,7 +119,13 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
             var url = dataNodes
             url.host = master.host
             url.port = master.port
-            let connection = try RedisConnection(url: url, timeout: timeout)
+            let connection: RedisConnection
+            do { connection = try RedisConnection(url: url, timeout: timeout) } catch {
+                // The master just died and the sentinels have not promoted a replica yet: ask the next, then wait.
+                if error.kind != .connectionLost { throw error }
+                problems.append("sentinel \(sentinel) names \(master), which does not answer (\(error.message))")
+                continue
+            }
             let role = try connection.role()
             if role == "master" { return connection }
             problems.append("sentinel \(sentinel) names \(master) as the master, and it is a \(role)")

@@ -1,3 +1,4 @@
+import Redis
 import Telemetry
 
 /// Every Redis key the fleet uses, built here and nowhere else (the schema is in README.md).
@@ -83,4 +84,18 @@ public struct RedisKeys: Sendable, Equatable {
     public func statistics(minute: Int64) -> String { "apns:stats:\(minute)" }
     /// Sorted set: the longest waits per lane in one minute.
     public func waited(minute: Int64) -> String { "apns:stats:\(minute):waited" }
+}
+
+/// The clock of the node that holds a key's slot (`TIME`, through a script on that key, so that a cluster answers
+/// from that node): what the rate limit and the guard's window key their slots by, as every worker asks the same node.
+enum RedisClock {
+    static let script = "return redis.call('TIME')"
+
+    /// Seconds and microseconds; nil when the node answered something else.
+    static func now(_ redis: any RedisClient, at key: String) throws(RedisError) -> (second: Int, micros: Int)? {
+        let reply = try redis.command(["EVAL", script, "1", key])
+        let parts = reply.elements.compactMap(\.integer)
+        guard parts.count == 2 else { return nil }
+        return (Int(parts[0]), Int(parts[1]))
+    }
 }

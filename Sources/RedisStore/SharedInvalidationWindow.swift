@@ -7,18 +7,25 @@ import WorkerPipeline
 public struct SharedInvalidationWindow: InvalidationWindow {
     public static let seconds = 60
 
+    /// KEYS[1] is the prefix, and the script finds the buckets by Redis's clock (one node); or, in a cluster, where
+    /// a script must name every key it touches, KEYS are the window's buckets, the current second's first (chosen by
+    /// the buckets' node's clock, asked just before).
     static let script = """
-        local now = tonumber(redis.call('TIME')[1])
         local window = tonumber(ARGV[3])
+        local buckets = KEYS
+        if #KEYS == 1 then
+            local now = tonumber(redis.call('TIME')[1])
+            buckets = {}
+            for age = 0, window - 1 do buckets[age + 1] = KEYS[1] .. ':' .. (now - age) end
+        end
         if tonumber(ARGV[2]) > 0 then
-            local key = KEYS[1] .. ':' .. now
-            redis.call('HINCRBY', key, 'mismatches', ARGV[1])
-            redis.call('HINCRBY', key, 'judged', ARGV[2])
-            redis.call('EXPIRE', key, window + 5)
+            redis.call('HINCRBY', buckets[1], 'mismatches', ARGV[1])
+            redis.call('HINCRBY', buckets[1], 'judged', ARGV[2])
+            redis.call('EXPIRE', buckets[1], window + 5)
         end
         local mismatches, judged = 0, 0
-        for second = now - window + 1, now do
-            local bucket = redis.call('HMGET', KEYS[1] .. ':' .. second, 'mismatches', 'judged')
+        for _, key in ipairs(buckets) do
+            local bucket = redis.call('HMGET', key, 'mismatches', 'judged')
             mismatches = mismatches + tonumber(bucket[1] or '0')
             judged = judged + tonumber(bucket[2] or '0')
         end
@@ -38,8 +45,15 @@ public struct SharedInvalidationWindow: InvalidationWindow {
     /// Adds `counts` (nothing when it judged nothing) and returns the window's totals; nil when Redis refused the
     /// script (a bucket of the wrong type). Only a lost connection throws.
     public func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
-        let reply = try redis.command(["EVAL", Self.script, "1", prefix, String(counts.mismatches), String(counts.judged),
-                                       String(Self.seconds)])
+        let arguments = [String(counts.mismatches), String(counts.judged), String(Self.seconds)]
+        let reply: RedisReply
+        if redis.isCluster {
+            guard let (now, _) = try RedisClock.now(redis, at: prefix) else { return nil }
+            let buckets = (0..<Self.seconds).map { "\(prefix):\(now - $0)" }
+            reply = try redis.command(["EVAL", Self.script, String(buckets.count)] + buckets + arguments)
+        } else {
+            reply = try redis.command(["EVAL", Self.script, "1", prefix] + arguments)
+        }
         let values = reply.elements.compactMap(\.integer)
         guard values.count == 2 else { return nil }
         return InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1]))

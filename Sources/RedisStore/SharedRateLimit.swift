@@ -15,22 +15,33 @@ import WorkerPipeline
 /// urgent work at once, and no permit is set aside unused while no urgent work comes. Over any second the fleet sends
 /// at most one slot's borrowing more than the rate (plus the slot overlap above).
 public struct SharedRateLimit: RateLimiter {
+    /// KEYS[1] is the prefix, and the script finds the slots by Redis's clock (one node); or, in a cluster, where a
+    /// script must name every key it touches, KEYS[1] and KEYS[2] are the current and the previous slot and ARGV[5]
+    /// and ARGV[6] the time they were chosen by (the slots' node's clock, asked just before).
     static let reserveScript = """
-        local now = redis.call('TIME')
-        local second = tonumber(now[1])
-        local micros = tonumber(now[2])
+        local second, micros
+        if #KEYS == 2 then
+            second, micros = tonumber(ARGV[5]), tonumber(ARGV[6])
+        else
+            local now = redis.call('TIME')
+            second, micros = tonumber(now[1]), tonumber(now[2])
+        end
         local slot = math.floor(micros / 100000)
+        local previousSecond, previousSlot = second, slot - 1
+        if previousSlot < 0 then previousSecond, previousSlot = second - 1, 9 end
+        local key, previousKey = KEYS[1], KEYS[2]
+        if #KEYS == 1 then
+            key = KEYS[1] .. ':' .. second .. '.' .. slot
+            previousKey = KEYS[1] .. ':' .. previousSecond .. '.' .. previousSlot
+        end
         local limit = tonumber(ARGV[1])
         local function allowedIn(tenth) return math.floor((tenth + 1) * limit / 10) - math.floor(tenth * limit / 10) end
-        local key = KEYS[1] .. ':' .. second .. '.' .. slot
         local allowed = allowedIn(slot)
         local used = redis.call('GET', key)
         if used then
             used = tonumber(used)
         else
-            local previousSecond, previousSlot = second, slot - 1
-            if previousSlot < 0 then previousSecond, previousSlot = second - 1, 9 end
-            local previous = tonumber(redis.call('GET', KEYS[1] .. ':' .. previousSecond .. '.' .. previousSlot) or '0')
+            local previous = tonumber(redis.call('GET', previousKey) or '0')
             used = math.max(0, previous - allowedIn(previousSlot))
         end
         local borrowable = math.ceil(allowed * tonumber(ARGV[4]) / 1000)
@@ -61,8 +72,20 @@ public struct SharedRateLimit: RateLimiter {
     /// until the next slot opens. A script Redis refuses (a slot key of the wrong type) is `.refused`; only a lost
     /// connection throws.
     public func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
-        let reply = try redis.command(["EVAL", Self.reserveScript, "1", prefix, String(limit), String(urgent), String(bulk),
-                                       String(Int((urgentShare * 1000).rounded()))])
+        let arguments = [String(limit), String(urgent), String(bulk), String(Int((urgentShare * 1000).rounded()))]
+        let reply: RedisReply
+        if redis.isCluster {
+            guard let (second, micros) = try RedisClock.now(redis, at: prefix) else {
+                return .refused("rate limit: the node of \(prefix) did not say the time")
+            }
+            let slot = micros / 100_000
+            let previous = slot == 0 ? "\(second - 1).9" : "\(second).\(slot - 1)"
+            let slots: [String] = ["\(prefix):\(second).\(slot)", "\(prefix):\(previous)"]
+            let command: [String] = ["EVAL", Self.reserveScript, "2"] + slots + arguments + [String(second), String(micros)]
+            reply = try redis.command(command)
+        } else {
+            reply = try redis.command(["EVAL", Self.reserveScript, "1", prefix] + arguments)
+        }
         if case .error(let message) = reply { return .refused("rate limit script: \(message)") }
         let values = reply.elements.compactMap(\.integer)
         guard values.count == 3 else { return .refused("rate limit script: unexpected reply \(reply)") }

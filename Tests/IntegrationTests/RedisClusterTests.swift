@@ -189,7 +189,7 @@ enum RedisClusterSetup {
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
         let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_DEAD_TOKENS_QUEUE": dead, "APNS_RATE_LIMIT": "2000",
+            "PUSH_DEAD_TOKENS_QUEUE": dead, "APNS_RATE_LIMIT": "400",   // two seconds of delivery: the moves land mid-run
         ]).merging(try RedisClusterSetup.environment()) { $1 }, logger: logger)
         defer { worker.stop() }
 
@@ -210,6 +210,7 @@ enum RedisClusterSetup {
         let source = try #require(cluster.master(ofSlot: slots.lowerBound))
         let target = try #require(cluster.masterAddresses.first { $0 != source })
         let movedSlots = Set(movingUsers.map(RedisCluster.slot(of:))).sorted()
+        let movingFrom = Date()
         for slot in movedSlots {
             let from = try RedisClusterSetup.beginMoving(slot, to: target, keys: 1)
             try RedisClusterSetup.migrate(slot, from: from, to: target)
@@ -235,6 +236,10 @@ enum RedisClusterSetup {
         let received = simulator.received()
         let duplicates = received.filter { $0.status == 200 }.count - Set(received.filter { $0.status == 200 }.map(\.deviceToken)).count
         #expect(duplicates == 0, "nothing sent twice")
+        let scenario = "redis cluster: the slots of a quarter of the users moved to another master mid-run"
+        TestServices.reportFault(scenario, notifications: tokens.count - 1, received: received.filter { $0.deviceToken != deadToken })
+        print(String(format: "failover | %@ | %d | %d | %d | %.1f", scenario, tokens.count - 1, deliveries.distinct, duplicates,
+                     deliveries.longestPause(after: movingFrom)))
 
         // Back where they were, for whatever runs next.
         for slot in movedSlots {

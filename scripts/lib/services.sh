@@ -200,7 +200,9 @@ seed_bench_users() {
     local user
     for user in $(seq 0 99); do
         printf '{"user": "bench-user-%d", "token": "%064x"}\n' "$user" $((user * 2 + 1))
-        [ $((user % 2)) = 0 ] && printf '{"user": "bench-user-%d", "token": "%064x"}\n' "$user" $((user * 2 + 2))
+        if [ $((user % 2)) = 0 ]; then
+            printf '{"user": "bench-user-%d", "token": "%064x"}\n' "$user" $((user * 2 + 2))
+        fi
     done | "$BUILD_DIR/apns-worker" tokens import >/dev/null
 }
 
