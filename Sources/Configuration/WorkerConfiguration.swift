@@ -197,6 +197,9 @@ public struct WorkerConfiguration: Sendable {
             }
             return url
         }
+        if files.keyFile != nil && files.certificateFile == nil {
+            throw ConfigurationError(\.redisCertKeyFile, "given without \(name(\.redisCertFile)), the certificate it is the key of")
+        }
         var secured = url
         secured.tls = files
         return secured
@@ -205,8 +208,8 @@ public struct WorkerConfiguration: Sendable {
     private static func redisPlacement(_ settings: SettingValues) throws(ConfigurationError) -> RedisDeployment {
         let clusterNodes = try settings(\.redisClusterNodes)
         guard let sentinels = try settings(\.redisSentinels) else {
-            if settings.isGiven(\.redisMasterName) {
-                throw ConfigurationError(\.redisMasterName, "given without \(name(\.redisSentinels))")
+            for key in [\SettingTable.redisMasterName, \.redisSentinelPassword] where settings.isGiven(key) {
+                throw ConfigurationError(key, "given without \(name(\.redisSentinels))")
             }
             guard let clusterNodes else { return .node(try settings(\.redisURL)) }
             let dataNodes = try dataNodes(settings, beside: \.redisClusterNodes)

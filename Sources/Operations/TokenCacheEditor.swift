@@ -116,6 +116,11 @@ public final class TokenCacheEditor {
         return report
     }
 
+    /// `user`'s keys and where each lives (in a cluster: its slot and master), a line each.
+    public func keys(user: String) -> String {
+        cache.keys(forUser: user).map { "\($0.key)  \($0.location)" }.joined(separator: "\n")
+    }
+
     /// `user`'s tokens (with a topic, only those a job with that topic reaches), as a table or as JSON.
     public func list(user: String, topic: String?, json: Bool) throws -> String {
         var entries = try cache.entries(forUser: user)

@@ -20,6 +20,9 @@ public protocol RedisClient: AnyObject {
     /// Every master's connection in turn (the one connection of a single node): for what concerns a node rather
     /// than a key, such as SCAN.
     func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError)
+
+    /// The node that holds `key`, for people: its URL, or in a cluster the key's slot and its master.
+    func location(ofKey key: String) -> String
 }
 
 extension RedisClient {

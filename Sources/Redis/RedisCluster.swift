@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A Redis Cluster's seed nodes (REDIS_CLUSTER_NODES) and the data nodes' user and password (REDIS_URL's; a
 /// cluster has database 0 only).
 public struct RedisClusterNodes: Sendable, Equatable, CustomStringConvertible {
@@ -84,6 +88,11 @@ public final class RedisCluster: RedisClient {
         return owner >= 0 ? masters[Int(owner)] : nil
     }
 
+    public func location(ofKey key: String) -> String {
+        let slot = Self.slot(of: key)
+        return "slot \(slot) on \(master(ofSlot: slot)?.description ?? "no master")"
+    }
+
     /// `MOVED` and `ASK` answers followed so far (how often the map was out of date, or a slot was moving).
     public private(set) var redirectionsFollowed = 0
 
@@ -99,7 +108,7 @@ public final class RedisCluster: RedisClient {
     private func send(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
         var replies = [RedisReply](repeating: .null, count: commands.count)
         var pending = commands.indices.map { Routed(index: $0) }
-        for _ in 0...Self.redirectionLimit {
+        for attempt in 0...Self.redirectionLimit {
             var byNode: [RedisAddress: [Routed]] = [:]
             for routed in pending { byNode[try address(for: commands[routed.index], routed), default: []].append(routed) }
             // Every node's part is written before any reply is read.
@@ -112,7 +121,8 @@ public final class RedisCluster: RedisClient {
                 order.append((address, node, routed))
             }
             var redirected: [Routed] = []
-            var mapChanged = false
+            var moved: [(slot: Int, owner: RedisAddress)] = []
+            var mustWait = false
             for (address, node, routed) in order {
                 let received = try node.receive(routed.reduce(0) { $0 + ($1.asking == nil ? 1 : 2) })
                 var next = 0
@@ -123,13 +133,13 @@ public final class RedisCluster: RedisClient {
                     switch Redirection(reply, from: address) {
                     case .moved(let slot, let owner)?:
                         redirectionsFollowed += 1
-                        setOwner(owner, of: slot)
-                        mapChanged = true
+                        moved.append((slot, owner))
                         redirected.append(Routed(index: item.index))
                     case .ask(let owner)?:
                         redirectionsFollowed += 1
                         redirected.append(Routed(index: item.index, asking: owner))
                     case .tryAgain?:
+                        mustWait = true
                         redirected.append(item)
                     case nil:
                         replies[item.index] = reply
@@ -137,8 +147,14 @@ public final class RedisCluster: RedisClient {
                 }
             }
             if redirected.isEmpty { return replies }
-            // MOVED: the map changed (a resharding, a failover); learn all of it rather than one slot per reply.
-            if mapChanged { try? learnSlots() }
+            // MOVED: the map changed (a resharding, a failover); learn all of it rather than one slot per reply. The
+            // node asked may not have heard of the change yet: what the MOVED replies said wins over its answer.
+            if !moved.isEmpty {
+                try? learnSlots()
+                for (slot, owner) in moved { setOwner(owner, of: slot) }
+            }
+            // TRYAGAIN: a slot's keys are half moved; the move finishes in milliseconds.
+            if mustWait { usleep(UInt32(10_000 << attempt)) }
             pending = redirected
         }
         throw RedisError(kind: .connectionLost, "\(nodes): still redirected after \(Self.redirectionLimit) tries "
@@ -235,7 +251,7 @@ public final class RedisCluster: RedisClient {
         guard command.count >= 2 else { return nil }
         switch command[0].uppercased() {
         case "EVAL", "EVALSHA", "FCALL":
-            guard let count = Int(command[2]), count > 0, command.count > 3 else { return nil }
+            guard command.count > 3, let count = Int(command[2]), count > 0 else { return nil }
             return command[3]
         case "PING", "SCAN", "TIME", "ROLE", "INFO", "CLUSTER", "WAIT", "FLUSHDB", "DBSIZE", "SCRIPT", "ASKING":
             return nil

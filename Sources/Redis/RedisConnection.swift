@@ -117,6 +117,8 @@ public final class RedisConnection: RedisClient {
 
     public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) { try body(self) }
 
+    public func location(ofKey key: String) -> String { url.description }
+
     public let url: RedisURL
     /// hiredis's own connection (`redis://`), or a TLS channel of ours (`rediss://`): exactly one is set.
     private let context: UnsafeMutablePointer<redisContext>?

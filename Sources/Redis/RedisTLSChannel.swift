@@ -57,8 +57,8 @@ final class RedisTLSChannel {
         case .done: break
         case .failed(let message):
             // A certificate the CA file does not vouch for, a name it does not carry: a setting to fix.
-            let kind: RedisError.Kind = stream.verificationError == nil ? .connectionLost : .refused
-            throw RedisError(kind: kind, "\(name): \(message)", part: .tls)
+            if stream.verificationError != nil { throw RedisError(kind: .refused, "\(name): \(message)", part: .tls) }
+            throw Self.failure(message, name: name)
         case .closed:
             throw RedisError(kind: .connectionLost, "\(name): the server closed the connection during the TLS handshake "
                              + "(a plain port?)")
@@ -124,17 +124,20 @@ final class RedisTLSChannel {
         case .closed:
             return RedisError(kind: .connectionLost, "\(name): connection closed while \(doing)")
         case .failed(let message):
-            // Under TLS 1.3 the server judges the client's certificate after the handshake: its refusal arrives as an
-            // alert on the first read, and waiting will not change it.
-            if message.contains("certificate required") || message.contains("bad certificate")
-                || message.contains("unknown ca") {
-                return RedisError(kind: .refused, "\(name): the server refused the client certificate: \(message)",
-                                  part: .clientCertificate)
-            }
-            return RedisError(kind: .connectionLost, "\(name): \(message)")
+            return Self.failure(message, name: name)
         default:
             return RedisError(kind: .connectionLost, "\(name): timed out while \(doing)")
         }
+    }
+
+    /// The server refusing our client certificate (an alert during the handshake under TLS 1.2, on the first read
+    /// under TLS 1.3) is a setting to fix, waiting will not change it; anything else is a lost connection.
+    private static func failure(_ message: String, name: String) -> RedisError {
+        if message.contains("certificate required") || message.contains("bad certificate") || message.contains("unknown ca") {
+            return RedisError(kind: .refused, "\(name): the server refused the client certificate: \(message)",
+                              part: .clientCertificate)
+        }
+        return RedisError(kind: .connectionLost, "\(name): \(message)")
     }
 
     /// A blocking socket connected within `timeout`, whose sends and receives time out after it too.

@@ -78,6 +78,17 @@ public struct RedisKeys: Sendable, Equatable {
     /// The guard's buckets are `<prefix>:<unix second>`.
     public var guardPrefix: String { isCluster ? "apns:{guard}" : "apns:guard" }
 
+    /// The rate limit's slot at a time and the one before it: `<prefix>:<second>.<tenth>`.
+    static func rateSlots(prefix: String, second: Int, micros: Int) -> (current: String, previous: String) {
+        let tenth = micros / 100_000
+        return ("\(prefix):\(second).\(tenth)", tenth == 0 ? "\(prefix):\(second - 1).9" : "\(prefix):\(second).\(tenth - 1)")
+    }
+
+    /// The guard's buckets of the `seconds` seconds ending at `second`, the newest first: `<prefix>:<second>`.
+    static func guardBuckets(prefix: String, endingAt second: Int, seconds: Int) -> [String] {
+        (0..<seconds).map { "\(prefix):\(second - $0)" }
+    }
+
     /// Sorted set: workers and when they last reported.
     public var workers: String { "apns:workers" }
     /// Hash: the fleet's counters of one minute.

@@ -3,21 +3,15 @@ import WorkerPipeline
 
 /// The fleet's token-judging answers over the last `seconds` seconds, in one-second buckets keyed by Redis's own clock
 /// (`apns:guard:<unix second>`, `apns:{guard}:...` in a cluster; a hash of `mismatches` and `judged`, kept a little longer than the window): every
-/// worker adds its answers and reads the totals in one atomic script call.
+/// worker adds its answers and reads the totals in one atomic script call (after asking the buckets' node its time).
 public struct SharedInvalidationWindow: InvalidationWindow {
     public static let seconds = 60
 
-    /// KEYS[1] is the prefix, and the script finds the buckets by Redis's clock (one node); or, in a cluster, where
-    /// a script must name every key it touches, KEYS are the window's buckets, the current second's first (chosen by
-    /// the buckets' node's clock, asked just before).
+    /// KEYS: the window's buckets, the current second's first, chosen by the buckets' node's clock (asked just before:
+    /// a script names every key it touches, as a cluster requires).
     static let script = """
         local window = tonumber(ARGV[3])
         local buckets = KEYS
-        if #KEYS == 1 then
-            local now = tonumber(redis.call('TIME')[1])
-            buckets = {}
-            for age = 0, window - 1 do buckets[age + 1] = KEYS[1] .. ':' .. (now - age) end
-        end
         if tonumber(ARGV[2]) > 0 then
             redis.call('HINCRBY', buckets[1], 'mismatches', ARGV[1])
             redis.call('HINCRBY', buckets[1], 'judged', ARGV[2])
@@ -46,14 +40,9 @@ public struct SharedInvalidationWindow: InvalidationWindow {
     /// script (a bucket of the wrong type). Only a lost connection throws.
     public func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
         let arguments = [String(counts.mismatches), String(counts.judged), String(Self.seconds)]
-        let reply: RedisReply
-        if redis.isCluster {
-            guard let (now, _) = try RedisClock.now(redis, at: prefix) else { return nil }
-            let buckets = (0..<Self.seconds).map { "\(prefix):\(now - $0)" }
-            reply = try redis.command(["EVAL", Self.script, String(buckets.count)] + buckets + arguments)
-        } else {
-            reply = try redis.command(["EVAL", Self.script, "1", prefix] + arguments)
-        }
+        guard let (now, _) = try RedisClock.now(redis, at: prefix) else { return nil }
+        let buckets = RedisKeys.guardBuckets(prefix: prefix, endingAt: now, seconds: Self.seconds)
+        let reply = try redis.command(["EVAL", Self.script, String(buckets.count)] + buckets + arguments)
         let values = reply.elements.compactMap(\.integer)
         guard values.count == 2 else { return nil }
         return InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1]))

@@ -6,8 +6,8 @@ import WorkerPipeline
 /// Tenth-of-a-second slots keyed by Redis's own clock (`apns:rate:<unix second>.<tenth>`), so workers with skewed
 /// clocks share the same slot; each slot grants a tenth of the limit (the remainder spread so a second grants exactly
 /// the limit). Small slots keep bursts small: any one-second span overlaps at most 11 slots. A worker reserves
-/// permits for a whole batch, both lanes at once, in one atomic script call: no round trip per notification. What a
-/// slot cannot grant waits for the next one.
+/// permits for a whole batch, both lanes at once, in one atomic script call (after asking the slots' node its time):
+/// two round trips per batch, none per notification. What a slot cannot grant waits for the next one.
 ///
 /// Lanes: bulk work takes only what the slot has left, and urgent work is served first. Urgent work may also take
 /// up to `urgentShare` of a slot beyond what is left, borrowed from the next slot (which starts with the debt, so
@@ -15,33 +15,20 @@ import WorkerPipeline
 /// urgent work at once, and no permit is set aside unused while no urgent work comes. Over any second the fleet sends
 /// at most one slot's borrowing more than the rate (plus the slot overlap above).
 public struct SharedRateLimit: RateLimiter {
-    /// KEYS[1] is the prefix, and the script finds the slots by Redis's clock (one node); or, in a cluster, where a
-    /// script must name every key it touches, KEYS[1] and KEYS[2] are the current and the previous slot and ARGV[5]
-    /// and ARGV[6] the time they were chosen by (the slots' node's clock, asked just before).
+    /// KEYS: the current slot and the previous one, chosen by the slots' node's clock (asked just before: a script
+    /// names every key it touches, as a cluster requires); ARGV[5], ARGV[6]: that time, seconds and microseconds.
     static let reserveScript = """
-        local second, micros
-        if #KEYS == 2 then
-            second, micros = tonumber(ARGV[5]), tonumber(ARGV[6])
-        else
-            local now = redis.call('TIME')
-            second, micros = tonumber(now[1]), tonumber(now[2])
-        end
+        local micros = tonumber(ARGV[6])
         local slot = math.floor(micros / 100000)
-        local previousSecond, previousSlot = second, slot - 1
-        if previousSlot < 0 then previousSecond, previousSlot = second - 1, 9 end
-        local key, previousKey = KEYS[1], KEYS[2]
-        if #KEYS == 1 then
-            key = KEYS[1] .. ':' .. second .. '.' .. slot
-            previousKey = KEYS[1] .. ':' .. previousSecond .. '.' .. previousSlot
-        end
+        local previousSlot = (slot + 9) % 10
         local limit = tonumber(ARGV[1])
         local function allowedIn(tenth) return math.floor((tenth + 1) * limit / 10) - math.floor(tenth * limit / 10) end
         local allowed = allowedIn(slot)
-        local used = redis.call('GET', key)
+        local used = redis.call('GET', KEYS[1])
         if used then
             used = tonumber(used)
         else
-            local previous = tonumber(redis.call('GET', previousKey) or '0')
+            local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
             used = math.max(0, previous - allowedIn(previousSlot))
         end
         local borrowable = math.ceil(allowed * tonumber(ARGV[4]) / 1000)
@@ -49,7 +36,7 @@ public struct SharedRateLimit: RateLimiter {
         used = used + urgent
         local bulk = math.max(0, math.min(tonumber(ARGV[3]), allowed - used))
         used = used + bulk
-        if urgent + bulk > 0 then redis.call('SET', key, used, 'EX', 10) end
+        if urgent + bulk > 0 then redis.call('SET', KEYS[1], used, 'EX', 10) end
         return {urgent, bulk, 100000 - (micros % 100000)}
         """
 
@@ -73,19 +60,13 @@ public struct SharedRateLimit: RateLimiter {
     /// connection throws.
     public func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
         let arguments = [String(limit), String(urgent), String(bulk), String(Int((urgentShare * 1000).rounded()))]
-        let reply: RedisReply
-        if redis.isCluster {
-            guard let (second, micros) = try RedisClock.now(redis, at: prefix) else {
-                return .refused("rate limit: the node of \(prefix) did not say the time")
-            }
-            let slot = micros / 100_000
-            let previous = slot == 0 ? "\(second - 1).9" : "\(second).\(slot - 1)"
-            let slots: [String] = ["\(prefix):\(second).\(slot)", "\(prefix):\(previous)"]
-            let command: [String] = ["EVAL", Self.reserveScript, "2"] + slots + arguments + [String(second), String(micros)]
-            reply = try redis.command(command)
-        } else {
-            reply = try redis.command(["EVAL", Self.reserveScript, "1", prefix] + arguments)
+        guard let (second, micros) = try RedisClock.now(redis, at: prefix) else {
+            return .refused("rate limit: the node of \(prefix) did not say the time")
         }
+        let slots = RedisKeys.rateSlots(prefix: prefix, second: second, micros: micros)
+        let command: [String] = ["EVAL", Self.reserveScript, "2", slots.current, slots.previous] + arguments
+            + [String(second), String(micros)]
+        let reply = try redis.command(command)
         if case .error(let message) = reply { return .refused("rate limit script: \(message)") }
         let values = reply.elements.compactMap(\.integer)
         guard values.count == 3 else { return .refused("rate limit script: unexpected reply \(reply)") }

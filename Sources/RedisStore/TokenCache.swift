@@ -313,6 +313,11 @@ public struct TokenCache: TokenStore {
         return (entries, unreadable)
     }
 
+    /// One user's keys (tokens, registration times, devices) and where each lives, for people.
+    public func keys(forUser user: String) -> [(key: String, location: String)] {
+        [keys.tokens(user), keys.registered(user), keys.devices(user)].map { ($0, redis.location(ofKey: $0)) }
+    }
+
     /// Every user with a token entry, a page at a time, on every master.
     public func forEachUserPage(_ page: ([String]) throws(RedisError) -> Void) throws(RedisError) {
         try redis.scan(matching: keys.tokensPattern) { (found: [String]) throws(RedisError) in

@@ -12,6 +12,7 @@ apns-worker tokens: read and change the Redis token cache by hand (the schema is
 USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
        apns-worker tokens remove USER TOKEN [--topic TOPIC] [--environment production|sandbox]
        apns-worker tokens list USER [--topic TOPIC] [--full-tokens] [--json]
+       apns-worker tokens keys USER
        apns-worker tokens import [FILE]
        apns-worker tokens migrate --from redis://[:password@]host:port/db
 
@@ -27,6 +28,8 @@ USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--t
   list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
             --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
             characters and length) unless --full-tokens; --json for scripts.
+  keys      USER's keys in Redis (tokens, registration times, devices), a line each with where it lives: the
+            Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
   import    registration events from FILE (standard input without it, or -), one JSON object per line as on
             PUSH_REGISTRATIONS_QUEUE ({"user": "u1", "token": "<hex>", "environment": "sandbox", "timestamp":
             1732900000000}); applied as the cleanup consumer applies them, 1,000 at a time: an event older than
@@ -59,8 +62,8 @@ func tokensCommand(_ arguments: [String]) {
         fail("tokens: say add, remove or list; try 'apns-worker tokens --help'", code: ExitCode.usage)
     }
     let operands = Array(parsed.positionals.dropFirst())
-    guard ["add", "remove", "list", "import", "migrate"].contains(action) else {
-        fail("tokens: unknown action \(action) (add, remove, list, import, migrate)", code: ExitCode.usage)
+    guard ["add", "remove", "list", "keys", "import", "migrate"].contains(action) else {
+        fail("tokens: unknown action \(action) (add, remove, list, keys, import, migrate)", code: ExitCode.usage)
     }
     if action == "migrate" {
         guard operands.isEmpty, let from = parsed.value("--from") else {
@@ -72,9 +75,9 @@ func tokensCommand(_ arguments: [String]) {
         guard operands.count <= 1 else { fail("tokens import: wants at most one FILE", code: ExitCode.usage) }
         importTokens(from: operands.first ?? "-", parsed)
     }
-    let wanted = action == "list" ? 1 : 2
+    let wanted = action == "list" || action == "keys" ? 1 : 2
     guard operands.count == wanted else {
-        fail("tokens \(action): wants \(action == "list" ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
+        fail("tokens \(action): wants \(wanted == 1 ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
              code: ExitCode.usage)
     }
     let user = operands[0]
@@ -119,6 +122,8 @@ func tokensCommand(_ arguments: [String]) {
                                  deviceJSON: device))
         case "remove":
             print(try editor.remove(user: user, token: operands[1], topic: topic, environment: environment))
+        case "keys":
+            print(editor.keys(user: user))
         default:
             print(try editor.list(user: user, topic: topic, json: parsed.switches.contains("--json")))
         }

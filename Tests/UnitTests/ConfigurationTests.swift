@@ -249,6 +249,9 @@ import WorkerPipeline
         #expect(throws: ConfigurationError(key: "REDIS_MASTER_NAME", "given without REDIS_SENTINELS")) {
             try WorkerConfiguration.load(from: minimal.merging(["REDIS_MASTER_NAME": "apns"]) { $1 })
         }
+        #expect(throws: ConfigurationError(key: "REDIS_SENTINEL_PASSWORD", "given without REDIS_SENTINELS")) {
+            try WorkerConfiguration.load(from: minimal.merging(["REDIS_SENTINEL_PASSWORD": "watch"]) { $1 })
+        }
         do {
             _ = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 }.merging(
                 ["REDIS_URL": "redis://:s3cret@cache:6379/0"]) { $1 })
@@ -312,6 +315,10 @@ import WorkerPipeline
             ["REDIS_CLUSTER_NODES": "n1:6379", "REDIS_URL": "rediss://:pw@", "REDIS_CA_FILE": ca]) { $1 })
         guard case .cluster(let nodes) = clustered.redis else { Issue.record("not a cluster"); return }
         #expect(nodes.dataNodes.tls?.caFile == ca, "TLS to every cluster node")
+        #expect(throws: ConfigurationError.self, "a key without its certificate") {
+            try WorkerConfiguration.load(from: minimal.merging(
+                ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CERT_KEY_FILE": ca]) { $1 })
+        }
     }
 
     @Test func secretsStayOutOfErrors() {
