@@ -40,6 +40,9 @@ public final class HTTP2Client: @unchecked Sendable {
         public var pingTimeout: Double
         /// Told about connection events on the loop thread (metrics, tests). Keep it short.
         public var observer: (@Sendable (HTTP2ClientEvent) -> Void)?
+        /// Where the host is, asked afresh for every new connection (DNS; tests give addresses of their own). A
+        /// connection tries each address in turn, in the order given, before the client backs off.
+        public var resolve: @Sendable (String, Int) throws -> [sockaddr_storage]
 
         public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
                     connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
@@ -57,6 +60,7 @@ public final class HTTP2Client: @unchecked Sendable {
             self.pingInterval = pingInterval
             self.pingTimeout = pingTimeout
             self.observer = nil
+            self.resolve = { host, port in try Socket.resolve(host: host, port: port) }
         }
     }
 
@@ -216,21 +220,32 @@ public final class HTTP2Client: @unchecked Sendable {
         connectionsStarting += 1
         let host = configuration.host
         let port = configuration.port
+        let resolve = configuration.resolve
         // DNS blocks, so it runs on a short-lived thread of its own, afresh for every new connection.
         let resolver = Thread { [self] in
-            let addresses = Result { try Socket.resolve(host: host, port: port) }
+            let addresses = Result { try resolve(host, port) }
             loop.execute { [self] in
                 connectionsStarting -= 1
-                connect(addresses)
+                switch addresses {
+                case .success(let found) where !found.isEmpty: connect(found[...], problems: [])
+                case .success: connectFailed("\(host) has no address")
+                case .failure(let error): connectFailed("\(error)")
+                }
             }
         }
         resolver.start()
     }
 
-    private func connect(_ addresses: Result<[sockaddr_storage], Error>) {
+    /// Connects to the first of `addresses`; if that fails before the connection opens (refused, unreachable, timed
+    /// out, a failed handshake), to the next (IPv6 and IPv4 addresses alike), and backs off only when none is left.
+    private func connect(_ addresses: ArraySlice<sockaddr_storage>, problems: [String]) {
         guard !isShutDown else { return }
+        guard let address = addresses.first else {
+            connectFailed(problems.joined(separator: "; "))
+            return
+        }
+        let fallback = addresses.dropFirst()
         do {
-            guard let address = try addresses.get().first else { throw SocketError(message: "no address") }
             let descriptor = try Socket.startConnect(to: address)
             let tls: TLSStream
             do {
@@ -242,13 +257,14 @@ public final class HTTP2Client: @unchecked Sendable {
             let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
                                              role: .client, connecting: true)
             nextConnectionID += 1
-            adopt(connection)
+            adopt(connection) { [self] reason in connect(fallback, problems: problems + [reason]) }
         } catch {
-            connectFailed("\(error)")
+            connect(fallback, problems: problems + ["\(error)"])
         }
     }
 
-    private func adopt(_ connection: HTTP2Connection) {
+    /// `tryNextAddress`: what to do if the connection closes before it opens, instead of backing off.
+    private func adopt(_ connection: HTTP2Connection, tryNextAddress: @escaping (String) -> Void) {
         connections.append(connection)
         loop.register(connection)
         var opened = false
@@ -294,9 +310,11 @@ public final class HTTP2Client: @unchecked Sendable {
             if opened && connection.responsesReceived > 0 {
                 logger.info("HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
                 loop.execute { [self] in openMissingConnections() }
+            } else if !opened {
+                tryNextAddress(reason)
             } else {
-                // Never opened, or closed before a single response: back off as for a failed connect.
-                connectFailed(opened ? "closed before any response: \(reason)" : reason)
+                // Closed before a single response: back off as for a failed connect.
+                connectFailed("closed before any response: \(reason)")
             }
         }
     }

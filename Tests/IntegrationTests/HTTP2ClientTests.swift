@@ -58,6 +58,39 @@ import Glibc
         #expect(Set(simulator.received().map(\.connectionID)).count == 2, "work is spread over both connections")
     }
 
+    /// A host whose first addresses do not answer (one refuses, one is unreachable) still connects through the
+    /// next, on the first try: the connection walks the addresses before the client backs off.
+    @Test func triesEveryAddressOfTheHostInTurn() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("sim-ca", contents: simulator.certificatePEM)
+        @Sendable func address(_ host: String, _ port: Int) -> sockaddr_storage {
+            var storage = sockaddr_storage()
+            withUnsafeMutableBytes(of: &storage) { raw in
+                var inet = sockaddr_in()
+                inet.sin_family = sa_family_t(AF_INET)
+                inet.sin_port = in_port_t(UInt16(port).bigEndian)
+                inet_pton(AF_INET, host, &inet.sin_addr)
+                withUnsafeBytes(of: &inet) { raw.copyMemory(from: $0) }
+            }
+            return storage
+        }
+        let closedPort = TestServices.freePort()
+        let events = Locked<[String]>([])
+        var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: simulator.port, tls: .init(caFile: caFile),
+                                                      connectTimeout: 1, requestTimeout: 10)
+        // 192.0.2.1 (TEST-NET-1) is routed nowhere: unreachable at once, or silent until the connect timeout.
+        configuration.resolve = { _, port in
+            [address("127.0.0.1", closedPort), address("192.0.2.1", port), address("127.0.0.1", port)]
+        }
+        configuration.observer = { event in events.withLock { $0.append("\(event)") } }
+        let client = try HTTP2Client(configuration: configuration, logger: logger)
+        defer { client.shutdown() }
+        let results = collect(client, [request(authority: client.authority, token: String(repeating: "ab", count: 32))])
+        #expect((try? results.first?.get().status) == 200, "\(results)")
+        #expect(!events.withLock { $0 }.contains { $0.contains("connectFailed") }, "no back-off: \(events.withLock { $0 })")
+    }
+
     @Test func refusesAServerItCannotVerify() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }

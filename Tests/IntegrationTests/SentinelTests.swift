@@ -167,6 +167,14 @@ enum Sentinel {
         restart.standardOutput = FileHandle.nullDevice
         restart.standardError = FileHandle.nullDevice
         try restart.run()
+        // Up (and its pid file written) before the suite ends, so that the setup's stop finds it.
+        let deadline = Date().addingTimeInterval(30)
+        var back = false
+        while !back && Date() < deadline {
+            back = (try? RedisConnection(url: RedisURL(host: "127.0.0.1", port: oldMaster), timeout: 1).ping()) != nil
+            if !back { usleep(100_000) }
+        }
+        #expect(back, "the killed node is back")
 
         let received = simulator.received().filter { $0.status == 200 }
         let duplicates = received.count - Set(received.map(\.deviceToken)).count

@@ -207,12 +207,13 @@ seed_bench_users() {
 }
 
 # Kills every process with a pid file in DIR (the Redis nodes and sentinels of scripts/lib/sentinel.sh and
-# scripts/lib/redis-cluster.sh).
+# scripts/lib/redis-cluster.sh). SIGKILL: their data is thrown away anyway, and a node a test started again may have
+# inherited a signal mask that blocks SIGTERM.
 kill_pidfiles() {
     [ -n "${1:-}" ] || return 0
     local pidfile
     for pidfile in "$1"/*.pid; do
-        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null
+        [ -f "$pidfile" ] && kill -KILL "$(cat "$pidfile")" 2>/dev/null
     done
     return 0
 }
