@@ -123,7 +123,7 @@ extension SettingKind where Value == AMQPNodes {
 
 extension SettingKind where Value == RedisURL {
     static var redisURL: SettingKind {
-        SettingKind("redis://[[user]:password@]host:port/db") { text throws(SettingProblem) in
+        SettingKind("redis://[[user]:password@]host:port/db, rediss:// for TLS") { text throws(SettingProblem) in
             do throws(RedisError) { return try RedisURL(text) } catch { throw SettingProblem(error.message) }
         }
     }
