@@ -39,6 +39,28 @@ import Testing
         _ = try redis.command(["DEL", key])
     }
 
+    /// A Redis Cluster that speaks TLS only (scripts/lib/redis-cluster.sh): the slot map, routing and a pipeline over
+    /// every master, through `rediss://` connections.
+    @Test func aClusterOverTLS() throws {
+        let environment = ["REDIS_CLUSTER_NODES": try TestServices.value("CLUSTER_REDIS_TLS_NODES"), "REDIS_URL": "rediss://",
+                           "REDIS_CA_FILE": try TestServices.value("TLS_REDIS_CA")]
+        let user = TestServices.unique("tls-cluster"), token = String(repeating: "7c", count: 32)
+        let added = try OperationsTests.apnsWorker(["tokens", "add", user, token], environment: environment)
+        #expect(added.status == 0, "\(added.errors)")
+        let listed = try OperationsTests.apnsWorker(["tokens", "list", user, "--full-tokens"], environment: environment)
+        #expect(listed.output.contains(token), "\(listed.output)\(listed.errors)")
+
+        let cluster = try RedisCluster(RedisClusterNodes(
+            seeds: try RedisAddress.list(try TestServices.value("CLUSTER_REDIS_TLS_NODES")),
+            dataNodes: RedisURL(tls: RedisTLS(caFile: try TestServices.value("TLS_REDIS_CA")))))
+        #expect(cluster.masterAddresses.count == 3)
+        let users = (0..<60).map { TestServices.unique("tls-spread-\($0)") }
+        _ = try cluster.pipeline(users.map { ["HSET", RedisKeys.cluster.tokens($0), token, "production"] })
+        let resolved = try TokenCache(redis: cluster, logger: Logger(label: "tls", level: .critical)).resolve(users)
+        #expect(users.allSatisfy { resolved.tokens[$0]?.map(\.token) == [token] }, "every user, over TLS to every master")
+        #expect(Set(users.compactMap { cluster.master(ofSlot: RedisCluster.slot(of: RedisKeys.cluster.tokens($0))) }).count == 3)
+    }
+
     /// What TLS refuses is a setting to fix: exit 78 naming it, never a hang or a retry loop.
     @Test func aServerTheCADoesNotVouchForOrAMissingClientCertificateStopsStartUp() throws {
         var settings = try Self.settings()
