@@ -78,6 +78,8 @@ public struct APNsClientConfiguration: Sendable {
     public var pingTimeout: Double
     /// Connection events, for metrics and tests.
     public var observer: (@Sendable (APNsEnvironment, HTTP2ClientEvent) -> Void)?
+    /// Every connection through this HTTP proxy's CONNECT tunnel (TLS to APNs end to end inside it).
+    public var proxy: APNsProxy?
 
     public init(production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
                 verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, requestTimeout: Double = 30,
@@ -91,6 +93,7 @@ public struct APNsClientConfiguration: Sendable {
         self.pingInterval = pingInterval
         self.pingTimeout = pingTimeout
         self.observer = nil
+        self.proxy = nil
     }
 }
 
@@ -255,6 +258,7 @@ public final class APNsClient: Sendable {
                 requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
             if let observer = configuration.observer { poolConfiguration.observer = { observer(environment, $0) } }
+            poolConfiguration.proxy = configuration.proxy
             let pool = try HTTP2Client(
                 configuration: poolConfiguration,
                 loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,

@@ -5,3 +5,6 @@ import HTTP2
 
 /// The HTTP/2 client's header block is what an APNs answer's fields are read from.
 extension HTTP2HeaderBlock: ReceivedHeaderFields {}
+
+/// An HTTP CONNECT proxy for APNs traffic (APNS_PROXY_URL).
+public typealias APNsProxy = HTTP2Proxy

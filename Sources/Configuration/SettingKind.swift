@@ -175,3 +175,11 @@ extension SettingKind where Value == Logger.Format {
         }
     }
 }
+
+extension SettingKind where Value == APNsProxy {
+    static var proxyURL: SettingKind {
+        SettingKind("http://[user:password@]host:port") { text throws(SettingProblem) in
+            do throws(APNsProxy.URLError) { return try APNsProxy(text) } catch { throw SettingProblem(error.description) }
+        }
+    }
+}

@@ -60,6 +60,9 @@ public struct SettingTable: Sendable {
     public let apnsSandboxURL: Setting<APNsEndpoint> = Setting(
         name: "APNS_SANDBOX_URL", kind: .endpoint, defaultValue: "https://api.sandbox.push.apple.com:443", readers: .worker,
         help: "the sandbox endpoint")
+    public let apnsProxyURL: OptionalSetting<APNsProxy> = OptionalSetting(
+        name: "APNS_PROXY_URL", kind: .proxyURL, unsetMeans: "none: straight to APNs", readers: .worker,
+        help: "an HTTP proxy that opens CONNECT tunnels, for egress; TLS to APNs runs end to end inside the tunnel")
     public let apnsCAFile: OptionalSetting<String> = OptionalSetting(
         name: "APNS_CA_FILE", kind: .file, unsetMeans: "the system trust store only", readers: .worker,
         help: "an extra trusted CA, PEM, for a private endpoint such as apns-sim")

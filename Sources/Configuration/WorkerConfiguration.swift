@@ -252,6 +252,7 @@ public struct WorkerConfiguration: Sendable {
         apns.production = try settings(\.apnsProductionURL)
         apns.sandbox = try settings(\.apnsSandboxURL)
         apns.caFile = try settings(\.apnsCAFile)
+        apns.proxy = try settings(\.apnsProxyURL)
         apns.connectionsPerEnvironment = try settings(\.apnsConnections)
         apns.requestTimeout = try settings(\.apnsRequestTimeout)
         apns.pingInterval = try settings(\.apnsPingInterval)

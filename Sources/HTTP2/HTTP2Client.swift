@@ -43,6 +43,8 @@ public final class HTTP2Client: @unchecked Sendable {
         /// Where the host is, asked afresh for every new connection (DNS; tests give addresses of their own). A
         /// connection tries each address in turn, in the order given, before the client backs off.
         public var resolve: @Sendable (String, Int) throws -> [sockaddr_storage]
+        /// An HTTP proxy to tunnel through (CONNECT); TLS runs end to end inside the tunnel.
+        public var proxy: HTTP2Proxy?
 
         public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
                     connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
@@ -61,6 +63,7 @@ public final class HTTP2Client: @unchecked Sendable {
             self.pingTimeout = pingTimeout
             self.observer = nil
             self.resolve = { host, port in try Socket.resolve(host: host, port: port) }
+            self.proxy = nil
         }
     }
 
@@ -221,6 +224,21 @@ public final class HTTP2Client: @unchecked Sendable {
         let host = configuration.host
         let port = configuration.port
         let resolve = configuration.resolve
+        if let proxy = configuration.proxy {
+            let timeout = configuration.connectTimeout
+            // Connecting to the proxy and its answer to CONNECT block: a short-lived thread of their own.
+            Thread { [self] in
+                let tunnel = Result { try proxy.openTunnel(to: host, port: port, timeout: timeout) }
+                loop.execute { [self] in
+                    connectionsStarting -= 1
+                    switch tunnel {
+                    case .success(let descriptor): connect(tunnel: descriptor)
+                    case .failure(let error): connectFailed("\(error)")
+                    }
+                }
+            }.start()
+            return
+        }
         // DNS blocks, so it runs on a short-lived thread of its own, afresh for every new connection.
         let resolver = Thread { [self] in
             let addresses = Result { try resolve(host, port) }
@@ -260,6 +278,25 @@ public final class HTTP2Client: @unchecked Sendable {
             adopt(connection) { [self] reason in connect(fallback, problems: problems + [reason]) }
         } catch {
             connect(fallback, problems: problems + ["\(error)"])
+        }
+    }
+
+    /// TLS and HTTP/2 inside a proxy's tunnel (already connected, blocking until now).
+    private func connect(tunnel descriptor: Int32) {
+        guard !isShutDown else {
+            close(descriptor)
+            return
+        }
+        Socket.configure(descriptor)
+        do {
+            let tls = try TLSStream(context: tlsContext, fileDescriptor: descriptor, serverName: configuration.host)
+            let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
+                                             role: .client, connecting: true)
+            nextConnectionID += 1
+            adopt(connection) { [self] reason in connectFailed(reason) }
+        } catch {
+            close(descriptor)
+            connectFailed("\(error)")
         }
     }
 

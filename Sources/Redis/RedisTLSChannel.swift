@@ -142,33 +142,8 @@ final class RedisTLSChannel {
 
     /// A blocking socket connected within `timeout`, whose sends and receives time out after it too.
     private static func connect(host: String, port: Int, timeout: Double, name: String) throws(RedisError) -> Int32 {
-        let addresses: [sockaddr_storage]
-        do { addresses = try Socket.resolve(host: host, port: port) } catch {
+        do { return try Socket.connectBlocking(host: host, port: port, timeout: timeout) } catch {
             throw RedisError(kind: .connectionLost, "cannot connect to \(name): \(error)")
         }
-        var problems: [String] = []
-        for address in addresses {
-            let descriptor: Int32
-            do { descriptor = try Socket.startConnect(to: address) } catch {
-                problems.append("\(error)")
-                continue
-            }
-            var poller = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
-            var failure: Int32 = 0
-            var failureLength = socklen_t(MemoryLayout<Int32>.size)
-            if poll(&poller, 1, Int32(timeout * 1000)) == 1,
-               getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &failure, &failureLength) == 0, failure == 0 {
-                _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) & ~O_NONBLOCK)
-                var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
-                setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
-                setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
-                var one: Int32 = 1
-                setsockopt(descriptor, SOL_SOCKET, SO_KEEPALIVE, &one, socklen_t(MemoryLayout<Int32>.size))
-                return descriptor
-            }
-            problems.append(failure == 0 ? "timed out" : String(cString: strerror(failure)))
-            close(descriptor)
-        }
-        throw RedisError(kind: .connectionLost, "cannot connect to \(name): " + problems.joined(separator: "; "))
     }
 }

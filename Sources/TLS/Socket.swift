@@ -71,4 +71,33 @@ package enum Socket {
         var one: Int32 = 1
         setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
     }
+
+    /// A blocking socket connected to the first of `host`'s addresses that answers within `timeout` each, whose sends
+    /// and receives time out after `timeout` too. Throws naming every address's problem.
+    package static func connectBlocking(host: String, port: Int, timeout: Double) throws -> Int32 {
+        var problems: [String] = []
+        for address in try resolve(host: host, port: port) {
+            let descriptor: Int32
+            do { descriptor = try startConnect(to: address) } catch {
+                problems.append("\(error)")
+                continue
+            }
+            var poller = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
+            var failure: Int32 = 0
+            var failureLength = socklen_t(MemoryLayout<Int32>.size)
+            if poll(&poller, 1, Int32(timeout * 1000)) == 1,
+               getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &failure, &failureLength) == 0, failure == 0 {
+                _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) & ~O_NONBLOCK)
+                var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+                setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+                setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+                var one: Int32 = 1
+                setsockopt(descriptor, SOL_SOCKET, SO_KEEPALIVE, &one, socklen_t(MemoryLayout<Int32>.size))
+                return descriptor
+            }
+            problems.append(failure == 0 ? "timed out" : String(cString: strerror(failure)))
+            close(descriptor)
+        }
+        throw SocketError(message: "cannot connect to \(host):\(port): " + problems.joined(separator: "; "))
+    }
 }
