@@ -50,7 +50,7 @@ let package = Package(
         // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a
         // worker from them.
         .target(name: "Configuration", dependencies: ["AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs", "APNsSender",
-                                                      "WorkerPipeline", "Telemetry"]),
+                                                      "TLS", "WorkerPipeline", "Telemetry"]),
         // What operators and backends run beside the workers: enqueue, tokens, stats, dead-tokens tail, cleanup.
         .target(name: "Operations", dependencies: ["Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",
                                                    "Redis", "APNs", "Telemetry"]),

@@ -4,6 +4,7 @@ import APNs
 import Foundation
 import Redis
 import Telemetry
+import TLS
 import WorkerPipeline
 
 /// A setting that stops start-up: names the key and what is wrong with it, never its secret value.
@@ -43,6 +44,21 @@ public struct CredentialSettings: Sendable, Equatable {
     public var defaultTopic: String?
     /// Both kinds were set (the key is used): worth a warning.
     public var ignoredCertificate: Bool
+    /// When the client certificate expires (certificate authentication only).
+    public var certificateExpiry: Date?
+
+    /// Days before expiry from which the worker warns at start.
+    public static let expiryWarningDays = 30
+
+    /// A warning for a certificate that expires within `expiryWarningDays`, if it does.
+    public func certificateExpiryWarning(now: Date = Date()) -> String? {
+        guard let expiry = certificateExpiry, expiry.timeIntervalSince(now) < Double(Self.expiryWarningDays) * 86_400 else {
+            return nil
+        }
+        let days = Int(expiry.timeIntervalSince(now) / 86_400)
+        return "the APNs client certificate expires in \(days) days (\(ISO8601DateFormatter().string(from: expiry))): "
+            + "renew it and restart the workers with the new \(name(\.apnsCertFile))"
+    }
 
     /// The private key file: the one file nobody but the worker's user should read.
     public var privateKeyFile: String? {
@@ -269,18 +285,30 @@ public struct WorkerConfiguration: Sendable {
         let certificateFile = try settings(\.apnsCertFile)
         let certificateKeyFile = try settings(\.apnsCertKeyFile)
         var proof: CredentialSettings.Proof?
+        var certificateExpiry: Date?
         if let keyFile {
             guard let keyID else { throw ConfigurationError(\.apnsKeyID, "required with \(name(\.apnsKeyFile))") }
             guard let teamID else { throw ConfigurationError(\.apnsTeamID, "required with \(name(\.apnsKeyFile))") }
             proof = .signingKey(file: keyFile, keyID: keyID, teamID: teamID)
         } else if let certificateFile {
             proof = .certificate(file: certificateFile, keyFile: certificateKeyFile)
+            // An expired certificate cannot send anything: APNs refuses the handshake. Better said at start.
+            let expiry: Date
+            do { expiry = try CertificateFile.expiry(ofPEMFile: certificateFile) } catch {
+                throw ConfigurationError(\.apnsCertFile, "\(error)")
+            }
+            if expiry < Date() {
+                throw ConfigurationError(\.apnsCertFile, "the certificate expired on "
+                                         + "\(ISO8601DateFormatter().string(from: expiry)): renew it")
+            }
+            certificateExpiry = expiry
         } else if required {
             throw ConfigurationError(\.apnsKeyFile, "no APNs credentials: set \(name(\.apnsKeyFile)), \(name(\.apnsKeyID)) "
                                      + "and \(name(\.apnsTeamID)), or \(name(\.apnsCertFile))")
         }
         return CredentialSettings(proof: proof, defaultTopic: try settings(\.apnsTopic),
-                                  ignoredCertificate: keyFile != nil && certificateFile != nil)
+                                  ignoredCertificate: keyFile != nil && certificateFile != nil,
+                                  certificateExpiry: certificateExpiry)
     }
 
     private static func queueNames(_ settings: SettingValues, nodes: AMQPNodes) throws(ConfigurationError) -> QueueNames {

@@ -284,3 +284,22 @@ package final class TLSStream {
         }
     }
 }
+
+/// What a certificate file says about itself.
+public enum CertificateFile {
+    /// When the first certificate in the PEM file expires (its notAfter).
+    public static func expiry(ofPEMFile path: String) throws -> Date {
+        OpenSSLLibrary.prepare()
+        guard let bio = BIO_new_file(path, "r") else { throw TLSError("cannot read certificate file \(path)") }
+        defer { BIO_free(bio) }
+        guard let certificate = PEM_read_bio_X509(bio, nil, nil, nil) else {
+            throw TLSError("\(path) holds no PEM certificate")
+        }
+        defer { X509_free(certificate) }
+        var moment = tm()
+        guard let notAfter = X509_get0_notAfter(certificate), ASN1_TIME_to_tm(notAfter, &moment) == 1 else {
+            throw TLSError("\(path): unreadable expiry date")
+        }
+        return Date(timeIntervalSince1970: TimeInterval(timegm(&moment)))
+    }
+}

@@ -122,8 +122,9 @@ struct ParsedArguments {
 
 /// Runs the worker or the cleanup consumer as operators expect: its /metrics, /healthz and /readyz, its signals
 /// (`ServiceRunner`), and exit 78 naming the setting for a refusal that waiting cannot cure.
-func runService(_ service: any Service, name: String, metrics: MetricsSettings, logger: Logger) {
-    let health = startHealthServer(metrics, logger: logger, service: service)
+/// `extraMetrics`: series of the program's own settings (Prometheus text) served after the service's.
+func runService(_ service: any Service, name: String, metrics: MetricsSettings, logger: Logger, extraMetrics: String = "") {
+    let health = startHealthServer(metrics, logger: logger, service: service, extraMetrics: extraMetrics)
     signal(SIGPIPE, SIG_IGN)
     if let failure = ServiceRunner.run(service, name: name, logger: logger, interruptedExitCode: ExitCode.interrupted) {
         let message = StartupError(permanent: failure)?.description ?? "\(failure)"
@@ -136,10 +137,12 @@ func runService(_ service: any Service, name: String, metrics: MetricsSettings, 
 /// GET /metrics, /healthz and /readyz on METRICS_HOST:METRICS_PORT, unless the port is 0. Several workers on one
 /// host with the default settings all want the default port: when it is taken, the endpoint falls back to a free
 /// port, logged with a warning and the chosen address. A port someone set that is taken stops start-up.
-func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any Service) -> HealthServer? {
+func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any Service,
+                       extraMetrics: String = "") -> HealthServer? {
     guard metrics.port > 0 else { return nil }
     func open(port: Int) throws(HealthServerError) -> HealthServer {
-        try HealthServer(host: metrics.host, port: port, metrics: { service.metricsText }, ready: { service.isReady })
+        try HealthServer(host: metrics.host, port: port, metrics: { service.metricsText + extraMetrics },
+                         ready: { service.isReady })
     }
     do {
         let server: HealthServer

@@ -44,5 +44,17 @@ func runCommand(_ arguments: [String]) {
     do { worker = try configuration.makeWorker(logger: logger) } catch {
         fail("configuration error: \(error)", code: ExitCode.configuration)
     }
-    runService(worker, name: "broker", metrics: configuration.metrics, logger: logger)
+    var credentialMetrics = ""
+    if let expiry = configuration.credential.certificateExpiry {
+        if let warning = configuration.credential.certificateExpiryWarning() {
+            logger.warning(warning, ["apns.certificate_expiry": ISO8601DateFormatter().string(from: expiry)])
+        }
+        var text = PrometheusText()
+        text.family("apns_worker_certificate_expiry_timestamp_seconds", "gauge",
+                    "When the APNs client certificate expires (unix seconds), by the topic it serves.",
+                    [(labels: [("topic", configuration.credential.defaultTopic ?? "")],
+                      value: Int(expiry.timeIntervalSince1970))])
+        credentialMetrics = text.text
+    }
+    runService(worker, name: "broker", metrics: configuration.metrics, logger: logger, extraMetrics: credentialMetrics)
 }

@@ -154,6 +154,29 @@ import Glibc
         #expect(summary?.contains("410=1") == true, "\(summary ?? "no summary")")
     }
 
+    /// A client certificate that expires within 30 days: a warning in the worker's log at start, and its expiry in
+    /// /metrics (apns_worker_certificate_expiry_timestamp_seconds{topic}).
+    @Test func aCertificateNearItsExpiryIsWarnedAboutAndInTheMetrics() throws {
+        let pair = try SelfSignedCertificate.generate(commonName: "push", days: 10)
+        let certificate = try TestServices.temporaryFile("cert.pem", contents: pair.certificatePEM + pair.privateKeyPEM)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: certificate)
+        let metricsPort = TestServices.freePort()
+        let worker = try Child("apns-worker", ["run"], environment: [
+            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort), "APNS_CERT_FILE": certificate,
+            // Nothing listens there: the worker runs, its APNs connections back off.
+            "APNS_PRODUCTION_URL": "https://127.0.0.1:9", "APNS_SANDBOX_URL": "https://127.0.0.1:9",
+            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": TestServices.unique("jobs"), "LOG_LEVEL": "info",
+        ])
+        defer { _ = worker.stop() }
+        let warning = worker.waitForLine(containing: "certificate expires in")
+        #expect(warning?.contains("expires in 9 days") == true, "\(warning ?? "no warning")")
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
+        let metrics = try TestServices.httpGet(port: metricsPort, "/metrics").body
+        let expiry = metrics.firstMatch(of: /apns_worker_certificate_expiry_timestamp_seconds\{topic="com\.example\.app"\} (\d+)/)
+            .flatMap { Double($0.1) }
+        #expect(expiry.map { abs($0 - Date().timeIntervalSince1970 - 10 * 86_400) < 120 } == true, "\(metrics)")
+    }
+
     @Test func aFlagOverridesTheEnvironmentAndTheConfigFile() throws {
         let file = try TestServices.temporaryFile("worker.env", contents: "APNS_KEY_ID=FROMFILE01\nAPNS_TEAM_ID=TEAM000001\n")
         let worker = try Child("apns-worker", ["run", "--config", file, "--set", "APNS_KEY_ID=short"],

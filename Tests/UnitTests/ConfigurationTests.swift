@@ -2,6 +2,7 @@ import AMQP
 import APNs
 import Configuration
 import Foundation
+import HTTP2
 import Redis
 import Telemetry
 import Testing
@@ -319,6 +320,35 @@ import WorkerPipeline
             try WorkerConfiguration.load(from: minimal.merging(
                 ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CERT_KEY_FILE": ca]) { $1 })
         }
+    }
+
+    /// A client certificate's expiry: an expired one stops start-up naming APNS_CERT_FILE; one that expires within 30
+    /// days is warned about; a fresh one is not.
+    @Test func certificateExpiry() throws {
+        func certificate(days: Int) throws -> String {
+            let pair = try SelfSignedCertificate.generate(commonName: "push", days: days)
+            let path = NSTemporaryDirectory() + "cert-\(UUID().uuidString).pem"
+            try (pair.certificatePEM + pair.privateKeyPEM).write(toFile: path, atomically: true, encoding: .utf8)
+            return path
+        }
+        var certificateOnly = minimal
+        certificateOnly["APNS_KEY_FILE"] = nil
+        certificateOnly["APNS_KEY_ID"] = nil
+        certificateOnly["APNS_TEAM_ID"] = nil
+        let expired = try certificate(days: -1)
+        do {
+            _ = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": expired]) { $1 })
+            Issue.record("an expired certificate was accepted")
+        } catch {
+            #expect(error.key == "APNS_CERT_FILE" && error.problem.contains("expired on"), "\(error)")
+        }
+        let soon = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 10)]) { $1 })
+        let expiry = try #require(soon.credential.certificateExpiry)
+        #expect(abs(expiry.timeIntervalSinceNow - 10 * 86_400) < 120, "the certificate's notAfter: \(expiry)")
+        #expect(soon.credential.certificateExpiryWarning()?.contains("expires in 9 days") == true,
+                "\(soon.credential.certificateExpiryWarning() ?? "no warning")")
+        let fresh = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 365)]) { $1 })
+        #expect(fresh.credential.certificateExpiryWarning() == nil)
     }
 
     @Test func secretsStayOutOfErrors() {
