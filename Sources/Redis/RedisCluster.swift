@@ -246,10 +246,10 @@ public final class RedisCluster: RedisClient {
     // MARK: - Keys and slots
 
     /// Where a command's key is: after the command's name, or for a script the first of its KEYS. nil for a command
-    /// that names no key (PING, SCAN, a script with no KEYS).
+    /// that names no key (PING, SCAN, a script with no KEYS). Command names as the project writes them: upper case.
     static func key(of command: [String]) -> String? {
         guard command.count >= 2 else { return nil }
-        switch command[0].uppercased() {
+        switch command[0] {
         case "EVAL", "EVALSHA", "FCALL":
             guard command.count > 3, let count = Int(command[2]), count > 0 else { return nil }
             return command[3]
@@ -262,7 +262,7 @@ public final class RedisCluster: RedisClient {
 
     /// A DEL, UNLINK or EXISTS of keys in different slots as one command per key; nil when it need not be split.
     static func splitBySlot(_ command: [String]) -> [[String]]? {
-        guard command.count > 2, ["DEL", "UNLINK", "EXISTS"].contains(command[0].uppercased()) else { return nil }
+        guard command.count > 2, command[0] == "DEL" || command[0] == "UNLINK" || command[0] == "EXISTS" else { return nil }
         let keys = command.dropFirst()
         let first = slot(of: keys.first!)
         guard keys.contains(where: { slot(of: $0) != first }) else { return nil }

@@ -120,17 +120,19 @@ public final class RedisConnection: RedisClient {
     public func location(ofKey key: String) -> String { url.description }
 
     public let url: RedisURL
-    /// hiredis's own connection (`redis://`), or a TLS channel of ours (`rediss://`): exactly one is set.
-    private let context: UnsafeMutablePointer<redisContext>?
-    private let secure: RedisTLSChannel?
+    /// hiredis's own connection (`redis://`), or a TLS channel of ours (`rediss://`).
+    private enum Transport {
+        case plain(UnsafeMutablePointer<redisContext>)
+        case tls(RedisTLSChannel)
+    }
+    private let transport: Transport
 
     public init(url: RedisURL, timeout: Double = 5) throws(RedisError) {
         self.url = url
         if let tls = url.tls {
-            secure = try RedisTLSChannel(host: url.host, port: url.port, tls: tls, timeout: timeout, name: url.description)
-            context = nil
+            transport = .tls(try RedisTLSChannel(host: url.host, port: url.port, tls: tls, timeout: timeout,
+                                                 name: url.description))
         } else {
-            secure = nil
             let wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
             guard let context = redisConnectWithTimeout(url.host, Int32(url.port), wait) else {
                 throw RedisError(kind: .connectionLost, "cannot connect to \(url): out of memory")
@@ -140,7 +142,7 @@ public final class RedisConnection: RedisClient {
                 redisFree(context)
                 throw RedisError(kind: .connectionLost, "cannot connect to \(url): \(reason)")
             }
-            self.context = context
+            transport = .plain(context)
             redisSetTimeout(context, wait)
             redisEnableKeepAlive(context)
         }
@@ -170,7 +172,7 @@ public final class RedisConnection: RedisClient {
         }
     }
 
-    deinit { if let context { redisFree(context) } }
+    deinit { if case .plain(let context) = transport { redisFree(context) } }
 
     /// One command, one round trip. Error replies come back as `.error`, not thrown.
     public func command(_ arguments: [String]) throws(RedisError) -> RedisReply {
@@ -187,11 +189,15 @@ public final class RedisConnection: RedisClient {
     /// work on their part of a pipeline at once.
     func send(_ commands: [[String]]) throws(RedisError) {
         for arguments in commands { try append(arguments) }
-        guard let context else { return try secure!.flush() }
-        var done: Int32 = 0
-        while done == 0 {
-            guard redisBufferWrite(context, &done) == REDIS_OK else {
-                throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+        switch transport {
+        case .tls(let channel):
+            try channel.flush()
+        case .plain(let context):
+            var done: Int32 = 0
+            while done == 0 {
+                guard redisBufferWrite(context, &done) == REDIS_OK else {
+                    throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+                }
             }
         }
     }
@@ -225,7 +231,11 @@ public final class RedisConnection: RedisClient {
 
     /// The next reply object (freed by the caller with `freeReplyObject`).
     private func nextReply() throws(RedisError) -> UnsafeMutableRawPointer {
-        guard let context else { return try secure!.readReply() }
+        let context: UnsafeMutablePointer<redisContext>
+        switch transport {
+        case .tls(let channel): return try channel.readReply()
+        case .plain(let plain): context = plain
+        }
         var raw: UnsafeMutableRawPointer?
         guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
             throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
@@ -234,11 +244,13 @@ public final class RedisConnection: RedisClient {
     }
 
     private func append(_ arguments: [String]) throws(RedisError) {
-        guard let context else {
-            let secure = secure!
+        let context: UnsafeMutablePointer<redisContext>
+        switch transport {
+        case .tls(let channel):
             return try withCStrings(arguments) { (pointers, lengths) throws(RedisError) in
-                try secure.append(count: arguments.count, pointers, lengths)
+                try channel.append(count: arguments.count, pointers, lengths)
             }
+        case .plain(let plain): context = plain
         }
         let status: Int32 = withCStrings(arguments) { pointers, lengths in
             redisAppendCommandArgv(context, Int32(arguments.count), pointers, lengths)
