@@ -20,19 +20,7 @@ public struct RedisKeys: Sendable, Equatable {
     /// How a user appears in its keys.
     public func user(_ user: String) -> String {
         guard isCluster else { return user }
-        guard user.utf8.contains(where: { $0 == UInt8(ascii: "%") || $0 == UInt8(ascii: "{") || $0 == UInt8(ascii: "}") })
-        else { return "{" + user + "}" }
-        var escaped = ""
-        escaped.reserveCapacity(user.utf8.count + 8)
-        for character in user.unicodeScalars {
-            switch character {
-            case "%": escaped += "%25"
-            case "{": escaped += "%7B"
-            case "}": escaped += "%7D"
-            default: escaped.unicodeScalars.append(character)
-            }
-        }
-        return "{" + escaped + "}"
+        return "{" + PercentEncoding.encode(user, reserving: [UInt8(ascii: "{"), UInt8(ascii: "}")]) + "}"
     }
 
     /// Hash: field = hex device token, value = what it serves (`TokenScope`). The worker reads only this.
@@ -79,8 +67,7 @@ public struct RedisKeys: Sendable, Equatable {
     public var guardPrefix: String { isCluster ? "apns:{guard}" : "apns:guard" }
 
     /// The rate limit's slot at a time and the one before it: `<prefix>:<second>.<tenth>`.
-    static func rateSlots(prefix: String, second: Int, micros: Int) -> (current: String, previous: String) {
-        let tenth = micros / 100_000
+    static func rateSlots(prefix: String, second: Int, tenth: Int) -> (current: String, previous: String) {
         return ("\(prefix):\(second).\(tenth)", tenth == 0 ? "\(prefix):\(second - 1).9" : "\(prefix):\(second).\(tenth - 1)")
     }
 
@@ -97,16 +84,32 @@ public struct RedisKeys: Sendable, Equatable {
     public func waited(minute: Int64) -> String { "apns:stats:\(minute):waited" }
 }
 
-/// The clock of the node that holds a key's slot (`TIME`, through a script on that key, so that a cluster answers
-/// from that node): what the rate limit and the guard's window key their slots by, as every worker asks the same node.
-enum RedisClock {
-    static let script = "return redis.call('TIME')"
+/// Redis's clock as seen from here: the node's time (of the node that holds the rate limit's or the guard's keys)
+/// estimated from the local clock and what the node last said, so that a script can be given the exact keys it will
+/// touch (a cluster requires it) in the one round trip the call needs. The script compares them with its own `TIME`
+/// and, when they differ (a slot boundary passed on the way, the clocks drifted), answers with its time instead:
+/// `learn` it and call again. One owner thread, like the store that holds it.
+final class RedisClock {
+    /// Seconds since the epoch, locally.
+    private let localNow: () -> Double
+    /// The node's clock minus the local one, in seconds, as last learned.
+    private var offset: Double = 0
 
-    /// Seconds and microseconds; nil when the node answered something else.
-    static func now(_ redis: any RedisClient, at key: String) throws(RedisError) -> (second: Int, micros: Int)? {
-        let reply = try redis.command(["EVAL", script, "1", key])
-        let parts = reply.elements.compactMap(\.integer)
-        guard parts.count == 2 else { return nil }
-        return (Int(parts[0]), Int(parts[1]))
+    init(localNow: @escaping () -> Double) { self.localNow = localNow }
+
+    /// The node's time now, as best known.
+    func estimate() -> (second: Int, micros: Int) {
+        let now = localNow() + offset
+        let second = now.rounded(.down)
+        return (Int(second), min(999_999, Int((now - second) * 1e6)))
     }
+
+    /// What the node said its time was (`TIME`), just now.
+    func learn(second: Int64, micros: Int64) {
+        offset = Double(second) + Double(micros) / 1e6 - localNow()
+    }
+
+    /// Calls allowed before giving up on one reservation or guard update: only a clock that jumps on every call
+    /// needs more than two.
+    static let attempts = 3
 }

@@ -1,15 +1,20 @@
+import Foundation
 import Redis
 import WorkerPipeline
 
 /// The fleet's token-judging answers over the last `seconds` seconds, in one-second buckets keyed by Redis's own clock
 /// (`apns:guard:<unix second>`, `apns:{guard}:...` in a cluster; a hash of `mismatches` and `judged`, kept a little longer than the window): every
-/// worker adds its answers and reads the totals in one atomic script call (after asking the buckets' node its time).
+/// worker adds its answers and reads the totals in one atomic script call (see `RedisClock`).
 public struct SharedInvalidationWindow: InvalidationWindow {
     public static let seconds = 60
 
-    /// KEYS: the window's buckets, the current second's first, chosen by the buckets' node's clock (asked just before:
-    /// a script names every key it touches, as a cluster requires).
+    /// KEYS: the window's buckets, the current second's first, named by the caller's estimate of Redis's clock (a
+    /// script names every key it touches, as a cluster requires); ARGV[4]: the second they end at. If Redis's own
+    /// clock is in another second, nothing is touched and the answer is {-1, seconds, microseconds}: the caller
+    /// learns the time and calls again. Otherwise {mismatches, judged, seconds, microseconds}.
     static let script = """
+        local now = redis.call('TIME')
+        if tonumber(now[1]) ~= tonumber(ARGV[4]) then return {-1, tonumber(now[1]), tonumber(now[2])} end
         local window = tonumber(ARGV[3])
         local buckets = KEYS
         if tonumber(ARGV[2]) > 0 then
@@ -23,11 +28,12 @@ public struct SharedInvalidationWindow: InvalidationWindow {
             mismatches = mismatches + tonumber(bucket[1] or '0')
             judged = judged + tonumber(bucket[2] or '0')
         end
-        return {mismatches, judged}
+        return {mismatches, judged, tonumber(now[1]), tonumber(now[2])}
         """
 
     private let redis: any RedisClient
     private let prefix: String
+    private let clock = RedisClock(localNow: { Date().timeIntervalSince1970 })
 
     /// `keyPrefix`: the buckets' (`RedisKeys.guardPrefix` unless a test keeps its own); in a cluster it holds a hash
     /// tag, so that the whole window is on one node.
@@ -40,12 +46,21 @@ public struct SharedInvalidationWindow: InvalidationWindow {
     /// script (a bucket of the wrong type). Only a lost connection throws.
     public func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
         let arguments = [String(counts.mismatches), String(counts.judged), String(Self.seconds)]
-        guard let (now, _) = try RedisClock.now(redis, at: prefix) else { return nil }
-        let buckets = RedisKeys.guardBuckets(prefix: prefix, endingAt: now, seconds: Self.seconds)
-        let reply = try redis.command(["EVAL", Self.script, String(buckets.count)] + buckets + arguments)
-        let values = reply.elements.compactMap(\.integer)
-        guard values.count == 2 else { return nil }
-        return InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1]))
+        for _ in 0..<RedisClock.attempts {
+            let second = clock.estimate().second
+            let buckets = RedisKeys.guardBuckets(prefix: prefix, endingAt: second, seconds: Self.seconds)
+            let reply = try redis.command(["EVAL", Self.script, String(buckets.count)] + buckets + arguments
+                                          + [String(second)])
+            let values = reply.elements.compactMap(\.integer)
+            if values.count == 3, values[0] == -1 {
+                clock.learn(second: values[1], micros: values[2])
+                continue
+            }
+            guard values.count == 4 else { return nil }
+            clock.learn(second: values[2], micros: values[3])
+            return InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1]))
+        }
+        return nil
     }
 
     /// The window's totals, adding nothing.

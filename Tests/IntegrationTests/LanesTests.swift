@@ -167,6 +167,28 @@ import WorkerPipeline
         #expect(both.grants == (100, 0), "urgent first: \(both)")
     }
 
+    /// The limiter names its slots by Redis's clock, not the local one: a local clock 37 s off costs the first
+    /// reservation a second round trip (Redis answers with its time), and every slot written is Redis's.
+    @Test func slotsFollowRedisClockWhateverTheLocalClockSays() throws {
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let prefix = TestServices.unique("rate-skew")
+        let limiter = SharedRateLimit(redis: redis, limit: 1_000, urgentShare: 0, keyPrefix: prefix,
+                                      localNow: { Date().timeIntervalSince1970 - 37 })
+        for _ in 0..<3 {
+            guard case .granted(_, let bulk, _) = try limiter.reserve(urgent: 0, bulk: 1) else {
+                Issue.record("refused")
+                return
+            }
+            #expect(bulk <= 1)
+        }
+        let written = try redis.command(["KEYS", prefix + ":*"]).elements.compactMap(\.text)
+        let redisSecond = try #require(try redis.command(["TIME"]).elements.first?.text.flatMap { Int($0) })
+        #expect(!written.isEmpty, "a slot was written")
+        #expect(written.allSatisfy { key in
+            Int(key.dropFirst(prefix.count + 1).split(separator: ".")[0]).map { abs($0 - redisSecond) <= 2 } == true
+        }, "slots are Redis's seconds (\(redisSecond)), not the skewed local clock's: \(written)")
+    }
+
     @Test func aJobWhoseDeadlinePassedWhileItWaitedIsExpiredCountedAndSummarisedNotSent() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
