@@ -263,8 +263,11 @@ public struct TokenCache: TokenStore {
                 continue
             }
             changes[index] = reply.integer == 1 ? .applied : .unchanged
-            // Even an older registration: the token left its previous owner above, so it is this user's now.
-            owned.append(["SET", keys.owner(registrations[index].token), registrations[index].user])
+            // Even an older registration: the token left its previous owner above, so it is this user's now. An owner
+            // key that already names the user (an app's launch re-registering its token) needs no write.
+            if owners[index].text != registrations[index].user {
+                owned.append(["SET", keys.owner(registrations[index].token), registrations[index].user])
+            }
         }
         if !owned.isEmpty { _ = try redis.pipeline(owned) }
         return changes.map { $0 ?? .unchanged }
