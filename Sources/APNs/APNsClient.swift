@@ -104,25 +104,53 @@ public enum APNsTraffic: String, Sendable, Hashable, CaseIterable {
     case urgent, bulk
 }
 
-/// Sends notifications over persistent HTTP/2 connections, one pool per environment and traffic class, and one event
-/// loop (thread) per traffic class: writing a large bulk batch or reading a burst of bulk answers never holds up an
-/// urgent request on its way out, and the bulk thread runs at a lower priority (`BulkThread`).
+/// Sends notifications over persistent HTTP/2 connections: one pool per credential, environment and traffic class,
+/// each opened when first needed, and one event loop (thread) per traffic class: writing a large bulk batch or
+/// reading a burst of bulk answers never holds up an urgent request on its way out, and the bulk thread runs at a
+/// lower priority (`BulkThread`).
+///
+/// A notification's topic picks its credential (`APNsCredentials`); `replaceCredentials` swaps them at run time: the
+/// pools of credentials that changed take no new requests, finish their streams and close, and new ones open on
+/// demand.
 public final class APNsClient: Sendable {
     public let configuration: APNsClientConfiguration
-    private let authentication: APNsAuthentication
+    private let credentials: Locked<APNsCredentials>
     private let logger: Logger
     private let urgentLoop: EventLoop
     private let bulkLoop: EventLoop
-    private let pools = Locked<[PoolKey: HTTP2Client]>([:])
+    private let pools = Locked<[PoolKey: Pool]>([:])
+    /// Open connections per credential name, environment and traffic class, for `/metrics`.
+    private let openConnections = Locked<[ConnectionLabels: Int]>([:])
+    /// When the pool of a key was last replaced after a 403 "bound to another key" (uptime nanoseconds).
+    private let replacedPools = Locked<[PoolKey: UInt64]>([:])
 
     private struct PoolKey: Hashable {
+        var credential: ObjectIdentifier
         var environment: APNsEnvironment
         var traffic: APNsTraffic
     }
 
-    public init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
+    private struct Pool {
+        /// Held so that the key's identifier cannot be reused while the pool is in the table.
+        var credential: APNsCredential
+        var client: HTTP2Client
+        /// When a 403 saying the connection is bound to another key replaced the pool before it (uptime nanoseconds).
+        var replacedAt: UInt64?
+    }
+
+    public struct ConnectionLabels: Hashable, Sendable {
+        public var credential: String
+        public var environment: APNsEnvironment
+        public var traffic: APNsTraffic
+    }
+
+    /// A pool replaced after a 403 "bound to another key" is not replaced again within this many seconds: a
+    /// credential APNs keeps refusing is then answered with the 403 rather than reconnecting in a loop.
+    static let replacementInterval: Double = 10
+
+    public init(configuration: APNsClientConfiguration, credentials: APNsCredentials, logger: Logger) {
         self.configuration = configuration
-        self.authentication = authentication
+        self.credentials = Locked(credentials)
         self.logger = logger
         urgentLoop = EventLoop(name: "apns-urgent")
         bulkLoop = EventLoop(name: "apns-bulk", bulkWork: true)
@@ -132,10 +160,27 @@ public final class APNsClient: Sendable {
         }
     }
 
+    /// One credential for every topic.
+    public convenience init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
+        let credential = APNsCredential(name: authentication.name, authentication: authentication, bundles: [],
+                                        fingerprint: [])
+        // Cannot throw: no bundle is listed.
+        self.init(configuration: configuration, credentials: try! APNsCredentials(entries: [], fallback: credential),
+                  logger: logger)
+    }
+
     private func loop(_ traffic: APNsTraffic) -> EventLoop { traffic == .urgent ? urgentLoop : bulkLoop }
 
+    /// The credential that sends `topic` now, if any.
+    public func credential(forTopic topic: String) -> APNsCredential? {
+        credentials.withLock { $0.credential(forTopic: topic) }
+    }
+
+    public var currentCredentials: APNsCredentials { credentials.withLock { $0 } }
+
     /// Sends a batch. `completion` runs once per notification with its index, always on the loop thread of `traffic`:
-    /// keep it short. Notifications that break Apple's rules are answered without a request.
+    /// keep it short. Notifications that break Apple's rules, or whose topic no credential serves, are answered
+    /// without a request.
     public func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)],
                      traffic: APNsTraffic = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) {
         // Answers that need no request still arrive on the loop thread, like every other answer.
@@ -146,27 +191,73 @@ public final class APNsClient: Sendable {
                 loop(traffic).execute { for (index, result) in answers { completion(index, result) } }
             }
         }
+        let current = credentials.withLock { $0 }
+        // A job's notifications share a topic: one lookup per run of equal topics.
+        var groups: [(credential: APNsCredential, indices: [Int])] = []
+        var lastTopic: String?
+        var lastGroup: Int?
+        for index in notifications.indices {
+            let topic = notifications[index].notification.topic
+            if topic != lastTopic {
+                lastTopic = topic
+                if let credential = current.credential(forTopic: topic) {
+                    lastGroup = groups.firstIndex { $0.credential === credential }
+                    if lastGroup == nil {
+                        groups.append((credential, []))
+                        lastGroup = groups.count - 1
+                    }
+                } else {
+                    lastGroup = nil
+                }
+            }
+            guard let group = lastGroup else {
+                immediate.append((index, APNsResult(outcome: .permanentFailure,
+                                                    error: "no APNs credential serves topic \(topic)")))
+                continue
+            }
+            groups[group].indices.append(index)
+        }
+        for (credential, indices) in groups {
+            send(notifications, indices, credential: credential, traffic: traffic, immediate: &immediate,
+                 completion: completion)
+        }
+    }
+
+    /// Sends the notifications at `indices`, all of one credential.
+    private func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)], _ indices: [Int],
+                      credential: APNsCredential, traffic: APNsTraffic, immediate: inout [(Int, APNsResult)],
+                      completion: @escaping @Sendable (Int, APNsResult) -> Void) {
         var authorization: String?
-        if case .token(let provider) = authentication {
+        if case .token(let provider) = credential.authentication {
             do { authorization = try provider.authorization() } catch {
-                logger.critical("cannot sign the APNs provider token", ["error": "\(error)"])
-                immediate = notifications.indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
+                logger.critical("cannot sign the APNs provider token", ["apns.credential": credential.name,
+                                                                        "error": "\(error)"])
+                immediate += indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
                 return
             }
         }
         for environment in APNsEnvironment.allCases {
-            let indices = notifications.indices.filter { notifications[$0].environment == environment }
-            guard !indices.isEmpty else { continue }
+            let inEnvironment = indices.filter { notifications[$0].environment == environment }
+            guard !inEnvironment.isEmpty else { continue }
+            let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
             let pool: HTTP2Client
-            do { pool = try self.pool(for: environment, traffic) } catch {
-                immediate += indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
+            do {
+                guard let found = try self.pool(for: key, credential) else {
+                    // Replaced between the lookup and now: the new credentials decide.
+                    immediate += inEnvironment.map { ($0, APNsResult(outcome: .retryLater(delay: 0),
+                                                                     error: "APNs credentials reloaded")) }
+                    continue
+                }
+                pool = found
+            } catch {
+                immediate += inEnvironment.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
                 continue
             }
             var requests: [HTTP2Request] = []
             var sendable: [Int] = []
             var template = RequestTemplate()
-            requests.reserveCapacity(indices.count)
-            for index in indices {
+            requests.reserveCapacity(inEnvironment.count)
+            for index in inEnvironment {
                 let notification = notifications[index].notification
                 do throws(APNsRequestError) {
                     try notification.validate()
@@ -185,12 +276,30 @@ public final class APNsClient: Sendable {
             }
             pool.send(requests) { [self] position, result in
                 let index = sentIndices[position]
-                let outcome = interpret(result, environment: environment)
-                if outcome.outcome == .refreshTokenAndRetry, case .token(let provider) = authentication,
-                   provider.invalidate() {
-                    logger.warning("APNs says the provider token expired: minting a new one and sending again")
+                if case .failure(.notSent) = result, !isCurrent(pool, key) {
+                    // Its pool was drained (a reloaded credential) before this request left: the current one sends it.
                     retry(position)
                     return
+                }
+                let outcome = interpret(result, environment: environment, credential: credential)
+                switch outcome.outcome {
+                case .refreshTokenAndRetry:
+                    if case .token(let provider) = credential.authentication, provider.invalidate() {
+                        logger.warning("APNs says the provider token expired: minting a new one and sending again",
+                                       ["apns.credential": credential.name])
+                        retry(position)
+                        return
+                    }
+                case .replaceConnectionAndRetry:
+                    if replace(pool, key) {
+                        logger.warning("APNs says the connection is bound to another key: replacing its connections and "
+                                       + "sending again", ["apns.credential": credential.name,
+                                                           "apns.environment": environment.rawValue])
+                        retry(position)
+                        return
+                    }
+                default:
+                    break
                 }
                 completion(index, outcome)
             }
@@ -208,14 +317,40 @@ public final class APNsClient: Sendable {
         }
     }
 
+    /// Sends with `replacement` from now on. Credentials that did not change keep their connections; the pools of
+    /// the others stop taking requests, finish their streams and close. Returns the names of the credentials added
+    /// and retired.
+    @discardableResult
+    public func replaceCredentials(_ replacement: APNsCredentials) -> (added: [String], retired: [String]) {
+        let (before, after) = credentials.withLock { current in
+            let before = current
+            current = current.keepingUnchanged(replacement)
+            return (before, current)
+        }
+        let live = Set(after.all.map(ObjectIdentifier.init))
+        let retiredPools = pools.withLock { pools in
+            let retired = pools.filter { !live.contains($0.key.credential) }
+            for key in retired.keys { pools[key] = nil }
+            return retired.values.map(\.client)
+        }
+        for pool in retiredPools { pool.drain() }
+        let kept = Set(before.all.map(ObjectIdentifier.init))
+        return (after.all.filter { !kept.contains(ObjectIdentifier($0)) }.map(\.name),
+                before.all.filter { !live.contains(ObjectIdentifier($0)) }.map(\.name))
+    }
+
     public func shutdown() {
         let all = pools.withLock { Array($0.values) }
-        for pool in all { pool.shutdown() }
+        for pool in all { pool.client.shutdown() }
         urgentLoop.shutdown()
         bulkLoop.shutdown()
     }
 
-    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment) -> APNsResult {
+    /// Open connections by credential, environment and traffic class.
+    public var connectionCounts: [ConnectionLabels: Int] { openConnections.withLock { $0 } }
+
+    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment,
+                           credential: APNsCredential) -> APNsResult {
         switch result {
         case .success(let http):
             let body: (reason: APNsReason?, timestamp: Int64?) = http.status == 200 ? (nil, nil)
@@ -226,7 +361,7 @@ public final class APNsClient: Sendable {
                 logger.error("APNs rejected the credentials or topic: fix the configuration",
                              ["apns.status": String(http.status),
                               "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
-                              "apns.environment": environment.rawValue])
+                              "apns.environment": environment.rawValue, "apns.credential": credential.name])
             }
             return APNsResult(outcome: APNsOutcome.classify(response), response: response)
         case .failure(let error):
@@ -235,36 +370,86 @@ public final class APNsClient: Sendable {
     }
 
     /// Opens the environment's connections for `traffic` now rather than at the first notification, so that
-    /// readiness can wait for them and the first job does not pay for the handshakes.
+    /// readiness can wait for them and the first job does not pay for the handshakes: those of the default
+    /// credential, or of the first entry if there is no default one.
     public func connect(_ environment: APNsEnvironment, _ traffic: APNsTraffic = .urgent) {
-        do { _ = try pool(for: environment, traffic) } catch {
+        guard let credential = credentials.withLock({ $0.fallback ?? $0.entries.first }) else { return }
+        let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
+        do { _ = try pool(for: key, credential) } catch {
             logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue,
-                                                            "apns.traffic": traffic.rawValue, "error": "\(error)"])
+                                                            "apns.traffic": traffic.rawValue,
+                                                            "apns.credential": credential.name, "error": "\(error)"])
         }
     }
 
-    private func pool(for environment: APNsEnvironment, _ traffic: APNsTraffic) throws -> HTTP2Client {
+    private func isCurrent(_ pool: HTTP2Client, _ key: PoolKey) -> Bool {
+        pools.withLock { $0[key]?.client === pool }
+    }
+
+    /// After a 403 saying the connection is bound to another key: the pool leaves the table (it finishes its streams
+    /// and closes; the next request opens a fresh one), unless the pool of this key was replaced for the same reason
+    /// within `replacementInterval`. Whether the request may go again.
+    private func replace(_ pool: HTTP2Client, _ key: PoolKey) -> Bool {
+        let now = DispatchTime.now().uptimeNanoseconds
+        let retired: HTTP2Client?? = pools.withLock { pools in
+            // Already replaced (by another answer, or a reload): send again on what is current.
+            guard let entry = pools[key], entry.client === pool else { return .some(nil) }
+            if let last = entry.replacedAt, Double(now &- last) / 1e9 < Self.replacementInterval { return nil }
+            pools[key] = nil
+            replacedPools.withLock { $0[key] = now }
+            return .some(pool)
+        }
+        guard let retired else { return false }
+        retired?.drain()
+        return true
+    }
+
+    /// The pool of `key`, opened if needed; nil if `credential` was replaced meanwhile.
+    private func pool(for key: PoolKey, _ credential: APNsCredential) throws -> HTTP2Client? {
         try pools.withLock { pools in
-            let key = PoolKey(environment: environment, traffic: traffic)
-            if let pool = pools[key] { return pool }
+            if let pool = pools[key], pool.credential === credential { return pool.client }
+            // Checked under the pools' lock: `replaceCredentials` swaps the credentials before it sweeps the pools,
+            // so a pool made here either sees the new credentials or is swept.
+            guard credentials.withLock({ current in current.all.contains { $0 === credential } }) else { return nil }
+            let environment = key.environment, traffic = key.traffic
             let endpoint = environment == .production ? configuration.production : configuration.sandbox
             var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
-            if case .certificate(let certificate, let key) = authentication {
+            if case .certificate(let certificate, let privateKey) = credential.authentication {
                 tls.certificateFile = certificate
-                tls.privateKeyFile = key
+                tls.privateKeyFile = privateKey
             }
             var poolConfiguration = HTTP2Client.Configuration(
                 host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: configuration.connectionsPerEnvironment,
                 requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
-            if let observer = configuration.observer { poolConfiguration.observer = { observer(environment, $0) } }
+            let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
+            let observer = configuration.observer, openConnections = self.openConnections
+            poolConfiguration.observer = { event in
+                switch event {
+                case .opened: openConnections.withLock { $0[labels, default: 0] += 1 }
+                case .closed: openConnections.withLock { $0[labels, default: 0] -= 1 }
+                default: break
+                }
+                observer?(environment, event)
+            }
             poolConfiguration.proxy = configuration.proxy
-            let pool = try HTTP2Client(
+            let client = try HTTP2Client(
                 configuration: poolConfiguration,
                 loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
-                                                                    "apns.traffic": traffic.rawValue]))
-            pools[key] = pool
-            return pool
+                                                                    "apns.traffic": traffic.rawValue,
+                                                                    "apns.credential": credential.name]))
+            pools[key] = Pool(credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] })
+            return client
+        }
+    }
+}
+
+extension APNsAuthentication {
+    /// For logs and metrics: `TEAMID/KEYID`, or `certificate:<file name>`.
+    public var name: String {
+        switch self {
+        case .token(let provider): "\(provider.teamID)/\(provider.keyID)"
+        case .certificate(let file, _): "certificate:" + (file.split(separator: "/").last.map(String.init) ?? file)
         }
     }
 }

@@ -4,13 +4,14 @@ import Telemetry
 import WorkerPipeline
 
 /// The pipeline's sender port over `APNsClient`: each lane on connections and a loop thread of its own, answers on
-/// the lane's thread, connection events turned into the pipeline's `ConnectionHealth`.
+/// the lane's thread, connection events turned into the pipeline's `ConnectionHealth`. The pipeline asks it about
+/// topics; which credential sends them stays in here.
 public final class APNsNotificationSender: NotificationSender {
     private let client: APNsClient
     /// Who hears of connection events: set once by `start`, read by the client's loop thread on each event.
     private let healthReport = Locked<(@Sendable (ConnectionHealth) -> Void)?>(nil)
 
-    public init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
+    public init(configuration: APNsClientConfiguration, credentials: APNsCredentials, logger: Logger) {
         var configuration = configuration
         let healthReport = self.healthReport
         let earlierObserver = configuration.observer
@@ -19,7 +20,7 @@ public final class APNsNotificationSender: NotificationSender {
             guard let health = ConnectionHealth(event), let report = healthReport.withLock({ $0 }) else { return }
             report(health)
         }
-        client = APNsClient(configuration: configuration, authentication: authentication, logger: logger)
+        client = APNsClient(configuration: configuration, credentials: credentials, logger: logger)
     }
 
     /// Production connections open now: it is where nearly all traffic goes, and readiness waits for one.
@@ -37,7 +38,51 @@ public final class APNsNotificationSender: NotificationSender {
         client.schedule(after: delay, traffic: APNsTraffic(lane), action)
     }
 
+    public func service(forTopic topic: String) -> TopicService {
+        guard let credential = client.credential(forTopic: topic) else {
+            return .unserved("no APNs credential serves topic \(topic): list its bundle ID "
+                             + "(\(APNsPushType.bundle(ofTopic: topic))) in an entry of the credentials file, or set a "
+                             + "default credential")
+        }
+        return .served(rateGroup: credential.rateLimit > 0
+                       ? RateGroup(name: credential.name, perSecond: credential.rateLimit) : nil)
+    }
+
+    /// Sends with these credentials from now on (a reload): see `APNsClient.replaceCredentials`.
+    @discardableResult
+    public func replaceCredentials(_ credentials: APNsCredentials) -> (added: [String], retired: [String]) {
+        client.replaceCredentials(credentials)
+    }
+
     public func shutdown() { client.shutdown() }
+
+    /// The sender's own series: open connections per credential, environment and lane, and when each client
+    /// certificate expires, by the topics it serves.
+    public var metricsText: String {
+        var text = PrometheusText()
+        let counts = client.connectionCounts.sorted { ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
+            < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue) }
+        text.family("apns_worker_apns_connections_open", "gauge",
+                    "HTTP/2 connections to APNs open now, by credential, environment and lane.",
+                    counts.map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
+                                           ("lane", $0.key.traffic == .urgent ? "urgent" : "bulk")],
+                                  value: $0.value) })
+        var expiries: [(labels: [(String, String)], value: Int)] = []
+        let credentials = client.currentCredentials
+        for credential in credentials.all {
+            guard let expiry = credential.certificateExpiry else { continue }
+            let topics = credential.bundles.isEmpty ? [credentials.defaultTopic ?? ""] : credential.bundles.sorted()
+            for topic in topics {
+                expiries.append((labels: [("topic", topic), ("credential", credential.name)],
+                                 value: Int(expiry.timeIntervalSince1970)))
+            }
+        }
+        if !expiries.isEmpty {
+            text.family("apns_worker_certificate_expiry_timestamp_seconds", "gauge",
+                        "When the APNs client certificate expires (unix seconds), by the topic it serves.", expiries)
+        }
+        return text.text
+    }
 }
 
 extension APNsTraffic {

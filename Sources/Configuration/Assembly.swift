@@ -1,4 +1,5 @@
 import AMQPBroker
+import APNs
 import APNsSender
 import Redis
 import RedisStore
@@ -7,18 +8,31 @@ import WorkerPipeline
 
 extension WorkerConfiguration {
     /// The worker as `apns-worker run` runs it: the pipeline over RabbitMQ (`AMQPJobBroker`) and Redis
-    /// (`RedisStores`), one session of both per connection. Reads the credential, and logs what deserves it about
-    /// the key file.
-    public func makeWorker(logger: Logger) throws(ConfigurationError) -> Worker {
-        let authentication = try credential.makeAuthentication()
+    /// (`RedisStores`), one session of both per connection, sending with every credential. Reads the credentials,
+    /// and logs what deserves it about the key files and certificates. `reload` reads the configuration again for a
+    /// reload (SIGHUP); without it, the worker reloads nothing.
+    public func makeWorker(logger: Logger, reload: (@Sendable () throws -> WorkerConfiguration)? = nil)
+        throws(ConfigurationError) -> ReloadableWorker {
+        let credentials = try credential.makeCredentials()
         if let problem = credential.privateKeyPermissionProblem() {
             logger.critical("the APNs private key is not private", ["file.problem": problem])
         }
         if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
+        for warning in CredentialSettings.certificateExpiryWarnings(credentials) {
+            logger.warning(warning.message, warning.metadata)
+        }
+        let sender = APNsNotificationSender(configuration: apns, credentials: credentials,
+                                            logger: logger.child("apns-client"))
+        let worker = makeWorker(sender: sender, logger: logger)
+        return ReloadableWorker(worker: worker, sender: sender, logger: logger) {
+            guard let reload else { throw ReloadRefused("this worker was started without a way to read its settings again") }
+            return try reload().credential.makeCredentials()
+        }
+    }
+
+    private func makeWorker(sender: APNsNotificationSender, logger: Logger) -> Worker {
         let broker = self.broker, redis = self.redis, rateLimit = self.rateLimit
         let urgentShare = rateLimitUrgentShare
-        let sender = APNsNotificationSender(configuration: apns, authentication: authentication,
-                                            logger: logger.child("apns-client"))
         return Worker(settings: pipeline, sender: sender, logger: logger) {
             let amqp = try AMQPJobBroker(settings: broker, logger: logger)
             do {
@@ -30,11 +44,47 @@ extension WorkerConfiguration {
                                      statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                                      invalidationWindow: stores.invalidationWindow,
                                      store: RedisProbe(stores.connection),
-                                     logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 })
+                                     logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
+                                     groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare))
             } catch {
                 amqp.close()
                 throw error
             }
         }
+    }
+}
+
+/// The worker, with what can change while it runs: its credentials, read again on SIGHUP (`reload`). The sender's
+/// own series (connections per credential, certificate expiry) join the worker's in `/metrics`.
+public final class ReloadableWorker: Service {
+    public let worker: Worker
+    public let sender: APNsNotificationSender
+    private let logger: Logger
+    private let readCredentials: @Sendable () throws -> APNsCredentials
+
+    init(worker: Worker, sender: APNsNotificationSender, logger: Logger,
+         readCredentials: @escaping @Sendable () throws -> APNsCredentials) {
+        self.worker = worker
+        self.sender = sender
+        self.logger = logger
+        self.readCredentials = readCredentials
+    }
+
+    public func run() throws { try worker.run() }
+    public func stop() { worker.stop() }
+    public var isReady: Bool { worker.isReady }
+    public var metricsText: String { worker.metricsText + sender.metricsText }
+
+    /// Reads the credentials again; what changed gets new connections, the old ones finish their streams and close.
+    /// A reading that fails throws and changes nothing.
+    public func reload() throws {
+        let credentials = try readCredentials()
+        let (added, retired) = sender.replaceCredentials(credentials)
+        for warning in CredentialSettings.certificateExpiryWarnings(credentials) {
+            logger.warning(warning.message, warning.metadata)
+        }
+        logger.info("APNs credentials reloaded", ["apns.credentials": credentials.all.map(\.name).joined(separator: ","),
+                                                 "apns.credentials_added": added.joined(separator: ","),
+                                                 "apns.credentials_retired": retired.joined(separator: ",")])
     }
 }

@@ -79,6 +79,11 @@ public struct SettingTable: Sendable {
     public let apnsCertKeyFile: OptionalSetting<String> = OptionalSetting(
         name: "APNS_CERT_KEY_FILE", kind: .file, unsetMeans: "the key in APNS_CERT_FILE", readers: .worker,
         help: "the certificate's private key, PEM")
+    public let apnsCredentialsFile: OptionalSetting<String> = OptionalSetting(
+        name: "APNS_CREDENTIALS_FILE", kind: .file, unsetMeans: "none: the one credential above serves every topic",
+        readers: .worker,
+        help: "several teams' keys and certificates, JSON (README: Several apps and teams); a job's bundle id picks "
+            + "the entry that lists it, the single-key settings serve the rest; re-read on SIGHUP")
     public let apnsTopic: OptionalSetting<String> = OptionalSetting(
         name: "APNS_TOPIC", kind: .topic, unsetMeans: "none: such jobs are refused",
         readers: [.worker, .enqueue, .tokens, .cleanup],

@@ -46,18 +46,25 @@ public struct CredentialSettings: Sendable, Equatable {
     public var ignoredCertificate: Bool
     /// When the client certificate expires (certificate authentication only).
     public var certificateExpiry: Date?
+    /// APNS_CREDENTIALS_FILE: more credentials, each for the bundle IDs it lists (read by `makeCredentials`).
+    public var credentialsFile: String?
 
     /// Days before expiry from which the worker warns at start.
     public static let expiryWarningDays = 30
 
-    /// A warning for a certificate that expires within `expiryWarningDays`, if it does.
-    public func certificateExpiryWarning(now: Date = Date()) -> String? {
-        guard let expiry = certificateExpiry, expiry.timeIntervalSince(now) < Double(Self.expiryWarningDays) * 86_400 else {
-            return nil
+    /// A warning for each client certificate that expires within `expiryWarningDays`.
+    public static func certificateExpiryWarnings(_ credentials: APNsCredentials, now: Date = Date())
+        -> [(message: String, metadata: [String: String])] {
+        credentials.all.compactMap { credential in
+            guard let expiry = credential.certificateExpiry,
+                  expiry.timeIntervalSince(now) < Double(expiryWarningDays) * 86_400 else { return nil }
+            let days = Int(expiry.timeIntervalSince(now) / 86_400)
+            return ("the APNs client certificate expires in \(days) days: renew it, then reload the workers (SIGHUP)",
+                    ["apns.credential": credential.name,
+                     "apns.certificate_expiry": ISO8601DateFormatter().string(from: expiry),
+                     "apns.topics": credential.bundles.isEmpty ? (credentials.defaultTopic ?? "")
+                        : credential.bundles.sorted().joined(separator: ",")])
         }
-        let days = Int(expiry.timeIntervalSince(now) / 86_400)
-        return "the APNs client certificate expires in \(days) days (\(ISO8601DateFormatter().string(from: expiry))): "
-            + "renew it and restart the workers with the new \(name(\.apnsCertFile))"
     }
 
     /// The private key file: the one file nobody but the worker's user should read.
@@ -302,13 +309,16 @@ public struct WorkerConfiguration: Sendable {
                                          + "\(ISO8601DateFormatter().string(from: expiry)): renew it")
             }
             certificateExpiry = expiry
-        } else if required {
+        }
+        let credentialsFile = try settings(\.apnsCredentialsFile)
+        if required && proof == nil && credentialsFile == nil {
             throw ConfigurationError(\.apnsKeyFile, "no APNs credentials: set \(name(\.apnsKeyFile)), \(name(\.apnsKeyID)) "
-                                     + "and \(name(\.apnsTeamID)), or \(name(\.apnsCertFile))")
+                                     + "and \(name(\.apnsTeamID)), or \(name(\.apnsCertFile)), or "
+                                     + "\(name(\.apnsCredentialsFile))")
         }
         return CredentialSettings(proof: proof, defaultTopic: try settings(\.apnsTopic),
                                   ignoredCertificate: keyFile != nil && certificateFile != nil,
-                                  certificateExpiry: certificateExpiry)
+                                  certificateExpiry: certificateExpiry, credentialsFile: credentialsFile)
     }
 
     private static func queueNames(_ settings: SettingValues, nodes: AMQPNodes) throws(ConfigurationError) -> QueueNames {

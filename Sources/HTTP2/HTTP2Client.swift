@@ -136,6 +136,25 @@ public final class HTTP2Client: @unchecked Sendable {
         if ownsLoop { loop.shutdown() }
     }
 
+    /// Takes no new requests and lets every connection finish the streams it has, then close (a GOAWAY of its own):
+    /// for a pool being replaced, its credential having changed. Requests still waiting for a connection fail with
+    /// `notSent`, which is safe to send on another pool.
+    public func drain() {
+        loop.execute { [self] in
+            guard !isShutDown else { return }
+            isShutDown = true
+            if let reconnectTimer { loop.cancelTimer(reconnectTimer) }
+            failWaiting(.notSent("connection pool replaced"))
+            for connection in connections {
+                if connection.state == .open {
+                    connection.goAway(code: 0, debugData: "credential replaced", lastStreamID: 0)
+                } else {
+                    connection.close(reason: "connection pool replaced")
+                }
+            }
+        }
+    }
+
     // MARK: loop thread
 
     /// Puts the request on the least-loaded open connection, or queues it until one opens.
@@ -393,7 +412,8 @@ public final class HTTP2Client: @unchecked Sendable {
                     connection.ping()
                 }
             }
-            scheduleSweep()
+            // A drained pool keeps timing its streams out until its last connection has closed.
+            if !(isShutDown && connections.isEmpty) { scheduleSweep() }
         }
     }
 }

@@ -63,6 +63,12 @@ public struct RedisKeys: Sendable, Equatable {
 
     /// The rate limit's slots are `<prefix>:<unix second>.<tenth>`.
     public var ratePrefix: String { isCluster ? "apns:{rate}" : "apns:rate" }
+    /// A rate group's (one credential's `rate_limit`) slots: `apns:rate:<group>:<second>.<tenth>`, the group's name
+    /// percent-encoded; in a cluster the group shares one hash tag.
+    public func groupRatePrefix(_ group: String) -> String {
+        let name = PercentEncoding.encode(group, reserving: Array(":{}/ ".utf8))
+        return isCluster ? "apns:{rate:\(name)}" : "apns:rate:\(name)"
+    }
     /// The guard's buckets are `<prefix>:<unix second>`.
     public var guardPrefix: String { isCluster ? "apns:{guard}" : "apns:guard" }
 

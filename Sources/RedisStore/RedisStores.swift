@@ -34,6 +34,15 @@ public struct RedisStores {
     }
 
     /// A token cache on a connection of its own, for a thread of its own (the worker's job preparer).
+    /// The shared limiter of one rate group (a credential's own limit), on this connection.
+    public func groupRateLimiter(urgentShare: Double) -> (RateGroup) -> any RateLimiter {
+        let connection = self.connection
+        return { group in
+            SharedRateLimit(redis: connection, limit: group.perSecond, urgentShare: urgentShare,
+                            keyPrefix: RedisKeys(cluster: connection.isCluster).groupRatePrefix(group.name))
+        }
+    }
+
     public static func tokenCache(_ deployment: RedisDeployment, logger: Logger) throws -> TokenCache {
         TokenCache(redis: try connect(deployment), logger: logger)
     }

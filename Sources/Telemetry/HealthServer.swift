@@ -94,4 +94,17 @@ public protocol Service: Sendable {
     var isReady: Bool { get }
     /// The Prometheus text of its counters.
     var metricsText: String { get }
+    /// Reads again what may change while it runs (SIGHUP): throws why it cannot, keeping what it runs with.
+    func reload() throws
+}
+
+extension Service {
+    public func reload() throws { throw ReloadRefused("this program has nothing to reload") }
+}
+
+/// Why a reload changed nothing.
+public struct ReloadRefused: Error, Sendable, CustomStringConvertible {
+    public var description: String
+
+    public init(_ description: String) { self.description = description }
 }

@@ -6,9 +6,9 @@ import Foundation
 /// The one way the programs run a long-lived `Service` and take their signals (the worker, the cleanup consumer,
 /// apns-sim).
 ///
-/// SIGINT and SIGTERM are blocked in every thread from the first instruction of such a program (threads inherit the
-/// mask), so a signal arriving at any moment, start-up included, stays pending until the runner takes it with
-/// sigwait: never lost, never the default action that kills mid-work.
+/// SIGINT, SIGTERM and SIGHUP are blocked in every thread from the first instruction of such a program (threads
+/// inherit the mask), so a signal arriving at any moment, start-up included, stays pending until the runner takes it
+/// with sigwait: never lost, never the default action that kills mid-work. SIGHUP asks the service to `reload()`.
 public enum ServiceRunner {
     /// Call first thing in `main`, before any thread exists.
     public static func blockTerminationSignals() {
@@ -21,6 +21,7 @@ public enum ServiceRunner {
         sigemptyset(&signals)
         sigaddset(&signals, SIGINT)
         sigaddset(&signals, SIGTERM)
+        sigaddset(&signals, SIGHUP)
         return signals
     }
 
@@ -34,6 +35,14 @@ public enum ServiceRunner {
             var received: Int32 = 0
             var count = 0
             while sigwait(&signals, &received) == 0 {
+                if received == SIGHUP {
+                    // On this thread: a reload reads files and opens nothing itself, and signals wait meanwhile.
+                    logger.info("SIGHUP received: reloading")
+                    do { try service.reload() } catch {
+                        logger.error("reload failed: carrying on with what was loaded before", ["error": "\(error)"])
+                    }
+                    continue
+                }
                 count += 1
                 if count > 1 {
                     logger.warning("second signal: exiting now; unfinished work returns to the queue")

@@ -13,19 +13,29 @@ struct PreparedBatch {
 
     /// Decodes `batch` and resolves the users of every job of at most `usersPerPiece` users, in one round trip to
     /// `tokens`. Only a lost connection throws.
+    /// A job whose topic `sender` cannot send (no credential serves it) is refused with the sender's reason.
     static func prepare(_ batch: [JobDelivery], tokens: any TokenStore, settings: WorkerSettings,
-                        resolver: TargetResolver, logger: Logger) throws -> PreparedBatch {
+                        resolver: TargetResolver, sender: any NotificationSender, logger: Logger) throws -> PreparedBatch {
         var jobs: [(delivery: JobDelivery, job: PushJob)] = []
         var rejected: [(JobDelivery, String)] = []
+        var services: [String: TopicService] = [:]
         for delivery in batch {
             let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
             do {
-                let job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic, fallbackID: fallbackID)
+                var job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic, fallbackID: fallbackID)
                 if let exitOnJobID = settings.exitOnJobID, job.id == exitOnJobID {
                     logger.critical("test fault: exiting on this job", ["job.id": job.id])
                     exit(70)
                 }
-                jobs.append((delivery, job))
+                let service = services[job.topic] ?? sender.service(forTopic: job.topic)
+                services[job.topic] = service
+                switch service {
+                case .served(let rateGroup):
+                    job.rateGroup = rateGroup
+                    jobs.append((delivery, job))
+                case .unserved(let reason):
+                    rejected.append((delivery, reason))
+                }
             } catch {
                 rejected.append((delivery, error.description))
             }
@@ -76,11 +86,14 @@ final class JobPreparer: @unchecked Sendable {
     private let tokens: any TokenStore
     private let settings: WorkerSettings
     private let resolver: TargetResolver
+    private let sender: any NotificationSender
     private let wakeup: Wakeup
     private let logger: Logger
     private let finished = DispatchSemaphore(value: 0)
 
-    init(tokens: any TokenStore, settings: WorkerSettings, resolver: TargetResolver, wakeup: Wakeup, logger: Logger) {
+    init(tokens: any TokenStore, settings: WorkerSettings, resolver: TargetResolver, sender: any NotificationSender,
+         wakeup: Wakeup, logger: Logger) {
+        self.sender = sender
         self.logger = logger
         self.tokens = tokens
         self.settings = settings
@@ -162,7 +175,7 @@ final class JobPreparer: @unchecked Sendable {
                 switch request {
                 case .batch(let batch):
                     result = .batch(try PreparedBatch.prepare(batch, tokens: tokens, settings: settings,
-                                                                 resolver: resolver, logger: logger))
+                                                                 resolver: resolver, sender: sender, logger: logger))
                 case .piece(let assembly, let users):
                     result = .piece(assembly, users, try tokens.resolve(Array(users)))
                 }

@@ -254,8 +254,31 @@ public protocol NotificationSender: AnyObject, Sendable {
     func send(_ batch: [OutgoingNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
     /// Runs `action` on the lane's thread after `delay` seconds.
     func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void)
+    /// Whether notifications of `topic` can be sent (a credential serves it), and under which rate limit of their
+    /// own. Asked once per job, on the broker or preparer thread.
+    func service(forTopic topic: String) -> TopicService
     /// Closes the connections and stops the threads.
     func shutdown()
+}
+
+/// What the sender says of a topic.
+public enum TopicService: Sendable, Equatable {
+    /// Sent; `rateGroup`: the shared limit of whatever sends it (its credential), if it has one of its own.
+    case served(rateGroup: RateGroup?)
+    /// Nothing can send it: why, for the job's reason on the failed queue.
+    case unserved(String)
+}
+
+/// A rate shared by every worker for part of the traffic (one credential's), beside the fleet-wide limit.
+public struct RateGroup: Hashable, Sendable {
+    /// Names the group's counters in the store; never a secret.
+    public var name: String
+    public var perSecond: Int
+
+    public init(name: String, perSecond: Int) {
+        self.name = name
+        self.perSecond = perSecond
+    }
 }
 
 /// One connection's worth of everything the worker talks to, opened together and dropped together.
@@ -267,6 +290,8 @@ public struct WorkerSession {
     public var record: any IdempotencyRecord
     public var statistics: any StatisticsSink
     public var rateLimiter: (any RateLimiter)?
+    /// The shared limiter of a rate group (a credential's own limit), on the same store.
+    public var groupRateLimiter: ((RateGroup) -> any RateLimiter)?
     public var invalidationWindow: any InvalidationWindow
     /// The store's round trip, for readiness.
     public var store: any Probing
@@ -276,7 +301,9 @@ public struct WorkerSession {
     public init(broker: any JobBroker, tokens: any TokenStore, preparationTokens: any TokenStore,
                 record: any IdempotencyRecord,
                 statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
-                invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String]) {
+                invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String],
+                groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil) {
+        self.groupRateLimiter = groupRateLimiter
         self.invalidationWindow = invalidationWindow
         self.broker = broker
         self.tokens = tokens

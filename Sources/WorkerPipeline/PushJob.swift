@@ -27,6 +27,9 @@ public struct PushJob: Sendable, Equatable {
     public var retryTargets: [DeviceTarget]?
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
     public var originalBody: [UInt8]?
+    /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said when
+    /// the job started.
+    public var rateGroup: RateGroup?
 
     public struct Limits: Sendable {
         public var maximumMessageSize = 1 << 20

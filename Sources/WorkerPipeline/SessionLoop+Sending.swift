@@ -16,12 +16,13 @@ extension SessionLoop {
             sending[lane] = taken.live
             if !taken.expired.isEmpty { worker.answers.settleExpired(taken.expired, lane: lane) }
         }
-        var limited: (lanes: [JobLane], wait: Double)?
-        if let rateLimiter = session.rateLimiter {
-            let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
-            guard asked.total > 0 else { return nil }
+        var limited = try reserveForRateGroups(&sending)
+        let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
+        if let rateLimiter = session.rateLimiter, asked.total > 0 {
             let granted: LaneCounts
-            (granted, limited) = try reserve(asked, from: rateLimiter)
+            let fleetLimited: (lanes: [JobLane], wait: Double)?
+            (granted, fleetLimited) = try reserve(asked, from: rateLimiter)
+            limited = Self.merge(limited, fleetLimited)
             for lane in JobLane.allCases {
                 guard let entries = sending[lane], granted[lane] < entries.count else { continue }
                 backlogs.withQueue(lane) { $0.putBack(entries[granted[lane]...]) }
@@ -33,6 +34,59 @@ extension SessionLoop {
             hand(entries, of: lane)
         }
         return limited
+    }
+
+    /// Permits from each rate group's own shared limit (a credential's `rate_limit`) for its notifications among
+    /// `sending`. What a group cannot send now goes back to its lane's queue, in order, while the notifications of
+    /// other groups, and of none, go on. Returns the lanes held back, with the seconds until the next window.
+    func reserveForRateGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) throws
+        -> (lanes: [JobLane], wait: Double)? {
+        guard let makeLimiter = session.groupRateLimiter else { return nil }
+        var asked: [RateGroup: LaneCounts] = [:]
+        for (lane, entries) in sending {
+            for entry in entries {
+                if let group = entry.progress.job.rateGroup { asked[group, default: LaneCounts()][lane] += 1 }
+            }
+        }
+        var granted: [RateGroup: LaneCounts] = [:]
+        var limited: (lanes: [JobLane], wait: Double)?
+        for (group, counts) in asked {
+            let limiter = groupLimiters[group] ?? makeLimiter(group)
+            groupLimiters[group] = limiter
+            let groupLimited: (lanes: [JobLane], wait: Double)?
+            (granted[group], groupLimited) = try reserve(counts, from: limiter)
+            limited = Self.merge(limited, groupLimited)
+        }
+        guard limited != nil else { return nil }
+        for (lane, entries) in sending {
+            var going: [(progress: JobProgress, index: Int32)] = []
+            var waiting: [(progress: JobProgress, index: Int32)] = []
+            going.reserveCapacity(entries.count)
+            for entry in entries {
+                guard let group = entry.progress.job.rateGroup else {
+                    going.append(entry)
+                    continue
+                }
+                if granted[group, default: LaneCounts()][lane] > 0 {
+                    granted[group, default: LaneCounts()][lane] -= 1
+                    going.append(entry)
+                } else {
+                    waiting.append(entry)
+                }
+            }
+            if !waiting.isEmpty { backlogs.withQueue(lane) { $0.putBack(waiting[...]) } }
+            sending[lane] = going
+        }
+        return limited
+    }
+
+    /// Two limits' held-back lanes together; the wait is the shorter (a lane is asked again then).
+    static func merge(_ first: (lanes: [JobLane], wait: Double)?, _ second: (lanes: [JobLane], wait: Double)?)
+        -> (lanes: [JobLane], wait: Double)? {
+        guard let first else { return second }
+        guard let second else { return first }
+        let lanes = JobLane.allCases.filter { first.lanes.contains($0) || second.lanes.contains($0) }
+        return (lanes, min(first.wait, second.wait))
     }
 
     /// The urgent notifications queued now, as many as the core allows, ahead of the rest of the turn.

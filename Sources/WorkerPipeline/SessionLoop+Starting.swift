@@ -106,7 +106,7 @@ extension SessionLoop {
     /// it.
     func start(_ batch: [JobDelivery]) throws {
         try start(PreparedBatch.prepare(batch, tokens: session.tokens, settings: worker.settings, resolver: resolver,
-                                        logger: logger))
+                                        sender: worker.sender, logger: logger))
     }
 
     /// Parks the bad jobs of a prepared batch and queues every notification for sending; jobs with nothing left to

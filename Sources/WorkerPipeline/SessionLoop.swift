@@ -23,6 +23,8 @@ final class SessionLoop {
     var backlogs = Backlogs()
     var unstartedBulk: [JobDelivery] = []
     var held = HeldPublishes()
+    /// The shared limiters of the rate groups (credentials' own limits) met so far.
+    var groupLimiters: [RateGroup: any RateLimiter] = [:]
     var suspects = SuspectQueue()
     var underWay = JobsUnderWay()
     /// Republished copies read while their job (same id) was under way here: started once it settled, so that they
@@ -57,6 +59,7 @@ final class SessionLoop {
         triage = DeliveryTriage(maximumDeliveries: settings.maximumDeliveries)
         resolver = TargetResolver(defaultTopic: settings.defaultTopic)
         preparer = JobPreparer(tokens: session.preparationTokens, settings: settings, resolver: resolver,
+                               sender: worker.sender,
                                wakeup: worker.wakeup, logger: worker.logger)
         lastProgress = (Date(), worker.statistics.snapshot())
     }

@@ -94,19 +94,22 @@ struct ParsedArguments {
     func configuration(requiringCredentials: Bool) -> WorkerConfiguration {
         let environment = ProcessInfo.processInfo.environment
         let configuration: WorkerConfiguration
-        do {
-            let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
-            if let configFile { try SettingKeys.checkKnown(file.keys, source: "in \(configFile)") }
-            try SettingKeys.checkKnown(settings.keys, source: "given with --set")
-            configuration = try WorkerConfiguration.load(
-                from: ConfigurationSources.merge(file: file, environment: environment, flags: settings),
-                requiringCredentials: requiringCredentials)
-        } catch {
+        do { configuration = try loadConfiguration(requiringCredentials: requiringCredentials) } catch {
             fail("configuration error: \(error)", code: ExitCode.configuration)
         }
         let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
         for warning in SettingKeys.unknownInEnvironment(environment) { logger.warning("unknown setting", ["setting": warning]) }
         return configuration
+    }
+
+    /// The configuration from the file, the environment and the flags; the first problem throws.
+    func loadConfiguration(requiringCredentials: Bool) throws(ConfigurationError) -> WorkerConfiguration {
+        let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
+        if let configFile { try SettingKeys.checkKnown(file.keys, source: "in \(configFile)") }
+        try SettingKeys.checkKnown(settings.keys, source: "given with --set")
+        return try WorkerConfiguration.load(
+            from: ConfigurationSources.merge(file: file, environment: ProcessInfo.processInfo.environment, flags: settings),
+            requiringCredentials: requiringCredentials)
     }
 
     /// An option that must be a whole number in `range`, or exit 2 naming it.
@@ -122,9 +125,8 @@ struct ParsedArguments {
 
 /// Runs the worker or the cleanup consumer as operators expect: its /metrics, /healthz and /readyz, its signals
 /// (`ServiceRunner`), and exit 78 naming the setting for a refusal that waiting cannot cure.
-/// `extraMetrics`: series of the program's own settings (Prometheus text) served after the service's.
-func runService(_ service: any Service, name: String, metrics: MetricsSettings, logger: Logger, extraMetrics: String = "") {
-    let health = startHealthServer(metrics, logger: logger, service: service, extraMetrics: extraMetrics)
+func runService(_ service: any Service, name: String, metrics: MetricsSettings, logger: Logger) {
+    let health = startHealthServer(metrics, logger: logger, service: service)
     signal(SIGPIPE, SIG_IGN)
     if let failure = ServiceRunner.run(service, name: name, logger: logger, interruptedExitCode: ExitCode.interrupted) {
         let message = StartupError(permanent: failure)?.description ?? "\(failure)"
@@ -137,11 +139,10 @@ func runService(_ service: any Service, name: String, metrics: MetricsSettings, 
 /// GET /metrics, /healthz and /readyz on METRICS_HOST:METRICS_PORT, unless the port is 0. Several workers on one
 /// host with the default settings all want the default port: when it is taken, the endpoint falls back to a free
 /// port, logged with a warning and the chosen address. A port someone set that is taken stops start-up.
-func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any Service,
-                       extraMetrics: String = "") -> HealthServer? {
+func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any Service) -> HealthServer? {
     guard metrics.port > 0 else { return nil }
     func open(port: Int) throws(HealthServerError) -> HealthServer {
-        try HealthServer(host: metrics.host, port: port, metrics: { service.metricsText + extraMetrics },
+        try HealthServer(host: metrics.host, port: port, metrics: { service.metricsText },
                          ready: { service.isReady })
     }
     do {

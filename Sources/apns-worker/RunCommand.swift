@@ -21,7 +21,9 @@ Settings (environment, --config file or --set; config/apns-worker.env lists ever
 \(SettingTable.help(for: .worker))
 
 Signals: SIGTERM or SIGINT stops consuming and finishes the jobs under way (at most SHUTDOWN_TIMEOUT, default
-25 s); a second signal exits at once (code 1) and the broker redelivers what was unfinished.
+25 s); a second signal exits at once (code 1) and the broker redelivers what was unfinished. SIGHUP reads the APNs
+credentials again (APNS_CREDENTIALS_FILE and the single-key settings): changed ones get new connections while the old
+finish their streams; a reload that fails is logged and changes nothing.
 
 EXAMPLE:
   AMQP_URL=amqp://app:secret@rabbit:5672/%2f REDIS_URL=redis://redis:6379/0 \\
@@ -40,21 +42,14 @@ func runCommand(_ arguments: [String]) {
     }
     let configuration = parsed.configuration(requiringCredentials: true)
     let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
-    let worker: Worker
-    do { worker = try configuration.makeWorker(logger: logger) } catch {
+    let worker: ReloadableWorker
+    do {
+        // A reload (SIGHUP) reads the settings file, the environment and the flags again, as at start.
+        worker = try configuration.makeWorker(logger: logger) {
+            try parsed.loadConfiguration(requiringCredentials: true)
+        }
+    } catch {
         fail("configuration error: \(error)", code: ExitCode.configuration)
     }
-    var credentialMetrics = ""
-    if let expiry = configuration.credential.certificateExpiry {
-        if let warning = configuration.credential.certificateExpiryWarning() {
-            logger.warning(warning, ["apns.certificate_expiry": ISO8601DateFormatter().string(from: expiry)])
-        }
-        var text = PrometheusText()
-        text.family("apns_worker_certificate_expiry_timestamp_seconds", "gauge",
-                    "When the APNs client certificate expires (unix seconds), by the topic it serves.",
-                    [(labels: [("topic", configuration.credential.defaultTopic ?? "")],
-                      value: Int(expiry.timeIntervalSince1970))])
-        credentialMetrics = text.text
-    }
-    runService(worker, name: "broker", metrics: configuration.metrics, logger: logger, extraMetrics: credentialMetrics)
+    runService(worker, name: "broker", metrics: configuration.metrics, logger: logger)
 }

@@ -236,14 +236,16 @@ final class QueueReader {
 /// A worker whose `run()` throws fails the test that ran it: `stop()` records the error (the first call does), and
 /// `error` tells a test that expects one what it was.
 final class WorkerThread {
-    let worker: Worker
+    let service: ReloadableWorker
+    var worker: Worker { service.worker }
     private let stopped = DispatchSemaphore(value: 0)
     private let thrown = Locked<(any Error)?>(nil)
     private var isStopped = false
 
     init(_ environment: [String: String], logger: Logger) throws {
-        worker = try WorkerConfiguration.load(from: environment).makeWorker(logger: logger)
-        let worker = self.worker
+        let configuration = try WorkerConfiguration.load(from: environment)
+        service = try configuration.makeWorker(logger: logger) { configuration }
+        let worker = self.service
         let stopped = self.stopped
         let thrown = self.thrown
         Thread {

@@ -345,10 +345,10 @@ import WorkerPipeline
         let soon = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 10)]) { $1 })
         let expiry = try #require(soon.credential.certificateExpiry)
         #expect(abs(expiry.timeIntervalSinceNow - 10 * 86_400) < 120, "the certificate's notAfter: \(expiry)")
-        #expect(soon.credential.certificateExpiryWarning()?.contains("expires in 9 days") == true,
-                "\(soon.credential.certificateExpiryWarning() ?? "no warning")")
+        let warnings = CredentialSettings.certificateExpiryWarnings(try soon.credential.makeCredentials())
+        #expect(warnings.count == 1 && warnings[0].message.contains("expires in 9 days"), "\(warnings)")
         let fresh = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 365)]) { $1 })
-        #expect(fresh.credential.certificateExpiryWarning() == nil)
+        #expect(CredentialSettings.certificateExpiryWarnings(try fresh.credential.makeCredentials()).isEmpty)
     }
 
     @Test func secretsStayOutOfErrors() {

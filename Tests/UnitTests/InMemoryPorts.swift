@@ -316,5 +316,10 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         threads[lane]!.asyncAfter(deadline: .now() + delay, execute: action)
     }
 
+    /// What the sender says of each topic: every topic sent, with no rate group, unless a test says otherwise.
+    var topicService: @Sendable (String) -> TopicService = { _ in .served(rateGroup: nil) }
+
+    func service(forTopic topic: String) -> TopicService { topicService(topic) }
+
     func shutdown() {}
 }

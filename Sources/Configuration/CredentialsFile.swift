@@ -1,0 +1,202 @@
+import APNs
+import Foundation
+import TLS
+
+/// APNS_CREDENTIALS_FILE: several teams' signing keys and certificates, each serving the bundle IDs it lists.
+///
+/// ```json
+/// {"credentials": [
+///   {"team_id": "TEAM000001", "key_id": "KEY0000001", "key_file": "/run/secrets/AuthKey_KEY0000001.p8",
+///    "topics": ["com.example.app", "com.example.driver"], "rate_limit": 0},
+///   {"cert_file": "/run/secrets/other.pem", "cert_key_file": "/run/secrets/other.key", "topics": ["com.other.app"]}
+/// ]}
+/// ```
+///
+/// A relative path is relative to the credentials file's directory. Every problem names its entry (1-based) and
+/// what is wrong, never a key's content.
+struct CredentialsFile {
+    struct Entry: Equatable {
+        var proof: CredentialSettings.Proof
+        var topics: [String]
+        var rateLimit: Int
+    }
+
+    var entries: [Entry]
+
+    private static let tokenFields: Set<String> = ["team_id", "key_id", "key_file", "topics", "rate_limit"]
+    private static let certificateFields: Set<String> = ["cert_file", "cert_key_file", "topics", "rate_limit"]
+
+    /// Reads and checks the file's shape; keys and certificates are loaded by `CredentialSettings.makeCredentials`.
+    static func read(_ path: String) throws(ConfigurationError) -> CredentialsFile {
+        func problem(_ text: String) -> ConfigurationError {
+            ConfigurationError(\.apnsCredentialsFile, "\(path): \(text)")
+        }
+        guard let data = FileManager.default.contents(atPath: path) else { throw problem("cannot be read") }
+        let document: Any
+        do { document = try JSONSerialization.jsonObject(with: data) } catch {
+            throw problem("not JSON (\((error as NSError).userInfo[NSDebugDescriptionErrorKey] ?? error))")
+        }
+        guard let top = document as? [String: Any], let list = top["credentials"] as? [Any] else {
+            throw problem("wants {\"credentials\": [ ... ]}")
+        }
+        if let extra = top.keys.first(where: { $0 != "credentials" }) { throw problem("unknown field \"\(extra)\"") }
+        let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
+        var entries: [Entry] = []
+        for (offset, item) in list.enumerated() {
+            do throws(EntryProblem) {
+                entries.append(try entry(item, directory: directory))
+            } catch {
+                throw problem("entry \(offset + 1)\(error.naming): \(error.text)")
+            }
+        }
+        return CredentialsFile(entries: entries)
+    }
+
+    struct EntryProblem: Error {
+        var text: String
+        var naming = ""
+    }
+
+    private static func entry(_ item: Any, directory: URL) throws(EntryProblem) -> Entry {
+        guard let fields = item as? [String: Any] else { throw EntryProblem(text: "not an object") }
+        func string(_ name: String) throws(EntryProblem) -> String? {
+            guard let value = fields[name] else { return nil }
+            guard let text = value as? String, !text.isEmpty else {
+                throw EntryProblem(text: "\"\(name)\" wants a non-empty string")
+            }
+            return text
+        }
+        func file(_ name: String) throws(EntryProblem) -> String? {
+            guard let path = try string(name) else { return nil }
+            return path.hasPrefix("/") ? path : directory.appendingPathComponent(path).path
+        }
+        let proof: CredentialSettings.Proof
+        let allowed: Set<String>
+        if let keyFile = try file("key_file") {
+            guard let keyID = try string("key_id") else { throw EntryProblem(text: "\"key_id\" is required with \"key_file\"") }
+            guard let teamID = try string("team_id") else {
+                throw EntryProblem(text: "\"team_id\" is required with \"key_file\"")
+            }
+            proof = .signingKey(file: keyFile, keyID: keyID, teamID: teamID)
+            allowed = tokenFields
+        } else if let certificateFile = try file("cert_file") {
+            proof = .certificate(file: certificateFile, keyFile: try file("cert_key_file"))
+            allowed = certificateFields
+        } else {
+            throw EntryProblem(text: "names no credential: \"key_file\" (with \"key_id\" and \"team_id\") or \"cert_file\"")
+        }
+        let naming = " (\(CredentialSettings.describe(proof)))"
+        if let extra = fields.keys.sorted().first(where: { !allowed.contains($0) }) {
+            throw EntryProblem(text: "unknown field \"\(extra)\" for a \(allowed == tokenFields ? "signing key" : "certificate")",
+                               naming: naming)
+        }
+        guard let topics = fields["topics"] as? [Any], !topics.isEmpty else {
+            throw EntryProblem(text: "\"topics\" wants a non-empty list of bundle IDs", naming: naming)
+        }
+        var bundles: [String] = []
+        for topic in topics {
+            guard let bundle = topic as? String, TopicSettingCheck.isValid(bundle) else {
+                throw EntryProblem(text: "\"topics\" holds \(topic), not a bundle ID", naming: naming)
+            }
+            bundles.append(bundle)
+        }
+        var rateLimit = 0
+        if let value = fields["rate_limit"] {
+            guard !(value is Bool), let number = value as? NSNumber,
+                  let whole = Int(exactly: number.doubleValue), whole >= 0 else {
+                throw EntryProblem(text: "\"rate_limit\" wants a whole number of notifications per second, 0 or more",
+                                   naming: naming)
+            }
+            rateLimit = whole
+        }
+        return Entry(proof: proof, topics: bundles, rateLimit: rateLimit)
+    }
+}
+
+/// What a topic in the credentials file may be: 1 to 255 bytes of visible ASCII, as `apns-topic` carries it.
+enum TopicSettingCheck {
+    static func isValid(_ topic: String) -> Bool {
+        let bytes = topic.utf8
+        return (1...255).contains(bytes.count) && bytes.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+    }
+}
+
+extension CredentialSettings {
+    /// Every credential: the file's entries (if APNS_CREDENTIALS_FILE is set) and the single-key settings as the
+    /// default for every other topic. Reads and checks each key and certificate; the first problem throws, naming
+    /// its entry. Called at start and on every reload.
+    public func makeCredentials() throws(ConfigurationError) -> APNsCredentials {
+        var fallback: APNsCredential?
+        if proof != nil {
+            fallback = try Self.credential(makeAuthentication(), proof: proof!, bundles: [], rateLimit: 0,
+                                           certificateExpiry: certificateExpiry)
+        }
+        var entries: [APNsCredential] = []
+        if let credentialsFile {
+            let file = try CredentialsFile.read(credentialsFile)
+            for (offset, entry) in file.entries.enumerated() {
+                func problem(_ text: String) -> ConfigurationError {
+                    ConfigurationError(\.apnsCredentialsFile,
+                                       "\(credentialsFile): entry \(offset + 1) (\(Self.describe(entry.proof))): \(text)")
+                }
+                let authentication: APNsAuthentication
+                var expiry: Date?
+                switch entry.proof {
+                case .signingKey(let keyFile, let keyID, let teamID):
+                    do {
+                        authentication = .token(try APNsTokenProvider(key: try ES256Key(contentsOfFile: keyFile),
+                                                                      keyID: keyID, teamID: teamID))
+                    } catch { throw problem(error.description) }
+                case .certificate(let certificateFile, let keyFile):
+                    do { expiry = try CertificateFile.expiry(ofPEMFile: certificateFile) } catch { throw problem("\(error)") }
+                    if let expiry, expiry < Date() {
+                        throw problem("the certificate expired on \(ISO8601DateFormatter().string(from: expiry)): renew it")
+                    }
+                    authentication = .certificate(certificateFile: certificateFile, privateKeyFile: keyFile)
+                }
+                entries.append(try Self.credential(authentication, proof: entry.proof, bundles: Set(entry.topics),
+                                                   rateLimit: entry.rateLimit, certificateExpiry: expiry))
+            }
+        }
+        if fallback == nil && entries.isEmpty {
+            throw ConfigurationError(\.apnsCredentialsFile, "\(credentialsFile ?? ""): lists no credential, and no "
+                                     + "single-key setting gives a default one")
+        }
+        do {
+            var credentials = try APNsCredentials(entries: entries, fallback: fallback)
+            credentials.defaultTopic = defaultTopic
+            return credentials
+        } catch {
+            throw ConfigurationError(\.apnsCredentialsFile, "\(credentialsFile ?? ""): \(error)")
+        }
+    }
+
+    private static func credential(_ authentication: APNsAuthentication, proof: Proof, bundles: Set<String>,
+                                   rateLimit: Int, certificateExpiry: Date?) throws(ConfigurationError) -> APNsCredential {
+        // Two readings of the same files are the same credential (a reload keeps its connections): the proof's
+        // identifiers and the bytes of its files.
+        var fingerprint = Array(describe(proof).utf8)
+        for path in proof.files {
+            fingerprint += [0] + Array(path.utf8) + [0] + (FileManager.default.contents(atPath: path).map(Array.init) ?? [])
+        }
+        return APNsCredential(name: authentication.name, authentication: authentication, bundles: bundles,
+                              rateLimit: rateLimit, fingerprint: fingerprint, certificateExpiry: certificateExpiry)
+    }
+
+    /// An entry's proof in a few words, for error lines: team and key ids, or the certificate's file.
+    static func describe(_ proof: Proof) -> String {
+        switch proof {
+        case .signingKey(_, let keyID, let teamID): "team \(teamID), key \(keyID)"
+        case .certificate(let file, _): "certificate \(file)"
+        }
+    }
+}
+
+extension CredentialSettings.Proof {
+    var files: [String] {
+        switch self {
+        case .signingKey(let file, _, _): [file]
+        case .certificate(let file, let keyFile): [file] + (keyFile.map { [$0] } ?? [])
+        }
+    }
+}
