@@ -73,8 +73,7 @@ public final class APNsNotificationSender: NotificationSender {
             guard let expiry = credential.certificateExpiry else { continue }
             let topics = credential.bundles.isEmpty ? [credentials.defaultTopic ?? ""] : credential.bundles.sorted()
             for topic in topics {
-                expiries.append((labels: [("topic", topic), ("credential", credential.name)],
-                                 value: Int(expiry.timeIntervalSince1970)))
+                expiries.append((labels: [("topic", topic)], value: Int(expiry.timeIntervalSince1970)))
             }
         }
         if !expiries.isEmpty {

@@ -20,6 +20,9 @@ public struct ReceivedNotification: Sendable, Equatable {
     public var connectionID: Int
     /// When it arrived, seconds since the epoch.
     public var receivedAt: Double
+    /// Who sent it, as the connection proved it: `TEAMID/KEYID` of a verified provider token, or
+    /// `certificate:<common name>` of a verified client certificate; nil when nothing is checked.
+    public var credential: String? = nil
 }
 
 /// An APNs double on the project's own HTTP/2 + TLS code: validates requests like APNs and answers like it.
@@ -42,7 +45,9 @@ public final class APNsSimulator: Sendable {
         public var recordsNotifications: Bool
         /// Faults and answers scripted on top of APNs's rules; changeable at run time with `setBehaviour`.
         public var behaviour: Behaviour
-        /// Certificate authentication: clients must present a TLS certificate issued by (or equal to) this one.
+        /// Certificate authentication: clients must present a TLS certificate issued by (or equal to) this one; with
+        /// `trustedKeys` too, clients without a certificate use provider tokens instead. A certificate whose common
+        /// name is a bundle ID serves that app's topics only (TopicDisallowed for others).
         public var clientCertificateCA: String?
         /// Told about every push as it is judged, on the server's thread (tests wait on it). Keep it short.
         public var observer: (@Sendable (ReceivedNotification) -> Void)?
@@ -154,6 +159,9 @@ public final class APNsSimulator: Sendable {
             host: configuration.host, port: configuration.port, certificatePEM: pair.certificatePEM,
             privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: configuration.maximumConcurrentStreams,
             clientCertificateCA: configuration.clientCertificateCA)
+        // Token and certificate authentication side by side, as on Apple's hosts: a client without a certificate
+        // proves itself with provider tokens.
+        serverConfiguration.clientCertificateOptional = !configuration.trustedKeys.isEmpty
         serverConfiguration.acknowledgesPings = !configuration.behaviour.ignoresPings
         serverConfiguration.loopCount = configuration.threads
         let server = try HTTP2Server(
@@ -203,6 +211,8 @@ private final class SimulatorCore: Sendable {
     struct ConnectionState {
         var streams = 0
         var team: String?
+        /// `TEAMID/KEYID` of the provider token verified on this connection.
+        var credential: String?
         var authorization: String?
         var authorizationChangedAt: Double = 0
         var limitedToOneStream = false
@@ -277,7 +287,9 @@ private final class SimulatorCore: Sendable {
         case nil:
             break
         }
-        var (status, reason, timestamp) = judge(request, token: token, behaviour)
+        // A connection with a verified client certificate is certificate-authenticated: no provider token needed.
+        let certificate = configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
+        var (status, reason, timestamp) = judge(request, token: token, behaviour, certificate: certificate)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
         let stamp = Self.sentAtStamp(request.body)
         let delay = behaviour.latency
@@ -298,7 +310,8 @@ private final class SimulatorCore: Sendable {
                     priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
                     collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
                     status: status, reason: reason?.rawValue, connectionID: request.connectionID,
-                    receivedAt: Date().timeIntervalSince1970)
+                    receivedAt: Date().timeIntervalSince1970,
+                    credential: certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential)
                 if configuration.recordsNotifications { state.received.append(notification!) }
             }
             var streamLimit: UInt32?
@@ -358,8 +371,8 @@ private final class SimulatorCore: Sendable {
     }
 
     /// Apple's checks, in the order APNs is observed to apply them; nil reason means 200.
-    private func judge(_ request: HTTP2ServerRequest, token: String,
-                       _ behaviour: APNsSimulator.Behaviour) -> (Int, APNsReason?, Int64?) {
+    private func judge(_ request: HTTP2ServerRequest, token: String, _ behaviour: APNsSimulator.Behaviour,
+                       certificate: String?) -> (Int, APNsReason?, Int64?) {
         guard request.method == "POST" else { return (405, .methodNotAllowed, nil) }
         guard request.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
@@ -369,10 +382,14 @@ private final class SimulatorCore: Sendable {
            environment != playedEnvironment {
             return (400, .badDeviceToken, nil)
         }
-        if let failure = checkProviderToken(request) {
+        if certificate == nil, let failure = checkProviderToken(request) {
             return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
         }
         guard let topic = request.header("apns-topic"), !topic.isEmpty else { return (400, .missingTopic, nil) }
+        // A certificate serves its app's topics: a common name that is a bundle ID names the app.
+        if let certificate, certificate.contains("."), APNsPushType.bundle(ofTopic: topic) != certificate {
+            return (400, .topicDisallowed, nil)
+        }
         let pushType = request.header("apns-push-type") ?? "alert"
         guard let suffix = AppleRules.topicSuffixes[pushType] else { return (400, .invalidPushType, nil) }
         if !topic.hasSuffix(suffix) { return (400, .badTopic, nil) }
@@ -410,7 +427,7 @@ private final class SimulatorCore: Sendable {
         let now = Date().timeIntervalSince1970
         let known = state.withLock { $0.connections[request.connectionID]?.authorization }
         if known == authorization { return nil }  // verified on this connection already
-        let (team, failure) = verifyProviderToken(authorization, now: now)
+        let (team, keyID, failure) = verifyProviderToken(authorization, now: now)
         if let failure { return failure }
         return state.withLock { state -> APNsReason? in
             var connection = state.connections[request.connectionID, default: ConnectionState()]
@@ -420,13 +437,15 @@ private final class SimulatorCore: Sendable {
                 return .tooManyProviderTokenUpdates
             }
             connection.team = team
+            connection.credential = "\(team ?? "")/\(keyID ?? "")"
             connection.authorization = authorization
             connection.authorizationChangedAt = now
             return nil
         }
     }
 
-    private func verifyProviderToken(_ authorization: String, now: Double) -> (team: String?, failure: APNsReason?) {
+    private func verifyProviderToken(_ authorization: String, now: Double)
+        -> (team: String?, keyID: String?, failure: APNsReason?) {
         let parts = authorization.dropFirst("bearer ".count).split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3,
               let headerBytes = APNsTokenProvider.base64URLDecode(parts[0]),
@@ -436,13 +455,13 @@ private final class SimulatorCore: Sendable {
               let claims = try? JSONSerialization.jsonObject(with: Data(claimsBytes)) as? [String: Any],
               header["alg"] as? String == "ES256",
               let keyID = header["kid"] as? String, let issuer = claims["iss"] as? String,
-              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return (nil, .invalidProviderToken) }
+              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return (nil, nil, .invalidProviderToken) }
         guard let trusted = configuration.trustedKeys[keyID], trusted.teamID == issuer,
               trusted.key.verify(signature, of: Array((parts[0] + "." + parts[1]).utf8)) else {
-            return (nil, .invalidProviderToken)
+            return (nil, nil, .invalidProviderToken)
         }
-        if now - Double(issuedAt) > 3600 { return (nil, .expiredProviderToken) }
-        return (issuer, nil)
+        if now - Double(issuedAt) > 3600 { return (nil, nil, .expiredProviderToken) }
+        return (issuer, keyID, nil)
     }
 
     private func handleControl(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {

@@ -58,6 +58,9 @@ public struct HTTP2ServerConnection: @unchecked Sendable {
     // Invariant: as HTTP2ResponseWriter's.
     let connection: HTTP2Connection
 
+    /// The common name of the client certificate the handshake verified, if the client presented one.
+    public var peerCertificateCommonName: String? { connection.peerCertificateCommonName }
+
     /// Announces a new SETTINGS_MAX_CONCURRENT_STREAMS.
     public func updateMaximumConcurrentStreams(_ value: UInt32) {
         connection.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
@@ -138,6 +141,8 @@ final class HTTP2Connection: PollHandler {
     let role: Role
     private(set) var state: State
     private let tls: TLSStream
+    /// Read once, after the handshake (server connections only ask).
+    private(set) lazy var peerCertificateCommonName: String? = tls.peerCertificateCommonName
     private var session: OpaquePointer?
     /// nghttp2's allocations for this session; outlives it (deinit deletes the session first).
     private let memoryPool = Nghttp2MemoryPool()

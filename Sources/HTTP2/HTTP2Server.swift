@@ -18,6 +18,8 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         public var maximumConcurrentStreams: UInt32
         /// Require TLS client certificates issued by (or equal to) this PEM certificate.
         public var clientCertificateCA: String?
+        /// With `clientCertificateCA`: clients without a certificate are served too.
+        public var clientCertificateOptional = false
         /// false: PINGs go unanswered, as from a peer that silently died.
         public var acknowledgesPings = true
         /// Event loops (threads) the connections are spread over, in the order they arrive.
@@ -57,7 +59,8 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
     public init(configuration: Configuration, logger: Logger, handler: @escaping HTTP2RequestHandler) throws {
         tlsContext = try TLSContext.server(certificatePEM: configuration.certificatePEM,
                                            privateKeyPEM: configuration.privateKeyPEM,
-                                           clientCertificateCA: configuration.clientCertificateCA)
+                                           clientCertificateCA: configuration.clientCertificateCA,
+                                           clientCertificateOptional: configuration.clientCertificateOptional)
         let listener = try ListeningSocket.open(host: configuration.host, port: configuration.port, nonBlocking: true)
         fileDescriptor = listener.descriptor
         port = listener.port

@@ -109,7 +109,10 @@ package final class TLSContext: @unchecked Sendable {
 
     /// `clientCertificateCA`: when set, clients must present a certificate issued by (or equal to) this PEM
     /// certificate, as APNs requires on certificate-authenticated connections.
-    package static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil) throws -> TLSContext {
+    /// `clientCertificateOptional`: a client may also come without a certificate (one that presents one must still
+    /// present a good one), as APNs serves token and certificate authentication on the same hosts.
+    package static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil,
+                               clientCertificateOptional: Bool = false) throws -> TLSContext {
         OpenSSLLibrary.prepare()
         let owner = try TLSContext(method: TLS_server_method(), verifiesPeer: false)
         let context = owner.context
@@ -126,7 +129,8 @@ package final class TLSContext: @unchecked Sendable {
             guard X509_STORE_add_cert(SSL_CTX_get_cert_store(context), authority) == 1 else {
                 throw TLSError("cannot trust the client certificate CA")
             }
-            SSL_CTX_set_verify(context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nil)
+            SSL_CTX_set_verify(context, clientCertificateOptional ? SSL_VERIFY_PEER
+                               : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nil)
         }
         return owner
     }
@@ -252,6 +256,17 @@ package final class TLSStream {
         SSL_get0_alpn_selected(ssl, &data, &length)
         guard let data, length > 0 else { return nil }
         return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
+    }
+
+    /// The common name of the certificate the peer presented and the handshake verified, if any.
+    package var peerCertificateCommonName: String? {
+        guard let certificate = SSL_get1_peer_certificate(ssl) else { return nil }
+        defer { X509_free(certificate) }
+        guard SSL_get_verify_result(ssl) == X509_V_OK, let subject = X509_get_subject_name(certificate) else { return nil }
+        var buffer = [CChar](repeating: 0, count: 256)
+        let length = X509_NAME_get_text_by_NID(subject, NID_commonName, &buffer, Int32(buffer.count))
+        guard length > 0 else { return nil }
+        return String(decoding: buffer.prefix(Int(length)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     package var verificationError: String? {

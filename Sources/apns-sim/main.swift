@@ -23,6 +23,9 @@ OPTIONS:
                               repeatable
   --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
                               (PEM); repeatable. Without it any bearer token is accepted.
+  --client-ca FILE            certificate authentication: clients present a certificate issued by (or equal to) the
+                              PEM certificate in FILE; a common name that is a bundle ID serves that app's topics.
+                              With --trust-key, clients without a certificate use provider tokens instead
   --token-topic TOKEN=TOPIC   TOKEN was issued for TOPIC (the full topic: com.example.app for a device token,
                               com.example.app.voip for a PushKit token, ...): pushes to it with any other topic are
                               answered 400 DeviceTokenNotForTopic, as APNs does. TOKEN ending in * is a prefix rule
@@ -134,6 +137,10 @@ while let argument = arguments.popFirst() {
         do {
             configuration.trustedKeys[parts[0]] = .init(teamID: parts[1], key: try ES256Key(contentsOfFile: parts[2]))
         } catch { fail("--trust-key: \(error)") }
+    case "--client-ca":
+        let path = value(for: argument)
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { fail("--client-ca: cannot read \(path)") }
+        configuration.clientCertificateCA = text
     case "--token-topic", "--token-environment":
         let text = value(for: argument)
         let parts = text.split(separator: "=", maxSplits: 1).map(String.init)
