@@ -47,7 +47,8 @@ public final class APNsSimulator: Sendable {
         public var behaviour: Behaviour
         /// Certificate authentication: clients must present a TLS certificate issued by (or equal to) this one; with
         /// `trustedKeys` too, clients without a certificate use provider tokens instead. A certificate whose common
-        /// name is a bundle ID serves that app's topics only (TopicDisallowed for others).
+        /// name is a bundle ID, or "Apple Push Services: <bundle ID>" as Apple issues them, serves that app's topics
+        /// only (TopicDisallowed for others).
         public var clientCertificateCA: String?
         /// Told about every push as it is judged, on the server's thread (tests wait on it). Keep it short.
         public var observer: (@Sendable (ReceivedNotification) -> Void)?
@@ -386,9 +387,11 @@ private final class SimulatorCore: Sendable {
             return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
         }
         guard let topic = request.header("apns-topic"), !topic.isEmpty else { return (400, .missingTopic, nil) }
-        // A certificate serves its app's topics: a common name that is a bundle ID names the app.
-        if let certificate, certificate.contains("."), APNsPushType.bundle(ofTopic: topic) != certificate {
-            return (400, .topicDisallowed, nil)
+        // A certificate serves its app's topics: Apple's common name is "Apple Push Services: <bundle ID>".
+        if let certificate {
+            let prefix = "Apple Push Services: "
+            let bundle = certificate.hasPrefix(prefix) ? String(certificate.dropFirst(prefix.count)) : certificate
+            if bundle.contains("."), APNsPushType.bundle(ofTopic: topic) != bundle { return (400, .topicDisallowed, nil) }
         }
         let pushType = request.header("apns-push-type") ?? "alert"
         guard let suffix = AppleRules.topicSuffixes[pushType] else { return (400, .invalidPushType, nil) }

@@ -24,7 +24,8 @@ OPTIONS:
   --trust-key KID:TEAM:FILE   verify provider tokens (JWT): key id KID of team TEAM, public or private key FILE
                               (PEM); repeatable. Without it any bearer token is accepted.
   --client-ca FILE            certificate authentication: clients present a certificate issued by (or equal to) the
-                              PEM certificate in FILE; a common name that is a bundle ID serves that app's topics.
+                              PEM certificate in FILE; a common name that is a bundle ID (or "Apple Push Services:
+                              <bundle ID>", as Apple issues them) serves that app's topics only.
                               With --trust-key, clients without a certificate use provider tokens instead
   --token-topic TOKEN=TOPIC   TOKEN was issued for TOPIC (the full topic: com.example.app for a device token,
                               com.example.app.voip for a PushKit token, ...): pushes to it with any other topic are

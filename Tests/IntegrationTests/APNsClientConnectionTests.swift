@@ -114,6 +114,38 @@ import Glibc
         #expect(simulator.received().first?.reason == "ExpiredProviderToken")
     }
 
+    /// 403 UnrelatedKeyIdInToken says the connection is bound to another key: the client sends again on a fresh
+    /// connection (the refused one closes after its streams), and answers with that connection's answer. A server
+    /// that keeps saying so is answered with the 403 within `replacementInterval`, not with a loop of connections.
+    @Test func aConnectionBoundToAnotherKeyIsReplaced() throws {
+        let pair = try SelfSignedCertificate.generate(commonName: "127.0.0.1")
+        let refusing = Atomic<Int>(1)  // connections (by id) up to this one answer 403
+        let connectionsSeen = Locked<Set<Int>>([])
+        let server = try HTTP2Server(configuration: .init(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM),
+                                     logger: logger) { request, writer in
+            connectionsSeen.withLock { _ = $0.insert(request.connectionID) }
+            if request.connectionID <= refusing.load(ordering: .relaxed) {
+                writer.respond(status: 403, body: Array(#"{"reason":"UnrelatedKeyIdInToken"}"#.utf8))
+            } else {
+                writer.respond(status: 200, headers: [HTTP2Field(name: "apns-id", value: UUID().uuidString)])
+            }
+        }
+        defer { server.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: pair.certificatePEM)
+        let client = APNsClient(configuration: APNsClientConfiguration(production: .init(host: "127.0.0.1", port: server.port),
+                                                                       caFile: caFile),
+                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        defer { client.shutdown() }
+        let first = sendOne(client, token: token)
+        #expect(first?.response?.status == 200, "sent again on a new connection: \(String(describing: first))")
+        #expect(connectionsSeen.withLock { $0 } == [1, 2])
+        refusing.store(Int.max, ordering: .relaxed)
+        let second = sendOne(client, token: token)
+        let third = sendOne(client, token: token)
+        #expect(second?.response?.reason == .unrelatedKeyIdInToken && third?.response?.reason == .unrelatedKeyIdInToken)
+        #expect(connectionsSeen.withLock { $0.count } == 2, "no new connection within the interval")
+    }
+
     @Test func invalidProviderTokenIsFinalNotALoop() throws {
         let simulator = try APNsSimulator(
             configuration: .init(trustedKeys: ["KEY0000001": .init(teamID: "TEAM000001",
