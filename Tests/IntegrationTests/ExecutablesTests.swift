@@ -160,21 +160,37 @@ import Glibc
         let pair = try SelfSignedCertificate.generate(commonName: "push", days: 10)
         let certificate = try TestServices.temporaryFile("cert.pem", contents: pair.certificatePEM + pair.privateKeyPEM)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: certificate)
+        // A second certificate, in the credentials file, for another app.
+        let other = try SelfSignedCertificate.generate(commonName: "com.other.app", days: 20)
+        let otherFile = try TestServices.temporaryFile("other.pem", contents: other.certificatePEM + other.privateKeyPEM)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: otherFile)
+        let credentials = try TestServices.temporaryFile("credentials.json", contents:
+            #"{"credentials": [{"cert_file": "\#(otherFile)", "topics": ["com.other.app", "com.other.driver"]}]}"#)
         let metricsPort = TestServices.freePort()
         let worker = try Child("apns-worker", ["run"], environment: [
             "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort), "APNS_CERT_FILE": certificate,
+            "APNS_CREDENTIALS_FILE": credentials,
             // Nothing listens there: the worker runs, its APNs connections back off.
             "APNS_PRODUCTION_URL": "https://127.0.0.1:9", "APNS_SANDBOX_URL": "https://127.0.0.1:9",
             "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": TestServices.unique("jobs"), "LOG_LEVEL": "info",
         ])
         defer { _ = worker.stop() }
-        let warning = worker.waitForLine(containing: "certificate expires in")
-        #expect(warning?.contains("expires in 9 days") == true, "\(warning ?? "no warning")")
+        let firstWarning = worker.waitForLine(containing: "certificate expires in")
+        let secondWarning = worker.waitForLine(containing: "certificate expires in")
+        #expect(firstWarning?.contains("expires in 19 days") == true && firstWarning?.contains("com.other.app,com.other.driver") == true,
+                "\(firstWarning ?? "no warning")")
+        #expect(secondWarning?.contains("expires in 9 days") == true && secondWarning?.contains("com.example.app") == true,
+                "\(secondWarning ?? "no warning")")
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
         let metrics = try TestServices.httpGet(port: metricsPort, "/metrics").body
-        let expiry = metrics.firstMatch(of: /apns_worker_certificate_expiry_timestamp_seconds\{topic="com\.example\.app"\} (\d+)/)
-            .flatMap { Double($0.1) }
-        #expect(expiry.map { abs($0 - Date().timeIntervalSince1970 - 10 * 86_400) < 120 } == true, "\(metrics)")
+        func expiry(_ topic: String) -> Double? {
+            metrics.split(separator: "\n").first { $0.hasPrefix("apns_worker_certificate_expiry_timestamp_seconds{topic=\"\(topic)\"} ") }
+                .flatMap { Double($0.split(separator: " ").last ?? "") }
+        }
+        for (topic, days) in [("com.example.app", 10.0), ("com.other.app", 20), ("com.other.driver", 20)] {
+            #expect(expiry(topic).map { abs($0 - Date().timeIntervalSince1970 - days * 86_400) < 120 } == true,
+                    "\(topic): \(metrics)")
+        }
     }
 
     @Test func aFlagOverridesTheEnvironmentAndTheConfigFile() throws {

@@ -64,4 +64,40 @@ import Glibc
         #expect(busiest <= limit + limit / 2, "busiest one-second span: \(busiest)")
         print(String(format: "rate limit %d/s, two workers: %.1f/s over %.2f s, busiest one-second span %d", limit, rate, span, busiest))
     }
+
+    /// A credential's own `rate_limit` (APNS_CREDENTIALS_FILE) holds its topics to that rate, while another
+    /// credential's pushes go on unhindered beside them.
+    @Test func aCredentialsOwnLimitHoldsOnlyItsTopics() throws {
+        let logger = Logger(label: "rate", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let limited = try APNsCredentialsTests.TeamKey(team: "TEAM00000A", keyID: "RATE" + String(UUID().uuidString.prefix(6)))
+        let free = try APNsCredentialsTests.TeamKey(team: "TEAM00000B", keyID: "KEY000000B")
+        let limit = 20
+        let file = try APNsCredentialsTests.credentialsFile([limited.entry(["com.slow.app"], rateLimit: limit),
+                                                              free.entry(["com.fast.app"])])
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, ["APNS_CREDENTIALS_FILE": file])
+        for key in ["APNS_KEY_FILE", "APNS_KEY_ID", "APNS_TEAM_ID"] { environment[key] = nil }
+        for job in 0..<12 {
+            let topic = job % 2 == 0 ? "com.slow.app" : "com.fast.app"
+            let tokens = (0..<10).map { String(format: "%064x", 0x5107_0000 + job * 16 + $0) }
+            try publisher.publish(to: jobs, body: APNsCredentialsTests.tokenJob("credential-rate-\(job)", topic: topic, tokens: tokens),
+                                  properties: AMQPProperties(replyTo: replies))
+        }
+        let worker = try WorkerThread(environment, logger: logger)
+        defer { worker.stop() }
+        #expect(try replyReader.read(12, timeout: 60).count == 12)
+        let received = simulator.received()
+        let slow = received.filter { $0.topic == "com.slow.app" }.map(\.receivedAt).sorted()
+        let fast = received.filter { $0.topic == "com.fast.app" }.map(\.receivedAt).sorted()
+        #expect(slow.count == 60 && fast.count == 60)
+        let span = slow.last! - slow.first!
+        let rate = Double(slow.count - 1) / span
+        #expect(rate <= Double(limit) * 1.1, "the limited credential: \(rate) per second over \(span) s")
+        #expect(fast.last! < slow.last! - 1,
+                "the other credential held back too: its last push \(fast.last! - slow.first!) s after the first limited one, which took \(span) s")
+        print(String(format: "credential rate limit %d/s: %.1f/s over %.2f s; the other credential's 60 within %.2f s",
+                     limit, rate, span, fast.last! - fast.first!))
+    }
 }
