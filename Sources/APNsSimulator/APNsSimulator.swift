@@ -199,6 +199,8 @@ private final class SimulatorCore: Sendable {
         var unregistered: [String: Int64]
         var received: [ReceivedNotification] = []
         var countsByStatus: [Int: Int] = [:]
+        /// Pushes per credential that proved itself (`TEAMID/KEYID`, `certificate:<common name>`).
+        var countsByCredential: [String: Int] = [:]
         var latencies: [UInt32] = []
         var ids = APNsIDGenerator()
         var behaviour: APNsSimulator.Behaviour
@@ -232,6 +234,7 @@ private final class SimulatorCore: Sendable {
     }
 
     func countsByStatus() -> [Int: Int] { state.withLock { $0.countsByStatus } }
+    func countsByCredential() -> [String: Int] { state.withLock { $0.countsByCredential } }
 
     /// Publish-to-answer latencies of notifications whose payload carries `"sent_at_us":<µs since the epoch>`
     /// (apns-bench stamps them at publish time), in microseconds.
@@ -298,6 +301,8 @@ private final class SimulatorCore: Sendable {
         let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(delay * 1e6)
         let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state -> (String, String, UInt32?, ReceivedNotification?) in
             state.countsByStatus[status, default: 0] += 1
+            let credential = certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential
+            if let credential { state.countsByCredential[credential, default: 0] += 1 }
             if let sentAt = stamp, state.latencies.count < 4_000_000 {
                 state.latencies.append(UInt32(clamping: max(0, answeredAt - sentAt)))
             }
@@ -311,8 +316,7 @@ private final class SimulatorCore: Sendable {
                     priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
                     collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
                     status: status, reason: reason?.rawValue, connectionID: request.connectionID,
-                    receivedAt: Date().timeIntervalSince1970,
-                    credential: certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential)
+                    receivedAt: Date().timeIntervalSince1970, credential: credential)
                 if configuration.recordsNotifications { state.received.append(notification!) }
             }
             var streamLimit: UInt32?
@@ -473,6 +477,9 @@ private final class SimulatorCore: Sendable {
             let counts = countsByStatus()
             let total = counts.values.reduce(0, +)
             let byStatus = counts.keys.sorted().map { "\"\($0)\":\(counts[$0]!)" }.joined(separator: ",")
+            let credentials = countsByCredential()
+            let byCredential = credentials.keys.sorted().map { "\(JSONString.quote($0)):\(credentials[$0]!)" }
+                .joined(separator: ",")
             var latency = latencies()
             latency.sort()
             func percentile(_ fraction: Double) -> UInt32 {
@@ -481,7 +488,8 @@ private final class SimulatorCore: Sendable {
             let latencyText = "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
                 + "\"max\":\(latency.last ?? 0)}"
             writer.respond(status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
-                           body: Array("{\"received\":\(total),\"by_status\":{\(byStatus)},\"latency_us\":\(latencyText)}\n".utf8))
+                           body: Array(("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},"
+                                        + "\"latency_us\":\(latencyText)}\n").utf8))
         case ("POST", "/sim/reset-latency"):
             resetLatencies()
             writer.respond(status: 200)

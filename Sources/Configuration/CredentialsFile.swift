@@ -127,8 +127,8 @@ extension CredentialSettings {
     /// its entry. Called at start and on every reload.
     public func makeCredentials() throws(ConfigurationError) -> APNsCredentials {
         var fallback: APNsCredential?
-        if proof != nil {
-            fallback = try Self.credential(makeAuthentication(), proof: proof!, bundles: [], rateLimit: 0,
+        if let proof {
+            fallback = try Self.credential(makeAuthentication(), proof: proof, bundles: [], rateLimit: 0,
                                            certificateExpiry: certificateExpiry)
         }
         var entries: [APNsCredential] = []

@@ -58,8 +58,10 @@ FAULTS (what real APNs deployments meet):
   -h, --help                  this text
 
 CONTROL:
-  GET /sim/stats on the same port answers {"received": N, "by_status": {...}, "latency_us": {"p50": ..., "p99": ...}}
-  (latency from the "sent_at_us" stamp apns-bench puts in payloads to the answer); POST /sim/reset-latency clears it;
+  GET /sim/stats on the same port answers {"received": N, "by_status": {...}, "by_credential": {...},
+  "latency_us": {"p50": ..., "p99": ...}} (by_credential: pushes per verified provider key "TEAMID/KEYID" or client
+  certificate "certificate:<common name>"; latency from the "sent_at_us" stamp apns-bench puts in payloads to the
+  answer); POST /sim/reset-latency clears the latencies;
   POST /sim/goaway sends GOAWAY on that connection.
   On SIGINT or SIGTERM it prints the same counts and exits 0.
 
