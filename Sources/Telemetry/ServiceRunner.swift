@@ -11,12 +11,12 @@ import Foundation
 /// with sigwait: never lost, never the default action that kills mid-work. SIGHUP asks the service to `reload()`.
 public enum ServiceRunner {
     /// Call first thing in `main`, before any thread exists.
-    public static func blockTerminationSignals() {
-        var signals = terminationSignals
+    public static func blockServiceSignals() {
+        var signals = serviceSignals
         pthread_sigmask(SIG_BLOCK, &signals, nil)
     }
 
-    private static var terminationSignals: sigset_t {
+    private static var serviceSignals: sigset_t {
         var signals = sigset_t()
         sigemptyset(&signals)
         sigaddset(&signals, SIGINT)
@@ -26,12 +26,12 @@ public enum ServiceRunner {
     }
 
     /// Runs `service` on a thread of its own until `run()` returns. The first SIGINT or SIGTERM calls `stop()`; a
-    /// second exits at once with `interruptedExitCode` (unfinished work returns to the broker). Returns what
-    /// `run()` threw, if anything.
+    /// second exits at once with `interruptedExitCode` (unfinished work returns to the broker). Each SIGHUP calls
+    /// `reload()`, whose failure is logged and changes nothing. Returns what `run()` threw, if anything.
     public static func run(_ service: any Service, name: String, logger: Logger,
                            interruptedExitCode: Int32 = 1) -> (any Error)? {
         let waiter = Thread {
-            var signals = terminationSignals
+            var signals = serviceSignals
             var received: Int32 = 0
             var count = 0
             while sigwait(&signals, &received) == 0 {

@@ -70,8 +70,8 @@ EXAMPLE:
   APNS_PRODUCTION_URL=https://127.0.0.1:2197 APNS_CA_FILE=/tmp/sim.pem apns-worker
 """
 
-// SIGINT and SIGTERM wait for the runner (sigwait) from the first instruction, before any thread exists.
-ServiceRunner.blockTerminationSignals()
+// SIGINT, SIGTERM and SIGHUP wait for the runner (sigwait) from the first instruction, before any thread exists.
+ServiceRunner.blockServiceSignals()
 
 /// Unbuffered, so a script reading the pipe sees the line at once.
 func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }

@@ -55,8 +55,8 @@ if arguments.first == "--help" || arguments.first == "-h" {
 }
 let command = arguments.first.flatMap { $0.hasPrefix("-") ? nil : $0 } ?? "run"
 if arguments.first == command { arguments.removeFirst() }
-// The long-running commands take SIGINT and SIGTERM with sigwait; they are blocked before any thread starts.
-if command == "run" || command == "cleanup" { ServiceRunner.blockTerminationSignals() }
+// The long-running commands take SIGINT, SIGTERM and SIGHUP with sigwait; they are blocked before any thread starts.
+if command == "run" || command == "cleanup" { ServiceRunner.blockServiceSignals() }
 switch command {
 case "run": runCommand(arguments)
 case "enqueue": enqueueCommand(arguments)
