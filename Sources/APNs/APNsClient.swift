@@ -275,34 +275,38 @@ public final class APNsClient: Sendable {
                 send([notifications[original]], traffic: traffic) { _, result in completion(original, result) }
             }
             pool.send(requests) { [self] position, result in
-                let index = sentIndices[position]
-                if case .failure(.notSent) = result, !isCurrent(pool, key) {
-                    // Its pool was drained (a reloaded credential) before this request left: the current one sends it.
+                let answer = interpret(result, environment: environment, credential: credential)
+                if sendsAgain(after: result, answer, pool: pool, key: key, credential: credential) {
                     retry(position)
-                    return
+                } else {
+                    completion(sentIndices[position], answer)
                 }
-                let outcome = interpret(result, environment: environment, credential: credential)
-                switch outcome.outcome {
-                case .refreshTokenAndRetry:
-                    if case .token(let provider) = credential.authentication, provider.invalidate() {
-                        logger.warning("APNs says the provider token expired: minting a new one and sending again",
-                                       ["apns.credential": credential.name])
-                        retry(position)
-                        return
-                    }
-                case .replaceConnectionAndRetry:
-                    if replace(pool, key) {
-                        logger.warning("APNs says the connection is bound to another key: replacing its connections and "
-                                       + "sending again", ["apns.credential": credential.name,
-                                                           "apns.environment": environment.rawValue])
-                        retry(position)
-                        return
-                    }
-                default:
-                    break
-                }
-                completion(index, outcome)
             }
+        }
+    }
+
+    /// Whether an answer is cured by sending the request again at once: it never left a pool that a reload drained,
+    /// the provider token expired (and may be replaced now), or the connection is bound to another key (replaced now).
+    private func sendsAgain(after result: Result<HTTP2Response, HTTP2StreamError>, _ answer: APNsResult,
+                            pool: HTTP2Client, key: PoolKey, credential: APNsCredential) -> Bool {
+        // Refused or never sent: certainly not processed, so safe to send on the pool that replaced this one.
+        switch result {
+        case .failure(.notSent), .failure(.refused): if !isCurrent(pool, key) { return true }
+        default: break
+        }
+        switch answer.outcome {
+        case .refreshTokenAndRetry:
+            guard case .token(let provider) = credential.authentication, provider.invalidate() else { return false }
+            logger.warning("APNs says the provider token expired: minting a new one and sending again",
+                           ["apns.credential": credential.name])
+            return true
+        case .replaceConnectionAndRetry:
+            guard replace(pool, key) else { return false }
+            logger.warning("APNs says the connection is bound to another key: replacing its connections and sending again",
+                           ["apns.credential": credential.name, "apns.environment": key.environment.rawValue])
+            return true
+        default:
+            return false
         }
     }
 
@@ -331,6 +335,7 @@ public final class APNsClient: Sendable {
         let retiredPools = pools.withLock { pools in
             let retired = pools.filter { !live.contains($0.key.credential) }
             for key in retired.keys { pools[key] = nil }
+            replacedPools.withLock { replaced in replaced = replaced.filter { live.contains($0.key.credential) } }
             return retired.values.map(\.client)
         }
         for pool in retiredPools { pool.drain() }

@@ -51,8 +51,13 @@ public final class APNsNotificationSender: NotificationSender {
     /// Sends with these credentials from now on (a reload): see `APNsClient.replaceCredentials`.
     @discardableResult
     public func replaceCredentials(_ credentials: APNsCredentials) -> (added: [String], retired: [String]) {
-        client.replaceCredentials(credentials)
+        let changes = client.replaceCredentials(credentials)
+        // Readiness waits for an open connection: the new default credential's open now, not at the first push.
+        client.connect(.production)
+        return changes
     }
+
+    public var currentCredentials: APNsCredentials { client.currentCredentials }
 
     public func shutdown() { client.shutdown() }
 

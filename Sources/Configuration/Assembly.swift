@@ -1,3 +1,4 @@
+import Foundation
 import AMQPBroker
 import APNs
 import APNsSender
@@ -14,19 +15,17 @@ extension WorkerConfiguration {
     public func makeWorker(logger: Logger, reload: (@Sendable () throws -> WorkerConfiguration)? = nil)
         throws(ConfigurationError) -> ReloadableWorker {
         let credentials = try credential.makeCredentials()
-        if let problem = credential.privateKeyPermissionProblem() {
-            logger.critical("the APNs private key is not private", ["file.problem": problem])
-        }
+        ReloadableWorker.warnAbout(credential, credentials, logger: logger)
         if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
-        for warning in CredentialSettings.certificateExpiryWarnings(credentials) {
-            logger.warning(warning.message, warning.metadata)
-        }
         let sender = APNsNotificationSender(configuration: apns, credentials: credentials,
                                             logger: logger.child("apns-client"))
         let worker = makeWorker(sender: sender, logger: logger)
         return ReloadableWorker(worker: worker, sender: sender, logger: logger) {
             guard let reload else { throw ReloadRefused("this worker was started without a way to read its settings again") }
-            return try reload().credential.makeCredentials()
+            let settings = try reload().credential
+            let credentials = try settings.makeCredentials()
+            ReloadableWorker.warnAbout(settings, credentials, logger: logger)
+            return credentials
         }
     }
 
@@ -55,12 +54,17 @@ extension WorkerConfiguration {
 }
 
 /// The worker, with what can change while it runs: its credentials, read again on SIGHUP (`reload`). The sender's
-/// own series (connections per credential, certificate expiry) join the worker's in `/metrics`.
+/// own series (connections per credential, certificate expiry) join the worker's in `/metrics`; certificates close
+/// to their expiry are warned about at start, at each reload and once a day.
 public final class ReloadableWorker: Service {
     public let worker: Worker
     public let sender: APNsNotificationSender
     private let logger: Logger
     private let readCredentials: @Sendable () throws -> APNsCredentials
+    private let stopped = DispatchSemaphore(value: 0)
+
+    /// Seconds between two looks at the certificates' expiry while the worker runs.
+    static let expiryCheckInterval: Double = 86_400
 
     init(worker: Worker, sender: APNsNotificationSender, logger: Logger,
          readCredentials: @escaping @Sendable () throws -> APNsCredentials) {
@@ -70,7 +74,18 @@ public final class ReloadableWorker: Service {
         self.readCredentials = readCredentials
     }
 
-    public func run() throws { try worker.run() }
+    public func run() throws {
+        let stopped = self.stopped, sender = self.sender, logger = self.logger
+        // Its own thread: it sleeps a day at a time, and a stop wakes it.
+        Thread {
+            while stopped.wait(timeout: .now() + Self.expiryCheckInterval) == .timedOut {
+                Self.warnAboutExpiry(sender.currentCredentials, logger: logger)
+            }
+        }.start()
+        defer { stopped.signal() }
+        try worker.run()
+    }
+
     public func stop() { worker.stop() }
     public var isReady: Bool { worker.isReady }
     public var metricsText: String { worker.metricsText + sender.metricsText }
@@ -80,11 +95,22 @@ public final class ReloadableWorker: Service {
     public func reload() throws {
         let credentials = try readCredentials()
         let (added, retired) = sender.replaceCredentials(credentials)
-        for warning in CredentialSettings.certificateExpiryWarnings(credentials) {
-            logger.warning(warning.message, warning.metadata)
-        }
         logger.info("APNs credentials reloaded", ["apns.credentials": credentials.all.map(\.name).joined(separator: ","),
                                                  "apns.credentials_added": added.joined(separator: ","),
                                                  "apns.credentials_retired": retired.joined(separator: ",")])
+    }
+
+    /// What deserves a line about freshly read credentials: key files others can read, certificates near expiry.
+    static func warnAbout(_ settings: CredentialSettings, _ credentials: APNsCredentials, logger: Logger) {
+        for problem in settings.privateKeyPermissionProblems() {
+            logger.critical("the APNs private key is not private", ["file.problem": problem])
+        }
+        warnAboutExpiry(credentials, logger: logger)
+    }
+
+    static func warnAboutExpiry(_ credentials: APNsCredentials, logger: Logger) {
+        for warning in CredentialSettings.certificateExpiryWarnings(credentials) {
+            logger.warning(warning.message, warning.metadata)
+        }
     }
 }

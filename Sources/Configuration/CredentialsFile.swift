@@ -121,19 +121,49 @@ enum TopicSettingCheck {
     }
 }
 
+/// Why a client certificate cannot be used.
+struct CertificateProblem: Error, CustomStringConvertible {
+    var description: String
+}
+
 extension CredentialSettings {
+    /// A client certificate as a connection will load it (the chain, the key, the key matching the certificate),
+    /// refused when it has expired (APNs refuses its handshake: better said at start). Its expiry and a name for
+    /// logs and metrics: `certificate:<common name>` (Apple's are `Apple Push Services: <bundle ID>`), else the
+    /// file's name.
+    static func checkCertificate(_ file: String, keyFile: String?) throws(CertificateProblem) -> (expiry: Date, name: String) {
+        let checked: (expiry: Date, commonName: String?)
+        do { checked = try CertificateFile.check(certificateFile: file, keyFile: keyFile) } catch {
+            throw CertificateProblem(description: "\(error)")
+        }
+        if checked.expiry < Date() {
+            throw CertificateProblem(description: "the certificate expired on "
+                                     + "\(ISO8601DateFormatter().string(from: checked.expiry)): renew it")
+        }
+        let fileName = file.split(separator: "/").last.map(String.init) ?? file
+        return (checked.expiry, "certificate:" + (checked.commonName ?? fileName))
+    }
+
     /// Every credential: the file's entries (if APNS_CREDENTIALS_FILE is set) and the single-key settings as the
     /// default for every other topic. Reads and checks each key and certificate; the first problem throws, naming
     /// its entry. Called at start and on every reload.
     public func makeCredentials() throws(ConfigurationError) -> APNsCredentials {
         var fallback: APNsCredential?
         if let proof {
-            fallback = try Self.credential(makeAuthentication(), proof: proof, bundles: [], rateLimit: 0,
-                                           certificateExpiry: certificateExpiry)
+            let authentication = try makeAuthentication()
+            var name = authentication.name, expiry: Date?
+            if case .certificate(let file, let keyFile) = proof {
+                do throws(CertificateProblem) { (expiry, name) = try Self.checkCertificate(file, keyFile: keyFile) } catch {
+                    throw ConfigurationError(\.apnsCertFile, error.description)
+                }
+            }
+            fallback = Self.credential(authentication, name: name, proof: proof, bundles: [], rateLimit: 0,
+                                       certificateExpiry: expiry)
         }
         var entries: [APNsCredential] = []
         if let credentialsFile {
             let file = try CredentialsFile.read(credentialsFile)
+            var names = Set(fallback.map { [$0.name] } ?? [])
             for (offset, entry) in file.entries.enumerated() {
                 func problem(_ text: String) -> ConfigurationError {
                     ConfigurationError(\.apnsCredentialsFile,
@@ -141,21 +171,25 @@ extension CredentialSettings {
                 }
                 let authentication: APNsAuthentication
                 var expiry: Date?
+                var name: String
                 switch entry.proof {
                 case .signingKey(let keyFile, let keyID, let teamID):
                     do {
                         authentication = .token(try APNsTokenProvider(key: try ES256Key(contentsOfFile: keyFile),
                                                                       keyID: keyID, teamID: teamID))
                     } catch { throw problem(error.description) }
+                    name = authentication.name
                 case .certificate(let certificateFile, let keyFile):
-                    do { expiry = try CertificateFile.expiry(ofPEMFile: certificateFile) } catch { throw problem("\(error)") }
-                    if let expiry, expiry < Date() {
-                        throw problem("the certificate expired on \(ISO8601DateFormatter().string(from: expiry)): renew it")
-                    }
+                    do throws(CertificateProblem) {
+                        (expiry, name) = try Self.checkCertificate(certificateFile, keyFile: keyFile)
+                    } catch { throw problem(error.description) }
                     authentication = .certificate(certificateFile: certificateFile, privateKeyFile: keyFile)
                 }
-                entries.append(try Self.credential(authentication, proof: entry.proof, bundles: Set(entry.topics),
-                                                   rateLimit: entry.rateLimit, certificateExpiry: expiry))
+                // Two certificates of one name (several files called tls.crt, say) stay apart in metrics and limits.
+                if names.contains(name) { name += "#\(offset + 1)" }
+                names.insert(name)
+                entries.append(Self.credential(authentication, name: name, proof: entry.proof, bundles: Set(entry.topics),
+                                               rateLimit: entry.rateLimit, certificateExpiry: expiry))
             }
         }
         if fallback == nil && entries.isEmpty {
@@ -171,15 +205,22 @@ extension CredentialSettings {
         }
     }
 
-    private static func credential(_ authentication: APNsAuthentication, proof: Proof, bundles: Set<String>,
-                                   rateLimit: Int, certificateExpiry: Date?) throws(ConfigurationError) -> APNsCredential {
+    /// Every private key file the credentials read (the single-key one and each entry's): nobody but the worker's
+    /// user should read them. A file that cannot be read now is left to `makeCredentials` to report.
+    public func privateKeyFiles() -> [String] {
+        let entries = (try? credentialsFile.map(CredentialsFile.read)) ?? nil
+        return ([proof].compactMap { $0 } + (entries?.entries.map(\.proof) ?? [])).map(\.privateKeyFile)
+    }
+
+    private static func credential(_ authentication: APNsAuthentication, name: String, proof: Proof, bundles: Set<String>,
+                                   rateLimit: Int, certificateExpiry: Date?) -> APNsCredential {
         // Two readings of the same files are the same credential (a reload keeps its connections): the proof's
         // identifiers and the bytes of its files.
         var fingerprint = Array(describe(proof).utf8)
         for path in proof.files {
             fingerprint += [0] + Array(path.utf8) + [0] + (FileManager.default.contents(atPath: path).map(Array.init) ?? [])
         }
-        return APNsCredential(name: authentication.name, authentication: authentication, bundles: bundles,
+        return APNsCredential(name: name, authentication: authentication, bundles: bundles,
                               rateLimit: rateLimit, fingerprint: fingerprint, certificateExpiry: certificateExpiry)
     }
 
@@ -193,6 +234,14 @@ extension CredentialSettings {
 }
 
 extension CredentialSettings.Proof {
+    /// The file holding the private key: the .p8 key, or the certificate's key (which may sit in its file).
+    var privateKeyFile: String {
+        switch self {
+        case .signingKey(let file, _, _): file
+        case .certificate(let file, let keyFile): keyFile ?? file
+        }
+    }
+
     var files: [String] {
         switch self {
         case .signingKey(let file, _, _): [file]

@@ -67,15 +67,6 @@ public struct CredentialSettings: Sendable, Equatable {
         }
     }
 
-    /// The private key file: the one file nobody but the worker's user should read.
-    public var privateKeyFile: String? {
-        switch proof {
-        case .signingKey(let file, _, _)?: file
-        case .certificate(let file, let keyFile)?: keyFile ?? file
-        case nil: nil
-        }
-    }
-
     /// Token authentication if a key is configured, else the client certificate. Reads and checks the key.
     public func makeAuthentication() throws(ConfigurationError) -> APNsAuthentication {
         switch proof {
@@ -99,11 +90,14 @@ public struct CredentialSettings: Sendable, Equatable {
         }
     }
 
-    /// What is wrong with the private key file's permissions, if anything: a provider key signs for the whole team,
+    /// What is wrong with a private key file's permissions, if anything: a provider key signs for the whole team,
     /// so nobody but the worker's user should be able to read it (chmod 600 or 400).
-    public func privateKeyPermissionProblem() -> String? {
-        guard let path = privateKeyFile,
-              let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+    public func privateKeyPermissionProblems() -> [String] {
+        privateKeyFiles().compactMap(Self.privateKeyPermissionProblem)
+    }
+
+    static func privateKeyPermissionProblem(_ path: String) -> String? {
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
               let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue else { return nil }
         guard mode & 0o077 != 0 else { return nil }
         let who = mode & 0o004 != 0 ? "every user on this machine" : "its group"
@@ -299,16 +293,11 @@ public struct WorkerConfiguration: Sendable {
             proof = .signingKey(file: keyFile, keyID: keyID, teamID: teamID)
         } else if let certificateFile {
             proof = .certificate(file: certificateFile, keyFile: certificateKeyFile)
-            // An expired certificate cannot send anything: APNs refuses the handshake. Better said at start.
-            let expiry: Date
-            do { expiry = try CertificateFile.expiry(ofPEMFile: certificateFile) } catch {
-                throw ConfigurationError(\.apnsCertFile, "\(error)")
+            do throws(CertificateProblem) {
+                certificateExpiry = try CredentialSettings.checkCertificate(certificateFile, keyFile: certificateKeyFile).expiry
+            } catch {
+                throw ConfigurationError(\.apnsCertFile, error.description)
             }
-            if expiry < Date() {
-                throw ConfigurationError(\.apnsCertFile, "the certificate expired on "
-                                         + "\(ISO8601DateFormatter().string(from: expiry)): renew it")
-            }
-            certificateExpiry = expiry
         }
         let credentialsFile = try settings(\.apnsCredentialsFile)
         if required && proof == nil && credentialsFile == nil {

@@ -262,11 +262,8 @@ package final class TLSStream {
     package var peerCertificateCommonName: String? {
         guard let certificate = SSL_get1_peer_certificate(ssl) else { return nil }
         defer { X509_free(certificate) }
-        guard SSL_get_verify_result(ssl) == X509_V_OK, let subject = X509_get_subject_name(certificate) else { return nil }
-        var buffer = [CChar](repeating: 0, count: 256)
-        let length = X509_NAME_get_text_by_NID(subject, NID_commonName, &buffer, Int32(buffer.count))
-        guard length > 0 else { return nil }
-        return String(decoding: buffer.prefix(Int(length)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard SSL_get_verify_result(ssl) == X509_V_OK else { return nil }
+        return CertificateFile.commonName(of: certificate)
     }
 
     package var verificationError: String? {
@@ -302,8 +299,29 @@ package final class TLSStream {
 
 /// What a certificate file says about itself.
 public enum CertificateFile {
-    /// When the first certificate in the PEM file expires (its notAfter).
-    public static func expiry(ofPEMFile path: String) throws -> Date {
+    /// A client certificate as a TLS connection would load it: the certificate chain, the private key (in
+    /// `keyFile`, or in the certificate file), and that the key is the certificate's. Throws what is wrong; returns
+    /// when the certificate expires and its subject's common name.
+    public static func check(certificateFile: String, keyFile: String?) throws -> (expiry: Date, commonName: String?) {
+        _ = try TLSContext.client(TLSClientConfiguration(verifyPeer: false, certificateFile: certificateFile,
+                                                         privateKeyFile: keyFile))
+        return (try expiry(ofPEMFile: certificateFile), try commonName(ofPEMFile: certificateFile))
+    }
+
+    /// The common name of the first certificate in the PEM file, if it has one.
+    public static func commonName(ofPEMFile path: String) throws -> String? {
+        try withCertificate(path) { commonName(of: $0) }
+    }
+
+    static func commonName(of certificate: OpaquePointer) -> String? {
+        guard let subject = X509_get_subject_name(certificate) else { return nil }
+        var buffer = [CChar](repeating: 0, count: 256)
+        let length = X509_NAME_get_text_by_NID(subject, NID_commonName, &buffer, Int32(buffer.count))
+        guard length > 0 else { return nil }
+        return String(decoding: buffer.prefix(Int(length)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    private static func withCertificate<T>(_ path: String, _ body: (OpaquePointer) throws -> T) throws -> T {
         OpenSSLLibrary.prepare()
         guard let bio = BIO_new_file(path, "r") else { throw TLSError("cannot read certificate file \(path)") }
         defer { BIO_free(bio) }
@@ -311,10 +329,17 @@ public enum CertificateFile {
             throw TLSError("\(path) holds no PEM certificate")
         }
         defer { X509_free(certificate) }
-        var moment = tm()
-        guard let notAfter = X509_get0_notAfter(certificate), ASN1_TIME_to_tm(notAfter, &moment) == 1 else {
-            throw TLSError("\(path): unreadable expiry date")
+        return try body(certificate)
+    }
+
+    /// When the first certificate in the PEM file expires (its notAfter).
+    public static func expiry(ofPEMFile path: String) throws -> Date {
+        try withCertificate(path) { certificate in
+            var moment = tm()
+            guard let notAfter = X509_get0_notAfter(certificate), ASN1_TIME_to_tm(notAfter, &moment) == 1 else {
+                throw TLSError("\(path): unreadable expiry date")
+            }
+            return Date(timeIntervalSince1970: TimeInterval(timegm(&moment)))
         }
-        return Date(timeIntervalSince1970: TimeInterval(timegm(&moment)))
     }
 }

@@ -1,3 +1,4 @@
+import Foundation
 /// Notifications waiting to be sent, first in first out, as (job, index) pairs: 16 bytes each, whatever the payload.
 struct OutgoingQueue {
     private var entries: [(progress: JobProgress, index: Int32)] = []
@@ -41,6 +42,16 @@ struct OutgoingQueue {
         for (offset, entry) in returned.enumerated() { entries[head + offset] = entry }
     }
 
+    /// Entries held out of the queue for a while (a rate group's) go back to the front, in their order, at any time.
+    mutating func prepend(_ returned: [(progress: JobProgress, index: Int32)]) {
+        if returned.count <= head {
+            head -= returned.count
+            for (offset, entry) in returned.enumerated() { entries[head + offset] = entry }
+        } else {
+            entries.replaceSubrange(head..<head, with: returned)
+        }
+    }
+
     /// Taken entries are dropped in bulk once they are half the storage, not one by one.
     private mutating func compact() {
         if head == entries.count {
@@ -65,6 +76,45 @@ struct Backlogs {
         switch lane {
         case .urgent: body(&urgent)
         case .bulk: body(&bulk)
+        }
+    }
+}
+
+/// The notifications of rate groups (credentials with a `rate_limit` of their own) whose window is spent: out of
+/// their lanes until the window opens, so that the lane goes on with every other group's notifications (the lane
+/// itself waits only for the fleet-wide limit). Broker thread only.
+struct RateGroupHolds {
+    private struct Hold {
+        var opensAt: Date
+        var entries: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+    }
+
+    private var holds: [RateGroup: Hold] = [:]
+
+    var isEmpty: Bool { holds.isEmpty }
+
+    /// When the first held group's window opens.
+    var nextOpening: Date? { holds.values.map(\.opensAt).min() }
+
+    /// Whether `group` waits for its window now.
+    func isHeld(_ group: RateGroup) -> Bool { holds[group] != nil }
+
+    /// Holds `entries` of `group` (taken from `lane`) until its window opens at `opensAt`.
+    mutating func hold(_ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane,
+                       until opensAt: Date) {
+        holds[group, default: Hold(opensAt: opensAt)].entries[lane, default: []] += entries
+    }
+
+    /// Adds `entries` of a group held now (`isHeld`) to its hold, behind what it holds already.
+    mutating func join(_ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane) {
+        holds[group]?.entries[lane, default: []] += entries
+    }
+
+    /// Groups whose window has opened give their notifications back to the front of their lanes.
+    mutating func release(dueAt now: Date, into backlogs: inout Backlogs) {
+        for (group, hold) in holds where hold.opensAt <= now {
+            for (lane, entries) in hold.entries { backlogs.withQueue(lane) { $0.prepend(entries) } }
+            holds[group] = nil
         }
     }
 }

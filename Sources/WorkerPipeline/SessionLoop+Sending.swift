@@ -16,19 +16,22 @@ extension SessionLoop {
             sending[lane] = taken.live
             if !taken.expired.isEmpty { worker.answers.settleExpired(taken.expired, lane: lane) }
         }
-        var limited = try reserveForRateGroups(&sending)
-        let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
-        if let rateLimiter = session.rateLimiter, asked.total > 0 {
+        if !rateGroupHolds.isEmpty { holdEntriesOfHeldGroups(&sending) }
+        var limited: (lanes: [JobLane], wait: Double)?
+        if let rateLimiter = session.rateLimiter {
+            let asked = LaneCounts(urgent: sending[.urgent]?.count ?? 0, bulk: sending[.bulk]?.count ?? 0)
+            guard asked.total > 0 else { return nil }
             let granted: LaneCounts
-            let fleetLimited: (lanes: [JobLane], wait: Double)?
-            (granted, fleetLimited) = try reserve(asked, from: rateLimiter)
-            limited = Self.merge(limited, fleetLimited)
+            (granted, limited) = try reserve(asked, from: rateLimiter)
             for lane in JobLane.allCases {
                 guard let entries = sending[lane], granted[lane] < entries.count else { continue }
                 backlogs.withQueue(lane) { $0.putBack(entries[granted[lane]...]) }
                 sending[lane] = Array(entries.prefix(granted[lane]))
             }
         }
+        // After the fleet-wide limit: a group asks only for what may go, so that no permit of its own is spent on a
+        // notification the fleet's limit sends back.
+        try reserveForRateGroups(&sending)
         for lane in JobLane.allCases {
             guard let entries = sending[lane], !entries.isEmpty else { continue }
             hand(entries, of: lane)
@@ -36,34 +39,53 @@ extension SessionLoop {
         return limited
     }
 
+    /// Entries of groups that wait for their window join their group's hold instead of going.
+    func holdEntriesOfHeldGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) {
+        for (lane, entries) in sending {
+            var going: [(progress: JobProgress, index: Int32)] = []
+            var held: [RateGroup: [(progress: JobProgress, index: Int32)]] = [:]
+            going.reserveCapacity(entries.count)
+            for entry in entries {
+                if let group = entry.progress.job.rateGroup, rateGroupHolds.isHeld(group) {
+                    held[group, default: []].append(entry)
+                } else {
+                    going.append(entry)
+                }
+            }
+            for (group, entries) in held { rateGroupHolds.join(entries, of: group, lane: lane) }
+            sending[lane] = going
+        }
+    }
+
     /// Permits from each rate group's own shared limit (a credential's `rate_limit`) for its notifications among
-    /// `sending`. What a group cannot send now goes back to its lane's queue, in order, while the notifications of
-    /// other groups, and of none, go on. Returns the lanes held back, with the seconds until the next window.
-    func reserveForRateGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) throws
-        -> (lanes: [JobLane], wait: Double)? {
-        guard let makeLimiter = session.groupRateLimiter else { return nil }
+    /// `sending`. What a group cannot send now is held out of its lane until the group's next window (`RateGroupHolds`),
+    /// while the notifications of other groups, and of none, go on.
+    func reserveForRateGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) throws {
+        guard let makeLimiter = session.groupRateLimiter else { return }
         var asked: [RateGroup: LaneCounts] = [:]
         for (lane, entries) in sending {
             for entry in entries {
                 if let group = entry.progress.job.rateGroup { asked[group, default: LaneCounts()][lane] += 1 }
             }
         }
+        guard !asked.isEmpty else { return }
         var granted: [RateGroup: LaneCounts] = [:]
-        var limited: (lanes: [JobLane], wait: Double)?
+        var opensAt: [RateGroup: Date] = [:]
+        let now = Date()
         for (group, counts) in asked {
             let limiter = groupLimiters[group] ?? makeLimiter(group)
             groupLimiters[group] = limiter
-            let groupLimited: (lanes: [JobLane], wait: Double)?
-            (granted[group], groupLimited) = try reserve(counts, from: limiter)
-            limited = Self.merge(limited, groupLimited)
+            let (got, short) = try reserve(counts, from: limiter)
+            granted[group] = got
+            if let short { opensAt[group] = now.addingTimeInterval(short.wait) }
         }
-        guard limited != nil else { return nil }
+        guard !opensAt.isEmpty else { return }
         for (lane, entries) in sending {
             var going: [(progress: JobProgress, index: Int32)] = []
-            var waiting: [(progress: JobProgress, index: Int32)] = []
+            var held: [RateGroup: [(progress: JobProgress, index: Int32)]] = [:]
             going.reserveCapacity(entries.count)
             for entry in entries {
-                guard let group = entry.progress.job.rateGroup else {
+                guard let group = entry.progress.job.rateGroup, opensAt[group] != nil else {
                     going.append(entry)
                     continue
                 }
@@ -71,22 +93,12 @@ extension SessionLoop {
                     granted[group, default: LaneCounts()][lane] -= 1
                     going.append(entry)
                 } else {
-                    waiting.append(entry)
+                    held[group, default: []].append(entry)
                 }
             }
-            if !waiting.isEmpty { backlogs.withQueue(lane) { $0.putBack(waiting[...]) } }
+            for (group, entries) in held { rateGroupHolds.hold(entries, of: group, lane: lane, until: opensAt[group]!) }
             sending[lane] = going
         }
-        return limited
-    }
-
-    /// Two limits' held-back lanes together; the wait is the shorter (a lane is asked again then).
-    static func merge(_ first: (lanes: [JobLane], wait: Double)?, _ second: (lanes: [JobLane], wait: Double)?)
-        -> (lanes: [JobLane], wait: Double)? {
-        guard let first else { return second }
-        guard let second else { return first }
-        let lanes = JobLane.allCases.filter { first.lanes.contains($0) || second.lanes.contains($0) }
-        return (lanes, min(first.wait, second.wait))
     }
 
     /// The urgent notifications queued now, as many as the core allows, ahead of the rest of the turn.

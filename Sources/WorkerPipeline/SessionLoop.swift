@@ -25,6 +25,8 @@ final class SessionLoop {
     var held = HeldPublishes()
     /// The shared limiters of the rate groups (credentials' own limits) met so far.
     var groupLimiters: [RateGroup: any RateLimiter] = [:]
+    /// Notifications of rate groups whose window is spent, out of the lanes until it opens again.
+    var rateGroupHolds = RateGroupHolds()
     var suspects = SuspectQueue()
     var underWay = JobsUnderWay()
     /// Republished copies read while their job (same id) was under way here: started once it settled, so that they
@@ -116,12 +118,14 @@ final class SessionLoop {
             try startSuspectOrWaiting()
             try startCopiesWhoseJobSettled()
             let now = Date()
+            rateGroupHolds.release(dueAt: now, into: &backlogs)
+            let due = [held.nextDue, rateGroupHolds.nextOpening].compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time.
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
                                        inFlight: statistics.inFlight.counts,
                                        unstartedBulkJobs: preparer.batchOut ? 0 : unstartedBulk.count,
                                        suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting,
-                                       heldDue: held.nextDue) {
+                                       heldDue: due) {
                 try perform(action, at: now)
             }
         }

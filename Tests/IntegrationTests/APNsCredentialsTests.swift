@@ -168,6 +168,12 @@ import Glibc
         try publish(20)
         #expect(try replyReader.read(20, timeout: 30).count == 20)
         #expect(worker.stop(SIGTERM) == 0)
+        let lastTwenty = simulator.received().suffix(20)
+        let beforeBrokenReload = simulator.received().dropLast(20)
+        #expect(lastTwenty.allSatisfy { $0.credential == newKey.name || $0.credential == teamB.name },
+                "still the credentials of the last good reading")
+        #expect(Set(lastTwenty.map(\.connectionID)).isSubset(of: beforeBrokenReload.suffix(100).map(\.connectionID)),
+                "and the same connections")
 
         let received = simulator.received()
         #expect(received.count == 420 && received.allSatisfy { $0.status == 200 },

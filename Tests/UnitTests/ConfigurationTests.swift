@@ -209,12 +209,12 @@ import WorkerPipeline
     @Test func aKeyReadableByOthersIsReported() throws {
         let configuration = try WorkerConfiguration.load(from: minimal)
         try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: keyFile)
-        let problem = try #require(configuration.credential.privateKeyPermissionProblem())
+        let problem = try #require(configuration.credential.privateKeyPermissionProblems().first)
         #expect(problem.contains("every user") && problem.contains("chmod 600"), "\(problem)")
         try FileManager.default.setAttributes([.posixPermissions: 0o640], ofItemAtPath: keyFile)
-        #expect(configuration.credential.privateKeyPermissionProblem()?.contains("its group") == true)
+        #expect(configuration.credential.privateKeyPermissionProblems().first?.contains("its group") == true)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: keyFile)
-        #expect(configuration.credential.privateKeyPermissionProblem() == nil)
+        #expect(configuration.credential.privateKeyPermissionProblems().first == nil)
     }
 
     /// The command-line tools send nothing to APNs: they load without credentials, and still check the rest.
@@ -587,6 +587,35 @@ import WorkerPipeline
             Issue.record("accepted: \(json)")
         } catch {
             #expect(error.key == "APNS_CREDENTIALS_FILE" && error.problem.contains(expected), "\(error)")
+        }
+    }
+
+    /// A certificate entry is loaded as a connection would load it: an expired one, or a key that is not the
+    /// certificate's, is refused naming the entry; a good one is named by its common name.
+    @Test func aCertificateEntryIsCheckedAtLoad() throws {
+        func pair(_ name: String, days: Int) throws -> (certificate: String, key: String) {
+            let generated = try SelfSignedCertificate.generate(commonName: name, days: days)
+            let certificate = directory + "/\(UUID().uuidString).pem", key = directory + "/\(UUID().uuidString).key"
+            try generated.certificatePEM.write(toFile: certificate, atomically: true, encoding: .utf8)
+            try generated.privateKeyPEM.write(toFile: key, atomically: true, encoding: .utf8)
+            return (certificate, key)
+        }
+        let good = try pair("Apple Push Services: com.c.app", days: 100)
+        let other = try pair("com.d.app", days: 100)
+        let expired = try pair("com.e.app", days: -1)
+        func entry(_ certificate: String, _ key: String) -> String {
+            #"{"credentials": [{"cert_file": "\#(certificate)", "cert_key_file": "\#(key)", "topics": ["com.c.app"]}]}"#
+        }
+        #expect(try load(entry(good.certificate, good.key)).credential(forTopic: "com.c.app")?.name
+                == "certificate:Apple Push Services: com.c.app")
+        for (json, expected) in [(entry(good.certificate, other.key), "entry 1 (certificate \(good.certificate))"),
+                                 (entry(expired.certificate, expired.key), "the certificate expired on")] {
+            do {
+                _ = try load(json)
+                Issue.record("accepted: \(json)")
+            } catch {
+                #expect(error.key == "APNS_CREDENTIALS_FILE" && error.problem.contains(expected), "\(error)")
+            }
         }
     }
 
