@@ -61,7 +61,7 @@ extension SessionLoop {
     /// `sending`. What a group cannot send now is held out of its lane until the group's next window (`RateGroupHolds`),
     /// while the notifications of other groups, and of none, go on.
     func reserveForRateGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) throws {
-        guard let makeLimiter = session.groupRateLimiter else { return }
+        guard rateGroupsSeen, let makeLimiter = session.groupRateLimiter else { return }
         var asked: [RateGroup: LaneCounts] = [:]
         for (lane, entries) in sending {
             for entry in entries {

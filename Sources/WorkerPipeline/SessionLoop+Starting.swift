@@ -115,6 +115,7 @@ extension SessionLoop {
     func start(_ prepared: PreparedBatch) throws {
         let rejected = prepared.rejected
         let jobs = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
+        if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome. What

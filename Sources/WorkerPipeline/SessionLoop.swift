@@ -27,6 +27,8 @@ final class SessionLoop {
     var groupLimiters: [RateGroup: any RateLimiter] = [:]
     /// Notifications of rate groups whose window is spent, out of the lanes until it opens again.
     var rateGroupHolds = RateGroupHolds()
+    /// A job of a rate group has started: from then on each hand-over looks for them (until then, none is looked at).
+    var rateGroupsSeen = false
     var suspects = SuspectQueue()
     var underWay = JobsUnderWay()
     /// Republished copies read while their job (same id) was under way here: started once it settled, so that they
