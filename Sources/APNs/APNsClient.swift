@@ -191,40 +191,60 @@ public final class APNsClient: Sendable {
                 loop(traffic).execute { for (index, result) in answers { completion(index, result) } }
             }
         }
-        let current = credentials.withLock { $0 }
-        // A job's notifications share a topic: one lookup per run of equal topics.
-        var groups: [(credential: APNsCredential, indices: [Int])] = []
-        var lastTopic: String?
-        var lastGroup: Int?
-        for index in notifications.indices {
+        // A job's notifications share a topic: one lookup per run of equal topics, and no grouping when the whole
+        // batch has one credential (the common case). Indices nil: every notification.
+        guard let first = notifications.first else { return }
+        let firstCredential = credential(forTopic: first.notification.topic)
+        var groups: [(credential: APNsCredential?, indices: [Int]?)] = [(firstCredential, nil)]
+        var lastTopic = first.notification.topic
+        for index in notifications.indices.dropFirst() {
             let topic = notifications[index].notification.topic
-            if topic != lastTopic {
-                lastTopic = topic
-                if let credential = current.credential(forTopic: topic) {
-                    lastGroup = groups.firstIndex { $0.credential === credential }
-                    if lastGroup == nil {
-                        groups.append((credential, []))
-                        lastGroup = groups.count - 1
-                    }
-                } else {
-                    lastGroup = nil
-                }
+            guard topic != lastTopic else { continue }
+            lastTopic = topic
+            if credential(forTopic: topic) !== firstCredential {
+                groups = Self.grouped(notifications, credential: credential(forTopic:)).map { ($0.credential, $0.indices) }
+                break
             }
-            guard let group = lastGroup else {
-                immediate.append((index, APNsResult(outcome: .permanentFailure,
-                                                    error: "no APNs credential serves topic \(topic)")))
-                continue
-            }
-            groups[group].indices.append(index)
         }
         for (credential, indices) in groups {
+            guard let credential else {
+                immediate += (indices ?? Array(notifications.indices)).map {
+                    ($0, APNsResult(outcome: .permanentFailure,
+                                    error: "no APNs credential serves topic " + notifications[$0].notification.topic))
+                }
+                continue
+            }
             send(notifications, indices, credential: credential, traffic: traffic, immediate: &immediate,
                  completion: completion)
         }
     }
 
-    /// Sends the notifications at `indices`, all of one credential.
-    private func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)], _ indices: [Int],
+    /// The notifications' positions by the credential that sends their topic (nil: none does), one lookup per run
+    /// of equal topics.
+    private static func grouped(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)],
+                                credential: (String) -> APNsCredential?) -> [(credential: APNsCredential?, indices: [Int])] {
+        var groups: [(credential: APNsCredential?, indices: [Int])] = []
+        var lastTopic: String?
+        var lastGroup = 0
+        for index in notifications.indices {
+            let topic = notifications[index].notification.topic
+            if topic != lastTopic {
+                lastTopic = topic
+                let found = credential(topic)
+                if let existing = groups.firstIndex(where: { $0.credential === found }) {
+                    lastGroup = existing
+                } else {
+                    groups.append((found, []))
+                    lastGroup = groups.count - 1
+                }
+            }
+            groups[lastGroup].indices.append(index)
+        }
+        return groups
+    }
+
+    /// Sends the notifications at `indices` (nil: all of them), all of one credential.
+    private func send(_ notifications: [(environment: APNsEnvironment, notification: APNsNotification)], _ indices: [Int]?,
                       credential: APNsCredential, traffic: APNsTraffic, immediate: inout [(Int, APNsResult)],
                       completion: @escaping @Sendable (Int, APNsResult) -> Void) {
         var authorization: String?
@@ -232,12 +252,15 @@ public final class APNsClient: Sendable {
             do { authorization = try provider.authorization() } catch {
                 logger.critical("cannot sign the APNs provider token", ["apns.credential": credential.name,
                                                                         "error": "\(error)"])
-                immediate += indices.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
+                immediate += (indices ?? Array(notifications.indices)).map {
+                    ($0, APNsResult(outcome: .permanentFailure, error: "\(error)"))
+                }
                 return
             }
         }
         for environment in APNsEnvironment.allCases {
-            let inEnvironment = indices.filter { notifications[$0].environment == environment }
+            let inEnvironment = indices.map { $0.filter { notifications[$0].environment == environment } }
+                ?? notifications.indices.filter { notifications[$0].environment == environment }
             guard !inEnvironment.isEmpty else { continue }
             let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
             let pool: HTTP2Client
