@@ -1,3 +1,4 @@
+import Foundation
 import APNsModel
 import Telemetry
 
@@ -56,7 +57,8 @@ public struct PushJob: Sendable, Equatable {
         let tokens = try stringArray(document, "tokens").map(APNsNotification.canonicalToken)
         let retry = try retryState(document)
         try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
-        let sending = try SendingOptions(document)
+        let liveActivity = document.member("live_activity")
+        let sending = try SendingOptions(document, defaultPushType: liveActivity == nil ? .alert : .liveactivity)
         guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }
@@ -76,7 +78,7 @@ public struct PushJob: Sendable, Equatable {
             job = PushJob(id: ownID ?? fallbackID, topic: sending.pushType.topic(forBundle: bundle), users: users,
                           tokens: tokens, environment: sending.environment, pushType: sending.pushType,
                           priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-                          payload: try payload(document, body, pushType: sending.pushType))
+                          payload: try payload(document, body, pushType: sending.pushType, liveActivity: liveActivity))
         }
         job.deadline = sending.deadline
         if let retry {
@@ -135,13 +137,14 @@ public struct PushJob: Sendable, Equatable {
     /// and failed notification by notification.
     private struct SendingOptions {
         var environment = APNsEnvironment.production
-        var pushType = APNsPushType.alert
+        var pushType: APNsPushType
         var priority: APNsPriority
         var expiration: Int64?
         var deadline: Int64?
         var collapseID: String?
 
-        init(_ document: JSONValue) throws(JobError) {
+        init(_ document: JSONValue, defaultPushType: APNsPushType) throws(JobError) {
+            pushType = defaultPushType
             if let text = try optionalString(document, "environment") {
                 guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
                 environment = parsed
@@ -177,13 +180,26 @@ public struct PushJob: Sendable, Equatable {
         }
     }
 
-    /// The payload exactly as the job wrote it (its bytes in the body), within the push type's size.
-    private static func payload(_ document: JSONValue, _ body: [UInt8], pushType: APNsPushType) throws(JobError) -> [UInt8] {
-        guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
-        guard case .object = payloadMember.value else {
-            throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)
+    /// The payload exactly as the job wrote it (its bytes in the body), or built from its `live_activity`, within
+    /// the push type's size.
+    private static func payload(_ document: JSONValue, _ body: [UInt8], pushType: APNsPushType,
+                                liveActivity: JSONMember?) throws(JobError) -> [UInt8] {
+        let payload: [UInt8]
+        if let liveActivity {
+            guard document.member("payload") == nil else {
+                throw .liveActivity("give \"payload\" or \"live_activity\", not both")
+            }
+            guard pushType == .liveactivity else {
+                throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
+            }
+            payload = try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
+        } else {
+            guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
+            guard case .object = payloadMember.value else {
+                throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)
+            }
+            payload = Array(body[payloadMember.range])
         }
-        let payload = Array(body[payloadMember.range])
         do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
             throw .breaksRule(error)
         }
@@ -298,6 +314,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case breaksRule(APNsRequestError)
     case missingTopic
     case badDeadline(Int64)
+    /// A `live_activity` object that ActivityKit would not take, or a job that mixes it with what it replaces.
+    case liveActivity(String)
 
     public var description: String {
         switch self {
@@ -317,6 +335,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badPriority(let value): "priority \(value): priority must be 10, 5 or 1"
         case .breaksRule(let rule): rule.description
         case .missingTopic: "no topic: the job names none and no default topic is configured"
+        case .liveActivity(let why): "live_activity: \(why)"
         case .badDeadline(let value):
             value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"

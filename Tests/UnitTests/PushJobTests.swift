@@ -194,3 +194,84 @@ import WorkerPipeline
         }
     }
 }
+
+/// `live_activity` jobs: the aps dictionary ActivityKit expects, built by the worker, and what it refuses.
+@Suite struct LiveActivityJobTests {
+    let now = Int64(Date().timeIntervalSince1970)
+
+    func decode(_ liveActivity: String, extra: String = "") throws(JobError) -> PushJob {
+        try PushJob.decode(Array(#"{"topic": "com.example.app", "tokens": ["\#(String(repeating: "ab", count: 32))"]\#(extra), "live_activity": \#(liveActivity)}"#.utf8),
+                           defaultTopic: nil, fallbackID: "fallback")
+    }
+
+    func aps(_ job: PushJob) throws -> [String: Any] {
+        let payload = try #require(try JSONSerialization.jsonObject(with: Data(job.payload)) as? [String: Any])
+        return try #require(payload["aps"] as? [String: Any])
+    }
+
+    @Test func aStartBecomesActivityKitsDictionary() throws {
+        let job = try decode(#"""
+        {"event": "start", "timestamp": \#(now), "content_state": {"score": "0-0", "minute": 1},
+         "attributes_type": "MatchAttributes", "attributes": {"home": "Lyon", "away": "Nantes"},
+         "alert": {"title": "Kick-off", "body": "Lyon - Nantes"}, "stale_date": \#(now + 3600), "relevance_score": 75.5,
+         "input_push_channel": "dHJhY2tpbmc=", "input_push_token": true}
+        """#)
+        #expect(job.pushType == .liveactivity && job.topic == "com.example.app.push-type.liveactivity")
+        #expect(job.priority == .immediately)
+        let aps = try aps(job)
+        #expect(aps["event"] as? String == "start" && (aps["timestamp"] as? NSNumber)?.int64Value == now)
+        #expect((aps["content-state"] as? [String: Any])?["score"] as? String == "0-0")
+        #expect(aps["attributes-type"] as? String == "MatchAttributes")
+        #expect((aps["attributes"] as? [String: Any])?["home"] as? String == "Lyon")
+        #expect((aps["alert"] as? [String: Any])?["title"] as? String == "Kick-off")
+        #expect((aps["stale-date"] as? NSNumber)?.int64Value == now + 3600)
+        #expect((aps["relevance-score"] as? NSNumber)?.doubleValue == 75.5)
+        #expect(aps["input-push-channel"] as? String == "dHJhY2tpbmc=" && (aps["input-push-token"] as? NSNumber) == 1)
+        #expect(String(decoding: job.payload, as: UTF8.self).contains(#"{"score": "0-0", "minute": 1}"#),
+                "objects are copied byte for byte")
+    }
+
+    @Test func anUpdateAndAnEnd() throws {
+        let update = try aps(try decode(#"{"event": "update", "timestamp": \#(now - 5), "content_state": {"score": "1-0"}}"#,
+                                        extra: #", "priority": 5"#))
+        #expect(update["event"] as? String == "update" && update["attributes"] == nil && update["alert"] == nil)
+        let end = try aps(try decode(#"{"event": "end", "timestamp": \#(now), "dismissal_date": \#(now + 60)}"#))
+        #expect(end["event"] as? String == "end" && (end["dismissal-date"] as? NSNumber)?.int64Value == now + 60)
+    }
+
+    @Test(arguments: [
+        (#"{"event": "start", "timestamp": 1, "content_state": {}, "alert": {}}"#, "a start needs \"attributes_type\""),
+        (#"{"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "alert": {}}"#, "a start needs \"attributes\""),
+        (#"{"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "attributes": {}}"#, "a start needs \"alert\""),
+        (#"{"event": "update", "timestamp": 1}"#, "an update needs \"content_state\""),
+        (#"{"event": "update", "timestamp": 1, "content_state": {}, "attributes": {}}"#, "\"attributes\" belongs to a start only"),
+        (#"{"event": "update", "timestamp": 99999999999, "content_state": {}}"#, "s in the future"),
+        (#"{"event": "update", "timestamp": 1796184000000, "content_state": {}}"#, "looks like milliseconds"),
+        (#"{"event": "update", "content_state": {}}"#, "\"timestamp\" is required"),
+        (#"{"event": "pause", "timestamp": 1}"#, "not start, update or end"),
+        (#"{"event": "update", "timestamp": 1, "contentState": {}}"#, "unknown field \"contentState\""),
+        (#"{"event": "update", "timestamp": 1, "content_state": "x"}"#, "\"live_activity.content_state\" must be an object"),
+        (#""start""#, "\"live_activity\" must be an object"),
+    ])
+    func aBrokenLiveActivityIsRefusedWithItsReason(liveActivity: String, expected: String) {
+        do {
+            _ = try decode(liveActivity)
+            Issue.record("accepted: \(liveActivity)")
+        } catch {
+            #expect(error.description.contains(expected), "\(error)")
+        }
+    }
+
+    @Test func aLiveActivityIsNotMixedWithAPayloadOrAnotherPushType() {
+        let update = #"{"event": "update", "timestamp": 1, "content_state": {}}"#
+        for (extra, expected) in [(#", "payload": {"aps": {}}"#, "not both"),
+                                  (#", "push_type": "alert""#, "a Live Activity is sent as liveactivity")] {
+            do {
+                _ = try decode(update, extra: extra)
+                Issue.record("accepted with \(extra)")
+            } catch {
+                #expect(error.description.contains(expected), "\(error)")
+            }
+        }
+    }
+}
