@@ -89,7 +89,21 @@ public struct APNsReason: Hashable, Sendable, CustomStringConvertible {
         "ExpiredProviderToken", "Forbidden", "InvalidProviderToken", "MissingProviderToken", "UnrelatedKeyIdInToken",
         "BadEnvironmentKeyIdInToken", "BadPath", "MethodNotAllowed", "Unregistered", "ExpiredToken", "PayloadTooLarge",
         "TooManyProviderTokenUpdates", "TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
+        // Broadcast pushes and channel management (iOS 18).
+        "FeatureNotEnabled", "MissingChannelId", "BadChannelId", "ChannelNotRegistered", "BadRequestParams",
+        "BadRequestPayload", "MissingPushType", "CannotCreateChannelConfig", "TopicMismatch",
     ]
+
+    // Broadcast pushes and channel management.
+    public static let featureNotEnabled = APNsReason("FeatureNotEnabled")
+    public static let missingChannelId = APNsReason("MissingChannelId")
+    public static let badChannelId = APNsReason("BadChannelId")
+    public static let channelNotRegistered = APNsReason("ChannelNotRegistered")
+    public static let badRequestParams = APNsReason("BadRequestParams")
+    public static let badRequestPayload = APNsReason("BadRequestPayload")
+    public static let missingPushType = APNsReason("MissingPushType")
+    public static let cannotCreateChannelConfig = APNsReason("CannotCreateChannelConfig")
+    public static let topicMismatch = APNsReason("TopicMismatch")
 
     /// The reason as a metric label or a summary key: one of Apple's documented reasons, or `other`. Whatever an
     /// endpoint writes (it may echo the path, a token with it) never becomes a label: the set stays small and

@@ -194,13 +194,15 @@ public final class APNsSimulator: Sendable {
 }
 
 /// The simulator's state and judgement, shared by the server's handler and the simulator's owner.
-private final class SimulatorCore: Sendable {
+final class SimulatorCore: Sendable {
     struct State {
         var unregistered: [String: Int64]
         var received: [ReceivedNotification] = []
         var countsByStatus: [Int: Int] = [:]
         /// Pushes per credential that proved itself (`TEAMID/KEYID`, `certificate:<common name>`).
         var countsByCredential: [String: Int] = [:]
+        /// Broadcast channels and what was broadcast on them.
+        var broadcast = BroadcastChannels()
         var latencies: [UInt32] = []
         var ids = APNsIDGenerator()
         var behaviour: APNsSimulator.Behaviour
@@ -267,9 +269,16 @@ private final class SimulatorCore: Sendable {
 
 
     func handle(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
-        if request.path.hasPrefix("/sim/") {
+        let route = Self.route(request.path)
+        switch route {
+        case .control:
             handleControl(request, writer)
             return
+        case .channels, .broadcast:
+            handleBroadcastAPI(request, writer, route: route)
+            return
+        case .device, .unknown:
+            break  // a path of no API is judged like a push: 404 BadPath
         }
         let token = request.path.hasPrefix("/3/device/") ? String(request.path.dropFirst("/3/device/".count)) : ""
         let (behaviour, streamNumber, fault) = state.withLock { state -> (APNsSimulator.Behaviour, Int, Fault?) in
@@ -426,7 +435,7 @@ private final class SimulatorCore: Sendable {
 
     /// With trusted keys configured: a bearer JWT signed ES256 by a known key for its team, not older than an hour,
     /// one team per connection, and a new token on a connection no more often than every 20 minutes.
-    private func checkProviderToken(_ request: HTTP2ServerRequest) -> APNsReason? {
+    func checkProviderToken(_ request: HTTP2ServerRequest) -> APNsReason? {
         guard !configuration.trustedKeys.isEmpty else { return nil }
         guard let authorization = request.header("authorization"), authorization.hasPrefix("bearer ") else {
             return .missingProviderToken
@@ -477,6 +486,8 @@ private final class SimulatorCore: Sendable {
             let counts = countsByStatus()
             let total = counts.values.reduce(0, +)
             let byStatus = counts.keys.sorted().map { "\"\($0)\":\(counts[$0]!)" }.joined(separator: ",")
+            let broadcasts = state.withLock { $0.broadcast.broadcastsByChannel }
+            let byChannel = broadcasts.keys.sorted().map { "\(JSONString.quote($0)):\(broadcasts[$0]!)" }.joined(separator: ",")
             let credentials = countsByCredential()
             let byCredential = credentials.keys.sorted().map { "\(JSONString.quote($0)):\(credentials[$0]!)" }
                 .joined(separator: ",")
@@ -488,7 +499,7 @@ private final class SimulatorCore: Sendable {
             let latencyText = "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
                 + "\"max\":\(latency.last ?? 0)}"
             writer.respond(status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
-                           body: Array(("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},"
+                           body: Array(("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},\"broadcasts\":{\(byChannel)},"
                                         + "\"latency_us\":\(latencyText)}\n").utf8))
         case ("POST", "/sim/reset-latency"):
             resetLatencies()
