@@ -66,6 +66,9 @@ public enum APNsAuthentication: Sendable {
 public struct APNsClientConfiguration: Sendable {
     public var production: APNsEndpoint
     public var sandbox: APNsEndpoint
+    /// Channel management (broadcast channels, iOS 18): a host of its own per environment.
+    public var channelsProduction = APNsEndpoint(host: "api-manage-broadcast.push.apple.com", port: 2196)
+    public var channelsSandbox = APNsEndpoint(host: "api-manage-broadcast.sandbox.push.apple.com", port: 2195)
     /// Extra CA bundle for private endpoints such as apns-sim.
     public var caFile: String?
     /// Peer verification; off only through an explicit setting, and logged loudly when off.
@@ -304,6 +307,45 @@ public final class APNsClient: Sendable {
                 } else {
                     completion(sentIndices[position], answer)
                 }
+            }
+        }
+    }
+
+    /// Sends one broadcast (iOS 18) with the credential that serves its bundle, on the push connections of
+    /// `traffic` (the same host as device pushes); `completion` runs once, on that lane's loop thread. A broadcast
+    /// that breaks Apple's rules, or whose bundle no credential serves, is answered without a request.
+    public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: APNsTraffic = .urgent,
+                     completion: @escaping @Sendable (APNsResult) -> Void) {
+        let loop = loop(traffic)
+        func answer(_ result: APNsResult) { loop.execute { completion(result) } }
+        do throws(APNsRequestError) { try broadcast.validate() } catch {
+            return answer(APNsResult(outcome: .permanentFailure, error: error.description))
+        }
+        guard let credential = credential(forTopic: broadcast.bundle) else {
+            return answer(APNsResult(outcome: .permanentFailure, error: "no APNs credential serves topic \(broadcast.bundle)"))
+        }
+        var authorization: String?
+        if case .token(let provider) = credential.authentication {
+            do { authorization = try provider.authorization() } catch {
+                return answer(APNsResult(outcome: .permanentFailure, error: "\(error)"))
+            }
+        }
+        let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
+        let pool: HTTP2Client
+        do {
+            guard let found = try self.pool(for: key, credential) else {
+                return answer(APNsResult(outcome: .retryLater(delay: 0), error: "APNs credentials reloaded"))
+            }
+            pool = found
+        } catch {
+            return answer(APNsResult(outcome: .permanentFailure, error: "\(error)"))
+        }
+        pool.send(broadcast.request(authority: pool.authority, authorization: authorization)) { [self] result in
+            let outcome = interpret(result, environment: environment, credential: credential)
+            if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential) {
+                send(broadcast, environment: environment, traffic: traffic, completion: completion)
+            } else {
+                completion(outcome)
             }
         }
     }

@@ -186,6 +186,8 @@ public final class APNsSimulator: Sendable {
 
     /// Responses sent, by status.
     public func countsByStatus() -> [Int: Int] { core.countsByStatus() }
+    /// Broadcasts accepted per channel id (channels deleted since included).
+    public func broadcastsByChannel() -> [String: Int] { core.state.withLock { $0.broadcast.broadcastsByChannel } }
 
     public func setBehaviour(_ behaviour: Behaviour) { core.state.withLock { $0.behaviour = behaviour } }
 

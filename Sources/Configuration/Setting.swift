@@ -11,8 +11,10 @@ public struct Programs: OptionSet, Sendable, Hashable {
     public static let stats = Programs(rawValue: 1 << 4)
     /// `apns-worker dead-tokens tail`.
     public static let deadTokensTail = Programs(rawValue: 1 << 5)
+    /// `apns-worker channels`.
+    public static let channels = Programs(rawValue: 1 << 6)
 
-    public static let all: Programs = [.worker, .cleanup, .enqueue, .tokens, .stats, .deadTokensTail]
+    public static let all: Programs = [.worker, .cleanup, .enqueue, .tokens, .stats, .deadTokensTail, .channels]
     /// Every program that talks to the broker.
     public static let brokerClients: Programs = [.worker, .cleanup, .enqueue, .stats, .deadTokensTail]
 }

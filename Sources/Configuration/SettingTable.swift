@@ -60,33 +60,41 @@ public struct SettingTable: Sendable {
     public let apnsSandboxURL: Setting<APNsEndpoint> = Setting(
         name: "APNS_SANDBOX_URL", kind: .endpoint, defaultValue: "https://api.sandbox.push.apple.com:443", readers: .worker,
         help: "the sandbox endpoint")
+    public let apnsChannelsProductionURL: Setting<APNsEndpoint> = Setting(
+        name: "APNS_CHANNELS_PRODUCTION_URL", kind: .endpoint,
+        defaultValue: "https://api-manage-broadcast.push.apple.com:2196", readers: .channels,
+        help: "the production channel management endpoint (broadcast channels, iOS 18)")
+    public let apnsChannelsSandboxURL: Setting<APNsEndpoint> = Setting(
+        name: "APNS_CHANNELS_SANDBOX_URL", kind: .endpoint,
+        defaultValue: "https://api-manage-broadcast.sandbox.push.apple.com:2195", readers: .channels,
+        help: "the sandbox channel management endpoint")
     public let apnsProxyURL: OptionalSetting<APNsProxy> = OptionalSetting(
-        name: "APNS_PROXY_URL", kind: .proxyURL, unsetMeans: "none: straight to APNs", readers: .worker,
+        name: "APNS_PROXY_URL", kind: .proxyURL, unsetMeans: "none: straight to APNs", readers: [.worker, .channels],
         help: "an HTTP proxy that opens CONNECT tunnels, for egress; TLS to APNs runs end to end inside the tunnel")
     public let apnsCAFile: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_CA_FILE", kind: .file, unsetMeans: "the system trust store only", readers: .worker,
+        name: "APNS_CA_FILE", kind: .file, unsetMeans: "the system trust store only", readers: [.worker, .channels],
         help: "an extra trusted CA, PEM, for a private endpoint such as apns-sim")
     public let apnsKeyFile: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_KEY_FILE", kind: .file, readers: .worker,
+        name: "APNS_KEY_FILE", kind: .file, readers: [.worker, .channels],
         help: "token authentication: Apple's .p8 signing key, with APNS_KEY_ID and APNS_TEAM_ID")
     public let apnsKeyID: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_KEY_ID", kind: .text, readers: .worker, help: "the signing key's 10-character id")
+        name: "APNS_KEY_ID", kind: .text, readers: [.worker, .channels], help: "the signing key's 10-character id")
     public let apnsTeamID: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_TEAM_ID", kind: .text, readers: .worker, help: "the 10-character team id")
+        name: "APNS_TEAM_ID", kind: .text, readers: [.worker, .channels], help: "the 10-character team id")
     public let apnsCertFile: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_CERT_FILE", kind: .file, readers: .worker,
+        name: "APNS_CERT_FILE", kind: .file, readers: [.worker, .channels],
         help: "certificate authentication, PEM: the alternative to a signing key")
     public let apnsCertKeyFile: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_CERT_KEY_FILE", kind: .file, unsetMeans: "the key in APNS_CERT_FILE", readers: .worker,
+        name: "APNS_CERT_KEY_FILE", kind: .file, unsetMeans: "the key in APNS_CERT_FILE", readers: [.worker, .channels],
         help: "the certificate's private key, PEM")
     public let apnsCredentialsFile: OptionalSetting<String> = OptionalSetting(
         name: "APNS_CREDENTIALS_FILE", kind: .file, unsetMeans: "none: the one credential above serves every topic",
-        readers: .worker,
+        readers: [.worker, .channels],
         help: "several teams' keys and certificates, JSON (README: Several apps and teams); a job's bundle id picks "
             + "the entry that lists it, the single-key settings serve the rest; re-read on SIGHUP")
     public let apnsTopic: OptionalSetting<String> = OptionalSetting(
         name: "APNS_TOPIC", kind: .topic, unsetMeans: "none: such jobs are refused",
-        readers: [.worker, .enqueue, .tokens, .cleanup],
+        readers: [.worker, .enqueue, .tokens, .cleanup, .channels],
         help: "the app's bundle id, the topic of jobs that name none")
 
     // Queues.
@@ -147,7 +155,7 @@ public struct SettingTable: Sendable {
         name: "APNS_CONNECTIONS", kind: .wholeNumber(1...64), defaultValue: "2", readers: .worker,
         help: "HTTP/2 connections per APNs environment and lane")
     public let apnsRequestTimeout: Setting<Double> = Setting(
-        name: "APNS_REQUEST_TIMEOUT", kind: .seconds, defaultValue: "30", readers: .worker,
+        name: "APNS_REQUEST_TIMEOUT", kind: .seconds, defaultValue: "30", readers: [.worker, .channels],
         help: "how long one notification may wait for APNs's answer, queueing included")
     public let apnsPingInterval: Setting<Double> = Setting(
         name: "APNS_PING_INTERVAL", kind: .seconds, defaultValue: "3600", readers: .worker,
@@ -162,7 +170,7 @@ public struct SettingTable: Sendable {
         name: "APNS_RETRY_DELAYS", kind: .secondsList, defaultValue: "1,15,60,300", readers: [.worker, .stats],
         help: "how long retry n waits (the last repeats), one delay queue each per lane")
     public let apnsInsecureSkipVerify: Setting<Bool> = Setting(
-        name: "APNS_INSECURE_SKIP_VERIFY", kind: .flag, defaultValue: "false", readers: .worker,
+        name: "APNS_INSECURE_SKIP_VERIFY", kind: .flag, defaultValue: "false", readers: [.worker, .channels],
         help: "turn TLS verification of APNs off: tests only, logged as critical")
     public let shutdownTimeout: Setting<Double> = Setting(
         name: "SHUTDOWN_TIMEOUT", kind: .seconds, defaultValue: "25", readers: .worker,

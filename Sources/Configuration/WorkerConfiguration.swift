@@ -268,6 +268,8 @@ public struct WorkerConfiguration: Sendable {
         var apns = APNsClientConfiguration()
         apns.production = try settings(\.apnsProductionURL)
         apns.sandbox = try settings(\.apnsSandboxURL)
+        apns.channelsProduction = try settings(\.apnsChannelsProductionURL)
+        apns.channelsSandbox = try settings(\.apnsChannelsSandboxURL)
         apns.caFile = try settings(\.apnsCAFile)
         apns.proxy = try settings(\.apnsProxyURL)
         apns.connectionsPerEnvironment = try settings(\.apnsConnections)

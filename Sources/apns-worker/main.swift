@@ -16,6 +16,7 @@ COMMANDS:
   enqueue             publish jobs: from a JSON Lines file, stdin, or flags (--user, --alert, ...)
   tokens              the token cache: tokens add | remove | list
   dead-tokens tail    watch dead-token events as workers publish them
+  channels            broadcast channels of an app (iOS 18 Live Activities): create | list | show | delete
   stats               queue depths, fleet-wide rates and live workers, from the broker and Redis
   cleanup             apply dead-token and registration events to the cache; sweep inactive tokens
 
@@ -64,6 +65,7 @@ case "tokens": tokensCommand(arguments)
 case "dead-tokens": deadTokensCommand(arguments)
 case "stats": statsCommand(arguments)
 case "cleanup": cleanupCommand(arguments)
+case "channels": channelsCommand(arguments)
 case "help":
     print(overview)
 default:

@@ -1,0 +1,160 @@
+import Foundation
+import HTTP2
+import Synchronization
+import Telemetry
+import TLS
+
+extension APNsBroadcast {
+    func request(authority: String, authorization: String?) -> HTTP2Request {
+        var headers = HTTP2HeaderBlock(capacity: 512)
+        headers.add(":method", "POST")
+        headers.add(":scheme", "https")
+        headers.add(":authority", authority)
+        headers.add(":path", "/4/broadcasts/apps/" + bundle)
+        if let authorization { headers.add("authorization", authorization) }
+        headers.add("apns-channel-id", channelID)
+        headers.add("apns-push-type", APNsPushType.liveactivity.rawValue)
+        headers.add("apns-priority", String(priority.rawValue))
+        headers.add("apns-expiration", String(expiration))
+        return HTTP2Request(headers: headers, body: payload)
+    }
+}
+
+/// How a channel keeps broadcasts for devices that are offline (Apple's `message-storage-policy`).
+public enum APNsChannelStorage: Int, Sendable, CaseIterable {
+    /// 0: nothing is stored; a broadcast's `apns-expiration` must be 0.
+    case none = 0
+    /// 1: the most recent message is kept (up to 8 hours).
+    case mostRecent = 1
+
+    public var name: String { self == .none ? "none" : "most-recent" }
+
+    public init?(name: String) {
+        guard let found = Self.allCases.first(where: { $0.name == name }) else { return nil }
+        self = found
+    }
+}
+
+/// What APNs answered a channel management request with, when it was not what was asked.
+public enum APNsChannelError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// APNs refused: its status and reason (`ChannelNotRegistered`, `CannotCreateChannelConfig`, ...).
+    case refused(status: Int, reason: String?)
+    /// No answer (connection trouble, a timeout).
+    case noAnswer(String)
+    /// An answer that does not say what Apple's documentation says it would.
+    case unexpected(String)
+    /// No credential serves the bundle ID.
+    case noCredential(String)
+
+    public var description: String {
+        switch self {
+        case .refused(let status, let reason): "APNs refused: \(status) \(reason ?? "(no reason)")"
+        case .noAnswer(let why): "no answer from APNs: \(why)"
+        case .unexpected(let what): "unexpected answer from APNs: \(what)"
+        case .noCredential(let bundle): "no APNs credential serves \(bundle)"
+        }
+    }
+
+    /// Whether waiting and asking again may help.
+    public var isTransient: Bool {
+        switch self {
+        case .noAnswer: true
+        case .refused(let status, _): status == 429 || status >= 500
+        case .unexpected, .noCredential: false
+        }
+    }
+}
+
+/// Apple's channel management API (iOS 18 broadcasts): the channels of an app, created, listed, read and deleted
+/// (Apple: "Sending channel management requests to APNs"; hosts api-manage-broadcast.push.apple.com:2196 and
+/// api-manage-broadcast.sandbox.push.apple.com:2195). Calls block the calling thread (a command-line tool's), never
+/// a cooperative one; one connection, opened at the first call, with the credential that serves the app.
+public final class APNsChannelClient: Sendable {
+    private let client: HTTP2Client
+    private let credential: APNsCredential
+    private let timeout: Double
+
+    public init(endpoint: APNsEndpoint, credential: APNsCredential, configuration: APNsClientConfiguration,
+                logger: Logger) throws {
+        var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
+        if case .certificate(let certificate, let key) = credential.authentication {
+            tls.certificateFile = certificate
+            tls.privateKeyFile = key
+        }
+        var settings = HTTP2Client.Configuration(host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: 1,
+                                                 requestTimeout: configuration.requestTimeout)
+        settings.proxy = configuration.proxy
+        client = try HTTP2Client(configuration: settings, logger: logger)
+        self.credential = credential
+        timeout = configuration.requestTimeout + 5
+    }
+
+    deinit { client.shutdown() }
+
+    /// A new channel of `bundle`: its id.
+    public func create(bundle: String, storage: APNsChannelStorage) throws(APNsChannelError) -> String {
+        let body = "{\"message-storage-policy\":\(storage.rawValue),\"push-type\":\"LiveActivity\"}"
+        let response = try call("POST", "/1/apps/\(bundle)/channels", body: Array(body.utf8), expecting: 201)
+        guard let id = response.header("apns-channel-id"), !id.isEmpty else {
+            throw .unexpected("201 without apns-channel-id")
+        }
+        return id
+    }
+
+    /// Every channel id of `bundle`.
+    public func list(bundle: String) throws(APNsChannelError) -> [String] {
+        let response = try call("GET", "/1/apps/\(bundle)/all-channels", expecting: 200)
+        guard let document = try? JSONReader.parse(response.body), case .array(let items)? = document["channels"] else {
+            throw .unexpected("no \"channels\" list in the answer")
+        }
+        return items.compactMap { if case .string(let id) = $0 { id } else { nil } }
+    }
+
+    /// How the channel keeps messages.
+    public func show(bundle: String, channel: String) throws(APNsChannelError) -> APNsChannelStorage {
+        let response = try call("GET", "/1/apps/\(bundle)/channels", channel: channel, expecting: 200)
+        guard let document = try? JSONReader.parse(response.body),
+              case .number(let text)? = document["message-storage-policy"],
+              let storage = Int(text).flatMap(APNsChannelStorage.init(rawValue:)) else {
+            throw .unexpected("no \"message-storage-policy\" in the answer")
+        }
+        return storage
+    }
+
+    public func delete(bundle: String, channel: String) throws(APNsChannelError) {
+        _ = try call("DELETE", "/1/apps/\(bundle)/channels", channel: channel, expecting: 204)
+    }
+
+    private func call(_ method: String, _ path: String, channel: String? = nil, body: [UInt8] = [],
+                      expecting status: Int) throws(APNsChannelError) -> HTTP2Response {
+        var headers = HTTP2HeaderBlock(capacity: 512)
+        headers.add(":method", method)
+        headers.add(":scheme", "https")
+        headers.add(":authority", client.authority)
+        headers.add(":path", path)
+        if case .token(let provider) = credential.authentication {
+            do { headers.add("authorization", try provider.authorization()) } catch {
+                throw .unexpected("cannot sign the provider token: \(error)")
+            }
+        }
+        if let channel { headers.add("apns-channel-id", channel) }
+        if !body.isEmpty { headers.add("content-type", "application/json") }
+        let answer = Locked<Result<HTTP2Response, HTTP2StreamError>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        client.send(HTTP2Request(headers: headers, body: body)) { result in
+            answer.withLock { $0 = result }
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + timeout) == .success, let result = answer.withLock({ $0 }) else {
+            throw .noAnswer("no answer within \(Int(timeout)) s")
+        }
+        switch result {
+        case .failure(let error):
+            throw .noAnswer(error.description)
+        case .success(let response) where response.status == status:
+            return response
+        case .success(let response):
+            throw .refused(status: response.status, reason: APNsResponse.parseBody(response.body).reason?.rawValue)
+        }
+    }
+}
