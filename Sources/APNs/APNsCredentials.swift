@@ -96,13 +96,3 @@ public enum APNsCredentialsError: Error, Sendable, Equatable, CustomStringConver
         }
     }
 }
-
-extension APNsPushType {
-    /// The bundle ID a topic is for: the topic without the suffix of the push type that needs one.
-    public static func bundle(ofTopic topic: String) -> String {
-        for type in allCases where !type.topicSuffix.isEmpty && topic.hasSuffix(type.topicSuffix) {
-            return String(topic.dropLast(type.topicSuffix.count))
-        }
-        return topic
-    }
-}

@@ -42,6 +42,14 @@ public struct APNsPushType: Hashable, Sendable, CustomStringConvertible {
         topicSuffix.isEmpty || bundle.hasSuffix(topicSuffix) ? bundle : bundle + topicSuffix
     }
 
+    /// The bundle ID a topic is for: the topic without the suffix of the push type that needs one.
+    public static func bundle(ofTopic topic: String) -> String {
+        for type in allCases where !type.topicSuffix.isEmpty && topic.hasSuffix(type.topicSuffix) {
+            return String(topic.dropLast(type.topicSuffix.count))
+        }
+        return topic
+    }
+
     /// Whether a topic ends with one of the suffixes Apple gives push types with tokens of their own (`.voip`,
     /// `.push-type.liveactivity`, ...): such a topic is never served by an app's ordinary device token.
     public static func hasTokenKindSuffix(_ topic: String) -> Bool {

@@ -34,6 +34,11 @@ public final class APNsNotificationSender: NotificationSender {
         client.send(batch, traffic: APNsTraffic(lane), completion: answer)
     }
 
+    public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
+                     answer: @escaping @Sendable (APNsResult) -> Void) {
+        client.send(broadcast, environment: environment, traffic: APNsTraffic(lane), completion: answer)
+    }
+
     public func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
         client.schedule(after: delay, traffic: APNsTraffic(lane), action)
     }

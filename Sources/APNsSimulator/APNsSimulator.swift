@@ -431,6 +431,11 @@ final class SimulatorCore: Sendable {
         guard case .object? = try? JSONReader.parse(request.body, allowsDuplicateKeys: true) else {
             return (400, APNsReason("BadPayload"), nil)
         }
+        // What ActivityKit needs of a Live Activity push (event, timestamp, content-state); Apple documents no
+        // reason for a payload it cannot use, so the simulator answers as for one that is not JSON.
+        if pushType == "liveactivity" && !Self.isLiveActivityPayload(request.body, broadcast: false) {
+            return (400, APNsReason("BadPayload"), nil)
+        }
         if let died = state.withLock({ $0.unregistered[token] }) { return (410, .unregistered, died) }
         return (200, nil, nil)
     }

@@ -252,6 +252,9 @@ public protocol NotificationSender: AnyObject, Sendable {
     /// Sends a batch of one lane's notifications (each lane has connections of its own). `answer` runs once per
     /// notification, with its position in the batch, on the lane's thread: keep it short.
     func send(_ batch: [OutgoingNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
+    /// Sends one broadcast (a `channel_id` job's); `answer` runs once, on the lane's thread.
+    func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
+              answer: @escaping @Sendable (APNsResult) -> Void)
     /// Runs `action` on the lane's thread after `delay` seconds.
     func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void)
     /// Whether notifications of `topic` can be sent (a credential serves it), and under which rate limit of their

@@ -31,6 +31,15 @@ public struct PushJob: Sendable, Equatable {
     /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said when
     /// the job started.
     public var rateGroup: RateGroup?
+    /// A broadcast job (`channel_id`): one request that APNs fans out to every device subscribed to the channel,
+    /// instead of a notification per device; it has no users or tokens.
+    public var channelID: String?
+
+    /// The broadcast a broadcast job sends.
+    public var broadcast: APNsBroadcast? {
+        channelID.map { APNsBroadcast(bundle: APNsPushType.bundle(ofTopic: topic), channelID: $0, priority: priority,
+                                      expiration: expiration ?? 0, payload: payload) }
+    }
 
     public struct Limits: Sendable {
         public var maximumMessageSize = 1 << 20
@@ -56,9 +65,17 @@ public struct PushJob: Sendable, Equatable {
         let users = try stringArray(document, "users")
         let tokens = try stringArray(document, "tokens").map(APNsNotification.canonicalToken)
         let retry = try retryState(document)
-        try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
+        let channelID = try optionalString(document, "channel_id")
+        if let channelID {
+            guard users.isEmpty && tokens.isEmpty else {
+                throw .broadcast("a broadcast reaches the channel's subscribers: give no \"users\" or \"tokens\"")
+            }
+            do throws(APNsRequestError) { try APNsChannelID.check(channelID) } catch { throw .breaksRule(error) }
+        } else {
+            try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
+        }
         let liveActivity = document.member("live_activity")
-        let sending = try SendingOptions(document, defaultPushType: liveActivity == nil ? .alert : .liveactivity)
+        let sending = try SendingOptions(document, defaultPushType: liveActivity == nil && channelID == nil ? .alert : .liveactivity)
         guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }
@@ -66,7 +83,10 @@ public struct PushJob: Sendable, Equatable {
             throw .breaksRule(error)
         }
         var job: PushJob
-        if try flag(document, "prevalidate") {
+        if let channelID {
+            job = try broadcastJob(document, body, id: ownID ?? fallbackID, bundle: bundle, channelID: channelID,
+                                   sending: sending, liveActivity: liveActivity)
+        } else if try flag(document, "prevalidate") {
             // Token pre-validation (from the source article): a silent background push to every target, so that
             // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
             // not used.
@@ -87,6 +107,36 @@ public struct PushJob: Sendable, Equatable {
             job.originalBody = retry.original.map { Array(body[$0]) }
         }
         job.idFromBody = ownID != nil
+        return job
+    }
+
+    /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
+    private static func broadcastJob(_ document: JSONValue, _ body: [UInt8], id: String, bundle: String, channelID: String,
+                                     sending: SendingOptions, liveActivity: JSONMember?) throws(JobError) -> PushJob {
+        guard sending.pushType == .liveactivity else {
+            throw .broadcast("push_type is \"\(sending.pushType.rawValue)\": a broadcast is a Live Activity push (liveactivity)")
+        }
+        if try flag(document, "prevalidate") { throw .broadcast("a broadcast has no tokens to prevalidate") }
+        if case .object(let members)? = liveActivity?.value, members.contains(where: { $0.key == "event" && $0.value == .string("start") }) {
+            throw .broadcast("a broadcast cannot start a Live Activity: start it by push-to-start or in the app, with "
+                             + "\"input_push_channel\"")
+        }
+        let payload: [UInt8]
+        if let liveActivity {
+            guard document.member("payload") == nil else { throw .liveActivity("give \"payload\" or \"live_activity\", not both") }
+            payload = try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
+        } else {
+            guard let member = document.member("payload") else { throw .missingField("payload") }
+            guard case .object = member.value else {
+                throw .wrongType(field: "payload", expected: "an object", got: member.value.typeName)
+            }
+            payload = Array(body[member.range])
+        }
+        var job = PushJob(id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
+                          environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
+                          expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
+        job.channelID = channelID
+        do throws(APNsRequestError) { try job.broadcast?.validate() } catch { throw .breaksRule(error) }
         return job
     }
 
@@ -316,6 +366,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case badDeadline(Int64)
     /// A `live_activity` object that ActivityKit would not take, or a job that mixes it with what it replaces.
     case liveActivity(String)
+    /// A `channel_id` job that cannot be broadcast.
+    case broadcast(String)
 
     public var description: String {
         switch self {
@@ -336,6 +388,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .breaksRule(let rule): rule.description
         case .missingTopic: "no topic: the job names none and no default topic is configured"
         case .liveActivity(let why): "live_activity: \(why)"
+        case .broadcast(let why): "channel_id: \(why)"
         case .badDeadline(let value):
             value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"

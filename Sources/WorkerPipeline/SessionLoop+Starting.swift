@@ -114,7 +114,9 @@ extension SessionLoop {
     /// its lane makes room.
     func start(_ prepared: PreparedBatch) throws {
         let rejected = prepared.rejected
-        let jobs = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
+        let all = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
+        try startBroadcasts(all.filter { $0.job.channelID != nil })
+        let jobs = all.filter { $0.job.channelID == nil }
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)

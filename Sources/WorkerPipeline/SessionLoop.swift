@@ -29,6 +29,11 @@ final class SessionLoop {
     var rateGroupHolds = RateGroupHolds()
     /// A job of a rate group has started: from then on each hand-over looks for them (until then, none is looked at).
     var rateGroupsSeen = false
+    /// Broadcast jobs waiting for a permit of the rate limit, in order, and when the next may ask.
+    var broadcastsWaiting: [(delivery: JobDelivery, job: PushJob)] = []
+    var broadcastsWaitUntil = Date.distantPast
+    /// Broadcasts answered, from the lanes' threads: settled by this thread at its next turn.
+    let broadcastAnswers = Locked<[(delivery: JobDelivery, job: PushJob, result: APNsResult)]>([])
     var suspects = SuspectQueue()
     var underWay = JobsUnderWay()
     /// Republished copies read while their job (same id) was under way here: started once it settled, so that they
@@ -119,9 +124,11 @@ final class SessionLoop {
             try takePrepared()
             try startSuspectOrWaiting()
             try startCopiesWhoseJobSettled()
+            try settleBroadcasts()
             let now = Date()
+            try sendWaitingBroadcasts(now: now)
             rateGroupHolds.release(dueAt: now, into: &backlogs)
-            let due = [held.nextDue, rateGroupHolds.nextOpening].compactMap { $0 }.min()
+            let due = [held.nextDue, rateGroupHolds.nextOpening, broadcastsDue].compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time.
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
                                        inFlight: statistics.inFlight.counts,

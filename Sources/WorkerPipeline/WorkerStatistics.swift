@@ -86,6 +86,13 @@ public final class WorkerStatistics: Sendable {
 
     public func dataErrorCount(_ place: String) -> Int { dataErrors.withLock { $0[place] ?? 0 } }
 
+    /// Broadcast requests by what became of them (delivered, failed, retrying).
+    private let broadcasts = Locked<[String: Int]>([:])
+
+    public func countBroadcast(_ outcome: String) { broadcasts.withLock { $0[outcome, default: 0] += 1 } }
+
+    public func broadcastCount(_ outcome: String) -> Int { broadcasts.withLock { $0[outcome] ?? 0 } }
+
     public func countUnsuccessful(status: Int?, reason: String) {
         let key = ResponseKey(status: status.map(String.init) ?? "none", reason: reason)
         unsuccessful.withLock { $0[key, default: 0] += 1 }
@@ -104,6 +111,10 @@ public final class WorkerStatistics: Sendable {
             ([("outcome", "failed")], load(permanentFailures)), ([("outcome", "held_back")], load(heldBack)),
             ([("outcome", "expired")], load(expired)),
         ])
+        let broadcastCounts = broadcasts.withLock { $0 }
+        metrics.family("apns_worker_broadcasts_total", "counter",
+                       "Broadcast requests (channel_id jobs, one request each for every subscribed device), by outcome.",
+                       ["delivered", "failed", "retrying"].map { ([("outcome", $0)], broadcastCounts[$0] ?? 0) })
         metrics.family("apns_worker_lane_jobs_total", "counter", "Jobs taken from each lane's queue.",
                        JobLane.allCases.map { ([("lane", $0.rawValue)], jobsTaken[$0]) })
         metrics.family("apns_worker_lane_sent_total", "counter", "Notifications of each lane handed to APNs.",

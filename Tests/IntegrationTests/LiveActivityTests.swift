@@ -4,6 +4,8 @@ import APNsSimulator
 import Configuration
 import Foundation
 import HTTP2
+import Redis
+import RedisStore
 import Synchronization
 import Telemetry
 import Testing
@@ -130,5 +132,83 @@ import WorkerPipeline
         #expect(usage.code == 2)
         let badStorage = try Self.channels(["create", "--storage", "forever"], environment)
         #expect(badStorage.code == 2 && badStorage.output.contains("none or most-recent"))
+    }
+
+    /// A Live Activity's life through jobs: started by push-to-start on a user's cached token (subscribing it to a
+    /// channel made with `channels create`), updated by a broadcast on that channel and by the activity's update
+    /// token, ended; a broadcast after the channel was deleted fails with Apple's reason in its summary and the
+    /// metrics; Live Activity jobs the worker refuses are parked with their reasons.
+    @Test func anActivityIsStartedUpdatedAndEndedThroughJobs() throws {
+        let (simulator, settings) = try Self.simulatorWithKey(logger)
+        defer { simulator.shutdown() }
+        let channel = try Self.channels(["create"], settings).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let user = TestServices.unique("fan")
+        let pushToStart = String(repeating: "f1", count: 32), updateToken = String(repeating: "f2", count: 32)
+        let cache = TokenCache(redis: try RedisConnection(url: TestServices.redisURL()), logger: logger)
+        try cache.register([TokenRegistration(user: user, token: pushToStart,
+                                              scope: TokenScope(environment: .production,
+                                                                topic: "com.example.scores.push-type.liveactivity"),
+                                              registeredAt: 1)])
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let failed = TestServices.unique("failed")
+        let failedReader = try QueueReader(failed)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
+            "PUSH_FAILED_QUEUE": failed]) { $1 }), logger: logger)
+        defer { worker.stop() }
+        let now = Int(Date().timeIntervalSince1970)
+        func publish(_ body: String) throws {
+            try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        }
+        let steps = [
+            #"{"id": "start", "users": ["\#(user)"], "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {"score": "0-0"}, "attributes_type": "MatchAttributes", "attributes": {"match": "LYO-NAN"}, "alert": {"title": "Kick-off", "body": "Lyon - Nantes"}, "input_push_channel": "\#(channel)"}}"#,
+            #"{"id": "goal", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 1), "content_state": {"score": "1-0"}, "relevance_score": 100}}"#,
+            #"{"id": "minute", "tokens": ["\#(updateToken)"], "priority": 5, "live_activity": {"event": "update", "timestamp": \#(now + 2), "content_state": {"score": "1-0", "minute": 60}}}"#,
+            #"{"id": "end", "tokens": ["\#(updateToken)"], "live_activity": {"event": "end", "timestamp": \#(now + 3), "content_state": {"score": "2-1"}, "dismissal_date": \#(now + 600)}}"#,
+        ]
+        var summaries: [String: [String: Any]] = [:]
+        for step in steps {
+            try publish(step)
+            let summary = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
+            summaries[summary["job_id"] as? String ?? ""] = summary
+        }
+        for id in ["start", "goal", "minute", "end"] {
+            #expect(summaries[id]?["delivered"] as? Int == 1, "\(id): \(summaries[id] ?? [:])")
+        }
+        #expect(summaries["goal"]?["channel_id"] as? String == channel && summaries["goal"]?["apns_unique_id"] != nil)
+        #expect(simulator.broadcastsByChannel() == [channel: 1])
+        let received = simulator.received()
+        #expect(received.count == 3 && received.allSatisfy { $0.status == 200 && $0.pushType == "liveactivity"
+            && $0.topic == "com.example.scores.push-type.liveactivity" }, "\(received.map { ($0.status, $0.reason ?? "") })")
+        let start = try #require(received.first { $0.deviceToken == pushToStart })
+        let aps = try #require(try Self.json(String(decoding: start.payload, as: UTF8.self))["aps"] as? [String: Any])
+        #expect(aps["event"] as? String == "start" && aps["input-push-channel"] as? String == channel
+                && aps["attributes-type"] as? String == "MatchAttributes")
+        #expect(received.first { $0.deviceToken == updateToken }?.priority == "5")
+
+        #expect(try Self.channels(["delete", channel], settings).code == 0)
+        try publish(#"{"id": "late", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 4), "content_state": {"score": "2-1"}}}"#)
+        let late = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
+        #expect(late["failed"] as? Int == 1 && (late["failed_by_reason"] as? [String: Int]) == ["ChannelNotRegistered": 1],
+                "\(late)")
+        #expect(worker.worker.statistics.broadcastCount("delivered") == 1 && worker.worker.statistics.broadcastCount("failed") == 1)
+
+        let refused = [
+            (#"{"users": ["\#(user)"], "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {}, "alert": {}}}"#,
+             "a start needs \"attributes_type\""),
+            (#"{"tokens": ["\#(updateToken)"], "live_activity": {"event": "update", "timestamp": \#(now)}}"#,
+             "an update needs \"content_state\""),
+            (#"{"tokens": ["\#(updateToken)"], "live_activity": {"event": "update", "timestamp": \#(now + 3600), "content_state": {}}}"#,
+             "in the future"),
+            (#"{"channel_id": "\#(channel)", "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {}, "attributes_type": "A", "attributes": {}, "alert": {}}}"#,
+             "a broadcast cannot start a Live Activity"),
+        ]
+        for (body, _) in refused { try publish(body) }
+        let parked = try failedReader.read(refused.count)
+        #expect(parked.count == refused.count)
+        for ((body, reason), message) in zip(refused, parked) {
+            #expect(String(decoding: message.body, as: UTF8.self) == body, "parked unchanged")
+            #expect(message.properties.headers[Worker.reasonHeader]?.contains(reason) == true,
+                    "\(message.properties.headers[Worker.reasonHeader] ?? "no reason"): wanted \(reason)")
+        }
     }
 }

@@ -66,12 +66,28 @@ import Glibc
         ("widgets", ".push-type.widgets"), ("controls", ".push-type.controls"),
     ].flatMap { pushType, suffix in [
         Case(name: "\(pushType) with \(suffix)", headers: [("apns-topic", "com.example.app" + suffix),
-                                                            ("apns-push-type", pushType)], status: 200),
+                                                            ("apns-push-type", pushType)],
+             body: pushType == "liveactivity" ? liveActivityBody : #"{"aps":{"alert":"hi"}}"#, status: 200),
         Case(name: "\(pushType) without its suffix", headers: [("apns-topic", "com.example.app"), ("apns-push-type", pushType)],
              status: 400, reason: "BadTopic"),
     ] }
 
-    @Test(arguments: cases)
+    static let liveActivityBody = #"{"aps":{"timestamp":1796184000,"event":"update","content-state":{"score":"1-0"}}}"#
+
+    /// What ActivityKit needs of a Live Activity push: an event, a timestamp, content-state for a start or update.
+    static let liveActivityCases: [Case] = [
+        ("no event", #"{"aps":{"timestamp":1,"content-state":{}}}"#, 400),
+        ("no timestamp", #"{"aps":{"event":"update","content-state":{}}}"#, 400),
+        ("an update without content-state", #"{"aps":{"timestamp":1,"event":"update"}}"#, 400),
+        ("an end without content-state", #"{"aps":{"timestamp":1,"event":"end"}}"#, 200),
+        ("an unknown event", #"{"aps":{"timestamp":1,"event":"pause","content-state":{}}}"#, 400),
+    ].map { name, body, status in
+        Case(name: "liveactivity: \(name)", headers: [("apns-topic", "com.example.app.push-type.liveactivity"),
+                                                     ("apns-push-type", "liveactivity")],
+             body: body, status: status, reason: status == 400 ? "BadPayload" : nil)
+    }
+
+    @Test(arguments: cases + liveActivityCases)
     func judgesLikeAPNs(_ testCase: Case) throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }

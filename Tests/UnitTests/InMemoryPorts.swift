@@ -316,6 +316,11 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         threads[lane]!.asyncAfter(deadline: .now() + delay, execute: action)
     }
 
+    func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
+              answer reply: @escaping @Sendable (APNsResult) -> Void) {
+        threads[lane]!.async { reply(APNsResult(outcome: .delivered, response: APNsResponse(status: 200))) }
+    }
+
     /// What the sender says of each topic: every topic sent, with no rate group, unless a test says otherwise.
     var topicService: @Sendable (String) -> TopicService = { _ in .served(rateGroup: nil) }
 

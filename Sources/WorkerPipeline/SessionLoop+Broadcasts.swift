@@ -1,0 +1,164 @@
+import APNsModel
+import Foundation
+import Telemetry
+
+/// Broadcast jobs (`channel_id`): one request each, on a path of their own from start to settlement (no targets,
+/// no token cache). The shared rate limit (and the credential's own) grants one permit per broadcast; the
+/// idempotency record keeps a redelivered job from broadcasting twice; the outcome goes to the job's summary and
+/// `apns_worker_broadcasts_total`. A broadcast APNs asks to try later goes to the lane's delay queue, at most
+/// APNS_MAX_ATTEMPTS times in all, the attempts counted in a header of the copy.
+extension SessionLoop {
+    /// Attempts so far, on the copies the worker schedules for a retry.
+    static let broadcastAttemptHeader = "x-apns-worker-broadcast-attempt"
+
+    /// The broadcast jobs of a started batch: skipped if an earlier delivery broadcast already, else queued for
+    /// their permits and sent.
+    func startBroadcasts(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws {
+        guard !jobs.isEmpty else { return }
+        let stable = jobs.filter { TargetResolver.hasStableID($0.job, $0.delivery) }.map(\.job.id)
+        let settled = stable.isEmpty ? [:] : try session.record.settled(jobIDs: stable).settled
+        for (delivery, job) in jobs {
+            underWay.started(delivery, jobID: job.id)
+            if let channel = job.channelID, settled[job.id]?.tokens.contains(channel) == true {
+                // Broadcast by an earlier delivery that did not live to settle: settle now, send nothing.
+                statistics.duplicatesAvoided.add(1, ordering: .relaxed)
+                broadcastAnswers.withLock { $0.append((delivery, job, APNsResult(outcome: .delivered))) }
+                continue
+            }
+            broadcastsWaiting.append((delivery, job))
+        }
+        core.handle(.jobsStarted(jobs.count))
+        try sendWaitingBroadcasts(now: Date())
+    }
+
+    /// Sends the waiting broadcasts the rate limits allow now; the rest wait for the next window
+    /// (`broadcastsWaitUntil`, which the loop's wait takes into account).
+    func sendWaitingBroadcasts(now: Date) throws {
+        guard !broadcastsWaiting.isEmpty, now >= broadcastsWaitUntil else { return }
+        while let (delivery, job) = broadcastsWaiting.first {
+            let asked = LaneCounts(urgent: delivery.lane == .urgent ? 1 : 0, bulk: delivery.lane == .bulk ? 1 : 0)
+            var limiters = session.rateLimiter.map { [$0] } ?? []
+            if let group = job.rateGroup, let makeLimiter = session.groupRateLimiter {
+                let limiter = groupLimiters[group] ?? makeLimiter(group)
+                groupLimiters[group] = limiter
+                limiters.append(limiter)
+            }
+            for limiter in limiters {
+                let (granted, limited) = try reserve(asked, from: limiter)
+                guard granted.total > 0 else {
+                    broadcastsWaitUntil = now.addingTimeInterval(limited?.wait ?? 1)
+                    return
+                }
+            }
+            broadcastsWaiting.removeFirst()
+            guard let broadcast = job.broadcast else { continue }
+            let answers = broadcastAnswers, wakeup = worker.wakeup
+            statistics.sent.add(delivery.lane, 1)
+            worker.sender.send(broadcast, environment: job.environment, lane: delivery.lane) { result in
+                answers.withLock { $0.append((delivery, job, result)) }
+                wakeup.signal()
+            }
+        }
+    }
+
+    /// When the first waiting broadcast may ask for its permit again, if any waits.
+    var broadcastsDue: Date? { broadcastsWaiting.isEmpty ? nil : broadcastsWaitUntil }
+
+    /// Settles the broadcasts answered since the last turn: the record first (a delivered broadcast is never sent
+    /// again), then the summary or the retry copy, then the acknowledgement. One whose publications the broker did
+    /// not take is given back, to be settled again from its record.
+    func settleBroadcasts() throws {
+        let answered = broadcastAnswers.withLock { answers in
+            defer { answers.removeAll() }
+            return answers
+        }
+        guard !answered.isEmpty else { return }
+        let delivered = answered.filter { $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery) }
+        try record(delivered.compactMap { entry in entry.job.channelID.map { (entry.job.id, [SettledOutcome.done($0)]) } })
+        var publications: [Publication] = []
+        var owners: [Int] = []
+        for (index, (delivery, job, result)) in answered.enumerated() {
+            for publication in broadcastPublications(delivery, job, result) {
+                publications.append(publication)
+                owners.append(index)
+            }
+        }
+        let outcomes = try session.broker.publish(publications)
+        var untaken = Set<Int>()
+        for (owner, outcome) in zip(owners, outcomes) where outcome != .taken { untaken.insert(owner) }
+        var settled: [UInt64] = []
+        for (index, entry) in answered.enumerated() {
+            underWay.settled(entry.delivery.tag)
+            if untaken.contains(index) {
+                statistics.countRefusedPublish("job_outputs")
+                try session.broker.requeue(entry.delivery.tag)
+            } else {
+                settled.append(entry.delivery.tag)
+                statistics.jobsCompleted.add(1, ordering: .relaxed)
+            }
+        }
+        try session.broker.acknowledge(settled)
+        core.handle(.jobsSettled(answered.count))
+    }
+
+    /// What one answered broadcast publishes: a retry copy if APNs asked to try later and attempts remain, and the
+    /// summary its sender asked for (reply_to).
+    private func broadcastPublications(_ delivery: JobDelivery, _ job: PushJob, _ result: APNsResult) -> [Publication] {
+        let attempt = Int(delivery.properties.headers[Self.broadcastAttemptHeader] ?? "") ?? 1
+        let reason = result.response?.reason?.label ?? result.response.map { "status \($0.status)" } ?? "no_answer"
+        var publications: [Publication] = []
+        var outcome = "failed"
+        if result.outcome == .delivered {
+            outcome = "delivered"
+        } else if Self.isRetryable(result.outcome), attempt < worker.settings.maximumSendAttempts {
+            let delays = worker.settings.retryDelays
+            let wait = max(Self.retryDelay(result.outcome), delays.isEmpty ? 1 : delays[min(attempt - 1, delays.count - 1)])
+            // A retry that could only come after the job's deadline is not scheduled: the broadcast fails now.
+            if job.deadline.map({ Double($0) > Date().timeIntervalSince1970 + wait }) ?? true {
+                outcome = "retrying"
+                var properties = delivery.properties
+                properties.persistent = true
+                properties.headers[Self.broadcastAttemptHeader] = String(attempt + 1)
+                publications.append(Publication(destination: .retry(delay: wait, lane: delivery.lane), body: delivery.body,
+                                                properties: properties))
+            }
+        }
+        statistics.countBroadcast(outcome)
+        if outcome == "delivered" {
+            statistics.delivered.add(1, ordering: .relaxed)
+        } else {
+            statistics.countUnsuccessful(status: result.response?.status, reason: reason)
+            if outcome == "failed" { statistics.permanentFailures.add(1, ordering: .relaxed) }
+            logger.warning("broadcast not delivered", ["job.id": job.id, "apns.channel": job.channelID ?? "",
+                                                       "apns.reason": Redact.outsideText(result.response?.reason?.rawValue
+                                                                                         ?? result.error ?? reason),
+                                                       "broadcast.outcome": outcome])
+        }
+        if let replyTo = delivery.properties.replyTo {
+            var properties = MessageProperties(correlationID: delivery.properties.correlationID)
+            properties.persistent = false
+            let failedByReason = outcome == "failed" ? "{\(JSONString.quote(reason)):1}" : "{}"
+            var summary = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(attempt),"
+                + "\"channel_id\":\(JSONString.quote(job.channelID ?? "")),\"notifications\":1,"
+                + "\"delivered\":\(outcome == "delivered" ? 1 : 0),\"dead\":0,\"failed\":\(outcome == "failed" ? 1 : 0),"
+                + "\"retrying\":\(outcome == "retrying" ? 1 : 0),\"held_back\":0,\"expired\":0,"
+                + "\"failed_by_reason\":\(failedByReason)"
+            if let uniqueID = result.response?.apnsUniqueID { summary += ",\"apns_unique_id\":\(JSONString.quote(uniqueID))" }
+            publications.append(Publication(destination: .reply(replyTo), body: Array((summary + "}").utf8),
+                                            properties: properties))
+        }
+        return publications
+    }
+
+    private static func isRetryable(_ outcome: APNsOutcome) -> Bool {
+        switch outcome {
+        case .retryLater, .refreshTokenAndRetry, .replaceConnectionAndRetry: true
+        default: false
+        }
+    }
+
+    private static func retryDelay(_ outcome: APNsOutcome) -> Double {
+        if case .retryLater(let delay) = outcome { return delay }
+        return 1
+    }
+}
