@@ -280,8 +280,12 @@ final class SimulatorCore: Sendable {
             handleBroadcastAPI(request, writer, route: route)
             return
         case .device, .unknown:
-            break  // a path of no API is judged like a push: 404 BadPath
+            handleDevicePush(request, writer)  // a path of no API is judged like a push: 404 BadPath
         }
+    }
+
+    /// A device push (`/3/device/<token>`), through the scripted faults, Apple's checks and the scripted answers.
+    private func handleDevicePush(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
         let token = request.path.hasPrefix("/3/device/") ? String(request.path.dropFirst("/3/device/".count)) : ""
         let (behaviour, streamNumber, fault) = state.withLock { state -> (APNsSimulator.Behaviour, Int, Fault?) in
             state.connections[request.connectionID, default: ConnectionState()].streams += 1

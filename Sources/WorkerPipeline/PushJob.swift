@@ -121,17 +121,7 @@ public struct PushJob: Sendable, Equatable {
             throw .broadcast("a broadcast cannot start a Live Activity: start it by push-to-start or in the app, with "
                              + "\"input_push_channel\"")
         }
-        let payload: [UInt8]
-        if let liveActivity {
-            guard document.member("payload") == nil else { throw .liveActivity("give \"payload\" or \"live_activity\", not both") }
-            payload = try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
-        } else {
-            guard let member = document.member("payload") else { throw .missingField("payload") }
-            guard case .object = member.value else {
-                throw .wrongType(field: "payload", expected: "an object", got: member.value.typeName)
-            }
-            payload = Array(body[member.range])
-        }
+        let payload = try payloadBytes(document, body, liveActivity: liveActivity)
         var job = PushJob(id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
                           environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
                           expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
@@ -234,26 +224,29 @@ public struct PushJob: Sendable, Equatable {
     /// the push type's size.
     private static func payload(_ document: JSONValue, _ body: [UInt8], pushType: APNsPushType,
                                 liveActivity: JSONMember?) throws(JobError) -> [UInt8] {
-        let payload: [UInt8]
-        if let liveActivity {
-            guard document.member("payload") == nil else {
-                throw .liveActivity("give \"payload\" or \"live_activity\", not both")
-            }
-            guard pushType == .liveactivity else {
-                throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
-            }
-            payload = try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
-        } else {
-            guard let payloadMember = document.member("payload") else { throw .missingField("payload") }
-            guard case .object = payloadMember.value else {
-                throw .wrongType(field: "payload", expected: "an object", got: payloadMember.value.typeName)
-            }
-            payload = Array(body[payloadMember.range])
+        if liveActivity != nil && pushType != .liveactivity {
+            throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
         }
+        let payload = try payloadBytes(document, body, liveActivity: liveActivity)
         do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
             throw .breaksRule(error)
         }
         return payload
+    }
+
+    /// The `payload` as the job wrote it, or the one its `live_activity` builds (never both).
+    private static func payloadBytes(_ document: JSONValue, _ body: [UInt8], liveActivity: JSONMember?) throws(JobError) -> [UInt8] {
+        if let liveActivity {
+            guard document.member("payload") == nil else {
+                throw .liveActivity("give \"payload\" or \"live_activity\", not both")
+            }
+            return try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
+        }
+        guard let member = document.member("payload") else { throw .missingField("payload") }
+        guard case .object = member.value else {
+            throw .wrongType(field: "payload", expected: "an object", got: member.value.typeName)
+        }
+        return Array(body[member.range])
     }
 
     /// The job the worker schedules to send `targets` again: everything as before, the users already resolved, and

@@ -19,29 +19,8 @@ import WorkerPipeline
     /// `apns-worker channels ARGUMENTS` with `environment`: its exit code and what it printed (standard output, then
     /// standard error).
     static func channels(_ arguments: [String], _ environment: [String: String]) throws -> (code: Int32, output: String) {
-        let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: directory + "/apns-worker")
-        process.arguments = ["channels"] + arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let output = Pipe(), errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        let exited = DispatchSemaphore(value: 0)
-        process.terminationHandler = { _ in exited.signal() }
-        try process.run()
-        // Standard error is read on the side, so that neither pipe fills while the other is read.
-        let errorText = Locked("")
-        let errorsRead = DispatchSemaphore(value: 0)
-        Thread {
-            let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            errorText.withLock { $0 = text }
-            errorsRead.signal()
-        }.start()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        errorsRead.wait()
-        #expect(exited.wait(timeout: .now() + 60) == .success, "channels \(arguments) exited")
-        return (process.terminationStatus, text + errorText.withLock { $0 })
+        let run = try OperationsTests.apnsWorker(["channels"] + arguments, environment: environment)
+        return (run.status, run.output + run.errors)
     }
 
     static func json(_ text: String) throws -> [String: Any] {

@@ -274,4 +274,38 @@ import WorkerPipeline
             }
         }
     }
+
+    /// `channel_id` jobs: a broadcast, with no targets, a Live Activity update or end, its payload up to 5 KB.
+    @Test func aBroadcastJob() throws {
+        func broadcast(_ rest: String) throws(JobError) -> PushJob {
+            try PushJob.decode(Array(#"{"topic": "com.example.app", "channel_id": "dHJhY2tpbmc=", \#(rest)}"#.utf8),
+                               defaultTopic: nil, fallbackID: "fallback")
+        }
+        let job = try broadcast(#""live_activity": {"event": "update", "timestamp": 1, "content_state": {}}"#)
+        #expect(job.channelID == "dHJhY2tpbmc=" && job.users.isEmpty && job.tokens.isEmpty && job.pushType == .liveactivity)
+        #expect(job.broadcast?.bundle == "com.example.app" && job.broadcast?.expiration == 0)
+        let large = String(repeating: "x", count: 4500)
+        #expect(try broadcast(#""payload": {"aps": {"timestamp": 1, "event": "update", "content-state": {"n": "\#(large)"}}}"#)
+            .payload.count > 4096, "a broadcast's payload may pass 4096 bytes")
+        for (rest, expected) in [
+            (#""users": ["u1"], "live_activity": {"event": "update", "timestamp": 1, "content_state": {}}"#, "give no \"users\""),
+            (#""live_activity": {"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "attributes": {}, "alert": {}}"#,
+             "cannot start a Live Activity"),
+            (#""push_type": "alert", "payload": {"aps": {}}"#, "a broadcast is a Live Activity push"),
+        ] {
+            do {
+                _ = try broadcast(rest)
+                Issue.record("accepted: \(rest)")
+            } catch {
+                #expect(error.description.contains(expected), "\(error)")
+            }
+        }
+        do {
+            _ = try PushJob.decode(Array(#"{"topic": "com.example.app", "channel_id": "not base64!", "payload": {}}"#.utf8),
+                                   defaultTopic: nil, fallbackID: "x")
+            Issue.record("a channel id that is not base64 was accepted")
+        } catch {
+            #expect(error.description.contains("not base64"), "\(error)")
+        }
+    }
 }
