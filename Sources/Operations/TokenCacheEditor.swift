@@ -26,13 +26,15 @@ public final class TokenCacheEditor {
     }
 
     /// The token belongs to `user` from now on, registered now (taken from another user who had it).
-    public func add(user: String, token written: String, scope: TokenScope, deviceJSON: String?) throws -> String {
+    /// With `activity`: a Live Activity's update token, kept under the activity.
+    public func add(user: String, token written: String, scope: TokenScope, deviceJSON: String?,
+                    activity: String? = nil) throws -> String {
         let token = APNsNotification.canonicalToken(written)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let change = try cache.register([TokenRegistration(user: user, token: token, scope: scope, registeredAt: now,
-                                                           deviceJSON: deviceJSON)])
+                                                           deviceJSON: deviceJSON, activity: activity)])
         if case .failed(let message)? = change.first { throw RefusedChange(message: message) }
-        return "added \(shown(token)) for \(user) (\(scope.cacheValue))"
+        return "added \(shown(token)) for \(activity.map { "activity \($0)" } ?? user) (\(scope.cacheValue))"
     }
 
     /// The token no longer receives `user`'s notifications; with a topic or an environment, only if the cached token

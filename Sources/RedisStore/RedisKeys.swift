@@ -29,6 +29,9 @@ public struct RedisKeys: Sendable, Equatable {
     public func registered(_ user: String) -> String { Self.registeredPrefix + self.user(user) }
     /// Hash: field = token, value = the device's metadata as JSON.
     public func devices(_ user: String) -> String { "apns:devices:" + self.user(user) }
+    /// Hash: a Live Activity's update tokens, field = token, value = what it serves (`TokenScope`); expires a day
+    /// after the last registration (an activity lives at most 12 hours).
+    public func activity(_ id: String) -> String { "apns:activity:" + self.user(id) }
     /// String: the user a token belongs to now.
     public func owner(_ token: String) -> String { "apns:owner:" + token }
 

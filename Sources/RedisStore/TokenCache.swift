@@ -175,6 +175,35 @@ public struct TokenCache: TokenStore {
     /// Every user's tokens with what each serves, in one pipelined round trip. Entries that are not a hex token
     /// with a readable value (`TokenScope`) are skipped and logged (the cache is fed by other systems); so is a user
     /// whose key Redis cannot read as a hash. Only a lost connection throws.
+    /// Seconds a Live Activity's update tokens are kept after their last registration.
+    public static let activityLifetime = 86_400
+
+    public func resolveActivities(_ activities: [String]) throws(RedisError) -> [String: [CachedToken]] {
+        let unique = Array(Set(activities))
+        guard !unique.isEmpty else { return [:] }
+        let replies = try redis.pipeline(unique.map { ["HGETALL", keys.activity($0)] })
+        var result: [String: [CachedToken]] = [:]
+        for (activity, reply) in zip(unique, replies) {
+            let fields = reply.elements
+            var tokens: [CachedToken] = []
+            var index = 0
+            while index + 1 < fields.count {
+                let token = fields[index].text ?? "", value = fields[index + 1].text ?? ""
+                index += 2
+                guard (try? APNsNotification.validateDeviceToken(token)) != nil, let scope = TokenScope(cacheValue: value) else {
+                    continue
+                }
+                tokens.append(CachedToken(token: token, scope: scope))
+            }
+            if case .error(let message) = reply {
+                logger.warning("skipping a Live Activity whose entry cannot be read",
+                               ["redis.key": keys.activity(activity), "redis.error": message])
+            }
+            result[activity] = tokens
+        }
+        return result
+    }
+
     public func resolve(_ users: [String]) throws(RedisError) -> ResolvedUsers {
         let unique = Array(Set(users))
         guard !unique.isEmpty else { return ResolvedUsers(tokens: [:], unreadable: [:]) }
@@ -217,8 +246,28 @@ public struct TokenCache: TokenStore {
     /// the user. Only a lost connection throws.
     /// A token named twice in one batch (a device that changed accounts twice) is applied in the batch's order: the
     /// batch goes in rounds, each holding a token at most once.
+    /// A Live Activity's update token (`activity`) is written under its activity instead, with its lifetime.
     @discardableResult
     public func register(_ registrations: [TokenRegistration]) throws(RedisError) -> [CacheChange] {
+        var changes = [CacheChange](repeating: .unchanged, count: registrations.count)
+        let activityIndices = registrations.indices.filter { registrations[$0].activity != nil }
+        if !activityIndices.isEmpty {
+            // An update token lives as long as its activity: kept under the activity, with the activity's lifetime.
+            let commands = activityIndices.flatMap { index -> [[String]] in
+                let registration = registrations[index], key = keys.activity(registration.activity ?? "")
+                return [["HSET", key, APNsNotification.canonicalToken(registration.token), registration.scope.cacheValue],
+                        ["EXPIRE", key, String(Self.activityLifetime)]]
+            }
+            let replies = try redis.pipeline(commands)
+            for (position, index) in activityIndices.enumerated() {
+                if case .error(let message) = replies[position * 2] { changes[index] = .failed(message) } else {
+                    changes[index] = .applied
+                }
+            }
+            let others = registrations.indices.filter { registrations[$0].activity == nil }
+            for (index, change) in zip(others, try register(others.map { registrations[$0] })) { changes[index] = change }
+            return changes
+        }
         var rounds: [[Int]] = []
         var seen: [String: Int] = [:]
         for (index, registration) in registrations.enumerated() {
@@ -227,7 +276,6 @@ public struct TokenCache: TokenStore {
             if round == rounds.count { rounds.append([]) }
             rounds[round].append(index)
         }
-        var changes = [CacheChange](repeating: .unchanged, count: registrations.count)
         for round in rounds {
             for (index, change) in zip(round, try registerOnce(round.map { registrations[$0] })) { changes[index] = change }
         }

@@ -8,6 +8,8 @@ struct PreparedBatch {
     var jobs: [(delivery: JobDelivery, job: PushJob)]
     var rejected: [(JobDelivery, String)]
     var resolved: ResolvedUsers
+    /// The update tokens of the Live Activities the jobs address (`activity`).
+    var activities: [String: [CachedToken]] = [:]
     /// The deliveries handed in, for giving them back unstarted.
     var deliveries: [JobDelivery]
 
@@ -43,7 +45,9 @@ struct PreparedBatch {
         let small = jobs.map(\.job).filter { !Self.isLarge($0, usersPerPiece: settings.core.usersPerPiece) }
         let users = resolver.usersToResolve(small)
         let resolved = users.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolve(users)
-        return PreparedBatch(jobs: jobs, rejected: rejected, resolved: resolved, deliveries: batch)
+        let activityIDs = jobs.compactMap { $0.job.retryTargets == nil ? $0.job.activity : nil }
+        let activities = activityIDs.isEmpty ? [:] : try tokens.resolveActivities(activityIDs)
+        return PreparedBatch(jobs: jobs, rejected: rejected, resolved: resolved, activities: activities, deliveries: batch)
     }
 
     /// A job whose users are resolved and sent a piece at a time.

@@ -126,6 +126,9 @@ public protocol TokenStore {
     /// Every user's tokens with what each serves; users whose entry cannot be read are named apart. Only a lost
     /// connection throws.
     func resolve(_ users: [String]) throws -> ResolvedUsers
+    /// The update tokens of these Live Activities (by activity id); an activity whose entry cannot be read has
+    /// none. Only a lost connection throws.
+    func resolveActivities(_ activities: [String]) throws -> [String: [CachedToken]]
     /// Takes tokens out, each only if what is known of it still says so. Only a lost connection throws.
     func remove(_ removals: [TokenRemoval]) throws -> [CacheChange]
 }

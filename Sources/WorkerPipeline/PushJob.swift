@@ -11,6 +11,8 @@ public struct PushJob: Sendable, Equatable {
     public var topic: String
     public var users: [String]
     public var tokens: [String]
+    /// A Live Activity whose update tokens the job reaches (`"activity": "<id>"`, as the app registered them).
+    public var activity: String?
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
     public var environment: APNsEnvironment
     public var pushType: APNsPushType
@@ -71,7 +73,13 @@ public struct PushJob: Sendable, Equatable {
                 throw .broadcast("a broadcast reaches the channel's subscribers: give no \"users\" or \"tokens\"")
             }
             do throws(APNsRequestError) { try APNsChannelID.check(channelID) } catch { throw .breaksRule(error) }
-        } else {
+        }
+        let activity = try optionalString(document, "activity")
+        if let activity {
+            guard !activity.isEmpty, activity.utf8.count <= 256 else { throw .badUser(field: "activity") }
+            guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
+        }
+        if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
             try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
         }
         let liveActivity = document.member("live_activity")
@@ -101,6 +109,7 @@ public struct PushJob: Sendable, Equatable {
                           payload: try payload(document, body, pushType: sending.pushType, liveActivity: liveActivity))
         }
         job.deadline = sending.deadline
+        job.activity = activity
         if let retry {
             job.attempt = retry.attempt
             job.retryTargets = retry.targets

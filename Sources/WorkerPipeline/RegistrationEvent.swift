@@ -64,9 +64,17 @@ public struct RegistrationEvent: Sendable, Equatable {
             }
             deviceJSON = String(decoding: body[device.range], as: UTF8.self)
         }
+        let activity = try PushJob.optionalString(document, "activity")
+        if let activity {
+            guard !activity.isEmpty, activity.utf8.count <= 256 else { throw .badUser(field: "activity") }
+            guard topic.map({ $0.hasSuffix(APNsPushType.liveactivity.topicSuffix) }) == true else {
+                throw .wrongType(field: "topic", expected: "a Live Activity topic (<bundle>.push-type.liveactivity) beside "
+                                 + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
+            }
+        }
         return RegistrationEvent(action: action, registration: TokenRegistration(
             user: user, token: token, scope: TokenScope(environment: environment, topic: topic), registeredAt: timestamp,
-            deviceJSON: deviceJSON))
+            deviceJSON: deviceJSON, activity: activity))
     }
 
     public var json: [UInt8] {

@@ -139,7 +139,9 @@ extension SessionLoop {
             var targets: [DeviceTarget] = []
             if !large {
                 let skipped: Int
-                (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens, alreadySettled: settled?.tokens ?? [])
+                (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens,
+                                                      activityTokens: job.activity.flatMap { prepared.activities[$0] } ?? [],
+                                                      alreadySettled: settled?.tokens ?? [])
                 statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
             }
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,

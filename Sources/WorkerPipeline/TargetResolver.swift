@@ -38,9 +38,21 @@ public struct TargetResolver: Sendable, Equatable {
     }
 
     /// A job's targets, and how many were skipped as already settled by an earlier delivery.
-    public func targets(of job: PushJob, resolved: [String: [CachedToken]],
+    /// `activityTokens`: the update tokens of the Live Activity the job addresses, if it does; those that serve the
+    /// job's topic are reached (with no user: a dead one leaves with its activity, not from a user's cache).
+    public func targets(of job: PushJob, resolved: [String: [CachedToken]], activityTokens: [CachedToken] = [],
                         alreadySettled: Set<String> = []) -> (targets: [DeviceTarget], skipped: Int) {
         var targets = job.retryTargets ?? newTargets(of: job, resolved: resolved)
+        if job.retryTargets == nil && !activityTokens.isEmpty {
+            let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+            var seen = Set(targets.map(\.token))
+            for cached in activityTokens where matcher.serves(cached.scope) {
+                let token = APNsNotification.canonicalToken(cached.token)
+                if seen.insert(token).inserted {
+                    targets.append(DeviceTarget(token: token, environment: cached.scope.environment, user: nil))
+                }
+            }
+        }
         guard !alreadySettled.isEmpty else { return (targets, 0) }
         let before = targets.count
         targets.removeAll { alreadySettled.contains($0.token) }

@@ -77,8 +77,13 @@ public struct TokenRegistration: Sendable, Equatable {
     public var registeredAt: Int64
     /// Device metadata (model, OS and app versions, locale, ...) as a JSON object, kept as sent.
     public var deviceJSON: String?
+    /// A Live Activity's update token: the activity it updates. Such a token is kept under the activity
+    /// (`"activity": "<id>"` in a job reaches it), not among the user's tokens, and expires with the activity.
+    public var activity: String?
 
-    public init(user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil) {
+    public init(user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil,
+                activity: String? = nil) {
+        self.activity = activity
         self.user = user
         self.token = token
         self.scope = scope

@@ -10,6 +10,7 @@ let tokensHelp = """
 apns-worker tokens: read and change the Redis token cache by hand (the schema is in README.md).
 
 USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
+                                [--activity ID]
        apns-worker tokens remove USER TOKEN [--topic TOPIC] [--environment production|sandbox]
        apns-worker tokens list USER [--topic TOPIC] [--full-tokens] [--json]
        apns-worker tokens keys USER
@@ -23,6 +24,8 @@ USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--t
             device token: com.example.app.voip (PushKit VoIP), com.example.app.push-type.liveactivity (Live
             Activity push-to-start or update), com.example.other (another app). Without it the token is a device
             token of the default app (APNS_TOPIC), for alert and background pushes.
+            --activity ID (with --topic <bundle>.push-type.liveactivity): a Live Activity's update token, kept
+            under that activity for a day rather than among USER's tokens; a job with "activity": "ID" reaches it.
   remove    the token no longer receives USER's notifications; with --topic (and --environment) only if the
             cached token serves that topic (there), so a token of another kind is never removed by mistake
   list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
@@ -56,7 +59,7 @@ EXIT CODES: 0 done, 2 bad command line or bad token, 69 Redis unreachable, 78 ba
 """
 
 func tokensCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic", "--from"],
+    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic", "--from", "--activity"],
                                        switches: ["--full-tokens", "--json"], help: tokensHelp)
     guard let action = parsed.positionals.first else {
         fail("tokens: say add, remove or list; try 'apns-worker tokens --help'", code: ExitCode.usage)
@@ -105,6 +108,15 @@ func tokensCommand(_ arguments: [String]) {
             fail("tokens add: --device must be a JSON object", code: ExitCode.usage)
         }
     }
+    let activity = parsed.value("--activity")
+    if let activity {
+        guard action == "add" else { fail("tokens \(action): --activity goes with add", code: ExitCode.usage) }
+        guard !activity.isEmpty, activity.utf8.count <= 256 else { fail("tokens add: --activity must be 1 to 256 bytes", code: ExitCode.usage) }
+        guard topic?.hasSuffix(APNsPushType.liveactivity.topicSuffix) == true else {
+            fail("tokens add: --activity wants --topic <bundle>.push-type.liveactivity (an update token's topic)",
+                 code: ExitCode.usage)
+        }
+    }
     let configuration = parsed.configuration(requiringCredentials: false)
     let editor: TokenCacheEditor
     do {
@@ -119,7 +131,7 @@ func tokensCommand(_ arguments: [String]) {
         case "add":
             print(try editor.add(user: user, token: operands[1],
                                  scope: TokenScope(environment: environment ?? .production, topic: topic),
-                                 deviceJSON: device))
+                                 deviceJSON: device, activity: activity))
         case "remove":
             print(try editor.remove(user: user, token: operands[1], topic: topic, environment: environment))
         case "keys":

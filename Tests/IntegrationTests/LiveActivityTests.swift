@@ -115,7 +115,7 @@ import WorkerPipeline
 
     /// A Live Activity's life through jobs: started by push-to-start on a user's cached token (subscribing it to a
     /// channel made with `channels create`), updated by a broadcast on that channel and by the activity's update
-    /// token, ended; a broadcast after the channel was deleted fails with Apple's reason in its summary and the
+    /// token (addressed by the activity's id, as `tokens add --activity` registered it), ended; a broadcast after the channel was deleted fails with Apple's reason in its summary and the
     /// metrics; Live Activity jobs the worker refuses are parked with their reasons.
     @Test func anActivityIsStartedUpdatedAndEndedThroughJobs() throws {
         let (simulator, settings) = try Self.simulatorWithKey(logger)
@@ -128,6 +128,13 @@ import WorkerPipeline
                                               scope: TokenScope(environment: .production,
                                                                 topic: "com.example.scores.push-type.liveactivity"),
                                               registeredAt: 1)])
+        // The activity's update token, as the app reports it with the activity's id.
+        let activity = TestServices.unique("match")
+        let added = try OperationsTests.apnsWorker(["tokens", "add", user, updateToken, "--topic",
+                                                    "com.example.scores.push-type.liveactivity", "--activity", activity],
+                                                   environment: settings)
+        #expect(added.status == 0 && added.output.contains("activity \(activity)"), "\(added)")
+        #expect(try cache.entries(forUser: user).map(\.token) == [pushToStart], "an update token is not the user's")
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
@@ -141,7 +148,7 @@ import WorkerPipeline
         let steps = [
             #"{"id": "start", "users": ["\#(user)"], "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {"score": "0-0"}, "attributes_type": "MatchAttributes", "attributes": {"match": "LYO-NAN"}, "alert": {"title": "Kick-off", "body": "Lyon - Nantes"}, "input_push_channel": "\#(channel)"}}"#,
             #"{"id": "goal", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 1), "content_state": {"score": "1-0"}, "relevance_score": 100}}"#,
-            #"{"id": "minute", "tokens": ["\#(updateToken)"], "priority": 5, "live_activity": {"event": "update", "timestamp": \#(now + 2), "content_state": {"score": "1-0", "minute": 60}}}"#,
+            #"{"id": "minute", "activity": "\#(activity)", "priority": 5, "live_activity": {"event": "update", "timestamp": \#(now + 2), "content_state": {"score": "1-0", "minute": 60}}}"#,
             #"{"id": "end", "tokens": ["\#(updateToken)"], "live_activity": {"event": "end", "timestamp": \#(now + 3), "content_state": {"score": "2-1"}, "dismissal_date": \#(now + 600)}}"#,
         ]
         var summaries: [String: [String: Any]] = [:]

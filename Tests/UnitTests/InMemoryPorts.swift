@@ -166,6 +166,8 @@ final class InMemoryTokenStore: TokenStore {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
+    func resolveActivities(_ activities: [String]) throws -> [String: [CachedToken]] { [:] }
+
     func resolve(_ users: [String]) throws -> ResolvedUsers {
         fleet.passResolutionHold()
         let wanted = Set(users)

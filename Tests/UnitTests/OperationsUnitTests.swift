@@ -10,6 +10,17 @@ import WorkerPipeline
 @Suite struct RegistrationEventTests {
     static let token = String(repeating: "ab", count: 32)
 
+    /// A Live Activity's update token comes with its activity's id and the Live Activity topic.
+    @Test func anActivitysUpdateToken() throws {
+        let body = #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app.push-type.liveactivity", "activity": "match-42"}"#
+        #expect(try RegistrationEvent.decode(Array(body.utf8), now: 5).registration.activity == "match-42")
+        let wrongTopic = #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app", "activity": "match-42"}"#
+        #expect(throws: JobError.self) { try RegistrationEvent.decode(Array(wrongTopic.utf8), now: 5) }
+        let job = try PushJob.decode(Array(#"{"topic": "com.example.app", "activity": "match-42", "payload": {"aps": {}}}"#.utf8),
+                                     defaultTopic: nil, fallbackID: "x")
+        #expect(job.activity == "match-42" && job.users.isEmpty && job.tokens.isEmpty)
+    }
+
     @Test func aFullEventIsRead() throws {
         let body = #"{"user": "u1", "token": "\#(Self.token)", "environment": "sandbox", "timestamp": 1732900000000, "#
             + #""topic": "com.example.app.voip", "device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}"#
