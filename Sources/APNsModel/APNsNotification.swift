@@ -82,6 +82,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
     case payloadEmpty
     case payloadTooLarge(size: Int, limit: Int, pushType: APNsPushType)
     case backgroundWithImmediatePriority
+    case liveActivityLowestPriority
     case collapseIDTooLong(Int)
     case badExpiration(Int64)
     case badAPNsID(String)
@@ -99,6 +100,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
         case .payloadTooLarge(let size, let limit, let pushType):
             "payload is \(size) bytes, over the \(limit)-byte limit for push_type \(pushType)"
         case .backgroundWithImmediatePriority: "background pushes must use priority 5 or 1, not 10"
+        case .liveActivityLowestPriority: "Live Activity pushes must use priority 10 or 5, not 1"
         case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
         case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
         case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"

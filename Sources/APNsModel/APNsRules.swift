@@ -14,6 +14,8 @@ public enum APNsRules {
     /// Background pushes wake an app in the background: Apple refuses them at priority 10.
     public static func checkPriority(_ priority: APNsPriority, for pushType: APNsPushType) throws(APNsRequestError) {
         if pushType == .background && priority == .immediately { throw .backgroundWithImmediatePriority }
+        // Apple: a Live Activity push goes at 10 (counted against the activity's budget) or 5.
+        if pushType == .liveactivity && priority == .lowest { throw .liveActivityLowestPriority }
     }
 
     public static func checkCollapseID(_ collapseID: String, field: String) throws(APNsRequestError) {

@@ -139,7 +139,7 @@ extension SimulatorCore {
         guard let id = request.header("apns-channel-id"), !id.isEmpty else {
             return .failure(SimulatedAnswerError(SimulatedAnswer(400, .missingChannelId)))
         }
-        guard id.utf8.count <= 64, Data(base64Encoded: id) != nil else {
+        guard id.utf8.count <= 256, Data(base64Encoded: id) != nil else {
             return .failure(SimulatedAnswerError(SimulatedAnswer(400, .badChannelId)))
         }
         // Apple documents no reason for another app's channel: it is not registered for this one.
@@ -158,7 +158,8 @@ extension SimulatorCore {
         }
         guard let pushType = request.header("apns-push-type") else { return SimulatedAnswer(400, .missingPushType) }
         guard pushType.lowercased() == "liveactivity" else { return SimulatedAnswer(400, .invalidPushType) }
-        if let priority = request.header("apns-priority"), !AppleRules.priorities.contains(priority) {
+        // Required on a broadcast, unlike a device push.
+        guard let priority = request.header("apns-priority"), AppleRules.priorities.contains(priority) else {
             return SimulatedAnswer(400, .badPriority)
         }
         guard let expirationText = request.header("apns-expiration"), let expiration = Int64(expirationText) else {
@@ -178,13 +179,14 @@ extension SimulatorCore {
     }
 
     /// A Live Activity payload as ActivityKit reads it: `aps` with an `event` (start, update, end; a broadcast
-    /// cannot start an activity), a whole-number `timestamp`, and `content-state` for a start or an update.
+    /// cannot start an activity), a whole-number `timestamp`, and `content-state`.
     static func isLiveActivityPayload(_ body: [UInt8], broadcast: Bool) -> Bool {
         guard let document = try? JSONReader.parse(body, allowsDuplicateKeys: true), let aps = document["aps"],
               case .string(let event)? = aps["event"], ["start", "update", "end"].contains(event),
               case .number(let timestamp)? = aps["timestamp"], Int64(timestamp) != nil else { return false }
         if broadcast && event == "start" { return false }
-        if event != "end", case .object? = aps["content-state"] {} else if event != "end" { return false }
+        // Every event carries a content state (an end its final one).
+        guard case .object? = aps["content-state"] else { return false }
         return true
     }
 

@@ -16,8 +16,8 @@ import Telemetry
 /// becomes `{"aps":{"timestamp":...,"event":"update","content-state":{...},"stale-date":...,...}}`, the objects
 /// copied byte for byte from the job. The rules: `event` is start, update or end; `timestamp` (UNIX seconds, the
 /// moment the content was true) is required and not in the future (ActivityKit drops any update older than the
-/// newest it has seen, so a timestamp ahead of the clock would silence the updates after it); a start carries
-/// `attributes_type`, `attributes`, `alert` and `content_state`; an update carries `content_state`; only a start
+/// newest it has seen, so a timestamp ahead of the clock would silence the updates after it); every event carries
+/// `content_state` (an end its final state), a start also `attributes_type`, `attributes` and `alert`; only a start
 /// carries attributes and the input push channel or token.
 struct LiveActivityRequest {
     enum Event: String, CaseIterable {
@@ -67,9 +67,14 @@ struct LiveActivityRequest {
             aps += ",\"\(key)\":" + String(decoding: body[found.range], as: UTF8.self)
         }
         func integer(_ field: String, as key: String) throws(JobError) {
-            if let value = try PushJob.optionalInteger(member.value, field) { aps += ",\"\(key)\":\(value)" }
+            guard let value = try PushJob.optionalInteger(member.value, field) else { return }
+            guard value <= PushJob.latestDeadline else {
+                throw .liveActivity("\"\(field)\" \(value) looks like milliseconds: give UNIX seconds")
+            }
+            aps += ",\"\(key)\":\(value)"
         }
-        try copyObject("content_state", as: "content-state", requiredBy: event != .end)
+        // Apple: an end, too, carries the final content state.
+        try copyObject("content_state", as: "content-state", requiredBy: true)
         try integer("stale_date", as: "stale-date")
         try integer("dismissal_date", as: "dismissal-date")
         switch member.value["relevance_score"] {

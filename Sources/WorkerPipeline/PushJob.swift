@@ -83,7 +83,12 @@ public struct PushJob: Sendable, Equatable {
             try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
         }
         let liveActivity = document.member("live_activity")
-        let sending = try SendingOptions(document, defaultPushType: liveActivity == nil && channelID == nil ? .alert : .liveactivity)
+        let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
+        let sending = try SendingOptions(document, defaultPushType: liveActivityJob ? .liveactivity : .alert)
+        if activity != nil && sending.pushType != .liveactivity {
+            throw .liveActivity("push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
+                                + "Activity pushes only (liveactivity)")
+        }
         guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }

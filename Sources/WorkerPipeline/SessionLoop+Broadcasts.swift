@@ -7,6 +7,17 @@ import Telemetry
 /// idempotency record keeps a redelivered job from broadcasting twice; the outcome goes to the job's summary and
 /// `apns_worker_broadcasts_total`. A broadcast APNs asks to try later goes to the lane's delay queue, at most
 /// APNS_MAX_ATTEMPTS times in all, the attempts counted in a header of the copy.
+/// A broadcast's answer, as the lane's thread hands it over.
+struct BroadcastAnswer: Sendable {
+    enum Kind: Sendable { case answered, alreadySent, expired }
+
+    var generation: Int
+    var delivery: JobDelivery
+    var job: PushJob
+    var result: APNsResult
+    var kind = Kind.answered
+}
+
 extension SessionLoop {
     /// Attempts so far, on the copies the worker schedules for a retry.
     static let broadcastAttemptHeader = "x-apns-worker-broadcast-attempt"
@@ -15,6 +26,7 @@ extension SessionLoop {
     /// their permits and sent.
     func startBroadcasts(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws {
         guard !jobs.isEmpty else { return }
+        try recordBroadcastsOfEarlierSessions()
         let stable = jobs.filter { TargetResolver.hasStableID($0.job, $0.delivery) }.map(\.job.id)
         let settled = stable.isEmpty ? [:] : try session.record.settled(jobIDs: stable).settled
         for (delivery, job) in jobs {
@@ -22,7 +34,10 @@ extension SessionLoop {
             if let channel = job.channelID, settled[job.id]?.tokens.contains(channel) == true {
                 // Broadcast by an earlier delivery that did not live to settle: settle now, send nothing.
                 statistics.duplicatesAvoided.add(1, ordering: .relaxed)
-                broadcastAnswers.withLock { $0.append((delivery, job, APNsResult(outcome: .delivered))) }
+                worker.broadcastAnswers.withLock {
+                    $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job,
+                                              result: APNsResult(outcome: .delivered), kind: .alreadySent))
+                }
                 continue
             }
             broadcastsWaiting.append((delivery, job))
@@ -52,10 +67,21 @@ extension SessionLoop {
             }
             broadcastsWaiting.removeFirst()
             guard let broadcast = job.broadcast else { continue }
-            let answers = broadcastAnswers, wakeup = worker.wakeup
+            let answers = worker.broadcastAnswers, wakeup = worker.wakeup, generation = self.generation
+            if let deadline = job.deadline, Double(deadline) <= now.timeIntervalSince1970 {
+                // Its deadline passed while it waited for a permit: not sent.
+                answers.withLock {
+                    $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job,
+                                              result: APNsResult(outcome: .permanentFailure, error: "deadline passed"),
+                                              kind: .expired))
+                }
+                continue
+            }
             statistics.sent.add(delivery.lane, 1)
             worker.sender.send(broadcast, environment: job.environment, lane: delivery.lane) { result in
-                answers.withLock { $0.append((delivery, job, result)) }
+                answers.withLock {
+                    $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job, result: result))
+                }
                 wakeup.signal()
             }
         }
@@ -64,37 +90,71 @@ extension SessionLoop {
     /// When the first waiting broadcast may ask for its permit again, if any waits.
     var broadcastsDue: Date? { broadcastsWaiting.isEmpty ? nil : broadcastsWaitUntil }
 
+    /// Broadcasts an earlier session sent and could not settle (its broker connection ended): the delivered ones
+    /// go into the idempotency record now, before their redeliveries are looked up, so that none is sent twice.
+    func recordBroadcastsOfEarlierSessions() throws {
+        let stale = worker.broadcastAnswers.withLock { answers in
+            let stale = answers.filter { $0.generation != generation }
+            answers.removeAll { $0.generation != generation }
+            return stale
+        }
+        let delivered = stale.filter { $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery) }
+        do {
+            try record(delivered.compactMap { entry in entry.job.channelID.map { (entry.job.id, [SettledOutcome.done($0)]) } })
+        } catch {
+            worker.broadcastAnswers.withLock { $0.append(contentsOf: stale) }  // for the next session to record
+            throw error
+        }
+    }
+
     /// Settles the broadcasts answered since the last turn: the record first (a delivered broadcast is never sent
-    /// again), then the summary or the retry copy, then the acknowledgement. One whose publications the broker did
-    /// not take is given back, to be settled again from its record.
+    /// again), then the retry copy and the summary, then the acknowledgement. A lost summary (no queue by its
+    /// reply_to) holds nothing up; a retry copy the broker did not take gives the job back, to be tried again.
     func settleBroadcasts() throws {
-        let answered = broadcastAnswers.withLock { answers in
+        try recordBroadcastsOfEarlierSessions()
+        let answered = worker.broadcastAnswers.withLock { answers in
             defer { answers.removeAll() }
             return answers
         }
         guard !answered.isEmpty else { return }
-        let delivered = answered.filter { $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery) }
+        do {
+            try settle(answered)
+        } catch {
+            // The session ends: the answers go back, for the next session to record what was delivered.
+            worker.broadcastAnswers.withLock { $0.append(contentsOf: answered) }
+            throw error
+        }
+    }
+
+    private func settle(_ answered: [BroadcastAnswer]) throws {
+        let delivered = answered.filter {
+            $0.kind == .answered && $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery)
+        }
         try record(delivered.compactMap { entry in entry.job.channelID.map { (entry.job.id, [SettledOutcome.done($0)]) } })
         var publications: [Publication] = []
-        var owners: [Int] = []
-        for (index, (delivery, job, result)) in answered.enumerated() {
-            for publication in broadcastPublications(delivery, job, result) {
+        var owners: [(index: Int, isRetry: Bool)] = []
+        for (index, entry) in answered.enumerated() {
+            for publication in broadcastPublications(entry) {
                 publications.append(publication)
-                owners.append(index)
+                if case .retry = publication.destination { owners.append((index, true)) } else { owners.append((index, false)) }
             }
         }
         let outcomes = try session.broker.publish(publications)
-        var untaken = Set<Int>()
-        for (owner, outcome) in zip(owners, outcomes) where outcome != .taken { untaken.insert(owner) }
+        var retryLost = Set<Int>()
+        for (owner, outcome) in zip(owners, outcomes) where outcome != .taken {
+            if owner.isRetry { retryLost.insert(owner.index) } else { statistics.countRefusedPublish("summary") }
+        }
         var settled: [UInt64] = []
         for (index, entry) in answered.enumerated() {
             underWay.settled(entry.delivery.tag)
-            if untaken.contains(index) {
+            if retryLost.contains(index) {
+                // Not broadcast (APNs asked to try later): given back, it is tried again.
                 statistics.countRefusedPublish("job_outputs")
                 try session.broker.requeue(entry.delivery.tag)
             } else {
                 settled.append(entry.delivery.tag)
                 statistics.jobsCompleted.add(1, ordering: .relaxed)
+                if TargetResolver.hasStableID(entry.job, entry.delivery) { settledUnshared.insert(entry.job.id) }
             }
         }
         try session.broker.acknowledge(settled)
@@ -103,12 +163,15 @@ extension SessionLoop {
 
     /// What one answered broadcast publishes: a retry copy if APNs asked to try later and attempts remain, and the
     /// summary its sender asked for (reply_to).
-    private func broadcastPublications(_ delivery: JobDelivery, _ job: PushJob, _ result: APNsResult) -> [Publication] {
+    private func broadcastPublications(_ entry: BroadcastAnswer) -> [Publication] {
+        let (delivery, job, result) = (entry.delivery, entry.job, entry.result)
         let attempt = Int(delivery.properties.headers[Self.broadcastAttemptHeader] ?? "") ?? 1
         let reason = result.response?.reason?.label ?? result.response.map { "status \($0.status)" } ?? "no_answer"
         var publications: [Publication] = []
         var outcome = "failed"
-        if result.outcome == .delivered {
+        if entry.kind == .expired {
+            outcome = "expired"
+        } else if result.outcome == .delivered {
             outcome = "delivered"
         } else if Self.isRetryable(result.outcome), attempt < worker.settings.maximumSendAttempts {
             let delays = worker.settings.retryDelays
@@ -123,10 +186,16 @@ extension SessionLoop {
                                                 properties: properties))
             }
         }
-        statistics.countBroadcast(outcome)
-        if outcome == "delivered" {
+        if entry.kind == .alreadySent {
+            // Counted when it was sent.
+        } else if outcome == "expired" {
+            statistics.countBroadcast(outcome)
+            statistics.expired.add(1, ordering: .relaxed)
+        } else if outcome == "delivered" {
+            statistics.countBroadcast(outcome)
             statistics.delivered.add(1, ordering: .relaxed)
         } else {
+            statistics.countBroadcast(outcome)
             statistics.countUnsuccessful(status: result.response?.status, reason: reason)
             if outcome == "failed" { statistics.permanentFailures.add(1, ordering: .relaxed) }
             logger.warning("broadcast not delivered", ["job.id": job.id, "apns.channel": job.channelID ?? "",
@@ -141,7 +210,7 @@ extension SessionLoop {
             var summary = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(attempt),"
                 + "\"channel_id\":\(JSONString.quote(job.channelID ?? "")),\"notifications\":1,"
                 + "\"delivered\":\(outcome == "delivered" ? 1 : 0),\"dead\":0,\"failed\":\(outcome == "failed" ? 1 : 0),"
-                + "\"retrying\":\(outcome == "retrying" ? 1 : 0),\"held_back\":0,\"expired\":0,"
+                + "\"retrying\":\(outcome == "retrying" ? 1 : 0),\"held_back\":0,\"expired\":\(outcome == "expired" ? 1 : 0),"
                 + "\"failed_by_reason\":\(failedByReason)"
             if let uniqueID = result.response?.apnsUniqueID { summary += ",\"apns_unique_id\":\(JSONString.quote(uniqueID))" }
             publications.append(Publication(destination: .reply(replyTo), body: Array((summary + "}").utf8),

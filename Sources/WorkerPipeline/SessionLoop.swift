@@ -32,8 +32,6 @@ final class SessionLoop {
     /// Broadcast jobs waiting for a permit of the rate limit, in order, and when the next may ask.
     var broadcastsWaiting: [(delivery: JobDelivery, job: PushJob)] = []
     var broadcastsWaitUntil = Date.distantPast
-    /// Broadcasts answered, from the lanes' threads: settled by this thread at its next turn.
-    let broadcastAnswers = Locked<[(delivery: JobDelivery, job: PushJob, result: APNsResult)]>([])
     var suspects = SuspectQueue()
     var underWay = JobsUnderWay()
     /// Republished copies read while their job (same id) was under way here: started once it settled, so that they

@@ -59,6 +59,10 @@ public final class Worker: Service {
     let sender: any NotificationSender
     let answers: AnswerCollector
     let wakeup = Wakeup()
+    /// Broadcasts answered, from the lanes' threads, with the broker connection (generation) they were started on:
+    /// the session of that generation settles them; a later one records the delivered ones, so that the redelivered
+    /// job does not broadcast again.
+    let broadcastAnswers = Locked<[BroadcastAnswer]>([])
     private let connect: @Sendable () throws -> WorkerSession
     private let stopRequested = Atomic<Bool>(false)
     private let readiness = RoundTripReadiness()

@@ -114,7 +114,7 @@ public final class WorkerStatistics: Sendable {
         let broadcastCounts = broadcasts.withLock { $0 }
         metrics.family("apns_worker_broadcasts_total", "counter",
                        "Broadcast requests (channel_id jobs, one request each for every subscribed device), by outcome.",
-                       ["delivered", "failed", "retrying"].map { ([("outcome", $0)], broadcastCounts[$0] ?? 0) })
+                       ["delivered", "failed", "retrying", "expired"].map { ([("outcome", $0)], broadcastCounts[$0] ?? 0) })
         metrics.family("apns_worker_lane_jobs_total", "counter", "Jobs taken from each lane's queue.",
                        JobLane.allCases.map { ([("lane", $0.rawValue)], jobsTaken[$0]) })
         metrics.family("apns_worker_lane_sent_total", "counter", "Notifications of each lane handed to APNs.",

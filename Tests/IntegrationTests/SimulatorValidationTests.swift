@@ -79,7 +79,8 @@ import Glibc
         ("no event", #"{"aps":{"timestamp":1,"content-state":{}}}"#, 400),
         ("no timestamp", #"{"aps":{"event":"update","content-state":{}}}"#, 400),
         ("an update without content-state", #"{"aps":{"timestamp":1,"event":"update"}}"#, 400),
-        ("an end without content-state", #"{"aps":{"timestamp":1,"event":"end"}}"#, 200),
+        ("an end without content-state", #"{"aps":{"timestamp":1,"event":"end"}}"#, 400),
+        ("an end with its final content-state", #"{"aps":{"timestamp":1,"event":"end","content-state":{}}}"#, 200),
         ("an unknown event", #"{"aps":{"timestamp":1,"event":"pause","content-state":{}}}"#, 400),
     ].map { name, body, status in
         Case(name: "liveactivity: \(name)", headers: [("apns-topic", "com.example.app.push-type.liveactivity"),

@@ -235,7 +235,7 @@ import WorkerPipeline
         let update = try aps(try decode(#"{"event": "update", "timestamp": \#(now - 5), "content_state": {"score": "1-0"}}"#,
                                         extra: #", "priority": 5"#))
         #expect(update["event"] as? String == "update" && update["attributes"] == nil && update["alert"] == nil)
-        let end = try aps(try decode(#"{"event": "end", "timestamp": \#(now), "dismissal_date": \#(now + 60)}"#))
+        let end = try aps(try decode(#"{"event": "end", "timestamp": \#(now), "content_state": {"score": "2-1"}, "dismissal_date": \#(now + 60)}"#))
         #expect(end["event"] as? String == "end" && (end["dismissal-date"] as? NSNumber)?.int64Value == now + 60)
     }
 
@@ -244,6 +244,8 @@ import WorkerPipeline
         (#"{"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "alert": {}}"#, "a start needs \"attributes\""),
         (#"{"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "attributes": {}}"#, "a start needs \"alert\""),
         (#"{"event": "update", "timestamp": 1}"#, "an update needs \"content_state\""),
+        (#"{"event": "end", "timestamp": 1}"#, "an end needs \"content_state\""),
+        (#"{"event": "update", "timestamp": 1, "content_state": {}, "stale_date": 1796184000000}"#, "looks like milliseconds"),
         (#"{"event": "update", "timestamp": 1, "content_state": {}, "attributes": {}}"#, "\"attributes\" belongs to a start only"),
         (#"{"event": "update", "timestamp": 99999999999, "content_state": {}}"#, "s in the future"),
         (#"{"event": "update", "timestamp": 1796184000000, "content_state": {}}"#, "looks like milliseconds"),
