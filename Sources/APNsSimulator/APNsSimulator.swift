@@ -108,6 +108,8 @@ public final class APNsSimulator: Sendable {
         public var throttledTokens: Set<String> = []
         /// The first n pushes to each of these tokens are answered 503 ServiceUnavailable, later ones normally.
         public var failFirstPushes: [String: Int] = [:]
+        /// The first N broadcasts on any channel are answered 429 TooManyRequests (a busy APNs).
+        public var throttleFirstBroadcasts = 0
         /// Fraction of pushes answered 500 InternalServerError, and 503 ServiceUnavailable.
         public var internalErrorRate: Double = 0
         public var unavailableRate: Double = 0

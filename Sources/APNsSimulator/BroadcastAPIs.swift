@@ -22,6 +22,8 @@ struct BroadcastChannels {
     var channels: [String: Channel] = [:]
     /// Broadcasts per channel, kept after a channel is deleted (for `/sim/stats`).
     var broadcastsByChannel: [String: Int] = [:]
+    /// Broadcasts answered 429 so far (`Behaviour.throttleFirstBroadcasts`).
+    var throttled = 0
 }
 
 /// What the router gives each API: the answer, or nil when the request is not theirs.
@@ -170,6 +172,12 @@ extension SimulatorCore {
         guard !request.body.isEmpty else { return SimulatedAnswer(400, .payloadEmpty) }
         if request.body.count > 5120 { return SimulatedAnswer(413, .payloadTooLarge) }
         guard Self.isLiveActivityPayload(request.body, broadcast: true) else { return SimulatedAnswer(400, .badRequestPayload) }
+        let throttled = state.withLock { state in
+            guard state.broadcast.throttled < state.behaviour.throttleFirstBroadcasts else { return false }
+            state.broadcast.throttled += 1
+            return true
+        }
+        if throttled { return SimulatedAnswer(429, .tooManyRequests) }
         let uniqueID = state.withLock { state in
             state.broadcast.channels[id]?.broadcasts += 1
             state.broadcast.broadcastsByChannel[id, default: 0] += 1

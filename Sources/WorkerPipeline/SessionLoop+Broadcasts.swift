@@ -173,17 +173,21 @@ extension SessionLoop {
             outcome = "expired"
         } else if result.outcome == .delivered {
             outcome = "delivered"
-        } else if Self.isRetryable(result.outcome), attempt < worker.settings.maximumSendAttempts {
-            let delays = worker.settings.retryDelays
-            let wait = max(Self.retryDelay(result.outcome), delays.isEmpty ? 1 : delays[min(attempt - 1, delays.count - 1)])
-            // A retry that could only come after the job's deadline is not scheduled: the broadcast fails now.
-            if job.deadline.map({ Double($0) > Date().timeIntervalSince1970 + wait }) ?? true {
+        } else if Self.isRetryable(result.outcome) {
+            // The same tiers as a device job's retries (one of the lane's delay queues), the same attempt limit.
+            switch retryPolicy.decide(attempt: attempt, retryable: 1, suggestedDelay: Self.retryDelay(result.outcome),
+                                      deadline: job.deadline, now: Date().timeIntervalSince1970) {
+            case .retry(let wait):
                 outcome = "retrying"
                 var properties = delivery.properties
                 properties.persistent = true
                 properties.headers[Self.broadcastAttemptHeader] = String(attempt + 1)
                 publications.append(Publication(destination: .retry(delay: wait, lane: delivery.lane), body: delivery.body,
                                                 properties: properties))
+            case .expire:
+                outcome = "expired"
+            case .none, .park:
+                break
             }
         }
         if entry.kind == .alreadySent {

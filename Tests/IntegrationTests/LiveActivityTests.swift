@@ -197,4 +197,41 @@ import WorkerPipeline
                     "\(message.properties.headers[Worker.reasonHeader] ?? "no reason"): wanted \(reason)")
         }
     }
+
+    /// A broadcast APNs asks to try later goes through the lane's delay queue and out again, once: a summary says
+    /// retrying, the next says delivered; and a job whose earlier delivery broadcast already (its record says so)
+    /// is settled without a second broadcast.
+    @Test func aThrottledBroadcastIsRetriedAndNeverSentTwice() throws {
+        var (simulator, settings) = try Self.simulatorWithKey(logger)
+        simulator.shutdown()
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.throttleFirstBroadcasts = 1
+        let pem = try String(contentsOfFile: try #require(settings["APNS_KEY_FILE"]), encoding: .utf8)
+        simulator = try APNsSimulator(configuration: .init(trustedKeys: ["KEY000000A": .init(teamID: "TEAM00000A",
+                                                                                            key: try ES256Key(pem: pem))],
+                                                           behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let url = "https://127.0.0.1:\(simulator.port)"
+        settings.merge(["APNS_CHANNELS_PRODUCTION_URL": url, "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
+                        "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
+                        "APNS_RETRY_DELAYS": "1"]) { $1 }
+        let channel = try Self.channels(["create"], settings).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings), logger: logger)
+        defer { worker.stop() }
+        let now = Int(Date().timeIntervalSince1970)
+        let id = TestServices.unique("busy")
+        let body = #"{"id": "\#(id)", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-1"}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let summaries = try replyReader.read(2, timeout: 30).map { try Self.json(String(decoding: $0.body, as: UTF8.self)) }
+        #expect(summaries.first?["retrying"] as? Int == 1 && summaries.first?["attempt"] as? Int == 1, "\(summaries)")
+        #expect(summaries.last?["delivered"] as? Int == 1 && summaries.last?["attempt"] as? Int == 2, "\(summaries)")
+        #expect(simulator.broadcastsByChannel() == [channel: 1])
+        // The same job again, as a redelivery would bring it: the record says it went out; nothing is sent.
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let again = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
+        #expect(again["delivered"] as? Int == 1, "\(again)")
+        #expect(simulator.broadcastsByChannel() == [channel: 1], "not broadcast a second time")
+        #expect(worker.worker.statistics.broadcastCount("retrying") == 1 && worker.worker.statistics.broadcastCount("delivered") == 1)
+    }
 }
