@@ -43,15 +43,12 @@ public enum APNsChannelError: Error, Sendable, Equatable, CustomStringConvertibl
     case noAnswer(String)
     /// An answer that does not say what Apple's documentation says it would.
     case unexpected(String)
-    /// No credential serves the bundle ID.
-    case noCredential(String)
 
     public var description: String {
         switch self {
         case .refused(let status, let reason): "APNs refused: \(status) \(reason ?? "(no reason)")"
         case .noAnswer(let why): "no answer from APNs: \(why)"
         case .unexpected(let what): "unexpected answer from APNs: \(what)"
-        case .noCredential(let bundle): "no APNs credential serves \(bundle)"
         }
     }
 
@@ -60,7 +57,7 @@ public enum APNsChannelError: Error, Sendable, Equatable, CustomStringConvertibl
         switch self {
         case .noAnswer: true
         case .refused(let status, _): status == 429 || status >= 500
-        case .unexpected, .noCredential: false
+        case .unexpected: false
         }
     }
 }

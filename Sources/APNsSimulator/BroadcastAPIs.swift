@@ -13,7 +13,6 @@ struct BroadcastChannels {
         var bundle: String
         /// 1: Most Recent Message Stored; 0: No Message Stored (then a broadcast's apns-expiration must be 0).
         var storagePolicy: Int
-        var broadcasts = 0
     }
 
     /// Apple: up to 10,000 channels per environment.
@@ -27,7 +26,7 @@ struct BroadcastChannels {
 }
 
 /// What the router gives each API: the answer, or nil when the request is not theirs.
-struct SimulatedAnswer {
+struct SimulatedAnswer: Error {
     var status: Int
     var reason: APNsReason?
     var headers: [HTTP2Field] = []
@@ -120,10 +119,7 @@ extension SimulatorCore {
             return SimulatedAnswer(201, headers: [HTTP2Field(name: "apns-channel-id", value: created)])
         case "GET", "DELETE":
             let id: String
-            switch channel(request, bundle: bundle) {
-            case .success(let found): id = found
-            case .failure(let error): return error.answer
-            }
+            do { id = try channel(request, bundle: bundle) } catch { return error }
             if request.method == "DELETE" {
                 state.withLock { _ = $0.broadcast.channels.removeValue(forKey: id) }
                 return SimulatedAnswer(204)
@@ -136,28 +132,21 @@ extension SimulatorCore {
         }
     }
 
-    /// The channel a request names in `apns-channel-id`, if it is one of `bundle`'s.
-    private func channel(_ request: HTTP2ServerRequest, bundle: String) -> Result<String, SimulatedAnswerError> {
-        guard let id = request.header("apns-channel-id"), !id.isEmpty else {
-            return .failure(SimulatedAnswerError(SimulatedAnswer(400, .missingChannelId)))
-        }
-        guard id.utf8.count <= 256, Data(base64Encoded: id) != nil else {
-            return .failure(SimulatedAnswerError(SimulatedAnswer(400, .badChannelId)))
-        }
+    /// The channel a request names in `apns-channel-id`, if it is one of `bundle`'s; else the answer that says not.
+    private func channel(_ request: HTTP2ServerRequest, bundle: String) throws(SimulatedAnswer) -> String {
+        guard let id = request.header("apns-channel-id"), !id.isEmpty else { throw SimulatedAnswer(400, .missingChannelId) }
+        guard id.utf8.count <= 256, Data(base64Encoded: id) != nil else { throw SimulatedAnswer(400, .badChannelId) }
         // Apple documents no reason for another app's channel: it is not registered for this one.
         guard state.withLock({ $0.broadcast.channels[id]?.bundle }) == bundle else {
-            return .failure(SimulatedAnswerError(SimulatedAnswer(400, .channelNotRegistered)))
+            throw SimulatedAnswer(400, .channelNotRegistered)
         }
-        return .success(id)
+        return id
     }
 
     private func broadcast(_ request: HTTP2ServerRequest, bundle: String) -> SimulatedAnswer {
         guard request.method == "POST" else { return SimulatedAnswer(405, .methodNotAllowed) }
         let id: String
-        switch channel(request, bundle: bundle) {
-        case .success(let found): id = found
-        case .failure(let error): return error.answer
-        }
+        do { id = try channel(request, bundle: bundle) } catch { return error }
         guard let pushType = request.header("apns-push-type") else { return SimulatedAnswer(400, .missingPushType) }
         guard pushType.lowercased() == "liveactivity" else { return SimulatedAnswer(400, .invalidPushType) }
         // Required on a broadcast, unlike a device push.
@@ -179,7 +168,6 @@ extension SimulatorCore {
         }
         if throttled { return SimulatedAnswer(429, .tooManyRequests) }
         let uniqueID = state.withLock { state in
-            state.broadcast.channels[id]?.broadcasts += 1
             state.broadcast.broadcastsByChannel[id, default: 0] += 1
             return state.ids.next()
         }
@@ -210,9 +198,4 @@ extension SimulatorCore {
         }
         return Data(bytes).base64EncodedString()
     }
-}
-
-struct SimulatedAnswerError: Error {
-    var answer: SimulatedAnswer
-    init(_ answer: SimulatedAnswer) { self.answer = answer }
 }

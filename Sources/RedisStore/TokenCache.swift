@@ -184,22 +184,12 @@ public struct TokenCache: TokenStore {
         let replies = try redis.pipeline(unique.map { ["HGETALL", keys.activity($0)] })
         var result: [String: [CachedToken]] = [:]
         for (activity, reply) in zip(unique, replies) {
-            let fields = reply.elements
-            var tokens: [CachedToken] = []
-            var index = 0
-            while index + 1 < fields.count {
-                let token = fields[index].text ?? "", value = fields[index + 1].text ?? ""
-                index += 2
-                guard (try? APNsNotification.validateDeviceToken(token)) != nil, let scope = TokenScope(cacheValue: value) else {
-                    continue
-                }
-                tokens.append(CachedToken(token: token, scope: scope))
-            }
             if case .error(let message) = reply {
                 logger.warning("skipping a Live Activity whose entry cannot be read",
                                ["redis.key": keys.activity(activity), "redis.error": message])
+                continue
             }
-            result[activity] = tokens
+            result[activity] = cachedTokens(in: reply, key: keys.activity(activity))
         }
         return result
     }
@@ -217,26 +207,31 @@ public struct TokenCache: TokenStore {
                 unreadable[user] = message
                 continue
             }
-            let fields = reply.elements
-            var tokens: [CachedToken] = []
-            tokens.reserveCapacity(fields.count / 2)
-            var index = 0
-            while index + 1 < fields.count {
-                let token = fields[index].text ?? ""
-                let value = fields[index + 1].text ?? ""
-                index += 2
-                guard (try? APNsNotification.validateDeviceToken(token)) != nil,
-                      let scope = TokenScope(cacheValue: value) else {
-                    logger.warning("skipping a bad token cache entry", ["redis.key": keys.tokens(user),
-                                                                        "apns.token": Redact.token(token),
-                                                                        "redis.value": String(value.prefix(40))])
-                    continue
-                }
-                tokens.append(CachedToken(token: token, scope: scope))
-            }
-            result[user] = tokens
+            result[user] = cachedTokens(in: reply, key: keys.tokens(user))
         }
         return ResolvedUsers(tokens: result, unreadable: unreadable)
+    }
+
+    /// The tokens of one HGETALL of a tokens hash (a user's or an activity's); a field that is no token, or a value
+    /// that says nothing it serves, is skipped with a warning naming `key`.
+    private func cachedTokens(in reply: RedisReply, key: @autoclosure () -> String) -> [CachedToken] {
+        let fields = reply.elements
+        var tokens: [CachedToken] = []
+        tokens.reserveCapacity(fields.count / 2)
+        var index = 0
+        while index + 1 < fields.count {
+            let token = fields[index].text ?? ""
+            let value = fields[index + 1].text ?? ""
+            index += 2
+            guard (try? APNsNotification.validateDeviceToken(token)) != nil,
+                  let scope = TokenScope(cacheValue: value) else {
+                logger.warning("skipping a bad token cache entry", ["redis.key": key(), "apns.token": Redact.token(token),
+                                                                    "redis.value": String(value.prefix(40))])
+                continue
+            }
+            tokens.append(CachedToken(token: token, scope: scope))
+        }
+        return tokens
     }
 
     /// Applies registrations; returns, per registration, whether it changed the cache (`.unchanged` for one older

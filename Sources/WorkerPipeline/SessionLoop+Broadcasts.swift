@@ -26,7 +26,8 @@ extension SessionLoop {
     /// their permits and sent.
     func startBroadcasts(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws {
         guard !jobs.isEmpty else { return }
-        try recordBroadcastsOfEarlierSessions()
+        // What an earlier session broadcast goes into the record before the lookup.
+        try settleBroadcasts()
         let stable = jobs.filter { TargetResolver.hasStableID($0.job, $0.delivery) }.map(\.job.id)
         let settled = stable.isEmpty ? [:] : try session.record.settled(jobIDs: stable).settled
         for (delivery, job) in jobs {
@@ -90,35 +91,21 @@ extension SessionLoop {
     /// When the first waiting broadcast may ask for its permit again, if any waits.
     var broadcastsDue: Date? { broadcastsWaiting.isEmpty ? nil : broadcastsWaitUntil }
 
-    /// Broadcasts an earlier session sent and could not settle (its broker connection ended): the delivered ones
-    /// go into the idempotency record now, before their redeliveries are looked up, so that none is sent twice.
-    func recordBroadcastsOfEarlierSessions() throws {
-        let stale = worker.broadcastAnswers.withLock { answers in
-            let stale = answers.filter { $0.generation != generation }
-            answers.removeAll { $0.generation != generation }
-            return stale
-        }
-        let delivered = stale.filter { $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery) }
-        do {
-            try record(delivered.compactMap { entry in entry.job.channelID.map { (entry.job.id, [SettledOutcome.done($0)]) } })
-        } catch {
-            worker.broadcastAnswers.withLock { $0.append(contentsOf: stale) }  // for the next session to record
-            throw error
-        }
-    }
-
-    /// Settles the broadcasts answered since the last turn: the record first (a delivered broadcast is never sent
-    /// again), then the retry copy and the summary, then the acknowledgement. A lost summary (no queue by its
-    /// reply_to) holds nothing up; a retry copy the broker did not take gives the job back, to be tried again.
+    /// Settles the broadcasts answered since the last turn (one lock whether or not any came): the record first (a
+    /// delivered broadcast is never sent again), then the retry copy and the summary, then the acknowledgement. A
+    /// lost summary (no queue by its reply_to) holds nothing up; a retry copy the broker did not take gives the job
+    /// back, to be tried again. Answers to an earlier session (its broker connection ended before it settled them)
+    /// only go into the record, so that their redelivered jobs do not broadcast again.
     func settleBroadcasts() throws {
-        try recordBroadcastsOfEarlierSessions()
         let answered = worker.broadcastAnswers.withLock { answers in
             defer { answers.removeAll() }
             return answers
         }
         guard !answered.isEmpty else { return }
         do {
-            try settle(answered)
+            try recordDelivered(answered.filter { $0.generation != generation })
+            let current = answered.filter { $0.generation == generation }
+            if !current.isEmpty { try settle(current) }
         } catch {
             // The session ends: the answers go back, for the next session to record what was delivered.
             worker.broadcastAnswers.withLock { $0.append(contentsOf: answered) }
@@ -126,11 +113,16 @@ extension SessionLoop {
         }
     }
 
-    private func settle(_ answered: [BroadcastAnswer]) throws {
-        let delivered = answered.filter {
+    /// Notes in the idempotency record the broadcasts that went out (of jobs that keep their id across deliveries).
+    private func recordDelivered(_ answers: [BroadcastAnswer]) throws {
+        let delivered = answers.filter {
             $0.kind == .answered && $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery)
         }
         try record(delivered.compactMap { entry in entry.job.channelID.map { (entry.job.id, [SettledOutcome.done($0)]) } })
+    }
+
+    private func settle(_ answered: [BroadcastAnswer]) throws {
+        try recordDelivered(answered)
         var publications: [Publication] = []
         var owners: [(index: Int, isRetry: Bool)] = []
         for (index, entry) in answered.enumerated() {

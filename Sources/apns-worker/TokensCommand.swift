@@ -109,14 +109,7 @@ func tokensCommand(_ arguments: [String]) {
         }
     }
     let activity = parsed.value("--activity")
-    if let activity {
-        guard action == "add" else { fail("tokens \(action): --activity goes with add", code: ExitCode.usage) }
-        guard !activity.isEmpty, activity.utf8.count <= 256 else { fail("tokens add: --activity must be 1 to 256 bytes", code: ExitCode.usage) }
-        guard topic?.hasSuffix(APNsPushType.liveactivity.topicSuffix) == true else {
-            fail("tokens add: --activity wants --topic <bundle>.push-type.liveactivity (an update token's topic)",
-                 code: ExitCode.usage)
-        }
-    }
+    if let activity { checkActivityOption(activity, action: action, topic: topic) }
     let configuration = parsed.configuration(requiringCredentials: false)
     let editor: TokenCacheEditor
     do {
@@ -208,4 +201,16 @@ private func migrateTokens(from text: String, _ parsed: ParsedArguments) -> Neve
                  Date().timeIntervalSince(started), source.description, configuration.redis.description, done.tokens,
                  done.written, done.kept, done.unreadableUsers))
     exit(ExitCode.success)
+}
+
+/// `--activity ID`: with `add` only, 1 to 256 bytes, beside a Live Activity topic (an update token's); else exit 2.
+private func checkActivityOption(_ activity: String, action: String, topic: String?) {
+    guard action == "add" else { fail("tokens \(action): --activity goes with add", code: ExitCode.usage) }
+    guard !activity.isEmpty, activity.utf8.count <= 256 else {
+        fail("tokens add: --activity must be 1 to 256 bytes", code: ExitCode.usage)
+    }
+    guard topic?.hasSuffix(APNsPushType.liveactivity.topicSuffix) == true else {
+        fail("tokens add: --activity wants --topic <bundle>.push-type.liveactivity (an update token's topic)",
+             code: ExitCode.usage)
+    }
 }
