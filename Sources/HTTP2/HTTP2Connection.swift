@@ -237,9 +237,13 @@ final class HTTP2Connection: PollHandler {
             state = .handshaking
             continueHandshake()
         case .handshaking:
+            if events & Int16(POLLIN | POLLERR | POLLHUP) != 0 { tls.socketReadable() }
             continueHandshake()
         case .open:
-            if events & Int16(POLLIN | POLLERR | POLLHUP) != 0 { readAvailable() }
+            if events & Int16(POLLIN | POLLERR | POLLHUP) != 0 {
+                tls.socketReadable()
+                readAvailable()
+            }
             if state == .open && events & Int16(POLLOUT) != 0 { flush() }
         case .closed:
             break
@@ -411,18 +415,22 @@ final class HTTP2Connection: PollHandler {
 
     // MARK: I/O
 
-    /// TLS reads (a record, at most 16 KB each) per turn of the loop: a connection with a full socket then yields to
-    /// the loop's other connections after a few records instead of draining it all, so that a quiet connection (an
+    /// Plaintext handed to nghttp2 per turn of the loop, at most: a connection with a full socket then yields to the
+    /// loop's other connections after a few records instead of draining it all, so that a quiet connection (an
     /// urgent request, its answer) never waits behind thousands of frames of a busy one.
-    static let readsPerTurn = 2
+    static let readBytesPerTurn = 64 * 1024
     /// A continuation of reading is queued on the loop (what is left may sit in TLS's buffer, which poll cannot see).
     private var readingContinues = false
 
+    /// Decrypts what has arrived, record after record into one buffer, and hands the buffer to nghttp2 whenever it
+    /// cannot take another full record: a burst of small answers, one record each, costs one nghttp2 call.
     private func readAvailable() {
-        guard let session else { return }
-        var reads = 0
-        reading: while state == .open {
-            if reads == Self.readsPerTurn {
+        guard session != nil else { return }
+        var filled = 0
+        var readThisTurn = 0
+        var more = true
+        reading: while state == .open && more {
+            if readThisTurn >= Self.readBytesPerTurn {
                 if !readingContinues {
                     readingContinues = true
                     let continuation = LoopThreadReference(connection: self)
@@ -433,35 +441,50 @@ final class HTTP2Connection: PollHandler {
                 }
                 break reading
             }
-            reads += 1
-            switch tls.read(into: readBuffer) {
+            switch tls.read(into: UnsafeMutableRawBufferPointer(rebasing: readBuffer[filled...])) {
             case .done(let count):
-                processingInput = true
-                let consumed = nghttp2_session_mem_recv(
-                    session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
-                processingInput = false
-                if consumed < 0 {
-                    close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(consumed))))")
-                    return
-                }
-                if let reason = closeRequested {
-                    close(reason: reason)
-                    return
-                }
+                filled += count
+                readThisTurn += count
+                if Self.readBufferSize - filled >= Self.largestRecord { continue reading }
             case .wantRead:
-                break reading
+                more = false
             case .wantWrite:
                 wantsWrite = true
-                break reading
+                more = false
             case .closed:
+                guard deliver(filled) else { return }
                 close(reason: goAwayReceived != nil ? "closed by the peer after GOAWAY" : "closed by the peer")
                 return
             case .failed(let message):
+                guard deliver(filled) else { return }
                 close(reason: message)
                 return
             }
+            guard deliver(filled) else { return }
+            filled = 0
         }
+        if filled > 0 && !deliver(filled) { return }
         flush()
+    }
+
+    /// The plaintext of a TLS record, at most (RFC 8446 section 5.1).
+    private static let largestRecord = 16 * 1024
+
+    /// Hands `count` bytes of the read buffer to nghttp2; false once the connection closed over them.
+    private func deliver(_ count: Int) -> Bool {
+        guard count > 0, let session, state == .open else { return state == .open }
+        processingInput = true
+        let consumed = nghttp2_session_mem_recv(session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
+        processingInput = false
+        if consumed < 0 {
+            close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(consumed))))")
+            return false
+        }
+        if let reason = closeRequested {
+            close(reason: reason)
+            return false
+        }
+        return true
     }
 
     private func flush() {
@@ -506,7 +529,17 @@ final class HTTP2Connection: PollHandler {
             }
             if outbound.isEmpty { break }
         }
-        wantsWrite = false
+        // Records the socket did not take yet leave when it is writable again.
+        switch tls.sendPendingOutput() {
+        case .wantWrite:
+            wantsWrite = true
+            return
+        case .failed(let message):
+            close(reason: message)
+            return
+        default:
+            wantsWrite = false
+        }
         if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 {
             close(reason: goAwayReceived != nil || goAwaySent ? "GOAWAY completed" : "session ended")
         }

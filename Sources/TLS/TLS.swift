@@ -191,7 +191,14 @@ package enum PEM {
     }
 }
 
-/// Owner of one SSL object over a non-blocking socket. Used only by the connection that made it.
+/// Owner of one SSL object and the socket's bytes. Used only by the connection that made it.
+///
+/// OpenSSL does not touch the socket: it reads and writes ciphertext through a BIO pair, and this stream moves the
+/// bytes between the pair and the socket itself. One read(2) then brings in every TLS record that has arrived (a
+/// server that answers each response in its own record would otherwise cost two reads per response: header, then
+/// body), one write(2) sends every record made since the last, and on a non-blocking socket a read that came back
+/// short means the socket is empty: the next record is waited for in poll(2), not asked for with a read that fails
+/// with EAGAIN. `socketReadable()` tells the stream that poll saw the socket readable again.
 package final class TLSStream {
     package enum IOResult: Equatable {
         case done(Int)
@@ -202,11 +209,30 @@ package final class TLSStream {
     }
 
     package let ssl: OpaquePointer
+    private let fileDescriptor: Int32
+    /// Our end of the pair; the SSL object owns the other.
+    private let network: OpaquePointer
+    /// Room for ciphertext in each direction: several full TLS records, so that SSL_write of a batch of frames and a
+    /// socket read of everything that arrived each take one call.
+    private static let pairBufferSize = 64 * 1024
+    /// A blocking socket (Redis's) waits in read(2); a non-blocking one's short read means nothing more for now.
+    private let socketBlocks: Bool
+    private var socketDrained = false
+    private var socketClosed = false
 
     package init(context: TLSContext, fileDescriptor: Int32, serverName: String?) throws {
         guard let ssl = SSL_new(context.context) else { throw TLSError("SSL_new failed") }
+        var inside: OpaquePointer?
+        var outside: OpaquePointer?
+        guard BIO_new_bio_pair(&inside, Self.pairBufferSize, &outside, Self.pairBufferSize) == 1, let inside, let outside else {
+            SSL_free(ssl)
+            throw TLSError("BIO_new_bio_pair failed")
+        }
         self.ssl = ssl
-        SSL_set_fd(ssl, fileDescriptor)
+        self.network = outside
+        self.fileDescriptor = fileDescriptor
+        socketBlocks = fcntl(fileDescriptor, F_GETFL) & O_NONBLOCK == 0
+        SSL_set_bio(ssl, inside, inside)
         if let serverName {
             if Self.isIPAddress(serverName) {
                 if context.verifiesPeer {
@@ -222,7 +248,10 @@ package final class TLSStream {
         }
     }
 
-    deinit { SSL_free(ssl) }
+    deinit {
+        SSL_free(ssl)
+        BIO_free(network)
+    }
 
     package static func isIPAddress(_ host: String) -> Bool {
         var v4 = in_addr()
@@ -230,24 +259,129 @@ package final class TLSStream {
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
     }
 
+    /// poll(2) saw the socket readable: the next read that needs bytes asks the socket again.
+    package func socketReadable() { socketDrained = false }
+
+    /// Ciphertext made and not yet taken by the socket.
+    package var hasPendingOutput: Bool { BIO_ctrl_pending(network) > 0 }
+
     // OpenSSL's error queue is per thread, and one loop thread drives many connections: SSL_get_error reads that
     // queue, so an error one connection left behind would make the next connection's ordinary "want read" look
     // fatal and close it (a client that dropped its connection without close_notify closed the others'). Every
     // call starts with an empty queue, and `classify` leaves it empty.
 
     package func handshake() -> IOResult {
-        ERR_clear_error()
-        return classify(SSL_do_handshake(ssl), what: "TLS handshake")
+        perform(what: "TLS handshake") { SSL_do_handshake($0) }
     }
 
     package func read(into buffer: UnsafeMutableRawBufferPointer) -> IOResult {
-        ERR_clear_error()
-        return classify(SSL_read(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS read")
+        perform(what: "TLS read", reads: true) { SSL_read($0, buffer.baseAddress, Int32(buffer.count)) }
     }
 
+    /// Encrypts what fits and sends what the socket takes; ciphertext the socket does not take yet stays in the pair
+    /// (`hasPendingOutput`) and leaves with the next call or `sendPendingOutput()`.
     package func write(_ buffer: UnsafeRawBufferPointer) -> IOResult {
+        perform(what: "TLS write") { SSL_write($0, buffer.baseAddress, Int32(buffer.count)) }
+    }
+
+    /// Sends the ciphertext waiting in the pair: `.done(0)` once all of it left, `.wantWrite` while the socket is full.
+    package func sendPendingOutput() -> IOResult {
+        switch sendPending() {
+        case .failed(let message): return .failed(message)
+        case .blocked: return .wantWrite
+        case .sent: return .done(0)
+        }
+    }
+
+    package func shutdown() {
         ERR_clear_error()
-        return classify(SSL_write(ssl, buffer.baseAddress, Int32(buffer.count)), what: "TLS write")
+        SSL_shutdown(ssl)
+        ERR_clear_error()
+        _ = sendPending()
+    }
+
+    /// Runs one SSL call, moving ciphertext between the pair and the socket until the call succeeds or must wait.
+    /// A read goes on reading when sending failed: a peer that closed on us may have said why first (an alert).
+    private func perform(what: String, reads: Bool = false, _ call: (OpaquePointer) -> Int32) -> IOResult {
+        while true {
+            ERR_clear_error()
+            let result = call(ssl)
+            let sending = sendPending()
+            if case .failed(let message) = sending, !reads { ERR_clear_error(); return .failed(message) }
+            if result > 0 { return .done(Int(result)) }
+            let error = SSL_get_error(ssl, result)
+            switch error {
+            case SSL_ERROR_WANT_READ:
+                ERR_clear_error()
+                switch receive() {
+                case .received: continue
+                case .drained:
+                    if case .failed(let message) = sending { return .failed(message) }
+                    // Handshake messages that could not leave yet must go before the answer can come.
+                    if case .blocked = sending { return .wantWrite }
+                    return .wantRead
+                case .closed: return .closed
+                case .failed(let message): return .failed(message)
+                }
+            case SSL_ERROR_WANT_WRITE:
+                ERR_clear_error()
+                // The pair is full of ciphertext: go on once the socket took some.
+                if case .sent = sending { continue }
+                if case .failed(let message) = sending { return .failed(message) }
+                return .wantWrite
+            default:
+                return classify(result, error: error, what: what)
+            }
+        }
+    }
+
+    private enum Sending { case sent, blocked, failed(String) }
+
+    /// Writes what the pair holds to the socket, as far as it takes it.
+    private func sendPending() -> Sending {
+        while true {
+            var data: UnsafeMutablePointer<CChar>?
+            let available = BIO_nread0(network, &data)
+            guard available > 0, let start = data else { return .sent }
+            let written = Glibc.write(fileDescriptor, start, Int(available))
+            if written < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { return .blocked }
+                let failure = "TLS write: \(String(cString: strerror(errno)))"
+                // What cannot leave is dropped, so that no later call tries again.
+                while case let count = BIO_nread0(network, &data), count > 0 { _ = BIO_nread(network, &data, count) }
+                return .failed(failure)
+            }
+            _ = BIO_nread(network, &data, Int32(written))
+            if written < Int(available) { return .blocked }
+        }
+    }
+
+    private enum Receiving { case received, drained, closed, failed(String) }
+
+    /// Reads what the socket holds into the pair, in one read(2) as far as the pair's contiguous room allows.
+    private func receive() -> Receiving {
+        if socketClosed { return .closed }
+        if socketDrained { return .drained }
+        var room: UnsafeMutablePointer<CChar>?
+        let capacity = BIO_nwrite0(network, &room)
+        guard capacity > 0, let start = room else { return .failed("TLS read: no room for incoming records") }
+        while true {
+            let count = Glibc.read(fileDescriptor, start, Int(capacity))
+            if count > 0 {
+                _ = BIO_nwrite(network, &room, Int32(count))
+                if !socketBlocks && count < Int(capacity) { socketDrained = true }
+                return .received
+            }
+            if count == 0 { socketClosed = true; return .closed }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK {
+                // A blocking socket's receive timeout ran out; a non-blocking one is empty.
+                if !socketBlocks { socketDrained = true }
+                return .drained
+            }
+            return .failed("TLS read: \(String(cString: strerror(errno)))")
+        }
     }
 
     package var negotiatedProtocol: String? {
@@ -272,22 +406,13 @@ package final class TLSStream {
         return String(cString: X509_verify_cert_error_string(result))
     }
 
-    package func shutdown() {
-        ERR_clear_error()
-        SSL_shutdown(ssl)
-        ERR_clear_error()
-    }
-
-    private func classify(_ result: Int32, what: String) -> IOResult {
-        if result > 0 { return .done(Int(result)) }
+    private func classify(_ result: Int32, error: Int32, what: String) -> IOResult {
         defer { ERR_clear_error() }
-        switch SSL_get_error(ssl, result) {
-        case SSL_ERROR_WANT_READ: return .wantRead
-        case SSL_ERROR_WANT_WRITE: return .wantWrite
+        switch error {
         case SSL_ERROR_ZERO_RETURN: return .closed
         case SSL_ERROR_SYSCALL:
             let error = TLSError(what)
-            if errno == 0 || error.message == what { ERR_clear_error(); return .closed }
+            if error.message == what { return .closed }
             return .failed(error.message)
         default:
             var message = TLSError(what).message
