@@ -52,7 +52,10 @@ public struct APNsNotification: Sendable {
     /// A device token as the project keeps it: lower-case hex. Apple's tokens are case-insensitive hex, and one
     /// device's token written in two cases would be two cache entries and two pushes. No copy when already lower.
     public static func canonicalToken(_ token: String) -> String {
-        token.utf8.contains { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") } ? token.lowercased() : token
+        var token = token
+        // A plain byte loop over contiguous UTF-8 (the per-notification path), not the UTF-8 view's iterator.
+        let hasUpperCase = token.withUTF8 { bytes in bytes.contains { $0 &- UInt8(ascii: "A") < 26 } }
+        return hasUpperCase ? token.lowercased() : token
     }
 
     static func isHexDigit(_ byte: UInt8) -> Bool {
