@@ -54,6 +54,10 @@ public struct JSONReader {
     private let allowsDuplicateKeys: Bool
     /// The deepest nesting met so far.
     private var deepest = 0
+    private var opaqueMembers: [String] = []
+    /// The raw names of the objects being skipped, innermost last (one array for all levels: skipping allocates
+    /// nothing once it has grown).
+    private var skippedNames: [Range<Int>] = []
 
     /// Parses one JSON document. A member name repeated in one object is refused unless `allowsDuplicateKeys`:
     /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
@@ -64,9 +68,16 @@ public struct JSONReader {
     }
 
     /// Parses, and tells how deep the document nests (an object or array at the top is depth 1).
+    ///
+    /// `opaqueMembers`: members of the top-level object whose value is only checked (as strictly as the rest:
+    /// grammar, UTF-8, duplicate keys, depth), not built: an object or array among them reads as an empty one, and
+    /// its member's `range` locates its text. For a value the caller forwards as written (a job's payload), which
+    /// would otherwise cost a String per key and value and an array per object.
     public static func parseMeasuringDepth(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
-                                           allowsDuplicateKeys: Bool = false) throws(JSONError) -> (value: JSONValue, depth: Int) {
+                                           allowsDuplicateKeys: Bool = false,
+                                           opaqueMembers: [String] = []) throws(JSONError) -> (value: JSONValue, depth: Int) {
         var reader = JSONReader(bytes: bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
+        reader.opaqueMembers = opaqueMembers
         if bytes.starts(with: [0xEF, 0xBB, 0xBF]) {
             throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
                                + "save it as UTF-8 without one")
@@ -153,7 +164,12 @@ public struct JSONReader {
             position += 1
             skipWhitespace()
             let start = position
-            let value = try parseValue(depth: depth)
+            let value: JSONValue
+            if depth == 1 && !opaqueMembers.isEmpty && opaqueMembers.contains(key) {
+                value = try skipValue(depth: depth)
+            } else {
+                value = try parseValue(depth: depth)
+            }
             members.append(JSONMember(key: key, value: value, range: start..<position))
             skipWhitespace()
             guard position < bytes.count else { throw error("unexpected end of JSON in an object") }
@@ -196,6 +212,11 @@ public struct JSONReader {
 
     private mutating func parseNumber() throws(JSONError) -> String {
         let start = position
+        try scanNumber()
+        return String(decoding: bytes[start..<position], as: UTF8.self)
+    }
+
+    private mutating func scanNumber() throws(JSONError) {
         if bytes[position] == UInt8(ascii: "-") { position += 1 }
         func digits() -> Int {
             let begin = position
@@ -217,7 +238,150 @@ public struct JSONReader {
             }
             guard digits() > 0 else { throw error("invalid number exponent") }
         }
-        return String(decoding: bytes[start..<position], as: UTF8.self)
+    }
+
+    // MARK: checking without building
+
+    /// Checks a value exactly as `parseValue` would read it; an object or array comes back empty, a scalar as read.
+    private mutating func skipValue(depth: Int) throws(JSONError) -> JSONValue {
+        guard position < bytes.count else { throw error("unexpected end of JSON") }
+        switch bytes[position] {
+        case UInt8(ascii: "{"):
+            try skipObject(depth: depth + 1)
+            return .object([])
+        case UInt8(ascii: "["):
+            try skipArray(depth: depth + 1)
+            return .array([])
+        default:
+            return try parseValue(depth: depth)
+        }
+    }
+
+    /// A value inside a skipped one: nothing built, not even a scalar.
+    private mutating func skipNested(depth: Int) throws(JSONError) {
+        guard position < bytes.count else { throw error("unexpected end of JSON") }
+        switch bytes[position] {
+        case UInt8(ascii: "{"): try skipObject(depth: depth + 1)
+        case UInt8(ascii: "["): try skipArray(depth: depth + 1)
+        case UInt8(ascii: "\""): _ = try skipString()
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): try scanNumber()
+        default: _ = try parseValue(depth: depth)
+        }
+    }
+
+    /// Checks a string as `parseString` would; returns whether it holds an escape (its raw bytes are then not its
+    /// text).
+    private mutating func skipString() throws(JSONError) -> Bool {
+        let start = position
+        position += 1
+        var ascii = true
+        while position < bytes.count {
+            let byte = bytes[position]
+            if byte == UInt8(ascii: "\"") {
+                if !ascii && String(validating: bytes[(start + 1)..<position], as: UTF8.self) == nil {
+                    position = start + 1
+                    throw error("string is not UTF-8")
+                }
+                position += 1
+                return false
+            }
+            if byte == UInt8(ascii: "\\") || byte < 0x20 {
+                // Escapes are rare: the full reader checks them.
+                position = start
+                _ = try parseString()
+                return true
+            }
+            if byte >= 0x80 { ascii = false }
+            position += 1
+        }
+        throw error("unterminated string")
+    }
+
+    private mutating func skipObject(depth: Int) throws(JSONError) {
+        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        deepest = max(deepest, depth)
+        position += 1
+        let firstName = skippedNames.count
+        defer { skippedNames.removeSubrange(firstName...) }
+        // Past this many names, or with an escaped one, names are compared as text through a set.
+        var names: Set<String>?
+        skipWhitespace()
+        if position < bytes.count, bytes[position] == UInt8(ascii: "}") {
+            position += 1
+            return
+        }
+        while true {
+            skipWhitespace()
+            guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
+            let nameStart = position
+            let escaped = try skipString()
+            if !allowsDuplicateKeys {
+                let raw = (nameStart + 1)..<(position - 1)
+                if names == nil && (escaped || skippedNames.count - firstName >= 16) {
+                    names = Set(skippedNames[firstName...].map { String(decoding: bytes[$0], as: UTF8.self) })
+                }
+                let repeated: Bool
+                if names != nil {
+                    let name: String
+                    if escaped {
+                        position = nameStart
+                        name = try parseString()
+                    } else {
+                        name = String(decoding: bytes[raw], as: UTF8.self)
+                    }
+                    repeated = !names!.insert(name).inserted
+                } else {
+                    repeated = skippedNames[firstName...].contains { bytes[$0].elementsEqual(bytes[raw]) }
+                    skippedNames.append(raw)
+                }
+                if repeated {
+                    position = nameStart
+                    let name = try parseString()
+                    position = nameStart
+                    throw error("duplicate key \"\(name.prefix(64))\"")
+                }
+            }
+            skipWhitespace()
+            guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
+            position += 1
+            skipWhitespace()
+            try skipNested(depth: depth)
+            skipWhitespace()
+            guard position < bytes.count else { throw error("unexpected end of JSON in an object") }
+            if bytes[position] == UInt8(ascii: ",") {
+                position += 1
+            } else if bytes[position] == UInt8(ascii: "}") {
+                position += 1
+                return
+            } else {
+                throw error("expected ',' or '}'")
+            }
+        }
+    }
+
+    private mutating func skipArray(depth: Int) throws(JSONError) {
+        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        deepest = max(deepest, depth)
+        position += 1
+        skipWhitespace()
+        if position < bytes.count, bytes[position] == UInt8(ascii: "]") {
+            position += 1
+            return
+        }
+        while true {
+            skipWhitespace()
+            try skipNested(depth: depth)
+            skipWhitespace()
+            guard position < bytes.count else { throw error("unexpected end of JSON in an array") }
+            if bytes[position] == UInt8(ascii: ",") {
+                position += 1
+            } else if bytes[position] == UInt8(ascii: "]") {
+                position += 1
+                return
+            } else {
+                throw error("expected ',' or ']'")
+            }
+        }
     }
 
     private mutating func parseString() throws(JSONError) -> String {

@@ -55,6 +55,8 @@ public struct PushJob: Sendable, Equatable {
     /// body holds it beside the retry's own targets.
     static let retryWrapperDepth = 2
     static let retrySizeFactor = 3
+    /// Members whose text goes to APNs as written.
+    private static let forwardedMembers = ["payload"]
     /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
     public static let latestDeadline: Int64 = 99_999_999_999
 
@@ -150,11 +152,14 @@ public struct PushJob: Sendable, Equatable {
         guard body.count <= limits.maximumMessageSize * Self.retrySizeFactor else {
             throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
         }
-        guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
+        // Most bodies are ASCII, which needs no more than a look at each byte.
+        guard body.allSatisfy({ $0 < 0x80 }) || String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
         let document: JSONValue
         let depth: Int
         do {
-            (document, depth) = try JSONReader.parseMeasuringDepth(body, maximumDepth: limits.maximumDepth + Self.retryWrapperDepth)
+            // The payload is forwarded byte for byte: checked, never built.
+            (document, depth) = try JSONReader.parseMeasuringDepth(
+                body, maximumDepth: limits.maximumDepth + Self.retryWrapperDepth, opaqueMembers: Self.forwardedMembers)
         } catch {
             throw .notJSON(error.description)
         }

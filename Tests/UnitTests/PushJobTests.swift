@@ -123,6 +123,48 @@ import WorkerPipeline
     func rejectsInvalidJSON(text: String) {
         #expect(throws: JSONError.self) { try JSONReader.parse(Array(text.utf8)) }
     }
+
+    /// Payloads good and bad, each placed as the value of an opaque member: checking without building must accept
+    /// and refuse exactly what building does, with the same error at the same byte, and measure the same depth.
+    static let payloads = [
+        #"{"aps":{"alert":{"title":"T","body":"B"},"badge":1},"k":[1,-2.5e3,true,false,null,"x",{}]}"#,
+        #"{"a":"\u00e9\ud83d\ude00\n","b":"é😀 ok","c":[[[]]],"d":{}}"#, #"[]"#, #"[{"a":1},{"a":1}]"#, #""text""#, #"12"#,
+        #"{"a":1,"a":2}"#, #"{"a":1,"\u0061":2}"#, #"{"x":{"a":1,"b":{"a":2}},"y":{"a":{"a":{}}}}"#,
+        #"{"x":{"alert":"a","alert":"b"}}"#, #"[1,]"#, #"{"a":}"#, #"{"a" 1}"#, #"{"a":1 "b":2}"#, #"["\x"]"#,
+        #"["\ud800"]"#, "[\"\u{1}\"]", #"[01]"#, #"[-]"#, #"[1.]"#, #"[1e]"#, #"[tru]"#, #"{"a":[1,2}"#, #"{"#, #"["#,
+        #"{"a":"unterminated}"#, #"{1:2}"#, #"[[[[[[[[[[1]]]]]]]]]]"#,
+        "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","k7":0}"#,
+        "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + "}",
+    ]
+
+    @Test(arguments: payloads)
+    func opaqueMembersAreCheckedAsStrictlyAsBuiltOnes(payload: String) {
+        var document = Array(#"{"id":"j","payload":"#.utf8)
+        document += Array(payload.utf8) + [UInt8(ascii: "}")]
+        let invalidUTF8 = Array(#"{"payload":{"a":""#.utf8) + [0xC3, 0x28] + Array(#""}}"#.utf8)
+        for bytes in [document, invalidUTF8] {
+            let built = Result { () throws(JSONError) in try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8) }
+            let checked = Result { () throws(JSONError) in
+                try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8, opaqueMembers: ["payload"])
+            }
+            switch (built, checked) {
+            case (.success(let full), .success(let opaque)):
+                #expect(full.depth == opaque.depth)
+                let range = opaque.value.member("payload")?.range
+                #expect(range == full.value.member("payload")?.range)
+                if bytes == document { #expect(range.map { Array(bytes[$0]) } == Array(payload.utf8)) }
+                // Scalars come back as read; objects and arrays empty, of the same kind.
+                switch (full.value["payload"], opaque.value["payload"]) {
+                case (.object?, .object([])?), (.array?, .array([])?): break
+                case (let a, let b): #expect(a == b)
+                }
+            case (.failure(let full), .failure(let opaque)):
+                #expect(full == opaque)
+            default:
+                Issue.record("built: \(built), checked: \(checked)")
+            }
+        }
+    }
 }
 
 @Suite struct DeadTokenEventTests {
