@@ -48,7 +48,8 @@ public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct JSONReader {
     public static let defaultMaximumDepth = 32
 
-    private let bytes: [UInt8]
+    /// Valid during one parse only (`parseMeasuringDepth` lends it).
+    private let bytes: UnsafeBufferPointer<UInt8>
     private var position = 0
     private let maximumDepth: Int
     private let allowsDuplicateKeys: Bool
@@ -76,20 +77,24 @@ public struct JSONReader {
     public static func parseMeasuringDepth(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
                                            allowsDuplicateKeys: Bool = false,
                                            opaqueMembers: [String] = []) throws(JSONError) -> (value: JSONValue, depth: Int) {
-        var reader = JSONReader(bytes: bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
-        reader.opaqueMembers = opaqueMembers
-        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) {
-            throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
-                               + "save it as UTF-8 without one")
+        // The reader walks the bytes in place: an unsafe buffer, whose reads cost no bounds check in release builds,
+        // is what keeps reading near a few instructions per byte.
+        try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
+            var reader = JSONReader(bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
+            reader.opaqueMembers = opaqueMembers
+            if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
+                throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
+                                   + "save it as UTF-8 without one")
+            }
+            reader.skipWhitespace()
+            let value = try reader.parseValue(depth: 0)
+            reader.skipWhitespace()
+            guard reader.position == buffer.count else { throw reader.error("unexpected text after the JSON value") }
+            return (value, reader.deepest)
         }
-        reader.skipWhitespace()
-        let value = try reader.parseValue(depth: 0)
-        reader.skipWhitespace()
-        guard reader.position == bytes.count else { throw reader.error("unexpected text after the JSON value") }
-        return (value, reader.deepest)
     }
 
-    private init(bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool) {
+    private init(bytes: UnsafeBufferPointer<UInt8>, maximumDepth: Int, allowsDuplicateKeys: Bool) {
         self.bytes = bytes
         self.maximumDepth = maximumDepth
         self.allowsDuplicateKeys = allowsDuplicateKeys
@@ -388,7 +393,7 @@ public struct JSONReader {
         position += 1
         // Most strings (user ids, tokens, topics) have no escape: one scan, then one String from the bytes.
         let start = position
-        let fast: String?? = bytes.withUnsafeBufferPointer { raw in
+        let fast: String?? = { (raw: UnsafeBufferPointer<UInt8>) in
             var scan = start
             var ascii = true
             while scan < raw.count {
@@ -403,7 +408,7 @@ public struct JSONReader {
                 scan += 1
             }
             return nil
-        }
+        }(bytes)
         switch fast {
         case .some(.some(let text)):
             position += text.utf8.count + 1
