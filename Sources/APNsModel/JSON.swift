@@ -306,6 +306,8 @@ public struct JSONReader {
         guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
         deepest = max(deepest, depth)
         position += 1
+        // One allocation for the whole skipped value, however many objects it holds.
+        if skippedNames.capacity == 0 { skippedNames.reserveCapacity(32) }
         let firstName = skippedNames.count
         defer { skippedNames.removeSubrange(firstName...) }
         // Past this many names, or with an escaped one, names are compared as text through a set.

@@ -56,23 +56,13 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     /// The same from bytes (the receiving side, straight from nghttp2's buffers).
     public mutating func add(raw name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>, indexed: Bool = true) {
         let nameLength = min(name.count, 65_535), valueLength = min(value.count, 65_535)
-        // One growth of the array, then the record written in place (every answer's header fields come this way).
-        let start = bytes.count
-        bytes.append(contentsOf: repeatElement(0, count: 5 + nameLength + valueLength))
-        bytes.withUnsafeMutableBufferPointer { record in
-            record[start] = indexed ? 0 : Self.neverIndexed
-            record[start + 1] = UInt8(truncatingIfNeeded: nameLength)
-            record[start + 2] = UInt8(truncatingIfNeeded: nameLength >> 8)
-            record[start + 3] = UInt8(truncatingIfNeeded: valueLength)
-            record[start + 4] = UInt8(truncatingIfNeeded: valueLength >> 8)
-            if nameLength > 0 {
-                UnsafeMutableRawPointer(record.baseAddress! + start + 5).copyMemory(from: name.baseAddress!, byteCount: nameLength)
-            }
-            if valueLength > 0 {
-                UnsafeMutableRawPointer(record.baseAddress! + start + 5 + nameLength)
-                    .copyMemory(from: value.baseAddress!, byteCount: valueLength)
-            }
-        }
+        // Three block copies (the record's header, the name, the value): every answer's header fields come this way.
+        let header = (indexed ? 0 : Self.neverIndexed, UInt8(truncatingIfNeeded: nameLength),
+                      UInt8(truncatingIfNeeded: nameLength >> 8), UInt8(truncatingIfNeeded: valueLength),
+                      UInt8(truncatingIfNeeded: valueLength >> 8))
+        withUnsafeBytes(of: header) { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
+        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: value.prefix(valueLength)))
         count += 1
     }
 
