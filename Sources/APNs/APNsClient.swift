@@ -503,6 +503,7 @@ public final class APNsClient: Sendable {
                 observer?(environment, event)
             }
             poolConfiguration.proxy = configuration.proxy
+            poolConfiguration.keptResponseHeaders = APNsResponse.headerNames
             let client = try HTTP2Client(
                 configuration: poolConfiguration,
                 loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,

@@ -23,6 +23,9 @@ public struct APNsResponse: Sendable, Equatable {
     public var reason: APNsReason?
     /// With 410: milliseconds since the epoch at which APNs learned the token is no longer valid for the topic.
     public var timestamp: Int64?
+    /// The answer header fields an `APNsResponse` reads: a transport need keep no other.
+    public static let headerNames = ["apns-id", "apns-unique-id"]
+
     private var givenAPNsID: String?
     private var givenUniqueID: String?
     private var fields: (any ReceivedHeaderFields)?

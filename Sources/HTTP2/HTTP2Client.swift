@@ -45,6 +45,9 @@ public final class HTTP2Client: @unchecked Sendable {
         public var resolve: @Sendable (String, Int) throws -> [sockaddr_storage]
         /// An HTTP proxy to tunnel through (CONNECT); TLS runs end to end inside the tunnel.
         public var proxy: HTTP2Proxy?
+        /// The answer header fields kept in each `HTTP2Response` (lower-case names, as HTTP/2 writes them); nil keeps
+        /// every one. A caller that reads two fields of an answer need not pay for storing a server's six.
+        public var keptResponseHeaders: [String]?
 
         public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
                     connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
@@ -64,6 +67,7 @@ public final class HTTP2Client: @unchecked Sendable {
             self.observer = nil
             self.resolve = { host, port in try Socket.resolve(host: host, port: port) }
             self.proxy = nil
+            self.keptResponseHeaders = nil
         }
     }
 
@@ -80,6 +84,8 @@ public final class HTTP2Client: @unchecked Sendable {
     private let ownsLoop: Bool
     private let tlsContext: TLSContext
     private let logger: Logger
+    /// `configuration.keptResponseHeaders` as bytes, compared with each field's name as it arrives.
+    private let keptHeaders: [[UInt8]]?
 
     private var connections: [HTTP2Connection] = []
     private var connectionsStarting = 0
@@ -96,6 +102,7 @@ public final class HTTP2Client: @unchecked Sendable {
         self.authority = configuration.port == 443 ? configuration.host : "\(configuration.host):\(configuration.port)"
         self.tlsContext = try TLSContext.client(configuration.tls)
         self.logger = logger
+        self.keptHeaders = configuration.keptResponseHeaders.map { $0.map { Array($0.utf8) } }
         self.ownsLoop = loop == nil
         self.loop = loop ?? EventLoop(name: "http2-\(configuration.host)")
         self.loop.execute { [self] in
@@ -292,7 +299,7 @@ public final class HTTP2Client: @unchecked Sendable {
                 throw error
             }
             let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
-                                             role: .client, connecting: true)
+                                             role: .client, connecting: true, keptHeaders: keptHeaders)
             nextConnectionID += 1
             adopt(connection) { [self] reason in connect(fallback, problems: problems + [reason]) }
         } catch {
@@ -310,7 +317,7 @@ public final class HTTP2Client: @unchecked Sendable {
         do {
             let tls = try TLSStream(context: tlsContext, fileDescriptor: descriptor, serverName: configuration.host)
             let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
-                                             role: .client, connecting: true)
+                                             role: .client, connecting: true, keptHeaders: keptHeaders)
             nextConnectionID += 1
             adopt(connection) { [self] reason in connectFailed(reason) }
         } catch {

@@ -162,6 +162,8 @@ final class HTTP2Connection: PollHandler {
     private let serverSettings: [(id: Int32, value: UInt32)]
     /// A server that leaves PINGs unanswered plays a dead peer (fault simulation).
     private let acknowledgesPings: Bool
+    /// Names of the incoming header fields kept (nil: all).
+    private let keptHeaders: [[UInt8]]?
 
     /// GOAWAY from the peer: streams above `lastStreamID` were not processed.
     private(set) var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
@@ -178,7 +180,8 @@ final class HTTP2Connection: PollHandler {
     var onResponse: ((HTTP2PendingRequest, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
     init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
-         serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true) {
+         serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true, keptHeaders: [[UInt8]]? = nil) {
+        self.keptHeaders = keptHeaders
         self.id = id
         self.loop = loop
         self.fileDescriptor = fileDescriptor
@@ -584,7 +587,9 @@ final class HTTP2Connection: PollHandler {
             // Three digits, checked by nghttp2 already; parsed from the bytes, without a String.
             stream.status = value.reduce(0) { $0 * 10 + Int($1 &- 48) }
         }
-        if stream.incomingHeaders.count < 128 { stream.incomingHeaders.add(raw: name, value) }
+        guard stream.incomingHeaders.count < 128 else { return }
+        if let keptHeaders, !keptHeaders.contains(where: { $0.withUnsafeBufferPointer { $0.elementsEqual(name) } }) { return }
+        stream.incomingHeaders.add(raw: name, value)
     }
 
     /// The stream a callback is about. A response's fields arrive one callback each for the same stream: the last

@@ -129,5 +129,15 @@ import Glibc
                                        request(authority: client.authority, token: "00ff")])
         #expect(try results[0].get().status == 200)
         #expect(try results[1].get().status == 404)
+        #expect(try results[0].get().header("server") != nil, "every field is kept by default")
+
+        // A client that reads one field keeps that one only (the APNs client keeps apns-id and apns-unique-id).
+        var onlyLength = client.configuration
+        onlyLength.keptResponseHeaders = ["content-length"]
+        let narrow = try HTTP2Client(configuration: onlyLength, logger: logger)
+        defer { narrow.shutdown() }
+        let answer = try collect(narrow, [request(authority: narrow.authority, token: token)])[0].get()
+        #expect(answer.status == 200)
+        #expect(answer.headers.map(\.name) == ["content-length"])
     }
 }
