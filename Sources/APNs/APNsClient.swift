@@ -283,10 +283,17 @@ public final class APNsClient: Sendable {
             var sendable: [Int] = []
             var template = RequestTemplate()
             requests.reserveCapacity(inEnvironment.count)
+            // The last notification validated whole: those sharing its fields need only their own checked.
+            var validated: APNsNotification?
             for index in inEnvironment {
                 let notification = notifications[index].notification
                 do throws(APNsRequestError) {
-                    try notification.validate()
+                    if let validated, notification.sharesFields(with: validated) {
+                        try notification.validateOwnFields()
+                    } else {
+                        try notification.validate()
+                        validated = notification
+                    }
                 } catch {
                     immediate.append((index, APNsResult(outcome: .permanentFailure, error: error.description)))
                     continue

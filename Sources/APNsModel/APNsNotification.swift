@@ -37,6 +37,25 @@ public struct APNsNotification: Sendable {
         try APNsRules.checkTopicSuffix(topic, for: pushType)
     }
 
+    /// What `validate()` checks of this notification's own fields (its device token and apns-id), for a
+    /// notification whose other fields are those of one already validated (`sharesFields(with:)`): the notifications
+    /// of one job differ only there, and checking their topic, payload and options once is enough.
+    public func validateOwnFields() throws(APNsRequestError) {
+        try Self.validateDeviceToken(deviceToken)
+        if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
+    }
+
+    /// Whether every field but the device token and apns-id is the same as `other`'s. The payload counts as the
+    /// same when it is the same bytes in memory (a job's notifications share one buffer); a copy compares unequal,
+    /// which only costs a full validation.
+    public func sharesFields(with other: APNsNotification) -> Bool {
+        guard pushType == other.pushType, priority == other.priority, expiration == other.expiration,
+              topic == other.topic, collapseID == other.collapseID, payload.count == other.payload.count else { return false }
+        return payload.withUnsafeBufferPointer { mine in
+            other.payload.withUnsafeBufferPointer { theirs in mine.baseAddress == theirs.baseAddress }
+        }
+    }
+
     /// Device tokens are hex of no fixed length (Apple warns against assuming 64 characters).
     public static func validateDeviceToken(_ token: String) throws(APNsRequestError) {
         var token = token
@@ -53,8 +72,21 @@ public struct APNsNotification: Sendable {
     /// device's token written in two cases would be two cache entries and two pushes. No copy when already lower.
     public static func canonicalToken(_ token: String) -> String {
         var token = token
-        // A plain byte loop over contiguous UTF-8 (the per-notification path), not the UTF-8 view's iterator.
-        let hasUpperCase = token.withUTF8 { bytes in bytes.contains { $0 &- UInt8(ascii: "A") < 26 } }
+        // Over contiguous UTF-8, eight bytes at a time (the per-notification path): a byte in A...Z sets its top bit
+        // in `(b + 0x3F) & ~(b + 0x25)` (b + 0x3F reaches 0x80 from "A" on, b + 0x25 from "[" on); bytes of 0x80 and
+        // above, never upper-case ASCII, are masked out first so that no carry crosses into the next byte.
+        let hasUpperCase = token.withUTF8 { bytes -> Bool in
+            var index = 0
+            let raw = UnsafeRawBufferPointer(bytes)
+            while index + 8 <= bytes.count {
+                let word = raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+                let ascii = word & 0x7F7F_7F7F_7F7F_7F7F
+                let upper = (ascii &+ 0x3F3F_3F3F_3F3F_3F3F) & ~(ascii &+ 0x2525_2525_2525_2525) & ~word
+                if upper & 0x8080_8080_8080_8080 != 0 { return true }
+                index += 8
+            }
+            return bytes[index...].contains { $0 &- UInt8(ascii: "A") < 26 }
+        }
         return hasUpperCase ? token.lowercased() : token
     }
 

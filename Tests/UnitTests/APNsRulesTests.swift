@@ -96,6 +96,50 @@ import Testing
         }
     }
 
+    /// Every character at every position of a 64-byte token, and tokens of odd lengths: lowered exactly when an
+    /// ASCII capital is in it (the check reads eight bytes at a time), untouched otherwise.
+    @Test func canonicalTokensAreLowerCaseAndOnlyCapitalsChangeThem() {
+        let base = String(repeating: "0a", count: 32)
+        for value in UInt32(1)..<256 {
+            let character = String(Character(Unicode.Scalar(value)!))
+            for position in [0, 7, 8, 31, 63] {
+                var characters = Array(base)
+                characters[position] = Character(character)
+                let token = String(characters)
+                let expected = (65...90).contains(value) ? token.lowercased() : token
+                #expect(APNsNotification.canonicalToken(token) == expected, "character \(value) at \(position)")
+            }
+        }
+        #expect(APNsNotification.canonicalToken("ABC") == "abc")
+        #expect(APNsNotification.canonicalToken(String(repeating: "ab", count: 4) + "C") == String(repeating: "ab", count: 4) + "c")
+    }
+
+    /// Notifications sharing a validated one's fields have only their own checked; any other difference, a copied
+    /// payload included, means a whole validation again (the client's per-job shortcut).
+    @Test func onlyTheTokenAndApnsIDDifferAmongNotificationsSharingFields() {
+        let first = APNsNotification(deviceToken: token, topic: "com.example.app", payload: payload)
+        var second = first
+        second.deviceToken = String(repeating: "cd", count: 32)
+        #expect(second.sharesFields(with: first))
+        second.deviceToken = "xyz"
+        #expect(throws: APNsRequestError.badDeviceToken(length: 3)) { try second.validateOwnFields() }
+        second.apnsID = "NOT-A-UUID"
+        second.deviceToken = token
+        #expect(throws: APNsRequestError.badAPNsID("NOT-A-UUID")) { try second.validateOwnFields() }
+        var copied = first
+        copied.payload = Array(first.payload)
+        copied.payload.append(0x20)
+        copied.payload.removeLast()
+        #expect(!copied.sharesFields(with: first), "the same bytes elsewhere in memory")
+        for change in [{ (n: inout APNsNotification) in n.topic = "com.example.other" },
+                       { $0.priority = .considerPower }, { $0.expiration = 5 }, { $0.collapseID = "c" },
+                       { $0.pushType = .background }, { $0.payload = [] }] as [(inout APNsNotification) -> Void] {
+            var other = first
+            change(&other)
+            #expect(!other.sharesFields(with: first))
+        }
+    }
+
     /// Every ASCII character, and a few beyond: exactly 0-9, a-f and A-F make a token (the check is a bit trick).
     @Test func onlyHexDigitsMakeAToken() {
         let hex = Set("0123456789abcdefABCDEF".unicodeScalars.map(\.value))
