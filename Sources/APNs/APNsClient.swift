@@ -577,11 +577,8 @@ struct RequestTemplate {
             if let expiration = notification.expiration { sharedFields.add("apns-expiration", String(expiration)) }
             if let collapseID = notification.collapseID { sharedFields.add("apns-collapse-id", collapseID) }
         }
-        var headers = HTTP2HeaderBlock(capacity: pseudoFields.byteCount + sharedFields.byteCount
-                                       + notification.deviceToken.utf8.count + 64)
-        headers.append(contentsOf: pseudoFields)
-        headers.add(":path", "/3/device/", notification.deviceToken, indexed: false)
-        headers.append(contentsOf: sharedFields)
+        var headers = HTTP2HeaderBlock(pseudoFields, field: ":path", "/3/device/", notification.deviceToken, indexed: false,
+                                       sharedFields)
         if let apnsID = notification.apnsID { headers.add("apns-id", apnsID, indexed: false) }
         return HTTP2Request(headers: headers, body: notification.payload)
     }
