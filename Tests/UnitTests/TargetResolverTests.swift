@@ -25,6 +25,17 @@ import WorkerPipeline
         #expect(skipped == 0)
     }
 
+    /// Tokens alike in the words their set hashes (start, middle, end) and different elsewhere are two devices.
+    @Test func tokensDifferingOnlyBetweenTheirHashedWordsAreTwoTargets() throws {
+        let first = String(repeating: "ab", count: 32)
+        var bytes = Array(first.utf8)
+        bytes[10] = UInt8(ascii: "c")
+        let second = String(decoding: bytes, as: UTF8.self)
+        let resolved = ["alice": [CachedToken(token: second, scope: TokenScope(environment: .production))]]
+        let (targets, _) = resolver.targets(of: try job(users: ["alice"], tokens: [first, first]), resolved: resolved)
+        #expect(targets.map(\.token) == [first, second])
+    }
+
     @Test func aUsersTokensOfAnotherKindOrAppAreNeverReached() throws {
         let resolved = ["alice": [
             CachedToken(token: Self.token(1), scope: TokenScope(environment: .production)),
