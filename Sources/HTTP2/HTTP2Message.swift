@@ -67,7 +67,8 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
             let bytes = [UInt8](unsafeUninitializedCapacity: total) { buffer, initialized in
                 var at = buffer.baseAddress!
                 func put(_ source: UnsafeRawPointer?, _ count: Int) {
-                    if count > 0 { UnsafeMutableRawPointer(at).copyMemory(from: source!, byteCount: count) }
+                    // memcpy itself: copyMemory became a byte-at-a-time copy here.
+                    if count > 0 { memcpy(at, source!, count) }
                     at += count
                 }
                 before.bytes.withUnsafeBytes { put($0.baseAddress, $0.count) }

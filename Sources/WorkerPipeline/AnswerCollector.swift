@@ -84,31 +84,33 @@ final class AnswerCollector: Sendable {
     // MARK: sender threads (each job's on its lane's)
 
     func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
-        if let response = result.response { progress.countAnswer(response) }
+        // Taken out once: an answer is a few strings and header fields, and every access would copy them.
+        let answer = result.response
+        if let answer { progress.countAnswer(answer) }
         // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an
         // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
-        let reasonLabel = result.response?.reason?.label
+        let reasonLabel = answer?.reason?.label
         if result.outcome != .delivered {
-            statistics.countUnsuccessful(status: result.response?.status, reason: reasonLabel
-                                         ?? (result.response == nil ? (result.outcome == .permanentFailure
-                                                                       ? "not_sent" : "no_answer") : ""))
+            statistics.countUnsuccessful(status: answer?.status, reason: reasonLabel
+                                         ?? (answer == nil ? (result.outcome == .permanentFailure
+                                                              ? "not_sent" : "no_answer") : ""))
         }
         switch result.outcome {
         case .delivered:
             progress.recordDelivered(index)
             statistics.delivered.add(1, ordering: .relaxed)
         case .deadToken:
-            let response = result.response ?? APNsResponse(status: 410)
+            let response = answer ?? APNsResponse(status: 410)
             progress.recordDead(index, response)
             // A 400 mismatch is counted once the job is complete, as dead or as held back (the guard decides).
             if !APNsOutcome.isTokenMismatch(response) { statistics.deadTokens.add(1, ordering: .relaxed) }
         case .permanentFailure:
-            let reason = result.response.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent"
+            let reason = answer.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent"
             progress.recordFailed(index, reason: reason)
             statistics.permanentFailures.add(1, ordering: .relaxed)
             logger.warning("notification failed", ["job.id": progress.job.id,
-                                                   "apns.reason": Redact.outsideText(result.response?.reason?.rawValue ?? reason),
-                                                   "apns.status": String(result.response?.status ?? 0),
+                                                   "apns.reason": Redact.outsideText(answer?.reason?.rawValue ?? reason),
+                                                   "apns.status": String(answer?.status ?? 0),
                                                    "apns.token": Redact.token(progress.targets[index].token)])
         case .retryLater(let suggested):
             progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later", delay: suggested)
