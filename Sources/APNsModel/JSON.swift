@@ -139,18 +139,11 @@ public struct JSONReader {
     }
 
     private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
-        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
-        deepest = max(deepest, depth)
-        position += 1
         var members: [JSONMember] = []
         // Small objects (most of them) check names by a scan; large ones through a set, so that a hostile object of
         // many members costs linear time.
         var names: Set<String>?
-        skipWhitespace()
-        if position < bytes.count, bytes[position] == UInt8(ascii: "}") {
-            position += 1
-            return .object(members)
-        }
+        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return .object(members) }
         while true {
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
@@ -176,42 +169,46 @@ public struct JSONReader {
                 value = try parseValue(depth: depth)
             }
             members.append(JSONMember(key: key, value: value, range: start..<position))
-            skipWhitespace()
-            guard position < bytes.count else { throw error("unexpected end of JSON in an object") }
-            if bytes[position] == UInt8(ascii: ",") {
-                position += 1
-            } else if bytes[position] == UInt8(ascii: "}") {
-                position += 1
-                return .object(members)
-            } else {
-                throw error("expected ',' or '}'")
-            }
+            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return .object(members) }
         }
     }
 
-    private mutating func parseArray(depth: Int) throws(JSONError) -> JSONValue {
+    /// Enters an object or array at `depth` (its opening bracket is at `position`): false if it is empty (and then
+    /// read to its end).
+    private mutating func opens(depth: Int, closing: UInt8) throws(JSONError) -> Bool {
         guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
         deepest = max(deepest, depth)
         position += 1
-        var elements: [JSONValue] = []
         skipWhitespace()
-        if position < bytes.count, bytes[position] == UInt8(ascii: "]") {
+        if position < bytes.count, bytes[position] == closing {
             position += 1
-            return .array(elements)
+            return false
         }
+        return true
+    }
+
+    /// After a member or element: true if another follows (its comma read), false at the end (its bracket read).
+    private mutating func continues(closing: UInt8, in container: StaticString) throws(JSONError) -> Bool {
+        skipWhitespace()
+        guard position < bytes.count else { throw error("unexpected end of JSON in \(container)") }
+        if bytes[position] == UInt8(ascii: ",") {
+            position += 1
+            return true
+        }
+        if bytes[position] == closing {
+            position += 1
+            return false
+        }
+        throw error("expected ',' or '\(Character(Unicode.Scalar(closing)))'")
+    }
+
+    private mutating func parseArray(depth: Int) throws(JSONError) -> JSONValue {
+        var elements: [JSONValue] = []
+        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return .array(elements) }
         while true {
             skipWhitespace()
             elements.append(try parseValue(depth: depth))
-            skipWhitespace()
-            guard position < bytes.count else { throw error("unexpected end of JSON in an array") }
-            if bytes[position] == UInt8(ascii: ",") {
-                position += 1
-            } else if bytes[position] == UInt8(ascii: "]") {
-                position += 1
-                return .array(elements)
-            } else {
-                throw error("expected ',' or ']'")
-            }
+            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { return .array(elements) }
         }
     }
 
@@ -303,20 +300,13 @@ public struct JSONReader {
     }
 
     private mutating func skipObject(depth: Int) throws(JSONError) {
-        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
-        deepest = max(deepest, depth)
-        position += 1
+        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
         // One allocation for the whole skipped value, however many objects it holds.
         if skippedNames.capacity == 0 { skippedNames.reserveCapacity(32) }
         let firstName = skippedNames.count
         defer { skippedNames.removeSubrange(firstName...) }
         // Past this many names, or with an escaped one, names are compared as text through a set.
         var names: Set<String>?
-        skipWhitespace()
-        if position < bytes.count, bytes[position] == UInt8(ascii: "}") {
-            position += 1
-            return
-        }
         while true {
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
@@ -353,41 +343,16 @@ public struct JSONReader {
             position += 1
             skipWhitespace()
             try skipNested(depth: depth)
-            skipWhitespace()
-            guard position < bytes.count else { throw error("unexpected end of JSON in an object") }
-            if bytes[position] == UInt8(ascii: ",") {
-                position += 1
-            } else if bytes[position] == UInt8(ascii: "}") {
-                position += 1
-                return
-            } else {
-                throw error("expected ',' or '}'")
-            }
+            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return }
         }
     }
 
     private mutating func skipArray(depth: Int) throws(JSONError) {
-        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
-        deepest = max(deepest, depth)
-        position += 1
-        skipWhitespace()
-        if position < bytes.count, bytes[position] == UInt8(ascii: "]") {
-            position += 1
-            return
-        }
+        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
         while true {
             skipWhitespace()
             try skipNested(depth: depth)
-            skipWhitespace()
-            guard position < bytes.count else { throw error("unexpected end of JSON in an array") }
-            if bytes[position] == UInt8(ascii: ",") {
-                position += 1
-            } else if bytes[position] == UInt8(ascii: "]") {
-                position += 1
-                return
-            } else {
-                throw error("expected ',' or ']'")
-            }
+            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { return }
         }
     }
 
