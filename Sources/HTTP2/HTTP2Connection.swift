@@ -588,7 +588,9 @@ final class HTTP2Connection: PollHandler {
             stream.status = value.reduce(0) { $0 * 10 + Int($1 &- 48) }
         }
         guard stream.incomingHeaders.count < 128 else { return }
-        if let keptHeaders, !keptHeaders.contains(where: { $0.withUnsafeBufferPointer { $0.elementsEqual(name) } }) { return }
+        if let keptHeaders, !keptHeaders.contains(where: { kept in
+            kept.count == name.count && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
+        }) { return }
         stream.incomingHeaders.add(raw: name, value)
     }
 
@@ -657,7 +659,9 @@ final class HTTP2Connection: PollHandler {
     }
 
     fileprivate func frameSent(streamID: Int32, type: UInt8) {
-        if UInt32(type) == NGHTTP2_HEADERS.rawValue { streams[streamID]?.headersSent = true }
+        guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
+        // Through the shortcut, and set on the stream itself: writing back through the table would hash again.
+        lookUp(streamID)?.headersSent = true
     }
 
     fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
@@ -667,7 +671,7 @@ final class HTTP2Connection: PollHandler {
 
     fileprivate func readOutgoing(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
                                   flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard let stream = streams[streamID] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        guard let stream = lookUp(streamID) else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
         let count = min(length, stream.outgoingBody.count - stream.outgoingOffset)
         stream.outgoingBody.withUnsafeBufferPointer { body in
             buffer.update(from: body.baseAddress! + stream.outgoingOffset, count: count)

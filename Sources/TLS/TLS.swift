@@ -268,7 +268,8 @@ package final class TLSStream {
     // OpenSSL's error queue is per thread, and one loop thread drives many connections: SSL_get_error reads that
     // queue, so an error one connection left behind would make the next connection's ordinary "want read" look
     // fatal and close it (a client that dropped its connection without close_notify closed the others'). Every
-    // call starts with an empty queue, and `classify` leaves it empty.
+    // call starts with an empty queue, and `classify` leaves it empty. The queue is looked at before it is
+    // cleared: clearing walks all its slots, and a call happens for every TLS record.
 
     package func handshake() -> IOResult {
         perform(what: "TLS handshake") { SSL_do_handshake($0) }
@@ -304,7 +305,7 @@ package final class TLSStream {
     /// A read goes on reading when sending failed: a peer that closed on us may have said why first (an alert).
     private func perform(what: String, reads: Bool = false, _ call: (OpaquePointer) -> Int32) -> IOResult {
         while true {
-            ERR_clear_error()
+            if ERR_peek_error() != 0 { ERR_clear_error() }
             let result = call(ssl)
             let sending = sendPending()
             if case .failed(let message) = sending, !reads { ERR_clear_error(); return .failed(message) }
@@ -312,7 +313,6 @@ package final class TLSStream {
             let error = SSL_get_error(ssl, result)
             switch error {
             case SSL_ERROR_WANT_READ:
-                ERR_clear_error()
                 switch receive() {
                 case .received: continue
                 case .drained:
@@ -324,7 +324,6 @@ package final class TLSStream {
                 case .failed(let message): return .failed(message)
                 }
             case SSL_ERROR_WANT_WRITE:
-                ERR_clear_error()
                 // The pair is full of ciphertext: go on once the socket took some.
                 if case .sent = sending { continue }
                 if case .failed(let message) = sending { return .failed(message) }

@@ -84,7 +84,14 @@ final class AnswerCollector: Sendable {
     // MARK: sender threads (each job's on its lane's)
 
     func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
-        // Taken out once: an answer is a few strings and header fields, and every access would copy them.
+        if result.outcome == .delivered && result.response?.status == 200 {
+            // Nearly every answer, recorded without copying it out of the result (a few strings and header fields).
+            progress.countJudgement()
+            progress.recordDelivered(index)
+            statistics.delivered.add(1, ordering: .relaxed)
+            noteOutcome(of: progress)
+            return
+        }
         let answer = result.response
         if let answer { progress.countAnswer(answer) }
         // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an

@@ -74,8 +74,11 @@ final class JobProgress: @unchecked Sendable {
     }
 
     func countAnswer(_ response: APNsResponse) {
-        if MassInvalidationGuard.judgesToken(response) { judged += 1 }
+        if MassInvalidationGuard.judgesToken(response) { countJudgement() }
     }
+
+    /// An answer that judged a token (a 200 does).
+    func countJudgement() { judged += 1 }
 
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
