@@ -26,14 +26,13 @@ public struct APNsNotification: Sendable {
 
     /// Throws the first rule this notification breaks, in words that name it.
     public func validate() throws(APNsRequestError) {
-        try Self.validateDeviceToken(deviceToken)
+        try validateOwnFields()
         try APNsRules.checkTopic(topic, field: "apns-topic")
         if payload.isEmpty { throw .payloadEmpty }
         try APNsRules.checkPayloadSize(payload.count, for: pushType)
         try APNsRules.checkPriority(priority, for: pushType)
         if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "apns-collapse-id") }
         if let expiration { try APNsRules.checkExpiration(expiration) }
-        if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
         try APNsRules.checkTopicSuffix(topic, for: pushType)
     }
 

@@ -56,9 +56,9 @@ public struct JSONReader {
     /// The deepest nesting met so far.
     private var deepest = 0
     private var opaqueMembers: [String] = []
-    /// The raw names of the objects being skipped, innermost last (one array for all levels: skipping allocates
-    /// nothing once it has grown).
-    private var skippedNames: [Range<Int>] = []
+    /// The member names of the objects being read, innermost last: one array for every level, which reading
+    /// allocates once (names of up to 15 bytes, most of them, are Strings that allocate nothing).
+    private var memberNames: [String] = []
 
     /// Parses one JSON document. A member name repeated in one object is refused unless `allowsDuplicateKeys`:
     /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
@@ -140,23 +140,11 @@ public struct JSONReader {
 
     private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
         var members: [JSONMember] = []
-        // Small objects (most of them) check names by a scan; large ones through a set, so that a hostile object of
-        // many members costs linear time.
-        var names: Set<String>?
         guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return .object(members) }
+        var names = MemberNames(from: memberNames.count)
+        defer { memberNames.removeSubrange(names.first...) }
         while true {
-            skipWhitespace()
-            guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
-            let keyStart = position
-            let key = try parseString()
-            if !allowsDuplicateKeys {
-                if names == nil && members.count >= 16 { names = Set(members.map(\.key)) }
-                let repeated = names != nil ? !names!.insert(key).inserted : members.contains { $0.key == key }
-                if repeated {
-                    position = keyStart
-                    throw error("duplicate key \"\(key.prefix(64))\"")
-                }
-            }
+            let key = try memberName(into: &names)
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
             position += 1
@@ -171,6 +159,39 @@ public struct JSONReader {
             members.append(JSONMember(key: key, value: value, range: start..<position))
             guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return .object(members) }
         }
+    }
+
+    /// The names of one object so far: those in `memberNames` from `first` on, then, past 16 of them, a set, so
+    /// that a hostile object of many members costs linear time.
+    private struct MemberNames {
+        let first: Int
+        var set: Set<String>?
+
+        init(from first: Int) { self.first = first }
+    }
+
+    /// Reads a member name, refusing one the object already has unless duplicates are allowed: readers disagree
+    /// about such a document (this one would take the first value; Python, JavaScript and Go take the last).
+    private mutating func memberName(into names: inout MemberNames) throws(JSONError) -> String {
+        skipWhitespace()
+        guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
+        let start = position
+        let name = try parseString()
+        guard !allowsDuplicateKeys else { return name }
+        if memberNames.capacity == 0 { memberNames.reserveCapacity(32) }
+        if names.set == nil && memberNames.count - names.first >= 16 { names.set = Set(memberNames[names.first...]) }
+        let repeated: Bool
+        if names.set != nil {
+            repeated = !names.set!.insert(name).inserted
+        } else {
+            repeated = memberNames[names.first...].contains(name)
+            memberNames.append(name)
+        }
+        if repeated {
+            position = start
+            throw error("duplicate key \"\(name.prefix(64))\"")
+        }
+        return name
     }
 
     /// Enters an object or array at `depth` (its opening bracket is at `position`): false if it is empty (and then
@@ -265,15 +286,14 @@ public struct JSONReader {
         switch bytes[position] {
         case UInt8(ascii: "{"): try skipObject(depth: depth + 1)
         case UInt8(ascii: "["): try skipArray(depth: depth + 1)
-        case UInt8(ascii: "\""): _ = try skipString()
+        case UInt8(ascii: "\""): try skipString()
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): try scanNumber()
         default: _ = try parseValue(depth: depth)
         }
     }
 
-    /// Checks a string as `parseString` would; returns whether it holds an escape (its raw bytes are then not its
-    /// text).
-    private mutating func skipString() throws(JSONError) -> Bool {
+    /// Checks a string as `parseString` would.
+    private mutating func skipString() throws(JSONError) {
         let start = position
         position += 1
         var ascii = true
@@ -285,13 +305,13 @@ public struct JSONReader {
                     throw error("string is not UTF-8")
                 }
                 position += 1
-                return false
+                return
             }
             if byte == UInt8(ascii: "\\") || byte < 0x20 {
                 // Escapes are rare: the full reader checks them.
                 position = start
                 _ = try parseString()
-                return true
+                return
             }
             if byte >= 0x80 { ascii = false }
             position += 1
@@ -301,43 +321,10 @@ public struct JSONReader {
 
     private mutating func skipObject(depth: Int) throws(JSONError) {
         guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
-        // One allocation for the whole skipped value, however many objects it holds.
-        if skippedNames.capacity == 0 { skippedNames.reserveCapacity(32) }
-        let firstName = skippedNames.count
-        defer { skippedNames.removeSubrange(firstName...) }
-        // Past this many names, or with an escaped one, names are compared as text through a set.
-        var names: Set<String>?
+        var names = MemberNames(from: memberNames.count)
+        defer { memberNames.removeSubrange(names.first...) }
         while true {
-            skipWhitespace()
-            guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
-            let nameStart = position
-            let escaped = try skipString()
-            if !allowsDuplicateKeys {
-                let raw = (nameStart + 1)..<(position - 1)
-                if names == nil && (escaped || skippedNames.count - firstName >= 16) {
-                    names = Set(skippedNames[firstName...].map { String(decoding: bytes[$0], as: UTF8.self) })
-                }
-                let repeated: Bool
-                if names != nil {
-                    let name: String
-                    if escaped {
-                        position = nameStart
-                        name = try parseString()
-                    } else {
-                        name = String(decoding: bytes[raw], as: UTF8.self)
-                    }
-                    repeated = !names!.insert(name).inserted
-                } else {
-                    repeated = skippedNames[firstName...].contains { bytes[$0].elementsEqual(bytes[raw]) }
-                    skippedNames.append(raw)
-                }
-                if repeated {
-                    position = nameStart
-                    let name = try parseString()
-                    position = nameStart
-                    throw error("duplicate key \"\(name.prefix(64))\"")
-                }
-            }
+            _ = try memberName(into: &names)
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
             position += 1

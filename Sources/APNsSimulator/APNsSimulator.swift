@@ -350,6 +350,18 @@ final class SimulatorCore: Sendable {
             return (apnsID, uniqueID, streamLimit, notification)
         }
         if let notification { configuration.observer?(notification) }
+        answer(writer, status: status, reason: reason, timestamp: timestamp, apnsID: apnsID, uniqueID: uniqueID,
+               after: delay)
+        if let streamLimit { writer.serverConnection.updateMaximumConcurrentStreams(streamLimit) }
+        if let limit = behaviour.goAwayAfterStreams, streamNumber == limit {
+            writer.serverConnection.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
+        }
+    }
+
+    /// Apple's answer to a push: its apns-id (and apns-unique-id in development, the only environment that sends it),
+    /// and for a refusal the reason's JSON; after `delay` seconds when the behaviour scripts latency.
+    private func answer(_ writer: HTTP2ResponseWriter, status: Int, reason: APNsReason?, timestamp: Int64?,
+                        apnsID: String, uniqueID: String, after delay: Double) {
         // Unique per answer: never indexed, so the connection's header table is not churned for nothing.
         var headers = [HTTP2Field(name: "apns-id", value: apnsID, indexed: false)]
         if configuration.isDevelopment {
@@ -366,10 +378,6 @@ final class SimulatorCore: Sendable {
             writer.respond(after: delay, status: status, headers: headers, body: body)
         } else {
             writer.respond(status: status, headers: headers, body: body)
-        }
-        if let streamLimit { writer.serverConnection.updateMaximumConcurrentStreams(streamLimit) }
-        if let limit = behaviour.goAwayAfterStreams, streamNumber == limit {
-            writer.serverConnection.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
         }
     }
 

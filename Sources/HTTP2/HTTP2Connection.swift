@@ -326,7 +326,7 @@ final class HTTP2Connection: PollHandler {
     func submitRequest(_ pending: HTTP2PendingRequest) -> Bool {
         guard acceptsRequests, let session else { return false }
         let request = pending.request
-        let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 256, pending: pending)
+        let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 160, pending: pending)
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
         let streamID = request.headers.withNghttp2Fields { fields, count in
             request.body.isEmpty

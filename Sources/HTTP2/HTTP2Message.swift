@@ -72,10 +72,9 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
                     at += count
                 }
                 before.bytes.withUnsafeBytes { put($0.baseAddress, $0.count) }
-                let header = (indexed ? 0 : Self.neverIndexed, UInt8(truncatingIfNeeded: nameLength),
-                              UInt8(truncatingIfNeeded: nameLength >> 8), UInt8(truncatingIfNeeded: valueLength),
-                              UInt8(truncatingIfNeeded: valueLength >> 8))
-                withUnsafeBytes(of: header) { put($0.baseAddress, Self.recordHeader) }
+                withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) {
+                    put($0.baseAddress, Self.recordHeader)
+                }
                 put(name.utf8Start, nameLength)
                 put(valuePrefix.utf8Start, min(prefixLength, valueLength))
                 put(restBytes.baseAddress, restLength)
@@ -92,21 +91,21 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     public mutating func add(raw name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>, indexed: Bool = true) {
         let nameLength = min(name.count, 65_535), valueLength = min(value.count, 65_535)
         // Three block copies (the record's header, the name, the value): every answer's header fields come this way.
-        let header = (indexed ? 0 : Self.neverIndexed, UInt8(truncatingIfNeeded: nameLength),
-                      UInt8(truncatingIfNeeded: nameLength >> 8), UInt8(truncatingIfNeeded: valueLength),
-                      UInt8(truncatingIfNeeded: valueLength >> 8))
-        withUnsafeBytes(of: header) { bytes.append(contentsOf: $0) }
+        appendRecordHeader(nameLength, valueLength, indexed: indexed)
         bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
         bytes.append(contentsOf: UnsafeBufferPointer(rebasing: value.prefix(valueLength)))
         count += 1
     }
 
     private mutating func appendRecordHeader(_ nameLength: Int, _ valueLength: Int, indexed: Bool) {
-        bytes.append(indexed ? 0 : Self.neverIndexed)
-        bytes.append(UInt8(truncatingIfNeeded: nameLength))
-        bytes.append(UInt8(truncatingIfNeeded: nameLength >> 8))
-        bytes.append(UInt8(truncatingIfNeeded: valueLength))
-        bytes.append(UInt8(truncatingIfNeeded: valueLength >> 8))
+        withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) { bytes.append(contentsOf: $0) }
+    }
+
+    /// A record's five header bytes: flags, then the name's and the value's lengths (little-endian UInt16).
+    private static func recordHeaderBytes(_ nameLength: Int, _ valueLength: Int, indexed: Bool)
+        -> (UInt8, UInt8, UInt8, UInt8, UInt8) {
+        (indexed ? 0 : neverIndexed, UInt8(truncatingIfNeeded: nameLength), UInt8(truncatingIfNeeded: nameLength >> 8),
+         UInt8(truncatingIfNeeded: valueLength), UInt8(truncatingIfNeeded: valueLength >> 8))
     }
 
     /// Appends every field of `other`, in one copy.

@@ -262,9 +262,6 @@ package final class TLSStream {
     /// poll(2) saw the socket readable: the next read that needs bytes asks the socket again.
     package func socketReadable() { socketDrained = false }
 
-    /// Ciphertext made and not yet taken by the socket.
-    package var hasPendingOutput: Bool { BIO_ctrl_pending(network) > 0 }
-
     // OpenSSL's error queue is per thread, and one loop thread drives many connections: SSL_get_error reads that
     // queue, so an error one connection left behind would make the next connection's ordinary "want read" look
     // fatal and close it (a client that dropped its connection without close_notify closed the others'). Every
@@ -280,7 +277,7 @@ package final class TLSStream {
     }
 
     /// Encrypts what fits and sends what the socket takes; ciphertext the socket does not take yet stays in the pair
-    /// (`hasPendingOutput`) and leaves with the next call or `sendPendingOutput()`.
+    /// and leaves with the next call or `sendPendingOutput()`.
     package func write(_ buffer: UnsafeRawBufferPointer) -> IOResult {
         perform(what: "TLS write") { SSL_write($0, buffer.baseAddress, Int32(buffer.count)) }
     }
