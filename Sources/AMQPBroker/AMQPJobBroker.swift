@@ -160,6 +160,17 @@ public final class AMQPJobBroker: JobBroker {
     /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.
     public func probe() throws { _ = try amqp.queueStatus(settings.queues.jobs) }
 
+    /// A passive declare of each lane's queue (the worker declared both, so a missing one reads as empty).
+    public func laneQueues() throws -> LaneQueues {
+        var queues = LaneQueues(messages: LaneCounts(), consumers: LaneCounts())
+        for lane in JobLane.allCases {
+            let status = try amqp.queueStatus(lane == .urgent ? settings.queues.jobs : settings.queues.bulk)
+            queues.messages[lane] = status?.messages ?? 0
+            queues.consumers[lane] = status?.consumers ?? 0
+        }
+        return queues
+    }
+
     public func close() { amqp.close() }
 }
 

@@ -1,4 +1,5 @@
 import Foundation
+import AMQP
 import AMQPBroker
 import APNs
 import APNsSender
@@ -51,6 +52,14 @@ extension WorkerConfiguration {
             }
         }
     }
+}
+
+extension AMQPError: SystemFailure {
+    public var failedSystem: ConnectionRefused.System { .broker }
+}
+
+extension RedisError: SystemFailure {
+    public var failedSystem: ConnectionRefused.System { .store }
 }
 
 /// The worker, with what can change while it runs: its credentials, read again on SIGHUP (`reload`). The sender's

@@ -77,11 +77,10 @@ public final class JobEnqueuer {
     public func enqueue(_ body: [UInt8], line: Int) throws(AMQPError) {
         // A job without a topic may still be fine for workers that have APNS_TOPIC; only they can tell.
         let job: PushJob
-        do {
-            job = try PushJob.decode(body, defaultTopic: configuration.credential.defaultTopic
-                                         ?? "apns-worker.enqueue.unknown-topic", fallbackID: "")
-        } catch {
-            refuse(line: line, error.description)
+        switch Self.check(body, defaultTopic: configuration.credential.defaultTopic) {
+        case .success(let checked): job = checked
+        case .failure(let refusal):
+            refuse(line: line, refusal.description)
             return
         }
         // The message-id is chosen once: a job published again after a failover carries the same one.
@@ -91,6 +90,37 @@ public final class JobEnqueuer {
         pending.append(Unconfirmed(line: line, body: body, properties: properties))
         try withFailover { () throws(AMQPError) in try publishUnsent() }
         if pending.count >= Self.confirmWindow { try settle() }
+    }
+
+    /// A job as a worker would read it, or why a worker would refuse it. A job without a topic may still be fine
+    /// for workers that have APNS_TOPIC (`defaultTopic` nil): only they can tell, so it is not refused here.
+    public static func check(_ body: [UInt8], defaultTopic: String?) -> Result<PushJob, JobError> {
+        Result { () throws(JobError) in
+            try PushJob.decode(body, defaultTopic: defaultTopic ?? "apns-worker.enqueue.unknown-topic", fallbackID: "")
+        }
+    }
+
+    /// `enqueue --check`: every job `reader` holds checked as `enqueue` checks it, nothing published and no broker
+    /// reached. Returns how many were read and the refusals, by line.
+    public static func checkAll(from reader: inout JobReader, defaultTopic: String?) throws
+        -> (jobs: Int, refusals: [Refusal]) {
+        var jobs = 0, refusals: [Refusal] = []
+        while let entry = try reader.next() {
+            jobs += 1
+            switch entry {
+            case .job(let line, let body):
+                if case .failure(let error) = check(body, defaultTopic: defaultTopic) {
+                    refusals.append(Refusal(line: line, reason: error.description))
+                }
+            case .overLimit(let line):
+                refusals.append(Refusal(line: line, reason: overLimitReason(reader.lineLimit)))
+            }
+        }
+        return (jobs, refusals)
+    }
+
+    static func overLimitReason(_ limit: Int) -> String {
+        "over the \(limit)-byte message limit: refused as it passed it, the rest of the line skipped"
     }
 
     /// Waits for the broker to confirm everything published; a job the broker refused is reported. Across a lost
@@ -175,8 +205,7 @@ public final class JobEnqueuer {
             case .job(let line, let body):
                 try enqueue(body, line: line)
             case .overLimit(let line):
-                refuse(line: line, "over the \(reader.lineLimit)-byte message limit: refused as it passed it, the rest "
-                       + "of the line skipped")
+                refuse(line: line, Self.overLimitReason(reader.lineLimit))
             }
             if Date().timeIntervalSince(lastReport) >= interval {
                 update()

@@ -33,6 +33,8 @@ public struct StatsReport: Sendable {
     public var queues: [Queue]
     /// Counter name -> total over the window, all workers together (names as in `SharedStatistics`).
     public var totals: [String: Int]
+    /// The same per unix minute (what `rates(since:)` compares between two reports).
+    public var minuteTotals: [Int64: [String: Int]] = [:]
     public var windowMinutes: Int
     public var workers: [String]
     /// The mass-invalidation guard's window across the fleet (nil: unreadable), and the guard it is weighed by.
@@ -66,8 +68,8 @@ public struct StatsReport: Sendable {
             Lane(lane: lane, queue: queues[position], jobsTaken: shared.totals["\(lane.rawValue)_jobs"] ?? 0,
                  sent: shared.totals["\(lane.rawValue)_sent"] ?? 0, longestWaitMilliseconds: shared.longestWait[lane])
         }
-        return StatsReport(lanes: lanes, queues: queues, totals: shared.totals, windowMinutes: windowMinutes,
-                           workers: shared.workers.sorted(),
+        return StatsReport(lanes: lanes, queues: queues, totals: shared.totals, minuteTotals: shared.perMinute,
+                           windowMinutes: windowMinutes, workers: shared.workers.sorted(),
                            invalidationWindow: try SharedInvalidationWindow(redis: redis).totals(),
                            invalidationGuard: configuration.pipeline.invalidationGuard)
     }
@@ -134,6 +136,41 @@ public struct StatsReport: Sendable {
             + "\"window\":\(window),\"threshold\":\(invalidationGuard.threshold),\"share\":\(invalidationGuard.share)}"
         return "{\"lanes\":[\(laneText)],\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
             + "\"workers\":[\(workerText)],\"invalidation_guard\":\(guardText)}"
+    }
+
+    /// Per second, what all workers added between `earlier` and this report, `seconds` apart: per counter, the
+    /// growth of every minute this report read (a minute `earlier` had not seen yet counts from zero). Workers
+    /// report every 5 s, so rates over a shorter interval jump.
+    public func rates(since earlier: StatsReport, seconds: Double) -> [String: Double] {
+        var rates: [String: Double] = [:]
+        for (minute, counts) in minuteTotals {
+            for (name, count) in counts {
+                let before = earlier.minuteTotals[minute]?[name] ?? 0
+                rates[name, default: 0] += Double(max(0, count - before)) / max(seconds, 0.001)
+            }
+        }
+        return rates
+    }
+
+    /// One frame of `stats --watch`: the time, the rates since the previous frame (nil: the first frame), then the
+    /// report.
+    public func watchFrame(at time: Date, rates: [String: Double]?, interval: Double) -> String {
+        var lines = ["apns-worker stats at \(time.formatted(.iso8601)), every \(Self.format(interval)) s (Ctrl-C to stop)"]
+        if let rates {
+            let shown = WorkerStatistics.Snapshot.fieldNames.map { name in
+                "\(name) \(String(format: "%.1f", rates[name] ?? 0))/s"
+            }
+            lines.append("NOW (all workers, last \(Self.format(interval)) s): " + shown.prefix(6).joined(separator: "  "))
+            lines.append("    " + shown.dropFirst(6).joined(separator: "  "))
+        } else {
+            lines.append("NOW (all workers): rates from the next frame on")
+        }
+        lines.append("")
+        return (lines + [text]).joined(separator: "\n")
+    }
+
+    private static func format(_ seconds: Double) -> String {
+        seconds.formatted(.number.precision(.fractionLength(0...1)))
     }
 
     /// The guard's state in one line: what the window holds, what trips it, and whether it holds 400s back now.

@@ -51,7 +51,7 @@ public struct SharedStatistics: StatisticsSink {
     /// The counters of the last `minutes` minutes (the current one included), summed; per lane the longest wait
     /// (ms) a worker reported in them, if any; and the workers that reported within `aliveWithin` seconds.
     public func read(minutes: Int, aliveWithin: Double = 30, now: Date = Date()) throws(RedisError)
-        -> (totals: [String: Int], longestWait: [JobLane: Int], workers: [String]) {
+        -> (totals: [String: Int], perMinute: [Int64: [String: Int]], longestWait: [JobLane: Int], workers: [String]) {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let current = milliseconds / 60_000
         let minuteNumbers = (0..<Int64(max(1, minutes))).map { current - $0 }
@@ -72,15 +72,18 @@ public struct SharedStatistics: StatisticsSink {
             }
         }
         var totals: [String: Int] = [:]
-        for reply in replies.prefix(minuteNumbers.count) {
+        var perMinute: [Int64: [String: Int]] = [:]
+        for (minute, reply) in zip(minuteNumbers, replies.prefix(minuteNumbers.count)) {
             if case .error(let message) = reply { throw RedisError(kind: .server, "reading statistics: \(message)") }
             let items = reply.elements
             var index = 0
             while index + 1 < items.count {
-                totals[items[index].text ?? "", default: 0] += Int(items[index + 1].text ?? "") ?? 0
+                let name = items[index].text ?? "", count = Int(items[index + 1].text ?? "") ?? 0
+                totals[name, default: 0] += count
+                perMinute[minute, default: [:]][name, default: 0] += count
                 index += 2
             }
         }
-        return (totals, longestWait, replies.last?.elements.compactMap(\.text) ?? [])
+        return (totals, perMinute, longestWait, replies.last?.elements.compactMap(\.text) ?? [])
     }
 }

@@ -120,9 +120,11 @@ final class AnswerCollector: Sendable {
                                                    "apns.status": String(answer?.status ?? 0),
                                                    "apns.token": Redact.token(progress.targets[index].token)])
         case .retryLater(let suggested):
-            progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later", delay: suggested)
+            progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later",
+                                     label: reasonLabel ?? (answer == nil ? "no_answer" : "other"), delay: suggested)
         case .refreshTokenAndRetry, .replaceConnectionAndRetry:
-            progress.recordRetryable(index, reason: reasonLabel ?? "provider token", delay: 1)
+            progress.recordRetryable(index, reason: reasonLabel ?? "provider token", label: reasonLabel ?? "other",
+                                     delay: 1)
         }
         noteOutcome(of: progress)
     }

@@ -8,23 +8,25 @@ struct HeldPublishes {
     static let pause = 5.0
 
     private var jobs: [(progress: JobProgress, due: Date)] = []
-    private var rejections: [(delivery: JobDelivery, reason: String, due: Date)] = []
+    /// `poison`: parked for being delivered too often rather than for what it says (counted apart).
+    typealias Rejection = (delivery: JobDelivery, reason: String, poison: Bool)
+    private var rejections: [(rejection: Rejection, due: Date)] = []
 
     mutating func hold(job: JobProgress, now: Date = Date()) {
         jobs.append((job, now.addingTimeInterval(Self.pause)))
     }
 
-    mutating func hold(rejection: (JobDelivery, String), now: Date = Date()) {
-        rejections.append((rejection.0, rejection.1, now.addingTimeInterval(Self.pause)))
+    mutating func hold(rejection: (JobDelivery, String), poison: Bool, now: Date = Date()) {
+        rejections.append(((rejection.0, rejection.1, poison), now.addingTimeInterval(Self.pause)))
     }
 
     var nextDue: Date? { (jobs.map(\.due) + rejections.map(\.due)).min() }
 
     /// What is due now, taken out; nil if nothing is.
-    mutating func takeDue(now: Date = Date()) -> (jobs: [JobProgress], rejections: [(JobDelivery, String)])? {
+    mutating func takeDue(now: Date = Date()) -> (jobs: [JobProgress], rejections: [Rejection])? {
         guard let next = nextDue, next <= now else { return nil }
         let dueJobs = jobs.filter { $0.due <= now }.map(\.progress)
-        let dueRejections = rejections.filter { $0.due <= now }.map { ($0.delivery, $0.reason) }
+        let dueRejections = rejections.filter { $0.due <= now }.map(\.rejection)
         jobs.removeAll { $0.due <= now }
         rejections.removeAll { $0.due <= now }
         return (dueJobs, dueRejections)

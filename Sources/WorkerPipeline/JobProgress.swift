@@ -21,7 +21,9 @@ final class JobProgress: @unchecked Sendable {
     private(set) var dead: [(target: DeviceTarget, response: APNsResponse)] = []
     private(set) var failed: [(target: DeviceTarget, reason: String)] = []
     /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
-    private(set) var retryable: [(target: DeviceTarget, reason: String, delay: Double)] = []
+    /// `reason` goes to the parked job's headers; `label` is its bounded form for /metrics (Apple's reason,
+    /// `no_answer`, `other`).
+    private(set) var retryable: [(target: DeviceTarget, reason: String, label: String, delay: Double)] = []
     /// Not handed to APNs by the job's deadline: not sent.
     private(set) var expired = 0
 
@@ -113,8 +115,8 @@ final class JobProgress: @unchecked Sendable {
         dead += restored
     }
 
-    func recordRetryable(_ index: Int, reason: String, delay: Double) {
-        retryable.append((targets[index], reason, delay))
+    func recordRetryable(_ index: Int, reason: String, label: String? = nil, delay: Double) {
+        retryable.append((targets[index], reason, label ?? reason, delay))
         remaining -= 1
     }
 

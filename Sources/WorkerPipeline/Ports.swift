@@ -95,6 +95,17 @@ public enum PublicationOutcome: Sendable, Equatable {
     case refused
 }
 
+/// Both lanes' queues at one moment: messages waiting (ready, not delivered) and consumers.
+public struct LaneQueues: Sendable, Equatable {
+    public var messages: LaneCounts
+    public var consumers: LaneCounts
+
+    public init(messages: LaneCounts, consumers: LaneCounts) {
+        self.messages = messages
+        self.consumers = consumers
+    }
+}
+
 /// Something that answers a round trip now: readiness is built on it.
 public protocol Probing: AnyObject {
     /// One round trip within a short timeout; throws if there is no answer.
@@ -116,6 +127,9 @@ public protocol JobBroker: Probing {
     func acknowledge(_ tags: [UInt64]) throws
     /// Gives a delivery back for another worker.
     func requeue(_ tag: UInt64) throws
+    /// Each lane's queue as the broker sees it now (a passive declare each: the readiness round trip): messages
+    /// ready, and consumers.
+    func laneQueues() throws -> LaneQueues
     func close()
     /// What this connection is, for the log (never a password).
     var logMetadata: [String: String] { get }
@@ -340,4 +354,14 @@ public struct ConnectionRefused: Error, Sendable, CustomStringConvertible {
     }
 
     public var description: String { message }
+}
+
+/// An error that says which system failed, the broker or the store: the assembly makes the adapters' errors conform,
+/// so that /metrics can say which one the worker cannot reach.
+public protocol SystemFailure: Error {
+    var failedSystem: ConnectionRefused.System { get }
+}
+
+extension ConnectionRefused: SystemFailure {
+    public var failedSystem: System { system }
 }

@@ -7,7 +7,7 @@ import Telemetry
 extension SessionLoop {
     /// Parks bad jobs with their reason, waits for the broker's confirms, then acknowledges them. One the broker hands
     /// back (the failed queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
-    func reject(_ rejected: [(JobDelivery, String)]) throws {
+    func reject(_ rejected: [(JobDelivery, String)], poison: Bool = false) throws {
         let publications = rejected.map { delivery, reason in
             logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.tag)])
             var properties = delivery.properties
@@ -21,8 +21,13 @@ extension SessionLoop {
             if outcome == .taken {
                 settled.append(delivery.tag)
                 statistics.jobsRejected.add(1, ordering: .relaxed)
+                if poison {
+                    statistics.poisonJobsParked.add(1, ordering: .relaxed)
+                } else {
+                    statistics.invalidJobsParked.add(1, ordering: .relaxed)
+                }
             } else {
-                held.hold(rejection: (delivery, reason))
+                held.hold(rejection: (delivery, reason), poison: poison)
                 statistics.countRefusedPublish("rejected_job")
             }
         }
@@ -36,7 +41,10 @@ extension SessionLoop {
     func publishHeld() throws {
         guard let due = held.takeDue() else { return }
         if !due.jobs.isEmpty { core.handle(.jobsSettled(try finish(due.jobs))) }
-        if !due.rejections.isEmpty { try reject(due.rejections) }
+        for poison in [false, true] {
+            let rejections = due.rejections.filter { $0.poison == poison }.map { ($0.delivery, $0.reason) }
+            if !rejections.isEmpty { try reject(rejections, poison: poison) }
+        }
     }
 
     /// Settles finished jobs as their plans say: publishes, waits for the broker's confirms, takes dead tokens out of
@@ -153,7 +161,7 @@ extension SessionLoop {
     func count(settled progress: JobProgress, _ decision: RetryPolicy.Decision, parkedReason: String?) {
         statistics.jobsCompleted.add(1, ordering: .relaxed)
         switch decision {
-        case .retry: statistics.retries.add(progress.retryable.count, ordering: .relaxed)
+        case .retry: statistics.countRetries(progress.retryable.lazy.map(\.label))
         case .park: statistics.jobsParked.add(1, ordering: .relaxed)
         case .none, .expire: break
         }

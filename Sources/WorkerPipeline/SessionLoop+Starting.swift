@@ -21,7 +21,7 @@ extension SessionLoop {
         }
         note(taken: batch)
         let sorted = try sortByDeliveries(batch)
-        if !sorted.poison.isEmpty { try reject(sorted.poison.map { ($0.delivery, triage.reason($0)) }) }
+        if !sorted.poison.isEmpty { try reject(sorted.poison.map { ($0.delivery, triage.reason($0)) }, poison: true) }
         try dispatch(suspects.admit(usual: sorted.usual, suspects: sorted.suspects))
         return batch.count
     }

@@ -171,7 +171,9 @@ final class SessionLoop {
             // Readiness is the broker and the store as they are now: a round trip to each. One that does not answer
             // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.
             try session.store.probe()
-            try session.broker.probe()
+            statistics.answered(.store)
+            statistics.laneQueues = try session.broker.laneQueues()
+            statistics.answered(.broker)
             try shareSettled(force: true)
             worker.markAlive()
             core.handle(.probed(now))

@@ -110,11 +110,18 @@ public final class Worker: Service {
         do {
             try loop.run(session: { connected in
                 generation += 1
-                let session = try connect()
-                connected()
-                readiness.consuming(true)
-                logger.info("consuming", session.logMetadata)
-                try SessionLoop(worker: self, session: session, generation: generation).serve()
+                do {
+                    let session = try connect()
+                    statistics.answered(.broker)
+                    statistics.answered(.store)
+                    connected()
+                    readiness.consuming(true)
+                    logger.info("consuming", session.logMetadata)
+                    try SessionLoop(worker: self, session: session, generation: generation).serve()
+                } catch let failure as SystemFailure {
+                    statistics.unreachable(failure.failedSystem)
+                    throw failure
+                }
                 readiness.consuming(false)
                 return true
             }, giveUp: { error, connectedOnce in

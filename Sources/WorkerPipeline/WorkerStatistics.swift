@@ -18,6 +18,10 @@ public final class WorkerStatistics: Sendable {
     public let invalidationGuardFleetTrips = Atomic<Int>(0)
     /// Jobs delivered more often than allowed, parked unread (also counted as rejected).
     public let poisonJobs = Atomic<Int>(0)
+    /// Jobs parked on the failed queue (the broker confirmed): refused as unreadable or invalid, and poison ones.
+    /// Jobs parked after their last attempt are `jobsParked`.
+    public let invalidJobsParked = Atomic<Int>(0)
+    public let poisonJobsParked = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
     /// Notifications whose job's deadline passed before they could be handed to APNs (not sent).
     public let expired = Atomic<Int>(0)
@@ -65,7 +69,40 @@ public final class WorkerStatistics: Sendable {
         var reason: String
     }
 
+    /// Notifications scheduled for another attempt, by reason (Apple's reason, `no_answer`, or `other`).
+    private let retriesByReason = Locked<[String: Int]>([:])
+    /// The reasons /metrics shows from the start (at zero), so that alerts and dashboards find the series.
+    static let usualRetryReasons = ["TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
+                                    "ExpiredProviderToken", "no_answer"]
+    /// Both lanes' queues as the last readiness round trip found them (nil before the first).
+    private let lastLaneQueues = Locked<LaneQueues?>(nil)
+    /// Whether the last attempt to reach the broker and the store (a connect, a round trip) succeeded; absent
+    /// before the first.
+    private let reachable = Locked<[ConnectionRefused.System: Bool]>([:])
+
     public init() {}
+
+    public func countRetries(_ reasons: some Sequence<String>) {
+        var count = 0
+        retriesByReason.withLock { table in
+            for reason in reasons {
+                table[reason, default: 0] += 1
+                count += 1
+            }
+        }
+        retries.add(count, ordering: .relaxed)
+    }
+
+    public func retryCount(_ reason: String) -> Int { retriesByReason.withLock { $0[reason] ?? 0 } }
+
+    public var laneQueues: LaneQueues? {
+        get { lastLaneQueues.withLock { $0 } }
+        set { lastLaneQueues.withLock { $0 = newValue } }
+    }
+
+    public func answered(_ system: ConnectionRefused.System) { reachable.withLock { $0[system] = true } }
+
+    public func unreachable(_ system: ConnectionRefused.System) { reachable.withLock { $0[system] = false } }
 
     public var openConnections: Int {
         connectionsOpened.load(ordering: .relaxed) - connectionsClosed.load(ordering: .relaxed)
@@ -154,7 +191,33 @@ public final class WorkerStatistics: Sendable {
         metrics.histograms("apns_worker_lane_latency_seconds",
                            "From handing a notification of the lane to the APNs client to its answer.",
                            JobLane.allCases.map { ([("lane", $0.rawValue)], latency($0)) })
-        metrics.counter("apns_worker_retries_total", "Notifications scheduled for another attempt.", load(retries))
+        let retried = retriesByReason.withLock { $0 }
+        metrics.family("apns_worker_retries_total", "counter",
+                       "Notifications scheduled for another attempt (through a delay queue), by reason.",
+                       Set(Self.usualRetryReasons).union(retried.keys).sorted().map { ([("reason", $0)], retried[$0] ?? 0) })
+        metrics.family("apns_worker_parked_jobs_total", "counter",
+                       "Jobs parked on the failed queue, by reason: invalid_job (refused as unreadable or breaking the "
+                           + "format), poison (delivered more often than allowed), attempts_exhausted (notifications "
+                           + "still undelivered after the last attempt).",
+                       [([("reason", "attempts_exhausted")], load(jobsParked)),
+                        ([("reason", "invalid_job")], load(invalidJobsParked)),
+                        ([("reason", "poison")], load(poisonJobsParked))])
+        if let queues = laneQueues {
+            metrics.family("apns_worker_queue_messages", "gauge",
+                           "Messages waiting in each lane's queue, as this worker's last readiness round trip found them "
+                               + "(every worker reports the same queues: take the max).",
+                           JobLane.allCases.map { ([("lane", $0.rawValue)], queues.messages[$0]) })
+            metrics.family("apns_worker_queue_consumers", "gauge",
+                           "Consumers of each lane's queue (the whole fleet's), as this worker's last round trip found them.",
+                           JobLane.allCases.map { ([("lane", $0.rawValue)], queues.consumers[$0]) })
+        }
+        let systems = reachable.withLock { $0 }
+        metrics.family("apns_worker_dependency_up", "gauge",
+                       "1 when the last attempt to reach the dependency (a connect, a readiness round trip) succeeded, "
+                           + "0 when it failed.",
+                       [(ConnectionRefused.System.broker, "broker"), (.store, "redis")].compactMap { system, name in
+                           systems[system].map { ([("dependency", name)], $0 ? 1 : 0) }
+                       })
         metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
                         load(rateLimitWaits))
         metrics.counter("apns_worker_duplicates_avoided_total",

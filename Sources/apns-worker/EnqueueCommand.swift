@@ -11,6 +11,7 @@ USAGE: apns-worker enqueue FILE            jobs from a file: one JSON job per li
        apns-worker enqueue -               the same from stdin
        apns-worker enqueue --user U --alert TEXT [options]
                                            one job from flags
+       apns-worker enqueue --check FILE    check the jobs only: what a worker would refuse, nothing published
 
 Each job is checked as a worker would check it; a bad one is reported with its line number and not published,
 the others are. Jobs are published persistent, with publisher confirms (nothing is reported published that the
@@ -33,6 +34,10 @@ Job flags:
                         not sent at all if it cannot be handed to APNs by then (expired); unlike --expiration,
                         which is how long APNs keeps it for a device that is offline
 Other options:
+  --check               read FILE (or - for stdin) and report every job a worker would refuse, with its line and
+                        reason, on stdout; nothing is published and no broker is needed (a backend's CI can run
+                        it on the jobs it generates). A job without "topic" is not refused when APNS_TOPIC is
+                        unset: the workers' own APNS_TOPIC decides.
   --bulk                publish to the bulk lane (PUSH_BULK_QUEUE): campaigns and anything that can wait for
                         urgent work; jobs that a person is waiting for (a code, a message) stay on the urgent lane
   --reply-to QUEUE      ask workers for a summary of each job on QUEUE
@@ -45,9 +50,10 @@ EXAMPLES:
   apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
   apns-worker enqueue --bulk campaign.jsonl
   producer | apns-worker enqueue -
+  apns-worker enqueue --check campaign.jsonl
 
-EXIT CODES: 0 every job published, 65 some refused (listed on stderr; the rest were published), 2 bad command
-line, 69 broker unreachable, 78 bad configuration.
+EXIT CODES: 0 every job published (--check: every job would be accepted), 65 some refused (listed on stderr; the
+rest were published; --check: listed on stdout), 2 bad command line, 69 broker unreachable, 78 bad configuration.
 """
 
 func enqueueCommand(_ arguments: [String]) {
@@ -55,8 +61,9 @@ func enqueueCommand(_ arguments: [String]) {
         arguments, command: "enqueue",
         valued: ["--user", "--token", "--alert", "--title", "--payload", "--topic", "--push-type", "--priority",
                  "--environment", "--collapse-id", "--expiration", "--deadline", "--id", "--reply-to"],
-        switches: ["--no-progress", "--bulk"], help: enqueueHelp)
+        switches: ["--no-progress", "--bulk", "--check"], help: enqueueHelp)
     let configuration = parsed.configuration(requiringCredentials: false)
+    if parsed.switches.contains("--check") { checkJobs(parsed, configuration) }
     let fromFlags = !parsed.all("--user").isEmpty || !parsed.all("--token").isEmpty
     guard fromFlags != (parsed.positionals.count == 1), parsed.positionals.count <= 1 else {
         fail("enqueue: give either a FILE (or - for stdin) or --user/--token flags; try 'apns-worker enqueue --help'",
@@ -93,6 +100,23 @@ func enqueueCommand(_ arguments: [String]) {
     reportRefusals(of: enqueuer)
     print("published \(enqueuer.progress.published) jobs to \(enqueuer.queue), refused \(enqueuer.progress.refused)")
     if !enqueuer.refusals.isEmpty { exit(ExitCode.dataError) }
+}
+
+/// `enqueue --check FILE`: each job a worker would refuse on stdout with its line and reason, a count at the end;
+/// exit 0 when none would be, 65 when some would.
+private func checkJobs(_ parsed: ParsedArguments, _ configuration: WorkerConfiguration) -> Never {
+    guard parsed.positionals.count == 1, parsed.all("--user").isEmpty, parsed.all("--token").isEmpty else {
+        fail("enqueue --check: give one FILE (or - for stdin); try 'apns-worker enqueue --help'", code: ExitCode.usage)
+    }
+    do {
+        var reader = try JobReader(path: parsed.positionals[0])
+        let (jobs, refusals) = try JobEnqueuer.checkAll(from: &reader, defaultTopic: configuration.credential.defaultTopic)
+        for refusal in refusals { print("refused \(refusal)") }
+        print("checked \(jobs) jobs: \(jobs - refusals.count) would be accepted, \(refusals.count) refused")
+        exit(refusals.isEmpty ? 0 : ExitCode.dataError)
+    } catch {
+        fail("enqueue --check: \(error)", code: ExitCode.usage)
+    }
 }
 
 /// The job the flags describe, as JSON (checked afterwards like any other job), or exit 2 naming the flag.

@@ -7,7 +7,7 @@ import WorkerPipeline
 let statsHelp = """
 apns-worker stats: how the whole system is doing, from the broker and Redis (no worker is asked).
 
-USAGE: apns-worker stats [--minutes N] [--json]
+USAGE: apns-worker stats [--minutes N] [--json] [--watch [SECONDS]]
 
 Shows both lanes (urgent: PUSH_JOBS_QUEUE, bulk: PUSH_BULK_QUEUE) with their depth, consumers, the jobs per
 second workers took from each and the notifications per second they sent from each, and the longest a job taken
@@ -18,6 +18,19 @@ minutes (default 5; notifications delivered, dead tokens, failures, expired, ret
 second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
 apns:stats:<minute>:waited and apns:workers).
 
+  --minutes N        the window of the totals (default 5)
+  --json             one JSON object (with --watch: one per line, per frame)
+  --watch [SECONDS]  the live view: the report again every SECONDS (default 5, the workers' reporting interval;
+                     1 to 300), with what all workers did per second since the previous frame on top. On a
+                     terminal each frame replaces the last; into a pipe or file, frames follow each other as
+                     plain lines. Ctrl-C stops it (exit 0); a broker or Redis that stops answering is reported in
+                     the frame and asked again at the next one.
+
+EXAMPLES:
+  apns-worker stats
+  apns-worker stats --watch           # redraws every 5 s
+  apns-worker stats --watch 2 --minutes 1
+
 Settings it reads (environment, --config file or --set):
 \(SettingTable.help(for: .stats))
 
@@ -25,16 +38,83 @@ EXIT CODES: 0 done, 2 bad command line, 69 broker or Redis unreachable, 78 bad c
 """
 
 func statsCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "stats", valued: ["--minutes"], switches: ["--json"],
+    let (remaining, watchInterval) = takeWatchOption(arguments)
+    let parsed = ParsedArguments.parse(remaining, command: "stats", valued: ["--minutes"], switches: ["--json"],
                                        help: statsHelp)
     if let extra = parsed.positionals.first { fail("stats: unexpected argument \(extra)", code: ExitCode.usage) }
     let minutes = parsed.integer("--minutes", default: 5, range: 1...1440, command: "stats")
     let configuration = parsed.configuration(requiringCredentials: false)
+    let json = parsed.switches.contains("--json")
+    if let watchInterval {
+        watchStats(configuration, minutes: minutes, interval: watchInterval, json: json)
+    }
     do {
         let report = try StatsReport.collect(configuration, windowMinutes: minutes)
-        print(parsed.switches.contains("--json") ? report.json : report.text)
+        print(json ? report.json : report.text)
     } catch {
         failReaching("stats", error)
+    }
+}
+
+/// `--watch`, `--watch SECONDS` or `--watch=SECONDS` taken out of `arguments` (its value is optional, which the
+/// common parser does not do): the rest, and the interval if the option was there.
+private func takeWatchOption(_ arguments: [String]) -> (rest: [String], interval: Double?) {
+    var rest: [String] = [], interval: Double?, index = 0
+    func seconds(_ text: String) -> Double {
+        guard let value = Double(text), (1...300).contains(value) else {
+            fail("stats: --watch wants seconds from 1 to 300, got \(text)", code: ExitCode.usage)
+        }
+        return value
+    }
+    while index < arguments.count {
+        let argument = arguments[index]
+        if argument == "--watch" {
+            interval = 5
+            if index + 1 < arguments.count, !arguments[index + 1].hasPrefix("-") {
+                interval = seconds(arguments[index + 1])
+                index += 1
+            }
+        } else if argument.hasPrefix("--watch=") {
+            interval = seconds(String(argument.dropFirst("--watch=".count)))
+        } else {
+            rest.append(argument)
+        }
+        index += 1
+    }
+    return (rest, interval)
+}
+
+/// The live view: a frame every `interval` seconds until Ctrl-C (exit 0). Reads what `stats` reads, each time.
+private func watchStats(_ configuration: WorkerConfiguration, minutes: Int, interval: Double, json: Bool) -> Never {
+    let terminal = isatty(STDOUT_FILENO) == 1
+    signal(SIGINT) { _ in
+        // Leave the cursor on a fresh line and exit 0: stopping the view is how it ends.
+        _ = write(STDOUT_FILENO, "\n", 1)
+        _exit(0)
+    }
+    // Enough minutes that the interval's growth is all inside the window read.
+    let window = max(minutes, Int(interval / 60) + 2)
+    var previous: (report: StatsReport, time: Date)?
+    while true {
+        let now = Date()
+        var frame: String
+        do {
+            let report = try StatsReport.collect(configuration, windowMinutes: window)
+            if json {
+                frame = report.json
+            } else {
+                let rates = previous.map { report.rates(since: $0.report, seconds: now.timeIntervalSince($0.time)) }
+                frame = report.watchFrame(at: now, rates: rates, interval: interval)
+            }
+            previous = (report, now)
+        } catch {
+            frame = "apns-worker stats at \(now.formatted(.iso8601)): broker or Redis not answering (\(error)); "
+                + "asking again in \(Int(interval)) s"
+        }
+        // On a terminal: home, clear, the frame. Elsewhere: the frame and a blank line, so that a log keeps them all.
+        let output = terminal && !json ? "\u{1B}[H\u{1B}[2J" + frame + "\n" : frame + (json ? "\n" : "\n\n")
+        FileHandle.standardOutput.write(Data(output.utf8))
+        Thread.sleep(forTimeInterval: max(0, interval - Date().timeIntervalSince(now)))
     }
 }
 

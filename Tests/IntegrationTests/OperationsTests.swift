@@ -117,6 +117,26 @@ import WorkerPipeline
         #expect(String(decoding: messages[1].body, as: UTF8.self).contains("\"two\""), "bodies published unchanged, in order")
     }
 
+    /// `enqueue --check`: the lines a worker would refuse, with their reasons, and nothing published; no broker is
+    /// needed (an unreachable AMQP_URL changes nothing).
+    @Test func enqueueCheckNamesWhatAWorkerWouldRefuseAndPublishesNothing() throws {
+        let file = try TestServices.temporaryFile("check.jsonl", contents: """
+            {"id": "ok", "topic": "com.example.app", "users": ["u1"], "payload": {"aps": {"alert": "one"}}}
+            {"users": ["u3"], "topic": "com.example.app", "push_type": "smoke-signal", "payload": {"aps": {}}}
+            this is not JSON
+            {"tokens": ["\(Self.token("c3"))"], "topic": "com.example.app", "priority": 7, "payload": {}}
+            """)
+        let result = try Self.apnsWorker(["enqueue", "--check", file], environment: ["AMQP_URL": "amqp://127.0.0.1:9/%2f"])
+        #expect(result.status == 65, "\(result.output) \(result.errors)")
+        #expect(result.output.contains("refused line 2: unknown push_type \"smoke-signal\""), "\(result.output)")
+        #expect(result.output.contains("refused line 3: body is not JSON"))
+        #expect(result.output.contains("refused line 4: priority 7"))
+        #expect(result.output.contains("checked 4 jobs: 1 would be accepted, 3 refused"), "\(result.output)")
+        let good = try TestServices.temporaryFile("good.jsonl", contents: #"{"topic": "t", "users": ["u1"], "payload": {}}"#)
+        let clean = try Self.apnsWorker(["enqueue", "--check", good], environment: ["AMQP_URL": "amqp://127.0.0.1:9/%2f"])
+        #expect(clean.status == 0 && clean.output.contains("checked 1 jobs: 1 would be accepted, 0 refused"), "\(clean)")
+    }
+
     /// A line past the message limit is refused at once and skipped; one that never ends (`/dev/zero`) stops the
     /// reading instead of filling memory, and the command says why.
     @Test func enqueueRefusesAnEndlessLine() throws {
@@ -264,6 +284,41 @@ import WorkerPipeline
         #expect(text.output.contains("LONGEST WAIT") && text.output.contains("bulk     \(bulk)"), "\(text.output)")
         #expect(text.output.contains(try Regex(#"bulk +\S+ +0 +0 +[0-9.]+ +[0-9.]+ +(29|30|31) s"#)), "the bulk lane's wait in seconds")
         #expect(try Self.apnsWorker(["stats", "--minutes", "0"]).status == 2)
+    }
+
+    /// `stats --watch 1` into a pipe: a frame per second as plain lines, the rates since the previous frame
+    /// following what workers add to the fleet's statistics, and Ctrl-C ending it with exit 0.
+    @Test func statsWatchRedrawsRatesAsTheyChangeAndCtrlCExitsZero() throws {
+        let (redisURL, redis) = try TestServices.isolatedRedis(.statsWatch)
+        let jobs = TestServices.unique("jobs")
+        let watch = try ExecutablesTests.Child("apns-worker", ["stats", "--watch", "1", "--minutes", "1"], environment: [
+            "REDIS_URL": redisURL, "PUSH_JOBS_QUEUE": jobs, "PUSH_BULK_QUEUE": TestServices.unique("bulk"),
+            "LOG_FORMAT": "text", "METRICS_PORT": "0",
+        ])
+        defer { _ = watch.stop(SIGKILL) }
+        let first = watch.waitForLine(containing: "NOW (all workers")
+        #expect(first?.contains("rates from the next frame on") == true, "\(first ?? "no first frame")")
+        #expect(watch.waitForLine(containing: "urgent   \(jobs)") != nil, "the frame holds the report's lanes")
+        #expect(watch.waitForLine(containing: "INVALIDATION GUARD") != nil)
+        #expect(watch.waitForLine(containing: "WORKERS ALIVE") != nil)
+        // What a worker's report adds shows as a rate in a later frame, and is gone from the one after it.
+        let minute = Int64(Date().timeIntervalSince1970) / 60
+        _ = try redis.command(["HINCRBY", RedisKeys.node.statistics(minute: minute), "delivered", "500"])
+        var sawRate = false, sawItFall = false
+        for _ in 0..<5 {
+            guard let line = watch.waitForLine(containing: "NOW (all workers, last 1 s)") else { break }
+            let rate = line.firstMatch(of: /delivered ([0-9.]+)\/s/).flatMap { Double($0.1) } ?? -1
+            if !sawRate {
+                sawRate = rate > 100
+            } else {
+                sawItFall = rate == 0
+                break
+            }
+        }
+        #expect(sawRate, "500 delivered between two frames a second apart shows as hundreds per second")
+        #expect(sawItFall, "the frame after shows what changed since, nothing")
+        #expect(watch.stop(SIGINT) == 0, "Ctrl-C ends the live view with exit 0")
+        #expect(try Self.apnsWorker(["stats", "--watch", "0"]).status == 2)
     }
 
     /// The token lifecycle: registrations (in order or not), logouts, dead tokens, unreadable messages, the sweep.

@@ -157,6 +157,9 @@ final class InMemoryBroker: JobBroker {
     func acknowledge(_ tags: [UInt64]) throws { fleet.change { $0.acknowledged += tags } }
     func requeue(_ tag: UInt64) throws { fleet.change { $0.requeued.append(tag) } }
     func probe() throws {}
+    func laneQueues() throws -> LaneQueues {
+        fleet.read { LaneQueues(messages: LaneCounts(urgent: $0.ready.count), consumers: LaneCounts(urgent: 1)) }
+    }
     func close() {}
     var logMetadata: [String: String] { [:] }
 }

@@ -41,40 +41,7 @@ import WorkerPipeline
         #expect(voip.topic == "com.example.app.voip")
     }
 
-    @Test(arguments: [
-        ("{", "body is not JSON"),
-        ("[1]", "body must be a JSON object, got an array"),
-        (#"{"payload": {}}"#, "no targets"),
-        (#"{"users": [], "tokens": [], "payload": {}}"#, "no targets"),
-        (#"{"users": "u1", "payload": {}}"#, "\"users\" must be an array of strings, got a string"),
-        (#"{"users": [1], "payload": {}}"#, "\"users[0]\" must be a string, got a number"),
-        (#"{"tokens": ["nothex"], "payload": {}}"#, "tokens[0]"),
-        (#"{"users": ["u"], "push_type": "smoke", "payload": {}}"#, "unknown push_type \"smoke\""),
-        (#"{"users": ["u"], "priority": 7, "payload": {}}"#, "priority 7"),
-        (#"{"users": ["u"], "priority": "10", "payload": {}}"#, "\"priority\" must be a whole number, got a string"),
-        (#"{"users": ["u"], "push_type": "background", "priority": 10, "payload": {}}"#, "background pushes must use priority 5 or 1"),
-        (#"{"users": ["u"], "environment": "staging", "payload": {}}"#, "environment \"staging\""),
-        (#"{"users": ["u"], "expiration": -1, "payload": {}}"#, "expiration -1"),
-        (#"{"users": ["u"], "topic": "t", "deadline": -5, "payload": {}}"#, "deadline -5 must be UNIX seconds"),
-        (#"{"users": ["u"], "topic": "t", "deadline": 1798761600000, "payload": {}}"#, "not milliseconds"),
-        (#"{"users": ["u"], "topic": "t", "deadline": "tomorrow", "payload": {}}"#, "\"deadline\" must be a whole number, got a string"),
-        (#"{"users": ["u"], "topic": "t", "deadline": 1798761600.5, "payload": {}}"#, "\"deadline\" must be a whole number"),
-        (#"{"users": ["u"], "payload": {}}"#, "no topic"),
-        (#"{"users": ["u"], "topic": "t"}"#, "missing field \"payload\""),
-        (#"{"users": ["u"], "topic": "t", "payload": "hi"}"#, "\"payload\" must be an object, got a string"),
-        // A string or a number is not a yes: either would have sent the real campaign instead of silent pushes.
-        (#"{"users": ["u"], "topic": "t", "prevalidate": "true", "payload": {}}"#, "\"prevalidate\" must be true or false, got a string"),
-        (#"{"users": ["u"], "topic": "t", "prevalidate": 1, "payload": {}}"#, "\"prevalidate\" must be true or false, got a number"),
-        // Readers disagree about a name given twice (the first or the last value): refused, named.
-        (#"{"tokens": ["aaaa"], "tokens": ["bbbb"], "topic": "t", "payload": {}}"#, "duplicate key \"tokens\""),
-        (#"{"users": ["u"], "topic": "t", "payload": {"aps": {"alert": "a", "alert": "b"}}}"#, "duplicate key \"alert\""),
-        // Values sent as HTTP/2 headers.
-        (#"{"users": ["u"], "topic": "com.example\u0000app", "payload": {}}"#, "\"topic\" holds control character 0x0"),
-        (#"{"users": ["u"], "topic": "com.example.app\r\nx-evil: 1", "payload": {}}"#, "\"topic\" holds control character 0xD"),
-        (#"{"users": ["u"], "topic": "com.example app", "payload": {}}"#, "\"topic\" holds a space"),
-        (#"{"users": ["u"], "topic": "t", "collapse_id": "a\tb", "payload": {}}"#, "\"collapse_id\" holds control character 0x9"),
-        (#"{"users": ["u"], "topic": "t", "collapse_id": " a", "payload": {}}"#, "\"collapse_id\" starts or ends with a space"),
-    ])
+    @Test(arguments: JobCorpus.refused)
     func badJobsAreNamed(body: String, expected: String) {
         do {
             _ = try decode(body)
@@ -281,22 +248,7 @@ import WorkerPipeline
         #expect(end["event"] as? String == "end" && (end["dismissal-date"] as? NSNumber)?.int64Value == now + 60)
     }
 
-    @Test(arguments: [
-        (#"{"event": "start", "timestamp": 1, "content_state": {}, "alert": {}}"#, "a start needs \"attributes_type\""),
-        (#"{"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "alert": {}}"#, "a start needs \"attributes\""),
-        (#"{"event": "start", "timestamp": 1, "content_state": {}, "attributes_type": "A", "attributes": {}}"#, "a start needs \"alert\""),
-        (#"{"event": "update", "timestamp": 1}"#, "an update needs \"content_state\""),
-        (#"{"event": "end", "timestamp": 1}"#, "an end needs \"content_state\""),
-        (#"{"event": "update", "timestamp": 1, "content_state": {}, "stale_date": 1796184000000}"#, "looks like milliseconds"),
-        (#"{"event": "update", "timestamp": 1, "content_state": {}, "attributes": {}}"#, "\"attributes\" belongs to a start only"),
-        (#"{"event": "update", "timestamp": 99999999999, "content_state": {}}"#, "s in the future"),
-        (#"{"event": "update", "timestamp": 1796184000000, "content_state": {}}"#, "looks like milliseconds"),
-        (#"{"event": "update", "content_state": {}}"#, "\"timestamp\" is required"),
-        (#"{"event": "pause", "timestamp": 1}"#, "not start, update or end"),
-        (#"{"event": "update", "timestamp": 1, "contentState": {}}"#, "unknown field \"contentState\""),
-        (#"{"event": "update", "timestamp": 1, "content_state": "x"}"#, "\"live_activity.content_state\" must be an object"),
-        (#""start""#, "\"live_activity\" must be an object"),
-    ])
+    @Test(arguments: JobCorpus.refusedLiveActivities)
     func aBrokenLiveActivityIsRefusedWithItsReason(liveActivity: String, expected: String) {
         do {
             _ = try decode(liveActivity)
