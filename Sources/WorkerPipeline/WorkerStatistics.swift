@@ -191,6 +191,30 @@ public final class WorkerStatistics: Sendable {
         metrics.histograms("apns_worker_lane_latency_seconds",
                            "From handing a notification of the lane to the APNs client to its answer.",
                            JobLane.allCases.map { ([("lane", $0.rawValue)], latency($0)) })
+        retryParkAndDependencyFamilies(&metrics)
+        metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
+                        load(rateLimitWaits))
+        metrics.counter("apns_worker_duplicates_avoided_total",
+                        "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
+        metrics.counter("apns_worker_republished_copies_skipped_total",
+                        "Copies of settled jobs their publisher made after a broker failover, acknowledged without sending.",
+                        load(republishedCopiesSkipped))
+        metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
+        metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
+        metrics.counter("apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
+                        load(connectFailures))
+        metrics.gauge("apns_worker_broker_blocked", "1 while the broker blocks publishing (resource alarm).",
+                      brokerBlocked.load(ordering: .relaxed) ? 1 : 0)
+        metrics.counter("apns_worker_broker_blocks_total", "Times the broker blocked publishing.", load(brokerBlocks))
+        metrics.gauge("apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
+                      ready ? 1 : 0)
+        return metrics.text
+    }
+
+    /// Retries and parked jobs by reason, the lanes' queues and the dependencies' reachability: what the alert rules
+    /// and the dashboard (deploy/) read besides the counters above.
+    private func retryParkAndDependencyFamilies(_ metrics: inout PrometheusText) {
+        func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
         let retried = retriesByReason.withLock { $0 }
         metrics.family("apns_worker_retries_total", "counter",
                        "Notifications scheduled for another attempt (through a delay queue), by reason.",
@@ -218,23 +242,6 @@ public final class WorkerStatistics: Sendable {
                        [(ConnectionRefused.System.broker, "broker"), (.store, "redis")].compactMap { system, name in
                            systems[system].map { ([("dependency", name)], $0 ? 1 : 0) }
                        })
-        metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
-                        load(rateLimitWaits))
-        metrics.counter("apns_worker_duplicates_avoided_total",
-                        "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
-        metrics.counter("apns_worker_republished_copies_skipped_total",
-                        "Copies of settled jobs their publisher made after a broker failover, acknowledged without sending.",
-                        load(republishedCopiesSkipped))
-        metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
-        metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
-        metrics.counter("apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
-                        load(connectFailures))
-        metrics.gauge("apns_worker_broker_blocked", "1 while the broker blocks publishing (resource alarm).",
-                      brokerBlocked.load(ordering: .relaxed) ? 1 : 0)
-        metrics.counter("apns_worker_broker_blocks_total", "Times the broker blocked publishing.", load(brokerBlocks))
-        metrics.gauge("apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
-                      ready ? 1 : 0)
-        return metrics.text
     }
 
     public struct Snapshot: Sendable, Equatable {

@@ -18,7 +18,8 @@ minutes (default 5; notifications delivered, dead tokens, failures, expired, ret
 second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
 apns:stats:<minute>:waited and apns:workers).
 
-  --minutes N        the window of the totals (default 5)
+  --minutes N        the window of the totals (default 5; with --watch at least 2, so that a frame's rates see
+                     every minute the interval touched)
   --json             one JSON object (with --watch: one per line, per frame)
   --watch [SECONDS]  the live view: the report again every SECONDS (default 5, the workers' reporting interval;
                      1 to 300), with what all workers did per second since the previous frame on top. On a
@@ -92,6 +93,11 @@ private func watchStats(_ configuration: WorkerConfiguration, minutes: Int, inte
         _ = write(STDOUT_FILENO, "\n", 1)
         _exit(0)
     }
+    // A parent may start this with SIGINT blocked (the mask is inherited): the handler must still run.
+    var interrupt = sigset_t()
+    sigemptyset(&interrupt)
+    sigaddset(&interrupt, SIGINT)
+    pthread_sigmask(SIG_UNBLOCK, &interrupt, nil)
     // Enough minutes that the interval's growth is all inside the window read.
     let window = max(minutes, Int(interval / 60) + 2)
     var previous: (report: StatsReport, time: Date)?

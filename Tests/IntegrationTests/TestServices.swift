@@ -60,8 +60,9 @@ enum TestServices {
         try! ListeningSocket.open(host: "127.0.0.1", port: 0, backlog: 8)
     }
 
-    /// `GET path` over plain HTTP/1.1 on 127.0.0.1; returns the status code and the body.
-    static func httpGet(port: Int, _ path: String) throws -> (status: Int, body: String) {
+    /// `GET path` over plain HTTP/1.1 on 127.0.0.1 (or `version` 1.0, for servers that keep 1.1 connections open
+    /// and chunk their answers); returns the status code and the body.
+    static func httpGet(port: Int, _ path: String, version: String = "1.1") throws -> (status: Int, body: String) {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(descriptor) }
         var address = sockaddr_in()
@@ -72,7 +73,7 @@ enum TestServices {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard connected == 0 else { throw CommandFailed(description: "cannot connect to 127.0.0.1:\(port)") }
-        let request = Array("GET \(path) HTTP/1.1\r\nHost: localhost\r\n\r\n".utf8)
+        let request = Array("GET \(path) HTTP/\(version)\r\nHost: localhost\r\n\r\n".utf8)
         _ = request.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
         var response: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)

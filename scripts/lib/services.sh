@@ -60,6 +60,8 @@ services_start() {
     RABBITMQ_PORT=$(free_port); RABBITMQ_DIST=$(free_port); RABBITMQ_EPMD=$(free_port); REDIS_PORT=$(free_port)
     mkdir -p "$SERVICES_DIR/rabbitmq-home" "$SERVICES_DIR/rabbitmq/mnesia" "$SERVICES_DIR/rabbitmq/log" "$SERVICES_DIR/redis"
     RABBITMQ_TLS_PORT=$(free_port)
+    # The broker's own metrics (rabbitmq_prometheus), for the test that scrapes it beside the workers.
+    RABBITMQ_PROMETHEUS_PORT=$(free_port)
     # A private CA and a server certificate for localhost, so that amqps:// is tested for real.
     local tls="$SERVICES_DIR/rabbitmq/tls"
     mkdir -p "$tls"
@@ -86,8 +88,10 @@ ssl_options.verify = verify_none
 ssl_options.fail_if_no_peer_cert = false
 loopback_users = none
 disk_free_limit.absolute = 50MB
+prometheus.tcp.ip = 127.0.0.1
+prometheus.tcp.port = $RABBITMQ_PROMETHEUS_PORT
 CONF
-    echo '[].' > "$SERVICES_DIR/rabbitmq/enabled_plugins"
+    echo '[rabbitmq_prometheus].' > "$SERVICES_DIR/rabbitmq/enabled_plugins"
     : > "$SERVICES_DIR/rabbitmq/rabbitmq-env.conf"
     (
         services_rabbitmq_env
@@ -119,7 +123,7 @@ WRAPPER
     export TLS_REDIS_URL="rediss://localhost:$REDIS_TLS_PORT/0" TLS_REDIS_CA="$tls/ca.pem" \
         TLS_REDIS_CERT="$tls/client.pem" TLS_REDIS_KEY="$tls/client.key"
     # REDIS_PORT and APNS_SIM_* stay the scripts' own: apns-worker warns about unknown REDIS_/APNS_ variables.
-    export RABBITMQ_PORT
+    export RABBITMQ_PORT RABBITMQ_PROMETHEUS_PORT
     log "services under $SERVICES_DIR: RabbitMQ on $RABBITMQ_PORT (starting), Redis on $REDIS_PORT"
 }
 
