@@ -115,6 +115,7 @@ import Testing
     @Test func everyPanelAndRuleExpressionAnswersWithItsLabels() throws {
         let directory = NSTemporaryDirectory() + TestServices.unique("prometheus")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
         let live = String(repeating: "a1", count: 32), dead = String(repeating: "d1", count: 32)
         let throttled = String(repeating: "c1", count: 32), bad = String(repeating: "b1", count: 32)
         var behaviour = APNsSimulator.Behaviour()
