@@ -182,7 +182,7 @@ public final class HTTP2Client: @unchecked Sendable {
         var best: HTTP2Connection?
         var bestLoad = Double.infinity
         for connection in connections where connection.acceptsRequests {
-            let load = Double(connection.streams.count) / Double(max(1, connection.remoteMaxConcurrentStreams))
+            let load = Double(connection.openStreamCount) / Double(max(1, connection.remoteMaxConcurrentStreams))
             if load < bestLoad {
                 best = connection
                 bestLoad = load

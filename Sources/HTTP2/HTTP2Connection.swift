@@ -77,6 +77,12 @@ public struct HTTP2ServerConnection: @unchecked Sendable {
 
 /// Per-stream state, owned by its connection.
 final class HTTP2Stream {
+    /// Set when nghttp2 numbers it (a client's at submission, a server's when its request begins).
+    var id: Int32 = 0
+    /// The connection's open streams, oldest first: a list through the streams themselves, so that opening and
+    /// closing one hashes nothing. nghttp2 finds a stream for a callback through its stream user data.
+    var next: HTTP2Stream?
+    unowned(unsafe) var previous: HTTP2Stream?
     var incomingHeaders: HTTP2HeaderBlock
     var incomingBody: [UInt8] = []
     var status = 0
@@ -146,11 +152,15 @@ final class HTTP2Connection: PollHandler {
     private var session: OpaquePointer?
     /// nghttp2's allocations for this session; outlives it (deinit deletes the session first).
     private let memoryPool = Nghttp2MemoryPool()
-    private(set) var streams: [Int32: HTTP2Stream] = [:] {
-        // Whatever leaves the table must not be found through the shortcut either.
-        didSet { recentStream = nil }
-    }
-    private var recentStream: (id: Int32, stream: HTTP2Stream)?
+    /// The open streams, oldest first (see `HTTP2Stream.next`); each is also nghttp2's user data of its stream,
+    /// unretained: the list owns it, and a stream leaves nghttp2's user data when it leaves the list.
+    private var firstStream: HTTP2Stream?
+    private unowned(unsafe) var lastStream: HTTP2Stream?
+    private(set) var openStreamCount = 0
+    /// The stream the last callback was about: a response's fields arrive one callback each for one stream, so it is
+    /// checked first. Unowned: `remove` clears it before the list lets the stream go.
+    private unowned(unsafe) var recentStream: HTTP2Stream?
+    private var recentStreamID: Int32 = 0
     private var outbound: [UInt8] = []
     private var outboundSent = 0
     private var wantsWrite = false
@@ -327,14 +337,15 @@ final class HTTP2Connection: PollHandler {
         guard acceptsRequests, let session else { return false }
         let request = pending.request
         let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 160, pending: pending)
-        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
+        let userData = Unmanaged.passUnretained(stream).toOpaque()
+        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
         let streamID = request.headers.withNghttp2Fields { fields, count in
             request.body.isEmpty
-                ? nghttp2_submit_request(session, nil, fields, count, nil, nil)
-                : nghttp2_submit_request(session, nil, fields, count, &provider, nil)
+                ? nghttp2_submit_request(session, nil, fields, count, nil, userData)
+                : nghttp2_submit_request(session, nil, fields, count, &provider, userData)
         }
         guard streamID > 0 else { return false }
-        streams[streamID] = stream
+        append(stream, id: streamID)
         return true
     }
 
@@ -344,11 +355,11 @@ final class HTTP2Connection: PollHandler {
     /// Ends requests that waited too long for their response: the stream is cancelled, the caller told.
     func expireStreams(startedBefore cutoff: UInt64) {
         guard let session else { return }
-        let expired = streams.filter { $0.value.pending != nil && $0.value.startedAt < cutoff }
+        let expired = openStreams.filter { $0.pending != nil && $0.startedAt < cutoff }
         guard !expired.isEmpty else { return }
-        for (streamID, stream) in expired {
-            streams[streamID] = nil
-            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue)
+        for stream in expired {
+            remove(stream)
+            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_CANCEL.rawValue)
             answer(stream, .failure(.timedOut))
         }
         flush()
@@ -372,13 +383,14 @@ final class HTTP2Connection: PollHandler {
     // MARK: server side
 
     fileprivate func submitResponse(streamID: Int32, status: Int, headers: [HTTP2Field], body: [UInt8]) {
-        guard state == .open, let session, let stream = streams[streamID] else { return }
+        guard state == .open, let session, let stream = stream(streamID) else { return }
         var block = HTTP2HeaderBlock(capacity: 128)
         block.add(":status", String(status))
         for field in headers { block.add(field.name, field.value, indexed: field.indexed) }
         if !body.isEmpty { block.add("content-length", String(body.count)) }
         stream.outgoingBody = body
-        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readOutgoingBody)
+        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: Unmanaged.passUnretained(stream).toOpaque()),
+                                             read_callback: readOutgoingBody)
         _ = block.withNghttp2Fields { fields, count in
             body.isEmpty
                 ? nghttp2_submit_response(session, streamID, fields, count, nil)
@@ -410,7 +422,7 @@ final class HTTP2Connection: PollHandler {
     }
 
     private func dispatchRequest(streamID: Int32) {
-        guard case .server(let handler) = role, let stream = streams[streamID] else { return }
+        guard case .server(let handler) = role, let stream = stream(streamID) else { return }
         let request = HTTP2ServerRequest(connectionID: id, streamID: streamID, headerBlock: stream.incomingHeaders,
                                          body: stream.incomingBody)
         handler(request, HTTP2ResponseWriter(connection: self, streamID: streamID))
@@ -556,9 +568,10 @@ final class HTTP2Connection: PollHandler {
         if wasRegistered { loop.deregister(self) }
         tls.shutdown()
         Glibc.close(fileDescriptor)
-        let lost = streams
-        streams.removeAll()
-        for (streamID, stream) in lost.sorted(by: { $0.key < $1.key }) {
+        let lost = openStreams
+        for stream in lost { remove(stream) }
+        for stream in lost {
+            let streamID = stream.id
             // Only a request the server may have seen counts as lost; one above a GOAWAY's last-stream-id, or
             // never written, certainly was not processed.
             if !stream.headersSent {
@@ -581,7 +594,7 @@ final class HTTP2Connection: PollHandler {
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
 
     fileprivate func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
-        guard let stream = lookUp(streamID) else { return }
+        guard let stream = stream(streamID) else { return }
         // Compared whole: ":scheme" has seven bytes and the same start too, and a server's streams see it.
         if name.count == 7 && memcmp(name.baseAddress!, ":status", 7) == 0 {
             // Three digits, checked by nghttp2 already; parsed from the bytes, without a String.
@@ -594,17 +607,55 @@ final class HTTP2Connection: PollHandler {
         stream.incomingHeaders.add(raw: name, value)
     }
 
-    /// The stream a callback is about. A response's fields arrive one callback each for the same stream: the last
-    /// one found is checked first, which saves a dictionary lookup per field.
-    private func lookUp(_ streamID: Int32) -> HTTP2Stream? {
-        if let recent = recentStream, recent.id == streamID { return recent.stream }
-        guard let stream = streams[streamID] else { return nil }
-        recentStream = (streamID, stream)
+    /// The open stream a callback is about, through nghttp2's stream user data (its own stream map, which it
+    /// searches anyway): nil for a stream that is not open here.
+    private func stream(_ streamID: Int32) -> HTTP2Stream? {
+        if let recentStream, recentStreamID == streamID { return recentStream }
+        guard let session, let userData = nghttp2_session_get_stream_user_data(session, streamID) else { return nil }
+        // Unretained: the list owns the stream while nghttp2 has it as user data.
+        let stream = Unmanaged<HTTP2Stream>.fromOpaque(userData)._withUnsafeGuaranteedRef { $0 }
+        recentStream = stream
+        recentStreamID = streamID
         return stream
     }
 
+    /// The open streams, oldest first.
+    var openStreams: [HTTP2Stream] {
+        var streams: [HTTP2Stream] = []
+        streams.reserveCapacity(openStreamCount)
+        var current = firstStream
+        while let stream = current {
+            streams.append(stream)
+            current = stream.next
+        }
+        return streams
+    }
+
+    /// A stream nghttp2 just numbered joins the open streams (its user data was given to nghttp2 already).
+    private func append(_ stream: HTTP2Stream, id: Int32) {
+        stream.id = id
+        stream.previous = lastStream
+        if let lastStream { lastStream.next = stream } else { firstStream = stream }
+        lastStream = stream
+        openStreamCount += 1
+    }
+
+    /// A stream leaves the open streams, and nghttp2's user data: no callback finds it after this.
+    private func remove(_ stream: HTTP2Stream) {
+        withExtendedLifetime(stream) {
+            if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
+            if recentStream === stream { recentStream = nil }
+            let previous = stream.previous, next = stream.next
+            if let previous { previous.next = next } else { firstStream = next }
+            if let next { next.previous = previous } else { lastStream = previous }
+            stream.next = nil
+            stream.previous = nil
+            openStreamCount -= 1
+        }
+    }
+
     fileprivate func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard let stream = lookUp(streamID) else { return true }
+        guard let stream = stream(streamID) else { return true }
         guard stream.incomingBody.count + data.count <= Self.maximumBodySize else { return false }
         stream.incomingBody.append(contentsOf: data)
         return true
@@ -636,11 +687,16 @@ final class HTTP2Connection: PollHandler {
 
     fileprivate func beginHeaders(streamID: Int32, category: UInt32) {
         // A request's fields, a provider token among them, take about half a kilobyte.
-        if !isClient && category == NGHTTP2_HCAT_REQUEST.rawValue { streams[streamID] = HTTP2Stream(expectedHeaderBytes: 768) }
+        guard !isClient && category == NGHTTP2_HCAT_REQUEST.rawValue, let session else { return }
+        let stream = HTTP2Stream(expectedHeaderBytes: 768)
+        nghttp2_session_set_stream_user_data(session, streamID, Unmanaged.passUnretained(stream).toOpaque())
+        append(stream, id: streamID)
     }
 
     fileprivate func streamClosed(streamID: Int32, errorCode: UInt32) {
-        guard let stream = streams.removeValue(forKey: streamID), stream.pending != nil else { return }
+        guard let stream = stream(streamID) else { return }
+        remove(stream)
+        guard stream.pending != nil else { return }
         if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status > 0 {
             responsesReceived += 1
             answer(stream, .success(HTTP2Response(status: stream.status, headerBlock: stream.incomingHeaders,
@@ -660,18 +716,18 @@ final class HTTP2Connection: PollHandler {
 
     fileprivate func frameSent(streamID: Int32, type: UInt8) {
         guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
-        // Through the shortcut, and set on the stream itself: writing back through the table would hash again.
-        lookUp(streamID)?.headersSent = true
+        stream(streamID)?.headersSent = true
     }
 
     fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
-        guard UInt32(type) == NGHTTP2_HEADERS.rawValue, let stream = streams.removeValue(forKey: streamID) else { return }
+        guard UInt32(type) == NGHTTP2_HEADERS.rawValue, let stream = stream(streamID) else { return }
+        remove(stream)
         answer(stream, .failure(.notSent(String(cString: nghttp2_strerror(libraryError)))))
     }
 
-    fileprivate func readOutgoing(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
-                                  flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard let stream = lookUp(streamID) else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+    /// A request's or response's body, from the stream its data source names (the stream itself, no lookup).
+    fileprivate static func readOutgoing(_ stream: HTTP2Stream, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+                                         flags: UnsafeMutablePointer<UInt32>) -> Int {
         let count = min(length, stream.outgoingBody.count - stream.outgoingOffset)
         stream.outgoingBody.withUnsafeBufferPointer { body in
             buffer.update(from: body.baseAddress! + stream.outgoingOffset, count: count)
@@ -745,7 +801,13 @@ private let onFrameSent: nghttp2_on_frame_send_callback = { _, frame, userData i
     return 0
 }
 
-private let readOutgoingBody: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, _, userData in
-    guard let buffer, let flags else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-    return withConnection(userData) { $0.readOutgoing(streamID: streamID, into: buffer, length: length, flags: flags) }
+private let readOutgoingBody: nghttp2_data_source_read_callback = { session, streamID, buffer, length, flags, source, _ in
+    // The source is the stream. It is read only while it is still the stream's user data, that is open here (a
+    // stream that timed out left the list, and may be gone, while its DATA was still queued in nghttp2).
+    guard let buffer, let flags, let session, let stream = source?.pointee.ptr,
+          nghttp2_session_get_stream_user_data(session, streamID) == stream else {
+        return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
+    }
+    return HTTP2Connection.readOutgoing(Unmanaged<HTTP2Stream>.fromOpaque(stream).takeUnretainedValue(), into: buffer,
+                                        length: length, flags: flags)
 }
