@@ -169,6 +169,17 @@ public struct StatsReport: Sendable {
         return (lines + [text]).joined(separator: "\n")
     }
 
+    /// One frame of `stats --watch --json`: the time, the rates since the previous frame (null on the first), and
+    /// the report, on one line.
+    public func watchJSON(at time: Date, rates: [String: Double]?) -> String {
+        let rateText = rates.map { rates in
+            "{" + WorkerStatistics.Snapshot.fieldNames.map { name in
+                "\(JSONString.quote(name)):" + String(format: "%.3f", rates[name] ?? 0)
+            }.joined(separator: ",") + "}"
+        } ?? "null"
+        return "{\"at\":\(JSONString.quote(time.formatted(.iso8601))),\"rates_per_second\":\(rateText),\"report\":\(json)}"
+    }
+
     private static func format(_ seconds: Double) -> String {
         seconds.formatted(.number.precision(.fractionLength(0...1)))
     }

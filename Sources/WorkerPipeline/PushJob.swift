@@ -104,7 +104,10 @@ public struct PushJob: Sendable, Equatable {
         } else if try flag(document, "prevalidate") {
             // Token pre-validation (from the source article): a silent background push to every target, so that
             // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
-            // not used.
+            // not used, but a payload or live_activity it carries is checked like any other: it is the campaign's.
+            if document.member("payload") != nil || liveActivity != nil {
+                _ = try payload(document, body, pushType: sending.pushType, liveActivity: liveActivity)
+            }
             job = PushJob(id: ownID ?? fallbackID, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
                           tokens: tokens, environment: sending.environment, pushType: .background,
                           priority: .considerPower, expiration: 0, collapseID: nil,

@@ -174,6 +174,7 @@ final class SessionLoop {
             statistics.answered(.store)
             statistics.laneQueues = try session.broker.laneQueues()
             statistics.answered(.broker)
+            statistics.jobsInFlight.store(core.jobsInFlight, ordering: .relaxed)
             try shareSettled(force: true)
             worker.markAlive()
             core.handle(.probed(now))

@@ -120,9 +120,14 @@ public final class Worker: Service {
                     try SessionLoop(worker: self, session: session, generation: generation).serve()
                 } catch let failure as SystemFailure {
                     statistics.unreachable(failure.failedSystem)
+                    statistics.laneQueues = nil
                     throw failure
+                } catch {
+                    statistics.laneQueues = nil
+                    throw error
                 }
                 readiness.consuming(false)
+                statistics.laneQueues = nil
                 return true
             }, giveUp: { error, connectedOnce in
                 !connectedOnce && error is ConnectionRefused ? error : nil

@@ -22,6 +22,8 @@ public final class WorkerStatistics: Sendable {
     /// Jobs parked after their last attempt are `jobsParked`.
     public let invalidJobsParked = Atomic<Int>(0)
     public let poisonJobsParked = Atomic<Int>(0)
+    /// Jobs taken and not settled yet, both lanes, as of the last readiness round trip (every second).
+    public let jobsInFlight = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
     /// Notifications whose job's deadline passed before they could be handed to APNs (not sent).
     public let expired = Atomic<Int>(0)
@@ -200,6 +202,8 @@ public final class WorkerStatistics: Sendable {
                         "Copies of settled jobs their publisher made after a broker failover, acknowledged without sending.",
                         load(republishedCopiesSkipped))
         metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
+        metrics.counter("apns_worker_apns_connections_opened_total",
+                        "HTTP/2 connections to APNs opened (beyond the first ones: reconnects).", load(connectionsOpened))
         metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
         metrics.counter("apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
                         load(connectFailures))
@@ -226,6 +230,8 @@ public final class WorkerStatistics: Sendable {
                        [([("reason", "attempts_exhausted")], load(jobsParked)),
                         ([("reason", "invalid_job")], load(invalidJobsParked)),
                         ([("reason", "poison")], load(poisonJobsParked))])
+        metrics.gauge("apns_worker_jobs_in_flight", "Jobs taken and not settled yet, both lanes (updated every second).",
+                      load(jobsInFlight))
         if let queues = laneQueues {
             metrics.family("apns_worker_queue_messages", "gauge",
                            "Messages waiting in each lane's queue, as this worker's last readiness round trip found them "

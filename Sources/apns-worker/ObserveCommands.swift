@@ -20,7 +20,7 @@ apns:stats:<minute>:waited and apns:workers).
 
   --minutes N        the window of the totals (default 5; with --watch at least 2, so that a frame's rates see
                      every minute the interval touched)
-  --json             one JSON object (with --watch: one per line, per frame)
+  --json             one JSON object (with --watch: one line per frame, {"at", "rates_per_second", "report"})
   --watch [SECONDS]  the live view: the report again every SECONDS (default 5, the workers' reporting interval;
                      1 to 300), with what all workers did per second since the previous frame on top. On a
                      terminal each frame replaces the last; into a pipe or file, frames follow each other as
@@ -106,12 +106,8 @@ private func watchStats(_ configuration: WorkerConfiguration, minutes: Int, inte
         var frame: String
         do {
             let report = try StatsReport.collect(configuration, windowMinutes: window)
-            if json {
-                frame = report.json
-            } else {
-                let rates = previous.map { report.rates(since: $0.report, seconds: now.timeIntervalSince($0.time)) }
-                frame = report.watchFrame(at: now, rates: rates, interval: interval)
-            }
+            let rates = previous.map { report.rates(since: $0.report, seconds: now.timeIntervalSince($0.time)) }
+            frame = json ? report.watchJSON(at: now, rates: rates) : report.watchFrame(at: now, rates: rates, interval: interval)
             previous = (report, now)
         } catch {
             frame = "apns-worker stats at \(now.formatted(.iso8601)): broker or Redis not answering (\(error)); "

@@ -62,11 +62,11 @@ import Testing
     /// Every rule of the rules file (read by python3-yaml). A recording rule's expression as written, its labels
     /// from its name's level (`job_lane:` -> job, lane); an alert's with its comparisons made `bool`, so that it
     /// answers whether or not it fires, its labels from its annotations.
-    static func ruleExpressions() throws -> [Expression] {
+    static func ruleExpressions(_ rulesFile: String) throws -> [Expression] {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
         process.arguments = ["-c", "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
-                             root + "/deploy/prometheus/apns-worker-rules.yaml"]
+                             rulesFile]
         let output = Pipe()
         process.standardOutput = output
         try process.run()
@@ -88,13 +88,24 @@ import Testing
         }
     }
 
+    /// The rules file as an operator deploys it: with the lanes' queue names of this deployment.
+    static func deployedRules(queues: (jobs: String, bulk: String), directory: String) throws -> String {
+        let shipped = try String(contentsOfFile: root + "/deploy/prometheus/apns-worker-rules.yaml", encoding: .utf8)
+        let edited = shipped.replacingOccurrences(of: #"push\\.jobs|push\\.bulk"#, with: "\(queues.jobs)|\(queues.bulk)")
+        #expect(edited != shipped, "the rules name the lanes' queues")
+        let path = directory + "/apns-worker-rules.yaml"
+        try edited.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
     /// Debian's Prometheus on `port`, scraping every second the workers, cleanup and the test broker's
-    /// rabbitmq_prometheus, and evaluating the rules file every second.
-    static func startPrometheus(port: Int, workers: [Int], cleanup: Int, directory: String) throws -> TestServices.Daemon {
+    /// rabbitmq_prometheus, and evaluating `rules` every second.
+    static func startPrometheus(port: Int, workers: [Int], cleanup: Int, rules: String,
+                                directory: String) throws -> TestServices.Daemon {
         let rabbitmqMetrics = try TestServices.value("RABBITMQ_PROMETHEUS_PORT")
         let configuration = """
             global: {scrape_interval: 1s, evaluation_interval: 1s}
-            rule_files: ["\(Self.root)/deploy/prometheus/apns-worker-rules.yaml"]
+            rule_files: ["\(rules)"]
             scrape_configs:
               - job_name: apns-worker
                 static_configs: [{targets: [\(workers.map { "\"127.0.0.1:\($0)\"" }.joined(separator: ", "))]}]
@@ -152,8 +163,9 @@ import Testing
         }
 
         let prometheusPort = TestServices.freePort()
+        let rules = try Self.deployedRules(queues: (jobs, bulk), directory: directory)
         let prometheus = try Self.startPrometheus(port: prometheusPort, workers: Array(ports.prefix(2)),
-                                                  cleanup: ports[2], directory: directory)
+                                                  cleanup: ports[2], rules: rules, directory: directory)
         defer { prometheus.stop() }
 
         // Rates need samples from before the jobs: they flow once Prometheus scrapes every target.
@@ -185,7 +197,7 @@ import Testing
         }
         #expect(scraped, "Prometheus scraped both workers, cleanup and the broker, and the jobs were answered: \(seen)")
 
-        let expressions = try Self.dashboardExpressions(queues: "\(jobs)|\(bulk)") + Self.ruleExpressions()
+        let expressions = try Self.dashboardExpressions(queues: "\(jobs)|\(bulk)") + Self.ruleExpressions(rules)
         #expect(expressions.count > 45, "every panel target and rule: \(expressions.count)")
         for expression in expressions {
             let series = try Self.query(port: prometheusPort, expression.query)

@@ -37,6 +37,13 @@ enum JobCorpus {
         (#"{"users": ["u"], "topic": "com.example app", "payload": {}}"#, "\"topic\" holds a space"),
         (#"{"users": ["u"], "topic": "t", "collapse_id": "a\tb", "payload": {}}"#, "\"collapse_id\" holds control character 0x9"),
         (#"{"users": ["u"], "topic": "t", "collapse_id": " a", "payload": {}}"#, "\"collapse_id\" starts or ends with a space"),
+        (#"{"users": ["u"], "topic": "com.example.app\n", "payload": {}}"#, "\"topic\" holds control character 0xA"),
+        (#"{"topic": "t", "channel_id": "abc", "live_activity": {"event": "update", "timestamp": 1, "content_state": {}}}"#,
+         "not base64"),
+        // A prevalidation job sends a silent push, and its campaign's payload is still checked.
+        (#"{"users": ["u"], "topic": "t", "prevalidate": true, "payload": "hi"}"#, "\"payload\" must be an object"),
+        (#"{"users": ["u"], "topic": "t", "prevalidate": true, "payload": {}, "live_activity": {"event": "update", "timestamp": 1, "content_state": {}}}"#,
+         "not both"),
     ]
 
     /// `live_activity` objects a worker refuses (in a job to one token of com.example.app), with words of the reason.
@@ -90,5 +97,7 @@ enum JobCorpus {
          "the payload's size in bytes, per push type"),
         (#"{"users": ["u"], "collapse_id": "\#(String(repeating: "é", count: 40))", "payload": {}}"#,
          "lengths in bytes (collapse_id, users, activity): the schema counts characters"),
+        (#"{"users": ["u"], "payload": {}, "priority": 10.0}"#, "whole numbers written as such: JSON Schema's integer takes 10.0"),
+        (#"{"users": ["u"], "payload": {}, "expiration": 1e3}"#, "whole numbers written as such: JSON Schema's integer takes 1e3"),
     ]
 }

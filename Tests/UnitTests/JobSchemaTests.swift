@@ -106,7 +106,7 @@ import WorkerPipeline
     }
 
     /// The schema's own examples are README's: each validates, and each job among them is one the worker accepts.
-    @Test func theSchemasExamplesValidate() throws {
+    @Test func theSchemasExamplesAreReadmesAndValidate() throws {
         let schema = try #require(try JSONSerialization.jsonObject(
             with: Data(contentsOf: URL(fileURLWithPath: Self.root + "/schema/job.schema.json"))) as? [String: Any])
         let definitions = try #require(schema["$defs"] as? [String: Any])
@@ -119,6 +119,13 @@ import WorkerPipeline
         for (example, verdict) in zip(examples, try Self.schemaVerdicts(examples)) {
             #expect(verdict == .valid, "\(example.definition): \(verdict): \(example.text)")
             if example.definition == "-" { #expect(Self.decoderAccepts(example.text), "\(example.text)") }
+        }
+        func parsed(_ text: String) -> NSDictionary? {
+            try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? NSDictionary
+        }
+        let inSchema = examples.compactMap { parsed($0.text) }
+        for example in try Self.readmeExamples() {
+            #expect(inSchema.contains { $0.isEqual(parsed(example.text)) }, "README's example is in the schema: \(example.text)")
         }
     }
 }
