@@ -75,20 +75,13 @@ import Glibc
         return bytes
     }
 
-    @Test func everyRequestEndsWhateverTheServerSends() throws {
-        let pair = try SelfSignedCertificate.generate()
-        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
-        let caFile = try TestServices.temporaryFile("hostile-ca.pem", contents: pair.certificatePEM)
-        let (listener, port) = TestServices.listeningSocket()
-        defer { close(listener) }
-
-        // The server: one connection at a time, on its own thread, blocking calls.
+    /// A server of the test's own: a connection per reply, one at a time, on a thread of its own with blocking
+    /// calls, each answered with SETTINGS and its reply after the client's preface and request.
+    static func serve(_ listener: Int32, context: TLSContext, replies: [[UInt8]]) -> DispatchSemaphore {
         let serverDone = DispatchSemaphore(value: 0)
-        let seed = Self.seed
         Thread {
-            var generator = SeededGenerator(state: seed)
             let settings = HostileServerTests.frame(type: 4, flags: 0, stream: 0, [])
-            for _ in 0..<HostileServerTests.connections {
+            for reply in replies {
                 let connection = accept(listener, nil, nil)
                 guard connection >= 0 else { break }
                 var timeout = timeval(tv_sec: 1, tv_usec: 0)
@@ -97,8 +90,8 @@ import Glibc
                    case .done = tls.handshake() {
                     var buffer = [UInt8](repeating: 0, count: 16_384)
                     _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // the client's preface and request
-                    let reply = settings + HostileServerTests.hostileFrames(using: &generator)
-                    _ = reply.withUnsafeBytes { tls.write($0) }
+                    let answer = settings + reply
+                    _ = answer.withUnsafeBytes { tls.write($0) }
                     _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // whatever the client says back
                     tls.shutdown()
                 }
@@ -106,6 +99,63 @@ import Glibc
             }
             serverDone.signal()
         }.start()
+        return serverDone
+    }
+
+    /// The client reads an answer's status and kept fields itself (nghttp2's HTTP checks are off for it): a status
+    /// that is not three digits from 100 to 599 is no answer, and a kept field whose value holds a line break is
+    /// not kept, while the well-formed ones are.
+    @Test func theClientChecksTheStatusAndTheFieldsItKeeps() throws {
+        let pair = try SelfSignedCertificate.generate()
+        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
+        let caFile = try TestServices.temporaryFile("checked-ca.pem", contents: pair.certificatePEM)
+        let (listener, port) = TestServices.listeningSocket()
+        defer { close(listener) }
+        let answers: [[UInt8]] = [
+            Self.literal(":status", Array("2x0".utf8)), Self.literal(":status", Array("700".utf8)),
+            [0x88] + Self.literal("apns-id", Array("ab\r\nx-evil: 1".utf8)),
+            [0x88] + Self.literal("apns-id", Array("0a1b2c3d-0000-4000-8000-000000000001".utf8)),
+        ].map { Self.frame(type: 1, flags: 5, stream: 1, $0) }
+        let serverDone = Self.serve(listener, context: context, replies: answers)
+        let loop = EventLoop(name: "checked-client")
+        defer { loop.shutdown() }
+        var outcomes: [String] = []
+        for _ in answers {
+            var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
+                                                          connectTimeout: 5, requestTimeout: 5, maximumAttempts: 1)
+            configuration.keptResponseHeaders = ["apns-id"]
+            let client = try HTTP2Client(configuration: configuration, loop: loop, logger: Logger(label: "checked", level: .critical))
+            let answered = DispatchSemaphore(value: 0)
+            let outcome = Locked("")
+            client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
+                                     body: Array("{}".utf8))) { result in
+                outcome.withLock {
+                    switch result {
+                    case .success(let response): $0 = "status \(response.status) apns-id \(response.header("apns-id") ?? "none")"
+                    case .failure: $0 = "no answer"
+                    }
+                }
+                answered.signal()
+            }
+            #expect(answered.wait(timeout: .now() + 15) == .success)
+            client.shutdown()
+            outcomes.append(outcome.withLock { $0 })
+        }
+        #expect(serverDone.wait(timeout: .now() + 30) == .success)
+        #expect(outcomes == ["no answer", "no answer", "status 200 apns-id none",
+                             "status 200 apns-id 0a1b2c3d-0000-4000-8000-000000000001"], "\(outcomes)")
+    }
+
+    @Test func everyRequestEndsWhateverTheServerSends() throws {
+        let pair = try SelfSignedCertificate.generate()
+        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
+        let caFile = try TestServices.temporaryFile("hostile-ca.pem", contents: pair.certificatePEM)
+        let (listener, port) = TestServices.listeningSocket()
+        defer { close(listener) }
+
+        var generator = SeededGenerator(state: Self.seed)
+        let replies = (0..<Self.connections).map { _ in Self.hostileFrames(using: &generator) }
+        let serverDone = Self.serve(listener, context: context, replies: replies)
 
         let loop = EventLoop(name: "hostile-client")
         defer { loop.shutdown() }
