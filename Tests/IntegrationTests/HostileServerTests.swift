@@ -102,14 +102,33 @@ import Glibc
         return serverDone
     }
 
+    /// A self-signed server identity, the file a client trusts it through, and a listening socket.
+    static func listen() throws -> (context: TLSContext, caFile: String, listener: Int32, port: Int) {
+        let pair = try SelfSignedCertificate.generate()
+        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
+        let caFile = try TestServices.temporaryFile("hostile-ca.pem", contents: pair.certificatePEM)
+        let (listener, port) = TestServices.listeningSocket()
+        return (context, caFile, listener, port)
+    }
+
+    /// One request's end as `describe` puts it, or nil when it neither answered nor failed within 15 s.
+    static func outcome(of client: HTTP2Client,
+                        _ describe: @escaping @Sendable (Result<HTTP2Response, HTTP2StreamError>) -> String) -> String? {
+        let answered = DispatchSemaphore(value: 0)
+        let outcome = Locked("")
+        client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
+                                 body: Array("{}".utf8))) { result in
+            outcome.withLock { $0 = describe(result) }
+            answered.signal()
+        }
+        return answered.wait(timeout: .now() + 15) == .success ? outcome.withLock { $0 } : nil
+    }
+
     /// The client reads an answer's status and kept fields itself (nghttp2's HTTP checks are off for it): a status
     /// that is not three digits from 100 to 599 is no answer, and a kept field whose value holds a line break is
     /// not kept, while the well-formed ones are.
     @Test func theClientChecksTheStatusAndTheFieldsItKeeps() throws {
-        let pair = try SelfSignedCertificate.generate()
-        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
-        let caFile = try TestServices.temporaryFile("checked-ca.pem", contents: pair.certificatePEM)
-        let (listener, port) = TestServices.listeningSocket()
+        let (context, caFile, listener, port) = try Self.listen()
         defer { close(listener) }
         let answers: [[UInt8]] = [
             Self.literal(":status", Array("2x0".utf8)), Self.literal(":status", Array("700".utf8)),
@@ -125,21 +144,14 @@ import Glibc
                                                           connectTimeout: 5, requestTimeout: 5, maximumAttempts: 1)
             configuration.keptResponseHeaders = ["apns-id"]
             let client = try HTTP2Client(configuration: configuration, loop: loop, logger: Logger(label: "checked", level: .critical))
-            let answered = DispatchSemaphore(value: 0)
-            let outcome = Locked("")
-            client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
-                                     body: Array("{}".utf8))) { result in
-                outcome.withLock {
-                    switch result {
-                    case .success(let response): $0 = "status \(response.status) apns-id \(response.header("apns-id") ?? "none")"
-                    case .failure: $0 = "no answer"
-                    }
+            let outcome = Self.outcome(of: client) { result in
+                switch result {
+                case .success(let response): "status \(response.status) apns-id \(response.header("apns-id") ?? "none")"
+                case .failure: "no answer"
                 }
-                answered.signal()
             }
-            #expect(answered.wait(timeout: .now() + 15) == .success)
             client.shutdown()
-            outcomes.append(outcome.withLock { $0 })
+            outcomes.append(outcome ?? "no end")
         }
         #expect(serverDone.wait(timeout: .now() + 30) == .success)
         #expect(outcomes == ["no answer", "no answer", "status 200 apns-id none",
@@ -147,10 +159,7 @@ import Glibc
     }
 
     @Test func everyRequestEndsWhateverTheServerSends() throws {
-        let pair = try SelfSignedCertificate.generate()
-        let context = try TLSContext.server(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM)
-        let caFile = try TestServices.temporaryFile("hostile-ca.pem", contents: pair.certificatePEM)
-        let (listener, port) = TestServices.listeningSocket()
+        let (context, caFile, listener, port) = try Self.listen()
         defer { close(listener) }
 
         var generator = SeededGenerator(state: Self.seed)
@@ -164,23 +173,16 @@ import Glibc
             let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
                                                               connectTimeout: 5, requestTimeout: 0.5, maximumAttempts: 1),
                                          loop: loop, logger: Logger(label: "hostile", level: .critical))
-            let answered = DispatchSemaphore(value: 0)
-            let outcome = Locked("")
-            client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
-                                     body: Array("{}".utf8))) { result in
-                outcome.withLock {
-                    switch result {
-                    case .success(let response): $0 = "status \(response.status)"
-                    case .failure(let error): $0 = "\(error)".split(separator: ":").first.map(String.init) ?? "error"
-                    }
+            let outcome = Self.outcome(of: client) { result in
+                switch result {
+                case .success(let response): "status \(response.status)"
+                case .failure(let error): "\(error)".split(separator: ":").first.map(String.init) ?? "error"
                 }
-                answered.signal()
             }
-            let ended = answered.wait(timeout: .now() + 15) == .success
-            #expect(ended, "a request got neither a response nor an error")
+            #expect(outcome != nil, "a request got neither a response nor an error")
             client.shutdown()
-            if !ended { break }
-            outcomes[outcome.withLock { $0 }, default: 0] += 1
+            guard let outcome else { break }
+            outcomes[outcome, default: 0] += 1
         }
         #expect(serverDone.wait(timeout: .now() + 30) == .success)
         #expect(outcomes.values.reduce(0, +) == Self.connections)
