@@ -62,7 +62,8 @@ import Testing
     /// Every rule of the rules file (read by python3-yaml). A recording rule's expression as written, its labels
     /// from its name's level (`job_lane:` -> job, lane); an alert's with its comparisons made `bool`, so that it
     /// answers whether or not it fires, its labels from its annotations.
-    static func ruleExpressions(_ rulesFile: String) throws -> [Expression] {
+    /// The rules of a rules file, as read by python3-yaml.
+    static func rules(_ rulesFile: String) throws -> [[String: Any]] {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
         process.arguments = ["-c", "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
@@ -74,7 +75,11 @@ import Testing
         process.waitUntilExit()
         let file = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
         let groups = try #require(file["groups"] as? [[String: Any]])
-        return groups.flatMap { ($0["rules"] as? [[String: Any]]) ?? [] }.map { rule in
+        return groups.flatMap { ($0["rules"] as? [[String: Any]]) ?? [] }
+    }
+
+    static func ruleExpressions(_ rulesFile: String) throws -> [Expression] {
+        return try rules(rulesFile).map { rule in
             let expr = rule["expr"] as? String ?? ""
             if let record = rule["record"] as? String {
                 let level = record.split(separator: ":").first.map(String.init) ?? ""
@@ -121,6 +126,22 @@ import Testing
             "--config.file=\(directory)/prometheus.yml", "--storage.tsdb.path=\(directory)/data",
             "--web.listen-address=127.0.0.1:\(port)",
         ])
+    }
+
+    /// README's operations section lists every alert of the rules file with its severity and its runbook line,
+    /// word for word.
+    @Test func readmeListsEveryAlertWithItsSeverityAndRunbook() throws {
+        let readme = try String(contentsOfFile: Self.root + "/README.md", encoding: .utf8).split(separator: "\n")
+        let alerts = try Self.rules(Self.root + "/deploy/prometheus/apns-worker-rules.yaml").filter { $0["alert"] != nil }
+        #expect(alerts.count >= 10)
+        for alert in alerts {
+            let name = alert["alert"] as? String ?? "?"
+            let row = readme.first { $0.hasPrefix("| \(name) |") }
+            let runbook = (alert["annotations"] as? [String: String])?["runbook"] ?? "?"
+            let severity = (alert["labels"] as? [String: String])?["severity"] ?? "?"
+            #expect(row?.contains(runbook) == true, "\(name): README's row carries the runbook line: \(runbook)")
+            #expect(row?.contains("| \(severity) |") == true, "\(name): README's row says \(severity)")
+        }
     }
 
     @Test func everyPanelAndRuleExpressionAnswersWithItsLabels() throws {
