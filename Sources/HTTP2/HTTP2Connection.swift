@@ -83,6 +83,11 @@ final class HTTP2Stream {
     /// closing one hashes nothing. nghttp2 finds a stream for a callback through its stream user data.
     var next: HTTP2Stream?
     unowned(unsafe) var previous: HTTP2Stream?
+    /// In the connection's list (removing a stream twice would unlink its neighbours).
+    var listed = false
+    /// The answer broke HTTP (a second final status, a status that is no status, a body past the limit): the stream
+    /// is reset, and its request answered as reset, whatever came before.
+    var malformed = false
     var incomingHeaders: HTTP2HeaderBlock
     var incomingBody: [UInt8] = []
     var status = 0
@@ -362,7 +367,7 @@ final class HTTP2Connection: PollHandler {
         guard let session else { return }
         let expired = openStreams.filter { $0.pending != nil && $0.startedAt < cutoff }
         guard !expired.isEmpty else { return }
-        for stream in expired {
+        for stream in expired where stream.listed {
             remove(stream)
             nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_CANCEL.rawValue)
             answer(stream, .failure(.timedOut))
@@ -579,7 +584,9 @@ final class HTTP2Connection: PollHandler {
             let streamID = stream.id
             // Only a request the server may have seen counts as lost; one above a GOAWAY's last-stream-id, or
             // never written, certainly was not processed.
-            if !stream.headersSent {
+            if stream.malformed {
+                answer(stream, .failure(.reset(code: NGHTTP2_PROTOCOL_ERROR.rawValue)))
+            } else if !stream.headersSent {
                 answer(stream, .failure(.notSent(reason)))
             } else if let goAway = goAwayReceived, streamID > goAway.lastStreamID {
                 answer(stream, .failure(.refused))
@@ -600,21 +607,57 @@ final class HTTP2Connection: PollHandler {
 
     fileprivate func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(streamID) else { return }
-        // Compared whole: ":scheme" has seven bytes and the same start too, and a server's streams see it.
-        if name.count == 7 && memcmp(name.baseAddress!, ":status", 7) == 0 {
-            // Three digits from 100 to 599, parsed from the bytes, without a String; anything else is no status,
-            // which ends the stream as an answer without a response.
-            let digits = value.count == 3 && value.allSatisfy { $0 &- 48 < 10 }
-            let status = digits ? value.reduce(0) { $0 * 10 + Int($1 &- 48) } : 0
-            stream.status = (100...599).contains(status) ? status : 0
+        if isClient {
+            // Compared whole: ":scheme" has seven bytes and the same start too.
+            if name.count == 7 && memcmp(name.baseAddress!, ":status", 7) == 0 { readStatus(value, of: stream) }
+            // The fields of an interim (1xx) answer, or of one without a status, are not the answer's.
+            guard stream.status >= 200 && !stream.malformed else { return }
         }
         guard stream.incomingHeaders.count < 128 else { return }
-        if let keptHeaders, !keptHeaders.contains(where: { kept in
-            kept.count == name.count && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
-        }) { return }
+        if let keptHeaders {
+            guard keptHeaders.contains(where: { kept in
+                kept.count == name.count && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
+            }) else { return }
+        } else if isClient && !Self.isFieldName(name) {
+            return
+        }
         // A kept value with a control character (a line break: a header injected into a log) is not kept.
         guard !value.contains(where: { $0 < 0x20 || $0 == 0x7F }) else { return }
         stream.incomingHeaders.add(raw: name, value)
+    }
+
+    /// An answer's `:status`, checked here (nghttp2's HTTP checks are off for clients): three digits from 100 to 599,
+    /// any number of interim (1xx) ones before one final status, and no 101 (HTTP/2 has no protocol switch).
+    /// Anything else makes the answer malformed.
+    private func readStatus(_ value: UnsafeBufferPointer<UInt8>, of stream: HTTP2Stream) {
+        let digits = value.count == 3 && value.allSatisfy { $0 &- 48 < 10 }
+        let status = digits ? value.reduce(0) { $0 * 10 + Int($1 &- 48) } : 0
+        guard stream.status < 200, (100...599).contains(status), status != 101 else { return malformed(stream) }
+        stream.status = status
+    }
+
+    /// Resets a stream whose answer broke HTTP; its request is answered as reset when the stream closes.
+    private func malformed(_ stream: HTTP2Stream) {
+        guard !stream.malformed else { return }
+        stream.malformed = true
+        if let session {
+            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_PROTOCOL_ERROR.rawValue)
+        }
+    }
+
+    /// A field name as HTTP/2 allows it: lower-case token characters, a leading colon for pseudo-fields.
+    static func isFieldName(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !name.isEmpty else { return false }
+        for (index, byte) in name.enumerated() {
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): continue
+            case UInt8(ascii: ":") where index == 0: continue
+            default:
+                guard byte > 0x20, byte < 0x7F, !(UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte),
+                      !Array("\"(),/:;<=>?@[\\]{}".utf8).contains(byte) else { return false }
+            }
+        }
+        return true
     }
 
     /// The open stream a callback is about, through nghttp2's stream user data (its own stream map, which it
@@ -644,6 +687,7 @@ final class HTTP2Connection: PollHandler {
     /// A stream nghttp2 just numbered joins the open streams (its user data was given to nghttp2 already).
     private func append(_ stream: HTTP2Stream, id: Int32) {
         stream.id = id
+        stream.listed = true
         stream.previous = lastStream
         if let lastStream { lastStream.next = stream } else { firstStream = stream }
         lastStream = stream
@@ -652,6 +696,8 @@ final class HTTP2Connection: PollHandler {
 
     /// A stream leaves the open streams, and nghttp2's user data: no callback finds it after this.
     private func remove(_ stream: HTTP2Stream) {
+        guard stream.listed else { return }
+        stream.listed = false
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
             if recentStream === stream { recentStream = nil }
@@ -664,11 +710,11 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
-    fileprivate func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard let stream = stream(streamID) else { return true }
-        guard stream.incomingBody.count + data.count <= Self.maximumBodySize else { return false }
+    /// A body chunk; one past `maximumBodySize` makes the stream malformed (reset) rather than growing memory.
+    fileprivate func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) {
+        guard let stream = stream(streamID), !stream.malformed else { return }
+        guard stream.incomingBody.count + data.count <= Self.maximumBodySize else { return malformed(stream) }
         stream.incomingBody.append(contentsOf: data)
-        return true
     }
 
     fileprivate func frameReceived(type: UInt8, flags: UInt8, streamID: Int32, frame: UnsafePointer<nghttp2_frame>) {
@@ -707,7 +753,9 @@ final class HTTP2Connection: PollHandler {
         guard let stream = stream(streamID) else { return }
         remove(stream)
         guard stream.pending != nil else { return }
-        if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status > 0 {
+        if stream.malformed {
+            answer(stream, .failure(.reset(code: NGHTTP2_PROTOCOL_ERROR.rawValue)))
+        } else if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status >= 200 {
             responsesReceived += 1
             answer(stream, .success(HTTP2Response(status: stream.status, headerBlock: stream.incomingHeaders,
                                                   body: stream.incomingBody)))
@@ -765,13 +813,9 @@ private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength,
     return 0
 }
 
-private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { session, _, streamID, data, length, userData in
+private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, userData in
     guard let data else { return 0 }
-    let accepted = withConnection(userData) { $0.dataChunk(streamID: streamID, UnsafeBufferPointer(start: data, count: length)) }
-    if !accepted {
-        nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID,
-                                  NGHTTP2_REFUSED_STREAM.rawValue)
-    }
+    withConnection(userData) { $0.dataChunk(streamID: streamID, UnsafeBufferPointer(start: data, count: length)) }
     return 0
 }
 

@@ -75,6 +75,22 @@ import Glibc
         return bytes
     }
 
+    /// Reads the client's preface and frames until its request's HEADERS (or the read timeout, or the end): an
+    /// answer sent before it would be for a stream the client has not opened.
+    static func readUntilRequest(_ tls: TLSStream, into buffer: inout [UInt8]) {
+        var received: [UInt8] = []
+        while true {
+            let count = buffer.withUnsafeMutableBytes { tls.read(into: $0) }
+            guard case .done(let read) = count, read > 0 else { return }
+            received += buffer[..<read]
+            var offset = 24  // the connection preface
+            while offset + 9 <= received.count {
+                if received[offset + 3] == 1 { return }  // HEADERS
+                offset += 9 + (Int(received[offset]) << 16 | Int(received[offset + 1]) << 8 | Int(received[offset + 2]))
+            }
+        }
+    }
+
     /// A server of the test's own: a connection per reply, one at a time, on a thread of its own with blocking
     /// calls, each answered with SETTINGS and its reply after the client's preface and request.
     static func serve(_ listener: Int32, context: TLSContext, replies: [[UInt8]]) -> DispatchSemaphore {
@@ -89,9 +105,13 @@ import Glibc
                 if let tls = try? TLSStream(context: context, fileDescriptor: connection, serverName: nil),
                    case .done = tls.handshake() {
                     var buffer = [UInt8](repeating: 0, count: 16_384)
-                    _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // the client's preface and request
+                    HostileServerTests.readUntilRequest(tls, into: &buffer)
                     let answer = settings + reply
-                    _ = answer.withUnsafeBytes { tls.write($0) }
+                    var written = 0
+                    while written < answer.count,
+                          case .done(let count) = answer[written...].withUnsafeBytes({ tls.write($0) }), count > 0 {
+                        written += count
+                    }
                     _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // whatever the client says back
                     tls.shutdown()
                 }
@@ -125,16 +145,21 @@ import Glibc
     }
 
     /// The client reads an answer's status and kept fields itself (nghttp2's HTTP checks are off for it): a status
-    /// that is not three digits from 100 to 599 is no answer, and a kept field whose value holds a line break is
-    /// not kept, while the well-formed ones are.
+    /// that is not three digits from 100 to 599 and a second final status (in trailers) reset the stream; interim (1xx) answers are skipped, their fields not kept, and one alone is no answer; a kept field
+    /// whose value holds a line break is not kept, while the well-formed ones are.
     @Test func theClientChecksTheStatusAndTheFieldsItKeeps() throws {
         let (context, caFile, firstListener, _) = try Self.listen()
         close(firstListener)
+        func headers(_ block: [UInt8], last: Bool = true) -> [UInt8] { Self.frame(type: 1, flags: last ? 5 : 4, stream: 1, block) }
         let answers: [[UInt8]] = [
-            Self.literal(":status", Array("2x0".utf8)), Self.literal(":status", Array("700".utf8)),
-            [0x88] + Self.literal("apns-id", Array("ab\r\nx-evil: 1".utf8)),
-            [0x88] + Self.literal("apns-id", Array("0a1b2c3d-0000-4000-8000-000000000001".utf8)),
-        ].map { Self.frame(type: 1, flags: 5, stream: 1, $0) }
+            headers(Self.literal(":status", Array("2x0".utf8))), headers(Self.literal(":status", Array("700".utf8))),
+            headers([0x88] + Self.literal("apns-id", Array("ab\r\nx-evil: 1".utf8))),
+            headers([0x88] + Self.literal("apns-id", Array("0a1b2c3d-0000-4000-8000-000000000001".utf8))),
+            headers(Self.literal(":status", Array("100".utf8)) + Self.literal("apns-id", Array("interim".utf8)), last: false)
+                + headers([0x88] + Self.literal("apns-id", Array("final".utf8))),
+            headers(Self.literal(":status", Array("103".utf8))),
+            headers([0x88], last: false) + headers(Self.literal(":status", Array("410".utf8))),
+        ]
         let loop = EventLoop(name: "checked-client")
         defer { loop.shutdown() }
         var outcomes: [String] = []
@@ -150,15 +175,16 @@ import Glibc
             let outcome = Self.outcome(of: client) { result in
                 switch result {
                 case .success(let response): "status \(response.status) apns-id \(response.header("apns-id") ?? "none")"
-                case .failure: "no answer"
+                case .failure(let error): "\(error)".split(separator: ":").first.map(String.init) ?? "error"
                 }
             }
             client.shutdown()
             outcomes.append(outcome ?? "no end")
             #expect(serverDone.wait(timeout: .now() + 30) == .success)
         }
-        #expect(outcomes == ["no answer", "no answer", "status 200 apns-id none",
-                             "status 200 apns-id 0a1b2c3d-0000-4000-8000-000000000001"], "\(outcomes)")
+        let reset = "stream reset (HTTP/2 error 1)"
+        #expect(outcomes == [reset, reset, "status 200 apns-id none", "status 200 apns-id 0a1b2c3d-0000-4000-8000-000000000001",
+                             "status 200 apns-id final", "connection lost", reset], "\(outcomes)")
     }
 
     @Test func everyRequestEndsWhateverTheServerSends() throws {
