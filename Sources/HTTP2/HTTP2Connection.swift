@@ -165,7 +165,6 @@ final class HTTP2Connection: PollHandler {
     /// The stream the last callback was about: a response's fields arrive one callback each for one stream, so it is
     /// checked first. Unowned: `remove` clears it before the list lets the stream go.
     private unowned(unsafe) var recentStream: HTTP2Stream?
-    private var recentStreamID: Int32 = 0
     private var outbound: [UInt8] = []
     private var outboundSent = 0
     private var wantsWrite = false
@@ -614,15 +613,15 @@ final class HTTP2Connection: PollHandler {
             guard stream.status >= 200 && !stream.malformed else { return }
         }
         guard stream.incomingHeaders.count < 128 else { return }
-        if let keptHeaders {
-            guard keptHeaders.contains(where: { kept in
-                kept.count == name.count && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
-            }) else { return }
-        } else if isClient && !Self.isFieldName(name) {
+        if let keptHeaders, !keptHeaders.contains(where: { kept in
+            kept.count == name.count && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
+        }) { return }
+        // A client checks what it keeps (a server's nghttp2 session still checks every field): a name as HTTP/2
+        // writes them when it keeps every field, and no control character in a value (a line break: a header
+        // injected into a log).
+        if isClient && ((keptHeaders == nil && !Self.isFieldName(name)) || value.contains(where: { $0 < 0x20 || $0 == 0x7F })) {
             return
         }
-        // A kept value with a control character (a line break: a header injected into a log) is not kept.
-        guard !value.contains(where: { $0 < 0x20 || $0 == 0x7F }) else { return }
         stream.incomingHeaders.add(raw: name, value)
     }
 
@@ -645,16 +644,19 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
-    /// A field name as HTTP/2 allows it: lower-case token characters, a leading colon for pseudo-fields.
+    /// A field name as HTTP/2 allows it: lower-case token characters (RFC 9110 5.6.2), a leading colon for
+    /// pseudo-fields.
     static func isFieldName(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !name.isEmpty else { return false }
         for (index, byte) in name.enumerated() {
             switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"): continue
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                 UInt8(ascii: "!"), UInt8(ascii: "#")...UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"),
+                 UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^")...UInt8(ascii: "`"), UInt8(ascii: "|"),
+                 UInt8(ascii: "~"):
+                continue
             case UInt8(ascii: ":") where index == 0: continue
-            default:
-                guard byte > 0x20, byte < 0x7F, !(UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte),
-                      !Array("\"(),/:;<=>?@[\\]{}".utf8).contains(byte) else { return false }
+            default: return false
             }
         }
         return true
@@ -663,12 +665,11 @@ final class HTTP2Connection: PollHandler {
     /// The open stream a callback is about, through nghttp2's stream user data (its own stream map, which it
     /// searches anyway): nil for a stream that is not open here.
     private func stream(_ streamID: Int32) -> HTTP2Stream? {
-        if let recentStream, recentStreamID == streamID { return recentStream }
+        if let recentStream, recentStream.id == streamID { return recentStream }
         guard let session, let userData = nghttp2_session_get_stream_user_data(session, streamID) else { return nil }
         // Unretained: the list owns the stream while nghttp2 has it as user data.
         let stream = Unmanaged<HTTP2Stream>.fromOpaque(userData)._withUnsafeGuaranteedRef { $0 }
         recentStream = stream
-        recentStreamID = streamID
         return stream
     }
 

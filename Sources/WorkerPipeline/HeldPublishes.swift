@@ -16,8 +16,8 @@ struct HeldPublishes {
         jobs.append((job, now.addingTimeInterval(Self.pause)))
     }
 
-    mutating func hold(rejection: (JobDelivery, String), poison: Bool, now: Date = Date()) {
-        rejections.append(((rejection.0, rejection.1, poison), now.addingTimeInterval(Self.pause)))
+    mutating func hold(rejection: Rejection, now: Date = Date()) {
+        rejections.append((rejection, now.addingTimeInterval(Self.pause)))
     }
 
     var nextDue: Date? { (jobs.map(\.due) + rejections.map(\.due)).min() }

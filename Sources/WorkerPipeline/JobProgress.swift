@@ -115,8 +115,8 @@ final class JobProgress: @unchecked Sendable {
         dead += restored
     }
 
-    func recordRetryable(_ index: Int, reason: String, label: String? = nil, delay: Double) {
-        retryable.append((targets[index], reason, label ?? reason, delay))
+    func recordRetryable(_ index: Int, reason: String, label: String, delay: Double) {
+        retryable.append((targets[index], reason, label, delay))
         remaining -= 1
     }
 

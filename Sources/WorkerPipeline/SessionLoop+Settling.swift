@@ -7,8 +7,8 @@ import Telemetry
 extension SessionLoop {
     /// Parks bad jobs with their reason, waits for the broker's confirms, then acknowledges them. One the broker hands
     /// back (the failed queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
-    func reject(_ rejected: [(JobDelivery, String)], poison: Bool = false) throws {
-        let publications = rejected.map { delivery, reason in
+    func reject(_ rejected: [HeldPublishes.Rejection]) throws {
+        let publications = rejected.map { delivery, reason, _ in
             logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.tag)])
             var properties = delivery.properties
             properties.persistent = true
@@ -17,17 +17,17 @@ extension SessionLoop {
         }
         let outcomes = try session.broker.publish(publications)
         var settled: [UInt64] = []
-        for ((delivery, reason), outcome) in zip(rejected, outcomes) {
+        for (rejection, outcome) in zip(rejected, outcomes) {
             if outcome == .taken {
-                settled.append(delivery.tag)
+                settled.append(rejection.delivery.tag)
                 statistics.jobsRejected.add(1, ordering: .relaxed)
-                if poison {
+                if rejection.poison {
                     statistics.poisonJobsParked.add(1, ordering: .relaxed)
                 } else {
                     statistics.invalidJobsParked.add(1, ordering: .relaxed)
                 }
             } else {
-                held.hold(rejection: (delivery, reason), poison: poison)
+                held.hold(rejection: rejection)
                 statistics.countRefusedPublish("rejected_job")
             }
         }
@@ -41,10 +41,7 @@ extension SessionLoop {
     func publishHeld() throws {
         guard let due = held.takeDue() else { return }
         if !due.jobs.isEmpty { core.handle(.jobsSettled(try finish(due.jobs))) }
-        for poison in [false, true] {
-            let rejections = due.rejections.filter { $0.poison == poison }.map { ($0.delivery, $0.reason) }
-            if !rejections.isEmpty { try reject(rejections, poison: poison) }
-        }
+        if !due.rejections.isEmpty { try reject(due.rejections) }
     }
 
     /// Settles finished jobs as their plans say: publishes, waits for the broker's confirms, takes dead tokens out of

@@ -21,7 +21,7 @@ extension SessionLoop {
         }
         note(taken: batch)
         let sorted = try sortByDeliveries(batch)
-        if !sorted.poison.isEmpty { try reject(sorted.poison.map { ($0.delivery, triage.reason($0)) }, poison: true) }
+        if !sorted.poison.isEmpty { try reject(sorted.poison.map { ($0.delivery, triage.reason($0), true) }) }
         try dispatch(suspects.admit(usual: sorted.usual, suspects: sorted.suspects))
         return batch.count
     }
@@ -157,7 +157,7 @@ extension SessionLoop {
             assemblies.append(JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? []))
         }
         core.handle(.jobsStarted(jobs.count))
-        if !rejected.isEmpty { try reject(rejected) }
+        if !rejected.isEmpty { try reject(rejected.map { ($0.0, $0.1, false) }) }
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
     }
 

@@ -110,6 +110,8 @@ public final class Worker: Service {
         do {
             try loop.run(session: { connected in
                 generation += 1
+                // Queue depths are this session's view: none is reported once it ends, however it ends.
+                defer { statistics.laneQueues = nil }
                 do {
                     let session = try connect()
                     statistics.answered(.broker)
@@ -120,14 +122,9 @@ public final class Worker: Service {
                     try SessionLoop(worker: self, session: session, generation: generation).serve()
                 } catch let failure as SystemFailure {
                     statistics.unreachable(failure.failedSystem)
-                    statistics.laneQueues = nil
                     throw failure
-                } catch {
-                    statistics.laneQueues = nil
-                    throw error
                 }
                 readiness.consuming(false)
-                statistics.laneQueues = nil
                 return true
             }, giveUp: { error, connectedOnce in
                 !connectedOnce && error is ConnectionRefused ? error : nil

@@ -95,8 +95,6 @@ public final class WorkerStatistics: Sendable {
         retries.add(count, ordering: .relaxed)
     }
 
-    public func retryCount(_ reason: String) -> Int { retriesByReason.withLock { $0[reason] ?? 0 } }
-
     public var laneQueues: LaneQueues? {
         get { lastLaneQueues.withLock { $0 } }
         set { lastLaneQueues.withLock { $0 = newValue } }

@@ -187,6 +187,13 @@ import Glibc
                              "status 200 apns-id final", "connection lost", reset], "\(outcomes)")
     }
 
+    /// The names a client keeps when it keeps every field: HTTP/2's lower-case tokens, a colon only to begin with.
+    @Test(arguments: [("apns-id", true), (":status", true), ("x-b!g_#~", true), ("Apns-Id", false), ("a b", false),
+                      ("a:b", false), ("", false), ("a\r\nb", false), ("caf\u{e9}", false), ("a\"b", false)])
+    func fieldNamesAreHTTP2Tokens(name: String, valid: Bool) {
+        #expect(Array(name.utf8).withUnsafeBufferPointer(HTTP2Connection.isFieldName) == valid, "\(name)")
+    }
+
     @Test func everyRequestEndsWhateverTheServerSends() throws {
         let (context, caFile, listener, port) = try Self.listen()
         defer { close(listener) }

@@ -17,7 +17,7 @@ import Testing
         let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: targets, hasStableID: true)
         progress.recordDelivered(0)
         progress.recordDead(1, APNsResponse(status: 410, reason: .unregistered, timestamp: 42))
-        progress.recordRetryable(2, reason: "ServiceUnavailable", delay: 15)
+        progress.recordRetryable(2, reason: "ServiceUnavailable", label: "ServiceUnavailable", delay: 15)
         return progress
     }
 
