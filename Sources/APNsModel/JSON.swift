@@ -37,6 +37,44 @@ public struct JSONMember: Sendable, Equatable {
     public var value: JSONValue
     /// Where the value's text sits in the document.
     public var range: Range<Int>
+
+    public init(key: String, value: JSONValue, range: Range<Int>) {
+        self.key = key
+        self.value = value
+        self.range = range
+    }
+}
+
+/// The member names a caller of `JSONReader.readObject` knows, matched byte for byte as each member is met.
+public struct JSONNames: Sendable {
+    fileprivate let names: [[UInt8]]
+
+    public init(_ names: [String]) { self.names = names.map { Array($0.utf8) } }
+
+    /// The index of the name held by `bytes`, if it is one of them.
+    fileprivate func index(of bytes: UnsafeBufferPointer<UInt8>) -> Int? {
+        for (index, name) in names.enumerated() where name.count == bytes.count {
+            if name.withUnsafeBufferPointer({ JSONReader.same($0, bytes) }) { return index }
+        }
+        return nil
+    }
+}
+
+/// An array of strings as `JSONReader.readStrings` found it.
+public enum JSONStrings: Sendable, Equatable {
+    case strings([String])
+    /// Not an array: the value as read.
+    case other(JSONValue)
+    /// An array holding something other than a string, at `index` (the first such element).
+    case notAString(index: Int, typeName: String)
+}
+
+/// What the top level of a document read by `JSONReader.readObject` was.
+public enum JSONTopLevel: Sendable, Equatable {
+    /// An object, read member by member; `depth` is how deep it nests (the object itself is depth 1).
+    case object(depth: Int)
+    /// Something else, read whole and valid.
+    case other(typeName: String)
 }
 
 public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -48,17 +86,24 @@ public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
 public struct JSONReader {
     public static let defaultMaximumDepth = 32
 
-    /// Valid during one parse only (`parseMeasuringDepth` lends it).
+    /// Valid during one parse only (`parseMeasuringDepth` and `readObject` lend it).
     private let bytes: UnsafeBufferPointer<UInt8>
     private var position = 0
     private let maximumDepth: Int
     private let allowsDuplicateKeys: Bool
     /// The deepest nesting met so far.
     private var deepest = 0
-    private var opaqueMembers: [String] = []
-    /// The member names of the objects being read, innermost last: one array for every level, which reading
-    /// allocates once (names of up to 15 bytes, most of them, are Strings that allocate nothing).
-    private var memberNames: [String] = []
+    /// The member names of the objects being read, innermost last, as their UTF-8 bytes with escapes resolved
+    /// (`nameBytes`, one buffer for every level, which reading allocates once) and where each sits in it: a repeated
+    /// name is found by comparing bytes, with no String made for a name that is only checked.
+    private var nameBytes: [UInt8] = []
+    private var names: [Range<Int>] = []
+    /// During `readObject`: the depth of the top-level object's member values.
+    private var memberDepth = 1
+
+    /// Where the reader is in the document: during `readObject`, a member's value starts here before it is read
+    /// and ends here after.
+    public var offset: Int { position }
 
     /// Parses one JSON document. A member name repeated in one object is refused unless `allowsDuplicateKeys`:
     /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
@@ -69,28 +114,46 @@ public struct JSONReader {
     }
 
     /// Parses, and tells how deep the document nests (an object or array at the top is depth 1).
-    ///
-    /// `opaqueMembers`: members of the top-level object whose value is only checked (as strictly as the rest:
-    /// grammar, UTF-8, duplicate keys, depth), not built: an object or array among them reads as an empty one, and
-    /// its member's `range` locates its text. For a value the caller forwards as written (a job's payload), which
-    /// would otherwise cost a String per key and value and an array per object.
     public static func parseMeasuringDepth(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
-                                           allowsDuplicateKeys: Bool = false,
-                                           opaqueMembers: [String] = []) throws(JSONError) -> (value: JSONValue, depth: Int) {
+                                           allowsDuplicateKeys: Bool = false) throws(JSONError) -> (value: JSONValue, depth: Int) {
+        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) { reader throws(JSONError) in
+            (try reader.parseValue(depth: 0), reader.deepest)
+        }
+    }
+
+    /// Reads a document whose top level is an object one member at a time, building nothing the caller does not
+    /// ask for: `member` is called with the index of the member's name in `known` (nil for a name not there) and
+    /// reads the value with one of `readValue`, `checkValue` or `readStrings`; a value it leaves alone is checked
+    /// and skipped. Everything is checked as strictly as `parse` does (grammar, UTF-8, duplicate keys at every
+    /// level, depth), and a document that is not an object is read whole. For a job, whose few known members go
+    /// straight into typed fields and whose payload is forwarded as written.
+    public static func readObject(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, known: JSONNames,
+                                  member: (inout JSONReader, Int?) throws(JSONError) -> Void) throws(JSONError) -> JSONTopLevel {
+        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: false) { reader throws(JSONError) in
+            guard reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "{") else {
+                return .other(typeName: try reader.parseValue(depth: 0).typeName)
+            }
+            try reader.readMembers(known: known, member: member)
+            return .object(depth: reader.deepest)
+        }
+    }
+
+    /// Lends a reader over `bytes` to `read`, which reads one value; then only whitespace may follow.
+    private static func reading<T>(_ bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool,
+                                   _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
         // The reader walks the bytes in place: an unsafe buffer, whose reads cost no bounds check in release builds,
         // is what keeps reading near a few instructions per byte.
         try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
             var reader = JSONReader(bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
-            reader.opaqueMembers = opaqueMembers
             if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
                 throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
                                    + "save it as UTF-8 without one")
             }
             reader.skipWhitespace()
-            let value = try reader.parseValue(depth: 0)
+            let value = try read(&reader)
             reader.skipWhitespace()
             guard reader.position == buffer.count else { throw reader.error("unexpected text after the JSON value") }
-            return (value, reader.deepest)
+            return value
         }
     }
 
@@ -110,6 +173,67 @@ public struct JSONReader {
             }
         }
     }
+
+    // MARK: reading member by member
+
+    private mutating func readMembers(known: JSONNames,
+                                      member: (inout JSONReader, Int?) throws(JSONError) -> Void) throws(JSONError) {
+        guard try opens(depth: 1, closing: UInt8(ascii: "}")) else { return }
+        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
+        defer { forget(names) }
+        while true {
+            let name = try memberName(into: &names)
+            let index = nameBytes.withUnsafeBufferPointer { known.index(of: UnsafeBufferPointer(rebasing: $0[name])) }
+            try colon()
+            let start = position
+            try member(&self, index)
+            if position == start { try skipNested(depth: memberDepth) }
+            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return }
+        }
+    }
+
+    /// Reads a member's value whole.
+    public mutating func readValue() throws(JSONError) -> JSONValue { try parseValue(depth: memberDepth) }
+
+    /// Checks a member's value as strictly as `readValue` would read it, building only a scalar: an object or array
+    /// comes back empty, of its kind.
+    public mutating func checkValue() throws(JSONError) -> JSONValue {
+        guard position < bytes.count else { throw error("unexpected end of JSON") }
+        switch bytes[position] {
+        case UInt8(ascii: "{"):
+            try skipObject(depth: memberDepth + 1)
+            return .object([])
+        case UInt8(ascii: "["):
+            try skipArray(depth: memberDepth + 1)
+            return .array([])
+        default:
+            return try parseValue(depth: memberDepth)
+        }
+    }
+
+    /// Reads a member's value that should be an array of strings straight into Strings (no `JSONValue` per
+    /// element); anything else is read and described.
+    public mutating func readStrings() throws(JSONError) -> JSONStrings {
+        guard position < bytes.count, bytes[position] == UInt8(ascii: "[") else { return .other(try readValue()) }
+        var strings: [String] = []
+        var notAString: (index: Int, typeName: String)?
+        guard try opens(depth: memberDepth + 1, closing: UInt8(ascii: "]")) else { return .strings(strings) }
+        while true {
+            skipWhitespace()
+            if position < bytes.count, bytes[position] == UInt8(ascii: "\"") {
+                let text = try parseString()
+                if notAString == nil { strings.append(text) }
+            } else {
+                let element = try parseValue(depth: memberDepth + 1)
+                if notAString == nil { notAString = (strings.count, element.typeName) }
+            }
+            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { break }
+        }
+        if let notAString { return .notAString(index: notAString.index, typeName: notAString.typeName) }
+        return .strings(strings)
+    }
+
+    // MARK: building
 
     private mutating func parseValue(depth: Int) throws(JSONError) -> JSONValue {
         guard position < bytes.count else { throw error("unexpected end of JSON") }
@@ -141,57 +265,125 @@ public struct JSONReader {
     private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
         var members: [JSONMember] = []
         guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return .object(members) }
-        var names = MemberNames(from: memberNames.count)
-        defer { memberNames.removeSubrange(names.first...) }
+        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
+        defer { forget(names) }
         while true {
-            let key = try memberName(into: &names)
-            skipWhitespace()
-            guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
-            position += 1
-            skipWhitespace()
+            let name = try memberName(into: &names)
+            let key = nameBytes.withUnsafeBufferPointer { String(decoding: $0[name], as: UTF8.self) }
+            try colon()
             let start = position
-            let value: JSONValue
-            if depth == 1 && !opaqueMembers.isEmpty && opaqueMembers.contains(key) {
-                value = try skipValue(depth: depth)
-            } else {
-                value = try parseValue(depth: depth)
-            }
+            let value = try parseValue(depth: depth)
             members.append(JSONMember(key: key, value: value, range: start..<position))
             guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return .object(members) }
         }
     }
 
-    /// The names of one object so far: those in `memberNames` from `first` on, then, past 16 of them, a set, so
-    /// that a hostile object of many members costs linear time.
-    private struct MemberNames {
-        let first: Int
-        var set: Set<String>?
-
-        init(from first: Int) { self.first = first }
+    private mutating func colon() throws(JSONError) {
+        skipWhitespace()
+        guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
+        position += 1
+        skipWhitespace()
     }
 
-    /// Reads a member name, refusing one the object already has unless duplicates are allowed: readers disagree
-    /// about such a document (this one would take the first value; Python, JavaScript and Go take the last).
-    private mutating func memberName(into names: inout MemberNames) throws(JSONError) -> String {
+    // MARK: member names
+
+    /// The names of one object so far: those in `names` from `first` on (their bytes from `byte` on), then, past 16
+    /// of them, a set, so that a hostile object of many members costs linear time.
+    private struct MemberNames {
+        let first: Int
+        let byte: Int
+        var set: Set<String>?
+
+        init(from first: Int, byte: Int) {
+            self.first = first
+            self.byte = byte
+        }
+    }
+
+    /// Drops the names of an object read to its end.
+    private mutating func forget(_ object: MemberNames) {
+        names.removeSubrange(object.first...)
+        nameBytes.removeSubrange(object.byte...)
+    }
+
+    /// Reads a member name into `nameBytes`, refusing one the object already has unless duplicates are allowed:
+    /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
+    /// the last). Returns where its bytes are in `nameBytes`.
+    private mutating func memberName(into object: inout MemberNames) throws(JSONError) -> Range<Int> {
         skipWhitespace()
         guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
         let start = position
-        let name = try parseString()
+        if nameBytes.capacity == 0 {
+            nameBytes.reserveCapacity(512)
+            names.reserveCapacity(32)
+        }
+        let name = try appendName()
         guard !allowsDuplicateKeys else { return name }
-        if memberNames.capacity == 0 { memberNames.reserveCapacity(32) }
-        if names.set == nil && memberNames.count - names.first >= 16 { names.set = Set(memberNames[names.first...]) }
         let repeated: Bool
-        if names.set != nil {
-            repeated = !names.set!.insert(name).inserted
+        if object.set == nil && names.count - object.first < 16 {
+            repeated = nameBytes.withUnsafeBufferPointer { buffer in
+                let new = UnsafeBufferPointer(rebasing: buffer[name])
+                return names[object.first...].contains { Self.same(UnsafeBufferPointer(rebasing: buffer[$0]), new) }
+            }
+            names.append(name)
         } else {
-            repeated = memberNames[names.first...].contains(name)
-            memberNames.append(name)
+            if object.set == nil {
+                object.set = Set(names[object.first...].map { text(ofName: $0) })
+            }
+            repeated = !object.set!.insert(text(ofName: name)).inserted
         }
         if repeated {
             position = start
-            throw error("duplicate key \"\(name.prefix(64))\"")
+            throw error("duplicate key \"\(text(ofName: name).prefix(64))\"")
         }
         return name
+    }
+
+    private func text(ofName name: Range<Int>) -> String {
+        nameBytes.withUnsafeBufferPointer { String(decoding: $0[name], as: UTF8.self) }
+    }
+
+    /// Appends the name at `position` (its opening quote) to `nameBytes`, escapes resolved, and reads past it.
+    private mutating func appendName() throws(JSONError) -> Range<Int> {
+        let first = nameBytes.count
+        if let text = try plainString() {
+            nameBytes.append(contentsOf: text)
+        } else {
+            nameBytes.append(contentsOf: try parseString().utf8)
+        }
+        return first..<nameBytes.count
+    }
+
+    /// The bytes of the string whose opening quote is at `position` when it holds no escape and no control
+    /// character (most strings: names, ids, tokens, topics), checked as UTF-8 and read past; nil, with nothing read,
+    /// otherwise (the full reader then resolves or refuses it).
+    private mutating func plainString() throws(JSONError) -> UnsafeBufferPointer<UInt8>? {
+        let start = position + 1
+        var scan = start
+        var ascii = true
+        while scan < bytes.count {
+            let byte = bytes[scan]
+            if byte == UInt8(ascii: "\"") {
+                let text = UnsafeBufferPointer(rebasing: bytes[start..<scan])
+                // ASCII needs no validation.
+                if !ascii && String(validating: text, as: UTF8.self) == nil {
+                    position = start
+                    throw error("string is not UTF-8")
+                }
+                position = scan + 1
+                return text
+            }
+            if byte == UInt8(ascii: "\\") || byte < 0x20 { return nil }
+            if byte >= 0x80 { ascii = false }
+            scan += 1
+        }
+        return nil
+    }
+
+    fileprivate static func same(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard a.count == b.count else { return false }
+        for index in 0..<a.count where a[index] != b[index] { return false }
+        return true
     }
 
     /// Enters an object or array at `depth` (its opening bracket is at `position`): false if it is empty (and then
@@ -265,21 +457,6 @@ public struct JSONReader {
 
     // MARK: checking without building
 
-    /// Checks a value exactly as `parseValue` would read it; an object or array comes back empty, a scalar as read.
-    private mutating func skipValue(depth: Int) throws(JSONError) -> JSONValue {
-        guard position < bytes.count else { throw error("unexpected end of JSON") }
-        switch bytes[position] {
-        case UInt8(ascii: "{"):
-            try skipObject(depth: depth + 1)
-            return .object([])
-        case UInt8(ascii: "["):
-            try skipArray(depth: depth + 1)
-            return .array([])
-        default:
-            return try parseValue(depth: depth)
-        }
-    }
-
     /// A value inside a skipped one: nothing built, not even a scalar.
     private mutating func skipNested(depth: Int) throws(JSONError) {
         guard position < bytes.count else { throw error("unexpected end of JSON") }
@@ -294,41 +471,16 @@ public struct JSONReader {
 
     /// Checks a string as `parseString` would.
     private mutating func skipString() throws(JSONError) {
-        let start = position
-        position += 1
-        var ascii = true
-        while position < bytes.count {
-            let byte = bytes[position]
-            if byte == UInt8(ascii: "\"") {
-                if !ascii && String(validating: bytes[(start + 1)..<position], as: UTF8.self) == nil {
-                    position = start + 1
-                    throw error("string is not UTF-8")
-                }
-                position += 1
-                return
-            }
-            if byte == UInt8(ascii: "\\") || byte < 0x20 {
-                // Escapes are rare: the full reader checks them.
-                position = start
-                _ = try parseString()
-                return
-            }
-            if byte >= 0x80 { ascii = false }
-            position += 1
-        }
-        throw error("unterminated string")
+        if try plainString() == nil { _ = try parseString() }
     }
 
     private mutating func skipObject(depth: Int) throws(JSONError) {
         guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
-        var names = MemberNames(from: memberNames.count)
-        defer { memberNames.removeSubrange(names.first...) }
+        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
+        defer { forget(names) }
         while true {
             _ = try memberName(into: &names)
-            skipWhitespace()
-            guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
-            position += 1
-            skipWhitespace()
+            try colon()
             try skipNested(depth: depth)
             guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return }
         }
@@ -344,32 +496,9 @@ public struct JSONReader {
     }
 
     private mutating func parseString() throws(JSONError) -> String {
+        // Most strings have no escape: one scan, then one String from the bytes (one copy for ASCII).
+        if let text = try plainString() { return String(decoding: text, as: UTF8.self) }
         position += 1
-        // Most strings (user ids, tokens, topics) have no escape: one scan, then one String from the bytes.
-        let start = position
-        let fast: String?? = { (raw: UnsafeBufferPointer<UInt8>) in
-            var scan = start
-            var ascii = true
-            while scan < raw.count {
-                let byte = raw[scan]
-                if byte == UInt8(ascii: "\"") {
-                    let text = UnsafeBufferPointer(rebasing: raw[start..<scan])
-                    // ASCII needs no validation, and String(decoding:) takes it in one copy.
-                    return ascii ? String(decoding: text, as: UTF8.self) : String(validating: text, as: UTF8.self)
-                }
-                if byte == UInt8(ascii: "\\") || byte < 0x20 { return nil }
-                if byte >= 0x80 { ascii = false }
-                scan += 1
-            }
-            return nil
-        }(bytes)
-        switch fast {
-        case .some(.some(let text)):
-            position += text.utf8.count + 1
-            return text
-        case .some(.none): throw error("string is not UTF-8")
-        case .none: break
-        }
         var output: [UInt8] = []
         while true {
             guard position < bytes.count else { throw error("unterminated string") }

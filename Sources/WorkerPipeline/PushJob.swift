@@ -3,39 +3,143 @@ import APNsModel
 import Telemetry
 
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
+///
+/// A value whose members live in one shared box, copied on write: a job passes through several arrays and filters
+/// and into its progress on its way to sending, and a copy then costs one reference count instead of one per member.
 public struct PushJob: Sendable, Equatable {
-    public var id: String
+    private struct Members: Equatable {
+        var id: String
+        var idFromBody: Bool = true
+        var topic: String
+        var users: [String]
+        var tokens: [String]
+        var activity: String? = nil
+        var environment: APNsEnvironment
+        var pushType: APNsPushType
+        var priority: APNsPriority
+        var expiration: Int64?
+        var collapseID: String?
+        var deadline: Int64? = nil
+        var payload: [UInt8]
+        var attempt: Int = 1
+        var retryTargets: [DeviceTarget]? = nil
+        var originalBody: [UInt8]? = nil
+        var rateGroup: RateGroup? = nil
+        var channelID: String? = nil
+    }
+
+    // Invariant: `members` is changed only through `box`'s setter below, which first makes the box unique.
+    private final class Box: @unchecked Sendable {
+        var members: Members
+
+        init(_ members: Members) { self.members = members }
+    }
+
+    private var box: Box
+
+    /// Changes a member in place when this value alone holds the box, in a copy of it otherwise.
+    private mutating func change(_ apply: (inout Members) -> Void) {
+        if !isKnownUniquelyReferenced(&box) { box = Box(box.members) }
+        apply(&box.members)
+    }
+
+    init(id: String, topic: String, users: [String], tokens: [String], environment: APNsEnvironment,
+         pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?, payload: [UInt8]) {
+        box = Box(Members(id: id, topic: topic, users: users, tokens: tokens, environment: environment,
+                          pushType: pushType, priority: priority, expiration: expiration, collapseID: collapseID,
+                          payload: payload))
+    }
+
+    public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
+        lhs.box === rhs.box || lhs.box.members == rhs.box.members
+    }
+
+    public var id: String {
+        get { box.members.id }
+        set { change { $0.id = newValue } }
+    }
     /// The job named itself (`id` in the body); otherwise `id` is the caller's fallback.
-    public var idFromBody = true
+    public var idFromBody: Bool {
+        get { box.members.idFromBody }
+        set { change { $0.idFromBody = newValue } }
+    }
     /// The topic to send with, the push type's suffix included.
-    public var topic: String
-    public var users: [String]
-    public var tokens: [String]
+    public var topic: String {
+        get { box.members.topic }
+        set { change { $0.topic = newValue } }
+    }
+    public var users: [String] {
+        get { box.members.users }
+        set { change { $0.users = newValue } }
+    }
+    public var tokens: [String] {
+        get { box.members.tokens }
+        set { change { $0.tokens = newValue } }
+    }
     /// A Live Activity whose update tokens the job reaches (`"activity": "<id>"`, as the app registered them).
-    public var activity: String?
+    public var activity: String? {
+        get { box.members.activity }
+        set { change { $0.activity = newValue } }
+    }
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
-    public var environment: APNsEnvironment
-    public var pushType: APNsPushType
-    public var priority: APNsPriority
-    public var expiration: Int64?
-    public var collapseID: String?
+    public var environment: APNsEnvironment {
+        get { box.members.environment }
+        set { change { $0.environment = newValue } }
+    }
+    public var pushType: APNsPushType {
+        get { box.members.pushType }
+        set { change { $0.pushType = newValue } }
+    }
+    public var priority: APNsPriority {
+        get { box.members.priority }
+        set { change { $0.priority = newValue } }
+    }
+    public var expiration: Int64? {
+        get { box.members.expiration }
+        set { change { $0.expiration = newValue } }
+    }
+    public var collapseID: String? {
+        get { box.members.collapseID }
+        set { change { $0.collapseID = newValue } }
+    }
     /// UNIX seconds: a notification not handed to APNs by then is not sent (expired). Not Apple's `expiration`,
     /// which is how long APNs keeps a notification for a device that is offline.
-    public var deadline: Int64?
+    public var deadline: Int64? {
+        get { box.members.deadline }
+        set { change { $0.deadline = newValue } }
+    }
     /// The payload exactly as the job wrote it.
-    public var payload: [UInt8]
+    public var payload: [UInt8] {
+        get { box.members.payload }
+        set { change { $0.payload = newValue } }
+    }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
-    public var attempt: Int = 1
+    public var attempt: Int {
+        get { box.members.attempt }
+        set { change { $0.attempt = newValue } }
+    }
     /// On a retry: exactly the notifications still to send (users already resolved).
-    public var retryTargets: [DeviceTarget]?
+    public var retryTargets: [DeviceTarget]? {
+        get { box.members.retryTargets }
+        set { change { $0.retryTargets = newValue } }
+    }
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
-    public var originalBody: [UInt8]?
+    public var originalBody: [UInt8]? {
+        get { box.members.originalBody }
+        set { change { $0.originalBody = newValue } }
+    }
     /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said when
     /// the job started.
-    public var rateGroup: RateGroup?
+    public var rateGroup: RateGroup? {
+        get { box.members.rateGroup }
+        set { change { $0.rateGroup = newValue } }
+    }
     /// A broadcast job (`channel_id`): one request that APNs fans out to every device subscribed to the channel,
     /// instead of a notification per device; it has no users or tokens.
-    public var channelID: String?
+    public var channelID: String? {
+        get { box.members.channelID }
+        set { change { $0.channelID = newValue } }
+    }
 
     /// The broadcast a broadcast job sends.
     public var broadcast: APNsBroadcast? {
@@ -55,8 +159,6 @@ public struct PushJob: Sendable, Equatable {
     /// body holds it beside the retry's own targets.
     static let retryWrapperDepth = 2
     static let retrySizeFactor = 3
-    /// Members whose text goes to APNs as written.
-    private static let forwardedMembers = ["payload"]
     /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
     public static let latestDeadline: Int64 = 99_999_999_999
 
@@ -64,19 +166,19 @@ public struct PushJob: Sendable, Equatable {
     /// jobs that carry no id.
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: String,
                               limits: Limits = .init()) throws(JobError) -> PushJob {
-        let document = try parse(body, limits: limits)
-        let ownID = try optionalString(document, "id")
-        let users = try stringArray(document, "users")
-        let tokens = try stringArray(document, "tokens").map(APNsNotification.canonicalToken)
-        let retry = try retryState(document)
-        let channelID = try optionalString(document, "channel_id")
+        let members = try JobMembers(body, limits: limits)
+        let ownID = try string(members.id, named: "id")
+        let users = try strings(members.users, named: "users")
+        let tokens = try strings(members.tokens, named: "tokens").map(APNsNotification.canonicalToken)
+        let retry = try retryState(members.retry)
+        let channelID = try string(members.channelID, named: "channel_id")
         if let channelID {
             guard users.isEmpty && tokens.isEmpty else {
                 throw .broadcast("a broadcast reaches the channel's subscribers: give no \"users\" or \"tokens\"")
             }
             do throws(APNsRequestError) { try APNsChannelID.check(channelID) } catch { throw .breaksRule(error) }
         }
-        let activity = try optionalString(document, "activity")
+        let activity = try string(members.activity, named: "activity")
         if let activity {
             guard !activity.isEmpty, activity.utf8.count <= 256 else { throw .badUser(field: "activity") }
             guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
@@ -84,14 +186,14 @@ public struct PushJob: Sendable, Equatable {
         if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
             try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
         }
-        let liveActivity = document.member("live_activity")
+        let liveActivity = members.liveActivity
         let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
-        let sending = try SendingOptions(document, defaultPushType: liveActivityJob ? .liveactivity : .alert)
+        let sending = try SendingOptions(members, defaultPushType: liveActivityJob ? .liveactivity : .alert)
         if activity != nil && sending.pushType != .liveactivity {
             throw .liveActivity("push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
                                 + "Activity pushes only (liveactivity)")
         }
-        guard let bundle = try optionalString(document, "topic") ?? defaultTopic, !bundle.isEmpty else {
+        guard let bundle = try string(members.topic, named: "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }
         do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
@@ -99,14 +201,14 @@ public struct PushJob: Sendable, Equatable {
         }
         var job: PushJob
         if let channelID {
-            job = try broadcastJob(document, body, id: ownID ?? fallbackID, bundle: bundle, channelID: channelID,
-                                   sending: sending, liveActivity: liveActivity)
-        } else if try flag(document, "prevalidate") {
+            job = try broadcastJob(members, body, id: ownID ?? fallbackID, bundle: bundle, channelID: channelID,
+                                   sending: sending)
+        } else if try flag(members.prevalidate, named: "prevalidate") {
             // Token pre-validation (from the source article): a silent background push to every target, so that
             // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
             // not used, but a payload or live_activity it carries is checked like any other: it is the campaign's.
-            if document.member("payload") != nil || liveActivity != nil {
-                _ = try payload(document, body, pushType: sending.pushType, liveActivity: liveActivity)
+            if members.payload != nil || liveActivity != nil {
+                _ = try payload(members, body, pushType: sending.pushType)
             }
             job = PushJob(id: ownID ?? fallbackID, topic: APNsPushType.background.topic(forBundle: bundle), users: users,
                           tokens: tokens, environment: sending.environment, pushType: .background,
@@ -116,7 +218,7 @@ public struct PushJob: Sendable, Equatable {
             job = PushJob(id: ownID ?? fallbackID, topic: sending.pushType.topic(forBundle: bundle), users: users,
                           tokens: tokens, environment: sending.environment, pushType: sending.pushType,
                           priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-                          payload: try payload(document, body, pushType: sending.pushType, liveActivity: liveActivity))
+                          payload: try payload(members, body, pushType: sending.pushType))
         }
         job.deadline = sending.deadline
         job.activity = activity
@@ -130,17 +232,18 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
-    private static func broadcastJob(_ document: JSONValue, _ body: [UInt8], id: String, bundle: String, channelID: String,
-                                     sending: SendingOptions, liveActivity: JSONMember?) throws(JobError) -> PushJob {
+    private static func broadcastJob(_ members: JobMembers, _ body: [UInt8], id: String, bundle: String, channelID: String,
+                                     sending: SendingOptions) throws(JobError) -> PushJob {
         guard sending.pushType == .liveactivity else {
             throw .broadcast("push_type is \"\(sending.pushType.rawValue)\": a broadcast is a Live Activity push (liveactivity)")
         }
-        if try flag(document, "prevalidate") { throw .broadcast("a broadcast has no tokens to prevalidate") }
-        if case .object(let members)? = liveActivity?.value, members.contains(where: { $0.key == "event" && $0.value == .string("start") }) {
+        if try flag(members.prevalidate, named: "prevalidate") { throw .broadcast("a broadcast has no tokens to prevalidate") }
+        if case .object(let fields)? = members.liveActivity?.value,
+           fields.contains(where: { $0.key == "event" && $0.value == .string("start") }) {
             throw .broadcast("a broadcast cannot start a Live Activity: start it by push-to-start or in the app, with "
                              + "\"input_push_channel\"")
         }
-        let payload = try payloadBytes(document, body, liveActivity: liveActivity)
+        let payload = try payloadBytes(members, body)
         var job = PushJob(id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
                           environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
                           expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
@@ -149,33 +252,101 @@ public struct PushJob: Sendable, Equatable {
         return job
     }
 
-    /// The body as JSON, within the limits. A retry body (the worker's own) carries the original job inside it, so
-    /// it may be larger and deeper than a job; any other body is held to the limits once parsed.
-    private static func parse(_ body: [UInt8], limits: Limits) throws(JobError) -> JSONValue {
-        guard body.count <= limits.maximumMessageSize * Self.retrySizeFactor else {
-            throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
+    /// A job's members as the body gives them, read in one pass: each member the decoder knows straight into its
+    /// own field, the payload only checked and located (it is forwarded as written), anything else checked and
+    /// skipped. Nothing is judged here but the JSON itself and the limits; `decode` checks the fields.
+    struct JobMembers {
+        enum Name: String, CaseIterable {
+            case id, topic, users, tokens, environment, pushType = "push_type", priority, expiration, deadline
+            case collapseID = "collapse_id", channelID = "channel_id", activity, prevalidate, payload
+            case liveActivity = "live_activity", retry
         }
-        // Most bodies are ASCII, which needs no more than a look at each byte.
-        guard body.allSatisfy({ $0 < 0x80 }) || String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
-        let document: JSONValue
-        let depth: Int
-        do {
-            // The payload is forwarded byte for byte: checked, never built.
-            (document, depth) = try JSONReader.parseMeasuringDepth(
-                body, maximumDepth: limits.maximumDepth + Self.retryWrapperDepth, opaqueMembers: Self.forwardedMembers)
-        } catch {
-            throw .notJSON(error.description)
-        }
-        guard case .object = document else { throw .notAnObject(document.typeName) }
-        if document["retry"] == nil || document["retry"] == .null {
-            guard body.count <= limits.maximumMessageSize else {
+        static let names = JSONNames(Name.allCases.map(\.rawValue))
+
+        var id, topic, environment, pushType, priority, expiration, deadline, collapseID, channelID, activity: JSONValue?
+        var prevalidate, retry: JSONValue?
+        var users, tokens: JSONStrings?
+        /// Its value comes back empty: `range` locates it.
+        var payload: JSONMember?
+        var liveActivity: JSONMember?
+
+        /// Reads `body` within the limits. A retry body (the worker's own) carries the original job inside it, so it
+        /// may be larger and deeper than a job; any other body is held to the limits once read.
+        init(_ body: [UInt8], limits: Limits) throws(JobError) {
+            guard body.count <= limits.maximumMessageSize * PushJob.retrySizeFactor else {
                 throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
             }
-            guard depth <= limits.maximumDepth else {
-                throw .notJSON("nesting deeper than \(limits.maximumDepth) levels")
+            guard Self.isASCII(body) || String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
+            self.init()
+            let topLevel: JSONTopLevel
+            do {
+                topLevel = try JSONReader.readObject(body, maximumDepth: limits.maximumDepth + PushJob.retryWrapperDepth,
+                                                     known: Self.names) { reader, index throws(JSONError) in
+                    guard let index else { return }
+                    try self.read(Name.allCases[index], from: &reader)
+                }
+            } catch {
+                throw .notJSON(error.description)
+            }
+            guard case .object(let depth) = topLevel else {
+                if case .other(let typeName) = topLevel { throw .notAnObject(typeName) }
+                preconditionFailure("a top level is an object or not")
+            }
+            if retry == nil || retry == .null {
+                guard body.count <= limits.maximumMessageSize else {
+                    throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
+                }
+                guard depth <= limits.maximumDepth else {
+                    throw .notJSON("nesting deeper than \(limits.maximumDepth) levels")
+                }
             }
         }
-        return document
+
+        private init() {}
+
+        private mutating func read(_ name: Name, from reader: inout JSONReader) throws(JSONError) {
+            let start = reader.offset
+            switch name {
+            case .id: id = try reader.readValue()
+            case .topic: topic = try reader.readValue()
+            case .users: users = try reader.readStrings()
+            case .tokens: tokens = try reader.readStrings()
+            case .environment: environment = try reader.readValue()
+            case .pushType: pushType = try reader.readValue()
+            case .priority: priority = try reader.readValue()
+            case .expiration: expiration = try reader.readValue()
+            case .deadline: deadline = try reader.readValue()
+            case .collapseID: collapseID = try reader.readValue()
+            case .channelID: channelID = try reader.readValue()
+            case .activity: activity = try reader.readValue()
+            case .prevalidate: prevalidate = try reader.readValue()
+            case .retry: retry = try reader.readValue()
+            case .payload:
+                // The payload is forwarded byte for byte: checked, never built.
+                let value = try reader.checkValue()
+                payload = JSONMember(key: name.rawValue, value: value, range: start..<reader.offset)
+            case .liveActivity:
+                let value = try reader.readValue()
+                liveActivity = JSONMember(key: name.rawValue, value: value, range: start..<reader.offset)
+            }
+        }
+
+        /// Most bodies are ASCII, which needs no more than a look at each byte, eight at a time.
+        private static func isASCII(_ body: [UInt8]) -> Bool {
+            body.withUnsafeBytes { raw in
+                var index = 0
+                var high: UInt64 = 0
+                while index + 8 <= raw.count {
+                    high |= raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+                    index += 8
+                }
+                while index < raw.count {
+                    high |= UInt64(raw[index])
+                    index += 1
+                }
+                return high & 0x8080_8080_8080_8080 == 0
+            }
+        }
     }
 
     private static func checkTargets(users: [String], tokens: [String], retrying: Bool,
@@ -205,25 +376,25 @@ public struct PushJob: Sendable, Equatable {
         var deadline: Int64?
         var collapseID: String?
 
-        init(_ document: JSONValue, defaultPushType: APNsPushType) throws(JobError) {
+        init(_ members: JobMembers, defaultPushType: APNsPushType) throws(JobError) {
             pushType = defaultPushType
-            if let text = try optionalString(document, "environment") {
+            if let text = try string(members.environment, named: "environment") {
                 guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
                 environment = parsed
             }
-            if let text = try optionalString(document, "push_type") {
+            if let text = try string(members.pushType, named: "push_type") {
                 guard let parsed = APNsPushType(rawValue: text) else { throw .unknownPushType(text) }
                 pushType = parsed
             }
             priority = pushType.defaultPriority
-            if let number = try optionalInteger(document, "priority") {
+            if let number = try integer(members.priority, named: "priority") {
                 guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
                 priority = parsed
             }
-            expiration = try optionalInteger(document, "expiration")
-            deadline = try optionalInteger(document, "deadline")
+            expiration = try integer(members.expiration, named: "expiration")
+            deadline = try integer(members.deadline, named: "deadline")
             if let deadline, deadline < 0 || deadline > PushJob.latestDeadline { throw .badDeadline(deadline) }
-            collapseID = try optionalString(document, "collapse_id")
+            collapseID = try string(members.collapseID, named: "collapse_id")
             do throws(APNsRequestError) {
                 try APNsRules.checkPriority(priority, for: pushType)
                 if let expiration { try APNsRules.checkExpiration(expiration) }
@@ -234,8 +405,8 @@ public struct PushJob: Sendable, Equatable {
         }
     }
 
-    private static func flag(_ document: JSONValue, _ field: String) throws(JobError) -> Bool {
-        switch document[field] {
+    private static func flag(_ value: JSONValue?, named field: String) throws(JobError) -> Bool {
+        switch value {
         case nil, .null?: false
         case .bool(let flag)?: flag
         case let other?: throw .wrongType(field: field, expected: "true or false", got: other.typeName)
@@ -244,12 +415,11 @@ public struct PushJob: Sendable, Equatable {
 
     /// The payload exactly as the job wrote it (its bytes in the body), or built from its `live_activity`, within
     /// the push type's size.
-    private static func payload(_ document: JSONValue, _ body: [UInt8], pushType: APNsPushType,
-                                liveActivity: JSONMember?) throws(JobError) -> [UInt8] {
-        if liveActivity != nil && pushType != .liveactivity {
+    private static func payload(_ members: JobMembers, _ body: [UInt8], pushType: APNsPushType) throws(JobError) -> [UInt8] {
+        if members.liveActivity != nil && pushType != .liveactivity {
             throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
         }
-        let payload = try payloadBytes(document, body, liveActivity: liveActivity)
+        let payload = try payloadBytes(members, body)
         do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
             throw .breaksRule(error)
         }
@@ -257,14 +427,14 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// The `payload` as the job wrote it, or the one its `live_activity` builds (never both).
-    private static func payloadBytes(_ document: JSONValue, _ body: [UInt8], liveActivity: JSONMember?) throws(JobError) -> [UInt8] {
-        if let liveActivity {
-            guard document.member("payload") == nil else {
+    private static func payloadBytes(_ members: JobMembers, _ body: [UInt8]) throws(JobError) -> [UInt8] {
+        if let liveActivity = members.liveActivity {
+            guard members.payload == nil else {
                 throw .liveActivity("give \"payload\" or \"live_activity\", not both")
             }
             return try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
         }
-        guard let member = document.member("payload") else { throw .missingField("payload") }
+        guard let member = members.payload else { throw .missingField("payload") }
         guard case .object = member.value else {
             throw .wrongType(field: "payload", expected: "an object", got: member.value.typeName)
         }
@@ -294,9 +464,9 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// The retry state, and where the original job sits in the body (absent in retries written before it was kept).
-    private static func retryState(_ document: JSONValue) throws(JobError)
+    private static func retryState(_ retry: JSONValue?) throws(JobError)
         -> (attempt: Int, targets: [DeviceTarget], original: Range<Int>?)? {
-        guard let retry = document["retry"], retry != .null else { return nil }
+        guard let retry, retry != .null else { return nil }
         guard case .object = retry, case .number(let attemptText)? = retry["attempt"], let attempt = Int(attemptText),
               attempt >= 2, case .array(let entries)? = retry["targets"], !entries.isEmpty else {
             throw .wrongType(field: "retry", expected: "the worker's retry state", got: retry.typeName)
@@ -322,15 +492,25 @@ public struct PushJob: Sendable, Equatable {
     }
 
     static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
-        switch document[field] {
+        try string(document[field], named: field)
+    }
+
+    static func optionalInteger(_ document: JSONValue, _ field: String) throws(JobError) -> Int64? {
+        try integer(document[field], named: field)
+    }
+
+    /// A member's value that must be a string or null (or absent: nil).
+    static func string(_ value: JSONValue?, named field: String) throws(JobError) -> String? {
+        switch value {
         case nil, .null?: return nil
         case .string(let text)?: return text
         case let other?: throw .wrongType(field: field, expected: "a string", got: other.typeName)
         }
     }
 
-    static func optionalInteger(_ document: JSONValue, _ field: String) throws(JobError) -> Int64? {
-        switch document[field] {
+    /// A member's value that must be a whole number written as one, or null (or absent: nil).
+    static func integer(_ value: JSONValue?, named field: String) throws(JobError) -> Int64? {
+        switch value {
         case nil, .null?: return nil
         case .number(let text)?:
             guard let value = Int64(text) else {
@@ -341,20 +521,13 @@ public struct PushJob: Sendable, Equatable {
         }
     }
 
-    private static func stringArray(_ document: JSONValue, _ field: String) throws(JobError) -> [String] {
-        switch document[field] {
-        case nil, .null?: return []
-        case .array(let elements)?:
-            var strings: [String] = []
-            strings.reserveCapacity(elements.count)
-            for (index, element) in elements.enumerated() {
-                guard case .string(let text) = element else {
-                    throw .wrongType(field: "\(field)[\(index)]", expected: "a string", got: element.typeName)
-                }
-                strings.append(text)
-            }
-            return strings
-        case let other?: throw .wrongType(field: field, expected: "an array of strings", got: other.typeName)
+    private static func strings(_ value: JSONStrings?, named field: String) throws(JobError) -> [String] {
+        switch value {
+        case nil, .other(.null)?: return []
+        case .strings(let strings)?: return strings
+        case .notAString(let index, let typeName)?:
+            throw .wrongType(field: "\(field)[\(index)]", expected: "a string", got: typeName)
+        case .other(let other)?: throw .wrongType(field: field, expected: "an array of strings", got: other.typeName)
         }
     }
 }

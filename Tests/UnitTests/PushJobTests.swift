@@ -91,45 +91,84 @@ import WorkerPipeline
         #expect(throws: JSONError.self) { try JSONReader.parse(Array(text.utf8)) }
     }
 
-    /// Payloads good and bad, each placed as the value of an opaque member: checking without building must accept
-    /// and refuse exactly what building does, with the same error at the same byte, and measure the same depth.
+    /// Payloads good and bad, each placed as the value of a member read by `checkValue`: checking without building
+    /// must accept and refuse exactly what building does, with the same error at the same byte, and measure the same
+    /// depth.
     static let payloads = [
         #"{"aps":{"alert":{"title":"T","body":"B"},"badge":1},"k":[1,-2.5e3,true,false,null,"x",{}]}"#,
         #"{"a":"\u00e9\ud83d\ude00\n","b":"é😀 ok","c":[[[]]],"d":{}}"#, #"[]"#, #"[{"a":1},{"a":1}]"#, #""text""#, #"12"#,
-        #"{"a":1,"a":2}"#, #"{"a":1,"\u0061":2}"#, #"{"x":{"a":1,"b":{"a":2}},"y":{"a":{"a":{}}}}"#,
+        #"{"a":1,"a":2}"#, #"{"a":1,"\u0061":2}"#, #"{"\u0061":1,"a":2}"#, #"{"é":1,"\u00e9":2}"#,
+        #"{"x":{"a":1,"b":{"a":2}},"y":{"a":{"a":{}}}}"#, #"{"ab":1,"a":2,"b":3,"ba":4}"#,
         #"{"x":{"alert":"a","alert":"b"}}"#, #"[1,]"#, #"{"a":}"#, #"{"a" 1}"#, #"{"a":1 "b":2}"#, #"["\x"]"#,
         #"["\ud800"]"#, "[\"\u{1}\"]", #"[01]"#, #"[-]"#, #"[1.]"#, #"[1e]"#, #"[tru]"#, #"{"a":[1,2}"#, #"{"#, #"["#,
         #"{"a":"unterminated}"#, #"{1:2}"#, #"[[[[[[[[[[1]]]]]]]]]]"#,
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","k7":0}"#,
+        "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","\u006b7":0}"#,
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + "}",
     ]
 
     @Test(arguments: payloads)
-    func opaqueMembersAreCheckedAsStrictlyAsBuiltOnes(payload: String) {
+    func checkedMembersAreCheckedAsStrictlyAsBuiltOnes(payload: String) {
         var document = Array(#"{"id":"j","payload":"#.utf8)
         document += Array(payload.utf8) + [UInt8(ascii: "}")]
         let invalidUTF8 = Array(#"{"payload":{"a":""#.utf8) + [0xC3, 0x28] + Array(#""}}"#.utf8)
         for bytes in [document, invalidUTF8] {
             let built = Result { () throws(JSONError) in try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8) }
+            var checkedPayload: JSONMember?
             let checked = Result { () throws(JSONError) in
-                try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8, opaqueMembers: ["payload"])
+                try JSONReader.readObject(bytes, maximumDepth: 8, known: JSONNames(["payload"])) { reader, index throws(JSONError) in
+                    guard index == 0 else { return }
+                    let start = reader.offset
+                    let value = try reader.checkValue()
+                    checkedPayload = JSONMember(key: "payload", value: value, range: start..<reader.offset)
+                }
             }
             switch (built, checked) {
-            case (.success(let full), .success(let opaque)):
-                #expect(full.depth == opaque.depth)
-                let range = opaque.value.member("payload")?.range
+            case (.success(let full), .success(let topLevel)):
+                #expect(topLevel == .object(depth: full.depth))
+                let range = checkedPayload?.range
                 #expect(range == full.value.member("payload")?.range)
                 if bytes == document { #expect(range.map { Array(bytes[$0]) } == Array(payload.utf8)) }
                 // Scalars come back as read; objects and arrays empty, of the same kind.
-                switch (full.value["payload"], opaque.value["payload"]) {
+                switch (full.value["payload"], checkedPayload?.value) {
                 case (.object?, .object([])?), (.array?, .array([])?): break
                 case (let a, let b): #expect(a == b)
                 }
-            case (.failure(let full), .failure(let opaque)):
-                #expect(full == opaque)
+            case (.failure(let full), .failure(let checked)):
+                #expect(full == checked)
             default:
                 Issue.record("built: \(built), checked: \(checked)")
             }
+        }
+    }
+
+    @Test func membersAreReadIntoTheirOwnFieldsAndDuplicatesRefusedAtTheTopToo() throws {
+        let names = JSONNames(["users", "n"])
+        var users: JSONStrings?
+        var others: [JSONValue] = []
+        let document = Array(#"{"x": {"users": 1}, "users": ["a", "\u00e9"], "n": [1, "b"], "users2": 3}"#.utf8)
+        let topLevel = try JSONReader.readObject(document, known: names) { reader, index throws(JSONError) in
+            switch index {
+            case 0?: users = try reader.readStrings()
+            case 1?: others.append(try reader.readValue())
+            default: break
+            }
+        }
+        #expect(topLevel == .object(depth: 2))
+        #expect(users == .strings(["a", "é"]))
+        #expect(others == [.array([.number("1"), .string("b")])])
+        var strings: [JSONStrings] = []
+        _ = try JSONReader.readObject(Array(#"{"n": [1, "b"], "users": "u"}"#.utf8), known: names) { reader, _ throws(JSONError) in
+            strings.append(try reader.readStrings())
+        }
+        #expect(strings == [.notAString(index: 0, typeName: "a number"), .other(.string("u"))])
+        #expect(try JSONReader.readObject(Array("[1]".utf8), known: names) { _, _ throws(JSONError) in } == .other(typeName: "an array"))
+        let repeated = Array(#"{"users": [], "us\u0065rs": []}"#.utf8)
+        do {
+            _ = try JSONReader.readObject(repeated, known: names) { reader, _ throws(JSONError) in _ = try reader.readStrings() }
+            Issue.record("accepted a name given twice")
+        } catch {
+            #expect(error.description == #"duplicate key "users" at byte 14"#)
         }
     }
 }
