@@ -96,8 +96,8 @@ public struct JSONReader {
     /// The member names of the objects being read, innermost last, as their UTF-8 bytes with escapes resolved
     /// (`nameBytes`, one buffer for every level, which reading allocates once) and where each sits in it: a repeated
     /// name is found by comparing bytes, with no String made for a name that is only checked.
-    private var nameBytes: [UInt8] = []
-    private var names: [Range<Int>] = []
+    private var nameBytes: Scratch<UInt8>
+    private var names: Scratch<Range<Int>>
     /// During `readObject`: the depth of the top-level object's member values.
     private var memberDepth = 1
 
@@ -142,25 +142,38 @@ public struct JSONReader {
     private static func reading<T>(_ bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool,
                                    _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
         // The reader walks the bytes in place: an unsafe buffer, whose reads cost no bounds check in release builds,
-        // is what keeps reading near a few instructions per byte.
-        try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
-            var reader = JSONReader(bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys)
-            if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
-                throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
-                                   + "save it as UTF-8 without one")
+        // is what keeps reading near a few instructions per byte. Member names start on the stack, so that most
+        // documents allocate nothing for them.
+        try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { nameBytes throws(JSONError) in
+            try withUnsafeTemporaryAllocation(of: Range<Int>.self, capacity: 32) { names throws(JSONError) in
+                try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
+                    var reader = JSONReader(bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys,
+                                            nameBytes: Scratch(lent: nameBytes), names: Scratch(lent: names))
+                    defer {
+                        reader.nameBytes.release()
+                        reader.names.release()
+                    }
+                    if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
+                        throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
+                                           + "save it as UTF-8 without one")
+                    }
+                    reader.skipWhitespace()
+                    let value = try read(&reader)
+                    reader.skipWhitespace()
+                    guard reader.position == buffer.count else { throw reader.error("unexpected text after the JSON value") }
+                    return value
+                }
             }
-            reader.skipWhitespace()
-            let value = try read(&reader)
-            reader.skipWhitespace()
-            guard reader.position == buffer.count else { throw reader.error("unexpected text after the JSON value") }
-            return value
         }
     }
 
-    private init(bytes: UnsafeBufferPointer<UInt8>, maximumDepth: Int, allowsDuplicateKeys: Bool) {
+    private init(bytes: UnsafeBufferPointer<UInt8>, maximumDepth: Int, allowsDuplicateKeys: Bool,
+                 nameBytes: Scratch<UInt8>, names: Scratch<Range<Int>>) {
         self.bytes = bytes
         self.maximumDepth = maximumDepth
         self.allowsDuplicateKeys = allowsDuplicateKeys
+        self.nameBytes = nameBytes
+        self.names = names
     }
 
     private func error(_ message: String) -> JSONError { JSONError(offset: position, message: message) }
@@ -183,7 +196,7 @@ public struct JSONReader {
         defer { forget(names) }
         while true {
             let name = try memberName(into: &names)
-            let index = nameBytes.withUnsafeBufferPointer { known.index(of: UnsafeBufferPointer(rebasing: $0[name])) }
+            let index = known.index(of: nameBytes[name])
             try colon()
             let start = position
             try member(&self, index)
@@ -269,7 +282,7 @@ public struct JSONReader {
         defer { forget(names) }
         while true {
             let name = try memberName(into: &names)
-            let key = nameBytes.withUnsafeBufferPointer { String(decoding: $0[name], as: UTF8.self) }
+            let key = text(ofName: name)
             try colon()
             let start = position
             let value = try parseValue(depth: depth)
@@ -302,8 +315,8 @@ public struct JSONReader {
 
     /// Drops the names of an object read to its end.
     private mutating func forget(_ object: MemberNames) {
-        names.removeSubrange(object.first...)
-        nameBytes.removeSubrange(object.byte...)
+        names.removeLast(names.count - object.first)
+        nameBytes.removeLast(nameBytes.count - object.byte)
     }
 
     /// Reads a member name into `nameBytes`, refusing one the object already has unless duplicates are allowed:
@@ -313,22 +326,16 @@ public struct JSONReader {
         skipWhitespace()
         guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
         let start = position
-        if nameBytes.capacity == 0 {
-            nameBytes.reserveCapacity(512)
-            names.reserveCapacity(32)
-        }
         let name = try appendName()
         guard !allowsDuplicateKeys else { return name }
         let repeated: Bool
         if object.set == nil && names.count - object.first < 16 {
-            repeated = nameBytes.withUnsafeBufferPointer { buffer in
-                let new = UnsafeBufferPointer(rebasing: buffer[name])
-                return names[object.first...].contains { Self.same(UnsafeBufferPointer(rebasing: buffer[$0]), new) }
-            }
+            let new = nameBytes[name]
+            repeated = (object.first..<names.count).contains { Self.same(nameBytes[names[$0]], new) }
             names.append(name)
         } else {
             if object.set == nil {
-                object.set = Set(names[object.first...].map { text(ofName: $0) })
+                object.set = Set((object.first..<names.count).map { text(ofName: names[$0]) })
             }
             repeated = !object.set!.insert(text(ofName: name)).inserted
         }
@@ -340,7 +347,7 @@ public struct JSONReader {
     }
 
     private func text(ofName name: Range<Int>) -> String {
-        nameBytes.withUnsafeBufferPointer { String(decoding: $0[name], as: UTF8.self) }
+        String(decoding: nameBytes[name], as: UTF8.self)
     }
 
     /// Appends the name at `position` (its opening quote) to `nameBytes`, escapes resolved, and reads past it.
@@ -349,7 +356,8 @@ public struct JSONReader {
         if let text = try plainString() {
             nameBytes.append(contentsOf: text)
         } else {
-            nameBytes.append(contentsOf: try parseString().utf8)
+            var name = try parseString()
+            name.withUTF8 { nameBytes.append(contentsOf: $0) }
         }
         return first..<nameBytes.count
     }
@@ -553,5 +561,55 @@ public struct JSONReader {
         }
         position += 4
         return value
+    }
+}
+
+/// Growable storage that starts in memory its owner lends (on the stack) and moves to the heap only when it outgrows
+/// it; `release` frees what it allocated. For the reader's member names (bytes and ranges, trivial values that need no
+/// deinitializing), which most documents keep within the loan.
+private struct Scratch<Element> {
+    private var base: UnsafeMutablePointer<Element>
+    private var capacity: Int
+    private(set) var count = 0
+    private var allocated = false
+
+    init(lent: UnsafeMutableBufferPointer<Element>) {
+        base = lent.baseAddress!
+        capacity = lent.count
+    }
+
+    subscript(index: Int) -> Element { base[index] }
+
+    subscript(range: Range<Int>) -> UnsafeBufferPointer<Element> {
+        UnsafeBufferPointer(start: base + range.lowerBound, count: range.count)
+    }
+
+    mutating func append(_ element: Element) {
+        if count == capacity { grow(to: count + 1) }
+        base[count] = element
+        count += 1
+    }
+
+    mutating func append(contentsOf elements: UnsafeBufferPointer<Element>) {
+        guard let start = elements.baseAddress else { return }
+        if count + elements.count > capacity { grow(to: count + elements.count) }
+        (base + count).initialize(from: start, count: elements.count)
+        count += elements.count
+    }
+
+    mutating func removeLast(_ k: Int) { count -= k }
+
+    func release() {
+        if allocated { base.deallocate() }
+    }
+
+    private mutating func grow(to needed: Int) {
+        let larger = max(needed, capacity * 2)
+        let moved = UnsafeMutablePointer<Element>.allocate(capacity: larger)
+        moved.initialize(from: base, count: count)
+        release()
+        base = moved
+        capacity = larger
+        allocated = true
     }
 }

@@ -21,6 +21,8 @@ struct PreparedBatch {
         var jobs: [(delivery: JobDelivery, job: PushJob)] = []
         var rejected: [(JobDelivery, String)] = []
         var services: [String: TopicService] = [:]
+        // Most batches hold one topic: the last one's service is kept at hand, without hashing the topic per job.
+        var lastService: (topic: String, service: TopicService)?
         for delivery in batch {
             let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
             do {
@@ -29,8 +31,14 @@ struct PreparedBatch {
                     logger.critical("test fault: exiting on this job", ["job.id": job.id])
                     exit(70)
                 }
-                let service = services[job.topic] ?? sender.service(forTopic: job.topic)
-                services[job.topic] = service
+                let service: TopicService
+                if let lastService, lastService.topic == job.topic {
+                    service = lastService.service
+                } else {
+                    service = services[job.topic] ?? sender.service(forTopic: job.topic)
+                    services[job.topic] = service
+                    lastService = (job.topic, service)
+                }
                 switch service {
                 case .served(let rateGroup):
                     job.rateGroup = rateGroup

@@ -15,7 +15,9 @@ struct JobsUnderWay {
     mutating func settled(_ tag: UInt64) {
         guard let (delivery, jobID) = deliveries.removeValue(forKey: tag) else { return }
         counts[delivery.lane] -= 1
-        if jobIDs[jobID] == 1 { jobIDs.removeValue(forKey: jobID) } else { jobIDs[jobID, default: 1] -= 1 }
+        // One lookup (one hash of the id) for both the count and its removal.
+        guard let index = jobIDs.index(forKey: jobID) else { return }
+        if jobIDs.values[index] == 1 { jobIDs.remove(at: index) } else { jobIDs.values[index] -= 1 }
     }
 
     func contains(jobID: String) -> Bool { jobIDs[jobID] != nil }

@@ -105,6 +105,10 @@ import WorkerPipeline
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","k7":0}"#,
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","\u006b7":0}"#,
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + "}",
+        // Names past the reader's first 512 bytes of them, nested past its first 32 names.
+        "{" + (0..<20).map { #""\#(String(repeating: "n", count: 40))\#($0)":{"a\#($0)":1}"# }.joined(separator: ",") + "}",
+        "{" + (0..<20).map { #""\#(String(repeating: "n", count: 40))\#($0)":{"a":1}"# }.joined(separator: ",")
+            + #","\#(String(repeating: "n", count: 40))7":2}"#,
     ]
 
     @Test(arguments: payloads)
@@ -139,6 +143,22 @@ import WorkerPipeline
             default:
                 Issue.record("built: \(built), checked: \(checked)")
             }
+        }
+    }
+
+    @Test func namesPastTheReadersFirstStorageKeepTheirBytes() throws {
+        let long = String(repeating: "n", count: 40)
+        let names = (0..<40).map { "\(long)\($0)" }
+        let document = "{" + names.map { #""\#($0)":{"a":1}"# }.joined(separator: ",") + "}"
+        guard case .object(let members) = try JSONReader.parse(Array(document.utf8)) else {
+            Issue.record("not an object")
+            return
+        }
+        #expect(members.map(\.key) == names)
+        let repeated = "{" + names.map { #""\#($0)":1"# }.joined(separator: ",") + #","\#(names[7])":2}"#
+        #expect(throws: JSONError.self) { try JSONReader.parse(Array(repeated.utf8)) }
+        do { _ = try JSONReader.parse(Array(repeated.utf8)) } catch {
+            #expect(error.description.hasPrefix("duplicate key \"\(names[7])\""))
         }
     }
 
