@@ -369,6 +369,17 @@ public struct JSONReader {
         let start = position + 1
         var scan = start
         var ascii = true
+        // Eight bytes at a time up to the first that may end the string or make it need the full reader (a quote, a
+        // backslash, a control character); bytes of 0x80 and above only mark it as needing UTF-8 validation.
+        let raw = UnsafeRawPointer(bytes.baseAddress!)
+        var high: UInt64 = 0
+        while scan + 8 <= bytes.count {
+            let word = raw.loadUnaligned(fromByteOffset: scan, as: UInt64.self)
+            if Self.mayStop(word) { break }
+            high |= word
+            scan += 8
+        }
+        if high & 0x8080_8080_8080_8080 != 0 { ascii = false }
         while scan < bytes.count {
             let byte = bytes[scan]
             if byte == UInt8(ascii: "\"") {
@@ -386,6 +397,17 @@ public struct JSONReader {
             scan += 1
         }
         return nil
+    }
+
+    /// Whether `word` may hold a quote, a backslash or a byte below 0x20 (never false when it does). Each test sets a
+    /// byte's top bit when the byte is zero (after the XOR) or below 0x20; a byte of 0x80 and above is masked out
+    /// by `~word` and never sets it, and a borrow only ever adds a false alarm, which the byte loop then settles.
+    private static func mayStop(_ word: UInt64) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let quotes = word ^ (ones &* 0x22)
+        let backslashes = word ^ (ones &* 0x5C)
+        let found = ((quotes &- ones) & ~quotes) | ((backslashes &- ones) & ~backslashes) | ((word &- ones &* 0x20) & ~word)
+        return found & (ones &* 0x80) != 0
     }
 
     fileprivate static func same(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {

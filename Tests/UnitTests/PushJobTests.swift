@@ -146,6 +146,24 @@ import WorkerPipeline
         }
     }
 
+    /// Strings are scanned eight bytes at a time: an end, an escape, a control character or a non-ASCII byte at
+    /// every offset of a word is still found.
+    @Test func stringsAreReadWhereverTheirEndEscapeOrBadByteFalls() throws {
+        for offset in 0..<20 {
+            let before = String(repeating: "a", count: offset)
+            func parse(_ middle: [UInt8]) -> Result<JSONValue, JSONError> {
+                let bytes = Array(#"{"k":""#.utf8) + Array(before.utf8) + middle + Array(#"bcdefghij","n":1}"#.utf8)
+                return Result { () throws(JSONError) in try JSONReader.parse(bytes) }
+            }
+            #expect(try parse(Array(#"\""#.utf8)).get()["k"] == .string(before + "\"bcdefghij"))
+            #expect(try parse(Array("é".utf8)).get()["k"] == .string(before + "ébcdefghij"))
+            #expect(try parse(Array(#"""#.utf8) + Array(#","x":""#.utf8)).get()["x"] == .string("bcdefghij"))
+            for bad: [UInt8] in [[0x01], [0x1F], [0xC3, 0x28], [0xFF]] {
+                #expect(throws: JSONError.self, "byte \(bad) at \(offset)") { try parse(bad).get() }
+            }
+        }
+    }
+
     @Test func namesPastTheReadersFirstStorageKeepTheirBytes() throws {
         let long = String(repeating: "n", count: 40)
         let names = (0..<40).map { "\(long)\($0)" }
