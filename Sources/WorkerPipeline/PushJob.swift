@@ -4,10 +4,10 @@ import Telemetry
 
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
 ///
-/// A value whose members live in one shared box, copied on write: a job passes through several arrays and filters
-/// and into its progress on its way to sending, and a copy then costs one reference count instead of one per member.
+/// Its members are shared until changed (`SharedMembers`): a job passes through several arrays and filters and into
+/// its progress on its way to sending.
 public struct PushJob: Sendable, Equatable {
-    private struct Members: Equatable {
+    private struct Members: Sendable, Equatable {
         var id: String
         var idFromBody: Bool = true
         var topic: String
@@ -28,117 +28,104 @@ public struct PushJob: Sendable, Equatable {
         var channelID: String? = nil
     }
 
-    // Invariant: `members` is changed only through `box`'s setter below, which first makes the box unique.
-    private final class Box: @unchecked Sendable {
-        var members: Members
-
-        init(_ members: Members) { self.members = members }
-    }
-
-    private var box: Box
-
-    /// Changes a member in place when this value alone holds the box, in a copy of it otherwise.
-    private mutating func change(_ apply: (inout Members) -> Void) {
-        if !isKnownUniquelyReferenced(&box) { box = Box(box.members) }
-        apply(&box.members)
-    }
+    private var shared: SharedMembers<Members>
 
     init(id: String, topic: String, users: [String], tokens: [String], environment: APNsEnvironment,
          pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?, payload: [UInt8]) {
-        box = Box(Members(id: id, topic: topic, users: users, tokens: tokens, environment: environment,
-                          pushType: pushType, priority: priority, expiration: expiration, collapseID: collapseID,
-                          payload: payload))
+        shared = SharedMembers(Members(id: id, topic: topic, users: users, tokens: tokens, environment: environment,
+                                       pushType: pushType, priority: priority, expiration: expiration,
+                                       collapseID: collapseID, payload: payload))
     }
 
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
-        lhs.box === rhs.box || lhs.box.members == rhs.box.members
+        lhs.shared.isSameBox(as: rhs.shared) || lhs.shared.members == rhs.shared.members
     }
 
     public var id: String {
-        get { box.members.id }
-        set { change { $0.id = newValue } }
+        get { shared.members.id }
+        set { shared.change { $0.id = newValue } }
     }
     /// The job named itself (`id` in the body); otherwise `id` is the caller's fallback.
     public var idFromBody: Bool {
-        get { box.members.idFromBody }
-        set { change { $0.idFromBody = newValue } }
+        get { shared.members.idFromBody }
+        set { shared.change { $0.idFromBody = newValue } }
     }
     /// The topic to send with, the push type's suffix included.
     public var topic: String {
-        get { box.members.topic }
-        set { change { $0.topic = newValue } }
+        get { shared.members.topic }
+        set { shared.change { $0.topic = newValue } }
     }
     public var users: [String] {
-        get { box.members.users }
-        set { change { $0.users = newValue } }
+        get { shared.members.users }
+        set { shared.change { $0.users = newValue } }
     }
     public var tokens: [String] {
-        get { box.members.tokens }
-        set { change { $0.tokens = newValue } }
+        get { shared.members.tokens }
+        set { shared.change { $0.tokens = newValue } }
     }
     /// A Live Activity whose update tokens the job reaches (`"activity": "<id>"`, as the app registered them).
     public var activity: String? {
-        get { box.members.activity }
-        set { change { $0.activity = newValue } }
+        get { shared.members.activity }
+        set { shared.change { $0.activity = newValue } }
     }
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
     public var environment: APNsEnvironment {
-        get { box.members.environment }
-        set { change { $0.environment = newValue } }
+        get { shared.members.environment }
+        set { shared.change { $0.environment = newValue } }
     }
     public var pushType: APNsPushType {
-        get { box.members.pushType }
-        set { change { $0.pushType = newValue } }
+        get { shared.members.pushType }
+        set { shared.change { $0.pushType = newValue } }
     }
     public var priority: APNsPriority {
-        get { box.members.priority }
-        set { change { $0.priority = newValue } }
+        get { shared.members.priority }
+        set { shared.change { $0.priority = newValue } }
     }
     public var expiration: Int64? {
-        get { box.members.expiration }
-        set { change { $0.expiration = newValue } }
+        get { shared.members.expiration }
+        set { shared.change { $0.expiration = newValue } }
     }
     public var collapseID: String? {
-        get { box.members.collapseID }
-        set { change { $0.collapseID = newValue } }
+        get { shared.members.collapseID }
+        set { shared.change { $0.collapseID = newValue } }
     }
     /// UNIX seconds: a notification not handed to APNs by then is not sent (expired). Not Apple's `expiration`,
     /// which is how long APNs keeps a notification for a device that is offline.
     public var deadline: Int64? {
-        get { box.members.deadline }
-        set { change { $0.deadline = newValue } }
+        get { shared.members.deadline }
+        set { shared.change { $0.deadline = newValue } }
     }
     /// The payload exactly as the job wrote it.
     public var payload: [UInt8] {
-        get { box.members.payload }
-        set { change { $0.payload = newValue } }
+        get { shared.members.payload }
+        set { shared.change { $0.payload = newValue } }
     }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
     public var attempt: Int {
-        get { box.members.attempt }
-        set { change { $0.attempt = newValue } }
+        get { shared.members.attempt }
+        set { shared.change { $0.attempt = newValue } }
     }
     /// On a retry: exactly the notifications still to send (users already resolved).
     public var retryTargets: [DeviceTarget]? {
-        get { box.members.retryTargets }
-        set { change { $0.retryTargets = newValue } }
+        get { shared.members.retryTargets }
+        set { shared.change { $0.retryTargets = newValue } }
     }
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
     public var originalBody: [UInt8]? {
-        get { box.members.originalBody }
-        set { change { $0.originalBody = newValue } }
+        get { shared.members.originalBody }
+        set { shared.change { $0.originalBody = newValue } }
     }
     /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said when
     /// the job started.
     public var rateGroup: RateGroup? {
-        get { box.members.rateGroup }
-        set { change { $0.rateGroup = newValue } }
+        get { shared.members.rateGroup }
+        set { shared.change { $0.rateGroup = newValue } }
     }
     /// A broadcast job (`channel_id`): one request that APNs fans out to every device subscribed to the channel,
     /// instead of a notification per device; it has no users or tokens.
     public var channelID: String? {
-        get { box.members.channelID }
-        set { change { $0.channelID = newValue } }
+        get { shared.members.channelID }
+        set { shared.change { $0.channelID = newValue } }
     }
 
     /// The broadcast a broadcast job sends.
