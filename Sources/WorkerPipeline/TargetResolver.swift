@@ -72,6 +72,10 @@ public struct TargetResolver: Sendable, Equatable {
     }
 
     private func newTargets(of job: PushJob, resolved: [String: [CachedToken]]) -> [DeviceTarget] {
+        // One token and no user, the most common job of all, has nothing to tell apart.
+        if job.users.isEmpty && job.tokens.count == 1 {
+            return collect(job, users: [], withOwnTokens: true, resolved: resolved) { _ in true }
+        }
         // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
         var seen = Set<DeviceTokenKey>(minimumCapacity: job.tokens.count + job.users.count * 2)
         return collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) {
@@ -83,6 +87,7 @@ public struct TargetResolver: Sendable, Equatable {
                          resolved: [String: [CachedToken]], firstTime: (String) -> Bool) -> [DeviceTarget] {
         let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
         var targets: [DeviceTarget] = []
+        targets.reserveCapacity((withOwnTokens ? job.tokens.count : 0) + users.count)
         if withOwnTokens {
             for token in job.tokens where firstTime(token) {
                 targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
