@@ -112,6 +112,8 @@ public final class AMQPConnection {
     private var isOpen = false
     /// Events read while waiting for something else (confirms), handed out first by `nextEvent`.
     private var buffered: [AMQPEvent] = []
+    /// The consumer tags and routing keys of deliveries: the same few again and again.
+    private var recentNames = RecentNames()
     /// Messages and their bytes read since librabbitmq's frame memory was last given back (`releaseFrameMemory`).
     private var messagesSinceRelease = 0
     private var bytesSinceRelease = 0
@@ -413,8 +415,8 @@ public final class AMQPConnection {
             switch method.id {
             case Method.basicDeliver:
                 let deliver = method.decoded.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
-                let routingKey = Self.string(deliver.routing_key)
-                let consumerTag = Self.string(deliver.consumer_tag)
+                let routingKey = recentNames.string(deliver.routing_key)
+                let consumerTag = recentNames.string(deliver.consumer_tag)
                 let (body, properties) = try readContent(channel: frame.channel)
                 return .delivery(AMQPDelivery(deliveryTag: deliver.delivery_tag, redelivered: deliver.redelivered != 0,
                                               consumerTag: consumerTag, routingKey: routingKey, body: body,
@@ -730,4 +732,22 @@ private struct CStringArena {
     }
 
     func free() { for memory in allocations { memory.deallocate() } }
+}
+
+/// The last few names read off the wire (a delivery's consumer tag and routing key), kept as Strings: the same few
+/// come with every delivery, and a tag of 31 bytes would otherwise cost a String allocation per message.
+private struct RecentNames {
+    private var names: [String] = []
+    private var next = 0
+
+    mutating func string(_ bytes: amqp_bytes_t) -> String {
+        guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
+        let wire = UnsafeRawBufferPointer(start: pointer, count: bytes.len)
+        for var name in names where name.utf8.count == wire.count {
+            if name.withUTF8({ memcmp($0.baseAddress!, pointer, wire.count) == 0 }) { return name }
+        }
+        let name = String(decoding: wire, as: UTF8.self)
+        if names.count < 4 { names.append(name) } else { names[next] = name; next = (next + 1) % 4 }
+        return name
+    }
 }
