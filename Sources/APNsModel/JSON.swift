@@ -368,46 +368,55 @@ public struct JSONReader {
     private mutating func plainString() throws(JSONError) -> UnsafeBufferPointer<UInt8>? {
         let start = position + 1
         var scan = start
-        var ascii = true
-        // Eight bytes at a time up to the first that may end the string or make it need the full reader (a quote, a
+        // Eight bytes at a time up to the first that ends the string or makes it need the full reader (a quote, a
         // backslash, a control character); bytes of 0x80 and above only mark it as needing UTF-8 validation.
         let raw = UnsafeRawPointer(bytes.baseAddress!)
         var high: UInt64 = 0
+        var stopFound = false
         while scan + 8 <= bytes.count {
             let word = raw.loadUnaligned(fromByteOffset: scan, as: UInt64.self)
-            if Self.mayStop(word) { break }
+            let stops = Self.stops(in: word)
+            if stops != 0 {
+                let offset = stops.trailingZeroBitCount >> 3
+                high |= word & ((1 &<< (offset &* 8)) &- 1)
+                scan += offset
+                stopFound = true
+                break
+            }
             high |= word
             scan += 8
         }
-        if high & 0x8080_8080_8080_8080 != 0 { ascii = false }
-        while scan < bytes.count {
+        // The last few bytes of the document, one at a time.
+        while !stopFound && scan < bytes.count {
             let byte = bytes[scan]
-            if byte == UInt8(ascii: "\"") {
-                let text = UnsafeBufferPointer(rebasing: bytes[start..<scan])
-                // ASCII needs no validation.
-                if !ascii && String(validating: text, as: UTF8.self) == nil {
-                    position = start
-                    throw error("string is not UTF-8")
-                }
-                position = scan + 1
-                return text
+            if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") || byte < 0x20 {
+                stopFound = true
+            } else {
+                high |= UInt64(byte)
+                scan += 1
             }
-            if byte == UInt8(ascii: "\\") || byte < 0x20 { return nil }
-            if byte >= 0x80 { ascii = false }
-            scan += 1
         }
-        return nil
+        guard stopFound, bytes[scan] == UInt8(ascii: "\"") else { return nil }
+        let text = UnsafeBufferPointer(rebasing: bytes[start..<scan])
+        // ASCII needs no validation.
+        if high & 0x8080_8080_8080_8080 != 0 && String(validating: text, as: UTF8.self) == nil {
+            position = start
+            throw error("string is not UTF-8")
+        }
+        position = scan + 1
+        return text
     }
 
-    /// Whether `word` may hold a quote, a backslash or a byte below 0x20 (never false when it does). Each test sets a
-    /// byte's top bit when the byte is zero (after the XOR) or below 0x20; a byte of 0x80 and above is masked out
-    /// by `~word` and never sets it, and a borrow only ever adds a false alarm, which the byte loop then settles.
-    private static func mayStop(_ word: UInt64) -> Bool {
+    /// The top bit of each byte of `word` that is a quote, a backslash or below 0x20, and perhaps of bytes above the
+    /// lowest such byte, never below it: each test sets a byte's top bit when the byte is zero (after the XOR) or below
+    /// 0x20, a borrow only ever reaches higher bytes, and a byte of 0x80 and above is masked out by `~word`. So the
+    /// lowest bit set marks the first byte that stops a string.
+    private static func stops(in word: UInt64) -> UInt64 {
         let ones: UInt64 = 0x0101_0101_0101_0101
         let quotes = word ^ (ones &* 0x22)
         let backslashes = word ^ (ones &* 0x5C)
         let found = ((quotes &- ones) & ~quotes) | ((backslashes &- ones) & ~backslashes) | ((word &- ones &* 0x20) & ~word)
-        return found & (ones &* 0x80) != 0
+        return found & (ones &* 0x80)
     }
 
     fileprivate static func same(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {

@@ -160,6 +160,10 @@ import WorkerPipeline
             #expect(try parse(Array(#"""#.utf8) + Array(#","x":""#.utf8)).get()["x"] == .string("bcdefghij"))
             for bad: [UInt8] in [[0x01], [0x1F], [0xC3, 0x28], [0xFF]] {
                 #expect(throws: JSONError.self, "byte \(bad) at \(offset)") { try parse(bad).get() }
+                // The bad byte the last before the string's end.
+                #expect(throws: JSONError.self, "byte \(bad) at \(offset), then the end") {
+                    try parse(bad + Array(#"","x":""#.utf8)).get()
+                }
             }
         }
     }
