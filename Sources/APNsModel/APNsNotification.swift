@@ -61,7 +61,13 @@ public struct APNsNotification: Sendable {
         // Contiguous UTF-8 makes this a plain byte loop (it is on the per-notification path).
         let valid = token.withUTF8 { bytes in
             guard !bytes.isEmpty, bytes.count <= 200, bytes.count % 2 == 0 else { return false }
-            for byte in bytes where !isHexDigit(byte) { return false }
+            let raw = UnsafeRawBufferPointer(bytes)
+            var index = 0
+            while index + 8 <= bytes.count {
+                guard allHexDigits(raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)) else { return false }
+                index += 8
+            }
+            for byte in bytes[index...] where !isHexDigit(byte) { return false }
             return true
         }
         guard valid else { throw .badDeviceToken(length: token.utf8.count) }
@@ -87,6 +93,19 @@ public struct APNsNotification: Sendable {
             return bytes[index...].contains { $0 &- UInt8(ascii: "A") < 26 }
         }
         return hasUpperCase ? token.lowercased() : token
+    }
+
+    /// Whether the eight bytes of `word` are all hex digits, tested side by side: with every byte ASCII, adding a
+    /// constant to each carries into no other, so `(x + 0x80 - low) & ~(x + 0x7F - high)` has its top bit set exactly
+    /// when low <= x <= high (0-9, then a-f once letters are lowered with | 0x20, as `isHexDigit`).
+    static func allHexDigits(_ word: UInt64) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let top = ones &* 0x80
+        guard word & top == 0 else { return false }
+        let lowered = word | (ones &* 0x20)
+        let digits = (word &+ ones &* (0x80 - 0x30)) & ~(word &+ ones &* (0x7F - 0x39))
+        let letters = (lowered &+ ones &* (0x80 - 0x61)) & ~(lowered &+ ones &* (0x7F - 0x66))
+        return (digits | letters) & top == top
     }
 
     static func isHexDigit(_ byte: UInt8) -> Bool {

@@ -83,7 +83,8 @@ public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
     public var description: String { "\(message) at byte \(offset)" }
 }
 
-public struct JSONReader {
+/// Not copyable: a reader holds memory lent for one parse, which a copy could free under it or leak.
+public struct JSONReader: ~Copyable {
     public static let defaultMaximumDepth = 32
 
     /// Valid during one parse only (`parseMeasuringDepth` and `readObject` lend it).
@@ -305,7 +306,9 @@ public struct JSONReader {
     private struct MemberNames {
         let first: Int
         let byte: Int
-        var set: Set<String>?
+        /// Names as bytes, compared as below 16 names: canonically equivalent but different text (é precomposed and
+        /// decomposed) is two names, as for the readers whose disagreement the check is about.
+        var set: Set<[UInt8]>?
 
         init(from first: Int, byte: Int) {
             self.first = first
@@ -335,9 +338,9 @@ public struct JSONReader {
             names.append(name)
         } else {
             if object.set == nil {
-                object.set = Set((object.first..<names.count).map { text(ofName: names[$0]) })
+                object.set = Set((object.first..<names.count).map { Array(nameBytes[names[$0]]) })
             }
-            repeated = !object.set!.insert(text(ofName: name)).inserted
+            repeated = !object.set!.insert(Array(nameBytes[name])).inserted
         }
         if repeated {
             position = start

@@ -140,16 +140,22 @@ import Testing
         }
     }
 
-    /// Every ASCII character, and a few beyond: exactly 0-9, a-f and A-F make a token (the check is a bit trick).
+    /// Every ASCII character, and a few beyond, at every place of a token (eight bytes are checked at once, the
+    /// rest one by one): exactly 0-9, a-f and A-F make a token (the checks are bit tricks).
     @Test func onlyHexDigitsMakeAToken() {
         let hex = Set("0123456789abcdefABCDEF".unicodeScalars.map(\.value))
         for value in UInt32(0)..<256 {
-            let token = String(Character(Unicode.Scalar(value)!)) + "a"
-            if hex.contains(value) {
-                #expect(throws: Never.self, "character \(value)") { try APNsNotification.validateDeviceToken(token) }
-            } else {
-                #expect(throws: APNsRequestError.badDeviceToken(length: token.utf8.count), "character \(value)") {
-                    try APNsNotification.validateDeviceToken(token)
+            let character = String(Character(Unicode.Scalar(value)!))
+            for place in [0, 1, 7, 8, 13, 16, 21] {
+                let token = String(repeating: "a", count: place) + character + String(repeating: "F", count: 21 - place)
+                if hex.contains(value) {
+                    #expect(throws: Never.self, "character \(value) at \(place)") {
+                        try APNsNotification.validateDeviceToken(token)
+                    }
+                } else {
+                    #expect(throws: APNsRequestError.badDeviceToken(length: token.utf8.count), "character \(value) at \(place)") {
+                        try APNsNotification.validateDeviceToken(token)
+                    }
                 }
             }
         }

@@ -168,6 +168,24 @@ import WorkerPipeline
         }
     }
 
+    /// Names are told apart by their bytes however many an object has: é precomposed and decomposed are two names
+    /// (as for Python, JavaScript or Go, whose disagreement the duplicate check is about); the same é twice, once
+    /// escaped, is one name given twice.
+    @Test func namesAreToldApartByTheirBytes() throws {
+        let others = (0..<20).map { #""k\#($0)":0,"# }
+        for count in [0, 20] {
+            let prefix = others.prefix(count).joined()
+            let distinct = "{" + prefix + "\"\u{E9}\":1,\"e\u{301}\":2}"
+            guard case .object(let members) = try JSONReader.parse(Array(distinct.utf8)) else {
+                Issue.record("not an object")
+                return
+            }
+            #expect(members.count == count + 2, "\(count) other names")
+            let same = "{" + prefix + "\"\u{E9}\":1,\"\\u00e9\":2}"
+            #expect(throws: JSONError.self, "\(count) other names") { try JSONReader.parse(Array(same.utf8)) }
+        }
+    }
+
     @Test func namesPastTheReadersFirstStorageKeepTheirBytes() throws {
         let long = String(repeating: "n", count: 40)
         let names = (0..<40).map { "\(long)\($0)" }
