@@ -264,22 +264,23 @@ public struct PushJob: Sendable, Equatable {
                 throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
             }
             guard Self.isASCII(body) || String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
-            self.init()
+            var members = JobMembers()
             let topLevel: JSONTopLevel
             do {
                 topLevel = try JSONReader.readObject(body, maximumDepth: limits.maximumDepth + PushJob.retryWrapperDepth,
                                                      known: Self.names) { reader, index throws(JSONError) in
                     guard let index else { return }
-                    try self.read(Name.allCases[index], from: &reader)
+                    try members.read(Name.allCases[index], from: &reader)
                 }
             } catch {
                 throw .notJSON(error.description)
             }
-            guard case .object(let depth) = topLevel else {
-                if case .other(let typeName) = topLevel { throw .notAnObject(typeName) }
-                preconditionFailure("a top level is an object or not")
+            let depth: Int
+            switch topLevel {
+            case .object(let measured): depth = measured
+            case .other(let typeName): throw .notAnObject(typeName)
             }
-            if retry == nil || retry == .null {
+            if members.retry == nil || members.retry == .null {
                 guard body.count <= limits.maximumMessageSize else {
                     throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
                 }
@@ -287,6 +288,7 @@ public struct PushJob: Sendable, Equatable {
                     throw .notJSON("nesting deeper than \(limits.maximumDepth) levels")
                 }
             }
+            self = consume members
         }
 
         private init() {}
@@ -363,7 +365,7 @@ public struct PushJob: Sendable, Equatable {
         var deadline: Int64?
         var collapseID: String?
 
-        init(_ members: JobMembers, defaultPushType: APNsPushType) throws(JobError) {
+        init(_ members: borrowing JobMembers, defaultPushType: APNsPushType) throws(JobError) {
             pushType = defaultPushType
             if let text = try string(members.environment, named: "environment") {
                 guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
