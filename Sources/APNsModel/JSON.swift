@@ -95,8 +95,8 @@ public struct JSONReader: ~Copyable {
     /// The deepest nesting met so far.
     private var deepest = 0
     /// The member names of the objects being read, innermost last, as their UTF-8 bytes with escapes resolved
-    /// (`nameBytes`, one buffer for every level, which reading allocates once) and where each sits in it: a repeated
-    /// name is found by comparing bytes, with no String made for a name that is only checked.
+    /// (`nameBytes`, one buffer for every level, lent on the stack and moved to the heap only if outgrown) and where
+    /// each sits in it: a repeated name is found by comparing bytes, with no String made for a name only checked.
     private var nameBytes: Scratch<UInt8>
     private var names: Scratch<Range<Int>>
     /// During `readObject`: the depth of the top-level object's member values.
