@@ -39,41 +39,21 @@ public enum JobLane: String, Sendable, Hashable, CaseIterable {
 }
 
 /// A job as the broker handed it over. `tag` is the broker's handle for settling it; the pipeline only gives it back.
-/// Its members are shared until changed (`SharedMembers`): a delivery travels with its job through the same arrays.
-public struct JobDelivery: Sendable {
-    private struct Members: Sendable {
-        var tag: UInt64
-        var redelivered: Bool
-        var body: [UInt8]
-        var properties: MessageProperties
-        var lane: JobLane
-    }
-
-    private var shared: SharedMembers<Members>
+/// Never changed once received, and a class: a delivery travels with its job through several arrays, filters and
+/// hand-overs, where a copy then costs one reference count instead of one per string and array it holds.
+public final class JobDelivery: Sendable {
+    public let tag: UInt64
+    public let redelivered: Bool
+    public let body: [UInt8]
+    public let properties: MessageProperties
+    public let lane: JobLane
 
     public init(tag: UInt64, redelivered: Bool, body: [UInt8], properties: MessageProperties, lane: JobLane = .urgent) {
-        shared = SharedMembers(Members(tag: tag, redelivered: redelivered, body: body, properties: properties, lane: lane))
-    }
-
-    public var tag: UInt64 {
-        get { shared.members.tag }
-        set { shared.change { $0.tag = newValue } }
-    }
-    public var redelivered: Bool {
-        get { shared.members.redelivered }
-        set { shared.change { $0.redelivered = newValue } }
-    }
-    public var body: [UInt8] {
-        get { shared.members.body }
-        set { shared.change { $0.body = newValue } }
-    }
-    public var properties: MessageProperties {
-        get { shared.members.properties }
-        set { shared.change { $0.properties = newValue } }
-    }
-    public var lane: JobLane {
-        get { shared.members.lane }
-        set { shared.change { $0.lane = newValue } }
+        self.tag = tag
+        self.redelivered = redelivered
+        self.body = body
+        self.properties = properties
+        self.lane = lane
     }
 }
 

@@ -5,7 +5,7 @@ import Telemetry
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
 ///
 /// Its members are shared until changed (`SharedMembers`): a job passes through several arrays and filters and into
-/// its progress on its way to sending.
+/// its progress on its way to sending. Only decoding sets them, but for the rate group its sender gives it.
 public struct PushJob: Sendable, Equatable {
     private struct Members: Sendable, Equatable {
         var id: String
@@ -41,80 +41,32 @@ public struct PushJob: Sendable, Equatable {
         lhs.shared.isSameBox(as: rhs.shared) || lhs.shared.members == rhs.shared.members
     }
 
-    public var id: String {
-        get { shared.members.id }
-        set { shared.change { $0.id = newValue } }
-    }
+    public var id: String { shared.members.id }
     /// The job named itself (`id` in the body); otherwise `id` is the caller's fallback.
-    public var idFromBody: Bool {
-        get { shared.members.idFromBody }
-        set { shared.change { $0.idFromBody = newValue } }
-    }
+    public var idFromBody: Bool { shared.members.idFromBody }
     /// The topic to send with, the push type's suffix included.
-    public var topic: String {
-        get { shared.members.topic }
-        set { shared.change { $0.topic = newValue } }
-    }
-    public var users: [String] {
-        get { shared.members.users }
-        set { shared.change { $0.users = newValue } }
-    }
-    public var tokens: [String] {
-        get { shared.members.tokens }
-        set { shared.change { $0.tokens = newValue } }
-    }
+    public var topic: String { shared.members.topic }
+    public var users: [String] { shared.members.users }
+    public var tokens: [String] { shared.members.tokens }
     /// A Live Activity whose update tokens the job reaches (`"activity": "<id>"`, as the app registered them).
-    public var activity: String? {
-        get { shared.members.activity }
-        set { shared.change { $0.activity = newValue } }
-    }
+    public var activity: String? { shared.members.activity }
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
-    public var environment: APNsEnvironment {
-        get { shared.members.environment }
-        set { shared.change { $0.environment = newValue } }
-    }
-    public var pushType: APNsPushType {
-        get { shared.members.pushType }
-        set { shared.change { $0.pushType = newValue } }
-    }
-    public var priority: APNsPriority {
-        get { shared.members.priority }
-        set { shared.change { $0.priority = newValue } }
-    }
-    public var expiration: Int64? {
-        get { shared.members.expiration }
-        set { shared.change { $0.expiration = newValue } }
-    }
-    public var collapseID: String? {
-        get { shared.members.collapseID }
-        set { shared.change { $0.collapseID = newValue } }
-    }
+    public var environment: APNsEnvironment { shared.members.environment }
+    public var pushType: APNsPushType { shared.members.pushType }
+    public var priority: APNsPriority { shared.members.priority }
+    public var expiration: Int64? { shared.members.expiration }
+    public var collapseID: String? { shared.members.collapseID }
     /// UNIX seconds: a notification not handed to APNs by then is not sent (expired). Not Apple's `expiration`,
     /// which is how long APNs keeps a notification for a device that is offline.
-    public var deadline: Int64? {
-        get { shared.members.deadline }
-        set { shared.change { $0.deadline = newValue } }
-    }
+    public var deadline: Int64? { shared.members.deadline }
     /// The payload exactly as the job wrote it.
-    public var payload: [UInt8] {
-        get { shared.members.payload }
-        set { shared.change { $0.payload = newValue } }
-    }
+    public var payload: [UInt8] { shared.members.payload }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
-    public var attempt: Int {
-        get { shared.members.attempt }
-        set { shared.change { $0.attempt = newValue } }
-    }
+    public var attempt: Int { shared.members.attempt }
     /// On a retry: exactly the notifications still to send (users already resolved).
-    public var retryTargets: [DeviceTarget]? {
-        get { shared.members.retryTargets }
-        set { shared.change { $0.retryTargets = newValue } }
-    }
+    public var retryTargets: [DeviceTarget]? { shared.members.retryTargets }
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
-    public var originalBody: [UInt8]? {
-        get { shared.members.originalBody }
-        set { shared.change { $0.originalBody = newValue } }
-    }
+    public var originalBody: [UInt8]? { shared.members.originalBody }
     /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said when
     /// the job started.
     public var rateGroup: RateGroup? {
@@ -123,10 +75,7 @@ public struct PushJob: Sendable, Equatable {
     }
     /// A broadcast job (`channel_id`): one request that APNs fans out to every device subscribed to the channel,
     /// instead of a notification per device; it has no users or tokens.
-    public var channelID: String? {
-        get { shared.members.channelID }
-        set { shared.change { $0.channelID = newValue } }
-    }
+    public var channelID: String? { shared.members.channelID }
 
     /// The broadcast a broadcast job sends.
     public var broadcast: APNsBroadcast? {
@@ -207,14 +156,16 @@ public struct PushJob: Sendable, Equatable {
                           priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
                           payload: try payload(members, body, pushType: sending.pushType))
         }
-        job.deadline = sending.deadline
-        job.activity = activity
-        if let retry {
-            job.attempt = retry.attempt
-            job.retryTargets = retry.targets
-            job.originalBody = retry.original.map { Array(body[$0]) }
+        job.shared.change { members in
+            members.deadline = sending.deadline
+            members.activity = activity
+            if let retry {
+                members.attempt = retry.attempt
+                members.retryTargets = retry.targets
+                members.originalBody = retry.original.map { Array(body[$0]) }
+            }
+            members.idFromBody = ownID != nil
         }
-        job.idFromBody = ownID != nil
         return job
     }
 
@@ -234,7 +185,7 @@ public struct PushJob: Sendable, Equatable {
         var job = PushJob(id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
                           environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
                           expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
-        job.channelID = channelID
+        job.shared.change { $0.channelID = channelID }
         do throws(APNsRequestError) { try job.broadcast?.validate() } catch { throw .breaksRule(error) }
         return job
     }

@@ -270,9 +270,11 @@ import WorkerPipeline
 
     @Test func retryBodiesRoundTripAndKeepTheOriginalJob() throws {
         let original = Array(#"{"id": "r", "users": ["u\"1"], "tokens": ["aa"], "collapse_id": "c", "expiration": 5, "deadline": 1798761600, "payload": {"aps": {"alert": "x"}}}"#.utf8)
-        var job = try PushJob.decode(original, defaultTopic: "t", fallbackID: "f")
-        job.attempt = 2
         let targets = [DeviceTarget(token: "bb", environment: .sandbox, user: "u\"1"), DeviceTarget(token: "cc", environment: .production, user: nil)]
+        let first = try PushJob.decode(original, defaultTopic: "t", fallbackID: "f")
+        #expect(first.attempt == 1)
+        let job = try PushJob.decode(first.retryBody(targets: targets, original: original), defaultTopic: nil, fallbackID: "f")
+        #expect(job.attempt == 2)
         let again = try PushJob.decode(job.retryBody(targets: targets, original: original), defaultTopic: nil, fallbackID: "f")
         #expect(again.attempt == 3)
         #expect(again.retryTargets == targets)

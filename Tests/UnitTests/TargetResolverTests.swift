@@ -67,8 +67,10 @@ import WorkerPipeline
 
     @Test func onlyRedeliveredJobsWithAStableIDAreLookedUp() throws {
         let named = try job(tokens: [Self.token(1)])
-        var unnamed = named
-        unnamed.idFromBody = false
+        // The same job without an id of its own: named by the fallback its delivery gave it.
+        let unnamed = try PushJob.decode(Array(#"{"tokens":["\#(Self.token(1))"],"payload":{"aps":{}}}"#.utf8),
+                                         defaultTopic: Self.topic, fallbackID: "j")
+        #expect(unnamed.id == "j" && !unnamed.idFromBody)
         let first = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
         let again = JobDelivery(tag: 2, redelivered: true, body: [], properties: MessageProperties())
         let againWithMessageID = JobDelivery(tag: 3, redelivered: true, body: [], properties: MessageProperties(messageID: "m"))
