@@ -192,17 +192,10 @@ public struct JSONReader: ~Copyable {
 
     private mutating func readMembers(known: JSONNames,
                                       member: (inout JSONReader, Int?) throws(JSONError) -> Void) throws(JSONError) {
-        guard try opens(depth: 1, closing: UInt8(ascii: "}")) else { return }
-        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
-        defer { forget(names) }
-        while true {
-            let name = try memberName(into: &names)
-            let index = known.index(of: nameBytes[name])
-            try colon()
-            let start = position
-            try member(&self, index)
-            if position == start { try skipNested(depth: memberDepth) }
-            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return }
+        try eachMember(depth: 1) { reader, name throws(JSONError) in
+            let start = reader.position
+            try member(&reader, known.index(of: reader.nameBytes[name]))
+            if reader.position == start { try reader.skipNested(depth: reader.memberDepth) }
         }
     }
 
@@ -231,17 +224,14 @@ public struct JSONReader: ~Copyable {
         guard position < bytes.count, bytes[position] == UInt8(ascii: "[") else { return .other(try readValue()) }
         var strings: [String] = []
         var notAString: (index: Int, typeName: String)?
-        guard try opens(depth: memberDepth + 1, closing: UInt8(ascii: "]")) else { return .strings(strings) }
-        while true {
-            skipWhitespace()
-            if position < bytes.count, bytes[position] == UInt8(ascii: "\"") {
-                let text = try parseString()
+        try eachElement(depth: memberDepth + 1) { reader throws(JSONError) in
+            if reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "\"") {
+                let text = try reader.parseString()
                 if notAString == nil { strings.append(text) }
             } else {
-                let element = try parseValue(depth: memberDepth + 1)
+                let element = try reader.parseValue(depth: reader.memberDepth + 1)
                 if notAString == nil { notAString = (strings.count, element.typeName) }
             }
-            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { break }
         }
         if let notAString { return .notAString(index: notAString.index, typeName: notAString.typeName) }
         return .strings(strings)
@@ -278,17 +268,37 @@ public struct JSONReader: ~Copyable {
 
     private mutating func parseObject(depth: Int) throws(JSONError) -> JSONValue {
         var members: [JSONMember] = []
-        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return .object(members) }
+        try eachMember(depth: depth) { reader, name throws(JSONError) in
+            let key = reader.text(ofName: name)
+            let start = reader.position
+            let value = try reader.parseValue(depth: depth)
+            members.append(JSONMember(key: key, value: value, range: start..<reader.position))
+        }
+        return .object(members)
+    }
+
+    /// Reads the object whose opening brace is at `position`, at `depth`, to its end: each member's name (checked
+    /// against the object's others), then `value`, which reads the member's value, told where the name's bytes are.
+    private mutating func eachMember(depth: Int,
+                                     _ value: (inout JSONReader, _ name: Range<Int>) throws(JSONError) -> Void) throws(JSONError) {
+        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
         var names = MemberNames(from: self.names.count, byte: nameBytes.count)
         defer { forget(names) }
         while true {
             let name = try memberName(into: &names)
-            let key = text(ofName: name)
             try colon()
-            let start = position
-            let value = try parseValue(depth: depth)
-            members.append(JSONMember(key: key, value: value, range: start..<position))
-            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return .object(members) }
+            try value(&self, name)
+            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return }
+        }
+    }
+
+    /// Reads the array whose opening bracket is at `position`, at `depth`, to its end, `element` reading each element.
+    private mutating func eachElement(depth: Int, _ element: (inout JSONReader) throws(JSONError) -> Void) throws(JSONError) {
+        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
+        while true {
+            skipWhitespace()
+            try element(&self)
+            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { return }
         }
     }
 
@@ -459,12 +469,8 @@ public struct JSONReader: ~Copyable {
 
     private mutating func parseArray(depth: Int) throws(JSONError) -> JSONValue {
         var elements: [JSONValue] = []
-        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return .array(elements) }
-        while true {
-            skipWhitespace()
-            elements.append(try parseValue(depth: depth))
-            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { return .array(elements) }
-        }
+        try eachElement(depth: depth) { reader throws(JSONError) in elements.append(try reader.parseValue(depth: depth)) }
+        return .array(elements)
     }
 
     private mutating func parseNumber() throws(JSONError) -> String {
@@ -517,24 +523,11 @@ public struct JSONReader: ~Copyable {
     }
 
     private mutating func skipObject(depth: Int) throws(JSONError) {
-        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
-        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
-        defer { forget(names) }
-        while true {
-            _ = try memberName(into: &names)
-            try colon()
-            try skipNested(depth: depth)
-            guard try continues(closing: UInt8(ascii: "}"), in: "an object") else { return }
-        }
+        try eachMember(depth: depth) { reader, _ throws(JSONError) in try reader.skipNested(depth: depth) }
     }
 
     private mutating func skipArray(depth: Int) throws(JSONError) {
-        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
-        while true {
-            skipWhitespace()
-            try skipNested(depth: depth)
-            guard try continues(closing: UInt8(ascii: "]"), in: "an array") else { return }
-        }
+        try eachElement(depth: depth) { reader throws(JSONError) in try reader.skipNested(depth: depth) }
     }
 
     private mutating func parseString() throws(JSONError) -> String {
