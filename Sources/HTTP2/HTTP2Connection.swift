@@ -668,7 +668,7 @@ final class HTTP2Connection: PollHandler {
         if let recentStream, recentStream.id == streamID { return recentStream }
         guard let session, let userData = nghttp2_session_get_stream_user_data(session, streamID) else { return nil }
         // Unretained: the list owns the stream while nghttp2 has it as user data.
-        let stream = Unmanaged<HTTP2Stream>.fromOpaque(userData)._withUnsafeGuaranteedRef { $0 }
+        let stream = Unmanaged<HTTP2Stream>.fromOpaque(userData).takeUnretainedValue()
         recentStream = stream
         return stream
     }

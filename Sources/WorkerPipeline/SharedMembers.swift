@@ -1,6 +1,6 @@
-/// A value type's members kept in one shared box, copied on write: for the values the pipeline passes through several
-/// arrays, filters and hand-overs (a job, its delivery), where a copy then costs one reference count instead of one
-/// per string and array member.
+/// A value type's members kept in one shared box, copied on write: for a value the pipeline passes through several
+/// arrays, filters and hand-overs (a job), where a copy then costs one reference count instead of one per string and
+/// array member.
 struct SharedMembers<Members: Sendable>: @unchecked Sendable {
     // Invariant: `box.members` changes only in `change`, after the box was made unique, so a box shared between
     // threads is only read.
