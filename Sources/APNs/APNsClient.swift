@@ -261,9 +261,12 @@ public final class APNsClient: Sendable {
                 return
             }
         }
+        // Read once, from borrowed elements: `notifications[i].environment` copies the whole element, notification
+        // and all, on every read.
+        let environments = notifications.map(\.environment)
         for environment in APNsEnvironment.allCases {
-            let inEnvironment = indices.map { $0.filter { notifications[$0].environment == environment } }
-                ?? notifications.indices.filter { notifications[$0].environment == environment }
+            let inEnvironment = indices.map { $0.filter { environments[$0] == environment } }
+                ?? environments.indices.filter { environments[$0] == environment }
             guard !inEnvironment.isEmpty else { continue }
             let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
             let pool: HTTP2Client
@@ -283,7 +286,8 @@ public final class APNsClient: Sendable {
             var sendable: [Int] = []
             var template = RequestTemplate()
             requests.reserveCapacity(inEnvironment.count)
-            // The last notification validated whole: those sharing its fields need only their own checked.
+            // The last notification validated whole: those sharing its fields (all of a job's, and the single-token
+            // jobs of one sender) need only their own checked.
             var validated: APNsNotification?
             for index in inEnvironment {
                 let notification = notifications[index].notification

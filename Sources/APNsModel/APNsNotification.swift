@@ -28,31 +28,28 @@ public struct APNsNotification: Sendable {
     public func validate() throws(APNsRequestError) {
         try validateOwnFields()
         try APNsRules.checkTopic(topic, field: "apns-topic")
-        if payload.isEmpty { throw .payloadEmpty }
-        try APNsRules.checkPayloadSize(payload.count, for: pushType)
         try APNsRules.checkPriority(priority, for: pushType)
         if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "apns-collapse-id") }
         if let expiration { try APNsRules.checkExpiration(expiration) }
         try APNsRules.checkTopicSuffix(topic, for: pushType)
     }
 
-    /// What `validate()` checks of this notification's own fields (its device token and apns-id), for a
+    /// What `validate()` checks of this notification's own fields (its device token, apns-id and payload), for a
     /// notification whose other fields are those of one already validated (`sharesFields(with:)`): the notifications
-    /// of one job differ only there, and checking their topic, payload and options once is enough.
+    /// of one job differ only there, and so do single-notification jobs of one sender, so checking their topic and
+    /// options once is enough.
     public func validateOwnFields() throws(APNsRequestError) {
         try Self.validateDeviceToken(deviceToken)
         if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
+        if payload.isEmpty { throw .payloadEmpty }
+        try APNsRules.checkPayloadSize(payload.count, for: pushType)
     }
 
-    /// Whether every field but the device token and apns-id is the same as `other`'s. The payload counts as the
-    /// same when it is the same bytes in memory (a job's notifications share one buffer); a copy compares unequal,
-    /// which only costs a full validation.
+    /// Whether every field that `validateOwnFields()` does not check (push type, priority, expiration, topic,
+    /// collapse-id) is the same as `other`'s.
     public func sharesFields(with other: APNsNotification) -> Bool {
-        guard pushType == other.pushType, priority == other.priority, expiration == other.expiration,
-              topic == other.topic, collapseID == other.collapseID, payload.count == other.payload.count else { return false }
-        return payload.withUnsafeBufferPointer { mine in
-            other.payload.withUnsafeBufferPointer { theirs in mine.baseAddress == theirs.baseAddress }
-        }
+        pushType == other.pushType && priority == other.priority && expiration == other.expiration
+            && topic == other.topic && collapseID == other.collapseID
     }
 
     /// Device tokens are hex of no fixed length (Apple warns against assuming 64 characters).

@@ -114,26 +114,30 @@ import Testing
         #expect(APNsNotification.canonicalToken(String(repeating: "ab", count: 4) + "C") == String(repeating: "ab", count: 4) + "c")
     }
 
-    /// Notifications sharing a validated one's fields have only their own checked; any other difference, a copied
-    /// payload included, means a whole validation again (the client's per-job shortcut).
-    @Test func onlyTheTokenAndApnsIDDifferAmongNotificationsSharingFields() {
+    /// Notifications sharing a validated one's fields (push type, priority, expiration, topic, collapse-id) have only
+    /// their own checked: device token, apns-id and payload; any other difference means a whole validation again
+    /// (the client's shortcut for the notifications of a job, and for the single-notification jobs of one sender).
+    @Test func onlyTheTokenApnsIDAndPayloadDifferAmongNotificationsSharingFields() {
         let first = APNsNotification(deviceToken: token, topic: "com.example.app", payload: payload)
         var second = first
         second.deviceToken = String(repeating: "cd", count: 32)
+        second.payload = Array(#"{"aps":{"alert":"another"}}"#.utf8)
         #expect(second.sharesFields(with: first))
         second.deviceToken = "xyz"
         #expect(throws: APNsRequestError.badDeviceToken(length: 3)) { try second.validateOwnFields() }
         second.apnsID = "NOT-A-UUID"
         second.deviceToken = token
         #expect(throws: APNsRequestError.badAPNsID("NOT-A-UUID")) { try second.validateOwnFields() }
-        var copied = first
-        copied.payload = Array(first.payload)
-        copied.payload.append(0x20)
-        copied.payload.removeLast()
-        #expect(!copied.sharesFields(with: first), "the same bytes elsewhere in memory")
+        second.apnsID = nil
+        second.payload = []
+        #expect(throws: APNsRequestError.payloadEmpty) { try second.validateOwnFields() }
+        second.payload = Array(repeating: 0x20, count: 4097)
+        #expect(throws: APNsRequestError.payloadTooLarge(size: 4097, limit: 4096, pushType: .alert)) {
+            try second.validateOwnFields()
+        }
         for change in [{ (n: inout APNsNotification) in n.topic = "com.example.other" },
                        { $0.priority = .considerPower }, { $0.expiration = 5 }, { $0.collapseID = "c" },
-                       { $0.pushType = .background }, { $0.payload = [] }] as [(inout APNsNotification) -> Void] {
+                       { $0.pushType = .background }] as [(inout APNsNotification) -> Void] {
             var other = first
             change(&other)
             #expect(!other.sharesFields(with: first))
