@@ -137,7 +137,7 @@ final class AnswerCollector: Sendable {
             progress.handedBack = true
             completions.withLock { $0.append(progress) }
             wakeup.signal()
-        } else if !progress.unrecordedFinal.isEmpty && !progress.awaitsHandOver {
+        } else if progress.hasUnrecordedFinal && !progress.awaitsHandOver {
             progress.awaitsHandOver = true
             let lane = progress.delivery.lane, awaiting = outcomesAwaiting(lane)
             awaiting.value.jobs.append(progress)

@@ -33,8 +33,12 @@ final class JobProgress: @unchecked Sendable {
     private(set) var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
 
     /// Outcomes that became final since the last hand-over to the idempotency record (`SentRecord` members: the
-    /// token, or for a dead token what its event needs).
-    private(set) var unrecordedFinal: [SettledOutcome] = []
+    /// token, or for a dead token what its event needs), but the newest: `newestUnrecorded`.
+    private var unrecordedFinal: [SettledOutcome] = []
+    /// The newest of those outcomes, kept apart until another comes: a job of one notification (most jobs are) then
+    /// needs no array, and its outcome is only ever read if the job cannot be settled at once.
+    private var newestUnrecorded: SettledOutcome?
+    var hasUnrecordedFinal: Bool { newestUnrecorded != nil }
     /// Loop thread only: waiting in the worker's list of jobs with outcomes to hand over; handed back to the broker
     /// thread as complete (from then on the broker thread owns the job).
     var awaitsHandOver = false
@@ -85,7 +89,7 @@ final class JobProgress: @unchecked Sendable {
     func recordDead(_ index: Int, _ response: APNsResponse) {
         dead.append((targets[index], response))
         remaining -= 1
-        if hasStableID { unrecordedFinal.append(.dead(targets[index], response)) }
+        if hasStableID { noteFinal(.dead(targets[index], response)) }
     }
 
     func recordFailed(_ index: Int, reason: String) {
@@ -95,14 +99,22 @@ final class JobProgress: @unchecked Sendable {
     }
 
     private func noteFinal(_ index: Int) {
-        if hasStableID { unrecordedFinal.append(.done(targets[index].token)) }
+        if hasStableID { noteFinal(.done(targets[index].token)) }
     }
 
-    /// Hands over the outcomes finished since the last call, if any.
+    private func noteFinal(_ outcome: SettledOutcome) {
+        if let newestUnrecorded { unrecordedFinal.append(newestUnrecorded) }
+        newestUnrecorded = outcome
+    }
+
+    /// Hands over the outcomes finished since the last call, if any, in the order they became final.
     func takeUnrecordedFinal() -> [SettledOutcome]? {
-        guard !unrecordedFinal.isEmpty else { return nil }
-        defer { unrecordedFinal.removeAll(keepingCapacity: true) }
-        return unrecordedFinal
+        guard let newest = newestUnrecorded else { return nil }
+        var taken = unrecordedFinal
+        unrecordedFinal = []
+        newestUnrecorded = nil
+        taken.append(newest)
+        return taken
     }
 
     /// A redelivered job: what the idempotency record says an earlier delivery already settled. Those answers
@@ -137,7 +149,7 @@ final class JobProgress: @unchecked Sendable {
         retryable += piece.retryable
         expired += piece.expired
         judged += piece.judged
-        if let outcomes = piece.takeUnrecordedFinal() { unrecordedFinal += outcomes }
+        for outcome in piece.takeUnrecordedFinal() ?? [] { noteFinal(outcome) }
     }
 
     /// Once complete, when a retry could only come after the job's deadline (`RetryPolicy.Decision.expire`): the
