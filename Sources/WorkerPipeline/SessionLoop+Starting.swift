@@ -90,9 +90,10 @@ extension SessionLoop {
 
     func startCopiesWhoseJobSettled() throws {
         guard !copiesWaiting.isEmpty, !core.isStopping else { return }
-        let ready = copiesWaiting.filter { !underWay.contains(jobID: $0.jobID) }
+        let busy = underWay.jobIDs
+        let ready = copiesWaiting.filter { !busy.contains($0.jobID) }
         guard !ready.isEmpty else { return }
-        copiesWaiting.removeAll { !underWay.contains(jobID: $0.jobID) }
+        copiesWaiting.removeAll { !busy.contains($0.jobID) }
         try start(ready.map(\.delivery))
     }
 
@@ -242,9 +243,9 @@ extension SessionLoop {
     func holdingBackCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) -> [(delivery: JobDelivery, job: PushJob)] {
         guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
         var starting: [(delivery: JobDelivery, job: PushJob)] = []
-        var ids = Set<String>()
+        var ids = underWay.jobIDs
         for entry in jobs {
-            if Self.isCopy(entry.delivery) && (underWay.contains(jobID: entry.job.id) || ids.contains(entry.job.id)) {
+            if Self.isCopy(entry.delivery) && ids.contains(entry.job.id) {
                 copiesWaiting.append((entry.delivery, entry.job.id))
                 continue
             }
