@@ -64,7 +64,7 @@ let package = Package(
         .executableTarget(name: "fuzz-job-decoder", dependencies: ["APNs", "WorkerPipeline"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
-                                                 "AMQP", "Redis", "RedisStore", "TLS", "Telemetry", "COpenSSL"]),
+                                                 "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "Telemetry", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",
                     dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
                                    "Configuration", "Operations", "AMQP", "Redis", "TLS", "Telemetry"]),

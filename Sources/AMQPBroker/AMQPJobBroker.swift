@@ -77,7 +77,8 @@ public final class AMQPJobBroker: JobBroker {
         var notices: [BrokerNotice] = []
         var deliveries = 0
         while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
-            switch event {
+            // Consumed: the delivery's body, strings and properties move into the job's delivery, not copied.
+            switch consume event {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1

@@ -8,7 +8,7 @@ import AMQP
 final class Acknowledgements {
     private let amqp: AMQPConnection
     /// Delivered and neither acknowledged nor rejected yet.
-    private var unsettled = Set<UInt64>()
+    private var unsettled = UnsettledTags()
 
     init(amqp: AMQPConnection) {
         self.amqp = amqp
@@ -21,7 +21,7 @@ final class Acknowledgements {
         guard !tags.isEmpty else { return }
         for tag in tags { unsettled.remove(tag) }
         // A multiple ack covers every outstanding tag up to its own: only safe below the oldest still under way.
-        let oldestUnderWay = unsettled.min() ?? .max
+        let oldestUnderWay = unsettled.oldest ?? .max
         var highestCovered: UInt64?
         for tag in tags {
             if tag < oldestUnderWay {
@@ -38,4 +38,62 @@ final class Acknowledgements {
         unsettled.remove(deliveryTag)
         try amqp.reject(deliveryTag, requeue: true)
     }
+}
+
+/// Delivery tags received and not settled yet. A channel numbers its deliveries 1, 2, 3, ... in the order it sends
+/// them, so they are kept as a window of flags from the oldest unsettled tag on: no hash per delivery, and the oldest,
+/// which every acknowledgement asks for, at hand. A tag below the window (which a broker does not send) goes to a set
+/// beside it, so that nothing is ever forgotten.
+struct UnsettledTags {
+    /// `flags[head + i]`: whether tag `first + i` is unsettled. Tags skipped over (never received here) are false.
+    private var flags: [Bool] = []
+    private var head = 0
+    private var first: UInt64 = 0
+    private var belowWindow = Set<UInt64>()
+
+    private var windowEnd: UInt64 { first + UInt64(flags.count - head) }
+
+    mutating func insert(_ tag: UInt64) {
+        if !belowWindow.isEmpty && belowWindow.contains(tag) { return }
+        if head == flags.count {
+            flags.removeAll(keepingCapacity: true)
+            head = 0
+            first = tag
+            flags.append(true)
+        } else if tag >= windowEnd && tag - windowEnd < 1 << 16 {
+            flags.append(contentsOf: repeatElement(false, count: Int(tag - windowEnd)))
+            flags.append(true)
+        } else if tag >= first && tag < windowEnd {
+            flags[head + Int(tag - first)] = true
+        } else {
+            belowWindow.insert(tag)
+        }
+    }
+
+    mutating func remove(_ tag: UInt64) {
+        if !belowWindow.isEmpty { belowWindow.remove(tag) }
+        guard tag >= first && tag < windowEnd else { return }
+        flags[head + Int(tag - first)] = false
+        while head < flags.count && !flags[head] {
+            head += 1
+            first += 1
+        }
+        // The settled front is dropped in bulk, not one flag at a time.
+        if head == flags.count {
+            flags.removeAll(keepingCapacity: true)
+            head = 0
+        } else if head >= 1024 && head >= flags.count / 2 {
+            flags.removeFirst(head)
+            head = 0
+        }
+    }
+
+    /// The oldest tag still unsettled.
+    var oldest: UInt64? {
+        let inWindow: UInt64? = head < flags.count ? first : nil
+        guard let lowest = belowWindow.min() else { return inWindow }
+        return min(lowest, inWindow ?? .max)
+    }
+
+    var count: Int { flags[head...].lazy.filter { $0 }.count + belowWindow.count }
 }

@@ -1,0 +1,65 @@
+@testable import AMQPBroker
+import Testing
+
+/// The broker thread's record of deliveries not settled yet, which decides when one `multiple` ack may cover a batch.
+struct UnsettledTagsTests {
+    /// Against a plain set, over random runs of deliveries (in order, with gaps, now and then out of order or twice)
+    /// and settlements in any order: the same oldest tag and the same count after every step.
+    @Test func keepsWhatASetWouldKeep() {
+        var generator = Xorshift(state: 0x5EED)
+        for _ in 0..<200 {
+            var tags = UnsettledTags()
+            var model = Set<UInt64>()
+            var next: UInt64 = UInt64.random(in: 1...5, using: &generator)
+            for _ in 0..<400 {
+                switch Int.random(in: 0..<10, using: &generator) {
+                case 0..<5:
+                    // The next delivery, perhaps after a gap (deliveries this record never saw).
+                    next += UInt64.random(in: 0...(Bool.random(using: &generator) ? 0 : 3), using: &generator)
+                    tags.insert(next)
+                    model.insert(next)
+                    next += 1
+                case 5:
+                    // Out of order, or twice: what a broker does not do, kept all the same.
+                    let tag = UInt64.random(in: 1...next, using: &generator)
+                    tags.insert(tag)
+                    model.insert(tag)
+                default:
+                    let tag = model.randomElement(using: &generator) ?? UInt64.random(in: 1...next, using: &generator)
+                    tags.remove(tag)
+                    model.remove(tag)
+                }
+                #expect(tags.oldest == model.min())
+                #expect(tags.count == model.count)
+            }
+        }
+    }
+
+    @Test func settlingTheOldestMovesTheOldestOn() {
+        var tags = UnsettledTags()
+        for tag: UInt64 in 1...5 { tags.insert(tag) }
+        tags.remove(3)
+        #expect(tags.oldest == 1)
+        tags.remove(1)
+        #expect(tags.oldest == 2)
+        tags.remove(2)
+        #expect(tags.oldest == 4, "3 was settled before")
+        tags.remove(4)
+        tags.remove(5)
+        #expect(tags.oldest == nil)
+        tags.insert(9)
+        #expect(tags.oldest == 9)
+    }
+}
+
+/// Xorshift64*: the same runs every time.
+private struct Xorshift: RandomNumberGenerator {
+    var state: UInt64
+
+    mutating func next() -> UInt64 {
+        state ^= state >> 12
+        state ^= state << 25
+        state ^= state >> 27
+        return state &* 0x2545_F491_4F6C_DD1D
+    }
+}
