@@ -73,6 +73,11 @@ public struct APNsNotification: Sendable {
     /// A device token as the project keeps it: lower-case hex. Apple's tokens are case-insensitive hex, and one
     /// device's token written in two cases would be two cache entries and two pushes. No copy when already lower.
     public static func canonicalToken(_ token: String) -> String {
+        isCanonicalToken(token) ? token : token.lowercased()
+    }
+
+    /// Whether `token` is as the project keeps it already (no upper-case letter): `canonicalToken` returns it as it is.
+    public static func isCanonicalToken(_ token: String) -> Bool {
         var token = token
         // Over contiguous UTF-8, eight bytes at a time (the per-notification path): a byte in A...Z sets its top bit
         // in `(b + 0x3F) & ~(b + 0x25)` (b + 0x3F reaches 0x80 from "A" on, b + 0x25 from "[" on); bytes of 0x80 and
@@ -89,7 +94,7 @@ public struct APNsNotification: Sendable {
             }
             return bytes[index...].contains { $0 &- UInt8(ascii: "A") < 26 }
         }
-        return hasUpperCase ? token.lowercased() : token
+        return !hasUpperCase
     }
 
     /// Whether the eight bytes of `word` are all hex digits, tested side by side: with every byte ASCII, adding a

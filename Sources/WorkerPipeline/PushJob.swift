@@ -105,7 +105,9 @@ public struct PushJob: Sendable, Equatable {
         let members = try JobMembers(body, limits: limits)
         let ownID = try string(members.id, named: "id")
         let users = try strings(members.users, named: "users")
-        let tokens = try strings(members.tokens, named: "tokens").map(APNsNotification.canonicalToken)
+        var tokens = try strings(members.tokens, named: "tokens")
+        // Mapped only when a token needs it: a new array per job otherwise, for tokens already lower-case.
+        if !tokens.allSatisfy(APNsNotification.isCanonicalToken) { tokens = tokens.map(APNsNotification.canonicalToken) }
         let retry = try retryState(members.retry)
         let channelID = try string(members.channelID, named: "channel_id")
         if let channelID {

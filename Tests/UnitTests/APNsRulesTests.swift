@@ -108,6 +108,7 @@ import Testing
                 let token = String(characters)
                 let expected = (65...90).contains(value) ? token.lowercased() : token
                 #expect(APNsNotification.canonicalToken(token) == expected, "character \(value) at \(position)")
+                #expect(APNsNotification.isCanonicalToken(token) == (expected == token), "character \(value) at \(position)")
             }
         }
         #expect(APNsNotification.canonicalToken("ABC") == "abc")
