@@ -114,6 +114,9 @@ public final class AMQPConnection {
     private var buffered: [AMQPEvent] = []
     /// The consumer tags and routing keys of deliveries: the same few again and again.
     private var recentNames = RecentNames()
+    /// Content types of recent messages, apart from the names: every job carries one ("application/json" is one byte
+    /// too long to be stored inline in a String, so each would cost an allocation).
+    private var recentContentTypes = RecentNames()
     /// Messages and their bytes read since librabbitmq's frame memory was last given back (`releaseFrameMemory`).
     private var messagesSinceRelease = 0
     private var bytesSinceRelease = 0
@@ -472,7 +475,8 @@ public final class AMQPConnection {
         guard frame.frame_type == UInt8(AMQP_FRAME_HEADER), let decoded = frame.payload.properties.decoded else {
             throw AMQPError(kind: .library, "reading a message: expected a content header, got frame type \(frame.frame_type)")
         }
-        let properties = Self.properties(decoded.assumingMemoryBound(to: amqp_basic_properties_t.self).pointee)
+        let properties = Self.properties(decoded.assumingMemoryBound(to: amqp_basic_properties_t.self).pointee,
+                                         contentTypes: &recentContentTypes)
         size = Int(frame.payload.properties.body_size)
         var body: [UInt8] = []
         body.reserveCapacity(size)
@@ -602,7 +606,7 @@ public final class AMQPConnection {
         return String(decoding: UnsafeRawBufferPointer(start: pointer, count: bytes.len), as: UTF8.self)
     }
 
-    private static func properties(_ raw: amqp_basic_properties_t) -> AMQPProperties {
+    private static func properties(_ raw: amqp_basic_properties_t, contentTypes: inout RecentNames) -> AMQPProperties {
         func field(_ flag: Int32, _ bytes: amqp_bytes_t) -> String? {
             raw._flags & amqp_flags_t(flag) != 0 ? string(bytes) : nil
         }
@@ -619,7 +623,7 @@ public final class AMQPConnection {
             }
         }
         return AMQPProperties(
-            contentType: field(AMQP_BASIC_CONTENT_TYPE_FLAG, raw.content_type),
+            contentType: raw._flags & amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG) != 0 ? contentTypes.string(raw.content_type) : nil,
             replyTo: field(AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
             correlationID: field(AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id),
             messageID: field(AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id),
@@ -743,8 +747,10 @@ private struct RecentNames {
     mutating func string(_ bytes: amqp_bytes_t) -> String {
         guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
         let wire = UnsafeRawBufferPointer(start: pointer, count: bytes.len)
-        for var name in names where name.utf8.count == wire.count {
-            if name.withUTF8({ memcmp($0.baseAddress!, pointer, wire.count) == 0 }) { return name }
+        // By index, in place: a loop variable would be a copy of each name (a reference count on and off).
+        for index in names.indices where names[index].utf8.count == wire.count {
+            let same = names[index].utf8.withContiguousStorageIfAvailable { memcmp($0.baseAddress!, pointer, wire.count) == 0 }
+            if same == true { return names[index] }
         }
         let name = String(decoding: wire, as: UTF8.self)
         if names.count < 4 { names.append(name) } else { names[next] = name; next = (next + 1) % 4 }
