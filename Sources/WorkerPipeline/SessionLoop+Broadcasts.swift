@@ -146,7 +146,7 @@ extension SessionLoop {
             } else {
                 settled.append(entry.delivery.tag)
                 statistics.jobsCompleted.add(1, ordering: .relaxed)
-                if TargetResolver.hasStableID(entry.job, entry.delivery) { settledUnshared.insert(entry.job.id) }
+                if TargetResolver.hasStableID(entry.job, entry.delivery) { settledUnshared.append(entry.job.id) }
             }
         }
         try session.broker.acknowledge(settled)

@@ -87,7 +87,7 @@ extension SessionLoop {
         try session.broker.acknowledge(confirmed.map(\.progress.delivery.tag))
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
-        for job in confirmed where job.progress.hasStableID { settledUnshared.insert(job.progress.job.id) }
+        for job in confirmed where job.progress.hasStableID { settledUnshared.append(job.progress.job.id) }
         try shareSettled()
         return confirmed.count
     }
@@ -100,7 +100,7 @@ extension SessionLoop {
         let now = DispatchTime.now().uptimeNanoseconds
         guard force || settledUnshared.count >= 1000
                 || Double(now &- settledSharedAt) / 1e9 >= Self.settledShareInterval else { return }
-        try session.record.settledRecently(Array(settledUnshared))
+        try session.record.settledRecently(settledUnshared)
         settledUnshared.removeAll(keepingCapacity: true)
         settledSharedAt = now
     }

@@ -267,7 +267,7 @@ extension SessionLoop {
         let copies = jobs.filter { Self.isCopy($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
         guard !copies.isEmpty else { return jobs }
         let ids = copies.map(\.job.id)
-        let settled = settledUnshared.intersection(ids).union(try session.record.recentlySettled(ids))
+        let settled = Set(ids).intersection(settledUnshared).union(try session.record.recentlySettled(ids))
         guard !settled.isEmpty else { return jobs }
         let skipped = jobs.filter { Self.isCopy($0.delivery) && settled.contains($0.job.id) }
         statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)

@@ -48,8 +48,9 @@ final class SessionLoop {
     /// has mismatches to weigh, or with the statistics report.
     var unsharedAnswers = InvalidationCounts()
     /// Stable ids of jobs settled here and not yet added to the fleet's record of settled jobs, and when it was last
-    /// added to (monotonic nanoseconds).
-    var settledUnshared = Set<String>()
+    /// added to (monotonic nanoseconds). A list, not a set: the record is a Redis set, which drops an id settled twice,
+    /// and only a republished copy looks an id up here (`skippingSettledCopies`), while every job adds one.
+    var settledUnshared: [String] = []
     var settledSharedAt = DispatchTime.now().uptimeNanoseconds
     static let settledShareInterval = 0.1
 
