@@ -8,6 +8,8 @@ public final class Histogram: Sendable {
     private static let capacity = 16
 
     public let bounds: [Double]
+    /// The bounds as a scrape writes them in `le` labels, formatted once.
+    public let boundLabels: [String]
     /// Per bucket (not cumulative; `prometheusText` sums), the last one for observations above every bound.
     private let counts: InlineArray<16, Atomic<Int>>
     private let totalNanoseconds = Atomic<Int>(0)
@@ -15,6 +17,7 @@ public final class Histogram: Sendable {
     public init(bounds: [Double] = Histogram.defaultBounds) {
         precondition(bounds.count < Self.capacity && bounds == bounds.sorted(), "at most 15 ascending bounds")
         self.bounds = bounds
+        self.boundLabels = bounds.map { "\($0)" }
         self.counts = InlineArray { _ in Atomic(0) }
     }
 

@@ -24,7 +24,7 @@ public struct PrometheusText {
     public mutating func histograms(_ name: String, _ help: String, _ series: [(labels: Labels, histogram: Histogram)]) {
         header(name, "histogram", help)
         for (labels, histogram) in series {
-            buckets(name, labels, histogram.bounds, histogram.cumulativeCounts, histogram.totalSeconds)
+            buckets(name, labels, histogram.boundLabels, histogram.cumulativeCounts, histogram.totalSeconds)
         }
     }
 
@@ -38,17 +38,20 @@ public struct PrometheusText {
             precondition(part.bounds == bounds, "histograms summed share their bounds")
             for (bucket, count) in part.cumulativeCounts.enumerated() { cumulative[bucket] += count }
         }
-        buckets(name, [], bounds, cumulative, parts.reduce(0) { $0 + $1.totalSeconds })
+        buckets(name, [], parts[0].boundLabels, cumulative, parts.reduce(0) { $0 + $1.totalSeconds })
     }
 
-    private mutating func buckets(_ name: String, _ labels: Labels, _ bounds: [Double], _ cumulative: [Int],
+    /// The series' labels are rendered once and each bucket's `le` appended to them, its bound written once per
+    /// histogram (`Histogram.boundLabels`): a scrape then formats no number but the counts and the sum.
+    private mutating func buckets(_ name: String, _ labels: Labels, _ boundLabels: [String], _ cumulative: [Int],
                                   _ totalSeconds: Double) {
-        for (bound, count) in zip(bounds, cumulative) {
-            text += "\(name)_bucket" + Self.render(labels + [("le", "\(bound)")]) + " \(count)\n"
+        let rendered = Self.render(labels)
+        let bucketPrefix = name + "_bucket" + (labels.isEmpty ? "{" : rendered.dropLast() + ",") + "le=\""
+        for (bound, count) in zip(boundLabels + ["+Inf"], cumulative) {
+            text += bucketPrefix + bound + "\"} " + String(count) + "\n"
         }
-        text += "\(name)_bucket" + Self.render(labels + [("le", "+Inf")]) + " \(cumulative.last ?? 0)\n"
-        text += "\(name)_sum" + Self.render(labels) + " \(totalSeconds)\n"
-        text += "\(name)_count" + Self.render(labels) + " \(cumulative.last ?? 0)\n"
+        text += name + "_sum" + rendered + " \(totalSeconds)\n"
+        text += name + "_count" + rendered + " " + String(cumulative.last ?? 0) + "\n"
     }
 
     private mutating func header(_ name: String, _ type: String, _ help: String) {
@@ -58,6 +61,10 @@ public struct PrometheusText {
     static func render(_ labels: Labels) -> String {
         guard !labels.isEmpty else { return "" }
         return "{" + labels.map { label in
+            // Most values need no escape: checked over their bytes, not character by character.
+            guard label.value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\"") || $0 == 0x0A }) else {
+                return label.name + "=\"" + label.value + "\""
+            }
             var escaped = ""
             for character in label.value {
                 switch character {

@@ -158,6 +158,12 @@ import WorkerPipeline
         #expect(text.contains("latency_seconds_bucket{le=\"+Inf\"} 5"))
         #expect(text.contains("latency_seconds_count 5"))
         #expect(text.contains("latency_seconds_sum 2.0565"))
+        var labelled = PrometheusText()
+        labelled.histograms("lane_seconds", "Test.", [([("lane", "urgent")], histogram)])
+        #expect(labelled.text.contains("lane_seconds_bucket{lane=\"urgent\",le=\"0.001\"} 2\n"))
+        #expect(labelled.text.contains("lane_seconds_bucket{lane=\"urgent\",le=\"+Inf\"} 5\n"))
+        #expect(labelled.text.contains("lane_seconds_count{lane=\"urgent\"} 5\n"))
+        #expect(labelled.text.contains("lane_seconds_sum{lane=\"urgent\"} 2.0565"))
     }
 
     @Test func labelValuesAreEscapedAsTheFormatWants() {
