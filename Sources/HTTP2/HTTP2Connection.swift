@@ -178,6 +178,10 @@ final class HTTP2Connection: PollHandler {
     private let acknowledgesPings: Bool
     /// Names of the incoming header fields kept (nil: all).
     private let keptHeaders: [[UInt8]]?
+    /// Bit n set: a name of n bytes (bit 63: of 63 or more) may be kept or read (":status" included). A server's
+    /// answer carries fields the client drops (date, server): most are told apart by their length alone, before any
+    /// lookup.
+    private let keptNameLengths: UInt64
 
     /// GOAWAY from the peer: streams above `lastStreamID` were not processed.
     private(set) var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
@@ -196,6 +200,9 @@ final class HTTP2Connection: PollHandler {
     init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
          serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true, keptHeaders: [[UInt8]]? = nil) {
         self.keptHeaders = keptHeaders
+        keptNameLengths = keptHeaders.map { names in
+            names.reduce(UInt64(1) << 7) { mask, name in mask | UInt64(1) << min(name.count, 63) }
+        } ?? .max
         self.id = id
         self.loop = loop
         self.fileDescriptor = fileDescriptor
@@ -605,7 +612,7 @@ final class HTTP2Connection: PollHandler {
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
 
     fileprivate func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
-        guard let stream = stream(streamID) else { return }
+        guard keptNameLengths & (1 << min(name.count, 63)) != 0, let stream = stream(streamID) else { return }
         if isClient {
             // Compared whole: ":scheme" has seven bytes and the same start too.
             if name.count == 7 && memcmp(name.baseAddress!, ":status", 7) == 0 { readStatus(value, of: stream) }

@@ -139,5 +139,14 @@ import Glibc
         let answer = try collect(narrow, [request(authority: narrow.authority, token: token)])[0].get()
         #expect(answer.status == 200)
         #expect(answer.headers.map(\.name) == ["content-length"])
+
+        // A name of the same length is not the same name: the length only spares the others a comparison.
+        var sameLength = client.configuration
+        sameLength.keptResponseHeaders = ["content-lengtx"]
+        let other = try HTTP2Client(configuration: sameLength, logger: logger)
+        defer { other.shutdown() }
+        let unkept = try collect(other, [request(authority: other.authority, token: token)])[0].get()
+        #expect(unkept.status == 200, "the status is read whatever fields are kept")
+        #expect(unkept.headers.isEmpty)
     }
 }
