@@ -178,6 +178,10 @@ final class HTTP2Connection: PollHandler {
     private let acknowledgesPings: Bool
     /// Names of the incoming header fields kept (nil: all).
     private let keptHeaders: [[UInt8]]?
+    /// The fields of client streams that left before nghttp2 sent their HEADERS frame (lent to it, not copied:
+    /// `submitRequest`): kept until it has sent the frame or given up on it. The reset a timed-out stream gets cancels
+    /// its queued frame, but the fields' lifetime does not depend on that.
+    private var lentHeaders: [Int32: HTTP2HeaderBlock] = [:]
     /// Bit n set: a name of n bytes (bit 63: of 63 or more) may be kept or read (":status" included). A server's
     /// answer carries fields the client drops (date, server): most are told apart by their length alone, before any
     /// lookup.
@@ -355,7 +359,9 @@ final class HTTP2Connection: PollHandler {
         let stream = HTTP2Stream(outgoingBody: request.body, expectedHeaderBytes: 160, pending: pending)
         let userData = Unmanaged.passUnretained(stream).toOpaque()
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
-        let streamID = request.headers.withNghttp2Fields { fields, count in
+        // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves
+        // before that leaves its fields in `lentHeaders` (see `remove`).
+        let streamID = request.headers.withNghttp2Fields(lent: true) { fields, count in
             request.body.isEmpty
                 ? nghttp2_submit_request(session, nil, fields, count, nil, userData)
                 : nghttp2_submit_request(session, nil, fields, count, &provider, userData)
@@ -706,6 +712,8 @@ final class HTTP2Connection: PollHandler {
     private func remove(_ stream: HTTP2Stream) {
         guard stream.listed else { return }
         stream.listed = false
+        // nghttp2 may still send its HEADERS frame (queued behind the peer's stream limit), reading the lent fields.
+        if !stream.headersSent, let headers = stream.pending?.request.headers { lentHeaders[stream.id] = headers }
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
             if recentStream === stream { recentStream = nil }
@@ -783,10 +791,13 @@ final class HTTP2Connection: PollHandler {
     fileprivate func frameSent(streamID: Int32, type: UInt8) {
         guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
         stream(streamID)?.headersSent = true
+        if !lentHeaders.isEmpty { lentHeaders[streamID] = nil }
     }
 
     fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
-        guard UInt32(type) == NGHTTP2_HEADERS.rawValue, let stream = stream(streamID) else { return }
+        guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
+        defer { if !lentHeaders.isEmpty { lentHeaders[streamID] = nil } }
+        guard let stream = stream(streamID) else { return }
         remove(stream)
         answer(stream, .failure(.notSent(String(cString: nghttp2_strerror(libraryError)))))
     }

@@ -163,15 +163,19 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
         return result
     }
 
-    func withNghttp2Fields<T>(_ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
-        withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count, 1)) { fields in
+    /// `lent`: nghttp2 reads the names and values where they are, when it sends the HEADERS frame, instead of copying
+    /// them at submission (and lower-casing the names, which HTTP/2 writes in lower case anyway): only for a block
+    /// whose storage stays as it is until nghttp2 has sent the frame or given up on it.
+    func withNghttp2Fields<T>(lent: Bool = false, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
+        let lending = lent ? UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue) : 0
+        return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count, 1)) { fields in
             var index = 0
             forEachRecord { name, value, indexed in
-                // nghttp2 copies the fields during submit; its C API merely lacks const on these pointers.
+                // nghttp2 only reads the fields; its C API merely lacks const on these pointers.
                 fields[index] = nghttp2_nv(name: UnsafeMutablePointer(mutating: name.baseAddress ?? UnsafePointer(bitPattern: 1)!),
                                            value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
                                            namelen: name.count, valuelen: value.count,
-                                           flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue))
+                                           flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue) | lending)
                 index += 1
                 return true
             }

@@ -35,6 +35,31 @@ import Glibc
         return HTTP2Request(headers: headers, body: Array(#"{"aps":{"alert":"hi"}}"#.utf8))
     }
 
+    /// Requests queued behind the server's stream limit whose deadline passes before their HEADERS went out are
+    /// answered as timed out, and the connection goes on: the streams leave before their frames were sent, while
+    /// nghttp2 holds their fields (lent to it, not copied) until it sends or drops those frames.
+    @Test func requestsQueuedBehindTheStreamLimitTimeOutAndTheConnectionGoesOn() throws {
+        let pair = try SelfSignedCertificate.generate(commonName: "127.0.0.1")
+        let server = try HTTP2Server(configuration: .init(certificatePEM: pair.certificatePEM,
+                                                          privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: 1),
+                                     logger: logger) { request, writer in
+            // "/3/device/hold" is never answered: it keeps the one stream the server allows.
+            if !request.path.hasSuffix("/hold") { writer.respond(status: 200) }
+        }
+        defer { server.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: pair.certificatePEM)
+        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: server.port, tls: .init(caFile: caFile),
+                                                          requestTimeout: 1, maximumAttempts: 1),
+                                     logger: logger)
+        defer { client.shutdown() }
+        // First an answer: the server's SETTINGS (one stream at a time) are in before the queued requests go.
+        #expect(try collect(client, [request(authority: client.authority, token: "first")])[0].get().status == 200)
+        let queued = collect(client, ["hold", "second", "third"].map { request(authority: client.authority, token: $0) })
+        #expect(queued.count == 3)
+        for result in queued { #expect(result.failureCase == .timedOut, "\(result)") }
+        #expect(try collect(client, [request(authority: client.authority, token: "after")])[0].get().status == 200)
+    }
+
     @Test func manyConcurrentRequestsOverTwoConnectionsToTheSimulator() throws {
         let dead = "dead" + String(repeating: "0", count: 60)
         let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_123]),
@@ -148,5 +173,13 @@ import Glibc
         let unkept = try collect(other, [request(authority: other.authority, token: token)])[0].get()
         #expect(unkept.status == 200, "the status is read whatever fields are kept")
         #expect(unkept.headers.isEmpty)
+    }
+}
+
+extension Result {
+    /// The error of a failure, nil for a success.
+    var failureCase: Failure? {
+        if case .failure(let error) = self { return error }
+        return nil
     }
 }
