@@ -181,14 +181,14 @@ public final class RedisConnection: RedisClient {
 
     /// Many commands in one round trip: all are written, then all replies read, in order.
     public func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
-        for arguments in commands { try append(arguments) }
+        try append(commands)
         return try receive(commands.count)
     }
 
     /// Writes the commands without waiting for their replies (`receive` reads them), so that a cluster's nodes all
     /// work on their part of a pipeline at once.
     func send(_ commands: [[String]]) throws(RedisError) {
-        for arguments in commands { try append(arguments) }
+        try append(commands)
         switch transport {
         case .tls(let channel):
             try channel.flush()
@@ -243,52 +243,24 @@ public final class RedisConnection: RedisClient {
         return raw
     }
 
-    private func append(_ arguments: [String]) throws(RedisError) {
-        let context: UnsafeMutablePointer<redisContext>
+    /// Queues the commands for writing, all formatted into one buffer (`RESP`), handed over in one call.
+    private func append(_ commands: [[String]]) throws(RedisError) {
+        guard !commands.isEmpty else { return }
+        var formatted: [UInt8] = []
+        // Reserved once for all: reserving per command would copy the buffer each time.
+        formatted.reserveCapacity(commands.reduce(0) { $0 + RESP.maximumSize(of: $1) })
+        for arguments in commands { RESP.append(arguments, to: &formatted) }
         switch transport {
         case .tls(let channel):
-            return try withCStrings(arguments) { (pointers, lengths) throws(RedisError) in
-                try channel.append(count: arguments.count, pointers, lengths)
+            channel.append(formatted: formatted)
+        case .plain(let context):
+            let status = formatted.withUnsafeBufferPointer { bytes in
+                bytes.withMemoryRebound(to: CChar.self) { redisAppendFormattedCommand(context, $0.baseAddress, $0.count) }
             }
-        case .plain(let plain): context = plain
-        }
-        let status: Int32 = withCStrings(arguments) { pointers, lengths in
-            redisAppendCommandArgv(context, Int32(arguments.count), pointers, lengths)
-        }
-        guard status == REDIS_OK else {
-            throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
-        }
-    }
-
-    /// The arguments' UTF-8 bytes back to back in one buffer, with a pointer and a length per argument. Copied
-    /// straight from each string (an array per argument cost an allocation per token in the idempotency record).
-    private func withCStrings<T, E: Error>(_ arguments: [String],
-                                           _ body: (UnsafeMutablePointer<UnsafePointer<CChar>?>, UnsafePointer<Int>) throws(E) -> T)
-        throws(E) -> T {
-        // hiredis copies the arguments into its output buffer during the call.
-        let total = arguments.reduce(0) { $0 + $1.utf8.count }
-        let storage = UnsafeMutablePointer<CChar>.allocate(capacity: max(1, total))
-        let pointers = UnsafeMutablePointer<UnsafePointer<CChar>?>.allocate(capacity: max(1, arguments.count))
-        let lengths = UnsafeMutablePointer<Int>.allocate(capacity: max(1, arguments.count))
-        defer {
-            storage.deallocate()
-            pointers.deallocate()
-            lengths.deallocate()
-        }
-        var offset = 0
-        for (index, argument) in arguments.enumerated() {
-            var argument = argument
-            let count = argument.withUTF8 { bytes in
-                if let base = bytes.baseAddress {
-                    UnsafeMutableRawPointer(storage + offset).copyMemory(from: base, byteCount: bytes.count)
-                }
-                return bytes.count
+            guard status == REDIS_OK else {
+                throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
             }
-            pointers[index] = UnsafePointer(storage + offset)
-            lengths[index] = count
-            offset += count
         }
-        return try body(pointers, lengths)
     }
 
     private static func convert(_ reply: UnsafeMutablePointer<redisReply>) -> RedisReply {

@@ -74,15 +74,9 @@ final class RedisTLSChannel {
     }
 
     /// Adds one command, formatted by hiredis, to what the next `flush` writes.
-    func append(count: Int, _ arguments: UnsafeMutablePointer<UnsafePointer<CChar>?>,
-                _ lengths: UnsafePointer<Int>) throws(RedisError) {
-        var formatted: UnsafeMutablePointer<CChar>?
-        let length = redisFormatCommandArgv(&formatted, Int32(count), arguments, lengths)
-        guard length >= 0, let formatted else { throw RedisError(kind: .connectionLost, "\(name): out of memory") }
-        defer { redisFreeCommand(formatted) }
-        formatted.withMemoryRebound(to: UInt8.self, capacity: Int(length)) { bytes in
-            output.append(contentsOf: UnsafeBufferPointer(start: bytes, count: Int(length)))
-        }
+    /// A command already in Redis's protocol (`RESP`), written with the next flush.
+    func append(formatted command: [UInt8]) {
+        output.append(contentsOf: command)
     }
 
     func flush() throws(RedisError) {
