@@ -6,7 +6,8 @@ internal import CNghttp2
 /// Header fields packed back to back in one byte buffer: `[flags][name length: UInt16][value length: UInt16][name]
 /// [value]` per field. A request's or a response's headers cost one allocation in all, constant fields are copied
 /// in one `append(contentsOf:)` from a block built once, and nghttp2 gets pointers into the buffer without a copy
-/// per field.
+/// per field. Names go out as given (a request's are lent to nghttp2, which then does not lower-case them): HTTP/2
+/// wants them in lower case, which every caller writes.
 public struct HTTP2HeaderBlock: Sendable, Equatable {
     private var bytes: [UInt8] = []
     public private(set) var count = 0

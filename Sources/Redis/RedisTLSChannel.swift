@@ -73,8 +73,7 @@ final class RedisTLSChannel {
         redisReaderFree(reader)
     }
 
-    /// Adds one command, formatted by hiredis, to what the next `flush` writes.
-    /// A command already in Redis's protocol (`RESP`), written with the next flush.
+    /// Commands already in Redis's protocol (`RESP`), written with the next `flush`.
     func append(formatted command: [UInt8]) {
         output.append(contentsOf: command)
     }

@@ -4,18 +4,32 @@
 struct JobsUnderWay {
     private(set) var deliveries: [UInt64: (delivery: JobDelivery, jobID: String)] = [:]
     private(set) var counts = LaneCounts()
+    /// Jobs under way per id, kept only while republished copies are looked up (`contains(jobID:)` builds it,
+    /// `stopIndexingIDs` drops it): kept always, it would cost every job two hashes of its id.
+    private var idCounts: [String: Int]?
 
     mutating func started(_ delivery: JobDelivery, jobID: String) {
         guard deliveries.updateValue((delivery, jobID), forKey: delivery.tag) == nil else { return }
         counts[delivery.lane] += 1
+        if idCounts != nil { idCounts![jobID, default: 0] += 1 }
     }
 
     mutating func settled(_ tag: UInt64) {
-        guard let (delivery, _) = deliveries.removeValue(forKey: tag) else { return }
+        guard let (delivery, jobID) = deliveries.removeValue(forKey: tag) else { return }
         counts[delivery.lane] -= 1
+        guard idCounts != nil, let index = idCounts!.index(forKey: jobID) else { return }
+        if idCounts!.values[index] == 1 { idCounts!.remove(at: index) } else { idCounts!.values[index] -= 1 }
     }
 
-    /// The ids of the jobs under way, gathered when asked for: only republished copies ask, which is rare, while an
-    /// index kept by id would cost every job two hashes of its id.
-    var jobIDs: Set<String> { Set(deliveries.values.lazy.map(\.jobID)) }
+    /// Whether a job with this id is under way. The first call indexes the jobs under way by id; the index is kept up
+    /// to date from then on, until `stopIndexingIDs`.
+    mutating func contains(jobID: String) -> Bool {
+        if idCounts == nil {
+            idCounts = Dictionary(deliveries.values.lazy.map { ($0.jobID, 1) }, uniquingKeysWith: +)
+        }
+        return idCounts![jobID] != nil
+    }
+
+    /// No copy waits any more: jobs stop paying for the index by id.
+    mutating func stopIndexingIDs() { idCounts = nil }
 }

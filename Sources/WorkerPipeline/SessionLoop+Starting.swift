@@ -90,10 +90,10 @@ extension SessionLoop {
 
     func startCopiesWhoseJobSettled() throws {
         guard !copiesWaiting.isEmpty, !core.isStopping else { return }
-        let busy = underWay.jobIDs
-        let ready = copiesWaiting.filter { !busy.contains($0.jobID) }
+        let ready = copiesWaiting.filter { !underWay.contains(jobID: $0.jobID) }
         guard !ready.isEmpty else { return }
-        copiesWaiting.removeAll { !busy.contains($0.jobID) }
+        copiesWaiting.removeAll { !underWay.contains(jobID: $0.jobID) }
+        if copiesWaiting.isEmpty { underWay.stopIndexingIDs() }
         try start(ready.map(\.delivery))
     }
 
@@ -243,9 +243,10 @@ extension SessionLoop {
     func holdingBackCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) -> [(delivery: JobDelivery, job: PushJob)] {
         guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
         var starting: [(delivery: JobDelivery, job: PushJob)] = []
-        var ids = underWay.jobIDs
+        var ids = Set<String>()
+        defer { if copiesWaiting.isEmpty { underWay.stopIndexingIDs() } }
         for entry in jobs {
-            if Self.isCopy(entry.delivery) && ids.contains(entry.job.id) {
+            if Self.isCopy(entry.delivery) && (underWay.contains(jobID: entry.job.id) || ids.contains(entry.job.id)) {
                 copiesWaiting.append((entry.delivery, entry.job.id))
                 continue
             }
