@@ -77,8 +77,7 @@ public final class AMQPJobBroker: JobBroker {
         var notices: [BrokerNotice] = []
         var deliveries = 0
         while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
-            // Consumed: the delivery's body, strings and properties move into the job's delivery, not copied.
-            switch consume event {
+            switch event {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
