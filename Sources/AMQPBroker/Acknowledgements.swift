@@ -42,19 +42,19 @@ final class Acknowledgements {
 
 /// Delivery tags received and not settled yet. A channel numbers its deliveries 1, 2, 3, ... in the order it sends
 /// them, so they are kept as a window of flags from the oldest unsettled tag on: no hash per delivery, and the oldest,
-/// which every acknowledgement asks for, at hand. A tag below the window (which a broker does not send) goes to a set
-/// beside it, so that nothing is ever forgotten.
+/// which every acknowledgement asks for, at hand. A tag out of that order (below the window, or far past it: which a
+/// broker does not send) goes to a set beside it, so that nothing is ever forgotten.
 struct UnsettledTags {
     /// `flags[head + i]`: whether tag `first + i` is unsettled. Tags skipped over (never received here) are false.
     private var flags: [Bool] = []
     private var head = 0
     private var first: UInt64 = 0
-    private var belowWindow = Set<UInt64>()
+    private var outsideWindow = Set<UInt64>()
 
     private var windowEnd: UInt64 { first + UInt64(flags.count - head) }
 
     mutating func insert(_ tag: UInt64) {
-        if !belowWindow.isEmpty && belowWindow.contains(tag) { return }
+        if !outsideWindow.isEmpty && outsideWindow.contains(tag) { return }
         if head == flags.count {
             flags.removeAll(keepingCapacity: true)
             head = 0
@@ -66,12 +66,12 @@ struct UnsettledTags {
         } else if tag >= first && tag < windowEnd {
             flags[head + Int(tag - first)] = true
         } else {
-            belowWindow.insert(tag)
+            outsideWindow.insert(tag)
         }
     }
 
     mutating func remove(_ tag: UInt64) {
-        if !belowWindow.isEmpty { belowWindow.remove(tag) }
+        if !outsideWindow.isEmpty { outsideWindow.remove(tag) }
         guard tag >= first && tag < windowEnd else { return }
         flags[head + Int(tag - first)] = false
         while head < flags.count && !flags[head] {
@@ -91,9 +91,7 @@ struct UnsettledTags {
     /// The oldest tag still unsettled.
     var oldest: UInt64? {
         let inWindow: UInt64? = head < flags.count ? first : nil
-        guard let lowest = belowWindow.min() else { return inWindow }
+        guard let lowest = outsideWindow.min() else { return inWindow }
         return min(lowest, inWindow ?? .max)
     }
-
-    var count: Int { flags[head...].lazy.filter { $0 }.count + belowWindow.count }
 }
