@@ -4,8 +4,9 @@
 struct JobsUnderWay {
     private(set) var deliveries: [UInt64: (delivery: JobDelivery, jobID: String)] = [:]
     private(set) var counts = LaneCounts()
-    /// Jobs under way per id, kept only while republished copies are looked up (`contains(jobID:)` builds it,
-    /// `stopIndexingIDs` drops it): kept always, it would cost every job two hashes of its id.
+    /// Jobs under way per id, kept only while republished copies wait (`contains(jobID:)` builds it, the session loop
+    /// drops it with `stopIndexingIDs` on a turn with no copy waiting): kept always, it would cost every job two hashes
+    /// of its id.
     private var idCounts: [String: Int]?
 
     mutating func started(_ delivery: JobDelivery, jobID: String) {

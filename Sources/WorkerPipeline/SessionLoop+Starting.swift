@@ -89,11 +89,12 @@ extension SessionLoop {
     }
 
     func startCopiesWhoseJobSettled() throws {
-        guard !copiesWaiting.isEmpty, !core.isStopping else { return }
+        // With no copy waiting, jobs stop paying for the index by id (the next copy's lookup builds it again).
+        guard !copiesWaiting.isEmpty else { return underWay.stopIndexingIDs() }
+        guard !core.isStopping else { return }
         let ready = copiesWaiting.filter { !underWay.contains(jobID: $0.jobID) }
         guard !ready.isEmpty else { return }
         copiesWaiting.removeAll { !underWay.contains(jobID: $0.jobID) }
-        if copiesWaiting.isEmpty { underWay.stopIndexingIDs() }
         try start(ready.map(\.delivery))
     }
 
@@ -244,7 +245,6 @@ extension SessionLoop {
         guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
         var starting: [(delivery: JobDelivery, job: PushJob)] = []
         var ids = Set<String>()
-        defer { if copiesWaiting.isEmpty { underWay.stopIndexingIDs() } }
         for entry in jobs {
             if Self.isCopy(entry.delivery) && (underWay.contains(jobID: entry.job.id) || ids.contains(entry.job.id)) {
                 copiesWaiting.append((entry.delivery, entry.job.id))
