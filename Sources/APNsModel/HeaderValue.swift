@@ -7,6 +7,9 @@ public enum HeaderValue {
     public static func problem(_ value: String, allowsInnerSpaces: Bool) -> String? {
         // One pass over contiguous UTF-8: this runs for every notification sent.
         var value = value
+        // Asked first with a Bool for an answer: most values have no problem, and a String? out of the closure
+        // costs more than the look at their bytes.
+        guard value.withUTF8(mayHaveProblem) else { return nil }
         return value.withUTF8 { bytes -> String? in
             var space = false
             for byte in bytes {
@@ -19,5 +22,24 @@ public enum HeaderValue {
             if bytes.first == 0x20 || bytes.last == 0x20 { return "starts or ends with a space" }
             return nil
         }
+    }
+
+    /// Whether `bytes` hold a byte below 0x21 (a control character or a space) or 0x7F, eight at a time: most values
+    /// hold none, and need no closer look. `(x - 0x21) & ~x` sets a byte's top bit when the byte is below 0x21, and
+    /// `x ^ 0x7F` is zero exactly for 0x7F; a borrow only reaches bytes above one already found.
+    private static func mayHaveProblem(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let raw = UnsafeRawBufferPointer(bytes)
+        var index = 0
+        var found: UInt64 = 0
+        while index + 8 <= bytes.count {
+            let word = raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+            let deletes = word ^ (ones &* 0x7F)
+            found |= ((word &- ones &* 0x21) & ~word) | ((deletes &- ones) & ~deletes)
+            index += 8
+        }
+        if found & (ones &* 0x80) != 0 { return true }
+        for byte in bytes[index...] where byte < 0x21 || byte == 0x7F { return true }
+        return false
     }
 }

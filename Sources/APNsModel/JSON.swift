@@ -48,13 +48,21 @@ public struct JSONMember: Sendable, Equatable {
 /// The member names a caller of `JSONReader.readObject` knows, matched byte for byte as each member is met.
 public struct JSONNames: Sendable {
     fileprivate let names: [[UInt8]]
+    /// The indices of the names of each length: a member is compared with the few names as long as it, not all.
+    private let indicesByLength: [[Int]]
 
-    public init(_ names: [String]) { self.names = names.map { Array($0.utf8) } }
+    public init(_ names: [String]) {
+        self.names = names.map { Array($0.utf8) }
+        var indicesByLength = Array(repeating: [Int](), count: (self.names.map(\.count).max() ?? 0) + 1)
+        for (index, name) in self.names.enumerated() { indicesByLength[name.count].append(index) }
+        self.indicesByLength = indicesByLength
+    }
 
     /// The index of the name held by `bytes`, if it is one of them.
     fileprivate func index(of bytes: UnsafeBufferPointer<UInt8>) -> Int? {
-        for (index, name) in names.enumerated() where name.count == bytes.count {
-            if name.withUnsafeBufferPointer({ JSONReader.same($0, bytes) }) { return index }
+        guard bytes.count < indicesByLength.count else { return nil }
+        for index in indicesByLength[bytes.count] {
+            if names[index].withUnsafeBufferPointer({ JSONReader.same($0, bytes) }) { return index }
         }
         return nil
     }
@@ -94,9 +102,10 @@ public struct JSONReader: ~Copyable {
     private let allowsDuplicateKeys: Bool
     /// The deepest nesting met so far.
     private var deepest = 0
-    /// The member names of the objects being read, innermost last, as their UTF-8 bytes with escapes resolved
-    /// (`nameBytes`, one buffer for every level, lent on the stack and moved to the heap only if outgrown) and where
-    /// each sits in it: a repeated name is found by comparing bytes, with no String made for a name only checked.
+    /// The member names of the objects being read, innermost last, as where their UTF-8 bytes are (`bytes(ofName:)`):
+    /// in the document itself for a name without escapes (most names: nothing copied), otherwise, escapes resolved,
+    /// in `nameBytes` (one buffer for every level, lent on the stack and moved to the heap only if outgrown). A
+    /// repeated name is found by comparing bytes, with no String made for a name only checked.
     private var nameBytes: Scratch<UInt8>
     private var names: Scratch<Range<Int>>
     /// During `readObject`: the depth of the top-level object's member values.
@@ -194,7 +203,7 @@ public struct JSONReader: ~Copyable {
                                       member: (inout JSONReader, Int?) throws(JSONError) -> Void) throws(JSONError) {
         try eachMember(depth: 1) { reader, name throws(JSONError) in
             let start = reader.position
-            try member(&reader, known.index(of: reader.nameBytes[name]))
+            try member(&reader, known.index(of: reader.bytes(ofName: name)))
             if reader.position == start { try reader.skipNested(depth: reader.memberDepth) }
         }
     }
@@ -302,6 +311,9 @@ public struct JSONReader: ~Copyable {
         }
     }
 
+    // The small steps of reading (a colon, a comma or bracket, a name, a plain string) are inlined where they are
+    // taken: a call each cost about as much as the step, a few hundred instructions for every job's body.
+    @inline(__always)
     private mutating func colon() throws(JSONError) {
         skipWhitespace()
         guard position < bytes.count, bytes[position] == UInt8(ascii: ":") else { throw error("expected ':'") }
@@ -332,25 +344,27 @@ public struct JSONReader: ~Copyable {
         nameBytes.removeLast(nameBytes.count - object.byte)
     }
 
-    /// Reads a member name into `nameBytes`, refusing one the object already has unless duplicates are allowed:
-    /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
-    /// the last). Returns where its bytes are in `nameBytes`.
+    /// Reads a member name, refusing one the object already has unless duplicates are allowed: readers disagree
+    /// about such a document (this one would take the first value; Python, JavaScript and Go take the last). Returns
+    /// where its bytes are (`bytes(ofName:)`).
     private mutating func memberName(into object: inout MemberNames) throws(JSONError) -> Range<Int> {
         skipWhitespace()
         guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
         let start = position
-        let name = try appendName()
+        let name = try readName()
         guard !allowsDuplicateKeys else { return name }
         let repeated: Bool
         if object.set == nil && names.count - object.first < 16 {
-            let new = nameBytes[name]
-            repeated = (object.first..<names.count).contains { Self.same(nameBytes[names[$0]], new) }
+            let new = bytes(ofName: name)
+            var index = object.first
+            while index < names.count && !Self.same(bytes(ofName: names[index]), new) { index += 1 }
+            repeated = index < names.count
             names.append(name)
         } else {
             if object.set == nil {
-                object.set = Set((object.first..<names.count).map { Array(nameBytes[names[$0]]) })
+                object.set = Set((object.first..<names.count).map { Array(bytes(ofName: names[$0])) })
             }
-            repeated = !object.set!.insert(Array(nameBytes[name])).inserted
+            repeated = !object.set!.insert(Array(bytes(ofName: name))).inserted
         }
         if repeated {
             position = start
@@ -360,24 +374,35 @@ public struct JSONReader: ~Copyable {
     }
 
     private func text(ofName name: Range<Int>) -> String {
-        String(decoding: nameBytes[name], as: UTF8.self)
+        String(decoding: bytes(ofName: name), as: UTF8.self)
     }
 
-    /// Appends the name at `position` (its opening quote) to `nameBytes`, escapes resolved, and reads past it.
-    private mutating func appendName() throws(JSONError) -> Range<Int> {
-        let first = nameBytes.count
-        if let text = try plainString() {
-            nameBytes.append(contentsOf: text)
-        } else {
-            var name = try parseString()
-            name.withUTF8 { nameBytes.append(contentsOf: $0) }
+    /// A name's bytes: a range below the document's length is in the document; one past it is in `nameBytes`, offset
+    /// by that length.
+    @inline(__always)
+    private func bytes(ofName name: Range<Int>) -> UnsafeBufferPointer<UInt8> {
+        if name.lowerBound < bytes.count {
+            return UnsafeBufferPointer(start: bytes.baseAddress! + name.lowerBound, count: name.count)
         }
-        return first..<nameBytes.count
+        return nameBytes[(name.lowerBound - bytes.count)..<(name.upperBound - bytes.count)]
+    }
+
+    /// Reads the name at `position` (its opening quote) and past it: where its bytes are, in the document for a name
+    /// without escapes, or in `nameBytes` once they are resolved.
+    @inline(__always)
+    private mutating func readName() throws(JSONError) -> Range<Int> {
+        let start = position + 1
+        if let text = try plainString() { return start..<(start + text.count) }
+        var name = try parseString()
+        let first = bytes.count + nameBytes.count
+        name.withUTF8 { nameBytes.append(contentsOf: $0) }
+        return first..<(bytes.count + nameBytes.count)
     }
 
     /// The bytes of the string whose opening quote is at `position` when it holds no escape and no control
     /// character (most strings: names, ids, tokens, topics), checked as UTF-8 and read past; nil, with nothing read,
     /// otherwise (the full reader then resolves or refuses it).
+    @inline(__always)
     private mutating func plainString() throws(JSONError) -> UnsafeBufferPointer<UInt8>? {
         let start = position + 1
         var scan = start
@@ -440,6 +465,7 @@ public struct JSONReader: ~Copyable {
 
     /// Enters an object or array at `depth` (its opening bracket is at `position`): false if it is empty (and then
     /// read to its end).
+    @inline(__always)
     private mutating func opens(depth: Int, closing: UInt8) throws(JSONError) -> Bool {
         guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
         deepest = max(deepest, depth)
@@ -453,6 +479,7 @@ public struct JSONReader: ~Copyable {
     }
 
     /// After a member or element: true if another follows (its comma read), false at the end (its bracket read).
+    @inline(__always)
     private mutating func continues(closing: UInt8, in container: StaticString) throws(JSONError) -> Bool {
         skipWhitespace()
         guard position < bytes.count else { throw error("unexpected end of JSON in \(container)") }
@@ -522,12 +549,25 @@ public struct JSONReader: ~Copyable {
         if try plainString() == nil { _ = try parseString() }
     }
 
+    // `eachMember` and `eachElement` written out: a payload is checked this way for every job, and the loops cost
+    // less without a closure per member.
     private mutating func skipObject(depth: Int) throws(JSONError) {
-        try eachMember(depth: depth) { reader, _ throws(JSONError) in try reader.skipNested(depth: depth) }
+        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
+        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
+        defer { forget(names) }
+        repeat {
+            _ = try memberName(into: &names)
+            try colon()
+            try skipNested(depth: depth)
+        } while try continues(closing: UInt8(ascii: "}"), in: "an object")
     }
 
     private mutating func skipArray(depth: Int) throws(JSONError) {
-        try eachElement(depth: depth) { reader throws(JSONError) in try reader.skipNested(depth: depth) }
+        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
+        repeat {
+            skipWhitespace()
+            try skipNested(depth: depth)
+        } while try continues(closing: UInt8(ascii: "]"), in: "an array")
     }
 
     private mutating func parseString() throws(JSONError) -> String {

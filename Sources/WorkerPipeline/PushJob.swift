@@ -106,8 +106,6 @@ public struct PushJob: Sendable, Equatable {
         let ownID = try string(members.id, named: "id")
         let users = try strings(members.users, named: "users")
         var tokens = try strings(members.tokens, named: "tokens")
-        // Mapped only when a token needs it: a new array per job otherwise, for tokens already lower-case.
-        if !tokens.allSatisfy(APNsNotification.isCanonicalToken) { tokens = tokens.map(APNsNotification.canonicalToken) }
         let retry = try retryState(members.retry)
         let channelID = try string(members.channelID, named: "channel_id")
         if let channelID {
@@ -122,7 +120,9 @@ public struct PushJob: Sendable, Equatable {
             guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
         }
         if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
-            try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
+            let tokensCanonical = try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
+            // Mapped only when a token needs it: a new array per job otherwise, for tokens already lower-case.
+            if !tokensCanonical { tokens = tokens.map(APNsNotification.canonicalToken) }
         }
         let liveActivity = members.liveActivity
         let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
@@ -216,7 +216,6 @@ public struct PushJob: Sendable, Equatable {
             guard body.count <= limits.maximumMessageSize * PushJob.retrySizeFactor else {
                 throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
             }
-            guard Self.isASCII(body) || String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
             var members = JobMembers()
             let topLevel: JSONTopLevel
             do {
@@ -226,6 +225,9 @@ public struct PushJob: Sendable, Equatable {
                     try members.read(Name.allCases[index], from: &reader)
                 }
             } catch {
+                // The reader checks every string it reads as UTF-8, and outside strings JSON is ASCII: a body that is
+                // not UTF-8 never reads as JSON, so it is told apart only here, not checked byte by byte for every job.
+                guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
                 throw .notJSON(error.description)
             }
             let depth: Int
@@ -272,27 +274,11 @@ public struct PushJob: Sendable, Equatable {
                 liveActivity = JSONMember(key: name.rawValue, value: value, range: start..<reader.offset)
             }
         }
-
-        /// Most bodies are ASCII, which needs no more than a look at each byte, eight at a time.
-        private static func isASCII(_ body: [UInt8]) -> Bool {
-            body.withUnsafeBytes { raw in
-                var index = 0
-                var high: UInt64 = 0
-                while index + 8 <= raw.count {
-                    high |= raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
-                    index += 8
-                }
-                while index < raw.count {
-                    high |= UInt64(raw[index])
-                    index += 1
-                }
-                return high & 0x8080_8080_8080_8080 == 0
-            }
-        }
     }
 
+    /// Returns whether every token is canonical already (lower-case).
     private static func checkTargets(users: [String], tokens: [String], retrying: Bool,
-                                     limits: Limits) throws(JobError) {
+                                     limits: Limits) throws(JobError) -> Bool {
         guard !users.isEmpty || !tokens.isEmpty || retrying else { throw .noTargets }
         guard users.count + tokens.count <= limits.maximumTargets else {
             throw .tooManyTargets(users.count + tokens.count, limit: limits.maximumTargets)
@@ -300,11 +286,15 @@ public struct PushJob: Sendable, Equatable {
         for (index, user) in users.enumerated() where user.isEmpty || user.utf8.count > 256 {
             throw .badUser(field: "users[\(index)]")
         }
+        var allCanonical = true
         for (index, token) in tokens.enumerated() {
-            do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(token) } catch {
+            do throws(APNsRequestError) {
+                if try !APNsNotification.validateDeviceToken(token) { allCanonical = false }
+            } catch {
                 throw .badToken(field: "tokens[\(index)]", error.description)
             }
         }
+        return allCanonical
     }
 
     /// How a job's notifications are sent, read and checked against Apple's rules (the same the client applies

@@ -115,6 +115,36 @@ import Testing
         #expect(APNsNotification.canonicalToken(String(repeating: "ab", count: 4) + "C") == String(repeating: "ab", count: 4) + "c")
     }
 
+    /// The token check tells whether a token is lower-case already, for a capital in an eight-byte word the check
+    /// reads at once and in the bytes past the last one.
+    @Test func theTokenCheckTellsWhetherATokenIsLowerCase() throws {
+        let base = Array(String(repeating: "0a", count: 33))
+        for position in [0, 7, 8, 63, 64, 65] {
+            for character in "0123456789abcdefABCDEF" {
+                var characters = base
+                characters[position] = character
+                let lowerCase = try APNsNotification.validateDeviceToken(String(characters))
+                #expect(lowerCase == !character.isUppercase, "\(character) at \(position)")
+            }
+        }
+    }
+
+    /// Every byte below 0x21 and 0x7F is found at every place of a value longer than the eight bytes read at once;
+    /// the bytes of multi-byte characters are no problem.
+    @Test func headerValueProblemsAreFoundAtEveryPlace() {
+        for place in 0..<19 {
+            for byte in Array(UInt8(0)...0x20) + [0x7F] {
+                var bytes = Array("com.example.apps.xy".utf8)
+                bytes[place] = byte
+                let value = String(decoding: bytes, as: UTF8.self)
+                #expect(HeaderValue.problem(value, allowsInnerSpaces: false) != nil, "0x\(String(byte, radix: 16)) at \(place)")
+            }
+        }
+        #expect(HeaderValue.problem("com.ex\u{E4}mple.\u{E4}pp.\u{FC}n\u{EF}code", allowsInnerSpaces: false) == nil)
+        #expect(HeaderValue.problem("summer sale of 2026", allowsInnerSpaces: true) == nil)
+        #expect(HeaderValue.problem("summer sale of 2026 ", allowsInnerSpaces: true) == "starts or ends with a space")
+    }
+
     /// Notifications sharing a validated one's fields (push type, priority, expiration, topic, collapse-id) have only
     /// their own checked: device token, apns-id and payload; any other difference means a whole validation again
     /// (the client's shortcut for the notifications of a job, and for the single-notification jobs of one sender).

@@ -60,6 +60,12 @@ import WorkerPipeline
             #expect(error.description.contains("over the 4096-byte limit for push_type alert"))
         }
         #expect(throws: JobError.notUTF8) { try PushJob.decode([0x7B, 0xFF, 0x7D], defaultTopic: nil, fallbackID: "f") }
+        // Told apart once the reader refuses the body, wherever the bytes that are not UTF-8 sit.
+        for place in [#"{"users": ["u"], "topic": "t", "payload": {"x": "a\#u{1}b"}}"#,
+                      #"{"users": ["u"], "topic": "t", "payload": {"a\#u{1}b": 1}}"#, #"{"users": ["\#u{1}"]}"#] {
+            let bytes = Array(place.utf8).map { $0 == 1 ? 0xFF : $0 }
+            #expect(throws: JobError.notUTF8, "\(place)") { try PushJob.decode(bytes, defaultTopic: "t", fallbackID: "f") }
+        }
         var limits = PushJob.Limits()
         limits.maximumMessageSize = 10
         #expect(throws: JobError.tooLarge(size: 12, limit: 10)) {
