@@ -1,4 +1,5 @@
 import AMQP
+import WorkerPipeline
 
 /// Settles deliveries with as few frames as possible. Jobs finish out of order, so each finished batch is
 /// acknowledged with one `multiple` ack up to its highest tag when no delivery below that tag is still under way,
@@ -40,58 +41,14 @@ final class Acknowledgements {
     }
 }
 
-/// Delivery tags received and not settled yet. A channel numbers its deliveries 1, 2, 3, ... in the order it sends
-/// them, so they are kept as a window of flags from the oldest unsettled tag on: no hash per delivery, and the oldest,
-/// which every acknowledgement asks for, at hand. A tag out of that order (below the window, or far past it: which a
-/// broker does not send) goes to a set beside it, so that nothing is ever forgotten.
+/// Delivery tags received and not settled yet (a window by tag: `DeliveryTagWindow`).
 struct UnsettledTags {
-    /// `flags[head + i]`: whether tag `first + i` is unsettled. Tags skipped over (never received here) are false.
-    private var flags: [Bool] = []
-    private var head = 0
-    private var first: UInt64 = 0
-    private var outsideWindow = Set<UInt64>()
+    private var window = DeliveryTagWindow<Void>()
 
-    private var windowEnd: UInt64 { first + UInt64(flags.count - head) }
+    mutating func insert(_ tag: UInt64) { window.insert((), for: tag) }
 
-    mutating func insert(_ tag: UInt64) {
-        if !outsideWindow.isEmpty && outsideWindow.contains(tag) { return }
-        if head == flags.count {
-            flags.removeAll(keepingCapacity: true)
-            head = 0
-            first = tag
-            flags.append(true)
-        } else if tag >= windowEnd && tag - windowEnd < 1 << 16 {
-            flags.append(contentsOf: repeatElement(false, count: Int(tag - windowEnd)))
-            flags.append(true)
-        } else if tag >= first && tag < windowEnd {
-            flags[head + Int(tag - first)] = true
-        } else {
-            outsideWindow.insert(tag)
-        }
-    }
-
-    mutating func remove(_ tag: UInt64) {
-        if !outsideWindow.isEmpty { outsideWindow.remove(tag) }
-        guard tag >= first && tag < windowEnd else { return }
-        flags[head + Int(tag - first)] = false
-        while head < flags.count && !flags[head] {
-            head += 1
-            first += 1
-        }
-        // The settled front is dropped in bulk, not one flag at a time.
-        if head == flags.count {
-            flags.removeAll(keepingCapacity: true)
-            head = 0
-        } else if head >= 1024 && head >= flags.count / 2 {
-            flags.removeFirst(head)
-            head = 0
-        }
-    }
+    mutating func remove(_ tag: UInt64) { window.remove(tag) }
 
     /// The oldest tag still unsettled.
-    var oldest: UInt64? {
-        let inWindow: UInt64? = head < flags.count ? first : nil
-        guard let lowest = outsideWindow.min() else { return inWindow }
-        return min(lowest, inWindow ?? .max)
-    }
+    var oldest: UInt64? { window.oldest }
 }

@@ -2,7 +2,8 @@
 /// (no other bulk job in progress), what a job's republished copy waits for (its original settled here first), and
 /// what an orderly stop leaves to the broker.
 struct JobsUnderWay {
-    private(set) var deliveries: [UInt64: (delivery: JobDelivery, jobID: String)] = [:]
+    /// By delivery tag: a window, not a dictionary (no hash per job).
+    private(set) var deliveries = DeliveryTagWindow<(delivery: JobDelivery, jobID: String)>()
     private(set) var counts = LaneCounts()
     /// Jobs under way per id, kept only while republished copies wait (`contains(jobID:)` builds it, the session loop
     /// drops it with `stopIndexingIDs` on a turn with no copy waiting): kept always, it would cost every job two hashes
@@ -10,13 +11,13 @@ struct JobsUnderWay {
     private var idCounts: [String: Int]?
 
     mutating func started(_ delivery: JobDelivery, jobID: String) {
-        guard deliveries.updateValue((delivery, jobID), forKey: delivery.tag) == nil else { return }
+        guard deliveries.insert((delivery, jobID), for: delivery.tag) else { return }
         counts[delivery.lane] += 1
         if idCounts != nil { idCounts![jobID, default: 0] += 1 }
     }
 
     mutating func settled(_ tag: UInt64) {
-        guard let (delivery, jobID) = deliveries.removeValue(forKey: tag) else { return }
+        guard let (delivery, jobID) = deliveries.remove(tag) else { return }
         counts[delivery.lane] -= 1
         guard idCounts != nil, let index = idCounts!.index(forKey: jobID) else { return }
         if idCounts!.values[index] == 1 { idCounts!.remove(at: index) } else { idCounts!.values[index] -= 1 }

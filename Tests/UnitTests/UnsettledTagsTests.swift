@@ -1,4 +1,5 @@
 @testable import AMQPBroker
+import WorkerPipeline
 import Testing
 
 /// The broker thread's record of deliveries not settled yet, which decides when one `multiple` ack may cover a batch.
@@ -53,6 +54,39 @@ struct UnsettledTagsTests {
         #expect(tags.oldest == nil)
         tags.insert(9)
         #expect(tags.oldest == 9)
+    }
+}
+
+@Suite struct DeliveryTagWindowTests {
+    /// Against a dictionary, over random runs like those above: the same answers to every insert and remove, the
+    /// same count and values after every step (the jobs under way are kept this way, by their delivery's tag).
+    @Test func keepsWhatADictionaryWouldKeep() {
+        var generator = Xorshift(state: 0xC0FFEE)
+        for _ in 0..<100 {
+            var window = DeliveryTagWindow<Int>()
+            var model: [UInt64: Int] = [:]
+            var next: UInt64 = 1
+            for step in 0..<400 {
+                let tag: UInt64
+                switch Int.random(in: 0..<10, using: &generator) {
+                case 0..<5:
+                    next += UInt64.random(in: 0...2, using: &generator)
+                    if Int.random(in: 0..<400, using: &generator) == 0 { next += 70_000 }
+                    tag = next
+                    next += 1
+                    #expect(window.insert(step, for: tag) == (model.updateValue(step, forKey: tag) == nil))
+                case 5:
+                    tag = UInt64.random(in: 1...next, using: &generator)
+                    #expect(window.insert(step, for: tag) == (model.updateValue(step, forKey: tag) == nil))
+                default:
+                    tag = model.keys.randomElement(using: &generator) ?? UInt64.random(in: 1...next, using: &generator)
+                    #expect(window.remove(tag) == model.removeValue(forKey: tag))
+                }
+                #expect(window.count == model.count)
+                #expect(window.oldest == model.keys.min())
+            }
+            #expect(window.values.sorted() == model.values.sorted())
+        }
     }
 }
 

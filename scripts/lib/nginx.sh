@@ -1,7 +1,8 @@
 # Debian's nginx as an independent HTTP/2 server standing in for APNs: TLS on a loopback port, HTTP/2, every request
 # answered 200 with an apns-id header, no cap on requests per connection (APNs keeps a connection for hours).
-# nginx_start sets NGINX_DIR, NGINX_PORT and NGINX_CA (the certificate to trust) and stops nginx when the shell exits
-# (after what EXIT trap was set before).
+# nginx_start sets NGINX_DIR, NGINX_PORT, NGINX_CA (the certificate to trust) and NGINX_STATUS_PORT (plain HTTP,
+# /status: nginx's stub_status, whose third figure counts every request nginx has read, its own included) and stops
+# nginx when the shell exits (after what EXIT trap was set before).
 
 nginx_start() {
     dpkg-query -W -f='${Status}' nginx-light 2>/dev/null | grep -q "install ok installed" || {
@@ -12,6 +13,7 @@ nginx_start() {
         -addext subjectAltName=IP:127.0.0.1 -keyout "$NGINX_DIR/key.pem" -out "$NGINX_DIR/cert.pem" 2>/dev/null
     NGINX_CA="$NGINX_DIR/cert.pem"
     NGINX_PORT=$(free_port)
+    NGINX_STATUS_PORT=$(free_port)
     cat > "$NGINX_DIR/nginx.conf" <<CONF
 user root;
 worker_processes 1;
@@ -29,6 +31,10 @@ http {
         keepalive_requests 100000000;
         http2_max_concurrent_streams 1000;
         location / { add_header apns-id 7a9f8a2e-5c1b-4c8e-9a7d-1b2c3d4e5f60 always; return 200; }
+    }
+    server {
+        listen 127.0.0.1:$NGINX_STATUS_PORT;
+        location = /status { stub_status; }
     }
 }
 CONF
