@@ -8,13 +8,17 @@ import APNsModel
 
 /// The message properties the pipeline reads and writes: the contract's reply_to, correlation-id, message-id,
 /// timestamp and string headers.
+///
+/// Stored in an order that leaves no padding to speak of (`persistent` after `timestamp`): a `JobDelivery` holding
+/// them then takes 115 bytes, within the 120 that glibc serves from its fast bins (130 before): one of the few
+/// objects every job allocates, many at a time.
 public struct MessageProperties: Sendable, Equatable {
     public var replyTo: String?
     public var correlationID: String?
     public var messageID: String?
-    public var persistent: Bool
     /// When the message was published (UNIX seconds), if its publisher said so: how long a job waited in its lane.
     public var timestamp: Int64?
+    public var persistent: Bool
     public var headers: [String: String]
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
     public var deliveryCount: Int?
@@ -42,10 +46,11 @@ public enum JobLane: String, Sendable, Hashable, CaseIterable {
 /// Never changed once received, and a class: a delivery travels with its job through several arrays, filters and
 /// hand-overs, where a copy then costs one reference count instead of one per string and array it holds.
 public final class JobDelivery: Sendable {
+    // In this order, the one-byte fields last, the object takes 115 bytes (see `MessageProperties`).
     public let tag: UInt64
-    public let redelivered: Bool
     public let body: [UInt8]
     public let properties: MessageProperties
+    public let redelivered: Bool
     public let lane: JobLane
 
     public init(tag: UInt64, redelivered: Bool, body: [UInt8], properties: MessageProperties, lane: JobLane = .urgent) {
