@@ -173,7 +173,7 @@ public struct PushJob: Sendable, Equatable {
 
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
     private static func broadcastJob(_ members: JobMembers, _ body: [UInt8], id: String, bundle: String, channelID: String,
-                                     sending: SendingOptions) throws(JobError) -> PushJob {
+                                     sending: borrowing SendingOptions) throws(JobError) -> PushJob {
         guard sending.pushType == .liveactivity else {
             throw .broadcast("push_type is \"\(sending.pushType.rawValue)\": a broadcast is a Live Activity push (liveactivity)")
         }
@@ -300,33 +300,37 @@ public struct PushJob: Sendable, Equatable {
     /// How a job's notifications are sent, read and checked against Apple's rules (the same the client applies
     /// before sending, `APNsRules`): a job that breaks one is refused now, with its reason, rather than accepted
     /// and failed notification by notification.
-    private struct SendingOptions {
-        var environment = APNsEnvironment.production
-        var pushType: APNsPushType
-        var priority: APNsPriority
-        var expiration: Int64?
-        var deadline: Int64?
-        var collapseID: String?
+    // Not copyable: every implicit copy of it (a push type holds two Strings, a collapse id one) cost reference
+    // counts on the per-job path.
+    private struct SendingOptions: ~Copyable {
+        let environment: APNsEnvironment
+        let pushType: APNsPushType
+        let priority: APNsPriority
+        let expiration: Int64?
+        let deadline: Int64?
+        let collapseID: String?
 
+        // Read into locals, then stored at once: a value that cannot be copied is initialized whole or not at all.
         init(_ members: borrowing JobMembers, defaultPushType: APNsPushType) throws(JobError) {
-            pushType = defaultPushType
+            var environment = APNsEnvironment.production
             if let text = try string(members.environment, named: "environment") {
                 guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
                 environment = parsed
             }
+            var pushType = defaultPushType
             if let text = try string(members.pushType, named: "push_type") {
                 guard let parsed = APNsPushType(rawValue: text) else { throw .unknownPushType(text) }
                 pushType = parsed
             }
-            priority = pushType.defaultPriority
+            var priority = pushType.defaultPriority
             if let number = try integer(members.priority, named: "priority") {
                 guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
                 priority = parsed
             }
-            expiration = try integer(members.expiration, named: "expiration")
-            deadline = try integer(members.deadline, named: "deadline")
+            let expiration = try integer(members.expiration, named: "expiration")
+            let deadline = try integer(members.deadline, named: "deadline")
             if let deadline, deadline < 0 || deadline > PushJob.latestDeadline { throw .badDeadline(deadline) }
-            collapseID = try string(members.collapseID, named: "collapse_id")
+            let collapseID = try string(members.collapseID, named: "collapse_id")
             do throws(APNsRequestError) {
                 try APNsRules.checkPriority(priority, for: pushType)
                 if let expiration { try APNsRules.checkExpiration(expiration) }
@@ -334,6 +338,8 @@ public struct PushJob: Sendable, Equatable {
             } catch {
                 throw .breaksRule(error)
             }
+            (self.environment, self.pushType, self.priority) = (environment, pushType, priority)
+            (self.expiration, self.deadline, self.collapseID) = (expiration, deadline, collapseID)
         }
     }
 
