@@ -9,13 +9,13 @@ import WorkerPipeline
 final class Acknowledgements {
     private let amqp: AMQPConnection
     /// Delivered and neither acknowledged nor rejected yet.
-    private var unsettled = UnsettledTags()
+    private var unsettled = DeliveryTagWindow<Void>()
 
     init(amqp: AMQPConnection) {
         self.amqp = amqp
     }
 
-    func received(_ deliveryTag: UInt64) { unsettled.insert(deliveryTag) }
+    func received(_ deliveryTag: UInt64) { unsettled.insert((), for: deliveryTag) }
 
     /// Acknowledges `tags` (all of them delivered on this connection, none settled yet).
     func acknowledge(_ tags: [UInt64]) throws(AMQPError) {
@@ -39,16 +39,4 @@ final class Acknowledgements {
         unsettled.remove(deliveryTag)
         try amqp.reject(deliveryTag, requeue: true)
     }
-}
-
-/// Delivery tags received and not settled yet (a window by tag: `DeliveryTagWindow`).
-struct UnsettledTags {
-    private var window = DeliveryTagWindow<Void>()
-
-    mutating func insert(_ tag: UInt64) { window.insert((), for: tag) }
-
-    mutating func remove(_ tag: UInt64) { window.remove(tag) }
-
-    /// The oldest tag still unsettled.
-    var oldest: UInt64? { window.oldest }
 }

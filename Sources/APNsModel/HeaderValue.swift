@@ -5,10 +5,10 @@ public enum HeaderValue {
     /// nil when `value` can be sent; otherwise what is wrong with it. `allowsInnerSpaces`: spaces between words are
     /// fine (a collapse id); a topic holds no whitespace at all.
     public static func problem(_ value: String, allowsInnerSpaces: Bool) -> String? {
-        // One pass over contiguous UTF-8: this runs for every notification sent.
+        // Over contiguous UTF-8: this runs for every job and every run of notifications sent. Most values have no
+        // problem and are looked at once, eight bytes at a time, with a Bool for an answer (a String? out of the
+        // closure cost more than the look itself); only a value that may have one is read again to name it.
         var value = value
-        // Asked first with a Bool for an answer: most values have no problem, and a String? out of the closure
-        // costs more than the look at their bytes.
         guard value.withUTF8(mayHaveProblem) else { return nil }
         return value.withUTF8 { bytes -> String? in
             var space = false

@@ -288,6 +288,7 @@ public struct JSONReader: ~Copyable {
 
     /// Reads the object whose opening brace is at `position`, at `depth`, to its end: each member's name (checked
     /// against the object's others), then `value`, which reads the member's value, told where the name's bytes are.
+    @inline(__always)
     private mutating func eachMember(depth: Int,
                                      _ value: (inout JSONReader, _ name: Range<Int>) throws(JSONError) -> Void) throws(JSONError) {
         guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
@@ -302,6 +303,7 @@ public struct JSONReader: ~Copyable {
     }
 
     /// Reads the array whose opening bracket is at `position`, at `depth`, to its end, `element` reading each element.
+    @inline(__always)
     private mutating func eachElement(depth: Int, _ element: (inout JSONReader) throws(JSONError) -> Void) throws(JSONError) {
         guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
         while true {
@@ -312,7 +314,8 @@ public struct JSONReader: ~Copyable {
     }
 
     // The small steps of reading (a colon, a comma or bracket, a name, a plain string) are inlined where they are
-    // taken: a call each cost about as much as the step, a few hundred instructions for every job's body.
+    // taken: a call each cost about as much as the step, a few hundred instructions for every job's body. So are the
+    // loops over an object's members and an array's elements, and with them the closure each caller gives.
     @inline(__always)
     private mutating func colon() throws(JSONError) {
         skipWhitespace()
@@ -549,25 +552,12 @@ public struct JSONReader: ~Copyable {
         if try plainString() == nil { _ = try parseString() }
     }
 
-    // `eachMember` and `eachElement` written out: a payload is checked this way for every job, and the loops cost
-    // less without a closure per member.
     private mutating func skipObject(depth: Int) throws(JSONError) {
-        guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
-        var names = MemberNames(from: self.names.count, byte: nameBytes.count)
-        defer { forget(names) }
-        repeat {
-            _ = try memberName(into: &names)
-            try colon()
-            try skipNested(depth: depth)
-        } while try continues(closing: UInt8(ascii: "}"), in: "an object")
+        try eachMember(depth: depth) { reader, _ throws(JSONError) in try reader.skipNested(depth: depth) }
     }
 
     private mutating func skipArray(depth: Int) throws(JSONError) {
-        guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
-        repeat {
-            skipWhitespace()
-            try skipNested(depth: depth)
-        } while try continues(closing: UInt8(ascii: "]"), in: "an array")
+        try eachElement(depth: depth) { reader throws(JSONError) in try reader.skipNested(depth: depth) }
     }
 
     private mutating func parseString() throws(JSONError) -> String {

@@ -4,16 +4,13 @@
 /// not send) goes to a dictionary beside it, so that nothing is ever forgotten.
 ///
 /// Inlinable, so that the broker's module gets it specialized for its values: used generically, each call looked up
-/// `Value?`'s type at run time (some 1,500 instructions per job).
+/// `Value?`'s type at run time (about 4,000 instructions per single-token job in the callgrind bench).
 public struct DeliveryTagWindow<Value> {
     /// `slots[head + i]`: the value of tag `first + i`. Tags skipped over (never received here) are nil.
     @usableFromInline var slots: [Value?] = []
     @usableFromInline var head = 0
     @usableFromInline var first: UInt64 = 0
     @usableFromInline var outsideWindow: [UInt64: Value] = [:]
-    @usableFromInline var held = 0
-    /// How many tags are held.
-    @inlinable public var count: Int { held }
 
     @inlinable public init() {}
 
@@ -38,24 +35,19 @@ public struct DeliveryTagWindow<Value> {
             let index = head + Int(tag - first)
             let wasHeld = slots[index] != nil
             slots[index] = value
-            if wasHeld { return false }
+            return !wasHeld
         } else {
             outsideWindow[tag] = value
         }
-        held += 1
         return true
     }
 
     /// Drops `tag`, returning its value (nil if it was not held).
     @inlinable @discardableResult
     public mutating func remove(_ tag: UInt64) -> Value? {
-        if !outsideWindow.isEmpty, let value = outsideWindow.removeValue(forKey: tag) {
-            held -= 1
-            return value
-        }
+        if !outsideWindow.isEmpty, let value = outsideWindow.removeValue(forKey: tag) { return value }
         guard tag >= first && tag < windowEnd, let value = slots[head + Int(tag - first)] else { return nil }
         slots[head + Int(tag - first)] = nil
-        held -= 1
         while head < slots.count && slots[head] == nil {
             head += 1
             first += 1
