@@ -536,8 +536,8 @@ extension APNsAuthentication {
     }
 }
 
-/// The header fields that notifications of one job share, encoded once: a fan-out job's requests then cost a copy
-/// of these bytes plus their own path (and apns-id), not a field-by-field encoding each.
+/// The header fields that notifications of one job share, encoded once: a fan-out job's requests then share these
+/// bytes, each with its own path (and a block of its own only with an apns-id), not a field-by-field encoding each.
 struct RequestTemplate {
     /// What the cached fields were built from; a notification that differs rebuilds them.
     private var key: Key?
@@ -559,31 +559,31 @@ struct RequestTemplate {
                 && self.authorization == authorization
         }
     }
-    /// :method, :scheme, :authority (pseudo-header fields come first, then :path).
-    private var pseudoFields = HTTP2HeaderBlock(capacity: 0)
-    /// authorization, apns-push-type, apns-topic, apns-priority, apns-expiration, apns-collapse-id.
-    private var sharedFields = HTTP2HeaderBlock(capacity: 0)
+    /// :method, :scheme, :authority, then authorization, apns-push-type, apns-topic, apns-priority, apns-expiration,
+    /// apns-collapse-id: every field but :path, shared by the requests of one kind (HTTP/2 sends :path first).
+    private var fields = HTTP2HeaderBlock(capacity: 0)
 
     mutating func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
         if key?.matches(notification, authority: authority, authorization: authorization) != true {
             key = Key(authority: authority, authorization: authorization, pushType: notification.pushType,
                       topic: notification.topic, priority: notification.priority, expiration: notification.expiration,
                       collapseID: notification.collapseID)
-            pseudoFields = HTTP2HeaderBlock(capacity: 64)
-            pseudoFields.add(":method", "POST")
-            pseudoFields.add(":scheme", "https")
-            pseudoFields.add(":authority", authority)
-            sharedFields = HTTP2HeaderBlock(capacity: 640)
-            if let authorization { sharedFields.add("authorization", authorization) }
-            sharedFields.add("apns-push-type", notification.pushType.rawValue)
-            sharedFields.add("apns-topic", notification.topic)
-            sharedFields.add("apns-priority", String(notification.priority.rawValue))
-            if let expiration = notification.expiration { sharedFields.add("apns-expiration", String(expiration)) }
-            if let collapseID = notification.collapseID { sharedFields.add("apns-collapse-id", collapseID) }
+            fields = HTTP2HeaderBlock(capacity: 640)
+            fields.add(":method", "POST")
+            fields.add(":scheme", "https")
+            fields.add(":authority", authority)
+            if let authorization { fields.add("authorization", authorization) }
+            fields.add("apns-push-type", notification.pushType.rawValue)
+            fields.add("apns-topic", notification.topic)
+            fields.add("apns-priority", String(notification.priority.rawValue))
+            if let expiration = notification.expiration { fields.add("apns-expiration", String(expiration)) }
+            if let collapseID = notification.collapseID { fields.add("apns-collapse-id", collapseID) }
         }
-        var headers = HTTP2HeaderBlock(pseudoFields, field: ":path", "/3/device/", notification.deviceToken, indexed: false,
-                                       sharedFields)
-        if let apnsID = notification.apnsID { headers.add("apns-id", apnsID, indexed: false) }
-        return HTTP2Request(headers: headers, body: notification.payload)
+        let path = HTTP2Path(prefix: "/3/device/", rest: notification.deviceToken)
+        guard let apnsID = notification.apnsID else { return HTTP2Request(headers: fields, path: path, body: notification.payload) }
+        // A job's own apns-id: a block of its own for this request (rare; a fan-out job cannot name one).
+        var headers = fields
+        headers.add("apns-id", apnsID, indexed: false)
+        return HTTP2Request(headers: headers, path: path, body: notification.payload)
     }
 }

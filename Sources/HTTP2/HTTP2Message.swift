@@ -4,9 +4,9 @@ import Glibc
 internal import CNghttp2
 
 /// Header fields packed back to back in one byte buffer: `[flags][name length: UInt16][value length: UInt16][name]
-/// [value]` per field. A request's or a response's headers cost one allocation in all, constant fields are copied
-/// in one `append(contentsOf:)` from a block built once, and nghttp2 gets pointers into the buffer without a copy
-/// per field. Names go out as given (a request's are lent to nghttp2, which then does not lower-case them): HTTP/2
+/// [value]` per field. A response's headers cost one allocation in all, requests of one kind share one block built
+/// once (each with its own path apart, `HTTP2Path`), and nghttp2 gets pointers into the buffer without a copy per
+/// field. Names go out as given (a request's are lent to nghttp2, which then does not lower-case them): HTTP/2
 /// wants them in lower case, which every caller writes.
 public struct HTTP2HeaderBlock: Sendable, Equatable {
     private var bytes: [UInt8] = []
@@ -35,59 +35,6 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     public mutating func add(_ name: String, _ value: String, indexed: Bool = true) {
         var name = name, value = value
         name.withUTF8 { nameBytes in value.withUTF8 { valueBytes in add(raw: nameBytes, valueBytes, indexed: indexed) } }
-    }
-
-    /// A field whose value is `valuePrefix` followed by `valueRest`, without building the joined String.
-    public mutating func add(_ name: String, _ valuePrefix: StaticString, _ valueRest: String, indexed: Bool = true) {
-        var name = name, rest = valueRest
-        let prefix = UnsafeBufferPointer(start: valuePrefix.utf8Start, count: valuePrefix.utf8CodeUnitCount)
-        name.withUTF8 { nameBytes in
-            rest.withUTF8 { restBytes in
-                let nameLength = min(nameBytes.count, 65_535)
-                let valueLength = min(prefix.count + restBytes.count, 65_535)
-                appendRecordHeader(nameLength, valueLength, indexed: indexed)
-                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: nameBytes.prefix(nameLength)))
-                bytes.append(contentsOf: prefix)
-                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: restBytes.prefix(valueLength - prefix.count)))
-            }
-        }
-        count += 1
-    }
-
-    /// `before`, one field whose value is `valuePrefix` followed by `valueRest`, then `after`, written into one
-    /// buffer of the exact size: a request made from fields built once around a field of its own (an APNs request's
-    /// path) costs one allocation and four copies.
-    public init(_ before: HTTP2HeaderBlock, field name: StaticString, _ valuePrefix: StaticString, _ valueRest: String,
-                indexed: Bool = true, _ after: HTTP2HeaderBlock) {
-        var rest = valueRest
-        let nameLength = name.utf8CodeUnitCount, prefixLength = valuePrefix.utf8CodeUnitCount
-        let (built, fields): ([UInt8], Int) = rest.withUTF8 { restBytes in
-            let valueLength = min(prefixLength + restBytes.count, 65_535)
-            let restLength = max(0, valueLength - prefixLength)
-            let total = before.bytes.count + Self.recordHeader + nameLength + valueLength + after.bytes.count
-            // Written on the stack, then copied into the array in one go: `Array(unsafeUninitializedCapacity:)`
-            // looked up the array's generic type at run time on every call (about 280 instructions per request).
-            let bytes = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: total) { buffer in
-                var at = buffer.baseAddress!
-                func put(_ source: UnsafeRawPointer?, _ count: Int) {
-                    // memcpy itself: copyMemory became a byte-at-a-time copy here.
-                    if count > 0 { memcpy(at, source!, count) }
-                    at += count
-                }
-                before.bytes.withUnsafeBytes { put($0.baseAddress, $0.count) }
-                withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) {
-                    put($0.baseAddress, Self.recordHeader)
-                }
-                put(name.utf8Start, nameLength)
-                put(valuePrefix.utf8Start, min(prefixLength, valueLength))
-                put(restBytes.baseAddress, restLength)
-                after.bytes.withUnsafeBytes { put($0.baseAddress, $0.count) }
-                return Array(UnsafeBufferPointer(buffer))
-            }
-            return (bytes, before.count + 1 + after.count)
-        }
-        bytes = built
-        count = fields
     }
 
     /// The same from bytes (the receiving side, straight from nghttp2's buffers).
@@ -168,22 +115,36 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
 
     /// `lent`: nghttp2 reads the names and values where they are, when it sends the HEADERS frame, instead of copying
     /// them at submission (and lower-casing the names, which HTTP/2 writes in lower case anyway): only for a block
-    /// whose storage stays as it is until nghttp2 has sent the frame or given up on it.
-    func withNghttp2Fields<T>(lent: Bool = false, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
+    /// whose storage stays as it is until nghttp2 has sent the frame or given up on it. `path`, if any, goes first,
+    /// joined on the stack: nghttp2 copies it at submission, into the session's pooled memory.
+    func withNghttp2Fields<T>(lent: Bool = false, path: HTTP2Path? = nil, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
         let lending = lent ? UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue) : 0
-        return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count, 1)) { fields in
-            var index = 0
-            forEachRecord { name, value, indexed in
-                // nghttp2 only reads the fields; its C API merely lacks const on these pointers.
-                fields[index] = nghttp2_nv(name: UnsafeMutablePointer(mutating: name.baseAddress ?? UnsafePointer(bitPattern: 1)!),
-                                           value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
-                                           namelen: name.count, valuelen: value.count,
-                                           flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue) | lending)
-                index += 1
-                return true
+        let capacity = max(count + (path == nil ? 0 : 1), 1)
+        return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: capacity) { fields in
+            guard let path else { return withFields(fields, from: 0, lending: lending, body) }
+            return path.withJoinedBytes { value in
+                fields[0] = nghttp2_nv(name: UnsafeMutablePointer(mutating: HTTP2Path.name.utf8Start),
+                                       value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                                       namelen: HTTP2Path.name.utf8CodeUnitCount, valuelen: value.count,
+                                       flags: UInt8(NGHTTP2_NV_FLAG_NO_INDEX.rawValue | NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue))
+                return withFields(fields, from: 1, lending: lending, body)
             }
-            return body(UnsafePointer(fields.baseAddress!), index)
         }
+    }
+
+    private func withFields<T>(_ fields: UnsafeMutableBufferPointer<nghttp2_nv>, from first: Int, lending: UInt8,
+                               _ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
+        var index = first
+        forEachRecord { name, value, indexed in
+            // nghttp2 only reads the fields; its C API merely lacks const on these pointers.
+            fields[index] = nghttp2_nv(name: UnsafeMutablePointer(mutating: name.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                                       value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                                       namelen: name.count, valuelen: value.count,
+                                       flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue) | lending)
+            index += 1
+            return true
+        }
+        return body(UnsafePointer(fields.baseAddress!), index)
     }
 }
 
@@ -204,12 +165,54 @@ public struct HTTP2Field: Sendable, Equatable, CustomStringConvertible {
 
 /// A request as the client sends it: its header block begins with the pseudo-header fields.
 public struct HTTP2Request: Sendable {
+    /// Every field, or with `path` every field but :path: then a block that many requests can share as it is.
     public var headers: HTTP2HeaderBlock
+    /// :path when `headers` lacks it, sent first (pseudo-header fields may come in any order before the others).
+    public var path: HTTP2Path?
     public var body: [UInt8]
 
     public init(headers: HTTP2HeaderBlock, body: [UInt8]) {
         self.headers = headers
         self.body = body
+    }
+
+    /// A request whose fields other than :path are `headers`, a block that can be shared with other requests:
+    /// nothing is allocated for the request's own fields (a block of its own made an allocation of about 450 bytes per
+    /// APNs notification, beyond the sizes glibc keeps in its fast bins).
+    public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8]) {
+        self.headers = headers
+        self.path = path
+        self.body = body
+    }
+}
+
+/// A request's path as a prefix that many requests share and a part of its own (an APNs device path: "/3/device/"
+/// and the token), joined only when the request is submitted, on the stack.
+public struct HTTP2Path: Sendable, Equatable {
+    public var prefix: String
+    public var rest: String
+    static let name: StaticString = ":path"
+
+    public init(prefix: String, rest: String) {
+        self.prefix = prefix
+        self.rest = rest
+    }
+
+    /// The joined path's bytes, valid during `body` only. Cut at 65,535 bytes, as any field is.
+    func withJoinedBytes<T>(_ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
+        var prefix = prefix, rest = rest
+        return prefix.withUTF8 { prefixBytes in
+            rest.withUTF8 { restBytes in
+                let total = min(prefixBytes.count + restBytes.count, 65_535)
+                return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(total, 1)) { buffer in
+                    let fromPrefix = min(prefixBytes.count, total)
+                    // memcpy itself: copyMemory became a byte-at-a-time copy in this kind of code.
+                    if fromPrefix > 0 { memcpy(buffer.baseAddress!, prefixBytes.baseAddress!, fromPrefix) }
+                    if total > fromPrefix { memcpy(buffer.baseAddress! + fromPrefix, restBytes.baseAddress!, total - fromPrefix) }
+                    return body(UnsafeBufferPointer(start: buffer.baseAddress, count: total))
+                }
+            }
+        }
     }
 }
 

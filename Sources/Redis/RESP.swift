@@ -1,31 +1,78 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Commands in Redis's protocol (RESP 2): an array of bulk strings, `*<count>\r\n` then `$<length>\r\n<bytes>\r\n` per
 /// argument. Written here in one pass over the arguments' UTF-8, rather than by hiredis's printf-style formatting,
 /// which cost a few hundred instructions per argument (a pipeline of a thousand token lookups has two thousand).
 enum RESP {
-    /// At least the bytes `append` writes for `arguments` (its numbers counted at their widest).
+    /// At least the bytes `format` writes for a command of `arguments` (its numbers counted at their widest).
     static func maximumSize(of arguments: [String]) -> Int {
         arguments.reduce(1 + 20 + 2) { $0 + 1 + 20 + 2 + $1.utf8.count + 2 }
     }
 
-    static func append(_ arguments: [String], to command: inout [UInt8]) {
-        command.append(UInt8(ascii: "*"))
-        appendDecimal(arguments.count, to: &command)
-        command.append(contentsOf: [13, 10])
-        for argument in arguments {
-            var argument = argument
-            argument.withUTF8 { bytes in
-                command.append(UInt8(ascii: "$"))
-                appendDecimal(bytes.count, to: &command)
-                command.append(contentsOf: [13, 10])
-                command.append(contentsOf: bytes)
-                command.append(contentsOf: [13, 10])
+    /// `commands` one after another, in one buffer, written through a pointer into room reserved once: appended to
+    /// an array byte by byte, with its uniqueness and capacity checked at each step, they cost about 550
+    /// instructions per argument in the callgrind profile (a settled job's id, a fan-out job's user).
+    static func format(_ commands: [[String]]) -> [UInt8] {
+        let capacity = commands.reduce(0) { $0 + maximumSize(of: $1) }
+        guard capacity > 0 else { return [] }
+        return [UInt8](unsafeUninitializedCapacity: capacity) { buffer, count in
+            var writer = Writer(base: buffer.baseAddress!)
+            for arguments in commands {
+                writer.put(UInt8(ascii: "*"))
+                writer.putDecimal(arguments.count)
+                writer.putLineEnd()
+                for argument in arguments {
+                    var argument = argument
+                    argument.withUTF8 { bytes in
+                        writer.put(UInt8(ascii: "$"))
+                        writer.putDecimal(bytes.count)
+                        writer.putLineEnd()
+                        writer.put(bytes)
+                        writer.putLineEnd()
+                    }
+                }
             }
+            count = writer.offset
         }
     }
+}
 
-    private static func appendDecimal(_ value: Int, to command: inout [UInt8]) {
-        guard value >= 10 else { return command.append(UInt8(ascii: "0") + UInt8(value)) }
-        appendDecimal(value / 10, to: &command)
-        command.append(UInt8(ascii: "0") + UInt8(value % 10))
+/// Writes forward from `base`, into room its caller made.
+private struct Writer {
+    let base: UnsafeMutablePointer<UInt8>
+    var offset = 0
+
+    mutating func put(_ byte: UInt8) {
+        base[offset] = byte
+        offset += 1
+    }
+
+    mutating func putLineEnd() {
+        base[offset] = 13
+        base[offset + 1] = 10
+        offset += 2
+    }
+
+    mutating func put(_ bytes: UnsafeBufferPointer<UInt8>) {
+        if let start = bytes.baseAddress, !bytes.isEmpty { memcpy(base + offset, start, bytes.count) }
+        offset += bytes.count
+    }
+
+    /// `value` (not negative) in decimal, every digit.
+    mutating func putDecimal(_ value: Int) {
+        var digits = 1, rest = value / 10
+        while rest > 0 {
+            digits += 1
+            rest /= 10
+        }
+        var remaining = value, at = offset + digits
+        repeat {
+            at -= 1
+            base[at] = UInt8(ascii: "0") + UInt8(remaining % 10)
+            remaining /= 10
+        } while remaining > 0
+        offset += digits
     }
 }

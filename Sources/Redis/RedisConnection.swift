@@ -246,10 +246,7 @@ public final class RedisConnection: RedisClient {
     /// Queues the commands for writing, all formatted into one buffer (`RESP`), handed over in one call.
     private func append(_ commands: [[String]]) throws(RedisError) {
         guard !commands.isEmpty else { return }
-        var formatted: [UInt8] = []
-        // Reserved once for all: reserving per command would copy the buffer each time.
-        formatted.reserveCapacity(commands.reduce(0) { $0 + RESP.maximumSize(of: $1) })
-        for arguments in commands { RESP.append(arguments, to: &formatted) }
+        let formatted = RESP.format(commands)
         switch transport {
         case .tls(let channel):
             channel.append(formatted: formatted)

@@ -22,7 +22,10 @@ public struct TargetResolver: Sendable, Equatable {
     /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved);
     /// of a job with more than `piece` users, the first piece only.
     public func usersToResolve(_ jobs: [PushJob]) -> [String] {
-        jobs.flatMap { job in job.retryTargets == nil ? job.users : [] }
+        // Only jobs with users add theirs: adding an empty array still took the array's growth path, for every job.
+        var users: [String] = []
+        for job in jobs where job.retryTargets == nil && !job.users.isEmpty { users.append(contentsOf: job.users) }
+        return users
     }
 
     /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or

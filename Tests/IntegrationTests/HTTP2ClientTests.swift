@@ -156,6 +156,19 @@ import Glibc
         #expect(try results[1].get().status == 404)
         #expect(try results[0].get().header("server") != nil, "every field is kept by default")
 
+        // A path apart from a block of fields that requests share goes out as :path, first, joined: nghttpd finds
+        // the file under the one path and not under the other, and both requests share the block as it is.
+        var shared = HTTP2HeaderBlock(capacity: 0)
+        shared.add(":method", "POST")
+        shared.add(":scheme", "https")
+        shared.add(":authority", client.authority)
+        shared.add("apns-topic", "com.example.app")
+        let body = Array(#"{"aps":{"alert":"hi"}}"#.utf8)
+        let split = collect(client, [HTTP2Request(headers: shared, path: HTTP2Path(prefix: "/3/device/", rest: token), body: body),
+                                     HTTP2Request(headers: shared, path: HTTP2Path(prefix: "/3/device/", rest: "00ff"), body: body)])
+        #expect(try split[0].get().status == 200)
+        #expect(try split[1].get().status == 404)
+
         // A client that reads one field keeps that one only (the APNs client keeps apns-id and apns-unique-id).
         var onlyLength = client.configuration
         onlyLength.keptResponseHeaders = ["content-length"]

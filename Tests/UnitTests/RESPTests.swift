@@ -4,20 +4,18 @@ import Testing
 /// Commands as Redis reads them (RESP 2 arrays of bulk strings), written without hiredis's formatting.
 struct RESPTests {
     @Test func argumentsAreCountedInBytes() {
-        var command: [UInt8] = []
-        RESP.append(["HSET", "apns:tokens:välue", ""], to: &command)
+        let command = RESP.format([["HSET", "apns:tokens:välue", ""]])
         #expect(String(decoding: command, as: UTF8.self) == "*3\r\n$4\r\nHSET\r\n$18\r\napns:tokens:välue\r\n$0\r\n\r\n")
         #expect(command.count <= RESP.maximumSize(of: ["HSET", "apns:tokens:välue", ""]))
     }
 
     @Test func commandsFollowOneAnotherAndCountsHaveEveryDigit() {
-        var command: [UInt8] = []
         let arguments = ["SADD", "key"] + (0..<110).map { String($0) }
-        RESP.append(arguments, to: &command)
-        RESP.append(["PING"], to: &command)
+        let command = RESP.format([arguments, ["PING"]])
         let text = String(decoding: command, as: UTF8.self)
         #expect(text.hasPrefix("*112\r\n$4\r\nSADD\r\n$3\r\nkey\r\n$1\r\n0\r\n"))
         #expect(text.contains("$2\r\n10\r\n$2\r\n11\r\n") && text.contains("$3\r\n109\r\n"))
         #expect(text.hasSuffix("$3\r\n109\r\n*1\r\n$4\r\nPING\r\n"))
+        #expect(RESP.format([]).isEmpty && RESP.format([[]]) == Array("*0\r\n".utf8))
     }
 }
