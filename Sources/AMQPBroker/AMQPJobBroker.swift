@@ -77,7 +77,8 @@ public final class AMQPJobBroker: JobBroker {
         var notices: [BrokerNotice] = []
         var deliveries = 0
         while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
-            switch event {
+            // Consumed: its parts move into the notice instead of being copied out of an event freed right after.
+            switch consume event {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
@@ -176,7 +177,7 @@ public final class AMQPJobBroker: JobBroker {
 
 extension MessageProperties {
     /// What the pipeline reads of a delivery's properties.
-    init(_ amqp: AMQPProperties) {
+    init(_ amqp: consuming AMQPProperties) {
         self.init(replyTo: amqp.replyTo, correlationID: amqp.correlationID, messageID: amqp.messageID,
                   persistent: amqp.persistent, timestamp: amqp.timestamp, headers: amqp.headers,
                   deliveryCount: amqp.deliveryCount)

@@ -198,20 +198,14 @@ public struct HTTP2Path: Sendable, Equatable {
         self.rest = rest
     }
 
-    /// The joined path's bytes, valid during `body` only. Cut at 65,535 bytes, as any field is.
+    /// The joined path's bytes, valid during `body` only. Read where the strings keep them, with no copy of either.
     func withJoinedBytes<T>(_ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
-        var prefix = prefix, rest = rest
-        return prefix.withUTF8 { prefixBytes in
-            rest.withUTF8 { restBytes in
-                let total = min(prefixBytes.count + restBytes.count, 65_535)
-                return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(total, 1)) { buffer in
-                    let fromPrefix = min(prefixBytes.count, total)
-                    // memcpy itself: copyMemory became a byte-at-a-time copy in this kind of code.
-                    if fromPrefix > 0 { memcpy(buffer.baseAddress!, prefixBytes.baseAddress!, fromPrefix) }
-                    if total > fromPrefix { memcpy(buffer.baseAddress! + fromPrefix, restBytes.baseAddress!, total - fromPrefix) }
-                    return body(UnsafeBufferPointer(start: buffer.baseAddress, count: total))
-                }
-            }
+        let prefixCount = prefix.utf8.count
+        let total = prefixCount + rest.utf8.count
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(total, 1)) { buffer in
+            _ = UnsafeMutableBufferPointer(rebasing: buffer[..<prefixCount]).initialize(from: prefix.utf8)
+            _ = UnsafeMutableBufferPointer(rebasing: buffer[prefixCount..<total]).initialize(from: rest.utf8)
+            return body(UnsafeBufferPointer(start: buffer.baseAddress, count: total))
         }
     }
 }

@@ -14,29 +14,52 @@ final class JobProgress: @unchecked Sendable {
     let targets: [DeviceTarget]
     /// Notifications of the whole job: its targets, or for a job resolved in pieces (`JobAssembly`), all its parts'.
     private(set) var notificationCount: Int
-    /// Broker thread only: for one piece of a large job, the job it belongs to.
-    var assembly: JobAssembly?
     private(set) var remaining: Int
     private(set) var delivered = 0
-    private(set) var dead: [(target: DeviceTarget, response: APNsResponse)] = []
-    private(set) var failed: [(target: DeviceTarget, reason: String)] = []
-    /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
-    /// `reason` goes to the parked job's headers; `label` is its bounded form for /metrics (Apple's reason,
-    /// `no_answer`, `other`).
-    private(set) var retryable: [(target: DeviceTarget, reason: String, label: String, delay: Double)] = []
     /// Not handed to APNs by the job's deadline: not sent.
     private(set) var expired = 0
 
     /// Answers of this attempt that judge a token (200, 410, 400 mismatch: `MassInvalidationGuard.judgesToken`).
     private(set) var judged = 0
-    /// 400 mismatch answers the mass-invalidation guard held back: no token removed, no event (see `applyGuard`).
-    private(set) var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
 
-    /// Outcomes that became final since the last hand-over to the idempotency record (`SentRecord` members: the
-    /// token, or for a dead token what its event needs), but the newest: `newestUnrecorded`.
-    private var unrecordedFinal: [SettledOutcome] = []
-    /// The newest of those outcomes, kept apart until another comes: a job of one notification (most jobs are) then
-    /// needs no array, and its outcome is only ever read if the job cannot be settled at once.
+    /// What few jobs have, in one box made with the first of it: a job of deliveries alone (most jobs) then makes and
+    /// frees no arrays for it, and its progress takes 119 bytes, within the 120 that glibc keeps in its fast bins.
+    /// Finished jobs are freed by the hundred, more than glibc's per-thread cache holds, and above that size the
+    /// rest went through malloc's slow path (bins sorted and merged), again when the next jobs were made.
+    private final class Rare {
+        var assembly: JobAssembly?
+        var dead: [(target: DeviceTarget, response: APNsResponse)] = []
+        var failed: [(target: DeviceTarget, reason: String)] = []
+        var retryable: [(target: DeviceTarget, reason: String, label: String, delay: Double)] = []
+        var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
+        var unrecordedFinal: [SettledOutcome] = []
+    }
+    private var rare: Rare?
+    private var madeRare: Rare {
+        if let rare { return rare }
+        let made = Rare()
+        rare = made
+        return made
+    }
+
+    /// Broker thread only: for one piece of a large job, the job it belongs to.
+    var assembly: JobAssembly? {
+        get { rare?.assembly }
+        set { madeRare.assembly = newValue }
+    }
+    var dead: [(target: DeviceTarget, response: APNsResponse)] { rare?.dead ?? [] }
+    var failed: [(target: DeviceTarget, reason: String)] { rare?.failed ?? [] }
+    /// APNs asked to try these again later (throttling, server trouble, no answer), with its suggested delay.
+    /// `reason` goes to the parked job's headers; `label` is its bounded form for /metrics (Apple's reason,
+    /// `no_answer`, `other`).
+    var retryable: [(target: DeviceTarget, reason: String, label: String, delay: Double)] { rare?.retryable ?? [] }
+    /// 400 mismatch answers the mass-invalidation guard held back: no token removed, no event (see `applyGuard`).
+    var heldBack: [(target: DeviceTarget, response: APNsResponse)] { rare?.heldBack ?? [] }
+
+    /// The newest outcome that became final since the last hand-over to the idempotency record (`SentRecord`
+    /// members: the token, or for a dead token what its event needs); older ones wait in `Rare.unrecordedFinal`. A
+    /// job of one notification (most jobs are) then needs no array, and its outcome is only ever read if the job
+    /// cannot be settled at once.
     private var newestUnrecorded: SettledOutcome?
     var hasUnrecordedFinal: Bool { newestUnrecorded != nil }
     /// Loop thread only: waiting in the worker's list of jobs with outcomes to hand over; handed back to the broker
@@ -87,13 +110,13 @@ final class JobProgress: @unchecked Sendable {
     func countJudgement() { judged += 1 }
 
     func recordDead(_ index: Int, _ response: APNsResponse) {
-        dead.append((targets[index], response))
+        madeRare.dead.append((targets[index], response))
         remaining -= 1
         if hasStableID { noteFinal(.dead(targets[index], response)) }
     }
 
     func recordFailed(_ index: Int, reason: String) {
-        failed.append((targets[index], reason))
+        madeRare.failed.append((targets[index], reason))
         remaining -= 1
         noteFinal(index)
     }
@@ -103,15 +126,15 @@ final class JobProgress: @unchecked Sendable {
     }
 
     private func noteFinal(_ outcome: SettledOutcome) {
-        if let newestUnrecorded { unrecordedFinal.append(newestUnrecorded) }
+        if let newestUnrecorded { madeRare.unrecordedFinal.append(newestUnrecorded) }
         newestUnrecorded = outcome
     }
 
     /// Hands over the outcomes finished since the last call, if any, in the order they became final.
     func takeUnrecordedFinal() -> [SettledOutcome]? {
         guard let newest = newestUnrecorded else { return nil }
-        var taken = unrecordedFinal
-        unrecordedFinal = []
+        var taken = rare?.unrecordedFinal ?? []
+        rare?.unrecordedFinal = []
         newestUnrecorded = nil
         taken.append(newest)
         return taken
@@ -124,11 +147,11 @@ final class JobProgress: @unchecked Sendable {
 
     func restore(settled: Int, dead restored: [(target: DeviceTarget, response: APNsResponse)]) {
         judged += settled
-        dead += restored
+        if !restored.isEmpty { madeRare.dead += restored }
     }
 
     func recordRetryable(_ index: Int, reason: String, label: String, delay: Double) {
-        retryable.append((targets[index], reason, label, delay))
+        madeRare.retryable.append((targets[index], reason, label, delay))
         remaining -= 1
     }
 
@@ -144,9 +167,11 @@ final class JobProgress: @unchecked Sendable {
     func absorb(_ piece: JobProgress) {
         notificationCount += piece.notificationCount
         delivered += piece.delivered
-        dead += piece.dead
-        failed += piece.failed
-        retryable += piece.retryable
+        if let pieceRare = piece.rare {
+            madeRare.dead += pieceRare.dead
+            madeRare.failed += pieceRare.failed
+            madeRare.retryable += pieceRare.retryable
+        }
         expired += piece.expired
         judged += piece.judged
         for outcome in piece.takeUnrecordedFinal() ?? [] { noteFinal(outcome) }
@@ -157,7 +182,7 @@ final class JobProgress: @unchecked Sendable {
     func expireRetryable() -> Int {
         let count = retryable.count
         expired += count
-        retryable.removeAll()
+        rare?.retryable.removeAll()
         return count
     }
 
@@ -177,8 +202,9 @@ final class JobProgress: @unchecked Sendable {
         guardApplied = true
         heldBackBy = verdict
         guard verdict != .remove else { return 0 }
-        heldBack = dead.filter { APNsOutcome.isTokenMismatch($0.response) }
-        dead.removeAll { APNsOutcome.isTokenMismatch($0.response) }
+        guard let rare else { return 0 }
+        rare.heldBack = rare.dead.filter { APNsOutcome.isTokenMismatch($0.response) }
+        rare.dead.removeAll { APNsOutcome.isTokenMismatch($0.response) }
         return heldBack.count
     }
 
