@@ -1,6 +1,8 @@
 /// One push to one device token, checked against Apple's rules before anything is sent.
 public struct APNsNotification: Sendable {
     public var deviceToken: String
+    /// Where the token belongs: it is sent to that environment's host.
+    public var environment: APNsEnvironment
     public var topic: String
     public var pushType: APNsPushType
     public var priority: APNsPriority
@@ -12,9 +14,11 @@ public struct APNsNotification: Sendable {
     /// The JSON payload, encoded once per job and shared by all of its notifications.
     public var payload: [UInt8]
 
-    public init(deviceToken: String, topic: String, pushType: APNsPushType = .alert, priority: APNsPriority? = nil,
-                expiration: Int64? = nil, collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]) {
+    public init(deviceToken: String, environment: APNsEnvironment = .production, topic: String,
+                pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
+                collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]) {
         self.deviceToken = deviceToken
+        self.environment = environment
         self.topic = topic
         self.pushType = pushType
         self.priority = priority ?? pushType.defaultPriority

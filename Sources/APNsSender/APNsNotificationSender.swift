@@ -29,7 +29,7 @@ public final class APNsNotificationSender: NotificationSender {
         client.connect(.production)
     }
 
-    public func send(_ batch: [OutgoingNotification], lane: JobLane,
+    public func send(_ batch: [APNsNotification], lane: JobLane,
                      answer: @escaping @Sendable (Int, APNsResult) -> Void) {
         client.send(batch, traffic: APNsTraffic(lane), completion: answer)
     }

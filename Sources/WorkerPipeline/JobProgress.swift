@@ -88,12 +88,11 @@ final class JobProgress: @unchecked Sendable {
         JobProgress(job: job, delivery: delivery, generation: generation, targets: targets, hasStableID: hasStableID)
     }
 
-    func notification(_ index: Int) -> (environment: APNsEnvironment, notification: APNsNotification) {
+    func notification(_ index: Int) -> APNsNotification {
         let target = targets[index]
-        return (target.environment,
-                APNsNotification(deviceToken: target.token, topic: job.topic, pushType: job.pushType,
-                                 priority: job.priority, expiration: job.expiration, collapseID: job.collapseID,
-                                 payload: job.payload))
+        return APNsNotification(deviceToken: target.token, environment: target.environment, topic: job.topic,
+                                pushType: job.pushType, priority: job.priority, expiration: job.expiration,
+                                collapseID: job.collapseID, payload: job.payload)
     }
 
     func recordDelivered(_ index: Int) {

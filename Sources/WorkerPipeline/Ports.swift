@@ -260,9 +260,6 @@ public enum ConnectionHealth: Sendable, Equatable {
     case connectFailed
 }
 
-/// One notification to send: the environment its token belongs to, and the request.
-public typealias OutgoingNotification = (environment: APNsEnvironment, notification: APNsNotification)
-
 /// Where notifications go: APNs, over connections the sender owns, each lane's on a thread of its own (a lane's
 /// thread never waits for the other lane's work).
 ///
@@ -275,7 +272,7 @@ public protocol NotificationSender: AnyObject, Sendable {
     func start(reportingHealth: @escaping @Sendable (ConnectionHealth) -> Void)
     /// Sends a batch of one lane's notifications (each lane has connections of its own). `answer` runs once per
     /// notification, with its position in the batch, on the lane's thread: keep it short.
-    func send(_ batch: [OutgoingNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
+    func send(_ batch: [APNsNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
     /// Sends one broadcast (a `channel_id` job's); `answer` runs once, on the lane's thread.
     func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
               answer: @escaping @Sendable (APNsResult) -> Void)

@@ -64,7 +64,7 @@ final class Driver: Sendable {
     }
 
     private func send(_ count: Int) {
-        client.send(Array(repeating: (.production, notification), count: count)) { [self] _, result in
+        client.send(Array(repeating: notification, count: count)) { [self] _, result in
             let next = progress.withLock { state -> Int in
                 state.completed += 1
                 state.statuses[result.response?.status ?? -1, default: 0] += 1
@@ -137,7 +137,7 @@ case "client":
 
     // Warm-up: open every connection before the clock starts, as h2load does before its first request.
     let warm = DispatchSemaphore(value: 0)
-    client.send(Array(repeating: (.production, notification), count: connections * 2)) { _, _ in warm.signal() }
+    client.send(Array(repeating: notification, count: connections * 2)) { _, _ in warm.signal() }
     for _ in 0..<(connections * 2) { warm.wait() }
 
     let window = connections * streams

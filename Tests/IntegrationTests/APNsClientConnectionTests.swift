@@ -17,8 +17,8 @@ import Glibc
     func sendOne(_ client: APNsClient, token: String) -> APNsResult? {
         let result = Locked<APNsResult?>(nil)
         let done = DispatchSemaphore(value: 0)
-        client.send([(.production, APNsNotification(deviceToken: token, topic: "com.example.app",
-                                                    payload: Array(#"{"aps":{}}"#.utf8)))]) { _, answer in
+        client.send([APNsNotification(deviceToken: token, topic: "com.example.app",
+                                      payload: Array(#"{"aps":{}}"#.utf8))]) { _, answer in
             result.withLock { $0 = answer }
             done.signal()
         }
@@ -201,7 +201,7 @@ import Glibc
         let client = APNsClient(configuration: configuration,
                                 authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
-        client.send([(.production, APNsNotification(deviceToken: token, topic: "t", payload: Array("{}".utf8)))]) { _, _ in }
+        client.send([APNsNotification(deviceToken: token, topic: "t", payload: Array("{}".utf8))]) { _, _ in }
         #expect(failedOnALPN.wait(timeout: .now() + 15) == .success, "\(reasons.withLock { $0 })")
     }
 

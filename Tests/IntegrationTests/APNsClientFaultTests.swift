@@ -41,9 +41,7 @@ import Testing
     func send(_ client: APNsClient, _ tokens: [String]) throws -> [APNsResult] {
         let results = Locked<[Int: APNsResult]>([:])
         let done = DispatchSemaphore(value: 0)
-        let notifications = tokens.map {
-            (APNsEnvironment.production, APNsNotification(deviceToken: $0, topic: "com.example.app", payload: payload))
-        }
+        let notifications = tokens.map { APNsNotification(deviceToken: $0, topic: "com.example.app", payload: payload) }
         client.send(notifications) { index, result in
             if results.withLock({ $0[index] = result; return $0.count == notifications.count }) { done.signal() }
         }
@@ -156,7 +154,7 @@ import Testing
         let result = Locked<APNsResult?>(nil)
         let oversized = APNsNotification(deviceToken: tokens(1)[0], topic: "com.example.app",
                                          payload: Array(repeating: 32, count: 4097))
-        h.client.send([(.production, oversized)]) { _, answer in
+        h.client.send([oversized]) { _, answer in
             result.withLock { $0 = answer }
             done.signal()
         }

@@ -150,8 +150,8 @@ final class ConnectProxy: @unchecked Sendable {
         defer { client.shutdown() }
         let answered = DispatchSemaphore(value: 0)
         let result = Locked<APNsResult?>(nil)
-        client.send([(.production, APNsNotification(deviceToken: String(repeating: "9e", count: 32), topic: "com.example.app",
-                                                    payload: Array(#"{"aps":{}}"#.utf8)))]) { _, outcome in
+        client.send([APNsNotification(deviceToken: String(repeating: "9e", count: 32), topic: "com.example.app",
+                                      payload: Array(#"{"aps":{}}"#.utf8))]) { _, outcome in
             result.withLock { $0 = outcome }
             answered.signal()
         }

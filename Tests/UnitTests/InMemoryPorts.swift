@@ -301,16 +301,16 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         threads[.urgent]!.async { report(.opened) }
     }
 
-    func send(_ batch: [OutgoingNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) {
-        let results = batch.map { outgoing in
-            let response = answer(outgoing.notification)
+    func send(_ batch: [APNsNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) {
+        let results = batch.map { notification in
+            let response = answer(notification)
             return APNsResult(outcome: APNsOutcome.classify(response), response: response)
         }
         let deliver: @Sendable () -> Void = { [thread = threads[lane]!] in
             thread.async { for (position, result) in results.enumerated() { reply(position, result) } }
         }
         let holding = fleet.change { state in
-            state.sent += batch.map { (lane, $0.notification.deviceToken) }
+            state.sent += batch.map { (lane, $0.deviceToken) }
             if state.holdingAnswers { state.heldAnswers.append(deliver) }
             return state.holdingAnswers
         }
