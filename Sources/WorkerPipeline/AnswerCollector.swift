@@ -84,7 +84,7 @@ final class AnswerCollector: Sendable {
     // MARK: sender threads (each job's on its lane's)
 
     func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {
-        if result.outcome == .delivered && result.response?.status == 200 {
+        if result.isPlainDelivery {
             // Nearly every answer, recorded without copying it out of the result (a few strings and header fields).
             progress.countJudgement()
             progress.recordDelivered(index)

@@ -24,9 +24,9 @@ struct PreparedBatch {
         // Most batches hold one topic: the last one's service is kept at hand, without hashing the topic per job.
         var lastService: (topic: String, service: TopicService)?
         for delivery in batch {
-            let fallbackID = delivery.properties.messageID ?? "delivery-\(delivery.tag)"
             do {
-                var job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic, fallbackID: fallbackID)
+                var job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic,
+                                             fallbackID: delivery.properties.messageID ?? "delivery-\(delivery.tag)")
                 if let exitOnJobID = settings.exitOnJobID, job.id == exitOnJobID {
                     logger.critical("test fault: exiting on this job", ["job.id": job.id])
                     exit(70)

@@ -67,7 +67,7 @@ final class Driver: Sendable {
         client.send(Array(repeating: notification, count: count)) { [self] _, result in
             let next = progress.withLock { state -> Int in
                 state.completed += 1
-                state.statuses[result.response?.status ?? -1, default: 0] += 1
+                state.statuses[result.status ?? -1, default: 0] += 1
                 if state.completed == total { done.signal() }
                 let room = window - (state.sent - state.completed)
                 guard state.sent < total, room >= refill else { return 0 }
