@@ -442,7 +442,9 @@ public final class APNsClient: Sendable {
                               "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
                               "apns.environment": environment.rawValue, "apns.credential": credential.name])
             }
-            return APNsResult(outcome: APNsOutcome.classify(response), response: response)
+            let outcome = APNsOutcome.classify(response)
+            // Moved into the result, not copied (a copy counts the references of its strings and header fields).
+            return APNsResult(outcome: outcome, response: consume response)
         case .failure(let error):
             return APNsResult(outcome: .retryLater(delay: 1), error: error.description)
         }
