@@ -1,34 +1,24 @@
-/// Apple's vocabulary for a push, as structs with static members: unknown values from outside stay representable.
+/// Apple's vocabulary for a push. Push types and priorities are closed sets (a job naming another is refused), kept
+/// as enums: copied and compared as one byte on the per-notification path, where structs of strings each cost a few
+/// reference counts and string comparisons. Reasons stay an open set.
 
 /// The `apns-push-type` header, with the topic suffix Apple requires for it.
-public struct APNsPushType: Hashable, Sendable, CustomStringConvertible {
-    public let rawValue: String
+public enum APNsPushType: String, Hashable, Sendable, CaseIterable, CustomStringConvertible {
+    case alert, background, voip, complication, fileprovider, mdm, liveactivity, location, pushtotalk, widgets, controls
+
     /// What `apns-topic` must end with for this push type ("" when the bundle ID is used as it is).
-    public let topicSuffix: String
-
-    public static let alert = APNsPushType(rawValue: "alert", topicSuffix: "")
-    public static let background = APNsPushType(rawValue: "background", topicSuffix: "")
-    public static let voip = APNsPushType(rawValue: "voip", topicSuffix: ".voip")
-    public static let complication = APNsPushType(rawValue: "complication", topicSuffix: ".complication")
-    public static let fileprovider = APNsPushType(rawValue: "fileprovider", topicSuffix: ".pushkit.fileprovider")
-    public static let mdm = APNsPushType(rawValue: "mdm", topicSuffix: "")
-    public static let liveactivity = APNsPushType(rawValue: "liveactivity", topicSuffix: ".push-type.liveactivity")
-    public static let location = APNsPushType(rawValue: "location", topicSuffix: ".location-query")
-    public static let pushtotalk = APNsPushType(rawValue: "pushtotalk", topicSuffix: ".voip-ptt")
-    public static let widgets = APNsPushType(rawValue: "widgets", topicSuffix: ".push-type.widgets")
-    public static let controls = APNsPushType(rawValue: "controls", topicSuffix: ".push-type.controls")
-
-    public static let allCases: [APNsPushType] = [.alert, .background, .voip, .complication, .fileprovider, .mdm,
-                                                  .liveactivity, .location, .pushtotalk, .widgets, .controls]
-
-    public init?(rawValue: String) {
-        guard let known = Self.allCases.first(where: { $0.rawValue == rawValue }) else { return nil }
-        self = known
-    }
-
-    private init(rawValue: String, topicSuffix: String) {
-        self.rawValue = rawValue
-        self.topicSuffix = topicSuffix
+    public var topicSuffix: String {
+        switch self {
+        case .alert, .background, .mdm: ""
+        case .voip: ".voip"
+        case .complication: ".complication"
+        case .fileprovider: ".pushkit.fileprovider"
+        case .liveactivity: ".push-type.liveactivity"
+        case .location: ".location-query"
+        case .pushtotalk: ".voip-ptt"
+        case .widgets: ".push-type.widgets"
+        case .controls: ".push-type.controls"
+        }
     }
 
     /// Largest payload Apple accepts for this push type.
@@ -60,17 +50,10 @@ public struct APNsPushType: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// The `apns-priority` header. 10 is immediate, 5 is power-aware (the source article has them reversed), 1 is lowest.
-public struct APNsPriority: Hashable, Sendable, CustomStringConvertible {
-    public let rawValue: Int
-
-    public static let immediately = APNsPriority(rawValue: 10)!
-    public static let considerPower = APNsPriority(rawValue: 5)!
-    public static let lowest = APNsPriority(rawValue: 1)!
-
-    public init?(rawValue: Int) {
-        guard [10, 5, 1].contains(rawValue) else { return nil }
-        self.rawValue = rawValue
-    }
+public enum APNsPriority: Int, Hashable, Sendable, CustomStringConvertible {
+    case immediately = 10
+    case considerPower = 5
+    case lowest = 1
 
     public var description: String { String(rawValue) }
 }
