@@ -46,8 +46,9 @@ public struct DeliveryTagWindow<Value> {
     @inlinable @discardableResult
     public mutating func remove(_ tag: UInt64) -> Value? {
         if !outsideWindow.isEmpty, let value = outsideWindow.removeValue(forKey: tag) { return value }
-        guard tag >= first && tag < windowEnd, let value = slots[head + Int(tag - first)] else { return nil }
-        slots[head + Int(tag - first)] = nil
+        guard tag >= first && tag < windowEnd else { return nil }
+        // Taken out of its slot (moved, not copied and then released).
+        guard let value = slots[head + Int(tag - first)].take() else { return nil }
         while head < slots.count && slots[head] == nil {
             head += 1
             first += 1

@@ -50,44 +50,61 @@ extension SessionLoop {
     func finish(_ finished: [JobProgress]) throws -> Int {
         let now = Date().timeIntervalSince1970
         try weighMismatches(finished.filter { !$0.guardApplied })
-        let plans = finished.map { progress in
+        // By position in `finished`. A job that publishes and removes nothing (most jobs) has no plan: carried through
+        // the steps below as tuples of plans, every job cost a dozen reference counts more.
+        var decisions: [RetryPolicy.Decision] = []
+        var plans: [SettlementPlan?] = []
+        var publications: [Publication] = []
+        decisions.reserveCapacity(finished.count)
+        plans.reserveCapacity(finished.count)
+        for progress in finished {
             let decision = retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
                                               suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
                                               deadline: progress.job.deadline, now: now)
             if decision == .expire { statistics.expired.add(progress.expireRetryable(), ordering: .relaxed) }
-            return (progress: progress, decision: decision,
-                    plan: SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic))
+            let plan = SettlementPlan.isNeeded(for: progress, retry: decision)
+                ? SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic) : nil
+            if let plan { publications += plan.publications }
+            decisions.append(decision)
+            plans.append(plan)
         }
-        let outcomes = try session.broker.publish(plans.flatMap(\.plan.publications))
-        var confirmed: [(progress: JobProgress, decision: RetryPolicy.Decision, plan: SettlementPlan)] = []
+        let outcomes = try session.broker.publish(publications)
+        var confirmed: [Int] = []
         var refused: [JobProgress] = []
+        var removals: [(jobID: String, removal: TokenRemoval)] = []
         var offset = 0
-        for job in plans {
-            let own = outcomes[offset..<offset + job.plan.publications.count]
-            offset += job.plan.publications.count
-            // Once out, never again: not when the job's other publications are made again (nor, held, on a redelivery).
-            if let summary = job.plan.summary, own[own.startIndex + summary] == .taken { job.progress.summarySent = true }
-            guard job.plan.isSafe(own) else {
-                refused.append(job.progress)
+        for (index, progress) in finished.enumerated() {
+            guard let plan = plans[index] else {
+                confirmed.append(index)
                 continue
             }
-            confirmed.append(job)
-            if job.plan.summaryLost(own) {
+            let own = outcomes[offset..<offset + plan.publications.count]
+            offset += plan.publications.count
+            // Once out, never again: not when the job's other publications are made again (nor, held, on a redelivery).
+            if let summary = plan.summary, own[own.startIndex + summary] == .taken { progress.summarySent = true }
+            guard plan.isSafe(own) else {
+                refused.append(progress)
+                continue
+            }
+            confirmed.append(index)
+            removals += plan.removals.map { (progress.job.id, $0) }
+            if plan.summaryLost(own) {
                 statistics.countRefusedPublish("summary")
                 logger.warning("a job's summary was not taken: no queue named by its reply_to",
-                               ["job.id": job.progress.job.id, "amqp.reply_to": job.progress.delivery.properties.replyTo ?? ""])
+                               ["job.id": progress.job.id, "amqp.reply_to": progress.delivery.properties.replyTo ?? ""])
             }
         }
-        try removeDeadTokens(confirmed.flatMap { job in job.plan.removals.map { (job.progress.job.id, $0) } })
+        try removeDeadTokens(removals)
         try hold(refused)
-        for job in confirmed {
-            count(settled: job.progress, job.decision, parkedReason: job.plan.parkedReason)
-            underWay.settled(job.progress.delivery.tag)
+        for index in confirmed {
+            let progress = finished[index]
+            count(settled: progress, decisions[index], parkedReason: plans[index]?.parkedReason)
+            underWay.settled(progress.delivery.tag)
         }
-        try session.broker.acknowledge(confirmed.map(\.progress.delivery.tag))
+        try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
-        for job in confirmed where job.progress.hasStableID { settledUnshared.append(job.progress.job.id) }
+        for index in confirmed where finished[index].hasStableID { settledUnshared.append(finished[index].job.id) }
         try shareSettled()
         return confirmed.count
     }

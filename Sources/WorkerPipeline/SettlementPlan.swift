@@ -19,6 +19,18 @@ struct SettlementPlan {
     /// On a job parked after its last attempt: the device tokens still undelivered, at most this many.
     static let undeliveredListed = 100
 
+    /// Whether a job publishes or removes anything (what `init` would plan): most jobs, their notifications all
+    /// delivered and no `reply_to`, do neither, and are settled without a plan.
+    static func isNeeded(for progress: JobProgress, retry: RetryPolicy.Decision) -> Bool {
+        if !progress.dead.isEmpty { return true }
+        switch retry {
+        case .retry, .park: return true
+        case .none, .expire: break
+        }
+        guard let replyTo = progress.delivery.properties.replyTo else { return false }
+        return !replyTo.isEmpty && !progress.summarySent
+    }
+
     /// `retry`: the retry policy's decision for the job, already applied to it (expired notifications counted).
     init(_ progress: JobProgress, retry: RetryPolicy.Decision, defaultTopic: String?) {
         let job = progress.job, delivery = progress.delivery
