@@ -156,8 +156,8 @@ import Glibc
         #expect(try results[1].get().status == 404)
         #expect(try results[0].get().header("server") != nil, "every field is kept by default")
 
-        // A path apart from a block of fields that requests share goes out as :path, first, joined: nghttpd finds
-        // the file under the one path and not under the other, and both requests share the block as it is.
+        // A path given apart from a block of fields that two requests share goes out joined as the request's :path:
+        // nghttpd finds the file under the one path and not under the other.
         var shared = HTTP2HeaderBlock(capacity: 0)
         shared.add(":method", "POST")
         shared.add(":scheme", "https")
