@@ -21,6 +21,41 @@ import Testing
         return progress
     }
 
+    /// Whether a job needs a plan is decided without making one (most jobs need none): it must say yes exactly when
+    /// the plan would publish or remove something, whatever the job's outcomes, retry decision and reply_to.
+    @Test func aJobNeedsAPlanExactlyWhenItsPlanHasSomethingToDo() throws {
+        let body = #"{"id":"j-2","topic":"\#(Self.topic)","users":["bob"],"payload":{"aps":{}}}"#
+        let job = try PushJob.decode(Array(body.utf8), defaultTopic: Self.topic, fallbackID: "-")
+        let decisions: [RetryPolicy.Decision] = [.none, .expire, .retry(delay: 15), .park]
+        var seen: Set<Bool> = []
+        for replyTo in [nil, "", "replies"] as [String?] {
+            for dead in [false, true] {
+                for summarySent in [false, true] {
+                    for decision in decisions {
+                        let delivery = JobDelivery(tag: 9, redelivered: false, body: Array(body.utf8),
+                                                   properties: MessageProperties(replyTo: replyTo))
+                        let targets = (1...2).map { DeviceTarget(token: Self.token($0), environment: .production, user: "bob") }
+                        let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: targets,
+                                                   hasStableID: true)
+                        progress.recordDelivered(0)
+                        if dead {
+                            progress.recordDead(1, APNsResponse(status: 410, reason: .unregistered, timestamp: 7))
+                        } else {
+                            progress.recordDelivered(1)
+                        }
+                        progress.summarySent = summarySent
+                        let plan = SettlementPlan(progress, retry: decision, defaultTopic: Self.topic)
+                        let hasWork = !plan.publications.isEmpty || !plan.removals.isEmpty
+                        #expect(SettlementPlan.isNeeded(for: progress, retry: decision) == hasWork,
+                                "reply_to \(replyTo ?? "none"), dead \(dead), summary sent \(summarySent), \(decision)")
+                        seen.insert(hasWork)
+                    }
+                }
+            }
+        }
+        #expect(seen == [false, true], "both kinds of job are among the cases")
+    }
+
     @Test func aDeadTokenIsAnEventAndARemovalBoundToTheJobsTopic() throws {
         let plan = SettlementPlan(try finishedJob(), retry: .retry(delay: 15), defaultTopic: Self.topic)
         let event = try DeadTokenEvent.decode(plan.publications[0].body)
