@@ -77,8 +77,7 @@ public final class AMQPJobBroker: JobBroker {
         var notices: [BrokerNotice] = []
         var deliveries = 0
         while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
-            // Consumed: its parts move into the notice instead of being copied out of an event freed right after.
-            switch consume event {
+            switch event {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
@@ -177,7 +176,7 @@ public final class AMQPJobBroker: JobBroker {
 
 extension MessageProperties {
     /// What the pipeline reads of a delivery's properties.
-    init(_ amqp: consuming AMQPProperties) {
+    init(_ amqp: AMQPProperties) {
         self.init(replyTo: amqp.replyTo, correlationID: amqp.correlationID, messageID: amqp.messageID,
                   persistent: amqp.persistent, timestamp: amqp.timestamp, headers: amqp.headers,
                   deliveryCount: amqp.deliveryCount)

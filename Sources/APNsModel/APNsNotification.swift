@@ -14,18 +14,16 @@ public struct APNsNotification: Sendable {
     /// The JSON payload, encoded once per job and shared by all of its notifications.
     public var payload: [UInt8]
 
-    /// Inlinable: called from another module, it built the notification aside, then copied and destroyed it (about
-    /// 370 instructions per notification in reference counts).
+    /// Inlinable: the worker makes every notification from another module, and the call cost about 70 instructions.
     @inlinable
     public init(deviceToken: String, environment: APNsEnvironment = .production, topic: String,
                 pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
                 collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]) {
-        let priority = priority ?? pushType.defaultPriority
         self.deviceToken = deviceToken
         self.environment = environment
         self.topic = topic
         self.pushType = pushType
-        self.priority = priority
+        self.priority = priority ?? pushType.defaultPriority
         self.expiration = expiration
         self.collapseID = collapseID
         self.apnsID = apnsID

@@ -64,7 +64,8 @@ public struct Logger: Sendable {
     @inlinable public func isEnabled(_ level: Level) -> Bool { level >= self.level }
 
     /// The level methods check the level where they are called (inlined), so that a record below the level costs the
-    /// caller no call and no copy of the logger: a debug record per job cost about 300 instructions, logged or not.
+    /// caller no call and no copy of the logger: a debug record per settled job had cost a few hundred instructions,
+    /// logged or not.
     public func log(_ level: Level, _ message: @autoclosure () -> String, _ extra: @autoclosure () -> Metadata = [:]) {
         guard isEnabled(level) else { return }
         var fields = metadata

@@ -300,8 +300,7 @@ public struct PushJob: Sendable, Equatable {
     /// How a job's notifications are sent, read and checked against Apple's rules (the same the client applies
     /// before sending, `APNsRules`): a job that breaks one is refused now, with its reason, rather than accepted
     /// and failed notification by notification.
-    // Not copyable: every implicit copy of it (a push type holds two Strings, a collapse id one) cost reference
-    // counts on the per-job path.
+    // Not copyable: every implicit copy of it (its collapse id is a String) cost reference counts on the per-job path.
     private struct SendingOptions: ~Copyable {
         let environment: APNsEnvironment
         let pushType: APNsPushType

@@ -137,14 +137,7 @@ extension SessionLoop {
         statistics.sent.add(lane, entries.count)
         let handedOver = DispatchTime.now().uptimeNanoseconds
         let latency = statistics.latency(lane)
-        // Each made in its slot of the batch: made by `map`, each was built aside, copied in and destroyed.
-        let notifications = [APNsNotification](unsafeUninitializedCapacity: entries.count) { slots, count in
-            for (slot, entry) in entries.enumerated() {
-                (slots.baseAddress! + slot).initialize(to: entry.progress.notification(Int(entry.index)))
-            }
-            count = entries.count
-        }
-        worker.sender.send(notifications, lane: lane) { position, result in
+        worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) { position, result in
             latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
             if statistics.inFlight.add(lane, -1) == sendMoreAt { wakeup.signal() }
             let (progress, index) = entries[position]

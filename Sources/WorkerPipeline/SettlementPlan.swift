@@ -60,16 +60,11 @@ struct SettlementPlan {
                 destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
                 properties: MessageProperties(correlationID: delivery.properties.correlationID ?? job.id, persistent: false)))
         }
-        if progress.dead.isEmpty {
-            // Most jobs: nothing to remove, and no matcher to make.
-            self.removals = []
-        } else {
-            let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
-            self.removals = progress.dead.compactMap { target, response in
-                target.user.map { user in
-                    TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
-                                 onlyIfValueIn: matcher.cacheValues(in: target.environment))
-                }
+        let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+        self.removals = progress.dead.compactMap { target, response in
+            target.user.map { user in
+                TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
+                             onlyIfValueIn: matcher.cacheValues(in: target.environment))
             }
         }
         self.publications = publications
