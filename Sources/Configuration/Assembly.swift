@@ -34,22 +34,18 @@ extension WorkerConfiguration {
         let broker = self.broker, redis = self.redis, rateLimit = self.rateLimit
         let urgentShare = rateLimitUrgentShare
         return Worker(settings: pipeline, sender: sender, logger: logger) {
+            // Redis first: a worker that cannot reach it takes no job from the broker (each it took and handed back
+            // would count as a delivery).
+            let stores = try RedisStores(redis, rateLimit: rateLimit, urgentShare: urgentShare, logger: logger)
+            let preparationTokens = try RedisStores.tokenCache(redis, logger: logger)
             let amqp = try AMQPJobBroker(settings: broker, logger: logger)
-            do {
-                let stores = try RedisStores(redis, rateLimit: rateLimit, urgentShare: urgentShare,
-                                             logger: logger)
-                return WorkerSession(broker: amqp, tokens: stores.tokens,
-                                     preparationTokens: try RedisStores.tokenCache(redis, logger: logger),
-                                     record: stores.record,
-                                     statistics: stores.statistics, rateLimiter: stores.rateLimiter,
-                                     invalidationWindow: stores.invalidationWindow,
-                                     store: RedisProbe(stores.connection),
-                                     logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
-                                     groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare))
-            } catch {
-                amqp.close()
-                throw error
-            }
+            return WorkerSession(broker: amqp, tokens: stores.tokens, preparationTokens: preparationTokens,
+                                 record: stores.record,
+                                 statistics: stores.statistics, rateLimiter: stores.rateLimiter,
+                                 invalidationWindow: stores.invalidationWindow,
+                                 store: RedisProbe(stores.connection),
+                                 logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
+                                 groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare))
         }
     }
 }

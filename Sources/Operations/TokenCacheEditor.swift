@@ -49,6 +49,9 @@ public final class TokenCacheEditor {
         }
         let removed = try cache.remove([TokenRemoval(user: user, token: token, onlyIfValueIn: servedValues)])
         if case .failed(let message)? = removed.first { throw RefusedChange(message: message) }
+        if removed.first == .unavailable {
+            throw RedisError(kind: .connectionLost, "the Redis node holding \(user)'s tokens does not answer: nothing removed")
+        }
         if removed.first == .applied { return "removed \(shown(token)) from \(user)" }
         if servedValues != nil, let entry = try cache.entries(forUser: user).first(where: { $0.token == token }) {
             return "\(user)'s token \(shown(token)) serves \(entry.value), not \(topic ?? "the default app") in "
@@ -95,6 +98,7 @@ public final class TokenCacheEditor {
                 case .applied: report.applied += 1
                 case .unchanged: report.unchanged += 1
                 case .failed(let message): report.refuse(line: item.line, "Redis refused it: \(message)")
+                case .unavailable: report.refuse(line: item.line, "its Redis node did not answer: import the file again")
                 }
             }
             pending.removeAll(keepingCapacity: true)

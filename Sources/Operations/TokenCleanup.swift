@@ -207,6 +207,11 @@ public final class TokenCleanup: Service {
         let removed = try tokens.remove(removals)
         let applied = try tokens.register(registrations)
         let unregistered = try tokens.remove(unregistrations)
+        // A Redis node that does not answer (a cluster master lost) holds some of these users: the batch goes back
+        // unacknowledged, as with a lost connection, and is applied once the node answers.
+        if removed.contains(.unavailable) || unregistered.contains(.unavailable) {
+            throw RedisError(kind: .connectionLost, "a Redis node holding some of these users' tokens does not answer")
+        }
         statistics.deadTokensRemoved.add(removed.filter { $0 == .applied }.count, ordering: .relaxed)
         statistics.deadTokensKept.add(removed.filter { $0 == .unchanged }.count, ordering: .relaxed)
         statistics.registrationsApplied.add(applied.filter { $0 == .applied }.count, ordering: .relaxed)

@@ -11,8 +11,14 @@ public protocol RedisClient: AnyObject {
     /// One command, one round trip. Error replies come back as `.error`, not thrown; only a lost connection throws.
     func command(_ arguments: [String]) throws(RedisError) -> RedisReply
 
-    /// Many commands in one round trip per node, replies in the commands' order.
+    /// Many commands in one round trip per node, replies in the commands' order. In a cluster, a master that does not
+    /// answer makes the whole call throw `connectionLost`, as one node's lost connection does.
     func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply]
+
+    /// The same, where a node that does not answer (a cluster master frozen, cut off or gone) costs only its own
+    /// commands: nil in their places, and every other node's replies as usual. One node's connection throws
+    /// `connectionLost` when it is lost, as `pipeline` does; a cluster throws only when no master answers.
+    func pipelineWhereReachable(_ commands: [[String]]) throws(RedisError) -> [RedisReply?]
 
     /// A round trip to every node in use; throws if one does not answer PONG.
     func ping() throws(RedisError)
@@ -26,6 +32,15 @@ public protocol RedisClient: AnyObject {
 }
 
 extension RedisClient {
+    public func pipelineWhereReachable(_ commands: [[String]]) throws(RedisError) -> [RedisReply?] {
+        try pipeline(commands).map { $0 }
+    }
+
+    /// One command, nil when its node does not answer (see `pipelineWhereReachable`).
+    public func commandWhereReachable(_ arguments: [String]) throws(RedisError) -> RedisReply? {
+        try pipelineWhereReachable([arguments])[0]
+    }
+
     /// Every key matching `pattern` on every master, a page at a time (SCAN: Redis is never blocked for long).
     /// A page Redis refuses throws `.server`.
     public func scan(matching pattern: String, count: Int = 500,

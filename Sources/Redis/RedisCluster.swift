@@ -1,6 +1,8 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Dispatch
+import Telemetry
 
 /// A Redis Cluster's seed nodes (REDIS_CLUSTER_NODES) and the data nodes' user and password (REDIS_URL's; a
 /// cluster has database 0 only).
@@ -21,25 +23,40 @@ public struct RedisClusterNodes: Sendable, Equatable, CustomStringConvertible {
 /// `ASK` (the slot is being moved: this one command goes to the new node after `ASKING`), and splits a pipeline by
 /// node: every node's part is written before any reply is read, so a pipeline costs one round trip of the slowest
 /// node, not one per node. One connection per master, opened when first needed. Not thread-safe: one owner thread.
+///
+/// A master that does not answer (frozen, cut off, gone) costs only its own keys: its connection is dropped after one
+/// timeout, the node is noted silent for the whole process (`RedisNodeHealth`), and from then on its commands come back
+/// unanswered at once (`pipelineWhereReachable`) while the other masters' are served. While a master is silent the
+/// slot map is asked for again every second (a replica may have taken its slots over) and the node itself is probed
+/// with a short timeout; it is used again as soon as it answers.
 public final class RedisCluster: RedisClient {
     public static let slotCount = 16_384
     /// Redirections followed for one command before giving up (a map that keeps changing under us).
     static let redirectionLimit = 5
+    /// While a master in the map is silent, the map is asked for this often at most (seconds).
+    static let mapRefreshInterval = 1.0
 
     public let nodes: RedisClusterNodes
     private let timeout: Double
+    private let health: RedisNodeHealth
+    private let logger: Logger?
     /// Per slot, an index into `masters`; -1 while no master serves it.
     private var slotOwners: [Int16]
     private var masters: [RedisAddress] = []
     private var connections: [RedisAddress: RedisConnection] = [:]
+    /// When the map was last asked for because a master in it is silent (monotonic nanoseconds).
+    private var mapRefreshedAt: UInt64 = 0
 
     public var isCluster: Bool { true }
 
     /// Connects to a seed and learns the slot map. Throws `refused` when a node refuses the password or is no cluster
     /// node (a setting to fix), `connectionLost` when no seed answers.
-    public init(_ nodes: RedisClusterNodes, timeout: Double = 5) throws(RedisError) {
+    public init(_ nodes: RedisClusterNodes, timeout: Double = 5, health: RedisNodeHealth = .shared,
+                logger: Logger? = nil) throws(RedisError) {
         self.nodes = nodes
         self.timeout = timeout
+        self.health = health
+        self.logger = logger
         slotOwners = Array(repeating: -1, count: Self.slotCount)
         try learnSlots()
     }
@@ -49,6 +66,20 @@ public final class RedisCluster: RedisClient {
     }
 
     public func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
+        let replies = try pipelineWhereReachable(commands)
+        var answered: [RedisReply] = []
+        answered.reserveCapacity(replies.count)
+        for (index, reply) in replies.enumerated() {
+            guard let reply else {
+                let key = Self.key(of: commands[index]) ?? ""
+                throw RedisError(kind: .connectionLost, "\(nodes): the master of \(location(ofKey: key)) does not answer")
+            }
+            answered.append(reply)
+        }
+        return answered
+    }
+
+    public func pipelineWhereReachable(_ commands: [[String]]) throws(RedisError) -> [RedisReply?] {
         // A command whose keys span slots (a multi-key DEL) goes out as one command per key; the replies are summed.
         var parts: [[String]] = []
         var partsOf: [Range<Int>] = []
@@ -60,10 +91,11 @@ public final class RedisCluster: RedisClient {
             partsOf.append(start..<parts.count)
         }
         let replies = try send(parts)
-        return partsOf.map { range in
+        return partsOf.map { range -> RedisReply? in
             guard range.count != 1 else { return replies[range.lowerBound] }
             var total: Int64 = 0
             for reply in replies[range] {
+                guard let reply else { return nil }
                 if case .error = reply { return reply }
                 total += reply.integer ?? 0
             }
@@ -71,12 +103,36 @@ public final class RedisCluster: RedisClient {
         }
     }
 
+    /// A round trip to every master that answers; throws when none does.
     public func ping() throws(RedisError) {
-        try forEachMaster { (node: RedisConnection) throws(RedisError) in try node.ping() }
+        var answered = 0
+        var problems: [String] = []
+        for master in masters {
+            guard let node = try usableConnection(to: master) else {
+                problems.append("\(master) does not answer")
+                continue
+            }
+            do {
+                try node.ping()
+                answered += 1
+            } catch {
+                if error.kind != .connectionLost { throw error }
+                silenced(master, error)
+                problems.append(error.message)
+            }
+        }
+        if answered == 0 {
+            throw RedisError(kind: .connectionLost, "\(nodes): no master answers: " + problems.joined(separator: "; "))
+        }
     }
 
     public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) {
-        for master in masters { try body(try connection(to: master)) }
+        for master in masters {
+            guard let node = try usableConnection(to: master) else {
+                throw RedisError(kind: .connectionLost, "\(nodes): master \(master) does not answer")
+            }
+            try body(node)
+        }
     }
 
     /// The masters serving slots, as last learned.
@@ -105,26 +161,43 @@ public final class RedisCluster: RedisClient {
         var asking: RedisAddress?
     }
 
-    private func send(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
-        var replies = [RedisReply](repeating: .null, count: commands.count)
+    /// The replies, nil for every command whose master did not answer (or whose slot no master serves).
+    private func send(_ commands: [[String]]) throws(RedisError) -> [RedisReply?] {
+        refreshMapIfAMasterIsSilent()
+        var replies = [RedisReply?](repeating: nil, count: commands.count)
         var pending = commands.indices.map { Routed(index: $0) }
         for attempt in 0...Self.redirectionLimit {
             var byNode: [RedisAddress: [Routed]] = [:]
-            for routed in pending { byNode[try address(for: commands[routed.index], routed), default: []].append(routed) }
+            for routed in pending {
+                guard let address = address(for: commands[routed.index], routed) else { continue }
+                byNode[address, default: []].append(routed)
+            }
             // Every node's part is written before any reply is read.
             var order: [(RedisAddress, RedisConnection, [Routed])] = []
             for (address, routed) in byNode {
-                let node = try connection(to: address)
-                try node.send(routed.flatMap { item in
-                    item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
-                })
+                guard let node = try usableConnection(to: address) else { continue }
+                do {
+                    try node.send(routed.flatMap { item in
+                        item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
+                    })
+                } catch {
+                    if error.kind != .connectionLost { throw error }
+                    silenced(address, error)
+                    continue
+                }
                 order.append((address, node, routed))
             }
             var redirected: [Routed] = []
             var moved: [(slot: Int, owner: RedisAddress)] = []
             var mustWait = false
             for (address, node, routed) in order {
-                let received = try node.receive(routed.reduce(0) { $0 + ($1.asking == nil ? 1 : 2) })
+                let received: [RedisReply]
+                do { received = try node.receive(routed.reduce(0) { $0 + ($1.asking == nil ? 1 : 2) }) } catch {
+                    if error.kind != .connectionLost { throw error }
+                    // Its replies are out of step with its commands now: the connection goes, its commands unanswered.
+                    silenced(address, error)
+                    continue
+                }
                 var next = 0
                 for item in routed {
                     if item.asking != nil { next += 1 }   // ASKING's +OK
@@ -161,17 +234,12 @@ public final class RedisCluster: RedisClient {
                          + "(the cluster's slots keep moving)")
     }
 
-    private func address(for command: [String], _ routed: Routed) throws(RedisError) -> RedisAddress {
+    /// Where a command goes; nil when no master serves its slot (CLUSTERDOWN), which leaves it unanswered.
+    private func address(for command: [String], _ routed: Routed) -> RedisAddress? {
         if let asking = routed.asking { return asking }
-        guard let key = Self.key(of: command) else {
-            guard let first = masters.first else { throw RedisError(kind: .connectionLost, "\(nodes): no master known") }
-            return first
-        }
+        guard let key = Self.key(of: command) else { return masters.first { !health.isSilent($0) } ?? masters.first }
         let owner = slotOwners[Self.slot(of: key)]
-        guard owner >= 0 else {
-            throw RedisError(kind: .connectionLost, "\(nodes): no master serves slot \(Self.slot(of: key)) (CLUSTERDOWN)")
-        }
-        return masters[Int(owner)]
+        return owner >= 0 ? masters[Int(owner)] : nil
     }
 
     private func setOwner(_ owner: RedisAddress, of slot: Int) {
@@ -184,8 +252,35 @@ public final class RedisCluster: RedisClient {
         }
     }
 
-    private func connection(to address: RedisAddress) throws(RedisError) -> RedisConnection {
-        if let open = connections[address] { return open }
+    /// The open connection to a node, or a new one; nil while the node is silent (but for its probe, when due). A node
+    /// that refuses the connection's settings (a password) throws: waiting will not help.
+    private func usableConnection(to address: RedisAddress) throws(RedisError) -> RedisConnection? {
+        if !health.isSilent(address) {
+            if let open = connections[address] { return open }
+            do { return try openConnection(to: address, timeout: timeout) } catch {
+                if error.kind != .connectionLost { throw error }
+                silenced(address, error)
+                return nil
+            }
+        }
+        connections[address] = nil
+        guard health.takeProbe(of: address) else { return nil }
+        do {
+            let connection = try openConnection(to: address, timeout: RedisNodeHealth.probeTimeout)
+            connection.setTimeout(timeout)
+            if health.noteAnswered(address) {
+                logger?.warning("Redis Cluster master answers again", ["redis.node": address.description])
+            }
+            return connection
+        } catch {
+            if error.kind != .connectionLost { throw error }
+            connections[address] = nil
+            health.noteSilent(address)
+            return nil
+        }
+    }
+
+    private func openConnection(to address: RedisAddress, timeout: Double) throws(RedisError) -> RedisConnection {
         var url = nodes.dataNodes
         url.host = address.host
         url.port = address.port
@@ -195,15 +290,41 @@ public final class RedisCluster: RedisClient {
         return connection
     }
 
+    /// A node did not answer in time, or its connection broke: dropped, and silent for the process until it answers.
+    private func silenced(_ address: RedisAddress, _ error: RedisError) {
+        connections[address] = nil
+        if health.noteSilent(address) {
+            logger?.error("Redis Cluster master does not answer: its keys wait, the other masters' are served",
+                          ["redis.node": address.description, "redis.error": error.message])
+        }
+    }
+
+    /// While a master in the map is silent, the map is asked for again (a replica may have been promoted in its place),
+    /// at most every `mapRefreshInterval`.
+    private func refreshMapIfAMasterIsSilent() {
+        guard masters.contains(where: health.isSilent) else { return }
+        let now = DispatchTime.now().uptimeNanoseconds
+        guard Double(now &- mapRefreshedAt) / 1e9 >= Self.mapRefreshInterval else { return }
+        mapRefreshedAt = now
+        try? learnSlots()
+    }
+
     /// Asks the masters already known, then the seeds, for the slot map (`CLUSTER SLOTS`), and keeps the first answer.
+    /// Silent nodes are passed over, but for their probe when it is due.
     private func learnSlots() throws(RedisError) {
         var problems: [String] = []
         var asked = Set<RedisAddress>()
         for address in masters + nodes.seeds where asked.insert(address).inserted {
             let reply: RedisReply
-            do { reply = try connection(to: address).command(["CLUSTER", "SLOTS"]) } catch {
+            do {
+                guard let node = try usableConnection(to: address) else {
+                    problems.append("\(address) does not answer")
+                    continue
+                }
+                reply = try node.command(["CLUSTER", "SLOTS"])
+            } catch {
                 if error.kind == .refused { throw error }
-                connections[address] = nil
+                silenced(address, error)
                 problems.append(error.message)
                 continue
             }

@@ -163,6 +163,17 @@ public final class RedisConnection: RedisClient {
         try ping()
     }
 
+    /// Every later call times out after `timeout` seconds (a connection opened with a short timeout, to ask whether a
+    /// node answers at all, then works with the usual one).
+    func setTimeout(_ timeout: Double) {
+        switch transport {
+        case .tls(let channel):
+            channel.setTimeout(timeout)
+        case .plain(let context):
+            redisSetTimeout(context, timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6)))
+        }
+    }
+
     /// One round trip (within the connection's timeout); throws if Redis does not answer PONG.
     public func ping() throws(RedisError) {
         let reply = try command(["PING"])

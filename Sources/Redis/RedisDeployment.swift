@@ -1,3 +1,5 @@
+import Telemetry
+
 /// Where Redis is, as the settings say, and the one way every program connects to it: the token cache, the rate
 /// limit, the idempotency record and the statistics all take their connections from here, so that a deployment of
 /// another kind is a case of this type and a branch of `connect`, not an edit of every store.
@@ -13,11 +15,12 @@ public enum RedisDeployment: Sendable, Equatable, CustomStringConvertible {
     /// Opens a client of the nodes that serve this deployment's data, authenticated and on its database. A
     /// connection that breaks, or a node that answers READONLY (it became a replica), throws `connectionLost`: the
     /// caller connects again (with its back-off), which asks the sentinels, or the cluster's nodes, again.
-    public func connect(timeout: Double = 5) throws(RedisError) -> any RedisClient {
+    /// `logger`: where a cluster says that one of its masters stopped answering, or answers again.
+    public func connect(timeout: Double = 5, logger: Logger? = nil) throws(RedisError) -> any RedisClient {
         switch self {
         case .node(let url): try RedisConnection(url: url, timeout: timeout)
         case .sentinel(let sentinels): try sentinels.connectToMaster(timeout: timeout)
-        case .cluster(let nodes): try RedisCluster(nodes, timeout: timeout)
+        case .cluster(let nodes): try RedisCluster(nodes, timeout: timeout, logger: logger)
         }
     }
 

@@ -73,6 +73,9 @@ final class RedisTLSChannel {
         redisReaderFree(reader)
     }
 
+    /// Every later send and receive times out after `timeout` seconds.
+    func setTimeout(_ timeout: Double) { Socket.setTimeouts(descriptor, timeout) }
+
     /// Commands already in Redis's protocol (`RESP`), written with the next `flush`.
     func append(formatted command: [UInt8]) {
         output.append(contentsOf: command)

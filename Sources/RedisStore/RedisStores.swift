@@ -24,7 +24,7 @@ public struct RedisStores {
 
     /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
     public init(_ deployment: RedisDeployment, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
-        let connection = try Self.connect(deployment)
+        let connection = try Self.connect(deployment, logger: logger)
         self.connection = connection
         tokens = TokenCache(redis: connection, logger: logger)
         record = SentRecord(redis: connection)
@@ -44,11 +44,11 @@ public struct RedisStores {
     }
 
     public static func tokenCache(_ deployment: RedisDeployment, logger: Logger) throws -> TokenCache {
-        TokenCache(redis: try connect(deployment), logger: logger)
+        TokenCache(redis: try connect(deployment, logger: logger), logger: logger)
     }
 
-    private static func connect(_ deployment: RedisDeployment) throws -> any RedisClient {
-        do { return try deployment.connect() } catch {
+    private static func connect(_ deployment: RedisDeployment, logger: Logger) throws -> any RedisClient {
+        do { return try deployment.connect(logger: logger) } catch {
             if error.kind == .refused || error.kind == .badURL {
                 throw ConnectionRefused(.store, error.message, cause: error)
             }

@@ -72,10 +72,10 @@ public struct SentRecord: IdempotencyRecord {
         return result
     }
 
-    /// Adds the batches in one round trip. Returns the jobs whose record Redis refused (a key of the wrong type),
-    /// with its error: a data error about those jobs (a redelivery would send their notifications again), never a
-    /// reason to stop the others. Only a lost connection throws.
-    public func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> [String: String] {
+    /// Adds the batches in one round trip. Says which jobs' records Redis refused (a key of the wrong type), with its
+    /// error: a data error about those jobs (a redelivery would send their notifications again), never a reason to
+    /// stop the others; and which were not written because their node did not answer. Only a lost connection throws.
+    public func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> RecordWrite {
         var commands: [[String]] = []
         var jobs: [String] = []
         for batch in batches where !batch.outcomes.isEmpty {
@@ -83,32 +83,43 @@ public struct SentRecord: IdempotencyRecord {
             commands.append(["EXPIRE", redisKeys.job(batch.jobID), String(Self.lifetime)])
             jobs += [batch.jobID, batch.jobID]
         }
-        guard !commands.isEmpty else { return [:] }
-        var refused: [String: String] = [:]
-        for (job, reply) in zip(jobs, try redis.pipeline(commands)) {
-            if case .error(let message) = reply { refused[job] = message }
+        guard !commands.isEmpty else { return RecordWrite() }
+        var written = RecordWrite()
+        for (job, reply) in zip(jobs, try redis.pipelineWhereReachable(commands)) {
+            guard let reply else {
+                written.unavailable.insert(job)
+                continue
+            }
+            if case .error(let message) = reply { written.refused[job] = message }
         }
-        return refused
+        return written
     }
 
-    /// For each job, what was already settled, in one round trip; and the jobs whose record Redis cannot read (they
-    /// count as having nothing settled). Only a lost connection throws.
-    public func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String]) {
-        guard !jobIDs.isEmpty else { return ([:], [:]) }
-        let replies = try redis.pipeline(jobIDs.map { ["SMEMBERS", redisKeys.job($0)] })
-        var result: [String: Settled] = [:]
-        var unreadable: [String: String] = [:]
+    /// For each job, what was already settled, in one round trip; the jobs whose record Redis cannot read (they
+    /// count as having nothing settled); and those whose record's node does not answer. Only a lost connection throws.
+    public func settled(jobIDs: [String]) throws -> SettledLookup {
+        var lookup = SettledLookup()
+        guard !jobIDs.isEmpty else { return lookup }
+        let replies = try redis.pipelineWhereReachable(jobIDs.map { ["SMEMBERS", redisKeys.job($0)] })
         for (id, reply) in zip(jobIDs, replies) {
-            if case .error(let message) = reply { unreadable[id] = message; continue }
-            result[id] = Self.settled(reply.elements.compactMap(\.text))
+            guard let reply else {
+                lookup.unavailable.insert(id)
+                continue
+            }
+            if case .error(let message) = reply {
+                lookup.unreadable[id] = message
+                continue
+            }
+            lookup.settled[id] = Self.settled(reply.elements.compactMap(\.text))
         }
-        return (result, unreadable)
+        return lookup
     }
 
-    /// INCR and EXPIRE per key, in one round trip.
+    /// INCR and EXPIRE per key, in one round trip. A key whose node does not answer is left out: that delivery is
+    /// not counted.
     public func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String]) {
         guard !keys.isEmpty else { return ([:], [:]) }
-        let replies = try redis.pipeline(keys.flatMap { key in
+        let replies = try redis.pipelineWhereReachable(keys.flatMap { key in
             [["INCR", redisKeys.deliveries(key)],
              ["EXPIRE", redisKeys.deliveries(key), String(Self.deliveriesLifetime)]]
         })
@@ -116,27 +127,31 @@ public struct SentRecord: IdempotencyRecord {
         var unreadable: [String: String] = [:]
         for (index, key) in keys.enumerated() {
             switch replies[index * 2] {
-            case .integer(let count): counts[key] = Int(count)
-            case .error(let message): unreadable[key] = message
-            default: unreadable[key] = "INCR answered \(replies[index * 2])"
+            case nil: continue
+            case .integer(let count)?: counts[key] = Int(count)
+            case .error(let message)?: unreadable[key] = message
+            case let other?: unreadable[key] = "INCR answered \(other)"
             }
         }
         return (counts, unreadable)
     }
 
+    // The marks below are written where their node answers and skipped where it does not: a mark missing costs a
+    // suspect its lone run, or a job given back one delivery counted, never a job.
+
     public func startingAlone(_ key: String) throws {
-        _ = try redis.command(["SET", redisKeys.alone(key), "1", "EX", String(Self.deliveriesLifetime)])
+        _ = try redis.commandWhereReachable(["SET", redisKeys.alone(key), "1", "EX", String(Self.deliveriesLifetime)])
     }
 
-    public func settledAlone(_ key: String) throws { _ = try redis.command(["DEL", redisKeys.alone(key)]) }
+    public func settledAlone(_ key: String) throws { _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key)]) }
 
     public func forget(_ key: String) throws {
-        _ = try redis.command(["DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key)])
+        _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key)])
     }
 
     public func gaveBack(_ keys: [String]) throws {
         guard !keys.isEmpty else { return }
-        _ = try redis.pipeline(keys.flatMap { key in
+        _ = try redis.pipelineWhereReachable(keys.flatMap { key in
             [["INCR", redisKeys.givenBack(key)], ["EXPIRE", redisKeys.givenBack(key), String(Self.deliveriesLifetime)]]
         })
     }
@@ -144,7 +159,7 @@ public struct SentRecord: IdempotencyRecord {
     public func settledRecently(_ jobIDs: [String]) throws {
         guard !jobIDs.isEmpty else { return }
         let key = redisKeys.settled(inSpan: Int(Date().timeIntervalSince1970) / Self.settledSpan)
-        _ = try redis.pipeline([["SADD", key] + jobIDs, ["EXPIRE", key, String(Self.settledLifetime)]])
+        _ = try redis.pipelineWhereReachable([["SADD", key] + jobIDs, ["EXPIRE", key, String(Self.settledLifetime)]])
     }
 
     /// A span Redis cannot read (a key of the wrong type) holds none: the copies are then sent as jobs, with the
@@ -153,10 +168,10 @@ public struct SentRecord: IdempotencyRecord {
         guard !jobIDs.isEmpty else { return [] }
         let now = Int(Date().timeIntervalSince1970) / Self.settledSpan
         let spans = (0..<Self.settledLookback).map { now - $0 }
-        let replies = try redis.pipeline(spans.map { ["SMISMEMBER", redisKeys.settled(inSpan: $0)] + jobIDs })
+        let replies = try redis.pipelineWhereReachable(spans.map { ["SMISMEMBER", redisKeys.settled(inSpan: $0)] + jobIDs })
         var found = Set<String>()
         for reply in replies {
-            for (id, member) in zip(jobIDs, reply.elements) where member.integer == 1 { found.insert(id) }
+            for (id, member) in zip(jobIDs, reply?.elements ?? []) where member.integer == 1 { found.insert(id) }
         }
         return found
     }
@@ -164,17 +179,18 @@ public struct SentRecord: IdempotencyRecord {
     /// A count Redis cannot read (a key of the wrong type) is none: the job is judged by its deliveries alone.
     public func givenBack(_ keys: [String]) throws -> [String: Int] {
         guard !keys.isEmpty else { return [:] }
-        let replies = try redis.pipeline(keys.map { ["GET", redisKeys.givenBack($0)] })
+        let replies = try redis.pipelineWhereReachable(keys.map { ["GET", redisKeys.givenBack($0)] })
         var counts: [String: Int] = [:]
         for (key, value) in zip(keys, replies) {
-            if let count = value.text.flatMap({ Int($0) }), count > 0 { counts[key] = count }
+            if let count = value?.text.flatMap({ Int($0) }), count > 0 { counts[key] = count }
         }
         return counts
     }
 
     public func diedAlone(_ keys: [String]) throws -> Set<String> {
         guard !keys.isEmpty else { return [] }
-        let replies = try redis.pipeline(keys.map { ["EXISTS", redisKeys.alone($0)] })
-        return Set(zip(keys, replies).compactMap { key, reply in reply.integer == 1 ? key : nil })
+        // A mark whose node does not answer is not found: a job is parked as poison only on what is known.
+        let replies = try redis.pipelineWhereReachable(keys.map { ["EXISTS", redisKeys.alone($0)] })
+        return Set(zip(keys, replies).compactMap { key, reply in reply?.integer == 1 ? key : nil })
     }
 }

@@ -42,27 +42,31 @@ public struct SharedInvalidationWindow: InvalidationWindow {
         self.prefix = keyPrefix ?? RedisKeys(cluster: redis.isCluster).guardPrefix
     }
 
-    /// Adds `counts` (nothing when it judged nothing) and returns the window's totals; nil when Redis refused the
-    /// script (a bucket of the wrong type). Only a lost connection throws.
-    public func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
+    /// Adds `counts` (nothing when it judged nothing) and returns the window's totals; refused when Redis refused the
+    /// script (a bucket of the wrong type), unavailable when the window's node does not answer. Only a lost
+    /// connection throws.
+    public func add(_ counts: InvalidationCounts) throws -> StoreAnswer<InvalidationCounts> {
         let arguments = [String(counts.mismatches), String(counts.judged), String(Self.seconds)]
         for _ in 0..<RedisClock.attempts {
             let second = clock.estimate().second
             let buckets = RedisKeys.guardBuckets(prefix: prefix, endingAt: second, seconds: Self.seconds)
-            let reply = try redis.command(["EVAL", Self.script, String(buckets.count)] + buckets + arguments
-                                          + [String(second)])
+            guard let reply = try redis.commandWhereReachable(["EVAL", Self.script, String(buckets.count)] + buckets
+                                                              + arguments + [String(second)]) else { return .unavailable }
             let values = reply.elements.compactMap(\.integer)
             if values.count == 3, values[0] == -1 {
                 clock.learn(second: values[1], micros: values[2])
                 continue
             }
-            guard values.count == 4 else { return nil }
+            guard values.count == 4 else { return .refused("guard window script: \(reply)") }
             clock.learn(second: values[2], micros: values[3])
-            return InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1]))
+            return .answered(InvalidationCounts(mismatches: Int(values[0]), judged: Int(values[1])))
         }
-        return nil
+        return .refused("guard window: Redis's clock moved to another second on every call")
     }
 
-    /// The window's totals, adding nothing.
-    public func totals() throws -> InvalidationCounts? { try add(InvalidationCounts()) }
+    /// The window's totals, adding nothing; nil when refused or unavailable.
+    public func totals() throws -> InvalidationCounts? {
+        if case .answered(let totals) = try add(InvalidationCounts()) { return totals }
+        return nil
+    }
 }

@@ -16,6 +16,9 @@ import WorkerPipeline
 /// bulk work gets that much less there): however fast bulk work spends each slot, that share is always there for
 /// urgent work at once, and no permit is set aside unused while no urgent work comes. Over any second the fleet sends
 /// at most one slot's borrowing more than the rate (plus the slot overlap above).
+///
+/// While the node holding the slots does not answer (a cluster master lost), each worker keeps to its share of the
+/// limit, counted locally (`LocalRateShare`): work goes on, and the fleet stays near the limit.
 public struct SharedRateLimit: RateLimiter {
     /// KEYS: the current slot and the previous one, named by the caller's estimate of Redis's clock (a script names
     /// every key it touches, as a cluster requires); ARGV[5], ARGV[6]: the second and tenth they were named for. If
@@ -53,6 +56,8 @@ public struct SharedRateLimit: RateLimiter {
     public let urgentShare: Double
     private let prefix: String
     private let clock: RedisClock
+    private let workersKey: String
+    private let fallback: LocalRateShare
 
     /// `keyPrefix`: the slots' (`RedisKeys.ratePrefix` unless a test keeps its own); in a cluster it holds a hash
     /// tag, so that the slots one call reads and writes share a node. `localNow`: the local clock (tests skew it).
@@ -61,14 +66,18 @@ public struct SharedRateLimit: RateLimiter {
         self.redis = redis
         self.limit = limit
         self.urgentShare = urgentShare
-        self.prefix = keyPrefix ?? RedisKeys(cluster: redis.isCluster).ratePrefix
+        let keys = RedisKeys(cluster: redis.isCluster)
+        self.prefix = keyPrefix ?? keys.ratePrefix
+        workersKey = keys.workers
         clock = RedisClock(localNow: localNow)
+        fallback = LocalRateShare(now: localNow)
     }
 
     /// Reserves up to `urgent` + `bulk` permits in the current slot: how many each lane was granted and the seconds
-    /// until the next slot opens. A script Redis refuses (a slot key of the wrong type) is `.refused`; only a lost
-    /// connection throws.
+    /// until the next slot opens. A script Redis refuses (a slot key of the wrong type) is `.refused`; a node that does
+    /// not answer grants this worker's share locally; only a lost connection throws.
     public func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
+        if fallback.fleetSizeDue { try readFleetSize() }
         let arguments = [String(limit), String(urgent), String(bulk), String(Int((urgentShare * 1000).rounded()))]
         for _ in 0..<RedisClock.attempts {
             let (second, micros) = clock.estimate()
@@ -76,7 +85,9 @@ public struct SharedRateLimit: RateLimiter {
             let slots = RedisKeys.rateSlots(prefix: prefix, second: second, tenth: tenth)
             let command: [String] = ["EVAL", Self.reserveScript, "2", slots.current, slots.previous] + arguments
                 + [String(second), String(tenth)]
-            let reply = try redis.command(command)
+            guard let reply = try redis.commandWhereReachable(command) else {
+                return fallback.reserve(urgent: urgent, bulk: bulk, limit: limit)
+            }
             if case .error(let message) = reply { return .refused("rate limit script: \(message)") }
             let values = reply.elements.compactMap(\.integer)
             if values.count == 3, values[0] == -1 {
@@ -89,5 +100,13 @@ public struct SharedRateLimit: RateLimiter {
         }
         // Redis's clock moved to another slot on every call: nothing granted now, ask again at once.
         return .granted(urgent: 0, bulk: 0, nextWindowIn: 0.001)
+    }
+
+    /// The workers that reported to the fleet's statistics in the last 30 s: what the limit is shared among when its
+    /// node does not answer. Kept as it was when their node does not answer either.
+    private func readFleetSize() throws {
+        let since = Int64((Date().timeIntervalSince1970 - 30) * 1000)
+        let reply = try redis.commandWhereReachable(["ZCOUNT", workersKey, String(since), "+inf"])
+        fallback.learnFleetSize(reply?.integer.map(Int.init))
     }
 }

@@ -22,15 +22,17 @@ public struct SharedStatistics: StatisticsSink {
     }
 
     /// Adds what happened since the last report (`delta`) to the current minute and marks `worker` alive, in one
-    /// round trip. Returns what Redis refused (a key of the wrong type), if anything: statistics are worth a warning,
-    /// never a reconnect. Only a lost connection throws.
+    /// round trip. Refused (a key of the wrong type), statistics are worth a warning, never a reconnect. Unavailable
+    /// (the minute's node does not answer), nothing was added: the caller reports the counts again later. Only a lost
+    /// connection throws.
     @discardableResult
-    public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String? {
+    public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws
+        -> StoreAnswer<Void> {
         try report(delta, longestWait: longestWait, worker: worker, now: Date())
     }
 
     public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts = LaneCounts(), worker: String,
-                       now: Date) throws(RedisError) -> String? {
+                       now: Date) throws(RedisError) -> StoreAnswer<Void> {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let key = keys.statistics(minute: milliseconds / 60_000)
         var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }
@@ -42,10 +44,12 @@ public struct SharedStatistics: StatisticsSink {
         if !waits.isEmpty { commands.append(["EXPIRE", waitedKey, String(Self.retention)]) }
         commands.append(["ZADD", keys.workers, String(milliseconds), worker])
         commands.append(["ZREMRANGEBYSCORE", keys.workers, "-inf", String(milliseconds - 3_600_000)])
-        for reply in try redis.pipeline(commands) {
-            if case .error(let message) = reply { return message }
-        }
-        return nil
+        let replies = try redis.pipelineWhereReachable(commands)
+        // The counters' own node decides: a minute added twice would count twice, so unavailable means none of it.
+        let counters = delta.fields.contains { $0.value != 0 } ? replies.prefix(1) : []
+        if counters.contains(where: { $0 == nil }) { return .unavailable }
+        for case .error(let message)? in replies { return .refused(message) }
+        return .answered(())
     }
 
     /// The counters of the last `minutes` minutes (the current one included), summed; per lane the longest wait

@@ -140,24 +140,34 @@ public struct TokenCache: TokenStore {
     public func remove(_ removals: [TokenRemoval]) throws(RedisError) -> [CacheChange] {
         guard !removals.isEmpty else { return [] }
         var users = removals.map { $0.user.isEmpty ? nil : $0.user }
+        // Tokens sent directly whose owner key's node did not answer: nothing is known of them.
+        var ownerUnknown = Set<Int>()
         let direct = removals.indices.filter { users[$0] == nil }
         if !direct.isEmpty {
-            let owners = try redis.pipeline(direct.flatMap { index in
+            let owners = try redis.pipelineWhereReachable(direct.flatMap { index in
                 [["GET", keys.owner(removals[index].token)], ["GET", keys.owner(removals[index].token.lowercased())]]
             })
             for (position, index) in direct.enumerated() {
-                users[index] = owners[position * 2].text ?? owners[position * 2 + 1].text
+                guard let exact = owners[position * 2], let lowered = owners[position * 2 + 1] else {
+                    ownerUnknown.insert(index)
+                    continue
+                }
+                users[index] = exact.text ?? lowered.text
             }
         }
-        var changes = [CacheChange](repeating: .unchanged, count: removals.count)
+        var changes = removals.indices.map { ownerUnknown.contains($0) ? CacheChange.unavailable : .unchanged }
         let known = removals.indices.filter { users[$0] != nil }
-        let replies = try redis.pipeline(known.map { index in
+        let replies = try redis.pipelineWhereReachable(known.map { index in
             let removal = removals[index]
             return onUser(Self.removeUnlessRegisteredAfter, users[index]!,
                           [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
         })
         var releases: [[String]] = []
         for (index, reply) in zip(known, replies) {
+            guard let reply else {
+                changes[index] = .unavailable
+                continue
+            }
             if case .error(let message) = reply {
                 changes[index] = .failed(message)
                 continue
@@ -168,7 +178,9 @@ public struct TokenCache: TokenStore {
                 releases.append(["EVAL", Self.releaseOwner, "1", keys.owner(token), users[index]!])
             }
         }
-        if !releases.isEmpty { _ = try redis.pipeline(releases) }
+        // An owner key left naming the user (its node silent) costs nothing: the next registration of the token reads
+        // and replaces it.
+        if !releases.isEmpty { _ = try redis.pipelineWhereReachable(releases) }
         return changes
     }
 
@@ -178,38 +190,36 @@ public struct TokenCache: TokenStore {
     /// Seconds a Live Activity's update tokens are kept after their last registration.
     public static let activityLifetime = 86_400
 
-    public func resolveActivities(_ activities: [String]) throws(RedisError) -> [String: [CachedToken]] {
-        let unique = Array(Set(activities))
-        guard !unique.isEmpty else { return [:] }
-        let replies = try redis.pipeline(unique.map { ["HGETALL", keys.activity($0)] })
-        var result: [String: [CachedToken]] = [:]
-        for (activity, reply) in zip(unique, replies) {
-            if case .error(let message) = reply {
-                logger.warning("skipping a Live Activity whose entry cannot be read",
-                               ["redis.key": keys.activity(activity), "redis.error": message])
-                continue
-            }
-            result[activity] = cachedTokens(in: reply, key: keys.activity(activity))
-        }
-        return result
+    public func resolveActivities(_ activities: [String]) throws(RedisError) -> ResolvedUsers {
+        try resolve(hashesOf: activities, key: keys.activity, what: "Live Activity")
     }
 
+    /// Users on a node that does not answer (a cluster master lost) come back as unavailable: their jobs wait.
     public func resolve(_ users: [String]) throws(RedisError) -> ResolvedUsers {
-        let unique = Array(Set(users))
-        guard !unique.isEmpty else { return ResolvedUsers(tokens: [:], unreadable: [:]) }
-        let replies = try redis.pipeline(unique.map { ["HGETALL", keys.tokens($0)] })
-        var result: [String: [CachedToken]] = [:]
-        var unreadable: [String: String] = [:]
-        for (user, reply) in zip(unique, replies) {
-            if case .error(let message) = reply {
-                logger.warning("skipping a user whose token cache entry cannot be read",
-                               ["redis.key": keys.tokens(user), "redis.error": message])
-                unreadable[user] = message
+        try resolve(hashesOf: users, key: keys.tokens, what: "user")
+    }
+
+    /// One pipelined HGETALL per entry (a user's tokens, an activity's update tokens).
+    private func resolve(hashesOf entries: [String], key: (String) -> String, what: String) throws(RedisError)
+        -> ResolvedUsers {
+        let unique = Array(Set(entries))
+        var resolved = ResolvedUsers(tokens: [:])
+        guard !unique.isEmpty else { return resolved }
+        let replies = try redis.pipelineWhereReachable(unique.map { ["HGETALL", key($0)] })
+        for (entry, reply) in zip(unique, replies) {
+            guard let reply else {
+                resolved.unavailable.insert(entry)
                 continue
             }
-            result[user] = cachedTokens(in: reply, key: keys.tokens(user))
+            if case .error(let message) = reply {
+                logger.warning("skipping a \(what) whose token cache entry cannot be read",
+                               ["redis.key": key(entry), "redis.error": message])
+                resolved.unreadable[entry] = message
+                continue
+            }
+            resolved.tokens[entry] = cachedTokens(in: reply, key: key(entry))
         }
-        return ResolvedUsers(tokens: result, unreadable: unreadable)
+        return resolved
     }
 
     /// The tokens of one HGETALL of a tokens hash (a user's or an activity's); a field that is no token, or a value

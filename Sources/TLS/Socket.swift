@@ -72,6 +72,13 @@ package enum Socket {
         setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
     }
 
+    /// A blocking socket's sends and receives time out after `timeout` seconds.
+    package static func setTimeouts(_ descriptor: Int32, _ timeout: Double) {
+        var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+    }
+
     /// A blocking socket connected to the first of `host`'s addresses that answers within `timeout` each, whose sends
     /// and receives time out after `timeout` too. Throws naming every address's problem.
     package static func connectBlocking(host: String, port: Int, timeout: Double) throws -> Int32 {
@@ -88,9 +95,7 @@ package enum Socket {
             if poll(&poller, 1, Int32(timeout * 1000)) == 1,
                getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &failure, &failureLength) == 0, failure == 0 {
                 _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) & ~O_NONBLOCK)
-                var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
-                setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
-                setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+                setTimeouts(descriptor, timeout)
                 var one: Int32 = 1
                 setsockopt(descriptor, SOL_SOCKET, SO_KEEPALIVE, &one, socklen_t(MemoryLayout<Int32>.size))
                 return descriptor

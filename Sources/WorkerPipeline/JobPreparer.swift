@@ -8,8 +8,8 @@ struct PreparedBatch {
     var jobs: [(delivery: JobDelivery, job: PushJob)]
     var rejected: [(JobDelivery, String)]
     var resolved: ResolvedUsers
-    /// The update tokens of the Live Activities the jobs address (`activity`).
-    var activities: [String: [CachedToken]] = [:]
+    /// The update tokens of the Live Activities the jobs address (`activity`), by activity id.
+    var activities = ResolvedUsers(tokens: [:])
     /// The deliveries handed in, for giving them back unstarted.
     var deliveries: [JobDelivery]
 
@@ -54,7 +54,7 @@ struct PreparedBatch {
         let users = resolver.usersToResolve(small)
         let resolved = users.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolve(users)
         let activityIDs = jobs.compactMap { $0.job.retryTargets == nil ? $0.job.activity : nil }
-        let activities = activityIDs.isEmpty ? [:] : try tokens.resolveActivities(activityIDs)
+        let activities = activityIDs.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolveActivities(activityIDs)
         return PreparedBatch(jobs: jobs, rejected: rejected, resolved: resolved, activities: activities, deliveries: batch)
     }
 

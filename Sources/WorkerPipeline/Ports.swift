@@ -149,7 +149,7 @@ public protocol TokenStore {
     func resolve(_ users: [String]) throws -> ResolvedUsers
     /// The update tokens of these Live Activities (by activity id); an activity whose entry cannot be read has
     /// none. Only a lost connection throws.
-    func resolveActivities(_ activities: [String]) throws -> [String: [CachedToken]]
+    func resolveActivities(_ activities: [String]) throws -> ResolvedUsers
     /// Takes tokens out, each only if what is known of it still says so. Only a lost connection throws.
     func remove(_ removals: [TokenRemoval]) throws -> [CacheChange]
 }
@@ -176,13 +176,55 @@ public struct Settled: Sendable {
     }
 }
 
+/// What a store said to one request about one key, or keys on one node.
+public enum StoreAnswer<Value: Sendable>: Sendable {
+    case answered(Value)
+    /// The store refused it (a key of the wrong type that another system wrote): a data error.
+    case refused(String)
+    /// The Redis node holding the key did not answer (a cluster master lost): nothing was done.
+    case unavailable
+}
+
+/// What became of outcomes added to the idempotency record.
+public struct RecordWrite: Sendable, Equatable {
+    /// Jobs whose record the store refused, with why (a data error: a redelivery would send them again).
+    public var refused: [String: String]
+    /// Jobs whose record's node did not answer: their outcomes are not written yet.
+    public var unavailable: Set<String>
+
+    public init(refused: [String: String] = [:], unavailable: Set<String> = []) {
+        self.refused = refused
+        self.unavailable = unavailable
+    }
+}
+
+/// What earlier deliveries of jobs settled, as the idempotency record says.
+public struct SettledLookup: Sendable {
+    public var settled: [String: Settled]
+    /// Jobs whose record the store cannot read (a key of the wrong type), with why: they count as having nothing
+    /// settled.
+    public var unreadable: [String: String]
+    /// Jobs whose record's node did not answer: what they settled is unknown.
+    public var unavailable: Set<String>
+
+    public init(settled: [String: Settled] = [:], unreadable: [String: String] = [:], unavailable: Set<String> = []) {
+        self.settled = settled
+        self.unreadable = unreadable
+        self.unavailable = unavailable
+    }
+}
+
 /// The idempotency record: per job, the outcomes already settled, so that a redelivered job sends nothing twice.
+///
+/// Where the store's node for a key does not answer (a cluster master lost), what concerns that key is skipped: a
+/// delivery counted as none (the job is handled as usual, not as a suspect), a mark not set, a job not remembered as
+/// settled; what the pipeline must know is said in the answers (`RecordWrite`, `SettledLookup`).
 public protocol IdempotencyRecord {
-    /// Adds outcomes; returns the jobs whose record the store refused, with why. Only a lost connection throws.
-    func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> [String: String]
-    /// What earlier deliveries settled, per job; and the jobs whose record cannot be read. Only a lost connection
-    /// throws.
-    func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String])
+    /// Adds outcomes; says which jobs' records were refused or not written. Only a lost connection throws.
+    func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> RecordWrite
+    /// What earlier deliveries settled, per job; and the jobs whose record cannot be read, or whose node does not
+    /// answer. Only a lost connection throws.
+    func settled(jobIDs: [String]) throws -> SettledLookup
     /// Counts one more delivery of each message (a key that stays the same across its deliveries) for the whole
     /// fleet, where the broker does not count them; returns the deliveries counted so far per key, and the keys whose
     /// count cannot be read. Only a lost connection throws.
@@ -238,17 +280,17 @@ public protocol RateLimiter {
 /// The fleet's recent answers that judge a token, shared by every worker: what the mass-invalidation guard weighs a
 /// wave of 400 mismatches spread over many small jobs by.
 public protocol InvalidationWindow {
-    /// Adds answers to the window and returns its totals, these included; nil when the store refused (a key of the
-    /// wrong type: the guard then removes nothing on a guess). Only a lost connection throws.
-    func add(_ counts: InvalidationCounts) throws -> InvalidationCounts?
+    /// Adds answers to the window and returns its totals, these included; refused (a key of the wrong type) or
+    /// unavailable, the guard removes nothing on a guess. Only a lost connection throws.
+    func add(_ counts: InvalidationCounts) throws -> StoreAnswer<InvalidationCounts>
 }
 
 /// Where the fleet's counters and live workers are kept.
 public protocol StatisticsSink {
     /// Adds what happened since the last report, and per lane the longest a job taken since then had waited in its
-    /// queue (milliseconds; 0: none measured); returns what the store refused, if anything. Only a lost connection
-    /// throws.
-    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String?
+    /// queue (milliseconds; 0: none measured). Refused (a key of the wrong type), the counts are lost; unavailable,
+    /// they go with the next report. Only a lost connection throws.
+    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> StoreAnswer<Void>
 }
 
 /// What happened to one of the sender's connections: the worker counts these for its metrics and readiness.

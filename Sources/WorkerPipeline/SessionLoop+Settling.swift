@@ -5,37 +5,60 @@ import Telemetry
 /// Settling jobs: parking bad ones, weighing mismatches, publishing what finished jobs produced, removing dead tokens,
 /// acknowledging.
 extension SessionLoop {
-    /// Parks bad jobs with their reason, waits for the broker's confirms, then acknowledges them. One the broker hands
-    /// back (the failed queue was deleted) or refuses stays unacknowledged and is parked again after a pause.
+    /// Sends deliveries elsewhere whole (bad jobs parked with their reason, jobs put back to wait for the store),
+    /// waits for the broker's confirms, then acknowledges them. One the broker hands back (its queue was deleted) or
+    /// refuses stays unacknowledged and goes again after a pause.
     func reject(_ rejected: [HeldPublishes.Rejection]) throws {
-        let publications = rejected.map { delivery, reason, _ in
-            logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.tag)])
-            var properties = delivery.properties
-            properties.persistent = true
-            properties.headers[Worker.reasonHeader] = reason
-            return Publication(destination: .failed, body: delivery.body, properties: properties)
+        let publications = rejected.map { delivery, departure in
+            switch departure {
+            case .park(let reason, _):
+                logger.warning("job rejected", ["job.reason": reason, "amqp.delivery_tag": String(delivery.tag)])
+                var properties = delivery.properties
+                properties.persistent = true
+                properties.headers[Worker.reasonHeader] = reason
+                return Publication(destination: .failed, body: delivery.body, properties: properties)
+            case .waitForStore:
+                return storeWaits.waitingCopy(of: delivery)
+            }
         }
         let outcomes = try session.broker.publish(publications)
         var settled: [UInt64] = []
         for (rejection, outcome) in zip(rejected, outcomes) {
-            if outcome == .taken {
-                settled.append(rejection.delivery.tag)
+            guard outcome == .taken else {
+                held.hold(rejection: rejection)
+                statistics.countRefusedPublish(rejection.departure == .waitForStore ? "waiting_job" : "rejected_job")
+                continue
+            }
+            settled.append(rejection.delivery.tag)
+            switch rejection.departure {
+            case .park(_, let poison):
                 statistics.jobsRejected.add(1, ordering: .relaxed)
-                if rejection.poison {
+                if poison {
                     statistics.poisonJobsParked.add(1, ordering: .relaxed)
                 } else {
                     statistics.invalidJobsParked.add(1, ordering: .relaxed)
                 }
-            } else {
-                held.hold(rejection: rejection)
-                statistics.countRefusedPublish("rejected_job")
+            case .waitForStore:
+                statistics.jobsWaiting.add(1, ordering: .relaxed)
             }
         }
         if settled.count < rejected.count {
-            logger.error("the broker did not take parked jobs; kept unacknowledged, parked again shortly",
+            logger.error("the broker did not take jobs parked or put back to wait; kept unacknowledged, sent again shortly",
                          ["jobs": String(rejected.count - settled.count), "retry_in_s": String(HeldPublishes.pause)])
         }
         try session.broker.acknowledge(settled)
+    }
+
+    /// Jobs that cannot be resolved now (a Redis node that holds their users, their Live Activity or their record does
+    /// not answer) wait in their lane's delay queue (`StoreWaits`).
+    func putBackToWait(_ deliveries: [JobDelivery]) throws {
+        guard !deliveries.isEmpty else { return }
+        statistics.countStoreUnavailable("resolve", deliveries.count)
+        logger.warning("jobs wait for a Redis node that does not answer", [
+            "jobs": String(deliveries.count), "job.waits": String(deliveries.map(StoreWaits.waits).max() ?? 0),
+            "retry_in_s": String(deliveries.map { storeWaits.delay(afterWaits: StoreWaits.waits(of: $0)) }.min() ?? 0),
+        ])
+        try reject(deliveries.map { ($0, .waitForStore) })
     }
 
     func publishHeld() throws {
@@ -102,6 +125,7 @@ extension SessionLoop {
             underWay.settled(progress.delivery.tag)
         }
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
+        forgetUnwrittenOutcomes(ofSettled: confirmed.lazy.map { finished[$0].job.id })
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
         for index in confirmed where finished[index].hasStableID { settledUnshared.append(finished[index].job.id) }
@@ -123,16 +147,28 @@ extension SessionLoop {
     }
 
     /// A removal the store refuses (a key of the wrong type) concerns that token only: its event is out, the job is
-    /// settled, and the cleanup consumer will meet the same key and park the event with the reason.
+    /// settled, and the cleanup consumer will meet the same key and park the event with the reason. A removal whose
+    /// node does not answer is left to the cleanup consumer too: it applies the token's event once the node answers.
     func removeDeadTokens(_ removals: [(jobID: String, removal: TokenRemoval)]) throws {
         guard !removals.isEmpty else { return }
+        var unavailable = 0
         for ((jobID, removal), change) in zip(removals, try session.tokens.remove(removals.map(\.removal))) {
-            guard case .failed(let message) = change else { continue }
-            statistics.countDataError("token_removal")
-            logger.error("Redis refused to remove a dead token", ["job.id": jobID, "user": removal.user,
-                                                                  "apns.token": Redact.token(removal.token),
-                                                                  "redis.error": message])
+            switch change {
+            case .applied, .unchanged:
+                continue
+            case .unavailable:
+                unavailable += 1
+            case .failed(let message):
+                statistics.countDataError("token_removal")
+                logger.error("Redis refused to remove a dead token", ["job.id": jobID, "user": removal.user,
+                                                                      "apns.token": Redact.token(removal.token),
+                                                                      "redis.error": message])
+            }
         }
+        guard unavailable > 0 else { return }
+        statistics.countStoreUnavailable("token_removal", unavailable)
+        logger.warning("dead tokens left in the cache: their Redis node does not answer; the cleanup consumer removes "
+                       + "them from their events", ["tokens": String(unavailable)])
     }
 
     /// Jobs whose publications the broker did not take. Their outcomes (and whether their summary went out) go to
@@ -140,7 +176,7 @@ extension SessionLoop {
     /// sends nothing twice, publishes no second summary, and still publishes its dead tokens' events.
     func hold(_ refused: [JobProgress]) throws {
         let unrecorded = refused.compactMap(settledOutcomes)
-        if !unrecorded.isEmpty { try record(unrecorded) }
+        try record(unrecorded)
         for progress in refused {
             held.hold(job: progress)
             statistics.countRefusedPublish("job_outputs")
@@ -154,7 +190,7 @@ extension SessionLoop {
     /// nothing twice.
     func recordUnsettled(_ stale: [JobProgress]) throws {
         let unrecorded = stale.compactMap(settledOutcomes)
-        if !unrecorded.isEmpty { try record(unrecorded) }
+        try record(unrecorded)
     }
 
     /// Every answer this worker has and the idempotency record has not: the outcomes handed over, and those of jobs
@@ -162,7 +198,7 @@ extension SessionLoop {
     func recordAnswered() throws {
         let stale = worker.answers.takeCompleted { !core.isCurrent(generation: $0) }
         let unrecorded = worker.answers.takeOutcomes() + stale.compactMap(settledOutcomes)
-        if !unrecorded.isEmpty { try record(unrecorded) }
+        try record(unrecorded)
     }
 
     /// A stable-id job's final outcomes not recorded yet, and its summary if it went out.
@@ -201,8 +237,11 @@ extension SessionLoop {
             for progress in jobs { _ = progress.applyGuard(.remove) }
             return
         }
-        let fleet = try shareAnswers()
-        noteFleetGuard(fleet)
+        // Without the fleet's totals (refused, or their node silent) the guard removes nothing on a guess; only what
+        // the window said is news about the fleet.
+        let answer = try shareAnswers()
+        let fleet: InvalidationCounts? = if case .answered(let totals) = answer { totals } else { nil }
+        if case .unavailable = answer {} else { noteFleetGuard(fleet) }
         for (progress, job) in zip(jobs, counts) {
             let verdict = worker.settings.invalidationGuard.verdict(job: job, fleet: fleet)
             let heldBack = progress.applyGuard(verdict)
@@ -222,12 +261,17 @@ extension SessionLoop {
         }
     }
 
-    /// Adds the answers not yet shared to the fleet's window; returns its totals (nil: the store refused).
-    func shareAnswers() throws -> InvalidationCounts? {
-        let totals = try session.invalidationWindow.add(unsharedAnswers)
+    /// Adds the answers not yet shared to the fleet's window and returns what the store said. Answers it could not
+    /// take are dropped: the window weighs the last minute, and old answers added late would weigh on a new one.
+    func shareAnswers() throws -> StoreAnswer<InvalidationCounts> {
+        let answer = try session.invalidationWindow.add(unsharedAnswers)
         unsharedAnswers = InvalidationCounts()
-        if totals == nil { statistics.countDataError("invalidation_window") }
-        return totals
+        switch answer {
+        case .answered: break
+        case .refused: statistics.countDataError("invalidation_window")
+        case .unavailable: statistics.countStoreUnavailable("guard_window")
+        }
+        return answer
     }
 
     /// The fleet guard's state as this worker last saw it: a trip and its end are logged once, not per job.
@@ -247,12 +291,37 @@ extension SessionLoop {
         }
     }
 
-    /// Adds final outcomes to the idempotency record. A record the store refuses concerns that job only: logged and
-    /// counted (a redelivery of it would send its notifications again), never a reconnect.
+    /// Adds final outcomes to the idempotency record, after those the worker holds unwritten. A record the store
+    /// refuses concerns that job only: logged and counted (a redelivery of it would send its notifications again),
+    /// never a reconnect. Outcomes whose node does not answer, or that a lost connection kept from the store, stay
+    /// with the worker and go with the next write.
     func record(_ outcomes: [(jobID: String, outcomes: [SettledOutcome])]) throws {
-        for (jobID, message) in try session.record.record(outcomes) {
+        let held = worker.unwrittenOutcomes.withLock { held in
+            defer { held.removeAll() }
+            return held
+        }
+        let batch = held.isEmpty ? outcomes : held + outcomes
+        guard !batch.isEmpty else { return }
+        let written: RecordWrite
+        do { written = try session.record.record(batch) } catch {
+            worker.unwrittenOutcomes.withLock { $0 = batch + $0 }
+            throw error
+        }
+        for (jobID, message) in written.refused {
             statistics.countDataError("idempotency_record")
             logger.error("Redis refused the idempotency record", ["job.id": jobID, "redis.error": message])
+        }
+        guard !written.unavailable.isEmpty else { return }
+        statistics.countStoreUnavailable("record", outcomes.count { written.unavailable.contains($0.jobID) })
+        worker.unwrittenOutcomes.withLock { $0 += batch.filter { written.unavailable.contains($0.jobID) } }
+    }
+
+    /// Outcomes held unwritten for jobs now acknowledged are needed no more: no redelivery of those jobs can come.
+    func forgetUnwrittenOutcomes(ofSettled jobIDs: some Sequence<String>) {
+        worker.unwrittenOutcomes.withLock { held in
+            guard !held.isEmpty else { return }
+            let settled = Set(jobIDs)
+            held.removeAll { settled.contains($0.jobID) }
         }
     }
 }

@@ -21,7 +21,9 @@ extension SessionLoop {
         }
         note(taken: batch)
         let sorted = try sortByDeliveries(batch)
-        if !sorted.poison.isEmpty { try reject(sorted.poison.map { ($0.delivery, triage.reason($0), true) }) }
+        if !sorted.poison.isEmpty {
+            try reject(sorted.poison.map { ($0.delivery, .park(reason: triage.reason($0), poison: true)) })
+        }
         try dispatch(suspects.admit(usual: sorted.usual, suspects: sorted.suspects))
         return batch.count
     }
@@ -76,6 +78,7 @@ extension SessionLoop {
         if let ended { try session.record.settledAlone(ended) }
         switch next {
         case .startAlone(let suspect, let key):
+            statistics.suspectJobs.add(1, ordering: .relaxed)
             try session.record.startingAlone(key)
             logger.warning("starting a job alone: it came back twice or more without being settled",
                            ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
@@ -118,31 +121,47 @@ extension SessionLoop {
         let rejected = prepared.rejected
         let all = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
         try startBroadcasts(all.filter { $0.job.channelID != nil })
-        let jobs = all.filter { $0.job.channelID == nil }
-        if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
+        var waiting: [JobDelivery] = []
+        var jobs = all.filter { entry in
+            guard entry.job.channelID == nil else { return false }
+            guard !StoreWaits.mustWait(entry.job, users: resolved, activities: prepared.activities) else {
+                waiting.append(entry.delivery)
+                return false
+            }
+            return true
+        }
+        if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         // A redelivered job may have been under way when a worker died: skip what already had a final outcome. What
         // this worker has answered and not recorded (perhaps this very job, delivered on the connection it lost) goes
         // into the record first, so that the lookup sees it.
         let lookUp = resolver.jobsToLookUp(jobs)
         if !lookUp.isEmpty { try recordAnswered() }
-        let (alreadySettled, unreadableRecords) = try session.record.settled(jobIDs: lookUp)
-        for (jobID, message) in unreadableRecords {
+        let lookup = try session.record.settled(jobIDs: lookUp)
+        for (jobID, message) in lookup.unreadable {
             statistics.countDataError("idempotency_record")
             logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
                          ["job.id": jobID, "redis.error": message])
         }
+        if !lookup.unavailable.isEmpty {
+            // What an earlier delivery sent is unknown: sending now could repeat it.
+            jobs.removeAll { entry in
+                guard lookup.unavailable.contains(entry.job.id) else { return false }
+                waiting.append(entry.delivery)
+                return true
+            }
+        }
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
-            let settled = alreadySettled[job.id]
+            let settled = lookup.settled[job.id]
             let large = PreparedBatch.isLarge(job, usersPerPiece: core.settings.usersPerPiece)
             var targets: [DeviceTarget] = []
             if !large {
                 let skipped: Int
                 (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens,
-                                                      activityTokens: job.activity.flatMap { prepared.activities[$0] } ?? [],
+                                                      activityTokens: job.activity.flatMap { prepared.activities.tokens[$0] } ?? [],
                                                       alreadySettled: settled?.tokens ?? [])
                 statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
             }
@@ -159,7 +178,8 @@ extension SessionLoop {
             assemblies.append(JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? []))
         }
         core.handle(.jobsStarted(jobs.count))
-        if !rejected.isEmpty { try reject(rejected.map { ($0.0, $0.1, false) }) }
+        if !rejected.isEmpty { try reject(rejected.map { ($0.0, .park(reason: $0.1, poison: false)) }) }
+        try putBackToWait(waiting)
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
     }
 
@@ -170,7 +190,7 @@ extension SessionLoop {
     /// One piece of a large job: these users' tokens (from `resolved`), with the job's own tokens in the first piece,
     /// queued as a progress of its own.
     func sendPiece(of assembly: JobAssembly, users: ArraySlice<String>, resolved: [String: [CachedToken]]) {
-        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: users.startIndex == 0,
+        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: assembly.takeOwnTokens(),
                                                        resolved: resolved, alreadySettled: assembly.alreadySettled,
                                                        firstTime: assembly.firstTime)
         statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
@@ -207,7 +227,14 @@ extension SessionLoop {
             case .piece(let assembly, let users, let resolved):
                 assembly.resolving = false
                 statistics.countDataError("token_cache_read", resolved.unreadable.count)
-                sendPiece(of: assembly, users: users, resolved: resolved.tokens)
+                if !resolved.unavailable.isEmpty {
+                    // Those users' node does not answer: asked for again later, the rest sent now.
+                    statistics.countStoreUnavailable("resolve", resolved.unavailable.count)
+                    assembly.deferUsers(users.filter(resolved.unavailable.contains),
+                                        until: Date().addingTimeInterval(storeWaits.delay(afterWaits: 0)))
+                }
+                sendPiece(of: assembly, users: users.filter { !resolved.unavailable.contains($0) }[...],
+                          resolved: resolved.tokens)
                 guard !assembly.hasUsersLeft else { continue }
                 assemblies.removeAll { $0 === assembly }
                 if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }

@@ -18,6 +18,7 @@ final class SessionLoop {
     let generation: Int
     var core: WorkerCore
     let retryPolicy: RetryPolicy
+    let storeWaits: StoreWaits
     let triage: DeliveryTriage
     let resolver: TargetResolver
     var backlogs = Backlogs()
@@ -64,6 +65,7 @@ final class SessionLoop {
         let settings = worker.settings
         core = WorkerCore(settings: settings.core, generation: generation, now: Date())
         retryPolicy = RetryPolicy(maximumAttempts: settings.maximumSendAttempts, delays: settings.retryDelays)
+        storeWaits = StoreWaits(delays: settings.retryDelays)
         triage = DeliveryTriage(maximumDeliveries: settings.maximumDeliveries)
         resolver = TargetResolver(defaultTopic: settings.defaultTopic)
         preparer = JobPreparer(tokens: session.preparationTokens, settings: settings, resolver: resolver,
@@ -78,6 +80,47 @@ final class SessionLoop {
         // Ending this session is not dying: a suspect under way did not stop the worker.
         defer { if let key = suspects.alone?.key { try? session.record.settledAlone(key) } }
         defer { preparer.stop() }
+        // What the last session left unwritten goes first: the answers this worker holds before any redelivered job is
+        // looked up, and the deliveries it handed back before any is counted.
+        try recordAnswered()
+        try writeGivenBack()
+        do {
+            try turns()
+        } catch {
+            handBack()
+            throw error
+        }
+    }
+
+    /// A session lost (the broker, or Redis) hands back every delivery it holds: the broker redelivers them, and
+    /// their next delivery must not count towards making them suspects, as the worker did not die with them. What it
+    /// answered goes to the idempotency record now, so that another worker that gets a redelivery skips it. Where
+    /// the store is what was lost, both wait in the worker for the next session.
+    private func handBack() {
+        var seen = Set<UInt64>()
+        let handedBack = (underWay.deliveries.values.map(\.delivery) + unstartedBulk + preparing + suspects.giveBack()
+                    + copiesWaiting.map(\.delivery) + broadcastsWaiting.map(\.delivery) + held.deliveries)
+            .filter { seen.insert($0.tag).inserted }
+        worker.givenBackUnwritten.withLock { $0 += handedBack.map(DeliveryTriage.historyKey) }
+        let completed = worker.answers.takeCompleted()
+        try? record(worker.answers.takeOutcomes() + completed.compactMap(settledOutcomes))
+        try? writeGivenBack()
+    }
+
+    /// Notes the deliveries this worker handed back without dying (`IdempotencyRecord.gaveBack`).
+    private func writeGivenBack() throws {
+        let keys = worker.givenBackUnwritten.withLock { keys in
+            defer { keys.removeAll() }
+            return keys
+        }
+        guard !keys.isEmpty else { return }
+        do { try session.record.gaveBack(keys) } catch {
+            worker.givenBackUnwritten.withLock { $0 = keys + $0 }
+            throw error
+        }
+    }
+
+    private func turns() throws {
         while true {
             // Counted, not taken: what a turn takes it settles (see `WorkerCore.BeginAction`).
             let completions = worker.answers.completedCounts { core.isCurrent(generation: $0) }
@@ -127,22 +170,23 @@ final class SessionLoop {
             let now = Date()
             try sendWaitingBroadcasts(now: now)
             rateGroupHolds.release(dueAt: now, into: &backlogs)
-            let due = [held.nextDue, rateGroupHolds.nextOpening, broadcastsDue].compactMap { $0 }.min()
+            let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue] + assemblies.map(\.deferredDue))
+                .compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time.
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
                                        inFlight: statistics.inFlight.counts,
                                        unstartedBulkJobs: preparer.batchOut ? 0 : unstartedBulk.count,
-                                       suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting,
+                                       suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting(at: now),
                                        heldDue: due) {
                 try perform(action, at: now)
             }
         }
     }
 
-    private var piecesWaiting: LaneCounts {
+    private func piecesWaiting(at now: Date) -> LaneCounts {
         var counts = LaneCounts()
         guard preparer.piecesOut == 0 else { return counts }
-        for assembly in assemblies where !assembly.resolving { counts[assembly.lane] += 1 }
+        for assembly in assemblies where !assembly.resolving && assembly.hasUsersReady(at: now) { counts[assembly.lane] += 1 }
         return counts
     }
 

@@ -33,17 +33,24 @@ public enum CacheChange: Sendable, Equatable {
     /// environment; a registration was older than what is known.
     case unchanged
     case failed(String)
+    /// The Redis node holding the entry did not answer (a cluster master lost): nothing changed.
+    case unavailable
 }
 
-/// A user's tokens, with the users whose entry Redis could not read (a key of the wrong type: their jobs skip them).
+/// Users' tokens (or Live Activities' update tokens, by activity id), with the entries Redis could not read (a key of
+/// the wrong type: their jobs skip them) and those whose node did not answer (their jobs wait: nothing is known of
+/// them).
 public struct ResolvedUsers: Sendable {
     public var tokens: [String: [CachedToken]]
     /// user -> the store's error.
     public var unreadable: [String: String]
+    /// Entries on a Redis node that did not answer (a cluster master lost).
+    public var unavailable: Set<String>
 
-    public init(tokens: [String: [CachedToken]], unreadable: [String: String] = [:]) {
+    public init(tokens: [String: [CachedToken]], unreadable: [String: String] = [:], unavailable: Set<String> = []) {
         self.tokens = tokens
         self.unreadable = unreadable
+        self.unavailable = unavailable
     }
 }
 

@@ -68,6 +68,13 @@ public final class Worker: Service {
     private let readiness = RoundTripReadiness()
     /// The counters already added to the fleet's statistics (across sessions; the broker thread's alone).
     private let reportedThrough: Locked<WorkerStatistics.Snapshot>
+    /// Answers this worker holds and the idempotency record does not (its node did not answer, or the connection
+    /// was lost while they were written), across sessions: written before anything else is, and before any
+    /// redelivered job is looked up; dropped once their job is acknowledged. The broker thread's alone.
+    let unwrittenOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
+    /// History keys of deliveries a lost session handed back, not yet noted in the store (it was what was lost):
+    /// noted first thing in the next session. The broker thread's alone.
+    let givenBackUnwritten = Locked<[String]>([])
 
     /// `sender` carries the notifications; `connect` opens one session (broker and store): it is called on the
     /// broker thread, again after each loss.
@@ -112,6 +119,7 @@ public final class Worker: Service {
                 generation += 1
                 // Queue depths are this session's view: none is reported once it ends, however it ends.
                 defer { statistics.laneQueues = nil }
+                if generation > 1 { awaitAnswersInFlight() }
                 do {
                     let session = try connect()
                     statistics.answered(.broker)
@@ -139,14 +147,43 @@ public final class Worker: Service {
         logger.info("worker stopped", ["stats": statistics.snapshot().summary])
     }
 
+    /// Longest a new session waits for the answers to the notifications the last one left in flight.
+    static let answersInFlightWait = 5.0
+
+    /// Before a session after a lost one consumes: the notifications the last one left in flight are answered first
+    /// (or the wait runs out), so that their answers are in the idempotency record before a redelivery of their job
+    /// can be looked up. Answers wake the broker thread, so this waits on them, not on a clock.
+    private func awaitAnswersInFlight() {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(Self.answersInFlightWait * 1e9)
+        while statistics.notificationsInFlight > 0 && !isStopRequested {
+            let now = DispatchTime.now().uptimeNanoseconds
+            guard now < deadline else {
+                logger.warning("reconnecting with notifications still unanswered: a redelivery of their jobs may send "
+                               + "them again", ["apns.in_flight": String(statistics.notificationsInFlight)])
+                return
+            }
+            wakeup.wait(timeout: min(0.1, Double(deadline - now) / 1e9))
+        }
+    }
+
     /// Adds what happened since the last report to the fleet's statistics; returns what the store refused, if
-    /// anything. Broker thread only.
+    /// anything. Counts the store could not take now (its node does not answer) go with the next report. Broker
+    /// thread only.
     func reportStatistics(to sink: any StatisticsSink) throws -> String? {
         let now = statistics.snapshot()
-        let refused = try sink.report(now.subtracting(reportedThrough.withLock { $0 }),
-                                      longestWait: statistics.longestWait.take(), worker: Self.identity)
-        reportedThrough.withLock { $0 = now }
-        return refused
+        let longestWait = statistics.longestWait.take()
+        switch try sink.report(now.subtracting(reportedThrough.withLock { $0 }), longestWait: longestWait,
+                               worker: Self.identity) {
+        case .answered:
+            reportedThrough.withLock { $0 = now }
+            return nil
+        case .refused(let message):
+            reportedThrough.withLock { $0 = now }
+            return message
+        case .unavailable:
+            statistics.countStoreUnavailable("statistics")
+            return nil
+        }
     }
 }
 

@@ -22,6 +22,10 @@ public final class WorkerStatistics: Sendable {
     /// Jobs parked after their last attempt are `jobsParked`.
     public let invalidJobsParked = Atomic<Int>(0)
     public let poisonJobsParked = Atomic<Int>(0)
+    /// Jobs put back in a delay queue to wait for a Redis node that does not answer (`StoreWaits`).
+    public let jobsWaiting = Atomic<Int>(0)
+    /// Jobs run alone as suspects: delivered twice or more before without being settled (`DeliveryTriage`).
+    public let suspectJobs = Atomic<Int>(0)
     /// Jobs taken and not settled yet, both lanes, as of the last readiness round trip (every second).
     public let jobsInFlight = Atomic<Int>(0)
     public let retries = Atomic<Int>(0)
@@ -123,6 +127,18 @@ public final class WorkerStatistics: Sendable {
 
     public func dataErrorCount(_ place: String) -> Int { dataErrors.withLock { $0[place] ?? 0 } }
 
+    /// Requests to Redis, by what they were for, that met a node that does not answer (a cluster master lost): the
+    /// users, activities or records on it wait; what concerns other nodes goes on.
+    private let storeUnavailable = Locked<[String: Int]>([:])
+
+    /// `operation`: resolve, record, lookup, token_removal, statistics, guard_window.
+    public func countStoreUnavailable(_ operation: String, _ count: Int = 1) {
+        guard count > 0 else { return }
+        storeUnavailable.withLock { $0[operation, default: 0] += count }
+    }
+
+    public func storeUnavailableCount(_ operation: String) -> Int { storeUnavailable.withLock { $0[operation] ?? 0 } }
+
     /// Broadcast requests by what became of them (delivered, failed, retrying).
     private let broadcasts = Locked<[String: Int]>([:])
 
@@ -141,6 +157,7 @@ public final class WorkerStatistics: Sendable {
         var metrics = PrometheusText()
         metrics.family("apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.", [
             ([("result", "completed")], load(jobsCompleted)), ([("result", "rejected")], load(jobsRejected)),
+            ([("result", "waiting")], load(jobsWaiting)),
             ([("result", "parked")], load(jobsParked)),
         ])
         metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
@@ -168,6 +185,10 @@ public final class WorkerStatistics: Sendable {
         metrics.counter("apns_worker_invalidation_guard_fleet_trips_total",
                         "Times this worker found the fleet's window tripped after it was not.",
                         load(invalidationGuardFleetTrips))
+        metrics.counter("apns_worker_suspect_jobs_total",
+                        "Jobs run alone as suspects: delivered twice or more before without being settled, by workers "
+                            + "that died (deliveries given back by orderly stops and lost connections do not count).",
+                        load(suspectJobs))
         metrics.counter("apns_worker_poison_jobs_total",
                         "Jobs delivered more often than the delivery limit allows, parked on the failed queue unread.",
                         load(poisonJobs))
@@ -181,6 +202,10 @@ public final class WorkerStatistics: Sendable {
                        "Data errors (a Redis key of the wrong type, a record refused), each about one user, token or job, "
                            + "by where they happened.",
                        dataErrors.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("where", $0.key)], $0.value) })
+        metrics.family("apns_worker_redis_unavailable_total", "counter",
+                       "Jobs, users, records and removals that met a Redis node that did not answer (a cluster master "
+                           + "lost), by operation: they wait or are skipped while every other node's work goes on.",
+                       storeUnavailable.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("operation", $0.key)], $0.value) })
         metrics.family("apns_worker_publishes_refused_total", "counter",
                        "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
                            + "rejected jobs are held and published again, summaries are only logged.",

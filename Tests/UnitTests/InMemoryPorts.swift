@@ -30,6 +30,11 @@ final class InMemoryFleet: @unchecked Sendable {
         var holdingResolutions = false
         var resolutionsWaiting = 0
         var settled: [String: Settled] = [:]
+        /// Users, and jobs' idempotency records, on a Redis node that does not answer (a cluster master lost).
+        var silentUsers: Set<String> = []
+        var silentRecords: Set<String> = []
+        /// Writes to the idempotency record that met a silent node.
+        var unwrittenRecords = 0
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
         var givenBack: [String: Int] = [:]
@@ -169,14 +174,16 @@ final class InMemoryTokenStore: TokenStore {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func resolveActivities(_ activities: [String]) throws -> [String: [CachedToken]] { [:] }
+    func resolveActivities(_ activities: [String]) throws -> ResolvedUsers { ResolvedUsers(tokens: [:]) }
 
     func resolve(_ users: [String]) throws -> ResolvedUsers {
         fleet.passResolutionHold()
         let wanted = Set(users)
         return fleet.change { state in
             state.resolutions.append(users.count)
-            return ResolvedUsers(tokens: state.cache.filter { wanted.contains($0.key) })
+            let silent = wanted.intersection(state.silentUsers)
+            return ResolvedUsers(tokens: state.cache.filter { wanted.contains($0.key) && !silent.contains($0.key) },
+                                 unavailable: silent)
         }
     }
 
@@ -184,6 +191,7 @@ final class InMemoryTokenStore: TokenStore {
     func remove(_ removals: [TokenRemoval]) throws -> [CacheChange] {
         fleet.change { state in
             removals.map { removal in
+                if state.silentUsers.contains(removal.user) { return .unavailable }
                 state.removals.append(removal)
                 let before = state.cache[removal.user]?.count ?? 0
                 state.cache[removal.user]?.removeAll { cached in
@@ -201,9 +209,15 @@ final class InMemoryRecord: IdempotencyRecord {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> [String: String] {
+    func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> RecordWrite {
         fleet.change { state in
+            var written = RecordWrite()
             for (jobID, outcomes) in batches {
+                if state.silentRecords.contains(jobID) {
+                    written.unavailable.insert(jobID)
+                    state.unwrittenRecords += 1
+                    continue
+                }
                 var settled = state.settled[jobID] ?? Settled()
                 for outcome in outcomes {
                     switch outcome {
@@ -216,12 +230,16 @@ final class InMemoryRecord: IdempotencyRecord {
                 }
                 state.settled[jobID] = settled
             }
-            return [:]
+            return written
         }
     }
 
-    func settled(jobIDs: [String]) throws -> (settled: [String: Settled], unreadable: [String: String]) {
-        fleet.read { state in (state.settled.filter { jobIDs.contains($0.key) }, [:]) }
+    func settled(jobIDs: [String]) throws -> SettledLookup {
+        fleet.read { state in
+            let silent = state.silentRecords.intersection(jobIDs)
+            return SettledLookup(settled: state.settled.filter { jobIDs.contains($0.key) && !silent.contains($0.key) },
+                                 unavailable: silent)
+        }
     }
 
     func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String]) {
@@ -263,10 +281,10 @@ final class InMemoryInvalidationWindow: InvalidationWindow {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func add(_ counts: InvalidationCounts) throws -> InvalidationCounts? {
+    func add(_ counts: InvalidationCounts) throws -> StoreAnswer<InvalidationCounts> {
         fleet.change { state in
             state.invalidationWindow = state.invalidationWindow.map { $0 + counts }
-            return state.invalidationWindow
+            return state.invalidationWindow.map { .answered($0) } ?? .refused("WRONGTYPE")
         }
     }
 }
@@ -276,9 +294,9 @@ final class InMemoryStatistics: StatisticsSink {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> String? {
+    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> StoreAnswer<Void> {
         fleet.change { $0.reports += 1 }
-        return nil
+        return .answered(())
     }
 }
 

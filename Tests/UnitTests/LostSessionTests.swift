@@ -1,0 +1,62 @@
+import APNs
+import Foundation
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// A session lost while the worker lives (the broker's connection dropped, or closed by the broker for its consumer
+/// timeout): what it held goes back to the broker, noted as handed back by a worker that did not die, and its answers
+/// go to the idempotency record.
+@Suite struct LostSessionTests {
+    typealias W = WorkerTests
+
+    /// Two deliveries under way when the broker connection drops: both are noted as handed back, and when the broker
+    /// delivers them again (their third delivery by its count) they run as usual, not alone as suspects.
+    @Test func deliveriesHandedBackByALostSessionMakeNoSuspect() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.holdingAnswers = true }
+        let running = W.Running(fleet)
+        let bodies = (1...2).map { W.job("lost-\($0)", tokens: [W.token($0)]) }
+        for (index, body) in bodies.enumerated() {
+            fleet.deliver(body, properties: MessageProperties(messageID: "lost-\(index + 1)", deliveryCount: 1),
+                          redelivered: true)
+        }
+        #expect(fleet.wait { $0.sent.count == 2 })
+        fleet.change { $0.brokerDown = true }
+        fleet.brokerReadable.signal()
+        #expect(fleet.wait { $0.sessionsLost == 1 })
+        #expect(fleet.wait { $0.givenBack == ["id:lost-1": 1, "id:lost-2": 1] }, "both noted as handed back")
+        fleet.change { state in
+            state.brokerDown = false
+            state.holdingAnswers = false
+            state.heldAnswers.removeAll()
+        }
+        let again = bodies.enumerated().map { index, body in
+            fleet.deliver(body, properties: MessageProperties(messageID: "lost-\(index + 1)", deliveryCount: 2),
+                          redelivered: true)
+        }
+        #expect(fleet.wait { Set(again).isSubset(of: $0.acknowledged) })
+        running.stop()
+        #expect(fleet.read(\.startedAlone).isEmpty, "no job ran alone")
+        #expect(running.worker.statistics.suspectJobs.load(ordering: .relaxed) == 0)
+    }
+
+    /// The answers of a job completed on the lost connection go to the idempotency record at once, before the worker
+    /// reconnects: a redelivery taken by another worker skips them.
+    @Test func answersOfALostSessionAreRecordedBeforeItReconnects() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.holdingAnswers = true }
+        let running = W.Running(fleet)
+        let tokens = (1...3).map(W.token)
+        fleet.deliver(W.job("answered", tokens: tokens))
+        #expect(fleet.wait { $0.sent.count == 3 })
+        // The answers are in, the job not settled yet, when the connection drops; the broker stays away.
+        fleet.change { $0.brokerDown = true }
+        fleet.releaseAnswers()
+        fleet.brokerReadable.signal()
+        #expect(fleet.wait { $0.sessionsLost >= 1 })
+        #expect(fleet.wait { $0.settled["answered"]?.tokens == Set(tokens) }, "recorded while the broker is away")
+        fleet.change { $0.brokerDown = false }
+        running.stop()
+    }
+}
