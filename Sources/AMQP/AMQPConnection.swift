@@ -129,12 +129,14 @@ public final class AMQPConnection {
     /// Mandatory publishes handed back, since the last `takeReturns`.
     private var returns: [AMQPReturn] = []
 
-    /// Seconds a call that waits for the broker's reply (a declare, a passive declare) waits at most.
-    public static let replyTimeout = 10
+    /// Seconds a call that waits for the broker's reply (a declare, a passive declare) waits at most, unless the
+    /// connection is opened with another `replyTimeout`.
+    public static let replyTimeout = 10.0
 
-    /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none).
-    public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil,
-                verifyPeer: Bool = true) throws(AMQPError) {
+    /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none). `connectTimeout` bounds the TCP (and
+    /// TLS) connection and the login handshake each; `replyTimeout`, every later call that waits for a reply.
+    public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, replyTimeout: Double = replyTimeout,
+                caFile: String? = nil, verifyPeer: Bool = true) throws(AMQPError) {
         self.url = url
         guard let state = amqp_new_connection() else { throw AMQPError(kind: .library, "out of memory") }
         // From here `self` owns `state`: a throw runs deinit, which destroys it (never destroy it here as well).
@@ -157,18 +159,24 @@ public final class AMQPConnection {
         var timeout = timeval(tv_sec: Int(connectTimeout), tv_usec: Int(connectTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
         let opened = amqp_socket_open_noblock(socket, url.host, Int32(url.port), &timeout)
         guard opened == AMQP_STATUS_OK.rawValue else {
+            AMQPNodeHealth.shared.noteSilent(url)
             throw AMQPError(kind: .connectionLost, code: Int(opened),
                             "cannot connect to \(url): \(String(cString: amqp_error_string2(opened)))")
         }
+        // A node that accepts the connection and then answers nothing (frozen, cut off) is given up on as soon as a
+        // node that does not answer at all.
+        amqp_set_handshake_timeout(state, &timeout)
         let login = CRabbitMQ_login_plain_with_capabilities(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
         try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
         // Every call that waits for the broker's reply gives up after this long: a broker that stops answering (a
         // frozen node) is found out by the next call, not after two missed heartbeats.
-        var rpcTimeout = timeval(tv_sec: Int(Self.replyTimeout), tv_usec: 0)
+        var rpcTimeout = timeval(tv_sec: Int(replyTimeout),
+                                 tv_usec: Int(replyTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
         amqp_set_rpc_timeout(state, &rpcTimeout)
         amqp_channel_open(state, channel)
         try check(amqp_get_rpc_reply(state), "channel.open")
         isOpen = true
+        AMQPNodeHealth.shared.noteAnswered(url)
     }
 
     deinit {
@@ -410,6 +418,7 @@ public final class AMQPConnection {
             if status == AMQP_STATUS_TIMEOUT.rawValue { return nil }
             guard status == AMQP_STATUS_OK.rawValue else {
                 isOpen = false
+                AMQPNodeHealth.shared.noteSilent(url)
                 throw AMQPError(kind: .connectionLost, code: Int(status),
                                 "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
             }
@@ -583,7 +592,10 @@ public final class AMQPConnection {
         let lost = [AMQP_STATUS_SOCKET_ERROR, AMQP_STATUS_CONNECTION_CLOSED, AMQP_STATUS_HEARTBEAT_TIMEOUT,
                     AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR,
                     AMQP_STATUS_TIMEOUT].map(\.rawValue).contains(status)
-        if lost { isOpen = false }
+        if lost {
+            isOpen = false
+            AMQPNodeHealth.shared.noteSilent(url)
+        }
         return AMQPError(kind: lost ? .connectionLost : .library, code: Int(status), "\(what): \(text)")
     }
 

@@ -81,20 +81,28 @@ public struct AMQPNodes: Sendable, Equatable, CustomStringConvertible {
         self.init(urls)
     }
 
+    /// The nodes in the order a connection tries them: from `start` round the list, those found silent last.
+    public func attemptOrder(startingAt start: Int, isSilent: (AMQPURL) -> Bool) -> [AMQPURL] {
+        let round = (0..<urls.count).map { urls[(start % urls.count + $0) % urls.count] }
+        let silent = round.map(isSilent)
+        return zip(round, silent).filter { !$1 }.map(\.0) + zip(round, silent).filter { $1 }.map(\.0)
+    }
+
     /// Every node, passwords hidden.
     public var description: String { urls.map(\.description).joined(separator: ",") }
 
-    /// Connects to the first node that answers, from a random one on, each tried once (a round). A node that cannot
-    /// be reached, or refuses, is passed over; if none answers, the error says what each node did, and is permanent
-    /// only if every node refused for a reason waiting cannot cure (the credentials, the vhost).
-    public func connect(heartbeat: Int = 30, connectTimeout: Double = 10, caFile: String? = nil, verifyPeer: Bool = true,
+    /// Connects to the first node that answers, from a random one on, each tried once (a round); nodes this process
+    /// found silent in the last minute (`AMQPNodeHealth`) come last. A node that cannot be reached, or refuses, is
+    /// passed over; if none answers, the error says what each node did, and is permanent only if every node refused
+    /// for a reason waiting cannot cure (the credentials, the vhost).
+    public func connect(heartbeat: Int = 30, connectTimeout: Double = 10,
+                        replyTimeout: Double = AMQPConnection.replyTimeout, caFile: String? = nil, verifyPeer: Bool = true,
                         startingAt start: Int = .random(in: 0..<Int.max)) throws(AMQPError) -> AMQPConnection {
         var failures: [AMQPError] = []
-        for offset in 0..<urls.count {
-            let url = urls[(start % urls.count + offset) % urls.count]
+        for url in attemptOrder(startingAt: start, isSilent: AMQPNodeHealth.shared.isSilent) {
             do {
-                return try AMQPConnection(url: url, heartbeat: heartbeat, connectTimeout: connectTimeout, caFile: caFile,
-                                          verifyPeer: verifyPeer)
+                return try AMQPConnection(url: url, heartbeat: heartbeat, connectTimeout: connectTimeout,
+                                          replyTimeout: replyTimeout, caFile: caFile, verifyPeer: verifyPeer)
             } catch {
                 failures.append(error)
             }

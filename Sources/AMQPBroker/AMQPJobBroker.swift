@@ -14,6 +14,10 @@ public final class AMQPJobBroker: JobBroker {
         public var caFile: String?
         /// Seconds (0: none): how fast a dead connection is noticed.
         public var heartbeat: Int
+        /// A call that waits for the broker's reply (the readiness round trip every second, a declaration) gives up
+        /// after one heartbeat interval (at least 5 s, at most 10; 10 without heartbeats), and so does a connection
+        /// attempt: a node that stops answering (frozen, cut off) is left within seconds for one that answers.
+        public var replyTimeout: Double { heartbeat > 0 ? min(10, max(5, Double(heartbeat))) : 10 }
         public var queues: QueueNames
         /// One delay queue per value, dead-lettering back to the jobs queue.
         public var retryDelays: [Double]
@@ -22,7 +26,7 @@ public final class AMQPJobBroker: JobBroker {
         /// The same for bulk jobs: what the bulk lane may hold unacknowledged.
         public var bulkPrefetch: Int
 
-        public init(nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 30, queues: QueueNames = QueueNames(),
+        public init(nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 5, queues: QueueNames = QueueNames(),
                     retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100) {
             self.nodes = nodes
             self.caFile = caFile
@@ -41,26 +45,40 @@ public final class AMQPJobBroker: JobBroker {
     /// The consumer tag of the bulk lane's consumer (the other consumer is the urgent lane's).
     private let bulkConsumerTag: String
 
-    /// Connects, declares the worker's queues and starts consuming. The broker refusing what the URL says
-    /// (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
-    public init(settings: Settings, logger: Logger) throws {
+    /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
+    /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
+    public init(settings: Settings, topology: DeclaredTopology = DeclaredTopology(), logger: Logger) throws {
         self.settings = settings
         self.logger = logger
         do {
-            amqp = try settings.nodes.connect(heartbeat: settings.heartbeat, caFile: settings.caFile)
+            amqp = try settings.nodes.connect(heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
+                                              replyTimeout: settings.replyTimeout, caFile: settings.caFile)
         } catch {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
         }
         acknowledgements = Acknowledgements(amqp: amqp)
-        try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
-        try amqp.enablePublisherConfirms()
-        // One channel, two consumers: RabbitMQ applies a basic.qos without `global` to each consumer created after
-        // it, so each lane has its own prefetch and a full bulk lane never stops urgent deliveries.
-        try amqp.setPrefetch(settings.prefetch)
-        try amqp.consume(settings.queues.jobs)
-        try amqp.setPrefetch(settings.bulkPrefetch)
-        bulkConsumerTag = try amqp.consume(settings.queues.bulk)
+        // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
+        // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
+        // missing later is declared again then (a publish handed back, or a consume refused, which ends the session).
+        if !topology.isDeclared {
+            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
+            topology.isDeclared = true
+        }
+        do {
+            try amqp.enablePublisherConfirms()
+            // One channel, two consumers: RabbitMQ applies a basic.qos without `global` to each consumer created after
+            // it, so each lane has its own prefetch and a full bulk lane never stops urgent deliveries.
+            try amqp.setPrefetch(settings.prefetch)
+            try amqp.consume(settings.queues.jobs)
+            try amqp.setPrefetch(settings.bulkPrefetch)
+            bulkConsumerTag = try amqp.consume(settings.queues.bulk)
+        } catch {
+            // A queue deleted meanwhile (NOT_FOUND): the next session declares everything again. Any other failure
+            // (a node that stopped answering) says nothing about the queues.
+            if error.kind == .brokerRefused && error.code == 404 { topology.isDeclared = false }
+            throw error
+        }
     }
 
     public var logMetadata: [String: String] {
@@ -172,6 +190,18 @@ public final class AMQPJobBroker: JobBroker {
     }
 
     public func close() { amqp.close() }
+}
+
+/// Whether this process declared the worker's queues already (one per worker, shared by its sessions).
+public final class DeclaredTopology: Sendable {
+    private let declared = Locked(false)
+
+    public init() {}
+
+    public var isDeclared: Bool {
+        get { declared.withLock { $0 } }
+        set { declared.withLock { $0 = newValue } }
+    }
 }
 
 extension MessageProperties {

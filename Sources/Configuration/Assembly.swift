@@ -33,12 +33,13 @@ extension WorkerConfiguration {
     private func makeWorker(sender: APNsNotificationSender, logger: Logger) -> Worker {
         let broker = self.broker, redis = self.redis, rateLimit = self.rateLimit
         let urgentShare = rateLimitUrgentShare
+        let topology = DeclaredTopology()
         return Worker(settings: pipeline, sender: sender, logger: logger) {
             // Redis first: a worker that cannot reach it takes no job from the broker (each it took and handed back
             // would count as a delivery).
             let stores = try RedisStores(redis, rateLimit: rateLimit, urgentShare: urgentShare, logger: logger)
             let preparationTokens = try RedisStores.tokenCache(redis, logger: logger)
-            let amqp = try AMQPJobBroker(settings: broker, logger: logger)
+            let amqp = try AMQPJobBroker(settings: broker, topology: topology, logger: logger)
             return WorkerSession(broker: amqp, tokens: stores.tokens, preparationTokens: preparationTokens,
                                  record: stores.record,
                                  statistics: stores.statistics, rateLimiter: stores.rateLimiter,

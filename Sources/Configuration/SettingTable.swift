@@ -16,9 +16,10 @@ public struct SettingTable: Sendable {
         name: "AMQP_CA_FILE", kind: .file, unsetMeans: "/etc/ssl/certs/ca-certificates.crt", readers: .brokerClients,
         help: "CA bundle, PEM, for amqps://")
     public let amqpHeartbeat: Setting<Int> = Setting(
-        name: "AMQP_HEARTBEAT", kind: .wholeNumber(0...3600), defaultValue: "30",
+        name: "AMQP_HEARTBEAT", kind: .wholeNumber(0...3600), defaultValue: "5",
         readers: [.worker, .cleanup, .enqueue, .deadTokensTail],
-        help: "heartbeat in seconds, 0: none; a silent connection is dropped after two missed beats")
+        help: "heartbeat in seconds, 0: none; a silent connection is dropped after two missed beats, and the worker "
+            + "leaves a node whose reply takes longer than one beat (5 s at least, 10 s at most)")
 
     // Redis.
     public let redisURL: Setting<RedisURL> = Setting(

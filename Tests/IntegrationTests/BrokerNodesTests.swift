@@ -1,6 +1,9 @@
 import AMQP
 import Foundation
 import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// AMQP_URL as a list of nodes: programs start on a node that answers and pass over those that do not.
 @Suite struct BrokerNodesTests {
@@ -18,6 +21,29 @@ import Testing
             #expect(try connection.queueStatus(TestServices.unique("absent")) == nil, "and it works")
             connection.close()
         }
+    }
+
+    /// A node that accepts connections and answers nothing (frozen, cut off) is given up after the connect timeout,
+    /// login included, and from then on tried after the nodes that answer.
+    @Test func aNodeThatAcceptsAndAnswersNothingIsGivenUpAndTriedLast() throws {
+        let (listener, port) = TestServices.listeningSocket()
+        defer { close(listener) }
+        let silent = AMQPURL(host: "127.0.0.1", port: port, user: "guest", password: "guest")
+        let live = try TestServices.amqpURL()
+        let nodes = AMQPNodes([silent, live])
+        let connection = try nodes.connect(connectTimeout: 1, startingAt: 0)
+        #expect(connection.url == live)
+        connection.close()
+        #expect(AMQPNodeHealth.shared.isSilent(silent), "noted as silent")
+        #expect(!AMQPNodeHealth.shared.isSilent(live))
+        #expect(nodes.attemptOrder(startingAt: 0, isSilent: AMQPNodeHealth.shared.isSilent) == [live, silent])
+    }
+
+    @Test func nodesFoundSilentComeLastInARound() {
+        let nodes = AMQPNodes((1...4).map { AMQPURL(host: "10.0.0.\($0)", port: 5672, user: "u", password: "p") })
+        let order = nodes.attemptOrder(startingAt: 1) { $0.host == "10.0.0.2" || $0.host == "10.0.0.4" }
+        #expect(order.map(\.host) == ["10.0.0.3", "10.0.0.1", "10.0.0.2", "10.0.0.4"])
+        #expect(nodes.attemptOrder(startingAt: 6) { _ in false }.map(\.host) == ["10.0.0.3", "10.0.0.4", "10.0.0.1", "10.0.0.2"])
     }
 
     @Test func whenNoNodeAnswersTheErrorSaysWhatEachDidAndShowsNoPassword() throws {

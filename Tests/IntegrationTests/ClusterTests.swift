@@ -69,6 +69,33 @@ enum Cluster {
 
     static func stop(_ node: Int) throws { _ = try ctl(node, ["stop_app"]) }
 
+    /// Waits until every node runs and none sees a partition (asked of `node`): after a node was frozen longer than
+    /// the cluster's net_ticktime, the others gave it up and it rejoins them (pause_minority).
+    static func awaitHealthy(askingNode node: Int, timeout: Double = 90) -> Bool {
+        TestServices.waitUntil(timeout: timeout) {
+            guard let text = try? ctl(node, ["cluster_status", "--formatter", "json"]),
+                  let status = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return false }
+            let running = (status["running_nodes"] as? [String])?.count ?? 0
+            let partitions = (status["partitions"] as? [String: Any])?.count ?? 1
+            return running == 3 && partitions == 0
+        }
+    }
+
+    /// The node's Erlang VM (beam), found by the node name in its environment: SIGSTOP freezes the node whole, its
+    /// sockets open and nothing answered.
+    static func pid(_ node: Int) throws -> pid_t {
+        let name = try names()[node - 1]
+        for entry in try FileManager.default.contentsOfDirectory(atPath: "/proc") {
+            guard let pid = pid_t(entry),
+                  let environment = FileManager.default.contents(atPath: "/proc/\(entry)/environ"),
+                  let command = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
+                  String(decoding: command, as: UTF8.self).contains("beam"),
+                  String(decoding: environment, as: UTF8.self).contains("RABBITMQ_NODENAME=\(name)\0") else { continue }
+            return pid
+        }
+        throw TestServices.CommandFailed(description: "no running node \(name)")
+    }
+
     /// Starts a stopped node and waits until it runs again.
     static func start(_ node: Int) throws {
         _ = try ctl(node, ["start_app"])
@@ -225,6 +252,70 @@ enum Cluster {
     }
 
     @Test func theNodeTheWorkerUsesStopsMidRun() throws { try failover(.workersNode) }
+
+    /// The node the worker consumes from frozen (SIGSTOP: its sockets open, nothing answered; the lanes' queues led
+    /// by another node): work published after the freeze reaches APNs within 10 s. The worker's readiness round trip
+    /// gives up after one heartbeat interval (5 s by default), it connects to a node that answers (the silent one
+    /// last) and consumes at once, declaring nothing it declared before.
+    @Test func workPublishedAfterTheWorkersNodeFreezesReachesAPNsWithinTenSeconds() throws {
+        let logger = Logger(label: "cluster", level: .critical)
+        let acceptances = DependencyLossTests.Acceptances()
+        var configuration = APNsSimulator.Configuration()
+        configuration.observer = { acceptances.observe($0) }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        defer { simulator.shutdown() }
+        let jobs = TestServices.unique("frozen-jobs"), bulk = TestServices.unique("frozen-bulk")
+        let publisher = try AMQPConnection(url: Cluster.url(1))
+        defer { publisher.close() }
+        for queue in [jobs, bulk] { _ = try publisher.declareQueue(queue, arguments: ["x-queue-type": .string("quorum")]) }
+        try publisher.enablePublisherConfirms()
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum", "PUSH_BULK_QUEUE": bulk,
+            "LOG_FORMAT": "text", "LOG_LEVEL": "info",
+        ])
+        // Started again until it consumes from another node than node 1, which leads both lanes' queues.
+        var worker: ExecutablesTests.Child?
+        var workerNode = 1
+        for _ in 0..<40 where workerNode == 1 {
+            if let earlier = worker { _ = earlier.stop(SIGKILL) }
+            let child = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+            workerNode = try Cluster.node(inLogLine: try #require(child.waitForLine(containing: "consuming")))
+            worker = child
+        }
+        let running = try #require(worker)
+        defer { _ = running.stop(SIGKILL) }
+        try #require(workerNode != 1, "the worker consumes from node \(workerNode)")
+        func publish(_ range: Range<Int>) throws -> [String] {
+            let tokens = range.map { String(format: "%064x", 0xF0_0000 + $0) }
+            var last: UInt64 = 0
+            for token in tokens {
+                last = try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+            }
+            #expect(try publisher.waitForConfirms(through: last).isEmpty)
+            return tokens
+        }
+        let before = try publish(0..<20)
+        try #require(TestServices.waitUntil(timeout: 30) { acceptances.first.count >= before.count }, "delivery under way")
+
+        let frozen = try Cluster.pid(workerNode)
+        kill(frozen, SIGSTOP)
+        let frozenAt = Date()
+        defer {
+            kill(frozen, SIGCONT)
+            #expect(Cluster.awaitHealthy(askingNode: workerNode), "the thawed node rejoined the cluster")
+        }
+        let after = try publish(20..<70)
+        let delivered = TestServices.waitUntil(timeout: 60) { after.allSatisfy { acceptances.first[$0] != nil } }
+        #expect(delivered, "every job published after the freeze delivered")
+        let first = acceptances.first
+        let latest = after.compactMap { first[$0] }.max().map { $0.timeIntervalSince(frozenAt) } ?? .infinity
+        #expect(latest <= 10, "the last job published after the freeze reached APNs \(latest) s after it")
+        let moved = running.waitForLine(containing: "consuming", timeout: 5)
+        #expect(moved.map { (try? Cluster.node(inLogLine: $0)) != workerNode } == true, "consuming on another node")
+        print(String(format: "failover | cluster: the node the worker consumes from frozen (SIGSTOP), the queues led by "
+                     + "another | %d jobs published after the freeze | all delivered within %.1f s of it", after.count,
+                     latest))
+    }
 
     @Test func theNodeLeadingTheJobsQueueStopsMidRun() throws { try failover(.jobsQueueLeader) }
 
