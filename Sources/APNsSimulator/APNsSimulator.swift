@@ -43,6 +43,9 @@ public final class APNsSimulator: Sendable {
         public var threads = 1
         /// Keep every received notification for `received()` (tests); counters are always kept.
         public var recordsNotifications: Bool
+        /// Count the distinct device tokens answered 200 (`/sim/stats` `accepted_distinct`): how fault runs tell
+        /// deliveries from duplicates. Off by default: a set of tokens grows with every new one.
+        public var countsDistinctAccepted = false
         /// Faults and answers scripted on top of APNs's rules; changeable at run time with `setBehaviour`.
         public var behaviour: Behaviour
         /// Certificate authentication: clients must present a TLS certificate issued by (or equal to) this one; with
@@ -128,6 +131,9 @@ public final class APNsSimulator: Sendable {
         public var dropsStreamLimitAfterRejection = false
         /// PINGs go unanswered, as from a connection that silently died (fixed when the simulator starts).
         public var ignoresPings = false
+        /// Until then (seconds since the epoch) every push is answered 500 InternalServerError: an outage of APNs,
+        /// set at run time through `POST /sim/outage?seconds=N`.
+        public var failingUntil: Double = 0
 
         public init() {}
     }
@@ -214,6 +220,8 @@ final class SimulatorCore: Sendable {
         var connectionsSeen = Set<Int>()
         var pushesPerToken: [String: Int] = [:]
         var random = APNsIDGenerator(seed: 7)
+        /// Device tokens answered 200, when the configuration counts them.
+        var acceptedTokens = Set<String>()
     }
 
     /// What APNs remembers about one connection.
@@ -318,6 +326,7 @@ final class SimulatorCore: Sendable {
         let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(delay * 1e6)
         let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state -> (String, String, UInt32?, ReceivedNotification?) in
             state.countsByStatus[status, default: 0] += 1
+            if status == 200 && configuration.countsDistinctAccepted { state.acceptedTokens.insert(token) }
             let credential = certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential
             if let credential { state.countsByCredential[credential, default: 0] += 1 }
             if let sentAt = stamp, state.latencies.count < 4_000_000 {
@@ -383,6 +392,9 @@ final class SimulatorCore: Sendable {
 
     /// The answers a behaviour scripts for a push APNs would have accepted.
     private func scripted(_ token: String, _ behaviour: APNsSimulator.Behaviour) -> (Int, APNsReason?) {
+        if behaviour.failingUntil > 0 && Date().timeIntervalSince1970 < behaviour.failingUntil {
+            return (500, .internalServerError)
+        }
         if behaviour.badTokens.contains(token) { return (400, .badDeviceToken) }
         if behaviour.throttledTokens.contains(token) { return (429, .tooManyRequests) }
         if let failures = behaviour.failFirstPushes[token] {
@@ -519,9 +531,19 @@ final class SimulatorCore: Sendable {
             }
             let latencyText = "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
                 + "\"max\":\(latency.last ?? 0)}"
+            let distinct = configuration.countsDistinctAccepted
+                ? ",\"accepted_distinct\":\(state.withLock { $0.acceptedTokens.count })" : ""
             writer.respond(status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
                            body: Array(("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},\"broadcasts\":{\(byChannel)},"
-                                        + "\"latency_us\":\(latencyText)}\n").utf8))
+                                        + "\"latency_us\":\(latencyText)\(distinct)}\n").utf8))
+        case ("POST", _) where request.path.hasPrefix("/sim/outage?seconds="):
+            guard let seconds = Double(request.path.dropFirst("/sim/outage?seconds=".count)), seconds >= 0 else {
+                writer.respond(status: 400, body: Array("{\"reason\":\"BadSeconds\"}".utf8))
+                return
+            }
+            let until = Date().timeIntervalSince1970 + seconds
+            state.withLock { $0.behaviour.failingUntil = until }
+            writer.respond(status: 200)
         case ("POST", "/sim/reset-latency"):
             resetLatencies()
             writer.respond(status: 200)

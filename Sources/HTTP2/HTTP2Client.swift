@@ -38,6 +38,10 @@ public final class HTTP2Client: @unchecked Sendable {
         public var pingInterval: Double
         /// A PING unanswered for this long means the connection is dead: it is replaced.
         public var pingTimeout: Double
+        /// A connection with requests in flight and no frame received for this long gets a PING at once: a server
+        /// answers in milliseconds, so silence while it owes answers is a link that died without a reset (a black
+        /// hole). Replaced after `pingTimeout` more, its unanswered requests go out again on another connection.
+        public var busySilence: Double = 2
         /// Told about connection events on the loop thread (metrics, tests). Keep it short.
         public var observer: (@Sendable (HTTP2ClientEvent) -> Void)?
         /// Where the host is, asked afresh for every new connection (DNS; tests give addresses of their own). A
@@ -415,8 +419,12 @@ public final class HTTP2Client: @unchecked Sendable {
                 connection.expireStreams(startedBefore: requestCutoff)
                 if let sent = connection.pingSentAt, Double(now - sent) / 1e9 > configuration.pingTimeout {
                     connection.close(reason: "PING unanswered for \(configuration.pingTimeout) s")
-                } else if Double(now - connection.lastFrameReceivedAt) / 1e9 > configuration.pingInterval {
-                    connection.ping()
+                } else {
+                    let silence = Double(now - connection.lastFrameReceivedAt) / 1e9
+                    if silence > configuration.pingInterval
+                        || (silence > configuration.busySilence && connection.openStreamCount > 0) {
+                        connection.ping()
+                    }
                 }
             }
             // A drained pool keeps timing its streams out until its last connection has closed.

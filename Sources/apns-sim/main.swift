@@ -54,6 +54,8 @@ FAULTS (what real APNs deployments meet):
   --refuse-every N            reset every N-th stream with REFUSED_STREAM
   --drop-streams-to-one       SETTINGS_MAX_CONCURRENT_STREAMS falls to 1 after a rejected push, back after a success
   --ignore-pings              leave PINGs unanswered, as a silently dead connection does
+  --count-distinct            count the distinct device tokens answered 200 (/sim/stats accepted_distinct), to tell
+                              deliveries from duplicates
   --log-level LEVEL           trace, debug, info, warning, error (default info)
   -h, --help                  this text
 
@@ -62,7 +64,8 @@ CONTROL:
   "latency_us": {"p50": ..., "p99": ...}} (by_credential: pushes per verified provider key "TEAMID/KEYID" or client
   certificate "certificate:<common name>"; latency from the "sent_at_us" stamp apns-bench puts in payloads to the
   answer); POST /sim/reset-latency clears the latencies;
-  POST /sim/goaway sends GOAWAY on that connection.
+  POST /sim/goaway sends GOAWAY on that connection; POST /sim/outage?seconds=N answers every push 500
+  InternalServerError for the next N seconds.
   On SIGINT or SIGTERM it prints the same counts and exits 0.
 
 EXAMPLE:
@@ -109,6 +112,7 @@ while let argument = arguments.popFirst() {
     case "--key": keyFile = value(for: argument)
     case "--write-cert": writeCertificate = value(for: argument)
     case "--cert-host": certificateHosts.append(value(for: argument))
+    case "--count-distinct": configuration.countsDistinctAccepted = true
     case "--generate-key":
         let path = value(for: argument)
         do {

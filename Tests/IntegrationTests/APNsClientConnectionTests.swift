@@ -91,6 +91,49 @@ import Glibc
         #expect(sendOne(client, token: token)?.outcome == .delivered, "a new connection took over")
     }
 
+    /// A connection that falls silent while it owes answers (a link black-holed: no reset, nothing arrives) is pinged
+    /// at once, replaced when the PING goes unanswered, and its unanswered requests are answered on a new connection.
+    @Test func aConnectionSilentWithRequestsInFlightIsReplacedAndTheyGoOutAgain() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.ignoresPings = true
+        behaviour.latency = 600
+        let simulatorBox = Locked<APNsSimulator?>(nil)
+        var configuration = APNsSimulator.Configuration(behaviour: behaviour)
+        let seen = Locked(0)
+        configuration.observer = { _ in
+            // The first five are held (the black hole); what comes after, on the new connection, is answered.
+            if seen.withLock({ $0 += 1; return $0 }) == 5, let simulator = simulatorBox.withLock({ $0 }) {
+                var answering = APNsSimulator.Behaviour()
+                answering.ignoresPings = true
+                simulator.setBehaviour(answering)
+            }
+        }
+        let simulator = try APNsSimulator(configuration: configuration, logger: logger)
+        simulatorBox.withLock { $0 = simulator }
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        let reasons = Locked<[String]>([])
+        var clientConfiguration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
+                                                          caFile: caFile, connectionsPerEnvironment: 1, pingTimeout: 0.5)
+        clientConfiguration.observer = { _, event in
+            if case .closed(_, let reason) = event { reasons.withLock { $0.append(reason) } }
+        }
+        let client = APNsClient(configuration: clientConfiguration,
+                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        defer { client.shutdown() }
+        let tokens = (1...5).map { String(format: "%064x", 0xB1AC_0000 + $0) }
+        let results = Locked<[String: APNsResult]>([:])
+        let done = DispatchSemaphore(value: 0)
+        client.send(tokens.map { APNsNotification(deviceToken: $0, topic: "com.example.app", payload: Array(#"{"aps":{}}"#.utf8)) }) { index, result in
+            if results.withLock({ $0[tokens[index]] = result; return $0.count }) == tokens.count { done.signal() }
+        }
+        #expect(done.wait(timeout: .now() + 30) == .success, "every request answered")
+        #expect(results.withLock { $0.values.allSatisfy { $0.outcome == .delivered } }, "\(results.withLock { $0 })")
+        #expect(reasons.withLock { $0.contains { $0.contains("PING unanswered") } }, "\(reasons.withLock { $0 })")
+        #expect(simulator.connectionsSeen() == 2, "the silent connection was replaced")
+        #expect(Set(simulator.received().filter { $0.status == 200 }.map(\.deviceToken)) == Set(tokens))
+    }
+
     @Test func expiredProviderTokenIsRefreshedOnceAndSentAgain() throws {
         let keyPEM = try ES256Key.generatePrivateKeyPEM()
         let simulator = try APNsSimulator(
