@@ -59,6 +59,8 @@ public struct RedisKeys: Sendable, Equatable {
     public func deliveries(_ key: String) -> String { "apns:deliveries:" + key }
     /// Set while a worker runs a suspect job alone.
     public func alone(_ key: String) -> String { "apns:alone:" + key }
+    /// Set while a worker runs a redelivered job: found on its next delivery, the worker that ran it died with it.
+    public func running(_ key: String) -> String { "apns:running:" + key }
     /// Counter: deliveries given back by orderly stops.
     public func givenBack(_ key: String) -> String { "apns:givenback:" + key }
     /// Set: the jobs settled in one ten-second span.

@@ -15,7 +15,9 @@ public struct SentRecord: IdempotencyRecord {
     /// Redeliveries of a message the broker does not count (classic queues), `apns:deliveries:<key>`: a day after
     /// the last one, a message that stopped coming back is forgotten.
     public static let deliveriesLifetime = 86_400
-    // Also `apns:alone:<key>`, set while a worker runs a suspect job alone and deleted when the job settles (found on
+    // Also `apns:running:<key>`, set while a worker runs a redelivered job and deleted when it settles or is handed
+    // back (found on a later delivery, the worker that ran it died with it: only then does the job become a suspect);
+    // `apns:alone:<key>`, set while a worker runs a suspect job alone and deleted when the job settles (found on
     // the job's next delivery, it says the worker died with the job alone); `apns:givenback:<key>`, deliveries of a
     // message a worker gave back in an orderly stop, kept as long as the delivery counts (they do not count towards
     // making the job a suspect); and `apns:settled:<unix seconds / 10>`, the jobs settled in one ten-second span, a
@@ -139,6 +141,25 @@ public struct SentRecord: IdempotencyRecord {
     // The marks below are written where their node answers and skipped where it does not: a mark missing costs a
     // suspect its lone run, or a job given back one delivery counted, never a job.
 
+    public func markRunning(_ keys: [String]) throws {
+        guard !keys.isEmpty else { return }
+        _ = try redis.pipelineWhereReachable(keys.map {
+            ["SET", redisKeys.running($0), "1", "EX", String(Self.deliveriesLifetime)]
+        })
+    }
+
+    public func clearRunning(_ keys: [String]) throws {
+        guard !keys.isEmpty else { return }
+        _ = try redis.pipelineWhereReachable(keys.map { ["DEL", redisKeys.running($0)] })
+    }
+
+    /// A mark whose node does not answer is not found: a job is taken for a suspect only on what is known.
+    public func ranAndDied(_ keys: [String]) throws -> Set<String> {
+        guard !keys.isEmpty else { return [] }
+        let replies = try redis.pipelineWhereReachable(keys.map { ["EXISTS", redisKeys.running($0)] })
+        return Set(zip(keys, replies).compactMap { key, reply in reply?.integer == 1 ? key : nil })
+    }
+
     public func startingAlone(_ key: String) throws {
         _ = try redis.commandWhereReachable(["SET", redisKeys.alone(key), "1", "EX", String(Self.deliveriesLifetime)])
     }
@@ -146,13 +167,15 @@ public struct SentRecord: IdempotencyRecord {
     public func settledAlone(_ key: String) throws { _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key)]) }
 
     public func forget(_ key: String) throws {
-        _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key)])
+        _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key),
+                                             redisKeys.running(key)])
     }
 
     public func gaveBack(_ keys: [String]) throws {
         guard !keys.isEmpty else { return }
         _ = try redis.pipelineWhereReachable(keys.flatMap { key in
-            [["INCR", redisKeys.givenBack(key)], ["EXPIRE", redisKeys.givenBack(key), String(Self.deliveriesLifetime)]]
+            [["INCR", redisKeys.givenBack(key)], ["EXPIRE", redisKeys.givenBack(key), String(Self.deliveriesLifetime)],
+             ["DEL", redisKeys.running(key)]]
         })
     }
 

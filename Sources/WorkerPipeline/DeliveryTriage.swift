@@ -3,9 +3,11 @@
 ///
 /// A job's deliveries are counted by the broker (quorum queues) or, where it does not count them, by the fleet in
 /// the store under the job's history key. From `suspectFrom` deliveries on, a job came back twice without being
-/// settled (one broker failover explains one redelivery, not two): it is a suspect and runs alone, so that if it
-/// stops this worker too, its next delivery knows it. A job delivered more than `maximumDeliveries` times whose last
-/// lone run never settled is poison: parked unread.
+/// settled (one broker failover explains one redelivery, not two); if moreover the worker that last ran it died with
+/// it (its running mark is still there: a redelivered job is marked while it runs), it is a suspect and runs alone,
+/// so that if it stops this worker too, its next delivery knows it. Deliveries lost with a connection, a node or a
+/// partition were never started, or were handed back: they leave no mark and make no suspect. A job delivered more
+/// than `maximumDeliveries` times whose last lone run never settled is poison: parked unread.
 public struct DeliveryTriage: Sendable, Equatable {
     /// Deliveries of one job at most.
     public var maximumDeliveries: Int
@@ -72,11 +74,6 @@ public struct DeliveryTriage: Sendable, Equatable {
         return discounted
     }
 
-    /// The history keys of the jobs delivered more often than allowed: whether each died alone decides if it is poison.
-    public func overLimit(_ batch: [JobDelivery], deliveries: [UInt64: Int]) -> [String] {
-        batch.filter { (deliveries[$0.tag] ?? 1) > maximumDeliveries }.map(Self.historyKey)
-    }
-
     /// A poison job, with how often it was delivered.
     public struct Poison: Sendable {
         public var delivery: JobDelivery
@@ -99,16 +96,23 @@ public struct DeliveryTriage: Sendable, Equatable {
         public var poison: [Poison] = []
     }
 
-    /// Sorts a batch by its jobs' deliveries so far (absent: a first delivery) and the history keys whose last lone
-    /// run ended without settling.
-    public func sort(_ batch: [JobDelivery], deliveries: [UInt64: Int], diedAlone: Set<String>) -> Sorted {
+    /// The history keys of the jobs delivered often enough to be suspects, if the worker that last ran them died.
+    public func suspectCandidates(_ batch: [JobDelivery], deliveries: [UInt64: Int]) -> [String] {
+        batch.filter { (deliveries[$0.tag] ?? 1) >= suspectFrom }.map(Self.historyKey)
+    }
+
+    /// Sorts a batch by its jobs' deliveries so far (absent: a first delivery), the history keys whose last lone run
+    /// ended without settling, and those whose last run ended without settling (`ranAndDied`).
+    public func sort(_ batch: [JobDelivery], deliveries: [UInt64: Int], diedAlone: Set<String>,
+                     ranAndDied: Set<String>) -> Sorted {
         guard !deliveries.isEmpty else { return Sorted(usual: batch) }
         var sorted = Sorted()
         for delivery in batch {
             let count = deliveries[delivery.tag] ?? 1
-            if count > maximumDeliveries, case let key = Self.historyKey(delivery), diedAlone.contains(key) {
+            let key = Self.historyKey(delivery)
+            if count > maximumDeliveries, diedAlone.contains(key) {
                 sorted.poison.append(Poison(delivery: delivery, deliveries: count, historyKey: key))
-            } else if count >= suspectFrom {
+            } else if count >= suspectFrom && (ranAndDied.contains(key) || diedAlone.contains(key)) {
                 sorted.suspects.append(delivery)
             } else {
                 sorted.usual.append(delivery)

@@ -229,6 +229,13 @@ public protocol IdempotencyRecord {
     /// fleet, where the broker does not count them; returns the deliveries counted so far per key, and the keys whose
     /// count cannot be read. Only a lost connection throws.
     func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String])
+    /// These redelivered jobs start now: each marked until it settles or is handed back (`clearRunning`), so that a
+    /// mark found on a later delivery says the worker that ran it died with it.
+    func markRunning(_ keys: [String]) throws
+    /// The jobs settled, or were handed back by a worker that did not die: their marks go.
+    func clearRunning(_ keys: [String]) throws
+    /// Which of these jobs carry a mark: started on an earlier delivery by a worker that then died.
+    func ranAndDied(_ keys: [String]) throws -> Set<String>
     /// Notes that a worker starts this job alone (no other job in progress until it settles), until `settledAlone`.
     func startingAlone(_ key: String) throws
     /// The job settled (or its worker stopped without dying): its mark goes.

@@ -47,6 +47,10 @@ extension SessionLoop {
                          ["jobs": String(rejected.count - settled.count), "retry_in_s": String(HeldPublishes.pause)])
         }
         try session.broker.acknowledge(settled)
+        let settledTags = Set(settled)
+        let marked = rejected.lazy.map(\.delivery).filter { $0.redelivered && settledTags.contains($0.tag) }
+            .map(DeliveryTriage.historyKey)
+        if !marked.isEmpty { try session.record.clearRunning(Array(marked)) }
     }
 
     /// Jobs that cannot be resolved now (a Redis node that holds their users, their Live Activity or their record does
@@ -126,6 +130,8 @@ extension SessionLoop {
         }
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
         forgetUnwrittenOutcomes(ofSettled: confirmed.lazy.map { finished[$0].job.id })
+        let settledAgain = confirmed.lazy.map { finished[$0].delivery }.filter(\.redelivered).map(DeliveryTriage.historyKey)
+        if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
         for index in confirmed where finished[index].hasStableID { settledUnshared.append(finished[index].job.id) }

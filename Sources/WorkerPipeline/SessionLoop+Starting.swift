@@ -21,6 +21,10 @@ extension SessionLoop {
         }
         note(taken: batch)
         let sorted = try sortByDeliveries(batch)
+        // Redelivered jobs are marked as soon as they are taken, before any of their work (decoding included): a
+        // worker that dies running one leaves the mark behind, which is what makes a job a suspect.
+        let redelivered = (sorted.usual + sorted.suspects).lazy.filter(\.redelivered).map(DeliveryTriage.historyKey)
+        if !redelivered.isEmpty { try session.record.markRunning(Array(redelivered)) }
         if !sorted.poison.isEmpty {
             try reject(sorted.poison.map { ($0.delivery, .park(reason: triage.reason($0), poison: true)) })
         }
@@ -57,9 +61,10 @@ extension SessionLoop {
             let redelivered = batch.filter { deliveries[$0.tag] != nil }.map(DeliveryTriage.historyKey)
             deliveries = triage.discounting(deliveries, of: batch, givenBack: try session.record.givenBack(redelivered))
         }
-        let overLimit = triage.overLimit(batch, deliveries: deliveries)
-        let diedAlone = overLimit.isEmpty ? [] : try session.record.diedAlone(overLimit)
-        let sorted = triage.sort(batch, deliveries: deliveries, diedAlone: diedAlone)
+        let candidates = triage.suspectCandidates(batch, deliveries: deliveries)
+        let diedAlone = candidates.isEmpty ? [] : try session.record.diedAlone(candidates)
+        let ranAndDied = candidates.isEmpty ? [] : try session.record.ranAndDied(candidates)
+        let sorted = triage.sort(batch, deliveries: deliveries, diedAlone: diedAlone, ranAndDied: ranAndDied)
         for poison in sorted.poison {
             statistics.poisonJobs.add(1, ordering: .relaxed)
             logger.error("poison job parked: delivered more often than allowed, and a worker died with it alone",

@@ -87,22 +87,39 @@ final class SessionLoop {
         do {
             try turns()
         } catch {
-            handBack()
+            let unsettled = (error as? SystemFailure)?.failedSystem == .store ? settleWithoutTheStore() : []
+            handBack(completed: unsettled)
             throw error
         }
+    }
+
+    /// The store was lost while the broker still answers: the jobs completed meanwhile that need nothing from the
+    /// store to settle (no dead token to remove, no mismatch to weigh) are settled now, so that the broker does not
+    /// hand them to another worker, which could not know they were sent. Returns the completed jobs left unsettled.
+    private func settleWithoutTheStore() -> [JobProgress] {
+        let completed = worker.answers.takeCompleted { core.isCurrent(generation: $0) }
+        let settleable = completed.filter { $0.assembly == nil && $0.dead.isEmpty && $0.invalidationCounts.mismatches == 0 }
+        guard !settleable.isEmpty else { return completed }
+        // Acknowledged or not, whatever step failed after (the fleet's record of settled jobs is the store's).
+        _ = try? finish(settleable)
+        let underWayNow = Set(underWay.deliveries.values.map(\.delivery.tag))
+        let unsettled = completed.filter { underWayNow.contains($0.delivery.tag) }
+        logger.info("settled the jobs answered before the store was lost",
+                    ["jobs": String(completed.count - unsettled.count)])
+        return unsettled
     }
 
     /// A session lost (the broker, or Redis) hands back every delivery it holds: the broker redelivers them, and
     /// their next delivery must not count towards making them suspects, as the worker did not die with them. What it
     /// answered goes to the idempotency record now, so that another worker that gets a redelivery skips it. Where
     /// the store is what was lost, both wait in the worker for the next session.
-    private func handBack() {
+    private func handBack(completed unsettled: [JobProgress]) {
         var seen = Set<UInt64>()
         let handedBack = (underWay.deliveries.values.map(\.delivery) + unstartedBulk + preparing + suspects.giveBack()
                     + copiesWaiting.map(\.delivery) + broadcastsWaiting.map(\.delivery) + held.deliveries)
             .filter { seen.insert($0.tag).inserted }
         worker.givenBackUnwritten.withLock { $0 += handedBack.map(DeliveryTriage.historyKey) }
-        let completed = worker.answers.takeCompleted()
+        let completed = unsettled + worker.answers.takeCompleted()
         try? record(worker.answers.takeOutcomes() + completed.compactMap(settledOutcomes))
         try? writeGivenBack()
     }

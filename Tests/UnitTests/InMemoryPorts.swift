@@ -37,6 +37,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var unwrittenRecords = 0
         var redeliveries: [String: Int] = [:]
         var alone: Set<String> = []
+        /// History keys of redelivered jobs a worker runs (`markRunning`), until they settle or are handed back.
+        var running: Set<String> = []
         var givenBack: [String: Int] = [:]
         var settledRecently: Set<String> = []
         /// Every history key a worker marked as running alone, in order.
@@ -260,9 +262,17 @@ final class InMemoryRecord: IdempotencyRecord {
         }
     }
     func settledAlone(_ key: String) throws { fleet.change { _ = $0.alone.remove(key) } }
+    func markRunning(_ keys: [String]) throws { fleet.change { $0.running.formUnion(keys) } }
+    func clearRunning(_ keys: [String]) throws { fleet.change { $0.running.subtract(keys) } }
+    func ranAndDied(_ keys: [String]) throws -> Set<String> { fleet.read { $0.running.intersection(keys) } }
     func forget(_ key: String) throws { fleet.change { _ = $0.redeliveries.removeValue(forKey: key) } }
     func diedAlone(_ keys: [String]) throws -> Set<String> { fleet.read { $0.alone.intersection(keys) } }
-    func gaveBack(_ keys: [String]) throws { fleet.change { state in for key in keys { state.givenBack[key, default: 0] += 1 } } }
+    func gaveBack(_ keys: [String]) throws {
+        fleet.change { state in
+            for key in keys { state.givenBack[key, default: 0] += 1 }
+            state.running.subtract(keys)
+        }
+    }
     func givenBack(_ keys: [String]) throws -> [String: Int] { fleet.read { $0.givenBack.filter { keys.contains($0.key) } } }
     func settledRecently(_ jobIDs: [String]) throws { fleet.change { $0.settledRecently.formUnion(jobIDs) } }
     func recentlySettled(_ jobIDs: [String]) throws -> Set<String> { fleet.read { $0.settledRecently.intersection(jobIDs) } }

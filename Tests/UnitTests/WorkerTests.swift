@@ -370,7 +370,11 @@ import WorkerPipeline
 
     @Test func aBulkSuspectRunsAloneWhileUrgentJobsKeepFlowing() throws {
         let fleet = InMemoryFleet()
-        fleet.change { $0.holdingAnswers = true }
+        fleet.change { state in
+            state.holdingAnswers = true
+            // Its third delivery, and the worker that last ran it died with it (its running mark is still there).
+            state.running.insert("id:campaign")
+        }
         let running = Spec.Running(fleet)
         let suspect = fleet.deliver(Spec.job("campaign", tokens: [Spec.token(1)]), lane: .bulk,
                                     properties: MessageProperties(messageID: "campaign", deliveryCount: 2), redelivered: true)
@@ -383,6 +387,22 @@ import WorkerPipeline
         #expect(fleet.wait { Set($0.acknowledged) == [suspect, bulk, urgent] })
         running.stop()
         #expect(fleet.read(\.alone).isEmpty, "its mark went once it settled")
+    }
+
+    /// A third delivery that no worker died running (its earlier deliveries were lost in transit with a connection,
+    /// or handed back) runs as usual; once started it carries a running mark until it settles.
+    @Test func deliveriesNoWorkerDiedRunningMakeNoSuspect() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.holdingAnswers = true }
+        let running = Spec.Running(fleet)
+        let tag = fleet.deliver(Spec.job("lost-twice", tokens: [Spec.token(1)]),
+                                properties: MessageProperties(messageID: "lost-twice", deliveryCount: 2), redelivered: true)
+        #expect(fleet.wait { $0.sent.count == 1 && $0.running == ["id:lost-twice"] }, "sent at once, marked while it runs")
+        fleet.releaseAnswers()
+        #expect(fleet.wait { $0.acknowledged.contains(tag) })
+        running.stop()
+        #expect(fleet.read(\.startedAlone).isEmpty, "not run alone")
+        #expect(fleet.read(\.running).isEmpty, "its mark went once it settled")
     }
 
     @Test func deliveriesGivenBackByAnOrderlyStopMakeNoSuspect() throws {
