@@ -44,7 +44,7 @@ extension WorkerConfiguration {
                                  record: stores.record,
                                  statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                                  invalidationWindow: stores.invalidationWindow,
-                                 store: RedisProbe(stores.connection),
+                                 store: stores.probe,
                                  logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
                                  groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare))
         }

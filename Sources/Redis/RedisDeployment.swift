@@ -140,6 +140,16 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
                          + problems.joined(separator: "; "))
     }
 
+    /// The master the first sentinel that answers names now; nil when none answers. What the worker checks its
+    /// connection against every second: a master cut off from the sentinels (a split brain) still answers its
+    /// clients after they promoted another.
+    public func namedMaster(timeout: Double) -> RedisAddress? {
+        for sentinel in sentinels {
+            if let named = try? askForMaster(sentinel, timeout: timeout) { return named }
+        }
+        return nil
+    }
+
     /// What one sentinel says the master's address is; nil when it knows no master of that name.
     private func askForMaster(_ sentinel: RedisAddress, timeout: Double) throws(RedisError) -> RedisAddress? {
         let connection: RedisConnection

@@ -2,19 +2,41 @@ import Redis
 import Telemetry
 import WorkerPipeline
 
-/// The readiness probe of the worker's Redis: a PING of every node in use, within the connections' timeout.
+/// The readiness probe of the worker's Redis: a PING of every node in use, within the connections' timeout. With
+/// Sentinel, also whether the sentinels still name the node this connection is on as the master: one cut off from
+/// them and the replica (a split brain) goes on answering its clients after the sentinels promoted the replica, and
+/// what it takes then is lost when it rejoins as a replica. A different answer ends the session (reconnecting asks
+/// the sentinels again); sentinels that do not answer say nothing.
 public final class RedisProbe: Probing {
     let redis: any RedisClient
+    let sentinels: RedisSentinels?
+    let master: RedisAddress?
 
-    public init(_ redis: any RedisClient) { self.redis = redis }
+    public init(_ redis: any RedisClient, deployment: RedisDeployment? = nil) {
+        self.redis = redis
+        if case .sentinel(let sentinels)? = deployment, let connection = redis as? RedisConnection {
+            self.sentinels = sentinels
+            master = RedisAddress(host: connection.url.host, port: connection.url.port)
+        } else {
+            sentinels = nil
+            master = nil
+        }
+    }
 
-    public func probe() throws { try redis.ping() }
+    public func probe() throws {
+        try redis.ping()
+        guard let sentinels, let master, let named = sentinels.namedMaster(timeout: 1), named != master else { return }
+        throw RedisError(kind: .connectionLost, "the sentinels name \(named) as the master of \(sentinels.masterName), "
+                         + "not \(master), which this connection is on")
+    }
 }
 
 /// Everything the worker keeps in Redis, over one connection owned by the broker thread: the token cache, the
 /// idempotency record, the shared statistics, the shared rate limit and the invalidation guard's window.
 public struct RedisStores {
     public let connection: any RedisClient
+    /// The connection's readiness probe (a PING; with Sentinel, also the sentinels' view of the master).
+    public let probe: RedisProbe
     public let tokens: TokenCache
     public let record: SentRecord
     public let statistics: SharedStatistics
@@ -26,6 +48,7 @@ public struct RedisStores {
     public init(_ deployment: RedisDeployment, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
         let connection = try Self.connect(deployment, logger: logger)
         self.connection = connection
+        probe = RedisProbe(connection, deployment: deployment)
         tokens = TokenCache(redis: connection, logger: logger)
         record = SentRecord(redis: connection)
         statistics = SharedStatistics(redis: connection)

@@ -54,6 +54,8 @@ final class SessionLoop {
     var settledUnshared: [String] = []
     var settledSharedAt = DispatchTime.now().uptimeNanoseconds
     static let settledShareInterval = 0.1
+    /// How long a lost session waits for the answers to its notifications in flight before it records what it has.
+    static let answersInFlightAtLoss = 2.0
 
     var statistics: WorkerStatistics { worker.statistics }
     var logger: Logger { worker.logger }
@@ -119,6 +121,8 @@ final class SessionLoop {
                     + copiesWaiting.map(\.delivery) + broadcastsWaiting.map(\.delivery) + held.deliveries)
             .filter { seen.insert($0.tag).inserted }
         worker.givenBackUnwritten.withLock { $0 += handedBack.map(DeliveryTriage.historyKey) }
+        // APNs answers in milliseconds: what is in flight now is answered before the broker hands the jobs on.
+        worker.awaitAnswersInFlight(for: Self.answersInFlightAtLoss)
         let completed = unsettled + worker.answers.takeCompleted()
         try? record(worker.answers.takeOutcomes() + completed.compactMap(settledOutcomes))
         try? writeGivenBack()

@@ -119,7 +119,7 @@ public final class Worker: Service {
                 generation += 1
                 // Queue depths are this session's view: none is reported once it ends, however it ends.
                 defer { statistics.laneQueues = nil }
-                if generation > 1 { awaitAnswersInFlight() }
+                if generation > 1 { awaitAnswersInFlight(for: Self.answersInFlightWait) }
                 do {
                     let session = try connect()
                     statistics.answered(.broker)
@@ -150,11 +150,12 @@ public final class Worker: Service {
     /// Longest a new session waits for the answers to the notifications the last one left in flight.
     static let answersInFlightWait = 5.0
 
-    /// Before a session after a lost one consumes: the notifications the last one left in flight are answered first
-    /// (or the wait runs out), so that their answers are in the idempotency record before a redelivery of their job
-    /// can be looked up. Answers wake the broker thread, so this waits on them, not on a clock.
-    private func awaitAnswersInFlight() {
-        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(Self.answersInFlightWait * 1e9)
+    /// Before a lost session records its answers, and before the next one consumes: the notifications left in flight
+    /// are answered first (or the wait runs out), so that their answers are in the idempotency record before a
+    /// redelivery of their job can be looked up. Answers wake the broker thread, so this waits on them, not on a
+    /// clock.
+    func awaitAnswersInFlight(for seconds: Double) {
+        let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(seconds * 1e9)
         while statistics.notificationsInFlight > 0 && !isStopRequested {
             let now = DispatchTime.now().uptimeNanoseconds
             guard now < deadline else {

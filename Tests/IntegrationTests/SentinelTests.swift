@@ -110,6 +110,25 @@ enum Sentinel {
     /// process that knows only the sentinels; the master is killed (SIGKILL, no polite failover) once a fifth is
     /// delivered. The sentinels promote the replica, the worker finds it without a restart, and every notification
     /// is delivered; duplicates are bounded by the jobs in flight. The killed node comes back as a replica.
+    /// A split brain: the node a connection is on answers, but the sentinels name another as the master (they
+    /// promoted a replica while it was cut off from them). The readiness probe, every second, finds it out: the
+    /// session ends and reconnecting asks the sentinels again. On the node they name, the probe passes.
+    @Test func aConnectionOnANodeTheSentinelsNoLongerNameIsFoundOutByTheProbe() throws {
+        let deployment = try Sentinel.deployment()
+        let master = try Sentinel.masterPort()
+        let onMaster = try RedisConnection(url: RedisURL(host: "127.0.0.1", port: master))
+        try RedisProbe(onMaster, deployment: deployment).probe()
+        let replica = try #require(try Sentinel.replicaPorts().first)
+        let elsewhere = try RedisConnection(url: RedisURL(host: "127.0.0.1", port: replica))
+        do {
+            try RedisProbe(elsewhere, deployment: deployment).probe()
+            Issue.record("a connection on a node the sentinels do not name passed the probe")
+        } catch let error as RedisError {
+            #expect(error.kind == .connectionLost)
+            #expect(error.message.contains("the sentinels name 127.0.0.1:\(master) as the master"), "\(error.message)")
+        }
+    }
+
     @Test func theMasterKilledMidRunLosesNothing() throws {
         let users = (0..<Self.jobCount).map { "sentinel-\($0)" }
         let tokens = (0..<Self.jobCount).map { String(format: "%064x", 0x5E_0000 + $0) }
