@@ -221,14 +221,25 @@ public final class RedisConnection: RedisClient {
             let raw = try nextReply()
             let reply = Self.convert(raw.assumingMemoryBound(to: redisReply.self))
             freeReplyObject(raw)
-            // The node became a replica (a Sentinel failover, or an operator's REPLICAOF): nothing more can be written
-            // here, so the connection is as good as lost, and the next one asks where the master is now.
-            if case .error(let message) = reply, message.hasPrefix("READONLY") {
-                throw RedisError(kind: .connectionLost, "Redis \(url) is a replica now: \(message)")
+            // The node cannot serve now: it became a replica (a Sentinel failover, or an operator's REPLICAOF; the next
+            // connection asks where the master is now), it is loading its data after a restart, or it sees too little
+            // of its cluster to serve its slots. The connection is as good as lost: nothing it says now is an answer
+            // about the keys, and taken for one (a user's entry unreadable) it would cost that user's notifications.
+            if case .error(let message) = reply, let state = Self.notServing(message) {
+                throw RedisError(kind: .connectionLost, "Redis \(url) \(state): \(message)")
             }
             replies.append(reply)
         }
         return replies
+    }
+
+    /// What an error reply says of a node that cannot serve now, or nil for an answer about the command or its keys.
+    static func notServing(_ message: String) -> String? {
+        if message.hasPrefix("READONLY") { return "is a replica now" }
+        if message.hasPrefix("LOADING") { return "is loading its data" }
+        if message.hasPrefix("MASTERDOWN") { return "has lost its master" }
+        if message.hasPrefix("CLUSTERDOWN") { return "does not serve its cluster's slots now" }
+        return nil
     }
 
     /// The node's role (`ROLE`): "master", "slave" or "sentinel".

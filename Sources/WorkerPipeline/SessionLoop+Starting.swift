@@ -293,19 +293,24 @@ extension SessionLoop {
     }
 
     /// Republished copies of jobs the fleet settled in the last half minute are acknowledged without sending anything
-    /// (their summary included); copies of jobs under way elsewhere skip what the idempotency record says was sent.
+    /// (their summary included); copies of jobs under way elsewhere skip what the idempotency record says was sent. So
+    /// are redeliveries of such jobs: a worker's acknowledgement lost with its connection (cut off, its node silent)
+    /// leaves the job to be delivered again although it was settled and said so to the fleet.
     func skippingSettledCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws
         -> [(delivery: JobDelivery, job: PushJob)] {
-        guard jobs.contains(where: { Self.isCopy($0.delivery) }) else { return jobs }
-        let copies = jobs.filter { Self.isCopy($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
-        guard !copies.isEmpty else { return jobs }
-        let ids = copies.map(\.job.id)
+        func mayBeSettled(_ delivery: JobDelivery) -> Bool { delivery.redelivered || Self.isCopy(delivery) }
+        guard jobs.contains(where: { mayBeSettled($0.delivery) }) else { return jobs }
+        let candidates = jobs.filter { mayBeSettled($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
+        guard !candidates.isEmpty else { return jobs }
+        let ids = candidates.map(\.job.id)
         let settled = Set(ids).intersection(settledUnshared).union(try session.record.recentlySettled(ids))
         guard !settled.isEmpty else { return jobs }
-        let skipped = jobs.filter { Self.isCopy($0.delivery) && settled.contains($0.job.id) }
+        let skipped = jobs.filter { mayBeSettled($0.delivery) && settled.contains($0.job.id) }
         statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)
-        logger.info("republished copies of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
+        logger.info("copies and redeliveries of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
         try session.broker.acknowledge(skipped.map(\.delivery.tag))
-        return jobs.filter { !(Self.isCopy($0.delivery) && settled.contains($0.job.id)) }
+        let marked = skipped.lazy.map(\.delivery).filter(\.redelivered).map(DeliveryTriage.historyKey)
+        if !marked.isEmpty { try session.record.clearRunning(Array(marked)) }
+        return jobs.filter { !(mayBeSettled($0.delivery) && settled.contains($0.job.id)) }
     }
 }

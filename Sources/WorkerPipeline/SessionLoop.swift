@@ -126,6 +126,9 @@ final class SessionLoop {
         let completed = unsettled + worker.answers.takeCompleted()
         try? record(worker.answers.takeOutcomes() + completed.compactMap(settledOutcomes))
         try? writeGivenBack()
+        // Acknowledgements sent just before may have been lost with the connection: the fleet learns that those jobs
+        // settled, so that their redeliveries send nothing.
+        try? shareSettled(force: true)
     }
 
     /// Notes the deliveries this worker handed back without dying (`IdempotencyRecord.gaveBack`).

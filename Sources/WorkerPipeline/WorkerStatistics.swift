@@ -222,7 +222,8 @@ public final class WorkerStatistics: Sendable {
         metrics.counter("apns_worker_duplicates_avoided_total",
                         "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
         metrics.counter("apns_worker_republished_copies_skipped_total",
-                        "Copies of settled jobs their publisher made after a broker failover, acknowledged without sending.",
+                        "Copies of settled jobs (made by their publisher after a broker failover) and redeliveries of "
+                            + "settled jobs (an acknowledgement lost with its connection), acknowledged without sending.",
                         load(republishedCopiesSkipped))
         metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
         metrics.counter("apns_worker_apns_connections_opened_total",

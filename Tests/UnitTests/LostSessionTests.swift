@@ -59,4 +59,17 @@ import WorkerPipeline
         fleet.change { $0.brokerDown = false }
         running.stop()
     }
+
+    /// A job a worker settled whose acknowledgement was lost with its connection comes back redelivered: the fleet's
+    /// record of settled jobs says so, and it is acknowledged without sending anything.
+    @Test func aRedeliveryOfAJobTheFleetSettledSendsNothing() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.settledRecently = ["acked-then-lost"] }
+        let running = W.Running(fleet)
+        let again = fleet.deliver(W.job("acked-then-lost", tokens: [W.token(1)]), redelivered: true)
+        let other = fleet.deliver(W.job("redelivered-unsettled", tokens: [W.token(2)]), redelivered: true)
+        #expect(fleet.wait { Set([again, other]).isSubset(of: $0.acknowledged) })
+        running.stop()
+        #expect(fleet.read(\.sent).map(\.token) == [W.token(2)], "only the job no worker settled was sent")
+    }
 }

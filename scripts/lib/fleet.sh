@@ -205,5 +205,14 @@ fleet_worker() {
     echo $!
 }
 
+# fleet_cleanup HOST LOG VAR=VALUE...: apns-worker cleanup on HOST; prints its pid.
+fleet_cleanup() {
+    local host=$1 logfile=$2
+    shift 2
+    ip netns exec "$NETNS_PREFIX-$host" env AMQP_URL="$(fleet_amqp_url)" PUSH_QUEUE_TYPE=quorum APNS_TOPIC=com.example.app \
+        METRICS_PORT=0 LOG_LEVEL=info LOG_FORMAT=text "$@" "$BUILD_DIR/apns-worker" cleanup >"$logfile" 2>&1 &
+    echo $!
+}
+
 # A worker's /metrics, asked from the control host.
 fleet_metrics() { netns_run ctl curl -s --max-time 2 "http://$(netns_ip "$1"):9090/metrics"; }
