@@ -73,8 +73,20 @@ extension SessionLoop {
 
     /// Settles finished jobs as their plans say: publishes, waits for the broker's confirms, takes dead tokens out of
     /// the cache, then acknowledges. A job whose publications the broker did not all take stays unacknowledged and
-    /// is held for another try. Returns how many jobs it settled.
+    /// is held for another try. Returns how many jobs it settled. A connection lost on the way (the broker's or the
+    /// store's) leaves them to be redelivered: their answers go to the idempotency record first, so that whoever gets
+    /// them sends nothing twice.
     func finish(_ finished: [JobProgress]) throws -> Int {
+        var acknowledged = false
+        do {
+            return try settle(finished, acknowledged: &acknowledged)
+        } catch {
+            if !acknowledged { try? record(finished.compactMap(settledOutcomes)) }
+            throw error
+        }
+    }
+
+    private func settle(_ finished: [JobProgress], acknowledged: inout Bool) throws -> Int {
         let now = Date().timeIntervalSince1970
         try weighMismatches(finished.filter { !$0.guardApplied })
         // By position in `finished`. A job that publishes and removes nothing (most jobs) has no plan: carried through
@@ -129,6 +141,7 @@ extension SessionLoop {
             underWay.settled(progress.delivery.tag)
         }
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
+        acknowledged = true
         forgetUnwrittenOutcomes(ofSettled: confirmed.lazy.map { finished[$0].job.id })
         let settledAgain = confirmed.lazy.map { finished[$0].delivery }.filter(\.redelivered).map(DeliveryTriage.historyKey)
         if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }

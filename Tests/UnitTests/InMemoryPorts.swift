@@ -21,6 +21,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var brokerDown = false
         /// Reads that failed because the broker was down (sessions lost).
         var sessionsLost = 0
+        /// While true, a publish loses the broker connection.
+        var publishesLoseTheConnection = false
         // Store
         var cache: [String: [CachedToken]] = [:]
         var removals: [TokenRemoval] = []
@@ -152,8 +154,10 @@ final class InMemoryBroker: JobBroker {
     var readableDescriptor: Int32 { fleet.brokerReadable.fileDescriptor }
 
     func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
-        fleet.change { state in
-            publications.map { publication in
+        try fleet.change { state in
+            // The connection drops while the worker waits for the confirms.
+            if state.publishesLoseTheConnection { throw InMemoryFleet.BrokerDown() }
+            return publications.map { publication in
                 guard !state.missingQueues.contains(publication.destination) else { return .noQueue }
                 state.published.append(publication)
                 return .taken

@@ -72,4 +72,23 @@ import WorkerPipeline
         running.stop()
         #expect(fleet.read(\.sent).map(\.token) == [W.token(2)], "only the job no worker settled was sent")
     }
+
+    /// The connection drops while a finished job's dead-token event waits for its confirm: the job goes back to the
+    /// broker unacknowledged, and its answers go to the idempotency record first (a redelivery then sends nothing
+    /// again and still publishes the event).
+    @Test func answersOfJobsWhoseSettlingLostTheConnectionAreRecorded() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.publishesLoseTheConnection = true }
+        let dead = W.token(1), live = W.token(2)
+        let running = W.Running(fleet) { notification in
+            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
+                : APNsResponse(status: 200)
+        }
+        fleet.deliver(W.job("settling", tokens: [dead, live]))
+        #expect(fleet.wait { $0.settled["settling"]?.tokens == [dead, live] }, "both answers recorded")
+        fleet.change { $0.publishesLoseTheConnection = false }
+        running.stop()
+        #expect(fleet.read(\.acknowledged).isEmpty, "not acknowledged: the broker redelivers it")
+        #expect(fleet.read(\.settled)["settling"]?.dead.map(\.target.token) == [dead], "with what the event needs")
+    }
 }
