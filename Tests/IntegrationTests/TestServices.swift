@@ -182,6 +182,26 @@ enum TestServices {
         return try condition()
     }
 
+    /// Polls `condition` (every 10 ms) until it holds, for as long as `progress` keeps changing: returns false once
+    /// `stall` seconds pass with neither. For long work that shows how far it is (notifications received), whose
+    /// length depends on the machine: a sanitizer build or a busy machine is several times slower, and a fixed
+    /// deadline would fail it while it was still moving; a stalled run still fails within `stall` seconds.
+    static func waitWhileProgressing<Progress: Equatable>(stall: Double = 30, progress: () throws -> Progress,
+                                                          until condition: () throws -> Bool) rethrows -> Bool {
+        var last = try progress()
+        var deadline = Date().addingTimeInterval(stall)
+        while Date() < deadline {
+            if try condition() { return true }
+            usleep(10_000)
+            let now = try progress()
+            if now != last {
+                last = now
+                deadline = Date().addingTimeInterval(stall)
+            }
+        }
+        return try condition()
+    }
+
     /// Owner-only (0600), as key files should be: the worker warns about keys others can read.
     static func temporaryFile(_ name: String, contents: String) throws -> String {
         let path = NSTemporaryDirectory() + unique(name)
