@@ -1,5 +1,6 @@
 import Foundation
 import Redis
+import Telemetry
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -73,16 +74,8 @@ final class PrivateRedisCluster {
     }
 
     private static func isFree(_ port: Int) -> Bool {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
-            }
-        }
+        guard let (descriptor, _) = try? ListeningSocket.open(host: "127.0.0.1", port: port, backlog: 1) else { return false }
+        close(descriptor)
+        return true
     }
 }
