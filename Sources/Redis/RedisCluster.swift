@@ -172,25 +172,11 @@ public final class RedisCluster: RedisClient {
                 guard let address = address(for: commands[routed.index], routed) else { continue }
                 byNode[address, default: []].append(routed)
             }
-            // Every node's part is written before any reply is read.
-            var order: [(RedisAddress, RedisConnection, [Routed])] = []
-            for (address, routed) in byNode {
-                guard let node = try usableConnection(to: address) else { continue }
-                do {
-                    try node.send(routed.flatMap { item in
-                        item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
-                    })
-                } catch {
-                    if error.kind != .connectionLost { throw error }
-                    silenced(address, error)
-                    continue
-                }
-                order.append((address, node, routed))
-            }
+            let written = try write(byNode, commands)
             var redirected: [Routed] = []
             var moved: [(slot: Int, owner: RedisAddress)] = []
             var mustWait = false
-            for (address, node, routed) in order {
+            for (address, node, routed) in written {
                 let received: [RedisReply]
                 do { received = try node.receive(routed.reduce(0) { $0 + ($1.asking == nil ? 1 : 2) }) } catch {
                     if error.kind != .connectionLost { throw error }
@@ -232,6 +218,27 @@ public final class RedisCluster: RedisClient {
         }
         throw RedisError(kind: .connectionLost, "\(nodes): still redirected after \(Self.redirectionLimit) tries "
                          + "(the cluster's slots keep moving)")
+    }
+
+    /// Writes every node's part before any reply is read; a node whose connection cannot be had or breaks is silenced
+    /// and left out (its commands unanswered). Returns the nodes written to, with their commands.
+    private func write(_ byNode: [RedisAddress: [Routed]], _ commands: [[String]]) throws(RedisError)
+        -> [(RedisAddress, RedisConnection, [Routed])] {
+        var written: [(RedisAddress, RedisConnection, [Routed])] = []
+        for (address, routed) in byNode {
+            guard let node = try usableConnection(to: address) else { continue }
+            do {
+                try node.send(routed.flatMap { item in
+                    item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
+                })
+            } catch {
+                if error.kind != .connectionLost { throw error }
+                silenced(address, error)
+                continue
+            }
+            written.append((address, node, routed))
+        }
+        return written
     }
 
     /// Where a command goes; nil when no master serves its slot (CLUSTERDOWN), which leaves it unanswered.
