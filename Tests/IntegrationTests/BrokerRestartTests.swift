@@ -2,6 +2,8 @@ import AMQP
 import APNs
 import APNsSimulator
 import Foundation
+import Redis
+import RedisStore
 import Synchronization
 import Telemetry
 import Testing
@@ -10,6 +12,52 @@ import WorkerPipeline
 /// Restarts the shared broker and raises its memory alarm, so scripts/test runs this suite alone, after the others
 /// (see scripts/test), one test at a time.
 @Suite(.serialized) struct BrokerRestartTests {
+    /// The broker closes the worker's channel when a delivery stays unacknowledged past its consumer timeout (3 s
+    /// here, under a job that takes longer): the session is lost, and every delivery it held comes back, the urgent
+    /// jobs prefetched behind the long one included. Handed back by a worker that did not die, none of them becomes a
+    /// suspect (in the run that found it, they then ran one at a time): they go out as usual, and the long job itself
+    /// gets through a piece per session, as its redeliveries skip what was sent.
+    @Test func aChannelClosedForTheConsumerTimeoutMakesNoSuspect() throws {
+        let rabbitmqctl = try TestServices.value("RABBITMQCTL")
+        func set(_ key: String, _ value: Int) throws {
+            _ = try TestServices.run(rabbitmqctl, ["eval", "application:set_env(rabbit, \(key), \(value))."])
+        }
+        // Read by each channel when it opens; restored to the defaults (unsetting the tick would crash channels).
+        try set("consumer_timeout", 3_000)
+        try set("channel_tick_interval", 500)
+        defer {
+            try? set("consumer_timeout", 1_800_000)
+            try? set("channel_tick_interval", 60_000)
+        }
+        let logger = Logger(label: "consumer-timeout", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        let long = (0..<400).map { String(format: "%064x", 0xC7_0000 + $0) }
+        let urgent = (0..<50).map { String(format: "%064x", 0xC8_0000 + $0) }
+        let longID = "\(jobs)-long"
+        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(longID)", "tokens": [\#(long.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(messageID: longID))
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_RATE_LIMIT": "50",
+        ]), logger: logger)
+        defer { worker.stop() }
+        try #require(TestServices.waitUntil(timeout: 30) { simulator.received().count >= 20 }, "the long job is under way")
+        for (index, token) in urgent.enumerated() {
+            try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)-urgent-\#(index)", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+        }
+        let accepted = { Set(simulator.received().lazy.filter { $0.status == 200 }.map(\.deviceToken)) }
+        #expect(TestServices.waitUntil(timeout: 60) { accepted().isSuperset(of: urgent) }, "every urgent job delivered")
+        #expect(TestServices.waitUntil(timeout: 60) { accepted().isSuperset(of: long) }, "and the long job, in pieces")
+        // The fleet counts a classic queue's redeliveries: the broker did close the channel, more than once.
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let redelivered = try redis.command(["GET", RedisKeys.node.deliveries("id:" + longID)]).integer ?? 0
+        #expect(redelivered >= 2, "the long job came back \(redelivered) times")
+        #expect(worker.worker.statistics.suspectJobs.load(ordering: .relaxed) == 0, "no job ran alone as a suspect")
+        TestServices.reportFault("channels closed for the consumer timeout (3 s) under a long job and 50 urgent jobs",
+                                 notifications: long.count + urgent.count, received: simulator.received())
+    }
+
     /// A memory alarm blocks the worker's publishes (dead-token events, summaries) mid-job: the worker waits for the
     /// alarm to clear, neither losing the job nor reconnecting, and /metrics counts the block.
     @Test func aMemoryAlarmHoldsPublishesUntilItClears() throws {

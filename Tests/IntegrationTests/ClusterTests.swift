@@ -81,19 +81,20 @@ enum Cluster {
         }
     }
 
-    /// The node's Erlang VM (beam), found by the node name in its environment: SIGSTOP freezes the node whole, its
-    /// sockets open and nothing answered.
+    /// The node's Erlang VM, as the node itself names it (`os:getpid()`): SIGSTOP freezes the node whole, its sockets
+    /// open and nothing answered. Asked of the node rather than looked up among processes, where a rabbitmqctl run
+    /// for the node carries the same name in its environment.
     static func pid(_ node: Int) throws -> pid_t {
-        let name = try names()[node - 1]
-        for entry in try FileManager.default.contentsOfDirectory(atPath: "/proc") {
-            guard let pid = pid_t(entry),
-                  let environment = FileManager.default.contents(atPath: "/proc/\(entry)/environ"),
-                  let command = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline"),
-                  String(decoding: command, as: UTF8.self).contains("beam"),
-                  String(decoding: environment, as: UTF8.self).contains("RABBITMQ_NODENAME=\(name)\0") else { continue }
-            return pid
-        }
-        throw TestServices.CommandFailed(description: "no running node \(name)")
+        let answer = try ctl(node, ["eval", "os:getpid()."])
+        let digits = answer.filter(\.isNumber)
+        return try #require(pid_t(digits), "os:getpid() on node \(node): \(answer)")
+    }
+
+    /// Whether a process is stopped (SIGSTOP): its state in /proc/PID/stat is T.
+    static func isStopped(_ pid: pid_t) -> Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let end = stat.lastIndex(of: ")") else { return false }
+        return stat[stat.index(after: end)...].trimmingCharacters(in: .whitespaces).hasPrefix("T")
     }
 
     /// Starts a stopped node and waits until it runs again.
@@ -300,6 +301,8 @@ enum Cluster {
         let frozen = try Cluster.pid(workerNode)
         kill(frozen, SIGSTOP)
         let frozenAt = Date()
+        #expect(TestServices.waitUntil(timeout: 5) { Cluster.isStopped(frozen) },
+                "node \(workerNode) (pid \(frozen)) frozen")
         defer {
             kill(frozen, SIGCONT)
             #expect(Cluster.awaitHealthy(askingNode: workerNode), "the thawed node rejoined the cluster")
