@@ -254,6 +254,7 @@ public final class RedisCluster: RedisClient {
         if let index = masters.firstIndex(of: owner) {
             slotOwners[slot] = Int16(index)
         } else {
+            guard masters.count < Self.slotCount else { return }
             masters.append(owner)
             slotOwners[slot] = Int16(masters.count - 1)
         }
@@ -346,11 +347,22 @@ public final class RedisCluster: RedisClient {
         throw RedisError(kind: .connectionLost, "no Redis Cluster node answered: " + problems.joined(separator: "; "))
     }
 
-    /// `CLUSTER SLOTS`: per range, [start, end, [host, port, id, ...], replicas...]. A master that does not know its
-    /// own address is listed with an empty host: the one asked.
     private func apply(slotMap reply: RedisReply, askedAt asked: RedisAddress) {
+        let map = Self.slotMap(reply, askedAt: asked)
+        // Connections to nodes that no longer serve slots are closed.
+        for (address, _) in connections where !map.masters.contains(address) { connections[address] = nil }
+        masters = map.masters
+        slotOwners = map.owners
+    }
+
+    /// `CLUSTER SLOTS`: per range, [start, end, [host, port, id, ...], replicas...]. A master that does not know its
+    /// own address is listed with an empty host: the one asked. Ranges out of bounds, or naming a master past the
+    /// 16,384 a cluster can have (one slot each), are left out: a broken or hostile reply maps fewer slots, never more
+    /// masters than an owner index holds.
+    static func slotMap(_ reply: RedisReply, askedAt asked: RedisAddress) -> (owners: [Int16], masters: [RedisAddress]) {
         var owners = [Int16](repeating: -1, count: Self.slotCount)
         var addresses: [RedisAddress] = []
+        var indexes: [RedisAddress: Int] = [:]
         for range in reply.elements {
             let fields = range.elements
             guard fields.count >= 3, let start = fields[0].integer, let end = fields[1].integer,
@@ -359,16 +371,15 @@ public final class RedisCluster: RedisClient {
             let host = fields[2].elements.first?.text ?? ""
             let master = RedisAddress(host: host.isEmpty || host == "?" ? asked.host : host, port: Int(port))
             let index: Int
-            if let known = addresses.firstIndex(of: master) { index = known } else {
+            if let known = indexes[master] { index = known } else {
+                guard addresses.count < Self.slotCount else { continue }
                 addresses.append(master)
                 index = addresses.count - 1
+                indexes[master] = index
             }
             for slot in Int(start)...Int(end) { owners[slot] = Int16(index) }
         }
-        // Connections to nodes that no longer serve slots are closed.
-        for (address, _) in connections where !addresses.contains(address) { connections[address] = nil }
-        masters = addresses
-        slotOwners = owners
+        return (owners, addresses)
     }
 
     // MARK: - Keys and slots

@@ -53,4 +53,20 @@ import Testing
         #expect(Redirection(.error("WRONGTYPE Operation against a key holding the wrong kind of value"), from: node) == nil)
         #expect(Redirection(.string(Array("MOVED 1 a:1".utf8)), from: node) == nil, "only an error reply redirects")
     }
+
+    /// A CLUSTER SLOTS reply naming more masters than a cluster can have (40,000 one-slot ranges on as many ports,
+    /// from a broken or hostile node): the map keeps the first 16,384 and stops there, instead of overflowing the
+    /// owner index it keeps per slot.
+    @Test func aSlotMapNamingMoreMastersThanSlotsKeepsOnePerSlot() {
+        let asked = RedisAddress(host: "10.0.0.1", port: 7000)
+        let host = RedisReply.string(Array("10.0.0.2".utf8))
+        let ranges = (0..<40_000).map { (index: Int) -> RedisReply in
+            let slot = RedisReply.integer(Int64(index % 16_384))
+            return .array([slot, slot, .array([host, .integer(Int64(10_000 + index))])])
+        }
+        let map = RedisCluster.slotMap(.array(ranges), askedAt: asked)
+        #expect(map.masters.count == 16_384)
+        #expect(map.owners.allSatisfy { $0 >= 0 && Int($0) < map.masters.count })
+        #expect(map.masters[Int(map.owners[5])] == RedisAddress(host: "10.0.0.2", port: 10_005))
+    }
 }
