@@ -355,7 +355,12 @@ enum RedisClusterSetup {
             return
         }
         #expect(urgent + bulk <= 10, "a tenth of the limit per slot: \(urgent)")
-        #expect(try SharedInvalidationWindow(redis: cluster).add(InvalidationCounts(mismatches: 1, judged: 2)) != nil)
+        let window = try SharedInvalidationWindow(redis: cluster).add(InvalidationCounts(mismatches: 1, judged: 2))
+        guard case .answered(let fleetWide) = window else {
+            Issue.record("the guard's window was not answered on the cluster: \(window)")
+            return
+        }
+        #expect(fleetWide.mismatches >= 1 && fleetWide.judged >= 2, "the window holds what was added: \(fleetWide)")
 
         let record = SentRecord(redis: cluster)
         let messages = (0..<30).map { TestServices.unique("poison-\($0)") }

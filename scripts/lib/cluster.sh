@@ -70,6 +70,7 @@ cluster_wait() {
             if [ $SECONDS -ge $deadline ]; then
                 log "cluster node $node did not start:"
                 cat "$SERVICES_DIR/cluster/node$node/start.log" "$SERVICES_DIR/cluster/node$node/await.log" >&2
+                tail -n 40 "$SERVICES_DIR/cluster/node$node/log/"*.log >&2 2>/dev/null
                 return 1
             fi
             sleep 0.5

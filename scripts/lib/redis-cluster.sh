@@ -9,18 +9,7 @@
 
 # A free port whose cluster bus port (port + 10000) is free too.
 redis_cluster_port() {
-    python3 - <<'PY'
-import socket
-while True:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-    if port + 10000 < 65536:
-        try:
-            b = socket.socket(); b.bind(("127.0.0.1", port + 10000)); b.close()
-            s.close(); print(port); break
-        except OSError:
-            pass
-    s.close()
-PY
+    free_port 10000
 }
 
 redis_cluster_start() {

@@ -22,8 +22,44 @@ services_install() {
     fi
 }
 
+# A loopback port nothing listens on, below the kernel's ephemeral range: a port the kernel hands out for bind(0) or
+# an outgoing connection can be taken by any client (rabbitmqctl, epmd, a test) in the tens of seconds before a
+# booting node binds it. Ports handed out under SERVICES_DIR are remembered, so that one run never gets one twice.
+# `free_port OFFSET`: a port P such that P + OFFSET is free too (a Redis Cluster node's bus port).
 free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+    python3 - "${SERVICES_DIR:+$SERVICES_DIR/ports-handed-out}" "${1:-0}" <<'PY'
+import os, random, socket, sys
+record, offset = sys.argv[1], int(sys.argv[2])
+with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+    ephemeral_low = int(ranges.read().split()[0])
+taken = set()
+if record and os.path.exists(record):
+    with open(record) as handed_out:
+        taken = set(handed_out.read().split())
+
+def free(port):
+    if str(port) in taken:
+        return False
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+for _ in range(1000):
+    port = random.randrange(10000, ephemeral_low - offset)
+    wanted = {port, port + offset}
+    if all(free(each) for each in wanted):
+        if record:
+            with open(record, "a") as handed_out:
+                handed_out.writelines(f"{each}\n" for each in wanted)
+        print(port)
+        sys.exit(0)
+sys.exit("no free loopback port below the ephemeral range")
+PY
 }
 
 # The environment rabbitmq-server and rabbitmqctl need for an isolated node: HOME (its Erlang cookie), node name,
