@@ -60,8 +60,8 @@ let package = Package(
                                                               "Redis", "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "TLS", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
-        // libFuzzer target over the decoders (scripts/fuzz builds it with -sanitize=fuzzer).
-        .executableTarget(name: "fuzz-job-decoder", dependencies: ["APNs", "WorkerPipeline"]),
+        // libFuzzer targets over the parsers of bytes from outside (scripts/fuzz builds it with -sanitize=fuzzer).
+        .executableTarget(name: "fuzz-parsers", dependencies: ["APNs", "Configuration", "HTTP2", "Redis", "WorkerPipeline"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
                                                  "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "Telemetry", "COpenSSL"]),

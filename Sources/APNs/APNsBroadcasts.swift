@@ -92,30 +92,19 @@ public final class APNsChannelClient: Sendable {
     public func create(bundle: String, storage: APNsChannelStorage) throws(APNsChannelError) -> String {
         let body = "{\"message-storage-policy\":\(storage.rawValue),\"push-type\":\"LiveActivity\"}"
         let response = try call("POST", "/1/apps/\(bundle)/channels", body: Array(body.utf8), expecting: 201)
-        guard let id = response.header("apns-channel-id"), !id.isEmpty else {
-            throw .unexpected("201 without apns-channel-id")
-        }
-        return id
+        return try APNsChannelAnswer.createdChannel(response.header("apns-channel-id"))
     }
 
     /// Every channel id of `bundle`.
     public func list(bundle: String) throws(APNsChannelError) -> [String] {
         let response = try call("GET", "/1/apps/\(bundle)/all-channels", expecting: 200)
-        guard let document = try? JSONReader.parse(response.body), case .array(let items)? = document["channels"] else {
-            throw .unexpected("no \"channels\" list in the answer")
-        }
-        return items.compactMap { if case .string(let id) = $0 { id } else { nil } }
+        return try APNsChannelAnswer.channels(response.body)
     }
 
     /// How the channel keeps messages.
     public func show(bundle: String, channel: String) throws(APNsChannelError) -> APNsChannelStorage {
         let response = try call("GET", "/1/apps/\(bundle)/channels", channel: channel, expecting: 200)
-        guard let document = try? JSONReader.parse(response.body),
-              case .number(let text)? = document["message-storage-policy"],
-              let storage = Int(text).flatMap(APNsChannelStorage.init(rawValue:)) else {
-            throw .unexpected("no \"message-storage-policy\" in the answer")
-        }
-        return storage
+        return try APNsChannelAnswer.storage(response.body)
     }
 
     public func delete(bundle: String, channel: String) throws(APNsChannelError) {
@@ -151,7 +140,48 @@ public final class APNsChannelClient: Sendable {
         case .success(let response) where response.status == status:
             return response
         case .success(let response):
-            throw .refused(status: response.status, reason: APNsResponse.parseBody(response.body).reason?.rawValue)
+            throw APNsChannelAnswer.refusal(status: response.status, body: response.body)
         }
+    }
+}
+
+/// What the channel management API's answers say, read as Apple documents them; anything else is `.unexpected`,
+/// naming what is missing (never echoing the answer: it is shown to an operator's terminal).
+package enum APNsChannelAnswer {
+    /// The `apns-channel-id` header of a 201 to a create: a channel id as Apple issues them.
+    package static func createdChannel(_ header: String?) throws(APNsChannelError) -> String {
+        guard let id = header, !id.isEmpty else { throw .unexpected("201 without apns-channel-id") }
+        do { try APNsChannelID.check(id) } catch { throw .unexpected("201 with an apns-channel-id that is no channel id") }
+        return id
+    }
+
+    /// `{"channels": ["id", ...]}`: every id a channel id.
+    package static func channels(_ body: [UInt8]) throws(APNsChannelError) -> [String] {
+        guard let document = try? JSONReader.parse(body), case .array(let items)? = document["channels"] else {
+            throw .unexpected("no \"channels\" list in the answer")
+        }
+        var ids: [String] = []
+        ids.reserveCapacity(items.count)
+        for (index, item) in items.enumerated() {
+            guard case .string(let id) = item, (try? APNsChannelID.check(id)) != nil else {
+                throw .unexpected("item \(index + 1) of \"channels\" is no channel id")
+            }
+            ids.append(id)
+        }
+        return ids
+    }
+
+    /// `{"message-storage-policy": 0 or 1}`.
+    package static func storage(_ body: [UInt8]) throws(APNsChannelError) -> APNsChannelStorage {
+        guard let document = try? JSONReader.parse(body), case .number(let text)? = document["message-storage-policy"],
+              let storage = Int(text).flatMap(APNsChannelStorage.init(rawValue:)) else {
+            throw .unexpected("no \"message-storage-policy\" in the answer")
+        }
+        return storage
+    }
+
+    /// A status other than the one asked for: Apple's reason when the body gives one of its names.
+    package static func refusal(status: Int, body: [UInt8]) -> APNsChannelError {
+        .refused(status: status, reason: APNsResponse.parseBody(body).reason?.rawValue)
     }
 }

@@ -14,24 +14,31 @@ import TLS
 ///
 /// A relative path is relative to the credentials file's directory. Every problem names its entry (1-based) and
 /// what is wrong, never a key's content.
-struct CredentialsFile {
-    struct Entry: Equatable {
-        var proof: CredentialSettings.Proof
-        var topics: [String]
-        var rateLimit: Int
+package struct CredentialsFile {
+    package struct Entry: Equatable {
+        package var proof: CredentialSettings.Proof
+        package var topics: [String]
+        package var rateLimit: Int
     }
 
-    var entries: [Entry]
+    package var entries: [Entry]
 
     private static let tokenFields: Set<String> = ["team_id", "key_id", "key_file", "topics", "rate_limit"]
     private static let certificateFields: Set<String> = ["cert_file", "cert_key_file", "topics", "rate_limit"]
 
     /// Reads and checks the file's shape; keys and certificates are loaded by `CredentialSettings.makeCredentials`.
     static func read(_ path: String) throws(ConfigurationError) -> CredentialsFile {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError(\.apnsCredentialsFile, "\(path): cannot be read")
+        }
+        return try parse(data, path: path)
+    }
+
+    /// The file's content checked; `path` names it in problems and anchors its relative paths.
+    package static func parse(_ data: Data, path: String) throws(ConfigurationError) -> CredentialsFile {
         func problem(_ text: String) -> ConfigurationError {
             ConfigurationError(\.apnsCredentialsFile, "\(path): \(text)")
         }
-        guard let data = FileManager.default.contents(atPath: path) else { throw problem("cannot be read") }
         let document: Any
         do { document = try JSONSerialization.jsonObject(with: data) } catch {
             throw problem("not JSON (\((error as NSError).userInfo[NSDebugDescriptionErrorKey] ?? error))")
@@ -96,7 +103,7 @@ struct CredentialsFile {
         var bundles: [String] = []
         for topic in topics {
             guard let bundle = topic as? String, TopicSettingCheck.isValid(bundle) else {
-                throw EntryProblem(text: "\"topics\" holds \(topic), not a bundle ID", naming: naming)
+                throw EntryProblem(text: "\"topics\" holds \(String(describing: topic).prefix(80)), not a bundle ID", naming: naming)
             }
             bundles.append(bundle)
         }

@@ -55,15 +55,14 @@ public struct HTTP2Proxy: Sendable, Equatable, CustomStringConvertible {
             }
             request += "\r\n"
             try write(Array(request.utf8), to: descriptor)
-            let status = try readStatusLine(from: descriptor)
-            let words = status.split(separator: " ", maxSplits: 2)
-            guard words.count >= 2, words[0].hasPrefix("HTTP/1."), words[1] == "200" else {
-                let shown = String(status.prefix(120))
-                throw SocketError(message: words.count >= 2 && words[1] == "407"
-                    ? "proxy \(self) wants credentials (or refused them): \(shown)"
-                    : "proxy \(self) refused the tunnel to \(target): \(shown)")
+            switch ConnectAnswer(try readAnswer(from: descriptor, timeout: timeout)) {
+            case .tunnel:
+                return descriptor
+            case .wantsCredentials(let shown):
+                throw SocketError(message: "proxy \(self) wants credentials (or refused them): \(shown)")
+            case .refused(let shown):
+                throw SocketError(message: "proxy \(self) refused the tunnel to \(target): \(shown)")
             }
-            return descriptor
         } catch {
             close(descriptor)
             throw error
@@ -79,19 +78,54 @@ public struct HTTP2Proxy: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
-    /// The response's status line; the headers are read and dropped, up to the blank line and not one byte more
-    /// (TLS follows at once).
-    private func readStatusLine(from descriptor: Int32) throws -> String {
+    /// The response up to the blank line that ends its headers, and not one byte more (TLS follows at once), within
+    /// `timeout` in all: the socket's timeout bounds each byte, not a proxy that drips them.
+    private func readAnswer(from descriptor: Int32, timeout: Double) throws -> [UInt8] {
+        let deadline = DispatchTime.now() + timeout
         var received: [UInt8] = []
         var byte: UInt8 = 0
-        while !(received.count >= 4 && received.suffix(4) == [13, 10, 13, 10]) {
-            guard received.count < 16_384 else { throw SocketError(message: "proxy \(self): an answer without an end") }
+        while !ConnectAnswer.isComplete(received) {
+            guard received.count < ConnectAnswer.maximumSize else {
+                throw SocketError(message: "proxy \(self): an answer without an end")
+            }
+            guard DispatchTime.now() < deadline else {
+                throw SocketError(message: "proxy \(self) did not finish answering CONNECT within \(timeout) s")
+            }
             guard recv(descriptor, &byte, 1, 0) == 1 else {
                 throw SocketError(message: "proxy \(self) closed the connection or timed out before answering CONNECT")
             }
             received.append(byte)
         }
-        let text = String(decoding: received, as: UTF8.self)
-        return String(text.prefix { $0 != "\r" && $0 != "\n" })
+        return received
+    }
+}
+
+/// What a proxy's answer to CONNECT says: only `HTTP/1.x 200` opens the tunnel. The status line is shown (at most
+/// 120 characters, control characters replaced) in the error of an answer that does not.
+package enum ConnectAnswer: Equatable {
+    case tunnel
+    case wantsCredentials(String)
+    case refused(String)
+
+    /// Headers longer than this are not an answer a proxy gives.
+    package static let maximumSize = 16_384
+
+    /// Whether `bytes` end with the blank line that ends the headers.
+    package static func isComplete(_ bytes: [UInt8]) -> Bool {
+        bytes.count >= 4 && bytes[bytes.count - 4] == 13 && bytes[bytes.count - 3] == 10 && bytes[bytes.count - 2] == 13
+            && bytes[bytes.count - 1] == 10
+    }
+
+    package init(_ answer: [UInt8]) {
+        let line = answer.prefix { $0 != 13 && $0 != 10 }
+        let words = line.split(separator: UInt8(ascii: " "), maxSplits: 2, omittingEmptySubsequences: false)
+        let status = words.count >= 2 ? Array(words[1]) : []
+        if words.count >= 2, words[0].starts(with: Array("HTTP/1.".utf8)), status == Array("200".utf8) {
+            self = .tunnel
+            return
+        }
+        let shown = String(decoding: line.prefix(120).map { $0 < 0x20 || $0 == 0x7F ? UInt8(ascii: "?") : $0 },
+                           as: UTF8.self)
+        self = status == Array("407".utf8) ? .wantsCredentials(shown) : .refused(shown)
     }
 }

@@ -359,7 +359,7 @@ public final class RedisCluster: RedisClient {
     /// own address is listed with an empty host: the one asked. Ranges out of bounds, or naming a master past the
     /// 16,384 a cluster can have (one slot each), are left out: a broken or hostile reply maps fewer slots, never more
     /// masters than an owner index holds.
-    static func slotMap(_ reply: RedisReply, askedAt asked: RedisAddress) -> (owners: [Int16], masters: [RedisAddress]) {
+    package static func slotMap(_ reply: RedisReply, askedAt asked: RedisAddress) -> (owners: [Int16], masters: [RedisAddress]) {
         var owners = [Int16](repeating: -1, count: Self.slotCount)
         var addresses: [RedisAddress] = []
         var indexes: [RedisAddress: Int] = [:]
@@ -369,7 +369,8 @@ public final class RedisCluster: RedisClient {
                   let port = fields[2].elements.dropFirst().first?.integer,
                   0 <= start, start <= end, end < Self.slotCount else { continue }
             let host = fields[2].elements.first?.text ?? ""
-            let master = RedisAddress(host: host.isEmpty || host == "?" ? asked.host : host, port: Int(port))
+            guard let master = RedisAddress(announcedHost: host.isEmpty || host == "?" ? asked.host : host,
+                                            port: port) else { continue }
             let index: Int
             if let known = indexes[master] { index = known } else {
                 guard addresses.count < Self.slotCount else { continue }
@@ -377,7 +378,7 @@ public final class RedisCluster: RedisClient {
                 index = addresses.count - 1
                 indexes[master] = index
             }
-            for slot in Int(start)...Int(end) { owners[slot] = Int16(index) }
+            owners.withUnsafeMutableBufferPointer { $0[Int(start)...Int(end)].update(repeating: Int16(index)) }
         }
         return (owners, addresses)
     }
@@ -427,14 +428,14 @@ public final class RedisCluster: RedisClient {
 }
 
 /// A reply that says the command belongs elsewhere.
-enum Redirection: Equatable {
+package enum Redirection: Equatable {
     case moved(slot: Int, to: RedisAddress)
     case ask(to: RedisAddress)
     /// A multi-key command during a slot's move: the same command again.
     case tryAgain
 
     /// `MOVED 3999 127.0.0.1:6381`, `ASK 3999 127.0.0.1:6381` (`:6381`: the host of the node that answered).
-    init?(_ reply: RedisReply, from answering: RedisAddress) {
+    package init?(_ reply: RedisReply, from answering: RedisAddress) {
         guard case .error(let message) = reply else { return nil }
         if message.hasPrefix("TRYAGAIN") {
             self = .tryAgain
@@ -442,13 +443,14 @@ enum Redirection: Equatable {
         }
         let words = message.split(separator: " ")
         guard words.count == 3, words[0] == "MOVED" || words[0] == "ASK", let slot = Int(words[1]),
-              let colon = words[2].lastIndex(of: ":"), let port = Int(words[2][words[2].index(after: colon)...]) else {
+              (0..<RedisCluster.slotCount).contains(slot), let colon = words[2].lastIndex(of: ":"),
+              let port = Int64(words[2][words[2].index(after: colon)...]) else {
             return nil
         }
-        var host = String(words[2][..<colon])
-        if host.isEmpty { host = answering.host }
-        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        let target = RedisAddress(host: host, port: port)
+        var host = words[2][..<colon]
+        if host.isEmpty { host = Substring(answering.host) }
+        if host.count >= 2 && host.hasPrefix("[") && host.hasSuffix("]") { host = host.dropFirst().dropLast() }
+        guard let target = RedisAddress(announcedHost: host, port: port) else { return nil }
         self = words[0] == "MOVED" ? .moved(slot: slot, to: target) : .ask(to: target)
     }
 }

@@ -129,6 +129,11 @@ public final class RedisConnection: RedisClient {
 
     public init(url: RedisURL, timeout: Double = 5) throws(RedisError) {
         self.url = url
+        // Addresses also come from servers (a sentinel's answer, a cluster's redirection): checked where they are
+        // read, and here again before they reach C.
+        guard (1...65_535).contains(url.port) else {
+            throw RedisError(kind: .badURL, "Redis \(url): \(url.port) is not a port (1 to 65535)")
+        }
         if let tls = url.tls {
             transport = .tls(try RedisTLSChannel(host: url.host, port: url.port, tls: tls, timeout: timeout,
                                                  name: url.description))
@@ -142,6 +147,7 @@ public final class RedisConnection: RedisClient {
                 redisFree(context)
                 throw RedisError(kind: .connectionLost, "cannot connect to \(url): \(reason)")
             }
+            if let reader = context.pointee.reader { RedisReplyReader.bound(reader) }
             transport = .plain(context)
             redisSetTimeout(context, wait)
             redisEnableKeepAlive(context)
@@ -218,9 +224,7 @@ public final class RedisConnection: RedisClient {
         var replies: [RedisReply] = []
         replies.reserveCapacity(count)
         for _ in 0..<count {
-            let raw = try nextReply()
-            let reply = Self.convert(raw.assumingMemoryBound(to: redisReply.self))
-            freeReplyObject(raw)
+            let reply = try nextReply()
             // The node cannot serve now: it became a replica (a Sentinel failover, or an operator's REPLICAOF; the next
             // connection asks where the master is now), it is loading its data after a restart, or it sees too little
             // of its cluster to serve its slots. The connection is as good as lost: nothing it says now is an answer
@@ -234,7 +238,7 @@ public final class RedisConnection: RedisClient {
     }
 
     /// What an error reply says of a node that cannot serve now, or nil for an answer about the command or its keys.
-    static func notServing(_ message: String) -> String? {
+    package static func notServing(_ message: String) -> String? {
         if message.hasPrefix("READONLY") { return "is a replica now" }
         if message.hasPrefix("LOADING") { return "is loading its data" }
         if message.hasPrefix("MASTERDOWN") { return "has lost its master" }
@@ -251,8 +255,8 @@ public final class RedisConnection: RedisClient {
         return role
     }
 
-    /// The next reply object (freed by the caller with `freeReplyObject`).
-    private func nextReply() throws(RedisError) -> UnsafeMutableRawPointer {
+    /// The next reply, read as far as needed.
+    private func nextReply() throws(RedisError) -> RedisReply {
         let context: UnsafeMutablePointer<redisContext>
         switch transport {
         case .tls(let channel): return try channel.readReply()
@@ -260,9 +264,12 @@ public final class RedisConnection: RedisClient {
         }
         var raw: UnsafeMutableRawPointer?
         guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
+            if context.pointee.err == REDIS_ERR_PROTOCOL || context.pointee.err == REDIS_ERR_OOM, let reader = context.pointee.reader {
+                throw RedisError(kind: .connectionLost, "Redis \(url): unreadable reply (\(RedisReplyReader.reason(reader)))")
+            }
             throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
         }
-        return raw
+        return RedisReplyReader.take(raw)
     }
 
     /// Queues the commands for writing, all formatted into one buffer (`RESP`), handed over in one call.
@@ -279,26 +286,6 @@ public final class RedisConnection: RedisClient {
             guard status == REDIS_OK else {
                 throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
             }
-        }
-    }
-
-    private static func convert(_ reply: UnsafeMutablePointer<redisReply>) -> RedisReply {
-        let value = reply.pointee
-        func bytes() -> [UInt8] {
-            guard let pointer = value.str, value.len > 0 else { return [] }
-            return Array(UnsafeRawBufferPointer(start: pointer, count: Int(value.len)))
-        }
-        switch value.type {
-        case REDIS_REPLY_STRING: return .string(bytes())
-        case REDIS_REPLY_INTEGER: return .integer(value.integer)
-        case REDIS_REPLY_NIL: return .null
-        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_ARRAY:
-            guard let elements = value.element else { return .array([]) }
-            return .array((0..<Int(value.elements)).compactMap { index in elements[index].map(convert) })
-        default:
-            return .null
         }
     }
 

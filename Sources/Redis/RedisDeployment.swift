@@ -47,6 +47,15 @@ public struct RedisAddress: Sendable, Hashable, CustomStringConvertible {
         self.port = port
     }
 
+    /// An address a server announced (a sentinel naming the master, a cluster's MOVED, ASK or CLUSTER SLOTS): nil
+    /// unless the port is one (1 to 65535) and the host a name or an address (printable, no spaces, brackets, `/` or
+    /// `@`), so that a broken or hostile answer is never dialled.
+    init?(announcedHost host: some StringProtocol, port: Int64) {
+        guard (1...65_535).contains(port), !host.isEmpty, host.utf8.count <= 255,
+              host.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && !"[]/@".utf8.contains($0) }) else { return nil }
+        self.init(host: String(host), port: Int(port))
+    }
+
     /// `host:port` (`[v6 address]:port`); the port is required: sentinels listen on 26379 by custom, not by rule.
     public init(_ text: Substring) throws(RedisError) {
         var trimmed = text
@@ -150,6 +159,13 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
         return nil
     }
 
+    /// The address in a sentinel's answer to `SENTINEL get-master-addr-by-name`: [host, port].
+    package static func namedMaster(in reply: RedisReply) -> RedisAddress? {
+        guard case .array(let parts) = reply, parts.count == 2, let host = parts[0].text,
+              let port = parts[1].text.flatMap({ Int64($0) }) else { return nil }
+        return RedisAddress(announcedHost: host, port: port)
+    }
+
     /// What one sentinel says the master's address is; nil when it knows no master of that name.
     private func askForMaster(_ sentinel: RedisAddress, timeout: Double) throws(RedisError) -> RedisAddress? {
         let connection: RedisConnection
@@ -163,10 +179,7 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
         }
         let reply = try connection.command(["SENTINEL", "get-master-addr-by-name", masterName])
         if case .null = reply { return nil }
-        if case .array(let parts) = reply, parts.count == 2, let host = parts[0].text,
-           let port = parts[1].text.flatMap({ Int($0) }) {
-            return RedisAddress(host: host, port: port)
-        }
+        if let master = Self.namedMaster(in: reply) { return master }
         // An error reply (an unknown command: a data node listed as a sentinel) is a setting to fix.
         let kind: RedisError.Kind = if case .error = reply { .refused } else { .connectionLost }
         throw RedisError(kind: kind, "\(sentinel) is no sentinel: get-master-addr-by-name answered \(reply)",

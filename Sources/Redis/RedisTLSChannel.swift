@@ -26,7 +26,7 @@ public struct RedisTLS: Sendable, Equatable {
 final class RedisTLSChannel {
     private let descriptor: Int32
     private let stream: TLSStream
-    private let reader: UnsafeMutablePointer<redisReader>
+    private let reader: RedisReplyReader
     private var output: [UInt8] = []
     private var input = [UInt8](repeating: 0, count: 16 << 10)
     private let name: String
@@ -48,7 +48,7 @@ final class RedisTLSChannel {
             close(descriptor)
             throw RedisError(kind: .connectionLost, "\(name): \(error)")
         }
-        guard let reader = redisReaderCreate() else {
+        guard let reader = RedisReplyReader() else {
             close(descriptor)
             throw RedisError(kind: .connectionLost, "\(name): out of memory")
         }
@@ -70,7 +70,6 @@ final class RedisTLSChannel {
     deinit {
         stream.shutdown()
         close(descriptor)
-        redisReaderFree(reader)
     }
 
     /// Every later send and receive times out after `timeout` seconds.
@@ -98,20 +97,18 @@ final class RedisTLSChannel {
         output.removeAll(keepingCapacity: true)
     }
 
-    /// The next reply, read as far as needed; the caller frees it with `freeReplyObject`.
-    func readReply() throws(RedisError) -> UnsafeMutableRawPointer {
+    /// The next reply, read as far as needed.
+    func readReply() throws(RedisError) -> RedisReply {
         try flush()
         while true {
-            var reply: UnsafeMutableRawPointer?
-            guard redisReaderGetReply(reader, &reply) == REDIS_OK else {
-                throw RedisError(kind: .connectionLost, "\(name): unreadable reply (protocol error)")
+            do throws(RedisError) {
+                if let reply = try reader.next() { return reply }
+            } catch {
+                throw RedisError(kind: .connectionLost, "\(name): \(error.message)")
             }
-            if let reply { return reply }
             let result = input.withUnsafeMutableBytes { stream.read(into: $0) }
             guard case .done(let count) = result else { throw lost(result, "reading") }
-            _ = input.withUnsafeBytes { bytes in
-                redisReaderFeed(reader, bytes.baseAddress!.assumingMemoryBound(to: CChar.self), count)
-            }
+            input.withUnsafeBytes { reader.feed(UnsafeRawBufferPointer(rebasing: $0[..<count])) }
         }
     }
 

@@ -1,5 +1,6 @@
 import AMQP
 import APNs
+@testable import HTTP2
 import APNsSimulator
 import Foundation
 import Synchronization
@@ -11,15 +12,18 @@ import Glibc
 #endif
 
 /// A small HTTP CONNECT proxy on a loopback port: it records each CONNECT request (line and headers), answers 200 (or
-/// 407 when it wants credentials that did not come) and relays bytes both ways.
+/// 407 when it wants credentials that did not come) and relays bytes both ways. A dripping proxy sends its 200 one
+/// byte every `dripping` seconds and relays nothing (a proxy that keeps a connection alive without answering).
 final class ConnectProxy: @unchecked Sendable {
     let port: Int
     private let listener: Int32
     private let requests = Locked<[String]>([])
     private let wantedAuthorization: String?
+    private let dripping: Double?
 
-    init(wantedAuthorization: String? = nil) throws {
+    init(wantedAuthorization: String? = nil, dripping: Double? = nil) throws {
         self.wantedAuthorization = wantedAuthorization
+        self.dripping = dripping
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var one: Int32 = 1
         setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
@@ -57,6 +61,14 @@ final class ConnectProxy: @unchecked Sendable {
         while !(head.count >= 4 && head.suffix(4) == [13, 10, 13, 10]), recv(client, &byte, 1, 0) == 1 { head.append(byte) }
         let request = String(decoding: head, as: UTF8.self)
         requests.withLock { $0.append(request) }
+        if let dripping {
+            for byte in "HTTP/1.1 200 Connection established\r\n\r\n".utf8 {
+                guard [byte].withUnsafeBytes({ send(client, $0.baseAddress, 1, Int32(MSG_NOSIGNAL)) }) == 1 else { break }
+                usleep(UInt32(dripping * 1e6))
+            }
+            close(client)
+            return
+        }
         let words = request.split(separator: " ")
         guard words.count >= 2, words[0] == "CONNECT", let colon = words[1].lastIndex(of: ":"),
               let port = Int(words[1][words[1].index(after: colon)...]) else {
@@ -161,5 +173,22 @@ final class ConnectProxy: @unchecked Sendable {
         #expect(reasons.contains { $0.contains("407") }, "\(reasons)")
         #expect(!reasons.contains { $0.contains("t0ps3cret") } && !proxy.seen.isEmpty)
         #expect(result.withLock { $0 }.map { "\($0)" }?.contains("t0ps3cret") == false)
+    }
+
+    /// A proxy that answers one byte at a time, each within the socket's timeout: the tunnel is given up when the
+    /// connect timeout has passed in all, not after 43 bytes' worth of per-byte timeouts.
+    @Test func aProxyThatDripsItsAnswerIsGivenUpAtTheConnectTimeout() throws {
+        let proxy = try ConnectProxy(dripping: 0.2)
+        defer { proxy.stop() }
+        let started = DispatchTime.now()
+        do {
+            let tunnel = try HTTP2Proxy(host: "127.0.0.1", port: proxy.port).openTunnel(to: "127.0.0.1", port: 9, timeout: 1)
+            close(tunnel)
+            Issue.record("the tunnel opened after the dripped answer")
+        } catch {
+            #expect("\(error)".contains("did not finish answering CONNECT within 1.0 s"), "\(error)")
+        }
+        let seconds = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e9
+        #expect(seconds < 4, "given up after \(seconds) s, not at the end of the drip (8.6 s)")
     }
 }

@@ -590,6 +590,17 @@ import WorkerPipeline
         }
     }
 
+    /// A problem quotes what the file holds briefly: a topics list holding a large object does not fill the log.
+    @Test func aProblemQuotesWhatTheFileHoldsBriefly() {
+        let large = "{" + (0..<2_000).map { "\"field\($0)\": \($0)" }.joined(separator: ", ") + "}"
+        do {
+            _ = try load(#"{"credentials": [{"team_id": "TEAM00000A", "key_id": "KEY000000A", "key_file": "AuthKey.p8", "topics": [\#(large)]}]}"#)
+            Issue.record("a topic that is an object was accepted")
+        } catch {
+            #expect(error.problem.contains("not a bundle ID") && error.problem.count < 400, "\(error.problem.count) characters")
+        }
+    }
+
     /// A certificate entry is loaded as a connection would load it: an expired one, or a key that is not the
     /// certificate's, is refused naming the entry; a good one is named by its common name.
     @Test func aCertificateEntryIsCheckedAtLoad() throws {
