@@ -160,6 +160,8 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
     case badAPNsID(String)
     case topicMissingSuffix(topic: String, pushType: APNsPushType)
     case badHeaderValue(String, String)
+    /// A topic that is not a bundle ID (with its push type's suffix): the field and what is wrong.
+    case badTopic(String, String)
     /// A broadcast's channel id that is not one (Apple's are base64).
     case badChannelID(String)
 
@@ -177,6 +179,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
         case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
         case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"
         case .badHeaderValue(let field, let problem): "\(field) \(problem): it is sent as an HTTP/2 header"
+        case .badTopic(let field, let problem): "\(field) \(problem)"
         case .badChannelID(let id): "channel id \"\(id.prefix(80))\" is not base64, as Apple's channel ids are"
         case .topicMissingSuffix(let topic, let pushType):
             "topic \(topic) lacks the \(pushType.topicSuffix) suffix that push type \(pushType) requires"

@@ -28,10 +28,36 @@ public enum APNsRules {
         if expiration < 0 { throw .badExpiration(expiration) }
     }
 
-    /// A topic that can be sent as `apns-topic` (no whitespace, no control character).
+    /// A topic as Apple defines a bundle ID: dot-separated parts of ASCII letters, digits and `-` (a push type's
+    /// suffix, `.voip` or `.push-type.liveactivity`, is made of the same), at most 255 bytes. A broadcast's path is
+    /// built from it: `/`, `?`, `#`, `%` or an empty part (`..`) would change the request.
     public static func checkTopic(_ topic: String, field: String) throws(APNsRequestError) {
         if topic.isEmpty { throw .missingTopic }
-        if let problem = HeaderValue.problem(topic, allowsInnerSpaces: false) { throw .badHeaderValue(field, problem) }
+        guard let problem = topicProblem(topic) else { return }
+        throw .badTopic(field, problem)
+    }
+
+    /// What keeps `topic` from being a bundle ID, or nil.
+    public static func topicProblem(_ topic: some StringProtocol) -> String? {
+        let bytes = topic.utf8
+        if bytes.count > 255 { return "is \(bytes.count) bytes, over 255" }
+        if let other = bytes.first(where: { !isBundleByte($0) }) {
+            return other < 0x80 && other >= 0x20 && other != 0x7F
+                ? "holds \"\(Character(Unicode.Scalar(other)))\": a bundle ID is ASCII letters, digits, \"-\" and \".\""
+                : "holds a byte that is not an ASCII letter, digit, \"-\" or \".\""
+        }
+        if bytes.first == UInt8(ascii: ".") || topic.hasSuffix(".") || topic.contains("..") {
+            return "has an empty part (a leading, trailing or double \".\")"
+        }
+        return nil
+    }
+
+    private static func isBundleByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+             UInt8(ascii: "-"), UInt8(ascii: "."): true
+        default: false
+        }
     }
 
     /// The topic ends with the suffix the push type requires (`.voip`, `.push-type.liveactivity`, ...).

@@ -120,11 +120,10 @@ package struct CredentialsFile {
     }
 }
 
-/// What a topic in the credentials file may be: 1 to 255 bytes of visible ASCII, as `apns-topic` carries it.
+/// What a topic in the credentials file may be: a bundle ID, as a job's topic must be (`APNsRules.checkTopic`).
 enum TopicSettingCheck {
     static func isValid(_ topic: String) -> Bool {
-        let bytes = topic.utf8
-        return (1...255).contains(bytes.count) && bytes.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+        !topic.isEmpty && APNsRules.topicProblem(topic) == nil
     }
 }
 

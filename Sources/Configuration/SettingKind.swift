@@ -104,10 +104,8 @@ extension SettingKind where Value == String {
     }
 
     static var topic: SettingKind {
-        SettingKind("APNs topic") { text throws(SettingProblem) in
-            if let problem = HeaderValue.problem(text, allowsInnerSpaces: false) {
-                throw SettingProblem("\(problem): it is sent as the apns-topic header")
-            }
+        SettingKind("APNs topic (a bundle ID)") { text throws(SettingProblem) in
+            if let problem = APNsRules.topicProblem(text) { throw SettingProblem(problem) }
             return text
         }
     }

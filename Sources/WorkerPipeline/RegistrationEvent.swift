@@ -45,7 +45,7 @@ public struct RegistrationEvent: Sendable, Equatable {
         }
         let topic = try PushJob.optionalString(document, "topic")
         if let topic, !TokenScope.isValidTopic(topic) {
-            throw .wrongType(field: "topic", expected: "an APNs topic (1 to 255 visible ASCII characters)",
+            throw .wrongType(field: "topic", expected: "an APNs topic (a bundle ID: ASCII letters, digits, \"-\" and \".\")",
                              got: "\"\(topic.prefix(40))\"")
         }
         let timestamp = try PushJob.optionalInteger(document, "timestamp") ?? now

@@ -37,11 +37,10 @@ public struct TokenScope: Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { cacheValue }
 
-    /// A topic a token can be registered for: 1 to 255 bytes of visible ASCII, as it is sent in the `apns-topic`
-    /// header (bundle IDs, their push-type suffixes, MDM topics).
+    /// A topic a token can be registered for: a bundle ID with its push type's suffix, as a job's topic must be
+    /// (`APNsRules.checkTopic`).
     public static func isValidTopic(_ topic: some StringProtocol) -> Bool {
-        let bytes = topic.utf8
-        return !bytes.isEmpty && bytes.count <= 255 && bytes.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+        !topic.isEmpty && APNsRules.topicProblem(topic) == nil
     }
 }
 

@@ -92,7 +92,7 @@ func tokensCommand(_ arguments: [String]) {
     }
     let topic = parsed.value("--topic")
     if let topic, !TokenScope.isValidTopic(topic) {
-        fail("tokens \(action): --topic must be an APNs topic (1 to 255 visible ASCII characters, e.g. "
+        fail("tokens \(action): --topic must be an APNs topic (a bundle ID with its push type's suffix, e.g. "
              + "com.example.app.voip)", code: ExitCode.usage)
     }
     var environment: APNsEnvironment?

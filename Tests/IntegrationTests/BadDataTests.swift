@@ -83,8 +83,9 @@ import Glibc
 
     /// Jobs that would mean something else to the worker than to their sender: "prevalidate" that is not a boolean
     /// (it sent the real campaign), a key given twice (the worker took the first, Python and Go the last), header
-    /// values with control characters (sent, reset by the server, retried for 16 s). Each is parked at once with
-    /// its reason; nothing of them reaches APNs; the good job beside them is delivered.
+    /// values with control characters (sent, reset by the server, retried for 16 s), topics that would change a
+    /// broadcast's path. Each is parked at once with its reason; nothing of them reaches APNs; the good job beside
+    /// them is delivered.
     @Test func ambiguousJobsAreParkedBeforeAnythingIsSent() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
@@ -96,8 +97,14 @@ import Glibc
             ("prevalidate", #"{"id": "pv", "tokens": ["\#(good)"], "prevalidate": "true", "payload": {"aps": {"alert": "Sale"}}}"#),
             ("prevalidate", #"{"id": "pv1", "tokens": ["\#(good)"], "prevalidate": 1, "payload": {"aps": {"alert": "Sale"}}}"#),
             ("duplicate key \"tokens\"", #"{"id": "dup", "tokens": ["\#(good)"], "tokens": ["\#(other)"], "payload": {"aps": {}}}"#),
-            ("\"topic\" holds control character", #"{"id": "nul", "tokens": ["\#(good)"], "topic": "com.example.app\u0000", "payload": {"aps": {}}}"#),
-            ("\"topic\" holds control character", #"{"id": "crlf", "tokens": ["\#(good)"], "topic": "com.example.app\r\nx: y", "payload": {"aps": {}}}"#),
+            ("\"topic\" holds a byte that is not", #"{"id": "nul", "tokens": ["\#(good)"], "topic": "com.example.app\u0000", "payload": {"aps": {}}}"#),
+            ("\"topic\" holds a byte that is not", #"{"id": "crlf", "tokens": ["\#(good)"], "topic": "com.example.app\r\nx: y", "payload": {"aps": {}}}"#),
+            // Topics that would change a request's path (a broadcast's is built from the bundle).
+            ("\"topic\" holds \"/\"", #"{"id": "slash", "tokens": ["\#(good)"], "topic": "com.example/../other", "payload": {"aps": {}}}"#),
+            ("\"topic\" holds \"?\"", #"{"id": "query", "topic": "com.example?x", "channel_id": "dHdvIHdvcmRzCg==", "live_activity": {"event": "update", "timestamp": 1700000000, "content_state": {}}}"#),
+            ("\"topic\" holds \"#\"", #"{"id": "hash", "topic": "com.example#x", "channel_id": "dHdvIHdvcmRzCg==", "live_activity": {"event": "update", "timestamp": 1700000000, "content_state": {}}}"#),
+            ("\"topic\" holds \"%\"", #"{"id": "percent", "topic": "com.example%2Fother", "channel_id": "dHdvIHdvcmRzCg==", "live_activity": {"event": "update", "timestamp": 1700000000, "content_state": {}}}"#),
+            ("\"topic\" has an empty part", #"{"id": "dots", "tokens": ["\#(good)"], "topic": "com..example", "payload": {"aps": {}}}"#),
         ]
         for (_, body) in bad { try publisher.publish(to: jobs, body: Array(body.utf8)) }
         try publisher.publish(to: jobs, body: Array(#"{"id": "fine", "tokens": ["\#(other)"], "payload": {"aps": {}}}"#.utf8),
@@ -119,7 +126,8 @@ import Glibc
                 "the good job was delivered: \(summary)")
         let received = simulator.received()
         #expect(received.map(\.deviceToken) == [other], "only the good job reached APNs")
-        TestServices.reportFault("ambiguous jobs (prevalidate not a boolean, a key twice, control characters in topic)",
+        #expect(simulator.broadcastsByChannel().isEmpty, "no broadcast left")
+        TestServices.reportFault("ambiguous jobs (prevalidate not a boolean, a key twice, topics that are no bundle ID)",
                                  notifications: 1 + bad.count, received: received, parked: bad.count)
         // enqueue refuses the same jobs before publishing them, naming the line and the key.
         let enqueued = try OperationsTests.apnsWorker(["enqueue", "-", "--set", "PUSH_JOBS_QUEUE=\(jobs)"],

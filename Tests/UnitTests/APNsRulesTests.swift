@@ -79,10 +79,28 @@ import Testing
         #expect(error { $0.apnsID = "123e4567-e89b-12d3-a456-426614174000" } == nil)
         #expect(error { $0.pushType = .voip } == .topicMissingSuffix(topic: "com.example.app", pushType: .voip))
         #expect(error { $0.topic = "" } == .missingTopic)
-        #expect(error { $0.topic = "com.example app" } == .badHeaderValue("apns-topic", "holds a space"))
+        #expect(error { $0.topic = "com.example app" }
+                == .badTopic("apns-topic", #"holds " ": a bundle ID is ASCII letters, digits, "-" and ".""#))
         #expect(error { $0.collapseID = "sale\r\nx: y" } == .badHeaderValue("apns-collapse-id", "holds control character 0xD"))
         #expect(error { $0.expiration = -1 } == .badExpiration(-1))
         #expect(error { $0.expiration = 0 } == nil, "0: try once, do not store")
+    }
+
+    /// A topic is a bundle ID as Apple defines them (with a push type's suffix): a broadcast's path is built from
+    /// it, and `/`, `?`, `#`, `%` or an empty part would change the request.
+    @Test func aTopicIsABundleIDAndNothingThatCouldChangeAPath() {
+        for topic in ["com.example.app", "com.example.app.voip", "com.example.app.push-type.liveactivity",
+                      "com.Example-1.app9", "a", String(repeating: "a", count: 255)] {
+            #expect(APNsRules.topicProblem(topic) == nil, "\(topic)")
+        }
+        for topic in ["com.example/../other", "com.example?x=1", "com.example#frag", "com.example%2Fother", "com..example",
+                      ".com.example", "com.example.", "com.exämple", "com.example\u{0}", "com_example", "com example",
+                      String(repeating: "a", count: 256)] {
+            #expect(APNsRules.topicProblem(topic) != nil, "\(topic.debugDescription)")
+            #expect(throws: APNsRequestError.self) { try APNsRules.checkTopic(topic, field: "\"topic\"") }
+        }
+        #expect(APNsRules.topicProblem("com.ex/ample") == #"holds "/": a bundle ID is ASCII letters, digits, "-" and ".""#)
+        #expect(APNsRules.topicProblem("com..example") == #"has an empty part (a leading, trailing or double ".")"#)
     }
 
     @Test func tokensAreHexOfAnyEvenLength() throws {

@@ -12,7 +12,8 @@ import WorkerPipeline
         ("sandbox:com.example.app.push-type.liveactivity",
          TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity")),
         ("production:com.example.other", TokenScope(environment: .production, topic: "com.example.other")),
-        ("production:com.apple.mgmt.External:1", TokenScope(environment: .production, topic: "com.apple.mgmt.External:1")),
+        ("production:com.apple.mgmt.External.6b0f6ac2-7a1c-4b8e-9a51-2f3c1d0e9b77",
+         TokenScope(environment: .production, topic: "com.apple.mgmt.External.6b0f6ac2-7a1c-4b8e-9a51-2f3c1d0e9b77")),
     ])
     func cacheValuesReadAndWriteBack(value: String, scope: TokenScope) {
         #expect(TokenScope(cacheValue: value) == scope)
@@ -20,7 +21,8 @@ import WorkerPipeline
     }
 
     @Test(arguments: ["", "Production", "staging", "production:", "sandbox: com.example.app", "test:com.example.app",
-                      ":com.example.app", "production:com.example\u{0}app", "production:" + String(repeating: "a", count: 256)])
+                      ":com.example.app", "production:com.example\u{0}app", "production:" + String(repeating: "a", count: 256),
+                      "production:com.example.app:1", "production:com.example/app", "production:com..app"])
     func unreadableValuesAreRefused(value: String) {
         #expect(TokenScope(cacheValue: value) == nil)
     }
