@@ -19,6 +19,25 @@ import Telemetry
 /// newest it has seen, so a timestamp ahead of the clock would silence the updates after it); every event carries
 /// `content_state` (an end its final state), a start also `attributes_type`, `attributes` and `alert`; only a start
 /// carries attributes and the input push channel or token.
+/// An activity's id, as jobs, registrations and `tokens add --activity` name it: it becomes part of a Redis key
+/// (`apns:activity:<id>`), where a brace would move a cluster's hash tag and a `*` or a space means something to
+/// SCAN patterns and shells. ActivityKit's ids are UUIDs; a backend's own ids fit the same characters.
+public enum LiveActivityID {
+    public static let rule = "1 to 256 ASCII letters, digits, \"-\", \"_\", \".\" or \":\""
+
+    public static func isValid(_ id: some StringProtocol) -> Bool {
+        let bytes = id.utf8
+        return (1...256).contains(bytes.count) && bytes.allSatisfy { byte in
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."),
+                 UInt8(ascii: ":"): true
+            default: false
+            }
+        }
+    }
+}
+
 struct LiveActivityRequest {
     enum Event: String, CaseIterable {
         case start, update, end

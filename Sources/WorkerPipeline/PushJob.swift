@@ -116,7 +116,7 @@ public struct PushJob: Sendable, Equatable {
         }
         let activity = try string(members.activity, named: "activity")
         if let activity {
-            guard !activity.isEmpty, activity.utf8.count <= 256 else { throw .badUser(field: "activity") }
+            guard LiveActivityID.isValid(activity) else { throw .badActivityID }
             guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
         }
         if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
@@ -481,6 +481,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case tooManyTargets(Int, limit: Int)
     /// `field` names the value as the sender wrote it: `users[3]` in a job, `user` in an event.
     case badUser(field: String)
+    /// An activity id that is not one (`LiveActivityID`).
+    case badActivityID
     case badToken(field: String, String)
     case badEnvironment(String)
     case unknownPushType(String)
@@ -505,6 +507,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .noTargets: "no targets: give \"users\" or \"tokens\" (at least one entry)"
         case .tooManyTargets(let count, let limit): "\(count) targets, over the limit of \(limit) per job"
         case .badUser(let field): "\(field) must be 1 to 256 bytes"
+        case .badActivityID: "\"activity\" must be \(LiveActivityID.rule)"
         case .badToken(let field, let why): "\(field): \(why)"
         case .badEnvironment(let text): "environment \"\(text)\" is neither \"production\" nor \"sandbox\""
         case .unknownPushType(let text):

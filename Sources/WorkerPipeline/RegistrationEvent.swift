@@ -66,7 +66,7 @@ public struct RegistrationEvent: Sendable, Equatable {
         }
         let activity = try PushJob.optionalString(document, "activity")
         if let activity {
-            guard !activity.isEmpty, activity.utf8.count <= 256 else { throw .badUser(field: "activity") }
+            guard LiveActivityID.isValid(activity) else { throw .badActivityID }
             guard topic.map({ $0.hasSuffix(APNsPushType.liveactivity.topicSuffix) }) == true else {
                 throw .wrongType(field: "topic", expected: "a Live Activity topic (<bundle>.push-type.liveactivity) beside "
                                  + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")

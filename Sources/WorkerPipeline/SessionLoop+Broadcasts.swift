@@ -78,7 +78,6 @@ extension SessionLoop {
                 }
                 continue
             }
-            statistics.sent.add(delivery.lane, 1)
             worker.sender.send(broadcast, environment: job.environment, lane: delivery.lane) { result in
                 answers.withLock {
                     $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job, result: result))
@@ -124,23 +123,25 @@ extension SessionLoop {
     private func settle(_ answered: [BroadcastAnswer]) throws {
         try recordDelivered(answered)
         var publications: [Publication] = []
-        var owners: [(index: Int, isRetry: Bool)] = []
+        // The retry copy or the parked job must be taken before the job is acknowledged; a summary need not.
+        var owners: [(index: Int, mustBeTaken: Bool)] = []
         for (index, entry) in answered.enumerated() {
             for publication in broadcastPublications(entry) {
                 publications.append(publication)
-                if case .retry = publication.destination { owners.append((index, true)) } else { owners.append((index, false)) }
+                let isSummary = if case .reply = publication.destination { true } else { false }
+                owners.append((index, !isSummary))
             }
         }
         let outcomes = try session.broker.publish(publications)
-        var retryLost = Set<Int>()
+        var notTaken = Set<Int>()
         for (owner, outcome) in zip(owners, outcomes) where outcome != .taken {
-            if owner.isRetry { retryLost.insert(owner.index) } else { statistics.countRefusedPublish("summary") }
+            if owner.mustBeTaken { notTaken.insert(owner.index) } else { statistics.countRefusedPublish("summary") }
         }
         var settled: [UInt64] = []
         for (index, entry) in answered.enumerated() {
             underWay.settled(entry.delivery.tag)
-            if retryLost.contains(index) {
-                // Not broadcast (APNs asked to try later): given back, it is tried again.
+            if notTaken.contains(index) {
+                // Its retry copy or its parked copy was not taken: given back, it is settled again.
                 statistics.countRefusedPublish("job_outputs")
                 try session.broker.requeue(entry.delivery.tag)
             } else {
@@ -153,8 +154,10 @@ extension SessionLoop {
         core.handle(.jobsSettled(answered.count))
     }
 
-    /// What one answered broadcast publishes: a retry copy if APNs asked to try later and attempts remain, and the
-    /// summary its sender asked for (reply_to).
+    /// What one answered broadcast publishes: a retry copy if APNs asked to try later and attempts remain, the job
+    /// parked with its reason when they are spent, and the summary its sender asked for (reply_to), once: a
+    /// redelivered job that broadcast already publishes none. Counted in `apns_worker_broadcasts_total` only: a
+    /// broadcast is no device notification.
     private func broadcastPublications(_ entry: BroadcastAnswer) -> [Publication] {
         let (delivery, job, result) = (entry.delivery, entry.job, entry.result)
         let attempt = Int(delivery.properties.headers[Self.broadcastAttemptHeader] ?? "") ?? 1
@@ -178,41 +181,54 @@ extension SessionLoop {
                                                 properties: properties))
             case .expire:
                 outcome = "expired"
-            case .none, .park:
+            case .park:
+                let parkedReason = "broadcast not delivered after \(attempt) attempts: \(reason)"
+                var properties = delivery.properties
+                properties.persistent = true
+                properties.headers[Worker.reasonHeader] = parkedReason
+                properties.headers[Worker.attemptsHeader] = String(attempt)
+                publications.append(Publication(destination: .failed, body: delivery.body, properties: properties))
+                statistics.jobsParked.add(1, ordering: .relaxed)
+                logger.error("job parked after its last attempt", ["job.id": job.id, "job.reason": parkedReason])
+            case .none:
                 break
             }
         }
-        if entry.kind == .alreadySent {
-            // Counted when it was sent.
-        } else if outcome == "expired" {
+        if entry.kind != .alreadySent {
+            // A job that broadcast already was counted when it did.
             statistics.countBroadcast(outcome)
-            statistics.expired.add(1, ordering: .relaxed)
-        } else if outcome == "delivered" {
-            statistics.countBroadcast(outcome)
-            statistics.delivered.add(1, ordering: .relaxed)
-        } else {
-            statistics.countBroadcast(outcome)
-            statistics.countUnsuccessful(status: result.response?.status, reason: reason)
-            if outcome == "failed" { statistics.permanentFailures.add(1, ordering: .relaxed) }
+        }
+        if outcome == "failed" || outcome == "retrying" {
             logger.warning("broadcast not delivered", ["job.id": job.id, "apns.channel": job.channelID ?? "",
                                                        "apns.reason": Redact.outsideText(result.response?.reason?.rawValue
                                                                                          ?? result.error ?? reason),
                                                        "broadcast.outcome": outcome])
         }
-        if let replyTo = delivery.properties.replyTo {
-            var properties = MessageProperties(correlationID: delivery.properties.correlationID)
-            properties.persistent = false
-            let failedByReason = outcome == "failed" ? "{\(JSONString.quote(reason)):1}" : "{}"
-            var summary = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(attempt),"
-                + "\"channel_id\":\(JSONString.quote(job.channelID ?? "")),\"notifications\":1,"
-                + "\"delivered\":\(outcome == "delivered" ? 1 : 0),\"dead\":0,\"failed\":\(outcome == "failed" ? 1 : 0),"
-                + "\"retrying\":\(outcome == "retrying" ? 1 : 0),\"held_back\":0,\"expired\":\(outcome == "expired" ? 1 : 0),"
-                + "\"failed_by_reason\":\(failedByReason)"
-            if let uniqueID = result.response?.apnsUniqueID { summary += ",\"apns_unique_id\":\(JSONString.quote(uniqueID))" }
-            publications.append(Publication(destination: .reply(replyTo), body: Array((summary + "}").utf8),
-                                            properties: properties))
+        if let replyTo = delivery.properties.replyTo, entry.kind != .alreadySent {
+            publications.append(Publication(destination: .reply(replyTo),
+                                            body: Self.broadcastSummary(job: job, attempt: attempt, outcome: outcome,
+                                                                        reason: reason, result: result),
+                                            properties: Self.summaryProperties(delivery)))
         }
         return publications
+    }
+
+    private static func summaryProperties(_ delivery: JobDelivery) -> MessageProperties {
+        var properties = MessageProperties(correlationID: delivery.properties.correlationID)
+        properties.persistent = false
+        return properties
+    }
+
+    private static func broadcastSummary(job: PushJob, attempt: Int, outcome: String, reason: String,
+                                         result: APNsResult) -> [UInt8] {
+        let failedByReason = outcome == "failed" ? "{\(JSONString.quote(reason)):1}" : "{}"
+        var summary = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(attempt),"
+            + "\"channel_id\":\(JSONString.quote(job.channelID ?? "")),\"notifications\":1,"
+            + "\"delivered\":\(outcome == "delivered" ? 1 : 0),\"dead\":0,\"failed\":\(outcome == "failed" ? 1 : 0),"
+            + "\"retrying\":\(outcome == "retrying" ? 1 : 0),\"held_back\":0,\"expired\":\(outcome == "expired" ? 1 : 0),"
+            + "\"failed_by_reason\":\(failedByReason)"
+        if let uniqueID = result.response?.apnsUniqueID { summary += ",\"apns_unique_id\":\(JSONString.quote(uniqueID))" }
+        return Array((summary + "}").utf8)
     }
 
     private static func isRetryable(_ outcome: APNsOutcome) -> Bool {

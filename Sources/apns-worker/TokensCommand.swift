@@ -203,11 +203,12 @@ private func migrateTokens(from text: String, _ parsed: ParsedArguments) -> Neve
     exit(ExitCode.success)
 }
 
-/// `--activity ID`: with `add` only, 1 to 256 bytes, beside a Live Activity topic (an update token's); else exit 2.
+/// `--activity ID`: with `add` only, an activity id (`LiveActivityID`), beside a Live Activity topic (an update
+/// token's); else exit 2.
 private func checkActivityOption(_ activity: String, action: String, topic: String?) {
     guard action == "add" else { fail("tokens \(action): --activity goes with add", code: ExitCode.usage) }
-    guard !activity.isEmpty, activity.utf8.count <= 256 else {
-        fail("tokens add: --activity must be 1 to 256 bytes", code: ExitCode.usage)
+    guard LiveActivityID.isValid(activity) else {
+        fail("tokens add: --activity must be \(LiveActivityID.rule)", code: ExitCode.usage)
     }
     guard topic?.hasSuffix(APNsPushType.liveactivity.topicSuffix) == true else {
         fail("tokens add: --activity wants --topic <bundle>.push-type.liveactivity (an update token's topic)",

@@ -198,24 +198,31 @@ import WorkerPipeline
         }
     }
 
-    /// A broadcast APNs asks to try later goes through the lane's delay queue and out again, once: a summary says
-    /// retrying, the next says delivered; and a job whose earlier delivery broadcast already (its record says so)
-    /// is settled without a second broadcast.
-    @Test func aThrottledBroadcastIsRetriedAndNeverSentTwice() throws {
+    /// A simulator that answers the first `throttled` broadcasts 429, the worker's settings for it, and a channel.
+    private static func throttlingSimulator(_ throttled: Int, _ logger: Logger) throws
+        -> (simulator: APNsSimulator, settings: [String: String], channel: String) {
         var (simulator, settings) = try Self.simulatorWithKey(logger)
         simulator.shutdown()
         var behaviour = APNsSimulator.Behaviour()
-        behaviour.throttleFirstBroadcasts = 1
+        behaviour.throttleFirstBroadcasts = throttled
         let pem = try String(contentsOfFile: try #require(settings["APNS_KEY_FILE"]), encoding: .utf8)
         simulator = try APNsSimulator(configuration: .init(trustedKeys: ["KEY000000A": .init(teamID: "TEAM00000A",
                                                                                             key: try ES256Key(pem: pem))],
                                                            behaviour: behaviour), logger: logger)
-        defer { simulator.shutdown() }
         let url = "https://127.0.0.1:\(simulator.port)"
         settings.merge(["APNS_CHANNELS_PRODUCTION_URL": url, "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
                         "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
                         "APNS_RETRY_DELAYS": "1"]) { $1 }
         let channel = try Self.channels(["create"], settings).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        return (simulator, settings, channel)
+    }
+
+    /// A broadcast APNs asks to try later goes through the lane's delay queue and out again, once: a summary says
+    /// retrying, the next says delivered. The same job again (as a redelivery brings it, its record saying it went
+    /// out) is acknowledged with no second broadcast and no second summary. Broadcasts are no device notifications.
+    @Test func aThrottledBroadcastIsRetriedAndNeverSentOrSummarisedTwice() throws {
+        let (simulator, settings, channel) = try Self.throttlingSimulator(1, logger)
+        defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings), logger: logger)
         defer { worker.stop() }
@@ -227,11 +234,42 @@ import WorkerPipeline
         #expect(summaries.first?["retrying"] as? Int == 1 && summaries.first?["attempt"] as? Int == 1, "\(summaries)")
         #expect(summaries.last?["delivered"] as? Int == 1 && summaries.last?["attempt"] as? Int == 2, "\(summaries)")
         #expect(simulator.broadcastsByChannel() == [channel: 1])
-        // The same job again, as a redelivery would bring it: the record says it went out; nothing is sent.
+        let statistics = worker.worker.statistics
+        let completed = statistics.jobsCompleted.load(ordering: .relaxed)
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
-        let again = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
-        #expect(again["delivered"] as? Int == 1, "\(again)")
+        // Acknowledged means settled: a summary it published would be on the queue by then.
+        #expect(TestServices.waitUntil(timeout: 20) { statistics.jobsCompleted.load(ordering: .relaxed) > completed },
+                "the same job again was settled")
+        #expect(statistics.duplicatesAvoided.load(ordering: .relaxed) == 1)
+        #expect(try replyReader.read(1, timeout: 1).isEmpty, "no second summary")
         #expect(simulator.broadcastsByChannel() == [channel: 1], "not broadcast a second time")
-        #expect(worker.worker.statistics.broadcastCount("retrying") == 1 && worker.worker.statistics.broadcastCount("delivered") == 1)
+        #expect(statistics.broadcastCount("retrying") == 1 && statistics.broadcastCount("delivered") == 1)
+        #expect(statistics.delivered.load(ordering: .relaxed) == 0 && statistics.sent[.urgent] + statistics.sent[.bulk] == 0,
+                "a broadcast is no device notification")
+    }
+
+    /// A broadcast APNs keeps throttling until its attempts are spent is parked on PUSH_FAILED_QUEUE with its reason,
+    /// as a device job is, not acknowledged and dropped.
+    @Test func aBroadcastThrottledUntilItsAttemptsRunOutIsParkedWithItsReason() throws {
+        let (simulator, settings, channel) = try Self.throttlingSimulator(100, logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let failed = TestServices.unique("failed")
+        let failedReader = try QueueReader(failed)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
+            "APNS_MAX_ATTEMPTS": "2", "PUSH_FAILED_QUEUE": failed]) { $1 }), logger: logger)
+        defer { worker.stop() }
+        let now = Int(Date().timeIntervalSince1970)
+        let body = #"{"id": "\#(TestServices.unique("busy"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-2"}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let parked = try #require(try failedReader.read(1, timeout: 30).first, "the broadcast was parked")
+        #expect(String(decoding: parked.body, as: UTF8.self) == body, "parked as it was sent")
+        let reason = parked.properties.headers[Worker.reasonHeader] ?? ""
+        #expect(reason == "broadcast not delivered after 2 attempts: TooManyRequests", "\(reason)")
+        let summaries = try replyReader.read(2, timeout: 10).map { try Self.json(String(decoding: $0.body, as: UTF8.self)) }
+        #expect(summaries.map { $0["retrying"] as? Int } == [1, 0] && summaries.last?["failed"] as? Int == 1
+                && summaries.last?["failed_by_reason"] as? [String: Int] == ["TooManyRequests": 1], "\(summaries)")
+        #expect(simulator.broadcastsByChannel().isEmpty, "nothing went out")
+        #expect(worker.worker.statistics.jobsParked.load(ordering: .relaxed) == 1)
     }
 }

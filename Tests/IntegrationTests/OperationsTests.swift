@@ -88,6 +88,11 @@ import WorkerPipeline
         #expect(bad.status == 2)
         #expect(bad.errors.contains("TOKEN"), "\(bad.errors)")
         #expect(try Self.apnsWorker(["tokens", "frobnicate"]).status == 2)
+        let badActivity = try Self.apnsWorker(["tokens", "add", alice, phone, "--topic",
+                                               "com.example.app.push-type.liveactivity", "--activity", "a b}{*"])
+        #expect(badActivity.status == 2 && badActivity.errors.contains("--activity must be 1 to 256 ASCII letters"),
+                "\(badActivity)")
+        #expect(try redis.command(["EXISTS", "apns:activity:a b}{*"]).integer == 0)
     }
 
     @Test func enqueueFromAFilePublishesGoodJobsAndNamesTheBadLines() throws {

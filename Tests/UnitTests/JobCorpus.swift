@@ -45,6 +45,10 @@ enum JobCorpus {
         (#"{"users": ["u"], "topic": "com.example.app\n", "payload": {}}"#, "\"topic\" holds a byte that is not an ASCII letter"),
         (#"{"topic": "t", "channel_id": "abc", "live_activity": {"event": "update", "timestamp": 1, "content_state": {}}}"#,
          "not base64"),
+        // An activity id names a Redis key: braces would move its cluster hash tag, "*" and spaces mean things to SCAN.
+        (#"{"topic": "t", "activity": "a b}{*", "payload": {}}"#, "\"activity\" must be 1 to 256 ASCII letters"),
+        (#"{"topic": "t", "activity": "match{42}", "payload": {}}"#, "\"activity\" must be 1 to 256 ASCII letters"),
+        (#"{"topic": "t", "activity": "", "payload": {}}"#, "\"activity\" must be 1 to 256 ASCII letters"),
         // A prevalidation job sends a silent push, and its campaign's payload is still checked.
         (#"{"users": ["u"], "topic": "t", "prevalidate": true, "payload": "hi"}"#, "\"payload\" must be an object"),
         (#"{"users": ["u"], "topic": "t", "prevalidate": true, "payload": {}, "live_activity": {"event": "update", "timestamp": 1, "content_state": {}}}"#,

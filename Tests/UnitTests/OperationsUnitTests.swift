@@ -16,6 +16,11 @@ import WorkerPipeline
         #expect(try RegistrationEvent.decode(Array(body.utf8), now: 5).registration.activity == "match-42")
         let wrongTopic = #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app", "activity": "match-42"}"#
         #expect(throws: JobError.self) { try RegistrationEvent.decode(Array(wrongTopic.utf8), now: 5) }
+        for activity in ["a b}{*", "match{42}", "", String(repeating: "a", count: 257), "matčh"] {
+            let bad = #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app.push-type.liveactivity", "activity": "\#(activity)"}"#
+            #expect(throws: JobError.badActivityID, "\(activity)") { try RegistrationEvent.decode(Array(bad.utf8), now: 5) }
+        }
+        #expect(LiveActivityID.isValid("6B0F6AC2-7A1C-4B8E-9A51-2F3C1D0E9B77") && LiveActivityID.isValid("match_42:half.2"))
         let job = try PushJob.decode(Array(#"{"topic": "com.example.app", "activity": "match-42", "payload": {"aps": {}}}"#.utf8),
                                      defaultTopic: nil, fallbackID: "x")
         #expect(job.activity == "match-42" && job.users.isEmpty && job.tokens.isEmpty)
