@@ -35,7 +35,7 @@ let package = Package(
         .target(name: "Redis", dependencies: ["CHiredis", "TLS", "Telemetry"], swiftSettings: hotPath),
         .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "Telemetry"], swiftSettings: hotPath),
         // Apple's vocabulary and rules: notifications, answers and what they mean, reasons, JSON. No connection.
-        .target(name: "APNsModel", dependencies: ["Telemetry"], swiftSettings: hotPath),
+        .target(name: "APNsModel", swiftSettings: hotPath),
         // The APNs client: connections, provider tokens, certificates (re-exports APNsModel).
         .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
@@ -44,7 +44,7 @@ let package = Package(
         .target(name: "WorkerPipeline", dependencies: ["APNsModel", "Telemetry"], swiftSettings: hotPath),
         // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
         .target(name: "AMQPBroker", dependencies: ["AMQP", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNsModel", "Telemetry"], swiftSettings: hotPath),
         // The pipeline's sender port over the APNs client.
         .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
         // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a

@@ -405,23 +405,29 @@ public final class AMQPConnection {
 
     // MARK: reading frames
 
+    /// The next frame, or nil if none came within `timeout` seconds (nil: wait as long as it takes).
+    private func waitFrame(timeout: Double?) throws(AMQPError) -> amqp_frame_t? {
+        var frame = amqp_frame_t()
+        var status: Int32
+        if let timeout {
+            var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
+            status = amqp_simple_wait_frame_noblock(state, &frame, &wait)
+        } else {
+            status = amqp_simple_wait_frame(state, &frame)
+        }
+        if status == AMQP_STATUS_TIMEOUT.rawValue { return nil }
+        guard status == AMQP_STATUS_OK.rawValue else {
+            isOpen = false
+            AMQPNodeHealth.shared.noteSilent(url)
+            throw AMQPError(kind: .connectionLost, code: Int(status),
+                            "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
+        }
+        return frame
+    }
+
     private func readEvent(timeout: Double?) throws(AMQPError) -> AMQPEvent? {
         while true {
-            var frame = amqp_frame_t()
-            var status: Int32
-            if let timeout {
-                var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
-                status = amqp_simple_wait_frame_noblock(state, &frame, &wait)
-            } else {
-                status = amqp_simple_wait_frame(state, &frame)
-            }
-            if status == AMQP_STATUS_TIMEOUT.rawValue { return nil }
-            guard status == AMQP_STATUS_OK.rawValue else {
-                isOpen = false
-                AMQPNodeHealth.shared.noteSilent(url)
-                throw AMQPError(kind: .connectionLost, code: Int(status),
-                                "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
-            }
+            guard let frame = try waitFrame(timeout: timeout) else { return nil }
             guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { continue }
             let method = frame.payload.method
             switch method.id {
@@ -453,25 +459,30 @@ public final class AMQPConnection {
                 continue
             case Method.connectionBlocked, Method.connectionUnblocked, Method.connectionClose:
                 return try connectionMethod(method)
-            case Method.basicCancel:
-                // The broker ended a consumer (its queue was deleted, or its node left a cluster): nothing more will
-                // arrive on it. Reported as a lost connection, so that the owner connects again, declares its queues
-                // and consumes afresh, instead of waiting forever on a consumer that no longer exists.
-                let cancel = method.decoded.assumingMemoryBound(to: amqp_basic_cancel_t.self).pointee
-                isOpen = false
-                throw AMQPError(kind: .connectionLost,
-                                "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
-            case Method.channelClose:
-                let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
-                let text = Self.string(close.reply_text)
-                var ok = amqp_channel_close_ok_t(dummy: 0)
-                amqp_send_method(state, frame.channel, Method.channelCloseOk, &ok)
-                isOpen = false
-                throw AMQPError(kind: .brokerRefused, code: Int(close.reply_code), "broker closed the channel: \(text)")
+            case Method.basicCancel, Method.channelClose:
+                throw ended(by: method, channel: frame.channel)
             default:
                 continue
             }
         }
+    }
+
+    /// The broker ended the consumer or closed the channel: what that means for the owner.
+    private func ended(by method: amqp_method_t, channel: amqp_channel_t) -> AMQPError {
+        isOpen = false
+        guard method.id == Method.channelClose else {
+            // The broker ended a consumer (its queue was deleted, or its node left a cluster): nothing more will
+            // arrive on it. Reported as a lost connection, so that the owner connects again, declares its queues
+            // and consumes afresh, instead of waiting forever on a consumer that no longer exists.
+            let cancel = method.decoded.assumingMemoryBound(to: amqp_basic_cancel_t.self).pointee
+            return AMQPError(kind: .connectionLost,
+                             "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
+        }
+        let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
+        var ok = amqp_channel_close_ok_t(dummy: 0)
+        amqp_send_method(state, channel, Method.channelCloseOk, &ok)
+        return AMQPError(kind: .brokerRefused, code: Int(close.reply_code),
+                         "broker closed the channel: \(Self.string(close.reply_text))")
     }
 
     /// A delivery's header and body frames, read straight off the connection. (amqp_read_message would copy them

@@ -4,22 +4,6 @@ import Synchronization
 import Telemetry
 import TLS
 
-extension APNsBroadcast {
-    func request(authority: String, authorization: String?) -> HTTP2Request {
-        var headers = HTTP2HeaderBlock(capacity: 512)
-        headers.add(":method", "POST")
-        headers.add(":scheme", "https")
-        headers.add(":authority", authority)
-        headers.add(":path", "/4/broadcasts/apps/" + bundle)
-        if let authorization { headers.add("authorization", authorization) }
-        headers.add("apns-channel-id", channelID)
-        headers.add("apns-push-type", APNsPushType.liveactivity.rawValue)
-        headers.add("apns-priority", String(priority.rawValue))
-        headers.add("apns-expiration", String(expiration))
-        return HTTP2Request(headers: headers, body: payload)
-    }
-}
-
 /// How a channel keeps broadcasts for devices that are offline (Apple's `message-storage-policy`).
 public enum APNsChannelStorage: Int, Sendable, CaseIterable {
     /// 0: nothing is stored; a broadcast's `apns-expiration` must be 0.
@@ -91,43 +75,41 @@ public final class APNsChannelClient: Sendable {
     /// A new channel of `bundle`: its id.
     public func create(bundle: String, storage: APNsChannelStorage) throws(APNsChannelError) -> String {
         let body = "{\"message-storage-policy\":\(storage.rawValue),\"push-type\":\"LiveActivity\"}"
-        let response = try call("POST", "/1/apps/\(bundle)/channels", body: Array(body.utf8), expecting: 201)
+        let response = try call(.channels(bundle: bundle, .create), body: Array(body.utf8))
         return try APNsChannelAnswer.createdChannel(response.header("apns-channel-id"))
     }
 
     /// Every channel id of `bundle`.
     public func list(bundle: String) throws(APNsChannelError) -> [String] {
-        let response = try call("GET", "/1/apps/\(bundle)/all-channels", expecting: 200)
+        let response = try call(.channels(bundle: bundle, .list))
         return try APNsChannelAnswer.channels(response.body)
     }
 
     /// How the channel keeps messages.
     public func show(bundle: String, channel: String) throws(APNsChannelError) -> APNsChannelStorage {
-        let response = try call("GET", "/1/apps/\(bundle)/channels", channel: channel, expecting: 200)
+        let response = try call(.channels(bundle: bundle, .read), channel: channel)
         return try APNsChannelAnswer.storage(response.body)
     }
 
     public func delete(bundle: String, channel: String) throws(APNsChannelError) {
-        _ = try call("DELETE", "/1/apps/\(bundle)/channels", channel: channel, expecting: 204)
+        _ = try call(.channels(bundle: bundle, .delete), channel: channel)
     }
 
-    private func call(_ method: String, _ path: String, channel: String? = nil, body: [UInt8] = [],
-                      expecting status: Int) throws(APNsChannelError) -> HTTP2Response {
-        var headers = HTTP2HeaderBlock(capacity: 512)
-        headers.add(":method", method)
-        headers.add(":scheme", "https")
-        headers.add(":authority", client.authority)
-        headers.add(":path", path)
-        if case .token(let provider) = credential.authentication {
-            do { headers.add("authorization", try provider.authorization()) } catch {
-                throw .unexpected("cannot sign the provider token: \(error)")
-            }
+    private func call(_ route: APNsRoute, channel: String? = nil, body: [UInt8] = []) throws(APNsChannelError)
+        -> HTTP2Response {
+        do throws(APNsRequestError) { try route.validate() } catch { throw .unexpected(error.description) }
+        var headers: HTTP2HeaderBlock
+        do {
+            headers = APNsRequest.fields(route, authority: client.authority, authorization: try credential.authorization(),
+                                         capacity: 512)
+        } catch {
+            throw .unexpected("cannot sign the provider token: \(error)")
         }
         if let channel { headers.add("apns-channel-id", channel) }
         if !body.isEmpty { headers.add("content-type", "application/json") }
         let answer = Locked<Result<HTTP2Response, HTTP2StreamError>?>(nil)
         let done = DispatchSemaphore(value: 0)
-        client.send(HTTP2Request(headers: headers, body: body)) { result in
+        client.send(APNsRequest.request(route, fields: headers, body: body)) { result in
             answer.withLock { $0 = result }
             done.signal()
         }
@@ -137,7 +119,7 @@ public final class APNsChannelClient: Sendable {
         switch result {
         case .failure(let error):
             throw .noAnswer(error.description)
-        case .success(let response) where response.status == status:
+        case .success(let response) where response.status == route.expectedStatus:
             return response
         case .success(let response):
             throw APNsChannelAnswer.refusal(status: response.status, body: response.body)

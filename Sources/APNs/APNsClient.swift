@@ -166,7 +166,7 @@ public final class APNsClient: Sendable {
     /// One credential for every topic.
     public convenience init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
         let credential = APNsCredential(name: authentication.name, authentication: authentication, bundles: [],
-                                        fingerprint: [])
+                                        material: [])
         // Cannot throw: no bundle is listed.
         self.init(configuration: configuration, credentials: try! APNsCredentials(entries: [], fallback: credential),
                   logger: logger)
@@ -212,8 +212,7 @@ public final class APNsClient: Sendable {
         for (credential, indices) in groups {
             guard let credential else {
                 immediate += (indices ?? Array(notifications.indices)).map {
-                    ($0, APNsResult(outcome: .permanentFailure,
-                                    error: "no APNs credential serves topic " + notifications[$0].topic))
+                    ($0, APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + notifications[$0].topic))
                 }
                 continue
             }
@@ -246,39 +245,55 @@ public final class APNsClient: Sendable {
         return groups
     }
 
+    /// What sending with a credential in an environment takes: its pool of connections and its provider token.
+    private struct Lease {
+        var pool: HTTP2Client
+        var key: PoolKey
+        var authorization: String?
+    }
+
+    private enum Leasing {
+        case leased(Lease)
+        /// What every request gets instead, unsent.
+        case answered(APNsResult)
+    }
+
+    /// The pool (opened if needed) and the signature for requests of `credential` in `environment` on `traffic`'s
+    /// connections: the one place device pushes and broadcasts get them.
+    private func lease(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: APNsTraffic) -> Leasing {
+        let authorization: String?
+        do { authorization = try credential.authorization() } catch {
+            logger.critical("cannot sign the APNs provider token", ["apns.credential": credential.name, "error": "\(error)"])
+            return .answered(APNsResult(outcome: .permanentFailure, error: "\(error)"))
+        }
+        let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
+        do {
+            guard let pool = try self.pool(for: key, credential) else {
+                // Replaced between the lookup and now: the new credentials decide.
+                return .answered(APNsResult(outcome: .retryLater(delay: 0), error: "APNs credentials reloaded"))
+            }
+            return .leased(Lease(pool: pool, key: key, authorization: authorization))
+        } catch {
+            return .answered(APNsResult(outcome: .permanentFailure, error: "\(error)"))
+        }
+    }
+
     /// Sends the notifications at `indices` (nil: all of them), all of one credential.
     private func send(_ notifications: [APNsNotification], _ indices: [Int]?,
                       credential: APNsCredential, traffic: APNsTraffic, immediate: inout [(Int, APNsResult)],
                       completion: @escaping @Sendable (Int, APNsResult) -> Void) {
-        var authorization: String?
-        if case .token(let provider) = credential.authentication {
-            do { authorization = try provider.authorization() } catch {
-                logger.critical("cannot sign the APNs provider token", ["apns.credential": credential.name,
-                                                                        "error": "\(error)"])
-                immediate += (indices ?? Array(notifications.indices)).map {
-                    ($0, APNsResult(outcome: .permanentFailure, error: "\(error)"))
-                }
-                return
-            }
-        }
         for environment in APNsEnvironment.allCases {
             let inEnvironment = indices.map { $0.filter { notifications[$0].environment == environment } }
                 ?? notifications.indices.filter { notifications[$0].environment == environment }
             guard !inEnvironment.isEmpty else { continue }
-            let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
-            let pool: HTTP2Client
-            do {
-                guard let found = try self.pool(for: key, credential) else {
-                    // Replaced between the lookup and now: the new credentials decide.
-                    immediate += inEnvironment.map { ($0, APNsResult(outcome: .retryLater(delay: 0),
-                                                                     error: "APNs credentials reloaded")) }
-                    continue
-                }
-                pool = found
-            } catch {
-                immediate += inEnvironment.map { ($0, APNsResult(outcome: .permanentFailure, error: "\(error)")) }
+            let lease: Lease
+            switch self.lease(credential, environment, traffic) {
+            case .leased(let leased): lease = leased
+            case .answered(let result):
+                immediate += inEnvironment.map { ($0, result) }
                 continue
             }
+            let (pool, key, authorization) = (lease.pool, lease.key, lease.authorization)
             var requests: [HTTP2Request] = []
             var sendable: [Int] = []
             var template = RequestTemplate()
@@ -310,7 +325,8 @@ public final class APNsClient: Sendable {
                 send([notifications[original]], traffic: traffic) { _, result in completion(original, result) }
             }
             pool.send(requests) { [self] position, result in
-                let answer = interpret(result, environment: environment, credential: credential)
+                let route = APNsRoute.device(token: notifications[sentIndices[position]].deviceToken)
+                let answer = interpret(result, route: route, environment: environment, credential: credential)
                 if sendsAgain(after: result, answer, pool: pool, key: key, credential: credential) {
                     retry(position)
                 } else {
@@ -331,26 +347,17 @@ public final class APNsClient: Sendable {
             return answer(APNsResult(outcome: .permanentFailure, error: error.description))
         }
         guard let credential = credential(forTopic: broadcast.bundle) else {
-            return answer(APNsResult(outcome: .permanentFailure, error: "no APNs credential serves topic \(broadcast.bundle)"))
+            return answer(APNsResult(outcome: .unserved, error: "no APNs credential serves topic \(broadcast.bundle)"))
         }
-        var authorization: String?
-        if case .token(let provider) = credential.authentication {
-            do { authorization = try provider.authorization() } catch {
-                return answer(APNsResult(outcome: .permanentFailure, error: "\(error)"))
-            }
+        let lease: Lease
+        switch self.lease(credential, environment, traffic) {
+        case .leased(let leased): lease = leased
+        case .answered(let result): return answer(result)
         }
-        let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
-        let pool: HTTP2Client
-        do {
-            guard let found = try self.pool(for: key, credential) else {
-                return answer(APNsResult(outcome: .retryLater(delay: 0), error: "APNs credentials reloaded"))
-            }
-            pool = found
-        } catch {
-            return answer(APNsResult(outcome: .permanentFailure, error: "\(error)"))
-        }
-        pool.send(broadcast.request(authority: pool.authority, authorization: authorization)) { [self] result in
-            let outcome = interpret(result, environment: environment, credential: credential)
+        let (pool, key) = (lease.pool, lease.key)
+        pool.send(broadcast.request(authority: pool.authority, authorization: lease.authorization)) { [self] result in
+            let outcome = interpret(result, route: .broadcast(bundle: broadcast.bundle), environment: environment,
+                                    credential: credential)
             if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential) {
                 send(broadcast, environment: environment, traffic: traffic, completion: completion)
             } else {
@@ -413,6 +420,7 @@ public final class APNsClient: Sendable {
             return retired.values.map(\.client)
         }
         for pool in retiredPools { pool.drain() }
+        Self.forgetRetiredSeries(openConnections, credentials)
         let kept = Set(before.all.map(ObjectIdentifier.init))
         return (after.all.filter { !kept.contains(ObjectIdentifier($0)) }.map(\.name),
                 before.all.filter { !live.contains(ObjectIdentifier($0)) }.map(\.name))
@@ -428,8 +436,19 @@ public final class APNsClient: Sendable {
     /// Open connections by credential, environment and traffic class.
     public var connectionCounts: [ConnectionLabels: Int] { openConnections.withLock { $0 } }
 
-    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, environment: APNsEnvironment,
-                           credential: APNsCredential) -> APNsResult {
+    /// The series of credentials a reload retired go once their last connection closed: /metrics names the
+    /// credentials in use (a current one's series stays, at 0 while it has no connection).
+    private static func forgetRetiredSeries(_ openConnections: Locked<[ConnectionLabels: Int]>,
+                                            _ credentials: Locked<APNsCredentials>) {
+        let current = Set(credentials.withLock { $0.all.map(\.name) })
+        openConnections.withLock { counts in
+            for (labels, count) in counts where count <= 0 && !current.contains(labels.credential) { counts[labels] = nil }
+        }
+    }
+
+    /// An answer as `route`'s table reads it.
+    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, route: APNsRoute,
+                           environment: APNsEnvironment, credential: APNsCredential) -> APNsResult {
         switch result {
         case .success(let http):
             let body: (reason: APNsReason?, timestamp: Int64?) = http.status == 200 ? (nil, nil)
@@ -442,7 +461,7 @@ public final class APNsClient: Sendable {
                               "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
                               "apns.environment": environment.rawValue, "apns.credential": credential.name])
             }
-            let outcome = APNsOutcome.classify(response)
+            let outcome = route.outcome(of: response)
             // Moved into the result, not copied (a copy counts the references of its strings and header fields).
             return APNsResult(outcome: outcome, response: consume response)
         case .failure(let error):
@@ -504,11 +523,13 @@ public final class APNsClient: Sendable {
                 requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
             let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
-            let observer = configuration.observer, openConnections = self.openConnections
+            let observer = configuration.observer, openConnections = self.openConnections, credentials = self.credentials
             poolConfiguration.observer = { event in
                 switch event {
                 case .opened: openConnections.withLock { $0[labels, default: 0] += 1 }
-                case .closed: openConnections.withLock { $0[labels, default: 0] -= 1 }
+                case .closed:
+                    openConnections.withLock { $0[labels, default: 0] -= 1 }
+                    Self.forgetRetiredSeries(openConnections, credentials)
                 default: break
                 }
                 observer?(environment, event)
@@ -568,22 +589,21 @@ struct RequestTemplate {
             key = Key(authority: authority, authorization: authorization, pushType: notification.pushType,
                       topic: notification.topic, priority: notification.priority, expiration: notification.expiration,
                       collapseID: notification.collapseID)
-            fields = HTTP2HeaderBlock(capacity: 640)
-            fields.add(":method", "POST")
-            fields.add(":scheme", "https")
-            fields.add(":authority", authority)
-            if let authorization { fields.add("authorization", authorization) }
+            fields = APNsRequest.fields(.device(token: notification.deviceToken), authority: authority,
+                                        authorization: authorization, capacity: 640)
             fields.add("apns-push-type", notification.pushType.rawValue)
             fields.add("apns-topic", notification.topic)
             fields.add("apns-priority", String(notification.priority.rawValue))
             if let expiration = notification.expiration { fields.add("apns-expiration", String(expiration)) }
             if let collapseID = notification.collapseID { fields.add("apns-collapse-id", collapseID) }
         }
-        let path = HTTP2Path(prefix: "/3/device/", rest: notification.deviceToken)
-        guard let apnsID = notification.apnsID else { return HTTP2Request(headers: fields, path: path, body: notification.payload) }
+        let route = APNsRoute.device(token: notification.deviceToken)
+        guard let apnsID = notification.apnsID else {
+            return APNsRequest.request(route, fields: fields, body: notification.payload)
+        }
         // A job's own apns-id: a block of its own for this request (rare; a fan-out job cannot name one).
         var headers = fields
         headers.add("apns-id", apnsID, indexed: false)
-        return HTTP2Request(headers: headers, path: path, body: notification.payload)
+        return APNsRequest.request(route, fields: headers, body: notification.payload)
     }
 }

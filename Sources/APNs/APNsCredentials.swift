@@ -1,10 +1,11 @@
+internal import COpenSSL
 import Foundation
 
 /// One credential a worker proves itself to APNs with, and the apps (bundle IDs) it serves.
 ///
 /// Apple binds a connection to one team (token authentication) or to one certificate: every credential has
-/// connections of its own. Compared by `fingerprint` (what it is made of, the key file's bytes included), so that a
-/// reload that reads the same credential again keeps its connections and its provider token.
+/// connections of its own. Compared by `fingerprint` (a digest of what it is made of, the key file's bytes included),
+/// so that a reload that reads the same credential again keeps its connections and its provider token.
 public final class APNsCredential: Sendable, CustomStringConvertible {
     /// For logs and metrics: `TEAMID/KEYID`, or `certificate:<file name>`. Never a secret.
     public let name: String
@@ -13,22 +14,33 @@ public final class APNsCredential: Sendable, CustomStringConvertible {
     public let bundles: Set<String>
     /// Notifications per second this credential may send across the fleet (0: only the fleet-wide limit).
     public let rateLimit: Int
-    /// What makes two readings of a credential the same credential.
+    /// What makes two readings of a credential the same credential: the SHA-256 of what it is made of (never the
+    /// key's bytes themselves, which stay in the key file and the signer).
     public let fingerprint: [UInt8]
     /// When a client certificate expires (certificate authentication only).
     public let certificateExpiry: Date?
 
     public init(name: String, authentication: APNsAuthentication, bundles: Set<String>, rateLimit: Int = 0,
-                fingerprint: [UInt8], certificateExpiry: Date? = nil) {
+                material: [UInt8], certificateExpiry: Date? = nil) {
         self.name = name
         self.authentication = authentication
         self.bundles = bundles
         self.rateLimit = rateLimit
-        self.fingerprint = fingerprint
+        self.fingerprint = Self.sha256(material)
         self.certificateExpiry = certificateExpiry
     }
 
     public var description: String { name }
+
+    static func sha256(_ bytes: [UInt8]) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
+        var length: UInt32 = 0
+        let hashed = bytes.withUnsafeBytes { EVP_Digest($0.baseAddress, $0.count, &digest, &length, EVP_sha256(), nil) }
+        // Not expected to fail in memory; were it to, a random fingerprint makes this reading differ from every other
+        // (its connections are renewed on a reload, no harm), never equal to another failed one.
+        guard hashed == 1 else { return (0..<32).map { _ in UInt8.random(in: .min ... .max) } }
+        return Array(digest.prefix(Int(length)))
+    }
 
     /// Same proof, same apps, same limit.
     func isSame(as other: APNsCredential) -> Bool {

@@ -81,6 +81,9 @@ public enum APNsOutcome: Sendable, Equatable {
     case replaceConnectionAndRetry
     /// Sending again cannot help: the notification or the configuration is wrong.
     case permanentFailure
+    /// Not sent: no credential serves the topic now (a reload took it away). The job waits for an operator, parked
+    /// with the reason; it is not the notification's fault.
+    case unserved
 
     public static func classify(_ response: APNsResponse) -> APNsOutcome {
         switch response.status {

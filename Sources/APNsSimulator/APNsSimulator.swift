@@ -55,6 +55,8 @@ public final class APNsSimulator: Sendable {
         public var clientCertificateCA: String?
         /// Told about every push as it is judged, on the server's thread (tests wait on it). Keep it short.
         public var observer: (@Sendable (ReceivedNotification) -> Void)?
+        /// Told about every broadcast it accepts (its channel id), before its answer leaves, on the server's thread.
+        public var broadcastObserver: (@Sendable (String) -> Void)?
         /// Plays the development environment (api.sandbox.push.apple.com), whose answers also carry
         /// `apns-unique-id`; production's carry only `apns-id`.
         public var isDevelopment: Bool
@@ -75,6 +77,7 @@ public final class APNsSimulator: Sendable {
             self.behaviour = behaviour
             self.clientCertificateCA = clientCertificateCA
             self.observer = nil
+            self.broadcastObserver = nil
             self.isDevelopment = isDevelopment
         }
     }
@@ -113,6 +116,9 @@ public final class APNsSimulator: Sendable {
         public var failFirstPushes: [String: Int] = [:]
         /// The first N broadcasts on any channel are answered 429 TooManyRequests (a busy APNs).
         public var throttleFirstBroadcasts = 0
+        /// Broadcasts are answered 410 Unregistered (no answer Apple documents for a broadcast: what a worker makes
+        /// of a device-only answer on another route).
+        public var broadcastsGone = false
         /// Fraction of pushes answered 500 InternalServerError, and 503 ServiceUnavailable.
         public var internalErrorRate: Double = 0
         public var unavailableRate: Double = 0
@@ -324,39 +330,9 @@ final class SimulatorCore: Sendable {
         let delay = behaviour.latency
             + (behaviour.latencyJitter > 0 ? behaviour.latencyJitter * state.withLock { Double($0.random.nextFraction()) } : 0)
         let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(delay * 1e6)
-        let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state -> (String, String, UInt32?, ReceivedNotification?) in
-            state.countsByStatus[status, default: 0] += 1
-            if status == 200 && configuration.countsDistinctAccepted { state.acceptedTokens.insert(token) }
-            let credential = certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential
-            if let credential { state.countsByCredential[credential, default: 0] += 1 }
-            if let sentAt = stamp, state.latencies.count < 4_000_000 {
-                state.latencies.append(UInt32(clamping: max(0, answeredAt - sentAt)))
-            }
-            let given = request.header("apns-id")
-            let apnsID = given.flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
-            let uniqueID = state.ids.next()
-            var notification: ReceivedNotification?
-            if configuration.recordsNotifications || configuration.observer != nil {
-                notification = ReceivedNotification(
-                    deviceToken: token, topic: request.header("apns-topic"), pushType: request.header("apns-push-type"),
-                    priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
-                    collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
-                    status: status, reason: reason?.rawValue, connectionID: request.connectionID,
-                    receivedAt: Date().timeIntervalSince1970, credential: credential)
-                if configuration.recordsNotifications { state.received.append(notification!) }
-            }
-            var streamLimit: UInt32?
-            if behaviour.dropsStreamLimitAfterRejection {
-                let limited = state.connections[request.connectionID]?.limitedToOneStream ?? false
-                if status != 200 && status != 410 && !limited {
-                    state.connections[request.connectionID]?.limitedToOneStream = true
-                    streamLimit = 1
-                } else if status == 200 && limited {
-                    state.connections[request.connectionID]?.limitedToOneStream = false
-                    streamLimit = configuration.maximumConcurrentStreams
-                }
-            }
-            return (apnsID, uniqueID, streamLimit, notification)
+        let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state in
+            Self.note(request, token: token, status: status, reason: reason, certificate: certificate, stamp: stamp,
+                      answeredAt: answeredAt, behaviour: behaviour, configuration: configuration, in: &state)
         }
         if let notification { configuration.observer?(notification) }
         answer(writer, status: status, reason: reason, timestamp: timestamp, apnsID: apnsID, uniqueID: uniqueID,
@@ -365,6 +341,47 @@ final class SimulatorCore: Sendable {
         if let limit = behaviour.goAwayAfterStreams, streamNumber == limit {
             writer.serverConnection.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
         }
+    }
+
+    /// What the simulator keeps of one judged push (counts, latencies, the push itself, a connection's stream limit
+    /// after a rejection): its apns-id, apns-unique-id, a new stream limit to announce, and the push as received.
+    private static func note(_ request: HTTP2ServerRequest, token: String, status: Int, reason: APNsReason?,
+                             certificate: String?, stamp: Int64?, answeredAt: Int64, behaviour: APNsSimulator.Behaviour,
+                             configuration: APNsSimulator.Configuration, in state: inout State)
+        -> (String, String, UInt32?, ReceivedNotification?) {
+
+        state.countsByStatus[status, default: 0] += 1
+        if status == 200 && configuration.countsDistinctAccepted { state.acceptedTokens.insert(token) }
+        let credential = certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential
+        if let credential { state.countsByCredential[credential, default: 0] += 1 }
+        if let sentAt = stamp, state.latencies.count < 4_000_000 {
+            state.latencies.append(UInt32(clamping: max(0, answeredAt - sentAt)))
+        }
+        let given = request.header("apns-id")
+        let apnsID = given.flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
+        let uniqueID = state.ids.next()
+        var notification: ReceivedNotification?
+        if configuration.recordsNotifications || configuration.observer != nil {
+            notification = ReceivedNotification(
+                deviceToken: token, topic: request.header("apns-topic"), pushType: request.header("apns-push-type"),
+                priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
+                collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
+                status: status, reason: reason?.rawValue, connectionID: request.connectionID,
+                receivedAt: Date().timeIntervalSince1970, credential: credential)
+            if configuration.recordsNotifications { state.received.append(notification!) }
+        }
+        var streamLimit: UInt32?
+        if behaviour.dropsStreamLimitAfterRejection {
+            let limited = state.connections[request.connectionID]?.limitedToOneStream ?? false
+            if status != 200 && status != 410 && !limited {
+                state.connections[request.connectionID]?.limitedToOneStream = true
+                streamLimit = 1
+            } else if status == 200 && limited {
+                state.connections[request.connectionID]?.limitedToOneStream = false
+                streamLimit = configuration.maximumConcurrentStreams
+            }
+        }
+        return (apnsID, uniqueID, streamLimit, notification)
     }
 
     /// Apple's answer to a push: its apns-id (and apns-unique-id in development, the only environment that sends it),

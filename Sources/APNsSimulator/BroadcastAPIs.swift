@@ -167,10 +167,12 @@ extension SimulatorCore {
             return true
         }
         if throttled { return SimulatedAnswer(429, .tooManyRequests) }
+        if state.withLock({ $0.behaviour.broadcastsGone }) { return SimulatedAnswer(410, .unregistered) }
         let uniqueID = state.withLock { state in
             state.broadcast.broadcastsByChannel[id, default: 0] += 1
             return state.ids.next()
         }
+        configuration.broadcastObserver?(id)
         return SimulatedAnswer(200, headers: [HTTP2Field(name: "apns-unique-id", value: uniqueID)])
     }
 

@@ -222,12 +222,12 @@ extension CredentialSettings {
                                    rateLimit: Int, certificateExpiry: Date?) -> APNsCredential {
         // Two readings of the same files are the same credential (a reload keeps its connections): the proof's
         // identifiers and the bytes of its files.
-        var fingerprint = Array(describe(proof).utf8)
+        var material = Array(describe(proof).utf8)
         for path in proof.files {
-            fingerprint += [0] + Array(path.utf8) + [0] + (FileManager.default.contents(atPath: path).map(Array.init) ?? [])
+            material += [0] + Array(path.utf8) + [0] + (FileManager.default.contents(atPath: path).map(Array.init) ?? [])
         }
         return APNsCredential(name: name, authentication: authentication, bundles: bundles,
-                              rateLimit: rateLimit, fingerprint: fingerprint, certificateExpiry: certificateExpiry)
+                              rateLimit: rateLimit, material: material, certificateExpiry: certificateExpiry)
     }
 
     /// An entry's proof in a few words, for error lines: team and key ids, or the certificate's file.

@@ -167,46 +167,57 @@ public final class TokenCleanup: Service {
                                          "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
     }
 
-    /// One Redis round trip per kind for the whole batch, then the acknowledgements.
-    private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
-        var removals: [TokenRemoval] = []
-        var unregistrations: [TokenRemoval] = []
-        var registrations: [TokenRegistration] = []
+    /// A batch of events read: the changes they ask for, each with the delivery it came from, and the deliveries
+    /// that cannot be read, with why.
+    private struct ReadBatch {
+        var removals: [TokenRemoval] = [], removalSources: [AMQPDelivery] = []
+        var registrations: [TokenRegistration] = [], registrationSources: [AMQPDelivery] = []
+        var unregistrations: [TokenRemoval] = [], unregistrationSources: [AMQPDelivery] = []
         var bad: [(AMQPDelivery, String)] = []
+    }
+
+    private func read(_ batch: [AMQPDelivery], deadTag: String) -> ReadBatch {
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        var read = ReadBatch()
         // Which delivery each Redis change came from, so that one Redis refuses (a key of the wrong type) is parked
         // with its reason like an unreadable message, and the rest of the batch proceeds.
-        var removalSources: [AMQPDelivery] = [], registrationSources: [AMQPDelivery] = []
-        var unregistrationSources: [AMQPDelivery] = []
         for delivery in batch {
             do throws(JobError) {
                 if delivery.consumerTag == deadTag {
                     let event = try DeadTokenEvent.decode(delivery.body)
                     // Without a timestamp (BadDeviceToken) the token is wrong whatever happened since. An event is
                     // about one topic and environment: a token registered for another kind or app stays.
-                    removals.append(TokenRemoval(user: event.user ?? "", token: event.token,
-                                                 unlessRegisteredAfter: event.timestamp,
-                                                 onlyIfValueIn: event.cacheValuesItRemoves(defaultTopic: configuration.credential.defaultTopic)))
-                    removalSources.append(delivery)
-                } else {
-                    let event = try RegistrationEvent.decode(delivery.body, now: now)
-                    switch event.action {
-                    case .register:
-                        registrations.append(event.registration)
-                        registrationSources.append(delivery)
-                    case .unregister:
-                        unregistrations.append(TokenRemoval(user: event.registration.user, token: event.registration.token,
-                                                            unlessRegisteredAfter: event.registration.registeredAt))
-                        unregistrationSources.append(delivery)
-                    }
+                    read.removals.append(TokenRemoval(user: event.user ?? "", token: event.token,
+                                                      unlessRegisteredAfter: event.timestamp,
+                                                      onlyIfValueIn: event.cacheValuesItRemoves(
+                                                        defaultTopic: configuration.credential.defaultTopic)))
+                    read.removalSources.append(delivery)
+                    continue
+                }
+                let event = try RegistrationEvent.decode(delivery.body, now: now)
+                switch event.action {
+                case .register:
+                    read.registrations.append(event.registration)
+                    read.registrationSources.append(delivery)
+                case .unregister:
+                    read.unregistrations.append(TokenRemoval(user: event.registration.user, token: event.registration.token,
+                                                             unlessRegisteredAfter: event.registration.registeredAt,
+                                                             activity: event.registration.activity))
+                    read.unregistrationSources.append(delivery)
                 }
             } catch {
-                bad.append((delivery, error.description))
+                read.bad.append((delivery, error.description))
             }
         }
-        let removed = try tokens.remove(removals)
-        let applied = try tokens.register(registrations)
-        let unregistered = try tokens.remove(unregistrations)
+        return read
+    }
+
+    /// One Redis round trip per kind for the whole batch, then the acknowledgements.
+    private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
+        var read = read(batch, deadTag: deadTag)
+        let removed = try tokens.remove(read.removals)
+        let applied = try tokens.register(read.registrations)
+        let unregistered = try tokens.remove(read.unregistrations)
         // A Redis node that does not answer (a cluster master lost) holds some of these users: the batch goes back
         // unacknowledged, as with a lost connection, and is applied once the node answers.
         if removed.contains(.unavailable) || unregistered.contains(.unavailable) {
@@ -217,26 +228,30 @@ public final class TokenCleanup: Service {
         statistics.registrationsApplied.add(applied.filter { $0 == .applied }.count, ordering: .relaxed)
         statistics.registrationsStale.add(applied.filter { $0 == .unchanged }.count, ordering: .relaxed)
         statistics.unregistrations.add(unregistered.filter { $0 == .applied }.count, ordering: .relaxed)
-        for (changes, sources) in [(removed, removalSources), (applied, registrationSources),
-                                   (unregistered, unregistrationSources)] {
+        for (changes, sources) in [(removed, read.removalSources), (applied, read.registrationSources),
+                                   (unregistered, read.unregistrationSources)] {
             for (change, delivery) in zip(changes, sources) {
-                if case .failed(let message) = change { bad.append((delivery, "Redis refused the change: \(message)")) }
+                if case .failed(let message) = change { read.bad.append((delivery, "Redis refused the change: \(message)")) }
             }
         }
-        if !bad.isEmpty {
-            var last: UInt64 = 0
-            for (delivery, reason) in bad {
-                var properties = delivery.properties
-                properties.persistent = true
-                properties.headers[Worker.reasonHeader] = reason
-                last = try amqp.publish(to: configuration.broker.queues.failed, body: delivery.body, properties: properties)
-                logger.warning("unreadable message parked", ["amqp.queue": delivery.routingKey, "cleanup.reason": reason])
-            }
-            guard try amqp.waitForConfirms(through: last).isEmpty else {
-                throw AMQPError.unconfirmed("parking unreadable messages on \(configuration.broker.queues.failed)")
-            }
-            statistics.refused.add(bad.count, ordering: .relaxed)
-        }
+        try park(read.bad, amqp: amqp)
         if let last = batch.map(\.deliveryTag).max() { try amqp.ack(last, multiple: true) }
+    }
+
+    /// Unreadable events, and those Redis refused, go to the failed queue with their reason.
+    private func park(_ bad: [(AMQPDelivery, String)], amqp: AMQPConnection) throws {
+        guard !bad.isEmpty else { return }
+        var last: UInt64 = 0
+        for (delivery, reason) in bad {
+            var properties = delivery.properties
+            properties.persistent = true
+            properties.headers[Worker.reasonHeader] = reason
+            last = try amqp.publish(to: configuration.broker.queues.failed, body: delivery.body, properties: properties)
+            logger.warning("unreadable message parked", ["amqp.queue": delivery.routingKey, "cleanup.reason": reason])
+        }
+        guard try amqp.waitForConfirms(through: last).isEmpty else {
+            throw AMQPError.unconfirmed("parking unreadable messages on \(configuration.broker.queues.failed)")
+        }
+        statistics.refused.add(bad.count, ordering: .relaxed)
     }
 }

@@ -32,6 +32,11 @@ public struct RedisKeys: Sendable, Equatable {
     /// Hash: a Live Activity's update tokens, field = token, value = what it serves (`TokenScope`); expires a day
     /// after the last registration (an activity lives at most 12 hours).
     public func activity(_ id: String) -> String { "apns:activity:" + self.user(id) }
+    /// Hash: field = an activity's update token, value = when it was last registered (ms since epoch); lives as long
+    /// as the activity's key. In a cluster, in the activity's slot.
+    public func activityRegistered(_ id: String) -> String { "apns:activity-registered:" + self.user(id) }
+    /// Never written: the third key the token scripts take (a user's devices), in the activity's slot.
+    func activityDevices(_ id: String) -> String { "apns:activity-devices:" + self.user(id) }
     /// String: the user a token belongs to now.
     public func owner(_ token: String) -> String { "apns:owner:" + token }
 

@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Foundation
 import Redis
 import WorkerPipeline
@@ -35,11 +35,16 @@ public struct SentRecord: IdempotencyRecord {
         redisKeys = RedisKeys(cluster: redis.isCluster)
     }
 
-    /// The member for an outcome: the token, or for a dead token what its event needs.
+    /// The member for an outcome: the token, or the token and what the job's summary (a failure's reason, an
+    /// expiry) or a dead token's event needs. Redis keeps each member once: an outcome written twice counts once.
     static func member(_ outcome: SettledOutcome) -> String {
         switch outcome {
         case .done(let token):
             return token
+        case .failed(let token, let reason):
+            return "\(token)|failed|\(reason.prefix(Self.reasonLength))"
+        case .expired(let token):
+            return "\(token)|expired"
         case .dead(let target, let response):
             return "\(target.token)|\(response.status)|\(response.timestamp.map(String.init) ?? "")|"
                 + "\(target.environment.rawValue)|\(response.reason?.label ?? "")|\(target.user ?? "")"
@@ -50,28 +55,34 @@ public struct SentRecord: IdempotencyRecord {
 
     /// Not hex, so never a token.
     static let summaryMember = "summary"
+    /// A failure's reason is kept to this many characters: the summary counts reasons, it does not quote errors.
+    static let reasonLength = 120
 
     static func settled(_ members: [String]) -> Settled {
         var result = Settled()
         for member in members {
-            if member == summaryMember {
-                result.summarySent = true
-                continue
-            }
-            guard member.contains("|") else {
-                result.tokens.insert(member)
-                continue
-            }
-            let fields = member.split(separator: "|", maxSplits: 5, omittingEmptySubsequences: false).map(String.init)
-            guard fields.count == 6, let status = Int(fields[1]), let environment = APNsEnvironment(rawValue: fields[3]) else {
-                continue
-            }
-            result.tokens.insert(fields[0])
-            result.dead.append((DeviceTarget(token: fields[0], environment: environment, user: fields[5].isEmpty ? nil : fields[5]),
-                                APNsResponse(status: status, reason: fields[4].isEmpty ? nil : APNsReason(fields[4]),
-                                             timestamp: Int64(fields[2]))))
+            if let outcome = outcome(member) { result.add(outcome) }
         }
         return result
+    }
+
+    /// What one member says; nil for a member this version cannot read (written by another program).
+    static func outcome(_ member: String) -> SettledOutcome? {
+        if member == summaryMember { return .summarySent }
+        guard member.contains("|") else { return .done(member) }
+        let head = member.split(separator: "|", maxSplits: 2, omittingEmptySubsequences: false)
+        switch head[1] {
+        case "failed" where head.count == 3: return .failed(String(head[0]), reason: String(head[2]))
+        case "expired" where head.count == 2: return .expired(String(head[0]))
+        default: break
+        }
+        let fields = member.split(separator: "|", maxSplits: 5, omittingEmptySubsequences: false).map(String.init)
+        guard fields.count == 6, let status = Int(fields[1]), let environment = APNsEnvironment(rawValue: fields[3]) else {
+            return nil
+        }
+        return .dead(DeviceTarget(token: fields[0], environment: environment, user: fields[5].isEmpty ? nil : fields[5]),
+                     APNsResponse(status: status, reason: fields[4].isEmpty ? nil : APNsReason(fields[4]),
+                                  timestamp: Int64(fields[2])))
     }
 
     /// Adds the batches in one round trip. Says which jobs' records Redis refused (a key of the wrong type), with its

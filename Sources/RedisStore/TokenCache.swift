@@ -1,4 +1,4 @@
-import APNs
+import APNsModel
 import Redis
 import Telemetry
 import WorkerPipeline
@@ -133,12 +133,29 @@ public struct TokenCache: TokenStore {
         ["EVAL", script, "3", keys.tokens(user), keys.registered(user), keys.devices(user)] + arguments
     }
 
+    /// EVAL of one of the scripts above on a Live Activity's keys, which play a user's.
+    private func onActivity(_ script: String, _ activity: String, _ arguments: [String]) -> [String] {
+        ["EVAL", script, "3", keys.activity(activity), keys.activityRegistered(activity), keys.activityDevices(activity)]
+            + arguments
+    }
+
     /// Takes tokens out of the cache, each only if what is known of it still says so (see `TokenRemoval`): a round
     /// trip for the owners of tokens sent directly, one for the removals, one to release the owner keys that named
     /// the users. Returns what each removal did; only a lost connection throws.
     @discardableResult
     public func remove(_ removals: [TokenRemoval]) throws(RedisError) -> [CacheChange] {
         guard !removals.isEmpty else { return [] }
+        let ofActivities = removals.indices.filter { removals[$0].activity != nil }
+        if !ofActivities.isEmpty {
+            var changes = try remove(removals.filter { $0.activity == nil })
+            let replies = try redis.pipelineWhereReachable(ofActivities.map { index in
+                let removal = removals[index]
+                return onActivity(Self.removeUnlessRegisteredAfter, removal.activity!,
+                                  [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
+            })
+            for (index, reply) in zip(ofActivities, replies) { changes.insert(Self.change(reply), at: index) }
+            return changes
+        }
         var users = removals.map { $0.user.isEmpty ? nil : $0.user }
         // Tokens sent directly whose owner key's node did not answer: nothing is known of them.
         var ownerUnknown = Set<Int>()
@@ -164,17 +181,9 @@ public struct TokenCache: TokenStore {
         })
         var releases: [[String]] = []
         for (index, reply) in zip(known, replies) {
-            guard let reply else {
-                changes[index] = .unavailable
-                continue
-            }
-            if case .error(let message) = reply {
-                changes[index] = .failed(message)
-                continue
-            }
-            let parts = reply.elements
-            changes[index] = parts.first?.integer == 1 ? .applied : .unchanged
-            for token in parts.dropFirst().compactMap(\.text) {
+            changes[index] = Self.change(reply)
+            guard changes[index] == .applied || changes[index] == .unchanged, let reply else { continue }
+            for token in reply.elements.dropFirst().compactMap(\.text) {
                 releases.append(["EVAL", Self.releaseOwner, "1", keys.owner(token), users[index]!])
             }
         }
@@ -182,6 +191,13 @@ public struct TokenCache: TokenStore {
         // and replaces it.
         if !releases.isEmpty { _ = try redis.pipelineWhereReachable(releases) }
         return changes
+    }
+
+    /// What `removeUnlessRegisteredAfter` did, from its reply (nil: the node did not answer).
+    private static func change(_ reply: RedisReply?) -> CacheChange {
+        guard let reply else { return .unavailable }
+        if case .error(let message) = reply { return .failed(message) }
+        return reply.elements.first?.integer == 1 ? .applied : .unchanged
     }
 
     /// Every user's tokens with what each serves, in one pipelined round trip. Entries that are not a hex token
@@ -257,16 +273,21 @@ public struct TokenCache: TokenStore {
         var changes = [CacheChange](repeating: .unchanged, count: registrations.count)
         let activityIndices = registrations.indices.filter { registrations[$0].activity != nil }
         if !activityIndices.isEmpty {
-            // An update token lives as long as its activity: kept under the activity, with the activity's lifetime.
+            // An update token lives as long as its activity: kept under the activity, with the activity's lifetime,
+            // by the rules of a user's tokens (a registration older than what the activity knows changes nothing).
             let commands = activityIndices.flatMap { index -> [[String]] in
-                let registration = registrations[index], key = keys.activity(registration.activity ?? "")
-                return [["HSET", key, APNsNotification.canonicalToken(registration.token), registration.scope.cacheValue],
-                        ["EXPIRE", key, String(Self.activityLifetime)]]
+                let registration = registrations[index], activity = registration.activity ?? ""
+                return [onActivity(Self.register, activity, [APNsNotification.canonicalToken(registration.token),
+                                                              registration.scope.cacheValue,
+                                                              String(registration.registeredAt), ""]),
+                        ["EXPIRE", keys.activity(activity), String(Self.activityLifetime)],
+                        ["EXPIRE", keys.activityRegistered(activity), String(Self.activityLifetime)]]
             }
             let replies = try redis.pipeline(commands)
             for (position, index) in activityIndices.enumerated() {
-                if case .error(let message) = replies[position * 2] { changes[index] = .failed(message) } else {
-                    changes[index] = .applied
+                let reply = replies[position * 3]
+                if case .error(let message) = reply { changes[index] = .failed(message) } else {
+                    changes[index] = reply.integer == 1 ? .applied : .unchanged
                 }
             }
             let others = registrations.indices.filter { registrations[$0].activity == nil }

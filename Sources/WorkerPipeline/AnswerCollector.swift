@@ -100,6 +100,7 @@ final class AnswerCollector: Sendable {
         if result.outcome != .delivered {
             statistics.countUnsuccessful(status: answer?.status, reason: reasonLabel
                                          ?? (answer == nil ? (result.outcome == .permanentFailure
+                                                                || result.outcome == .unserved
                                                               ? "not_sent" : "no_answer") : ""))
         }
         switch result.outcome {
@@ -119,6 +120,8 @@ final class AnswerCollector: Sendable {
                                                    "apns.reason": Redact.outsideText(answer?.reason?.rawValue ?? reason),
                                                    "apns.status": String(answer?.status ?? 0),
                                                    "apns.token": Redact.token(progress.targets[index].token)])
+        case .unserved:
+            progress.recordUnserved(index, reason: result.error ?? "no APNs credential serves topic " + progress.job.topic)
         case .retryLater(let suggested):
             progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later",
                                      label: reasonLabel ?? (answer == nil ? "no_answer" : "other"), delay: suggested)

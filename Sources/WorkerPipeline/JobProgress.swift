@@ -33,6 +33,10 @@ final class JobProgress: @unchecked Sendable {
         var retryable: [(target: DeviceTarget, reason: String, label: String, delay: Double)] = []
         var heldBack: [(target: DeviceTarget, response: APNsResponse)] = []
         var unrecordedFinal: [SettledOutcome] = []
+        /// Some notifications were not sent because no credential serves the job's topic now: the job is parked.
+        var unserved = false
+        /// What earlier deliveries of the job settled (a redelivered job), for its summary.
+        var earlier = EarlierOutcomes()
     }
     private var rare: Rare?
     private var madeRare: Rare {
@@ -98,7 +102,7 @@ final class JobProgress: @unchecked Sendable {
     func recordDelivered(_ index: Int) {
         delivered += 1
         remaining -= 1
-        noteFinal(index)
+        if hasStableID { noteFinal(.done(targets[index].token)) }
     }
 
     func countAnswer(_ response: APNsResponse) {
@@ -117,11 +121,7 @@ final class JobProgress: @unchecked Sendable {
     func recordFailed(_ index: Int, reason: String) {
         madeRare.failed.append((targets[index], reason))
         remaining -= 1
-        noteFinal(index)
-    }
-
-    private func noteFinal(_ index: Int) {
-        if hasStableID { noteFinal(.done(targets[index].token)) }
+        if hasStableID { noteFinal(.failed(targets[index].token, reason: reason)) }
     }
 
     private func noteFinal(_ outcome: SettledOutcome) {
@@ -139,14 +139,18 @@ final class JobProgress: @unchecked Sendable {
         return taken
     }
 
-    /// A redelivered job: what the idempotency record says an earlier delivery already settled. Those answers
-    /// count for the guard, and the dead tokens among them are published again (their events may not have been).
     /// Broker thread: the job's summary went out (in an earlier try of its publications, or an earlier delivery).
     var summarySent = false
 
-    func restore(settled: Int, dead restored: [(target: DeviceTarget, response: APNsResponse)]) {
-        judged += settled
-        if !restored.isEmpty { madeRare.dead += restored }
+    /// A redelivered job: what the idempotency record says an earlier delivery already settled. Those answers
+    /// count for the guard and in the summary, and the dead tokens among them are published again (their events may
+    /// not have been).
+    func restore(_ settled: Settled) {
+        judged += settled.tokens.count
+        if !settled.dead.isEmpty { madeRare.dead += settled.dead }
+        // A retry's record also holds its first attempt's outcomes, which its summary does not cover.
+        if job.retryTargets == nil && settled.earlier != EarlierOutcomes() { madeRare.earlier = settled.earlier }
+        summarySent = settled.summarySent
     }
 
     func recordRetryable(_ index: Int, reason: String, label: String, delay: Double) {
@@ -154,11 +158,22 @@ final class JobProgress: @unchecked Sendable {
         remaining -= 1
     }
 
+    /// Not sent: no credential serves the job's topic now (a reload took it away). Kept with the retryable ones, to
+    /// be parked with them: not final, a redelivery sends it if a credential serves the topic by then.
+    func recordUnserved(_ index: Int, reason: String) {
+        madeRare.retryable.append((targets[index], reason, "unserved", 0))
+        madeRare.unserved = true
+        remaining -= 1
+    }
+
+    /// Whether the job must be parked whatever its attempts: some of its notifications have no credential to go with.
+    var isUnserved: Bool { rare?.unserved ?? false }
+
     /// The deadline passed before this notification could be handed to APNs. Final: a redelivery does not send it.
     func recordExpired(_ index: Int) {
         expired += 1
         remaining -= 1
-        noteFinal(index)
+        if hasStableID { noteFinal(.expired(targets[index].token)) }
     }
 
     /// Broker thread, on the whole job of a large one: a piece's outcomes, once every one of them is in. The piece's
@@ -170,6 +185,7 @@ final class JobProgress: @unchecked Sendable {
             madeRare.dead += pieceRare.dead
             madeRare.failed += pieceRare.failed
             madeRare.retryable += pieceRare.retryable
+            if pieceRare.unserved { madeRare.unserved = true }
         }
         expired += piece.expired
         judged += piece.judged
@@ -221,20 +237,25 @@ final class JobProgress: @unchecked Sendable {
             + "no token removed, no dead-token event published"
     }
 
-    /// The summary a job's sender can ask for (reply_to), as JSON. `retrying`: the retryable ones were scheduled
-    /// for another attempt (then this summary covers this attempt only), else they count as failed.
+    /// The summary a job's sender can ask for (reply_to), as JSON: the notifications of every delivery of the job
+    /// (what earlier deliveries settled, as the idempotency record keeps it, and this one's). `retrying`: the
+    /// retryable ones were scheduled for another attempt (then this summary covers this attempt only), else they
+    /// count as failed.
     func summaryJSON(retrying: Bool) -> [UInt8] {
-        var reasons: [String: Int] = [:]
-        for failure in failed { reasons[failure.reason, default: 0] += 1 }
-        if !retrying { for failure in retryable { reasons["undelivered: " + failure.reason, default: 0] += 1 } }
-        let failedByReason = reasons.keys.sorted().map { "\(JSONString.quote($0)):\(reasons[$0]!)" }.joined(separator: ",")
-        var text = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(job.attempt),\"notifications\":\(notificationCount),"
-        text += "\"delivered\":\(delivered),\"dead\":\(dead.count),"
-        text += "\"failed\":\(failed.count + (retrying ? 0 : retryable.count)),\"retrying\":\(retrying ? retryable.count : 0),"
-        text += "\"held_back\":\(heldBack.count),\"expired\":\(expired),"
-        if let explanation = heldBackExplanation { text += "\"held_back_reason\":\(JSONString.quote(explanation))," }
-        text += "\"failed_by_reason\":{\(failedByReason)}}"
-        return Array(text.utf8)
+        let earlier = rare?.earlier ?? EarlierOutcomes()
+        var summary = JobSummary(jobID: job.id, attempt: job.attempt)
+        summary.failedByReason = earlier.failedByReason
+        for failure in failed { summary.failedByReason[failure.reason, default: 0] += 1 }
+        if !retrying { for failure in retryable { summary.failedByReason["undelivered: " + failure.reason, default: 0] += 1 } }
+        summary.notifications = notificationCount + earlier.count
+        summary.delivered = delivered + earlier.delivered
+        summary.dead = dead.count
+        summary.failed = failed.count + earlier.failed + (retrying ? 0 : retryable.count)
+        summary.retrying = retrying ? retryable.count : 0
+        summary.heldBack = heldBack.count
+        summary.expired = expired + earlier.expired
+        summary.heldBackReason = heldBackExplanation
+        return summary.json
     }
 }
 

@@ -50,9 +50,8 @@ struct LiveActivityRequest {
                                       "relevance_score", "attributes_type", "attributes", "alert", "input_push_channel",
                                       "input_push_token"]
 
-    /// The payload for `member` (the job's `live_activity`), read from `body`; `now` in UNIX seconds.
-    static func payload(_ member: JSONMember, body: [UInt8], now: Int64) throws(JobError) -> [UInt8] {
-        let object = member.value
+    /// The object's event and timestamp, checked (known fields only, a timestamp in seconds and not ahead of `now`).
+    private static func eventAndTimestamp(_ object: JSONValue, now: Int64) throws(JobError) -> (Event, Int64) {
         guard case .object(let members) = object else {
             throw .wrongType(field: "live_activity", expected: "an object", got: object.typeName)
         }
@@ -74,6 +73,12 @@ struct LiveActivityRequest {
                 : "\"timestamp\" \(timestamp) is \(timestamp - now) s in the future: ActivityKit would drop every "
                     + "update older than it")
         }
+        return (event, timestamp)
+    }
+
+    /// The payload for `member` (the job's `live_activity`), read from `body`; `now` in UNIX seconds.
+    static func payload(_ member: JSONMember, body: [UInt8], now: Int64) throws(JobError) -> [UInt8] {
+        let (event, timestamp) = try eventAndTimestamp(member.value, now: now)
         var aps = "{\"timestamp\":\(timestamp),\"event\":\"\(event.rawValue)\""
         func copyObject(_ field: String, as key: String, requiredBy required: Bool) throws(JobError) {
             guard let found = member.value.member(field), found.value != .null else {

@@ -156,7 +156,12 @@ public protocol TokenStore {
 
 /// A job's outcome that needs no second sending: the token, or a dead token with what its event needs.
 public enum SettledOutcome: Sendable, Equatable {
+    /// Delivered (or, as written by older workers, any final outcome but a dead token).
     case done(String)
+    /// Sending again cannot help: the reason, for the job's summary.
+    case failed(String, reason: String)
+    /// Not handed to APNs by the job's deadline.
+    case expired(String)
     indirect case dead(DeviceTarget, APNsResponse)
     /// The job's summary went to its reply_to queue: a redelivery publishes none.
     case summarySent
@@ -164,16 +169,54 @@ public enum SettledOutcome: Sendable, Equatable {
 
 /// What an earlier delivery of a job settled.
 public struct Settled: Sendable {
+    /// Every token with a final outcome, whatever it was.
     public var tokens: Set<String>
     public var dead: [(target: DeviceTarget, response: APNsResponse)]
     public var summarySent: Bool
+    /// What the others became, for the job's summary: it counts every delivery's notifications.
+    public var earlier: EarlierOutcomes
 
     public init(tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = [],
-                summarySent: Bool = false) {
+                summarySent: Bool = false, earlier: EarlierOutcomes = EarlierOutcomes()) {
         self.tokens = tokens
         self.dead = dead
         self.summarySent = summarySent
+        self.earlier = earlier
     }
+
+    /// Notes one outcome read from the record.
+    public mutating func add(_ outcome: SettledOutcome) {
+        switch outcome {
+        case .done(let token):
+            if tokens.insert(token).inserted { earlier.delivered += 1 }
+        case .failed(let token, let reason):
+            if tokens.insert(token).inserted { earlier.failedByReason[reason, default: 0] += 1 }
+        case .expired(let token):
+            if tokens.insert(token).inserted { earlier.expired += 1 }
+        case .dead(let target, let response):
+            if tokens.insert(target.token).inserted {
+                dead.append((target, response))
+                earlier.dead += 1
+            }
+        case .summarySent:
+            summarySent = true
+        }
+    }
+}
+
+/// How many final outcomes of each kind a job's earlier deliveries had.
+public struct EarlierOutcomes: Sendable, Equatable {
+    public var delivered = 0
+    public var expired = 0
+    public var failedByReason: [String: Int] = [:]
+    /// Dead tokens, also listed whole in `Settled.dead`.
+    public var dead = 0
+
+    public init() {}
+
+    public var failed: Int { failedByReason.values.reduce(0, +) }
+    /// Every final outcome.
+    public var count: Int { delivered + expired + failed + dead }
 }
 
 /// What a store said to one request about one key, or keys on one node.
@@ -214,21 +257,41 @@ public struct SettledLookup: Sendable {
     }
 }
 
-/// The idempotency record: per job, the outcomes already settled, so that a redelivered job sends nothing twice.
+/// The idempotency record: per job, the outcomes already settled, so that a redelivered job sends nothing twice;
+/// and per message, the history that tells a job that stops workers from one that met a lost connection. Five
+/// ports, one concern each; the store's adapter is all five.
 ///
 /// Where the store's node for a key does not answer (a cluster master lost), what concerns that key is skipped: a
 /// delivery counted as none (the job is handled as usual, not as a suspect), a mark not set, a job not remembered as
 /// settled; what the pipeline must know is said in the answers (`RecordWrite`, `SettledLookup`).
-public protocol IdempotencyRecord {
+public typealias IdempotencyRecord = SettledOutcomes & DeliveryHistory & RunningMarks & AloneMarks & RecentlySettledJobs
+
+/// What each job's deliveries already settled.
+public protocol SettledOutcomes {
     /// Adds outcomes; says which jobs' records were refused or not written. Only a lost connection throws.
     func record(_ batches: [(jobID: String, outcomes: [SettledOutcome])]) throws -> RecordWrite
     /// What earlier deliveries settled, per job; and the jobs whose record cannot be read, or whose node does not
     /// answer. Only a lost connection throws.
     func settled(jobIDs: [String]) throws -> SettledLookup
+}
+
+/// How often each message came back, and how often an orderly stop gave it back.
+public protocol DeliveryHistory {
     /// Counts one more delivery of each message (a key that stays the same across its deliveries) for the whole
     /// fleet, where the broker does not count them; returns the deliveries counted so far per key, and the keys whose
     /// count cannot be read. Only a lost connection throws.
     func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String])
+    /// This worker gives these jobs back in an orderly stop (a SIGTERM, a rolling restart): their next delivery is
+    /// no sign of a job that stops workers.
+    func gaveBack(_ keys: [String]) throws
+    /// How many of each job's deliveries were given back in orderly stops.
+    func givenBack(_ keys: [String]) throws -> [String: Int]
+    /// The job is parked: its history goes, so that the same job sent again after a fix starts afresh.
+    func forget(_ key: String) throws
+}
+
+/// Marks on redelivered jobs while they run: one found on a later delivery says the worker that ran it died.
+public protocol RunningMarks {
     /// These redelivered jobs start now: each marked until it settles or is handed back (`clearRunning`), so that a
     /// mark found on a later delivery says the worker that ran it died with it.
     func markRunning(_ keys: [String]) throws
@@ -236,19 +299,20 @@ public protocol IdempotencyRecord {
     func clearRunning(_ keys: [String]) throws
     /// Which of these jobs carry a mark: started on an earlier delivery by a worker that then died.
     func ranAndDied(_ keys: [String]) throws -> Set<String>
+}
+
+/// Marks on suspect jobs a worker runs alone: one found on a later delivery says the job stops workers.
+public protocol AloneMarks {
     /// Notes that a worker starts this job alone (no other job in progress until it settles), until `settledAlone`.
     func startingAlone(_ key: String) throws
     /// The job settled (or its worker stopped without dying): its mark goes.
     func settledAlone(_ key: String) throws
-    /// The job is parked: its history goes, so that the same job sent again after a fix starts afresh.
-    func forget(_ key: String) throws
     /// The keys whose last delivery was started alone and never settled: the worker running it died.
     func diedAlone(_ keys: [String]) throws -> Set<String>
-    /// This worker gives these jobs back in an orderly stop (a SIGTERM, a rolling restart): their next delivery is
-    /// no sign of a job that stops workers.
-    func gaveBack(_ keys: [String]) throws
-    /// How many of each job's deliveries were given back in orderly stops.
-    func givenBack(_ keys: [String]) throws -> [String: Int]
+}
+
+/// Jobs settled in the last half minute or so, fleet-wide, so that a copy of one is not sent again.
+public protocol RecentlySettledJobs {
     /// These jobs were settled (acknowledged) just now: remembered for half a minute or so, long enough for a copy
     /// its publisher made after a failover (queued right after the original) to be recognised.
     func settledRecently(_ jobIDs: [String]) throws
@@ -417,4 +481,22 @@ public protocol SystemFailure: Error {
 
 extension ConnectionRefused: SystemFailure {
     public var failedSystem: System { system }
+}
+
+/// A port that answered a batch with another number of results than it was asked for: its adapter is wrong, and
+/// no result can be trusted to belong to its question. The session ends (the jobs under way come back, to be
+/// settled by the rules), rather than a job left unsettled without a word.
+public struct PortAnswerMismatch: SystemFailure, CustomStringConvertible {
+    public let failedSystem: ConnectionRefused.System
+    public let description: String
+
+    /// `answers`, if there is one per question.
+    static func checked<Answer>(_ answers: [Answer], asked: Int, of system: ConnectionRefused.System,
+                                _ call: String) throws(PortAnswerMismatch) -> [Answer] {
+        guard answers.count == asked else {
+            throw PortAnswerMismatch(failedSystem: system,
+                                     description: "\(call) answered \(answers.count) results for \(asked) questions")
+        }
+        return answers
+    }
 }

@@ -25,7 +25,16 @@ public struct PushJob: Sendable, Equatable {
         var retryTargets: [DeviceTarget]? = nil
         var originalBody: [UInt8]? = nil
         var rateGroup: RateGroup? = nil
-        var channelID: String? = nil
+        var kind = Kind.devices
+    }
+
+    /// What a job reaches, decided once when it is decoded: the pipeline switches on it.
+    public enum Kind: Sendable, Equatable {
+        /// A notification per device token: its users' cached tokens, its own `tokens`, and the update tokens of the
+        /// Live Activity it names (`activity`).
+        case devices
+        /// One broadcast request (iOS 18, `channel_id`) that APNs fans out to every device subscribed to the channel.
+        case broadcast(channelID: String)
     }
 
     private var shared: SharedMembers<Members>
@@ -48,6 +57,11 @@ public struct PushJob: Sendable, Equatable {
     public var topic: String { shared.members.topic }
     public var users: [String] { shared.members.users }
     public var tokens: [String] { shared.members.tokens }
+
+    /// Whether the job names this (canonical) token in its `tokens`.
+    public func namesToken(_ token: String) -> Bool {
+        tokens.contains { APNsNotification.canonicalToken($0) == token }
+    }
     /// A Live Activity whose update tokens the job reaches (`"activity": "<id>"`, as the app registered them).
     public var activity: String? { shared.members.activity }
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
@@ -73,14 +87,12 @@ public struct PushJob: Sendable, Equatable {
         get { shared.members.rateGroup }
         set { shared.change { $0.rateGroup = newValue } }
     }
-    /// A broadcast job (`channel_id`): one request that APNs fans out to every device subscribed to the channel,
-    /// instead of a notification per device; it has no users or tokens.
-    public var channelID: String? { shared.members.channelID }
+    public var kind: Kind { shared.members.kind }
 
-    /// The broadcast a broadcast job sends.
-    public var broadcast: APNsBroadcast? {
-        channelID.map { APNsBroadcast(bundle: APNsPushType.bundle(ofTopic: topic), channelID: $0, priority: priority,
-                                      expiration: expiration ?? 0, payload: payload) }
+    /// The request a broadcast job (`channel_id`) sends on `channelID`.
+    public func broadcast(on channelID: String) -> APNsBroadcast {
+        APNsBroadcast(bundle: APNsPushType.bundle(ofTopic: topic), channelID: channelID, priority: priority,
+                      expiration: expiration ?? 0, payload: payload)
     }
 
     public struct Limits: Sendable {
@@ -104,26 +116,8 @@ public struct PushJob: Sendable, Equatable {
                               limits: Limits = .init()) throws(JobError) -> PushJob {
         let members = try JobMembers(body, limits: limits)
         let ownID = try string(members.id, named: "id")
-        let users = try strings(members.users, named: "users")
-        var tokens = try strings(members.tokens, named: "tokens")
         let retry = try retryState(members.retry)
-        let channelID = try string(members.channelID, named: "channel_id")
-        if let channelID {
-            guard users.isEmpty && tokens.isEmpty else {
-                throw .broadcast("a broadcast reaches the channel's subscribers: give no \"users\" or \"tokens\"")
-            }
-            do throws(APNsRequestError) { try APNsChannelID.check(channelID) } catch { throw .breaksRule(error) }
-        }
-        let activity = try string(members.activity, named: "activity")
-        if let activity {
-            guard LiveActivityID.isValid(activity) else { throw .badActivityID }
-            guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
-        }
-        if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
-            let tokensCanonical = try checkTargets(users: users, tokens: tokens, retrying: retry != nil, limits: limits)
-            // Mapped only when a token needs it: a new array per job otherwise, for tokens already lower-case.
-            if !tokensCanonical { tokens = tokens.map(APNsNotification.canonicalToken) }
-        }
+        let (users, tokens, channelID, activity) = try reach(members, retrying: retry != nil, limits: limits)
         let liveActivity = members.liveActivity
         let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
         let sending = try SendingOptions(members, defaultPushType: liveActivityJob ? .liveactivity : .alert)
@@ -171,6 +165,32 @@ public struct PushJob: Sendable, Equatable {
         return job
     }
 
+    /// Who a job reaches, as its members say it, checked: users and tokens (canonical), or a channel with no one
+    /// beside it, and a Live Activity.
+    private static func reach(_ members: JobMembers, retrying: Bool, limits: Limits) throws(JobError)
+        -> (users: [String], tokens: [String], channelID: String?, activity: String?) {
+        let users = try strings(members.users, named: "users")
+        var tokens = try strings(members.tokens, named: "tokens")
+        let channelID = try string(members.channelID, named: "channel_id")
+        if let channelID {
+            guard users.isEmpty && tokens.isEmpty else {
+                throw .broadcast("a broadcast reaches the channel's subscribers: give no \"users\" or \"tokens\"")
+            }
+            do throws(APNsRequestError) { try APNsChannelID.check(channelID) } catch { throw .breaksRule(error) }
+        }
+        let activity = try string(members.activity, named: "activity")
+        if let activity {
+            guard LiveActivityID.isValid(activity) else { throw .badActivityID }
+            guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
+        }
+        if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
+            let tokensCanonical = try checkTargets(users: users, tokens: tokens, retrying: retrying, limits: limits)
+            // Mapped only when a token needs it: a new array per job otherwise, for tokens already lower-case.
+            if !tokensCanonical { tokens = tokens.map(APNsNotification.canonicalToken) }
+        }
+        return (users, tokens, channelID, activity)
+    }
+
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
     private static func broadcastJob(_ members: JobMembers, _ body: [UInt8], id: String, bundle: String, channelID: String,
                                      sending: borrowing SendingOptions) throws(JobError) -> PushJob {
@@ -187,8 +207,8 @@ public struct PushJob: Sendable, Equatable {
         var job = PushJob(id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
                           environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
                           expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
-        job.shared.change { $0.channelID = channelID }
-        do throws(APNsRequestError) { try job.broadcast?.validate() } catch { throw .breaksRule(error) }
+        job.shared.change { $0.kind = .broadcast(channelID: channelID) }
+        do throws(APNsRequestError) { try job.broadcast(on: channelID).validate() } catch { throw .breaksRule(error) }
         return job
     }
 

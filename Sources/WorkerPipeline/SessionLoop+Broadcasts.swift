@@ -7,15 +7,39 @@ import Telemetry
 /// idempotency record keeps a redelivered job from broadcasting twice; the outcome goes to the job's summary and
 /// `apns_worker_broadcasts_total`. A broadcast APNs asks to try later goes to the lane's delay queue, at most
 /// APNS_MAX_ATTEMPTS times in all, the attempts counted in a header of the copy.
+/// A broadcast job on its way: its delivery, the job, and the channel its kind names.
+struct BroadcastJob: Sendable {
+    var delivery: JobDelivery
+    var job: PushJob
+    var channelID: String
+
+    /// Jobs by their kind: the broadcasts, and the jobs of device notifications.
+    static func byKind(_ jobs: [(delivery: JobDelivery, job: PushJob)])
+        -> (broadcasts: [BroadcastJob], devices: [(delivery: JobDelivery, job: PushJob)]) {
+        var broadcasts: [BroadcastJob] = []
+        var devices: [(delivery: JobDelivery, job: PushJob)] = []
+        devices.reserveCapacity(jobs.count)
+        for (delivery, job) in jobs {
+            switch job.kind {
+            case .devices: devices.append((delivery, job))
+            case .broadcast(let channelID): broadcasts.append(BroadcastJob(delivery: delivery, job: job, channelID: channelID))
+            }
+        }
+        return (broadcasts, devices)
+    }
+}
+
 /// A broadcast's answer, as the lane's thread hands it over.
 struct BroadcastAnswer: Sendable {
     enum Kind: Sendable { case answered, alreadySent, expired }
 
     var generation: Int
-    var delivery: JobDelivery
-    var job: PushJob
+    var broadcast: BroadcastJob
     var result: APNsResult
     var kind = Kind.answered
+
+    var delivery: JobDelivery { broadcast.delivery }
+    var job: PushJob { broadcast.job }
 }
 
 extension SessionLoop {
@@ -24,24 +48,24 @@ extension SessionLoop {
 
     /// The broadcast jobs of a started batch: skipped if an earlier delivery broadcast already, else queued for
     /// their permits and sent.
-    func startBroadcasts(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws {
+    func startBroadcasts(_ jobs: [BroadcastJob]) throws {
         guard !jobs.isEmpty else { return }
         // What an earlier session broadcast goes into the record before the lookup.
         try settleBroadcasts()
         let stable = jobs.filter { TargetResolver.hasStableID($0.job, $0.delivery) }.map(\.job.id)
         let settled = stable.isEmpty ? [:] : try session.record.settled(jobIDs: stable).settled
-        for (delivery, job) in jobs {
-            underWay.started(delivery, jobID: job.id)
-            if let channel = job.channelID, settled[job.id]?.tokens.contains(channel) == true {
+        for broadcast in jobs {
+            underWay.started(broadcast.delivery, jobID: broadcast.job.id)
+            if settled[broadcast.job.id]?.tokens.contains(broadcast.channelID) == true {
                 // Broadcast by an earlier delivery that did not live to settle: settle now, send nothing.
                 statistics.duplicatesAvoided.add(1, ordering: .relaxed)
                 worker.broadcastAnswers.withLock {
-                    $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job,
+                    $0.append(BroadcastAnswer(generation: generation, broadcast: broadcast,
                                               result: APNsResult(outcome: .delivered), kind: .alreadySent))
                 }
                 continue
             }
-            broadcastsWaiting.append((delivery, job))
+            broadcastsWaiting.append(broadcast)
         }
         core.handle(.jobsStarted(jobs.count))
         try sendWaitingBroadcasts(now: Date())
@@ -51,7 +75,8 @@ extension SessionLoop {
     /// (`broadcastsWaitUntil`, which the loop's wait takes into account).
     func sendWaitingBroadcasts(now: Date) throws {
         guard !broadcastsWaiting.isEmpty, now >= broadcastsWaitUntil else { return }
-        while let (delivery, job) = broadcastsWaiting.first {
+        while let waiting = broadcastsWaiting.first {
+            let (delivery, job) = (waiting.delivery, waiting.job)
             let asked = LaneCounts(urgent: delivery.lane == .urgent ? 1 : 0, bulk: delivery.lane == .bulk ? 1 : 0)
             var limiters = session.rateLimiter.map { [$0] } ?? []
             if let group = job.rateGroup, let makeLimiter = session.groupRateLimiter {
@@ -67,21 +92,19 @@ extension SessionLoop {
                 }
             }
             broadcastsWaiting.removeFirst()
-            guard let broadcast = job.broadcast else { continue }
             let answers = worker.broadcastAnswers, wakeup = worker.wakeup, generation = self.generation
             if let deadline = job.deadline, Double(deadline) <= now.timeIntervalSince1970 {
                 // Its deadline passed while it waited for a permit: not sent.
                 answers.withLock {
-                    $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job,
+                    $0.append(BroadcastAnswer(generation: generation, broadcast: waiting,
                                               result: APNsResult(outcome: .permanentFailure, error: "deadline passed"),
                                               kind: .expired))
                 }
                 continue
             }
-            worker.sender.send(broadcast, environment: job.environment, lane: delivery.lane) { result in
-                answers.withLock {
-                    $0.append(BroadcastAnswer(generation: generation, delivery: delivery, job: job, result: result))
-                }
+            worker.sender.send(job.broadcast(on: waiting.channelID), environment: job.environment,
+                               lane: delivery.lane) { result in
+                answers.withLock { $0.append(BroadcastAnswer(generation: generation, broadcast: waiting, result: result)) }
                 wakeup.signal()
             }
         }
@@ -117,7 +140,7 @@ extension SessionLoop {
         let delivered = answers.filter {
             $0.kind == .answered && $0.result.outcome == .delivered && TargetResolver.hasStableID($0.job, $0.delivery)
         }
-        try record(delivered.compactMap { entry in entry.job.channelID.map { (entry.job.id, [SettledOutcome.done($0)]) } })
+        try record(delivered.map { ($0.job.id, [SettledOutcome.done($0.broadcast.channelID)]) })
     }
 
     private func settle(_ answered: [BroadcastAnswer]) throws {
@@ -132,7 +155,7 @@ extension SessionLoop {
                 owners.append((index, !isSummary))
             }
         }
-        let outcomes = try session.broker.publish(publications)
+        let outcomes = try publish(publications)
         var notTaken = Set<Int>()
         for (owner, outcome) in zip(owners, outcomes) where outcome != .taken {
             if owner.mustBeTaken { notTaken.insert(owner.index) } else { statistics.countRefusedPublish("summary") }
@@ -155,25 +178,32 @@ extension SessionLoop {
     }
 
     /// What one answered broadcast publishes: a retry copy if APNs asked to try later and attempts remain, the job
-    /// parked with its reason when they are spent, and the summary its sender asked for (reply_to), once: a
-    /// redelivered job that broadcast already publishes none. Counted in `apns_worker_broadcasts_total` only: a
-    /// broadcast is no device notification.
+    /// parked with its reason when they are spent (or no credential serves its topic any more), and the summary its
+    /// sender asked for (reply_to), once: a redelivered job that broadcast already publishes none. Counted in
+    /// `apns_worker_broadcasts_total` only: a broadcast is no device notification.
     private func broadcastPublications(_ entry: BroadcastAnswer) -> [Publication] {
         let (delivery, job, result) = (entry.delivery, entry.job, entry.result)
         let attempt = Int(delivery.properties.headers[Self.broadcastAttemptHeader] ?? "") ?? 1
-        let reason = result.response?.reason?.label ?? result.response.map { "status \($0.status)" } ?? "no_answer"
+        let reason = result.response?.reason?.label ?? result.response.map { "status \($0.status)" }
+            ?? (result.outcome == .unserved ? result.error : nil) ?? "no_answer"
         var publications: [Publication] = []
-        var outcome = "failed"
-        if entry.kind == .expired {
+        let outcome: String
+        switch (entry.kind, result.outcome) {
+        case (.expired, _):
             outcome = "expired"
-        } else if result.outcome == .delivered {
+        case (_, .delivered):
             outcome = "delivered"
-        } else if Self.isRetryable(result.outcome) {
+        case (_, .unserved):
+            outcome = "failed"
+            publications.append(parked(delivery, job, reason: "broadcast not sent: \(reason)", attempt: attempt))
+            statistics.unservedJobsParked.add(1, ordering: .relaxed)
+        case (_, let answer) where Self.isRetryable(answer):
             // The same tiers as a device job's retries (one of the lane's delay queues), the same attempt limit.
-            switch retryPolicy.decide(attempt: attempt, retryable: 1, suggestedDelay: Self.retryDelay(result.outcome),
+            switch retryPolicy.decide(attempt: attempt, retryable: 1, suggestedDelay: Self.retryDelay(answer),
                                       deadline: job.deadline, now: Date().timeIntervalSince1970) {
             case .retry(let wait):
                 outcome = "retrying"
+                statistics.countRetries(CollectionOfOne(result.response?.reason?.label ?? "no_answer"))
                 var properties = delivery.properties
                 properties.persistent = true
                 properties.headers[Self.broadcastAttemptHeader] = String(attempt + 1)
@@ -181,54 +211,60 @@ extension SessionLoop {
                                                 properties: properties))
             case .expire:
                 outcome = "expired"
-            case .park:
-                let parkedReason = "broadcast not delivered after \(attempt) attempts: \(reason)"
-                var properties = delivery.properties
-                properties.persistent = true
-                properties.headers[Worker.reasonHeader] = parkedReason
-                properties.headers[Worker.attemptsHeader] = String(attempt)
-                publications.append(Publication(destination: .failed, body: delivery.body, properties: properties))
-                statistics.jobsParked.add(1, ordering: .relaxed)
-                logger.error("job parked after its last attempt", ["job.id": job.id, "job.reason": parkedReason])
-            case .none:
-                break
+            case .park, .none:
+                outcome = "failed"
+                publications.append(parked(delivery, job,
+                                           reason: "broadcast not delivered after \(attempt) attempts: \(reason)",
+                                           attempt: attempt))
             }
+        default:
+            outcome = "failed"
         }
         if entry.kind != .alreadySent {
             // A job that broadcast already was counted when it did.
             statistics.countBroadcast(outcome)
         }
         if outcome == "failed" || outcome == "retrying" {
-            logger.warning("broadcast not delivered", ["job.id": job.id, "apns.channel": job.channelID ?? "",
+            logger.warning("broadcast not delivered", ["job.id": job.id, "apns.channel": entry.broadcast.channelID,
                                                        "apns.reason": Redact.outsideText(result.response?.reason?.rawValue
                                                                                          ?? result.error ?? reason),
                                                        "broadcast.outcome": outcome])
         }
         if let replyTo = delivery.properties.replyTo, entry.kind != .alreadySent {
             publications.append(Publication(destination: .reply(replyTo),
-                                            body: Self.broadcastSummary(job: job, attempt: attempt, outcome: outcome,
-                                                                        reason: reason, result: result),
-                                            properties: Self.summaryProperties(delivery)))
+                                            body: Self.broadcastSummary(entry.broadcast, attempt: attempt,
+                                                                        outcome: outcome, reason: reason, result: result),
+                                            properties: JobSummary.properties(delivery, jobID: job.id)))
         }
         return publications
     }
 
-    private static func summaryProperties(_ delivery: JobDelivery) -> MessageProperties {
-        var properties = MessageProperties(correlationID: delivery.properties.correlationID)
-        properties.persistent = false
-        return properties
+    /// The broadcast job parked on PUSH_FAILED_QUEUE as it came, with its reason.
+    private func parked(_ delivery: JobDelivery, _ job: PushJob, reason: String, attempt: Int) -> Publication {
+        var properties = delivery.properties
+        properties.persistent = true
+        properties.headers[Worker.reasonHeader] = reason
+        properties.headers[Worker.attemptsHeader] = String(attempt)
+        statistics.jobsParked.add(1, ordering: .relaxed)
+        logger.error("job parked", ["job.id": job.id, "job.reason": reason])
+        return Publication(destination: .failed, body: delivery.body, properties: properties)
     }
 
-    private static func broadcastSummary(job: PushJob, attempt: Int, outcome: String, reason: String,
+    private static func broadcastSummary(_ broadcast: BroadcastJob, attempt: Int, outcome: String, reason: String,
                                          result: APNsResult) -> [UInt8] {
-        let failedByReason = outcome == "failed" ? "{\(JSONString.quote(reason)):1}" : "{}"
-        var summary = "{\"job_id\":\(JSONString.quote(job.id)),\"attempt\":\(attempt),"
-            + "\"channel_id\":\(JSONString.quote(job.channelID ?? "")),\"notifications\":1,"
-            + "\"delivered\":\(outcome == "delivered" ? 1 : 0),\"dead\":0,\"failed\":\(outcome == "failed" ? 1 : 0),"
-            + "\"retrying\":\(outcome == "retrying" ? 1 : 0),\"held_back\":0,\"expired\":\(outcome == "expired" ? 1 : 0),"
-            + "\"failed_by_reason\":\(failedByReason)"
-        if let uniqueID = result.response?.apnsUniqueID { summary += ",\"apns_unique_id\":\(JSONString.quote(uniqueID))" }
-        return Array((summary + "}").utf8)
+        var summary = JobSummary(jobID: broadcast.job.id, attempt: attempt)
+        summary.channelID = broadcast.channelID
+        summary.notifications = 1
+        switch outcome {
+        case "delivered": summary.delivered = 1
+        case "retrying": summary.retrying = 1
+        case "expired": summary.expired = 1
+        default:
+            summary.failed = 1
+            summary.failedByReason[reason] = 1
+        }
+        summary.apnsUniqueID = result.response?.apnsUniqueID
+        return summary.json
     }
 
     private static func isRetryable(_ outcome: APNsOutcome) -> Bool {

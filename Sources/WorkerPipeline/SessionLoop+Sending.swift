@@ -140,6 +140,10 @@ extension SessionLoop {
         worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) { position, result in
             latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
             if statistics.inFlight.add(lane, -1) == sendMoreAt { wakeup.signal() }
+            // Refused before any request (a broken rule, no credential for the topic): not sent after all.
+            if result.response == nil && (result.outcome == .permanentFailure || result.outcome == .unserved) {
+                statistics.sent.add(lane, -1)
+            }
             let (progress, index) = entries[position]
             answers.record(result, for: progress, Int(index))
         }

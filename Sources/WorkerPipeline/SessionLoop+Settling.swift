@@ -21,7 +21,7 @@ extension SessionLoop {
                 return storeWaits.waitingCopy(of: delivery)
             }
         }
-        let outcomes = try session.broker.publish(publications)
+        let outcomes = try publish(publications)
         var settled: [UInt64] = []
         for (rejection, outcome) in zip(rejected, outcomes) {
             guard outcome == .taken else {
@@ -51,6 +51,12 @@ extension SessionLoop {
         let marked = rejected.lazy.map(\.delivery).filter { $0.redelivered && settledTags.contains($0.tag) }
             .map(DeliveryTriage.historyKey)
         if !marked.isEmpty { try session.record.clearRunning(Array(marked)) }
+    }
+
+    /// The broker's outcome for each publication, one per publication.
+    func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
+        try PortAnswerMismatch.checked(try session.broker.publish(publications), asked: publications.count, of: .broker,
+                                       "publish")
     }
 
     /// Jobs that cannot be resolved now (a Redis node that holds their users, their Live Activity or their record does
@@ -86,20 +92,23 @@ extension SessionLoop {
         }
     }
 
-    private func settle(_ finished: [JobProgress], acknowledged: inout Bool) throws -> Int {
+    /// Per finished job, by position: the rules' decision and, for a job that publishes or removes anything, its
+    /// plan; and every plan's publications in order. A job that publishes and removes nothing (most jobs) has no
+    /// plan: carried through the settling steps as tuples of plans, every job cost a dozen reference counts more.
+    private func plans(_ finished: [JobProgress])
+        -> (decisions: [RetryPolicy.Decision], plans: [SettlementPlan?], publications: [Publication]) {
         let now = Date().timeIntervalSince1970
-        try weighMismatches(finished.filter { !$0.guardApplied })
-        // By position in `finished`. A job that publishes and removes nothing (most jobs) has no plan: carried through
-        // the steps below as tuples of plans, every job cost a dozen reference counts more.
         var decisions: [RetryPolicy.Decision] = []
         var plans: [SettlementPlan?] = []
         var publications: [Publication] = []
         decisions.reserveCapacity(finished.count)
         plans.reserveCapacity(finished.count)
         for progress in finished {
-            let decision = retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
-                                              suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
-                                              deadline: progress.job.deadline, now: now)
+            // Work whose topic lost its credential is parked whatever its attempts.
+            let decision = progress.isUnserved ? .park
+                : retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
+                                     suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
+                                     deadline: progress.job.deadline, now: now)
             if decision == .expire { statistics.expired.add(progress.expireRetryable(), ordering: .relaxed) }
             let plan = SettlementPlan.isNeeded(for: progress, retry: decision)
                 ? SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic) : nil
@@ -107,7 +116,13 @@ extension SessionLoop {
             decisions.append(decision)
             plans.append(plan)
         }
-        let outcomes = try session.broker.publish(publications)
+        return (decisions, plans, publications)
+    }
+
+    private func settle(_ finished: [JobProgress], acknowledged: inout Bool) throws -> Int {
+        try weighMismatches(finished.filter { !$0.guardApplied })
+        let (decisions, plans, publications) = self.plans(finished)
+        let outcomes = try publish(publications)
         var confirmed: [Int] = []
         var refused: [JobProgress] = []
         var removals: [(jobID: String, removal: TokenRemoval)] = []
@@ -171,7 +186,9 @@ extension SessionLoop {
     func removeDeadTokens(_ removals: [(jobID: String, removal: TokenRemoval)]) throws {
         guard !removals.isEmpty else { return }
         var unavailable = 0
-        for ((jobID, removal), change) in zip(removals, try session.tokens.remove(removals.map(\.removal))) {
+        let changes = try PortAnswerMismatch.checked(try session.tokens.remove(removals.map(\.removal)),
+                                                     asked: removals.count, of: .store, "token removal")
+        for ((jobID, removal), change) in zip(removals, changes) {
             switch change {
             case .applied, .unchanged:
                 continue
@@ -231,11 +248,13 @@ extension SessionLoop {
         statistics.jobsCompleted.add(1, ordering: .relaxed)
         switch decision {
         case .retry: statistics.countRetries(progress.retryable.lazy.map(\.label))
-        case .park: statistics.jobsParked.add(1, ordering: .relaxed)
+        case .park:
+            statistics.jobsParked.add(1, ordering: .relaxed)
+            if progress.isUnserved { statistics.unservedJobsParked.add(1, ordering: .relaxed) }
         case .none, .expire: break
         }
         if let parkedReason {
-            logger.error("job parked after its last attempt", ["job.id": progress.job.id, "job.reason": parkedReason])
+            logger.error("job parked", ["job.id": progress.job.id, "job.reason": parkedReason])
         }
         logger.debug("job done", ["job.id": progress.job.id, "job.attempt": String(progress.job.attempt),
                                   "job.notifications": String(progress.notificationCount),

@@ -125,12 +125,12 @@ extension SessionLoop {
     func start(_ prepared: PreparedBatch) throws {
         let rejected = prepared.rejected
         let all = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
-        try startBroadcasts(all.filter { $0.job.channelID != nil })
+        let (broadcasts, devices) = BroadcastJob.byKind(all)
+        try startBroadcasts(broadcasts)
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         var waiting: [JobDelivery] = []
-        var jobs = all.filter { entry in
-            guard entry.job.channelID == nil else { return false }
+        var jobs = devices.filter { entry in
             guard !StoreWaits.mustWait(entry.job, users: resolved, activities: prepared.activities) else {
                 waiting.append(entry.delivery)
                 return false
@@ -138,25 +138,7 @@ extension SessionLoop {
             return true
         }
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
-        // A redelivered job may have been under way when a worker died: skip what already had a final outcome. What
-        // this worker has answered and not recorded (perhaps this very job, delivered on the connection it lost) goes
-        // into the record first, so that the lookup sees it.
-        let lookUp = resolver.jobsToLookUp(jobs)
-        if !lookUp.isEmpty { try recordAnswered() }
-        let lookup = try session.record.settled(jobIDs: lookUp)
-        for (jobID, message) in lookup.unreadable {
-            statistics.countDataError("idempotency_record")
-            logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
-                         ["job.id": jobID, "redis.error": message])
-        }
-        if !lookup.unavailable.isEmpty {
-            // What an earlier delivery sent is unknown: sending now could repeat it.
-            jobs.removeAll { entry in
-                guard lookup.unavailable.contains(entry.job.id) else { return false }
-                waiting.append(entry.delivery)
-                return true
-            }
-        }
+        let lookup = try lookUpSettled(&jobs, waiting: &waiting)
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
@@ -172,10 +154,7 @@ extension SessionLoop {
             }
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
                                        hasStableID: TargetResolver.hasStableID(job, delivery))
-            if let settled {
-                progress.restore(settled: settled.tokens.count, dead: settled.dead)
-                progress.summarySent = settled.summarySent
-            }
+            if let settled { progress.restore(settled) }
             guard large else {
                 if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
                 continue
@@ -186,6 +165,30 @@ extension SessionLoop {
         if !rejected.isEmpty { try reject(rejected.map { ($0.0, .park(reason: $0.1, poison: false)) }) }
         try putBackToWait(waiting)
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    /// A redelivered job may have been under way when a worker died: what earlier deliveries settled, by job. What
+    /// this worker has answered and not recorded (perhaps this very job, delivered on the connection it lost) goes
+    /// into the record first, so that the lookup sees it. A job whose record's node does not answer moves from
+    /// `jobs` to `waiting`: what an earlier delivery sent is unknown, and sending now could repeat it.
+    private func lookUpSettled(_ jobs: inout [(delivery: JobDelivery, job: PushJob)],
+                               waiting: inout [JobDelivery]) throws -> SettledLookup {
+        let lookUp = resolver.jobsToLookUp(jobs)
+        if !lookUp.isEmpty { try recordAnswered() }
+        let lookup = try session.record.settled(jobIDs: lookUp)
+        for (jobID, message) in lookup.unreadable {
+            statistics.countDataError("idempotency_record")
+            logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
+                         ["job.id": jobID, "redis.error": message])
+        }
+        if !lookup.unavailable.isEmpty {
+            jobs.removeAll { entry in
+                guard lookup.unavailable.contains(entry.job.id) else { return false }
+                waiting.append(entry.delivery)
+                return true
+            }
+        }
+        return lookup
     }
 
     func queue(_ progress: JobProgress) {

@@ -31,7 +31,7 @@ final class SessionLoop {
     /// A job of a rate group has started: from then on each hand-over looks for them (until then, none is looked at).
     var rateGroupsSeen = false
     /// Broadcast jobs waiting for a permit of the rate limit, in order, and when the next may ask.
-    var broadcastsWaiting: [(delivery: JobDelivery, job: PushJob)] = []
+    var broadcastsWaiting: [BroadcastJob] = []
     var broadcastsWaitUntil = Date.distantPast
     var suspects = SuspectQueue()
     var underWay = JobsUnderWay()
@@ -80,12 +80,17 @@ final class SessionLoop {
     /// store is lost.
     func serve() throws {
         // Ending this session is not dying: a suspect under way did not stop the worker.
-        defer { if let key = suspects.alone?.key { try? session.record.settledAlone(key) } }
+        defer {
+            if let key = suspects.alone?.key {
+                do { try session.record.settledAlone(key) } catch { worker.aloneMarksUnwritten.withLock { $0.append(key) } }
+            }
+        }
         defer { preparer.stop() }
         // What the last session left unwritten goes first: the answers this worker holds before any redelivered job is
         // looked up, and the deliveries it handed back before any is counted.
         try recordAnswered()
         try writeGivenBack()
+        try clearAloneMarks()
         do {
             try turns()
         } catch {
@@ -144,6 +149,19 @@ final class SessionLoop {
         }
     }
 
+    private func clearAloneMarks() throws {
+        let keys = worker.aloneMarksUnwritten.withLock { keys in
+            defer { keys.removeAll() }
+            return keys
+        }
+        for (index, key) in keys.enumerated() {
+            do { try session.record.settledAlone(key) } catch {
+                worker.aloneMarksUnwritten.withLock { $0 = Array(keys[index...]) + $0 }
+                throw error
+            }
+        }
+    }
+
     private func turns() throws {
         while true {
             // Counted, not taken: what a turn takes it settles (see `WorkerCore.BeginAction`).
@@ -158,13 +176,7 @@ final class SessionLoop {
                     logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
                                                                       "jobs.unstarted_bulk": String(unstartedBulk.count)])
                 case .requeueUnstarted:
-                    let withdrawn = preparer.withdrawBatch()
-                    if !withdrawn.isEmpty { preparing.removeAll() }
-                    core.handle(.jobsSettled(withdrawn.count))
-                    let unstarted = unstartedBulk + suspects.giveBack() + copiesWaiting.map(\.delivery) + withdrawn
-                    copiesWaiting.removeAll()
-                    try giveBack(unstarted)
-                    unstartedBulk.removeAll()
+                    try giveBackUnstarted()
                 case .exit(let exit):
                     leave(exit)
                     return
@@ -178,11 +190,7 @@ final class SessionLoop {
                     logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
                     try recordUnsettled(worker.answers.takeCompleted { !core.isCurrent(generation: $0) })
                 case .finishCompleted:
-                    // Any stale completion that came in meanwhile goes as `discardStale` does.
-                    let completed = worker.answers.takeCompleted()
-                    try recordUnsettled(completed.filter { !core.isCurrent(generation: $0.generation) })
-                    let jobs = jobsToSettle(completed.filter { core.isCurrent(generation: $0.generation) })
-                    if !jobs.isEmpty { core.handle(.jobsSettled(try finish(jobs))) }
+                    try finishCompleted()
                 case .publishHeld:
                     try publishHeld()
                 }
@@ -205,6 +213,26 @@ final class SessionLoop {
                 try perform(action, at: now)
             }
         }
+    }
+
+    /// A stop: the jobs not started yet (bulk jobs waiting, suspects, copies, a batch being prepared) go back.
+    private func giveBackUnstarted() throws {
+        let withdrawn = preparer.withdrawBatch()
+        if !withdrawn.isEmpty { preparing.removeAll() }
+        core.handle(.jobsSettled(withdrawn.count))
+        let unstarted = unstartedBulk + suspects.giveBack() + copiesWaiting.map(\.delivery) + withdrawn
+        copiesWaiting.removeAll()
+        try giveBack(unstarted)
+        unstartedBulk.removeAll()
+    }
+
+    /// The jobs whose last answer came in are settled; any stale completion that came in meanwhile goes as
+    /// `discardStale` does.
+    private func finishCompleted() throws {
+        let completed = worker.answers.takeCompleted()
+        try recordUnsettled(completed.filter { !core.isCurrent(generation: $0.generation) })
+        let jobs = jobsToSettle(completed.filter { core.isCurrent(generation: $0.generation) })
+        if !jobs.isEmpty { core.handle(.jobsSettled(try finish(jobs))) }
     }
 
     private func piecesWaiting(at now: Date) -> LaneCounts {

@@ -10,8 +10,9 @@ struct SettlementPlan {
     /// The index of its summary among them, if its sender asked for one and none went out before.
     let summary: Int?
     /// Cache entries to remove once the publications are safe: only an entry that still serves the job's topic in
-    /// that environment goes (a token registered since for another kind or app is someone else's). Tokens sent
-    /// directly have no user: they are left to the cleanup consumer's events.
+    /// that environment goes (a token registered since for another kind or app is someone else's). A Live Activity's
+    /// update token leaves its activity. Tokens sent directly have no user: they are left to the cleanup consumer's
+    /// events.
     let removals: [TokenRemoval]
     /// The reason a parked job carries, if it is parked.
     let parkedReason: String?
@@ -44,10 +45,18 @@ struct SettlementPlan {
         switch retry {
         case .retry(let delay):
             publications.append(Self.retry(progress, after: delay))
+        case .park where progress.isUnserved:
+            // Parked with what is left to send, no more: sent again after the credential is back, it repeats nothing.
+            let reason = "\(progress.retryable.count) of \(progress.notificationCount) notifications not sent: "
+                + (progress.retryable.first { $0.label == "unserved" }?.reason ?? "")
+            publications.append(Self.parked(progress, reason: reason,
+                                            body: job.retryBody(targets: progress.retryable.map(\.target),
+                                                                original: delivery.body)))
+            parkedReason = reason
         case .park:
             let reason = "\(progress.retryable.count) of \(progress.notificationCount) notifications not delivered after "
                 + "\(job.attempt) attempts: \(progress.retryable.first?.reason ?? "")"
-            publications.append(Self.parked(progress, reason: reason))
+            publications.append(Self.parked(progress, reason: reason, body: job.originalBody ?? delivery.body))
             parkedReason = reason
         case .none, .expire:
             break
@@ -58,14 +67,19 @@ struct SettlementPlan {
             let retrying = if case .retry = retry { true } else { false }
             publications.append(Publication(
                 destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
-                properties: MessageProperties(correlationID: delivery.properties.correlationID ?? job.id, persistent: false)))
+                properties: JobSummary.properties(delivery, jobID: job.id)))
         }
         let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+        // A target without a user that the job did not name reached it through its Live Activity.
+        let activity = job.activity
         self.removals = progress.dead.compactMap { target, response in
-            target.user.map { user in
-                TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
-                             onlyIfValueIn: matcher.cacheValues(in: target.environment))
+            if let user = target.user {
+                return TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
+                                    onlyIfValueIn: matcher.cacheValues(in: target.environment))
             }
+            guard let activity, !job.namesToken(target.token) else { return nil }
+            return TokenRemoval(user: "", token: target.token, unlessRegisteredAfter: response.timestamp,
+                                onlyIfValueIn: matcher.cacheValues(in: target.environment), activity: activity)
         }
         self.publications = publications
         self.summary = summary
@@ -97,15 +111,14 @@ struct SettlementPlan {
                            properties: properties)
     }
 
-    /// Parked as its sender enqueued it, with what happened in headers.
-    private static func parked(_ progress: JobProgress, reason: String) -> Publication {
+    /// Parked (as its sender enqueued it, or what is left of it), with what happened in headers.
+    private static func parked(_ progress: JobProgress, reason: String, body: [UInt8]) -> Publication {
         var properties = progress.delivery.properties
         properties.persistent = true
         properties.headers[Worker.reasonHeader] = reason
         properties.headers[Worker.attemptsHeader] = String(progress.job.attempt)
         properties.headers[Worker.undeliveredHeader] = progress.retryable.prefix(undeliveredListed)
             .map(\.target.token).joined(separator: ",")
-        return Publication(destination: .failed, body: progress.job.originalBody ?? progress.delivery.body,
-                           properties: properties)
+        return Publication(destination: .failed, body: body, properties: properties)
     }
 }

@@ -65,8 +65,12 @@ public struct TokenRemoval: Sendable, Equatable {
     /// The cache values the entry must hold (`TopicMatcher.cacheValues`): an answer about one topic and environment
     /// leaves a token registered for another alone. nil removes whatever the entry serves (logouts, operators).
     public var onlyIfValueIn: [String]?
+    /// A Live Activity's update token: removed from that activity's tokens, not from a user's (`user` is "").
+    public var activity: String?
 
-    public init(user: String, token: String, unlessRegisteredAfter: Int64? = nil, onlyIfValueIn: [String]? = nil) {
+    public init(user: String, token: String, unlessRegisteredAfter: Int64? = nil, onlyIfValueIn: [String]? = nil,
+                activity: String? = nil) {
+        self.activity = activity
         self.user = user
         self.token = token
         self.unlessRegisteredAfter = unlessRegisteredAfter

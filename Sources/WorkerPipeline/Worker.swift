@@ -75,6 +75,10 @@ public final class Worker: Service {
     /// History keys of deliveries a lost session handed back, not yet noted in the store (it was what was lost):
     /// noted first thing in the next session. The broker thread's alone.
     let givenBackUnwritten = Locked<[String]>([])
+    /// Alone-marks of suspects a session left under way that the store did not take off (it was gone): taken off
+    /// by the next session, before any delivery is judged, so that a healthy suspect is not later read as one its
+    /// worker died with.
+    let aloneMarksUnwritten = Locked<[String]>([])
 
     /// `sender` carries the notifications; `connect` opens one session (broker and store): it is called on the
     /// broker thread, again after each loss.

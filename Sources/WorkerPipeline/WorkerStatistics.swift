@@ -5,7 +5,10 @@ import Telemetry
 public final class WorkerStatistics: Sendable {
     public let jobsCompleted = Atomic<Int>(0)
     public let jobsRejected = Atomic<Int>(0)
+    /// Jobs taken and then parked: after their last attempt, or because no credential served their topic any more.
     public let jobsParked = Atomic<Int>(0)
+    /// Of `jobsParked`: those parked because a reload took their topic's credential away.
+    public let unservedJobsParked = Atomic<Int>(0)
     public let delivered = Atomic<Int>(0)
     public let deadTokens = Atomic<Int>(0)
     public let permanentFailures = Atomic<Int>(0)
@@ -153,8 +156,21 @@ public final class WorkerStatistics: Sendable {
 
     /// The Prometheus text exposition of every counter.
     public func prometheusText(ready: Bool) -> String {
-        func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
         var metrics = PrometheusText()
+        outcomeFamilies(&metrics)
+        guardFamilies(&metrics)
+        answerAndErrorFamilies(&metrics)
+        retryParkAndDependencyFamilies(&metrics)
+        connectionFamilies(&metrics)
+        metrics.gauge("apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
+                      ready ? 1 : 0)
+        return metrics.text
+    }
+
+    private func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
+
+    /// Jobs, notifications and broadcasts by outcome, and the lanes' counts.
+    private func outcomeFamilies(_ metrics: inout PrometheusText) {
         metrics.family("apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.", [
             ([("result", "completed")], load(jobsCompleted)), ([("result", "rejected")], load(jobsRejected)),
             ([("result", "waiting")], load(jobsWaiting)),
@@ -175,6 +191,10 @@ public final class WorkerStatistics: Sendable {
                        JobLane.allCases.map { ([("lane", $0.rawValue)], sent[$0]) })
         metrics.family("apns_worker_lane_in_flight", "gauge", "Notifications of each lane sent to APNs and not answered yet.",
                        JobLane.allCases.map { ([("lane", $0.rawValue)], inFlight[$0]) })
+    }
+
+    /// The mass-invalidation guard, suspects and poison jobs.
+    private func guardFamilies(_ metrics: inout PrometheusText) {
         metrics.counter("apns_worker_invalidation_guard_trips_total",
                         "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
                             + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
@@ -192,6 +212,10 @@ public final class WorkerStatistics: Sendable {
         metrics.counter("apns_worker_poison_jobs_total",
                         "Jobs delivered more often than the delivery limit allows, parked on the failed queue unread.",
                         load(poisonJobs))
+    }
+
+    /// APNs answers, data errors, Redis nodes that did not answer, publishes refused.
+    private func answerAndErrorFamilies(_ metrics: inout PrometheusText) {
         let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
         metrics.family("apns_worker_apns_responses_total", "counter",
                        "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
@@ -210,13 +234,16 @@ public final class WorkerStatistics: Sendable {
                        "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
                            + "rejected jobs are held and published again, summaries are only logged.",
                        refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
+    }
+
+    /// Notifications in flight and their latency, rate-limit waits, duplicates avoided, connections, the broker's blocks.
+    private func connectionFamilies(_ metrics: inout PrometheusText) {
         metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
                           summing: JobLane.allCases.map(latency))
         metrics.histograms("apns_worker_lane_latency_seconds",
                            "From handing a notification of the lane to the APNs client to its answer.",
                            JobLane.allCases.map { ([("lane", $0.rawValue)], latency($0)) })
-        retryParkAndDependencyFamilies(&metrics)
         metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
                         load(rateLimitWaits))
         metrics.counter("apns_worker_duplicates_avoided_total",
@@ -234,15 +261,11 @@ public final class WorkerStatistics: Sendable {
         metrics.gauge("apns_worker_broker_blocked", "1 while the broker blocks publishing (resource alarm).",
                       brokerBlocked.load(ordering: .relaxed) ? 1 : 0)
         metrics.counter("apns_worker_broker_blocks_total", "Times the broker blocked publishing.", load(brokerBlocks))
-        metrics.gauge("apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
-                      ready ? 1 : 0)
-        return metrics.text
     }
 
     /// Retries and parked jobs by reason, the lanes' queues and the dependencies' reachability: what the alert rules
     /// and the dashboard (deploy/) read besides the counters above.
     private func retryParkAndDependencyFamilies(_ metrics: inout PrometheusText) {
-        func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
         let retried = retriesByReason.withLock { $0 }
         metrics.family("apns_worker_retries_total", "counter",
                        "Notifications scheduled for another attempt (through a delay queue), by reason.",
@@ -250,8 +273,10 @@ public final class WorkerStatistics: Sendable {
         metrics.family("apns_worker_parked_jobs_total", "counter",
                        "Jobs parked on the failed queue, by reason: invalid_job (refused as unreadable or breaking the "
                            + "format), poison (delivered more often than allowed), attempts_exhausted (notifications "
-                           + "still undelivered after the last attempt).",
-                       [([("reason", "attempts_exhausted")], load(jobsParked)),
+                           + "still undelivered after the last attempt), no_credential (taken, then no credential "
+                           + "served their topic any more: a reload removed it).",
+                       [([("reason", "attempts_exhausted")], load(jobsParked) - load(unservedJobsParked)),
+                        ([("reason", "no_credential")], load(unservedJobsParked)),
                         ([("reason", "invalid_job")], load(invalidJobsParked)),
                         ([("reason", "poison")], load(poisonJobsParked))])
         metrics.gauge("apns_worker_jobs_in_flight", "Jobs taken and not settled yet, both lanes (updated every second).",

@@ -42,12 +42,14 @@ enum FuzzedParser: String, CaseIterable {
         if let job = try? PushJob.decode(bytes, defaultTopic: "com.example.app", fallbackID: "fuzz") {
             // What is accepted must be actionable, and its retry form must read back the same.
             let targets = job.retryTargets?.count ?? (job.users.count + job.tokens.count)
-            precondition((targets > 0 || job.channelID != nil || job.activity != nil) && !job.topic.isEmpty
-                         && job.payload.count <= job.pushType.maximumPayloadSize,
-                         "an accepted job without targets, topic or a valid payload")
-            if let channel = job.channelID {
+            switch job.kind {
+            case .devices:
+                precondition(targets > 0 || job.activity != nil, "an accepted job without targets")
+            case .broadcast(let channel):
                 precondition((try? APNsChannelID.check(channel)) != nil, "an accepted broadcast with a bad channel id")
             }
+            precondition(!job.topic.isEmpty && job.payload.count <= job.pushType.maximumPayloadSize,
+                         "an accepted job without a topic or a valid payload")
             if let retryTargets = job.retryTargets {
                 let again = try? PushJob.decode(job.retryBody(targets: retryTargets, original: bytes), defaultTopic: nil,
                                                 fallbackID: "")

@@ -184,11 +184,84 @@ import Glibc
         let beforeReload = teamA.filter { $0.credential == oldKey.name }
         let afterReload = teamA.filter { $0.credential == newKey.name }
         #expect(!beforeReload.isEmpty && !afterReload.isEmpty && beforeReload.count + afterReload.count == teamA.count)
-        #expect(afterReload.suffix(10).allSatisfy { $0.credential == newKey.name }, "the last jobs went with the new key")
+        #expect(teamA.suffix(10).allSatisfy { $0.credential == newKey.name }, "the last jobs went with the new key")
         #expect(Set(beforeReload.map(\.connectionID)).isDisjoint(with: afterReload.map(\.connectionID)),
                 "the new key on new connections")
         let teamBConnections = Set(received.filter { $0.topic == "com.team-b.app" }.map(\.connectionID))
         #expect(teamBConnections.count == 1, "team B's connection carried on: \(teamBConnections)")
+    }
+
+    /// A credential removed by SIGHUP while its topic's jobs are queued and half sent (a 2,000-token job under way,
+    /// 30 one-token jobs behind it): every notification either went out once, or its job is parked on
+    /// PUSH_FAILED_QUEUE with the reason and what is left of it to send; none is acknowledged unsent.
+    @Test func aCredentialRemovedByReloadParksTheWorkAlreadyTaken() throws {
+        let teamA = try TeamKey(team: "TEAM00000A", keyID: "KEY000000A")
+        let teamB = try TeamKey(team: "TEAM00000B", keyID: "KEY000000B")
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.latency = 0.2  // 20 streams answered five times a second: the big job is under way at the reload
+        let simulator = try APNsSimulator(configuration: .init(
+            trustedKeys: [teamA.keyID: teamA.trusted, teamB.keyID: teamB.trusted], maximumConcurrentStreams: 20,
+            behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let file = try Self.credentialsFile([teamA.entry(["com.a.app"]), teamB.entry(["com.b.app"])])
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let failed = TestServices.unique("failed")
+        let failedReader = try QueueReader(failed)
+        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_CREDENTIALS_FILE": file, "LOG_LEVEL": "info", "APNS_CONNECTIONS": "1", "PUSH_FAILED_QUEUE": failed,
+            // What the worker has handed to the APNs client goes out with the credential it was signed for (the
+            // retired pool finishes its streams); the rest waits in the worker, where the reload meets it.
+            "WORKER_MAX_IN_FLIGHT": "100"])
+        for key in ["APNS_KEY_FILE", "APNS_KEY_ID", "APNS_TEAM_ID"] { environment[key] = nil }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        defer { _ = worker.stop(SIGKILL) }
+        #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
+        let prefix = TestServices.unique("b")
+        let big = (0..<2_000).map { String(format: "%064x", 0xb000_0000 + $0) }
+        let small = (0..<30).map { String(format: "%064x", 0xb100_0000 + $0) }
+        try publisher.publish(to: jobs, body: Self.tokenJob("\(prefix)-big", topic: "com.b.app", tokens: big),
+                              properties: AMQPProperties(replyTo: replies))
+        for (index, token) in small.enumerated() {
+            try publisher.publish(to: jobs, body: Self.tokenJob("\(prefix)-\(index)", topic: "com.b.app", tokens: [token]),
+                                  properties: AMQPProperties(replyTo: replies))
+        }
+        #expect(TestServices.waitUntil(timeout: 30) { simulator.received().count >= 300 }, "the big job under way")
+        try (#"{"credentials": ["# + teamA.entry(["com.a.app"]) + "]}").write(toFile: file, atomically: true, encoding: .utf8)
+        kill(worker.process.processIdentifier, SIGHUP)
+        #expect(worker.waitForLine(containing: "APNs credentials reloaded") != nil)
+        // Every job settles (a summary each, parked ones too).
+        #expect(try replyReader.read(31, timeout: 60).count == 31)
+
+        let received = simulator.received()
+        let sent = Set(received.filter { $0.status == 200 }.map(\.deviceToken))
+        #expect(received.count == sent.count, "none sent twice: \(received.count) pushes, \(sent.count) tokens")
+        var parked: [String: String] = [:]  // token: the reason of the job that holds it
+        var drained = false
+        while !drained {
+            let messages = try failedReader.read(1, timeout: 2)
+            drained = messages.isEmpty
+            for message in messages {
+                let reason = message.properties.headers[Worker.reasonHeader] ?? ""
+                for token in try Self.tokensLeft(in: message.body) { parked[token] = reason }
+            }
+        }
+        #expect(!parked.isEmpty, "the work left when the credential went is parked")
+        #expect(parked.values.allSatisfy { $0.contains("no APNs credential serves topic com.b.app") },
+                "\(Set(parked.values))")
+        let sentAndParked = sent.intersection(parked.keys).count
+        #expect(sentAndParked == 0, "\(sentAndParked) notifications went out and are parked to go again")
+        let neither = Set(big + small).subtracting(sent).subtracting(parked.keys).count
+        #expect(neither == 0, "\(neither) notifications neither sent nor parked")
+    }
+
+    /// The tokens a parked job has left to send: its retry state's targets (what was left when it was parked) or, for
+    /// a job parked before it started, its own tokens.
+    static func tokensLeft(in body: [UInt8]) throws -> [String] {
+        let job = try #require(try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any])
+        if let retry = job["retry"] as? [String: Any] {
+            return (retry["targets"] as? [[String: Any]] ?? []).compactMap { $0["token"] as? String }
+        }
+        return job["tokens"] as? [String] ?? []
     }
 
     /// A credentials file that cannot be used stops start-up (78) with a line naming the entry and the problem.

@@ -10,6 +10,9 @@ import Synchronization
 import Telemetry
 import Testing
 import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Live Activities against apns-sim: broadcast channels managed with `apns-worker channels` (Apple's channel
 /// management API), broadcasts, and activities started, updated and ended through jobs.
@@ -201,14 +204,19 @@ import WorkerPipeline
     /// A simulator that answers the first `throttled` broadcasts 429, the worker's settings for it, and a channel.
     private static func throttlingSimulator(_ throttled: Int, _ logger: Logger) throws
         -> (simulator: APNsSimulator, settings: [String: String], channel: String) {
+        try broadcastSimulator(logger) { $0.behaviour.throttleFirstBroadcasts = throttled }
+    }
+
+    /// A simulator configured by `adjust`, the worker's settings for it (retries after 1 s), and a channel.
+    private static func broadcastSimulator(_ logger: Logger, _ adjust: (inout APNsSimulator.Configuration) -> Void) throws
+        -> (simulator: APNsSimulator, settings: [String: String], channel: String) {
         var (simulator, settings) = try Self.simulatorWithKey(logger)
         simulator.shutdown()
-        var behaviour = APNsSimulator.Behaviour()
-        behaviour.throttleFirstBroadcasts = throttled
         let pem = try String(contentsOfFile: try #require(settings["APNS_KEY_FILE"]), encoding: .utf8)
-        simulator = try APNsSimulator(configuration: .init(trustedKeys: ["KEY000000A": .init(teamID: "TEAM00000A",
-                                                                                            key: try ES256Key(pem: pem))],
-                                                           behaviour: behaviour), logger: logger)
+        var configuration = APNsSimulator.Configuration(trustedKeys: ["KEY000000A": .init(teamID: "TEAM00000A",
+                                                                                        key: try ES256Key(pem: pem))])
+        adjust(&configuration)
+        simulator = try APNsSimulator(configuration: configuration, logger: logger)
         let url = "https://127.0.0.1:\(simulator.port)"
         settings.merge(["APNS_CHANNELS_PRODUCTION_URL": url, "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
                         "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
@@ -218,8 +226,9 @@ import WorkerPipeline
     }
 
     /// A broadcast APNs asks to try later goes through the lane's delay queue and out again, once: a summary says
-    /// retrying, the next says delivered. The same job again (as a redelivery brings it, its record saying it went
-    /// out) is acknowledged with no second broadcast and no second summary. Broadcasts are no device notifications.
+    /// retrying, the next says delivered. The same job published again (a copy its publisher made, its record saying
+    /// it went out) is acknowledged with no second broadcast and no second summary. Broadcasts are no device
+    /// notifications.
     @Test func aThrottledBroadcastIsRetriedAndNeverSentOrSummarisedTwice() throws {
         let (simulator, settings, channel) = try Self.throttlingSimulator(1, logger)
         defer { simulator.shutdown() }
@@ -271,5 +280,106 @@ import WorkerPipeline
                 && summaries.last?["failed_by_reason"] as? [String: Int] == ["TooManyRequests": 1], "\(summaries)")
         #expect(simulator.broadcastsByChannel().isEmpty, "nothing went out")
         #expect(worker.worker.statistics.jobsParked.load(ordering: .relaxed) == 1)
+    }
+
+    /// A real redelivery: the broadcast is answered and recorded, but its worker's acknowledgement (and summary) never
+    /// reach the broker (its writes are held from the moment APNs accepts the broadcast), and the worker is killed
+    /// with SIGKILL. The job comes back to the next worker, which sends nothing and publishes no second summary.
+    @Test func aBroadcastRedeliveredAfterItsAnswerIsNotSentOrSummarisedAgain() throws {
+        let relayBox = Mutex<HoldingRelay?>(nil)
+        let (simulator, settings, channel) = try Self.broadcastSimulator(logger) { configuration in
+            configuration.broadcastObserver = { _ in relayBox.withLock { $0?.holdClientBytes() } }
+        }
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let broker = try TestServices.amqpURL()
+        let relay = try HoldingRelay(to: broker.host, port: broker.port)
+        relayBox.withLock { $0 = relay }
+        let direct = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings)
+        let throughRelay = direct.merging([
+            "AMQP_URL": try #require(direct["AMQP_URL"]).replacingOccurrences(of: ":\(broker.port)/", with: ":\(relay.port)/"),
+            "LOG_LEVEL": "info"]) { $1 }
+        let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: throughRelay)
+        defer { _ = first.stop(SIGKILL) }
+        #expect(first.waitForLine(containing: "\"consuming\"") != nil)
+        let id = TestServices.unique("once")
+        let now = Int(Date().timeIntervalSince1970)
+        let body = #"{"id": "\#(id)", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "3-1"}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        #expect(TestServices.waitUntil(timeout: 30) {
+            (try? redis.command(["SISMEMBER", RedisKeys.node.job(id), channel]).integer) == 1
+        }, "the broadcast's answer is in the idempotency record")
+        #expect(first.stop(SIGKILL) == -SIGKILL)
+        relay.cut()
+        #expect(simulator.broadcastsByChannel() == [channel: 1])
+
+        let second = try WorkerThread(direct, logger: logger)
+        defer { second.stop() }
+        let statistics = second.worker.statistics
+        #expect(TestServices.waitUntil(timeout: 30) { statistics.jobsCompleted.load(ordering: .relaxed) == 1 },
+                "the redelivered job was settled")
+        #expect(statistics.duplicatesAvoided.load(ordering: .relaxed) == 1)
+        #expect(simulator.broadcastsByChannel() == [channel: 1], "not broadcast a second time")
+        // The first worker's summary never reached the broker, and the second publishes none: a summary published
+        // with the acknowledgement would be on the queue by now.
+        #expect(try replyReader.read(1, timeout: 1).isEmpty, "no summary after a redelivery of a job that broadcast")
+    }
+
+    /// A 410 is a dead device token only on the device route: a broadcast answered 410 fails (its summary says so)
+    /// and publishes no dead-token event, removes nothing, parks nothing.
+    @Test func aBroadcastAnswered410RemovesNothingAndPublishesNoDeadTokenEvent() throws {
+        let (simulator, settings, channel) = try Self.broadcastSimulator(logger) { $0.behaviour.broadcastsGone = true }
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let dead = TestServices.unique("dead"), failed = TestServices.unique("failed")
+        let deadReader = try QueueReader(dead), failedReader = try QueueReader(failed)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
+            "PUSH_DEAD_TOKENS_QUEUE": dead, "PUSH_FAILED_QUEUE": failed]) { $1 }), logger: logger)
+        defer { worker.stop() }
+        let now = Int(Date().timeIntervalSince1970)
+        let body = #"{"id": "\#(TestServices.unique("gone"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-0"}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let summary = try Self.json(String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
+        #expect(summary["failed"] as? Int == 1 && summary["dead"] as? Int == 0
+                && summary["failed_by_reason"] as? [String: Int] == ["Unregistered": 1], "\(summary)")
+        // The events and the parked copy are published with the summary, before it: none came.
+        #expect(try deadReader.read(1, timeout: 1).isEmpty, "no dead-token event")
+        #expect(try failedReader.read(1, timeout: 1).isEmpty, "not parked")
+        let statistics = worker.worker.statistics
+        #expect(statistics.deadTokens.load(ordering: .relaxed) == 0 && statistics.broadcastCount("failed") == 1)
+    }
+
+    /// A dead update token (410) is removed from its activity, with its dead-token event, as a dead device token is
+    /// from its user.
+    @Test func aDeadUpdateTokenLeavesItsActivityWithAnEvent() throws {
+        let updateToken = String(repeating: "f4", count: 32), live = String(repeating: "f5", count: 32)
+        let died = Int64(Date().timeIntervalSince1970 * 1000)
+        let (simulator, settings, _) = try Self.broadcastSimulator(logger) { $0.unregisteredTokens = [updateToken: died] }
+        defer { simulator.shutdown() }
+        let cache = TokenCache(redis: try RedisConnection(url: TestServices.redisURL()), logger: logger)
+        let activity = TestServices.unique("match"), topic = "com.example.scores.push-type.liveactivity"
+        for token in [updateToken, live] {
+            try cache.register([TokenRegistration(user: "fan", token: token, scope: TokenScope(environment: .production, topic: topic),
+                                                  registeredAt: died - 60_000, activity: activity)])
+        }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let dead = TestServices.unique("dead")
+        let deadReader = try QueueReader(dead)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
+            "PUSH_DEAD_TOKENS_QUEUE": dead]) { $1 }), logger: logger)
+        defer { worker.stop() }
+        let now = Int(Date().timeIntervalSince1970)
+        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(TestServices.unique("minute"))", "activity": "\#(activity)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "1-1"}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let summary = try Self.json(String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
+        #expect(summary["dead"] as? Int == 1 && summary["delivered"] as? Int == 1, "\(summary)")
+        let event = try Self.json(String(decoding: try #require(try deadReader.read(1, timeout: 10).first).body, as: UTF8.self))
+        #expect(event["token"] as? String == updateToken && event["status"] as? Int == 410, "\(event)")
+        // Removed once the event is safe with the broker, before the job is acknowledged.
+        let left = try TestServices.waitUntil(timeout: 10) {
+            try cache.resolveActivities([activity]).tokens[activity]?.map(\.token) == [live]
+        }
+        #expect(left, "the dead update token left its activity; the live one stays")
     }
 }

@@ -1,4 +1,5 @@
 import AMQP
+import APNsModel
 import Foundation
 import Redis
 import RedisStore
@@ -30,6 +31,33 @@ import WorkerPipeline
         #expect(resolved[dana]?.first { $0.token == voip }?.scope
                 == TokenScope(environment: .production, topic: "com.example.app.voip"))
         #expect(resolved[eve] == [])
+    }
+
+    /// A Live Activity's update tokens keep the rules of a user's: registrations apply in the order of their
+    /// timestamps whatever order they arrive in (an older one changes nothing), and an unregistration removes the
+    /// token from its activity unless it was registered again after it.
+    @Test func activityTokensFollowTheirRegistrationsOrder() throws {
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let user = TestServices.unique("ivy"), activity = TestServices.unique("match")
+        let token = String(repeating: "a7", count: 32), topic = "com.example.app.push-type.liveactivity"
+        func register(_ environment: APNsEnvironment, at time: Int64) throws -> CacheChange {
+            try #require(try cache.register([TokenRegistration(user: user, token: token,
+                                                               scope: TokenScope(environment: environment, topic: topic),
+                                                               registeredAt: time, activity: activity)]).first)
+        }
+        func scopes() throws -> [TokenScope] { try cache.resolveActivities([activity]).tokens[activity]?.map(\.scope) ?? [] }
+        #expect(try register(.sandbox, at: 2_000) == .applied)
+        #expect(try register(.production, at: 1_000) == .unchanged, "an older registration arriving late")
+        #expect(try scopes() == [TokenScope(environment: .sandbox, topic: topic)], "the newer registration stands")
+        #expect(try redis.command(["TTL", RedisKeys.node.activityRegistered(activity)]).integer ?? -1 > 0,
+                "the registration times leave with the activity")
+        let logout = { (at: Int64) in TokenRemoval(user: user, token: token, unlessRegisteredAfter: at, activity: activity) }
+        #expect(try cache.remove([logout(1_500)]) == [.unchanged], "an unregistration older than the registration")
+        #expect(try scopes().count == 1)
+        #expect(try cache.remove([logout(3_000)]) == [.applied])
+        #expect(try scopes().isEmpty, "unregistered")
+        #expect(try cache.entries(forUser: user).isEmpty, "an update token never was the user's")
     }
 
     /// A removal about one topic and environment leaves a token registered for another alone: an answer about a

@@ -25,6 +25,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var publishesLoseTheConnection = false
         // Store
         var cache: [String: [CachedToken]] = [:]
+        /// Live Activities' update tokens, by activity id.
+        var activities: [String: [CachedToken]] = [:]
         var removals: [TokenRemoval] = []
         /// How many users each resolution asked for, in order.
         var resolutions: [Int] = []
@@ -50,6 +52,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var invalidationWindow: InvalidationCounts? = InvalidationCounts()
         // Sender
         var sent: [(lane: JobLane, token: String)] = []
+        /// Broadcasts sent, by channel id, in order.
+        var broadcastsSent: [String] = []
         var holdingAnswers = false
         var heldAnswers: [() -> Void] = []
     }
@@ -180,7 +184,10 @@ final class InMemoryTokenStore: TokenStore {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func resolveActivities(_ activities: [String]) throws -> ResolvedUsers { ResolvedUsers(tokens: [:]) }
+    func resolveActivities(_ activities: [String]) throws -> ResolvedUsers {
+        let wanted = Set(activities)
+        return fleet.read { state in ResolvedUsers(tokens: state.activities.filter { wanted.contains($0.key) }) }
+    }
 
     func resolve(_ users: [String]) throws -> ResolvedUsers {
         fleet.passResolutionHold()
@@ -199,6 +206,11 @@ final class InMemoryTokenStore: TokenStore {
             removals.map { removal in
                 if state.silentUsers.contains(removal.user) { return .unavailable }
                 state.removals.append(removal)
+                if let activity = removal.activity {
+                    let before = state.activities[activity]?.count ?? 0
+                    state.activities[activity]?.removeAll { $0.token == removal.token }
+                    return (state.activities[activity]?.count ?? 0) < before ? .applied : .unchanged
+                }
                 let before = state.cache[removal.user]?.count ?? 0
                 state.cache[removal.user]?.removeAll { cached in
                     cached.token == removal.token
@@ -225,15 +237,7 @@ final class InMemoryRecord: IdempotencyRecord {
                     continue
                 }
                 var settled = state.settled[jobID] ?? Settled()
-                for outcome in outcomes {
-                    switch outcome {
-                    case .done(let token): settled.tokens.insert(token)
-                    case .dead(let target, let response):
-                        settled.tokens.insert(target.token)
-                        settled.dead.append((target, response))
-                    case .summarySent: settled.summarySent = true
-                    }
-                }
+                for outcome in outcomes { settled.add(outcome) }
                 state.settled[jobID] = settled
             }
             return written
@@ -319,14 +323,21 @@ final class InMemoryStatistics: StatisticsSink {
 final class InMemorySender: NotificationSender, @unchecked Sendable {
     private let fleet: InMemoryFleet
     private let answer: @Sendable (APNsNotification) -> APNsResponse
+    /// What APNs answers each broadcast, read with the broadcast route's table.
+    private let broadcastAnswer: @Sendable (APNsBroadcast) -> APNsResponse
+    /// Topics no credential serves: their notifications and broadcasts are answered `unserved`, unsent (as the
+    /// client does after a reload took their credential away). Changed at run time by a test.
+    let unserved = Locked<Set<String>>([])
+    private func isUnserved(_ topic: String) -> Bool { unserved.withLock { $0.contains(topic) } }
     private let threads: [JobLane: DispatchQueue] = [.urgent: DispatchQueue(label: "in-memory-sender-urgent"),
                                                      .bulk: DispatchQueue(label: "in-memory-sender-bulk")]
 
     init(_ fleet: InMemoryFleet, answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in
         APNsResponse(status: 200)
-    }) {
+    }, broadcastAnswer: @escaping @Sendable (APNsBroadcast) -> APNsResponse = { _ in APNsResponse(status: 200) }) {
         self.fleet = fleet
         self.answer = answer
+        self.broadcastAnswer = broadcastAnswer
     }
 
     func start(reportingHealth report: @escaping @Sendable (ConnectionHealth) -> Void) {
@@ -335,9 +346,14 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
 
     func send(_ batch: [APNsNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) {
         let results = batch.map { notification in
+            if isUnserved(notification.topic) {
+                return APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + notification.topic)
+            }
             let response = answer(notification)
-            return APNsResult(outcome: APNsOutcome.classify(response), response: response)
+            return APNsResult(outcome: APNsRoute.device(token: notification.deviceToken).outcome(of: response),
+                              response: response)
         }
+        let batch = batch.filter { !isUnserved($0.topic) }
         let deliver: @Sendable () -> Void = { [thread = threads[lane]!] in
             thread.async { for (position, result) in results.enumerated() { reply(position, result) } }
         }
@@ -355,7 +371,17 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
 
     func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
               answer reply: @escaping @Sendable (APNsResult) -> Void) {
-        threads[lane]!.async { reply(APNsResult(outcome: .delivered, response: APNsResponse(status: 200))) }
+        if isUnserved(broadcast.bundle) {
+            threads[lane]!.async {
+                reply(APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + broadcast.bundle))
+            }
+            return
+        }
+        fleet.change { $0.broadcastsSent.append(broadcast.channelID) }
+        let response = broadcastAnswer(broadcast)
+        let result = APNsResult(outcome: APNsRoute.broadcast(bundle: broadcast.bundle).outcome(of: response),
+                                response: response)
+        threads[lane]!.async { reply(result) }
     }
 
     /// What the sender says of each topic: every topic sent, with no rate group, unless a test says otherwise.

@@ -385,8 +385,10 @@ import WorkerPipeline
                                defaultTopic: nil, fallbackID: "fallback")
         }
         let job = try broadcast(#""live_activity": {"event": "update", "timestamp": 1, "content_state": {}}"#)
-        #expect(job.channelID == "dHJhY2tpbmc=" && job.users.isEmpty && job.tokens.isEmpty && job.pushType == .liveactivity)
-        #expect(job.broadcast?.bundle == "com.example.app" && job.broadcast?.expiration == 0)
+        #expect(job.kind == .broadcast(channelID: "dHJhY2tpbmc=") && job.users.isEmpty && job.tokens.isEmpty
+                && job.pushType == .liveactivity)
+        let request = job.broadcast(on: "dHJhY2tpbmc=")
+        #expect(request.bundle == "com.example.app" && request.expiration == 0)
         let large = String(repeating: "x", count: 4500)
         #expect(try broadcast(#""payload": {"aps": {"timestamp": 1, "event": "update", "content-state": {"n": "\#(large)"}}}"#)
             .payload.count > 4096, "a broadcast's payload may pass 4096 bytes")

@@ -25,9 +25,13 @@ import WorkerPipeline
         private let finished = DispatchSemaphore(value: 0)
         private let failure = Locked<(any Error)?>(nil)
 
+        let sender: InMemorySender
+
         init(_ fleet: InMemoryFleet, settings: WorkerSettings = WorkerTests.settings(),
-             answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 200) }) {
-            worker = Worker(settings: settings, sender: InMemorySender(fleet, answer: answer),
+             answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 200) },
+             broadcastAnswer: @escaping @Sendable (APNsBroadcast) -> APNsResponse = { _ in APNsResponse(status: 200) }) {
+            sender = InMemorySender(fleet, answer: answer, broadcastAnswer: broadcastAnswer)
+            worker = Worker(settings: settings, sender: sender,
                             logger: Logger(label: "worker-test", level: .critical)) { try fleet.session() }
             Thread.detachNewThread { [self] in
                 do { try worker.run() } catch { failure.withLock { $0 = error } }

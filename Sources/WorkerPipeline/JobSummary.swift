@@ -1,0 +1,45 @@
+import APNsModel
+import Telemetry
+
+/// What a job's sender reads on its `reply_to` queue, for device jobs and broadcasts alike: one encoder, so that
+/// both keep one shape (README, "Job summaries").
+struct JobSummary {
+    var jobID: String
+    var attempt: Int
+    /// A broadcast's channel.
+    var channelID: String?
+    var notifications = 0
+    var delivered = 0
+    var dead = 0
+    var failed = 0
+    var retrying = 0
+    var heldBack = 0
+    var expired = 0
+    var heldBackReason: String?
+    var failedByReason: [String: Int] = [:]
+    /// A broadcast's answer in the development environment.
+    var apnsUniqueID: String?
+
+    init(jobID: String, attempt: Int) {
+        self.jobID = jobID
+        self.attempt = attempt
+    }
+
+    var json: [UInt8] {
+        var text = "{\"job_id\":\(JSONString.quote(jobID)),\"attempt\":\(attempt),"
+        if let channelID { text += "\"channel_id\":\(JSONString.quote(channelID)),"}
+        text += "\"notifications\":\(notifications),\"delivered\":\(delivered),\"dead\":\(dead),\"failed\":\(failed),"
+        text += "\"retrying\":\(retrying),\"held_back\":\(heldBack),\"expired\":\(expired),"
+        if let heldBackReason { text += "\"held_back_reason\":\(JSONString.quote(heldBackReason))," }
+        let reasons = failedByReason.keys.sorted().map { "\(JSONString.quote($0)):\(failedByReason[$0]!)" }
+        text += "\"failed_by_reason\":{\(reasons.joined(separator: ","))}"
+        if let apnsUniqueID { text += ",\"apns_unique_id\":\(JSONString.quote(apnsUniqueID))" }
+        return Array((text + "}").utf8)
+    }
+
+    /// The properties of a summary message: its job's correlation id (the job id if it had none), not persistent
+    /// (a summary is a notice to a waiting sender, not work).
+    static func properties(_ delivery: JobDelivery, jobID: String) -> MessageProperties {
+        MessageProperties(correlationID: delivery.properties.correlationID ?? jobID, persistent: false)
+    }
+}
