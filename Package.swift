@@ -34,7 +34,8 @@ let package = Package(
         .target(name: "TLS", dependencies: ["COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "Redis", dependencies: ["CHiredis", "TLS", "Telemetry"], swiftSettings: hotPath),
         .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "Telemetry"], swiftSettings: hotPath),
-        // Apple's vocabulary and rules: notifications, answers and what they mean, reasons, JSON. No connection.
+        // Apple's vocabulary and rules: notifications, the routes APNs takes and what their answers mean, reasons,
+        // JSON; and the two lanes work travels in, which the client and the pipeline share. No connection.
         .target(name: "APNsModel", swiftSettings: hotPath),
         // The APNs client: connections, provider tokens, certificates (re-exports APNsModel).
         .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
@@ -43,7 +44,7 @@ let package = Package(
         // neither AMQP, Redis nor HTTP/2, and nothing that opens a connection.
         .target(name: "WorkerPipeline", dependencies: ["APNsModel", "Telemetry"], swiftSettings: hotPath),
         // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
-        .target(name: "AMQPBroker", dependencies: ["AMQP", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "AMQPBroker", dependencies: ["AMQP", "APNsModel", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
         .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNsModel", "Telemetry"], swiftSettings: hotPath),
         // The pipeline's sender port over the APNs client.
         .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),

@@ -1,4 +1,5 @@
 import AMQP
+import APNsModel
 import Telemetry
 import WorkerPipeline
 

@@ -1,4 +1,5 @@
 import AMQP
+import APNsModel
 import WorkerPipeline
 
 /// The kind of queue the programs declare (PUSH_QUEUE_TYPE): classic, or quorum (replicated over a cluster's nodes

@@ -100,13 +100,6 @@ public struct APNsClientConfiguration: Sendable {
     }
 }
 
-/// Which connections a notification travels on. Urgent and bulk traffic each have connections of their own, so
-/// that an urgent request never waits behind bulk requests for a stream, in a connection's send buffer or in the
-/// order a server reads one connection.
-public enum APNsTraffic: String, Sendable, Hashable, CaseIterable {
-    case urgent, bulk
-}
-
 /// Sends notifications over persistent HTTP/2 connections: one pool per credential, environment and traffic class,
 /// each opened when first needed, and one event loop (thread) per traffic class: writing a large bulk batch or
 /// reading a burst of bulk answers never holds up an urgent request on its way out, and the bulk thread runs at a
@@ -130,7 +123,7 @@ public final class APNsClient: Sendable {
     private struct PoolKey: Hashable {
         var credential: ObjectIdentifier
         var environment: APNsEnvironment
-        var traffic: APNsTraffic
+        var traffic: JobLane
     }
 
     private struct Pool {
@@ -144,7 +137,7 @@ public final class APNsClient: Sendable {
     public struct ConnectionLabels: Hashable, Sendable {
         public var credential: String
         public var environment: APNsEnvironment
-        public var traffic: APNsTraffic
+        public var traffic: JobLane
     }
 
     /// A pool replaced after a 403 "bound to another key" is not replaced again within this many seconds: a
@@ -172,7 +165,7 @@ public final class APNsClient: Sendable {
                   logger: logger)
     }
 
-    private func loop(_ traffic: APNsTraffic) -> EventLoop { traffic == .urgent ? urgentLoop : bulkLoop }
+    private func loop(_ traffic: JobLane) -> EventLoop { traffic == .urgent ? urgentLoop : bulkLoop }
 
     /// The credential that sends `topic` now, if any.
     public func credential(forTopic topic: String) -> APNsCredential? {
@@ -185,7 +178,7 @@ public final class APNsClient: Sendable {
     /// keep it short. Notifications that break Apple's rules, or whose topic no credential serves, are answered
     /// without a request.
     public func send(_ notifications: [APNsNotification],
-                     traffic: APNsTraffic = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) {
+                     traffic: JobLane = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) {
         // Answers that need no request still arrive on the loop thread, like every other answer.
         var immediate: [(Int, APNsResult)] = []
         defer {
@@ -260,7 +253,7 @@ public final class APNsClient: Sendable {
 
     /// The pool (opened if needed) and the signature for requests of `credential` in `environment` on `traffic`'s
     /// connections: the one place device pushes and broadcasts get them.
-    private func lease(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: APNsTraffic) -> Leasing {
+    private func lease(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: JobLane) -> Leasing {
         let authorization: String?
         do { authorization = try credential.authorization() } catch {
             logger.critical("cannot sign the APNs provider token", ["apns.credential": credential.name, "error": "\(error)"])
@@ -280,7 +273,7 @@ public final class APNsClient: Sendable {
 
     /// Sends the notifications at `indices` (nil: all of them), all of one credential.
     private func send(_ notifications: [APNsNotification], _ indices: [Int]?,
-                      credential: APNsCredential, traffic: APNsTraffic, immediate: inout [(Int, APNsResult)],
+                      credential: APNsCredential, traffic: JobLane, immediate: inout [(Int, APNsResult)],
                       completion: @escaping @Sendable (Int, APNsResult) -> Void) {
         for environment in APNsEnvironment.allCases {
             let inEnvironment = indices.map { $0.filter { notifications[$0].environment == environment } }
@@ -339,7 +332,7 @@ public final class APNsClient: Sendable {
     /// Sends one broadcast (iOS 18) with the credential that serves its bundle, on the push connections of
     /// `traffic` (the same host as device pushes); `completion` runs once, on that lane's loop thread. A broadcast
     /// that breaks Apple's rules, or whose bundle no credential serves, is answered without a request.
-    public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: APNsTraffic = .urgent,
+    public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: JobLane = .urgent,
                      completion: @escaping @Sendable (APNsResult) -> Void) {
         let loop = loop(traffic)
         func answer(_ result: APNsResult) { loop.execute { completion(result) } }
@@ -393,7 +386,7 @@ public final class APNsClient: Sendable {
 
     /// Runs `action` on the loop thread of `traffic` after `delay` seconds: for work that belongs with its answers
     /// (which `send`'s completions deliver on that thread), such as handing a batch of them on.
-    public func schedule(after delay: Double, traffic: APNsTraffic = .urgent, _ action: @escaping @Sendable () -> Void) {
+    public func schedule(after delay: Double, traffic: JobLane = .urgent, _ action: @escaping @Sendable () -> Void) {
         let loop = loop(traffic)
         if loop.inEventLoop {
             loop.schedule(after: delay, action)
@@ -472,7 +465,7 @@ public final class APNsClient: Sendable {
     /// Opens the environment's connections for `traffic` now rather than at the first notification, so that
     /// readiness can wait for them and the first job does not pay for the handshakes: those of the default
     /// credential, or of the first entry if there is no default one.
-    public func connect(_ environment: APNsEnvironment, _ traffic: APNsTraffic = .urgent) {
+    public func connect(_ environment: APNsEnvironment, _ traffic: JobLane = .urgent) {
         guard let credential = credentials.withLock({ $0.fallback ?? $0.entries.first }) else { return }
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
         do { _ = try pool(for: key, credential) } catch {

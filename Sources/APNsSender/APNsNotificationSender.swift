@@ -31,16 +31,16 @@ public final class APNsNotificationSender: NotificationSender {
 
     public func send(_ batch: [APNsNotification], lane: JobLane,
                      answer: @escaping @Sendable (Int, APNsResult) -> Void) {
-        client.send(batch, traffic: APNsTraffic(lane), completion: answer)
+        client.send(batch, traffic: lane, completion: answer)
     }
 
     public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
                      answer: @escaping @Sendable (APNsResult) -> Void) {
-        client.send(broadcast, environment: environment, traffic: APNsTraffic(lane), completion: answer)
+        client.send(broadcast, environment: environment, traffic: lane, completion: answer)
     }
 
     public func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
-        client.schedule(after: delay, traffic: APNsTraffic(lane), action)
+        client.schedule(after: delay, traffic: lane, action)
     }
 
     public func service(forTopic topic: String) -> TopicService {
@@ -75,7 +75,7 @@ public final class APNsNotificationSender: NotificationSender {
         text.family("apns_worker_apns_connections_open", "gauge",
                     "HTTP/2 connections to APNs open now, by credential, environment and lane.",
                     counts.map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
-                                           ("lane", $0.key.traffic == .urgent ? "urgent" : "bulk")],
+                                           ("lane", $0.key.traffic.rawValue)],
                                   value: $0.value) })
         var expiries: [(labels: [(String, String)], value: Int)] = []
         let credentials = client.currentCredentials
@@ -92,10 +92,6 @@ public final class APNsNotificationSender: NotificationSender {
         }
         return text.text
     }
-}
-
-extension APNsTraffic {
-    init(_ lane: JobLane) { self = lane == .urgent ? .urgent : .bulk }
 }
 
 extension ConnectionHealth {

@@ -1,5 +1,6 @@
 import AMQP
 import AMQPBroker
+import APNsModel
 import Configuration
 import Foundation
 import Redis

@@ -28,7 +28,7 @@ public struct TokenMigration {
         guard !(destination == .node(source)) else {
             throw RedisError(kind: .badURL, "--from names the configured Redis itself: nothing to copy")
         }
-        self.source = TokenCache(redis: try RedisConnection(url: source), logger: logger)
+        self.source = TokenCache(redis: try RedisDeployment.node(source).connect(), logger: logger)
         self.destination = TokenCache(redis: try destination.connect(), logger: logger)
     }
 

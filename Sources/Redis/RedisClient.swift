@@ -25,7 +25,7 @@ public protocol RedisClient: AnyObject {
 
     /// Every master's connection in turn (the one connection of a single node): for what concerns a node rather
     /// than a key, such as SCAN.
-    func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError)
+    func forEachMaster(_ body: (any RedisClient) throws(RedisError) -> Void) throws(RedisError)
 
     /// The node that holds `key`, for people: its URL, or in a cluster the key's slot and its master.
     func location(ofKey key: String) -> String
@@ -45,7 +45,7 @@ extension RedisClient {
     /// A page Redis refuses throws `.server`.
     public func scan(matching pattern: String, count: Int = 500,
                      _ page: ([String]) throws(RedisError) -> Void) throws(RedisError) {
-        try forEachMaster { (node: RedisConnection) throws(RedisError) in
+        try forEachMaster { (node: any RedisClient) throws(RedisError) in
             var cursor = "0"
             repeat {
                 let reply = try node.command(["SCAN", cursor, "MATCH", pattern, "COUNT", String(count)])

@@ -126,7 +126,7 @@ public final class RedisCluster: RedisClient {
         }
     }
 
-    public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) {
+    public func forEachMaster(_ body: (any RedisClient) throws(RedisError) -> Void) throws(RedisError) {
         for master in masters {
             guard let node = try usableConnection(to: master) else {
                 throw RedisError(kind: .connectionLost, "\(nodes): master \(master) does not answer")

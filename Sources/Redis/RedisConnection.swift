@@ -115,7 +115,7 @@ public enum RedisReply: Sendable, Equatable {
 public final class RedisConnection: RedisClient {
     public var isCluster: Bool { false }
 
-    public func forEachMaster(_ body: (RedisConnection) throws(RedisError) -> Void) throws(RedisError) { try body(self) }
+    public func forEachMaster(_ body: (any RedisClient) throws(RedisError) -> Void) throws(RedisError) { try body(self) }
 
     public func location(ofKey key: String) -> String { url.description }
 

@@ -1,3 +1,4 @@
+import APNsModel
 import Foundation
 import Redis
 import WorkerPipeline

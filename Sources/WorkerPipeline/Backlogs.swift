@@ -1,3 +1,4 @@
+import APNsModel
 import Foundation
 /// Notifications waiting to be sent, first in first out, as (job, index) pairs: 16 bytes each, whatever the payload.
 struct OutgoingQueue {

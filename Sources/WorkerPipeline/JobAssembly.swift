@@ -1,3 +1,4 @@
+import APNsModel
 import Foundation
 
 /// A job with more users than one piece (`WorkerCore.Settings.usersPerPiece`): its users are resolved and sent a

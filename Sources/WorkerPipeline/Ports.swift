@@ -35,13 +35,6 @@ public struct MessageProperties: Sendable, Equatable {
     }
 }
 
-/// Which of the two job queues a job came from. Urgent jobs (PUSH_JOBS_QUEUE) always go first; bulk jobs
-/// (PUSH_BULK_QUEUE) take what urgent work leaves: the in-flight window, the rate limit, the worker's attention.
-public enum JobLane: String, Sendable, Hashable, CaseIterable {
-    case urgent, bulk
-
-}
-
 /// A job as the broker handed it over. `tag` is the broker's handle for settling it; the pipeline only gives it back.
 /// Never changed once received, and a class: a delivery travels with its job through several arrays, filters and
 /// hand-overs, where a copy then costs one reference count instead of one per string and array it holds.

@@ -13,7 +13,6 @@ public struct PushJob: Sendable, Equatable {
         var topic: String
         var users: [String]
         var tokens: [String]
-        var activity: String? = nil
         var environment: APNsEnvironment
         var pushType: APNsPushType
         var priority: APNsPriority
@@ -30,9 +29,12 @@ public struct PushJob: Sendable, Equatable {
 
     /// What a job reaches, decided once when it is decoded: the pipeline switches on it.
     public enum Kind: Sendable, Equatable {
-        /// A notification per device token: its users' cached tokens, its own `tokens`, and the update tokens of the
-        /// Live Activity it names (`activity`).
+        /// A notification per device token: its users' cached tokens and its own `tokens`.
         case devices
+        /// Live Activity pushes, a notification per token: its users' (push-to-start) tokens, its own `tokens`, and
+        /// the update tokens of the activity it names, if it names one (`"activity": "<id>"`, as the app registered
+        /// them).
+        case liveActivity(activity: String?)
         /// One broadcast request (iOS 18, `channel_id`) that APNs fans out to every device subscribed to the channel.
         case broadcast(channelID: String)
     }
@@ -62,8 +64,11 @@ public struct PushJob: Sendable, Equatable {
     public func namesToken(_ token: String) -> Bool {
         tokens.contains { APNsNotification.canonicalToken($0) == token }
     }
-    /// A Live Activity whose update tokens the job reaches (`"activity": "<id>"`, as the app registered them).
-    public var activity: String? { shared.members.activity }
+    /// The Live Activity whose update tokens the job reaches, if its kind names one.
+    public var activity: String? {
+        guard case .liveActivity(let activity) = shared.members.kind else { return nil }
+        return activity
+    }
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
     public var environment: APNsEnvironment { shared.members.environment }
     public var pushType: APNsPushType { shared.members.pushType }
@@ -154,7 +159,10 @@ public struct PushJob: Sendable, Equatable {
         }
         job.shared.change { members in
             members.deadline = sending.deadline
-            members.activity = activity
+            // A job that names an activity is a Live Activity job (decoding refused any other push type for it).
+            if members.kind == .devices && (activity != nil || members.pushType == .liveactivity) {
+                members.kind = .liveActivity(activity: activity)
+            }
             if let retry {
                 members.attempt = retry.attempt
                 members.retryTargets = retry.targets

@@ -21,7 +21,7 @@ struct BroadcastJob: Sendable {
         devices.reserveCapacity(jobs.count)
         for (delivery, job) in jobs {
             switch job.kind {
-            case .devices: devices.append((delivery, job))
+            case .devices, .liveActivity: devices.append((delivery, job))
             case .broadcast(let channelID): broadcasts.append(BroadcastJob(delivery: delivery, job: job, channelID: channelID))
             }
         }

@@ -1,3 +1,5 @@
+import APNsModel
+
 /// Jobs that came back twice or more without being settled: they may be what stopped the workers they were delivered
 /// to. Each runs alone in its lane's sense (nothing else in progress from its start to its settling: for a bulk
 /// suspect, no other bulk job; for an urgent one, no other job at all), so that if it stops this worker too, its next

@@ -1,3 +1,4 @@
+import APNsModel
 import Foundation
 
 /// What the worker's broker thread decides, as a value: the loop that performs the actions (`Worker.serve`) tells it

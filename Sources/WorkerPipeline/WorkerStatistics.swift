@@ -1,3 +1,4 @@
+import APNsModel
 import Synchronization
 import Telemetry
 

@@ -1,6 +1,7 @@
 import APNs
 import Configuration
 import Foundation
+import Operations
 import Telemetry
 
 let channelsHelp = """
@@ -72,30 +73,25 @@ func channelsCommand(_ arguments: [String]) {
     // A one-shot command: its connection's comings and goings are noise unless asked for (LOG_LEVEL=debug).
     let level = configuration.logLevel <= .debug ? configuration.logLevel : max(configuration.logLevel, .warning)
     let logger = Logger(label: "apns-worker", level: level, format: configuration.logFormat)
-    let credentials: APNsCredentials
-    do { credentials = try configuration.credential.makeCredentials() } catch {
-        fail("configuration error: \(error)", code: ExitCode.configuration)
+    let channels: ChannelOperations
+    do { channels = try ChannelOperations(configuration: configuration, topic: topic, environment: environment,
+                                          logger: logger) } catch {
+        switch error {
+        case .configuration: fail("\(error)", code: ExitCode.configuration)
+        case .noCredential: fail("channels: \(error)", code: ExitCode.dataError)
+        }
     }
-    let bundle = APNsPushType.bundle(ofTopic: topic)
-    guard let credential = credentials.credential(forTopic: bundle) else {
-        fail("channels: no APNs credential serves \(bundle)", code: ExitCode.dataError)
-    }
-    let endpoint = environment == .production ? configuration.apns.channelsProduction : configuration.apns.channelsSandbox
-    let client: APNsChannelClient
-    do { client = try APNsChannelClient(endpoint: endpoint, credential: credential, configuration: configuration.apns,
-                                        logger: logger.child("channels")) } catch {
-        fail("configuration error: \(error)", code: ExitCode.configuration)
-    }
+    let bundle = channels.bundle
     let json = parsed.switches.contains("--json")
     let id = needsID ? parsed.positionals[1] : ""
     do throws(APNsChannelError) {
         switch action {
         case "create":
-            let created = try client.create(bundle: bundle, storage: storage)
+            let created = try channels.create(storage: storage)
             print(json ? channelJSON(["channel_id": created, "topic": bundle, "storage": storage.name,
                                       "environment": environment.rawValue]) : created)
         case "list":
-            let ids = try client.list(bundle: bundle)
+            let ids = try channels.list()
             if json {
                 print("{\"topic\":\(JSONString.quote(bundle)),\"environment\":\"\(environment.rawValue)\","
                       + "\"channels\":[\(ids.map(JSONString.quote).joined(separator: ","))]}")
@@ -103,12 +99,12 @@ func channelsCommand(_ arguments: [String]) {
                 for channel in ids { print(channel) }
             }
         case "show":
-            let policy = try client.show(bundle: bundle, channel: id)
+            let policy = try channels.show(id)
             print(json ? channelJSON(["channel_id": id, "topic": bundle, "storage": policy.name,
                                       "environment": environment.rawValue])
                   : "\(id): \(bundle), \(environment.rawValue), storage \(policy.name)")
         default:
-            try client.delete(bundle: bundle, channel: id)
+            try channels.delete(id)
             print(json ? channelJSON(["channel_id": id, "topic": bundle, "deleted": "true"]) : "deleted \(id)")
         }
     } catch {

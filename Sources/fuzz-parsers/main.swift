@@ -44,7 +44,10 @@ enum FuzzedParser: String, CaseIterable {
             let targets = job.retryTargets?.count ?? (job.users.count + job.tokens.count)
             switch job.kind {
             case .devices:
-                precondition(targets > 0 || job.activity != nil, "an accepted job without targets")
+                precondition(targets > 0, "an accepted job without targets")
+            case .liveActivity(let activity):
+                precondition(targets > 0 || activity != nil, "an accepted Live Activity job without targets")
+                precondition(job.pushType == .liveactivity || job.pushType == .background, "a Live Activity job sent as \(job.pushType)")
             case .broadcast(let channel):
                 precondition((try? APNsChannelID.check(channel)) != nil, "an accepted broadcast with a bad channel id")
             }
