@@ -119,7 +119,7 @@ public final class APNsChannelClient: Sendable {
         switch result {
         case .failure(let error):
             throw .noAnswer(error.description)
-        case .success(let response) where response.status == route.expectedStatus:
+        case .success(let response) where route.outcome(of: APNsResponse(status: response.status)) == .delivered:
             return response
         case .success(let response):
             throw APNsChannelAnswer.refusal(status: response.status, body: response.body)

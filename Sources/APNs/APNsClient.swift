@@ -176,9 +176,10 @@ public final class APNsClient: Sendable {
 
     /// Sends a batch. `completion` runs once per notification with its index, always on the loop thread of `traffic`:
     /// keep it short. Notifications that break Apple's rules, or whose topic no credential serves, are answered
-    /// without a request.
+    /// without a request. Returns how many went to the connections (the others are answered without a request).
+    @discardableResult
     public func send(_ notifications: [APNsNotification],
-                     traffic: JobLane = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) {
+                     traffic: JobLane = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) -> Int {
         // Answers that need no request still arrive on the loop thread, like every other answer.
         var immediate: [(Int, APNsResult)] = []
         defer {
@@ -189,7 +190,7 @@ public final class APNsClient: Sendable {
         }
         // A job's notifications share a topic: one lookup per run of equal topics, and no grouping when the whole
         // batch has one credential (the common case). Indices nil: every notification.
-        guard let first = notifications.first else { return }
+        guard let first = notifications.first else { return 0 }
         let firstCredential = credential(forTopic: first.topic)
         var groups: [(credential: APNsCredential?, indices: [Int]?)] = [(firstCredential, nil)]
         var lastTopic = first.topic
@@ -212,6 +213,7 @@ public final class APNsClient: Sendable {
             send(notifications, indices, credential: credential, traffic: traffic, immediate: &immediate,
                  completion: completion)
         }
+        return notifications.count - immediate.count
     }
 
     /// The notifications' positions by the credential that sends their topic (nil: none does), one lookup per run

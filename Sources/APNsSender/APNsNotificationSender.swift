@@ -30,7 +30,7 @@ public final class APNsNotificationSender: NotificationSender {
     }
 
     public func send(_ batch: [APNsNotification], lane: JobLane,
-                     answer: @escaping @Sendable (Int, APNsResult) -> Void) {
+                     answer: @escaping @Sendable (Int, APNsResult) -> Void) -> Int {
         client.send(batch, traffic: lane, completion: answer)
     }
 

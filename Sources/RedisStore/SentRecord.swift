@@ -55,8 +55,9 @@ public struct SentRecord: IdempotencyRecord {
 
     /// Not hex, so never a token.
     static let summaryMember = "summary"
-    /// A failure's reason is kept to this many characters: the summary counts reasons, it does not quote errors.
-    static let reasonLength = 120
+    /// A failure's reason is kept to this many characters (reasons are Apple's names or the worker's short texts; a
+    /// longer one is an error's text, cut here only).
+    static let reasonLength = 400
 
     static func settled(_ members: [String]) -> Settled {
         var result = Settled()

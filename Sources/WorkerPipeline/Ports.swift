@@ -377,8 +377,9 @@ public protocol NotificationSender: AnyObject, Sendable {
     /// becomes of every connection.
     func start(reportingHealth: @escaping @Sendable (ConnectionHealth) -> Void)
     /// Sends a batch of one lane's notifications (each lane has connections of its own). `answer` runs once per
-    /// notification, with its position in the batch, on the lane's thread: keep it short.
-    func send(_ batch: [APNsNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void)
+    /// notification, with its position in the batch, on the lane's thread: keep it short. Returns how many were
+    /// handed to APNs: the others (a broken rule, no credential for their topic) are answered without a request.
+    func send(_ batch: [APNsNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void) -> Int
     /// Sends one broadcast (a `channel_id` job's); `answer` runs once, on the lane's thread.
     func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
               answer: @escaping @Sendable (APNsResult) -> Void)

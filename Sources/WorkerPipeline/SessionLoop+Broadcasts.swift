@@ -12,6 +12,14 @@ struct BroadcastJob: Sendable {
     var delivery: JobDelivery
     var job: PushJob
     var channelID: String
+    /// This attempt's summary went out on an earlier delivery (the idempotency record says so): none again.
+    var summarySent = false
+
+    /// 1, or the attempt a retry copy's header names.
+    var attempt: Int { Int(delivery.properties.headers[SessionLoop.broadcastAttemptHeader] ?? "") ?? 1 }
+
+    /// The idempotency record's member saying this attempt's summary went out (not base64, so never a channel id).
+    var summaryMarker: String { "summary@\(attempt)" }
 
     /// Jobs by their kind: the broadcasts, and the jobs of device notifications.
     static func byKind(_ jobs: [(delivery: JobDelivery, job: PushJob)])
@@ -47,16 +55,20 @@ extension SessionLoop {
     static let broadcastAttemptHeader = "x-apns-worker-broadcast-attempt"
 
     /// The broadcast jobs of a started batch: skipped if an earlier delivery broadcast already, else queued for
-    /// their permits and sent.
+    /// their permits and sent. One whose record's node does not answer waits (what an earlier delivery sent is
+    /// unknown), as a device job does.
     func startBroadcasts(_ jobs: [BroadcastJob]) throws {
         guard !jobs.isEmpty else { return }
         // What an earlier session broadcast goes into the record before the lookup.
         try settleBroadcasts()
         let stable = jobs.filter { TargetResolver.hasStableID($0.job, $0.delivery) }.map(\.job.id)
-        let settled = stable.isEmpty ? [:] : try session.record.settled(jobIDs: stable).settled
-        for broadcast in jobs {
+        let lookup = stable.isEmpty ? SettledLookup() : try session.record.settled(jobIDs: stable)
+        let waiting = jobs.filter { lookup.unavailable.contains($0.job.id) }
+        for var broadcast in jobs where !lookup.unavailable.contains(broadcast.job.id) {
             underWay.started(broadcast.delivery, jobID: broadcast.job.id)
-            if settled[broadcast.job.id]?.tokens.contains(broadcast.channelID) == true {
+            let settled = lookup.settled[broadcast.job.id]?.tokens ?? []
+            broadcast.summarySent = settled.contains(broadcast.summaryMarker)
+            if settled.contains(broadcast.channelID) {
                 // Broadcast by an earlier delivery that did not live to settle: settle now, send nothing.
                 statistics.duplicatesAvoided.add(1, ordering: .relaxed)
                 worker.broadcastAnswers.withLock {
@@ -67,7 +79,8 @@ extension SessionLoop {
             }
             broadcastsWaiting.append(broadcast)
         }
-        core.handle(.jobsStarted(jobs.count))
+        try putBackToWait(waiting.map(\.delivery))
+        core.handle(.jobsStarted(jobs.count - waiting.count))
         try sendWaitingBroadcasts(now: Date())
     }
 
@@ -145,109 +158,123 @@ extension SessionLoop {
 
     private func settle(_ answered: [BroadcastAnswer]) throws {
         try recordDelivered(answered)
-        var publications: [Publication] = []
-        // The retry copy or the parked job must be taken before the job is acknowledged; a summary need not.
-        var owners: [(index: Int, mustBeTaken: Bool)] = []
-        for (index, entry) in answered.enumerated() {
-            for publication in broadcastPublications(entry) {
-                publications.append(publication)
-                let isSummary = if case .reply = publication.destination { true } else { false }
-                owners.append((index, !isSummary))
-            }
-        }
-        let outcomes = try publish(publications)
-        var notTaken = Set<Int>()
-        for (owner, outcome) in zip(owners, outcomes) where outcome != .taken {
-            if owner.mustBeTaken { notTaken.insert(owner.index) } else { statistics.countRefusedPublish("summary") }
-        }
+        let plans = answered.map(plan)
+        let outcomes = try publish(plans.flatMap(\.publications))
+        var offset = 0
         var settled: [UInt64] = []
-        for (index, entry) in answered.enumerated() {
+        var summariesSent: [(jobID: String, outcomes: [SettledOutcome])] = []
+        for (entry, plan) in zip(answered, plans) {
+            let own = outcomes[offset..<offset + plan.publications.count]
+            offset += plan.publications.count
             underWay.settled(entry.delivery.tag)
-            if notTaken.contains(index) {
-                // Its retry copy or its parked copy was not taken: given back, it is settled again.
+            let stable = TargetResolver.hasStableID(entry.job, entry.delivery)
+            if let summary = plan.summary, own[own.startIndex + summary] == .taken, stable {
+                summariesSent.append((entry.job.id, [.done(entry.broadcast.summaryMarker)]))
+            }
+            // The retry copy or the parked job must be taken before the job is acknowledged; a summary need not.
+            guard own.indices.allSatisfy({ $0 - own.startIndex == plan.summary || own[$0] == .taken }) else {
+                // Given back, it is settled again (and counted then).
                 statistics.countRefusedPublish("job_outputs")
                 try session.broker.requeue(entry.delivery.tag)
-            } else {
-                settled.append(entry.delivery.tag)
-                statistics.jobsCompleted.add(1, ordering: .relaxed)
-                if TargetResolver.hasStableID(entry.job, entry.delivery) { settledUnshared.append(entry.job.id) }
+                continue
             }
+            if plan.summary.map({ own[own.startIndex + $0] != .taken }) == true { statistics.countRefusedPublish("summary") }
+            count(entry, plan)
+            settled.append(entry.delivery.tag)
+            statistics.jobsCompleted.add(1, ordering: .relaxed)
+            if stable { settledUnshared.append(entry.job.id) }
         }
+        // Before the acknowledgement: a redelivery then knows its summary went out.
+        try record(summariesSent)
         try session.broker.acknowledge(settled)
         core.handle(.jobsSettled(answered.count))
     }
 
+    /// What an answered broadcast publishes and how it is counted once it is settled.
+    private struct BroadcastPlan {
+        var publications: [Publication] = []
+        /// Its summary's index among the publications, if it has one.
+        var summary: Int?
+        var outcome = "failed"
+        var parkedReason: String?
+        var unserved = false
+        /// The reason a retry is counted under.
+        var retried: String?
+    }
+
     /// What one answered broadcast publishes: a retry copy if APNs asked to try later and attempts remain, the job
     /// parked with its reason when they are spent (or no credential serves its topic any more), and the summary its
-    /// sender asked for (reply_to), once: a redelivered job that broadcast already publishes none. Counted in
-    /// `apns_worker_broadcasts_total` only: a broadcast is no device notification.
-    private func broadcastPublications(_ entry: BroadcastAnswer) -> [Publication] {
+    /// sender asked for (reply_to), once per attempt: none again on a redelivery.
+    private func plan(_ entry: BroadcastAnswer) -> BroadcastPlan {
         let (delivery, job, result) = (entry.delivery, entry.job, entry.result)
-        let attempt = Int(delivery.properties.headers[Self.broadcastAttemptHeader] ?? "") ?? 1
+        let attempt = entry.broadcast.attempt
         let reason = result.response?.reason?.label ?? result.response.map { "status \($0.status)" }
             ?? (result.outcome == .unserved ? result.error : nil) ?? "no_answer"
-        var publications: [Publication] = []
-        let outcome: String
+        var plan = BroadcastPlan()
         switch (entry.kind, result.outcome) {
         case (.expired, _):
-            outcome = "expired"
+            plan.outcome = "expired"
         case (_, .delivered):
-            outcome = "delivered"
+            plan.outcome = "delivered"
         case (_, .unserved):
-            outcome = "failed"
-            publications.append(parked(delivery, job, reason: "broadcast not sent: \(reason)", attempt: attempt))
-            statistics.unservedJobsParked.add(1, ordering: .relaxed)
+            plan.parkedReason = "broadcast not sent: \(reason)"
+            plan.unserved = true
         case (_, let answer) where Self.isRetryable(answer):
             // The same tiers as a device job's retries (one of the lane's delay queues), the same attempt limit.
             switch retryPolicy.decide(attempt: attempt, retryable: 1, suggestedDelay: Self.retryDelay(answer),
                                       deadline: job.deadline, now: Date().timeIntervalSince1970) {
             case .retry(let wait):
-                outcome = "retrying"
-                statistics.countRetries(CollectionOfOne(result.response?.reason?.label ?? "no_answer"))
+                plan.outcome = "retrying"
+                plan.retried = result.response?.reason?.label ?? "no_answer"
                 var properties = delivery.properties
                 properties.persistent = true
                 properties.headers[Self.broadcastAttemptHeader] = String(attempt + 1)
-                publications.append(Publication(destination: .retry(delay: wait, lane: delivery.lane), body: delivery.body,
-                                                properties: properties))
+                plan.publications.append(Publication(destination: .retry(delay: wait, lane: delivery.lane),
+                                                     body: delivery.body, properties: properties))
             case .expire:
-                outcome = "expired"
+                plan.outcome = "expired"
             case .park, .none:
-                outcome = "failed"
-                publications.append(parked(delivery, job,
-                                           reason: "broadcast not delivered after \(attempt) attempts: \(reason)",
-                                           attempt: attempt))
+                plan.parkedReason = "broadcast not delivered after \(attempt) attempts: \(reason)"
             }
         default:
-            outcome = "failed"
+            break
         }
-        if entry.kind != .alreadySent {
-            // A job that broadcast already was counted when it did.
-            statistics.countBroadcast(outcome)
+        if let parkedReason = plan.parkedReason {
+            var properties = delivery.properties
+            properties.persistent = true
+            properties.headers[Worker.reasonHeader] = parkedReason
+            properties.headers[Worker.attemptsHeader] = String(attempt)
+            plan.publications.append(Publication(destination: .failed, body: delivery.body, properties: properties))
         }
-        if outcome == "failed" || outcome == "retrying" {
-            logger.warning("broadcast not delivered", ["job.id": job.id, "apns.channel": entry.broadcast.channelID,
-                                                       "apns.reason": Redact.outsideText(result.response?.reason?.rawValue
-                                                                                         ?? result.error ?? reason),
-                                                       "broadcast.outcome": outcome])
+        if let replyTo = delivery.properties.replyTo, entry.kind != .alreadySent, !entry.broadcast.summarySent {
+            plan.summary = plan.publications.count
+            plan.publications.append(Publication(destination: .reply(replyTo),
+                                                 body: Self.broadcastSummary(entry.broadcast, attempt: attempt,
+                                                                             outcome: plan.outcome, reason: reason,
+                                                                             result: result),
+                                                 properties: JobSummary.properties(delivery, jobID: job.id)))
         }
-        if let replyTo = delivery.properties.replyTo, entry.kind != .alreadySent {
-            publications.append(Publication(destination: .reply(replyTo),
-                                            body: Self.broadcastSummary(entry.broadcast, attempt: attempt,
-                                                                        outcome: outcome, reason: reason, result: result),
-                                            properties: JobSummary.properties(delivery, jobID: job.id)))
-        }
-        return publications
+        return plan
     }
 
-    /// The broadcast job parked on PUSH_FAILED_QUEUE as it came, with its reason.
-    private func parked(_ delivery: JobDelivery, _ job: PushJob, reason: String, attempt: Int) -> Publication {
-        var properties = delivery.properties
-        properties.persistent = true
-        properties.headers[Worker.reasonHeader] = reason
-        properties.headers[Worker.attemptsHeader] = String(attempt)
-        statistics.jobsParked.add(1, ordering: .relaxed)
-        logger.error("job parked", ["job.id": job.id, "job.reason": reason])
-        return Publication(destination: .failed, body: delivery.body, properties: properties)
+    /// A settled broadcast's counts and log lines: in `apns_worker_broadcasts_total` only, a broadcast is no
+    /// device notification; a job that broadcast already was counted when it did.
+    private func count(_ entry: BroadcastAnswer, _ plan: BroadcastPlan) {
+        guard entry.kind != .alreadySent else { return }
+        statistics.countBroadcast(plan.outcome)
+        if let retried = plan.retried { statistics.countRetries(CollectionOfOne(retried)) }
+        if let parkedReason = plan.parkedReason {
+            statistics.jobsParked.add(1, ordering: .relaxed)
+            if plan.unserved { statistics.unservedJobsParked.add(1, ordering: .relaxed) }
+            logger.error("job parked", ["job.id": entry.job.id, "job.reason": parkedReason])
+        }
+        if plan.outcome == "failed" || plan.outcome == "retrying" {
+            let result = entry.result
+            logger.warning("broadcast not delivered", [
+                "job.id": entry.job.id, "apns.channel": entry.broadcast.channelID,
+                "apns.reason": Redact.outsideText(result.response?.reason?.rawValue ?? result.error ?? "no_answer"),
+                "broadcast.outcome": plan.outcome])
+        }
     }
 
     private static func broadcastSummary(_ broadcast: BroadcastJob, attempt: Int, outcome: String, reason: String,

@@ -134,18 +134,17 @@ extension SessionLoop {
         let statistics = self.statistics, answers = worker.answers, wakeup = worker.wakeup
         let sendMoreAt = core.settings.sendMoreAt
         statistics.inFlight.add(lane, entries.count)
-        statistics.sent.add(lane, entries.count)
         let handedOver = DispatchTime.now().uptimeNanoseconds
         let latency = statistics.latency(lane)
-        worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) { position, result in
+        let handed = worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) {
+            position, result in
             latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
             if statistics.inFlight.add(lane, -1) == sendMoreAt { wakeup.signal() }
-            // Refused before any request (a broken rule, no credential for the topic): not sent after all.
-            if result.response == nil && (result.outcome == .permanentFailure || result.outcome == .unserved) {
-                statistics.sent.add(lane, -1)
-            }
             let (progress, index) = entries[position]
             answers.record(result, for: progress, Int(index))
         }
+        // What went to APNs: a notification answered without a request (a broken rule, no credential for its topic)
+        // was not sent.
+        statistics.sent.add(lane, handed)
     }
 }

@@ -84,6 +84,11 @@ func channelsCommand(_ arguments: [String]) {
     let bundle = channels.bundle
     let json = parsed.switches.contains("--json")
     let id = needsID ? parsed.positionals[1] : ""
+    if needsID {
+        do throws(APNsRequestError) { try APNsChannelID.check(id) } catch {
+            fail("channels \(action): \(error)", code: ExitCode.usage)
+        }
+    }
     do throws(APNsChannelError) {
         switch action {
         case "create":

@@ -344,7 +344,7 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         threads[.urgent]!.async { report(.opened) }
     }
 
-    func send(_ batch: [APNsNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) {
+    func send(_ batch: [APNsNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) -> Int {
         let results = batch.map { notification in
             if isUnserved(notification.topic) {
                 return APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + notification.topic)
@@ -363,6 +363,7 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
             return state.holdingAnswers
         }
         if !holding { deliver() }
+        return batch.count
     }
 
     func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {

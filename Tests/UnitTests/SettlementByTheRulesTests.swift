@@ -75,6 +75,27 @@ import WorkerPipeline
         #expect(running.worker.statistics.duplicatesAvoided.load(ordering: .relaxed) == 1)
     }
 
+    /// A broadcast whose retry copy the broker did not take is given back and settled again: its attempt's summary
+    /// went out the first time and does not again, and nothing is counted until it settles.
+    @Test func aBroadcastGivenBackPublishesItsAttemptsSummaryOnce() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.missingQueues = [.retry(delay: 60, lane: .urgent)] }
+        let running = Spec.Running(fleet) { _ in APNsResponse(status: 200) }
+            broadcastAnswer: { _ in APNsResponse(status: 429, reason: .tooManyRequests) }
+        let properties = MessageProperties(replyTo: "replies", messageID: "given-back")
+        let first = fleet.deliver(Self.broadcastJob("given-back"), properties: properties)
+        #expect(fleet.wait { $0.requeued.contains(first) }, "its retry copy was not taken: given back")
+        let again = fleet.deliver(Self.broadcastJob("given-back"), properties: properties, redelivered: true)
+        #expect(fleet.wait { $0.requeued.contains(again) })
+        running.stop()
+        #expect(fleet.read(\.broadcastsSent).count == 2, "sent again: APNs had not taken it")
+        let summaries = fleet.read { $0.published.filter { $0.destination == .reply("replies") } }
+        #expect(summaries.count == 1, "attempt 1's summary once, not once per delivery")
+        let statistics = running.worker.statistics
+        #expect(statistics.broadcastCount("retrying") == 0 && statistics.retries.load(ordering: .relaxed) == 0,
+                "counted when settled, not when given back")
+    }
+
     /// A job taken, whose topic no credential serves any more when its notifications go out (a reload took it
     /// away): parked with the reason and what is left of it, nothing sent, nothing counted as sent.
     @Test func workWhoseCredentialWentAwayIsParkedWithWhatIsLeft() throws {
