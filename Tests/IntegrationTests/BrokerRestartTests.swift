@@ -16,7 +16,8 @@ import WorkerPipeline
     /// here, under a job that takes longer): the session is lost, and every delivery it held comes back, the urgent
     /// jobs prefetched behind the long one included. Handed back by a worker that did not die, none of them becomes a
     /// suspect (in the run that found it, they then ran one at a time): they go out as usual, and the long job itself
-    /// gets through a piece per session, as its redeliveries skip what was sent.
+    /// gets through a piece per session, as its redeliveries skip what was sent. Its one summary counts every
+    /// notification of the job, over all its deliveries.
     @Test func aChannelClosedForTheConsumerTimeoutMakesNoSuspect() throws {
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")
         func set(_ key: String, _ value: Int) throws {
@@ -32,12 +33,12 @@ import WorkerPipeline
         let logger = Logger(label: "consumer-timeout", level: .critical)
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
-        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let long = (0..<400).map { String(format: "%064x", 0xC7_0000 + $0) }
         let urgent = (0..<50).map { String(format: "%064x", 0xC8_0000 + $0) }
         let longID = "\(jobs)-long"
         try publisher.publish(to: jobs, body: Array(#"{"id": "\#(longID)", "tokens": [\#(long.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(messageID: longID))
+                              properties: AMQPProperties(replyTo: replies, messageID: longID))
         let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
             "APNS_RATE_LIMIT": "50",
         ]), logger: logger)
@@ -54,6 +55,12 @@ import WorkerPipeline
         let redelivered = try redis.command(["GET", RedisKeys.node.deliveries("id:" + longID)]).integer ?? 0
         #expect(redelivered >= 2, "the long job came back \(redelivered) times")
         #expect(worker.worker.statistics.suspectJobs.load(ordering: .relaxed) == 0, "no job ran alone as a suspect")
+        let summaries = try replyReader.read(1, timeout: 30).compactMap {
+            try JSONSerialization.jsonObject(with: Data($0.body)) as? [String: Any]
+        }
+        #expect(summaries.count == 1 && summaries.first?["notifications"] as? Int == long.count
+                && summaries.first?["delivered"] as? Int == long.count, "\(summaries)")
+        #expect(try replyReader.read(1, timeout: 1).isEmpty, "one summary for the job")
         TestServices.reportFault("channels closed for the consumer timeout (3 s) under a long job and 50 urgent jobs",
                                  notifications: long.count + urgent.count, received: simulator.received())
     }
