@@ -124,6 +124,26 @@ import WorkerPipeline
         #expect(statistics.jobsParked.load(ordering: .relaxed) == 2)
     }
 
+    /// A job addressing a Live Activity reaches the activity's update tokens; a dead one (410) leaves the activity,
+    /// with its dead-token event, and the live one stays.
+    @Test func aDeadUpdateTokenLeavesItsActivity() throws {
+        let fleet = InMemoryFleet()
+        let dead = Spec.token(7), live = Spec.token(8)
+        let scope = TokenScope(environment: .production, topic: Spec.topic + ".push-type.liveactivity")
+        fleet.change { $0.activities = ["match": [dead, live].map { CachedToken(token: $0, scope: scope) }] }
+        let running = Spec.Running(fleet) { notification in
+            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_000)
+                : APNsResponse(status: 200)
+        }
+        let tag = fleet.deliver(#"{"id":"minute","topic":"\#(Spec.topic)","activity":"match","live_activity":{"event":"update","timestamp":1,"content_state":{}}}"#)
+        #expect(fleet.wait { $0.acknowledged.contains(tag) })
+        running.stop()
+        #expect(fleet.read(\.sent).map(\.token).sorted() == [dead, live])
+        #expect(fleet.read(\.published).map(\.destination) == [.deadTokens], "one dead-token event")
+        #expect(fleet.read(\.activities)["match"]?.map(\.token) == [live], "the dead update token left its activity")
+        #expect(fleet.read(\.removals).map(\.activity) == ["match"])
+    }
+
     /// A job redelivered after part of it was answered: its one summary counts every notification, over both
     /// deliveries, as the idempotency record keeps them.
     @Test func aRedeliveredJobsSummaryCountsEveryDelivery() throws {
