@@ -68,13 +68,27 @@ public struct TokenCache: TokenStore {
 
     /// A registration newer than what the user's keys know (re)writes the token; an older one changes nothing.
     /// ARGV: token, cache value (`TokenScope`), registered-at ms, device JSON or "". Returns 1 if applied.
-    static let register = """
-        local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
-        if known > tonumber(ARGV[3]) then return 0 end
-        redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-        redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-        if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[4]) end
-        return 1
+    private static let registerFunction = """
+        local function registerToken()
+          local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
+          if known > tonumber(ARGV[3]) then return 0 end
+          redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+          redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+          if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], ARGV[1], ARGV[4]) end
+          return 1
+        end
+
+        """
+    static let register = registerFunction + "return registerToken()"
+    /// `register` on a Live Activity's keys; one that applies gives the activity's keys its lifetime again (ARGV[5],
+    /// seconds), an older one changes nothing, not even that.
+    static let registerUnderActivity = registerFunction + """
+        local applied = registerToken()
+        if applied == 1 then
+          redis.call('EXPIRE', KEYS[1], ARGV[5])
+          redis.call('EXPIRE', KEYS[2], ARGV[5])
+        end
+        return applied
         """
 
     /// Removes every token of one user last registered before a cutoff. ARGV: cutoff ms. Returns the tokens removed.
@@ -275,17 +289,14 @@ public struct TokenCache: TokenStore {
         if !activityIndices.isEmpty {
             // An update token lives as long as its activity: kept under the activity, with the activity's lifetime,
             // by the rules of a user's tokens (a registration older than what the activity knows changes nothing).
-            let commands = activityIndices.flatMap { index -> [[String]] in
-                let registration = registrations[index], activity = registration.activity ?? ""
-                return [onActivity(Self.register, activity, [APNsNotification.canonicalToken(registration.token),
-                                                              registration.scope.cacheValue,
-                                                              String(registration.registeredAt), ""]),
-                        ["EXPIRE", keys.activity(activity), String(Self.activityLifetime)],
-                        ["EXPIRE", keys.activityRegistered(activity), String(Self.activityLifetime)]]
-            }
-            let replies = try redis.pipeline(commands)
+            let replies = try redis.pipeline(activityIndices.map { index in
+                let registration = registrations[index]
+                return onActivity(Self.registerUnderActivity, registration.activity ?? "",
+                                  [APNsNotification.canonicalToken(registration.token), registration.scope.cacheValue,
+                                   String(registration.registeredAt), "", String(Self.activityLifetime)])
+            })
             for (position, index) in activityIndices.enumerated() {
-                let reply = replies[position * 3]
+                let reply = replies[position]
                 if case .error(let message) = reply { changes[index] = .failed(message) } else {
                     changes[index] = reply.integer == 1 ? .applied : .unchanged
                 }

@@ -60,10 +60,6 @@ public struct PushJob: Sendable, Equatable {
     public var users: [String] { shared.members.users }
     public var tokens: [String] { shared.members.tokens }
 
-    /// Whether the job names this (canonical) token in its `tokens`.
-    public func namesToken(_ token: String) -> Bool {
-        tokens.contains { APNsNotification.canonicalToken($0) == token }
-    }
     /// The Live Activity whose update tokens the job reaches, if its kind names one.
     public var activity: String? {
         guard case .liveActivity(let activity) = shared.members.kind else { return nil }

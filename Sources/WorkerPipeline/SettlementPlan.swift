@@ -70,14 +70,16 @@ struct SettlementPlan {
                 properties: JobSummary.properties(delivery, jobID: job.id)))
         }
         let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
-        // A target without a user that the job did not name reached it through its Live Activity.
+        // A dead token without a user of a job that names a Live Activity leaves the activity if it is there (the
+        // store removes only an entry that holds it, registered before APNs learned it died), whether the job
+        // reached it through the activity or named it in its tokens.
         let activity = job.activity
         self.removals = progress.dead.compactMap { target, response in
             if let user = target.user {
                 return TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
                                     onlyIfValueIn: matcher.cacheValues(in: target.environment))
             }
-            guard let activity, !job.namesToken(target.token) else { return nil }
+            guard let activity else { return nil }
             return TokenRemoval(user: "", token: target.token, unlessRegisteredAfter: response.timestamp,
                                 onlyIfValueIn: matcher.cacheValues(in: target.environment), activity: activity)
         }

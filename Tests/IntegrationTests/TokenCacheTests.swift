@@ -52,6 +52,10 @@ import WorkerPipeline
         #expect(try scopes() == [TokenScope(environment: .sandbox, topic: topic)], "the newer registration stands")
         #expect(try redis.command(["TTL", RedisKeys.node.activityRegistered(activity)]).integer ?? -1 > 0,
                 "the registration times leave with the activity")
+        _ = try redis.command(["EXPIRE", RedisKeys.node.activity(activity), "100"])
+        #expect(try register(.production, at: 1_500) == .unchanged)
+        #expect(try redis.command(["TTL", RedisKeys.node.activity(activity)]).integer ?? 0 <= 100,
+                "a stale registration gives the activity no more time")
         let logout = { (at: Int64) in TokenRemoval(user: user, token: token, unlessRegisteredAfter: at, activity: activity) }
         #expect(try cache.remove([logout(1_500)]) == [.unchanged], "an unregistration older than the registration")
         #expect(try scopes().count == 1)
