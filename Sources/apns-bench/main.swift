@@ -15,7 +15,8 @@ USAGE:
       (like `h2load -c C -m M -n N`), and prints one line: requests, seconds, requests per second, statuses.
   apns-bench jwt --key FILE --key-id KID --team-id TEAM
       Prints an authorization header value (bearer JWT) for other load tools.
-  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P] [--rate R] [--unstamped]
+  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P [--rotate-users M]]
+                  [--first F] [--rate R] [--unstamped]
                   [--topics A,B,...]
                   [--queue-type classic|quorum]
       Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
@@ -158,6 +159,10 @@ case "fill":
     let tokensPerJob = integer("tokens", 1)
     let usersPerJob = options["users"] == nil ? 0 : integer("users", 100)
     let userPrefix = options["user-prefix"] ?? "bench-user-"
+    // Job n names users (n * U + i) modulo M: jobs of one user each then reach M users in turn.
+    let rotatedUsers = options["rotate-users"].map { _ in integer("rotate-users", 1000) }
+    // Jobs are numbered from F (their ids and direct tokens): a warm-up and the measured jobs do not share them.
+    let first = integer("first", 0)
     let stamped = options["unstamped"] == nil
     // Job n names topic n modulo the list (none: the worker's APNS_TOPIC), so that several credentials share the load.
     let topics = options["topics"].map { $0.split(separator: ",").map(String.init) } ?? []
@@ -170,10 +175,10 @@ case "fill":
         let rate = options["rate"].flatMap(Double.init)
         let started = DispatchTime.now().uptimeNanoseconds
         var last: UInt64 = 0
-        for job in 0..<jobs {
+        for job in first..<(first + jobs) {
             if let rate {
                 // Pacing: publish job n at n / rate seconds after the start.
-                let due = started + UInt64(Double(job) / rate * 1e9)
+                let due = started + UInt64(Double(job - first) / rate * 1e9)
                 let now = DispatchTime.now().uptimeNanoseconds
                 if due > now { usleep(UInt32(min(1_000_000, (due - now) / 1000))) }
             }
@@ -182,7 +187,8 @@ case "fill":
                 + (stamped ? ",\"sent_at_us\":\(sentAt)}" : "}")
             let targets: String
             if usersPerJob > 0 {
-                targets = "\"users\": [" + (0..<usersPerJob).map { "\"\(userPrefix)\($0)\"" }.joined(separator: ",") + "]"
+                let numbers = (0..<usersPerJob).map { index in rotatedUsers.map { (job * usersPerJob + index) % $0 } ?? index }
+                targets = "\"users\": [" + numbers.map { "\"\(userPrefix)\($0)\"" }.joined(separator: ",") + "]"
             } else {
                 targets = "\"tokens\": [" + (0..<tokensPerJob).map { "\"" + String(format: "%064x", job * tokensPerJob + $0 + 1) + "\"" }
                     .joined(separator: ",") + "]"
@@ -190,7 +196,9 @@ case "fill":
             let topic = topics.isEmpty ? "" : "\"topic\": \"\(topics[job % topics.count])\", "
             last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(topic)\(targets), \"payload\": \(payload)}".utf8),
                                           properties: AMQPProperties(timestamp: sentAt / 1_000_000))
-            if job % 500 == 499 || rate != nil && job % 20 == 19 { _ = try connection.waitForConfirms(through: last) }
+            if (job - first) % 500 == 499 || rate != nil && (job - first) % 20 == 19 {
+                _ = try connection.waitForConfirms(through: last)
+            }
         }
         _ = try connection.waitForConfirms(through: last)
         let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
