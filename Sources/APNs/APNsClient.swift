@@ -320,8 +320,7 @@ public final class APNsClient: Sendable {
                 send([notifications[original]], traffic: traffic) { _, result in completion(original, result) }
             }
             pool.send(requests) { [self] position, result in
-                let route = APNsRoute.device(token: notifications[sentIndices[position]].deviceToken)
-                let answer = interpret(result, route: route, environment: environment, credential: credential)
+                let answer = interpret(result, answers: .device, environment: environment, credential: credential)
                 if sendsAgain(after: result, answer, pool: pool, key: key, credential: credential) {
                     retry(position)
                 } else {
@@ -351,7 +350,8 @@ public final class APNsClient: Sendable {
         }
         let (pool, key) = (lease.pool, lease.key)
         pool.send(broadcast.request(authority: pool.authority, authorization: lease.authorization)) { [self] result in
-            let outcome = interpret(result, route: .broadcast(bundle: broadcast.bundle), environment: environment,
+            let outcome = interpret(result, answers: APNsRoute.broadcast(bundle: broadcast.bundle).answers,
+                                    environment: environment,
                                     credential: credential)
             if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential) {
                 send(broadcast, environment: environment, traffic: traffic, completion: completion)
@@ -441,8 +441,8 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// An answer as `route`'s table reads it.
-    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, route: APNsRoute,
+    /// An answer as its route's table reads it.
+    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, answers: APNsRoute.AnswerTable,
                            environment: APNsEnvironment, credential: APNsCredential) -> APNsResult {
         switch result {
         case .success(let http):
@@ -456,7 +456,7 @@ public final class APNsClient: Sendable {
                               "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
                               "apns.environment": environment.rawValue, "apns.credential": credential.name])
             }
-            let outcome = route.outcome(of: response)
+            let outcome = answers.outcome(of: response)
             // Moved into the result, not copied (a copy counts the references of its strings and header fields).
             return APNsResult(outcome: outcome, response: consume response)
         case .failure(let error):

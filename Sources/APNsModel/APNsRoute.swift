@@ -60,12 +60,26 @@ public enum APNsRoute: Sendable, Equatable {
     }
 
     /// What an answer to this route means.
-    public func outcome(of response: APNsResponse) -> APNsOutcome {
+    public func outcome(of response: APNsResponse) -> APNsOutcome { answers.outcome(of: response) }
+
+    /// The route's answer table (what its answers mean depends on the kind of route, not on its token or bundle).
+    public var answers: AnswerTable {
         switch self {
-        case .device:
-            return APNsOutcome.classify(response)
-        case .broadcast, .channels:
-            // No device token was named: nothing here is a dead token.
+        case .device: .device
+        case .broadcast, .channels: .namingNoDevice(expectedStatus: expectedStatus)
+        }
+    }
+
+    /// What a status and reason mean for a route: kept apart from the route so that reading an answer builds no
+    /// route (on the device route, once per notification).
+    public enum AnswerTable: Sendable, Equatable {
+        /// Apple's device push answers (`APNsOutcome.classify`), a dead token included.
+        case device
+        /// A request that names no device token: `expectedStatus` is success, nothing is a dead token.
+        case namingNoDevice(expectedStatus: Int)
+
+        public func outcome(of response: APNsResponse) -> APNsOutcome {
+            guard case .namingNoDevice(let expectedStatus) = self else { return APNsOutcome.classify(response) }
             if response.status == expectedStatus { return .delivered }
             let outcome = APNsOutcome.classify(response)
             return outcome == .deadToken || outcome == .delivered ? .permanentFailure : outcome

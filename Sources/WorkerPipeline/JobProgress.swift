@@ -161,13 +161,15 @@ final class JobProgress: @unchecked Sendable {
     /// Not sent: no credential serves the job's topic now (a reload took it away). Kept with the retryable ones, to
     /// be parked with them: not final, a redelivery sends it if a credential serves the topic by then.
     func recordUnserved(_ index: Int, reason: String) {
-        madeRare.retryable.append((targets[index], reason, "unserved", 0))
+        madeRare.retryable.append((targets[index], reason, Self.unservedLabel, 0))
         madeRare.unserved = true
         remaining -= 1
     }
 
     /// Whether the job must be parked whatever its attempts: some of its notifications have no credential to go with.
     var isUnserved: Bool { rare?.unserved ?? false }
+    /// The label of those among `retryable`.
+    static let unservedLabel = "unserved"
 
     /// The deadline passed before this notification could be handed to APNs. Final: a redelivery does not send it.
     func recordExpired(_ index: Int) {

@@ -48,7 +48,7 @@ struct SettlementPlan {
         case .park where progress.isUnserved:
             // Parked with what is left to send, no more: sent again after the credential is back, it repeats nothing.
             let reason = "\(progress.retryable.count) of \(progress.notificationCount) notifications not sent: "
-                + (progress.retryable.first { $0.label == "unserved" }?.reason ?? "")
+                + (progress.retryable.first { $0.label == JobProgress.unservedLabel }?.reason ?? "")
             publications.append(Self.parked(progress, reason: reason,
                                             body: job.retryBody(targets: progress.retryable.map(\.target),
                                                                 original: delivery.body)))
