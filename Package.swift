@@ -23,7 +23,6 @@ let package = Package(
         .systemLibrary(name: "CRabbitMQ", path: "Sources/CRabbitMQ", pkgConfig: "librabbitmq",
                        providers: [.apt(["librabbitmq-dev"])]),
         // No pkgConfig: hiredis.pc's -D_FILE_OFFSET_BITS=64 is a flag SwiftPM refuses in a dependency.
-        .systemLibrary(name: "CHiredis", path: "Sources/CHiredis", providers: [.apt(["libhiredis-dev"])]),
         .systemLibrary(name: "CNghttp2", path: "Sources/CNghttp2", pkgConfig: "libnghttp2",
                        providers: [.apt(["libnghttp2-dev"])]),
         .systemLibrary(name: "COpenSSL", path: "Sources/COpenSSL", pkgConfig: "openssl",
@@ -32,7 +31,7 @@ let package = Package(
         .target(name: "Telemetry", swiftSettings: hotPath),
         .target(name: "AMQP", dependencies: ["CRabbitMQ", "Telemetry"], swiftSettings: hotPath),
         .target(name: "TLS", dependencies: ["COpenSSL", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "Redis", dependencies: ["CHiredis", "TLS", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "Redis", dependencies: ["TLS", "Telemetry"], swiftSettings: hotPath),
         .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "Telemetry"], swiftSettings: hotPath),
         // Apple's vocabulary and rules: notifications, the routes APNs takes and what their answers mean, reasons,
         // JSON; and the two lanes work travels in, which the client and the pipeline share. No connection.

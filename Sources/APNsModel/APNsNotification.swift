@@ -64,27 +64,30 @@ public struct APNsNotification: Sendable {
     public static func validateDeviceToken(_ token: String) throws(APNsRequestError) -> Bool {
         var token = token
         // Contiguous UTF-8 makes this a plain byte loop (it is on the per-notification path).
-        let (valid, hasUpperCase) = token.withUTF8 { bytes -> (Bool, Bool) in
-            guard !bytes.isEmpty, bytes.count <= 200, bytes.count % 2 == 0 else { return (false, false) }
-            let raw = UnsafeRawBufferPointer(bytes)
-            var index = 0
-            var upper: UInt64 = 0
-            while index + 8 <= bytes.count {
-                let word = raw.loadUnaligned(fromByteOffset: index, as: UInt64.self)
-                guard allHexDigits(word) else { return (false, false) }
-                // Among hex digits, A-F alone have 0x40 set and 0x20 clear (0-9 lack 0x40, a-f have both); the shift
-                // moves each byte's 0x20 onto its own 0x40, never into the next byte.
-                upper |= word & 0x4040_4040_4040_4040 & ~((word & 0x2020_2020_2020_2020) << 1)
-                index += 8
-            }
-            for byte in bytes[index...] {
-                guard isHexDigit(byte) else { return (false, false) }
-                if byte &- UInt8(ascii: "A") < 6 { upper = 1 }
-            }
-            return (true, upper != 0)
-        }
+        let (valid, hasUpperCase) = token.withUTF8 { scanDeviceToken(UnsafeRawBufferPointer($0)) }
         guard valid else { throw .badDeviceToken(length: token.utf8.count) }
         return !hasUpperCase
+    }
+
+    /// Whether `bytes` are a device token (`validateDeviceToken`), and whether one of its digits is upper-case: read in
+    /// place, eight bytes at a time (a token read from the cache is checked before any string is made of it).
+    public static func scanDeviceToken(_ bytes: UnsafeRawBufferPointer) -> (valid: Bool, hasUpperCase: Bool) {
+        guard !bytes.isEmpty, bytes.count <= 200, bytes.count % 2 == 0 else { return (false, false) }
+        var index = 0
+        var upper: UInt64 = 0
+        while index + 8 <= bytes.count {
+            let word = bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+            guard allHexDigits(word) else { return (false, false) }
+            // Among hex digits, A-F alone have 0x40 set and 0x20 clear (0-9 lack 0x40, a-f have both); the shift
+            // moves each byte's 0x20 onto its own 0x40, never into the next byte.
+            upper |= word & 0x4040_4040_4040_4040 & ~((word & 0x2020_2020_2020_2020) << 1)
+            index += 8
+        }
+        for byte in bytes[index...] {
+            guard isHexDigit(byte) else { return (false, false) }
+            if byte &- UInt8(ascii: "A") < 6 { upper = 1 }
+        }
+        return (true, upper != 0)
     }
 
     /// A device token as the project keeps it: lower-case hex. Apple's tokens are case-insensitive hex, and one

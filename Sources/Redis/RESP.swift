@@ -3,8 +3,7 @@ import Glibc
 #endif
 
 /// Commands in Redis's protocol (RESP 2): an array of bulk strings, `*<count>\r\n` then `$<length>\r\n<bytes>\r\n` per
-/// argument. Written here in one pass over the arguments' UTF-8, rather than by hiredis's printf-style formatting,
-/// which cost a few hundred instructions per argument (a pipeline of a thousand token lookups has two thousand).
+/// argument, written in one pass over the arguments' UTF-8.
 enum RESP {
     /// At least the bytes `format` writes for a command of `arguments` (its numbers counted at their widest).
     static func maximumSize(of arguments: [String]) -> Int {
@@ -37,6 +36,54 @@ enum RESP {
             count = writer.offset
         }
     }
+}
+
+extension RESP {
+    /// `HGETALL <prefix><name>` for each of `keys`: the keys are written from their prefix and names, never built as
+    /// strings of their own.
+    static func hashReads(_ keys: RedisKeyList) -> [UInt8] {
+        guard !keys.names.isEmpty else { return [] }
+        var prefix = keys.prefix
+        return prefix.withUTF8 { prefix in
+            var command = "*2\r\n$7\r\nHGETALL\r\n"
+            return command.withUTF8 { command in hashReads(keys.names, command: command, prefix: prefix) }
+        }
+    }
+
+    private static func hashReads(_ names: [String], command: UnsafeBufferPointer<UInt8>,
+                                  prefix: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+        let capacity = names.reduce(0) { $0 + command.count + 1 + 20 + 2 + prefix.count + $1.utf8.count + 2 }
+        return [UInt8](unsafeUninitializedCapacity: capacity) { buffer, count in
+            var writer = Writer(base: buffer.baseAddress!)
+            for var name in names {
+                writer.put(command)
+                name.withUTF8 { name in
+                    writer.put(UInt8(ascii: "$"))
+                    writer.putDecimal(prefix.count + name.count)
+                    writer.putLineEnd()
+                    writer.put(prefix)
+                    writer.put(name)
+                    writer.putLineEnd()
+                }
+            }
+            count = writer.offset
+        }
+    }
+}
+
+/// Keys made of one prefix and a name each (`apns:tokens:` and users), for reading many hashes at once.
+public struct RedisKeyList: Sendable {
+    public var prefix: String
+    public var names: [String]
+
+    public init(prefix: String, names: [String]) {
+        self.prefix = prefix
+        self.names = names
+    }
+
+    public var count: Int { names.count }
+
+    public func key(_ index: Int) -> String { prefix + names[index] }
 }
 
 /// Writes forward from `base`, into room its caller made.

@@ -20,6 +20,14 @@ public protocol RedisClient: AnyObject {
     /// `connectionLost` when it is lost, as `pipeline` does; a cluster throws only when no master answers.
     func pipelineWhereReachable(_ commands: [[String]]) throws(RedisError) -> [RedisReply?]
 
+    /// HGETALL of every key, in one round trip per node, each hash's fields and values handed to `visit` with the
+    /// key's index, in place (the bytes live only during the call): no reply object per field. Per key, `.read` (its
+    /// pairs visited), `.failed` with Redis's error (a key of another type), or nil where its node does not answer
+    /// (as `pipelineWhereReachable`).
+    func readHashesWhereReachable(_ keys: RedisKeyList,
+                                  _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void)
+        throws(RedisError) -> [RedisHashRead?]
+
     /// A round trip to every node in use; throws if one does not answer PONG.
     func ping() throws(RedisError)
 
@@ -31,7 +39,33 @@ public protocol RedisClient: AnyObject {
     func location(ofKey key: String) -> String
 }
 
+/// What reading one hash found (`readHashesWhereReachable`).
+public enum RedisHashRead: Sendable, Equatable {
+    case read
+    case failed(String)
+}
+
 extension RedisClient {
+    /// Through `pipelineWhereReachable`, each field copied out (a Redis Cluster's routing works on whole commands).
+    public func readHashesWhereReachable(_ keys: RedisKeyList,
+                                         _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void)
+        throws(RedisError) -> [RedisHashRead?] {
+        let replies = try pipelineWhereReachable((0..<keys.count).map { ["HGETALL", keys.key($0)] })
+        return replies.enumerated().map { index, reply -> RedisHashRead? in
+            guard let reply else { return nil }
+            guard case .array(let fields) = reply, fields.count % 2 == 0,
+                  fields.allSatisfy({ if case .string = $0 { true } else { false } }) else {
+                if case .error(let message) = reply { return .failed(message) }
+                return .failed("not a hash: \(reply)")
+            }
+            for pair in stride(from: 0, to: fields.count, by: 2) {
+                guard case .string(let field) = fields[pair], case .string(let value) = fields[pair + 1] else { continue }
+                field.withUnsafeBytes { field in value.withUnsafeBytes { value in visit(index, field, value) } }
+            }
+            return .read
+        }
+    }
+
     public func pipelineWhereReachable(_ commands: [[String]]) throws(RedisError) -> [RedisReply?] {
         try pipeline(commands).map { $0 }
     }

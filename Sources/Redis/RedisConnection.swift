@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-internal import CHiredis
 import Telemetry
 
 public struct RedisError: Error, Sendable, CustomStringConvertible {
@@ -81,7 +80,7 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-/// A reply, copied out of hiredis.
+/// A reply, copied out of what the connection received.
 public enum RedisReply: Sendable, Equatable {
     case string([UInt8])
     case integer(Int64)
@@ -110,7 +109,7 @@ public enum RedisReply: Sendable, Equatable {
     public var elements: [RedisReply] { if case .array(let items) = self { items } else { [] } }
 }
 
-/// One Redis connection, owning its hiredis context. Blocking and not thread-safe: one owner thread. The client of a
+/// One Redis connection, owning its socket (`RedisChannel`). Blocking and not thread-safe: one owner thread. The client of a
 /// single node (or of the master a Sentinel names).
 public final class RedisConnection: RedisClient {
     public var isCluster: Bool { false }
@@ -120,12 +119,7 @@ public final class RedisConnection: RedisClient {
     public func location(ofKey key: String) -> String { url.description }
 
     public let url: RedisURL
-    /// hiredis's own connection (`redis://`), or a TLS channel of ours (`rediss://`).
-    private enum Transport {
-        case plain(UnsafeMutablePointer<redisContext>)
-        case tls(RedisTLSChannel)
-    }
-    private let transport: Transport
+    private let channel: RedisChannel
 
     public init(url: RedisURL, timeout: Double = 5) throws(RedisError) {
         self.url = url
@@ -134,24 +128,7 @@ public final class RedisConnection: RedisClient {
         guard (1...65_535).contains(url.port) else {
             throw RedisError(kind: .badURL, "Redis \(url): \(url.port) is not a port (1 to 65535)")
         }
-        if let tls = url.tls {
-            transport = .tls(try RedisTLSChannel(host: url.host, port: url.port, tls: tls, timeout: timeout,
-                                                 name: url.description))
-        } else {
-            let wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
-            guard let context = redisConnectWithTimeout(url.host, Int32(url.port), wait) else {
-                throw RedisError(kind: .connectionLost, "cannot connect to \(url): out of memory")
-            }
-            guard context.pointee.err == 0 else {
-                let reason = Self.errorText(context)
-                redisFree(context)
-                throw RedisError(kind: .connectionLost, "cannot connect to \(url): \(reason)")
-            }
-            if let reader = context.pointee.reader { RedisReplyReader.bound(reader) }
-            transport = .plain(context)
-            redisSetTimeout(context, wait)
-            redisEnableKeepAlive(context)
-        }
+        channel = try RedisChannel(host: url.host, port: url.port, tls: url.tls, timeout: timeout, name: url.description)
         if let password = url.password {
             let reply = try command(url.user.map { ["AUTH", $0, password] } ?? ["AUTH", password])
             if case .error(let message) = reply {
@@ -171,14 +148,7 @@ public final class RedisConnection: RedisClient {
 
     /// Every later call times out after `timeout` seconds (a connection opened with a short timeout, to ask whether a
     /// node answers at all, then works with the usual one).
-    func setTimeout(_ timeout: Double) {
-        switch transport {
-        case .tls(let channel):
-            channel.setTimeout(timeout)
-        case .plain(let context):
-            redisSetTimeout(context, timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6)))
-        }
-    }
+    func setTimeout(_ timeout: Double) { channel.setTimeout(timeout) }
 
     /// One round trip (within the connection's timeout); throws if Redis does not answer PONG.
     public func ping() throws(RedisError) {
@@ -189,8 +159,6 @@ public final class RedisConnection: RedisClient {
         }
     }
 
-    deinit { if case .plain(let context) = transport { redisFree(context) } }
-
     /// One command, one round trip. Error replies come back as `.error`, not thrown.
     public func command(_ arguments: [String]) throws(RedisError) -> RedisReply {
         try pipeline([arguments])[0]
@@ -198,25 +166,36 @@ public final class RedisConnection: RedisClient {
 
     /// Many commands in one round trip: all are written, then all replies read, in order.
     public func pipeline(_ commands: [[String]]) throws(RedisError) -> [RedisReply] {
-        try append(commands)
+        append(commands)
         return try receive(commands.count)
     }
 
     /// Writes the commands without waiting for their replies (`receive` reads them), so that a cluster's nodes all
     /// work on their part of a pipeline at once.
     func send(_ commands: [[String]]) throws(RedisError) {
-        try append(commands)
-        switch transport {
-        case .tls(let channel):
-            try channel.flush()
-        case .plain(let context):
-            var done: Int32 = 0
-            while done == 0 {
-                guard redisBufferWrite(context, &done) == REDIS_OK else {
-                    throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
+        append(commands)
+        try channel.flush()
+    }
+
+    public func readHashesWhereReachable(_ keys: RedisKeyList,
+                                         _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void)
+        throws(RedisError) -> [RedisHashRead?] {
+        guard keys.count > 0 else { return [] }
+        channel.appendHashReads(keys)
+        var reads: [RedisHashRead?] = []
+        reads.reserveCapacity(keys.count)
+        for index in 0..<keys.count {
+            switch try channel.readHash({ visit(index, $0, $1) }) {
+            case .fields:
+                reads.append(.read)
+            case .other(let reply):
+                try checkServing(reply)
+                if case .error(let message) = reply { reads.append(.failed(message)) } else {
+                    reads.append(.failed("not a hash: \(reply)"))
                 }
             }
         }
+        return reads
     }
 
     /// The next `count` replies, in order.
@@ -224,17 +203,21 @@ public final class RedisConnection: RedisClient {
         var replies: [RedisReply] = []
         replies.reserveCapacity(count)
         for _ in 0..<count {
-            let reply = try nextReply()
-            // The node cannot serve now: it became a replica (a Sentinel failover, or an operator's REPLICAOF; the next
-            // connection asks where the master is now), it is loading its data after a restart, or it sees too little
-            // of its cluster to serve its slots. The connection is as good as lost: nothing it says now is an answer
-            // about the keys, and taken for one (a user's entry unreadable) it would cost that user's notifications.
-            if case .error(let message) = reply, let state = Self.notServing(message) {
-                throw RedisError(kind: .connectionLost, "Redis \(url) \(state): \(message)")
-            }
+            let reply = try channel.readReply()
+            try checkServing(reply)
             replies.append(reply)
         }
         return replies
+    }
+
+    /// The node cannot serve now: it became a replica (a Sentinel failover, or an operator's REPLICAOF; the next
+    /// connection asks where the master is now), it is loading its data after a restart, or it sees too little of its
+    /// cluster to serve its slots. The connection is as good as lost: nothing it says now is an answer about the keys,
+    /// and taken for one (a user's entry unreadable) it would cost that user's notifications.
+    private func checkServing(_ reply: RedisReply) throws(RedisError) {
+        if case .error(let message) = reply, let state = Self.notServing(message) {
+            throw RedisError(kind: .connectionLost, "Redis \(url) \(state): \(message)")
+        }
     }
 
     /// What an error reply says of a node that cannot serve now, or nil for an answer about the command or its keys.
@@ -255,44 +238,9 @@ public final class RedisConnection: RedisClient {
         return role
     }
 
-    /// The next reply, read as far as needed.
-    private func nextReply() throws(RedisError) -> RedisReply {
-        let context: UnsafeMutablePointer<redisContext>
-        switch transport {
-        case .tls(let channel): return try channel.readReply()
-        case .plain(let plain): context = plain
-        }
-        var raw: UnsafeMutableRawPointer?
-        guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
-            if context.pointee.err == REDIS_ERR_PROTOCOL || context.pointee.err == REDIS_ERR_OOM, let reader = context.pointee.reader {
-                throw RedisError(kind: .connectionLost, "Redis \(url): unreadable reply (\(RedisReplyReader.reason(reader)))")
-            }
-            throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
-        }
-        return RedisReplyReader.take(raw)
-    }
-
     /// Queues the commands for writing, all formatted into one buffer (`RESP`), handed over in one call.
-    private func append(_ commands: [[String]]) throws(RedisError) {
+    private func append(_ commands: [[String]]) {
         guard !commands.isEmpty else { return }
-        let formatted = RESP.format(commands)
-        switch transport {
-        case .tls(let channel):
-            channel.append(formatted: formatted)
-        case .plain(let context):
-            let status = formatted.withUnsafeBufferPointer { bytes in
-                bytes.withMemoryRebound(to: CChar.self) { redisAppendFormattedCommand(context, $0.baseAddress, $0.count) }
-            }
-            guard status == REDIS_OK else {
-                throw RedisError(kind: .connectionLost, "Redis \(url): \(Self.errorText(context))")
-            }
-        }
-    }
-
-    private static func errorText(_ context: UnsafeMutablePointer<redisContext>) -> String {
-        withUnsafeBytes(of: context.pointee.errstr) { raw in
-            let text = String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            return text.isEmpty ? "connection error \(context.pointee.err)" : text
-        }
+        channel.append(formatted: RESP.format(commands))
     }
 }

@@ -31,7 +31,7 @@ public struct RedisKeys: Sendable, Equatable {
     public func devices(_ user: String) -> String { "apns:devices:" + self.user(user) }
     /// Hash: a Live Activity's update tokens, field = token, value = what it serves (`TokenScope`); expires a day
     /// after the last registration (an activity lives at most 12 hours).
-    public func activity(_ id: String) -> String { "apns:activity:" + self.user(id) }
+    public func activity(_ id: String) -> String { Self.activityPrefix + self.user(id) }
     /// Hash: field = an activity's update token, value = when it was last registered (ms since epoch); lives as long
     /// as the activity's key. In a cluster, in the activity's slot.
     public func activityRegistered(_ id: String) -> String { "apns:activity-registered:" + self.user(id) }
@@ -41,6 +41,7 @@ public struct RedisKeys: Sendable, Equatable {
     public func owner(_ token: String) -> String { "apns:owner:" + token }
 
     static let tokensPrefix = "apns:tokens:"
+    static let activityPrefix = "apns:activity:"
     static let registeredPrefix = "apns:registered:"
     /// SCAN's patterns for every user's `tokens` and `registered` keys.
     var tokensPattern: String { Self.tokensPrefix + (isCluster ? "{*}" : "*") }

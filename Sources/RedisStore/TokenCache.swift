@@ -221,57 +221,60 @@ public struct TokenCache: TokenStore {
     public static let activityLifetime = 86_400
 
     public func resolveActivities(_ activities: [String]) throws(RedisError) -> ResolvedUsers {
-        try resolve(hashesOf: activities, key: keys.activity, what: "Live Activity")
+        try resolve(hashesOf: activities, prefix: RedisKeys.activityPrefix, what: "Live Activity")
     }
 
     /// Users on a node that does not answer (a cluster master lost) come back as unavailable: their jobs wait.
     public func resolve(_ users: [String]) throws(RedisError) -> ResolvedUsers {
-        try resolve(hashesOf: users, key: keys.tokens, what: "user")
+        try resolve(hashesOf: users, prefix: RedisKeys.tokensPrefix, what: "user")
     }
 
-    /// One pipelined HGETALL per entry (a user's tokens, an activity's update tokens).
-    private func resolve(hashesOf entries: [String], key: (String) -> String, what: String) throws(RedisError)
+    /// One pipelined HGETALL per entry (a user's tokens, an activity's update tokens), each entry once, the replies
+    /// read in place (`readHashesWhereReachable`).
+    private func resolve(hashesOf entries: [String], prefix: String, what: String) throws(RedisError)
         -> ResolvedUsers {
-        let unique = Array(Set(entries))
         var resolved = ResolvedUsers(tokens: [:])
-        guard !unique.isEmpty else { return resolved }
-        let replies = try redis.pipelineWhereReachable(unique.map { ["HGETALL", key($0)] })
-        for (entry, reply) in zip(unique, replies) {
-            guard let reply else {
-                resolved.unavailable.insert(entry)
-                continue
-            }
-            if case .error(let message) = reply {
+        guard !entries.isEmpty else { return resolved }
+        // The dictionary that will hold the tokens also tells the entries apart: no set of its own.
+        var unique: [String] = []
+        unique.reserveCapacity(entries.count)
+        resolved.tokens.reserveCapacity(entries.count)
+        for entry in entries where resolved.tokens.updateValue([], forKey: entry) == nil { unique.append(entry) }
+        let keyList = RedisKeyList(prefix: prefix, names: keys.isCluster ? unique.map(keys.user) : unique)
+        var found = [[CachedToken]](repeating: [], count: unique.count)
+        let reads = try redis.readHashesWhereReachable(keyList) { index, field, value in
+            if let cached = cachedToken(field, value, key: keyList.key(index)) { found[index].append(cached) }
+        }
+        for (index, read) in reads.enumerated() {
+            let entry = unique[index]
+            switch read {
+            case .read:
+                if !found[index].isEmpty { resolved.tokens[entry] = found[index] }
+            case .failed(let message):
                 logger.warning("skipping a \(what) whose token cache entry cannot be read",
-                               ["redis.key": key(entry), "redis.error": message])
+                               ["redis.key": keyList.key(index), "redis.error": message])
+                resolved.tokens[entry] = nil
                 resolved.unreadable[entry] = message
-                continue
+            case nil:
+                resolved.tokens[entry] = nil
+                resolved.unavailable.insert(entry)
             }
-            resolved.tokens[entry] = cachedTokens(in: reply, key: key(entry))
         }
         return resolved
     }
 
-    /// The tokens of one HGETALL of a tokens hash (a user's or an activity's); a field that is no token, or a value
-    /// that says nothing it serves, is skipped with a warning naming `key`.
-    private func cachedTokens(in reply: RedisReply, key: @autoclosure () -> String) -> [CachedToken] {
-        let fields = reply.elements
-        var tokens: [CachedToken] = []
-        tokens.reserveCapacity(fields.count / 2)
-        var index = 0
-        while index + 1 < fields.count {
-            let token = fields[index].text ?? ""
-            let value = fields[index + 1].text ?? ""
-            index += 2
-            guard (try? APNsNotification.validateDeviceToken(token)) != nil,
-                  let scope = TokenScope(cacheValue: value) else {
-                logger.warning("skipping a bad token cache entry", ["redis.key": key(), "apns.token": Redact.token(token),
-                                                                    "redis.value": String(value.prefix(40))])
-                continue
-            }
-            tokens.append(CachedToken(token: token, scope: scope))
+    /// One field and value of a tokens hash (a user's or an activity's), read in place; a field that is no token, or a
+    /// value that says nothing it serves, is skipped with a warning naming `key`.
+    private func cachedToken(_ field: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer,
+                             key: @autoclosure () -> String) -> CachedToken? {
+        let (valid, _) = APNsNotification.scanDeviceToken(field)
+        guard valid, let scope = TokenScope(cacheValue: value) else {
+            let token = String(decoding: field, as: UTF8.self)
+            logger.warning("skipping a bad token cache entry", ["redis.key": key(), "apns.token": Redact.token(token),
+                                                                "redis.value": String(decoding: value.prefix(40), as: UTF8.self)])
+            return nil
         }
-        return tokens
+        return CachedToken(token: String(decoding: field, as: UTF8.self), scope: scope)
     }
 
     /// Applies registrations; returns, per registration, whether it changed the cache (`.unchanged` for one older

@@ -21,15 +21,36 @@ public struct TokenScope: Sendable, Hashable, CustomStringConvertible {
     /// Reads a cache value; nil for anything else (other systems feed the cache, and their mistakes are skipped,
     /// never guessed at).
     public init?(cacheValue: String) {
-        if let environment = APNsEnvironment(rawValue: cacheValue) {
+        var value = cacheValue
+        guard let scope = value.withUTF8({ TokenScope(cacheValue: UnsafeRawBufferPointer($0)) }) else { return nil }
+        self = scope
+    }
+
+    /// Reads a cache value from its bytes, in place: the plain values (most of the cache) make no string at all.
+    public init?(cacheValue bytes: UnsafeRawBufferPointer) {
+        if let environment = Self.environment(bytes) {
             self.init(environment: environment)
             return
         }
-        guard let colon = cacheValue.firstIndex(of: ":"),
-              let environment = APNsEnvironment(rawValue: String(cacheValue[..<colon])) else { return nil }
-        let topic = cacheValue[cacheValue.index(after: colon)...]
+        guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")),
+              let environment = Self.environment(UnsafeRawBufferPointer(rebasing: bytes[..<colon])) else { return nil }
+        let topic = String(decoding: bytes[(colon + 1)...], as: UTF8.self)
         guard Self.isValidTopic(topic) else { return nil }
-        self.init(environment: environment, topic: String(topic))
+        self.init(environment: environment, topic: topic)
+    }
+
+    private static func environment(_ bytes: UnsafeRawBufferPointer) -> APNsEnvironment? {
+        // Compared as words: the value of nearly every cached token, read once per token resolved.
+        switch bytes.count {
+        case 10 where bytes.loadUnaligned(as: UInt64.self) == 0x6974_6375_646f_7270  // "producti"
+            && bytes.loadUnaligned(fromByteOffset: 8, as: UInt16.self) == 0x6e6f:   // "on"
+            return .production
+        case 7 where bytes.loadUnaligned(as: UInt32.self) == 0x646e_6173  // "sand"
+            && bytes.loadUnaligned(fromByteOffset: 4, as: UInt16.self) == 0x6f62 && bytes[6] == UInt8(ascii: "x"):
+            return .sandbox
+        default:
+            return nil
+        }
     }
 
     /// The value written to the cache.

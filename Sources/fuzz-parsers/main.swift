@@ -80,9 +80,12 @@ enum FuzzedParser: String, CaseIterable {
         }
     }
 
-    /// The first byte sets the chunk size the reader is fed in (as TLS records arrive), the rest is the stream.
+    /// The first byte sets the chunk size the reader is fed in (as reads arrive) and whether replies are read whole or
+    /// as hashes in place (a user's tokens); the rest is the stream.
     static func redis(_ bytes: [UInt8]) {
-        guard let first = bytes.first, let reader = RedisReplyReader() else { return }
+        guard let first = bytes.first else { return }
+        let reader = RedisReplyReader(capacity: 64)
+        let asHashes = first & 0x80 != 0
         let stream = bytes.dropFirst()
         let chunk = Int(first % 32) + 1
         let asked = RedisAddress(host: "10.0.0.1", port: 6379)
@@ -91,8 +94,24 @@ enum FuzzedParser: String, CaseIterable {
             let end = min(offset + chunk, stream.endIndex)
             stream[offset..<end].withUnsafeBytes { reader.feed($0) }
             offset = end
-            while true {
-                guard let reply = try? reader.next() else { return }
+            // After a protocol error the reader is done with, as the connection is.
+            guard (try? readAll(reader, asHashes: asHashes, askedAt: asked)) != nil else { return }
+        }
+    }
+
+    /// Every whole reply the reader holds.
+    private static func readAll(_ reader: RedisReplyReader, asHashes: Bool, askedAt asked: RedisAddress) throws(RedisError) {
+        while true {
+            if asHashes {
+                var pairs = 0
+                guard let hash = try reader.nextHash({ field, value in
+                    precondition(field.count <= RedisReplyReader.maximumBulkLength
+                                 && value.count <= RedisReplyReader.maximumBulkLength)
+                    pairs += 1
+                }) else { return }
+                if case .fields(let count) = hash { precondition(count == pairs, "pairs counted \(count), handed \(pairs)") }
+            } else {
+                guard let reply = try reader.next() else { return }
                 read(reply, askedAt: asked)
             }
         }

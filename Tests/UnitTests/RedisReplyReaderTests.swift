@@ -1,10 +1,10 @@
 import Redis
 import Testing
 
-/// Replies as the reader over TLS reads them: whole or in pieces, and never trusting a count it has not received.
+/// Replies as a connection reads them: whole or in pieces, and never trusting a count it has not received.
 @Suite struct RedisReplyReaderTests {
     private func replies(_ text: String, chunk: Int) throws -> [RedisReply] {
-        let reader = try #require(RedisReplyReader())
+        let reader = RedisReplyReader(capacity: 8)
         let bytes = Array(text.utf8)
         var replies: [RedisReply] = []
         for start in stride(from: 0, to: bytes.count, by: chunk) {
@@ -39,7 +39,40 @@ import Testing
             _ = try replies("HTTP/1.1 400 Bad Request\r\n\r\n", chunk: 100)
             Issue.record("an HTTP answer was read as a reply")
         } catch let error as RedisError {
-            #expect(error.message.contains("unreadable reply") && error.message.contains("Protocol error"), "\(error.message)")
+            #expect(error.message.contains("unreadable reply") && error.message.contains("Protocol error")
+                    && error.message.contains("\"H\""), "\(error.message)")
         }
+    }
+
+    /// A user's tokens are read where they arrived: every field and value handed out as bytes, whatever pieces the
+    /// reply came in; a reply that is no hash comes back whole, so that its error can be told.
+    @Test(arguments: [1, 5, 1_000]) func aHashIsHandedOutInPlaceFieldByField(chunk: Int) throws {
+        let reader = RedisReplyReader(capacity: 8)
+        let bytes = Array("*4\r\n$2\r\nab\r\n$10\r\nproduction\r\n$2\r\ncd\r\n$0\r\n\r\n*0\r\n-WRONGTYPE no\r\n:3\r\n".utf8)
+        var pairs: [String] = []
+        var hashes: [RedisReplyReader.HashReply] = []
+        for start in stride(from: 0, to: bytes.count, by: chunk) {
+            bytes[start..<min(start + chunk, bytes.count)].withUnsafeBytes { reader.feed($0) }
+            while let hash = try reader.nextHash({ field, value in
+                pairs.append(String(decoding: field, as: UTF8.self) + "=" + String(decoding: value, as: UTF8.self))
+            }) { hashes.append(hash) }
+        }
+        #expect(pairs == ["ab=production", "cd="])
+        #expect(hashes == [.fields(2), .fields(0), .other(.error("WRONGTYPE no")), .other(.integer(3))])
+    }
+
+    /// A long reply that arrives in many reads is read once whole; arrays deeper than any reply Redis sends, and
+    /// bulk strings longer than Redis allows, are refused before their bytes arrive.
+    @Test func deepOrHugeRepliesAreRefusedAndLongOnesAreReadWhole() throws {
+        let many = "*10000\r\n" + String(repeating: ":7\r\n", count: 10_000)
+        let long = try replies(many, chunk: 3)
+        #expect(long == [.array(Array(repeating: .integer(7), count: 10_000))])
+        #expect(throws: RedisError.self) {
+            try replies(String(repeating: "*1\r\n", count: RedisReplyReader.maximumDepth + 1), chunk: 100)
+        }
+        #expect(try replies(String(repeating: "*1\r\n", count: RedisReplyReader.maximumDepth) + ":1\r\n", chunk: 100).count == 1)
+        #expect(throws: RedisError.self) { try replies("$\(RedisReplyReader.maximumBulkLength + 1)\r\n", chunk: 100) }
+        #expect(throws: RedisError.self) { try replies(":12a\r\n", chunk: 100) }
+        #expect(throws: RedisError.self) { try replies("$2\r\nabc\r\n", chunk: 100) }
     }
 }

@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-internal import CHiredis
 import TLS
 
 /// How a `rediss://` connection checks the server and proves who it is (REDIS_CA_FILE, REDIS_CERT_FILE,
@@ -20,19 +19,24 @@ public struct RedisTLS: Sendable, Equatable {
     }
 }
 
-/// One Redis connection over TLS: a blocking socket of its own with an OpenSSL session, commands formatted and
-/// replies parsed by hiredis (its formatter and reader work over any transport; Debian's hiredis 0.14 has no TLS of
-/// its own). The socket's send and receive timeouts bound every call, as hiredis's do for plain connections.
-final class RedisTLSChannel {
+/// One Redis connection's bytes: a blocking socket of its own, plain or with an OpenSSL session (`rediss://`),
+/// commands written in one buffer (`RESP`) and replies read in place (`RedisReplyReader`). The socket's send and
+/// receive timeouts bound every call.
+final class RedisChannel {
     private let descriptor: Int32
-    private let stream: TLSStream
-    private let reader: RedisReplyReader
+    /// nil: plain TCP.
+    private let stream: TLSStream?
+    private let reader = RedisReplyReader()
     private var output: [UInt8] = []
-    private var input = [UInt8](repeating: 0, count: 16 << 10)
     private let name: String
 
-    init(host: String, port: Int, tls: RedisTLS, timeout: Double, name: String) throws(RedisError) {
+    init(host: String, port: Int, tls: RedisTLS?, timeout: Double, name: String) throws(RedisError) {
         self.name = name
+        guard let tls else {
+            descriptor = try Self.connect(host: host, port: port, timeout: timeout, name: name)
+            stream = nil
+            return
+        }
         let context: TLSContext
         do {
             context = try TLSContext.client(TLSClientConfiguration(
@@ -42,17 +46,14 @@ final class RedisTLSChannel {
             throw RedisError(kind: .refused, "\(name): \(error)", part: .tls)
         }
         descriptor = try Self.connect(host: host, port: port, timeout: timeout, name: name)
+        let stream: TLSStream
         do {
             stream = try TLSStream(context: context, fileDescriptor: descriptor, serverName: host)
         } catch {
             close(descriptor)
             throw RedisError(kind: .connectionLost, "\(name): \(error)")
         }
-        guard let reader = RedisReplyReader() else {
-            close(descriptor)
-            throw RedisError(kind: .connectionLost, "\(name): out of memory")
-        }
-        self.reader = reader
+        self.stream = stream
         switch stream.handshake() {
         case .done: break
         case .failed(let message):
@@ -68,7 +69,7 @@ final class RedisTLSChannel {
     }
 
     deinit {
-        stream.shutdown()
+        stream?.shutdown()
         close(descriptor)
     }
 
@@ -77,19 +78,21 @@ final class RedisTLSChannel {
 
     /// Commands already in Redis's protocol (`RESP`), written with the next `flush`.
     func append(formatted command: [UInt8]) {
-        output.append(contentsOf: command)
+        if output.isEmpty { output = command } else { output.append(contentsOf: command) }
+    }
+
+    /// An HGETALL of each of `keys`, written with the next `flush`.
+    func appendHashReads(_ keys: RedisKeyList) {
+        append(formatted: RESP.hashReads(keys))
     }
 
     func flush() throws(RedisError) {
         var written = 0
         while written < output.count {
-            let result = output.withUnsafeBytes { bytes in
-                stream.write(UnsafeRawBufferPointer(rebasing: bytes[written...]))
-            }
+            let result = output.withUnsafeBytes { bytes in write(UnsafeRawBufferPointer(rebasing: bytes[written...])) }
             guard case .done(let count) = result else {
                 // A server that closed on us may have said why first (an alert about our certificate): read it.
-                let reason = input.withUnsafeMutableBytes { stream.read(into: $0) }
-                if case .failed = reason { throw lost(reason, "writing") }
+                if stream != nil, case .failed(let reason) = receive() { throw lost(.failed(reason), "writing") }
                 throw lost(result, "writing")
             }
             written += count
@@ -101,14 +104,65 @@ final class RedisTLSChannel {
     func readReply() throws(RedisError) -> RedisReply {
         try flush()
         while true {
-            do throws(RedisError) {
-                if let reply = try reader.next() { return reply }
-            } catch {
-                throw RedisError(kind: .connectionLost, "\(name): \(error.message)")
+            if let reply = try read({ reader throws(RedisError) in try reader.next() }) { return reply }
+        }
+    }
+
+    /// The next reply read as a hash, each field and value handed to `visit` in place (`RedisReplyReader.nextHash`).
+    func readHash(_ visit: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void) throws(RedisError)
+        -> RedisReplyReader.HashReply {
+        try flush()
+        while true {
+            if let reply = try read({ reader throws(RedisError) in try reader.nextHash(visit) }) { return reply }
+        }
+    }
+
+    /// What `parse` finds in what was received; if nothing yet, receives more first and returns nil.
+    private func read<Reply>(_ parse: (RedisReplyReader) throws(RedisError) -> Reply?) throws(RedisError) -> Reply? {
+        do throws(RedisError) {
+            if let reply = try parse(reader) { return reply }
+        } catch {
+            throw RedisError(kind: .connectionLost, "\(name): \(error.message)")
+        }
+        let result = receive()
+        guard case .done = result else { throw lost(result, "reading") }
+        return nil
+    }
+
+    private func receive() -> TLSStream.IOResult {
+        var result = TLSStream.IOResult.done(0)
+        _ = reader.receive { room in
+            if let stream {
+                result = stream.read(into: room)
+                if case .done(let count) = result { return count }
+                return -1
             }
-            let result = input.withUnsafeMutableBytes { stream.read(into: $0) }
-            guard case .done(let count) = result else { throw lost(result, "reading") }
-            input.withUnsafeBytes { reader.feed(UnsafeRawBufferPointer(rebasing: $0[..<count])) }
+            while true {
+                let count = recv(descriptor, room.baseAddress, room.count, 0)
+                if count > 0 {
+                    result = .done(count)
+                    return count
+                }
+                if count == 0 {
+                    result = .closed
+                } else if errno == EINTR {
+                    continue
+                } else {
+                    result = errno == EAGAIN || errno == EWOULDBLOCK ? .wantRead : .failed(String(cString: strerror(errno)))
+                }
+                return -1
+            }
+        }
+        return result
+    }
+
+    private func write(_ bytes: UnsafeRawBufferPointer) -> TLSStream.IOResult {
+        if let stream { return stream.write(bytes) }
+        while true {
+            let count = send(descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL))
+            if count >= 0 { return .done(count) }
+            if errno == EINTR { continue }
+            return errno == EAGAIN || errno == EWOULDBLOCK ? .wantWrite : .failed(String(cString: strerror(errno)))
         }
     }
 
