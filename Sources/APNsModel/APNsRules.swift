@@ -41,14 +41,21 @@ public enum APNsRules {
     public static func topicProblem(_ topic: some StringProtocol) -> String? {
         let bytes = topic.utf8
         if bytes.count > 255 { return "is \(bytes.count) bytes, over 255" }
-        if let other = bytes.first(where: { !isBundleByte($0) }) {
-            return other < 0x80 && other >= 0x20 && other != 0x7F
-                ? "holds \"\(Character(Unicode.Scalar(other)))\": a bundle ID is ASCII letters, digits, \"-\" and \".\""
-                : "holds a byte that is not an ASCII letter, digit, \"-\" or \".\""
+        if bytes.isEmpty { return nil }
+        // One pass over the bytes (every job's topic is checked): a "." first, after another, or last is an empty part.
+        let dot = UInt8(ascii: ".")
+        var previous = dot
+        var emptyPart = false
+        for byte in bytes {
+            guard isBundleByte(byte) else {
+                return byte < 0x80 && byte >= 0x20 && byte != 0x7F
+                    ? "holds \"\(Character(Unicode.Scalar(byte)))\": a bundle ID is ASCII letters, digits, \"-\" and \".\""
+                    : "holds a byte that is not an ASCII letter, digit, \"-\" or \".\""
+            }
+            if byte == dot && previous == dot { emptyPart = true }
+            previous = byte
         }
-        if bytes.first == UInt8(ascii: ".") || topic.hasSuffix(".") || topic.contains("..") {
-            return "has an empty part (a leading, trailing or double \".\")"
-        }
+        if emptyPart || previous == dot { return "has an empty part (a leading, trailing or double \".\")" }
         return nil
     }
 

@@ -138,6 +138,14 @@ public struct SettingTable: Sendable {
     public let workerBulkPrefetch: Setting<Int> = Setting(
         name: "WORKER_BULK_PREFETCH", kind: .wholeNumber(1...65_535), defaultValue: "100", readers: .worker,
         help: "bulk jobs one worker holds unacknowledged")
+    public let workerBulkAdmissionBytes: Setting<Int> = Setting(
+        name: "WORKER_BULK_ADMISSION_BYTES", kind: .wholeNumber(1...1 << 30), defaultValue: "4194304", readers: .worker,
+        help: "bytes of large bulk jobs (their bodies) one worker runs at once; the next waits until they settle, one "
+            + "always runs")
+    public let workerBulkAdmissionTargets: Setting<Int> = Setting(
+        name: "WORKER_BULK_ADMISSION_TARGETS", kind: .wholeNumber(1...100_000_000), defaultValue: "200000",
+        readers: .worker, help: "users and tokens of large bulk jobs one worker runs at once; the next waits until they "
+            + "settle, one always runs")
     public let workerMaxInFlight: Setting<Int> = Setting(
         name: "WORKER_MAX_IN_FLIGHT", kind: .wholeNumber(2...1_000_000), defaultValue: "5000", readers: .worker,
         help: "notifications sent to APNs and not answered yet, per lane")

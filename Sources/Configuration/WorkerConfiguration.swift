@@ -349,7 +349,9 @@ public struct WorkerConfiguration: Sendable {
         let core = WorkerCore.Settings(
             prefetch: broker.prefetch + broker.bulkPrefetch,
             maximumNotificationsInFlight: try settings(\.workerMaxInFlight),
-            shutdownTimeout: try settings(\.shutdownTimeout))
+            shutdownTimeout: try settings(\.shutdownTimeout),
+            bulkAdmission: BulkAdmission(maximumBytes: try settings(\.workerBulkAdmissionBytes),
+                                         maximumTargets: try settings(\.workerBulkAdmissionTargets)))
         return WorkerSettings(
             core: core, defaultTopic: defaultTopic,
             invalidationGuard: MassInvalidationGuard(threshold: try settings(\.workerMassInvalidationThreshold),

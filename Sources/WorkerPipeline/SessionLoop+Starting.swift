@@ -138,6 +138,7 @@ extension SessionLoop {
             return true
         }
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
+        let unadmitted = holdingBackPastAdmission(&jobs)
         let lookup = try lookUpSettled(&jobs, waiting: &waiting)
         var finishedAtOnce: [JobProgress] = []
         for (delivery, job) in jobs {
@@ -159,12 +160,35 @@ extension SessionLoop {
                 if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
                 continue
             }
-            assemblies.append(JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? []))
+            let assembly = JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? [])
+            assemblies.append(assembly)
+            if delivery.lane == .bulk { largeBulkJobs.append(assembly) }
         }
+        unstartedBulk.insert(contentsOf: unadmitted, at: 0)
         core.handle(.jobsStarted(jobs.count))
         if !rejected.isEmpty { try reject(rejected.map { ($0.0, .park(reason: $0.1, poison: false)) }) }
         try putBackToWait(waiting)
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    /// Large bulk jobs of one batch past `BulkAdmission`'s budget (the batch decoded several small bodies with many
+    /// users) leave `jobs` and go back unstarted, to start as the ones under way settle.
+    private func holdingBackPastAdmission(_ jobs: inout [(delivery: JobDelivery, job: PushJob)]) -> [JobDelivery] {
+        var (bytes, targets) = bulkLoad()
+        var unadmitted: [JobDelivery] = []
+        jobs.removeAll { delivery, job in
+            guard delivery.lane == .bulk, PreparedBatch.isLarge(job, usersPerPiece: core.settings.usersPerPiece) else {
+                return false
+            }
+            guard core.settings.bulkAdmission.admits(bytesUnderWay: bytes, targetsUnderWay: targets) else {
+                unadmitted.append(delivery)
+                return true
+            }
+            bytes += delivery.body.count
+            targets += job.users.count + job.tokens.count
+            return false
+        }
+        return unadmitted
     }
 
     /// A redelivered job may have been under way when a worker died: what earlier deliveries settled, by job. What

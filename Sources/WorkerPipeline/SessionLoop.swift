@@ -40,6 +40,9 @@ final class SessionLoop {
     var copiesWaiting: [(delivery: JobDelivery, jobID: String)] = []
     /// Large jobs under way with users still to resolve, a piece at a time.
     var assemblies: [JobAssembly] = []
+    /// The large bulk jobs started and not complete (an assembly leaves `assemblies` once its users are all taken, and
+    /// holds its memory until its last piece is answered): what `BulkAdmission` weighs.
+    var largeBulkJobs: [JobAssembly] = []
     /// Decodes bulk jobs and resolves users of bulk and large jobs on a thread of its own.
     let preparer: JobPreparer
     /// The bulk jobs handed to the preparer and not back yet.
@@ -204,15 +207,35 @@ final class SessionLoop {
             rateGroupHolds.release(dueAt: now, into: &backlogs)
             let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue] + assemblies.map(\.deferredDue))
                 .compactMap { $0 }.min()
-            // One batch and one piece out to the preparer at a time.
+            // One batch and one piece out to the preparer at a time, and bulk jobs only within their admission.
+            let bulkAdmitted = bulkAdmissionOpen()
+            statistics.bulkJobsAwaitingAdmission.store(bulkAdmitted ? 0 : unstartedBulk.count, ordering: .relaxed)
             for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
                                        inFlight: statistics.inFlight.counts,
-                                       unstartedBulkJobs: preparer.batchOut ? 0 : unstartedBulk.count,
+                                       unstartedBulkJobs: preparer.batchOut || !bulkAdmitted ? 0 : unstartedBulk.count,
                                        suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting(at: now),
                                        heldDue: due) {
                 try perform(action, at: now)
             }
         }
+    }
+
+    /// Whether another bulk job may start: the large bulk jobs under way (their bodies, users and tokens) are within
+    /// `BulkAdmission`'s budget.
+    private func bulkAdmissionOpen() -> Bool {
+        let load = bulkLoad()
+        return core.settings.bulkAdmission.admits(bytesUnderWay: load.bytes, targetsUnderWay: load.targets)
+    }
+
+    /// What the large bulk jobs started and not complete hold: the bytes of their bodies, their users and tokens.
+    func bulkLoad() -> (bytes: Int, targets: Int) {
+        largeBulkJobs.removeAll { $0.isComplete }
+        var bytes = 0, targets = 0
+        for assembly in largeBulkJobs {
+            bytes += assembly.whole.delivery.body.count
+            targets += assembly.job.users.count + assembly.job.tokens.count
+        }
+        return (bytes, targets)
     }
 
     /// A stop: the jobs not started yet (bulk jobs waiting, suspects, copies, a batch being prepared) go back.

@@ -40,6 +40,8 @@ public struct WorkerCore: Sendable {
         /// decodes and resolves them as one batch, and the batch must come back soon for the bulk lane to keep
         /// flowing, a few large jobs taking as long as many small ones.
         public var bulkBytesPerTurn: Int
+        /// How much large bulk work is under way at once (`BulkAdmission`).
+        public var bulkAdmission: BulkAdmission
 
         /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
         /// batch's worth of room opened (or half the window, for small windows), so hand-overs stay small and an
@@ -48,8 +50,10 @@ public struct WorkerCore: Sendable {
 
         public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
                     sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
-                    progressInterval: Double = 10, usersPerPiece: Int = 250, bulkBytesPerTurn: Int = 8 << 10) {
+                    progressInterval: Double = 10, usersPerPiece: Int = 250, bulkBytesPerTurn: Int = 8 << 10,
+                    bulkAdmission: BulkAdmission = BulkAdmission()) {
             self.usersPerPiece = usersPerPiece
+            self.bulkAdmission = bulkAdmission
             self.bulkBytesPerTurn = bulkBytesPerTurn
             self.prefetch = prefetch
             self.maximumNotificationsInFlight = maximumNotificationsInFlight

@@ -28,6 +28,8 @@ public final class WorkerStatistics: Sendable {
     public let poisonJobsParked = Atomic<Int>(0)
     /// Jobs put back in a delay queue to wait for a Redis node that does not answer (`StoreWaits`).
     public let jobsWaiting = Atomic<Int>(0)
+    /// Bulk jobs delivered and not started while the bulk jobs under way hold their budget (`BulkAdmission`).
+    public let bulkJobsAwaitingAdmission = Atomic<Int>(0)
     /// Jobs run alone as suspects: delivered twice or more before without being settled (`DeliveryTriage`).
     public let suspectJobs = Atomic<Int>(0)
     /// Jobs taken and not settled yet, both lanes, as of the last readiness round trip (every second).
@@ -240,6 +242,9 @@ public final class WorkerStatistics: Sendable {
     /// Notifications in flight and their latency, rate-limit waits, duplicates avoided, connections, the broker's blocks.
     private func connectionFamilies(_ metrics: inout PrometheusText) {
         metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
+        metrics.gauge("apns_worker_bulk_jobs_awaiting_admission",
+                      "Bulk jobs delivered and not started while the large bulk jobs under way hold their budget.",
+                      load(bulkJobsAwaitingAdmission))
         metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
                           summing: JobLane.allCases.map(latency))
         metrics.histograms("apns_worker_lane_latency_seconds",

@@ -11,10 +11,12 @@ import WorkerPipeline
     static func token(_ number: Int) -> String { String(format: "%064x", number) }
 
     static func settings(maximumInFlight: Int = 100, bulkJobsPerTurn: Int = 16, attempts: Int = 3,
-                         maximumDeliveries: Int = 5, guardThreshold: Int = 20, usersPerPiece: Int = 1000) -> WorkerSettings {
+                         maximumDeliveries: Int = 5, guardThreshold: Int = 20, usersPerPiece: Int = 1000,
+                         bulkAdmission: BulkAdmission = BulkAdmission()) -> WorkerSettings {
         WorkerSettings(core: WorkerCore.Settings(prefetch: 100, maximumNotificationsInFlight: maximumInFlight,
                                                  shutdownTimeout: 5, bulkJobsPerTurn: bulkJobsPerTurn,
-                                                 sendBatchLimit: maximumInFlight, usersPerPiece: usersPerPiece),
+                                                 sendBatchLimit: maximumInFlight, usersPerPiece: usersPerPiece,
+                                                 bulkAdmission: bulkAdmission),
                        defaultTopic: topic, invalidationGuard: MassInvalidationGuard(threshold: guardThreshold),
                        maximumSendAttempts: attempts, retryDelays: [1, 15, 60, 300], maximumDeliveries: maximumDeliveries)
     }
@@ -271,6 +273,31 @@ import WorkerPipeline
         #expect(fleet.wait { Set($0.acknowledged) == [large, urgent] })
         running.stop()
         #expect(fleet.read(\.sent).count == 101)
+    }
+
+    /// Large bulk jobs beyond the admission's budget wait as delivered until the ones under way settle: two 30-user
+    /// campaigns under a budget of 25 targets run one after the other, the second not even decoded while the first's
+    /// answers are out.
+    @Test func largeBulkJobsPastTheAdmissionBudgetWaitForTheOnesUnderWay() throws {
+        let fleet = InMemoryFleet()
+        let users = (1...60).map { "admitted-\($0)" }
+        fleet.change { state in
+            for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
+            state.holdingAnswers = true
+        }
+        let running = Spec.Running(fleet, settings: Spec.settings(
+            usersPerPiece: 10, bulkAdmission: BulkAdmission(maximumBytes: 1 << 20, maximumTargets: 25)))
+        let first = fleet.deliver(Spec.job("first", users: Array(users[..<30])), lane: .bulk)
+        let second = fleet.deliver(Spec.job("second", users: Array(users[30...])), lane: .bulk)
+        let statistics = running.worker.statistics
+        #expect(fleet.wait { $0.sent.count == 30 }, "the first campaign went out whole")
+        #expect(fleet.wait { _ in statistics.bulkJobsAwaitingAdmission.load(ordering: .relaxed) == 1 }, "the second waits for admission")
+        #expect(fleet.read { $0.resolutions.reduce(0, +) } == 30, "none of the second's users were resolved")
+        fleet.releaseAnswers()
+        #expect(fleet.wait { Set($0.acknowledged) == [first, second] })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 60)
+        #expect(statistics.bulkJobsAwaitingAdmission.load(ordering: .relaxed) == 0)
     }
 
     @Test func urgentJobsGoOutWhileABulkJobsUsersAreBeingResolved() throws {
