@@ -73,7 +73,11 @@ public struct APNsClientConfiguration: Sendable {
     public var caFile: String?
     /// Peer verification; off only through an explicit setting, and logged loudly when off.
     public var verifyPeer: Bool
+    /// Connections kept open per credential, environment and lane.
     public var connectionsPerEnvironment: Int
+    /// Connections at most per credential, environment and lane: a pool whose streams are all busy while
+    /// notifications wait opens more, up to this; those above `connectionsPerEnvironment` close after a minute idle.
+    public var maximumConnectionsPerEnvironment: Int
     public var requestTimeout: Double
     /// PING after this many seconds without a frame from APNs (Apple: about an hour keeps a connection alive).
     public var pingInterval: Double
@@ -85,13 +89,14 @@ public struct APNsClientConfiguration: Sendable {
     public var proxy: APNsProxy?
 
     public init(production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
-                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, requestTimeout: Double = 30,
-                pingInterval: Double = 3600, pingTimeout: Double = 15) {
+                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, maximumConnectionsPerEnvironment: Int? = nil,
+                requestTimeout: Double = 30, pingInterval: Double = 3600, pingTimeout: Double = 15) {
         self.production = production
         self.sandbox = sandbox
         self.caFile = caFile
         self.verifyPeer = verifyPeer
         self.connectionsPerEnvironment = connectionsPerEnvironment
+        self.maximumConnectionsPerEnvironment = maximumConnectionsPerEnvironment ?? connectionsPerEnvironment
         self.requestTimeout = requestTimeout
         self.pingInterval = pingInterval
         self.pingTimeout = pingTimeout
@@ -431,6 +436,19 @@ public final class APNsClient: Sendable {
     /// Open connections by credential, environment and traffic class.
     public var connectionCounts: [ConnectionLabels: Int] { openConnections.withLock { $0 } }
 
+    /// Streams in use by credential, environment and traffic class (as of the last second), for every pool.
+    public var streamsInUse: [ConnectionLabels: Int] {
+        pools.withLock { pools in
+            var counts: [ConnectionLabels: Int] = [:]
+            for (key, pool) in pools {
+                let labels = ConnectionLabels(credential: pool.credential.name, environment: key.environment,
+                                              traffic: key.traffic)
+                counts[labels, default: 0] += pool.client.streamsInUse
+            }
+            return counts
+        }
+    }
+
     /// The series of credentials a reload retired go once their last connection closed: /metrics names the
     /// credentials in use (a current one's series stays, at 0 while it has no connection).
     private static func forgetRetiredSeries(_ openConnections: Locked<[ConnectionLabels: Int]>,
@@ -515,7 +533,7 @@ public final class APNsClient: Sendable {
             }
             var poolConfiguration = HTTP2Client.Configuration(
                 host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: configuration.connectionsPerEnvironment,
-                requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
+                maximumConnectionCount: configuration.maximumConnectionsPerEnvironment, requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
             let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
             let observer = configuration.observer, openConnections = self.openConnections, credentials = self.credentials

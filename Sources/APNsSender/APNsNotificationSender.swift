@@ -66,17 +66,17 @@ public final class APNsNotificationSender: NotificationSender {
 
     public func shutdown() { client.shutdown() }
 
-    /// The sender's own series: open connections per credential, environment and lane, and when each client
-    /// certificate expires, by the topics it serves.
+    /// The sender's own series: open connections and streams in use per credential, environment and lane, and when
+    /// each client certificate expires, by the topics it serves.
     public var metricsText: String {
         var text = PrometheusText()
-        let counts = client.connectionCounts.sorted { ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
-            < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue) }
         text.family("apns_worker_apns_connections_open", "gauge",
                     "HTTP/2 connections to APNs open now, by credential, environment and lane.",
-                    counts.map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
-                                           ("lane", $0.key.traffic.rawValue)],
-                                  value: $0.value) })
+                    Self.series(client.connectionCounts))
+        text.family("apns_worker_apns_streams_in_use", "gauge",
+                    "HTTP/2 streams to APNs carrying a request (each connection up to its stream limit), by credential, "
+                        + "environment and lane, sampled every second.",
+                    Self.series(client.streamsInUse))
         var expiries: [(labels: [(String, String)], value: Int)] = []
         let credentials = client.currentCredentials
         for credential in credentials.all {
@@ -91,6 +91,17 @@ public final class APNsNotificationSender: NotificationSender {
                         "When the APNs client certificate expires (unix seconds), by the topic it serves.", expiries)
         }
         return text.text
+    }
+}
+
+extension APNsNotificationSender {
+    /// Per-pool counts as series, in a stable order.
+    private static func series(_ counts: [APNsClient.ConnectionLabels: Int]) -> [(labels: [(String, String)], value: Int)] {
+        counts.sorted { ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
+            < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue) }
+            .map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
+                             ("lane", $0.key.traffic.rawValue)],
+                    value: $0.value) }
     }
 }
 
