@@ -137,6 +137,8 @@ public final class APNsClient: Sendable {
         var client: HTTP2Client
         /// When a 403 saying the connection is bound to another key replaced the pool before it (uptime nanoseconds).
         var replacedAt: UInt64?
+        /// A request was leased from it since `takeSendingPools` last asked.
+        var sentSinceAsked = false
     }
 
     public struct ConnectionLabels: Hashable, Sendable {
@@ -268,7 +270,7 @@ public final class APNsClient: Sendable {
         }
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
         do {
-            guard let pool = try self.pool(for: key, credential) else {
+            guard let pool = try self.pool(for: key, credential, sending: true) else {
                 // Replaced between the lookup and now: the new credentials decide.
                 return .answered(APNsResult(outcome: .retryLater(delay: 0), error: "APNs credentials reloaded"))
             }
@@ -482,11 +484,21 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// Opens the environment's connections for `traffic` now rather than at the first notification, so that
-    /// readiness can wait for them and the first job does not pay for the handshakes: those of the default
-    /// credential, or of the first entry if there is no default one.
+    /// Opens the environment's connections for `traffic` now rather than at the first notification, for every
+    /// credential (those open already stay as they are): readiness can wait for them, and no credential's first push
+    /// pays for the handshakes.
     public func connect(_ environment: APNsEnvironment, _ traffic: JobLane = .urgent) {
-        guard let credential = credentials.withLock({ $0.fallback ?? $0.entries.first }) else { return }
+        for credential in credentials.withLock({ $0.all }) { connect(credential, environment, traffic) }
+    }
+
+    /// Opens the connections of the credential called `name` (`TEAMID/KEYID` or `certificate:<file name>`), if one
+    /// is, in `environment` for `traffic` now.
+    public func connect(credentialNamed name: String, _ environment: APNsEnvironment, _ traffic: JobLane = .urgent) {
+        guard let credential = credentials.withLock({ $0.all.first { $0.name == name } }) else { return }
+        connect(credential, environment, traffic)
+    }
+
+    private func connect(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: JobLane) {
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
         do { _ = try pool(for: key, credential) } catch {
             logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue,
@@ -517,10 +529,27 @@ public final class APNsClient: Sendable {
         return true
     }
 
-    /// The pool of `key`, opened if needed; nil if `credential` was replaced meanwhile.
-    private func pool(for key: PoolKey, _ credential: APNsCredential) throws -> HTTP2Client? {
+    /// The credentials (by name) and environments that sent since this was last asked, on either lane.
+    public func takeSendingPools() -> Set<ConnectionLabels> {
+        pools.withLock { pools in
+            var sending: Set<ConnectionLabels> = []
+            for (key, pool) in pools where pool.sentSinceAsked {
+                sending.insert(ConnectionLabels(credential: pool.credential.name, environment: key.environment,
+                                                traffic: key.traffic))
+                pools[key]?.sentSinceAsked = false
+            }
+            return sending
+        }
+    }
+
+    /// The pool of `key`, opened if needed; nil if `credential` was replaced meanwhile. `sending`: a request is
+    /// leased from it (noted for `takeSendingPools`).
+    private func pool(for key: PoolKey, _ credential: APNsCredential, sending: Bool = false) throws -> HTTP2Client? {
         try pools.withLock { pools in
-            if let pool = pools[key], pool.credential === credential { return pool.client }
+            if let pool = pools[key], pool.credential === credential {
+                if sending && !pool.sentSinceAsked { pools[key]?.sentSinceAsked = true }
+                return pool.client
+            }
             // Checked under the pools' lock: `replaceCredentials` swaps the credentials before it sweeps the pools,
             // so a pool made here either sees the new credentials or is swept.
             guard credentials.withLock({ current in current.all.contains { $0 === credential } }) else { return nil }
@@ -554,7 +583,8 @@ public final class APNsClient: Sendable {
                 loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
                                                                     "apns.traffic": traffic.rawValue,
                                                                     "apns.credential": credential.name]))
-            pools[key] = Pool(credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] })
+            pools[key] = Pool(credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] },
+                              sentSinceAsked: sending)
             return client
         }
     }

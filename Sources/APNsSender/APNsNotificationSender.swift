@@ -23,7 +23,8 @@ public final class APNsNotificationSender: NotificationSender {
         client = APNsClient(configuration: configuration, credentials: credentials, logger: logger)
     }
 
-    /// Production connections open now: it is where nearly all traffic goes, and readiness waits for one.
+    /// Production connections of every credential open now: it is where nearly all traffic goes, no credential's
+    /// first push waits for a handshake, and readiness waits for one.
     public func start(reportingHealth report: @escaping @Sendable (ConnectionHealth) -> Void) {
         healthReport.withLock { $0 = report }
         client.connect(.production)
@@ -57,7 +58,7 @@ public final class APNsNotificationSender: NotificationSender {
     @discardableResult
     public func replaceCredentials(_ credentials: APNsCredentials) -> (added: [String], retired: [String]) {
         let changes = client.replaceCredentials(credentials)
-        // Readiness waits for an open connection: the new default credential's open now, not at the first push.
+        // The credentials added open their production connections now, not at their first push.
         client.connect(.production)
         return changes
     }
@@ -65,6 +66,15 @@ public final class APNsNotificationSender: NotificationSender {
     public var currentCredentials: APNsCredentials { client.currentCredentials }
 
     public func shutdown() { client.shutdown() }
+
+    public func takeSendingPools() -> Set<SendingPool> {
+        Set(client.takeSendingPools().map { SendingPool(credential: $0.credential, environment: $0.environment) })
+    }
+
+    /// On the urgent lane: the bulk lane's connections open at its first job, where a handshake's wait matters less.
+    public func open(_ pools: [SendingPool]) {
+        for pool in pools { client.connect(credentialNamed: pool.credential, pool.environment, .urgent) }
+    }
 
     /// The sender's own series: open connections and streams in use per credential, environment and lane, and when
     /// each client certificate expires, by the topics it serves.
