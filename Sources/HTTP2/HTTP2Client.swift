@@ -64,8 +64,8 @@ public final class HTTP2Client: @unchecked Sendable {
         public var keptResponseHeaders: [String]?
 
         public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
-                    maximumConnectionCount: Int? = nil, connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
-                    reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
+                    maximumConnectionCount: Int? = nil, connectTimeout: Double = 10, requestTimeout: Double = 30,
+                    maximumAttempts: Int = 3, reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
                     pingInterval: Double = 3600, pingTimeout: Double = 15) {
             self.host = host
             self.port = port

@@ -90,8 +90,9 @@ import Glibc
         let tokens = (0..<tokenCount).map { "\"" + String(format: "%064x", $0 + 1) + "\"" }.joined(separator: ",")
         try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
                               properties: AMQPProperties(replyTo: replies))
+        // One connection, never more: what APNs holds unanswered at the kill is bounded by its streams.
         let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_CONNECTIONS": "1", "LOG_LEVEL": "info",
+            "APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "1", "LOG_LEVEL": "info",
         ])
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let redis = try RedisConnection(url: TestServices.redisURL())
