@@ -73,7 +73,11 @@ public struct APNsClientConfiguration: Sendable {
     public var caFile: String?
     /// Peer verification; off only through an explicit setting, and logged loudly when off.
     public var verifyPeer: Bool
+    /// Connections kept open per credential, environment and lane.
     public var connectionsPerEnvironment: Int
+    /// Connections at most per credential, environment and lane: a pool whose streams are all busy while
+    /// notifications wait opens more, up to this; those above `connectionsPerEnvironment` close after a minute idle.
+    public var maximumConnectionsPerEnvironment: Int
     public var requestTimeout: Double
     /// PING after this many seconds without a frame from APNs (Apple: about an hour keeps a connection alive).
     public var pingInterval: Double
@@ -85,13 +89,14 @@ public struct APNsClientConfiguration: Sendable {
     public var proxy: APNsProxy?
 
     public init(production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
-                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, requestTimeout: Double = 30,
-                pingInterval: Double = 3600, pingTimeout: Double = 15) {
+                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, maximumConnectionsPerEnvironment: Int? = nil,
+                requestTimeout: Double = 30, pingInterval: Double = 3600, pingTimeout: Double = 15) {
         self.production = production
         self.sandbox = sandbox
         self.caFile = caFile
         self.verifyPeer = verifyPeer
         self.connectionsPerEnvironment = connectionsPerEnvironment
+        self.maximumConnectionsPerEnvironment = maximumConnectionsPerEnvironment ?? connectionsPerEnvironment
         self.requestTimeout = requestTimeout
         self.pingInterval = pingInterval
         self.pingTimeout = pingTimeout
@@ -132,6 +137,8 @@ public final class APNsClient: Sendable {
         var client: HTTP2Client
         /// When a 403 saying the connection is bound to another key replaced the pool before it (uptime nanoseconds).
         var replacedAt: UInt64?
+        /// A request was leased from it since `takeSendingPools` last asked.
+        var sentSinceAsked = false
     }
 
     public struct ConnectionLabels: Hashable, Sendable {
@@ -263,7 +270,7 @@ public final class APNsClient: Sendable {
         }
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
         do {
-            guard let pool = try self.pool(for: key, credential) else {
+            guard let pool = try self.pool(for: key, credential, sending: true) else {
                 // Replaced between the lookup and now: the new credentials decide.
                 return .answered(APNsResult(outcome: .retryLater(delay: 0), error: "APNs credentials reloaded"))
             }
@@ -431,6 +438,19 @@ public final class APNsClient: Sendable {
     /// Open connections by credential, environment and traffic class.
     public var connectionCounts: [ConnectionLabels: Int] { openConnections.withLock { $0 } }
 
+    /// Streams in use by credential, environment and traffic class (as of the last second), for every pool.
+    public var streamsInUse: [ConnectionLabels: Int] {
+        pools.withLock { pools in
+            var counts: [ConnectionLabels: Int] = [:]
+            for (key, pool) in pools {
+                let labels = ConnectionLabels(credential: pool.credential.name, environment: key.environment,
+                                              traffic: key.traffic)
+                counts[labels, default: 0] += pool.client.streamsInUse
+            }
+            return counts
+        }
+    }
+
     /// The series of credentials a reload retired go once their last connection closed: /metrics names the
     /// credentials in use (a current one's series stays, at 0 while it has no connection).
     private static func forgetRetiredSeries(_ openConnections: Locked<[ConnectionLabels: Int]>,
@@ -464,11 +484,21 @@ public final class APNsClient: Sendable {
         }
     }
 
-    /// Opens the environment's connections for `traffic` now rather than at the first notification, so that
-    /// readiness can wait for them and the first job does not pay for the handshakes: those of the default
-    /// credential, or of the first entry if there is no default one.
+    /// Opens the environment's connections for `traffic` now rather than at the first notification, for every
+    /// credential (those open already stay as they are): readiness can wait for them, and no credential's first push
+    /// pays for the handshakes.
     public func connect(_ environment: APNsEnvironment, _ traffic: JobLane = .urgent) {
-        guard let credential = credentials.withLock({ $0.fallback ?? $0.entries.first }) else { return }
+        for credential in credentials.withLock({ $0.all }) { connect(credential, environment, traffic) }
+    }
+
+    /// Opens the connections of the credential called `name` (`TEAMID/KEYID` or `certificate:<file name>`), if one
+    /// is, in `environment` for `traffic` now.
+    public func connect(credentialNamed name: String, _ environment: APNsEnvironment, _ traffic: JobLane = .urgent) {
+        guard let credential = credentials.withLock({ $0.all.first { $0.name == name } }) else { return }
+        connect(credential, environment, traffic)
+    }
+
+    private func connect(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: JobLane) {
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
         do { _ = try pool(for: key, credential) } catch {
             logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue,
@@ -499,10 +529,27 @@ public final class APNsClient: Sendable {
         return true
     }
 
-    /// The pool of `key`, opened if needed; nil if `credential` was replaced meanwhile.
-    private func pool(for key: PoolKey, _ credential: APNsCredential) throws -> HTTP2Client? {
+    /// The credentials (by name) and environments that sent since this was last asked, on either lane.
+    public func takeSendingPools() -> Set<ConnectionLabels> {
+        pools.withLock { pools in
+            var sending: Set<ConnectionLabels> = []
+            for (key, pool) in pools where pool.sentSinceAsked {
+                sending.insert(ConnectionLabels(credential: pool.credential.name, environment: key.environment,
+                                                traffic: key.traffic))
+                pools[key]?.sentSinceAsked = false
+            }
+            return sending
+        }
+    }
+
+    /// The pool of `key`, opened if needed; nil if `credential` was replaced meanwhile. `sending`: a request is
+    /// leased from it (noted for `takeSendingPools`).
+    private func pool(for key: PoolKey, _ credential: APNsCredential, sending: Bool = false) throws -> HTTP2Client? {
         try pools.withLock { pools in
-            if let pool = pools[key], pool.credential === credential { return pool.client }
+            if let pool = pools[key], pool.credential === credential {
+                if sending && !pool.sentSinceAsked { pools[key]?.sentSinceAsked = true }
+                return pool.client
+            }
             // Checked under the pools' lock: `replaceCredentials` swaps the credentials before it sweeps the pools,
             // so a pool made here either sees the new credentials or is swept.
             guard credentials.withLock({ current in current.all.contains { $0 === credential } }) else { return nil }
@@ -515,7 +562,7 @@ public final class APNsClient: Sendable {
             }
             var poolConfiguration = HTTP2Client.Configuration(
                 host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: configuration.connectionsPerEnvironment,
-                requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
+                maximumConnectionCount: configuration.maximumConnectionsPerEnvironment, requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
             let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
             let observer = configuration.observer, openConnections = self.openConnections, credentials = self.credentials
@@ -536,7 +583,8 @@ public final class APNsClient: Sendable {
                 loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
                                                                     "apns.traffic": traffic.rawValue,
                                                                     "apns.credential": credential.name]))
-            pools[key] = Pool(credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] })
+            pools[key] = Pool(credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] },
+                              sentSinceAsked: sending)
             return client
         }
     }

@@ -23,7 +23,8 @@ public final class APNsNotificationSender: NotificationSender {
         client = APNsClient(configuration: configuration, credentials: credentials, logger: logger)
     }
 
-    /// Production connections open now: it is where nearly all traffic goes, and readiness waits for one.
+    /// Production connections of every credential open now: it is where nearly all traffic goes, no credential's
+    /// first push waits for a handshake, and readiness waits for one.
     public func start(reportingHealth report: @escaping @Sendable (ConnectionHealth) -> Void) {
         healthReport.withLock { $0 = report }
         client.connect(.production)
@@ -57,7 +58,7 @@ public final class APNsNotificationSender: NotificationSender {
     @discardableResult
     public func replaceCredentials(_ credentials: APNsCredentials) -> (added: [String], retired: [String]) {
         let changes = client.replaceCredentials(credentials)
-        // Readiness waits for an open connection: the new default credential's open now, not at the first push.
+        // The credentials added open their production connections now, not at their first push.
         client.connect(.production)
         return changes
     }
@@ -66,17 +67,26 @@ public final class APNsNotificationSender: NotificationSender {
 
     public func shutdown() { client.shutdown() }
 
-    /// The sender's own series: open connections per credential, environment and lane, and when each client
-    /// certificate expires, by the topics it serves.
+    public func takeSendingPools() -> Set<SendingPool> {
+        Set(client.takeSendingPools().map { SendingPool(credential: $0.credential, environment: $0.environment) })
+    }
+
+    /// On the urgent lane: the bulk lane's connections open at its first job, where a handshake's wait matters less.
+    public func open(_ pools: [SendingPool]) {
+        for pool in pools { client.connect(credentialNamed: pool.credential, pool.environment, .urgent) }
+    }
+
+    /// The sender's own series: open connections and streams in use per credential, environment and lane, and when
+    /// each client certificate expires, by the topics it serves.
     public var metricsText: String {
         var text = PrometheusText()
-        let counts = client.connectionCounts.sorted { ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
-            < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue) }
         text.family("apns_worker_apns_connections_open", "gauge",
                     "HTTP/2 connections to APNs open now, by credential, environment and lane.",
-                    counts.map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
-                                           ("lane", $0.key.traffic.rawValue)],
-                                  value: $0.value) })
+                    Self.series(client.connectionCounts))
+        text.family("apns_worker_apns_streams_in_use", "gauge",
+                    "HTTP/2 streams to APNs carrying a request (each connection up to its stream limit), by credential, "
+                        + "environment and lane, sampled every second.",
+                    Self.series(client.streamsInUse))
         var expiries: [(labels: [(String, String)], value: Int)] = []
         let credentials = client.currentCredentials
         for credential in credentials.all {
@@ -91,6 +101,17 @@ public final class APNsNotificationSender: NotificationSender {
                         "When the APNs client certificate expires (unix seconds), by the topic it serves.", expiries)
         }
         return text.text
+    }
+}
+
+extension APNsNotificationSender {
+    /// Per-pool counts as series, in a stable order.
+    private static func series(_ counts: [APNsClient.ConnectionLabels: Int]) -> [(labels: [(String, String)], value: Int)] {
+        counts.sorted { ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
+            < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue) }
+            .map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
+                             ("lane", $0.key.traffic.rawValue)],
+                    value: $0.value) }
     }
 }
 

@@ -205,8 +205,12 @@ public final class APNsSimulator: Sendable {
 
     public func setBehaviour(_ behaviour: Behaviour) { core.state.withLock { $0.behaviour = behaviour } }
 
-    /// Connections the simulator accepted so far.
+    /// Connections that carried a request so far.
     public func connectionsSeen() -> Int { core.state.withLock { $0.connectionsSeen.count } }
+
+    /// Connections that completed their TLS handshake so far, whether or not they carried a request: those a client
+    /// opened ahead of its first push count too.
+    public func connectionsOpened() -> Int { server.withLock { $0?.connectionsOpened ?? 0 } }
 }
 
 /// The simulator's state and judgement, shared by the server's handler and the simulator's owner.

@@ -163,6 +163,11 @@ public struct SettingTable: Sendable {
     public let apnsConnections: Setting<Int> = Setting(
         name: "APNS_CONNECTIONS", kind: .wholeNumber(1...64), defaultValue: "2", readers: .worker,
         help: "HTTP/2 connections per APNs environment and lane")
+    public let apnsMaxConnections: Setting<Int> = Setting(
+        name: "APNS_MAX_CONNECTIONS", kind: .wholeNumber(1...256), defaultValue: "8", readers: .worker,
+        help: "HTTP/2 connections at most per credential, APNs environment and lane: while every stream is busy and "
+            + "notifications wait, more open, up to this (at least APNS_CONNECTIONS; left unset, APNS_CONNECTIONS if "
+            + "that is larger); those above APNS_CONNECTIONS close after a minute idle")
     public let apnsRequestTimeout: Setting<Double> = Setting(
         name: "APNS_REQUEST_TIMEOUT", kind: .seconds, defaultValue: "30", readers: [.worker, .channels],
         help: "how long one notification may wait for APNs's answer, queueing included")

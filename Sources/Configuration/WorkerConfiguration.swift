@@ -273,11 +273,26 @@ public struct WorkerConfiguration: Sendable {
         apns.caFile = try settings(\.apnsCAFile)
         apns.proxy = try settings(\.apnsProxyURL)
         apns.connectionsPerEnvironment = try settings(\.apnsConnections)
+        apns.maximumConnectionsPerEnvironment = try maximumConnections(settings, atLeast: apns.connectionsPerEnvironment)
         apns.requestTimeout = try settings(\.apnsRequestTimeout)
         apns.pingInterval = try settings(\.apnsPingInterval)
         apns.pingTimeout = try settings(\.apnsPingTimeout)
         apns.verifyPeer = !(try settings(\.apnsInsecureSkipVerify))
         return apns
+    }
+
+    /// APNS_MAX_CONNECTIONS, never below APNS_CONNECTIONS: given below it, an error naming both; left unset, raised
+    /// to it.
+    private static func maximumConnections(_ settings: SettingValues,
+                                           atLeast minimum: Int) throws(ConfigurationError) -> Int {
+        let maximum = try settings(\.apnsMaxConnections)
+        guard settings.isGiven(\.apnsMaxConnections) else { return max(maximum, minimum) }
+        guard maximum >= minimum else {
+            throw ConfigurationError(\.apnsMaxConnections, "\(maximum) is below \(name(\.apnsConnections)) (\(minimum)): "
+                                     + "the pool's most connections cannot be fewer than it keeps open; raise "
+                                     + "\(name(\.apnsMaxConnections)) or lower \(name(\.apnsConnections))")
+        }
+        return maximum
     }
 
     private static func credential(_ settings: SettingValues,

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import TLS
 import Foundation
+import Synchronization
 import Telemetry
 
 /// What happened to a client's connections, for whoever watches (metrics, tests).
@@ -17,7 +18,11 @@ public enum HTTP2ClientEvent: Sendable, Equatable {
 /// Persistent HTTP/2 connections to one endpoint, all driven by one `EventLoop` thread.
 ///
 /// Requests are spread over the open connections by load, each connection within the peer's
-/// SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2 holds back what exceeds it). A request whose stream was refused,
+/// SETTINGS_MAX_CONCURRENT_STREAMS (nghttp2 holds back what exceeds it). The pool keeps `connectionCount` connections
+/// open and grows with demand: when every stream of its open connections is busy and requests wait, it opens more, up
+/// to `maximumConnectionCount`; new requests fill the first `connectionCount` connections before the extra ones, so
+/// that an extra connection falls idle when demand falls, and closes after `idleConnectionLifetime`. A request whose
+/// stream was refused,
 /// never sent, or lost with its connection is sent again on another connection, up to `maximumAttempts` sends.
 /// Completions run on the loop thread: keep them short, hand real work to another thread in batches.
 public final class HTTP2Client: @unchecked Sendable {
@@ -26,7 +31,12 @@ public final class HTTP2Client: @unchecked Sendable {
         public var host: String
         public var port: Int
         public var tls: TLSClientConfiguration
+        /// Connections kept open, busy or not.
         public var connectionCount: Int
+        /// Connections at most, opened while every stream of the others is busy and requests wait.
+        public var maximumConnectionCount: Int
+        /// A connection above `connectionCount` with no stream and no frame received for this long closes.
+        public var idleConnectionLifetime: Double = 60
         public var connectTimeout: Double
         /// How long a request may wait for its response, queueing included.
         public var requestTimeout: Double
@@ -54,13 +64,14 @@ public final class HTTP2Client: @unchecked Sendable {
         public var keptResponseHeaders: [String]?
 
         public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
-                    connectTimeout: Double = 10, requestTimeout: Double = 30, maximumAttempts: Int = 3,
-                    reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
+                    maximumConnectionCount: Int? = nil, connectTimeout: Double = 10, requestTimeout: Double = 30,
+                    maximumAttempts: Int = 3, reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
                     pingInterval: Double = 3600, pingTimeout: Double = 15) {
             self.host = host
             self.port = port
             self.tls = tls
             self.connectionCount = max(1, connectionCount)
+            self.maximumConnectionCount = max(self.connectionCount, maximumConnectionCount ?? connectionCount)
             self.connectTimeout = connectTimeout
             self.requestTimeout = requestTimeout
             self.maximumAttempts = max(1, maximumAttempts)
@@ -100,6 +111,15 @@ public final class HTTP2Client: @unchecked Sendable {
     private var isShutDown = false
     private var sweepTimer: UInt64?
     private var lastConnectError: String?
+    /// A drain of the waiting requests is queued on the loop: answers arriving together ask for one drain.
+    private var waitingDrainQueued = false
+    /// The stream limit the peer last announced on a connection of this pool: what a connection whose peer's SETTINGS
+    /// have not arrived yet is taken to allow (100 before any, the least RFC 9113 recommends a server allow).
+    private var announcedStreamLimit = 100
+    /// Connections closing because they fell idle above `connectionCount`: their close is no failure.
+    private var retiring: Set<Int> = []
+    /// Streams in use over the pool's open connections, sampled by the sweep (every second) for metrics.
+    private let streamsInUseSample = Atomic<Int>(0)
 
     public init(configuration: Configuration, loop: EventLoop? = nil, logger: Logger) throws {
         self.configuration = configuration
@@ -114,6 +134,9 @@ public final class HTTP2Client: @unchecked Sendable {
             openMissingConnections()
         }
     }
+
+    /// Streams in use over the pool's connections (each counted up to its peer's limit), as of the last second.
+    public var streamsInUse: Int { streamsInUseSample.load(ordering: .relaxed) }
 
     /// Sends one request; `completion` runs on the loop thread.
     public func send(_ request: HTTP2Request, completion: @escaping Completion) {
@@ -168,31 +191,68 @@ public final class HTTP2Client: @unchecked Sendable {
 
     // MARK: loop thread
 
-    /// Puts the request on the least-loaded open connection, or queues it until one opens.
+    /// Puts the request on the connection `nextConnection` picks; when every stream is busy and the pool is growing,
+    /// or when no connection is open, queues it until a connection opens or a stream frees.
     private func dispatch(_ pending: Pending) -> HTTP2Connection? {
         guard !isShutDown else {
             pending.completion(pending.index, .failure(.notSent("client shut down")))
             return nil
         }
-        if let connection = leastLoadedConnection(), connection.submitRequest(pending) {
-            return connection
+        if let next = nextConnection(), next.hasFreeStream || !isGrowing(), next.connection.submitRequest(pending) {
+            return next.connection
         }
         waiting.append(pending)
         openMissingConnections()
         return nil
     }
 
-    private func leastLoadedConnection() -> HTTP2Connection? {
+    /// The least-loaded connection among the first `connectionCount` while one has a free stream, then among the
+    /// extra ones with a free stream, then among all (nghttp2 holds back what exceeds a peer's limit). Filling the
+    /// first connections first lets the extra ones fall idle, and close, when demand falls.
+    private func nextConnection() -> (connection: HTTP2Connection, hasFreeStream: Bool)? {
         var best: HTTP2Connection?
-        var bestLoad = Double.infinity
-        for connection in connections where connection.acceptsRequests {
-            let load = Double(connection.openStreamCount) / Double(max(1, connection.remoteMaxConcurrentStreams))
-            if load < bestLoad {
+        var bestRank = Double.infinity
+        var usableSeen = 0
+        for connection in connections where connection.isUsable {
+            usableSeen += 1
+            guard connection.acceptsRequests else { continue }
+            let load = Double(connection.openStreamCount) / Double(max(1, streamLimit(of: connection)))
+            // A first connection with a free stream ranks in [0, 1), an extra one in [1, 2), a full one from 2.
+            let rank = load >= 1 ? 2 + load : usableSeen <= configuration.connectionCount ? load : 1 + load
+            if rank < bestRank {
                 best = connection
-                bestLoad = load
+                bestRank = rank
             }
         }
-        return best
+        return best.map { ($0, bestRank < 2) }
+    }
+
+    /// The peer's stream limit on `connection`; before its SETTINGS arrive, the limit announced last on the pool.
+    private func streamLimit(of connection: HTTP2Connection) -> Int {
+        connection.remoteSettingsReceived ? connection.remoteMaxConcurrentStreams : announcedStreamLimit
+    }
+
+    /// Whether a request that finds every stream busy waits for a connection on its way (or about to start) rather
+    /// than queueing behind busy streams: only in a pool allowed to grow, not backing off from a failed connect.
+    private func isGrowing() -> Bool {
+        guard configuration.maximumConnectionCount > configuration.connectionCount, !isShutDown else { return false }
+        let (usable, opening, _) = poolCensus()
+        return opening > 0 || (reconnectTimer == nil && usable < configuration.maximumConnectionCount)
+    }
+
+    /// Connections open or on their way (not going away), those of them not open yet, and the largest stream limit
+    /// of the open ones (0 when none is open).
+    private func poolCensus() -> (usable: Int, opening: Int, streamsPerConnection: Int) {
+        var usable = connectionsStarting, opening = connectionsStarting, streamsPerConnection = 0
+        for connection in connections where connection.isUsable {
+            usable += 1
+            if connection.state == .open {
+                streamsPerConnection = max(streamsPerConnection, streamLimit(of: connection))
+            } else {
+                opening += 1
+            }
+        }
+        return (usable, opening, streamsPerConnection)
     }
 
     private func finished(_ pending: Pending, _ result: Result<HTTP2Response, HTTP2StreamError>) {
@@ -212,11 +272,24 @@ public final class HTTP2Client: @unchecked Sendable {
                 // Resent after the current callback returns, never from inside nghttp2's own callback.
                 waiting.append(Pending(request: pending.request, index: pending.index, attempt: attempt,
                                        deadline: pending.deadline, completion: pending.completion))
-                loop.execute { [self] in drainWaiting() }
+                drainWaitingSoon()
                 return
             }
         }
         pending.completion(pending.index, result)
+        // A stream freed: what waits for a new connection may take it now.
+        if !waiting.isEmpty { drainWaitingSoon() }
+    }
+
+    /// Drains the waiting requests after the current callback returns (never from inside nghttp2's own callback),
+    /// once however many ask before it runs.
+    private func drainWaitingSoon() {
+        guard !waitingDrainQueued else { return }
+        waitingDrainQueued = true
+        loop.execute { [self] in
+            waitingDrainQueued = false
+            drainWaiting()
+        }
     }
 
     private func drainWaiting() {
@@ -241,12 +314,18 @@ public final class HTTP2Client: @unchecked Sendable {
         for pending in queued { pending.completion(pending.index, .failure(error)) }
     }
 
+    /// Opens connections up to `connectionCount`, and beyond it, up to `maximumConnectionCount`, as many as the
+    /// waiting requests fill (once a connection is open, its stream limit says how many a connection takes).
     private func openMissingConnections() {
         guard !isShutDown, reconnectTimer == nil else { return }
         // A connection that received GOAWAY finishes its streams but takes no more: it no longer counts.
-        while connections.filter(\.isUsable).count + connectionsStarting < configuration.connectionCount {
-            startConnection()
+        let (usable, opening, streamsPerConnection) = poolCensus()
+        var wanted = configuration.connectionCount
+        if streamsPerConnection > 0, !waiting.isEmpty, configuration.maximumConnectionCount > wanted {
+            let forWaiting = (waiting.count + streamsPerConnection - 1) / streamsPerConnection
+            wanted = min(configuration.maximumConnectionCount, max(wanted, usable - opening + forWaiting))
         }
+        for _ in usable..<max(usable, wanted) { startConnection() }
     }
 
     private func startConnection() {
@@ -352,6 +431,7 @@ public final class HTTP2Client: @unchecked Sendable {
         connection.onRemoteSettings = { [self] connection, maximumStreams in
             logger.debug("peer settings", ["http2.connection": String(connection.id),
                                            "http2.max_concurrent_streams": String(maximumStreams)])
+            announcedStreamLimit = maximumStreams
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }
@@ -374,7 +454,10 @@ public final class HTTP2Client: @unchecked Sendable {
             loop.cancelTimer(connectTimer)
             connections.removeAll { $0 === connection }
             if opened { configuration.observer?(.closed(connection: connection.id, reason: reason)) }
-            if opened && connection.responsesReceived > 0 {
+            if retiring.remove(connection.id) != nil {
+                logger.info("idle HTTP/2 connection closed", ["http2.connection": String(connection.id),
+                                                              "http2.endpoint": authority])
+            } else if opened && connection.responsesReceived > 0 {
                 logger.info("HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
                 loop.execute { [self] in openMissingConnections() }
             } else if !opened {
@@ -400,6 +483,22 @@ public final class HTTP2Client: @unchecked Sendable {
             reconnectTimer = nil
             openMissingConnections()
         }
+        // Requests that waited for this connection go on the busy ones instead.
+        if !waiting.isEmpty { drainWaitingSoon() }
+    }
+
+    /// Connections above `connectionCount` that carried nothing (no stream, no frame) for `idleConnectionLifetime` say
+    /// GOAWAY and close.
+    private func closeIdleExtraConnections(now: UInt64) {
+        let lifetime = UInt64(configuration.idleConnectionLifetime * 1e9)
+        var usableSeen = 0
+        for connection in connections where connection.isUsable {
+            usableSeen += 1
+            guard usableSeen > configuration.connectionCount, connection.state == .open,
+                  connection.openStreamCount == 0, connection.lastFrameReceivedAt + lifetime <= now else { continue }
+            retiring.insert(connection.id)
+            connection.goAway(code: 0, debugData: "idle", lastStreamID: 0)
+        }
     }
 
     /// Requests past their deadline, queued or in flight, end with `timedOut`; idle connections get a PING, and one
@@ -414,6 +513,7 @@ public final class HTTP2Client: @unchecked Sendable {
                 let reason = lastConnectError.map { HTTP2StreamError.notSent("no connection: \($0)") } ?? .timedOut
                 for pending in expired { pending.completion(pending.index, .failure(reason)) }
             }
+            closeIdleExtraConnections(now: now)
             let requestCutoff = now - UInt64(configuration.requestTimeout * 1e9)
             for connection in connections where connection.state == .open {
                 connection.expireStreams(startedBefore: requestCutoff)
@@ -427,6 +527,8 @@ public final class HTTP2Client: @unchecked Sendable {
                     }
                 }
             }
+            streamsInUseSample.store(connections.reduce(0) { $0 + min($1.openStreamCount, streamLimit(of: $1)) },
+                                     ordering: .relaxed)
             // A drained pool keeps timing its streams out until its last connection has closed.
             if !(isShutDown && connections.isEmpty) { scheduleSweep() }
         }

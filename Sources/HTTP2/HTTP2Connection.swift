@@ -236,6 +236,9 @@ final class HTTP2Connection: PollHandler {
     /// Open or on its way to open, and not going away: counts toward the pool's size.
     var isUsable: Bool { state != .closed && goAwayReceived == nil && !goAwaySent }
 
+    /// Whether the peer's SETTINGS arrived: until then `remoteMaxConcurrentStreams` is nghttp2's unlimited default.
+    private(set) var remoteSettingsReceived = false
+
     var remoteMaxConcurrentStreams: Int {
         guard let session else { return 1 }
         return Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
@@ -747,7 +750,10 @@ final class HTTP2Connection: PollHandler {
         case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
             if !isClient && flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 { dispatchRequest(streamID: streamID) }
         case NGHTTP2_SETTINGS.rawValue:
-            if flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 { onRemoteSettings?(self, remoteMaxConcurrentStreams) }
+            if flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0 {
+                remoteSettingsReceived = true
+                onRemoteSettings?(self, remoteMaxConcurrentStreams)
+            }
         case NGHTTP2_GOAWAY.rawValue:
             let goaway = frame.pointee.goaway
             let debug = goaway.opaque_data_len > 0 && goaway.opaque_data != nil

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Synchronization
 import TLS
 import Telemetry
 
@@ -49,6 +50,10 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
     private let connections = Locked<[Int: HTTP2Connection]>([:])
     private var nextConnectionID = 1
     private let closedObserver = Locked<(@Sendable (Int) -> Void)?>(nil)
+    private let handshakesCompleted = Atomic<Int>(0)
+
+    /// Connections whose TLS handshake completed so far, whether or not they went on to carry a request.
+    public var connectionsOpened: Int { handshakesCompleted.load(ordering: .relaxed) }
 
     /// Called on the connection's loop thread when a connection closes, with its id: per-connection state can go.
     public var onConnectionClosed: (@Sendable (Int) -> Void)? {
@@ -107,6 +112,7 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
                     id: id, loop: owner, fileDescriptor: client, tls: tls, role: .server(handler), connecting: false,
                     serverSettings: [(Int32(3), maximumConcurrentStreams)],  // SETTINGS_MAX_CONCURRENT_STREAMS
                     acknowledgesPings: acknowledgesPings)
+                connection.onOpen = { [self] _ in handshakesCompleted.add(1, ordering: .relaxed) }
                 connection.onClose = { [self] _, reason in
                     connections.withLock { $0[id] = nil }
                     logger.debug("connection closed", ["http2.connection": String(id), "http2.reason": reason])

@@ -93,6 +93,8 @@ public struct RedisKeys: Sendable, Equatable {
         (0..<seconds).map { "\(prefix):\(second - $0)" }
     }
 
+    /// Sorted set: the credentials and environments the fleet sent with, and when a worker last reported it.
+    public var sending: String { "apns:sending" }
     /// Sorted set: workers and when they last reported.
     public var workers: String { "apns:workers" }
     /// Hash: the fleet's counters of one minute.

@@ -11,6 +11,8 @@ import WorkerPipeline
 ///   from that lane in that minute had waited in its queue (ms, from the message's timestamp), all workers together;
 ///   kept 26 hours.
 /// - `apns:workers`: sorted set, member = `<host>:<pid>`, score = when it last reported (ms).
+/// - `apns:sending`: sorted set, member = `<environment> <credential name>`, score = when a worker last reported
+///   sending with it (ms); kept an hour, for the workers that start meanwhile to open those connections first.
 public struct SharedStatistics: StatisticsSink {
     static let retention = 26 * 3600
 
@@ -52,6 +54,43 @@ public struct SharedStatistics: StatisticsSink {
         for case .error(let message)? in replies { return .refused(message) }
         return .answered(())
     }
+
+    /// Notes that `pools` sent now; what no worker reported within the last `SharedStatistics.sendingRetention` goes.
+    public func recordSending(_ pools: Set<SendingPool>) throws -> StoreAnswer<Void> {
+        try recordSending(pools, now: Date())
+    }
+
+    public func recordSending(_ pools: Set<SendingPool>, now: Date) throws(RedisError) -> StoreAnswer<Void> {
+        let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
+        var add = ["ZADD", keys.sending]
+        for pool in pools { add += [String(milliseconds), pool.environment.rawValue + " " + pool.credential] }
+        let replies = try redis.pipelineWhereReachable([
+            add, ["ZREMRANGEBYSCORE", keys.sending, "-inf", String(milliseconds - Int64(Self.sendingRetention * 1000))]])
+        if replies.contains(where: { $0 == nil }) { return .unavailable }
+        for case .error(let message)? in replies { return .refused(message) }
+        return .answered(())
+    }
+
+    /// The pools any worker reported sending with in the last `seconds`.
+    public func sentRecently(within seconds: Double) throws -> StoreAnswer<[SendingPool]> {
+        try sentRecently(within: seconds, now: Date())
+    }
+
+    public func sentRecently(within seconds: Double, now: Date) throws(RedisError) -> StoreAnswer<[SendingPool]> {
+        let since = Int64((now.timeIntervalSince1970 - seconds) * 1000)
+        guard let reply = try redis.commandWhereReachable(["ZRANGEBYSCORE", keys.sending, String(since), "+inf"]) else {
+            return .unavailable
+        }
+        if case .error(let message) = reply { return .refused(message) }
+        return .answered(reply.elements.compactMap { member in
+            guard let text = member.text, let space = text.firstIndex(of: " "),
+                  let environment = APNsEnvironment(rawValue: String(text[..<space])) else { return nil }
+            return SendingPool(credential: String(text[text.index(after: space)...]), environment: environment)
+        })
+    }
+
+    /// How long a pool that sent stays in `apns:sending` (seconds).
+    static let sendingRetention: Double = 3600
 
     /// The counters of the last `minutes` minutes (the current one included), summed; per lane the longest wait
     /// (ms) a worker reported in them, if any; and the workers that reported within `aliveWithin` seconds.

@@ -349,12 +349,29 @@ public protocol InvalidationWindow {
     func add(_ counts: InvalidationCounts) throws -> StoreAnswer<InvalidationCounts>
 }
 
+/// One credential's connections to one APNs environment, by the credential's name (`TEAMID/KEYID` or
+/// `certificate:<file name>`): what a starting worker opens ahead of the first push when the fleet sent with it lately.
+public struct SendingPool: Hashable, Sendable {
+    public var credential: String
+    public var environment: APNsEnvironment
+
+    public init(credential: String, environment: APNsEnvironment) {
+        self.credential = credential
+        self.environment = environment
+    }
+}
+
 /// Where the fleet's counters and live workers are kept.
 public protocol StatisticsSink {
     /// Adds what happened since the last report, and per lane the longest a job taken since then had waited in its
     /// queue (milliseconds; 0: none measured). Refused (a key of the wrong type), the counts are lost; unavailable,
     /// they go with the next report. Only a lost connection throws.
     func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> StoreAnswer<Void>
+    /// Notes that these pools sent just now, for the workers that start within the next hour. Only a lost connection
+    /// throws.
+    func recordSending(_ pools: Set<SendingPool>) throws -> StoreAnswer<Void>
+    /// The pools any worker of the fleet sent with in the last `seconds`. Only a lost connection throws.
+    func sentRecently(within seconds: Double) throws -> StoreAnswer<[SendingPool]>
 }
 
 /// What happened to one of the sender's connections: the worker counts these for its metrics and readiness.
@@ -390,6 +407,10 @@ public protocol NotificationSender: AnyObject, Sendable {
     func service(forTopic topic: String) -> TopicService
     /// Closes the connections and stops the threads.
     func shutdown()
+    /// The credentials and environments that sent since this was last asked.
+    func takeSendingPools() -> Set<SendingPool>
+    /// Opens these pools' connections now, ahead of their first push (a credential it does not have is passed over).
+    func open(_ pools: [SendingPool])
 }
 
 /// What the sender says of a topic.

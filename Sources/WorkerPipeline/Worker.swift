@@ -117,6 +117,7 @@ public final class Worker: Service {
         let statistics = self.statistics
         sender.start { health in statistics.count(health) }
         var generation = 0
+        var openedRecentPools = false
         let loop = ReconnectLoop(logger: logger, wakeup: wakeup) { [unowned self] in isStopRequested }
         do {
             try loop.run(session: { connected in
@@ -128,6 +129,10 @@ public final class Worker: Service {
                     let session = try connect()
                     statistics.answered(.broker)
                     statistics.answered(.store)
+                    if !openedRecentPools {
+                        openedRecentPools = true
+                        openPoolsSentRecently(session.statistics)
+                    }
                     connected()
                     readiness.consuming(true)
                     logger.info("consuming", session.logMetadata)
@@ -149,6 +154,22 @@ public final class Worker: Service {
         }
         sender.shutdown()
         logger.info("worker stopped", ["stats": statistics.snapshot().summary])
+    }
+
+    /// How far back the fleet's sending decides which connections a starting worker opens before its first push.
+    static let recentSendingWindow: Double = 3600
+
+    /// The connections of every credential and environment the fleet sent with in the last hour open now, so that the
+    /// first push of each does not wait for a handshake (production opened at start already). Once per process.
+    private func openPoolsSentRecently(_ sink: any StatisticsSink) {
+        do {
+            guard case .answered(let pools) = try sink.sentRecently(within: Self.recentSendingWindow) else { return }
+            logger.info("opening the connections the fleet sent with lately",
+                        ["apns.pools": pools.map { "\($0.credential) \($0.environment.rawValue)" }.joined(separator: ", ")])
+            sender.open(pools)
+        } catch {
+            logger.warning("cannot read which connections the fleet sent with lately", ["error": "\(error)"])
+        }
     }
 
     /// Longest a new session waits for the answers to the notifications the last one left in flight.
@@ -181,6 +202,8 @@ public final class Worker: Service {
                                worker: Self.identity) {
         case .answered:
             reportedThrough.withLock { $0 = now }
+            let sending = sender.takeSendingPools()
+            if !sending.isEmpty { _ = try sink.recordSending(sending) }
             return nil
         case .refused(let message):
             reportedThrough.withLock { $0 = now }

@@ -17,14 +17,15 @@ USAGE:
       Prints an authorization header value (bearer JWT) for other load tools.
   apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P [--rotate-users M]]
                   [--first F] [--rate R] [--unstamped]
-                  [--topics A,B,...]
+                  [--topics A,B,...] [--environment production|sandbox]
                   [--queue-type classic|quorum]
       Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
       Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency;
       --unstamped leaves it out (a backlog whose notifications must not count in the latency figures).
       --rate R paces publishing at R jobs per second (steady load for latency; default: as fast as possible).
       --topics A,B names topic A in job 0, B in job 1, and so on round the list (default: none, the worker's
-      APNS_TOPIC), so that several credentials share the load.
+      APNS_TOPIC), so that several credentials share the load. --environment names the direct tokens' environment
+      (default: none, production).
   apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K]
       The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each (K = 1) or K at a
       time with multiple acks, and prints the rate.
@@ -166,6 +167,7 @@ case "fill":
     let stamped = options["unstamped"] == nil
     // Job n names topic n modulo the list (none: the worker's APNS_TOPIC), so that several credentials share the load.
     let topics = options["topics"].map { $0.split(separator: ",").map(String.init) } ?? []
+    let environment = options["environment"].map { "\"environment\": \"\($0)\", " } ?? ""
     do {
         let connection = try AMQPNodes(url).connect(startingAt: 0)
         let type = options["queue-type"] ?? "classic"
@@ -194,7 +196,7 @@ case "fill":
                     .joined(separator: ",") + "]"
             }
             let topic = topics.isEmpty ? "" : "\"topic\": \"\(topics[job % topics.count])\", "
-            last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(topic)\(targets), \"payload\": \(payload)}".utf8),
+            last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(topic)\(environment)\(targets), \"payload\": \(payload)}".utf8),
                                           properties: AMQPProperties(timestamp: sentAt / 1_000_000))
             if (job - first) % 500 == 499 || rate != nil && (job - first) % 20 == 19 {
                 _ = try connection.waitForConfirms(through: last)

@@ -153,6 +153,8 @@ import WorkerPipeline
         (["LOG_LEVEL": "loud"], "LOG_LEVEL"),
         (["APNS_INSECURE_SKIP_VERIFY": "maybe"], "APNS_INSECURE_SKIP_VERIFY"),
         (["APNS_CONNECTIONS": "0"], "APNS_CONNECTIONS"),
+        (["APNS_MAX_CONNECTIONS": "0"], "APNS_MAX_CONNECTIONS"),
+        (["APNS_MAX_CONNECTIONS": "many"], "APNS_MAX_CONNECTIONS"),
         (["APNS_RETRY_DELAYS": "1,soon"], "APNS_RETRY_DELAYS"),
         (["AMQP_HEARTBEAT": "-1"], "AMQP_HEARTBEAT"),
         (["SHUTDOWN_TIMEOUT": "later"], "SHUTDOWN_TIMEOUT"),
@@ -181,6 +183,27 @@ import WorkerPipeline
             Issue.record("accepted \(overrides)")
         } catch {
             #expect(error.key == key, "\(error)")
+        }
+    }
+
+    /// A pool keeps APNS_CONNECTIONS open and grows up to APNS_MAX_CONNECTIONS: 8 unless set, raised to
+    /// APNS_CONNECTIONS when that is larger, and given below it, an error that names both settings.
+    @Test func theMostConnectionsOfAPoolAreNeverFewerThanItKeepsOpen() throws {
+        #expect(try WorkerConfiguration.load(from: minimal).apns.maximumConnectionsPerEnvironment == 8)
+        let raised = try WorkerConfiguration.load(from: minimal.merging(["APNS_CONNECTIONS": "12"]) { _, new in new })
+        #expect(raised.apns.connectionsPerEnvironment == 12 && raised.apns.maximumConnectionsPerEnvironment == 12)
+        let given = try WorkerConfiguration.load(from: minimal.merging(["APNS_CONNECTIONS": "3", "APNS_MAX_CONNECTIONS": "5"]) {
+            _, new in new
+        })
+        #expect(given.apns.connectionsPerEnvironment == 3 && given.apns.maximumConnectionsPerEnvironment == 5)
+        do {
+            _ = try WorkerConfiguration.load(from: minimal.merging(["APNS_CONNECTIONS": "4", "APNS_MAX_CONNECTIONS": "2"]) {
+                _, new in new
+            })
+            Issue.record("accepted APNS_MAX_CONNECTIONS below APNS_CONNECTIONS")
+        } catch {
+            #expect(error.key == "APNS_MAX_CONNECTIONS")
+            #expect(error.description.contains("APNS_CONNECTIONS (4)"), "\(error)")
         }
     }
 

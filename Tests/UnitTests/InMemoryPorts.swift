@@ -48,6 +48,10 @@ final class InMemoryFleet: @unchecked Sendable {
         /// Every history key a worker marked as running alone, in order.
         var startedAlone: [String] = []
         var reports = 0
+        /// The pools the fleet's workers reported sending with (no clock: a test starts it where it wants).
+        var recentlySending: Set<SendingPool> = []
+        /// The pools workers were asked to open ahead of their first push, in order.
+        var openedAhead: [SendingPool] = []
         /// The fleet's window of token-judging answers; nil makes the store refuse it.
         var invalidationWindow: InvalidationCounts? = InvalidationCounts()
         // Sender
@@ -316,6 +320,15 @@ final class InMemoryStatistics: StatisticsSink {
         fleet.change { $0.reports += 1 }
         return .answered(())
     }
+
+    func recordSending(_ pools: Set<SendingPool>) throws -> StoreAnswer<Void> {
+        fleet.change { $0.recentlySending.formUnion(pools) }
+        return .answered(())
+    }
+
+    func sentRecently(within seconds: Double) throws -> StoreAnswer<[SendingPool]> {
+        .answered(fleet.read { Array($0.recentlySending) })
+    }
 }
 
 /// APNs in memory: answers each notification as `answer` says (read as the APNs client reads answers), on a thread
@@ -329,6 +342,8 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
     /// client does after a reload took their credential away). Changed at run time by a test.
     let unserved = Locked<Set<String>>([])
     private func isUnserved(_ topic: String) -> Bool { unserved.withLock { $0.contains(topic) } }
+    /// What sent since `takeSendingPools` last asked: in memory, a topic's credential is called by the topic.
+    private let sending = Locked<Set<SendingPool>>([])
     private let threads: [JobLane: DispatchQueue] = [.urgent: DispatchQueue(label: "in-memory-sender-urgent"),
                                                      .bulk: DispatchQueue(label: "in-memory-sender-bulk")]
 
@@ -354,6 +369,7 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
                               response: response)
         }
         let batch = batch.filter { !isUnserved($0.topic) }
+        sending.withLock { $0.formUnion(batch.map { SendingPool(credential: $0.topic, environment: $0.environment) }) }
         let deliver: @Sendable () -> Void = { [thread = threads[lane]!] in
             thread.async { for (position, result) in results.enumerated() { reply(position, result) } }
         }
@@ -391,4 +407,13 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
     func service(forTopic topic: String) -> TopicService { topicService(topic) }
 
     func shutdown() {}
+
+    func takeSendingPools() -> Set<SendingPool> {
+        sending.withLock { sending in
+            defer { sending = [] }
+            return sending
+        }
+    }
+
+    func open(_ pools: [SendingPool]) { fleet.change { $0.openedAhead += pools } }
 }

@@ -73,6 +73,23 @@ import WorkerPipeline
         #expect(state.published.isEmpty && state.removals.isEmpty && state.requeued.isEmpty)
     }
 
+    /// What a worker sent with (a credential, here named by its topic, and an environment) goes to the fleet's store
+    /// as it reports; a worker that starts later opens those connections before its first push.
+    @Test func aStartingWorkerOpensTheConnectionsTheFleetSentWithLately() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.cache = ["alice": [CachedToken(token: Self.token(1), scope: TokenScope(environment: .sandbox))]] }
+        let first = Running(fleet)
+        let tag = fleet.deliver(Self.job("sandbox", users: ["alice"]))
+        #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job was acknowledged")
+        first.stop()
+        let sandbox = SendingPool(credential: Self.topic, environment: .sandbox)
+        #expect(fleet.read { $0.recentlySending } == [sandbox])
+        #expect(fleet.read { $0.openedAhead }.isEmpty, "nothing had sent when the first worker started")
+        let second = Running(fleet)
+        #expect(fleet.wait { $0.openedAhead == [sandbox] }, "the second worker opened them as it started")
+        second.stop()
+    }
+
     @Test func a410RemovesOnlyTheTokenItNamesAndPublishesOneEvent() throws {
         let fleet = InMemoryFleet()
         fleet.change { $0.cache = ["alice": Self.cached(1, 2)] }
