@@ -129,14 +129,19 @@ final class InMemoryFleet: @unchecked Sendable {
                       invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:])
     }
 
-    /// Answers held back by the sender go out now, and from now on answers go out at once.
+    /// Answers held back by the sender go out now, and from then on answers go out at once. What was held is answered
+    /// in the order sent, before anything sent meanwhile (held in turn until the held ones are out): as a server answers
+    /// in order, a later notification is never answered ahead of one held before it.
     func releaseAnswers() {
-        let held = change { state in
-            state.holdingAnswers = false
-            defer { state.heldAnswers.removeAll() }
-            return state.heldAnswers
+        while true {
+            let held = change { state in
+                if state.heldAnswers.isEmpty { state.holdingAnswers = false }
+                defer { state.heldAnswers.removeAll() }
+                return state.heldAnswers
+            }
+            if held.isEmpty { return }
+            for answer in held { answer() }
         }
-        for answer in held { answer() }
     }
 }
 
