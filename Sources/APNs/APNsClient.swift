@@ -562,7 +562,8 @@ public final class APNsClient: Sendable {
             }
             var poolConfiguration = HTTP2Client.Configuration(
                 host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: configuration.connectionsPerEnvironment,
-                maximumConnectionCount: configuration.maximumConnectionsPerEnvironment, requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
+                maximumConnectionCount: configuration.maximumConnectionsPerEnvironment,
+                requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
             let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
             let observer = configuration.observer, openConnections = self.openConnections, credentials = self.credentials

@@ -149,7 +149,7 @@ package final class RedisReplyReader {
         return UnsafeRawBufferPointer(start: buffer + textStart, count: at - textStart)
     }
 
-    /// A number already checked by `measure`.
+    /// A number already checked by `measureNext`.
     private func integer(_ text: UnsafeRawBufferPointer) -> Int64 {
         guard !text.isEmpty else { return 0 }
         var value: Int64 = 0

@@ -61,7 +61,7 @@ import Testing
         #expect(hashes == [.fields(2), .fields(0), .other(.error("WRONGTYPE no")), .other(.integer(3))])
     }
 
-    /// A long reply that arrives in many reads is read once whole; arrays deeper than any reply Redis sends, and
+    /// A long reply that arrives in many small reads is read whole; arrays deeper than any reply Redis sends, and
     /// bulk strings longer than Redis allows, are refused before their bytes arrive.
     @Test func deepOrHugeRepliesAreRefusedAndLongOnesAreReadWhole() throws {
         let many = "*10000\r\n" + String(repeating: ":7\r\n", count: 10_000)
