@@ -81,17 +81,6 @@ enum Cluster {
         }
     }
 
-    /// Waits for the cluster to be whole again after `node` was frozen and thawed. RabbitMQ's autoheal restarts the
-    /// losing side, usually within seconds; where it has not after `timeout` (seen once in several runs on this
-    /// machine), the node's application is restarted, as an operator would, so that the tests after this one find three
-    /// nodes. False if even that does not make the cluster whole.
-    static func rejoin(_ node: Int, timeout: Double = 90) -> Bool {
-        if awaitHealthy(askingNode: node, timeout: timeout) { return true }
-        _ = try? ctl(node, ["stop_app"])
-        _ = try? ctl(node, ["start_app"])
-        return awaitHealthy(askingNode: node, timeout: timeout)
-    }
-
     /// The node's Erlang VM, as the node itself names it (`os:getpid()`): SIGSTOP freezes the node whole, its sockets
     /// open and nothing answered. Asked of the node rather than looked up among processes, where a rabbitmqctl run
     /// for the node carries the same name in its environment.
@@ -316,7 +305,7 @@ enum Cluster {
                 "node \(workerNode) (pid \(frozen)) frozen")
         defer {
             kill(frozen, SIGCONT)
-            #expect(Cluster.rejoin(workerNode), "the thawed node rejoined the cluster")
+            #expect(Cluster.awaitHealthy(askingNode: workerNode), "the thawed node rejoined the cluster")
         }
         let after = try publish(20..<70)
         let delivered = TestServices.waitUntil(timeout: 60) { after.allSatisfy { acceptances.first[$0] != nil } }
