@@ -46,7 +46,8 @@ extension WorkerConfiguration {
                                  invalidationWindow: stores.invalidationWindow,
                                  store: stores.probe,
                                  logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
-                                 groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare))
+                                 groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare),
+                                 cancellations: stores.cancellations)
         }
     }
 }

@@ -222,6 +222,11 @@ public struct SettingTable: Sendable {
     }
 
     /// The settings most deployments set, for `apns-worker --help`.
+    /// Where the fleet's Redis is: what the commands that only talk to Redis read.
+    public static var redisSettings: [any SettingEntry] {
+        entries.filter { $0.name.hasPrefix("REDIS_") && $0.readers.contains(.tokens) }
+    }
+
     public static let essentials: [any SettingEntry] = [
         shared.amqpURL, shared.redisURL, shared.apnsKeyFile, shared.apnsKeyID, shared.apnsTeamID, shared.apnsCertFile,
         shared.apnsTopic, shared.apnsRateLimit,

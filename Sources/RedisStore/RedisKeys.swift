@@ -93,6 +93,12 @@ public struct RedisKeys: Sendable, Equatable {
         (0..<seconds).map { "\(prefix):\(second - $0)" }
     }
 
+    /// String: a job cancelled with `apns-worker jobs cancel`, and why (JSON: `reason`, `at`); kept 7 days.
+    public func cancelled(_ jobID: String) -> String { "apns:cancelled:" + jobID }
+    /// Sorted set: the cancelled jobs' ids, scored by when they were cancelled (ms), for workers to learn of new
+    /// cancellations in one read; kept as long as the cancellations.
+    public var cancellations: String { "apns:cancellations" }
+
     /// Sorted set: the credentials and environments the fleet sent with, and when a worker last reported it.
     public var sending: String { "apns:sending" }
     /// Sorted set: workers and when they last reported.

@@ -81,6 +81,19 @@ final class AnswerCollector: Sendable {
         }
     }
 
+    /// Notifications of one lane whose job was cancelled before they were handed to APNs: settled as cancelled on the
+    /// lane's sender thread, which owns their jobs' progress while they are out.
+    func settleCancelled(_ cancelled: [(progress: JobProgress, index: Int32)], lane: JobLane) {
+        guard !cancelled.isEmpty else { return }
+        statistics.cancelled.add(cancelled.count, ordering: .relaxed)
+        sender.schedule(after: 0, lane: lane) { [self] in
+            for (progress, index) in cancelled {
+                progress.recordCancelled(Int(index))
+                noteOutcome(of: progress)
+            }
+        }
+    }
+
     // MARK: sender threads (each job's on its lane's)
 
     func record(_ result: APNsResult, for progress: JobProgress, _ index: Int) {

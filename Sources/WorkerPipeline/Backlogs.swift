@@ -35,6 +35,27 @@ struct OutgoingQueue {
         return (live, expired)
     }
 
+    /// Takes every entry of the `cancelled` jobs out of the queue, keeping the others in their order.
+    mutating func remove(jobsIn cancelled: Set<String>) -> [(progress: JobProgress, index: Int32)] {
+        guard !cancelled.isEmpty, !isEmpty else { return [] }
+        var removed: [(progress: JobProgress, index: Int32)] = []
+        var kept: [(progress: JobProgress, index: Int32)] = []
+        kept.reserveCapacity(count)
+        for entry in entries[head...] {
+            if Self.isCancelled(entry.progress, cancelled) { removed.append(entry) } else { kept.append(entry) }
+        }
+        guard !removed.isEmpty else { return [] }
+        entries = kept
+        head = 0
+        return removed
+    }
+
+    /// Only a job that names itself (an id of its own or a message-id) can be cancelled: a fallback id is no name an
+    /// operator could give.
+    static func isCancelled(_ progress: JobProgress, _ cancelled: Set<String>) -> Bool {
+        progress.hasStableID && cancelled.contains(progress.job.id)
+    }
+
     /// Entries just taken that could not go (the rate limit granted fewer) go back to the front, in their order.
     /// Only right after `take`: the slots before the head are still there until the next `take` compacts.
     mutating func putBack(_ returned: ArraySlice<(progress: JobProgress, index: Int32)>) {
@@ -109,6 +130,21 @@ struct RateGroupHolds {
     /// Adds `entries` of a group held now (`isHeld`) to its hold, behind what it holds already.
     mutating func join(_ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane) {
         holds[group]?.entries[lane, default: []] += entries
+    }
+
+    /// Takes every held entry of the `cancelled` jobs out, per lane.
+    mutating func remove(jobsIn cancelled: Set<String>) -> [JobLane: [(progress: JobProgress, index: Int32)]] {
+        var removed: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+        for group in Array(holds.keys) {
+            for lane in JobLane.allCases {
+                guard let entries = holds[group]?.entries[lane] else { continue }
+                let dropped = entries.filter { OutgoingQueue.isCancelled($0.progress, cancelled) }
+                guard !dropped.isEmpty else { continue }
+                removed[lane, default: []] += dropped
+                holds[group]?.entries[lane] = entries.filter { !OutgoingQueue.isCancelled($0.progress, cancelled) }
+            }
+        }
+        return removed
     }
 
     /// Groups whose window has opened give their notifications back to the front of their lanes.

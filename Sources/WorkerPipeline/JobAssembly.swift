@@ -65,6 +65,14 @@ final class JobAssembly {
         deferredUntil = until
     }
 
+    /// The job was cancelled: the users not resolved yet (deferred ones included) are dropped; returns how many.
+    func dropUsersLeft() -> Int {
+        let count = job.users.count - nextUser + deferred.count
+        nextUser = job.users.count
+        deferred.removeAll()
+        return count
+    }
+
     /// Whether the job's own tokens go with this piece: with the first piece that reaches anyone, once.
     func takeOwnTokens() -> Bool {
         defer { ownTokensTaken = true }

@@ -35,6 +35,8 @@ final class JobProgress: @unchecked Sendable {
         var unrecordedFinal: [SettledOutcome] = []
         /// Some notifications were not sent because no credential serves the job's topic now: the job is parked.
         var unserved = false
+        /// Not sent: the job was cancelled (`apns-worker jobs cancel`); users never resolved count one each.
+        var cancelled = 0
         /// What earlier deliveries of the job settled (a redelivered job), for its summary.
         var earlier = EarlierOutcomes()
     }
@@ -178,6 +180,23 @@ final class JobProgress: @unchecked Sendable {
         if hasStableID { noteFinal(.expired(targets[index].token)) }
     }
 
+    /// Not sent: the job was cancelled before this notification was handed to APNs. Not final in the idempotency
+    /// record: a copy of the job that comes back is cancelled again by the fleet's record of cancellations.
+    func recordCancelled(_ index: Int) {
+        madeRare.cancelled += 1
+        remaining -= 1
+    }
+
+    /// Broker thread, on the whole job of a large one cancelled before these users were resolved: they count as
+    /// cancelled, one notification each (their tokens were never read).
+    func cancelUnresolved(users count: Int) {
+        notificationCount += count
+        madeRare.cancelled += count
+    }
+
+    /// Notifications the job's cancellation kept from being sent.
+    var cancelled: Int { rare?.cancelled ?? 0 }
+
     /// Broker thread, on the whole job of a large one: a piece's outcomes, once every one of them is in. The piece's
     /// targets are not kept: memory follows what went wrong, not the job's size.
     func absorb(_ piece: JobProgress) {
@@ -188,6 +207,7 @@ final class JobProgress: @unchecked Sendable {
             madeRare.failed += pieceRare.failed
             madeRare.retryable += pieceRare.retryable
             if pieceRare.unserved { madeRare.unserved = true }
+            if pieceRare.cancelled > 0 { madeRare.cancelled += pieceRare.cancelled }
         }
         expired += piece.expired
         judged += piece.judged
@@ -256,6 +276,7 @@ final class JobProgress: @unchecked Sendable {
         summary.retrying = retrying ? retryable.count : 0
         summary.heldBack = heldBack.count
         summary.expired = expired + earlier.expired
+        summary.cancelled = cancelled
         summary.heldBackReason = heldBackExplanation
         return summary.json
     }

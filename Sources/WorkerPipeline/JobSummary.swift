@@ -15,6 +15,8 @@ struct JobSummary {
     var retrying = 0
     var heldBack = 0
     var expired = 0
+    /// Not sent: the job was cancelled.
+    var cancelled = 0
     var heldBackReason: String?
     var failedByReason: [String: Int] = [:]
     /// A broadcast's answer in the development environment.
@@ -29,7 +31,7 @@ struct JobSummary {
         var text = "{\"job_id\":\(JSONString.quote(jobID)),\"attempt\":\(attempt),"
         if let channelID { text += "\"channel_id\":\(JSONString.quote(channelID)),"}
         text += "\"notifications\":\(notifications),\"delivered\":\(delivered),\"dead\":\(dead),\"failed\":\(failed),"
-        text += "\"retrying\":\(retrying),\"held_back\":\(heldBack),\"expired\":\(expired),"
+        text += "\"retrying\":\(retrying),\"held_back\":\(heldBack),\"expired\":\(expired),\"cancelled\":\(cancelled),"
         if let heldBackReason { text += "\"held_back_reason\":\(JSONString.quote(heldBackReason))," }
         let reasons = failedByReason.keys.sorted().map { "\(JSONString.quote($0)):\(failedByReason[$0]!)" }
         text += "\"failed_by_reason\":{\(reasons.joined(separator: ","))}"

@@ -361,6 +361,24 @@ public struct SendingPool: Hashable, Sendable {
     }
 }
 
+/// A job an operator cancelled (`apns-worker jobs cancel`), and when (UNIX seconds).
+public struct CancelledJob: Sendable, Equatable {
+    public var jobID: String
+    public var at: Double
+
+    public init(jobID: String, at: Double) {
+        self.jobID = jobID
+        self.at = at
+    }
+}
+
+/// The fleet's record of cancelled jobs: every worker reads what was cancelled since it last asked.
+public protocol JobCancellations {
+    /// The jobs cancelled at `since` or later (UNIX seconds), oldest first; nil: every cancellation still kept. Only a
+    /// lost connection throws.
+    func cancelled(since: Double?) throws -> StoreAnswer<[CancelledJob]>
+}
+
 /// Where the fleet's counters and live workers are kept.
 public protocol StatisticsSink {
     /// Adds what happened since the last report, and per lane the longest a job taken since then had waited in its
@@ -445,6 +463,8 @@ public struct WorkerSession {
     /// The shared limiter of a rate group (a credential's own limit), on the same store.
     public var groupRateLimiter: ((RateGroup) -> any RateLimiter)?
     public var invalidationWindow: any InvalidationWindow
+    /// Jobs operators cancelled; nil: none can be (a store without the record).
+    public var cancellations: (any JobCancellations)?
     /// The store's round trip, for readiness.
     public var store: any Probing
     /// For the log line that says the worker consumes.
@@ -454,8 +474,10 @@ public struct WorkerSession {
                 record: any IdempotencyRecord,
                 statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
                 invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String],
-                groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil) {
+                groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil,
+                cancellations: (any JobCancellations)? = nil) {
         self.groupRateLimiter = groupRateLimiter
+        self.cancellations = cancellations
         self.invalidationWindow = invalidationWindow
         self.broker = broker
         self.tokens = tokens

@@ -20,6 +20,7 @@ extension SessionLoop {
             }
         }
         note(taken: batch)
+        if !batch.isEmpty { try readCancellations(at: Date(), jobsArriving: true) }
         let sorted = try sortByDeliveries(batch)
         // Redelivered jobs are marked as soon as they are taken, before any of their work (decoding included): a
         // worker that dies running one leaves the mark behind, which is what makes a job a suspect.
@@ -215,7 +216,13 @@ extension SessionLoop {
         return lookup
     }
 
+    /// Queues a job's (or a piece's) notifications; those of a job cancelled by now settle as cancelled instead.
     func queue(_ progress: JobProgress) {
+        if cancellations.isCancelled(progress) {
+            let all = (0..<Int32(progress.targets.count)).map { (progress: progress, index: $0) }
+            worker.answers.settleCancelled(all, lane: progress.delivery.lane)
+            return
+        }
         backlogs.withQueue(progress.delivery.lane) { $0.append(progress, count: progress.targets.count) }
     }
 
@@ -233,8 +240,13 @@ extension SessionLoop {
     }
 
     /// Asks the preparer for the users of the next piece of the first large job of `lane` with users left.
-    func askForNextPiece(of lane: JobLane) {
+    /// A job cancelled before its next piece is resolved: its users left are not read at all.
+    func askForNextPiece(of lane: JobLane) throws {
         guard let assembly = assemblies.first(where: { $0.lane == lane && !$0.resolving }) else { return }
+        if cancellations.isCancelled(assembly.whole) {
+            _ = try cancelUsersLeft(of: assembly)
+            return
+        }
         assembly.resolving = true
         preparer.resolve(assembly.takeUsers(core.settings.usersPerPiece), of: assembly)
     }

@@ -40,6 +40,8 @@ final class SessionLoop {
     var copiesWaiting: [(delivery: JobDelivery, jobID: String)] = []
     /// Large jobs under way with users still to resolve, a piece at a time.
     var assemblies: [JobAssembly] = []
+    /// The fleet's cancelled jobs, as far as this worker has read them.
+    var cancellations = CancellationWatch()
     /// The large bulk jobs started and not complete (an assembly leaves `assemblies` once its users are all taken, and
     /// holds its memory until its last piece is answered): what `BulkAdmission` weighs.
     var largeBulkJobs: [JobAssembly] = []
@@ -203,9 +205,11 @@ final class SessionLoop {
             try startCopiesWhoseJobSettled()
             try settleBroadcasts()
             let now = Date()
+            try readCancellations(at: now)
             try sendWaitingBroadcasts(now: now)
             rateGroupHolds.release(dueAt: now, into: &backlogs)
-            let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue] + assemblies.map(\.deferredDue))
+            let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue, cancellationsDue]
+                       + assemblies.map(\.deferredDue))
                 .compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time, and bulk jobs only within their admission.
             let bulkAdmitted = bulkAdmissionOpen()
@@ -286,7 +290,7 @@ final class SessionLoop {
             preparer.prepare(starting)
         case .resolvePiece(let lane):
             // One piece out at a time: the first lane asked (urgent first) has it.
-            if preparer.piecesOut == 0 { askForNextPiece(of: lane) }
+            if preparer.piecesOut == 0 { try askForNextPiece(of: lane) }
         case .probe:
             // Readiness is the broker and the store as they are now: a round trip to each. One that does not answer
             // within its timeout ends this session (reconnect); meanwhile /readyz goes stale.

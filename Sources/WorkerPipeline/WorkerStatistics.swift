@@ -37,6 +37,8 @@ public final class WorkerStatistics: Sendable {
     public let retries = Atomic<Int>(0)
     /// Notifications whose job's deadline passed before they could be handed to APNs (not sent).
     public let expired = Atomic<Int>(0)
+    /// Notifications not sent because their job was cancelled (`apns-worker jobs cancel`).
+    public let cancelled = Atomic<Int>(0)
     /// Per lane: jobs taken (started), notifications handed to APNs, and notifications handed over and unanswered.
     public let jobsTaken = LaneCounters()
     public let sent = LaneCounters()
@@ -182,7 +184,7 @@ public final class WorkerStatistics: Sendable {
         metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
             ([("outcome", "delivered")], load(delivered)), ([("outcome", "dead_token")], load(deadTokens)),
             ([("outcome", "failed")], load(permanentFailures)), ([("outcome", "held_back")], load(heldBack)),
-            ([("outcome", "expired")], load(expired)),
+            ([("outcome", "expired")], load(expired)), ([("outcome", "cancelled")], load(cancelled)),
         ])
         let broadcastCounts = broadcasts.withLock { $0 }
         metrics.family("apns_worker_broadcasts_total", "counter",

@@ -17,6 +17,7 @@ COMMANDS:
   tokens              the token cache: tokens add | remove | list
   dead-tokens tail    watch dead-token events as workers publish them
   channels            broadcast channels of an app (iOS 18 Live Activities): create | list | show | delete
+  jobs cancel         stop a job already enqueued, fleet-wide: what it has not sent is not sent
   stats               queue depths, fleet-wide rates and live workers, from the broker and Redis
   cleanup             apply dead-token and registration events to the cache; sweep inactive tokens
 
@@ -64,6 +65,7 @@ case "enqueue": enqueueCommand(arguments)
 case "tokens": tokensCommand(arguments)
 case "dead-tokens": deadTokensCommand(arguments)
 case "stats": statsCommand(arguments)
+case "jobs": jobsCommand(arguments)
 case "cleanup": cleanupCommand(arguments)
 case "channels": channelsCommand(arguments)
 case "help":

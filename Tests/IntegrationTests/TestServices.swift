@@ -33,7 +33,8 @@ enum TestServices {
     /// waves of 400 mismatches or runs under a rate limit of its own must not meet another test's there.
     enum IsolatedDatabase: Int {
         case wrongEnvironmentCampaign = 16, siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs,
-             diluted, rollingRestarts, bulkSuspect, hundredThousandUsers, migrationSource, statsWatch, prometheus
+             diluted, rollingRestarts, bulkSuspect, hundredThousandUsers, migrationSource, statsWatch, prometheus,
+             cancelledCampaign
     }
 
     /// The REDIS_URL of `database`, emptied, with a connection to it.

@@ -54,6 +54,9 @@ final class InMemoryFleet: @unchecked Sendable {
         var openedAhead: [SendingPool] = []
         /// The fleet's window of token-judging answers; nil makes the store refuse it.
         var invalidationWindow: InvalidationCounts? = InvalidationCounts()
+        /// The fleet's cancelled jobs (`apns-worker jobs cancel`), and how often workers asked for them.
+        var cancelled: [CancelledJob] = []
+        var cancellationReads = 0
         // Sender
         var sent: [(lane: JobLane, token: String)] = []
         /// Broadcasts sent, by channel id, in order.
@@ -126,7 +129,8 @@ final class InMemoryFleet: @unchecked Sendable {
         return WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
                       preparationTokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
                       statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
-                      invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:])
+                      invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:],
+                      cancellations: InMemoryCancellations(self))
     }
 
     /// Answers held back by the sender go out now, and from then on answers go out at once. What was held is answered
@@ -296,6 +300,18 @@ final class InMemoryRecord: IdempotencyRecord {
 }
 
 /// Grants everything: the rate limit's rules are the Redis script's, proven against Redis in RateLimitTests.
+final class InMemoryCancellations: JobCancellations {
+    let fleet: InMemoryFleet
+    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+
+    func cancelled(since: Double?) throws -> StoreAnswer<[CancelledJob]> {
+        fleet.change { state in
+            state.cancellationReads += 1
+            return .answered(state.cancelled.filter { since == nil || $0.at >= since! })
+        }
+    }
+}
+
 final class InMemoryRateLimiter: RateLimiter {
     func reserve(urgent: Int, bulk: Int) throws -> RateReservation {
         .granted(urgent: urgent, bulk: bulk, nextWindowIn: 0)

@@ -1,0 +1,106 @@
+import AMQP
+import APNsSimulator
+import Foundation
+import Redis
+import RedisStore
+import Telemetry
+import Testing
+import WorkerPipeline
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `apns-worker jobs cancel`: a job cancelled fleet-wide sends nothing more within a second, settles (acknowledged,
+/// never parked) with the rest counted as cancelled in its summary, and a copy that comes back later sends nothing.
+@Suite struct JobCancelTests {
+    let logger = Logger(label: "cancel", level: .critical)
+
+    /// Runs `apns-worker jobs cancel` against `redisURL`; returns its exit code and output.
+    static func cancel(_ jobID: String, redisURL: String, reason: String) throws -> (code: Int32, output: String) {
+        let child = try ExecutablesTests.Child("apns-worker", ["jobs", "cancel", jobID, "--reason", reason],
+                                               environment: ["REDIS_URL": redisURL])
+        let line = child.waitForLine(containing: jobID, timeout: 30) ?? ""
+        return (child.waitForExit(), line)
+    }
+
+    static func summary(_ delivery: AMQPDelivery) throws -> [String: Any] {
+        try #require(try JSONSerialization.jsonObject(with: Data(delivery.body)) as? [String: Any])
+    }
+
+    /// A 20,000-user bulk job under APNS_RATE_LIMIT=1000, cancelled once 2,000 of its pushes went out: none reaches
+    /// APNs later than a second after the command returned, and its summary counts the rest as cancelled.
+    @Test func aCancelledCampaignStopsWithinASecondAndSettles() throws {
+        let users = (0..<20_000).map { "c\($0)" }
+        let (redisURL, redis) = try TestServices.isolatedRedis(.cancelledCampaign)
+        for start in stride(from: 0, to: users.count, by: 5_000) {
+            _ = try redis.pipeline((start..<start + 5_000).map {
+                ["HSET", RedisKeys.node.tokens(users[$0]), String(format: "%064x", 0xCA_0000 + $0), "production"]
+            })
+        }
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let bulk = TestServices.unique("bulk"), failed = TestServices.unique("failed")
+        _ = try publisher.declareQueue(bulk)
+        let jobID = TestServices.unique("campaign")
+        let list = users.map { "\"\($0)\"" }.joined(separator: ",")
+        try publisher.publish(to: bulk, body: Array(#"{"id": "\#(jobID)", "users": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "PUSH_BULK_QUEUE": bulk, "PUSH_FAILED_QUEUE": failed, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "1000",
+        ]), logger: logger)
+        defer { worker.stop() }
+        try #require(TestServices.waitUntil(timeout: 60) { simulator.received().count >= 2_000 }, "the campaign is under way")
+
+        let (code, output) = try Self.cancel(jobID, redisURL: redisURL, reason: "wrong text")
+        let returned = Date().timeIntervalSince1970
+        #expect(code == 0, "jobs cancel: \(output)")
+        #expect(output.contains("cancelled") && output.contains("wrong text"), "\(output)")
+
+        let summary = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        let received = simulator.received()
+        let latest = received.map(\.receivedAt).max() ?? 0
+        #expect(latest <= returned + 1, "the last push reached APNs \(latest - returned) s after jobs cancel returned")
+        #expect(received.count < 5_000, "\(received.count) of 20,000 sent")
+        #expect(summary["job_id"] as? String == jobID)
+        #expect(summary["notifications"] as? Int == 20_000, "\(summary)")
+        #expect(summary["delivered"] as? Int == received.count, "\(summary)")
+        #expect(summary["cancelled"] as? Int == 20_000 - received.count, "\(summary)")
+        #expect(summary["failed"] as? Int == 0 && summary["retrying"] as? Int == 0, "\(summary)")
+        #expect(worker.worker.statistics.cancelled.load(ordering: .relaxed) == 20_000 - received.count)
+        // Acknowledged, not parked: both queues empty once the summary is out.
+        #expect(TestServices.waitUntil(timeout: 10) { (try? publisher.declareQueue(bulk)) == 0 }, "the job acknowledged")
+        #expect(try publisher.declareQueue(failed) == 0, "nothing parked")
+        print("cancel | 20,000-user campaign at 1,000/s cancelled after \(received.count) pushes: the last "
+              + String(format: "%.2f s after jobs cancel returned", latest - returned))
+    }
+
+    /// A job whose retry waits in the delay queue when it is cancelled sends nothing when it comes back: its
+    /// second attempt settles at once, its summary counting the retried notifications as cancelled.
+    @Test func aCancelledJobWaitingForItsRetrySendsNothingWhenItComesBack() throws {
+        let tokens = (0..<3).map { String(format: "%064x", 0xCB_0000 + $0) }
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.failFirstPushes = Dictionary(uniqueKeysWithValues: tokens.map { ($0, 1) })
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let jobID = TestServices.unique("retried")
+        let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
+            "APNS_RETRY_DELAYS": "2",
+        ]), logger: logger)
+        defer { worker.stop() }
+        let first = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        try #require(first["retrying"] as? Int == 3, "the first attempt's notifications wait for a retry: \(first)")
+
+        let (code, output) = try Self.cancel(jobID, redisURL: redisURL, reason: "no longer wanted")
+        #expect(code == 0, "jobs cancel: \(output)")
+        let second = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        #expect(second["attempt"] as? Int == 2 && second["cancelled"] as? Int == 3, "\(second)")
+        #expect(second["delivered"] as? Int == 0 && second["failed"] as? Int == 0, "\(second)")
+        #expect(simulator.received().map(\.status) == [503, 503, 503], "only the first attempt reached APNs")
+    }
+}
