@@ -47,7 +47,7 @@ extension WorkerConfiguration {
                                  store: stores.probe,
                                  logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
                                  groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare),
-                                 cancellations: stores.cancellations)
+                                 cancellations: stores.cancellations, progress: stores.progress)
         }
     }
 }

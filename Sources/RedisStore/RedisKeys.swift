@@ -98,6 +98,10 @@ public struct RedisKeys: Sendable, Equatable {
     /// Sorted set: the cancelled jobs' ids, scored by when they were cancelled (ms), for workers to learn of new
     /// cancellations in one read; kept as long as the cancellations.
     public var cancellations: String { "apns:cancellations" }
+    /// Hash: a large job's progress, every worker's counts added (`SharedJobProgress`); kept 24 hours after the last.
+    public func progress(_ jobID: String) -> String { "apns:job:" + jobID + ":progress" }
+    /// Sorted set: the large jobs running, scored by their progress's last update (ms).
+    public var runningJobs: String { "apns:jobs:running" }
 
     /// Sorted set: the credentials and environments the fleet sent with, and when a worker last reported it.
     public var sending: String { "apns:sending" }

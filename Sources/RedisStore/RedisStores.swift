@@ -32,8 +32,8 @@ public final class RedisProbe: Probing {
 }
 
 /// Everything the worker keeps in Redis, over one connection owned by the broker thread: the token cache, the
-/// idempotency record, the shared statistics, the shared rate limit, the invalidation guard's window and the cancelled
-/// jobs.
+/// idempotency record, the shared statistics, the shared rate limit, the invalidation guard's window, the cancelled
+/// jobs and large jobs' progress.
 public struct RedisStores {
     public let connection: any RedisClient
     /// The connection's readiness probe (a PING; with Sentinel, also the sentinels' view of the master).
@@ -45,6 +45,7 @@ public struct RedisStores {
     public let rateLimiter: SharedRateLimit?
     public let invalidationWindow: SharedInvalidationWindow
     public let cancellations: SharedCancellations
+    public let progress: SharedJobProgress
 
     /// Connects. Redis refusing what the URL says (a password, a database) is `ConnectionRefused`.
     public init(_ deployment: RedisDeployment, rateLimit: Int, urgentShare: Double = 0.2, logger: Logger) throws {
@@ -56,6 +57,7 @@ public struct RedisStores {
         statistics = SharedStatistics(redis: connection)
         invalidationWindow = SharedInvalidationWindow(redis: connection)
         cancellations = SharedCancellations(redis: connection)
+        progress = SharedJobProgress(redis: connection)
         rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
     }
 

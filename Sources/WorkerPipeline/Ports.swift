@@ -379,6 +379,35 @@ public protocol JobCancellations {
     func cancelled(since: Double?) throws -> StoreAnswer<[CancelledJob]>
 }
 
+/// What one worker adds to a job's progress since its last report (`apns-worker jobs show`).
+public struct JobProgressDelta: Sendable, Equatable {
+    public var jobID: String
+    /// The job's users and tokens as it names them: an estimate of its notifications, for the ETA.
+    public var targets = 0
+    /// When this worker first counted something of the job (UNIX seconds): the job's first update, if no worker
+    /// reported it before.
+    public var since: Double = 0
+    public var resolved = 0, sent = 0, delivered = 0, dead = 0, failed = 0, heldBack = 0, expired = 0, cancelled = 0
+    /// Set when an attempt settles: its notifications waiting for another attempt.
+    public var retrying: Int?
+    /// The job settled with nothing left to retry.
+    public var ended = false
+
+    public init(jobID: String) { self.jobID = jobID }
+
+    /// The counters by the names the fleet's record uses, nonzero ones only.
+    public var counters: [(name: String, value: Int)] {
+        [("resolved", resolved), ("sent", sent), ("delivered", delivered), ("dead", dead), ("failed", failed),
+         ("held_back", heldBack), ("expired", expired), ("cancelled", cancelled)].filter { $0.1 != 0 }
+    }
+}
+
+/// The fleet's record of large jobs' progress: each worker adds what it did for a job about once a second.
+public protocol JobProgressRecord {
+    /// Adds `deltas` to their jobs' progress. Only a lost connection throws.
+    func add(_ deltas: [JobProgressDelta]) throws -> StoreAnswer<Void>
+}
+
 /// Where the fleet's counters and live workers are kept.
 public protocol StatisticsSink {
     /// Adds what happened since the last report, and per lane the longest a job taken since then had waited in its
@@ -465,6 +494,8 @@ public struct WorkerSession {
     public var invalidationWindow: any InvalidationWindow
     /// Jobs operators cancelled; nil: none can be (a store without the record).
     public var cancellations: (any JobCancellations)?
+    /// Large jobs' progress, fleet-wide; nil: not kept.
+    public var progress: (any JobProgressRecord)?
     /// The store's round trip, for readiness.
     public var store: any Probing
     /// For the log line that says the worker consumes.
@@ -475,7 +506,8 @@ public struct WorkerSession {
                 statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
                 invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String],
                 groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil,
-                cancellations: (any JobCancellations)? = nil) {
+                cancellations: (any JobCancellations)? = nil, progress: (any JobProgressRecord)? = nil) {
+        self.progress = progress
         self.groupRateLimiter = groupRateLimiter
         self.cancellations = cancellations
         self.invalidationWindow = invalidationWindow

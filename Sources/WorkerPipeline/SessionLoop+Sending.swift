@@ -131,6 +131,7 @@ extension SessionLoop {
     /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
     /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
     func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
+        progressTracker.sent(entries)
         let statistics = self.statistics, answers = worker.answers, wakeup = worker.wakeup
         let sendMoreAt = core.settings.sendMoreAt
         statistics.inFlight.add(lane, entries.count)

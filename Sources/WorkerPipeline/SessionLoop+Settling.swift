@@ -109,7 +109,11 @@ extension SessionLoop {
                 : retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
                                      suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
                                      deadline: progress.job.deadline, now: now)
-            if decision == .expire { statistics.expired.add(progress.expireRetryable(), ordering: .relaxed) }
+            if decision == .expire {
+                let expired = progress.expireRetryable()
+                statistics.expired.add(expired, ordering: .relaxed)
+                progressTracker.expired(progress, count: expired)
+            }
             let plan = SettlementPlan.isNeeded(for: progress, retry: decision)
                 ? SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic) : nil
             if let plan { publications += plan.publications }
@@ -153,6 +157,7 @@ extension SessionLoop {
         for index in confirmed {
             let progress = finished[index]
             count(settled: progress, decisions[index], parkedReason: plans[index]?.parkedReason)
+            progressTracker.settled(progress, decisions[index])
             underWay.settled(progress.delivery.tag)
         }
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })

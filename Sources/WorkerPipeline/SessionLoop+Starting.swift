@@ -218,6 +218,7 @@ extension SessionLoop {
 
     /// Queues a job's (or a piece's) notifications; those of a job cancelled by now settle as cancelled instead.
     func queue(_ progress: JobProgress) {
+        progressTracker.resolved(progress)
         if cancellations.isCancelled(progress) {
             let all = (0..<Int32(progress.targets.count)).map { (progress: progress, index: $0) }
             worker.answers.settleCancelled(all, lane: progress.delivery.lane)
@@ -301,6 +302,7 @@ extension SessionLoop {
     func jobsToSettle(_ completed: [JobProgress]) -> [JobProgress] {
         var jobs: [JobProgress] = []
         for progress in completed {
+            progressTracker.answered(progress)
             guard let assembly = progress.assembly else {
                 jobs.append(progress)
                 continue

@@ -42,6 +42,8 @@ final class SessionLoop {
     var assemblies: [JobAssembly] = []
     /// The fleet's cancelled jobs, as far as this worker has read them.
     var cancellations = CancellationWatch()
+    /// Large jobs' progress since the last report to the fleet's record.
+    var progressTracker = ProgressTracker()
     /// The large bulk jobs started and not complete (an assembly leaves `assemblies` once its users are all taken, and
     /// holds its memory until its last piece is answered): what `BulkAdmission` weighs.
     var largeBulkJobs: [JobAssembly] = []
@@ -206,9 +208,11 @@ final class SessionLoop {
             try settleBroadcasts()
             let now = Date()
             try readCancellations(at: now)
+            try reportProgress(at: now)
             try sendWaitingBroadcasts(now: now)
             rateGroupHolds.release(dueAt: now, into: &backlogs)
-            let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue, cancellationsDue]
+            let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue, cancellationsDue,
+                        progressTracker.hasPending ? progressTracker.nextReport : nil]
                        + assemblies.map(\.deferredDue))
                 .compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time, and bulk jobs only within their admission.
@@ -330,6 +334,7 @@ final class SessionLoop {
         }
         _ = try? worker.reportStatistics(to: session.statistics)
         try? shareSettled(force: true)
+        try? reportProgress(at: .distantFuture)
         session.broker.close()
     }
 

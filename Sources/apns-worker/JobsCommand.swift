@@ -7,7 +7,16 @@ import Telemetry
 let jobsHelp = """
 apns-worker jobs: act on jobs already enqueued, fleet-wide, through Redis (no worker is asked).
 
-USAGE: apns-worker jobs cancel JOB_ID [--reason TEXT]
+USAGE: apns-worker jobs show JOB_ID [--json]
+       apns-worker jobs list [--json]
+       apns-worker jobs cancel JOB_ID [--reason TEXT]
+
+  show      a job's state (unknown, running, done, cancelled), its counts (resolved, sent, delivered, dead,
+            failed, retrying, held back, expired, cancelled), its rate and, while it runs, the time left. Workers
+            add to a job's progress about once a second (apns:job:<id>:progress, kept 24 hours after its last
+            update) for jobs with an id and at least 1,000 users and tokens; a smaller job shows as unknown (its
+            summary, on its reply_to queue, says how it went). --json: one object (schema/job-progress.schema.json).
+  list      the jobs running now (progress updated in the last minute), as show prints them; --json: an array.
 
   cancel    records that JOB_ID (the job's "id", or its AMQP message-id) is cancelled, kept 7 days in Redis
             (apns:cancelled:<job id>). Every worker running the job stops sending it within a second: what it
@@ -21,36 +30,66 @@ Settings it reads (environment, --config file or --set): the Redis ones,
 \(SettingTable.help(listing: SettingTable.redisSettings))
 
 EXAMPLES:
+  apns-worker jobs list
+  apns-worker jobs show campaign-2026-12 --json
   apns-worker jobs cancel campaign-2026-12 --reason "wrong text"
 
 EXIT CODES: 0 done, 2 bad command line, 69 Redis unreachable, 78 bad configuration.
 """
 
 func jobsCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "jobs", valued: ["--reason"], switches: [], help: jobsHelp)
+    let parsed = ParsedArguments.parse(arguments, command: "jobs", valued: ["--reason"], switches: ["--json"],
+                                       help: jobsHelp)
     guard let action = parsed.positionals.first else {
-        fail("jobs: say cancel; try 'apns-worker jobs --help'", code: ExitCode.usage)
+        fail("jobs: say show, list or cancel; try 'apns-worker jobs --help'", code: ExitCode.usage)
     }
-    guard action == "cancel" else { fail("jobs: unknown action \(action) (cancel)", code: ExitCode.usage) }
-    let operands = parsed.positionals.dropFirst()
-    guard operands.count == 1, let jobID = operands.first else {
-        fail("jobs cancel: wants one JOB_ID; try 'apns-worker jobs --help'", code: ExitCode.usage)
+    guard ["show", "list", "cancel"].contains(action) else {
+        fail("jobs: unknown action \(action) (show, list, cancel)", code: ExitCode.usage)
     }
-    guard !jobID.isEmpty, jobID.utf8.count <= 256 else {
-        fail("jobs cancel: JOB_ID must be 1 to 256 bytes", code: ExitCode.usage)
+    let operands = Array(parsed.positionals.dropFirst())
+    let json = parsed.switches.contains("--json")
+    if action == "list" {
+        guard operands.isEmpty else { fail("jobs list: takes no JOB_ID", code: ExitCode.usage) }
+    } else {
+        guard operands.count == 1, let jobID = operands.first, !jobID.isEmpty, jobID.utf8.count <= 256 else {
+            fail("jobs \(action): wants one JOB_ID of 1 to 256 bytes; try 'apns-worker jobs --help'", code: ExitCode.usage)
+        }
+        _ = jobID
+    }
+    if action != "cancel", parsed.value("--reason") != nil {
+        fail("jobs \(action): --reason goes with cancel", code: ExitCode.usage)
     }
     let reason = parsed.value("--reason")
     if let reason, reason.utf8.count > 1024 { fail("jobs cancel: --reason must be at most 1,024 bytes", code: ExitCode.usage) }
     let configuration = parsed.configuration(requiringCredentials: false)
     do {
-        let cancellations = SharedCancellations(redis: try configuration.redis.connect())
-        try cancellations.cancel(jobID, reason: reason)
-        let recorded = try cancellations.cancellation(of: jobID)
-        let at = recorded.map { Date(timeIntervalSince1970: $0.at).formatted(.iso8601) } ?? "now"
-        var line = "job \(jobID) cancelled at \(at)"
-        if let kept = recorded?.reason { line += " (\(kept))" }
-        print(line + ": workers send nothing more of it within a second; its summary counts the rest as cancelled")
+        let redis = try configuration.redis.connect()
+        let progress = SharedJobProgress(redis: redis)
+        switch action {
+        case "list":
+            let reports = try progress.running().map { id throws(RedisError) in try progress.read(id) }
+            if json {
+                print("[" + reports.map(\.json).joined(separator: ",") + "]")
+            } else {
+                print(reports.isEmpty ? "no job running (with an id and at least 1,000 users and tokens)"
+                                      : reports.map(\.text).joined(separator: "\n"))
+            }
+        case "show":
+            let report = try progress.read(operands[0])
+            print(json ? report.json : report.text)
+        default:
+            let jobID = operands[0]
+            let cancellations = SharedCancellations(redis: redis)
+            try cancellations.cancel(jobID, reason: reason)
+            let recorded = try cancellations.cancellation(of: jobID)
+            let at = recorded.map { Date(timeIntervalSince1970: $0.at).formatted(.iso8601) } ?? "now"
+            var line = "job \(jobID) cancelled at \(at)"
+            if let kept = recorded?.reason { line += " (\(kept))" }
+            print(line + ": workers send nothing more of it within a second; its summary counts the rest as cancelled")
+            let report = try progress.read(jobID)
+            print(json ? report.json : report.text)
+        }
     } catch {
-        failReaching("jobs cancel", error)
+        failReaching("jobs \(action)", error)
     }
 }

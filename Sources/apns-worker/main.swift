@@ -17,7 +17,7 @@ COMMANDS:
   tokens              the token cache: tokens add | remove | list
   dead-tokens tail    watch dead-token events as workers publish them
   channels            broadcast channels of an app (iOS 18 Live Activities): create | list | show | delete
-  jobs cancel         stop a job already enqueued, fleet-wide: what it has not sent is not sent
+  jobs                jobs already enqueued: show (progress, ETA) | list | cancel (fleet-wide, within a second)
   stats               queue depths, fleet-wide rates and live workers, from the broker and Redis
   cleanup             apply dead-token and registration events to the cache; sweep inactive tokens
 

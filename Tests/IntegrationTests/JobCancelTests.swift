@@ -23,6 +23,15 @@ import Glibc
         return (child.waitForExit(), line)
     }
 
+    /// `apns-worker jobs show JOB_ID --json`, parsed.
+    static func show(_ jobID: String, redisURL: String) throws -> [String: Any] {
+        let child = try ExecutablesTests.Child("apns-worker", ["jobs", "show", jobID, "--json"],
+                                               environment: ["REDIS_URL": redisURL])
+        let line = child.waitForLine(containing: "\"job_id\"", timeout: 30) ?? ""
+        try #require(child.waitForExit() == 0, "jobs show: \(line)")
+        return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(line)")
+    }
+
     static func summary(_ delivery: AMQPDelivery) throws -> [String: Any] {
         try #require(try JSONSerialization.jsonObject(with: Data(delivery.body)) as? [String: Any])
     }
@@ -51,6 +60,18 @@ import Glibc
         ]), logger: logger)
         defer { worker.stop() }
         try #require(TestServices.waitUntil(timeout: 60) { simulator.received().count >= 2_000 }, "the campaign is under way")
+        // While it runs: its progress as the worker last reported it (about once a second), against what apns-sim had
+        // received by then.
+        let running = try Self.show(jobID, redisURL: redisURL)
+        let updatedAt = try #require(running["updated_at"] as? Double, "\(running)")
+        let receivedBy = simulator.received().filter { $0.receivedAt <= updatedAt }.count
+        let sent = try #require(running["sent"] as? Int)
+        #expect(running["state"] as? String == "running", "\(running)")
+        #expect(abs(sent - receivedBy) <= 1_000, "sent \(sent) against apns-sim's \(receivedBy) at the same time")
+        let eta = try #require(running["eta_seconds"] as? Double, "\(running)")
+        let rate = try #require(running["rate_per_second"] as? Double)
+        #expect(rate > 500 && rate < 1_500, "the rate limit is 1,000/s: \(rate)")
+        #expect(abs(eta - Double(20_000 - sent) / 1_000) < 10, "ETA \(eta) s with \(sent) of 20,000 sent at 1,000/s")
 
         let (code, output) = try Self.cancel(jobID, redisURL: redisURL, reason: "wrong text")
         let returned = Date().timeIntervalSince1970
@@ -71,8 +92,40 @@ import Glibc
         // Acknowledged, not parked: both queues empty once the summary is out.
         #expect(TestServices.waitUntil(timeout: 10) { (try? publisher.declareQueue(bulk)) == 0 }, "the job acknowledged")
         #expect(try publisher.declareQueue(failed) == 0, "nothing parked")
+        var settled: [String: Any] = [:]
+        #expect(try TestServices.waitUntil(timeout: 10) {
+            settled = try Self.show(jobID, redisURL: redisURL)
+            return settled["sent"] as? Int == received.count && settled["cancelled"] as? Int == 20_000 - received.count
+        }, "its progress ends with the summary's counts: \(settled)")
+        #expect(settled["state"] as? String == "cancelled" && settled["delivered"] as? Int == received.count, "\(settled)")
         print("cancel | 20,000-user campaign at 1,000/s cancelled after \(received.count) pushes: the last "
-              + String(format: "%.2f s after jobs cancel returned", latest - returned))
+              + String(format: "%.2f s after jobs cancel returned; ", latest - returned)
+              + "jobs show while it ran: sent \(sent), apns-sim \(receivedBy), ETA \(eta) s")
+    }
+
+    /// A finished job (1,000 tokens: the smallest whose progress is kept) shows as done with its summary's counts.
+    @Test func aFinishedJobShowsDoneWithItsSummarysCounts() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let jobID = TestServices.unique("finished")
+        let list = (0..<1_000).map { "\"" + String(format: "%064x", 0xCC_0000 + $0) + "\"" }.joined(separator: ",")
+        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        let summary = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        var shown: [String: Any] = [:]
+        #expect(try TestServices.waitUntil(timeout: 10) {
+            shown = try Self.show(jobID, redisURL: redisURL)
+            return shown["state"] as? String == "done"
+        }, "done: \(shown)")
+        for name in ["delivered", "dead", "failed", "retrying", "held_back", "expired", "cancelled"] {
+            #expect(shown[name] as? Int == summary[name] as? Int, "\(name): \(shown) against \(summary)")
+        }
+        #expect(shown["sent"] as? Int == 1_000 && shown["resolved"] as? Int == 1_000 && shown["eta_seconds"] as? Double == 0,
+                "\(shown)")
     }
 
     /// A job whose retry waits in the delay queue when it is cancelled sends nothing when it comes back: its

@@ -2,8 +2,8 @@ import APNsModel
 import Foundation
 import Telemetry
 
-/// Cancelled jobs (`apns-worker jobs cancel`): what they have not sent yet is not sent, and they settle as usual,
-/// their summary counting it as cancelled.
+/// Operators' hold on jobs under way. Cancelled jobs (`apns-worker jobs cancel`): what they have not sent yet is not
+/// sent, and they settle as usual, their summary counting it as cancelled.
 extension SessionLoop {
     /// Whether jobs are under way here, so that cancellations are worth reading.
     private var hasWorkUnderWay: Bool { core.jobsInFlight > 0 || backlogs.counts.total > 0 }
@@ -51,6 +51,7 @@ extension SessionLoop {
         let users = assembly.dropUsersLeft()
         guard users > 0 else { return 0 }
         assembly.whole.cancelUnresolved(users: users)
+        progressTracker.cancelled(assembly.whole, users: users)
         statistics.cancelled.add(users, ordering: .relaxed)
         // A piece being resolved comes back through `takePrepared`, which settles the job after it.
         if !assembly.resolving {
@@ -58,5 +59,23 @@ extension SessionLoop {
             if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
         }
         return users
+    }
+}
+
+/// Large jobs' progress, reported to the fleet's record about once a second (`apns-worker jobs show`).
+extension SessionLoop {
+    func reportProgress(at now: Date) throws {
+        guard let record = session.progress, progressTracker.isDue(at: now) else { return }
+        let deltas = progressTracker.take(at: now)
+        switch try record.add(deltas) {
+        case .answered:
+            break
+        case .unavailable:
+            progressTracker.putBack(deltas)
+        case .refused(let message):
+            // A key of the wrong type: these counts are lost, the job itself goes on.
+            statistics.countDataError("job_progress")
+            logger.warning("Redis refused a job's progress", ["redis.error": message])
+        }
     }
 }

@@ -1,0 +1,150 @@
+import Foundation
+import Redis
+import Telemetry
+import WorkerPipeline
+
+/// Large jobs' progress, fleet-wide (the schema is in README.md, Job progress):
+/// - `apns:job:<id>:progress`: hash; counters every worker running the job adds to (`resolved`, `sent`, `delivered`,
+///   `dead`, `failed`, `held_back`, `expired`, `cancelled`), `retrying` (set as each attempt settles), `targets`
+///   (the job's users and tokens, for the ETA), `first_update` (when a worker first counted something of it) and
+///   `last_update` (ms), and `ended` (ms) once it
+///   settled with nothing left to retry; kept 24 hours after the last update.
+/// - `apns:jobs:running`: sorted set, member = job id, score = its last update (ms); a job leaves when it ends, or
+///   24 hours after its last update (its worker died and no other took it).
+public struct SharedJobProgress: JobProgressRecord {
+    public static let retention = 24 * 3600
+
+    private let redis: any RedisClient
+    private let keys: RedisKeys
+
+    public init(redis: any RedisClient) {
+        self.redis = redis
+        keys = RedisKeys(cluster: redis.isCluster)
+    }
+
+    public func add(_ deltas: [JobProgressDelta]) throws -> StoreAnswer<Void> {
+        try add(deltas, now: Date())
+    }
+
+    public func add(_ deltas: [JobProgressDelta], now: Date) throws(RedisError) -> StoreAnswer<Void> {
+        guard !deltas.isEmpty else { return .answered(()) }
+        let milliseconds = String(Int64(now.timeIntervalSince1970 * 1000))
+        var commands: [[String]] = []
+        for delta in deltas {
+            let key = keys.progress(delta.jobID)
+            for counter in delta.counters { commands.append(["HINCRBY", key, counter.name, String(counter.value)]) }
+            let since = delta.since > 0 ? String(Int64(delta.since * 1000)) : milliseconds
+            commands.append(["HSETNX", key, "first_update", since])
+            if delta.targets > 0 { commands.append(["HSETNX", key, "targets", String(delta.targets)]) }
+            var set = ["HSET", key, "last_update", milliseconds]
+            if let retrying = delta.retrying { set += ["retrying", String(retrying)] }
+            if delta.ended { set += ["ended", milliseconds] }
+            commands.append(set)
+            commands.append(["EXPIRE", key, String(Self.retention)])
+            commands.append(delta.ended ? ["ZREM", keys.runningJobs, delta.jobID]
+                                        : ["ZADD", keys.runningJobs, milliseconds, delta.jobID])
+        }
+        commands.append(["ZREMRANGEBYSCORE", keys.runningJobs, "-inf",
+                         String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)])
+        let replies = try redis.pipelineWhereReachable(commands)
+        if replies.contains(where: { $0 == nil }) { return .unavailable }
+        for case .error(let message)? in replies { return .refused(message) }
+        return .answered(())
+    }
+
+    /// What the fleet knows of a job: its progress, and whether it was cancelled.
+    public func read(_ jobID: String) throws(RedisError) -> JobProgressReport {
+        let replies = try redis.pipeline([["HGETALL", keys.progress(jobID)], ["GET", keys.cancelled(jobID)]])
+        for case .error(let message) in replies { throw RedisError(kind: .server, "reading job \(jobID): \(message)") }
+        var fields: [String: String] = [:]
+        let items = replies[0].elements
+        var index = 0
+        while index + 1 < items.count {
+            if let name = items[index].text, let value = items[index + 1].text { fields[name] = value }
+            index += 2
+        }
+        return JobProgressReport(jobID: jobID, fields: fields, cancelled: replies[1].text != nil)
+    }
+
+    /// The jobs running now (updated within `within` seconds), newest first.
+    public func running(within seconds: Double = 60, now: Date = Date()) throws(RedisError) -> [String] {
+        let since = Int64((now.timeIntervalSince1970 - seconds) * 1000)
+        let reply = try redis.command(["ZREVRANGEBYSCORE", keys.runningJobs, "+inf", String(since)])
+        if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(keys.runningJobs): \(message)") }
+        return reply.elements.compactMap(\.text)
+    }
+}
+
+/// One job as `apns-worker jobs show` prints it.
+public struct JobProgressReport: Sendable {
+    public enum State: String, Sendable { case unknown, scheduled, running, done, cancelled }
+
+    public var jobID: String
+    public var state: State
+    public var counts: [String: Int]
+    public var targets: Int?
+    public var ratePerSecond: Double
+    public var etaSeconds: Double?
+    public var updatedAt: Double?
+
+    /// The counters, in the order `--json` and the text give them.
+    public static let counterNames = ["resolved", "sent", "delivered", "dead", "failed", "retrying", "held_back",
+                                      "expired", "cancelled", "waiting_for_window"]
+
+    /// From the progress hash's fields as Redis holds them, and whether the job was cancelled.
+    public init(jobID: String, fields: [String: String], cancelled: Bool) {
+        self.jobID = jobID
+        counts = Dictionary(uniqueKeysWithValues: Self.counterNames.map { ($0, Int(fields[$0] ?? "") ?? 0) })
+        targets = fields["targets"].flatMap { Int($0) }
+        let first = fields["first_update"].flatMap(Double.init).map { $0 / 1000 }
+        let last = fields["last_update"].flatMap(Double.init).map { $0 / 1000 }
+        updatedAt = last
+        let ended = fields["ended"] != nil
+        if cancelled {
+            state = .cancelled
+        } else if fields.isEmpty {
+            state = .unknown
+        } else {
+            state = ended ? .done : .running
+        }
+        let sent = Double(counts["sent"] ?? 0)
+        // The rate of the job while it ran: what was sent by the last update, over the time since the first.
+        if let first, let last, last - first > 0.2 { ratePerSecond = sent / (last - first) } else { ratePerSecond = 0 }
+        if state == .running, let targets, ratePerSecond > 0 {
+            let settledUnsent = (counts["cancelled"] ?? 0) + (counts["expired"] ?? 0)
+            etaSeconds = max(0, Double(targets) - sent - Double(settledUnsent)) / ratePerSecond
+        } else {
+            etaSeconds = state == .done || state == .cancelled ? 0 : nil
+        }
+    }
+
+    /// One object with exactly the names of `schema/job-progress.schema.json`.
+    public var json: String {
+        func number(_ value: Double?) -> String {
+            guard let value else { return "null" }
+            return String(format: "%.1f", value)
+        }
+        var text = "{\"job_id\":\(JSONString.quote(jobID)),\"state\":\"\(state.rawValue)\",\"scheduled_for\":null"
+        for name in Self.counterNames { text += ",\"\(name)\":\(counts[name] ?? 0)" }
+        text += ",\"rate_per_second\":\(number(ratePerSecond)),\"eta_seconds\":\(number(etaSeconds))"
+        text += ",\"updated_at\":\(number(updatedAt))}"
+        return text
+    }
+
+    public var text: String {
+        var lines = ["job \(jobID): \(state.rawValue)"]
+        if state == .unknown {
+            lines.append("  no progress recorded: the job has not started, ended more than 24 hours ago, or has fewer "
+                         + "than 1,000 users and tokens (its summary says how it went)")
+            return lines.joined(separator: "\n")
+        }
+        let counted = Self.counterNames.map { "\($0.replacingOccurrences(of: "_", with: " ")) \(counts[$0] ?? 0)" }
+        lines.append("  " + counted.joined(separator: ", "))
+        var pace = String(format: "  %.0f/s", ratePerSecond)
+        if let targets { pace += " of about \(targets) notifications" }
+        if let etaSeconds, state == .running { pace += String(format: ", about %.0f s left", etaSeconds) }
+        if let updatedAt { pace += "; updated \(Date(timeIntervalSince1970: updatedAt).formatted(.iso8601))" }
+        lines.append(pace)
+        return lines.joined(separator: "\n")
+    }
+}
