@@ -22,6 +22,12 @@ public final class AMQPJobBroker: JobBroker {
         public var queues: QueueNames
         /// One delay queue per value, dead-lettering back to the jobs queue.
         public var retryDelays: [Double]
+        /// Every delay queue's TTL: the retry tiers, and the tiers jobs wait in for their `send_at` (`JobSchedule`),
+        /// each once.
+        public var delayQueues: [Double] {
+            var seen = Set<Int>()
+            return (retryDelays + JobSchedule.tiers).filter { seen.insert(Int(($0 * 1000).rounded())).inserted }
+        }
         /// Unacknowledged urgent jobs the broker may hand over at once (basic.qos, per consumer).
         public var prefetch: Int
         /// The same for bulk jobs: what the bulk lane may hold unacknowledged.
@@ -63,7 +69,7 @@ public final class AMQPJobBroker: JobBroker {
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
         // missing later is declared again then (a publish handed back, or a consume refused, which ends the session).
         if !topology.isDeclared {
-            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.retryDelays)
+            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.delayQueues)
             topology.isDeclared = true
         }
         do {
@@ -131,7 +137,7 @@ public final class AMQPJobBroker: JobBroker {
     /// The routes the worker declared itself, which it declares again when one went missing.
     private var ownRoutes: Set<Route> {
         Set([.deadTokens, .failed].map(route) + JobLane.allCases.flatMap { lane in
-            settings.retryDelays.map { route(.retry(delay: $0, lane: lane)) }
+            settings.delayQueues.map { route(.retry(delay: $0, lane: lane)) }
         })
     }
 
@@ -169,7 +175,7 @@ public final class AMQPJobBroker: JobBroker {
     private func declareQueuesAgain() throws {
         let declaring = try settings.nodes.connect(heartbeat: 0, caFile: settings.caFile)
         defer { declaring.close() }
-        try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.retryDelays)
+        try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.delayQueues)
     }
 
     public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }

@@ -16,6 +16,7 @@ public struct JobFlags: Sendable {
     public var priority: String?
     public var expiration: String?
     public var deadline: String?
+    public var sendAt: String?
     public var collapseID: String?
     public var alert: String?
     public var title: String?
@@ -36,7 +37,8 @@ public struct JobFlags: Sendable {
         if !tokens.isEmpty { members.append("\"tokens\":[\(tokens.map(JSONString.quote).joined(separator: ","))]") }
         if let environment { members.append("\"environment\":\(JSONString.quote(environment))") }
         if let pushType { members.append("\"push_type\":\(JSONString.quote(pushType))") }
-        for (flag, field, text) in [("--priority", "priority", priority), ("--expiration", "expiration", expiration)] {
+        for (flag, field, text) in [("--priority", "priority", priority), ("--expiration", "expiration", expiration),
+                                    ("--send-at", "send_at", sendAt)] {
             guard let text else { continue }
             members.append("\"\(field)\":\(try Self.wholeNumber(flag, text))")
         }

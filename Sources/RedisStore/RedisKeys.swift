@@ -102,6 +102,8 @@ public struct RedisKeys: Sendable, Equatable {
     public func progress(_ jobID: String) -> String { "apns:job:" + jobID + ":progress" }
     /// Sorted set: the large jobs running, scored by their progress's last update (ms).
     public var runningJobs: String { "apns:jobs:running" }
+    /// Sorted set: jobs waiting for their `send_at`, scored by it (ms).
+    public var scheduledJobs: String { "apns:jobs:scheduled" }
 
     /// Sorted set: the credentials and environments the fleet sent with, and when a worker last reported it.
     public var sending: String { "apns:sending" }

@@ -32,18 +32,27 @@ public struct SharedJobProgress: JobProgressRecord {
         var commands: [[String]] = []
         for delta in deltas {
             let key = keys.progress(delta.jobID)
+            let runs = delta.since > 0 || delta.ended || delta.retrying != nil
             for counter in delta.counters { commands.append(["HINCRBY", key, counter.name, String(counter.value)]) }
-            let since = delta.since > 0 ? String(Int64(delta.since * 1000)) : milliseconds
-            commands.append(["HSETNX", key, "first_update", since])
+            if runs { commands.append(["HSETNX", key, "first_update", String(Int64(delta.since * 1000))]) }
             if delta.targets > 0 { commands.append(["HSETNX", key, "targets", String(delta.targets)]) }
             var set = ["HSET", key, "last_update", milliseconds]
             if let retrying = delta.retrying { set += ["retrying", String(retrying)] }
             if delta.ended { set += ["ended", milliseconds] }
+            if let scheduledFor = delta.scheduledFor { set += ["scheduled_for", String(scheduledFor)] }
             commands.append(set)
             commands.append(["EXPIRE", key, String(Self.retention)])
-            commands.append(delta.ended ? ["ZREM", keys.runningJobs, delta.jobID]
-                                        : ["ZADD", keys.runningJobs, milliseconds, delta.jobID])
+            if let scheduledFor = delta.scheduledFor {
+                commands.append(["ZADD", keys.scheduledJobs, String(scheduledFor * 1000), delta.jobID])
+            }
+            if runs {
+                commands.append(["ZREM", keys.scheduledJobs, delta.jobID])
+                commands.append(delta.ended ? ["ZREM", keys.runningJobs, delta.jobID]
+                                            : ["ZADD", keys.runningJobs, milliseconds, delta.jobID])
+            }
         }
+        commands.append(["ZREMRANGEBYSCORE", keys.scheduledJobs, "-inf",
+                         String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)])
         commands.append(["ZREMRANGEBYSCORE", keys.runningJobs, "-inf",
                          String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)])
         let replies = try redis.pipelineWhereReachable(commands)
@@ -53,7 +62,7 @@ public struct SharedJobProgress: JobProgressRecord {
     }
 
     /// What the fleet knows of a job: its progress, and whether it was cancelled.
-    public func read(_ jobID: String) throws(RedisError) -> JobProgressReport {
+    public func read(_ jobID: String, now: Date = Date()) throws(RedisError) -> JobProgressReport {
         let replies = try redis.pipeline([["HGETALL", keys.progress(jobID)], ["GET", keys.cancelled(jobID)]])
         for case .error(let message) in replies { throw RedisError(kind: .server, "reading job \(jobID): \(message)") }
         var fields: [String: String] = [:]
@@ -63,7 +72,15 @@ public struct SharedJobProgress: JobProgressRecord {
             if let name = items[index].text, let value = items[index + 1].text { fields[name] = value }
             index += 2
         }
-        return JobProgressReport(jobID: jobID, fields: fields, cancelled: replies[1].text != nil)
+        return JobProgressReport(jobID: jobID, fields: fields, cancelled: replies[1].text != nil, now: now)
+    }
+
+    /// The jobs waiting for their `send_at`, soonest first.
+    public func scheduled(now: Date = Date()) throws(RedisError) -> [String] {
+        let reply = try redis.command(["ZRANGEBYSCORE", keys.scheduledJobs, String(Int64(now.timeIntervalSince1970 * 1000)),
+                                       "+inf"])
+        if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(keys.scheduledJobs): \(message)") }
+        return reply.elements.compactMap(\.text)
     }
 
     /// The jobs running now (updated within `within` seconds), newest first.
@@ -86,13 +103,15 @@ public struct JobProgressReport: Sendable {
     public var ratePerSecond: Double
     public var etaSeconds: Double?
     public var updatedAt: Double?
+    /// The job's `send_at`, if it waited for one.
+    public var scheduledFor: Int64?
 
     /// The counters, in the order `--json` and the text give them.
     public static let counterNames = ["resolved", "sent", "delivered", "dead", "failed", "retrying", "held_back",
                                       "expired", "cancelled", "waiting_for_window"]
 
     /// From the progress hash's fields as Redis holds them, and whether the job was cancelled.
-    public init(jobID: String, fields: [String: String], cancelled: Bool) {
+    public init(jobID: String, fields: [String: String], cancelled: Bool, now: Date = Date()) {
         self.jobID = jobID
         counts = Dictionary(uniqueKeysWithValues: Self.counterNames.map { ($0, Int(fields[$0] ?? "") ?? 0) })
         targets = fields["targets"].flatMap { Int($0) }
@@ -100,12 +119,16 @@ public struct JobProgressReport: Sendable {
         let last = fields["last_update"].flatMap(Double.init).map { $0 / 1000 }
         updatedAt = last
         let ended = fields["ended"] != nil
+        scheduledFor = fields["scheduled_for"].flatMap { Int64($0) }
+        let started = fields["first_update"] != nil
         if cancelled {
             state = .cancelled
-        } else if fields.isEmpty {
-            state = .unknown
+        } else if ended {
+            state = .done
+        } else if let scheduledFor, !started, Double(scheduledFor) > now.timeIntervalSince1970 {
+            state = .scheduled
         } else {
-            state = ended ? .done : .running
+            state = started ? .running : .unknown
         }
         let sent = Double(counts["sent"] ?? 0)
         // The rate of the job while it ran: what was sent by the last update, over the time since the first.
@@ -124,7 +147,8 @@ public struct JobProgressReport: Sendable {
             guard let value else { return "null" }
             return String(format: "%.1f", value)
         }
-        var text = "{\"job_id\":\(JSONString.quote(jobID)),\"state\":\"\(state.rawValue)\",\"scheduled_for\":null"
+        var text = "{\"job_id\":\(JSONString.quote(jobID)),\"state\":\"\(state.rawValue)\","
+        text += "\"scheduled_for\":\(scheduledFor.map(String.init) ?? "null")"
         for name in Self.counterNames { text += ",\"\(name)\":\(counts[name] ?? 0)" }
         text += ",\"rate_per_second\":\(number(ratePerSecond)),\"eta_seconds\":\(number(etaSeconds))"
         text += ",\"updated_at\":\(number(updatedAt))}"
@@ -133,6 +157,10 @@ public struct JobProgressReport: Sendable {
 
     public var text: String {
         var lines = ["job \(jobID): \(state.rawValue)"]
+        if state == .scheduled, let scheduledFor {
+            lines.append("  waits for its send_at: \(Date(timeIntervalSince1970: Double(scheduledFor)).formatted(.iso8601))")
+            return lines.joined(separator: "\n")
+        }
         if state == .unknown {
             lines.append("  no progress recorded: the job has not started, ended more than 24 hours ago, or has fewer "
                          + "than 1,000 users and tokens (its summary says how it went)")

@@ -16,6 +16,8 @@ struct HeldPublishes {
     enum Departure: Sendable, Equatable {
         case park(reason: String, poison: Bool)
         case waitForStore
+        /// Not due yet (`send_at`): back to the broker, to wait `delay` seconds in a delay queue.
+        case waitUntilDue(delay: Double)
     }
 
     typealias Rejection = (delivery: JobDelivery, departure: Departure)

@@ -7,6 +7,8 @@ import Telemetry
 struct PreparedBatch {
     var jobs: [(delivery: JobDelivery, job: PushJob)]
     var rejected: [(JobDelivery, String)]
+    /// Jobs whose `send_at` has not come: not resolved, they go back to wait in the broker (`JobSchedule`).
+    var scheduled: [(delivery: JobDelivery, job: PushJob)] = []
     var resolved: ResolvedUsers
     /// The update tokens of the Live Activities the jobs address (`activity`), by activity id.
     var activities = ResolvedUsers(tokens: [:])
@@ -20,6 +22,8 @@ struct PreparedBatch {
                         resolver: TargetResolver, sender: any NotificationSender, logger: Logger) throws -> PreparedBatch {
         var jobs: [(delivery: JobDelivery, job: PushJob)] = []
         var rejected: [(JobDelivery, String)] = []
+        var scheduled: [(delivery: JobDelivery, job: PushJob)] = []
+        let now = Date().timeIntervalSince1970
         var services: [String: TopicService] = [:]
         // Most batches hold one topic: the last one's service is kept at hand, without hashing the topic per job.
         var lastService: (topic: String, service: TopicService)?
@@ -42,7 +46,7 @@ struct PreparedBatch {
                 switch service {
                 case .served(let rateGroup):
                     job.rateGroup = rateGroup
-                    jobs.append((delivery, job))
+                    if JobSchedule.isDue(job.sendAt, now: now) { jobs.append((delivery, job)) } else { scheduled.append((delivery, job)) }
                 case .unserved(let reason):
                     rejected.append((delivery, reason))
                 }
@@ -55,7 +59,8 @@ struct PreparedBatch {
         let resolved = users.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolve(users)
         let activityIDs = jobs.compactMap { $0.job.retryTargets == nil ? $0.job.activity : nil }
         let activities = activityIDs.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolveActivities(activityIDs)
-        return PreparedBatch(jobs: jobs, rejected: rejected, resolved: resolved, activities: activities, deliveries: batch)
+        return PreparedBatch(jobs: jobs, rejected: rejected, scheduled: scheduled, resolved: resolved,
+                             activities: activities, deliveries: batch)
     }
 
     /// A job whose users are resolved and sent a piece at a time.

@@ -392,6 +392,8 @@ public struct JobProgressDelta: Sendable, Equatable {
     public var retrying: Int?
     /// The job settled with nothing left to retry.
     public var ended = false
+    /// The job waits for its `send_at` (UNIX seconds).
+    public var scheduledFor: Int64?
 
     public init(jobID: String) { self.jobID = jobID }
 

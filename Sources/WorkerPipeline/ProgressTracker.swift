@@ -21,10 +21,8 @@ struct ProgressTracker {
         guard Self.isTracked(progress) else { return }
         let id = progress.job.id
         var delta = pending[id] ?? JobProgressDelta(jobID: id)
-        if delta.targets == 0 {
-            delta.targets = progress.job.users.count + progress.job.tokens.count
-            delta.since = Date().timeIntervalSince1970
-        }
+        if delta.targets == 0 { delta.targets = progress.job.users.count + progress.job.tokens.count }
+        if delta.since == 0 { delta.since = Date().timeIntervalSince1970 }
         body(&delta)
         pending[id] = delta
     }
@@ -58,6 +56,14 @@ struct ProgressTracker {
             delta.expired += progress.expired
             delta.cancelled += progress.cancelled
         }
+    }
+
+    /// A job (of any size) that waits for its `send_at`: the fleet's record shows it as scheduled until then.
+    mutating func scheduled(_ job: PushJob, at sendAt: Int64) {
+        var delta = pending[job.id] ?? JobProgressDelta(jobID: job.id)
+        if delta.targets == 0 { delta.targets = job.users.count + job.tokens.count }
+        delta.scheduledFor = sendAt
+        pending[job.id] = delta
     }
 
     /// A large job's users dropped unresolved by its cancellation.
@@ -110,6 +116,7 @@ struct ProgressTracker {
             delta.expired += old.expired; delta.cancelled += old.cancelled
             delta.retrying = delta.retrying ?? old.retrying
             delta.ended = delta.ended || old.ended
+            delta.scheduledFor = delta.scheduledFor ?? old.scheduledFor
             pending[old.jobID] = delta
         }
     }

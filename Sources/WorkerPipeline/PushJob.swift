@@ -19,6 +19,7 @@ public struct PushJob: Sendable, Equatable {
         var expiration: Int64?
         var collapseID: String?
         var deadline: Int64? = nil
+        var sendAt: Int64? = nil
         var payload: [UInt8]
         var attempt: Int = 1
         var retryTargets: [DeviceTarget]? = nil
@@ -74,6 +75,8 @@ public struct PushJob: Sendable, Equatable {
     /// UNIX seconds: a notification not handed to APNs by then is not sent (expired). Not Apple's `expiration`,
     /// which is how long APNs keeps a notification for a device that is offline.
     public var deadline: Int64? { shared.members.deadline }
+    /// UNIX seconds: nothing of the job is sent before then (it waits in the broker's delay queues).
+    public var sendAt: Int64? { shared.members.sendAt }
     /// The payload exactly as the job wrote it.
     public var payload: [UInt8] { shared.members.payload }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
@@ -110,6 +113,8 @@ public struct PushJob: Sendable, Equatable {
     static let retrySizeFactor = 3
     /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
     public static let latestDeadline: Int64 = 99_999_999_999
+    /// How far ahead `send_at` may be (seconds).
+    public static let longestSchedule: Int64 = 7 * 24 * 3600
 
     /// Decodes a message body. `defaultTopic` is the configured topic of jobs that name none; `fallbackID` names
     /// jobs that carry no id, made only for them (an id made for every job cost about 450 instructions).
@@ -155,6 +160,7 @@ public struct PushJob: Sendable, Equatable {
         }
         job.shared.change { members in
             members.deadline = sending.deadline
+            members.sendAt = sending.sendAt
             // A job that names an activity is a Live Activity job (decoding refused any other push type for it).
             if members.kind == .devices && (activity != nil || members.pushType == .liveactivity) {
                 members.kind = .liveActivity(activity: activity)
@@ -222,12 +228,13 @@ public struct PushJob: Sendable, Equatable {
     struct JobMembers {
         enum Name: String, CaseIterable {
             case id, topic, users, tokens, environment, pushType = "push_type", priority, expiration, deadline
+            case sendAt = "send_at"
             case collapseID = "collapse_id", channelID = "channel_id", activity, prevalidate, payload
             case liveActivity = "live_activity", retry
         }
         static let names = JSONNames(Name.allCases.map(\.rawValue))
 
-        var id, topic, environment, pushType, priority, expiration, deadline, collapseID, channelID, activity: JSONValue?
+        var id, topic, environment, pushType, priority, expiration, deadline, sendAt, collapseID, channelID, activity: JSONValue?
         var prevalidate, retry: JSONValue?
         var users, tokens: JSONStrings?
         /// Its value comes back empty: `range` locates it.
@@ -284,6 +291,7 @@ public struct PushJob: Sendable, Equatable {
             case .priority: priority = try reader.readValue()
             case .expiration: expiration = try reader.readValue()
             case .deadline: deadline = try reader.readValue()
+            case .sendAt: sendAt = try reader.readValue()
             case .collapseID: collapseID = try reader.readValue()
             case .channelID: channelID = try reader.readValue()
             case .activity: activity = try reader.readValue()
@@ -331,6 +339,7 @@ public struct PushJob: Sendable, Equatable {
         let priority: APNsPriority
         let expiration: Int64?
         let deadline: Int64?
+        let sendAt: Int64?
         let collapseID: String?
 
         // Read into locals, then stored at once: a value that cannot be copied is initialized whole or not at all.
@@ -353,6 +362,21 @@ public struct PushJob: Sendable, Equatable {
             let expiration = try integer(members.expiration, named: "expiration")
             let deadline = try integer(members.deadline, named: "deadline")
             if let deadline, deadline < 0 || deadline > PushJob.latestDeadline { throw .badDeadline(deadline) }
+            let sendAt = try integer(members.sendAt, named: "send_at")
+            if let sendAt {
+                let now = Int64(Date().timeIntervalSince1970)
+                if sendAt < 0 { throw .badSendAt("send_at \(sendAt) must be UNIX seconds, 0 or later") }
+                if sendAt > PushJob.latestDeadline {
+                    throw .badSendAt("send_at \(sendAt) is beyond the year 5000: give UNIX seconds, not milliseconds")
+                }
+                if sendAt > now + PushJob.longestSchedule {
+                    throw .badSendAt("send_at \(sendAt) is \(sendAt - now) s ahead, more than the 7 days (604800 s) a job "
+                                     + "may wait")
+                }
+                if let deadline, deadline < sendAt {
+                    throw .badSendAt("deadline \(deadline) is before send_at \(sendAt): nothing could be sent")
+                }
+            }
             let collapseID = try string(members.collapseID, named: "collapse_id")
             do throws(APNsRequestError) {
                 try APNsRules.checkPriority(priority, for: pushType)
@@ -363,6 +387,7 @@ public struct PushJob: Sendable, Equatable {
             }
             (self.environment, self.pushType, self.priority) = (environment, pushType, priority)
             (self.expiration, self.deadline, self.collapseID) = (expiration, deadline, collapseID)
+            self.sendAt = sendAt
         }
     }
 
@@ -515,6 +540,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case breaksRule(APNsRequestError)
     case missingTopic
     case badDeadline(Int64)
+    /// A `send_at` that cannot be waited for: not UNIX seconds, too far ahead, or after the job's deadline.
+    case badSendAt(String)
     /// A `live_activity` object that ActivityKit would not take, or a job that mixes it with what it replaces.
     case liveActivity(String)
     /// A `channel_id` job that cannot be broadcast.
@@ -541,6 +568,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .missingTopic: "no topic: the job names none and no default topic is configured"
         case .liveActivity(let why): "live_activity: \(why)"
         case .broadcast(let why): "channel_id: \(why)"
+        case .badSendAt(let why): why
         case .badDeadline(let value):
             value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"

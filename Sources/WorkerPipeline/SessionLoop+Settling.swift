@@ -19,6 +19,11 @@ extension SessionLoop {
                 return Publication(destination: .failed, body: delivery.body, properties: properties)
             case .waitForStore:
                 return storeWaits.waitingCopy(of: delivery)
+            case .waitUntilDue(let delay):
+                var properties = delivery.properties
+                properties.persistent = true
+                return Publication(destination: .retry(delay: delay, lane: delivery.lane), body: delivery.body,
+                                   properties: properties)
             }
         }
         let outcomes = try publish(publications)
@@ -26,7 +31,12 @@ extension SessionLoop {
         for (rejection, outcome) in zip(rejected, outcomes) {
             guard outcome == .taken else {
                 held.hold(rejection: rejection)
-                statistics.countRefusedPublish(rejection.departure == .waitForStore ? "waiting_job" : "rejected_job")
+                let kind = switch rejection.departure {
+                case .waitForStore: "waiting_job"
+                case .waitUntilDue: "scheduled_job"
+                case .park: "rejected_job"
+                }
+                statistics.countRefusedPublish(kind)
                 continue
             }
             settled.append(rejection.delivery.tag)
@@ -40,6 +50,8 @@ extension SessionLoop {
                 }
             case .waitForStore:
                 statistics.jobsWaiting.add(1, ordering: .relaxed)
+            case .waitUntilDue:
+                statistics.jobsScheduled.add(1, ordering: .relaxed)
             }
         }
         if settled.count < rejected.count {

@@ -125,6 +125,7 @@ extension SessionLoop {
     /// its lane makes room.
     func start(_ prepared: PreparedBatch) throws {
         let rejected = prepared.rejected
+        let (notDue, cancelledBeforeDue) = waitingForSendAt(prepared.scheduled)
         let all = try skippingSettledCopies(holdingBackCopies(prepared.jobs))
         let (broadcasts, devices) = BroadcastJob.byKind(all)
         try startBroadcasts(broadcasts)
@@ -141,7 +142,7 @@ extension SessionLoop {
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let unadmitted = holdingBackPastAdmission(&jobs)
         let lookup = try lookUpSettled(&jobs, waiting: &waiting)
-        var finishedAtOnce: [JobProgress] = []
+        var finishedAtOnce = cancelledBeforeDue.map(settleUnsent)
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
             let settled = lookup.settled[job.id]
@@ -166,10 +167,43 @@ extension SessionLoop {
             if delivery.lane == .bulk { largeBulkJobs.append(assembly) }
         }
         unstartedBulk.insert(contentsOf: unadmitted, at: 0)
-        core.handle(.jobsStarted(jobs.count))
+        core.handle(.jobsStarted(jobs.count + cancelledBeforeDue.count))
         if !rejected.isEmpty { try reject(rejected.map { ($0.0, .park(reason: $0.1, poison: false)) }) }
+        if !notDue.isEmpty { try reject(notDue) }
         try putBackToWait(waiting)
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    /// Jobs whose `send_at` has not come go back to the broker's delay queues (`JobSchedule`), their time noted in the
+    /// fleet's progress record; those cancelled meanwhile are settled now instead, nothing sent.
+    private func waitingForSendAt(_ scheduled: [(delivery: JobDelivery, job: PushJob)])
+        -> (notDue: [HeldPublishes.Rejection], cancelled: [(delivery: JobDelivery, job: PushJob)]) {
+        let now = Date().timeIntervalSince1970
+        var notDue: [HeldPublishes.Rejection] = []
+        var cancelled: [(delivery: JobDelivery, job: PushJob)] = []
+        for (delivery, job) in scheduled {
+            let named = TargetResolver.hasStableID(job, delivery)
+            if named && cancellations.jobIDs.contains(job.id) {
+                cancelled.append((delivery, job))
+                continue
+            }
+            let sendAt = job.sendAt ?? 0
+            notDue.append((delivery, .waitUntilDue(delay: JobSchedule.delay(forRemaining: Double(sendAt) - now))))
+            if named { progressTracker.scheduled(job, at: sendAt) }
+        }
+        return (notDue, cancelled)
+    }
+
+    /// A job cancelled before it was due: settled with every user and token counted as cancelled, none resolved.
+    private func settleUnsent(_ entry: (delivery: JobDelivery, job: PushJob)) -> JobProgress {
+        underWay.started(entry.delivery, jobID: entry.job.id)
+        let progress = JobProgress(job: entry.job, delivery: entry.delivery, generation: generation, targets: [],
+                                   hasStableID: true)
+        let count = entry.job.users.count + entry.job.tokens.count
+        progress.cancelUnresolved(users: count)
+        statistics.cancelled.add(count, ordering: .relaxed)
+        progressTracker.cancelled(progress, users: count)
+        return progress
     }
 
     /// Large bulk jobs of one batch past `BulkAdmission`'s budget (the batch decoded several small bodies with many

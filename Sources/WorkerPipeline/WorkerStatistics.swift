@@ -28,6 +28,8 @@ public final class WorkerStatistics: Sendable {
     public let poisonJobsParked = Atomic<Int>(0)
     /// Jobs put back in a delay queue to wait for a Redis node that does not answer (`StoreWaits`).
     public let jobsWaiting = Atomic<Int>(0)
+    /// Jobs put back to wait for their `send_at` in a delay queue (one per hop).
+    public let jobsScheduled = Atomic<Int>(0)
     /// Bulk jobs delivered and not started while the bulk jobs under way hold their budget (`BulkAdmission`).
     public let bulkJobsAwaitingAdmission = Atomic<Int>(0)
     /// Jobs run alone as suspects: delivered twice or more before without being settled (`DeliveryTriage`).
@@ -178,7 +180,7 @@ public final class WorkerStatistics: Sendable {
     private func outcomeFamilies(_ metrics: inout PrometheusText) {
         metrics.family("apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.", [
             ([("result", "completed")], load(jobsCompleted)), ([("result", "rejected")], load(jobsRejected)),
-            ([("result", "waiting")], load(jobsWaiting)),
+            ([("result", "waiting")], load(jobsWaiting)), ([("result", "scheduled")], load(jobsScheduled)),
             ([("result", "parked")], load(jobsParked)),
         ])
         metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [

@@ -33,6 +33,8 @@ Job flags:
   --deadline UNIX_SECONDS
                         not sent at all if it cannot be handed to APNs by then (expired); unlike --expiration,
                         which is how long APNs keeps it for a device that is offline
+  --send-at UNIX_SECONDS
+                        held in the broker until then (at most 7 days ahead), sent within a second after
 Other options:
   --check               read FILE (or - for stdin) and report every job a worker would refuse, with its line and
                         reason, on stdout; nothing is published and no broker is needed (a backend's CI can run
@@ -60,7 +62,7 @@ func enqueueCommand(_ arguments: [String]) {
     let parsed = ParsedArguments.parse(
         arguments, command: "enqueue",
         valued: ["--user", "--token", "--alert", "--title", "--payload", "--topic", "--push-type", "--priority",
-                 "--environment", "--collapse-id", "--expiration", "--deadline", "--id", "--reply-to"],
+                 "--environment", "--collapse-id", "--expiration", "--deadline", "--send-at", "--id", "--reply-to"],
         switches: ["--no-progress", "--bulk", "--check"], help: enqueueHelp)
     let configuration = parsed.configuration(requiringCredentials: false)
     if parsed.switches.contains("--check") { checkJobs(parsed, configuration) }
@@ -124,7 +126,7 @@ func jobFromFlags(_ parsed: ParsedArguments) -> [UInt8] {
     var flags = JobFlags()
     let options: [(String, WritableKeyPath<JobFlags, String?>)] = [
         ("--id", \.id), ("--topic", \.topic), ("--environment", \.environment), ("--push-type", \.pushType),
-        ("--priority", \.priority), ("--expiration", \.expiration), ("--deadline", \.deadline),
+        ("--priority", \.priority), ("--expiration", \.expiration), ("--deadline", \.deadline), ("--send-at", \.sendAt),
         ("--collapse-id", \.collapseID), ("--alert", \.alert), ("--title", \.title), ("--payload", \.payload),
     ]
     for (option, field) in options { flags[keyPath: field] = parsed.value(option) }

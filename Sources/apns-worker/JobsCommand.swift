@@ -11,12 +11,13 @@ USAGE: apns-worker jobs show JOB_ID [--json]
        apns-worker jobs list [--json]
        apns-worker jobs cancel JOB_ID [--reason TEXT]
 
-  show      a job's state (unknown, running, done, cancelled), its counts (resolved, sent, delivered, dead,
+  show      a job's state (unknown, scheduled, running, done, cancelled), its counts (resolved, sent, delivered, dead,
             failed, retrying, held back, expired, cancelled), its rate and, while it runs, the time left. Workers
             add to a job's progress about once a second (apns:job:<id>:progress, kept 24 hours after its last
             update) for jobs with an id and at least 1,000 users and tokens; a smaller job shows as unknown (its
             summary, on its reply_to queue, says how it went). --json: one object (schema/job-progress.schema.json).
-  list      the jobs running now (progress updated in the last minute), as show prints them; --json: an array.
+  list      the jobs running now (progress updated in the last minute) and those waiting for their send_at, as
+            show prints them; --json: an array.
 
   cancel    records that JOB_ID (the job's "id", or its AMQP message-id) is cancelled, kept 7 days in Redis
             (apns:cancelled:<job id>). Every worker running the job stops sending it within a second: what it
@@ -67,11 +68,12 @@ func jobsCommand(_ arguments: [String]) {
         let progress = SharedJobProgress(redis: redis)
         switch action {
         case "list":
-            let reports = try progress.running().map { id throws(RedisError) in try progress.read(id) }
+            let ids = try progress.running() + progress.scheduled()
+            let reports = try ids.map { id throws(RedisError) in try progress.read(id) }
             if json {
                 print("[" + reports.map(\.json).joined(separator: ",") + "]")
             } else {
-                print(reports.isEmpty ? "no job running (with an id and at least 1,000 users and tokens)"
+                print(reports.isEmpty ? "no job running (with an id and at least 1,000 users and tokens) or scheduled"
                                       : reports.map(\.text).joined(separator: "\n"))
             }
         case "show":

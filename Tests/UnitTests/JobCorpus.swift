@@ -22,6 +22,9 @@ enum JobCorpus {
         (#"{"users": ["u"], "topic": "t", "deadline": 1798761600000, "payload": {}}"#, "not milliseconds"),
         (#"{"users": ["u"], "topic": "t", "deadline": "tomorrow", "payload": {}}"#, "\"deadline\" must be a whole number, got a string"),
         (#"{"users": ["u"], "topic": "t", "deadline": 1798761600.5, "payload": {}}"#, "\"deadline\" must be a whole number"),
+        (#"{"users": ["u"], "topic": "t", "send_at": -1, "payload": {}}"#, "send_at -1 must be UNIX seconds"),
+        (#"{"users": ["u"], "topic": "t", "send_at": 1798761600000, "payload": {}}"#, "not milliseconds"),
+        (#"{"users": ["u"], "topic": "t", "send_at": "18:00", "payload": {}}"#, "\"send_at\" must be a whole number, got a string"),
         (#"{"users": ["u"], "payload": {}}"#, "no topic"),
         (#"{"users": ["u"], "topic": "t"}"#, "missing field \"payload\""),
         (#"{"users": ["u"], "topic": "t", "payload": "hi"}"#, "\"payload\" must be an object, got a string"),
@@ -84,6 +87,8 @@ enum JobCorpus {
         #"{"id": "job-42", "topic": "com.example.app", "users": ["u1", "u2"], "tokens": ["\#(token)"], "environment": "sandbox", "push_type": "alert", "priority": 10, "expiration": 0, "collapse_id": "order-7", "deadline": 1798761600, "payload": {"aps": {"alert": "Hello"}, "n": 1.50}}"#,
         #"{"users": ["u1"], "tokens": [], "push_type": "background", "priority": 5, "payload": {"aps": {"content-available": 1}}}"#,
         #"{"users": ["u1"], "push_type": "voip", "payload": {}}"#,
+        // A send_at that has passed: sent now.
+        #"{"users": ["u1"], "send_at": 1700000000, "deadline": 1700000000, "payload": {}}"#,
         #"{"tokens": ["ABCDEF0123"], "topic": "com.example.app", "collapse_id": "a b", "payload": {}}"#,
         #"{"users": ["u1"], "prevalidate": true}"#,
         #"{"users": ["u1"], "prevalidate": false, "id": null, "topic": null, "priority": null, "payload": {}}"#,
@@ -106,6 +111,8 @@ enum JobCorpus {
          "the payload's size in bytes, per push type"),
         (#"{"users": ["u"], "collapse_id": "\#(String(repeating: "é", count: 40))", "payload": {}}"#,
          "lengths in bytes (collapse_id, users, activity): the schema counts characters"),
+        (#"{"users": ["u"], "payload": {}, "send_at": 99999999999}"#, "a send_at more than 7 days ahead of the worker's clock"),
+        (#"{"users": ["u"], "payload": {}, "send_at": 1700000100, "deadline": 1700000000}"#, "a deadline before send_at"),
         (#"{"users": ["u"], "payload": {}, "priority": 10.0}"#, "whole numbers written as such: JSON Schema's integer takes 10.0"),
         (#"{"users": ["u"], "payload": {}, "expiration": 1e3}"#, "whole numbers written as such: JSON Schema's integer takes 1e3"),
     ]

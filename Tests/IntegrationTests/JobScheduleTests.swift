@@ -1,0 +1,80 @@
+import AMQP
+import APNsSimulator
+import Foundation
+import Redis
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// A job's `send_at`: held in the broker's delay queues until then (a worker restart loses nothing), sent within a
+/// second after, shown as scheduled, and cancellable while it waits.
+@Suite struct JobScheduleTests {
+    let logger = Logger(label: "schedule", level: .critical)
+
+    /// Publishes a job of `tokens` with `send_at` `seconds` from now (whole seconds, rounded up); returns its id and
+    /// send_at.
+    static func publishScheduled(_ publisher: AMQPConnection, to queue: String, replies: String, tokens: [String],
+                                 in seconds: Int64) throws -> (id: String, sendAt: Int64) {
+        let jobID = TestServices.unique("scheduled")
+        let sendAt = Int64(Date().timeIntervalSince1970.rounded(.up)) + seconds
+        let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+        try publisher.publish(to: queue, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "send_at": \#(sendAt), "payload": {"aps": {}}}"#.utf8),
+                              properties: AMQPProperties(replyTo: replies))
+        return (jobID, sendAt)
+    }
+
+    /// Waits until `jobs show` says the job is scheduled for `sendAt`.
+    static func awaitScheduled(_ jobID: String, at sendAt: Int64, redisURL: String) throws -> Bool {
+        var shown: [String: Any] = [:]
+        return try TestServices.waitUntil(timeout: 10) {
+            shown = try JobCancelTests.show(jobID, redisURL: redisURL)
+            return shown["state"] as? String == "scheduled" && (shown["scheduled_for"] as? Int).map(Int64.init) == sendAt
+        }
+    }
+
+    /// `send_at` 10 s ahead, the worker stopped and another started while the job waits: nothing reaches APNs before
+    /// send_at, and everything within a second after.
+    @Test func aScheduledJobGoesOutOnTimeAcrossAWorkerRestart() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let tokens = (0..<3).map { String(format: "%064x", 0xCD_0000 + $0) }
+        let (jobID, sendAt) = try Self.publishScheduled(publisher, to: jobs, replies: replies, tokens: tokens, in: 10)
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs)
+        let first = try WorkerThread(environment, logger: logger)
+        #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL), "jobs show: scheduled for \(sendAt)")
+        first.stop()
+        #expect(simulator.received().isEmpty, "nothing sent while it waits")
+        let second = try WorkerThread(environment, logger: logger)
+        defer { second.stop() }
+        let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 40).first))
+        #expect(summary["delivered"] as? Int == 3, "\(summary)")
+        let times = simulator.received().map(\.receivedAt)
+        #expect(times.count == 3)
+        let earliest = times.min() ?? 0, latest = times.max() ?? .infinity
+        #expect(earliest >= Double(sendAt), "the first push \(Double(sendAt) - earliest) s before send_at")
+        #expect(latest <= Double(sendAt) + 1, "the last push \(latest - Double(sendAt)) s after send_at")
+        print(String(format: "schedule | send_at 10 s ahead, worker restarted while it waited: pushes %.3f-%.3f s after send_at",
+                     earliest - Double(sendAt), latest - Double(sendAt)))
+    }
+
+    /// A job cancelled while it waits for its send_at settles when it next comes back from a delay queue, nothing
+    /// sent, every token counted as cancelled.
+    @Test func aCancelledScheduledJobSendsNothing() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let tokens = (0..<3).map { String(format: "%064x", 0xCE_0000 + $0) }
+        let (jobID, sendAt) = try Self.publishScheduled(publisher, to: jobs, replies: replies, tokens: tokens, in: 4)
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL), "jobs show: scheduled for \(sendAt)")
+        let (code, output) = try JobCancelTests.cancel(jobID, redisURL: redisURL, reason: "called off")
+        #expect(code == 0, "jobs cancel: \(output)")
+        let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        #expect(summary["cancelled"] as? Int == 3 && summary["delivered"] as? Int == 0, "\(summary)")
+        #expect(simulator.received().isEmpty, "nothing sent")
+    }
+}
