@@ -44,7 +44,8 @@ let package = Package(
         .target(name: "WorkerPipeline", dependencies: ["APNsModel", "Telemetry"], swiftSettings: hotPath),
         // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
         .target(name: "AMQPBroker", dependencies: ["AMQP", "APNsModel", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNsModel", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "APNsModel", "Telemetry"],
+                swiftSettings: hotPath),
         // The pipeline's sender port over the APNs client.
         .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
         // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a

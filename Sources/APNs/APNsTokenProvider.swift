@@ -2,6 +2,14 @@ import Telemetry
 import Foundation
 import Synchronization
 
+/// Where a fleet of workers keeps one provider token per key (`FleetProviderTokens`), so that they all send with the
+/// same one and replace it once, together.
+public protocol ProviderTokenFleet: AnyObject, Sendable {
+    /// APNs answered ExpiredProviderToken to the token issued at `issuedAt`: the fleet replaces it, once whoever asks,
+    /// and `provider` adopts the replacement. Returns whether it did, within a short wait.
+    func replace(_ provider: APNsTokenProvider, rejectedIssuedAt issuedAt: Int64) -> Bool
+}
+
 /// The provider token (ES256 JWT) for one key, shared by every connection of the process.
 ///
 /// Apple: iat older than an hour is rejected (ExpiredProviderToken), and a connection must not see a new token more
@@ -18,6 +26,10 @@ public final class APNsTokenProvider: Sendable {
     private let refreshInterval: Double
     private let clock: @Sendable () -> Double
     private let current = Locked<(token: String, issuedAt: Int64)?>(nil)
+    /// The fleet's shared tokens, when the worker keeps them in Redis; nil: this process signs its own.
+    private let fleetHook = Locked<(any ProviderTokenFleet)?>(nil)
+    /// Tokens this process minted, every key together (`apns_worker_provider_tokens_minted_total`).
+    public static let minted = Atomic<Int>(0)
 
     public init(key: ES256Key, keyID: String, teamID: String, refreshInterval: Double = 50 * 60,
                 clock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) throws(APNsKeyError) {
@@ -48,10 +60,28 @@ public final class APNsTokenProvider: Sendable {
         }
     }
 
-    /// After 403 ExpiredProviderToken: drops the current token if replacing it cannot trip Apple's 20-minute rule.
-    /// Returns whether a new token will be minted.
+    /// The fleet that shares this key's tokens from now on.
+    public func share(with fleet: any ProviderTokenFleet) { fleetHook.withLock { $0 = fleet } }
+
+    /// A token the fleet uses: taken unless this provider holds a newer one.
+    public func adopt(token: String, issuedAt: Int64) {
+        current.withLock { state in
+            if let state, state.issuedAt > issuedAt { return }
+            state = (token, issuedAt)
+        }
+    }
+
+    /// When the token in use was issued (UNIX seconds), if there is one.
+    public var currentIssuedAt: Int64? { current.withLock { $0?.issuedAt } }
+
+    /// After 403 ExpiredProviderToken: with a fleet, the fleet replaces the token once for every worker (a token APNs
+    /// calls expired is expired on every connection); alone, drops the current token if replacing it cannot trip
+    /// Apple's 20-minute rule. Returns whether a new token will be used.
     @discardableResult
     public func invalidate() -> Bool {
+        if let fleet = fleetHook.withLock({ $0 }), let issuedAt = currentIssuedAt {
+            return fleet.replace(self, rejectedIssuedAt: issuedAt)
+        }
         let now = clock()
         return current.withLock { state in
             guard let issuedAt = state?.issuedAt else { return true }
@@ -63,6 +93,7 @@ public final class APNsTokenProvider: Sendable {
 
     /// Builds header.claims.signature, each part base64url without padding.
     public func makeToken(issuedAt: Int64) throws(APNsKeyError) -> String {
+        Self.minted.add(1, ordering: .relaxed)
         let header = Self.base64URL(Array("{\"alg\":\"ES256\",\"kid\":\"\(keyID)\"}".utf8))
         let claims = Self.base64URL(Array("{\"iss\":\"\(teamID)\",\"iat\":\(issuedAt)}".utf8))
         let signingInput = header + "." + claims

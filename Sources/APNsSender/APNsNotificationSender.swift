@@ -87,6 +87,9 @@ public final class APNsNotificationSender: NotificationSender {
                     "HTTP/2 streams to APNs carrying a request (each connection up to its stream limit), by credential, "
                         + "environment and lane, sampled every second.",
                     Self.series(client.streamsInUse))
+        text.family("apns_worker_provider_tokens_minted_total", "counter",
+                    "Provider tokens (JWT) this worker signed; with Redis, the fleet shares one per key, so most workers "
+                        + "sign none.", [([], APNsTokenProvider.minted.load(ordering: .relaxed))])
         var expiries: [(labels: [(String, String)], value: Int)] = []
         let credentials = client.currentCredentials
         for credential in credentials.all {

@@ -23,6 +23,8 @@ public struct ReceivedNotification: Sendable, Equatable {
     /// Who sent it, as the connection proved it: `TEAMID/KEYID` of a verified provider token, or
     /// `certificate:<common name>` of a verified client certificate; nil when nothing is checked.
     public var credential: String? = nil
+    /// The `iat` of the provider token the connection proved itself with, if it used one.
+    public var tokenIssuedAt: Int64? = nil
 }
 
 /// An APNs double on the project's own HTTP/2 + TLS code: validates requests like APNs and answers like it.
@@ -198,6 +200,18 @@ public final class APNsSimulator: Sendable {
     /// Everything received so far, in arrival order.
     public func received() -> [ReceivedNotification] { core.state.withLock { $0.received } }
 
+    /// Every provider token connections use now is expired from here on, as APNs answers once a token passed its hour:
+    /// requests with them get 403 ExpiredProviderToken, and a connection may replace one at once (not an update too
+    /// many). Returns the `iat`s expired.
+    @discardableResult
+    public func expireProviderTokensInUse() -> Set<Int64> {
+        core.state.withLock { state in
+            let inUse = Set(state.connections.values.compactMap(\.issuedAt))
+            state.expiredIssuedAt.formUnion(inUse)
+            return inUse
+        }
+    }
+
     /// Responses sent, by status.
     public func countsByStatus() -> [Int: Int] { core.countsByStatus() }
     /// Broadcasts accepted per channel id (channels deleted since included).
@@ -232,6 +246,8 @@ final class SimulatorCore: Sendable {
         var random = APNsIDGenerator(seed: 7)
         /// Device tokens answered 200, when the configuration counts them.
         var acceptedTokens = Set<String>()
+        /// Provider tokens (by `iat`) declared expired before their hour (`expireProviderTokensInUse`).
+        var expiredIssuedAt = Set<Int64>()
     }
 
     /// What APNs remembers about one connection.
@@ -242,6 +258,8 @@ final class SimulatorCore: Sendable {
         var credential: String?
         var authorization: String?
         var authorizationChangedAt: Double = 0
+        /// The `iat` of `authorization`.
+        var issuedAt: Int64?
         var limitedToOneStream = false
     }
 
@@ -371,7 +389,8 @@ final class SimulatorCore: Sendable {
                 priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
                 collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
                 status: status, reason: reason?.rawValue, connectionID: request.connectionID,
-                receivedAt: Date().timeIntervalSince1970, credential: credential)
+                receivedAt: Date().timeIntervalSince1970, credential: credential,
+                tokenIssuedAt: state.connections[request.connectionID]?.issuedAt)
             if configuration.recordsNotifications { state.received.append(notification!) }
         }
         var streamLimit: UInt32?
@@ -495,27 +514,34 @@ final class SimulatorCore: Sendable {
             return .missingProviderToken
         }
         let now = Date().timeIntervalSince1970
-        let known = state.withLock { $0.connections[request.connectionID]?.authorization }
-        if known == authorization { return nil }  // verified on this connection already
-        let (team, keyID, failure) = verifyProviderToken(authorization, now: now)
+        let (known, expired) = state.withLock { state in
+            let connection = state.connections[request.connectionID]
+            return (connection?.authorization, connection?.issuedAt.map(state.expiredIssuedAt.contains) ?? false)
+        }
+        if known == authorization { return expired ? .expiredProviderToken : nil }  // verified on this connection already
+        let (team, keyID, issuedAt, failure) = verifyProviderToken(authorization, now: now)
         if let failure { return failure }
         return state.withLock { state -> APNsReason? in
+            if let issuedAt, state.expiredIssuedAt.contains(issuedAt) { return .expiredProviderToken }
             var connection = state.connections[request.connectionID, default: ConnectionState()]
             defer { state.connections[request.connectionID] = connection }
             if let bound = connection.team, bound != team { return .unrelatedKeyIdInToken }  // one team per connection
-            if connection.authorization != nil && now - connection.authorizationChangedAt < 20 * 60 {
+            // Replacing a token APNs called expired is what it asks for, not an update too many.
+            let replacesExpired = connection.issuedAt.map(state.expiredIssuedAt.contains) ?? false
+            if connection.authorization != nil && now - connection.authorizationChangedAt < 20 * 60 && !replacesExpired {
                 return .tooManyProviderTokenUpdates
             }
             connection.team = team
             connection.credential = "\(team ?? "")/\(keyID ?? "")"
             connection.authorization = authorization
             connection.authorizationChangedAt = now
+            connection.issuedAt = issuedAt
             return nil
         }
     }
 
     private func verifyProviderToken(_ authorization: String, now: Double)
-        -> (team: String?, keyID: String?, failure: APNsReason?) {
+        -> (team: String?, keyID: String?, issuedAt: Int64?, failure: APNsReason?) {
         let parts = authorization.dropFirst("bearer ".count).split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3,
               let headerBytes = APNsTokenProvider.base64URLDecode(parts[0]),
@@ -525,13 +551,13 @@ final class SimulatorCore: Sendable {
               let claims = try? JSONSerialization.jsonObject(with: Data(claimsBytes)) as? [String: Any],
               header["alg"] as? String == "ES256",
               let keyID = header["kid"] as? String, let issuer = claims["iss"] as? String,
-              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return (nil, nil, .invalidProviderToken) }
+              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return (nil, nil, nil, .invalidProviderToken) }
         guard let trusted = configuration.trustedKeys[keyID], trusted.teamID == issuer,
               trusted.key.verify(signature, of: Array((parts[0] + "." + parts[1]).utf8)) else {
-            return (nil, nil, .invalidProviderToken)
+            return (nil, nil, nil, .invalidProviderToken)
         }
-        if now - Double(issuedAt) > 3600 { return (nil, nil, .expiredProviderToken) }
-        return (issuer, keyID, nil)
+        if now - Double(issuedAt) > 3600 { return (nil, nil, issuedAt, .expiredProviderToken) }
+        return (issuer, keyID, issuedAt, nil)
     }
 
     private func handleControl(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {

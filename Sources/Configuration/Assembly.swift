@@ -21,7 +21,13 @@ extension WorkerConfiguration {
         let sender = APNsNotificationSender(configuration: apns, credentials: credentials,
                                             logger: logger.child("apns-client"))
         let worker = makeWorker(sender: sender, logger: logger)
-        return ReloadableWorker(worker: worker, sender: sender, logger: logger) {
+        let providerTokens = FleetProviderTokens(redis, logger: logger.child("provider-tokens")) {
+            sender.currentCredentials.all.compactMap { credential in
+                guard case .token(let provider) = credential.authentication else { return nil }
+                return (provider, credential.fingerprint.prefix(8).map { String(format: "%02x", $0) }.joined())
+            }
+        }
+        return ReloadableWorker(worker: worker, sender: sender, providerTokens: providerTokens, logger: logger) {
             guard let reload else { throw ReloadRefused("this worker was started without a way to read its settings again") }
             let settings = try reload().credential
             let credentials = try settings.makeCredentials()
@@ -66,6 +72,8 @@ extension RedisError: SystemFailure {
 public final class ReloadableWorker: Service {
     public let worker: Worker
     public let sender: APNsNotificationSender
+    /// The fleet's provider tokens, one per key, kept in Redis.
+    private let providerTokens: FleetProviderTokens?
     private let logger: Logger
     private let readCredentials: @Sendable () throws -> APNsCredentials
     private let stopped = DispatchSemaphore(value: 0)
@@ -73,8 +81,9 @@ public final class ReloadableWorker: Service {
     /// Seconds between two looks at the certificates' expiry while the worker runs.
     static let expiryCheckInterval: Double = 86_400
 
-    init(worker: Worker, sender: APNsNotificationSender, logger: Logger,
+    init(worker: Worker, sender: APNsNotificationSender, providerTokens: FleetProviderTokens? = nil, logger: Logger,
          readCredentials: @escaping @Sendable () throws -> APNsCredentials) {
+        self.providerTokens = providerTokens
         self.worker = worker
         self.sender = sender
         self.logger = logger
@@ -90,6 +99,9 @@ public final class ReloadableWorker: Service {
             }
         }.start()
         defer { stopped.signal() }
+        // Before the first push: every worker then sends with the fleet's token from its first request.
+        providerTokens?.start()
+        defer { providerTokens?.stop() }
         try worker.run()
     }
 

@@ -1,0 +1,172 @@
+import APNs
+import Foundation
+import Redis
+import Synchronization
+import Telemetry
+
+/// One provider token per signing key for the whole fleet, kept in Redis (the schema is in README.md):
+/// - `apns:jwt:<team id>/<key id>`: string, JSON `{"token": "<jwt>", "iat": <UNIX seconds>, "key": "<fingerprint>"}`;
+///   expires an hour after its `iat`, when APNs would refuse it anyway. `key` (a hash of the key file's credential, never
+///   the key) tells a token signed by another key under the same ids (a test fleet, a key file swapped by mistake)
+///   from this one's: such a token is never used, it is replaced.
+/// - `apns:jwt-lease:<team id>/<key id>`: held for at most 10 s by the worker minting the next token.
+///
+/// Every worker reads the key's token at start and every `checkInterval`, and uses it. The first worker that finds
+/// none, or finds it `replaceAge` old (40 minutes plus this worker's own 0-10 minutes, so that workers do not all try
+/// at once), takes the lease, mints a token and stores it; the others wait for it and adopt it. An ExpiredProviderToken
+/// answer replaces the token the fleet uses only if it is still the one APNs refused: one replacement for the fleet,
+/// not one per worker. Without Redis, each provider signs its own, as a lone worker does.
+///
+/// One thread owns the Redis connection; the lanes' threads ask it for a replacement and wait at most `replaceWait`.
+public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable {
+    static let checkInterval: Double = 5
+    static let replaceWait: Double = 2
+    static let leaseMilliseconds = 10_000
+
+    private let deployment: RedisDeployment
+    /// A signing key's provider, and the fingerprint that tells its tokens apart.
+    public typealias Key = (provider: APNsTokenProvider, fingerprint: String)
+
+    private let providers: @Sendable () -> [Key]
+    private let logger: Logger
+    private let replaceAge: Double
+    private let wake = DispatchSemaphore(value: 0)
+    /// Replacements asked for by the lanes' threads: the provider and the iat APNs refused, with the semaphore the
+    /// asker waits on.
+    private let requests = Locked<[(provider: APNsTokenProvider, rejected: Int64, done: DispatchSemaphore)]>([])
+    private let stopping = Atomic<Bool>(false)
+    /// The refresher thread's own connection, made again after a failure.
+    private var redis: (any RedisClient)?
+    private let owner = UUID().uuidString
+
+    public init(_ deployment: RedisDeployment, logger: Logger, providers: @escaping @Sendable () -> [Key]) {
+        self.deployment = deployment
+        self.providers = providers
+        self.logger = logger
+        replaceAge = 40 * 60 + Double.random(in: 0..<600)
+    }
+
+    static func key(_ provider: APNsTokenProvider) -> String { "apns:jwt:\(provider.teamID)/\(provider.keyID)" }
+    static func leaseKey(_ provider: APNsTokenProvider) -> String { "apns:jwt-lease:\(provider.teamID)/\(provider.keyID)" }
+
+    /// Adopts (or mints) every key's fleet token now, then keeps them current on a thread of its own until `stop`.
+    public func start() {
+        for key in providers() { key.provider.share(with: self) }
+        refreshAll()
+        Thread { [self] in
+            while !stopping.load(ordering: .acquiring) {
+                _ = wake.wait(timeout: .now() + Self.checkInterval)
+                if stopping.load(ordering: .acquiring) { break }
+                serveRequests()
+                refreshAll()
+            }
+        }.start()
+    }
+
+    public func stop() {
+        stopping.store(true, ordering: .releasing)
+        wake.signal()
+    }
+
+    public func replace(_ provider: APNsTokenProvider, rejectedIssuedAt issuedAt: Int64) -> Bool {
+        let done = DispatchSemaphore(value: 0)
+        requests.withLock { $0.append((provider, issuedAt, done)) }
+        wake.signal()
+        guard done.wait(timeout: .now() + Self.replaceWait) == .success else { return false }
+        return (provider.currentIssuedAt ?? issuedAt) > issuedAt
+    }
+
+    private func serveRequests() {
+        let asked = requests.withLock { pending in
+            defer { pending.removeAll() }
+            return pending
+        }
+        let keys = providers()
+        for request in asked {
+            if let key = keys.first(where: { $0.provider === request.provider }) {
+                fleetToken(for: key, replacing: request.rejected)
+            }
+            request.done.signal()
+        }
+    }
+
+    private func refreshAll() {
+        for key in providers() {
+            key.provider.share(with: self)
+            // Redis not answering: the rest wait for the next round rather than each paying the connect timeout.
+            guard fleetToken(for: key, replacing: nil) else { return }
+        }
+    }
+
+    /// The fleet's token for `provider`'s key, adopted: read, or minted under the lease when there is none, it is
+    /// `replaceAge` old, or it is the one APNs refused (`rejected`).
+    @discardableResult
+    private func fleetToken(for key: Key, replacing rejected: Int64?) -> Bool {
+        let provider = key.provider
+        do {
+            let redis = try connection()
+            let deadline = Date().addingTimeInterval(Double(Self.leaseMilliseconds) / 1000)
+            while true {
+                let now = Date().timeIntervalSince1970
+                if let stored = try read(key, on: redis), Double(stored.issuedAt) > now - replaceAge,
+                   stored.issuedAt != rejected, rejected.map({ stored.issuedAt > $0 }) ?? true {
+                    provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
+                    return true
+                }
+                let lease = try redis.command(["SET", Self.leaseKey(provider), owner, "NX", "PX",
+                                               String(Self.leaseMilliseconds)])
+                if lease.text == "OK" {
+                    defer { _ = try? redis.command(["DEL", Self.leaseKey(provider)]) }
+                    // Another worker may have stored one between the read and the lease.
+                    if let stored = try read(key, on: redis), stored.issuedAt != rejected,
+                       Double(stored.issuedAt) > now - replaceAge, rejected.map({ stored.issuedAt > $0 }) ?? true {
+                        provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
+                        return true
+                    }
+                    // A replacement issued in the same second as the refused token would carry the same iat.
+                    let issuedAt = max(Int64(now), (rejected ?? 0) + 1)
+                    let token = try provider.makeToken(issuedAt: issuedAt)
+                    let record = "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"
+                        + "\"key\":\(JSONString.quote(key.fingerprint))}"
+                    let stored = try redis.command(["SET", Self.key(provider), record, "EX", "3600"])
+                    if case .error(let message) = stored {
+                        throw RedisError(kind: .server, "storing the provider token: \(message)")
+                    }
+                    provider.adopt(token: token, issuedAt: issuedAt)
+                    logger.info("minted the fleet's provider token", [
+                        "apns.key": "\(provider.teamID)/\(provider.keyID)", "apns.token_iat": String(issuedAt),
+                        "apns.replaces_refused": rejected.map(String.init) ?? "none"])
+                    return true
+                }
+                guard Date() < deadline, !stopping.load(ordering: .acquiring) else { return true }
+                Thread.sleep(forTimeInterval: 0.05)
+            }
+        } catch {
+            // Without the fleet's token, the provider signs its own when it needs one (as a lone worker does).
+            redis = nil
+            logger.warning("the fleet's provider token cannot be read or stored; this worker signs its own meanwhile",
+                           ["apns.key": "\(provider.teamID)/\(provider.keyID)", "error": "\(error)"])
+            return false
+        }
+    }
+
+    private func connection() throws -> any RedisClient {
+        if let redis { return redis }
+        let made = try deployment.connect(timeout: 2, logger: logger)
+        redis = made
+        return made
+    }
+
+    /// The fleet's token for `key`, if there is one signed by that very key.
+    private func read(_ key: Key, on redis: any RedisClient) throws -> (token: String, issuedAt: Int64)? {
+        let reply = try redis.command(["GET", Self.key(key.provider)])
+        if case .error(let message) = reply { throw RedisError(kind: .server, "reading the provider token: \(message)") }
+        guard let text = reply.text,
+              let object = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any],
+              let token = object["token"] as? String, let issuedAt = (object["iat"] as? NSNumber)?.int64Value,
+              object["key"] as? String == key.fingerprint else {
+            return nil
+        }
+        return (token, issuedAt)
+    }
+}
