@@ -65,8 +65,10 @@ extension SessionLoop {
 /// Large jobs' progress, reported to the fleet's record about once a second (`apns-worker jobs show`).
 extension SessionLoop {
     func reportProgress(at now: Date) throws {
-        guard let record = session.progress, progressTracker.isDue(at: now) else { return }
+        guard progressTracker.isDue(at: now) else { return }
         let deltas = progressTracker.take(at: now)
+        // A store without the record (a test's): the counts have nowhere to go.
+        guard let record = session.progress else { return }
         switch try record.add(deltas) {
         case .answered:
             break
