@@ -9,9 +9,6 @@ import WorkerPipeline
 ///   goes at the next cancellation. Workers read it from where they last stopped, so that learning of new
 ///   cancellations costs one read however many jobs run.
 public struct SharedCancellations: JobCancellations {
-    /// How long a cancellation is kept (seconds): a copy of the job that comes back later than this is sent.
-    public static let retention = 7 * 24 * 3600
-
     private let redis: any RedisClient
     private let keys: RedisKeys
 
@@ -27,9 +24,9 @@ public struct SharedCancellations: JobCancellations {
         if let reason { record += ",\"reason\":\(JSONString.quote(reason))" }
         record += "}"
         let replies = try redis.pipeline([
-            ["SET", keys.cancelled(jobID), record, "NX", "EX", String(Self.retention)],
+            ["SET", keys.cancelled(jobID), record, "NX", "EX", String(CancelledJob.retention)],
             ["ZADD", keys.cancellations, "NX", String(milliseconds), jobID],
-            ["ZREMRANGEBYSCORE", keys.cancellations, "-inf", String(milliseconds - Int64(Self.retention) * 1000)],
+            ["ZREMRANGEBYSCORE", keys.cancellations, "-inf", String(milliseconds - Int64(CancelledJob.retention) * 1000)],
         ])
         for case .error(let message) in replies {
             throw RedisError(kind: .server, "recording the cancellation of \(jobID): \(message)")

@@ -33,7 +33,9 @@ public struct SharedJobProgress: JobProgressRecord {
         for delta in deltas {
             let key = keys.progress(delta.jobID)
             let runs = delta.since > 0 || delta.ended || delta.retrying != nil
-            for counter in delta.counters { commands.append(["HINCRBY", key, counter.name, String(counter.value)]) }
+            for (counter, value) in delta.counts where value != 0 {
+                commands.append(["HINCRBY", key, counter.rawValue, String(value)])
+            }
             if runs { commands.append(["HSETNX", key, "first_update", String(Int64(delta.since * 1000))]) }
             if delta.targets > 0 { commands.append(["HSETNX", key, "targets", String(delta.targets)]) }
             var set = ["HSET", key, "last_update", milliseconds]
@@ -106,9 +108,9 @@ public struct JobProgressReport: Sendable {
     /// The job's `send_at`, if it waited for one.
     public var scheduledFor: Int64?
 
-    /// The counters, in the order `--json` and the text give them.
-    public static let counterNames = ["resolved", "sent", "delivered", "dead", "failed", "retrying", "held_back",
-                                      "expired", "cancelled", "waiting_for_window"]
+    /// The counters, in the order `--json` and the text give them: the workers' own, then the attempt's `retrying` and
+    /// `waiting_for_window` (always 0 until jobs wait for users' local hours).
+    public static let counterNames = JobProgressDelta.Counter.allCases.map(\.rawValue) + ["retrying", "waiting_for_window"]
 
     /// From the progress hash's fields as Redis holds them, and whether the job was cancelled.
     public init(jobID: String, fields: [String: String], cancelled: Bool, now: Date = Date()) {
@@ -163,7 +165,7 @@ public struct JobProgressReport: Sendable {
         }
         if state == .unknown {
             lines.append("  no progress recorded: the job has not started, ended more than 24 hours ago, or has fewer "
-                         + "than 1,000 users and tokens (its summary says how it went)")
+                         + "than \(JobProgressDelta.minimumTargets) users and tokens (its summary says how it went)")
             return lines.joined(separator: "\n")
         }
         let counted = Self.counterNames.map { "\($0.replacingOccurrences(of: "_", with: " ")) \(counts[$0] ?? 0)" }

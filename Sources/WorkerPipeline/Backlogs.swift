@@ -38,22 +38,11 @@ struct OutgoingQueue {
     /// Takes every entry of the `cancelled` jobs out of the queue, keeping the others in their order.
     mutating func remove(jobsIn cancelled: Set<String>) -> [(progress: JobProgress, index: Int32)] {
         guard !cancelled.isEmpty, !isEmpty else { return [] }
-        var removed: [(progress: JobProgress, index: Int32)] = []
-        var kept: [(progress: JobProgress, index: Int32)] = []
-        kept.reserveCapacity(count)
-        for entry in entries[head...] {
-            if Self.isCancelled(entry.progress, cancelled) { removed.append(entry) } else { kept.append(entry) }
-        }
+        let (kept, removed) = CancellationWatch.split(entries[head...], among: cancelled)
         guard !removed.isEmpty else { return [] }
         entries = kept
         head = 0
         return removed
-    }
-
-    /// Only a job that names itself (an id of its own or a message-id) can be cancelled: a fallback id is no name an
-    /// operator could give.
-    static func isCancelled(_ progress: JobProgress, _ cancelled: Set<String>) -> Bool {
-        progress.hasStableID && cancelled.contains(progress.job.id)
     }
 
     /// Entries just taken that could not go (the rate limit granted fewer) go back to the front, in their order.
@@ -138,10 +127,10 @@ struct RateGroupHolds {
         for group in Array(holds.keys) {
             for lane in JobLane.allCases {
                 guard let entries = holds[group]?.entries[lane] else { continue }
-                let dropped = entries.filter { OutgoingQueue.isCancelled($0.progress, cancelled) }
+                let (kept, dropped) = CancellationWatch.split(entries, among: cancelled)
                 guard !dropped.isEmpty else { continue }
                 removed[lane, default: []] += dropped
-                holds[group]?.entries[lane] = entries.filter { !OutgoingQueue.isCancelled($0.progress, cancelled) }
+                holds[group]?.entries[lane] = kept
             }
         }
         return removed

@@ -10,15 +10,39 @@ struct CancellationWatch {
     /// machine that ran `jobs cancel`, which may be behind another's.
     static let clockSkew: Double = 60
 
-    /// The cancelled jobs' ids, as far as this worker knows.
-    private(set) var jobIDs: Set<String> = []
+    /// The cancelled jobs' ids as far as this worker knows, with when each was cancelled (UNIX seconds).
     private var cancelledAt: [String: Double] = [:]
     /// The newest cancellation read (UNIX seconds); nil before the first read, which reads them all.
     private var newest: Double?
     private(set) var nextRead = Date.distantPast
 
+    /// Only a job that names itself (an id of its own or a message-id) can be cancelled: a fallback id is no name an
+    /// operator could give.
+    static func names(_ progress: JobProgress, among ids: Set<String>) -> Bool {
+        progress.hasStableID && ids.contains(progress.job.id)
+    }
+
+    /// `entries` in two, each in its order: those of jobs not among `ids`, and those of jobs among them.
+    static func split(_ entries: some Collection<(progress: JobProgress, index: Int32)>, among ids: Set<String>)
+        -> (kept: [(progress: JobProgress, index: Int32)], cancelled: [(progress: JobProgress, index: Int32)]) {
+        var kept: [(progress: JobProgress, index: Int32)] = []
+        var cancelled: [(progress: JobProgress, index: Int32)] = []
+        kept.reserveCapacity(entries.count)
+        for entry in entries {
+            if names(entry.progress, among: ids) { cancelled.append(entry) } else { kept.append(entry) }
+        }
+        return (kept, cancelled)
+    }
+
+    /// Whether a job of this id, naming itself (`named`), is cancelled.
+    func isCancelled(jobID: String, named: Bool) -> Bool {
+        named && !cancelledAt.isEmpty && cancelledAt[jobID] != nil
+    }
+
     /// Whether `progress`'s job is among the cancelled ones: nothing to look up while none is.
-    func isCancelled(_ progress: JobProgress) -> Bool { !jobIDs.isEmpty && OutgoingQueue.isCancelled(progress, jobIDs) }
+    func isCancelled(_ progress: JobProgress) -> Bool {
+        !cancelledAt.isEmpty && isCancelled(jobID: progress.job.id, named: progress.hasStableID)
+    }
 
     /// Whether the store is to be asked now.
     func isDue(at now: Date) -> Bool { now >= nextRead }
@@ -30,28 +54,19 @@ struct CancellationWatch {
         switch try source.cancelled(since: newest.map { $0 - Self.clockSkew }) {
         case .answered(let jobs):
             var fresh = Set<String>()
-            for job in jobs where cancelledAt.updateValue(job.at, forKey: job.jobID) == nil {
-                jobIDs.insert(job.jobID)
-                fresh.insert(job.jobID)
-            }
+            for job in jobs where cancelledAt.updateValue(job.at, forKey: job.jobID) == nil { fresh.insert(job.jobID) }
             if let last = jobs.map(\.at).max() { newest = max(newest ?? last, last) }
-            forget(before: now.timeIntervalSince1970 - Double(Self.retention))
+            // What the store no longer keeps goes here too, when something new comes: the work follows cancellations,
+            // not the loop's turns.
+            if !fresh.isEmpty {
+                let oldest = now.timeIntervalSince1970 - Double(CancelledJob.retention)
+                cancelledAt = cancelledAt.filter { $0.value >= oldest }
+            }
             return (fresh, nil)
         case .refused(let message):
             return ([], message)
         case .unavailable:
             return ([], nil)
-        }
-    }
-
-    /// As long as the store keeps a cancellation (seconds).
-    static let retention = 7 * 24 * 3600
-
-    private mutating func forget(before oldest: Double) {
-        guard cancelledAt.count > 1024 || (cancelledAt.values.min() ?? oldest) < oldest else { return }
-        for (id, at) in cancelledAt where at < oldest {
-            cancelledAt[id] = nil
-            jobIDs.remove(id)
         }
     }
 }

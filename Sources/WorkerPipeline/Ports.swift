@@ -366,6 +366,9 @@ public struct CancelledJob: Sendable, Equatable {
     public var jobID: String
     public var at: Double
 
+    /// How long the fleet keeps a cancellation (seconds): a copy of the job that comes back later is sent.
+    public static let retention = 7 * 24 * 3600
+
     public init(jobID: String, at: Double) {
         self.jobID = jobID
         self.at = at
@@ -381,13 +384,23 @@ public protocol JobCancellations {
 
 /// What one worker adds to a job's progress since its last report (`apns-worker jobs show`).
 public struct JobProgressDelta: Sendable, Equatable {
+    /// The counters every worker adds to, by the names the fleet's record and `jobs show` use.
+    public enum Counter: String, Sendable, CaseIterable {
+        case resolved, sent, delivered, dead, failed, heldBack = "held_back", expired, cancelled
+    }
+
+    /// Jobs with fewer users and tokens than this have no progress record: their summary says all there is, and a
+    /// store write per single-token job would cost more than its request.
+    public static let minimumTargets = 1_000
+
     public var jobID: String
     /// The job's users and tokens as it names them: an estimate of its notifications, for the ETA.
     public var targets = 0
     /// When this worker first counted something of the job (UNIX seconds): the job's first update, if no worker
     /// reported it before.
     public var since: Double = 0
-    public var resolved = 0, sent = 0, delivered = 0, dead = 0, failed = 0, heldBack = 0, expired = 0, cancelled = 0
+    /// What each counter grew (or, for `dead` once the guard held answers back, shrank) by.
+    public var counts: [Counter: Int] = [:]
     /// Set when an attempt settles: its notifications waiting for another attempt.
     public var retrying: Int?
     /// The job settled with nothing left to retry.
@@ -397,10 +410,14 @@ public struct JobProgressDelta: Sendable, Equatable {
 
     public init(jobID: String) { self.jobID = jobID }
 
-    /// The counters by the names the fleet's record uses, nonzero ones only.
-    public var counters: [(name: String, value: Int)] {
-        [("resolved", resolved), ("sent", sent), ("delivered", delivered), ("dead", dead), ("failed", failed),
-         ("held_back", heldBack), ("expired", expired), ("cancelled", cancelled)].filter { $0.1 != 0 }
+    /// Adds what `earlier` held, which the store did not take, to this delta taken since.
+    public mutating func add(_ earlier: JobProgressDelta) {
+        targets = max(targets, earlier.targets)
+        since = since == 0 ? earlier.since : min(since, earlier.since)
+        counts.merge(earlier.counts, uniquingKeysWith: +)
+        retrying = retrying ?? earlier.retrying
+        ended = ended || earlier.ended
+        scheduledFor = scheduledFor ?? earlier.scheduledFor
     }
 }
 

@@ -1,18 +1,16 @@
 import Foundation
 
 /// What this worker did for each large job since its last report to the fleet's record of progress (`apns-worker jobs
-/// show`), reported about once a second. Only jobs that name themselves and have at least `minimumTargets` users and
-/// tokens are tracked: a small job's summary says all there is, and tracking every single-token job would cost a
-/// store write per job. Broker thread only.
+/// show`), reported about once a second. Only jobs that name themselves and have at least
+/// `JobProgressDelta.minimumTargets` users and tokens are tracked. Broker thread only.
 struct ProgressTracker {
-    static let minimumTargets = 1_000
     static let interval: Double = 1
 
     private var pending: [String: JobProgressDelta] = [:]
     private(set) var nextReport = Date.distantPast
 
     static func isTracked(_ progress: JobProgress) -> Bool {
-        progress.hasStableID && progress.job.users.count + progress.job.tokens.count >= minimumTargets
+        progress.hasStableID && progress.job.users.count + progress.job.tokens.count >= JobProgressDelta.minimumTargets
     }
 
     var hasPending: Bool { !pending.isEmpty }
@@ -31,7 +29,7 @@ struct ProgressTracker {
     /// not count them twice.
     mutating func resolved(_ progress: JobProgress) {
         guard progress.job.attempt == 1 else { return }
-        change(progress) { $0.resolved += progress.targets.count }
+        change(progress) { $0.counts[.resolved, default: 0] += progress.targets.count }
     }
 
     /// Handed to APNs: `entries` as one hand-over gives them, a job's entries next to each other.
@@ -42,7 +40,7 @@ struct ProgressTracker {
             var end = start + 1
             while end < entries.count && entries[end].progress === progress { end += 1 }
             let count = end - start
-            change(progress) { $0.sent += count }
+            change(progress) { $0.counts[.sent, default: 0] += count }
             start = end
         }
     }
@@ -50,11 +48,11 @@ struct ProgressTracker {
     /// A job, or a piece of a large one, has every answer in.
     mutating func answered(_ progress: JobProgress) {
         change(progress) { delta in
-            delta.delivered += progress.delivered
-            delta.dead += progress.dead.count
-            delta.failed += progress.failed.count
-            delta.expired += progress.expired
-            delta.cancelled += progress.cancelled
+            delta.counts[.delivered, default: 0] += progress.delivered
+            delta.counts[.dead, default: 0] += progress.dead.count
+            delta.counts[.failed, default: 0] += progress.failed.count
+            delta.counts[.expired, default: 0] += progress.expired
+            delta.counts[.cancelled, default: 0] += progress.cancelled
         }
     }
 
@@ -68,25 +66,25 @@ struct ProgressTracker {
 
     /// A large job's users dropped unresolved by its cancellation.
     mutating func cancelled(_ progress: JobProgress, users: Int) {
-        change(progress) { $0.cancelled += users }
+        change(progress) { $0.counts[.cancelled, default: 0] += users }
     }
 
     /// A job's retryable notifications expired as it settled (a retry would come after its deadline).
     mutating func expired(_ whole: JobProgress, count: Int) {
         guard count > 0 else { return }
-        change(whole) { $0.expired += count }
+        change(whole) { $0.counts[.expired, default: 0] += count }
     }
 
     /// A job settled (acknowledged): the guard's verdict and the retry decision are known.
     mutating func settled(_ whole: JobProgress, _ decision: RetryPolicy.Decision) {
         change(whole) { delta in
-            delta.dead -= whole.heldBack.count
-            delta.heldBack += whole.heldBack.count
+            delta.counts[.dead, default: 0] -= whole.heldBack.count
+            delta.counts[.heldBack, default: 0] += whole.heldBack.count
             switch decision {
             case .retry:
                 delta.retrying = whole.retryable.count
             case .park:
-                delta.failed += whole.retryable.count
+                delta.counts[.failed, default: 0] += whole.retryable.count
                 delta.retrying = 0
                 delta.ended = true
             case .none, .expire:
@@ -107,17 +105,10 @@ struct ProgressTracker {
 
     /// Deltas the store did not take go back, added to what came meanwhile.
     mutating func putBack(_ deltas: [JobProgressDelta]) {
-        for old in deltas {
-            var delta = pending[old.jobID] ?? JobProgressDelta(jobID: old.jobID)
-            delta.targets = max(delta.targets, old.targets)
-            delta.since = delta.since == 0 ? old.since : min(delta.since, old.since)
-            delta.resolved += old.resolved; delta.sent += old.sent; delta.delivered += old.delivered
-            delta.dead += old.dead; delta.failed += old.failed; delta.heldBack += old.heldBack
-            delta.expired += old.expired; delta.cancelled += old.cancelled
-            delta.retrying = delta.retrying ?? old.retrying
-            delta.ended = delta.ended || old.ended
-            delta.scheduledFor = delta.scheduledFor ?? old.scheduledFor
-            pending[old.jobID] = delta
+        for earlier in deltas {
+            var delta = pending[earlier.jobID] ?? JobProgressDelta(jobID: earlier.jobID)
+            delta.add(earlier)
+            pending[earlier.jobID] = delta
         }
     }
 }

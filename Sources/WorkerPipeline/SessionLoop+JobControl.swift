@@ -34,7 +34,7 @@ extension SessionLoop {
             worker.answers.settleCancelled(removed, lane: lane)
         }
         var unresolved = 0
-        for assembly in assemblies where OutgoingQueue.isCancelled(assembly.whole, fresh) {
+        for assembly in assemblies where CancellationWatch.names(assembly.whole, among: fresh) {
             unresolved += try cancelUsersLeft(of: assembly)
         }
         if dropped + unresolved > 0 {

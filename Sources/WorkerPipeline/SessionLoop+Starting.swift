@@ -183,7 +183,7 @@ extension SessionLoop {
         var cancelled: [(delivery: JobDelivery, job: PushJob)] = []
         for (delivery, job) in scheduled {
             let named = TargetResolver.hasStableID(job, delivery)
-            if named && cancellations.jobIDs.contains(job.id) {
+            if cancellations.isCancelled(jobID: job.id, named: named) {
                 cancelled.append((delivery, job))
                 continue
             }
