@@ -3,19 +3,21 @@ import Foundation
 import Redis
 import RedisStore
 import Telemetry
+import WorkerPipeline
 
 let jobsHelp = """
 apns-worker jobs: act on jobs already enqueued, fleet-wide, through Redis (no worker is asked).
 
 USAGE: apns-worker jobs show JOB_ID [--json]
        apns-worker jobs list [--json]
-       apns-worker jobs cancel JOB_ID [--reason TEXT]
+       apns-worker jobs cancel JOB_ID [--reason TEXT] [--json]
 
   show      a job's state (unknown, scheduled, running, done, cancelled), its counts (resolved, sent, delivered, dead,
             failed, retrying, held back, expired, cancelled), its rate and, while it runs, the time left. Workers
             add to a job's progress about once a second (apns:job:<id>:progress, kept 24 hours after its last
-            update) for jobs with an id and at least 1,000 users and tokens; a smaller job shows as unknown (its
-            summary, on its reply_to queue, says how it went). --json: one object (schema/job-progress.schema.json).
+            update) for jobs with an id and at least \(JobProgressDelta.minimumTargets) users and tokens; a smaller
+            job shows as unknown (its summary, on its reply_to queue, says how it went). --json: one object
+            (schema/job-progress.schema.json).
   list      the jobs running now (progress updated in the last minute) and those waiting for their send_at, as
             show prints them; --json: an array.
 
@@ -25,7 +27,8 @@ USAGE: apns-worker jobs show JOB_ID [--json]
             summary counting those notifications as "cancelled" (and users not yet resolved, one each). A copy
             of the job that comes back later (a retry, a redelivery) sends nothing; a job cancelled before any
             worker takes it sends nothing. Cancelling again changes nothing (the first reason is kept).
-            --reason TEXT is kept with the cancellation. Jobs without an id cannot be cancelled.
+            --reason TEXT is kept with the cancellation. Jobs without an id cannot be cancelled. Prints what
+            show knows of the job (--json: that object alone, the confirmation on standard error).
 
 Settings it reads (environment, --config file or --set): the Redis ones,
 \(SettingTable.help(listing: SettingTable.redisSettings))
@@ -52,10 +55,9 @@ func jobsCommand(_ arguments: [String]) {
     if action == "list" {
         guard operands.isEmpty else { fail("jobs list: takes no JOB_ID", code: ExitCode.usage) }
     } else {
-        guard operands.count == 1, let jobID = operands.first, !jobID.isEmpty, jobID.utf8.count <= 256 else {
+        guard operands.count == 1, !operands[0].isEmpty, operands[0].utf8.count <= 256 else {
             fail("jobs \(action): wants one JOB_ID of 1 to 256 bytes; try 'apns-worker jobs --help'", code: ExitCode.usage)
         }
-        _ = jobID
     }
     if action != "cancel", parsed.value("--reason") != nil {
         fail("jobs \(action): --reason goes with cancel", code: ExitCode.usage)
@@ -73,7 +75,8 @@ func jobsCommand(_ arguments: [String]) {
             if json {
                 print("[" + reports.map(\.json).joined(separator: ",") + "]")
             } else {
-                print(reports.isEmpty ? "no job running (with an id and at least 1,000 users and tokens) or scheduled"
+                print(reports.isEmpty ? "no job running (with an id and at least \(JobProgressDelta.minimumTargets) users and "
+                                          + "tokens) or scheduled"
                                       : reports.map(\.text).joined(separator: "\n"))
             }
         case "show":
@@ -87,9 +90,16 @@ func jobsCommand(_ arguments: [String]) {
             let at = recorded.map { Date(timeIntervalSince1970: $0.at).formatted(.iso8601) } ?? "now"
             var line = "job \(jobID) cancelled at \(at)"
             if let kept = recorded?.reason { line += " (\(kept))" }
-            print(line + ": workers send nothing more of it within a second; its summary counts the rest as cancelled")
             let report = try progress.read(jobID)
-            print(json ? report.json : report.text)
+            // With --json, standard output is the one object `show --json` prints; the confirmation goes to stderr.
+            let confirmation = line + ": workers send nothing more of it within a second; its summary counts the rest "
+                + "as cancelled"
+            if json {
+                FileHandle.standardError.write(Data((confirmation + "\n").utf8))
+                print(report.json)
+            } else {
+                print(confirmation + "\n" + report.text)
+            }
         }
     } catch {
         failReaching("jobs \(action)", error)
