@@ -20,10 +20,7 @@ extension SessionLoop {
             case .waitForStore:
                 return storeWaits.waitingCopy(of: delivery)
             case .waitUntilDue(let delay):
-                var properties = delivery.properties
-                properties.persistent = true
-                return Publication(destination: .retry(delay: delay, lane: delivery.lane), body: delivery.body,
-                                   properties: properties)
+                return Publication.delayed(delivery, by: delay)
             }
         }
         let outcomes = try publish(publications)

@@ -49,10 +49,18 @@ public struct StoreWaits: Sendable, Equatable {
     /// The copy of a delivery that waits in its lane's delay queue.
     public func waitingCopy(of delivery: JobDelivery) -> Publication {
         let waits = Self.waits(of: delivery)
+        var copy = Publication.delayed(delivery, by: delay(afterWaits: waits))
+        copy.properties.headers[Self.header] = String(waits + 1)
+        return copy
+    }
+}
+
+extension Publication {
+    /// `delivery` again, persistent, to wait `delay` seconds in its lane's delay queue and come back to the lane.
+    static func delayed(_ delivery: JobDelivery, by delay: Double) -> Publication {
         var properties = delivery.properties
         properties.persistent = true
-        properties.headers[Self.header] = String(waits + 1)
-        return Publication(destination: .retry(delay: delay(afterWaits: waits), lane: delivery.lane), body: delivery.body,
+        return Publication(destination: .retry(delay: delay, lane: delivery.lane), body: delivery.body,
                            properties: properties)
     }
 }
