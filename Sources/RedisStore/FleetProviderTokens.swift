@@ -37,7 +37,9 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     private let stopping = Atomic<Bool>(false)
     /// The refresher thread's own connection, made again after a failure.
     private var redis: (any RedisClient)?
+    /// Names this worker's hold on a lease, so that it never releases one that expired and another worker took.
     private let owner = UUID().uuidString
+    static let releaseLease = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
     public init(_ deployment: RedisDeployment, logger: Logger, providers: @escaping @Sendable () -> [Key]) {
         self.deployment = deployment
@@ -108,18 +110,26 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
             let deadline = Date().addingTimeInterval(Double(Self.leaseMilliseconds) / 1000)
             while true {
                 let now = Date().timeIntervalSince1970
-                if let stored = try read(key, on: redis), Double(stored.issuedAt) > now - replaceAge,
-                   stored.issuedAt != rejected, rejected.map({ stored.issuedAt > $0 }) ?? true {
+                // Fresh enough, and newer than the token APNs refused, if one was.
+                func usable(_ stored: (token: String, issuedAt: Int64)?) -> (token: String, issuedAt: Int64)? {
+                    guard let stored, Double(stored.issuedAt) > now - replaceAge,
+                          stored.issuedAt > (rejected ?? .min) else { return nil }
+                    return stored
+                }
+                if let stored = usable(try read(key, on: redis)) {
                     provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
                     return true
                 }
                 let lease = try redis.command(["SET", Self.leaseKey(provider), owner, "NX", "PX",
                                                String(Self.leaseMilliseconds)])
                 if lease.text == "OK" {
-                    defer { _ = try? redis.command(["DEL", Self.leaseKey(provider)]) }
+                    // Given back at once (if still this worker's): another worker that must mint for the same ids (its
+                    // key is another one) does not wait for the lease to expire.
+                    defer {
+                        _ = try? redis.command(["EVAL", Self.releaseLease, "1", Self.leaseKey(provider), owner])
+                    }
                     // Another worker may have stored one between the read and the lease.
-                    if let stored = try read(key, on: redis), stored.issuedAt != rejected,
-                       Double(stored.issuedAt) > now - replaceAge, rejected.map({ stored.issuedAt > $0 }) ?? true {
+                    if let stored = usable(try read(key, on: redis)) {
                         provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
                         return true
                     }
