@@ -28,13 +28,14 @@ public final class TokenCacheEditor {
     /// The token belongs to `user` from now on, registered now (taken from another user who had it).
     /// With `activity`: a Live Activity's update token, kept under the activity.
     public func add(user: String, token written: String, scope: TokenScope, deviceJSON: String?,
-                    activity: String? = nil) throws -> String {
+                    activity: String? = nil, timeZone: String? = nil) throws -> String {
         let token = APNsNotification.canonicalToken(written)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let change = try cache.register([TokenRegistration(user: user, token: token, scope: scope, registeredAt: now,
-                                                           deviceJSON: deviceJSON, activity: activity)])
+                                                           deviceJSON: deviceJSON, activity: activity, timeZone: timeZone)])
         if case .failed(let message)? = change.first { throw RefusedChange(message: message) }
         return "added \(shown(token)) for \(activity.map { "activity \($0)" } ?? user) (\(scope.cacheValue))"
+            + (timeZone.map { ", time zone \($0)" } ?? "")
     }
 
     /// The token no longer receives `user`'s notifications; with a topic or an environment, only if the cached token

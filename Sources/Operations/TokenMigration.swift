@@ -3,7 +3,7 @@ import RedisStore
 import Telemetry
 
 /// `apns-worker tokens migrate --from redis://...`: copies a single node's token cache (tokens, registration times,
-/// device metadata, owners) into the configured Redis, usually a cluster, whose keys it writes in that Redis's form.
+/// device metadata, owners, time zones) into the configured Redis, usually a cluster, whose keys it writes in that Redis's form.
 /// A page of users at a time (SCAN on the source, one pipelined read, one pipelined write); nothing newer in the
 /// destination is undone, so it can run again (after an interruption, or to catch up before switching workers over).
 public struct TokenMigration {
@@ -40,6 +40,8 @@ public struct TokenMigration {
             let copied = users.compactMap { user in entries[user].map { (user: user, entries: $0) } }
                 .filter { !$0.entries.isEmpty }
             let written = try destination.copy(copied)
+            let zones = try source.timeZones(of: copied.map(\.user)).zones
+            _ = try destination.copyTimeZones(copied.compactMap { entry in zones[entry.user].map { (entry.user, $0) } })
             done.users += copied.count
             done.tokens += copied.reduce(0) { $0 + $1.entries.count }
             done.written += written.reduce(0, +)

@@ -37,6 +37,8 @@ public struct RedisKeys: Sendable, Equatable {
     public func activityRegistered(_ id: String) -> String { "apns:activity-registered:" + self.user(id) }
     /// Never written: the third key the token scripts take (a user's devices), in the activity's slot.
     func activityDevices(_ id: String) -> String { "apns:activity-devices:" + self.user(id) }
+    /// String: the user's time zone (an IANA name), from registrations that carry one; in the user's slot.
+    public func timeZone(_ user: String) -> String { "apns:timezone:" + self.user(user) }
     /// String: the user a token belongs to now.
     public func owner(_ token: String) -> String { "apns:owner:" + token }
 

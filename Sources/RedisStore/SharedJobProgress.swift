@@ -47,8 +47,12 @@ public struct SharedJobProgress: JobProgressRecord {
             if let scheduledFor = delta.scheduledFor {
                 commands.append(["ZADD", keys.scheduledJobs, String(scheduledFor * 1000), delta.jobID])
             }
+            if let until = delta.windowsUntil {
+                // Listed until its last part's hours open, whichever worker published which part first.
+                commands.append(["ZADD", keys.scheduledJobs, "GT", String(until * 1000), delta.jobID])
+            }
             if runs {
-                commands.append(["ZREM", keys.scheduledJobs, delta.jobID])
+                if !delta.windowed { commands.append(["ZREM", keys.scheduledJobs, delta.jobID]) }
                 commands.append(delta.ended ? ["ZREM", keys.runningJobs, delta.jobID]
                                             : ["ZADD", keys.runningJobs, milliseconds, delta.jobID])
             }
@@ -109,8 +113,9 @@ public struct JobProgressReport: Sendable {
     public var scheduledFor: Int64?
 
     /// The counters, in the order `--json` and the text give them: the workers' own, then the attempt's `retrying` and
-    /// `waiting_for_window` (always 0 until jobs wait for users' local hours).
-    public static let counterNames = JobProgressDelta.Counter.allCases.map(\.rawValue) + ["retrying", "waiting_for_window"]
+    /// `waiting_for_window`.
+    public static let counterNames = JobProgressDelta.Counter.allCases.filter { $0 != .waitingForWindow }.map(\.rawValue)
+        + ["retrying", JobProgressDelta.Counter.waitingForWindow.rawValue]
 
     /// From the progress hash's fields as Redis holds them, and whether the job was cancelled.
     public init(jobID: String, fields: [String: String], cancelled: Bool, now: Date = Date()) {
@@ -123,8 +128,12 @@ public struct JobProgressReport: Sendable {
         let ended = fields["ended"] != nil
         scheduledFor = fields["scheduled_for"].flatMap { Int64($0) }
         let started = fields["first_update"] != nil
+        let waitingForWindow = counts["waiting_for_window"] ?? 0
         if cancelled {
             state = .cancelled
+        } else if waitingForWindow > 0 {
+            // A windowed job is done only when no part waits for its users' hours any more.
+            state = (counts["sent"] ?? 0) > 0 ? .running : .scheduled
         } else if ended {
             state = .done
         } else if let scheduledFor, !started, Double(scheduledFor) > now.timeIntervalSince1970 {
@@ -135,7 +144,7 @@ public struct JobProgressReport: Sendable {
         let sent = Double(counts["sent"] ?? 0)
         // The rate of the job while it ran: what was sent by the last update, over the time since the first.
         if let first, let last, last - first > 0.2 { ratePerSecond = sent / (last - first) } else { ratePerSecond = 0 }
-        if state == .running, let targets, ratePerSecond > 0 {
+        if state == .running, waitingForWindow <= 0, let targets, ratePerSecond > 0 {
             let settledUnsent = (counts["cancelled"] ?? 0) + (counts["expired"] ?? 0)
             etaSeconds = max(0, Double(targets) - sent - Double(settledUnsent)) / ratePerSecond
         } else {
@@ -159,7 +168,7 @@ public struct JobProgressReport: Sendable {
 
     public var text: String {
         var lines = ["job \(jobID): \(state.rawValue)"]
-        if state == .scheduled, let scheduledFor {
+        if state == .scheduled, (counts["waiting_for_window"] ?? 0) <= 0, let scheduledFor {
             lines.append("  waits for its send_at: \(Date(timeIntervalSince1970: Double(scheduledFor)).formatted(.iso8601))")
             return lines.joined(separator: "\n")
         }

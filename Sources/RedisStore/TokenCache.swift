@@ -8,6 +8,7 @@ import WorkerPipeline
 ///   sandbox (the default app's device token) | `<environment>:<topic>`. The worker reads only this.
 /// - `apns:registered:<user>`: hash, field = token, value = when the app last registered it (ms since epoch).
 /// - `apns:devices:<user>`: hash, field = token, value = the device's metadata as JSON (from registration events).
+/// - `apns:timezone:<user>`: string, the user's time zone (an IANA name), from the newest registration that named one.
 /// - `apns:owner:<token>`: string, the user a token currently belongs to, so a device that changes accounts stops
 ///   receiving the previous account's notifications.
 ///
@@ -224,6 +225,32 @@ public struct TokenCache: TokenStore {
         try resolve(hashesOf: activities, prefix: RedisKeys.activityPrefix, what: "Live Activity")
     }
 
+    /// One GET per user, in one round trip per node; a value that is not a time zone name is left out (the job's
+    /// default zone serves the user).
+    public func timeZones(of users: [String]) throws(RedisError) -> (zones: [String: String], unavailable: Set<String>) {
+        var zones: [String: String] = [:]
+        var unavailable = Set<String>()
+        guard !users.isEmpty else { return (zones, unavailable) }
+        let replies = try redis.pipelineWhereReachable(users.map { ["GET", keys.timeZone($0)] })
+        for (user, reply) in zip(users, replies) {
+            guard let reply else {
+                unavailable.insert(user)
+                continue
+            }
+            if let zone = reply.text, !zone.isEmpty { zones[user] = zone }
+        }
+        return (zones, unavailable)
+    }
+
+    /// Writes users' time zones copied from another cache, unless the user has one here already (it came from a
+    /// registration, newer than the copy). Returns how many were written.
+    public func copyTimeZones(_ zones: [(user: String, zone: String)]) throws(RedisError) -> Int {
+        guard !zones.isEmpty else { return 0 }
+        let replies = try redis.pipeline(zones.map { ["SET", keys.timeZone($0.user), $0.zone, "NX"] })
+        for case .error(let message) in replies { throw RedisError(kind: .server, "writing a time zone: \(message)") }
+        return replies.filter { $0.text == "OK" }.count
+    }
+
     /// Users on a node that does not answer (a cluster master lost) come back as unavailable: their jobs wait.
     public func resolve(_ users: [String]) throws(RedisError) -> ResolvedUsers {
         try resolve(hashesOf: users, prefix: RedisKeys.tokensPrefix, what: "user")
@@ -351,6 +378,9 @@ public struct TokenCache: TokenStore {
                 continue
             }
             changes[index] = reply.integer == 1 ? .applied : .unchanged
+            if reply.integer == 1, let zone = registrations[index].timeZone {
+                owned.append(["SET", keys.timeZone(registrations[index].user), zone])
+            }
             // Even an older registration: the token left its previous owner above, so it is this user's now. An owner
             // key that already names the user (an app's launch re-registering its token) needs no write.
             if owners[index].text != registrations[index].user {
@@ -406,7 +436,9 @@ public struct TokenCache: TokenStore {
 
     /// One user's keys (tokens, registration times, devices) and where each lives, for people.
     public func keys(forUser user: String) -> [(key: String, location: String)] {
-        [keys.tokens(user), keys.registered(user), keys.devices(user)].map { ($0, redis.location(ofKey: $0)) }
+        [keys.tokens(user), keys.registered(user), keys.devices(user), keys.timeZone(user)].map {
+            ($0, redis.location(ofKey: $0))
+        }
     }
 
     /// Every user with a token entry, a page at a time, on every master.

@@ -14,6 +14,11 @@ struct PreparedBatch {
     var activities = ResolvedUsers(tokens: [:])
     /// The deliveries handed in, for giving them back unstarted.
     var deliveries: [JobDelivery]
+    /// Jobs with a `local_window`, by delivery tag: how their users' hours cut them (`jobs` holds each with only the
+    /// users and tokens inside their hours now), and how many users and tokens each named as it arrived.
+    var windows: [UInt64: (split: WindowSplit, named: Int)] = [:]
+    /// Windowed jobs with a user whose time zone sits on a Redis node that does not answer: they wait (`StoreWaits`).
+    var waitingForTimeZones: [JobDelivery] = []
 
     /// Decodes `batch` and resolves the users of every job of at most `usersPerPiece` users, in one round trip to
     /// `tokens`. Only a lost connection throws.
@@ -54,13 +59,44 @@ struct PreparedBatch {
                 rejected.append((delivery, error.description))
             }
         }
+        let (windows, waitingForTimeZones) = try cutByLocalHours(&jobs, tokens: tokens, logger: logger)
         let small = jobs.map(\.job).filter { !Self.isLarge($0, usersPerPiece: settings.core.usersPerPiece) }
         let users = resolver.usersToResolve(small)
         let resolved = users.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolve(users)
         let activityIDs = jobs.compactMap { $0.job.retryTargets == nil ? $0.job.activity : nil }
         let activities = activityIDs.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolveActivities(activityIDs)
         return PreparedBatch(jobs: jobs, rejected: rejected, scheduled: scheduled, resolved: resolved,
-                             activities: activities, deliveries: batch)
+                             activities: activities, deliveries: batch, windows: windows,
+                             waitingForTimeZones: waitingForTimeZones)
+    }
+
+    /// Jobs with a `local_window` keep only the users (and tokens) inside their hours now; the cut is noted by
+    /// delivery tag. Jobs with a user whose time zone cannot be read now come out of `jobs`, to wait.
+    private static func cutByLocalHours(_ jobs: inout [(delivery: JobDelivery, job: PushJob)], tokens: any TokenStore,
+                                        logger: Logger) throws
+        -> (windows: [UInt64: (split: WindowSplit, named: Int)], waiting: [JobDelivery]) {
+        var windows: [UInt64: (split: WindowSplit, named: Int)] = [:]
+        var waiting: [JobDelivery] = []
+        let windowed = jobs.indices.filter { jobs[$0].job.localWindow != nil && jobs[$0].job.retryTargets == nil }
+        guard !windowed.isEmpty else { return (windows, waiting) }
+        let users = Array(Set(windowed.flatMap { jobs[$0].job.users }))
+        let (zones, unavailable) = try tokens.timeZones(of: users)
+        let now = Date()
+        var leaving = Set<Int>()
+        for index in windowed {
+            let (delivery, job) = jobs[index]
+            guard let window = job.localWindow else { continue }
+            if !unavailable.isEmpty && job.users.contains(where: unavailable.contains) {
+                waiting.append(delivery)
+                leaving.insert(index)
+                continue
+            }
+            let split = WindowSplit(job, window: window, zones: zones, now: now, logger: logger)
+            windows[delivery.tag] = (split, job.users.count + job.tokens.count)
+            if !split.isWhole { jobs[index].job = job.reaching(users: split.users, tokens: split.tokens) }
+        }
+        if !leaving.isEmpty { jobs = jobs.indices.filter { !leaving.contains($0) }.map { jobs[$0] } }
+        return (windows, waiting)
     }
 
     /// A job whose users are resolved and sent a piece at a time.

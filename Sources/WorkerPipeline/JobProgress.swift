@@ -39,6 +39,18 @@ final class JobProgress: @unchecked Sendable {
         var cancelled = 0
         /// What earlier deliveries of the job settled (a redelivered job), for its summary.
         var earlier = EarlierOutcomes()
+        /// A job with a `local_window`: how it was cut by its users' hours.
+        var window: WindowState?
+    }
+
+    /// A windowed job's users and tokens: those that wait for their hours (published as parts when the job settles),
+    /// how many the job named as it arrived, and whether it is itself a part that waited.
+    struct WindowState {
+        var parts: [WindowSplit.Part]
+        var named: Int
+        var isPart: Bool
+
+        var waiting: Int { parts.reduce(0) { $0 + $1.users.count + $1.tokens.count } }
     }
     private var rare: Rare?
     private var madeRare: Rare {
@@ -197,6 +209,26 @@ final class JobProgress: @unchecked Sendable {
     /// Notifications the job's cancellation kept from being sent.
     var cancelled: Int { rare?.cancelled ?? 0 }
 
+    /// Broker thread, as a windowed job starts: its users outside their hours wait in parts; those whose window opens
+    /// only after the job's deadline count as expired, one each (their tokens are never read). `named`: the users
+    /// and tokens the job named as it arrived; `isPart`: the delivery is a part that waited.
+    func cutByWindow(_ split: WindowSplit, named: Int, isPart: Bool) {
+        madeRare.window = WindowState(parts: split.parts, named: named, isPart: isPart)
+        notificationCount += split.expired
+        expired += split.expired
+    }
+
+    var window: WindowState? { rare?.window }
+
+    /// Broker thread, on a windowed job cancelled before it settled: what waits for its hours is cancelled instead,
+    /// one each. Returns how many.
+    func cancelWaitingParts() -> Int {
+        guard let waiting = rare?.window?.waiting, waiting > 0 else { return 0 }
+        rare?.window?.parts = []
+        cancelUnresolved(users: waiting)
+        return waiting
+    }
+
     /// Broker thread, on the whole job of a large one: a piece's outcomes, once every one of them is in. The piece's
     /// targets are not kept: memory follows what went wrong, not the job's size.
     func absorb(_ piece: JobProgress) {
@@ -278,6 +310,7 @@ final class JobProgress: @unchecked Sendable {
         summary.expired = expired + earlier.expired
         summary.cancelled = cancelled
         summary.heldBackReason = heldBackExplanation
+        if job.localWindow != nil { summary.waitingForWindow = rare?.window?.waiting ?? 0 }
         return summary.json
     }
 }

@@ -18,6 +18,8 @@ struct JobSummary {
     /// Not sent: the job was cancelled.
     var cancelled = 0
     var heldBackReason: String?
+    /// A job with a `local_window`: its users and tokens that wait for their hours (each part answers when it runs).
+    var waitingForWindow: Int?
     var failedByReason: [String: Int] = [:]
     /// A broadcast's answer in the development environment.
     var apnsUniqueID: String?
@@ -33,6 +35,7 @@ struct JobSummary {
         text += "\"notifications\":\(notifications),\"delivered\":\(delivered),\"dead\":\(dead),\"failed\":\(failed),"
         text += "\"retrying\":\(retrying),\"held_back\":\(heldBack),\"expired\":\(expired),\"cancelled\":\(cancelled),"
         if let heldBackReason { text += "\"held_back_reason\":\(JSONString.quote(heldBackReason))," }
+        if let waitingForWindow { text += "\"waiting_for_window\":\(waitingForWindow)," }
         let reasons = failedByReason.keys.sorted().map { "\(JSONString.quote($0)):\(failedByReason[$0]!)" }
         text += "\"failed_by_reason\":{\(reasons.joined(separator: ","))}"
         if let apnsUniqueID { text += ",\"apns_unique_id\":\(JSONString.quote(apnsUniqueID))" }

@@ -143,6 +143,9 @@ public protocol TokenStore {
     /// The update tokens of these Live Activities (by activity id); an activity whose entry cannot be read has
     /// none. Only a lost connection throws.
     func resolveActivities(_ activities: [String]) throws -> ResolvedUsers
+    /// The time zones users registered (for jobs with a `local_window`): a user without one is absent; users whose
+    /// node does not answer are named apart (their jobs wait, as for their tokens). Only a lost connection throws.
+    func timeZones(of users: [String]) throws -> (zones: [String: String], unavailable: Set<String>)
     /// Takes tokens out, each only if what is known of it still says so. Only a lost connection throws.
     func remove(_ removals: [TokenRemoval]) throws -> [CacheChange]
 }
@@ -387,6 +390,8 @@ public struct JobProgressDelta: Sendable, Equatable {
     /// The counters every worker adds to, by the names the fleet's record and `jobs show` use.
     public enum Counter: String, Sendable, CaseIterable {
         case resolved, sent, delivered, dead, failed, heldBack = "held_back", expired, cancelled
+        /// Users and tokens of a windowed job waiting for their hours: parts published add, parts that came subtract.
+        case waitingForWindow = "waiting_for_window"
     }
 
     /// Jobs with fewer users and tokens than this have no progress record: their summary says all there is, and a
@@ -407,6 +412,10 @@ public struct JobProgressDelta: Sendable, Equatable {
     public var ended = false
     /// The job waits for its `send_at` (UNIX seconds).
     public var scheduledFor: Int64?
+    /// The job has a `local_window`: parts of it may wait while others run.
+    public var windowed = false
+    /// The latest opening a part published now waits for (UNIX seconds).
+    public var windowsUntil: Int64?
 
     public init(jobID: String) { self.jobID = jobID }
 
@@ -418,6 +427,8 @@ public struct JobProgressDelta: Sendable, Equatable {
         retrying = retrying ?? earlier.retrying
         ended = ended || earlier.ended
         scheduledFor = scheduledFor ?? earlier.scheduledFor
+        windowed = windowed || earlier.windowed
+        if let until = earlier.windowsUntil { windowsUntil = max(windowsUntil ?? until, until) }
     }
 }
 

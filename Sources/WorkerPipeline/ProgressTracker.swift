@@ -9,8 +9,14 @@ struct ProgressTracker {
     private var pending: [String: JobProgressDelta] = [:]
     private(set) var nextReport = Date.distantPast
 
+    /// Windowed jobs of any size are: their parts wait for hours, and `jobs show` is where that is seen.
     static func isTracked(_ progress: JobProgress) -> Bool {
-        progress.hasStableID && progress.job.users.count + progress.job.tokens.count >= JobProgressDelta.minimumTargets
+        progress.hasStableID && (progress.job.localWindow != nil || named(progress) >= JobProgressDelta.minimumTargets)
+    }
+
+    /// The users and tokens the job named as it arrived.
+    private static func named(_ progress: JobProgress) -> Int {
+        progress.window?.named ?? progress.job.users.count + progress.job.tokens.count
     }
 
     var hasPending: Bool { !pending.isEmpty }
@@ -19,7 +25,7 @@ struct ProgressTracker {
         guard Self.isTracked(progress) else { return }
         let id = progress.job.id
         var delta = pending[id] ?? JobProgressDelta(jobID: id)
-        if delta.targets == 0 { delta.targets = progress.job.users.count + progress.job.tokens.count }
+        if delta.targets == 0 { delta.targets = Self.named(progress) }
         if delta.since == 0 { delta.since = Date().timeIntervalSince1970 }
         body(&delta)
         pending[id] = delta
@@ -80,6 +86,14 @@ struct ProgressTracker {
         change(whole) { delta in
             delta.counts[.dead, default: 0] -= whole.heldBack.count
             delta.counts[.heldBack, default: 0] += whole.heldBack.count
+            if let window = whole.window {
+                // What waited and came (a part) leaves the count; what waits now (parts published) joins it.
+                delta.counts[.waitingForWindow, default: 0] += window.waiting - (window.isPart ? window.named : 0)
+                delta.windowed = true
+                if let latest = window.parts.map(\.opensAt).max() {
+                    delta.windowsUntil = max(delta.windowsUntil ?? 0, latest)
+                }
+            }
             switch decision {
             case .retry:
                 delta.retrying = whole.retryable.count

@@ -20,6 +20,7 @@ public struct PushJob: Sendable, Equatable {
         var collapseID: String?
         var deadline: Int64? = nil
         var sendAt: Int64? = nil
+        var localWindow: LocalWindow? = nil
         var payload: [UInt8]
         var attempt: Int = 1
         var retryTargets: [DeviceTarget]? = nil
@@ -77,6 +78,8 @@ public struct PushJob: Sendable, Equatable {
     public var deadline: Int64? { shared.members.deadline }
     /// UNIX seconds: nothing of the job is sent before then (it waits in the broker's delay queues).
     public var sendAt: Int64? { shared.members.sendAt }
+    /// The hours of each user's local day in which the job may reach them (`local_window`); nil: any hour.
+    public var localWindow: LocalWindow? { shared.members.localWindow }
     /// The payload exactly as the job wrote it.
     public var payload: [UInt8] { shared.members.payload }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
@@ -92,6 +95,16 @@ public struct PushJob: Sendable, Equatable {
         set { shared.change { $0.rateGroup = newValue } }
     }
     public var kind: Kind { shared.members.kind }
+
+    /// The job reaching only these of its users and tokens: a windowed job's, those whose hours have come.
+    func reaching(users: [String], tokens: [String]) -> PushJob {
+        var job = self
+        job.shared.change { members in
+            members.users = users
+            members.tokens = tokens
+        }
+        return job
+    }
 
     /// The request a broadcast job (`channel_id`) sends on `channelID`.
     public func broadcast(on channelID: String) -> APNsBroadcast {
@@ -127,6 +140,8 @@ public struct PushJob: Sendable, Equatable {
         let liveActivity = members.liveActivity
         let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
         let sending = try SendingOptions(members, defaultPushType: liveActivityJob ? .liveactivity : .alert)
+        let localWindow = try LocalWindow.decode(members.localWindow, defaultZone: members.defaultTimezone,
+                                                 reachesDevicesOnly: channelID != nil || activity != nil)
         if activity != nil && sending.pushType != .liveactivity {
             throw .liveActivity("push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
                                 + "Activity pushes only (liveactivity)")
@@ -161,6 +176,7 @@ public struct PushJob: Sendable, Equatable {
         job.shared.change { members in
             members.deadline = sending.deadline
             members.sendAt = sending.sendAt
+            members.localWindow = localWindow
             // A job that names an activity is a Live Activity job (decoding refused any other push type for it).
             if members.kind == .devices && (activity != nil || members.pushType == .liveactivity) {
                 members.kind = .liveActivity(activity: activity)
@@ -228,14 +244,14 @@ public struct PushJob: Sendable, Equatable {
     struct JobMembers {
         enum Name: String, CaseIterable {
             case id, topic, users, tokens, environment, pushType = "push_type", priority, expiration, deadline
-            case sendAt = "send_at"
+            case sendAt = "send_at", localWindow = "local_window", defaultTimezone = "default_timezone"
             case collapseID = "collapse_id", channelID = "channel_id", activity, prevalidate, payload
             case liveActivity = "live_activity", retry
         }
         static let names = JSONNames(Name.allCases.map(\.rawValue))
 
         var id, topic, environment, pushType, priority, expiration, deadline, sendAt, collapseID, channelID, activity: JSONValue?
-        var prevalidate, retry: JSONValue?
+        var prevalidate, retry, localWindow, defaultTimezone: JSONValue?
         var users, tokens: JSONStrings?
         /// Its value comes back empty: `range` locates it.
         var payload: JSONMember?
@@ -292,6 +308,8 @@ public struct PushJob: Sendable, Equatable {
             case .expiration: expiration = try reader.readValue()
             case .deadline: deadline = try reader.readValue()
             case .sendAt: sendAt = try reader.readValue()
+            case .localWindow: localWindow = try reader.readValue()
+            case .defaultTimezone: defaultTimezone = try reader.readValue()
             case .collapseID: collapseID = try reader.readValue()
             case .channelID: channelID = try reader.readValue()
             case .activity: activity = try reader.readValue()
@@ -542,6 +560,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
     case badDeadline(Int64)
     /// A `send_at` that cannot be waited for: not UNIX seconds, too far ahead, or after the job's deadline.
     case badSendAt(String)
+    /// A `local_window` or `default_timezone` that names no hours or no known time zone.
+    case localWindow(String)
     /// A `live_activity` object that ActivityKit would not take, or a job that mixes it with what it replaces.
     case liveActivity(String)
     /// A `channel_id` job that cannot be broadcast.
@@ -569,6 +589,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .liveActivity(let why): "live_activity: \(why)"
         case .broadcast(let why): "channel_id: \(why)"
         case .badSendAt(let why): why
+        case .localWindow(let why): "local_window: \(why)"
         case .badDeadline(let value):
             value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"

@@ -6,9 +6,10 @@ import Telemetry
 ///
 /// `{"user": "u1", "token": "<hex>", "environment": "production", "topic": "com.example.app.voip",
 ///   "timestamp": 1732900000000, "device": {"model": "iPhone15,2", "os": "17.1", "app_version": "4.2"},
-///   "action": "register"}`
+///   "action": "register", "timezone": "Europe/Paris"}`
 /// `topic` is the full APNs topic the token was issued for (a PushKit VoIP token: `<bundle>.voip`); without it the
-/// token is a device token of the default app.
+/// token is a device token of the default app. `timezone` (an IANA name) is the user's, for jobs with a
+/// `local_window`.
 public struct RegistrationEvent: Sendable, Equatable {
     public enum Action: String, Sendable {
         /// The token belongs to the user from `timestamp` on.
@@ -72,9 +73,13 @@ public struct RegistrationEvent: Sendable, Equatable {
                                  + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
             }
         }
+        let timeZone = try PushJob.optionalString(document, "timezone")
+        if let timeZone, let problem = TimeZoneName.problem(timeZone) {
+            throw .wrongType(field: "timezone", expected: "an IANA time zone name", got: problem)
+        }
         return RegistrationEvent(action: action, registration: TokenRegistration(
             user: user, token: token, scope: TokenScope(environment: environment, topic: topic), registeredAt: timestamp,
-            deviceJSON: deviceJSON, activity: activity))
+            deviceJSON: deviceJSON, activity: activity, timeZone: timeZone))
     }
 
     public var json: [UInt8] {
@@ -83,6 +88,8 @@ public struct RegistrationEvent: Sendable, Equatable {
         if let topic = registration.scope.topic { text += "\"topic\":\(JSONString.quote(topic))," }
         text += "\"timestamp\":\(registration.registeredAt),"
         if let device = registration.deviceJSON { text += "\"device\":\(device)," }
+        if let activity = registration.activity { text += "\"activity\":\(JSONString.quote(activity))," }
+        if let timeZone = registration.timeZone { text += "\"timezone\":\(JSONString.quote(timeZone))," }
         text += "\"action\":\"\(action.rawValue)\"}"
         return Array(text.utf8)
     }

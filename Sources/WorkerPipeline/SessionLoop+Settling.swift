@@ -123,6 +123,11 @@ extension SessionLoop {
                 statistics.expired.add(expired, ordering: .relaxed)
                 progressTracker.expired(progress, count: expired)
             }
+            if progress.window?.parts.isEmpty == false && cancellations.isCancelled(progress) {
+                let cancelled = progress.cancelWaitingParts()
+                statistics.cancelled.add(cancelled, ordering: .relaxed)
+                progressTracker.cancelled(progress, users: cancelled)
+            }
             let plan = SettlementPlan.isNeeded(for: progress, retry: decision)
                 ? SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic) : nil
             if let plan { publications += plan.publications }

@@ -131,7 +131,7 @@ extension SessionLoop {
         try startBroadcasts(broadcasts)
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
-        var waiting: [JobDelivery] = []
+        var waiting = prepared.waitingForTimeZones
         var jobs = devices.filter { entry in
             guard !StoreWaits.mustWait(entry.job, users: resolved, activities: prepared.activities) else {
                 waiting.append(entry.delivery)
@@ -158,6 +158,7 @@ extension SessionLoop {
             let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
                                        hasStableID: TargetResolver.hasStableID(job, delivery))
             if let settled { progress.restore(settled) }
+            if let window = prepared.windows[delivery.tag] { cutByWindow(progress, window.split, named: window.named) }
             guard large else {
                 if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
                 continue
@@ -189,9 +190,18 @@ extension SessionLoop {
             }
             let sendAt = job.sendAt ?? 0
             notDue.append((delivery, .waitUntilDue(delay: JobSchedule.delay(forRemaining: Double(sendAt) - now))))
-            if named { progressTracker.scheduled(job, at: sendAt) }
+            // A part of a windowed job waits for its users' hours: the job's record counts it as waiting_for_window.
+            if named && !Self.isWindowPart(delivery) { progressTracker.scheduled(job, at: sendAt) }
         }
         return (notDue, cancelled)
+    }
+
+    /// A windowed job as it starts: what waits for users' hours leaves with it when it settles, what could only open
+    /// after its deadline has expired.
+    private func cutByWindow(_ progress: JobProgress, _ split: WindowSplit, named: Int) {
+        progress.cutByWindow(split, named: named, isPart: Self.isWindowPart(progress.delivery))
+        statistics.expired.add(split.expired, ordering: .relaxed)
+        progressTracker.expired(progress, count: split.expired)
     }
 
     /// A job cancelled before it was due: settled with every user and token counted as cancelled, none resolved.
@@ -200,6 +210,7 @@ extension SessionLoop {
         let progress = JobProgress(job: entry.job, delivery: entry.delivery, generation: generation, targets: [],
                                    hasStableID: true)
         let count = entry.job.users.count + entry.job.tokens.count
+        if Self.isWindowPart(entry.delivery) { progress.cutByWindow(WindowSplit(), named: count, isPart: true) }
         progress.cancelUnresolved(users: count)
         statistics.cancelled.add(count, ordering: .relaxed)
         progressTracker.cancelled(progress, users: count)
@@ -367,13 +378,22 @@ extension SessionLoop {
         !delivery.properties.headers.isEmpty && delivery.properties.headers[Worker.republishedHeader] != nil
     }
 
+    /// A part of a windowed job that waited for its users' hours (`Worker.windowPartHeader`).
+    static func isWindowPart(_ delivery: JobDelivery) -> Bool {
+        !delivery.properties.headers.isEmpty && delivery.properties.headers[Worker.windowPartHeader] != nil
+    }
+
     /// Republished copies of jobs the fleet settled in the last half minute are acknowledged without sending anything
     /// (their summary included); copies of jobs under way elsewhere skip what the idempotency record says was sent. So
     /// are redeliveries of such jobs: a worker's acknowledgement lost with its connection (cut off, its node silent)
     /// leaves the job to be delivered again although it was settled and said so to the fleet.
     func skippingSettledCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws
         -> [(delivery: JobDelivery, job: PushJob)] {
-        func mayBeSettled(_ delivery: JobDelivery) -> Bool { delivery.redelivered || Self.isCopy(delivery) }
+        // A job's parts share its id and settle one by one: one settled says nothing of the next (a redelivered part
+        // still skips what the idempotency record holds).
+        func mayBeSettled(_ delivery: JobDelivery) -> Bool {
+            (delivery.redelivered || Self.isCopy(delivery)) && !Self.isWindowPart(delivery)
+        }
         guard jobs.contains(where: { mayBeSettled($0.delivery) }) else { return jobs }
         let candidates = jobs.filter { mayBeSettled($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
         guard !candidates.isEmpty else { return jobs }

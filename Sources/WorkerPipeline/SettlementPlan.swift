@@ -1,3 +1,4 @@
+import Foundation
 /// What a finished job publishes, what it takes out of the token cache, and when it may be acknowledged.
 ///
 /// Events, retries and parked jobs must not be lost: the job is acknowledged only once the broker has taken every
@@ -5,7 +6,8 @@
 /// `reply_to` queue that does not exist holds nothing up. Dead tokens leave the cache only once their events are
 /// safe with the broker, so a crash repeats work and never loses an event.
 struct SettlementPlan {
-    /// The job's publications: its dead-token events, then its retry or its parked copy, then its summary.
+    /// The job's publications: its dead-token events, then its retry or its parked copy, then the parts that wait
+    /// for users' hours, then its summary.
     let publications: [Publication]
     /// The index of its summary among them, if its sender asked for one and none went out before.
     let summary: Int?
@@ -23,7 +25,7 @@ struct SettlementPlan {
     /// Whether a job publishes or removes anything (what `init` would plan): most jobs, their notifications all
     /// delivered and no `reply_to`, do neither, and are settled without a plan.
     static func isNeeded(for progress: JobProgress, retry: RetryPolicy.Decision) -> Bool {
-        if !progress.dead.isEmpty { return true }
+        if !progress.dead.isEmpty || progress.window?.parts.isEmpty == false { return true }
         switch retry {
         case .retry, .park: return true
         case .none, .expire: break
@@ -61,6 +63,8 @@ struct SettlementPlan {
         case .none, .expire:
             break
         }
+        let now = Date().timeIntervalSince1970
+        publications += (progress.window?.parts ?? []).map { Self.windowPart($0, of: delivery, now: now) }
         var summary: Int?
         if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, !progress.summarySent {
             summary = publications.count
@@ -110,6 +114,22 @@ struct SettlementPlan {
         return Publication(destination: .retry(delay: delay, lane: progress.delivery.lane),
                            body: progress.job.retryBody(targets: progress.retryable.map(\.target),
                                                         original: progress.delivery.body),
+                           properties: properties)
+    }
+
+    /// Users (and tokens) that wait for their hours: the job as enqueued with only them, due at their window's opening
+    /// (`send_at`), in the delay queue of the longest tier that does not pass it, as a scheduled job waits.
+    private static func windowPart(_ part: WindowSplit.Part, of delivery: JobDelivery, now: Double) -> Publication {
+        var properties = delivery.properties
+        properties.persistent = true
+        properties.timestamp = nil
+        properties.headers[Worker.republishedHeader] = nil
+        properties.headers[StoreWaits.header] = nil
+        properties.headers[Worker.windowPartHeader] = "1"
+        return Publication(destination: .retry(delay: JobSchedule.delay(forRemaining: Double(part.opensAt) - now),
+                                               lane: delivery.lane),
+                           body: WindowSplit.partBody(delivery.body, users: part.users, tokens: part.tokens,
+                                                      sendAt: part.opensAt),
                            properties: properties)
     }
 

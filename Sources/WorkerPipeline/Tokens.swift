@@ -91,10 +91,13 @@ public struct TokenRegistration: Sendable, Equatable {
     /// A Live Activity's update token: the activity it updates. Such a token is kept under the activity
     /// (`"activity": "<id>"` in a job reaches it), not among the user's tokens, and expires with the activity.
     public var activity: String?
+    /// The user's time zone (an IANA name, `TimeZoneName`), kept with the user for jobs with a `local_window`.
+    public var timeZone: String?
 
     public init(user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil,
-                activity: String? = nil) {
+                activity: String? = nil, timeZone: String? = nil) {
         self.activity = activity
+        self.timeZone = timeZone
         self.user = user
         self.token = token
         self.scope = scope

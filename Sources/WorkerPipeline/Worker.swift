@@ -50,6 +50,9 @@ public final class Worker: Service {
     /// On a job its publisher published again after losing its broker node before the confirm (the first copy may
     /// be in the queue too): the worker sends nothing the job's id already has a final outcome for.
     public static let republishedHeader = "x-apns-worker-republished"
+    /// On a part of a job with a `local_window` (its users that waited for one opening of their hours): the job's own
+    /// settlement published it, so it is not a copy of a settled job, and it is checked against the window again.
+    public static let windowPartHeader = "x-apns-worker-window-part"
     /// How this process appears in the fleet's statistics and in `apns-worker stats`.
     public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
 

@@ -10,7 +10,7 @@ let tokensHelp = """
 apns-worker tokens: read and change the Redis token cache by hand (the schema is in README.md).
 
 USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
-                                [--activity ID]
+                                [--activity ID] [--timezone ZONE]
        apns-worker tokens remove USER TOKEN [--topic TOPIC] [--environment production|sandbox]
        apns-worker tokens list USER [--topic TOPIC] [--full-tokens] [--json]
        apns-worker tokens keys USER
@@ -26,13 +26,15 @@ USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--t
             token of the default app (APNS_TOPIC), for alert and background pushes.
             --activity ID (with --topic <bundle>.push-type.liveactivity): a Live Activity's update token, kept
             under that activity for a day rather than among USER's tokens; a job with "activity": "ID" reaches it.
+            --timezone ZONE: USER's time zone, an IANA name such as Europe/Paris (checked against the system's
+            time zone database, tzdata): a job's "local_window" reaches USER only inside those hours of USER's day.
   remove    the token no longer receives USER's notifications; with --topic (and --environment) only if the
             cached token serves that topic (there), so a token of another kind is never removed by mistake
   list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
             --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
             characters and length) unless --full-tokens; --json for scripts.
-  keys      USER's keys in Redis (tokens, registration times, devices), a line each with where it lives: the
-            Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
+  keys      USER's keys in Redis (tokens, registration times, devices, time zone), a line each with where it
+            lives: the Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
   import    registration events from FILE (standard input without it, or -), one JSON object per line as on
             PUSH_REGISTRATIONS_QUEUE ({"user": "u1", "token": "<hex>", "environment": "sandbox", "timestamp":
             1732900000000}); applied as the cleanup consumer applies them, 1,000 at a time: an event older than
@@ -40,8 +42,8 @@ USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--t
             without a timestamp count as registered now). Progress on standard error, counts at the end. Lines
             that are not an event are reported by number and skipped (exit 65 once the rest is in).
   migrate   copies the token cache of the single Redis --from names (tokens, registration times, devices,
-            owners) into the configured Redis, usually a Redis Cluster (REDIS_CLUSTER_NODES), writing its key
-            form; a page of users at a time, progress every two seconds, counts at the end. Nothing the
+            owners, time zones) into the configured Redis, usually a Redis Cluster (REDIS_CLUSTER_NODES),
+            writing its key form; a page of users at a time, progress every two seconds, counts at the end. Nothing the
             destination knows a newer registration of is overwritten, so it can run again: after an interruption,
             or to catch up just before the workers switch over.
 
@@ -51,6 +53,7 @@ Settings it reads (environment, --config file or --set):
 EXAMPLES:
   apns-worker tokens add alice 3f0c9a...e1 --environment sandbox
   apns-worker tokens add alice 7d41e0...9b --topic com.example.app.voip
+  apns-worker tokens add alice 3f0c9a...e1 --timezone America/New_York
   apns-worker tokens list alice
   apns-worker tokens import registrations.jsonl
   REDIS_CLUSTER_NODES=10.0.0.21:6379 apns-worker tokens migrate --from redis://10.0.0.5:6379/0
@@ -59,7 +62,8 @@ EXIT CODES: 0 done, 2 bad command line or bad token, 69 Redis unreachable, 78 ba
 """
 
 func tokensCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic", "--from", "--activity"],
+    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic", "--from", "--activity",
+                                                                               "--timezone"],
                                        switches: ["--full-tokens", "--json"], help: tokensHelp)
     guard let action = parsed.positionals.first else {
         fail("tokens: say add, remove or list; try 'apns-worker tokens --help'", code: ExitCode.usage)
@@ -110,6 +114,14 @@ func tokensCommand(_ arguments: [String]) {
     }
     let activity = parsed.value("--activity")
     if let activity { checkActivityOption(activity, action: action, topic: topic) }
+    let timeZone = parsed.value("--timezone")
+    if let timeZone {
+        guard action == "add" else { fail("tokens \(action): --timezone goes with add", code: ExitCode.usage) }
+        guard activity == nil else {
+            fail("tokens add: --timezone is a user's, not an activity's: give it without --activity", code: ExitCode.usage)
+        }
+        if let problem = TimeZoneName.problem(timeZone) { fail("tokens add: --timezone: \(problem)", code: ExitCode.usage) }
+    }
     let configuration = parsed.configuration(requiringCredentials: false)
     let editor: TokenCacheEditor
     do {
@@ -124,7 +136,7 @@ func tokensCommand(_ arguments: [String]) {
         case "add":
             print(try editor.add(user: user, token: operands[1],
                                  scope: TokenScope(environment: environment ?? .production, topic: topic),
-                                 deviceJSON: device, activity: activity))
+                                 deviceJSON: device, activity: activity, timeZone: timeZone))
         case "remove":
             print(try editor.remove(user: user, token: operands[1], topic: topic, environment: environment))
         case "keys":

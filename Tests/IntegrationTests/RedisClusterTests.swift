@@ -304,8 +304,8 @@ enum RedisClusterSetup {
                 && shown.output.contains(RedisKeys.cluster.registered(user)), "\(shown.output)\(shown.errors)")
     }
 
-    /// `tokens migrate` copies a single node's cache into the cluster: tokens, registration times, devices and owners
-    /// in the cluster's key form; a newer registration already in the cluster is kept; a second run writes nothing.
+    /// `tokens migrate` copies a single node's cache into the cluster: tokens, registration times, devices, owners and
+    /// time zones in the cluster's key form; a newer registration already in the cluster is kept; a second run writes nothing.
     @Test func tokensMigrateCopiesASingleNodesCache() throws {
         let (sourceURL, source) = try TestServices.isolatedRedis(.migrationSource)
         let first = TestServices.unique("migrated-{a}"), second = TestServices.unique("migrated-b")
@@ -316,6 +316,7 @@ enum RedisClusterSetup {
             ["HSET", RedisKeys.node.registered(first), token("d1"), "1000", token("d2"), "2000"],
             ["HSET", RedisKeys.node.devices(first), token("d1"), #"{"model": "iPhone15,2"}"#],
             ["SET", RedisKeys.node.owner(token("d1")), first],
+            ["SET", RedisKeys.node.timeZone(first), "Europe/Paris"],
             ["HSET", RedisKeys.node.tokens(second), token("d3"), "production"],
         ])
         let cluster = try RedisClusterSetup.client()
@@ -337,6 +338,7 @@ enum RedisClusterSetup {
         #expect(try cache.entries(forUser: second).first?.registeredAt == nil, "an unknown age stays unknown")
         #expect(try cluster.command(["GET", RedisKeys.cluster.owner(token("d1"))]).text == first)
         #expect(try cluster.command(["EXISTS", RedisKeys.cluster.tokens(first)]).integer == 1, "the cluster's key form")
+        #expect(try cluster.command(["GET", RedisKeys.cluster.timeZone(first)]).text == "Europe/Paris", "the user's time zone")
 
         let again = try OperationsTests.apnsWorker(["tokens", "migrate", "--from", sourceURL],
                                                    environment: try RedisClusterSetup.environment())

@@ -25,6 +25,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var publishesLoseTheConnection = false
         // Store
         var cache: [String: [CachedToken]] = [:]
+        /// Users' registered time zones (`TokenStore.timeZones`).
+        var timeZones: [String: String] = [:]
         /// Live Activities' update tokens, by activity id.
         var activities: [String: [CachedToken]] = [:]
         var removals: [TokenRemoval] = []
@@ -210,6 +212,13 @@ final class InMemoryTokenStore: TokenStore {
             let silent = wanted.intersection(state.silentUsers)
             return ResolvedUsers(tokens: state.cache.filter { wanted.contains($0.key) && !silent.contains($0.key) },
                                  unavailable: silent)
+        }
+    }
+
+    func timeZones(of users: [String]) throws -> (zones: [String: String], unavailable: Set<String>) {
+        let wanted = Set(users)
+        return fleet.read { state in
+            (state.timeZones.filter { wanted.contains($0.key) }, wanted.intersection(state.silentUsers))
         }
     }
 

@@ -260,6 +260,72 @@ import WorkerPipeline
     }
 }
 
+/// A job's `local_window`: users outside their hours leave in a part that waits in the broker for their opening.
+@Suite struct WorkerWindowTests {
+    typealias Spec = WorkerTests
+
+    /// A window of the two hours around now in UTC: a user in UTC is inside it, users six hours behind (their own
+    /// zone, or the job's default zone) wait about five hours for it.
+    static func windowedJob(_ id: String) -> (body: String, opening: Int64) {
+        let now = Int(Date().timeIntervalSince1970)
+        let minute = now / 60 % 1440
+        let clock = { (minute: Int) in String(format: "%02d:%02d", (minute + 1440) % 1440 / 60, (minute + 1440) % 60) }
+        let window = LocalWindow(start: (minute + 1440 - 60) % 1440, end: (minute + 60) % 1440)
+        let opening = window.nextOpening(after: Date(timeIntervalSince1970: Double(now)), in: TimeZone(identifier: "Etc/GMT+6")!)
+        let body = #"{"id":"\#(id)","topic":"\#(Spec.topic)","users":["inside","behind","zoneless"],"#
+            + #""local_window":{"start":"\#(clock(minute - 60))","end":"\#(clock(minute + 60))"},"#
+            + #""default_timezone":"Etc/GMT+6","payload":{"aps":{}}}"#
+        return (body, opening)
+    }
+
+    static func prepare(_ fleet: InMemoryFleet) {
+        fleet.change { state in
+            state.cache = ["inside": Spec.cached(1), "behind": Spec.cached(2), "zoneless": Spec.cached(3)]
+            state.timeZones = ["inside": "Etc/UTC", "behind": "Etc/GMT+6"]
+        }
+    }
+
+    @Test func usersOutsideTheirHoursWaitInAPart() throws {
+        let fleet = InMemoryFleet()
+        Self.prepare(fleet)
+        let running = Spec.Running(fleet, settings: Spec.settings())
+        let (body, opening) = Self.windowedJob("windowed")
+        let tag = fleet.deliver(body, properties: MessageProperties(replyTo: "replies"))
+        #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job settled")
+        running.stop()
+        #expect(fleet.read(\.sent).map(\.token) == [Spec.token(1)], "only the user inside the window")
+        let published = fleet.read(\.published)
+        let part = try #require(published.first { if case .retry = $0.destination { true } else { false } }, "\(published)")
+        let job = try PushJob.decode(part.body, defaultTopic: nil, fallbackID: "x")
+        #expect(job.id == "windowed" && job.users == ["behind", "zoneless"] && job.sendAt == opening, "\(job)")
+        #expect(part.properties.headers[Worker.windowPartHeader] == "1" && part.properties.replyTo == "replies")
+        if case .retry(let delay, _) = part.destination {
+            #expect(delay <= Double(opening) - Date().timeIntervalSince1970, "it waits no longer than its opening")
+        }
+        let summary = try #require(WorkerCancellationTests.summary(fleet))
+        #expect(summary["delivered"] as? Int == 1 && summary["waiting_for_window"] as? Int == 2, "\(summary)")
+    }
+
+    /// Cancelled before it settled, a windowed job publishes no part: what waited counts as cancelled.
+    @Test func aCancelledWindowedJobLeavesNothingWaiting() throws {
+        let fleet = InMemoryFleet()
+        Self.prepare(fleet)
+        fleet.change { $0.holdingAnswers = true }
+        let running = Spec.Running(fleet, settings: Spec.settings())
+        let tag = fleet.deliver(Self.windowedJob("called-off").body, properties: MessageProperties(replyTo: "replies"))
+        #expect(fleet.wait { $0.sent.count == 1 }, "the user inside the window is being sent to")
+        let reads = fleet.read(\.cancellationReads)
+        fleet.change { $0.cancelled.append(CancelledJob(jobID: "called-off", at: Date().timeIntervalSince1970)) }
+        #expect(fleet.wait { $0.cancellationReads > reads + 1 }, "the worker read the cancellations again")
+        fleet.releaseAnswers()
+        #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job settled")
+        running.stop()
+        #expect(fleet.read { $0.published.map(\.destination) } == [.reply("replies")], "no part waits")
+        let summary = try #require(WorkerCancellationTests.summary(fleet))
+        #expect(summary["cancelled"] as? Int == 2 && summary["waiting_for_window"] as? Int == 0, "\(summary)")
+    }
+}
+
 /// A job's summary (reply_to) goes out at most once.
 @Suite struct WorkerSummaryTests {
     typealias Spec = WorkerTests

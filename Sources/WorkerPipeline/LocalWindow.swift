@@ -1,0 +1,227 @@
+import APNsModel
+import Foundation
+import Telemetry
+
+/// A job's `local_window`: the hours of each user's own day in which its notifications may go out, as local wall
+/// time (`"09:00"` to `"21:00"`, the end excluded; a start after the end crosses midnight). Users' time zones come
+/// from their registrations (`TimeZoneName`); a user without one, and the job's direct tokens, take the job's
+/// `default_timezone`, else UTC. Local time follows the system's time zone database, daylight-saving changes
+/// included: an opening that falls in a skipped hour opens at the first minute after it.
+public struct LocalWindow: Sendable, Equatable {
+    /// Minutes after local midnight.
+    public let start: Int
+    public let end: Int
+    /// The zone of users without one of their own (and of the job's direct tokens).
+    public let defaultZone: String
+
+    static let minutesPerDay = 24 * 60
+
+    public init(start: Int, end: Int, defaultZone: String = "UTC") {
+        self.start = start
+        self.end = end
+        self.defaultZone = defaultZone
+    }
+
+    /// Whether a local time (minutes after midnight) is inside the window.
+    public func contains(minuteOfDay minute: Int) -> Bool {
+        start < end ? (start <= minute && minute < end) : (minute >= start || minute < end)
+    }
+
+    /// Whether `now` is inside the window in `zone`.
+    public func contains(_ now: Date, in zone: TimeZone) -> Bool {
+        let local = Int((now.timeIntervalSince1970 + Double(zone.secondsFromGMT(for: now))).rounded(.down))
+        let minute = (local / 60) % Self.minutesPerDay
+        return contains(minuteOfDay: minute < 0 ? minute + Self.minutesPerDay : minute)
+    }
+
+    /// The next instant after `now` at which the window opens in `zone` (UNIX seconds): the first time local clocks
+    /// there read the start, or the first minute after it on a day that skips it.
+    public func nextOpening(after now: Date, in zone: TimeZone) -> Int64 {
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = zone
+        let start = DateComponents(hour: self.start / 60, minute: self.start % 60, second: 0)
+        // A start that exists every day always has a next date; a day later is the bound if the calendar found none.
+        let opening = calendar.nextDate(after: now, matching: start, matchingPolicy: .nextTime)
+            ?? now.addingTimeInterval(Double(Self.minutesPerDay * 60))
+        return Int64(opening.timeIntervalSince1970.rounded(.up))
+    }
+
+    /// `"HH:MM"` as minutes after midnight.
+    static func minutes(_ text: String) -> Int? {
+        let bytes = Array(text.utf8)
+        guard bytes.count == 5, bytes[2] == UInt8(ascii: ":"),
+              bytes.indices.allSatisfy({ $0 == 2 || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[$0]) }) else {
+            return nil
+        }
+        let digit = { (index: Int) in Int(bytes[index] - UInt8(ascii: "0")) }
+        let hour = digit(0) * 10 + digit(1), minute = digit(3) * 10 + digit(4)
+        guard hour < 24, minute < 60 else { return nil }
+        return hour * 60 + minute
+    }
+
+    /// A job's `local_window` and `default_timezone` members, checked: nil when the job has no window.
+    /// `reachesDevicesOnly`: the job is a broadcast or an activity's updates, which have no users with hours.
+    static func decode(_ window: JSONValue?, defaultZone: JSONValue?,
+                       reachesDevicesOnly: Bool) throws(JobError) -> LocalWindow? {
+        let zone = try PushJob.string(defaultZone, named: "default_timezone")
+        guard let window, window != .null else {
+            if zone != nil { throw .localWindow("\"default_timezone\" goes with a \"local_window\"") }
+            return nil
+        }
+        if reachesDevicesOnly {
+            throw .localWindow("a broadcast or an activity's updates reach devices, not users with hours: give no "
+                               + "\"local_window\" with \"channel_id\" or \"activity\"")
+        }
+        guard case .object = window else {
+            throw .wrongType(field: "local_window", expected: "an object {\"start\": \"HH:MM\", \"end\": \"HH:MM\"}",
+                             got: window.typeName)
+        }
+        if case .object(let members) = window,
+           let other = members.first(where: { $0.key != "start" && $0.key != "end" }) {
+            throw .localWindow("unknown member \"\(other.key.prefix(40))\" (a window has \"start\" and \"end\")")
+        }
+        var bounds: [Int] = []
+        var written: [String] = []
+        for name in ["start", "end"] {
+            guard let text = try PushJob.string(window[name], named: "local_window.\(name)") else {
+                throw .missingField("local_window.\(name)")
+            }
+            guard let minutes = minutes(text) else {
+                throw .wrongType(field: "local_window.\(name)", expected: "a local time \"HH:MM\" (00:00 to 23:59)",
+                                 got: "\"\(text.prefix(20))\"")
+            }
+            bounds.append(minutes)
+            written.append(text)
+        }
+        guard bounds[0] != bounds[1] else {
+            throw .localWindow("start and end are both \(written[0]): give a window of at least a minute (a job "
+                               + "without local_window sends at any hour)")
+        }
+        if let zone, let problem = TimeZoneName.problem(zone) { throw .localWindow("default_timezone: \(problem)") }
+        return LocalWindow(start: bounds[0], end: bounds[1], defaultZone: zone ?? "UTC")
+    }
+}
+
+/// Users' time zones: IANA names (`Europe/Paris`), checked against the system's time zone database
+/// (`/usr/share/zoneinfo`, Debian's tzdata).
+public enum TimeZoneName {
+    public static let database = "/usr/share/zoneinfo"
+    /// The longest name taken (the database's longest is about 30 bytes).
+    static let maximumLength = 64
+
+    /// Why `name` is not a time zone of the database, or nil if it is one.
+    public static func problem(_ name: String) -> String? {
+        let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/_+-".utf8)
+        let shown = "\"\(name.prefix(maximumLength))\""
+        guard !name.isEmpty, name.utf8.count <= maximumLength, name.utf8.allSatisfy(allowed.contains),
+              !name.hasPrefix("/"), !name.split(separator: "/").contains(where: { $0.hasPrefix("-") }) else {
+            return "\(shown) is not an IANA time zone name (such as Europe/Paris or America/New_York)"
+        }
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: database, isDirectory: &isDirectory), isDirectory.boolValue else {
+            return "the system's time zone database (\(database)) is missing: install tzdata"
+        }
+        guard FileManager.default.fileExists(atPath: database + "/" + name, isDirectory: &isDirectory),
+              !isDirectory.boolValue, TimeZone(identifier: name) != nil else {
+            return "\(shown) is not in the system's time zone database (IANA names such as Europe/Paris)"
+        }
+        return nil
+    }
+}
+
+/// A windowed job cut by its users' local hours, as it is about to start: who may be sent to now, and who waits for
+/// which opening. Each group that waits becomes a part of the job (`WindowSplit.partBody`), published when the job
+/// settles: the job as enqueued, with only those users (and tokens) and `send_at` at the opening, so that it waits
+/// in the broker's delay queues as a scheduled job does and is checked against the window again when it comes back.
+public struct WindowSplit: Sendable {
+    public struct Part: Sendable, Equatable {
+        public var opensAt: Int64
+        public var users: [String]
+        public var tokens: [String]
+
+        public init(opensAt: Int64, users: [String], tokens: [String]) {
+            (self.opensAt, self.users, self.tokens) = (opensAt, users, tokens)
+        }
+    }
+
+    public var users: [String] = []
+    public var tokens: [String] = []
+    public var parts: [Part] = []
+    /// Users and tokens whose window opens only after the job's deadline: expired, never sent.
+    public var expired = 0
+
+    /// Every user and token that waits.
+    public var waiting: Int { parts.reduce(0) { $0 + $1.users.count + $1.tokens.count } }
+    /// Nothing waits and nothing expired: the job runs as it is.
+    public var isWhole: Bool { parts.isEmpty && expired == 0 }
+
+    /// Nothing of the job: a part that comes back cancelled before it was due.
+    public init() {}
+
+    /// `zones`: the time zones the users registered (a user without one is absent).
+    public init(_ job: PushJob, window: LocalWindow, zones: [String: String], now: Date, logger: Logger) {
+        var verdicts: [String: (open: Bool, opensAt: Int64)] = [:]
+        let fallback = TimeZone(identifier: window.defaultZone) ?? TimeZone(secondsFromGMT: 0)!
+        func verdict(_ name: String?) -> (open: Bool, opensAt: Int64) {
+            let name = name ?? window.defaultZone
+            if let known = verdicts[name] { return known }
+            let zone = TimeZone(identifier: name) ?? fallback
+            let found = window.contains(now, in: zone) ? (true, 0) : (false, window.nextOpening(after: now, in: zone))
+            verdicts[name] = found
+            return found
+        }
+        var waiting: [Int64: Part] = [:]
+        func place(_ target: String, zone: String?, isUser: Bool) {
+            let (open, opensAt) = verdict(zone)
+            if open {
+                if isUser { users.append(target) } else { tokens.append(target) }
+            } else if let deadline = job.deadline, opensAt > deadline {
+                expired += 1
+            } else {
+                // In place: a copy of the part per target would copy its arrays each time.
+                let empty = Part(opensAt: opensAt, users: [], tokens: [])
+                if isUser { waiting[opensAt, default: empty].users.append(target) }
+                else { waiting[opensAt, default: empty].tokens.append(target) }
+            }
+        }
+        for user in job.users { place(user, zone: zones[user], isUser: true) }
+        for token in job.tokens { place(token, zone: nil, isUser: false) }
+        parts = waiting.values.sorted { $0.opensAt < $1.opensAt }
+        let unknown = Set(zones.values).filter { TimeZone(identifier: $0) == nil }
+        if !unknown.isEmpty {
+            logger.warning("users' time zones the system does not know: their job's default_timezone is used",
+                           ["job.id": job.id, "time_zones": unknown.sorted().prefix(5).joined(separator: ",")])
+        }
+    }
+
+    /// The body of a part: `original` (the job as enqueued) with its `users`, `tokens` and `send_at` replaced, every
+    /// other member as written.
+    public static func partBody(_ original: [UInt8], users: [String], tokens: [String], sendAt: Int64) -> [UInt8] {
+        let names = JSONNames(["users", "tokens", "send_at"])
+        var ranges: [(range: Range<Int>, index: Int)] = []
+        // The body decoded as a job a moment ago: it reads again.
+        _ = try? JSONReader.readObject(original, maximumDepth: JSONReader.defaultMaximumDepth, known: names) {
+            reader, index throws(JSONError) in
+            guard let index else { return }
+            let start = reader.offset
+            _ = try reader.checkValue()
+            ranges.append((start..<reader.offset, index))
+        }
+        func list(_ values: [String]) -> [UInt8] {
+            Array(("[" + values.map(JSONString.quote).joined(separator: ",") + "]").utf8)
+        }
+        let replacements = [list(users), list(tokens), Array(String(sendAt).utf8)]
+        var body: [UInt8] = []
+        body.reserveCapacity(original.count)
+        var position = 0
+        if !ranges.contains(where: { $0.index == 2 }), let open = original.firstIndex(of: UInt8(ascii: "{")) {
+            body += original[...open] + Array("\"send_at\":\(sendAt),".utf8)
+            position = open + 1
+        }
+        for (range, index) in ranges.sorted(by: { $0.range.lowerBound < $1.range.lowerBound }) {
+            body += original[position..<range.lowerBound] + replacements[index]
+            position = range.upperBound
+        }
+        return body + original[position...]
+    }
+}
