@@ -223,6 +223,13 @@ import WorkerPipeline
         }
     }
 
+    /// Cancels `jobID` fleet-wide; returns whether a worker read the cancellations since (within the wait's timeout).
+    static func cancel(_ jobID: String, in fleet: InMemoryFleet) -> Bool {
+        let reads = fleet.read(\.cancellationReads)
+        fleet.change { $0.cancelled.append(CancelledJob(jobID: jobID, at: Date().timeIntervalSince1970)) }
+        return fleet.wait { $0.cancellationReads > reads + 1 }
+    }
+
     /// Cancelled with 20 of its 200 notifications in flight: the other 180 are never sent, the 20 are answered, and
     /// the job is acknowledged with a summary that counts 180 cancelled.
     @Test func aJobCancelledMidwaySendsNothingMore() throws {
@@ -232,9 +239,7 @@ import WorkerPipeline
         let tag = fleet.deliver(Spec.job("campaign", tokens: (1...200).map(Spec.token)),
                                 properties: MessageProperties(replyTo: "replies"))
         #expect(fleet.wait { $0.sent.count == 20 }, "the window is full")
-        let reads = fleet.read(\.cancellationReads)
-        fleet.change { $0.cancelled.append(CancelledJob(jobID: "campaign", at: Date().timeIntervalSince1970)) }
-        #expect(fleet.wait { $0.cancellationReads > reads + 1 }, "the worker read the cancellations again")
+        #expect(Self.cancel("campaign", in: fleet), "the worker read the cancellations again")
         fleet.releaseAnswers()
         #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job settled")
         running.stop()
@@ -314,9 +319,7 @@ import WorkerPipeline
         let running = Spec.Running(fleet, settings: Spec.settings())
         let tag = fleet.deliver(Self.windowedJob("called-off").body, properties: MessageProperties(replyTo: "replies"))
         #expect(fleet.wait { $0.sent.count == 1 }, "the user inside the window is being sent to")
-        let reads = fleet.read(\.cancellationReads)
-        fleet.change { $0.cancelled.append(CancelledJob(jobID: "called-off", at: Date().timeIntervalSince1970)) }
-        #expect(fleet.wait { $0.cancellationReads > reads + 1 }, "the worker read the cancellations again")
+        #expect(WorkerCancellationTests.cancel("called-off", in: fleet), "the worker read the cancellations again")
         fleet.releaseAnswers()
         #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job settled")
         running.stop()
