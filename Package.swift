@@ -28,47 +28,63 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", path: "Sources/COpenSSL", pkgConfig: "openssl",
                        providers: [.apt(["libssl-dev"])]),
 
-        .target(name: "Telemetry", swiftSettings: hotPath),
-        .target(name: "AMQP", dependencies: ["CRabbitMQ", "Telemetry"], swiftSettings: hotPath),
+        // Strict JSON reading (byte ranges kept, depth bounded) and string quoting: jobs, events, answers, logs.
+        .target(name: "JSON", swiftSettings: hotPath),
+        // Threads and their tools: a lock, a wake-up a poll loop waits on, bulk threads' lower priority, reconnects'
+        // back-off.
+        .target(name: "Threads", swiftSettings: hotPath),
+        // The URLs services are named by (amqp://, redis://, https://), and percent-encoding.
+        .target(name: "ServiceURLs"),
+        // Logs, metrics text, the health endpoint, and the runner of a service's process.
+        .target(name: "Telemetry", dependencies: ["JSON", "Threads"], swiftSettings: hotPath),
+        .target(name: "AMQP", dependencies: ["CRabbitMQ", "ServiceURLs", "Telemetry", "Threads"], swiftSettings: hotPath),
         .target(name: "TLS", dependencies: ["COpenSSL", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "Redis", dependencies: ["TLS", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "Telemetry"], swiftSettings: hotPath),
-        // Apple's vocabulary and rules: notifications, the routes APNs takes and what their answers mean, reasons,
-        // JSON; and the two lanes work travels in, which the client and the pipeline share. No connection.
-        .target(name: "APNsModel", swiftSettings: hotPath),
+        .target(name: "Redis", dependencies: ["TLS", "ServiceURLs", "Telemetry", "Threads"], swiftSettings: hotPath),
+        .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "ServiceURLs", "Telemetry", "Threads"],
+                swiftSettings: hotPath),
+        // Apple's vocabulary and rules: notifications, the routes APNs takes and what their answers mean, reasons;
+        // and the two lanes work travels in, which the client and the pipeline share. No connection.
+        .target(name: "APNsModel", dependencies: ["JSON"], swiftSettings: hotPath),
         // The APNs client: connections, provider tokens, certificates (re-exports APNsModel).
-        .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "Telemetry"]),
+        .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "JSON", "Telemetry", "Threads"],
+                swiftSettings: hotPath),
+        .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "JSON", "Telemetry", "Threads"]),
         // The pipeline speaks to the broker, the stores and APNs through protocols of its own (Ports.swift): it imports
         // neither AMQP, Redis nor HTTP/2, and nothing that opens a connection.
-        .target(name: "WorkerPipeline", dependencies: ["APNsModel", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "WorkerPipeline", dependencies: ["APNsModel", "JSON", "Telemetry", "Threads"], swiftSettings: hotPath),
         // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
-        .target(name: "AMQPBroker", dependencies: ["AMQP", "APNsModel", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
-        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "APNsModel", "Telemetry"],
+        .target(name: "AMQPBroker", dependencies: ["AMQP", "APNsModel", "WorkerPipeline", "Telemetry", "Threads"],
+                swiftSettings: hotPath),
+        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "APNsModel", "JSON", "ServiceURLs",
+                                                   "Telemetry", "Threads"],
                 swiftSettings: hotPath),
         // The pipeline's sender port over the APNs client.
-        .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry"], swiftSettings: hotPath),
+        .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry", "Threads"],
+                swiftSettings: hotPath),
         // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a
         // worker from them.
         .target(name: "Configuration", dependencies: ["AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs", "APNsSender",
                                                       "TLS", "WorkerPipeline", "Telemetry"]),
         // What operators and backends run beside the workers: enqueue, tokens, stats, dead-tokens tail, cleanup.
         .target(name: "Operations", dependencies: ["Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",
-                                                   "Redis", "APNs", "Telemetry"]),
+                                                   "Redis", "APNs", "JSON", "Telemetry", "Threads"]),
 
         // Argument parsing and help over Operations and Configuration: no connection is made here.
         .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "APNs",
-                                                              "Redis", "Telemetry"]),
+                                                              "Redis", "JSON", "Telemetry"]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "TLS", "APNs", "Telemetry"]),
-        .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry"]),
+        .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry", "Threads"]),
         // libFuzzer targets over the parsers of bytes from outside (scripts/fuzz builds it with -sanitize=fuzzer).
-        .executableTarget(name: "fuzz-parsers", dependencies: ["APNs", "Configuration", "HTTP2", "Redis", "WorkerPipeline"]),
+        .executableTarget(name: "fuzz-parsers", dependencies: ["APNs", "Configuration", "HTTP2", "Redis", "WorkerPipeline",
+                                                               "JSON"]),
 
         .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
-                                                 "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "Telemetry", "COpenSSL"]),
+                                                      "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "JSON",
+                                                      "ServiceURLs", "Telemetry", "Threads", "COpenSSL"]),
         .testTarget(name: "IntegrationTests",
                     dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
-                                   "Configuration", "Operations", "AMQP", "Redis", "TLS", "Telemetry"]),
+                                   "Configuration", "Operations", "AMQP", "Redis", "TLS", "JSON", "ServiceURLs",
+                                   "Telemetry", "Threads"]),
     ],
     swiftLanguageModes: [.v6]
 )

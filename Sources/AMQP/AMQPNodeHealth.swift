@@ -1,5 +1,6 @@
 import Dispatch
 import Telemetry
+import Threads
 
 /// The broker nodes this process found silent (a connection that timed out, broke, or could not be opened), shared by
 /// every connection it opens: a program that connects again tries the nodes that answered first, and a silent node

@@ -1,3 +1,4 @@
+import ServiceURLs
 import Telemetry
 
 /// `amqp[s]://user:password@host:port/vhost`, parsed with errors that name the part that is wrong.

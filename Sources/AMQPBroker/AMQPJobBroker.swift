@@ -1,6 +1,7 @@
 import AMQP
 import APNsModel
 import Telemetry
+import Threads
 import WorkerPipeline
 
 /// The pipeline's broker over one RabbitMQ (AMQP 0-9-1) connection: consumes the jobs queue, publishes what jobs

@@ -1,8 +1,10 @@
 import Foundation
 import HTTP2
+import JSON
 import Synchronization
 import Telemetry
 import TLS
+import Threads
 
 /// How a channel keeps broadcasts for devices that are offline (Apple's `message-storage-policy`).
 public enum APNsChannelStorage: Int, Sendable, CaseIterable {

@@ -3,6 +3,7 @@ import TLS
 import HTTP2
 import Synchronization
 import Telemetry
+import Threads
 
 /// Where an APNs environment lives: `https://host[:port]` (443 or 2197 for Apple, anything for a private endpoint).
 public struct APNsEndpoint: Sendable, Equatable {

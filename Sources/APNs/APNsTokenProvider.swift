@@ -1,6 +1,7 @@
 import Telemetry
 import Foundation
 import Synchronization
+import Threads
 
 /// Where a fleet of workers keeps one provider token per key (`FleetProviderTokens`), so that they all send with the
 /// same one and replace it once, together.

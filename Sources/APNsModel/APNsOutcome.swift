@@ -1,4 +1,5 @@
 import Foundation
+import JSON
 
 /// An answer's header fields as the transport received them, read only when asked for (the HTTP/2 client's header
 /// block conforms, and fits an existential's inline storage: no allocation per answer).

@@ -1,6 +1,7 @@
 import APNs
 import HTTP2
 import Telemetry
+import Threads
 import WorkerPipeline
 
 /// The pipeline's sender port over `APNsClient`: each lane on connections and a loop thread of its own, answers on

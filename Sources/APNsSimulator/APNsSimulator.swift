@@ -1,8 +1,10 @@
 import APNs
 import Foundation
 import HTTP2
+import JSON
 import Synchronization
 import Telemetry
+import Threads
 
 /// What the simulator received: one accepted or rejected push, as APNs would have seen it.
 public struct ReceivedNotification: Sendable, Equatable {

@@ -1,6 +1,7 @@
 import APNs
 import Foundation
 import HTTP2
+import JSON
 import Telemetry
 
 /// Apple's two broadcast APIs (iOS 18), as apns-sim plays them, beside device pushes: channel management

@@ -5,6 +5,7 @@ import TLS
 import Foundation
 import Telemetry
 import Synchronization
+import Threads
 
 /// Something with a file descriptor that an `EventLoop` polls and wakes.
 /// All methods are called on the loop's own thread.

@@ -5,6 +5,7 @@ import TLS
 import Foundation
 import Synchronization
 import Telemetry
+import Threads
 
 /// What happened to a client's connections, for whoever watches (metrics, tests).
 public enum HTTP2ClientEvent: Sendable, Equatable {

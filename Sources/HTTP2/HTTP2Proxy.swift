@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import ServiceURLs
 import Telemetry
 import TLS
 

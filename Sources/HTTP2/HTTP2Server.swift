@@ -4,6 +4,7 @@ import Glibc
 import Synchronization
 import TLS
 import Telemetry
+import Threads
 
 /// A TLS + HTTP/2 server (ALPN h2 only): the ground apns-sim stands on. Connections are spread over `loopCount`
 /// event loops (threads), each connection served by one: a server that answers one busy connection does not make

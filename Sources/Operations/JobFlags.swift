@@ -1,4 +1,5 @@
 import APNs
+import JSON
 import Telemetry
 import WorkerPipeline
 

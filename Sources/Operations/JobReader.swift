@@ -1,5 +1,6 @@
 import APNs
 import Foundation
+import JSON
 import WorkerPipeline
 
 /// Splits input into jobs without holding more than one chunk and one job in memory: JSON Lines (a job per line,

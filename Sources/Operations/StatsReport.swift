@@ -3,6 +3,7 @@ import AMQPBroker
 import APNsModel
 import Configuration
 import Foundation
+import JSON
 import Redis
 import RedisStore
 import Telemetry

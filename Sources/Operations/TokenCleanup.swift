@@ -6,6 +6,7 @@ import Redis
 import RedisStore
 import Synchronization
 import Telemetry
+import Threads
 import WorkerPipeline
 
 /// `apns-worker cleanup`: keeps the token cache true to what APNs and the apps say.

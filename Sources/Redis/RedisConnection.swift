@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import ServiceURLs
 import Telemetry
 
 public struct RedisError: Error, Sendable, CustomStringConvertible {

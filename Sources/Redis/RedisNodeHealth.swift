@@ -1,5 +1,6 @@
 import Dispatch
 import Telemetry
+import Threads
 
 /// The cluster nodes this process found silent (a master frozen, cut off or gone), shared by every `RedisCluster` it
 /// opens: the worker's broker thread, its preparer, the next session's. A node that stopped answering costs one

@@ -1,8 +1,10 @@
 import APNs
 import Foundation
+import JSON
 import Redis
 import Synchronization
 import Telemetry
+import Threads
 
 /// One provider token per signing key for the whole fleet, kept in Redis (the schema is in README.md):
 /// - `apns:jwt:<team id>/<key id>`: string, JSON `{"token": "<jwt>", "iat": <UNIX seconds>, "key": "<fingerprint>"}`;

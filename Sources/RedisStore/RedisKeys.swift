@@ -1,4 +1,5 @@
 import Redis
+import ServiceURLs
 import Telemetry
 
 /// Every Redis key the fleet uses, built here and nowhere else (the schema is in README.md).

@@ -1,4 +1,5 @@
 import Foundation
+import JSON
 import Redis
 import Telemetry
 import WorkerPipeline

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import JSON
 
 /// A structured logger in the shape of swift-log: a value type with a label, a level and metadata with dotted keys.
 /// Each record is one line written with a single `write(2)`, so lines from different threads never interleave.
@@ -135,31 +136,6 @@ public struct Logger: Sendable {
         }
         return "\(parts.tm_year + 1900)-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
             + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(millis), 3))Z"
-    }
-}
-
-/// JSON string quoting without Foundation's encoder: logs and events are written on hot paths.
-public enum JSONString {
-    public static func quote(_ value: String) -> String {
-        var out = "\""
-        out.reserveCapacity(value.utf8.count + 2)
-        for scalar in value.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            default:
-                if scalar.value < 0x20 {
-                    let hex = String(scalar.value, radix: 16)
-                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-                } else {
-                    out.unicodeScalars.append(scalar)
-                }
-            }
-        }
-        return out + "\""
     }
 }
 

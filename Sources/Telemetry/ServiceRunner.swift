@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import Threads
 
 /// The one way the programs run a long-lived `Service` and take their signals (the worker, the cleanup consumer,
 /// apns-sim).

@@ -1,6 +1,7 @@
 import APNsModel
 import Foundation
 import Telemetry
+import Threads
 
 /// The worker's side of the sender's lane threads: records each answer in its job's progress, and hands the broker thread
 /// what it must act on, in batches: jobs whose every notification has an outcome (with one wake-up), and final

@@ -1,4 +1,5 @@
 import APNsModel
+import JSON
 import Telemetry
 
 /// Published on PUSH_DEAD_TOKENS_QUEUE, one per dead token (the contract in README.md).

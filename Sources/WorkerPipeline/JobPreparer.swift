@@ -1,5 +1,6 @@
 import Foundation
 import Telemetry
+import Threads
 
 /// What starting a batch of jobs needs before the broker thread can queue their notifications: the jobs decoded (or
 /// refused, with the reason), and the users of the small ones resolved in the token cache (a large job's users are

@@ -1,4 +1,5 @@
 import APNsModel
+import JSON
 import Telemetry
 
 /// What a job's sender reads on its `reply_to` queue, for device jobs and broadcasts alike: one encoder, so that

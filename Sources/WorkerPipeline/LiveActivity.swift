@@ -1,5 +1,6 @@
 import APNsModel
 import Foundation
+import JSON
 import Telemetry
 
 /// A job's `live_activity` object, checked and turned into the `aps` dictionary ActivityKit expects (Apple:

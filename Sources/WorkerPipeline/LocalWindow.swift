@@ -1,5 +1,6 @@
 import APNsModel
 import Foundation
+import JSON
 import Telemetry
 
 /// A job's `local_window`: the hours of each user's own day in which its notifications may go out, as local wall

@@ -1,5 +1,6 @@
 import Foundation
 import APNsModel
+import JSON
 import Telemetry
 
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Telemetry
+import Threads
 
 /// How long to wait before reconnecting to the broker or Redis after `failures` failures in a row: from 0.25 s
 /// doubling up to 30 s, with equal jitter (`Backoff`).

@@ -1,4 +1,5 @@
 import APNsModel
+import JSON
 import Telemetry
 
 /// One message on PUSH_REGISTRATIONS_QUEUE: an app reporting its device token at launch (or at logout), sent by the

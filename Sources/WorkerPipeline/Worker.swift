@@ -2,6 +2,7 @@ import APNsModel
 import Foundation
 import Synchronization
 import Telemetry
+import Threads
 
 /// The pipeline's own settings (the configuration layer maps the environment to them).
 public struct WorkerSettings: Sendable {

@@ -1,6 +1,7 @@
 import APNsModel
 import Synchronization
 import Telemetry
+import Threads
 
 /// Process-wide counters, safe to bump from any thread.
 public final class WorkerStatistics: Sendable {

@@ -4,6 +4,7 @@ import Foundation
 import HTTP2
 import Synchronization
 import Telemetry
+import Threads
 
 let usage = """
 apns-bench: load generators for scripts/bench (figures, never pass/fail).

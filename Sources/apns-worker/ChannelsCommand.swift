@@ -1,6 +1,7 @@
 import APNs
 import Configuration
 import Foundation
+import JSON
 import Operations
 import Telemetry
 

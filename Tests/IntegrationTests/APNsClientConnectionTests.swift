@@ -7,6 +7,7 @@ import Telemetry
 import Testing
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// Connection-level duties of the APNs client: liveness, provider tokens, TLS.

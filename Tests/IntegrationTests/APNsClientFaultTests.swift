@@ -5,6 +5,7 @@ import HTTP2
 import Synchronization
 import Telemetry
 import Testing
+import Threads
 
 /// The APNs client against apns-sim's scripted faults: what is resent, what is final, and that nothing is lost.
 @Suite struct APNsClientFaultTests {

@@ -7,6 +7,7 @@ import Redis
 import RedisStore
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 #if canImport(Glibc)
 import Glibc

@@ -7,6 +7,7 @@ import RedisStore
 import Synchronization
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 
 /// Restarts the shared broker and raises its memory alarm, so scripts/test runs this suite alone, after the others

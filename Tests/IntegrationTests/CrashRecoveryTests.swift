@@ -7,6 +7,7 @@ import RedisStore
 import Synchronization
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 #if canImport(Glibc)
 import Glibc

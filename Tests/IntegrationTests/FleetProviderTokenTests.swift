@@ -6,6 +6,7 @@ import Telemetry
 import Testing
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// One provider token per key for the whole fleet (`apns:jwt:<team id>/<key id>` in Redis): three workers sending

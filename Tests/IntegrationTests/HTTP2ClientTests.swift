@@ -7,6 +7,7 @@ import Telemetry
 import Testing
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// The HTTP/2 + TLS client against apns-sim (our double) and against nghttpd (an independent server).

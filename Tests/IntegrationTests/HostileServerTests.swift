@@ -6,6 +6,7 @@ import Telemetry
 import Testing
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// Fuzzing what a server sends: a TLS + ALPN h2 server of the test's own answers each connection with a valid

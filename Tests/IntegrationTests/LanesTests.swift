@@ -6,6 +6,7 @@ import Redis
 import RedisStore
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 
 /// Urgent work (PUSH_JOBS_QUEUE) never waits behind a campaign (PUSH_BULK_QUEUE), under the rate limit too;

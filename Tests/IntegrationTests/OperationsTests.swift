@@ -11,6 +11,7 @@ import RedisStore
 import Synchronization
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 
 /// The operator's and the backend's commands (`apns-worker enqueue | tokens | dead-tokens tail | stats | cleanup`)

@@ -5,6 +5,7 @@ import Foundation
 import HTTP2
 import Telemetry
 import Testing
+import Threads
 
 /// A pool of HTTP/2 connections grows while every stream of its connections is busy and requests wait, never past its
 /// maximum, and lets the extra connections go once they fall idle; against apns-sim allowing two streams a connection

@@ -9,6 +9,7 @@ import Testing
 import TLS
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// A small HTTP CONNECT proxy on a loopback port: it records each CONNECT request (line and headers), answers 200 (or

@@ -7,6 +7,7 @@ import Telemetry
 import Testing
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// apns-sim judges raw requests like APNs: each broken rule gets Apple's status and reason.

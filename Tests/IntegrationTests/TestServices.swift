@@ -8,6 +8,7 @@ import HTTP2
 import Redis
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 #if canImport(Glibc)
 import Glibc

@@ -3,7 +3,9 @@ import APNs
 import Configuration
 import Foundation
 import HTTP2
+import JSON
 import Redis
+import ServiceURLs
 import Telemetry
 import Testing
 import WorkerPipeline

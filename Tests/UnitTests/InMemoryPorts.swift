@@ -1,6 +1,7 @@
 import APNs
 import Foundation
 import Telemetry
+import Threads
 import WorkerPipeline
 
 /// The pipeline's ports in memory, for running the real `Worker` with no process or socket. Every port writes into one

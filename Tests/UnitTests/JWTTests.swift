@@ -4,6 +4,7 @@ import Foundation
 import TLS
 import Telemetry
 import Testing
+import Threads
 
 /// The provider token must verify with OpenSSL's own ES256 verifier, not only with our signer's code.
 @Suite struct JWTTests {

@@ -1,5 +1,6 @@
 import APNs
 import Foundation
+import JSON
 import Testing
 import WorkerPipeline
 

@@ -2,6 +2,7 @@ import APNs
 import Foundation
 import Telemetry
 import Testing
+import Threads
 import WorkerPipeline
 
 /// The real `Worker` over in-memory ports: whole jobs from delivery to acknowledgement, with no process or socket.

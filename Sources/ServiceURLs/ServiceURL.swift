@@ -1,3 +1,5 @@
+import Foundation
+
 /// `scheme://[user[:password]@]host[:port][/path]`: the URLs the programs are configured with (the broker's nodes,
 /// Redis), split into their parts with the credentials percent-decoded, so that '/', '@', ':' or '%' can be part of
 /// a password. Each caller checks the scheme before and reads the path after in its own terms (a vhost, a database).
