@@ -35,8 +35,8 @@ public final class TokenCacheEditor {
         let change = try cache.register([TokenRegistration(user: user, token: token, scope: scope, registeredAt: now,
                                                            deviceJSON: deviceJSON, activity: activity, timeZone: timeZone)])
         if case .failed(let message)? = change.first { throw RefusedChange(message: message) }
-        return "added \(shown(token)) for \(activity.map { "activity \($0)" } ?? user) (\(scope.cacheValue))"
-            + (timeZone.map { ", time zone \($0)" } ?? "")
+        let zone = timeZone.map { change.first == .applied ? ", time zone \($0)" : ", time zone unchanged" } ?? ""
+        return "added \(shown(token)) for \(activity.map { "activity \($0)" } ?? user) (\(scope.cacheValue))" + zone
     }
 
     /// The token no longer receives `user`'s notifications; with a topic or an environment, only if the cached token

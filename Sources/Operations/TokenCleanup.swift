@@ -196,6 +196,11 @@ public final class TokenCleanup: Service {
                     continue
                 }
                 let event = try RegistrationEvent.decode(delivery.body, now: now)
+                if let problem = event.timeZoneProblem {
+                    logger.warning("a registration's time zone is not kept; its token is registered without it",
+                                   ["user": event.registration.user, "time_zone": String(event.ignoredTimeZone?.prefix(64) ?? ""),
+                                    "reason": problem])
+                }
                 switch event.action {
                 case .register:
                     read.registrations.append(event.registration)

@@ -72,6 +72,9 @@ public struct RedisKeys: Sendable, Equatable {
     public func running(_ key: String) -> String { "apns:running:" + key }
     /// Counter: deliveries given back by orderly stops.
     public func givenBack(_ key: String) -> String { "apns:givenback:" + key }
+    /// String: a part of a windowed job that started (`<job id>:<opening>:<users' digest>`), so that a copy of it sends
+    /// nothing; kept eight days.
+    public func windowPart(_ key: String) -> String { "apns:window-part:" + key }
     /// Set: the jobs settled in one ten-second span.
     public func settled(inSpan span: Int) -> String { "apns:settled:\(span)" }
 

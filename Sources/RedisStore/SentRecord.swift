@@ -199,6 +199,18 @@ public struct SentRecord: IdempotencyRecord {
 
     /// A span Redis cannot read (a key of the wrong type) holds none: the copies are then sent as jobs, with the
     /// idempotency record's per-token outcomes.
+    /// `SET NX` with a lifetime longer than a part can wait (a day, and the week a send_at may add).
+    public func claimWindowParts(_ keys: [String]) throws -> Set<String> {
+        guard !keys.isEmpty else { return [] }
+        let lifetime = String(8 * 24 * 3600)
+        let replies = try redis.pipelineWhereReachable(keys.map { ["SET", redisKeys.windowPart($0), "1", "NX", "EX", lifetime] })
+        return Set(zip(keys, replies).compactMap { key, reply in
+            guard let reply else { return key }
+            if case .error = reply { return key }
+            return reply.text == "OK" ? key : nil
+        })
+    }
+
     public func recentlySettled(_ jobIDs: [String]) throws -> Set<String> {
         guard !jobIDs.isEmpty else { return [] }
         let now = Int(Date().timeIntervalSince1970) / Self.settledSpan

@@ -49,6 +49,8 @@ final class JobProgress: @unchecked Sendable {
         var parts: [WindowSplit.Part]
         var named: Int
         var isPart: Bool
+        /// Users and tokens whose window opens only after the job's deadline.
+        var expired: Int
 
         var waiting: Int { parts.reduce(0) { $0 + $1.users.count + $1.tokens.count } }
     }
@@ -213,9 +215,8 @@ final class JobProgress: @unchecked Sendable {
     /// only after the job's deadline count as expired, one each (their tokens are never read). `named`: the users
     /// and tokens the job named as it arrived; `isPart`: the delivery is a part that waited.
     func cutByWindow(_ split: WindowSplit, named: Int, isPart: Bool) {
-        madeRare.window = WindowState(parts: split.parts, named: named, isPart: isPart)
+        madeRare.window = WindowState(parts: split.parts, named: named, isPart: isPart, expired: split.expired)
         notificationCount += split.expired
-        expired += split.expired
     }
 
     var window: WindowState? { rare?.window }
@@ -307,7 +308,7 @@ final class JobProgress: @unchecked Sendable {
         summary.failed = failed.count + earlier.failed + (retrying ? 0 : retryable.count)
         summary.retrying = retrying ? retryable.count : 0
         summary.heldBack = heldBack.count
-        summary.expired = expired + earlier.expired
+        summary.expired = expired + earlier.expired + (rare?.window?.expired ?? 0)
         summary.cancelled = cancelled
         summary.heldBackReason = heldBackExplanation
         if job.localWindow != nil { summary.waitingForWindow = rare?.window?.waiting ?? 0 }

@@ -143,6 +143,17 @@ public struct WindowSplit: Sendable {
         public init(opensAt: Int64, users: [String], tokens: [String]) {
             (self.opensAt, self.users, self.tokens) = (opensAt, users, tokens)
         }
+
+        /// What names the part among its job's (`Worker.windowPartHeader`): its opening and a digest of who it
+        /// reaches (FNV-1a, 64 bits), the same however often its job's settlement publishes it.
+        public var name: String {
+            var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+            for text in users + [""] + tokens {
+                for byte in text.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+                hash = (hash ^ 0xff) &* 0x100_0000_01b3
+            }
+            return "\(opensAt)-" + String(hash, radix: 16)
+        }
     }
 
     public var users: [String] = []
@@ -196,18 +207,20 @@ public struct WindowSplit: Sendable {
     }
 
     /// The body of a part: `original` (the job as enqueued) with its `users`, `tokens` and `send_at` replaced, every
-    /// other member as written.
-    public static func partBody(_ original: [UInt8], users: [String], tokens: [String], sendAt: Int64) -> [UInt8] {
+    /// other member as written; nil if `original` does not read as a JSON object (it decoded as a job a moment ago).
+    public static func partBody(_ original: [UInt8], users: [String], tokens: [String], sendAt: Int64) -> [UInt8]? {
         let names = JSONNames(["users", "tokens", "send_at"])
         var ranges: [(range: Range<Int>, index: Int)] = []
-        // The body decoded as a job a moment ago: it reads again.
-        _ = try? JSONReader.readObject(original, maximumDepth: JSONReader.defaultMaximumDepth, known: names) {
+        // Within the depth the job was decoded within.
+        let depth = PushJob.Limits().maximumDepth + PushJob.retryWrapperDepth
+        let read = try? JSONReader.readObject(original, maximumDepth: depth, known: names) {
             reader, index throws(JSONError) in
             guard let index else { return }
             let start = reader.offset
             _ = try reader.checkValue()
             ranges.append((start..<reader.offset, index))
         }
+        guard case .object? = read else { return nil }
         func list(_ values: [String]) -> [UInt8] {
             Array(("[" + values.map(JSONString.quote).joined(separator: ",") + "]").utf8)
         }

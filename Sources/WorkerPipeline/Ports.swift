@@ -314,6 +314,11 @@ public protocol RecentlySettledJobs {
     func settledRecently(_ jobIDs: [String]) throws
     /// Which of these jobs were settled in the last half minute or so.
     func recentlySettled(_ jobIDs: [String]) throws -> Set<String>
+    /// Claims parts of windowed jobs as they start (`WindowSplit.Part.key`), fleet-wide and for as long as a part
+    /// can wait: returns the keys claimed now; a key claimed before is a copy of a part that started already (its
+    /// settlement's publications made again). A key whose node does not answer counts as claimed now. Only a lost
+    /// connection throws.
+    func claimWindowParts(_ keys: [String]) throws -> Set<String>
 }
 
 /// What a rate limiter grants.

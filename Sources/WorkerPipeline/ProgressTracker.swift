@@ -27,6 +27,9 @@ struct ProgressTracker {
         var delta = pending[id] ?? JobProgressDelta(jobID: id)
         if delta.targets == 0 { delta.targets = Self.named(progress) }
         if delta.since == 0 { delta.since = Date().timeIntervalSince1970 }
+        // Every report of a windowed job says so: one part running must not take the job off the scheduled list
+        // while others wait.
+        if progress.job.localWindow != nil { delta.windowed = true }
         body(&delta)
         pending[id] = delta
     }
@@ -89,7 +92,7 @@ struct ProgressTracker {
             if let window = whole.window {
                 // What waited and came (a part) leaves the count; what waits now (parts published) joins it.
                 delta.counts[.waitingForWindow, default: 0] += window.waiting - (window.isPart ? window.named : 0)
-                delta.windowed = true
+                delta.counts[.expired, default: 0] += window.expired
                 if let latest = window.parts.map(\.opensAt).max() {
                     delta.windowsUntil = max(delta.windowsUntil ?? 0, latest)
                 }

@@ -21,6 +21,17 @@ public struct RegistrationEvent: Sendable, Equatable {
 
     public var action: Action
     public var registration: TokenRegistration
+    /// A `timezone` the event named that is not kept: a name this system's time zone database does not have (an
+    /// app on a newer database), or one beside an `activity` (an update token has no user). The token is registered
+    /// all the same; `timeZoneProblem` says why the zone is not.
+    public var ignoredTimeZone: String?
+
+    /// Why `ignoredTimeZone` is not kept.
+    public var timeZoneProblem: String? {
+        guard let ignoredTimeZone else { return nil }
+        if registration.activity != nil { return "a Live Activity's update token has no user time zone" }
+        return TimeZoneName.problem(ignoredTimeZone) ?? "not kept"
+    }
 
     /// The largest event taken, in bytes.
     public static let maximumSize = 16_384
@@ -74,13 +85,18 @@ public struct RegistrationEvent: Sendable, Equatable {
                                  + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
             }
         }
-        let timeZone = try PushJob.optionalString(document, "timezone")
-        if let timeZone, let problem = TimeZoneName.problem(timeZone) {
-            throw .wrongType(field: "timezone", expected: "an IANA time zone name", got: problem)
+        // A zone this system does not know does not cost the user the token: it is registered without the zone.
+        var timeZone = try PushJob.optionalString(document, "timezone")
+        var ignoredTimeZone: String?
+        if let name = timeZone, activity != nil || TimeZoneName.problem(name) != nil {
+            ignoredTimeZone = name
+            timeZone = nil
         }
-        return RegistrationEvent(action: action, registration: TokenRegistration(
+        var event = RegistrationEvent(action: action, registration: TokenRegistration(
             user: user, token: token, scope: TokenScope(environment: environment, topic: topic), registeredAt: timestamp,
             deviceJSON: deviceJSON, activity: activity, timeZone: timeZone))
+        event.ignoredTimeZone = ignoredTimeZone
+        return event
     }
 
     public var json: [UInt8] {
@@ -90,7 +106,7 @@ public struct RegistrationEvent: Sendable, Equatable {
         text += "\"timestamp\":\(registration.registeredAt),"
         if let device = registration.deviceJSON { text += "\"device\":\(device)," }
         if let activity = registration.activity { text += "\"activity\":\(JSONString.quote(activity))," }
-        if let timeZone = registration.timeZone { text += "\"timezone\":\(JSONString.quote(timeZone))," }
+        if let timeZone = registration.timeZone ?? ignoredTimeZone { text += "\"timezone\":\(JSONString.quote(timeZone))," }
         text += "\"action\":\"\(action.rawValue)\"}"
         return Array(text.utf8)
     }

@@ -142,6 +142,7 @@ extension SessionLoop {
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let unadmitted = holdingBackPastAdmission(&jobs)
         let lookup = try lookUpSettled(&jobs, waiting: &waiting)
+        try skipCopiesOfStartedParts(&jobs)
         var finishedAtOnce = cancelledBeforeDue.map(settleUnsent)
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
@@ -201,7 +202,6 @@ extension SessionLoop {
     private func cutByWindow(_ progress: JobProgress, _ split: WindowSplit, named: Int) {
         progress.cutByWindow(split, named: named, isPart: Self.isWindowPart(progress.delivery))
         statistics.expired.add(split.expired, ordering: .relaxed)
-        progressTracker.expired(progress, count: split.expired)
     }
 
     /// A job cancelled before it was due: settled with every user and token counted as cancelled, none resolved.
@@ -376,6 +376,27 @@ extension SessionLoop {
 
     static func isCopy(_ delivery: JobDelivery) -> Bool {
         !delivery.properties.headers.isEmpty && delivery.properties.headers[Worker.republishedHeader] != nil
+    }
+
+    /// Copies of parts of windowed jobs that started already (a job's settlement published again after the broker
+    /// refused one of its publications, or repeated after a crash before its acknowledgement) are acknowledged without
+    /// sending anything. A redelivered part is not a copy: it starts again, skipping what the idempotency record
+    /// says it sent.
+    private func skipCopiesOfStartedParts(_ jobs: inout [(delivery: JobDelivery, job: PushJob)]) throws {
+        let parts = jobs.filter { Self.isWindowPart($0.delivery) && !$0.delivery.redelivered }
+        guard !parts.isEmpty else { return }
+        let key = { (entry: (delivery: JobDelivery, job: PushJob)) in
+            entry.job.id + ":" + (entry.delivery.properties.headers[Worker.windowPartHeader] ?? "")
+        }
+        let claimed = try session.record.claimWindowParts(parts.map(key))
+        let copies = parts.filter { !claimed.contains(key($0)) }
+        guard !copies.isEmpty else { return }
+        statistics.republishedCopiesSkipped.add(copies.count, ordering: .relaxed)
+        logger.info("copies of windowed jobs' parts that started already acknowledged without sending",
+                    ["jobs": String(copies.count)])
+        try session.broker.acknowledge(copies.map(\.delivery.tag))
+        let skipped = Set(copies.map(\.delivery.tag))
+        jobs.removeAll { skipped.contains($0.delivery.tag) }
     }
 
     /// A part of a windowed job that waited for its users' hours (`Worker.windowPartHeader`).

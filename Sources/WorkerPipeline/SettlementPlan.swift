@@ -64,7 +64,7 @@ struct SettlementPlan {
             break
         }
         let now = Date().timeIntervalSince1970
-        publications += (progress.window?.parts ?? []).map { Self.windowPart($0, of: delivery, now: now) }
+        publications += (progress.window?.parts ?? []).compactMap { Self.windowPart($0, of: delivery, now: now) }
         var summary: Int?
         if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, !progress.summarySent {
             summary = publications.count
@@ -111,6 +111,8 @@ struct SettlementPlan {
         // The retry's wait in its lane is the delay it was given, not a queue falling behind.
         properties.timestamp = nil
         properties.headers[Worker.reasonHeader] = progress.retryable.first?.reason
+        // A retry of a part is its own job, not the part (whose copies `claimWindowParts` recognises).
+        properties.headers[Worker.windowPartHeader] = nil
         return Publication(destination: .retry(delay: delay, lane: progress.delivery.lane),
                            body: progress.job.retryBody(targets: progress.retryable.map(\.target),
                                                         original: progress.delivery.body),
@@ -119,18 +121,18 @@ struct SettlementPlan {
 
     /// Users (and tokens) that wait for their hours: the job as enqueued with only them, due at their window's opening
     /// (`send_at`), in the delay queue of the longest tier that does not pass it, as a scheduled job waits.
-    private static func windowPart(_ part: WindowSplit.Part, of delivery: JobDelivery, now: Double) -> Publication {
+    private static func windowPart(_ part: WindowSplit.Part, of delivery: JobDelivery, now: Double) -> Publication? {
+        guard let body = WindowSplit.partBody(delivery.body, users: part.users, tokens: part.tokens, sendAt: part.opensAt)
+        else { return nil }
         var properties = delivery.properties
         properties.persistent = true
         properties.timestamp = nil
         properties.headers[Worker.republishedHeader] = nil
         properties.headers[StoreWaits.header] = nil
-        properties.headers[Worker.windowPartHeader] = "1"
+        properties.headers[Worker.windowPartHeader] = part.name
         return Publication(destination: .retry(delay: JobSchedule.delay(forRemaining: Double(part.opensAt) - now),
                                                lane: delivery.lane),
-                           body: WindowSplit.partBody(delivery.body, users: part.users, tokens: part.tokens,
-                                                      sendAt: part.opensAt),
-                           properties: properties)
+                           body: body, properties: properties)
     }
 
     /// Parked (as its sender enqueued it, or what is left of it), with what happened in headers.

@@ -26,6 +26,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var publishesLoseTheConnection = false
         // Store
         var cache: [String: [CachedToken]] = [:]
+        /// Parts of windowed jobs that started (`RecentlySettledJobs.claimWindowParts`).
+        var claimedParts: Set<String> = []
         /// Users' registered time zones (`TokenStore.timeZones`).
         var timeZones: [String: String] = [:]
         /// Live Activities' update tokens, by activity id.
@@ -307,6 +309,9 @@ final class InMemoryRecord: IdempotencyRecord {
     func givenBack(_ keys: [String]) throws -> [String: Int] { fleet.read { $0.givenBack.filter { keys.contains($0.key) } } }
     func settledRecently(_ jobIDs: [String]) throws { fleet.change { $0.settledRecently.formUnion(jobIDs) } }
     func recentlySettled(_ jobIDs: [String]) throws -> Set<String> { fleet.read { $0.settledRecently.intersection(jobIDs) } }
+    func claimWindowParts(_ keys: [String]) throws -> Set<String> {
+        fleet.change { state in Set(keys.filter { state.claimedParts.insert($0).inserted }) }
+    }
 }
 
 /// Grants everything: the rate limit's rules are the Redis script's, proven against Redis in RateLimitTests.

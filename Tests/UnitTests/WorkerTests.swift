@@ -304,12 +304,31 @@ import WorkerPipeline
         let part = try #require(published.first { if case .retry = $0.destination { true } else { false } }, "\(published)")
         let job = try PushJob.decode(part.body, defaultTopic: nil, fallbackID: "x")
         #expect(job.id == "windowed" && job.users == ["behind", "zoneless"] && job.sendAt == opening, "\(job)")
-        #expect(part.properties.headers[Worker.windowPartHeader] == "1" && part.properties.replyTo == "replies")
+        let name = WindowSplit.Part(opensAt: opening, users: ["behind", "zoneless"], tokens: []).name
+        #expect(part.properties.headers[Worker.windowPartHeader] == name && part.properties.replyTo == "replies")
         if case .retry(let delay, _) = part.destination {
             #expect(delay <= Double(opening) - Date().timeIntervalSince1970, "it waits no longer than its opening")
         }
         let summary = try #require(WorkerCancellationTests.summary(fleet))
         #expect(summary["delivered"] as? Int == 1 && summary["waiting_for_window"] as? Int == 2, "\(summary)")
+    }
+
+    /// A part published twice (its job's publications made again) starts once: the copy is acknowledged, nothing sent.
+    @Test func aCopyOfAStartedPartSendsNothing() throws {
+        let fleet = InMemoryFleet()
+        Self.prepare(fleet)
+        let running = Spec.Running(fleet, settings: Spec.settings())
+        let due = Int64(Date().timeIntervalSince1970) - 1
+        let part = WindowSplit.Part(opensAt: due, users: ["inside"], tokens: [])
+        let body = try #require(WindowSplit.partBody(Array(Self.windowedJob("twice").body.utf8), users: part.users,
+                                                     tokens: [], sendAt: due))
+        let properties = MessageProperties(headers: [Worker.windowPartHeader: part.name])
+        let first = fleet.deliver(String(decoding: body, as: UTF8.self), properties: properties)
+        #expect(fleet.wait { $0.acknowledged.contains(first) })
+        let copy = fleet.deliver(String(decoding: body, as: UTF8.self), properties: properties)
+        #expect(fleet.wait { $0.acknowledged.contains(copy) })
+        running.stop()
+        #expect(fleet.read(\.sent).map(\.token) == [Spec.token(1)], "sent once")
     }
 
     /// Cancelled before it settled, a windowed job publishes no part: what waited counts as cancelled.
