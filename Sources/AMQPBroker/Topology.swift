@@ -8,7 +8,7 @@ public enum QueueType: String, Sendable, Equatable, CaseIterable {
     case classic, quorum
 }
 
-/// The queues and exchange names apns-worker's programs share (the contract in README.md), and the type they are
+/// The queues and exchange names apns-worker's programs share (the contract in docs/contract.md), and the type they are
 /// declared as.
 public struct QueueNames: Sendable, Equatable {
     /// The urgent lane (PUSH_JOBS_QUEUE).

@@ -91,7 +91,7 @@ public struct SettingTable: Sendable {
     public let apnsCredentialsFile: OptionalSetting<String> = OptionalSetting(
         name: "APNS_CREDENTIALS_FILE", kind: .file, unsetMeans: "none: the one credential above serves every topic",
         readers: [.worker, .channels],
-        help: "several teams' keys and certificates, JSON (README: Several apps and teams); a job's bundle id picks "
+        help: "several teams' keys and certificates, JSON (docs/operations.md: Several apps and teams); a job's bundle id picks "
             + "the entry that lists it, the single-key settings serve the rest; re-read on SIGHUP")
     public let apnsTopic: OptionalSetting<String> = OptionalSetting(
         name: "APNS_TOPIC", kind: .topic, unsetMeans: "none: such jobs are refused",

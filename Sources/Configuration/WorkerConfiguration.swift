@@ -129,7 +129,7 @@ public struct MetricsSettings: Sendable, Equatable {
     public var portIsExplicit: Bool
 }
 
-/// Every setting, read from one place (the environment, a settings file, flags: the contract in README.md, every
+/// Every setting, read from one place (the environment, a settings file, flags: the contract in docs/contract.md, every
 /// key in config/apns-worker.env) and grouped by what uses it: the wrappers and the pipeline take these typed values
 /// and never name an environment variable; this layer alone maps keys to values and to the error lines that name
 /// them.

@@ -6,7 +6,7 @@ import Synchronization
 import Telemetry
 import Threads
 
-/// One provider token per signing key for the whole fleet, kept in Redis (the schema is in README.md):
+/// One provider token per signing key for the whole fleet, kept in Redis (the schema is in docs/contract.md):
 /// - `apns:jwt:<team id>/<key id>`: string, JSON `{"token": "<jwt>", "iat": <UNIX seconds>, "key": "<fingerprint>"}`;
 ///   expires an hour after its `iat`, when APNs would refuse it anyway. `key` (a hash of the key file's credential, never
 ///   the key) tells a token signed by another key under the same ids (a test fleet, a key file swapped by mistake)

@@ -2,7 +2,7 @@ import Redis
 import ServiceURLs
 import Telemetry
 
-/// Every Redis key the fleet uses, built here and nowhere else (the schema is in README.md).
+/// Every Redis key the fleet uses, built here and nowhere else (the schema is in docs/contract.md).
 ///
 /// On a single node (and behind Sentinel) a user's keys are `apns:tokens:<user>`, `apns:registered:<user>` and
 /// `apns:devices:<user>`. In a Redis Cluster the user goes in braces, `apns:tokens:{<user>}`, so that all of one

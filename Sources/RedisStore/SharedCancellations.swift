@@ -4,7 +4,7 @@ import Redis
 import Telemetry
 import WorkerPipeline
 
-/// Cancelled jobs, fleet-wide (the schema is in README.md):
+/// Cancelled jobs, fleet-wide (the schema is in docs/contract.md):
 /// - `apns:cancelled:<job id>`: string, JSON `{"reason": ..., "at": <UNIX seconds>}`; kept 7 days.
 /// - `apns:cancellations`: sorted set, member = job id, score = when it was cancelled (ms); what is older than 7 days
 ///   goes at the next cancellation. Workers read it from where they last stopped, so that learning of new

@@ -4,7 +4,7 @@ import Redis
 import Telemetry
 import WorkerPipeline
 
-/// Large jobs' progress, fleet-wide (the schema is in README.md, Job progress):
+/// Large jobs' progress, fleet-wide (the schema is in docs/contract.md, Job progress):
 /// - `apns:job:<id>:progress`: hash; counters every worker running the job adds to (`resolved`, `sent`, `delivered`,
 ///   `dead`, `failed`, `held_back`, `expired`, `cancelled`), `retrying` (set as each attempt settles), `targets`
 ///   (the job's users and tokens, for the ETA), `first_update` (when a worker first counted something of it) and

@@ -4,7 +4,7 @@ import Redis
 import WorkerPipeline
 
 /// Counters every worker adds to in Redis, so that `apns-worker stats` can show rates for the whole fleet without
-/// asking each process (the schema is in README.md):
+/// asking each process (the schema is in docs/contract.md):
 /// - `apns:stats:<unix minute>`: hash, field = counter name (as in `WorkerStatistics.Snapshot.fields`), value = how
 ///   many in that minute, all workers together; kept 26 hours.
 /// - `apns:stats:<unix minute>:waited`: sorted set, member = lane (`urgent`, `bulk`), score = the longest a job taken

@@ -3,7 +3,7 @@ import Redis
 import Telemetry
 import WorkerPipeline
 
-/// The Redis token cache (the schema is part of the contract in README.md; keys from `RedisKeys`):
+/// The Redis token cache (the schema is part of the contract in docs/contract.md; keys from `RedisKeys`):
 /// - `apns:tokens:<user>`: hash, field = hex device token, value = what it serves (`TokenScope`): production |
 ///   sandbox (the default app's device token) | `<environment>:<topic>`. The worker reads only this.
 /// - `apns:registered:<user>`: hash, field = token, value = when the app last registered it (ms since epoch).

@@ -2,7 +2,7 @@ import APNsModel
 import JSON
 import Telemetry
 
-/// Published on PUSH_DEAD_TOKENS_QUEUE, one per dead token (the contract in README.md).
+/// Published on PUSH_DEAD_TOKENS_QUEUE, one per dead token (the contract in docs/contract.md).
 public struct DeadTokenEvent: Sendable, Equatable {
     public var token: String
     public var user: String?

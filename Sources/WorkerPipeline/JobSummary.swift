@@ -3,7 +3,7 @@ import JSON
 import Telemetry
 
 /// What a job's sender reads on its `reply_to` queue, for device jobs and broadcasts alike: one encoder, so that
-/// both keep one shape (README, "Job summaries").
+/// both keep one shape (docs/contract.md, "Job").
 struct JobSummary {
     var jobID: String
     var attempt: Int

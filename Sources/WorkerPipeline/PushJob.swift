@@ -3,7 +3,7 @@ import APNsModel
 import JSON
 import Telemetry
 
-/// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in README.md).
+/// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in docs/contract.md).
 ///
 /// Its members are shared until changed (`SharedMembers`): a job passes through several arrays and filters and into
 /// its progress on its way to sending. Only decoding sets them, but for the rate group its sender gives it.

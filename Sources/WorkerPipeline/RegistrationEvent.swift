@@ -3,7 +3,7 @@ import JSON
 import Telemetry
 
 /// One message on PUSH_REGISTRATIONS_QUEUE: an app reporting its device token at launch (or at logout), sent by the
-/// app's backend so the cache stays fresh (the contract in README.md).
+/// app's backend so the cache stays fresh (the contract in docs/contract.md).
 ///
 /// `{"user": "u1", "token": "<hex>", "environment": "production", "topic": "com.example.app.voip",
 ///   "timestamp": 1732900000000, "device": {"model": "iPhone15,2", "os": "17.1", "app_version": "4.2"},

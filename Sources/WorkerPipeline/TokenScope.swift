@@ -1,7 +1,7 @@
 import APNsModel
 
 /// What one cached token serves: the environment it lives in and the topic it was issued for. This is the value of
-/// a field of `apns:tokens:<user>` (the contract in README.md):
+/// a field of `apns:tokens:<user>` (the contract in docs/contract.md):
 /// - `production` or `sandbox`: a device token of the default app (APNS_TOPIC), for alert and background pushes;
 /// - `<environment>:<topic>`: a token issued for exactly that topic, the push type's suffix included, e.g.
 ///   `production:com.example.app.voip` (a PushKit token) or `sandbox:com.example.app.push-type.liveactivity`.

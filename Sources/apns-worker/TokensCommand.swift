@@ -8,7 +8,7 @@ import Telemetry
 import WorkerPipeline
 
 let tokensHelp = """
-apns-worker tokens: read and change the Redis token cache by hand (the schema is in README.md).
+apns-worker tokens: read and change the Redis token cache by hand (the schema is in docs/contract.md).
 
 USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
                                 [--activity ID] [--timezone ZONE]

@@ -128,19 +128,19 @@ import Testing
         ])
     }
 
-    /// README's operations section lists every alert of the rules file with its severity and its runbook line,
+    /// docs/operations.md lists every alert of the rules file with its severity and its runbook line,
     /// word for word.
-    @Test func readmeListsEveryAlertWithItsSeverityAndRunbook() throws {
-        let readme = try String(contentsOfFile: Self.root + "/README.md", encoding: .utf8).split(separator: "\n")
+    @Test func theOperationsGuideListsEveryAlertWithItsSeverityAndRunbook() throws {
+        let guide = try String(contentsOfFile: Self.root + "/docs/operations.md", encoding: .utf8).split(separator: "\n")
         let alerts = try Self.rules(Self.root + "/deploy/prometheus/apns-worker-rules.yaml").filter { $0["alert"] != nil }
         #expect(alerts.count >= 10)
         for alert in alerts {
             let name = alert["alert"] as? String ?? "?"
-            let row = readme.first { $0.hasPrefix("| \(name) |") }
+            let row = guide.first { $0.hasPrefix("| \(name) |") }
             let runbook = (alert["annotations"] as? [String: String])?["runbook"] ?? "?"
             let severity = (alert["labels"] as? [String: String])?["severity"] ?? "?"
-            #expect(row?.contains(runbook) == true, "\(name): README's row carries the runbook line: \(runbook)")
-            #expect(row?.contains("| \(severity) |") == true, "\(name): README's row says \(severity)")
+            #expect(row?.contains(runbook) == true, "\(name): the guide's row carries the runbook line: \(runbook)")
+            #expect(row?.contains("| \(severity) |") == true, "\(name): the guide's row says \(severity)")
         }
     }
 

@@ -452,18 +452,18 @@ import WorkerPipeline
         #expect(warnings.contains { $0.hasPrefix("PUSH_JOBS_QUEUEE") })
     }
 
-    /// README's Environment table names settings that exist: a renamed or removed key cannot linger there.
-    @Test func theReadmeNamesOnlySettingsOfTheTable() throws {
+    /// docs/operations.md's Environment table names settings that exist: a renamed or removed key cannot linger there.
+    @Test func theOperationsGuideNamesOnlySettingsOfTheTable() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().path
-        let readme = try String(contentsOfFile: root + "/README.md", encoding: .utf8)
-        let section = try #require(readme.components(separatedBy: "### Environment").dropFirst().first?
-            .components(separatedBy: "\n\n").dropFirst().first, "README has an Environment table")
+        let guide = try String(contentsOfFile: root + "/docs/operations.md", encoding: .utf8)
+        let section = try #require(guide.components(separatedBy: "## Environment").dropFirst().first?
+            .components(separatedBy: "\n\n").dropFirst().first, "docs/operations.md has an Environment table")
         let named = section.split(separator: "\n").filter { $0.hasPrefix("| ") && !$0.hasPrefix("| variable") }
             .flatMap { row in row.split(separator: "|")[0].split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } }
         let known = Set(SettingTable.entries.map(\.name))
         #expect(named.count >= 20, "the table was read: \(named)")
-        #expect(named.filter { !known.contains($0) } == [], "README names settings no program reads")
+        #expect(named.filter { !known.contains($0) } == [], "docs/operations.md names settings no program reads")
     }
 
     /// config/apns-worker.env documents the table: every key of the table and no other, and where the file sets a

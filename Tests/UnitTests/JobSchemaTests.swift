@@ -4,9 +4,9 @@ import WorkerPipeline
 import RedisStore
 
 /// `schema/job.schema.json` against the worker's own decoder, checked by an independent validator (Debian's
-/// python3-jsonschema, draft 2020-12, through scripts/lib/json-schema-check): README's examples validate, and on
+/// python3-jsonschema, draft 2020-12, through scripts/lib/json-schema-check): the docs' examples validate, and on
 /// the decoder tests' corpus the two agree on accept or refuse, except for what a schema cannot express (listed
-/// in `JobCorpus.beyondTheSchema` and in README).
+/// in `JobCorpus.beyondTheSchema` and in docs/contract.md).
 @Suite struct JobSchemaTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().path
@@ -73,10 +73,11 @@ import RedisStore
         for job in JobCorpus.accepted { #expect(Self.decoderAccepts(job), "\(job)") }
     }
 
-    /// Every JSON object README shows as a job, a registration event or a dead-token event (in ```json blocks and
+    /// Every JSON object README.md and docs/contract.md show as a job, a registration event or a dead-token event (in ```json blocks and
     /// in inline code), with the kind its keys say.
-    static func readmeExamples() throws -> [(definition: String, text: String)] {
-        let readme = try String(contentsOfFile: root + "/README.md", encoding: .utf8)
+    static func documentedExamples() throws -> [(definition: String, text: String)] {
+        let readme = try ["/README.md", "/docs/contract.md"].map { try String(contentsOfFile: root + $0, encoding: .utf8) }
+            .joined(separator: "\n")
         var candidates: [String] = []
         var rest = Substring(readme)
         while let open = rest.range(of: "```json\n") {
@@ -96,19 +97,19 @@ import RedisStore
         }
     }
 
-    @Test func everyExampleInReadmeValidates() throws {
-        let examples = try Self.readmeExamples()
+    @Test func everyExampleInTheDocsValidates() throws {
+        let examples = try Self.documentedExamples()
         let kinds = Dictionary(grouping: examples, by: \.definition).mapValues(\.count)
         #expect((kinds["-"] ?? 0) >= 6 && (kinds["registration_event"] ?? 0) >= 2 && (kinds["dead_token_event"] ?? 0) >= 1,
-                "README's examples were found: \(kinds)")
+                "the docs' examples were found: \(kinds)")
         for (example, verdict) in zip(examples, try Self.schemaVerdicts(examples)) {
             #expect(verdict == .valid, "\(example.definition): \(verdict): \(example.text)")
             if example.definition == "-" { #expect(Self.decoderAccepts(example.text), "the worker accepts it: \(example.text)") }
         }
     }
 
-    /// The schema's own examples are README's: each validates, and each job among them is one the worker accepts.
-    @Test func theSchemasExamplesAreReadmesAndValidate() throws {
+    /// The schema's own examples are the docs': each validates, and each job among them is one the worker accepts.
+    @Test func theSchemasExamplesAreTheDocsAndValidate() throws {
         let schema = try #require(try JSONSerialization.jsonObject(
             with: Data(contentsOf: URL(fileURLWithPath: Self.root + "/schema/job.schema.json"))) as? [String: Any])
         let definitions = try #require(schema["$defs"] as? [String: Any])
@@ -126,8 +127,8 @@ import RedisStore
             try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? NSDictionary
         }
         let inSchema = examples.compactMap { parsed($0.text) }
-        for example in try Self.readmeExamples() {
-            #expect(inSchema.contains { $0.isEqual(parsed(example.text)) }, "README's example is in the schema: \(example.text)")
+        for example in try Self.documentedExamples() {
+            #expect(inSchema.contains { $0.isEqual(parsed(example.text)) }, "the docs' example is in the schema: \(example.text)")
         }
     }
 }

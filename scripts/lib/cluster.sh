@@ -27,7 +27,7 @@ cluster_start() {
         local dir="$SERVICES_DIR/cluster/node$node"
         mkdir -p "$dir/mnesia" "$dir/log"
         # autoheal: once a node the others gave up (cut off, or frozen and thawed) is back, the partition is healed
-        # by restarting the smaller side; see README, Clustered RabbitMQ.
+        # by restarting the smaller side; see docs/high-availability.md, Clustered RabbitMQ.
         cat > "$dir/rabbitmq.conf" <<CONF
 listeners.tcp.default = 127.0.0.1:${CLUSTER_PORTS[$((node - 1))]}
 loopback_users = none
@@ -36,7 +36,7 @@ cluster_partition_handling = autoheal
 CONF
         # quorum_tick_interval: the quorum queue counts that tests read refresh every 200 ms instead of every 5 s.
         # net_ticktime 5 (60 by default): a node that stops answering is given up by the others within 4-7 s, and
-        # with it its consumers and the deliveries they held (see README, Clustered RabbitMQ).
+        # with it its consumers and the deliveries they held (see docs/high-availability.md, Clustered RabbitMQ).
         echo '[{kernel, [{net_ticktime, 5}]}, {rabbit, [{quorum_tick_interval, 200}]}].' > "$dir/advanced.config"
         echo '[].' > "$dir/enabled_plugins"
         : > "$dir/rabbitmq-env.conf"
