@@ -4,130 +4,34 @@ import Glibc
 internal import CRabbitMQ
 import Foundation
 
-/// An error from the broker or from librabbitmq, with the library's status code where there is one.
-public struct AMQPError: Error, Sendable, CustomStringConvertible {
-    public enum Kind: Sendable, Equatable {
-        case badURL
-        /// The connection is gone (socket, heartbeat, broker closed it): reconnect.
-        case connectionLost
-        /// The broker closed the channel or refused a method (reply code in `code`).
-        case brokerRefused
-        /// Anything else librabbitmq reports.
-        case library
-    }
-
-    public let kind: Kind
-    /// librabbitmq's status (negative) or the broker's reply code (e.g. 406, 404, 320).
-    public let code: Int
-    public let message: String
-
-    public var description: String { message }
-
-    init(kind: Kind, code: Int = 0, _ message: String) {
-        self.kind = kind
-        self.code = code
-        self.message = message
-    }
-
-    static func badURL(_ message: String) -> AMQPError { AMQPError(kind: .badURL, message) }
-
-    /// Publishes the broker nacked: whoever published them must not acknowledge what caused them.
-    public static func unconfirmed(_ what: String) -> AMQPError {
-        AMQPError(kind: .brokerRefused, "\(what): the broker refused (nacked) a publish")
-    }
-
-    public var isConnectionLost: Bool { kind == .connectionLost }
-
-    /// The broker refused this connection's own settings (ACCESS_REFUSED: user or password; NOT_ALLOWED: the vhost
-    /// does not exist or the user may not use it), or the URL is wrong: waiting will not help, the URL must change.
-    public var isPermanent: Bool { kind == .badURL || code == 403 || code == 530 }
-}
-
-/// Message properties the worker reads and writes.
-public struct AMQPProperties: Sendable, Equatable {
-    public var contentType: String?
-    public var replyTo: String?
-    public var correlationID: String?
-    public var messageID: String?
-    public var persistent: Bool
-    /// When the message was published, UNIX seconds (the AMQP timestamp property).
-    public var timestamp: Int64?
-    /// String-valued headers (others are skipped when reading).
-    public var headers: [String: String]
-    /// How many times the broker delivered this message before (quorum queues say so in the integer header
-    /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
-    public var deliveryCount: Int?
-
-    public init(contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
-                messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
-                headers: [String: String] = [:], deliveryCount: Int? = nil) {
-        self.deliveryCount = deliveryCount
-        self.contentType = contentType
-        self.replyTo = replyTo
-        self.correlationID = correlationID
-        self.messageID = messageID
-        self.persistent = persistent
-        self.timestamp = timestamp
-        self.headers = headers
-    }
-}
-
-public struct AMQPDelivery: Sendable {
-    public var deliveryTag: UInt64
-    public var redelivered: Bool
-    /// Which `consume` this came from, for a connection consuming several queues.
-    public var consumerTag: String
-    public var routingKey: String
-    public var body: [UInt8]
-    public var properties: AMQPProperties
-}
-
-/// What arrives on the connection.
-public enum AMQPEvent: Sendable {
-    case delivery(AMQPDelivery)
-    /// Publisher confirm: the broker took (`ack`) or lost (`!ack`) publishes up to `sequence` (all of them if `multiple`).
-    case confirm(sequence: UInt64, multiple: Bool, ack: Bool)
-    /// The broker stopped (`true`) or resumed (`false`) accepting publishes (memory or disk alarm).
-    case blocked(Bool)
-}
-
-/// A mandatory publish that no queue took (the queue was deleted, or nothing is bound to the exchange): the broker
-/// hands it back before it confirms it, so it is known by the time `waitForConfirms` returns (`takeReturns`).
-public struct AMQPReturn: Sendable, Equatable {
-    public var exchange: String
-    public var routingKey: String
-    public var replyCode: Int
-    public var replyText: String
-}
-
 /// One AMQP 0-9-1 connection with one channel, owning its librabbitmq state.
 ///
 /// Not thread-safe, as librabbitmq is not: one thread owns it and makes every call. Calls block on the socket.
 public final class AMQPConnection {
     public let url: AMQPURL
-    private let state: amqp_connection_state_t
-    private let channel: amqp_channel_t = 1
-    private var nextPublishSequence: UInt64 = 1
-    private var confirmsEnabled = false
-    private var isOpen = false
+    let state: amqp_connection_state_t
+    let channel: amqp_channel_t = 1
+    var nextPublishSequence: UInt64 = 1
+    var confirmsEnabled = false
+    var isOpen = false
     /// Events read while waiting for something else (confirms), handed out first by `nextEvent`.
-    private var buffered: [AMQPEvent] = []
+    var buffered: [AMQPEvent] = []
     /// The consumer tags and routing keys of deliveries: the same few again and again.
-    private var recentNames = RecentNames()
+    var recentNames = RecentNames()
     /// Content types of recent messages, apart from the names: every job carries one ("application/json" is one byte
     /// too long to be stored inline in a String, so each would cost an allocation).
-    private var recentContentTypes = RecentNames()
+    var recentContentTypes = RecentNames()
     /// Messages and their bytes read since librabbitmq's frame memory was last given back (`releaseFrameMemory`).
-    private var messagesSinceRelease = 0
-    private var bytesSinceRelease = 0
+    var messagesSinceRelease = 0
+    var bytesSinceRelease = 0
     /// The broker said it blocks this connection's publishes (a memory or disk alarm) and has not lifted it yet.
-    public private(set) var isBlocked = false
+    public internal(set) var isBlocked = false
     /// Every publish up to here is confirmed (acked or nacked).
-    private var confirmedThrough: UInt64 = 0
-    private var confirmedSingles = Set<UInt64>()
-    private var nacked = Set<UInt64>()
+    var confirmedThrough: UInt64 = 0
+    var confirmedSingles = Set<UInt64>()
+    var nacked = Set<UInt64>()
     /// Mandatory publishes handed back, since the last `takeReturns`.
-    private var returns: [AMQPReturn] = []
+    var returns: [AMQPReturn] = []
 
     /// Seconds a call that waits for the broker's reply (a declare, a passive declare) waits at most, unless the
     /// connection is opened with another `replyTimeout`.
@@ -287,7 +191,7 @@ public final class AMQPConnection {
     }
 
     /// After a channel-level error the broker has closed the channel: open it again, with confirms if they were on.
-    private func reopenChannel() throws(AMQPError) {
+    func reopenChannel() throws(AMQPError) {
         amqp_channel_open(state, channel)
         try check(amqp_get_rpc_reply(state), "channel.open")
         if confirmsEnabled { confirmsEnabled = false; try enablePublisherConfirms() }
@@ -381,7 +285,7 @@ public final class AMQPConnection {
     }
 
     /// Confirms arrive as single acks or as "everything up to n"; this folds both into one watermark.
-    private func recordConfirm(_ sequence: UInt64, multiple: Bool, ack: Bool) {
+    func recordConfirm(_ sequence: UInt64, multiple: Bool, ack: Bool) {
         if multiple {
             if !ack && sequence > confirmedThrough { nacked.formUnion((confirmedThrough + 1)...sequence) }
             confirmedThrough = max(confirmedThrough, sequence)
@@ -402,342 +306,6 @@ public final class AMQPConnection {
         defer { returns.removeAll() }
         return returns
     }
-
-    // MARK: reading frames
-
-    /// The next frame, or nil if none came within `timeout` seconds (nil: wait as long as it takes).
-    private func waitFrame(timeout: Double?) throws(AMQPError) -> amqp_frame_t? {
-        var frame = amqp_frame_t()
-        var status: Int32
-        if let timeout {
-            var wait = timeval(tv_sec: Int(timeout), tv_usec: Int(timeout.truncatingRemainder(dividingBy: 1) * 1e6))
-            status = amqp_simple_wait_frame_noblock(state, &frame, &wait)
-        } else {
-            status = amqp_simple_wait_frame(state, &frame)
-        }
-        if status == AMQP_STATUS_TIMEOUT.rawValue { return nil }
-        guard status == AMQP_STATUS_OK.rawValue else {
-            isOpen = false
-            AMQPNodeHealth.shared.noteSilent(url)
-            throw AMQPError(kind: .connectionLost, code: Int(status),
-                            "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
-        }
-        return frame
-    }
-
-    private func readEvent(timeout: Double?) throws(AMQPError) -> AMQPEvent? {
-        while true {
-            guard let frame = try waitFrame(timeout: timeout) else { return nil }
-            guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { continue }
-            let method = frame.payload.method
-            switch method.id {
-            case Method.basicDeliver:
-                let deliver = method.decoded.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
-                let routingKey = recentNames.string(deliver.routing_key)
-                let consumerTag = recentNames.string(deliver.consumer_tag)
-                let (body, properties) = try readContent(channel: frame.channel)
-                return .delivery(AMQPDelivery(deliveryTag: deliver.delivery_tag, redelivered: deliver.redelivered != 0,
-                                              consumerTag: consumerTag, routingKey: routingKey, body: body,
-                                              properties: properties))
-            case Method.basicAck:
-                let ack = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
-                amqp_maybe_release_buffers(state)
-                recordConfirm(ack.delivery_tag, multiple: ack.multiple != 0, ack: true)
-                return .confirm(sequence: ack.delivery_tag, multiple: ack.multiple != 0, ack: true)
-            case Method.basicNack:
-                let nack = method.decoded.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
-                amqp_maybe_release_buffers(state)
-                recordConfirm(nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
-                return .confirm(sequence: nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
-            case Method.basicReturn:
-                let returned = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
-                let handedBack = AMQPReturn(exchange: Self.string(returned.exchange),
-                                            routingKey: Self.string(returned.routing_key),
-                                            replyCode: Int(returned.reply_code), replyText: Self.string(returned.reply_text))
-                _ = try readContent(channel: frame.channel)
-                returns.append(handedBack)
-                continue
-            case Method.connectionBlocked, Method.connectionUnblocked, Method.connectionClose:
-                return try connectionMethod(method)
-            case Method.basicCancel, Method.channelClose:
-                throw ended(by: method, channel: frame.channel)
-            default:
-                continue
-            }
-        }
-    }
-
-    /// The broker ended the consumer or closed the channel: what that means for the owner.
-    private func ended(by method: amqp_method_t, channel: amqp_channel_t) -> AMQPError {
-        isOpen = false
-        guard method.id == Method.channelClose else {
-            // The broker ended a consumer (its queue was deleted, or its node left a cluster): nothing more will
-            // arrive on it. Reported as a lost connection, so that the owner connects again, declares its queues
-            // and consumes afresh, instead of waiting forever on a consumer that no longer exists.
-            let cancel = method.decoded.assumingMemoryBound(to: amqp_basic_cancel_t.self).pointee
-            return AMQPError(kind: .connectionLost,
-                             "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
-        }
-        let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
-        var ok = amqp_channel_close_ok_t(dummy: 0)
-        amqp_send_method(state, channel, Method.channelCloseOk, &ok)
-        return AMQPError(kind: .brokerRefused, code: Int(close.reply_code),
-                         "broker closed the channel: \(Self.string(close.reply_text))")
-    }
-
-    /// A delivery's header and body frames, read straight off the connection. (amqp_read_message would copy them
-    /// into a fresh memory pool per message, a few thousand instructions for nothing on the per-job path.)
-    private func readContent(channel: amqp_channel_t) throws(AMQPError) -> ([UInt8], AMQPProperties) {
-        var size = 0
-        defer { releaseFrameMemory(after: size) }
-        var frame = amqp_frame_t()
-        try waitFrame(&frame, channel: channel)
-        guard frame.frame_type == UInt8(AMQP_FRAME_HEADER), let decoded = frame.payload.properties.decoded else {
-            throw AMQPError(kind: .library, "reading a message: expected a content header, got frame type \(frame.frame_type)")
-        }
-        let properties = Self.properties(decoded.assumingMemoryBound(to: amqp_basic_properties_t.self).pointee,
-                                         contentTypes: &recentContentTypes)
-        size = Int(frame.payload.properties.body_size)
-        var body: [UInt8] = []
-        body.reserveCapacity(size)
-        while body.count < size {
-            try waitFrame(&frame, channel: channel)
-            guard frame.frame_type == UInt8(AMQP_FRAME_BODY) else {
-                throw AMQPError(kind: .library, "reading a message: expected a body frame, got frame type \(frame.frame_type)")
-            }
-            let fragment = frame.payload.body_fragment
-            guard fragment.len > 0, let bytes = fragment.bytes, body.count + fragment.len <= size else {
-                throw AMQPError(kind: .library, "reading a message: body frames do not add up to \(size) bytes")
-            }
-            body.append(contentsOf: UnsafeRawBufferPointer(start: bytes, count: fragment.len))
-        }
-        return (body, properties)
-    }
-
-    /// Gives librabbitmq's frame memory back every 64 messages or 256 KiB of them, rather than after each one (which
-    /// cost about a thousand instructions per message): what a message's frames hold is copied out as it is read, so
-    /// only the bound on the memory depends on when.
-    private func releaseFrameMemory(after messageBytes: Int) {
-        messagesSinceRelease += 1
-        bytesSinceRelease += messageBytes
-        guard messagesSinceRelease >= 64 || bytesSinceRelease >= 256 << 10 else { return }
-        amqp_maybe_release_buffers(state)
-        messagesSinceRelease = 0
-        bytesSinceRelease = 0
-    }
-
-    /// The next frame of `channel`. Content frames of one message arrive together on their channel, but the broker
-    /// may slip connection-level methods (channel 0) in between: a block notice is kept for `nextEvent`, a close ends
-    /// the connection.
-    private func waitFrame(_ frame: inout amqp_frame_t, channel: amqp_channel_t) throws(AMQPError) {
-        while true {
-            let status = amqp_simple_wait_frame(state, &frame)
-            guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "reading a message") }
-            if frame.channel == channel { return }
-            guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { continue }
-            if let event = try connectionMethod(frame.payload.method) { buffered.append(event) }
-        }
-    }
-
-    /// What the broker says about the whole connection (channel 0): publishing blocked or unblocked by a resource
-    /// alarm, or the connection closed (thrown). nil for any other method.
-    private func connectionMethod(_ method: amqp_method_t) throws(AMQPError) -> AMQPEvent? {
-        switch method.id {
-        case Method.connectionBlocked, Method.connectionUnblocked:
-            isBlocked = method.id == Method.connectionBlocked
-            return .blocked(isBlocked)
-        case Method.connectionClose:
-            let close = method.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
-            isOpen = false
-            throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
-                            "broker closed the connection: \(Self.string(close.reply_text))")
-        default:
-            return nil
-        }
-    }
-
-    // MARK: helpers
-
-    private enum Method {
-        static let connectionClose: amqp_method_number_t = 0x000A_0032
-        static let connectionBlocked: amqp_method_number_t = 0x000A_003C
-        static let connectionUnblocked: amqp_method_number_t = 0x000A_003D
-        static let channelClose: amqp_method_number_t = 0x0014_0028
-        static let channelCloseOk: amqp_method_number_t = 0x0014_0029
-        static let basicCancel: amqp_method_number_t = 0x003C_001E
-        static let basicReturn: amqp_method_number_t = 0x003C_0032
-        static let basicDeliver: amqp_method_number_t = 0x003C_003C
-        static let basicAck: amqp_method_number_t = 0x003C_0050
-        static let basicNack: amqp_method_number_t = 0x003C_0078
-    }
-
-    private func check(_ reply: amqp_rpc_reply_t, _ what: String) throws(AMQPError) {
-        switch reply.reply_type {
-        case AMQP_RESPONSE_NORMAL:
-            return
-        case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-            throw libraryError(reply.library_error, what)
-        case AMQP_RESPONSE_SERVER_EXCEPTION:
-            if reply.reply.id == Method.connectionClose {
-                let close = reply.reply.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
-                isOpen = false
-                throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
-                                "\(what): broker closed the connection: \(Self.string(close.reply_text))")
-            }
-            if reply.reply.id == Method.channelClose {
-                let close = reply.reply.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
-                var ok = amqp_channel_close_ok_t(dummy: 0)
-                amqp_send_method(state, channel, Method.channelCloseOk, &ok)
-                throw AMQPError(kind: .brokerRefused, code: Int(close.reply_code),
-                                "\(what): \(Self.string(close.reply_text))")
-            }
-            throw AMQPError(kind: .brokerRefused, "\(what): unexpected broker method \(reply.reply.id)")
-        default:
-            throw AMQPError(kind: .library, "\(what): no reply")
-        }
-    }
-
-    private func libraryError(_ status: Int32, _ what: String) -> AMQPError {
-        let text = String(cString: amqp_error_string2(status))
-        // A reply that timed out leaves the connection closed by librabbitmq: lost, like a broken socket.
-        let lost = [AMQP_STATUS_SOCKET_ERROR, AMQP_STATUS_CONNECTION_CLOSED, AMQP_STATUS_HEARTBEAT_TIMEOUT,
-                    AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR,
-                    AMQP_STATUS_TIMEOUT].map(\.rawValue).contains(status)
-        if lost {
-            isOpen = false
-            AMQPNodeHealth.shared.noteSilent(url)
-        }
-        return AMQPError(kind: lost ? .connectionLost : .library, code: Int(status), "\(what): \(text)")
-    }
-
-    /// librabbitmq takes strings as (length, pointer) pairs that must stay valid through the call. Swift's implicit
-    /// String-to-pointer bridging (`amqp_cstring_bytes(name)`) lasts only for the call that receives it, so the
-    /// pointer would dangle by the time librabbitmq reads it (two such arguments were seen to share one buffer).
-    private func withBytes<T>(_ text: String, _ body: (amqp_bytes_t) -> T) -> T {
-        var copy = text
-        return copy.withUTF8 { buffer in
-            body(amqp_bytes_t(len: buffer.count, bytes: UnsafeMutableRawPointer(mutating: buffer.baseAddress)))
-        }
-    }
-
-    private func withBytes<T>(_ first: String, _ second: String, _ body: (amqp_bytes_t, amqp_bytes_t) -> T) -> T {
-        withBytes(first) { firstBytes in withBytes(second) { body(firstBytes, $0) } }
-    }
-
-    static func string(_ bytes: amqp_bytes_t) -> String {
-        guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
-        return String(decoding: UnsafeRawBufferPointer(start: pointer, count: bytes.len), as: UTF8.self)
-    }
-
-    private static func properties(_ raw: amqp_basic_properties_t, contentTypes: inout RecentNames) -> AMQPProperties {
-        func field(_ flag: Int32, _ bytes: amqp_bytes_t) -> String? {
-            raw._flags & amqp_flags_t(flag) != 0 ? string(bytes) : nil
-        }
-        var headers: [String: String] = [:]
-        var deliveryCount: Int?
-        if raw._flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0, let entries = raw.headers.entries {
-            for index in 0..<Int(raw.headers.num_entries) {
-                let entry = entries[index]
-                if entry.value.kind == UInt8(ascii: "S") || entry.value.kind == UInt8(ascii: "x") {
-                    headers[string(entry.key)] = string(entry.value.value.bytes)
-                } else if string(entry.key) == "x-delivery-count" {
-                    deliveryCount = integer(entry.value)
-                }
-            }
-        }
-        return AMQPProperties(
-            contentType: raw._flags & amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG) != 0 ? contentTypes.string(raw.content_type) : nil,
-            replyTo: field(AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
-            correlationID: field(AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id),
-            messageID: field(AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id),
-            persistent: raw._flags & amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) != 0 && raw.delivery_mode == 2,
-            timestamp: raw._flags & amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG) != 0
-                ? Int64(clamping: raw.timestamp) : nil,
-            headers: headers, deliveryCount: deliveryCount)
-    }
-
-    /// An integer field of a table, of whichever width the sender chose; nil for any other kind.
-    private static func integer(_ field: amqp_field_value_t) -> Int? {
-        switch field.kind {
-        case UInt8(ascii: "b"): Int(field.value.i8)
-        case UInt8(ascii: "B"): Int(field.value.u8)
-        case UInt8(ascii: "s"): Int(field.value.i16)
-        case UInt8(ascii: "u"): Int(field.value.u16)
-        case UInt8(ascii: "I"): Int(field.value.i32)
-        case UInt8(ascii: "i"): Int(field.value.u32)
-        case UInt8(ascii: "l"): Int(field.value.i64)
-        case UInt8(ascii: "L"): Int(clamping: field.value.u64)
-        default: nil
-        }
-    }
-
-    /// Runs `body` with C properties whose strings point into one buffer that lives for the call.
-    private func withProperties<T>(_ properties: AMQPProperties,
-                                   _ body: (UnsafePointer<amqp_basic_properties_t>) -> T) -> T {
-        var strings = CStringArena()
-        var raw = amqp_basic_properties_t()
-        raw._flags = amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG)
-        raw.delivery_mode = properties.persistent ? 2 : 1
-        if let value = properties.contentType {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG)
-            raw.content_type = strings.bytes(value)
-        }
-        if let value = properties.replyTo {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_REPLY_TO_FLAG)
-            raw.reply_to = strings.bytes(value)
-        }
-        if let value = properties.correlationID {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_CORRELATION_ID_FLAG)
-            raw.correlation_id = strings.bytes(value)
-        }
-        if let value = properties.messageID {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
-            raw.message_id = strings.bytes(value)
-        }
-        if let value = properties.timestamp, value >= 0 {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG)
-            raw.timestamp = UInt64(value)
-        }
-        let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(capacity: max(1, properties.headers.count))
-        defer {
-            entries.deallocate()
-            strings.free()
-        }
-        if !properties.headers.isEmpty {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_HEADERS_FLAG)
-            for (index, key) in properties.headers.keys.sorted().enumerated() {
-                var value = amqp_field_value_t()
-                value.kind = UInt8(ascii: "S")
-                value.value.bytes = strings.bytes(properties.headers[key]!)
-                entries[index] = amqp_table_entry_t(key: strings.bytes(key), value: value)
-            }
-            raw.headers = amqp_table_t(num_entries: Int32(properties.headers.count), entries: entries)
-        }
-        return body(&raw)
-    }
-
-    private func withTable<T>(_ arguments: [String: AMQPArgument], _ body: (amqp_table_t) -> T) -> T {
-        guard !arguments.isEmpty else { return body(amqp_empty_table) }
-        var strings = CStringArena()
-        let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(capacity: arguments.count)
-        defer {
-            entries.deallocate()
-            strings.free()
-        }
-        for (index, key) in arguments.keys.sorted().enumerated() {
-            var value = amqp_field_value_t()
-            switch arguments[key]! {
-            case .string(let text):
-                value.kind = UInt8(ascii: "S")
-                value.value.bytes = strings.bytes(text)
-            case .integer(let number):
-                value.kind = UInt8(ascii: "l")
-                value.value.i64 = number
-            }
-            entries[index] = amqp_table_entry_t(key: strings.bytes(key), value: value)
-        }
-        return body(amqp_table_t(num_entries: Int32(arguments.count), entries: entries))
-    }
 }
 
 /// A queue argument value (x-message-ttl, x-dead-letter-routing-key, ...).
@@ -747,8 +315,8 @@ public enum AMQPArgument: Sendable, Equatable {
 }
 
 /// C copies of strings for one librabbitmq call, freed together afterwards.
-private struct CStringArena {
-    private var allocations: [UnsafeMutableRawPointer] = []
+struct CStringArena {
+    var allocations: [UnsafeMutableRawPointer] = []
 
     mutating func bytes(_ text: String) -> amqp_bytes_t {
         let utf8 = Array(text.utf8)
@@ -763,9 +331,9 @@ private struct CStringArena {
 
 /// The last few names read off the wire (a delivery's consumer tag and routing key), kept as Strings: the same few
 /// come with every delivery, and a tag of 31 bytes would otherwise cost a String allocation per message.
-private struct RecentNames {
-    private var names: [String] = []
-    private var next = 0
+struct RecentNames {
+    var names: [String] = []
+    var next = 0
 
     mutating func string(_ bytes: amqp_bytes_t) -> String {
         guard bytes.len > 0, let pointer = bytes.bytes else { return "" }

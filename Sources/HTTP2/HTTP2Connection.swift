@@ -4,77 +4,6 @@ import Glibc
 import TLS
 internal import CNghttp2
 
-/// What a server does with a complete request: answer it through the writer, now or later, on the loop thread.
-public typealias HTTP2RequestHandler = (HTTP2ServerRequest, HTTP2ResponseWriter) -> Void
-
-/// A request as a server receives it.
-public struct HTTP2ServerRequest: Sendable {
-    public var connectionID: Int
-    public var streamID: Int32
-    public var headerBlock: HTTP2HeaderBlock
-    public var body: [UInt8]
-
-    public var headers: [HTTP2Field] { headerBlock.fields }
-    public func header(_ name: String) -> String? { headerBlock.value(name) }
-    public var method: String { header(":method") ?? "" }
-    public var path: String { header(":path") ?? "" }
-}
-
-/// A connection carried through the loop's task queue back to its own loop thread, which alone uses it.
-struct LoopThreadReference: @unchecked Sendable {
-    let connection: HTTP2Connection
-}
-
-/// The one way to answer a server request. Use it on the connection's loop thread.
-public struct HTTP2ResponseWriter: @unchecked Sendable {
-    // Invariant: used only on the loop thread that owns the connection. A strong reference, not a weak one: a weak
-    // reference moves an object's reference count to a side table for good, which made every retain of every
-    // connection (six nghttp2 callbacks per request) take the slow path. An answer given after the connection closed
-    // does nothing.
-    let connection: HTTP2Connection
-    let streamID: Int32
-
-    public func respond(status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
-        connection.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
-    }
-
-    /// Answers after `delay` seconds (a slow server), through the loop's timer.
-    public func respond(after delay: Double, status: Int, headers: [HTTP2Field] = [], body: [UInt8] = []) {
-        connection.loop.schedule(after: delay) { [connection] in
-            connection.submitResponse(streamID: streamID, status: status, headers: headers, body: body)
-        }
-    }
-
-    /// Resets the stream instead of answering (REFUSED_STREAM = 7, INTERNAL_ERROR = 2, ...).
-    public func reset(code: UInt32) { connection.resetStream(streamID, code: code) }
-
-    /// The connection this request came on.
-    public var serverConnection: HTTP2ServerConnection { HTTP2ServerConnection(connection: connection) }
-}
-
-/// What any HTTP/2 server may do to one of its connections: change its settings, close it gracefully (GOAWAY) or
-/// abort it. Use it on the connection's loop thread. (apns-sim plays APNs's faults with these; the faults are its.)
-public struct HTTP2ServerConnection: @unchecked Sendable {
-    // Invariant: as HTTP2ResponseWriter's.
-    let connection: HTTP2Connection
-
-    /// The common name of the client certificate the handshake verified, if the client presented one.
-    public var peerCertificateCommonName: String? { connection.peerCertificateCommonName }
-
-    /// Announces a new SETTINGS_MAX_CONCURRENT_STREAMS.
-    public func updateMaximumConcurrentStreams(_ value: UInt32) {
-        connection.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value)])
-    }
-
-    /// Sends GOAWAY and takes no new stream.
-    public func goAway(code: UInt32 = 0, debugData: String = "", lastStreamID: Int32? = nil) {
-        connection.goAway(code: code, debugData: debugData, lastStreamID: lastStreamID)
-    }
-
-    /// Closes the TCP connection at once, without GOAWAY.
-    public func abort(reason: String) { connection.close(reason: reason) }
-}
-
 /// Per-stream state, owned by its connection.
 final class HTTP2Stream {
     /// Set when nghttp2 numbers it (a client's at submission, a server's when its request begins).
@@ -108,28 +37,6 @@ final class HTTP2Stream {
     }
 }
 
-/// A request on its way through the client: what to send, and where its answer goes. `completion` is its batch's,
-/// shared by every request of the batch.
-///
-/// A class: it passes through half a dozen hands (dispatch, its stream, the answer, the retry decision), and as a
-/// struct each hand copied and destroyed three reference-counted fields, about 1,500 instructions per request in
-/// the callgrind profile; one allocation and one reference cost less.
-final class HTTP2PendingRequest {
-    let request: HTTP2Request
-    let index: Int
-    let attempt: Int
-    let deadline: UInt64
-    let completion: HTTP2Client.BatchCompletion
-
-    init(request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64, completion: @escaping HTTP2Client.BatchCompletion) {
-        self.request = request
-        self.index = index
-        self.attempt = attempt
-        self.deadline = deadline
-        self.completion = completion
-    }
-}
-
 /// One HTTP/2 connection over TLS on a non-blocking socket, client or server, driven by one `EventLoop`.
 /// The TLS layer owns the socket; nghttp2 only turns bytes into frames and back (mem_recv / mem_send), so the
 /// bytes of many frames leave in one SSL_write.
@@ -143,53 +50,65 @@ final class HTTP2Connection: PollHandler {
 
     /// Largest response or request body accepted; anything bigger resets the stream (hostile or broken peer).
     static let maximumBodySize = 1 << 20
-    private static let writeBatchSize = 64 * 1024
-    private static let readBufferSize = 64 * 1024
+    static let writeBatchSize = 64 * 1024
+    static let readBufferSize = 64 * 1024
 
     let id: Int
     let loop: EventLoop
     let fileDescriptor: Int32
     let role: Role
-    private(set) var state: State
-    private let tls: TLSStream
+    var state: State
+    let tls: TLSStream
     /// Read once, after the handshake (server connections only ask).
-    private(set) lazy var peerCertificateCommonName: String? = tls.peerCertificateCommonName
-    private var session: OpaquePointer?
+    lazy var peerCertificateCommonName: String? = tls.peerCertificateCommonName
+    var session: OpaquePointer?
     /// nghttp2's allocations for this session; outlives it (deinit deletes the session first).
-    private let memoryPool = Nghttp2MemoryPool()
+    let memoryPool = Nghttp2MemoryPool()
     /// The open streams, oldest first (see `HTTP2Stream.next`); each is also nghttp2's user data of its stream,
     /// unretained: the list owns it, and a stream leaves nghttp2's user data when it leaves the list.
-    private var firstStream: HTTP2Stream?
-    private unowned(unsafe) var lastStream: HTTP2Stream?
-    private(set) var openStreamCount = 0
+    var firstStream: HTTP2Stream?
+    unowned(unsafe) var lastStream: HTTP2Stream?
+    var openStreamCount = 0
     /// The stream the last callback was about: a response's fields arrive one callback each for one stream, so it is
     /// checked first. Unowned: `remove` clears it before the list lets the stream go.
-    private unowned(unsafe) var recentStream: HTTP2Stream?
-    private var outbound: [UInt8] = []
-    private var outboundSent = 0
-    private var wantsWrite = false
-    private var handshakeWantsWrite = false
-    private let readBuffer: UnsafeMutableRawBufferPointer
-    private var closeRequested: String?
+    unowned(unsafe) var recentStream: HTTP2Stream?
+    var outbound: [UInt8] = []
+    var outboundSent = 0
+    var wantsWrite = false
+    var handshakeWantsWrite = false
+    let readBuffer: UnsafeMutableRawBufferPointer
+    var closeRequested: String?
     /// True while input is being handed to nghttp2: answers made meanwhile leave in the one flush that follows.
-    private var processingInput = false
-    private let serverSettings: [(id: Int32, value: UInt32)]
+    var processingInput = false
+    let serverSettings: [(id: Int32, value: UInt32)]
     /// A server that leaves PINGs unanswered plays a dead peer (fault simulation).
-    private let acknowledgesPings: Bool
+    let acknowledgesPings: Bool
     /// Names of the incoming header fields kept (nil: all).
-    private let keptHeaders: [[UInt8]]?
+    let keptHeaders: [[UInt8]]?
     /// The fields of client streams that left before nghttp2 sent their HEADERS frame (lent to it, not copied:
     /// `submitRequest`): kept until it has sent the frame or given up on it. The reset a timed-out stream gets cancels
     /// its queued frame, but the fields' lifetime does not depend on that.
-    private var lentHeaders: [Int32: HTTP2HeaderBlock] = [:]
+    var lentHeaders: [Int32: HTTP2HeaderBlock] = [:]
     /// Bit n set: a name of n bytes (bit 63: of 63 or more) may be kept or read (":status" included). A server's
     /// answer carries fields the client drops (date, server): most are told apart by their length alone, before any
     /// lookup.
-    private let keptNameLengths: UInt64
+    let keptNameLengths: UInt64
+
+    /// A continuation of reading is queued on the loop (what is left may sit in TLS's buffer, which poll cannot see).
+    var readingContinues = false
+
+    // The client's liveness (HTTP2ClientConnection.swift).
+    /// Last time a frame arrived (monotonic ns): what idleness and PING timeouts are measured from.
+    var lastFrameReceivedAt = EventLoop.now()
+    /// When the unanswered PING was sent, if one is out.
+    var pingSentAt: UInt64?
+    var pingsAcknowledged = 0
+    /// Complete responses received: a connection that never got one did not prove the endpoint healthy.
+    var responsesReceived = 0
 
     /// GOAWAY from the peer: streams above `lastStreamID` were not processed.
-    private(set) var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
-    private(set) var goAwaySent = false
+    var goAwayReceived: (lastStreamID: Int32, errorCode: UInt32, debugData: String)?
+    var goAwaySent = false
 
     // Each handler is given its connection, so that none needs to capture it (weakly, to avoid a cycle: see
     // HTTP2ResponseWriter.connection for what a weak reference costs).
@@ -237,7 +156,7 @@ final class HTTP2Connection: PollHandler {
     var isUsable: Bool { state != .closed && goAwayReceived == nil && !goAwaySent }
 
     /// Whether the peer's SETTINGS arrived: until then `remoteMaxConcurrentStreams` is nghttp2's unlimited default.
-    private(set) var remoteSettingsReceived = false
+    var remoteSettingsReceived = false
 
     var remoteMaxConcurrentStreams: Int {
         guard let session else { return 1 }
@@ -283,7 +202,7 @@ final class HTTP2Connection: PollHandler {
 
     // MARK: handshake
 
-    private func continueHandshake() {
+    func continueHandshake() {
         switch tls.handshake() {
         case .done:
             guard tls.negotiatedProtocol == "h2" else {
@@ -298,7 +217,7 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
-    private func startSession() {
+    func startSession() {
         var callbacks: OpaquePointer?
         nghttp2_session_callbacks_new(&callbacks)
         defer { nghttp2_session_callbacks_del(callbacks) }
@@ -352,279 +271,9 @@ final class HTTP2Connection: PollHandler {
         flush()
     }
 
-    // MARK: client side
-
-    /// Queues a request on this connection; nghttp2 holds it back while the peer's stream limit is reached.
-    /// Returns false if the connection cannot take it (closing, or nghttp2 refused), with nothing completed.
-    func submitRequest(_ pending: HTTP2PendingRequest) -> Bool {
-        guard acceptsRequests, let session else { return false }
-        // The request's parts are read from `pending` where they are needed: a closure that captured the request
-        // copied it (and counted its references) at each level, a dozen times per request in the callgrind profile.
-        let hasBody = !pending.request.body.isEmpty
-        // Room for an apns-id field (48 bytes as kept) and a little more; 88 bytes make an allocation of 120, the
-        // largest glibc keeps in its fast bins, and an answer that keeps more grows the block once.
-        let stream = HTTP2Stream(outgoingBody: pending.request.body, expectedHeaderBytes: 88, pending: pending)
-        let userData = Unmanaged.passUnretained(stream).toOpaque()
-        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
-        // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves
-        // before that leaves its fields in `lentHeaders` (see `remove`). A separate path is copied at submission.
-        let streamID = pending.request.headers.withNghttp2Fields(lent: true, path: pending.request.path) { fields, count in
-            hasBody
-                ? nghttp2_submit_request(session, nil, fields, count, &provider, userData)
-                : nghttp2_submit_request(session, nil, fields, count, nil, userData)
-        }
-        guard streamID > 0 else { return false }
-        append(stream, id: streamID)
-        return true
-    }
-
-    /// Sends what is queued; call once after a batch of submissions.
-    func flushSoon() { flush() }
-
-    /// Ends requests that waited too long for their response: the stream is cancelled, the caller told.
-    func expireStreams(startedBefore cutoff: UInt64) {
-        guard let session else { return }
-        let expired = openStreams.filter { $0.pending != nil && $0.startedAt < cutoff }
-        guard !expired.isEmpty else { return }
-        for stream in expired where stream.listed {
-            remove(stream)
-            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_CANCEL.rawValue)
-            answer(stream, .failure(.timedOut))
-        }
-        flush()
-    }
-
-    /// Last time a frame arrived (monotonic ns): what idleness and PING timeouts are measured from.
-    private(set) var lastFrameReceivedAt = EventLoop.now()
-    /// When the unanswered PING was sent, if one is out.
-    private(set) var pingSentAt: UInt64?
-    private(set) var pingsAcknowledged = 0
-    /// Complete responses received: a connection that never got one did not prove the endpoint healthy.
-    private(set) var responsesReceived = 0
-
-    func ping() {
-        guard state == .open, let session, pingSentAt == nil else { return }
-        pingSentAt = EventLoop.now()
-        nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
-        flush()
-    }
-
-    // MARK: server side
-
-    fileprivate func submitResponse(streamID: Int32, status: Int, headers: [HTTP2Field], body: [UInt8]) {
-        guard state == .open, let session, let stream = stream(streamID) else { return }
-        var block = HTTP2HeaderBlock(capacity: 128)
-        block.add(":status", String(status))
-        for field in headers { block.add(field.name, field.value, indexed: field.indexed) }
-        if !body.isEmpty { block.add("content-length", String(body.count)) }
-        stream.outgoingBody = body
-        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: Unmanaged.passUnretained(stream).toOpaque()),
-                                             read_callback: readOutgoingBody)
-        _ = block.withNghttp2Fields { fields, count in
-            body.isEmpty
-                ? nghttp2_submit_response(session, streamID, fields, count, nil)
-                : nghttp2_submit_response(session, streamID, fields, count, &provider)
-        }
-        if !processingInput { flush() }
-    }
-
-    func submitSettings(_ entries: [(id: Int32, value: UInt32)]) {
-        guard state == .open, let session else { return }
-        let settings = entries.map { nghttp2_settings_entry(settings_id: $0.id, value: $0.value) }
-        nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), settings, settings.count)
-        flush()
-    }
-
-    fileprivate func resetStream(_ streamID: Int32, code: UInt32) {
-        guard state == .open, let session else { return }
-        nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code)
-        flush()
-    }
-
-    func goAway(code: UInt32, debugData: String, lastStreamID: Int32?) {
-        guard state == .open, let session, !goAwaySent else { return }
-        goAwaySent = true
-        let last = lastStreamID ?? nghttp2_session_get_last_proc_stream_id(session)
-        let data = Array(debugData.utf8)
-        nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, code, data, data.count)
-        flush()
-    }
-
-    private func dispatchRequest(streamID: Int32) {
-        guard case .server(let handler) = role, let stream = stream(streamID) else { return }
-        let request = HTTP2ServerRequest(connectionID: id, streamID: streamID, headerBlock: stream.incomingHeaders,
-                                         body: stream.incomingBody)
-        handler(request, HTTP2ResponseWriter(connection: self, streamID: streamID))
-    }
-
-    // MARK: I/O
-
-    /// Plaintext handed to nghttp2 per turn of the loop, at most: a connection with a full socket then yields to the
-    /// loop's other connections after a few records instead of draining it all, so that a quiet connection (an
-    /// urgent request, its answer) never waits behind thousands of frames of a busy one.
-    static let readBytesPerTurn = 64 * 1024
-    /// A continuation of reading is queued on the loop (what is left may sit in TLS's buffer, which poll cannot see).
-    private var readingContinues = false
-
-    /// Decrypts what has arrived, record after record into one buffer, and hands the buffer to nghttp2 whenever it
-    /// cannot take another full record: a burst of small answers, one record each, costs one nghttp2 call.
-    private func readAvailable() {
-        guard session != nil else { return }
-        var filled = 0
-        var readThisTurn = 0
-        var more = true
-        reading: while state == .open && more {
-            if readThisTurn >= Self.readBytesPerTurn {
-                if !readingContinues {
-                    readingContinues = true
-                    let continuation = LoopThreadReference(connection: self)
-                    loop.execute {
-                        continuation.connection.readingContinues = false
-                        continuation.connection.readAvailable()
-                    }
-                }
-                break reading
-            }
-            switch tls.read(into: UnsafeMutableRawBufferPointer(rebasing: readBuffer[filled...])) {
-            case .done(let count):
-                filled += count
-                readThisTurn += count
-                if Self.readBufferSize - filled >= Self.largestRecord { continue reading }
-            case .wantRead:
-                more = false
-            case .wantWrite:
-                wantsWrite = true
-                more = false
-            case .closed:
-                guard deliver(filled) else { return }
-                close(reason: goAwayReceived != nil ? "closed by the peer after GOAWAY" : "closed by the peer")
-                return
-            case .failed(let message):
-                guard deliver(filled) else { return }
-                close(reason: message)
-                return
-            }
-            guard deliver(filled) else { return }
-            filled = 0
-        }
-        if filled > 0 && !deliver(filled) { return }
-        flush()
-    }
-
-    /// The plaintext of a TLS record, at most (RFC 8446 section 5.1).
-    private static let largestRecord = 16 * 1024
-
-    /// Hands `count` bytes of the read buffer to nghttp2; false once the connection closed over them.
-    private func deliver(_ count: Int) -> Bool {
-        guard count > 0, let session, state == .open else { return state == .open }
-        processingInput = true
-        let consumed = nghttp2_session_mem_recv(session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
-        processingInput = false
-        if consumed < 0 {
-            close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(consumed))))")
-            return false
-        }
-        if let reason = closeRequested {
-            close(reason: reason)
-            return false
-        }
-        return true
-    }
-
-    private func flush() {
-        guard state == .open, let session else { return }
-        while true {
-            while outboundSent < outbound.count {
-                let result = outbound.withUnsafeBytes { bytes in
-                    tls.write(UnsafeRawBufferPointer(rebasing: bytes[outboundSent...]))
-                }
-                switch result {
-                case .done(let count):
-                    outboundSent += count
-                case .wantWrite:
-                    wantsWrite = true
-                    return
-                case .wantRead:
-                    wantsWrite = false
-                    return
-                case .closed:
-                    close(reason: "closed by the peer")
-                    return
-                case .failed(let message):
-                    close(reason: message)
-                    return
-                }
-            }
-            outbound.removeAll(keepingCapacity: true)
-            outboundSent = 0
-            while outbound.count < Self.writeBatchSize {
-                var data: UnsafePointer<UInt8>?
-                let count = nghttp2_session_mem_send(session, &data)
-                if count < 0 {
-                    close(reason: "HTTP/2 error: \(String(cString: nghttp2_strerror(Int32(count))))")
-                    return
-                }
-                guard count > 0, let data else { break }
-                outbound.append(contentsOf: UnsafeBufferPointer(start: data, count: count))
-            }
-            if let reason = closeRequested {
-                close(reason: reason)
-                return
-            }
-            if outbound.isEmpty { break }
-        }
-        // Records the socket did not take yet leave when it is writable again.
-        switch tls.sendPendingOutput() {
-        case .wantWrite:
-            wantsWrite = true
-            return
-        case .failed(let message):
-            close(reason: message)
-            return
-        default:
-            wantsWrite = false
-        }
-        if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 {
-            close(reason: goAwayReceived != nil || goAwaySent ? "GOAWAY completed" : "session ended")
-        }
-    }
-
-    /// Ends the connection and answers every stream still open with `connectionLost`.
-    func close(reason: String) {
-        guard state != .closed else { return }
-        let wasRegistered = state != .closed
-        state = .closed
-        if wasRegistered { loop.deregister(self) }
-        tls.shutdown()
-        Glibc.close(fileDescriptor)
-        let lost = openStreams
-        for stream in lost { remove(stream) }
-        for stream in lost {
-            let streamID = stream.id
-            // Only a request the server may have seen counts as lost; one above a GOAWAY's last-stream-id, or
-            // never written, certainly was not processed.
-            if stream.malformed {
-                answer(stream, .failure(.reset(code: NGHTTP2_PROTOCOL_ERROR.rawValue)))
-            } else if !stream.headersSent {
-                answer(stream, .failure(.notSent(reason)))
-            } else if let goAway = goAwayReceived, streamID > goAway.lastStreamID {
-                answer(stream, .failure(.refused))
-            } else {
-                answer(stream, .failure(.connectionLost(reason)))
-            }
-        }
-        onClose?(self, reason)
-        onOpen = nil
-        onClose = nil
-        onRemoteSettings = nil
-        onGoAway = nil
-        onPingAcknowledged = nil
-        onResponse = nil
-    }
-
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
 
-    fileprivate func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+    func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         guard keptNameLengths & (1 << min(name.count, 63)) != 0, let stream = stream(streamID) else { return }
         if isClient {
             // Compared whole: ":scheme" has seven bytes and the same start too.
@@ -648,7 +297,7 @@ final class HTTP2Connection: PollHandler {
     /// An answer's `:status`, checked here (nghttp2's HTTP checks are off for clients): three digits from 100 to 599,
     /// any number of interim (1xx) ones before one final status, and no 101 (HTTP/2 has no protocol switch).
     /// Anything else makes the answer malformed.
-    private func readStatus(_ value: UnsafeBufferPointer<UInt8>, of stream: HTTP2Stream) {
+    func readStatus(_ value: UnsafeBufferPointer<UInt8>, of stream: HTTP2Stream) {
         let digits = value.count == 3 && value.allSatisfy { $0 &- 48 < 10 }
         let status = digits ? value.reduce(0) { $0 * 10 + Int($1 &- 48) } : 0
         guard stream.status < 200, (100...599).contains(status), status != 101 else { return malformed(stream) }
@@ -656,7 +305,7 @@ final class HTTP2Connection: PollHandler {
     }
 
     /// Resets a stream whose answer broke HTTP; its request is answered as reset when the stream closes.
-    private func malformed(_ stream: HTTP2Stream) {
+    func malformed(_ stream: HTTP2Stream) {
         guard !stream.malformed else { return }
         stream.malformed = true
         if let session {
@@ -684,7 +333,7 @@ final class HTTP2Connection: PollHandler {
 
     /// The open stream a callback is about, through nghttp2's stream user data (its own stream map, which it
     /// searches anyway): nil for a stream that is not open here.
-    private func stream(_ streamID: Int32) -> HTTP2Stream? {
+    func stream(_ streamID: Int32) -> HTTP2Stream? {
         if let recentStream, recentStream.id == streamID { return recentStream }
         guard let session, let userData = nghttp2_session_get_stream_user_data(session, streamID) else { return nil }
         // Unretained: the list owns the stream while nghttp2 has it as user data.
@@ -706,7 +355,7 @@ final class HTTP2Connection: PollHandler {
     }
 
     /// A stream nghttp2 just numbered joins the open streams (its user data was given to nghttp2 already).
-    private func append(_ stream: HTTP2Stream, id: Int32) {
+    func append(_ stream: HTTP2Stream, id: Int32) {
         stream.id = id
         stream.listed = true
         stream.previous = lastStream
@@ -716,7 +365,7 @@ final class HTTP2Connection: PollHandler {
     }
 
     /// A stream leaves the open streams, and nghttp2's user data: no callback finds it after this.
-    private func remove(_ stream: HTTP2Stream) {
+    func remove(_ stream: HTTP2Stream) {
         guard stream.listed else { return }
         stream.listed = false
         // nghttp2 may still send its HEADERS frame (queued behind the peer's stream limit), reading the lent fields.
@@ -734,13 +383,13 @@ final class HTTP2Connection: PollHandler {
     }
 
     /// A body chunk; one past `maximumBodySize` makes the stream malformed (reset) rather than growing memory.
-    fileprivate func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) {
+    func dataChunk(streamID: Int32, _ data: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(streamID), !stream.malformed else { return }
         guard stream.incomingBody.count + data.count <= Self.maximumBodySize else { return malformed(stream) }
         stream.incomingBody.append(contentsOf: data)
     }
 
-    fileprivate func frameReceived(type: UInt8, flags: UInt8, streamID: Int32, frame: UnsafePointer<nghttp2_frame>) {
+    func frameReceived(type: UInt8, flags: UInt8, streamID: Int32, frame: UnsafePointer<nghttp2_frame>) {
         lastFrameReceivedAt = EventLoop.now()
         switch UInt32(type) {
         case NGHTTP2_PING.rawValue where flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
@@ -767,7 +416,7 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
-    fileprivate func beginHeaders(streamID: Int32, category: UInt32) {
+    func beginHeaders(streamID: Int32, category: UInt32) {
         // A request's fields, a provider token among them, take about half a kilobyte.
         guard !isClient && category == NGHTTP2_HCAT_REQUEST.rawValue, let session else { return }
         let stream = HTTP2Stream(expectedHeaderBytes: 768)
@@ -775,7 +424,7 @@ final class HTTP2Connection: PollHandler {
         append(stream, id: streamID)
     }
 
-    fileprivate func streamClosed(streamID: Int32, errorCode: UInt32) {
+    func streamClosed(streamID: Int32, errorCode: UInt32) {
         guard let stream = stream(streamID) else { return }
         remove(stream)
         guard stream.pending != nil else { return }
@@ -794,17 +443,17 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
-    private func answer(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
+    func answer(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
         if let pending = stream.pending { onResponse?(pending, result) }
     }
 
-    fileprivate func frameSent(streamID: Int32, type: UInt8) {
+    func frameSent(streamID: Int32, type: UInt8) {
         guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
         stream(streamID)?.headersSent = true
         if !lentHeaders.isEmpty { lentHeaders[streamID] = nil }
     }
 
-    fileprivate func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
+    func frameNotSent(streamID: Int32, type: UInt8, libraryError: Int32) {
         guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
         defer { if !lentHeaders.isEmpty { lentHeaders[streamID] = nil } }
         guard let stream = stream(streamID) else { return }
@@ -813,7 +462,7 @@ final class HTTP2Connection: PollHandler {
     }
 
     /// A request's or response's body, from the stream its data source names (the stream itself, no lookup).
-    fileprivate static func readOutgoing(_ stream: HTTP2Stream, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+    static func readOutgoing(_ stream: HTTP2Stream, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
                                          flags: UnsafeMutablePointer<UInt32>) -> Int {
         let count = min(length, stream.outgoingBody.count - stream.outgoingOffset)
         stream.outgoingBody.withUnsafeBufferPointer { body in
@@ -823,74 +472,4 @@ final class HTTP2Connection: PollHandler {
         if stream.outgoingOffset == stream.outgoingBody.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
         return count
     }
-}
-
-// MARK: nghttp2 callbacks: C function pointers that find their connection through user_data.
-
-/// nghttp2 calls back only from inside mem_recv or mem_send, which the connection itself called, so it is alive for
-/// the call: no retain and release (with a thousand streams in flight, six callbacks per request paid for them).
-private func withConnection<Result>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2Connection) -> Result) -> Result {
-    Unmanaged<HTTP2Connection>.fromOpaque(userData!)._withUnsafeGuaranteedRef(body)
-}
-
-private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
-    guard let frame, let name, let value else { return 0 }
-    withConnection(userData) {
-        $0.header(streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
-                  value: UnsafeBufferPointer(start: value, count: valueLength))
-    }
-    return 0
-}
-
-private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, userData in
-    guard let data else { return 0 }
-    withConnection(userData) { $0.dataChunk(streamID: streamID, UnsafeBufferPointer(start: data, count: length)) }
-    return 0
-}
-
-private let onFrameReceived: nghttp2_on_frame_recv_callback = { _, frame, userData in
-    guard let frame else { return 0 }
-    withConnection(userData) {
-        $0.frameReceived(type: frame.pointee.hd.type, flags: frame.pointee.hd.flags, streamID: frame.pointee.hd.stream_id,
-                         frame: frame)
-    }
-    return 0
-}
-
-private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
-    withConnection(userData) { $0.streamClosed(streamID: streamID, errorCode: errorCode) }
-    return 0
-}
-
-private let onBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, userData in
-    guard let frame else { return 0 }
-    withConnection(userData) {
-        $0.beginHeaders(streamID: frame.pointee.hd.stream_id, category: frame.pointee.headers.cat.rawValue)
-    }
-    return 0
-}
-
-private let onFrameNotSent: nghttp2_on_frame_not_send_callback = { _, frame, libraryError, userData in
-    guard let frame else { return 0 }
-    withConnection(userData) {
-        $0.frameNotSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type, libraryError: libraryError)
-    }
-    return 0
-}
-
-private let onFrameSent: nghttp2_on_frame_send_callback = { _, frame, userData in
-    guard let frame else { return 0 }
-    withConnection(userData) { $0.frameSent(streamID: frame.pointee.hd.stream_id, type: frame.pointee.hd.type) }
-    return 0
-}
-
-private let readOutgoingBody: nghttp2_data_source_read_callback = { session, streamID, buffer, length, flags, source, _ in
-    // The source is the stream. It is read only while it is still the stream's user data, that is open here (a
-    // stream that timed out left the list, and may be gone, while its DATA was still queued in nghttp2).
-    guard let buffer, let flags, let session, let stream = source?.pointee.ptr,
-          nghttp2_session_get_stream_user_data(session, streamID) == stream else {
-        return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
-    }
-    return HTTP2Connection.readOutgoing(Unmanaged<HTTP2Stream>.fromOpaque(stream).takeUnretainedValue(), into: buffer,
-                                        length: length, flags: flags)
 }

@@ -1,0 +1,101 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+internal import CRabbitMQ
+import Foundation
+
+/// An error from the broker or from librabbitmq, with the library's status code where there is one.
+public struct AMQPError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        case badURL
+        /// The connection is gone (socket, heartbeat, broker closed it): reconnect.
+        case connectionLost
+        /// The broker closed the channel or refused a method (reply code in `code`).
+        case brokerRefused
+        /// Anything else librabbitmq reports.
+        case library
+    }
+
+    public let kind: Kind
+    /// librabbitmq's status (negative) or the broker's reply code (e.g. 406, 404, 320).
+    public let code: Int
+    public let message: String
+
+    public var description: String { message }
+
+    init(kind: Kind, code: Int = 0, _ message: String) {
+        self.kind = kind
+        self.code = code
+        self.message = message
+    }
+
+    static func badURL(_ message: String) -> AMQPError { AMQPError(kind: .badURL, message) }
+
+    /// Publishes the broker nacked: whoever published them must not acknowledge what caused them.
+    public static func unconfirmed(_ what: String) -> AMQPError {
+        AMQPError(kind: .brokerRefused, "\(what): the broker refused (nacked) a publish")
+    }
+
+    public var isConnectionLost: Bool { kind == .connectionLost }
+
+    /// The broker refused this connection's own settings (ACCESS_REFUSED: user or password; NOT_ALLOWED: the vhost
+    /// does not exist or the user may not use it), or the URL is wrong: waiting will not help, the URL must change.
+    public var isPermanent: Bool { kind == .badURL || code == 403 || code == 530 }
+}
+
+/// Message properties the worker reads and writes.
+public struct AMQPProperties: Sendable, Equatable {
+    public var contentType: String?
+    public var replyTo: String?
+    public var correlationID: String?
+    public var messageID: String?
+    public var persistent: Bool
+    /// When the message was published, UNIX seconds (the AMQP timestamp property).
+    public var timestamp: Int64?
+    /// String-valued headers (others are skipped when reading).
+    public var headers: [String: String]
+    /// How many times the broker delivered this message before (quorum queues say so in the integer header
+    /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
+    public var deliveryCount: Int?
+
+    public init(contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
+                messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
+                headers: [String: String] = [:], deliveryCount: Int? = nil) {
+        self.deliveryCount = deliveryCount
+        self.contentType = contentType
+        self.replyTo = replyTo
+        self.correlationID = correlationID
+        self.messageID = messageID
+        self.persistent = persistent
+        self.timestamp = timestamp
+        self.headers = headers
+    }
+}
+
+public struct AMQPDelivery: Sendable {
+    public var deliveryTag: UInt64
+    public var redelivered: Bool
+    /// Which `consume` this came from, for a connection consuming several queues.
+    public var consumerTag: String
+    public var routingKey: String
+    public var body: [UInt8]
+    public var properties: AMQPProperties
+}
+
+/// What arrives on the connection.
+public enum AMQPEvent: Sendable {
+    case delivery(AMQPDelivery)
+    /// Publisher confirm: the broker took (`ack`) or lost (`!ack`) publishes up to `sequence` (all of them if `multiple`).
+    case confirm(sequence: UInt64, multiple: Bool, ack: Bool)
+    /// The broker stopped (`true`) or resumed (`false`) accepting publishes (memory or disk alarm).
+    case blocked(Bool)
+}
+
+/// A mandatory publish that no queue took (the queue was deleted, or nothing is bound to the exchange): the broker
+/// hands it back before it confirms it, so it is known by the time `waitForConfirms` returns (`takeReturns`).
+public struct AMQPReturn: Sendable, Equatable {
+    public var exchange: String
+    public var routingKey: String
+    public var replyCode: Int
+    public var replyText: String
+}

@@ -1,0 +1,59 @@
+import APNs
+import Foundation
+import Telemetry
+import Testing
+import Threads
+import WorkerPipeline
+
+/// Copies of jobs a publisher made after a broker failover (`Worker.republishedHeader`) send nothing twice.
+@Suite struct WorkerRepublishedTests {
+    typealias Spec = WorkerTests
+    static let copy = MessageProperties(replyTo: "replies", messageID: "dup", headers: [Worker.republishedHeader: "1"])
+
+    @Test func aCopyOfASettledJobIsAcknowledgedWithoutSending() throws {
+        let fleet = InMemoryFleet()
+        let running = Spec.Running(fleet)
+        let body = Spec.job("dup", tokens: [Spec.token(1), Spec.token(2)])
+        let original = fleet.deliver(body, properties: MessageProperties(replyTo: "replies", messageID: "dup"))
+        #expect(fleet.wait { $0.acknowledged.contains(original) })
+        let copy = fleet.deliver(body, properties: Self.copy)
+        #expect(fleet.wait { $0.acknowledged.contains(copy) })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 2, "each notification once")
+        #expect(fleet.read { $0.published.count } == 1, "one summary")
+        #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
+    }
+
+    @Test func aRedeliveryAfterABrokerLossSkipsWhatWasAnsweredBeforeIt() throws {
+        let fleet = InMemoryFleet()
+        fleet.change { $0.holdingAnswers = true }
+        let running = Spec.Running(fleet)
+        let body = Spec.job("lost", tokens: [Spec.token(1)])
+        fleet.deliver(body, properties: MessageProperties(messageID: "lost"))
+        #expect(fleet.wait { $0.sent.count == 1 })
+        fleet.change { $0.brokerDown = true }
+        fleet.brokerReadable.signal()
+        #expect(fleet.wait { $0.sessionsLost == 1 }, "the session ended")
+        // While the worker is away: APNs answers the notification, and the broker redelivers the job. The next
+        // session reads the redelivery in the same turn as it finds the answer waiting.
+        fleet.releaseAnswers()
+        let redelivery = fleet.deliver(body, properties: MessageProperties(messageID: "lost"), redelivered: true)
+        fleet.change { $0.brokerDown = false }
+        #expect(fleet.wait { $0.acknowledged.contains(redelivery) })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 1, "the answered notification is not sent again")
+    }
+
+    @Test func aCopyReadWithItsOriginalWaitsForIt() throws {
+        let fleet = InMemoryFleet()
+        let body = Spec.job("dup", tokens: [Spec.token(1)])
+        // Both in the broker before the worker reads: they arrive in one batch.
+        let original = fleet.deliver(body, properties: MessageProperties(replyTo: "replies", messageID: "dup"))
+        let copy = fleet.deliver(body, properties: Self.copy)
+        let running = Spec.Running(fleet)
+        #expect(fleet.wait { Set($0.acknowledged) == [original, copy] })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 1, "sent once")
+        #expect(fleet.read { $0.published.count } == 1, "one summary")
+    }
+}
