@@ -5,9 +5,9 @@ import PackageDescription
 //   C modules (one per library) -> wrappers (AMQP, Redis, HTTP2, APNs) -> WorkerPipeline (the pipeline and its
 //   ports) -> adapters (AMQPBroker, RedisStore) -> Configuration (settings, wiring) -> Operations -> executables.
 // Only the wrapper modules import the C modules, with `internal import`, so no C pointer reaches the pipeline.
-// The modules a notification passes through. In release builds they skip Swift's dynamic exclusivity checks: the
-// callgrind profile (scripts/profile) put them at about 1,600 instructions per notification (swift_beginAccess on
-// every class property touched per stream). Debug builds, which the tests and the sanitizers run, keep the checks.
+// The modules a notification passes through. In release builds they skip Swift's dynamic exclusivity checks
+// (swift_beginAccess on every class property touched per stream, a large share of a notification's instructions in
+// scripts/profile). Debug builds, which the tests and the sanitizers run, keep the checks.
 let hotPath: [SwiftSetting] = [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
 
 let package = Package(

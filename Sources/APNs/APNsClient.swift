@@ -202,7 +202,7 @@ public final class APNsClient: Sendable {
             requests.reserveCapacity(inEnvironment.count)
             // The last notification validated whole: those sharing its fields (all of a job's, and the single-token
             // jobs of one sender) need only their own checked. Each notification is taken out of the array once:
-            // every call on one read in place copied it again (about 130 instructions in reference counts).
+            // every call on one read in place would copy it again (reference counts).
             var validated: APNsNotification?
             for index in inEnvironment {
                 let notification = notifications[index]
@@ -292,6 +292,9 @@ public final class APNsClient: Sendable {
             return false
         }
     }
+
+    /// Whether the caller runs on the loop thread of `traffic`.
+    public func isOnLoopThread(of traffic: JobLane) -> Bool { loop(traffic).inEventLoop }
 
     /// Runs `action` on the loop thread of `traffic` after `delay` seconds: for work that belongs with its answers
     /// (which `send`'s completions deliver on that thread), such as handing a batch of them on.

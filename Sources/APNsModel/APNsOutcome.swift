@@ -133,7 +133,7 @@ public struct APNsResult: Sendable, Equatable {
     /// Why there was no answer (connection trouble), or why it was not sent (a broken rule).
     public let error: String?
     /// The answer's status, kept apart: read as `response?.status`, the whole answer (a few strings and its header
-    /// fields) was copied to read one number, about 350 instructions per notification.
+    /// fields) would be copied to read one number.
     public let status: Int?
 
     public init(outcome: APNsOutcome, response: APNsResponse? = nil, error: String? = nil) {

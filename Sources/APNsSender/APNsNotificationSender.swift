@@ -41,6 +41,8 @@ public final class APNsNotificationSender: NotificationSender {
         client.send(broadcast, environment: environment, traffic: lane, completion: answer)
     }
 
+    public func isOnLaneThread(_ lane: JobLane) -> Bool { client.isOnLoopThread(of: lane) }
+
     public func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
         client.schedule(after: delay, traffic: lane, action)
     }

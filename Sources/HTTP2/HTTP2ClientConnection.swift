@@ -8,8 +8,8 @@ internal import CNghttp2
 /// shared by every request of the batch.
 ///
 /// A class: it passes through half a dozen hands (dispatch, its stream, the answer, the retry decision), and as a
-/// struct each hand copied and destroyed three reference-counted fields, about 1,500 instructions per request in
-/// the callgrind profile; one allocation and one reference cost less.
+/// struct each hand would copy and destroy three reference-counted fields; one allocation and one reference cost
+/// less.
 final class HTTP2PendingRequest {
     let request: HTTP2Request
     let index: Int
@@ -36,9 +36,9 @@ extension HTTP2Connection {
         // The request's parts are read from `pending` where they are needed: a closure that captured the request
         // copied it (and counted its references) at each level, a dozen times per request in the callgrind profile.
         let hasBody = !pending.request.body.isEmpty
-        // Room for an apns-id field (48 bytes as kept) and a little more; 88 bytes make an allocation of 120, the
-        // largest glibc keeps in its fast bins, and an answer that keeps more grows the block once.
-        let stream = HTTP2Stream(outgoingBody: pending.request.body, expectedHeaderBytes: 88, pending: pending)
+        // An answer that keeps more fields than `answerHeaderCapacity` holds grows the block once.
+        let stream = HTTP2Stream(outgoingBody: pending.request.body, expectedHeaderBytes: HTTP2Stream.answerHeaderCapacity,
+                                 pending: pending)
         let userData = Unmanaged.passUnretained(stream).toOpaque()
         var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
         // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves

@@ -29,6 +29,10 @@ final class HTTP2Stream {
     /// per connection instead of a closure allocated per request.
     let pending: HTTP2PendingRequest?
 
+    /// Room for an answer's kept fields at first: an apns-id (48 bytes as kept) and a little more, an allocation
+    /// glibc serves from its fast bins (`AllocationSizeTests`).
+    static let answerHeaderCapacity = 88
+
     /// `expectedHeaderBytes`: room for the incoming fields at once (they arrive one by one).
     init(outgoingBody: [UInt8] = [], expectedHeaderBytes: Int, pending: HTTP2PendingRequest? = nil) {
         self.outgoingBody = outgoingBody

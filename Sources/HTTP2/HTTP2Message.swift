@@ -177,8 +177,8 @@ public struct HTTP2Request: Sendable {
     }
 
     /// A request whose fields other than :path are `headers`, a block that can be shared with other requests:
-    /// nothing is allocated for the request's own fields (a block of its own made an allocation of about 450 bytes per
-    /// APNs notification, beyond the sizes glibc keeps in its fast bins).
+    /// nothing is allocated for the request's own fields (a block of its own would be an allocation per APNs
+    /// notification beyond the sizes glibc keeps in its fast bins).
     public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8]) {
         self.headers = headers
         self.path = path

@@ -8,7 +8,7 @@ internal import CNghttp2
 /// Why: nghttp2 makes about eight allocations per request (stream, outbound item, the copied header fields, the
 /// received fields' buffers) and frees them when the stream closes. With a thousand streams in flight they come
 /// and go in bursts far larger than glibc's per-thread cache of seven blocks per size, so most went through
-/// malloc's slow path: about 2,000 instructions per notification in the callgrind profile.
+/// malloc's slow path.
 ///
 /// A block carries a 16-byte header with its size class. Classes are powers of two from 32 bytes to 16 KiB; larger
 /// blocks go straight to malloc. Each free list keeps at most `maximumCachedBlocks`, so what the pool holds is

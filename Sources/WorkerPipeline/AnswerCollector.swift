@@ -19,8 +19,8 @@ final class AnswerCollector: Sendable {
     private let finalOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
     /// Per lane, on that lane's sender thread only: jobs with final outcomes not handed over yet, and whether a
     /// hand-over is scheduled.
-    private let urgentOutcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
-    private let bulkOutcomesAwaiting = LoopConfined<(jobs: [JobProgress], scheduled: Bool)>(([], false))
+    private let urgentOutcomesAwaiting: LoopConfined<(jobs: [JobProgress], scheduled: Bool)>
+    private let bulkOutcomesAwaiting: LoopConfined<(jobs: [JobProgress], scheduled: Bool)>
 
     private func outcomesAwaiting(_ lane: JobLane) -> LoopConfined<(jobs: [JobProgress], scheduled: Bool)> {
         lane == .urgent ? urgentOutcomesAwaiting : bulkOutcomesAwaiting
@@ -31,6 +31,8 @@ final class AnswerCollector: Sendable {
         self.logger = logger
         self.sender = sender
         self.wakeup = wakeup
+        urgentOutcomesAwaiting = LoopConfined(([], false)) { [sender] in sender.isOnLaneThread(.urgent) }
+        bulkOutcomesAwaiting = LoopConfined(([], false)) { [sender] in sender.isOnLaneThread(.bulk) }
     }
 
     // MARK: broker thread

@@ -4,8 +4,8 @@ import APNsModel
 /// timestamp and string headers.
 ///
 /// Stored in an order that leaves no padding to speak of (`persistent` after `timestamp`): a `JobDelivery` holding
-/// them then takes 115 bytes, within the 120 that glibc serves from its fast bins (130 before): one of the few
-/// objects every job allocates, many at a time.
+/// them then stays within the 120 bytes that glibc serves from its fast bins (`AllocationSizeTests` holds it): one
+/// of the few objects every job allocates, many at a time.
 public struct MessageProperties: Sendable, Equatable {
     public var replyTo: String?
     public var correlationID: String?
@@ -33,7 +33,7 @@ public struct MessageProperties: Sendable, Equatable {
 /// Never changed once received, and a class: a delivery travels with its job through several arrays, filters and
 /// hand-overs, where a copy then costs one reference count instead of one per string and array it holds.
 public final class JobDelivery: Sendable {
-    // In this order, the one-byte fields last, the object takes 115 bytes (see `MessageProperties`).
+    // In this order, the one-byte fields last, the object fits glibc's fast bins (see `MessageProperties`).
     public let tag: UInt64
     public let body: [UInt8]
     public let properties: MessageProperties

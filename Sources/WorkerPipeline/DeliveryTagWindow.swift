@@ -4,7 +4,7 @@
 /// not send) goes to a dictionary beside it, so that nothing is ever forgotten.
 ///
 /// Inlinable, so that the broker's module gets it specialized for its values: used generically, each call looked up
-/// `Value?`'s type at run time (about 4,000 instructions per single-token job in the callgrind bench).
+/// `Value?`'s type at run time.
 public struct DeliveryTagWindow<Value> {
     /// `slots[head + i]`: the value of tag `first + i`. Tags skipped over (never received here) are nil.
     @usableFromInline var slots: [Value?] = []

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import APNsModel
 import Telemetry
 
@@ -23,7 +26,8 @@ final class JobProgress: @unchecked Sendable {
     private(set) var judged = 0
 
     /// What few jobs have, in one box made with the first of it: a job of deliveries alone (most jobs) then makes and
-    /// frees no arrays for it, and its progress takes 119 bytes, within the 120 that glibc keeps in its fast bins.
+    /// frees no arrays for it, and its progress stays within the 120 bytes that glibc keeps in its fast bins
+    /// (`AllocationSizeTests` holds it).
     /// Finished jobs are freed by the hundred, more than glibc's per-thread cache holds, and above that size the
     /// rest went through malloc's slow path (bins sorted and merged), again when the next jobs were made.
     private final class Rare {
@@ -317,9 +321,37 @@ final class JobProgress: @unchecked Sendable {
 }
 
 /// A value one thread alone reads and writes (a lane's sender thread), kept in a Sendable owner: the
-/// confinement is the invariant, not a lock.
+/// confinement is the invariant, not a lock. Debug builds check it, as swift-nio's `NIOLoopBound` asks its event
+/// loop: every touch asks `isOnItsThread`, and a touch from anywhere else stops the process.
 final class LoopConfined<Value>: @unchecked Sendable {
-    var value: Value
+    private var confined: Value
+    #if DEBUG
+    private let isOnItsThread: @Sendable () -> Bool
+    #endif
 
-    init(_ value: Value) { self.value = value }
+    /// `isOnItsThread`: whether the caller runs on the thread (or serial queue) the value belongs to.
+    init(_ value: Value, isOnItsThread: @escaping @Sendable () -> Bool) {
+        confined = value
+        #if DEBUG
+        self.isOnItsThread = isOnItsThread
+        #endif
+    }
+
+    var value: Value {
+        get {
+            checkThread()
+            return confined
+        }
+        _modify {
+            checkThread()
+            yield &confined
+        }
+    }
+
+    @inline(__always)
+    private func checkThread() {
+        #if DEBUG
+        precondition(isOnItsThread(), "LoopConfined<\(Value.self)> used off the thread that owns it")
+        #endif
+    }
 }

@@ -54,8 +54,9 @@ public protocol TokenStore {
 public enum SettledOutcome: Sendable, Equatable {
     /// Delivered (or, as written by older workers, any final outcome but a dead token).
     case done(String)
-    /// Sending again cannot help: the reason, for the job's summary.
-    case failed(String, reason: String)
+    /// Sending again cannot help: the reason, for the job's summary. Indirect, like `dead`: the common cases then
+    /// need no more than a String, and a job's progress, which holds one, fits glibc's fast bins.
+    indirect case failed(String, reason: String)
     /// Not handed to APNs by the job's deadline.
     case expired(String)
     indirect case dead(DeviceTarget, APNsResponse)
@@ -391,6 +392,9 @@ public protocol NotificationSender: AnyObject, Sendable {
     func shutdown()
     /// The credentials and environments that sent since this was last asked.
     func takeSendingPools() -> Set<SendingPool>
+    /// Whether the caller runs on `lane`'s sender thread (or serial queue): where answers arrive and scheduled work
+    /// runs. For debug builds' checks of what is confined there (`LoopConfined`).
+    func isOnLaneThread(_ lane: JobLane) -> Bool
     /// Opens these pools' connections now, ahead of their first push (a credential it does not have is passed over).
     func open(_ pools: [SendingPool])
 }

@@ -131,7 +131,7 @@ public struct PushJob: Sendable, Equatable {
     public static let longestSchedule: Int64 = 7 * 24 * 3600
 
     /// Decodes a message body. `defaultTopic` is the configured topic of jobs that name none; `fallbackID` names
-    /// jobs that carry no id, made only for them (an id made for every job cost about 450 instructions).
+    /// jobs that carry no id, made only for them (most jobs name themselves, and making an id is not free).
     public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
                               limits: Limits = .init()) throws(JobError) -> PushJob {
         let members = try JobMembers(body, limits: limits)

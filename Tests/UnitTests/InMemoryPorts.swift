@@ -418,6 +418,15 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         return batch.count
     }
 
+    /// Each lane's queue marks itself, so that code on it can tell (`DispatchQueue.getSpecific`).
+    private static let laneKey = DispatchSpecificKey<JobLane>()
+    func isOnLaneThread(_ lane: JobLane) -> Bool {
+        if threads[lane]!.getSpecific(key: Self.laneKey) == nil {
+            threads[lane]!.setSpecific(key: Self.laneKey, value: lane)
+        }
+        return DispatchQueue.getSpecific(key: Self.laneKey) == lane
+    }
+
     func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
         threads[lane]!.asyncAfter(deadline: .now() + delay, execute: action)
     }

@@ -1,0 +1,40 @@
+import Foundation
+@testable import HTTP2
+import Testing
+@testable import WorkerPipeline
+
+/// The objects every job or request allocates stay within the 120 bytes glibc serves from its fast bins (a chunk
+/// of 128): freed and made by the hundred, anything larger goes through malloc's slow path. A new field that
+/// crosses the line fails here rather than in a profile.
+// glibc's malloc_usable_size (malloc.h, which the Glibc module does not bring).
+@_silgen_name("malloc_usable_size") private func mallocUsableSize(_ pointer: UnsafeMutableRawPointer?) -> Int
+
+@Suite struct AllocationSizeTests {
+    static let fastBinLimit = 120
+
+    /// The bytes malloc gave an object.
+    static func allocatedBytes(_ object: AnyObject) -> Int {
+        mallocUsableSize(Unmanaged.passUnretained(object).toOpaque())
+    }
+
+    @Test func aDeliveryFitsAFastBin() {
+        let delivery = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
+        #expect(Self.allocatedBytes(delivery) <= Self.fastBinLimit, "JobDelivery: \(Self.allocatedBytes(delivery)) bytes")
+    }
+
+    @Test func aJobsProgressFitsAFastBin() throws {
+        let job = try PushJob.decode(Array(#"{"tokens": ["\#(String(repeating: "ab", count: 32))"], "payload": {}}"#.utf8),
+                                     defaultTopic: "com.example.app", fallbackID: "j")
+        let delivery = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
+        let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: [], hasStableID: true)
+        #expect(Self.allocatedBytes(progress) <= Self.fastBinLimit, "JobProgress: \(Self.allocatedBytes(progress)) bytes")
+    }
+
+    /// An answer's header block at first: a Swift array uses all of its allocation, so a capacity above 88 bytes (120
+    /// less the array's 32-byte header) means a larger chunk.
+    @Test func anAnswersFirstHeaderBlockFitsAFastBin() {
+        var block: [UInt8] = []
+        block.reserveCapacity(HTTP2Stream.answerHeaderCapacity)
+        #expect(block.capacity <= Self.fastBinLimit - 32, "capacity \(block.capacity)")
+    }
+}
