@@ -15,18 +15,21 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "apns-worker", targets: ["apns-worker"]),
-        .executable(name: "apns-sim", targets: ["apns-sim"]),
+        .executable(name: "apns-sim", targets: ["apns-sim"])
     ],
     targets: [
         // C libraries from Debian packages. Each module map's header also holds the few static inline shims
         // for what Swift cannot import (variadic functions, function-like macros), so every C type has one home.
-        .systemLibrary(name: "CRabbitMQ", path: "Sources/CRabbitMQ", pkgConfig: "librabbitmq",
-                       providers: [.apt(["librabbitmq-dev"])]),
+        .systemLibrary(
+            name: "CRabbitMQ", path: "Sources/CRabbitMQ", pkgConfig: "librabbitmq",
+            providers: [.apt(["librabbitmq-dev"])]),
         // No pkgConfig: hiredis.pc's -D_FILE_OFFSET_BITS=64 is a flag SwiftPM refuses in a dependency.
-        .systemLibrary(name: "CNghttp2", path: "Sources/CNghttp2", pkgConfig: "libnghttp2",
-                       providers: [.apt(["libnghttp2-dev"])]),
-        .systemLibrary(name: "COpenSSL", path: "Sources/COpenSSL", pkgConfig: "openssl",
-                       providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(
+            name: "CNghttp2", path: "Sources/CNghttp2", pkgConfig: "libnghttp2",
+            providers: [.apt(["libnghttp2-dev"])]),
+        .systemLibrary(
+            name: "COpenSSL", path: "Sources/COpenSSL", pkgConfig: "openssl",
+            providers: [.apt(["libssl-dev"])]),
 
         // Strict JSON reading (byte ranges kept, depth bounded) and string quoting: jobs, events, answers, logs.
         .target(name: "JSON", swiftSettings: hotPath),
@@ -37,54 +40,87 @@ let package = Package(
         .target(name: "ServiceURLs"),
         // Logs, metrics text, the health endpoint, and the runner of a service's process.
         .target(name: "Telemetry", dependencies: ["JSON", "Threads"], swiftSettings: hotPath),
-        .target(name: "AMQP", dependencies: ["CRabbitMQ", "ServiceURLs", "Telemetry", "Threads"], swiftSettings: hotPath),
+        .target(
+            name: "AMQP", dependencies: ["CRabbitMQ", "ServiceURLs", "Telemetry", "Threads"], swiftSettings: hotPath),
         .target(name: "TLS", dependencies: ["COpenSSL", "Telemetry"], swiftSettings: hotPath),
         .target(name: "Redis", dependencies: ["TLS", "ServiceURLs", "Telemetry", "Threads"], swiftSettings: hotPath),
-        .target(name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "ServiceURLs", "Telemetry", "Threads"],
-                swiftSettings: hotPath),
+        .target(
+            name: "HTTP2", dependencies: ["CNghttp2", "COpenSSL", "TLS", "ServiceURLs", "Telemetry", "Threads"],
+            swiftSettings: hotPath),
         // Apple's vocabulary and rules: notifications, the routes APNs takes and what their answers mean, reasons;
         // and the two lanes work travels in, which the client and the pipeline share. No connection.
         .target(name: "APNsModel", dependencies: ["JSON"], swiftSettings: hotPath),
         // The APNs client: connections, provider tokens, certificates (re-exports APNsModel).
-        .target(name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "JSON", "Telemetry", "Threads"],
-                swiftSettings: hotPath),
+        .target(
+            name: "APNs", dependencies: ["APNsModel", "HTTP2", "TLS", "COpenSSL", "JSON", "Telemetry", "Threads"],
+            swiftSettings: hotPath),
         .target(name: "APNsSimulator", dependencies: ["HTTP2", "APNs", "JSON", "Telemetry", "Threads"]),
         // The pipeline speaks to the broker, the stores and APNs through protocols of its own (Ports.swift): it imports
         // neither AMQP, Redis nor HTTP/2, and nothing that opens a connection.
-        .target(name: "WorkerPipeline", dependencies: ["APNsModel", "JSON", "Telemetry", "Threads"], swiftSettings: hotPath),
+        .target(
+            name: "WorkerPipeline", dependencies: ["APNsModel", "JSON", "Telemetry", "Threads"], swiftSettings: hotPath),
         // Adapters: the pipeline's ports over RabbitMQ, Redis and APNs.
-        .target(name: "AMQPBroker", dependencies: ["AMQP", "APNsModel", "WorkerPipeline", "Telemetry", "Threads"],
-                swiftSettings: hotPath),
-        .target(name: "RedisStore", dependencies: ["Redis", "WorkerPipeline", "APNs", "APNsModel", "JSON", "ServiceURLs",
-                                                   "Telemetry", "Threads"],
-                swiftSettings: hotPath),
+        .target(
+            name: "AMQPBroker", dependencies: ["AMQP", "APNsModel", "WorkerPipeline", "Telemetry", "Threads"],
+            swiftSettings: hotPath),
+        .target(
+            name: "RedisStore",
+            dependencies: [
+                "Redis", "WorkerPipeline", "APNs", "APNsModel", "JSON", "ServiceURLs",
+                "Telemetry", "Threads"
+            ],
+            swiftSettings: hotPath),
         // The pipeline's sender port over the APNs client.
-        .target(name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry", "Threads"],
-                swiftSettings: hotPath),
+        .target(
+            name: "APNsSender", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Telemetry", "Threads"],
+            swiftSettings: hotPath),
         // Settings from the environment, a file and flags, mapped to each part's typed values; and the wiring of a
         // worker from them.
-        .target(name: "Configuration", dependencies: ["AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs", "APNsSender",
-                                                      "TLS", "WorkerPipeline", "Telemetry"]),
+        .target(
+            name: "Configuration",
+            dependencies: [
+                "AMQP", "AMQPBroker", "Redis", "RedisStore", "APNs", "APNsSender",
+                "TLS", "WorkerPipeline", "Telemetry"
+            ]),
         // What operators and backends run beside the workers: enqueue, tokens, stats, dead-tokens tail, cleanup.
-        .target(name: "Operations", dependencies: ["Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",
-                                                   "Redis", "APNs", "JSON", "Telemetry", "Threads"]),
+        .target(
+            name: "Operations",
+            dependencies: [
+                "Configuration", "WorkerPipeline", "AMQPBroker", "RedisStore", "AMQP",
+                "Redis", "APNs", "JSON", "Telemetry", "Threads"
+            ]),
 
         // Argument parsing and help over Operations and Configuration: no connection is made here.
-        .executableTarget(name: "apns-worker", dependencies: ["Operations", "Configuration", "WorkerPipeline", "APNs",
-                                                              "Redis", "JSON", "Telemetry"]),
+        .executableTarget(
+            name: "apns-worker",
+            dependencies: [
+                "Operations", "Configuration", "WorkerPipeline", "APNs",
+                "Redis", "JSON", "Telemetry"
+            ]),
         .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "TLS", "APNs", "Telemetry"]),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry", "Threads"]),
         // libFuzzer targets over the parsers of bytes from outside (scripts/fuzz builds it with -sanitize=fuzzer).
-        .executableTarget(name: "fuzz-parsers", dependencies: ["APNs", "Configuration", "HTTP2", "Redis", "WorkerPipeline",
-                                                               "JSON"]),
+        .executableTarget(
+            name: "fuzz-parsers",
+            dependencies: [
+                "APNs", "Configuration", "HTTP2", "Redis", "WorkerPipeline",
+                "JSON"
+            ]),
 
-        .testTarget(name: "UnitTests", dependencies: ["APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
-                                                      "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "JSON",
-                                                      "ServiceURLs", "Telemetry", "Threads", "COpenSSL"]),
-        .testTarget(name: "IntegrationTests",
-                    dependencies: ["APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
-                                   "Configuration", "Operations", "AMQP", "Redis", "TLS", "JSON", "ServiceURLs",
-                                   "Telemetry", "Threads"]),
+        .testTarget(
+            name: "UnitTests",
+            dependencies: [
+                "APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
+                "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "JSON",
+                "ServiceURLs", "Telemetry", "Threads", "COpenSSL"
+            ]),
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: [
+                "APNs", "APNsSimulator", "HTTP2", "WorkerPipeline", "AMQPBroker", "RedisStore",
+                "Configuration", "Operations", "AMQP", "Redis", "TLS", "JSON", "ServiceURLs",
+                "Telemetry", "Threads"
+            ])
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 internal import CRabbitMQ
 import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One AMQP 0-9-1 connection with one channel, owning its librabbitmq state.
 ///
@@ -39,8 +40,10 @@ public final class AMQPConnection {
 
     /// Connects, logs in and opens channel 1. `heartbeat` in seconds (0: none). `connectTimeout` bounds the TCP (and
     /// TLS) connection and the login handshake each; `replyTimeout`, every later call that waits for a reply.
-    public init(url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, replyTimeout: Double = replyTimeout,
-                caFile: String? = nil, verifyPeer: Bool = true) throws(AMQPError) {
+    public init(
+        url: AMQPURL, heartbeat: Int = 30, connectTimeout: Double = 10, replyTimeout: Double = replyTimeout,
+        caFile: String? = nil, verifyPeer: Bool = true
+    ) throws(AMQPError) {
         self.url = url
         guard let state = amqp_new_connection() else { throw AMQPError(kind: .library, "out of memory") }
         // From here `self` owns `state`: a throw runs deinit, which destroys it (never destroy it here as well).
@@ -60,22 +63,26 @@ public final class AMQPConnection {
             socket = amqp_tcp_socket_new(state)
         }
         guard let socket else { throw AMQPError(kind: .library, "cannot create the AMQP socket") }
-        var timeout = timeval(tv_sec: Int(connectTimeout), tv_usec: Int(connectTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
+        var timeout = timeval(
+            tv_sec: Int(connectTimeout), tv_usec: Int(connectTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
         let opened = amqp_socket_open_noblock(socket, url.host, Int32(url.port), &timeout)
         guard opened == AMQP_STATUS_OK.rawValue else {
             AMQPNodeHealth.shared.noteSilent(url)
-            throw AMQPError(kind: .connectionLost, code: Int(opened),
-                            "cannot connect to \(url): \(String(cString: amqp_error_string2(opened)))")
+            throw AMQPError(
+                kind: .connectionLost, code: Int(opened),
+                "cannot connect to \(url): \(String(cString: amqp_error_string2(opened)))")
         }
         // A node that accepts the connection and then answers nothing (frozen, cut off) is given up on as soon as a
         // node that does not answer at all.
         amqp_set_handshake_timeout(state, &timeout)
-        let login = CRabbitMQ_login_plain_with_capabilities(state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
+        let login = CRabbitMQ_login_plain_with_capabilities(
+            state, url.virtualHost, 0, 131_072, Int32(heartbeat), url.user, url.password)
         try check(login, "login to \(url) (user \(url.user), vhost \(url.virtualHost))")
         // Every call that waits for the broker's reply gives up after this long: a broker that stops answering (a
         // frozen node) is found out by the next call, not after two missed heartbeats.
-        var rpcTimeout = timeval(tv_sec: Int(replyTimeout),
-                                 tv_usec: Int(replyTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
+        var rpcTimeout = timeval(
+            tv_sec: Int(replyTimeout),
+            tv_usec: Int(replyTimeout.truncatingRemainder(dividingBy: 1) * 1e6))
         amqp_set_rpc_timeout(state, &rpcTimeout)
         amqp_channel_open(state, channel)
         try check(amqp_get_rpc_reply(state), "channel.open")
@@ -130,10 +137,11 @@ public final class AMQPConnection {
         if let declared { return Int(declared.pointee.message_count) }
         do {
             try check(amqp_get_rpc_reply(state), "queue.declare \(name)")
-        } catch where error.code == Int(AMQP_PRECONDITION_FAILED) {
+        } catch  where error.code == Int(AMQP_PRECONDITION_FAILED) {
             try reopenChannel()
             guard let status = try queueStatus(name) else {
-                throw AMQPError(kind: .brokerRefused, code: Int(AMQP_NOT_FOUND), "queue \(name) vanished while declared")
+                throw AMQPError(
+                    kind: .brokerRefused, code: Int(AMQP_NOT_FOUND), "queue \(name) vanished while declared")
             }
             return status.messages
         }
@@ -143,10 +151,11 @@ public final class AMQPConnection {
     /// A queue's depth and consumer count, or nil if there is no such queue (a passive declare, which creates
     /// nothing).
     public func queueStatus(_ name: String) throws(AMQPError) -> (messages: Int, consumers: Int)? {
-        guard let passive = withBytes(name, { amqp_queue_declare(state, channel, $0, 1, 0, 0, 0, amqp_empty_table) }) else {
+        guard let passive = withBytes(name, { amqp_queue_declare(state, channel, $0, 1, 0, 0, 0, amqp_empty_table) })
+        else {
             do {
                 try check(amqp_get_rpc_reply(state), "queue.declare (passive) \(name)")
-            } catch where error.code == Int(AMQP_NOT_FOUND) {
+            } catch  where error.code == Int(AMQP_NOT_FOUND) {
                 try reopenChannel()
                 return nil
             }
@@ -170,7 +179,7 @@ public final class AMQPConnection {
         _ = withBytes(name, type) { amqp_exchange_declare(state, channel, $0, $1, 0, 1, 0, 0, amqp_empty_table) }
         do {
             try check(amqp_get_rpc_reply(state), "exchange.declare \(name)")
-        } catch where error.code == Int(AMQP_PRECONDITION_FAILED) {
+        } catch  where error.code == Int(AMQP_PRECONDITION_FAILED) {
             try reopenChannel()
             _ = withBytes(name, type) { amqp_exchange_declare(state, channel, $0, $1, 1, 0, 0, 0, amqp_empty_table) }
             try check(amqp_get_rpc_reply(state), "exchange.declare (passive) \(name)")
@@ -194,7 +203,10 @@ public final class AMQPConnection {
     func reopenChannel() throws(AMQPError) {
         amqp_channel_open(state, channel)
         try check(amqp_get_rpc_reply(state), "channel.open")
-        if confirmsEnabled { confirmsEnabled = false; try enablePublisherConfirms() }
+        if confirmsEnabled {
+            confirmsEnabled = false
+            try enablePublisherConfirms()
+        }
     }
 
     public func setPrefetch(_ count: Int) throws(AMQPError) {
@@ -218,8 +230,15 @@ public final class AMQPConnection {
     /// message as handled once sent (for watching, never for work).
     @discardableResult
     public func consume(_ queue: String, acknowledging: Bool = true) throws(AMQPError) -> String {
-        guard let reply = withBytes(queue, { amqp_basic_consume(state, channel, $0, amqp_empty_bytes, 0,
-                                                                acknowledging ? 0 : 1, 0, amqp_empty_table) }) else {
+        guard
+            let reply = withBytes(
+                queue,
+                {
+                    amqp_basic_consume(
+                        state, channel, $0, amqp_empty_bytes, 0,
+                        acknowledging ? 0 : 1, 0, amqp_empty_table)
+                })
+        else {
             try check(amqp_get_rpc_reply(state), "basic.consume \(queue)")
             return ""
         }
@@ -231,13 +250,16 @@ public final class AMQPConnection {
     /// Publishes to `exchange`, by default the default exchange (straight to the queue named `queue`).
     /// Returns the publish's confirm sequence number.
     @discardableResult
-    public func publish(to queue: String, exchange: String = "", body: [UInt8], properties: AMQPProperties = .init(),
-                        mandatory: Bool = false) throws(AMQPError) -> UInt64 {
+    public func publish(
+        to queue: String, exchange: String = "", body: [UInt8], properties: AMQPProperties = .init(),
+        mandatory: Bool = false
+    ) throws(AMQPError) -> UInt64 {
         let status = withProperties(properties) { props in
             withBytes(exchange, queue) { exchangeBytes, queueBytes in
                 body.withUnsafeBytes { raw in
-                    amqp_basic_publish(state, channel, exchangeBytes, queueBytes, mandatory ? 1 : 0, 0, props,
-                                       amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+                    amqp_basic_publish(
+                        state, channel, exchangeBytes, queueBytes, mandatory ? 1 : 0, 0, props,
+                        amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
                 }
             }
         }
@@ -340,11 +362,18 @@ struct RecentNames {
         let wire = UnsafeRawBufferPointer(start: pointer, count: bytes.len)
         // By index, in place: a loop variable would be a copy of each name (a reference count on and off).
         for index in names.indices where names[index].utf8.count == wire.count {
-            let same = names[index].utf8.withContiguousStorageIfAvailable { memcmp($0.baseAddress!, pointer, wire.count) == 0 }
+            let same = names[index].utf8.withContiguousStorageIfAvailable {
+                memcmp($0.baseAddress!, pointer, wire.count) == 0
+            }
             if same == true { return names[index] }
         }
         let name = String(decoding: wire, as: UTF8.self)
-        if names.count < 4 { names.append(name) } else { names[next] = name; next = (next + 1) % 4 }
+        if names.count < 4 {
+            names.append(name)
+        } else {
+            names[next] = name
+            next = (next + 1) % 4
+        }
         return name
     }
 }

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 internal import CRabbitMQ
 import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Reading what the broker sends: frames, methods, message content, and the connection-level methods that end a
 /// session; then the conversions between librabbitmq's types and Swift's.
@@ -21,8 +22,9 @@ extension AMQPConnection {
         guard status == AMQP_STATUS_OK.rawValue else {
             isOpen = false
             AMQPNodeHealth.shared.noteSilent(url)
-            throw AMQPError(kind: .connectionLost, code: Int(status),
-                            "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
+            throw AMQPError(
+                kind: .connectionLost, code: Int(status),
+                "connection to \(url) lost: \(String(cString: amqp_error_string2(status)))")
         }
         return frame
     }
@@ -38,9 +40,11 @@ extension AMQPConnection {
                 let routingKey = recentNames.string(deliver.routing_key)
                 let consumerTag = recentNames.string(deliver.consumer_tag)
                 let (body, properties) = try readContent(channel: frame.channel)
-                return .delivery(AMQPDelivery(deliveryTag: deliver.delivery_tag, redelivered: deliver.redelivered != 0,
-                                              consumerTag: consumerTag, routingKey: routingKey, body: body,
-                                              properties: properties))
+                return .delivery(
+                    AMQPDelivery(
+                        deliveryTag: deliver.delivery_tag, redelivered: deliver.redelivered != 0,
+                        consumerTag: consumerTag, routingKey: routingKey, body: body,
+                        properties: properties))
             case Method.basicAck:
                 let ack = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
                 amqp_maybe_release_buffers(state)
@@ -53,9 +57,10 @@ extension AMQPConnection {
                 return .confirm(sequence: nack.delivery_tag, multiple: nack.multiple != 0, ack: false)
             case Method.basicReturn:
                 let returned = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
-                let handedBack = AMQPReturn(exchange: Self.string(returned.exchange),
-                                            routingKey: Self.string(returned.routing_key),
-                                            replyCode: Int(returned.reply_code), replyText: Self.string(returned.reply_text))
+                let handedBack = AMQPReturn(
+                    exchange: Self.string(returned.exchange),
+                    routingKey: Self.string(returned.routing_key),
+                    replyCode: Int(returned.reply_code), replyText: Self.string(returned.reply_text))
                 _ = try readContent(channel: frame.channel)
                 returns.append(handedBack)
                 continue
@@ -77,14 +82,16 @@ extension AMQPConnection {
             // arrive on it. Reported as a lost connection, so that the owner connects again, declares its queues
             // and consumes afresh, instead of waiting forever on a consumer that no longer exists.
             let cancel = method.decoded.assumingMemoryBound(to: amqp_basic_cancel_t.self).pointee
-            return AMQPError(kind: .connectionLost,
-                             "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
+            return AMQPError(
+                kind: .connectionLost,
+                "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
         }
         let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
         var ok = amqp_channel_close_ok_t(dummy: 0)
         amqp_send_method(state, channel, Method.channelCloseOk, &ok)
-        return AMQPError(kind: .brokerRefused, code: Int(close.reply_code),
-                         "broker closed the channel: \(Self.string(close.reply_text))")
+        return AMQPError(
+            kind: .brokerRefused, code: Int(close.reply_code),
+            "broker closed the channel: \(Self.string(close.reply_text))")
     }
 
     /// A delivery's header and body frames, read straight off the connection. (amqp_read_message would copy them
@@ -95,17 +102,20 @@ extension AMQPConnection {
         var frame = amqp_frame_t()
         try waitFrame(&frame, channel: channel)
         guard frame.frame_type == UInt8(AMQP_FRAME_HEADER), let decoded = frame.payload.properties.decoded else {
-            throw AMQPError(kind: .library, "reading a message: expected a content header, got frame type \(frame.frame_type)")
+            throw AMQPError(
+                kind: .library, "reading a message: expected a content header, got frame type \(frame.frame_type)")
         }
-        let properties = Self.properties(decoded.assumingMemoryBound(to: amqp_basic_properties_t.self).pointee,
-                                         contentTypes: &recentContentTypes)
+        let properties = Self.properties(
+            decoded.assumingMemoryBound(to: amqp_basic_properties_t.self).pointee,
+            contentTypes: &recentContentTypes)
         size = Int(frame.payload.properties.body_size)
         var body: [UInt8] = []
         body.reserveCapacity(size)
         while body.count < size {
             try waitFrame(&frame, channel: channel)
             guard frame.frame_type == UInt8(AMQP_FRAME_BODY) else {
-                throw AMQPError(kind: .library, "reading a message: expected a body frame, got frame type \(frame.frame_type)")
+                throw AMQPError(
+                    kind: .library, "reading a message: expected a body frame, got frame type \(frame.frame_type)")
             }
             let fragment = frame.payload.body_fragment
             guard fragment.len > 0, let bytes = fragment.bytes, body.count + fragment.len <= size else {
@@ -151,8 +161,9 @@ extension AMQPConnection {
         case Method.connectionClose:
             let close = method.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
             isOpen = false
-            throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
-                            "broker closed the connection: \(Self.string(close.reply_text))")
+            throw AMQPError(
+                kind: .connectionLost, code: Int(close.reply_code),
+                "broker closed the connection: \(Self.string(close.reply_text))")
         default:
             return nil
         }
@@ -183,15 +194,17 @@ extension AMQPConnection {
             if reply.reply.id == Method.connectionClose {
                 let close = reply.reply.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee
                 isOpen = false
-                throw AMQPError(kind: .connectionLost, code: Int(close.reply_code),
-                                "\(what): broker closed the connection: \(Self.string(close.reply_text))")
+                throw AMQPError(
+                    kind: .connectionLost, code: Int(close.reply_code),
+                    "\(what): broker closed the connection: \(Self.string(close.reply_text))")
             }
             if reply.reply.id == Method.channelClose {
                 let close = reply.reply.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
                 var ok = amqp_channel_close_ok_t(dummy: 0)
                 amqp_send_method(state, channel, Method.channelCloseOk, &ok)
-                throw AMQPError(kind: .brokerRefused, code: Int(close.reply_code),
-                                "\(what): \(Self.string(close.reply_text))")
+                throw AMQPError(
+                    kind: .brokerRefused, code: Int(close.reply_code),
+                    "\(what): \(Self.string(close.reply_text))")
             }
             throw AMQPError(kind: .brokerRefused, "\(what): unexpected broker method \(reply.reply.id)")
         default:
@@ -202,9 +215,11 @@ extension AMQPConnection {
     func libraryError(_ status: Int32, _ what: String) -> AMQPError {
         let text = String(cString: amqp_error_string2(status))
         // A reply that timed out leaves the connection closed by librabbitmq: lost, like a broken socket.
-        let lost = [AMQP_STATUS_SOCKET_ERROR, AMQP_STATUS_CONNECTION_CLOSED, AMQP_STATUS_HEARTBEAT_TIMEOUT,
-                    AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR,
-                    AMQP_STATUS_TIMEOUT].map(\.rawValue).contains(status)
+        let lost = [
+            AMQP_STATUS_SOCKET_ERROR, AMQP_STATUS_CONNECTION_CLOSED, AMQP_STATUS_HEARTBEAT_TIMEOUT,
+            AMQP_STATUS_SSL_ERROR, AMQP_STATUS_SOCKET_CLOSED, AMQP_STATUS_TCP_ERROR,
+            AMQP_STATUS_TIMEOUT
+        ].map(\.rawValue).contains(status)
         if lost {
             isOpen = false
             AMQPNodeHealth.shared.noteSilent(url)
@@ -248,7 +263,8 @@ extension AMQPConnection {
             }
         }
         return AMQPProperties(
-            contentType: raw._flags & amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG) != 0 ? contentTypes.string(raw.content_type) : nil,
+            contentType: raw._flags & amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG) != 0
+                ? contentTypes.string(raw.content_type) : nil,
             replyTo: field(AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
             correlationID: field(AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id),
             messageID: field(AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id),
@@ -274,8 +290,10 @@ extension AMQPConnection {
     }
 
     /// Runs `body` with C properties whose strings point into one buffer that lives for the call.
-    func withProperties<T>(_ properties: AMQPProperties,
-                                   _ body: (UnsafePointer<amqp_basic_properties_t>) -> T) -> T {
+    func withProperties<T>(
+        _ properties: AMQPProperties,
+        _ body: (UnsafePointer<amqp_basic_properties_t>) -> T
+    ) -> T {
         var strings = CStringArena()
         var raw = amqp_basic_properties_t()
         raw._flags = amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG)

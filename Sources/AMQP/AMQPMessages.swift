@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 internal import CRabbitMQ
 import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// An error from the broker or from librabbitmq, with the library's status code where there is one.
 public struct AMQPError: Error, Sendable, CustomStringConvertible {
@@ -58,9 +59,11 @@ public struct AMQPProperties: Sendable, Equatable {
     /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
     public var deliveryCount: Int?
 
-    public init(contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
-                messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
-                headers: [String: String] = [:], deliveryCount: Int? = nil) {
+    public init(
+        contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
+        messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
+        headers: [String: String] = [:], deliveryCount: Int? = nil
+    ) {
         self.deliveryCount = deliveryCount
         self.contentType = contentType
         self.replyTo = replyTo

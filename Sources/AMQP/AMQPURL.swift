@@ -11,8 +11,10 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
     public var virtualHost: String
     public var usesTLS: Bool
 
-    public init(host: String = "127.0.0.1", port: Int = 5672, user: String = "guest", password: String = "guest",
-                virtualHost: String = "/", usesTLS: Bool = false) {
+    public init(
+        host: String = "127.0.0.1", port: Int = 5672, user: String = "guest", password: String = "guest",
+        virtualHost: String = "/", usesTLS: Bool = false
+    ) {
         self.host = host
         self.port = port
         self.user = user
@@ -36,8 +38,9 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
             guard let decoded = PercentEncoding.decode(path) else { throw .badURL("bad percent-encoding in the vhost") }
             virtualHost = decoded
         }
-        self.init(host: parts.host, port: parts.port ?? (usesTLS ? 5671 : 5672), user: parts.user ?? "guest",
-                  password: parts.password ?? "guest", virtualHost: virtualHost, usesTLS: usesTLS)
+        self.init(
+            host: parts.host, port: parts.port ?? (usesTLS ? 5671 : 5672), user: parts.user ?? "guest",
+            password: parts.password ?? "guest", virtualHost: virtualHost, usesTLS: usesTLS)
     }
 
     public var description: String {
@@ -70,8 +73,9 @@ public struct AMQPNodes: Sendable, Equatable, CustomStringConvertible {
         if let stray = parts.indices.dropFirst().first(where: { index in
             !parts[index].isEmpty && !parts[index].hasPrefix("amqp://") && !parts[index].hasPrefix("amqps://")
         }) {
-            throw .badURL("URL \(stray + 1) of \(parts.count): must start with amqp:// or amqps:// (a comma separates "
-                          + "nodes; a comma in a password is written %2C)")
+            throw .badURL(
+                "URL \(stray + 1) of \(parts.count): must start with amqp:// or amqps:// (a comma separates "
+                    + "nodes; a comma in a password is written %2C)")
         }
         var urls: [AMQPURL] = []
         for (index, part) in parts.enumerated() {
@@ -96,21 +100,25 @@ public struct AMQPNodes: Sendable, Equatable, CustomStringConvertible {
     /// found silent in the last minute (`AMQPNodeHealth`) come last. A node that cannot be reached, or refuses, is
     /// passed over; if none answers, the error says what each node did, and is permanent only if every node refused
     /// for a reason waiting cannot cure (the credentials, the vhost).
-    public func connect(heartbeat: Int = 30, connectTimeout: Double = 10,
-                        replyTimeout: Double = AMQPConnection.replyTimeout, caFile: String? = nil, verifyPeer: Bool = true,
-                        startingAt start: Int = .random(in: 0..<Int.max)) throws(AMQPError) -> AMQPConnection {
+    public func connect(
+        heartbeat: Int = 30, connectTimeout: Double = 10,
+        replyTimeout: Double = AMQPConnection.replyTimeout, caFile: String? = nil, verifyPeer: Bool = true,
+        startingAt start: Int = .random(in: 0..<Int.max)
+    ) throws(AMQPError) -> AMQPConnection {
         var failures: [AMQPError] = []
         for url in attemptOrder(startingAt: start, isSilent: AMQPNodeHealth.shared.isSilent) {
             do {
-                return try AMQPConnection(url: url, heartbeat: heartbeat, connectTimeout: connectTimeout,
-                                          replyTimeout: replyTimeout, caFile: caFile, verifyPeer: verifyPeer)
+                return try AMQPConnection(
+                    url: url, heartbeat: heartbeat, connectTimeout: connectTimeout,
+                    replyTimeout: replyTimeout, caFile: caFile, verifyPeer: verifyPeer)
             } catch {
                 failures.append(error)
             }
         }
         guard failures.count > 1 else { throw failures[0] }
         let permanent = failures.allSatisfy(\.isPermanent)
-        throw AMQPError(kind: permanent ? failures[0].kind : .connectionLost, code: permanent ? failures[0].code : 0,
-                        "no broker node answered: " + failures.map(\.message).joined(separator: "; "))
+        throw AMQPError(
+            kind: permanent ? failures[0].kind : .connectionLost, code: permanent ? failures[0].code : 0,
+            "no broker node answered: " + failures.map(\.message).joined(separator: "; "))
     }
 }

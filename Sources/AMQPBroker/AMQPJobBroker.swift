@@ -34,8 +34,10 @@ public final class AMQPJobBroker: JobBroker {
         /// The same for bulk jobs: what the bulk lane may hold unacknowledged.
         public var bulkPrefetch: Int
 
-        public init(nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 5, queues: QueueNames = QueueNames(),
-                    retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100) {
+        public init(
+            nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 5, queues: QueueNames = QueueNames(),
+            retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100
+        ) {
             self.nodes = nodes
             self.caFile = caFile
             self.heartbeat = heartbeat
@@ -59,8 +61,9 @@ public final class AMQPJobBroker: JobBroker {
         self.settings = settings
         self.logger = logger
         do {
-            amqp = try settings.nodes.connect(heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
-                                              replyTimeout: settings.replyTimeout, caFile: settings.caFile)
+            amqp = try settings.nodes.connect(
+                heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
+                replyTimeout: settings.replyTimeout, caFile: settings.caFile)
         } catch {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
@@ -90,10 +93,13 @@ public final class AMQPJobBroker: JobBroker {
     }
 
     public var logMetadata: [String: String] {
-        ["amqp.queue": settings.queues.jobs, "amqp.bulk_queue": settings.queues.bulk, "amqp.url": amqp.url.description,
-         "amqp.nodes": String(settings.nodes.urls.count),
-         "amqp.local_port": String(amqp.localPort), "amqp.prefetch": String(settings.prefetch),
-         "amqp.bulk_prefetch": String(settings.bulkPrefetch)]
+        [
+            "amqp.queue": settings.queues.jobs, "amqp.bulk_queue": settings.queues.bulk,
+            "amqp.url": amqp.url.description,
+            "amqp.nodes": String(settings.nodes.urls.count),
+            "amqp.local_port": String(amqp.localPort), "amqp.prefetch": String(settings.prefetch),
+            "amqp.bulk_prefetch": String(settings.bulkPrefetch)
+        ]
     }
 
     public var hasBufferedInput: Bool { amqp.hasBufferedInput }
@@ -107,10 +113,12 @@ public final class AMQPJobBroker: JobBroker {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
-                notices.append(.delivery(JobDelivery(
-                    tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
-                    properties: MessageProperties(delivery.properties),
-                    lane: delivery.consumerTag == bulkConsumerTag ? .bulk : .urgent)))
+                notices.append(
+                    .delivery(
+                        JobDelivery(
+                            tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
+                            properties: MessageProperties(delivery.properties),
+                            lane: delivery.consumerTag == bulkConsumerTag ? .bulk : .urgent)))
             case .blocked(let blocked):
                 notices.append(.publishingBlocked(blocked))
             case .confirm:
@@ -130,16 +138,19 @@ public final class AMQPJobBroker: JobBroker {
         switch destination {
         case .deadTokens: Route(exchange: settings.queues.deadTokensExchange, routingKey: settings.queues.deadTokens)
         case .failed: Route(exchange: "", routingKey: settings.queues.failed)
-        case .retry(let delay, let lane): Route(exchange: "", routingKey: settings.queues.retry(delay: delay, lane: lane))
+        case .retry(let delay, let lane):
+            Route(exchange: "", routingKey: settings.queues.retry(delay: delay, lane: lane))
         case .reply(let queue): Route(exchange: "", routingKey: queue)
         }
     }
 
     /// The routes the worker declared itself, which it declares again when one went missing.
     private var ownRoutes: Set<Route> {
-        Set([.deadTokens, .failed].map(route) + JobLane.allCases.flatMap { lane in
-            settings.delayQueues.map { route(.retry(delay: $0, lane: lane)) }
-        })
+        Set(
+            [.deadTokens, .failed].map(route)
+                + JobLane.allCases.flatMap { lane in
+                    settings.delayQueues.map { route(.retry(delay: $0, lane: lane)) }
+                })
     }
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
@@ -148,8 +159,10 @@ public final class AMQPJobBroker: JobBroker {
         sequences.reserveCapacity(publications.count)
         for publication in publications {
             let route = route(publication.destination)
-            sequences.append(try amqp.publish(to: route.routingKey, exchange: route.exchange, body: publication.body,
-                                              properties: AMQPProperties(publication.properties), mandatory: true))
+            sequences.append(
+                try amqp.publish(
+                    to: route.routingKey, exchange: route.exchange, body: publication.body,
+                    properties: AMQPProperties(publication.properties), mandatory: true))
         }
         let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
         // A return precedes its publish's confirm: after the wait every return of this batch is in. A route handed
@@ -159,9 +172,12 @@ public final class AMQPJobBroker: JobBroker {
         let returned = Set(returns.map { Route(exchange: $0.exchange, routingKey: $0.routingKey) })
         let lost = returned.intersection(ownRoutes)
         for route in lost {
-            logger.error("the broker handed back a publish: no queue took it; declaring the worker's queues again",
-                         ["amqp.exchange": route.exchange, "amqp.routing_key": route.routingKey,
-                          "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""])
+            logger.error(
+                "the broker handed back a publish: no queue took it; declaring the worker's queues again",
+                [
+                    "amqp.exchange": route.exchange, "amqp.routing_key": route.routingKey,
+                    "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""
+                ])
         }
         if !lost.isEmpty { try declareQueuesAgain() }
         return zip(publications, sequences).map { publication, sequence in
@@ -215,24 +231,28 @@ public final class DeclaredTopology: Sendable {
 extension MessageProperties {
     /// What the pipeline reads of a delivery's properties.
     init(_ amqp: AMQPProperties) {
-        self.init(replyTo: amqp.replyTo, correlationID: amqp.correlationID, messageID: amqp.messageID,
-                  persistent: amqp.persistent, timestamp: amqp.timestamp, headers: amqp.headers,
-                  deliveryCount: amqp.deliveryCount)
+        self.init(
+            replyTo: amqp.replyTo, correlationID: amqp.correlationID, messageID: amqp.messageID,
+            persistent: amqp.persistent, timestamp: amqp.timestamp, headers: amqp.headers,
+            deliveryCount: amqp.deliveryCount)
     }
 }
 
 extension AMQPProperties {
     /// What the worker publishes (a delivery count is the broker's to set, never published).
     init(_ message: MessageProperties) {
-        self.init(replyTo: message.replyTo, correlationID: message.correlationID, messageID: message.messageID,
-                  persistent: message.persistent, timestamp: message.timestamp, headers: message.headers)
+        self.init(
+            replyTo: message.replyTo, correlationID: message.correlationID, messageID: message.messageID,
+            persistent: message.persistent, timestamp: message.timestamp, headers: message.headers)
     }
 }
 
 extension AMQPJobBroker.Settings {
     /// A connection to a node that answers, made ready by `prepare` (declarations, confirms, a consumer). One that
     /// fails to be made ready is closed before the error is thrown: an attempt that fails leaves no connection open.
-    public func connect(preparing prepare: (AMQPConnection) throws(AMQPError) -> Void) throws(AMQPError) -> AMQPConnection {
+    public func connect(preparing prepare: (AMQPConnection) throws(AMQPError) -> Void) throws(AMQPError)
+        -> AMQPConnection
+    {
         let amqp = try nodes.connect(heartbeat: heartbeat, caFile: caFile)
         do {
             try prepare(amqp)

@@ -24,9 +24,11 @@ public struct QueueNames: Sendable, Equatable {
     /// What queues the programs declare are; a queue someone declared before with other arguments is used as it is.
     public var type: QueueType
 
-    public init(jobs: String = "push.jobs", bulk: String = "push.bulk", failed: String = "push.failed",
-                deadTokens: String = "push.dead-tokens", deadTokensExchange: String? = nil,
-                registrations: String = "push.registrations", type: QueueType = .classic) {
+    public init(
+        jobs: String = "push.jobs", bulk: String = "push.bulk", failed: String = "push.failed",
+        deadTokens: String = "push.dead-tokens", deadTokensExchange: String? = nil,
+        registrations: String = "push.registrations", type: QueueType = .classic
+    ) {
         self.type = type
         self.jobs = jobs
         self.bulk = bulk
@@ -68,9 +70,11 @@ public enum Topology {
     /// Declares one of the programs' queues as `names.type` says (`extra`: arguments of its own, a TTL). Quorum
     /// queues dead-letter at least once (a message leaves only once the target queue confirmed it), which needs
     /// publishes refused rather than old messages dropped when a queue is full.
-    public static func declare(_ queue: String, on amqp: AMQPConnection, _ names: QueueNames,
-                               deadLettering: Bool = false,
-                               extra: [String: AMQPArgument] = [:]) throws(AMQPError) {
+    public static func declare(
+        _ queue: String, on amqp: AMQPConnection, _ names: QueueNames,
+        deadLettering: Bool = false,
+        extra: [String: AMQPArgument] = [:]
+    ) throws(AMQPError) {
         var arguments = extra
         if names.type == .quorum {
             arguments["x-queue-type"] = .string("quorum")
@@ -95,17 +99,21 @@ public enum Topology {
 
     /// Everything a worker uses: both lanes' queues, the failed queue, the dead tokens, and per lane one delay queue
     /// per retry delay that dead-letters back to that lane's queue.
-    public static func declareWorkerQueues(on amqp: AMQPConnection, _ names: QueueNames,
-                                           retryDelays: [Double]) throws(AMQPError) {
+    public static func declareWorkerQueues(
+        on amqp: AMQPConnection, _ names: QueueNames,
+        retryDelays: [Double]
+    ) throws(AMQPError) {
         for queue in [names.jobs, names.bulk, names.failed] { try declare(queue, on: amqp, names) }
         try declareDeadTokens(on: amqp, names)
         for lane in JobLane.allCases {
             for delay in retryDelays {
-                try declare(names.retry(delay: delay, lane: lane), on: amqp, names, deadLettering: true, extra: [
-                    "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
-                    "x-dead-letter-exchange": .string(""),
-                    "x-dead-letter-routing-key": .string(names.jobs(lane)),
-                ])
+                try declare(
+                    names.retry(delay: delay, lane: lane), on: amqp, names, deadLettering: true,
+                    extra: [
+                        "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
+                        "x-dead-letter-exchange": .string(""),
+                        "x-dead-letter-routing-key": .string(names.jobs(lane))
+                    ])
             }
         }
     }

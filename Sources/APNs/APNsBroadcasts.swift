@@ -2,8 +2,8 @@ import Foundation
 import HTTP2
 import JSON
 import Synchronization
-import Telemetry
 import TLS
+import Telemetry
 import Threads
 
 /// How a channel keeps broadcasts for devices that are offline (Apple's `message-storage-policy`).
@@ -57,15 +57,18 @@ public final class APNsChannelClient: Sendable {
     private let credential: APNsCredential
     private let timeout: Double
 
-    public init(endpoint: APNsEndpoint, credential: APNsCredential, configuration: APNsClientConfiguration,
-                logger: Logger) throws {
+    public init(
+        endpoint: APNsEndpoint, credential: APNsCredential, configuration: APNsClientConfiguration,
+        logger: Logger
+    ) throws {
         var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
         if case .certificate(let certificate, let key) = credential.authentication {
             tls.certificateFile = certificate
             tls.privateKeyFile = key
         }
-        var settings = HTTP2Client.Configuration(host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: 1,
-                                                 requestTimeout: configuration.requestTimeout)
+        var settings = HTTP2Client.Configuration(
+            host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: 1,
+            requestTimeout: configuration.requestTimeout)
         settings.proxy = configuration.proxy
         client = try HTTP2Client(configuration: settings, logger: logger)
         self.credential = credential
@@ -98,12 +101,14 @@ public final class APNsChannelClient: Sendable {
     }
 
     private func call(_ route: APNsRoute, channel: String? = nil, body: [UInt8] = []) throws(APNsChannelError)
-        -> HTTP2Response {
+        -> HTTP2Response
+    {
         do throws(APNsRequestError) { try route.validate() } catch { throw .unexpected(error.description) }
         var headers: HTTP2HeaderBlock
         do {
-            headers = APNsRequest.fields(route, authority: client.authority, authorization: try credential.authorization(),
-                                         capacity: 512)
+            headers = APNsRequest.fields(
+                route, authority: client.authority, authorization: try credential.authorization(),
+                capacity: 512)
         } catch {
             throw .unexpected("cannot sign the provider token: \(error)")
         }
@@ -135,7 +140,9 @@ package enum APNsChannelAnswer {
     /// The `apns-channel-id` header of a 201 to a create: a channel id as Apple issues them.
     package static func createdChannel(_ header: String?) throws(APNsChannelError) -> String {
         guard let id = header, !id.isEmpty else { throw .unexpected("201 without apns-channel-id") }
-        do { try APNsChannelID.check(id) } catch { throw .unexpected("201 with an apns-channel-id that is no channel id") }
+        do { try APNsChannelID.check(id) } catch {
+            throw .unexpected("201 with an apns-channel-id that is no channel id")
+        }
         return id
     }
 
@@ -158,7 +165,8 @@ package enum APNsChannelAnswer {
     /// `{"message-storage-policy": 0 or 1}`.
     package static func storage(_ body: [UInt8]) throws(APNsChannelError) -> APNsChannelStorage {
         guard let document = try? JSONReader.parse(body), case .number(let text)? = document["message-storage-policy"],
-              let storage = Int(text).flatMap(APNsChannelStorage.init(rawValue:)) else {
+            let storage = Int(text).flatMap(APNsChannelStorage.init(rawValue:))
+        else {
             throw .unexpected("no \"message-storage-policy\" in the answer")
         }
         return storage

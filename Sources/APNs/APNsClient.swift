@@ -1,7 +1,7 @@
 import Foundation
-import TLS
 import HTTP2
 import Synchronization
+import TLS
 import Telemetry
 import Threads
 
@@ -58,18 +58,22 @@ public final class APNsClient: Sendable {
         urgentLoop = EventLoop(name: "apns-urgent")
         bulkLoop = EventLoop(name: "apns-bulk", bulkWork: true)
         if !configuration.verifyPeer {
-            logger.critical("TLS peer verification is OFF for APNs: anyone on the path can read and forge pushes",
-                            ["tls.verify": "false"])
+            logger.critical(
+                "TLS peer verification is OFF for APNs: anyone on the path can read and forge pushes",
+                ["tls.verify": "false"])
         }
     }
 
     /// One credential for every topic.
-    public convenience init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger) {
-        let credential = APNsCredential(name: authentication.name, authentication: authentication, bundles: [],
-                                        material: [])
+    public convenience init(configuration: APNsClientConfiguration, authentication: APNsAuthentication, logger: Logger)
+    {
+        let credential = APNsCredential(
+            name: authentication.name, authentication: authentication, bundles: [],
+            material: [])
         // Cannot throw: no bundle is listed.
-        self.init(configuration: configuration, credentials: try! APNsCredentials(entries: [], fallback: credential),
-                  logger: logger)
+        self.init(
+            configuration: configuration, credentials: try! APNsCredentials(entries: [], fallback: credential),
+            logger: logger)
     }
 
     private func loop(_ traffic: JobLane) -> EventLoop { traffic == .urgent ? urgentLoop : bulkLoop }
@@ -85,8 +89,10 @@ public final class APNsClient: Sendable {
     /// keep it short. Notifications that break Apple's rules, or whose topic no credential serves, are answered
     /// without a request. Returns how many went to the connections (the others are answered without a request).
     @discardableResult
-    public func send(_ notifications: [APNsNotification],
-                     traffic: JobLane = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void) -> Int {
+    public func send(
+        _ notifications: [APNsNotification],
+        traffic: JobLane = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void
+    ) -> Int {
         // Answers that need no request still arrive on the loop thread, like every other answer.
         var immediate: [(Int, APNsResult)] = []
         defer {
@@ -106,27 +112,36 @@ public final class APNsClient: Sendable {
             guard topic != lastTopic else { continue }
             lastTopic = topic
             if credential(forTopic: topic) !== firstCredential {
-                groups = Self.grouped(notifications, credential: credential(forTopic:)).map { ($0.credential, $0.indices) }
+                groups = Self.grouped(notifications, credential: credential(forTopic:)).map {
+                    ($0.credential, $0.indices)
+                }
                 break
             }
         }
         for (credential, indices) in groups {
             guard let credential else {
                 immediate += (indices ?? Array(notifications.indices)).map {
-                    ($0, APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + notifications[$0].topic))
+                    (
+                        $0,
+                        APNsResult(
+                            outcome: .unserved, error: "no APNs credential serves topic " + notifications[$0].topic)
+                    )
                 }
                 continue
             }
-            send(notifications, indices, credential: credential, traffic: traffic, immediate: &immediate,
-                 completion: completion)
+            send(
+                notifications, indices, credential: credential, traffic: traffic, immediate: &immediate,
+                completion: completion)
         }
         return notifications.count - immediate.count
     }
 
     /// The notifications' positions by the credential that sends their topic (nil: none does), one lookup per run
     /// of equal topics.
-    private static func grouped(_ notifications: [APNsNotification],
-                                credential: (String) -> APNsCredential?) -> [(credential: APNsCredential?, indices: [Int])] {
+    private static func grouped(
+        _ notifications: [APNsNotification],
+        credential: (String) -> APNsCredential?
+    ) -> [(credential: APNsCredential?, indices: [Int])] {
         var groups: [(credential: APNsCredential?, indices: [Int])] = []
         var lastTopic: String?
         var lastGroup = 0
@@ -165,7 +180,8 @@ public final class APNsClient: Sendable {
     private func lease(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: JobLane) -> Leasing {
         let authorization: String?
         do { authorization = try credential.authorization() } catch {
-            logger.critical("cannot sign the APNs provider token", ["apns.credential": credential.name, "error": "\(error)"])
+            logger.critical(
+                "cannot sign the APNs provider token", ["apns.credential": credential.name, "error": "\(error)"])
             return .answered(APNsResult(outcome: .permanentFailure, error: "\(error)"))
         }
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
@@ -181,11 +197,14 @@ public final class APNsClient: Sendable {
     }
 
     /// Sends the notifications at `indices` (nil: all of them), all of one credential.
-    private func send(_ notifications: [APNsNotification], _ indices: [Int]?,
-                      credential: APNsCredential, traffic: JobLane, immediate: inout [(Int, APNsResult)],
-                      completion: @escaping @Sendable (Int, APNsResult) -> Void) {
+    private func send(
+        _ notifications: [APNsNotification], _ indices: [Int]?,
+        credential: APNsCredential, traffic: JobLane, immediate: inout [(Int, APNsResult)],
+        completion: @escaping @Sendable (Int, APNsResult) -> Void
+    ) {
         for environment in APNsEnvironment.allCases {
-            let inEnvironment = indices.map { $0.filter { notifications[$0].environment == environment } }
+            let inEnvironment =
+                indices.map { $0.filter { notifications[$0].environment == environment } }
                 ?? notifications.indices.filter { notifications[$0].environment == environment }
             guard !inEnvironment.isEmpty else { continue }
             let lease: Lease
@@ -217,7 +236,8 @@ public final class APNsClient: Sendable {
                     immediate.append((index, APNsResult(outcome: .permanentFailure, error: error.description)))
                     continue
                 }
-                requests.append(template.request(for: notification, authority: pool.authority, authorization: authorization))
+                requests.append(
+                    template.request(for: notification, authority: pool.authority, authorization: authorization))
                 sendable.append(index)
             }
             guard !requests.isEmpty else { continue }
@@ -240,8 +260,10 @@ public final class APNsClient: Sendable {
     /// Sends one broadcast (iOS 18) with the credential that serves its bundle, on the push connections of
     /// `traffic` (the same host as device pushes); `completion` runs once, on that lane's loop thread. A broadcast
     /// that breaks Apple's rules, or whose bundle no credential serves, is answered without a request.
-    public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: JobLane = .urgent,
-                     completion: @escaping @Sendable (APNsResult) -> Void) {
+    public func send(
+        _ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: JobLane = .urgent,
+        completion: @escaping @Sendable (APNsResult) -> Void
+    ) {
         let loop = loop(traffic)
         func answer(_ result: APNsResult) { loop.execute { completion(result) } }
         do throws(APNsRequestError) { try broadcast.validate() } catch {
@@ -257,9 +279,10 @@ public final class APNsClient: Sendable {
         }
         let (pool, key) = (lease.pool, lease.key)
         pool.send(broadcast.request(authority: pool.authority, authorization: lease.authorization)) { [self] result in
-            let outcome = interpret(result, answers: APNsRoute.broadcast(bundle: broadcast.bundle).answers,
-                                    environment: environment,
-                                    credential: credential)
+            let outcome = interpret(
+                result, answers: APNsRoute.broadcast(bundle: broadcast.bundle).answers,
+                environment: environment,
+                credential: credential)
             if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential) {
                 send(broadcast, environment: environment, traffic: traffic, completion: completion)
             } else {
@@ -270,8 +293,10 @@ public final class APNsClient: Sendable {
 
     /// Whether an answer is cured by sending the request again at once: it never left a pool that a reload drained,
     /// the provider token expired (and may be replaced now), or the connection is bound to another key (replaced now).
-    private func sendsAgain(after result: Result<HTTP2Response, HTTP2StreamError>, _ answer: APNsResult,
-                            pool: HTTP2Client, key: PoolKey, credential: APNsCredential) -> Bool {
+    private func sendsAgain(
+        after result: Result<HTTP2Response, HTTP2StreamError>, _ answer: APNsResult,
+        pool: HTTP2Client, key: PoolKey, credential: APNsCredential
+    ) -> Bool {
         // Refused or never sent: certainly not processed, so safe to send on the pool that replaced this one.
         switch result {
         case .failure(.notSent), .failure(.refused): if !isCurrent(pool, key) { return true }
@@ -280,13 +305,15 @@ public final class APNsClient: Sendable {
         switch answer.outcome {
         case .refreshTokenAndRetry:
             guard case .token(let provider) = credential.authentication, provider.invalidate() else { return false }
-            logger.warning("APNs says the provider token expired: minting a new one and sending again",
-                           ["apns.credential": credential.name])
+            logger.warning(
+                "APNs says the provider token expired: minting a new one and sending again",
+                ["apns.credential": credential.name])
             return true
         case .replaceConnectionAndRetry:
             guard replace(pool, key) else { return false }
-            logger.warning("APNs says the connection is bound to another key: replacing its connections and sending again",
-                           ["apns.credential": credential.name, "apns.environment": key.environment.rawValue])
+            logger.warning(
+                "APNs says the connection is bound to another key: replacing its connections and sending again",
+                ["apns.credential": credential.name, "apns.environment": key.environment.rawValue])
             return true
         default:
             return false
@@ -327,8 +354,10 @@ public final class APNsClient: Sendable {
         for pool in retiredPools { pool.drain() }
         Self.forgetRetiredSeries(openConnections, credentials)
         let kept = Set(before.all.map(ObjectIdentifier.init))
-        return (after.all.filter { !kept.contains(ObjectIdentifier($0)) }.map(\.name),
-                before.all.filter { !live.contains(ObjectIdentifier($0)) }.map(\.name))
+        return (
+            after.all.filter { !kept.contains(ObjectIdentifier($0)) }.map(\.name),
+            before.all.filter { !live.contains(ObjectIdentifier($0)) }.map(\.name)
+        )
     }
 
     public func shutdown() {
@@ -346,8 +375,9 @@ public final class APNsClient: Sendable {
         pools.withLock { pools in
             var counts: [ConnectionLabels: Int] = [:]
             for (key, pool) in pools {
-                let labels = ConnectionLabels(credential: pool.credential.name, environment: key.environment,
-                                              traffic: key.traffic)
+                let labels = ConnectionLabels(
+                    credential: pool.credential.name, environment: key.environment,
+                    traffic: key.traffic)
                 counts[labels, default: 0] += pool.client.streamsInUse
             }
             return counts
@@ -356,28 +386,40 @@ public final class APNsClient: Sendable {
 
     /// The series of credentials a reload retired go once their last connection closed: /metrics names the
     /// credentials in use (a current one's series stays, at 0 while it has no connection).
-    private static func forgetRetiredSeries(_ openConnections: Locked<[ConnectionLabels: Int]>,
-                                            _ credentials: Locked<APNsCredentials>) {
+    private static func forgetRetiredSeries(
+        _ openConnections: Locked<[ConnectionLabels: Int]>,
+        _ credentials: Locked<APNsCredentials>
+    ) {
         let current = Set(credentials.withLock { $0.all.map(\.name) })
         openConnections.withLock { counts in
-            for (labels, count) in counts where count <= 0 && !current.contains(labels.credential) { counts[labels] = nil }
+            for (labels, count) in counts where count <= 0 && !current.contains(labels.credential) {
+                counts[labels] = nil
+            }
         }
     }
 
     /// An answer as its route's table reads it.
-    private func interpret(_ result: Result<HTTP2Response, HTTP2StreamError>, answers: APNsRoute.AnswerTable,
-                           environment: APNsEnvironment, credential: APNsCredential) -> APNsResult {
+    private func interpret(
+        _ result: Result<HTTP2Response, HTTP2StreamError>, answers: APNsRoute.AnswerTable,
+        environment: APNsEnvironment, credential: APNsCredential
+    ) -> APNsResult {
         switch result {
         case .success(let http):
-            let body: (reason: APNsReason?, timestamp: Int64?) = http.status == 200 ? (nil, nil)
+            let body: (reason: APNsReason?, timestamp: Int64?) =
+                http.status == 200
+                ? (nil, nil)
                 : APNsResponse.parseBody(http.body)
-            let response = APNsResponse(status: http.status, fields: http.headerBlock, reason: body.reason,
-                                        timestamp: body.timestamp)
+            let response = APNsResponse(
+                status: http.status, fields: http.headerBlock, reason: body.reason,
+                timestamp: body.timestamp)
             if APNsOutcome.isConfigurationError(response) {
-                logger.error("APNs rejected the credentials or topic: fix the configuration",
-                             ["apns.status": String(http.status),
-                              "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
-                              "apns.environment": environment.rawValue, "apns.credential": credential.name])
+                logger.error(
+                    "APNs rejected the credentials or topic: fix the configuration",
+                    [
+                        "apns.status": String(http.status),
+                        "apns.reason": Redact.outsideText(response.reason?.rawValue ?? ""),
+                        "apns.environment": environment.rawValue, "apns.credential": credential.name
+                    ])
             }
             let outcome = answers.outcome(of: response)
             // Moved into the result, not copied (a copy counts the references of its strings and header fields).
@@ -404,9 +446,13 @@ public final class APNsClient: Sendable {
     private func connect(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: JobLane) {
         let key = PoolKey(credential: ObjectIdentifier(credential), environment: environment, traffic: traffic)
         do { _ = try pool(for: key, credential) } catch {
-            logger.error("cannot set up APNs connections", ["apns.environment": environment.rawValue,
-                                                            "apns.traffic": traffic.rawValue,
-                                                            "apns.credential": credential.name, "error": "\(error)"])
+            logger.error(
+                "cannot set up APNs connections",
+                [
+                    "apns.environment": environment.rawValue,
+                    "apns.traffic": traffic.rawValue,
+                    "apns.credential": credential.name, "error": "\(error)"
+                ])
         }
     }
 
@@ -437,8 +483,10 @@ public final class APNsClient: Sendable {
         pools.withLock { pools in
             var sending: Set<ConnectionLabels> = []
             for (key, pool) in pools where pool.sentSinceAsked {
-                sending.insert(ConnectionLabels(credential: pool.credential.name, environment: key.environment,
-                                                traffic: key.traffic))
+                sending.insert(
+                    ConnectionLabels(
+                        credential: pool.credential.name, environment: key.environment,
+                        traffic: key.traffic))
                 pools[key]?.sentSinceAsked = false
             }
             return sending
@@ -456,7 +504,8 @@ public final class APNsClient: Sendable {
             // Checked under the pools' lock: `replaceCredentials` swaps the credentials before it sweeps the pools,
             // so a pool made here either sees the new credentials or is swept.
             guard credentials.withLock({ current in current.all.contains { $0 === credential } }) else { return nil }
-            let environment = key.environment, traffic = key.traffic
+            let environment = key.environment
+            let traffic = key.traffic
             let endpoint = environment == .production ? configuration.production : configuration.sandbox
             var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
             if case .certificate(let certificate, let privateKey) = credential.authentication {
@@ -464,12 +513,15 @@ public final class APNsClient: Sendable {
                 tls.privateKeyFile = privateKey
             }
             var poolConfiguration = HTTP2Client.Configuration(
-                host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: configuration.connectionsPerEnvironment,
+                host: endpoint.host, port: endpoint.port, tls: tls,
+                connectionCount: configuration.connectionsPerEnvironment,
                 maximumConnectionCount: configuration.maximumConnectionsPerEnvironment,
                 requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
                 pingTimeout: configuration.pingTimeout)
             let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
-            let observer = configuration.observer, openConnections = self.openConnections, credentials = self.credentials
+            let observer = configuration.observer
+            let openConnections = self.openConnections
+            let credentials = self.credentials
             poolConfiguration.observer = { event in
                 switch event {
                 case .opened: openConnections.withLock { $0[labels, default: 0] += 1 }
@@ -484,11 +536,17 @@ public final class APNsClient: Sendable {
             poolConfiguration.keptResponseHeaders = APNsResponse.headerNames
             let client = try HTTP2Client(
                 configuration: poolConfiguration,
-                loop: loop(traffic), logger: logger.child("apns", metadata: ["apns.environment": environment.rawValue,
-                                                                    "apns.traffic": traffic.rawValue,
-                                                                    "apns.credential": credential.name]))
-            pools[key] = Pool(credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] },
-                              sentSinceAsked: sending)
+                loop: loop(traffic),
+                logger: logger.child(
+                    "apns",
+                    metadata: [
+                        "apns.environment": environment.rawValue,
+                        "apns.traffic": traffic.rawValue,
+                        "apns.credential": credential.name
+                    ]))
+            pools[key] = Pool(
+                credential: credential, client: client, replacedAt: replacedPools.withLock { $0[key] },
+                sentSinceAsked: sending)
             return client
         }
     }
@@ -531,13 +589,16 @@ struct RequestTemplate {
     /// apns-collapse-id: every field but :path, shared by the requests of one kind (HTTP/2 sends :path first).
     private var fields = HTTP2HeaderBlock(capacity: 0)
 
-    mutating func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request {
+    mutating func request(for notification: APNsNotification, authority: String, authorization: String?) -> HTTP2Request
+    {
         if key?.matches(notification, authority: authority, authorization: authorization) != true {
-            key = Key(authority: authority, authorization: authorization, pushType: notification.pushType,
-                      topic: notification.topic, priority: notification.priority, expiration: notification.expiration,
-                      collapseID: notification.collapseID)
-            fields = APNsRequest.fields(.device(token: notification.deviceToken), authority: authority,
-                                        authorization: authorization, capacity: 640)
+            key = Key(
+                authority: authority, authorization: authorization, pushType: notification.pushType,
+                topic: notification.topic, priority: notification.priority, expiration: notification.expiration,
+                collapseID: notification.collapseID)
+            fields = APNsRequest.fields(
+                .device(token: notification.deviceToken), authority: authority,
+                authorization: authorization, capacity: 640)
             fields.add("apns-push-type", notification.pushType.rawValue)
             fields.add("apns-topic", notification.topic)
             fields.add("apns-priority", String(notification.priority.rawValue))

@@ -1,7 +1,7 @@
 import Foundation
-import TLS
 import HTTP2
 import Synchronization
+import TLS
 import Telemetry
 import Threads
 
@@ -24,10 +24,12 @@ public struct APNsEndpoint: Sendable, Equatable {
         if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
         var host = Substring(rest)
         var port = 443
-        if host.hasPrefix("[") , let close = host.firstIndex(of: "]") {  // [::1]:2197
+        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {  // [::1]:2197
             let after = host[host.index(after: close)...]
             if after.hasPrefix(":") {
-                guard let parsed = Int(after.dropFirst()), (1...65535).contains(parsed) else { throw .badURL(url, "bad port") }
+                guard let parsed = Int(after.dropFirst()), (1...65535).contains(parsed) else {
+                    throw .badURL(url, "bad port")
+                }
                 port = parsed
             }
             host = host[host.index(after: host.startIndex)..<close]
@@ -89,9 +91,11 @@ public struct APNsClientConfiguration: Sendable {
     /// Every connection through this HTTP proxy's CONNECT tunnel (TLS to APNs end to end inside it).
     public var proxy: APNsProxy?
 
-    public init(production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
-                verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, maximumConnectionsPerEnvironment: Int? = nil,
-                requestTimeout: Double = 30, pingInterval: Double = 3600, pingTimeout: Double = 15) {
+    public init(
+        production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,
+        verifyPeer: Bool = true, connectionsPerEnvironment: Int = 1, maximumConnectionsPerEnvironment: Int? = nil,
+        requestTimeout: Double = 30, pingInterval: Double = 3600, pingTimeout: Double = 15
+    ) {
         self.production = production
         self.sandbox = sandbox
         self.caFile = caFile

@@ -20,8 +20,10 @@ public final class APNsCredential: Sendable, CustomStringConvertible {
     /// When a client certificate expires (certificate authentication only).
     public let certificateExpiry: Date?
 
-    public init(name: String, authentication: APNsAuthentication, bundles: Set<String>, rateLimit: Int = 0,
-                material: [UInt8], certificateExpiry: Date? = nil) {
+    public init(
+        name: String, authentication: APNsAuthentication, bundles: Set<String>, rateLimit: Int = 0,
+        material: [UInt8], certificateExpiry: Date? = nil
+    ) {
         self.name = name
         self.authentication = authentication
         self.bundles = bundles
@@ -91,8 +93,11 @@ public struct APNsCredentials: Sendable {
             current.first { $0.isSame(as: credential) } ?? credential
         }
         // Cannot throw: the same bundles as `replacement`, which was checked.
-        guard var merged = try? APNsCredentials(entries: replacement.entries.map(kept),
-                                                fallback: replacement.fallback.map(kept)) else { return replacement }
+        guard
+            var merged = try? APNsCredentials(
+                entries: replacement.entries.map(kept),
+                fallback: replacement.fallback.map(kept))
+        else { return replacement }
         merged.defaultTopic = replacement.defaultTopic
         return merged
     }

@@ -5,7 +5,8 @@ import HTTP2
 enum APNsRequest {
     /// `:method`, `:scheme`, `:authority`, then `authorization`: what every request starts with (HTTP/2 sends
     /// `:path` first; it travels beside the block, `request(_:fields:body:)`).
-    static func fields(_ route: APNsRoute, authority: String, authorization: String?, capacity: Int) -> HTTP2HeaderBlock {
+    static func fields(_ route: APNsRoute, authority: String, authorization: String?, capacity: Int) -> HTTP2HeaderBlock
+    {
         var fields = HTTP2HeaderBlock(capacity: capacity)
         fields.add(":method", route.method)
         fields.add(":scheme", "https")

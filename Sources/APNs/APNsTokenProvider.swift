@@ -1,6 +1,6 @@
-import Telemetry
 import Foundation
 import Synchronization
+import Telemetry
 import Threads
 
 /// Where a fleet of workers keeps one provider token per key (`FleetProviderTokens`), so that they all send with the
@@ -32,8 +32,10 @@ public final class APNsTokenProvider: Sendable {
     /// Tokens this process minted, every key together (`apns_worker_provider_tokens_minted_total`).
     public static let minted = Atomic<Int>(0)
 
-    public init(key: ES256Key, keyID: String, teamID: String, refreshInterval: Double = 50 * 60,
-                clock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) throws(APNsKeyError) {
+    public init(
+        key: ES256Key, keyID: String, teamID: String, refreshInterval: Double = 50 * 60,
+        clock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }
+    ) throws(APNsKeyError) {
         for (field, value) in [(APNsKeyError.Identifier.keyID, keyID), (.teamID, teamID)] {
             guard value.utf8.count == 10, value.utf8.allSatisfy({ Self.isAlphanumeric($0) }) else {
                 throw .badIdentifier(field, value: value)
@@ -86,7 +88,9 @@ public final class APNsTokenProvider: Sendable {
         let now = clock()
         return current.withLock { state in
             guard let issuedAt = state?.issuedAt else { return true }
-            guard now - Double(issuedAt) >= Self.minimumRefreshInterval || Double(issuedAt) > now + 60 else { return false }
+            guard now - Double(issuedAt) >= Self.minimumRefreshInterval || Double(issuedAt) > now + 60 else {
+                return false
+            }
             state = nil
             return true
         }

@@ -1,8 +1,8 @@
 internal import COpenSSL
-import TLS
 import Foundation
 import HTTP2
 import Synchronization
+import TLS
 
 /// A P-256 key from a PKCS#8 PEM (.p8) file, the owner of its EVP_PKEY. Signs (or verifies) ES256:
 /// SHA-256 then ECDSA, the signature as raw r||s (64 bytes), not DER, as JWS requires.
@@ -34,9 +34,12 @@ public final class ES256Key: @unchecked Sendable {
         // Checked before `self` owns the key: once it does, a throw would run deinit and free it.
         var groupName = [CChar](repeating: 0, count: 64)
         guard EVP_PKEY_get_base_id(loaded) == EVP_PKEY_EC,
-              EVP_PKEY_get_group_name(loaded, &groupName, groupName.count, nil) == 1,
-              ["prime256v1", "P-256"].contains(String(decoding: groupName.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) },
-                                                   as: UTF8.self)) else {
+            EVP_PKEY_get_group_name(loaded, &groupName, groupName.count, nil) == 1,
+            ["prime256v1", "P-256"].contains(
+                String(
+                    decoding: groupName.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) },
+                    as: UTF8.self))
+        else {
             EVP_PKEY_free(loaded)
             throw .notP256
         }
@@ -87,7 +90,8 @@ public final class ES256Key: @unchecked Sendable {
     /// Checks a raw r||s signature over `message`.
     public func verify(_ signature: [UInt8], of message: [UInt8]) -> Bool {
         guard signature.count == 64, let der = Self.derSignature(fromRaw: signature),
-              let context = EVP_MD_CTX_new() else { return false }
+            let context = EVP_MD_CTX_new()
+        else { return false }
         defer { EVP_MD_CTX_free(context) }
         guard EVP_DigestVerifyInit(context, nil, EVP_sha256(), nil, key) == 1 else { return false }
         let result = EVP_DigestVerify(context, der, der.count, message, message.count)

@@ -1,7 +1,6 @@
-import HTTP2
-
 // Whoever talks to APNs through this module speaks its vocabulary too (notifications, answers, reasons): one import.
 @_exported import APNsModel
+import HTTP2
 
 /// The HTTP/2 client's header block is what an APNs answer's fields are read from.
 extension HTTP2HeaderBlock: ReceivedHeaderFields {}

@@ -15,8 +15,10 @@ public struct APNsBroadcast: Sendable, Equatable {
     /// Apple: a broadcast payload is at most 5 KB.
     public static let maximumPayloadSize = 5120
 
-    public init(bundle: String, channelID: String, priority: APNsPriority = .immediately, expiration: Int64 = 0,
-                payload: [UInt8]) {
+    public init(
+        bundle: String, channelID: String, priority: APNsPriority = .immediately, expiration: Int64 = 0,
+        payload: [UInt8]
+    ) {
         self.bundle = bundle
         self.channelID = channelID
         self.priority = priority
@@ -41,4 +43,3 @@ public enum APNsChannelID {
         guard !id.isEmpty, id.utf8.count <= 256, Data(base64Encoded: id) != nil else { throw .badChannelID(id) }
     }
 }
-

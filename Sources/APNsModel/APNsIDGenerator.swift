@@ -19,7 +19,7 @@ public struct APNsIDGenerator: Sendable {
 
     public mutating func next() -> String {
         let high = (nextWord() & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000  // version 4
-        let low = (nextWord() & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000   // variant 10
+        let low = (nextWord() & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000  // variant 10
         let digits: StaticString = "0123456789abcdef"
         return String(unsafeUninitializedCapacity: 36) { buffer in
             digits.withUTF8Buffer { hex in
@@ -30,10 +30,18 @@ public struct APNsIDGenerator: Sendable {
                         index += 1
                     }
                 }
-                put(high, nibbles: 8..<16); buffer[index] = 45; index += 1
-                put(high, nibbles: 4..<8); buffer[index] = 45; index += 1
-                put(high, nibbles: 0..<4); buffer[index] = 45; index += 1
-                put(low, nibbles: 12..<16); buffer[index] = 45; index += 1
+                put(high, nibbles: 8..<16)
+                buffer[index] = 45
+                index += 1
+                put(high, nibbles: 4..<8)
+                buffer[index] = 45
+                index += 1
+                put(high, nibbles: 0..<4)
+                buffer[index] = 45
+                index += 1
+                put(low, nibbles: 12..<16)
+                buffer[index] = 45
+                index += 1
                 put(low, nibbles: 0..<12)
             }
             return 36

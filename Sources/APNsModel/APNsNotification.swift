@@ -16,9 +16,11 @@ public struct APNsNotification: Sendable {
 
     /// Inlinable: the worker makes every notification from another module, where a call would cost more than the work.
     @inlinable
-    public init(deviceToken: String, environment: APNsEnvironment = .production, topic: String,
-                pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
-                collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]) {
+    public init(
+        deviceToken: String, environment: APNsEnvironment = .production, topic: String,
+        pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
+        collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]
+    ) {
         self.deviceToken = deviceToken
         self.environment = environment
         self.topic = topic

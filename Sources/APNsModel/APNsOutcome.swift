@@ -31,8 +31,10 @@ public struct APNsResponse: Sendable, Equatable {
     private var givenUniqueID: String?
     private var fields: (any ReceivedHeaderFields)?
 
-    public init(status: Int, apnsID: String? = nil, apnsUniqueID: String? = nil, reason: APNsReason? = nil,
-                timestamp: Int64? = nil) {
+    public init(
+        status: Int, apnsID: String? = nil, apnsUniqueID: String? = nil, reason: APNsReason? = nil,
+        timestamp: Int64? = nil
+    ) {
         self.status = status
         self.givenAPNsID = apnsID
         self.givenUniqueID = apnsUniqueID
@@ -55,8 +57,9 @@ public struct APNsResponse: Sendable, Equatable {
     /// number's text, so an absurd timestamp costs the timestamp, not the reason.
     public static func parseBody(_ body: [UInt8]) -> (reason: APNsReason?, timestamp: Int64?) {
         guard !body.isEmpty, body.count <= 64 * 1024,
-              let document = try? JSONReader.parse(body, maximumDepth: 8, allowsDuplicateKeys: true),
-              case .object = document else {
+            let document = try? JSONReader.parse(body, maximumDepth: 8, allowsDuplicateKeys: true),
+            case .object = document
+        else {
             return (nil, nil)
         }
         let reason: APNsReason? = if case .string(let text)? = document["reason"] { APNsReason(text) } else { nil }

@@ -20,7 +20,9 @@ public enum APNsRules {
 
     public static func checkCollapseID(_ collapseID: String, field: String) throws(APNsRequestError) {
         if collapseID.utf8.count > collapseIDLimit { throw .collapseIDTooLong(collapseID.utf8.count) }
-        if let problem = HeaderValue.problem(collapseID, allowsInnerSpaces: true) { throw .badHeaderValue(field, problem) }
+        if let problem = HeaderValue.problem(collapseID, allowsInnerSpaces: true) {
+            throw .badHeaderValue(field, problem)
+        }
     }
 
     /// UNIX seconds; 0 means "once, do not store".
@@ -61,8 +63,10 @@ public enum APNsRules {
 
     private static func isBundleByte(_ byte: UInt8) -> Bool {
         switch byte {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-             UInt8(ascii: "-"), UInt8(ascii: "."): true
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"),
+            UInt8(ascii: "-"), UInt8(ascii: "."):
+            true
         default: false
         }
     }

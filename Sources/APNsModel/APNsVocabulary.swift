@@ -82,7 +82,7 @@ public struct APNsReason: Hashable, Sendable, CustomStringConvertible {
         "TooManyProviderTokenUpdates", "TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
         // Broadcast pushes and channel management (iOS 18).
         "FeatureNotEnabled", "MissingChannelId", "BadChannelId", "ChannelNotRegistered", "BadRequestParams",
-        "BadRequestPayload", "MissingPushType", "CannotCreateChannelConfig", "TopicMismatch",
+        "BadRequestPayload", "MissingPushType", "CannotCreateChannelConfig", "TopicMismatch"
     ]
 
     // Broadcast pushes and channel management.

@@ -31,13 +31,17 @@ public final class APNsNotificationSender: NotificationSender {
         client.connect(.production)
     }
 
-    public func send(_ batch: [APNsNotification], lane: JobLane,
-                     answer: @escaping @Sendable (Int, APNsResult) -> Void) -> Int {
+    public func send(
+        _ batch: [APNsNotification], lane: JobLane,
+        answer: @escaping @Sendable (Int, APNsResult) -> Void
+    ) -> Int {
         client.send(batch, traffic: lane, completion: answer)
     }
 
-    public func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
-                     answer: @escaping @Sendable (APNsResult) -> Void) {
+    public func send(
+        _ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
+        answer: @escaping @Sendable (APNsResult) -> Void
+    ) {
         client.send(broadcast, environment: environment, traffic: lane, completion: answer)
     }
 
@@ -49,12 +53,14 @@ public final class APNsNotificationSender: NotificationSender {
 
     public func service(forTopic topic: String) -> TopicService {
         guard let credential = client.credential(forTopic: topic) else {
-            return .unserved("no APNs credential serves topic \(topic): list its bundle ID "
-                             + "(\(APNsPushType.bundle(ofTopic: topic))) in an entry of the credentials file, or set a "
-                             + "default credential")
+            return .unserved(
+                "no APNs credential serves topic \(topic): list its bundle ID "
+                    + "(\(APNsPushType.bundle(ofTopic: topic))) in an entry of the credentials file, or set a "
+                    + "default credential")
         }
-        return .served(rateGroup: credential.rateLimit > 0
-                       ? RateGroup(name: credential.name, perSecond: credential.rateLimit) : nil)
+        return .served(
+            rateGroup: credential.rateLimit > 0
+                ? RateGroup(name: credential.name, perSecond: credential.rateLimit) : nil)
     }
 
     /// Sends with these credentials from now on (a reload): see `APNsClient.replaceCredentials`.
@@ -83,16 +89,19 @@ public final class APNsNotificationSender: NotificationSender {
     /// each client certificate expires, by the topics it serves.
     public var metricsText: String {
         var text = PrometheusText()
-        text.family("apns_worker_apns_connections_open", "gauge",
-                    "HTTP/2 connections to APNs open now, by credential, environment and lane.",
-                    Self.series(client.connectionCounts))
-        text.family("apns_worker_apns_streams_in_use", "gauge",
-                    "HTTP/2 streams to APNs carrying a request (each connection up to its stream limit), by credential, "
-                        + "environment and lane, sampled every second.",
-                    Self.series(client.streamsInUse))
-        text.family("apns_worker_provider_tokens_minted_total", "counter",
-                    "Provider tokens (JWT) this worker signed; with Redis, the fleet shares one per key, so most workers "
-                        + "sign none.", [([], APNsTokenProvider.minted.load(ordering: .relaxed))])
+        text.family(
+            "apns_worker_apns_connections_open", "gauge",
+            "HTTP/2 connections to APNs open now, by credential, environment and lane.",
+            Self.series(client.connectionCounts))
+        text.family(
+            "apns_worker_apns_streams_in_use", "gauge",
+            "HTTP/2 streams to APNs carrying a request (each connection up to its stream limit), by credential, "
+                + "environment and lane, sampled every second.",
+            Self.series(client.streamsInUse))
+        text.family(
+            "apns_worker_provider_tokens_minted_total", "counter",
+            "Provider tokens (JWT) this worker signed; with Redis, the fleet shares one per key, so most workers "
+                + "sign none.", [([], APNsTokenProvider.minted.load(ordering: .relaxed))])
         var expiries: [(labels: [(String, String)], value: Int)] = []
         let credentials = client.currentCredentials
         for credential in credentials.all {
@@ -103,8 +112,9 @@ public final class APNsNotificationSender: NotificationSender {
             }
         }
         if !expiries.isEmpty {
-            text.family("apns_worker_certificate_expiry_timestamp_seconds", "gauge",
-                        "When the APNs client certificate expires (unix seconds), by the topic it serves.", expiries)
+            text.family(
+                "apns_worker_certificate_expiry_timestamp_seconds", "gauge",
+                "When the APNs client certificate expires (unix seconds), by the topic it serves.", expiries)
         }
         return text.text
     }
@@ -112,12 +122,22 @@ public final class APNsNotificationSender: NotificationSender {
 
 extension APNsNotificationSender {
     /// Per-pool counts as series, in a stable order.
-    private static func series(_ counts: [APNsClient.ConnectionLabels: Int]) -> [(labels: [(String, String)], value: Int)] {
-        counts.sorted { ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
-            < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue) }
-            .map { (labels: [("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
-                             ("lane", $0.key.traffic.rawValue)],
-                    value: $0.value) }
+    private static func series(_ counts: [APNsClient.ConnectionLabels: Int]) -> [(
+        labels: [(String, String)], value: Int
+    )] {
+        counts.sorted {
+            ($0.key.credential, $0.key.environment.rawValue, $0.key.traffic.rawValue)
+                < ($1.key.credential, $1.key.environment.rawValue, $1.key.traffic.rawValue)
+        }
+        .map {
+            (
+                labels: [
+                    ("credential", $0.key.credential), ("environment", $0.key.environment.rawValue),
+                    ("lane", $0.key.traffic.rawValue)
+                ],
+                value: $0.value
+            )
+        }
     }
 }
 

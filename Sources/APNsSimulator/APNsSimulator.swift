@@ -42,11 +42,13 @@ public final class APNsSimulator: Sendable {
         /// `apns-unique-id`; production's carry only `apns-id`.
         public var isDevelopment: Bool
 
-        public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String? = nil,
-                    privateKeyPEM: String? = nil, unregisteredTokens: [String: Int64] = [:],
-                    trustedKeys: [String: TrustedKey] = [:], maximumConcurrentStreams: UInt32 = 1000,
-                    recordsNotifications: Bool = true, behaviour: Behaviour = .init(), clientCertificateCA: String? = nil,
-                    isDevelopment: Bool = false) {
+        public init(
+            host: String = "127.0.0.1", port: Int = 0, certificatePEM: String? = nil,
+            privateKeyPEM: String? = nil, unregisteredTokens: [String: Int64] = [:],
+            trustedKeys: [String: TrustedKey] = [:], maximumConcurrentStreams: UInt32 = 1000,
+            recordsNotifications: Bool = true, behaviour: Behaviour = .init(), clientCertificateCA: String? = nil,
+            isDevelopment: Bool = false
+        ) {
             self.host = host
             self.port = port
             self.certificatePEM = certificatePEM
@@ -162,7 +164,8 @@ public final class APNsSimulator: Sendable {
         serverConfiguration.loopCount = configuration.threads
         let server = try HTTP2Server(
             configuration: serverConfiguration,
-            logger: logger) { request, writer in core.handle(request, writer) }
+            logger: logger
+        ) { request, writer in core.handle(request, writer) }
         self.port = server.port
         self.server.withLock { $0 = server }
         server.onConnectionClosed = { id in core.state.withLock { _ = $0.connections.removeValue(forKey: id) } }
@@ -286,7 +289,6 @@ final class SimulatorCore: Sendable {
         }
     }
 
-
     func handle(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
         let route = Self.route(request.path)
         switch route {
@@ -310,7 +312,9 @@ final class SimulatorCore: Sendable {
             let number = state.connections[request.connectionID]!.streams
             let behaviour = state.behaviour
             if let limit = behaviour.dropConnectionAfterStreams, number > limit { return (behaviour, number, .drop) }
-            if let every = behaviour.refuseEveryNthStream, every > 0, number % every == 0 { return (behaviour, number, .refuse) }
+            if let every = behaviour.refuseEveryNthStream, every > 0, number % every == 0 {
+                return (behaviour, number, .refuse)
+            }
             return (behaviour, number, nil)
         }
         switch fault {
@@ -324,32 +328,41 @@ final class SimulatorCore: Sendable {
             break
         }
         // A connection with a verified client certificate is certificate-authenticated: no provider token needed.
-        let certificate = configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
+        let certificate =
+            configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
         var (status, reason, timestamp) = judge(request, token: token, behaviour, certificate: certificate)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
         let stamp = Self.sentAtStamp(request.body)
-        let delay = behaviour.latency
-            + (behaviour.latencyJitter > 0 ? behaviour.latencyJitter * state.withLock { Double($0.random.nextFraction()) } : 0)
+        let delay =
+            behaviour.latency
+            + (behaviour.latencyJitter > 0
+                ? behaviour.latencyJitter * state.withLock { Double($0.random.nextFraction()) } : 0)
         let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(delay * 1e6)
         let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state in
-            Self.note(request, token: token, status: status, reason: reason, certificate: certificate, stamp: stamp,
-                      answeredAt: answeredAt, behaviour: behaviour, configuration: configuration, in: &state)
+            Self.note(
+                request, token: token, status: status, reason: reason, certificate: certificate, stamp: stamp,
+                answeredAt: answeredAt, behaviour: behaviour, configuration: configuration, in: &state)
         }
         if let notification { configuration.observer?(notification) }
-        answer(writer, status: status, reason: reason, timestamp: timestamp, apnsID: apnsID, uniqueID: uniqueID,
-               after: delay)
+        answer(
+            writer, status: status, reason: reason, timestamp: timestamp, apnsID: apnsID, uniqueID: uniqueID,
+            after: delay)
         if let streamLimit { writer.serverConnection.updateMaximumConcurrentStreams(streamLimit) }
         if let limit = behaviour.goAwayAfterStreams, streamNumber == limit {
-            writer.serverConnection.goAway(code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
+            writer.serverConnection.goAway(
+                code: 0, debugData: "{\"reason\":\"Shutdown\"}", lastStreamID: request.streamID)
         }
     }
 
     /// What the simulator keeps of one judged push (counts, latencies, the push itself, a connection's stream limit
     /// after a rejection): its apns-id, apns-unique-id, a new stream limit to announce, and the push as received.
-    private static func note(_ request: HTTP2ServerRequest, token: String, status: Int, reason: APNsReason?,
-                             certificate: String?, stamp: Int64?, answeredAt: Int64, behaviour: APNsSimulator.Behaviour,
-                             configuration: APNsSimulator.Configuration, in state: inout State)
-        -> (String, String, UInt32?, ReceivedNotification?) {
+    private static func note(
+        _ request: HTTP2ServerRequest, token: String, status: Int, reason: APNsReason?,
+        certificate: String?, stamp: Int64?, answeredAt: Int64, behaviour: APNsSimulator.Behaviour,
+        configuration: APNsSimulator.Configuration, in state: inout State
+    )
+        -> (String, String, UInt32?, ReceivedNotification?)
+    {
 
         state.countsByStatus[status, default: 0] += 1
         if status == 200 && configuration.countsDistinctAccepted { state.acceptedTokens.insert(token) }
@@ -388,8 +401,10 @@ final class SimulatorCore: Sendable {
 
     /// Apple's answer to a push: its apns-id (and apns-unique-id in development, the only environment that sends it),
     /// and for a refusal the reason's JSON; after `delay` seconds when the behaviour scripts latency.
-    private func answer(_ writer: HTTP2ResponseWriter, status: Int, reason: APNsReason?, timestamp: Int64?,
-                        apnsID: String, uniqueID: String, after delay: Double) {
+    private func answer(
+        _ writer: HTTP2ResponseWriter, status: Int, reason: APNsReason?, timestamp: Int64?,
+        apnsID: String, uniqueID: String, after delay: Double
+    ) {
         // Unique per answer: never indexed, so the connection's header table is not churned for nothing.
         var headers = [HTTP2Field(name: "apns-id", value: apnsID, indexed: false)]
         if configuration.isDevelopment {
@@ -432,15 +447,18 @@ final class SimulatorCore: Sendable {
     }
 
     /// Apple's checks, in the order APNs is observed to apply them; nil reason means 200.
-    private func judge(_ request: HTTP2ServerRequest, token: String, _ behaviour: APNsSimulator.Behaviour,
-                       certificate: String?) -> (Int, APNsReason?, Int64?) {
+    private func judge(
+        _ request: HTTP2ServerRequest, token: String, _ behaviour: APNsSimulator.Behaviour,
+        certificate: String?
+    ) -> (Int, APNsReason?, Int64?) {
         guard request.method == "POST" else { return (405, .methodNotAllowed, nil) }
         guard request.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
         if !AppleRules.isDeviceToken(token) { return (400, .badDeviceToken, nil) }
         let playedEnvironment = configuration.isDevelopment ? "sandbox" : "production"
         if let environment = behaviour.tokenEnvironments.first(where: { $0.covers(token) })?.value,
-           environment != playedEnvironment {
+            environment != playedEnvironment
+        {
             return (400, .badDeviceToken, nil)
         }
         if certificate == nil, let failure = checkProviderToken(request) {
@@ -451,7 +469,9 @@ final class SimulatorCore: Sendable {
         if let certificate {
             let prefix = "Apple Push Services: "
             let bundle = certificate.hasPrefix(prefix) ? String(certificate.dropFirst(prefix.count)) : certificate
-            if bundle.contains("."), APNsPushType.bundle(ofTopic: topic) != bundle { return (400, .topicDisallowed, nil) }
+            if bundle.contains("."), APNsPushType.bundle(ofTopic: topic) != bundle {
+                return (400, .topicDisallowed, nil)
+            }
         }
         let pushType = request.header("apns-push-type") ?? "alert"
         guard let suffix = AppleRules.topicSuffixes[pushType] else { return (400, .invalidPushType, nil) }
@@ -497,7 +517,8 @@ final class SimulatorCore: Sendable {
             let connection = state.connections[request.connectionID]
             return (connection?.authorization, connection?.issuedAt.map(state.expiredIssuedAt.contains) ?? false)
         }
-        if known == authorization { return expired ? .expiredProviderToken : nil }  // verified on this connection already
+        // Verified on this connection already.
+        if known == authorization { return expired ? .expiredProviderToken : nil }
         let (team, keyID, issuedAt, failure) = verifyProviderToken(authorization, now: now)
         if let failure { return failure }
         return state.withLock { state -> APNsReason? in
@@ -507,7 +528,8 @@ final class SimulatorCore: Sendable {
             if let bound = connection.team, bound != team { return .unrelatedKeyIdInToken }  // one team per connection
             // Replacing a token APNs called expired is what it asks for, not an update too many.
             let replacesExpired = connection.issuedAt.map(state.expiredIssuedAt.contains) ?? false
-            if connection.authorization != nil && now - connection.authorizationChangedAt < 20 * 60 && !replacesExpired {
+            if connection.authorization != nil && now - connection.authorizationChangedAt < 20 * 60 && !replacesExpired
+            {
                 return .tooManyProviderTokenUpdates
             }
             connection.team = team
@@ -520,19 +542,22 @@ final class SimulatorCore: Sendable {
     }
 
     private func verifyProviderToken(_ authorization: String, now: Double)
-        -> (team: String?, keyID: String?, issuedAt: Int64?, failure: APNsReason?) {
+        -> (team: String?, keyID: String?, issuedAt: Int64?, failure: APNsReason?)
+    {
         let parts = authorization.dropFirst("bearer ".count).split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3,
-              let headerBytes = APNsTokenProvider.base64URLDecode(parts[0]),
-              let claimsBytes = APNsTokenProvider.base64URLDecode(parts[1]),
-              let signature = APNsTokenProvider.base64URLDecode(parts[2]),
-              let header = try? JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any],
-              let claims = try? JSONSerialization.jsonObject(with: Data(claimsBytes)) as? [String: Any],
-              header["alg"] as? String == "ES256",
-              let keyID = header["kid"] as? String, let issuer = claims["iss"] as? String,
-              let issuedAt = (claims["iat"] as? NSNumber)?.int64Value else { return (nil, nil, nil, .invalidProviderToken) }
+            let headerBytes = APNsTokenProvider.base64URLDecode(parts[0]),
+            let claimsBytes = APNsTokenProvider.base64URLDecode(parts[1]),
+            let signature = APNsTokenProvider.base64URLDecode(parts[2]),
+            let header = try? JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any],
+            let claims = try? JSONSerialization.jsonObject(with: Data(claimsBytes)) as? [String: Any],
+            header["alg"] as? String == "ES256",
+            let keyID = header["kid"] as? String, let issuer = claims["iss"] as? String,
+            let issuedAt = (claims["iat"] as? NSNumber)?.int64Value
+        else { return (nil, nil, nil, .invalidProviderToken) }
         guard let trusted = configuration.trustedKeys[keyID], trusted.teamID == issuer,
-              trusted.key.verify(signature, of: Array((parts[0] + "." + parts[1]).utf8)) else {
+            trusted.key.verify(signature, of: Array((parts[0] + "." + parts[1]).utf8))
+        else {
             return (nil, nil, nil, .invalidProviderToken)
         }
         if now - Double(issuedAt) > 3600 { return (nil, nil, issuedAt, .expiredProviderToken) }
@@ -546,7 +571,8 @@ final class SimulatorCore: Sendable {
             let total = counts.values.reduce(0, +)
             let byStatus = counts.keys.sorted().map { "\"\($0)\":\(counts[$0]!)" }.joined(separator: ",")
             let broadcasts = state.withLock { $0.broadcast.broadcastsByChannel }
-            let byChannel = broadcasts.keys.sorted().map { "\(JSONString.quote($0)):\(broadcasts[$0]!)" }.joined(separator: ",")
+            let byChannel = broadcasts.keys.sorted().map { "\(JSONString.quote($0)):\(broadcasts[$0]!)" }.joined(
+                separator: ",")
             let credentials = countsByCredential()
             let byCredential = credentials.keys.sorted().map { "\(JSONString.quote($0)):\(credentials[$0]!)" }
                 .joined(separator: ",")
@@ -555,13 +581,17 @@ final class SimulatorCore: Sendable {
             func percentile(_ fraction: Double) -> UInt32 {
                 latency.isEmpty ? 0 : latency[min(latency.count - 1, Int(Double(latency.count) * fraction))]
             }
-            let latencyText = "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
+            let latencyText =
+                "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
                 + "\"max\":\(latency.last ?? 0)}"
-            let distinct = configuration.countsDistinctAccepted
+            let distinct =
+                configuration.countsDistinctAccepted
                 ? ",\"accepted_distinct\":\(state.withLock { $0.acceptedTokens.count })" : ""
-            writer.respond(status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
-                           body: Array(("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},\"broadcasts\":{\(byChannel)},"
-                                        + "\"latency_us\":\(latencyText)\(distinct)}\n").utf8))
+            writer.respond(
+                status: 200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
+                body: Array(
+                    ("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},\"broadcasts\":{\(byChannel)},"
+                        + "\"latency_us\":\(latencyText)\(distinct)}\n").utf8))
         case ("POST", _) where request.path.hasPrefix("/sim/outage?seconds="):
             guard let seconds = Double(request.path.dropFirst("/sim/outage?seconds=".count)), seconds >= 0 else {
                 writer.respond(status: 400, body: Array("{\"reason\":\"BadSeconds\"}".utf8))

@@ -8,7 +8,7 @@ enum AppleRules {
         "alert": "", "background": "", "mdm": "",
         "voip": ".voip", "complication": ".complication", "fileprovider": ".pushkit.fileprovider",
         "liveactivity": ".push-type.liveactivity", "location": ".location-query", "pushtotalk": ".voip-ptt",
-        "widgets": ".push-type.widgets", "controls": ".push-type.controls",
+        "widgets": ".push-type.widgets", "controls": ".push-type.controls"
     ]
 
     /// `apns-priority`: 10 immediately, 5 power-aware, 1 lowest.
@@ -23,9 +23,10 @@ enum AppleRules {
     /// A device token: hex digits, a whole number of bytes. (Apple fixes no length.)
     static func isDeviceToken(_ token: String) -> Bool {
         let bytes = Array(token.utf8)
-        return !bytes.isEmpty && bytes.count % 2 == 0 && bytes.allSatisfy { byte in
-            (byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102) || (byte >= 65 && byte <= 70)
-        }
+        return !bytes.isEmpty && bytes.count % 2 == 0
+            && bytes.allSatisfy { byte in
+                (byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102) || (byte >= 65 && byte <= 70)
+            }
     }
 
     /// `apns-id`: a UUID in its canonical lowercase form, 8-4-4-4-12.

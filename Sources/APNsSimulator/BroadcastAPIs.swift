@@ -57,7 +57,8 @@ extension SimulatorCore {
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
         // "", "1", "apps", bundle, "channels" | "all-channels"
         if parts.count == 5, parts[1] == "1", parts[2] == "apps", !parts[3].isEmpty,
-           parts[4] == "channels" || parts[4] == "all-channels" {
+            parts[4] == "channels" || parts[4] == "all-channels"
+        {
             return .channels(bundle: parts[3], all: parts[4] == "all-channels")
         }
         // "", "4", "broadcasts", "apps", bundle
@@ -70,7 +71,8 @@ extension SimulatorCore {
     /// Answers a channel management or broadcast request, after the same provider-token or certificate checks as
     /// a device push; `apns-request-id` is echoed (or made), as Apple does.
     func handleBroadcastAPI(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter, route: Route) {
-        let certificate = configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
+        let certificate =
+            configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
         var answer: SimulatedAnswer
         if certificate == nil, let failure = checkProviderToken(request) {
             answer = SimulatedAnswer(failure == .tooManyProviderTokenUpdates ? 429 : 403, failure)
@@ -81,7 +83,8 @@ extension SimulatorCore {
             default: answer = SimulatedAnswer(404, .badPath)
             }
         }
-        let requestID = request.header("apns-request-id").flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil }
+        let requestID =
+            request.header("apns-request-id").flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil }
             ?? state.withLock { $0.ids.next() }
         var headers = [HTTP2Field(name: "apns-request-id", value: requestID)] + answer.headers
         var body = answer.body
@@ -96,19 +99,25 @@ extension SimulatorCore {
     private func manageChannels(_ request: HTTP2ServerRequest, bundle: String, all: Bool) -> SimulatedAnswer {
         if all {
             guard request.method == "GET" else { return SimulatedAnswer(405, .methodNotAllowed) }
-            let ids = state.withLock { state in state.broadcast.channels.filter { $0.value.bundle == bundle }.keys.sorted() }
+            let ids = state.withLock { state in
+                state.broadcast.channels.filter { $0.value.bundle == bundle }.keys.sorted()
+            }
             let list = ids.map { JSONString.quote($0) }.joined(separator: ",")
-            return SimulatedAnswer(200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
-                                   body: Array("{\"channels\":[\(list)]}".utf8))
+            return SimulatedAnswer(
+                200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
+                body: Array("{\"channels\":[\(list)]}".utf8))
         }
         switch request.method {
         case "POST":
             guard let document = try? JSONReader.parse(request.body),
-                  case .number(let policyText)? = document["message-storage-policy"],
-                  let policy = Int(policyText), policy == 0 || policy == 1 else {
+                case .number(let policyText)? = document["message-storage-policy"],
+                let policy = Int(policyText), policy == 0 || policy == 1
+            else {
                 return SimulatedAnswer(400, .badRequestParams)
             }
-            guard case .string(let pushType)? = document["push-type"] else { return SimulatedAnswer(400, .missingPushType) }
+            guard case .string(let pushType)? = document["push-type"] else {
+                return SimulatedAnswer(400, .missingPushType)
+            }
             guard pushType.lowercased() == "liveactivity" else { return SimulatedAnswer(400, .invalidPushType) }
             let created: String? = state.withLock { state in
                 guard state.broadcast.channels.count < BroadcastChannels.limit else { return nil }
@@ -126,8 +135,9 @@ extension SimulatorCore {
                 return SimulatedAnswer(204)
             }
             let policy = state.withLock { $0.broadcast.channels[id]?.storagePolicy ?? 0 }
-            return SimulatedAnswer(200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
-                                   body: Array("{\"message-storage-policy\":\(policy),\"push-type\":\"LiveActivity\"}".utf8))
+            return SimulatedAnswer(
+                200, headers: [HTTP2Field(name: "content-type", value: "application/json")],
+                body: Array("{\"message-storage-policy\":\(policy),\"push-type\":\"LiveActivity\"}".utf8))
         default:
             return SimulatedAnswer(405, .methodNotAllowed)
         }
@@ -135,7 +145,9 @@ extension SimulatorCore {
 
     /// The channel a request names in `apns-channel-id`, if it is one of `bundle`'s; else the answer that says not.
     private func channel(_ request: HTTP2ServerRequest, bundle: String) throws(SimulatedAnswer) -> String {
-        guard let id = request.header("apns-channel-id"), !id.isEmpty else { throw SimulatedAnswer(400, .missingChannelId) }
+        guard let id = request.header("apns-channel-id"), !id.isEmpty else {
+            throw SimulatedAnswer(400, .missingChannelId)
+        }
         guard id.utf8.count <= 256, Data(base64Encoded: id) != nil else { throw SimulatedAnswer(400, .badChannelId) }
         // Apple documents no reason for another app's channel: it is not registered for this one.
         guard state.withLock({ $0.broadcast.channels[id]?.bundle }) == bundle else {
@@ -161,7 +173,9 @@ extension SimulatorCore {
         if storagePolicy == 0 && expiration != 0 { return SimulatedAnswer(400, .badExpirationDate) }
         guard !request.body.isEmpty else { return SimulatedAnswer(400, .payloadEmpty) }
         if request.body.count > 5120 { return SimulatedAnswer(413, .payloadTooLarge) }
-        guard Self.isLiveActivityPayload(request.body, broadcast: true) else { return SimulatedAnswer(400, .badRequestPayload) }
+        guard Self.isLiveActivityPayload(request.body, broadcast: true) else {
+            return SimulatedAnswer(400, .badRequestPayload)
+        }
         let throttled = state.withLock { state in
             guard state.broadcast.throttled < state.behaviour.throttleFirstBroadcasts else { return false }
             state.broadcast.throttled += 1
@@ -181,8 +195,9 @@ extension SimulatorCore {
     /// cannot start an activity), a whole-number `timestamp`, and `content-state`.
     static func isLiveActivityPayload(_ body: [UInt8], broadcast: Bool) -> Bool {
         guard let document = try? JSONReader.parse(body, allowsDuplicateKeys: true), let aps = document["aps"],
-              case .string(let event)? = aps["event"], ["start", "update", "end"].contains(event),
-              case .number(let timestamp)? = aps["timestamp"], Int64(timestamp) != nil else { return false }
+            case .string(let event)? = aps["event"], ["start", "update", "end"].contains(event),
+            case .number(let timestamp)? = aps["timestamp"], Int64(timestamp) != nil
+        else { return false }
         if broadcast && event == "start" { return false }
         // Every event carries a content state (an end its final one).
         guard case .object? = aps["content-state"] else { return false }

@@ -1,8 +1,8 @@
-import Foundation
 import AMQP
 import AMQPBroker
 import APNs
 import APNsSender
+import Foundation
 import Redis
 import RedisStore
 import Telemetry
@@ -14,12 +14,14 @@ extension WorkerConfiguration {
     /// and logs what deserves it about the key files and certificates. `reload` reads the configuration again for a
     /// reload (SIGHUP); without it, the worker reloads nothing.
     public func makeWorker(logger: Logger, reload: (@Sendable () throws -> WorkerConfiguration)? = nil)
-        throws(ConfigurationError) -> ReloadableWorker {
+        throws(ConfigurationError) -> ReloadableWorker
+    {
         let credentials = try credential.makeCredentials()
         ReloadableWorker.warnAbout(credential, credentials, logger: logger)
         if let choice = credential.choice { logger.warning("two APNs credentials", ["apns.credentials": choice]) }
-        let sender = APNsNotificationSender(configuration: apns, credentials: credentials,
-                                            logger: logger.child("apns-client"))
+        let sender = APNsNotificationSender(
+            configuration: apns, credentials: credentials,
+            logger: logger.child("apns-client"))
         let worker = makeWorker(sender: sender, logger: logger)
         let providerTokens = FleetProviderTokens(redis, logger: logger.child("provider-tokens")) {
             sender.currentCredentials.all.compactMap { credential in
@@ -28,7 +30,9 @@ extension WorkerConfiguration {
             }
         }
         return ReloadableWorker(worker: worker, sender: sender, providerTokens: providerTokens, logger: logger) {
-            guard let reload else { throw ReloadRefused("this worker was started without a way to read its settings again") }
+            guard let reload else {
+                throw ReloadRefused("this worker was started without a way to read its settings again")
+            }
             let settings = try reload().credential
             let credentials = try settings.makeCredentials()
             ReloadableWorker.warnAbout(settings, credentials, logger: logger)
@@ -37,7 +41,9 @@ extension WorkerConfiguration {
     }
 
     private func makeWorker(sender: APNsNotificationSender, logger: Logger) -> Worker {
-        let broker = self.broker, redis = self.redis, rateLimit = self.rateLimit
+        let broker = self.broker
+        let redis = self.redis
+        let rateLimit = self.rateLimit
         let urgentShare = rateLimitUrgentShare
         let topology = DeclaredTopology()
         return Worker(settings: pipeline, sender: sender, logger: logger) {
@@ -46,14 +52,15 @@ extension WorkerConfiguration {
             let stores = try RedisStores(redis, rateLimit: rateLimit, urgentShare: urgentShare, logger: logger)
             let preparationTokens = try RedisStores.tokenCache(redis, logger: logger)
             let amqp = try AMQPJobBroker(settings: broker, topology: topology, logger: logger)
-            return WorkerSession(broker: amqp, tokens: stores.tokens, preparationTokens: preparationTokens,
-                                 record: stores.record,
-                                 statistics: stores.statistics, rateLimiter: stores.rateLimiter,
-                                 invalidationWindow: stores.invalidationWindow,
-                                 store: stores.probe,
-                                 logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
-                                 groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare),
-                                 cancellations: stores.cancellations, progress: stores.progress)
+            return WorkerSession(
+                broker: amqp, tokens: stores.tokens, preparationTokens: preparationTokens,
+                record: stores.record,
+                statistics: stores.statistics, rateLimiter: stores.rateLimiter,
+                invalidationWindow: stores.invalidationWindow,
+                store: stores.probe,
+                logMetadata: amqp.logMetadata.merging(["redis.url": redis.description]) { $1 },
+                groupRateLimiter: stores.groupRateLimiter(urgentShare: urgentShare),
+                cancellations: stores.cancellations, progress: stores.progress)
         }
     }
 }
@@ -81,8 +88,10 @@ public final class ReloadableWorker: Service {
     /// Seconds between two looks at the certificates' expiry while the worker runs.
     static let expiryCheckInterval: Double = 86_400
 
-    init(worker: Worker, sender: APNsNotificationSender, providerTokens: FleetProviderTokens? = nil, logger: Logger,
-         readCredentials: @escaping @Sendable () throws -> APNsCredentials) {
+    init(
+        worker: Worker, sender: APNsNotificationSender, providerTokens: FleetProviderTokens? = nil, logger: Logger,
+        readCredentials: @escaping @Sendable () throws -> APNsCredentials
+    ) {
         self.providerTokens = providerTokens
         self.worker = worker
         self.sender = sender
@@ -91,7 +100,9 @@ public final class ReloadableWorker: Service {
     }
 
     public func run() throws {
-        let stopped = self.stopped, sender = self.sender, logger = self.logger
+        let stopped = self.stopped
+        let sender = self.sender
+        let logger = self.logger
         // Its own thread: it sleeps a day at a time, and a stop wakes it.
         Thread {
             while stopped.wait(timeout: .now() + Self.expiryCheckInterval) == .timedOut {
@@ -114,9 +125,13 @@ public final class ReloadableWorker: Service {
     public func reload() throws {
         let credentials = try readCredentials()
         let (added, retired) = sender.replaceCredentials(credentials)
-        logger.info("APNs credentials reloaded", ["apns.credentials": credentials.all.map(\.name).joined(separator: ","),
-                                                 "apns.credentials_added": added.joined(separator: ","),
-                                                 "apns.credentials_retired": retired.joined(separator: ",")])
+        logger.info(
+            "APNs credentials reloaded",
+            [
+                "apns.credentials": credentials.all.map(\.name).joined(separator: ","),
+                "apns.credentials_added": added.joined(separator: ","),
+                "apns.credentials_retired": retired.joined(separator: ",")
+            ])
     }
 
     /// What deserves a line about freshly read credentials: key files others can read, certificates near expiry.

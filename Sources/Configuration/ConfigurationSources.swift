@@ -15,8 +15,9 @@ public enum ConfigurationSources {
             if line.isEmpty || line.hasPrefix("#") { continue }
             if line.hasPrefix("export ") { line = String(line.dropFirst(7)).trimmingCharacters(in: .whitespaces) }
             guard let equals = line.firstIndex(of: "="),
-                  case let key = line[..<equals].trimmingCharacters(in: .whitespaces),
-                  !key.isEmpty, key.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) else {
+                case let key = line[..<equals].trimmingCharacters(in: .whitespaces),
+                !key.isEmpty, key.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" })
+            else {
                 throw ConfigurationError(key: "--config", "\(name) line \(number + 1): expected KEY=VALUE")
             }
             var value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
@@ -29,8 +30,10 @@ public enum ConfigurationSources {
     }
 
     /// File, then environment, then flags: each later source wins.
-    public static func merge(file: [String: String], environment: [String: String],
-                             flags: [String: String]) -> [String: String] {
+    public static func merge(
+        file: [String: String], environment: [String: String],
+        flags: [String: String]
+    ) -> [String: String] {
         file.merging(environment) { _, new in new }.merging(flags) { _, new in new }
     }
 

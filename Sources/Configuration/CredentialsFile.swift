@@ -80,7 +80,9 @@ package struct CredentialsFile {
         let proof: CredentialSettings.Proof
         let allowed: Set<String>
         if let keyFile = try file("key_file") {
-            guard let keyID = try string("key_id") else { throw EntryProblem(text: "\"key_id\" is required with \"key_file\"") }
+            guard let keyID = try string("key_id") else {
+                throw EntryProblem(text: "\"key_id\" is required with \"key_file\"")
+            }
             guard let teamID = try string("team_id") else {
                 throw EntryProblem(text: "\"team_id\" is required with \"key_file\"")
             }
@@ -90,12 +92,14 @@ package struct CredentialsFile {
             proof = .certificate(file: certificateFile, keyFile: try file("cert_key_file"))
             allowed = certificateFields
         } else {
-            throw EntryProblem(text: "names no credential: \"key_file\" (with \"key_id\" and \"team_id\") or \"cert_file\"")
+            throw EntryProblem(
+                text: "names no credential: \"key_file\" (with \"key_id\" and \"team_id\") or \"cert_file\"")
         }
         let naming = " (\(CredentialSettings.describe(proof)))"
         if let extra = fields.keys.sorted().first(where: { !allowed.contains($0) }) {
-            throw EntryProblem(text: "unknown field \"\(extra)\" for a \(allowed == tokenFields ? "signing key" : "certificate")",
-                               naming: naming)
+            throw EntryProblem(
+                text: "unknown field \"\(extra)\" for a \(allowed == tokenFields ? "signing key" : "certificate")",
+                naming: naming)
         }
         guard let topics = fields["topics"] as? [Any], !topics.isEmpty else {
             throw EntryProblem(text: "\"topics\" wants a non-empty list of bundle IDs", naming: naming)
@@ -103,16 +107,19 @@ package struct CredentialsFile {
         var bundles: [String] = []
         for topic in topics {
             guard let bundle = topic as? String, TopicSettingCheck.isValid(bundle) else {
-                throw EntryProblem(text: "\"topics\" holds \(String(describing: topic).prefix(80)), not a bundle ID", naming: naming)
+                throw EntryProblem(
+                    text: "\"topics\" holds \(String(describing: topic).prefix(80)), not a bundle ID", naming: naming)
             }
             bundles.append(bundle)
         }
         var rateLimit = 0
         if let value = fields["rate_limit"] {
             guard !(value is Bool), let number = value as? NSNumber,
-                  let whole = Int(exactly: number.doubleValue), whole >= 0 else {
-                throw EntryProblem(text: "\"rate_limit\" wants a whole number of notifications per second, 0 or more",
-                                   naming: naming)
+                let whole = Int(exactly: number.doubleValue), whole >= 0
+            else {
+                throw EntryProblem(
+                    text: "\"rate_limit\" wants a whole number of notifications per second, 0 or more",
+                    naming: naming)
             }
             rateLimit = whole
         }
@@ -137,14 +144,17 @@ extension CredentialSettings {
     /// refused when it has expired (APNs refuses its handshake: better said at start). Its expiry and a name for
     /// logs and metrics: `certificate:<common name>` (Apple's are `Apple Push Services: <bundle ID>`), else the
     /// file's name.
-    static func checkCertificate(_ file: String, keyFile: String?) throws(CertificateProblem) -> (expiry: Date, name: String) {
+    static func checkCertificate(_ file: String, keyFile: String?) throws(CertificateProblem) -> (
+        expiry: Date, name: String
+    ) {
         let checked: (expiry: Date, commonName: String?)
         do { checked = try CertificateFile.check(certificateFile: file, keyFile: keyFile) } catch {
             throw CertificateProblem(description: "\(error)")
         }
         if checked.expiry < Date() {
-            throw CertificateProblem(description: "the certificate expired on "
-                                     + "\(ISO8601DateFormatter().string(from: checked.expiry)): renew it")
+            throw CertificateProblem(
+                description: "the certificate expired on "
+                    + "\(ISO8601DateFormatter().string(from: checked.expiry)): renew it")
         }
         let fileName = file.split(separator: "/").last.map(String.init) ?? file
         return (checked.expiry, "certificate:" + (checked.commonName ?? fileName))
@@ -157,14 +167,18 @@ extension CredentialSettings {
         var fallback: APNsCredential?
         if let proof {
             let authentication = try makeAuthentication()
-            var name = authentication.name, expiry: Date?
+            var name = authentication.name
+            var expiry: Date?
             if case .certificate(let file, let keyFile) = proof {
-                do throws(CertificateProblem) { (expiry, name) = try Self.checkCertificate(file, keyFile: keyFile) } catch {
+                do throws(CertificateProblem) {
+                    (expiry, name) = try Self.checkCertificate(file, keyFile: keyFile)
+                } catch {
                     throw ConfigurationError(\.apnsCertFile, error.description)
                 }
             }
-            fallback = Self.credential(authentication, name: name, proof: proof, bundles: [], rateLimit: 0,
-                                       certificateExpiry: expiry)
+            fallback = Self.credential(
+                authentication, name: name, proof: proof, bundles: [], rateLimit: 0,
+                certificateExpiry: expiry)
         }
         var entries: [APNsCredential] = []
         if let credentialsFile {
@@ -172,8 +186,9 @@ extension CredentialSettings {
             var names = Set(fallback.map { [$0.name] } ?? [])
             for (offset, entry) in file.entries.enumerated() {
                 func problem(_ text: String) -> ConfigurationError {
-                    ConfigurationError(\.apnsCredentialsFile,
-                                       "\(credentialsFile): entry \(offset + 1) (\(Self.describe(entry.proof))): \(text)")
+                    ConfigurationError(
+                        \.apnsCredentialsFile,
+                        "\(credentialsFile): entry \(offset + 1) (\(Self.describe(entry.proof))): \(text)")
                 }
                 let authentication: APNsAuthentication
                 var expiry: Date?
@@ -181,8 +196,10 @@ extension CredentialSettings {
                 switch entry.proof {
                 case .signingKey(let keyFile, let keyID, let teamID):
                     do {
-                        authentication = .token(try APNsTokenProvider(key: try ES256Key(contentsOfFile: keyFile),
-                                                                      keyID: keyID, teamID: teamID))
+                        authentication = .token(
+                            try APNsTokenProvider(
+                                key: try ES256Key(contentsOfFile: keyFile),
+                                keyID: keyID, teamID: teamID))
                     } catch { throw problem(error.description) }
                     name = authentication.name
                 case .certificate(let certificateFile, let keyFile):
@@ -194,13 +211,17 @@ extension CredentialSettings {
                 // Two certificates of one name (several files called tls.crt, say) stay apart in metrics and limits.
                 if names.contains(name) { name += "#\(offset + 1)" }
                 names.insert(name)
-                entries.append(Self.credential(authentication, name: name, proof: entry.proof, bundles: Set(entry.topics),
-                                               rateLimit: entry.rateLimit, certificateExpiry: expiry))
+                entries.append(
+                    Self.credential(
+                        authentication, name: name, proof: entry.proof, bundles: Set(entry.topics),
+                        rateLimit: entry.rateLimit, certificateExpiry: expiry))
             }
         }
         if fallback == nil && entries.isEmpty {
-            throw ConfigurationError(\.apnsCredentialsFile, "\(credentialsFile ?? ""): lists no credential, and no "
-                                     + "single-key setting gives a default one")
+            throw ConfigurationError(
+                \.apnsCredentialsFile,
+                "\(credentialsFile ?? ""): lists no credential, and no "
+                    + "single-key setting gives a default one")
         }
         do {
             var credentials = try APNsCredentials(entries: entries, fallback: fallback)
@@ -218,16 +239,20 @@ extension CredentialSettings {
         return ([proof].compactMap { $0 } + (entries?.entries.map(\.proof) ?? [])).map(\.privateKeyFile)
     }
 
-    private static func credential(_ authentication: APNsAuthentication, name: String, proof: Proof, bundles: Set<String>,
-                                   rateLimit: Int, certificateExpiry: Date?) -> APNsCredential {
+    private static func credential(
+        _ authentication: APNsAuthentication, name: String, proof: Proof, bundles: Set<String>,
+        rateLimit: Int, certificateExpiry: Date?
+    ) -> APNsCredential {
         // Two readings of the same files are the same credential (a reload keeps its connections): the proof's
         // identifiers and the bytes of its files.
         var material = Array(describe(proof).utf8)
         for path in proof.files {
-            material += [0] + Array(path.utf8) + [0] + (FileManager.default.contents(atPath: path).map(Array.init) ?? [])
+            material +=
+                [0] + Array(path.utf8) + [0] + (FileManager.default.contents(atPath: path).map(Array.init) ?? [])
         }
-        return APNsCredential(name: name, authentication: authentication, bundles: bundles,
-                              rateLimit: rateLimit, material: material, certificateExpiry: certificateExpiry)
+        return APNsCredential(
+            name: name, authentication: authentication, bundles: bundles,
+            rateLimit: rateLimit, material: material, certificateExpiry: certificateExpiry)
     }
 
     /// An entry's proof in a few words, for error lines: team and key ids, or the certificate's file.

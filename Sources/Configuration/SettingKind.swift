@@ -27,7 +27,8 @@ extension SettingKind where Value == Int {
     static func wholeNumber(_ range: ClosedRange<Int>) -> SettingKind {
         SettingKind("whole number \(range.lowerBound)..\(range.upperBound)") { text throws(SettingProblem) in
             guard let number = Int(text), range.contains(number) else {
-                throw SettingProblem("\"\(text)\" is not a whole number from \(range.lowerBound) to \(range.upperBound)")
+                throw SettingProblem(
+                    "\"\(text)\" is not a whole number from \(range.lowerBound) to \(range.upperBound)")
             }
             return number
         }
@@ -113,7 +114,8 @@ extension SettingKind where Value == String {
 
 extension SettingKind where Value == AMQPNodes {
     static var brokerNodes: SettingKind {
-        SettingKind("amqp[s]://user:password@host:port/vhost, or several comma-separated") { text throws(SettingProblem) in
+        SettingKind("amqp[s]://user:password@host:port/vhost, or several comma-separated") {
+            text throws(SettingProblem) in
             do throws(AMQPError) { return try AMQPNodes(text) } catch { throw SettingProblem(error.message) }
         }
     }
@@ -148,7 +150,9 @@ extension SettingKind where Value == APNsEndpoint {
 extension SettingKind where Value == QueueType {
     static var queueType: SettingKind {
         SettingKind("classic|quorum") { text throws(SettingProblem) in
-            guard let type = QueueType(rawValue: text) else { throw SettingProblem("\"\(text)\" is not classic or quorum") }
+            guard let type = QueueType(rawValue: text) else {
+                throw SettingProblem("\"\(text)\" is not classic or quorum")
+            }
             return type
         }
     }
@@ -168,7 +172,9 @@ extension SettingKind where Value == Logger.Level {
 extension SettingKind where Value == Logger.Format {
     static var logFormat: SettingKind {
         SettingKind("json|text") { text throws(SettingProblem) in
-            guard let format = Logger.Format(rawValue: text) else { throw SettingProblem("\"\(text)\" is not json or text") }
+            guard let format = Logger.Format(rawValue: text) else {
+                throw SettingProblem("\"\(text)\" is not json or text")
+            }
             return format
         }
     }
@@ -177,7 +183,9 @@ extension SettingKind where Value == Logger.Format {
 extension SettingKind where Value == APNsProxy {
     static var proxyURL: SettingKind {
         SettingKind("http://[user:password@]host:port") { text throws(SettingProblem) in
-            do throws(APNsProxy.URLError) { return try APNsProxy(text) } catch { throw SettingProblem(error.description) }
+            do throws(APNsProxy.URLError) { return try APNsProxy(text) } catch {
+                throw SettingProblem(error.description)
+            }
         }
     }
 }

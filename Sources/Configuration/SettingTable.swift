@@ -10,7 +10,8 @@ import Telemetry
 public struct SettingTable: Sendable {
     // The broker.
     public let amqpURL: Setting<AMQPNodes> = Setting(
-        name: "AMQP_URL", kind: .brokerNodes, defaultValue: "amqp://guest:guest@127.0.0.1:5672/%2f", readers: .brokerClients,
+        name: "AMQP_URL", kind: .brokerNodes, defaultValue: "amqp://guest:guest@127.0.0.1:5672/%2f",
+        readers: .brokerClients,
         help: "the broker (user, password, host, port, vhost); a cluster's nodes comma-separated")
     public let amqpCAFile: OptionalSetting<String> = OptionalSetting(
         name: "AMQP_CA_FILE", kind: .file, unsetMeans: "/etc/ssl/certs/ca-certificates.crt", readers: .brokerClients,
@@ -59,7 +60,8 @@ public struct SettingTable: Sendable {
         name: "APNS_PRODUCTION_URL", kind: .endpoint, defaultValue: "https://api.push.apple.com:443", readers: .worker,
         help: "the production endpoint")
     public let apnsSandboxURL: Setting<APNsEndpoint> = Setting(
-        name: "APNS_SANDBOX_URL", kind: .endpoint, defaultValue: "https://api.sandbox.push.apple.com:443", readers: .worker,
+        name: "APNS_SANDBOX_URL", kind: .endpoint, defaultValue: "https://api.sandbox.push.apple.com:443",
+        readers: .worker,
         help: "the sandbox endpoint")
     public let apnsChannelsProductionURL: Setting<APNsEndpoint> = Setting(
         name: "APNS_CHANNELS_PRODUCTION_URL", kind: .endpoint,
@@ -91,7 +93,8 @@ public struct SettingTable: Sendable {
     public let apnsCredentialsFile: OptionalSetting<String> = OptionalSetting(
         name: "APNS_CREDENTIALS_FILE", kind: .file, unsetMeans: "none: the one credential above serves every topic",
         readers: [.worker, .channels],
-        help: "several teams' keys and certificates, JSON (docs/operations.md: Several apps and teams); a job's bundle id picks "
+        help:
+            "several teams' keys and certificates, JSON (docs/operations.md: Several apps and teams); a job's bundle id picks "
             + "the entry that lists it, the single-key settings serve the rest; re-read on SIGHUP")
     public let apnsTopic: OptionalSetting<String> = OptionalSetting(
         name: "APNS_TOPIC", kind: .topic, unsetMeans: "none: such jobs are refused",
@@ -116,10 +119,12 @@ public struct SettingTable: Sendable {
         readers: [.worker, .cleanup, .deadTokensTail],
         help: "fanout exchange dead-token events are published to; empty: straight to the queue")
     public let pushRegistrationsQueue: Setting<String> = Setting(
-        name: "PUSH_REGISTRATIONS_QUEUE", kind: .brokerName, defaultValue: "push.registrations", readers: [.cleanup, .stats],
+        name: "PUSH_REGISTRATIONS_QUEUE", kind: .brokerName, defaultValue: "push.registrations",
+        readers: [.cleanup, .stats],
         help: "registration events (an app reporting its token) that cleanup applies")
     public let pushQueueType: OptionalSetting<QueueType> = OptionalSetting(
-        name: "PUSH_QUEUE_TYPE", kind: .queueType, unsetMeans: "quorum when AMQP_URL lists several nodes, classic for one",
+        name: "PUSH_QUEUE_TYPE", kind: .queueType,
+        unsetMeans: "quorum when AMQP_URL lists several nodes, classic for one",
         readers: [.worker, .cleanup, .enqueue, .deadTokensTail],
         help: "the type of every queue the programs declare; one that exists is used as it is")
 
@@ -144,13 +149,15 @@ public struct SettingTable: Sendable {
             + "always runs")
     public let workerBulkAdmissionTargets: Setting<Int> = Setting(
         name: "WORKER_BULK_ADMISSION_TARGETS", kind: .wholeNumber(1...100_000_000), defaultValue: "200000",
-        readers: .worker, help: "users and tokens of large bulk jobs one worker runs at once; the next waits until they "
+        readers: .worker,
+        help: "users and tokens of large bulk jobs one worker runs at once; the next waits until they "
             + "settle, one always runs")
     public let workerMaxInFlight: Setting<Int> = Setting(
         name: "WORKER_MAX_IN_FLIGHT", kind: .wholeNumber(2...1_000_000), defaultValue: "5000", readers: .worker,
         help: "notifications sent to APNs and not answered yet, per lane")
     public let workerMassInvalidationThreshold: Setting<Int> = Setting(
-        name: "WORKER_MASS_INVALIDATION_THRESHOLD", kind: .wholeNumber(1...1_000_000), defaultValue: "20", readers: .worker,
+        name: "WORKER_MASS_INVALIDATION_THRESHOLD", kind: .wholeNumber(1...1_000_000), defaultValue: "20",
+        readers: .worker,
         help: "this many bad-token answers (400 mismatches), in one job or across the fleet's last minute, over "
             + "WORKER_MASS_INVALIDATION_SHARE of the answers that judge a token, remove no token")
     public let workerMassInvalidationShare: Setting<Double> = Setting(
@@ -198,7 +205,8 @@ public struct SettingTable: Sendable {
         name: "METRICS_PORT", kind: .wholeNumber(0...65_535), defaultValue: "9464", readers: [.worker, .cleanup],
         help: "their port; 0 turns them off")
     public let logLevel: Setting<Logger.Level> = Setting(
-        name: "LOG_LEVEL", kind: .logLevel, defaultValue: "info", readers: .all, help: "the least severe log line written")
+        name: "LOG_LEVEL", kind: .logLevel, defaultValue: "info", readers: .all,
+        help: "the least severe log line written")
     public let logFormat: Setting<Logger.Format> = Setting(
         name: "LOG_FORMAT", kind: .logFormat, defaultValue: "json", readers: .all,
         help: "json (one object per line) or text")
@@ -229,6 +237,6 @@ public struct SettingTable: Sendable {
 
     public static let essentials: [any SettingEntry] = [
         shared.amqpURL, shared.redisURL, shared.apnsKeyFile, shared.apnsKeyID, shared.apnsTeamID, shared.apnsCertFile,
-        shared.apnsTopic, shared.apnsRateLimit,
+        shared.apnsTopic, shared.apnsRateLimit
     ]
 }

@@ -14,7 +14,9 @@ struct SettingValues {
     }
 
     /// The entry's value, or nil when it is not given (or given empty).
-    func callAsFunction<Value>(_ key: KeyPath<SettingTable, OptionalSetting<Value>>) throws(ConfigurationError) -> Value? {
+    func callAsFunction<Value>(_ key: KeyPath<SettingTable, OptionalSetting<Value>>) throws(ConfigurationError)
+        -> Value?
+    {
         let setting = SettingTable.shared[keyPath: key]
         guard let text = text(setting.name) else { return nil }
         return try read(setting.name, text, as: setting.kind)
@@ -40,8 +42,10 @@ struct SettingValues {
         return text
     }
 
-    private func read<Value>(_ name: String, _ text: String,
-                             as kind: SettingKind<Value>) throws(ConfigurationError) -> Value {
+    private func read<Value>(
+        _ name: String, _ text: String,
+        as kind: SettingKind<Value>
+    ) throws(ConfigurationError) -> Value {
         do { return try kind.read(text) } catch { throw ConfigurationError(key: name, error.text) }
     }
 }

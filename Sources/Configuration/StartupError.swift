@@ -8,8 +8,10 @@ extension ConfigurationError {
     public init?(naming error: any Error) {
         switch error {
         case let missing as NoDeadTokensExchange:
-            self.init(\.pushDeadTokensExchange, "empty: events go straight to \(missing.queue), so there is nothing to "
-                      + "watch without taking them")
+            self.init(
+                \.pushDeadTokensExchange,
+                "empty: events go straight to \(missing.queue), so there is nothing to "
+                    + "watch without taking them")
         default:
             return nil
         }
@@ -29,7 +31,9 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
             if let redis = refused.cause as? RedisError {
                 description = Self.naming(redis).description
             } else {
-                description = (refused.system == .broker ? ConfigurationError(\.amqpURL, refused.message)
+                description =
+                    (refused.system == .broker
+                    ? ConfigurationError(\.amqpURL, refused.message)
                     : ConfigurationError(\.redisURL, refused.message)).description
             }
         case let amqp as AMQPError where amqp.isPermanent:

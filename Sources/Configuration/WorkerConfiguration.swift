@@ -3,8 +3,8 @@ import AMQPBroker
 import APNs
 import Foundation
 import Redis
-import Telemetry
 import TLS
+import Telemetry
 import WorkerPipeline
 
 /// A setting that stops start-up: names the key and what is wrong with it, never its secret value.
@@ -54,16 +54,23 @@ public struct CredentialSettings: Sendable, Equatable {
 
     /// A warning for each client certificate that expires within `expiryWarningDays`.
     public static func certificateExpiryWarnings(_ credentials: APNsCredentials, now: Date = Date())
-        -> [(message: String, metadata: [String: String])] {
+        -> [(message: String, metadata: [String: String])]
+    {
         credentials.all.compactMap { credential in
             guard let expiry = credential.certificateExpiry,
-                  expiry.timeIntervalSince(now) < Double(expiryWarningDays) * 86_400 else { return nil }
+                expiry.timeIntervalSince(now) < Double(expiryWarningDays) * 86_400
+            else { return nil }
             let days = Int(expiry.timeIntervalSince(now) / 86_400)
-            return ("the APNs client certificate expires in \(days) days: renew it, then reload the workers (SIGHUP)",
-                    ["apns.credential": credential.name,
-                     "apns.certificate_expiry": ISO8601DateFormatter().string(from: expiry),
-                     "apns.topics": credential.bundles.isEmpty ? (credentials.defaultTopic ?? "")
-                        : credential.bundles.sorted().joined(separator: ",")])
+            return (
+                "the APNs client certificate expires in \(days) days: renew it, then reload the workers (SIGHUP)",
+                [
+                    "apns.credential": credential.name,
+                    "apns.certificate_expiry": ISO8601DateFormatter().string(from: expiry),
+                    "apns.topics": credential.bundles.isEmpty
+                        ? (credentials.defaultTopic ?? "")
+                        : credential.bundles.sorted().joined(separator: ",")
+                ]
+            )
         }
     }
 
@@ -76,7 +83,8 @@ public struct CredentialSettings: Sendable, Equatable {
                 return .token(try APNsTokenProvider(key: key, keyID: keyID, teamID: teamID))
             } catch {
                 if case .badIdentifier(let field, _) = error {
-                    throw field == .keyID ? ConfigurationError(\.apnsKeyID, error.description)
+                    throw field == .keyID
+                        ? ConfigurationError(\.apnsKeyID, error.description)
                         : ConfigurationError(\.apnsTeamID, error.description)
                 }
                 throw ConfigurationError(\.apnsKeyFile, error.description)
@@ -84,9 +92,11 @@ public struct CredentialSettings: Sendable, Equatable {
         case .certificate(let file, let keyFile)?:
             return .certificate(certificateFile: file, privateKeyFile: keyFile)
         case nil:
-            throw ConfigurationError(\.apnsKeyFile, "no APNs credentials: set \(name(\.apnsKeyFile)), "
-                                     + "\(name(\.apnsKeyID)) and \(name(\.apnsTeamID)) (token), or \(name(\.apnsCertFile)) "
-                                     + "(certificate)")
+            throw ConfigurationError(
+                \.apnsKeyFile,
+                "no APNs credentials: set \(name(\.apnsKeyFile)), "
+                    + "\(name(\.apnsKeyID)) and \(name(\.apnsTeamID)) (token), or \(name(\.apnsCertFile)) "
+                    + "(certificate)")
         }
     }
 
@@ -98,7 +108,8 @@ public struct CredentialSettings: Sendable, Equatable {
 
     static func privateKeyPermissionProblem(_ path: String) -> String? {
         guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-              let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue else { return nil }
+            let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue
+        else { return nil }
         guard mode & 0o077 != 0 else { return nil }
         let who = mode & 0o004 != 0 ? "every user on this machine" : "its group"
         return "\(path) is readable or writable by \(who) (mode \(String(mode, radix: 8))): chmod 600 it"
@@ -106,8 +117,9 @@ public struct CredentialSettings: Sendable, Equatable {
 
     /// Both kinds of credentials set: which one is used, for the log.
     public var choice: String? {
-        ignoredCertificate ? "\(name(\.apnsKeyFile)) and \(name(\.apnsCertFile)) are both set: token authentication "
-            + "with \(name(\.apnsKeyFile)) is used; the certificate is ignored (unset one of them)" : nil
+        ignoredCertificate
+            ? "\(name(\.apnsKeyFile)) and \(name(\.apnsCertFile)) are both set: token authentication "
+                + "with \(name(\.apnsKeyFile)) is used; the certificate is ignored (unset one of them)" : nil
     }
 }
 
@@ -152,8 +164,10 @@ public struct WorkerConfiguration: Sendable {
     /// Reads and checks every setting (each an entry of `SettingTable`); the first bad one throws. The command-line
     /// tools (`enqueue`, `tokens`, `stats`, `cleanup`, ...) send nothing to APNs and load without
     /// `requiringCredentials`.
-    public static func load(from environment: [String: String],
-                            requiringCredentials: Bool = true) throws(ConfigurationError) -> WorkerConfiguration {
+    public static func load(
+        from environment: [String: String],
+        requiringCredentials: Bool = true
+    ) throws(ConfigurationError) -> WorkerConfiguration {
         let settings = SettingValues(environment)
         let nodes = try settings(\.amqpURL)
         let redis = try redisDeployment(settings)
@@ -167,12 +181,15 @@ public struct WorkerConfiguration: Sendable {
             broker: broker, redis: redis,
             rateLimit: try settings(\.apnsRateLimit), rateLimitUrgentShare: try settings(\.apnsRateLimitUrgentShare),
             apns: apns, credential: credential,
-            pipeline: try pipeline(settings, broker: broker, defaultTopic: credential.defaultTopic,
-                                   exitOnJobID: testFault(environment)),
-            cleanup: CleanupSettings(inactiveDays: try settings(\.cleanupInactiveDays),
-                                     sweepInterval: try settings(\.cleanupSweepInterval)),
-            metrics: MetricsSettings(host: try settings(\.metricsHost), port: try settings(\.metricsPort),
-                                     portIsExplicit: settings.isGiven(\.metricsPort)),
+            pipeline: try pipeline(
+                settings, broker: broker, defaultTopic: credential.defaultTopic,
+                exitOnJobID: testFault(environment)),
+            cleanup: CleanupSettings(
+                inactiveDays: try settings(\.cleanupInactiveDays),
+                sweepInterval: try settings(\.cleanupSweepInterval)),
+            metrics: MetricsSettings(
+                host: try settings(\.metricsHost), port: try settings(\.metricsPort),
+                portIsExplicit: settings.isGiven(\.metricsPort)),
             logLevel: logLevel, logFormat: logFormat)
     }
 
@@ -180,9 +197,9 @@ public struct WorkerConfiguration: Sendable {
     /// tests of poison jobs. Release builds ignore it (so it is no setting of the table).
     static func testFault(_ environment: [String: String]) -> String? {
         #if DEBUG
-        return environment["TEST_FAULT_EXIT_ON_JOB"]
+            return environment["TEST_FAULT_EXIT_ON_JOB"]
         #else
-        return nil
+            return nil
         #endif
     }
 
@@ -205,9 +222,11 @@ public struct WorkerConfiguration: Sendable {
 
     /// REDIS_CA_FILE, REDIS_CERT_FILE and REDIS_CERT_KEY_FILE on a rediss:// URL; given beside a redis:// one, they
     /// would be ignored, so they stop start-up instead.
-    private static func withTLSFiles(_ url: RedisURL, _ settings: SettingValues) throws(ConfigurationError) -> RedisURL {
-        let files = RedisTLS(caFile: try settings(\.redisCAFile), certificateFile: try settings(\.redisCertFile),
-                             keyFile: try settings(\.redisCertKeyFile))
+    private static func withTLSFiles(_ url: RedisURL, _ settings: SettingValues) throws(ConfigurationError) -> RedisURL
+    {
+        let files = RedisTLS(
+            caFile: try settings(\.redisCAFile), certificateFile: try settings(\.redisCertFile),
+            keyFile: try settings(\.redisCertKeyFile))
         guard url.tls != nil else {
             for key in [\SettingTable.redisCAFile, \.redisCertFile, \.redisCertKeyFile] where settings.isGiven(key) {
                 throw ConfigurationError(key, "given, but REDIS_URL is not rediss:// (TLS)")
@@ -215,7 +234,8 @@ public struct WorkerConfiguration: Sendable {
             return url
         }
         if files.keyFile != nil && files.certificateFile == nil {
-            throw ConfigurationError(\.redisCertKeyFile, "given without \(name(\.redisCertFile)), the certificate it is the key of")
+            throw ConfigurationError(
+                \.redisCertKeyFile, "given without \(name(\.redisCertFile)), the certificate it is the key of")
         }
         var secured = url
         secured.tls = files
@@ -231,35 +251,46 @@ public struct WorkerConfiguration: Sendable {
             guard let clusterNodes else { return .node(try settings(\.redisURL)) }
             let dataNodes = try dataNodes(settings, beside: \.redisClusterNodes)
             guard dataNodes.database == 0 else {
-                throw ConfigurationError(\.redisURL, "names database \(dataNodes.database): a Redis Cluster has "
-                                         + "database 0 only")
+                throw ConfigurationError(
+                    \.redisURL,
+                    "names database \(dataNodes.database): a Redis Cluster has "
+                        + "database 0 only")
             }
             return .cluster(RedisClusterNodes(seeds: clusterNodes, dataNodes: dataNodes))
         }
         guard clusterNodes == nil else {
-            throw ConfigurationError(\.redisClusterNodes, "given beside \(name(\.redisSentinels)): a Redis is either "
-                                     + "watched by sentinels or a cluster; give one of the two")
+            throw ConfigurationError(
+                \.redisClusterNodes,
+                "given beside \(name(\.redisSentinels)): a Redis is either "
+                    + "watched by sentinels or a cluster; give one of the two")
         }
         guard let masterName = try settings(\.redisMasterName) else {
             throw ConfigurationError(\.redisMasterName, "required with \(name(\.redisSentinels))")
         }
-        return .sentinel(RedisSentinels(sentinels: sentinels, masterName: masterName,
-                                        sentinelPassword: try settings(\.redisSentinelPassword),
-                                        dataNodes: try dataNodes(settings, beside: \.redisSentinels)))
+        return .sentinel(
+            RedisSentinels(
+                sentinels: sentinels, masterName: masterName,
+                sentinelPassword: try settings(\.redisSentinelPassword),
+                dataNodes: try dataNodes(settings, beside: \.redisSentinels)))
     }
 
     /// REDIS_URL beside the setting that says where the nodes are: their credentials (and database) only.
-    private static func dataNodes(_ settings: SettingValues, beside nodes: KeyPath<SettingTable, OptionalSetting<[RedisAddress]>>)
-        throws(ConfigurationError) -> RedisURL {
+    private static func dataNodes(
+        _ settings: SettingValues, beside nodes: KeyPath<SettingTable, OptionalSetting<[RedisAddress]>>
+    )
+        throws(ConfigurationError) -> RedisURL
+    {
         guard let text = settings.text(\.redisURL) else { return RedisURL() }
         let dataNodes: RedisURL
         do throws(RedisError) { dataNodes = try RedisURL(text, requiringHost: false) } catch {
             throw ConfigurationError(\.redisURL, error.message)
         }
         guard dataNodes.host.isEmpty else {
-            throw ConfigurationError(\.redisURL, "names a Redis (\(dataNodes.host)) beside \(name(nodes)): give one of "
-                                     + "the two; beside it, REDIS_URL holds only the nodes' password and database "
-                                     + "(redis://:password@/db)")
+            throw ConfigurationError(
+                \.redisURL,
+                "names a Redis (\(dataNodes.host)) beside \(name(nodes)): give one of "
+                    + "the two; beside it, REDIS_URL holds only the nodes' password and database "
+                    + "(redis://:password@/db)")
         }
         return dataNodes
     }
@@ -273,7 +304,8 @@ public struct WorkerConfiguration: Sendable {
         apns.caFile = try settings(\.apnsCAFile)
         apns.proxy = try settings(\.apnsProxyURL)
         apns.connectionsPerEnvironment = try settings(\.apnsConnections)
-        apns.maximumConnectionsPerEnvironment = try maximumConnections(settings, atLeast: apns.connectionsPerEnvironment)
+        apns.maximumConnectionsPerEnvironment = try maximumConnections(
+            settings, atLeast: apns.connectionsPerEnvironment)
         apns.requestTimeout = try settings(\.apnsRequestTimeout)
         apns.pingInterval = try settings(\.apnsPingInterval)
         apns.pingTimeout = try settings(\.apnsPingTimeout)
@@ -283,20 +315,26 @@ public struct WorkerConfiguration: Sendable {
 
     /// APNS_MAX_CONNECTIONS, never below APNS_CONNECTIONS: given below it, an error naming both; left unset, raised
     /// to it.
-    private static func maximumConnections(_ settings: SettingValues,
-                                           atLeast minimum: Int) throws(ConfigurationError) -> Int {
+    private static func maximumConnections(
+        _ settings: SettingValues,
+        atLeast minimum: Int
+    ) throws(ConfigurationError) -> Int {
         let maximum = try settings(\.apnsMaxConnections)
         guard settings.isGiven(\.apnsMaxConnections) else { return max(maximum, minimum) }
         guard maximum >= minimum else {
-            throw ConfigurationError(\.apnsMaxConnections, "\(maximum) is below \(name(\.apnsConnections)) (\(minimum)): "
-                                     + "the pool's most connections cannot be fewer than it keeps open; raise "
-                                     + "\(name(\.apnsMaxConnections)) or lower \(name(\.apnsConnections))")
+            throw ConfigurationError(
+                \.apnsMaxConnections,
+                "\(maximum) is below \(name(\.apnsConnections)) (\(minimum)): "
+                    + "the pool's most connections cannot be fewer than it keeps open; raise "
+                    + "\(name(\.apnsMaxConnections)) or lower \(name(\.apnsConnections))")
         }
         return maximum
     }
 
-    private static func credential(_ settings: SettingValues,
-                                   required: Bool) throws(ConfigurationError) -> CredentialSettings {
+    private static func credential(
+        _ settings: SettingValues,
+        required: Bool
+    ) throws(ConfigurationError) -> CredentialSettings {
         let keyFile = try settings(\.apnsKeyFile)
         let keyID = try settings(\.apnsKeyID)
         let teamID = try settings(\.apnsTeamID)
@@ -311,30 +349,38 @@ public struct WorkerConfiguration: Sendable {
         } else if let certificateFile {
             proof = .certificate(file: certificateFile, keyFile: certificateKeyFile)
             do throws(CertificateProblem) {
-                certificateExpiry = try CredentialSettings.checkCertificate(certificateFile, keyFile: certificateKeyFile).expiry
+                certificateExpiry = try CredentialSettings.checkCertificate(
+                    certificateFile, keyFile: certificateKeyFile
+                ).expiry
             } catch {
                 throw ConfigurationError(\.apnsCertFile, error.description)
             }
         }
         let credentialsFile = try settings(\.apnsCredentialsFile)
         if required && proof == nil && credentialsFile == nil {
-            throw ConfigurationError(\.apnsKeyFile, "no APNs credentials: set \(name(\.apnsKeyFile)), \(name(\.apnsKeyID)) "
-                                     + "and \(name(\.apnsTeamID)), or \(name(\.apnsCertFile)), or "
-                                     + "\(name(\.apnsCredentialsFile))")
+            throw ConfigurationError(
+                \.apnsKeyFile,
+                "no APNs credentials: set \(name(\.apnsKeyFile)), \(name(\.apnsKeyID)) "
+                    + "and \(name(\.apnsTeamID)), or \(name(\.apnsCertFile)), or "
+                    + "\(name(\.apnsCredentialsFile))")
         }
-        return CredentialSettings(proof: proof, defaultTopic: try settings(\.apnsTopic),
-                                  ignoredCertificate: keyFile != nil && certificateFile != nil,
-                                  certificateExpiry: certificateExpiry, credentialsFile: credentialsFile)
+        return CredentialSettings(
+            proof: proof, defaultTopic: try settings(\.apnsTopic),
+            ignoredCertificate: keyFile != nil && certificateFile != nil,
+            certificateExpiry: certificateExpiry, credentialsFile: credentialsFile)
     }
 
-    private static func queueNames(_ settings: SettingValues, nodes: AMQPNodes) throws(ConfigurationError) -> QueueNames {
+    private static func queueNames(_ settings: SettingValues, nodes: AMQPNodes) throws(ConfigurationError) -> QueueNames
+    {
         let deadTokensQueue = try settings(\.pushDeadTokensQueue)
         let jobsQueue = try settings(\.pushJobsQueue)
         let bulkQueue = try settings(\.pushBulkQueue)
         // One queue for both lanes would make two consumers of it: every job would land in either lane by chance.
         guard bulkQueue != jobsQueue else {
-            throw ConfigurationError(\.pushBulkQueue, "\"\(bulkQueue)\" is \(name(\.pushJobsQueue)) too: the bulk lane "
-                                     + "needs a queue of its own")
+            throw ConfigurationError(
+                \.pushBulkQueue,
+                "\"\(bulkQueue)\" is \(name(\.pushJobsQueue)) too: the bulk lane "
+                    + "needs a queue of its own")
         }
         return QueueNames(
             jobs: jobsQueue, bulk: bulkQueue, failed: try settings(\.pushFailedQueue), deadTokens: deadTokensQueue,
@@ -349,28 +395,35 @@ public struct WorkerConfiguration: Sendable {
             type: try settings(\.pushQueueType) ?? (nodes.urls.count > 1 ? .quorum : .classic))
     }
 
-    private static func brokerSettings(_ settings: SettingValues, nodes: AMQPNodes,
-                                       queues: QueueNames) throws(ConfigurationError) -> AMQPJobBroker.Settings {
+    private static func brokerSettings(
+        _ settings: SettingValues, nodes: AMQPNodes,
+        queues: QueueNames
+    ) throws(ConfigurationError) -> AMQPJobBroker.Settings {
         let retryDelays = try settings(\.apnsRetryDelays)
         let prefetch = try settings(\.workerPrefetch)
         let bulkPrefetch = try settings(\.workerBulkPrefetch)
-        return AMQPJobBroker.Settings(nodes: nodes, caFile: try settings(\.amqpCAFile),
-                                      heartbeat: try settings(\.amqpHeartbeat), queues: queues,
-                                      retryDelays: retryDelays, prefetch: prefetch, bulkPrefetch: bulkPrefetch)
+        return AMQPJobBroker.Settings(
+            nodes: nodes, caFile: try settings(\.amqpCAFile),
+            heartbeat: try settings(\.amqpHeartbeat), queues: queues,
+            retryDelays: retryDelays, prefetch: prefetch, bulkPrefetch: bulkPrefetch)
     }
 
-    private static func pipeline(_ settings: SettingValues, broker: AMQPJobBroker.Settings, defaultTopic: String?,
-                                 exitOnJobID: String?) throws(ConfigurationError) -> WorkerSettings {
+    private static func pipeline(
+        _ settings: SettingValues, broker: AMQPJobBroker.Settings, defaultTopic: String?,
+        exitOnJobID: String?
+    ) throws(ConfigurationError) -> WorkerSettings {
         let core = WorkerCore.Settings(
             prefetch: broker.prefetch + broker.bulkPrefetch,
             maximumNotificationsInFlight: try settings(\.workerMaxInFlight),
             shutdownTimeout: try settings(\.shutdownTimeout),
-            bulkAdmission: BulkAdmission(maximumBytes: try settings(\.workerBulkAdmissionBytes),
-                                         maximumTargets: try settings(\.workerBulkAdmissionTargets)))
+            bulkAdmission: BulkAdmission(
+                maximumBytes: try settings(\.workerBulkAdmissionBytes),
+                maximumTargets: try settings(\.workerBulkAdmissionTargets)))
         return WorkerSettings(
             core: core, defaultTopic: defaultTopic,
-            invalidationGuard: MassInvalidationGuard(threshold: try settings(\.workerMassInvalidationThreshold),
-                                                     share: try settings(\.workerMassInvalidationShare)),
+            invalidationGuard: MassInvalidationGuard(
+                threshold: try settings(\.workerMassInvalidationThreshold),
+                share: try settings(\.workerMassInvalidationShare)),
             maximumSendAttempts: try settings(\.apnsMaxAttempts),
             retryDelays: broker.retryDelays,
             maximumDeliveries: try settings(\.workerMaxDeliveries),
@@ -378,5 +431,7 @@ public struct WorkerConfiguration: Sendable {
     }
 
     /// A setting's name, for the messages that name another setting than their own.
-    static func name(_ key: KeyPath<SettingTable, some SettingEntry>) -> String { SettingTable.shared[keyPath: key].name }
+    static func name(_ key: KeyPath<SettingTable, some SettingEntry>) -> String {
+        SettingTable.shared[keyPath: key].name
+    }
 }

@@ -1,11 +1,12 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 import Foundation
-import Telemetry
 import Synchronization
+import TLS
+import Telemetry
 import Threads
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Something with a file descriptor that an `EventLoop` polls and wakes.
 /// All methods are called on the loop's own thread.
@@ -46,7 +47,6 @@ public final class EventLoop: @unchecked Sendable {
         thread.name = name
         thread.start()
     }
-
 
     public var inEventLoop: Bool { threadID.load(ordering: .acquiring) == UInt(pthread_self()) }
 

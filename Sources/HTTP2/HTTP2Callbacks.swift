@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 internal import CNghttp2
+import TLS
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 // MARK: nghttp2 callbacks: C function pointers that find their connection through user_data.
 
@@ -15,8 +16,9 @@ func withConnection<Result>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2
 let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
     guard let frame, let name, let value else { return 0 }
     withConnection(userData) {
-        $0.header(streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
-                  value: UnsafeBufferPointer(start: value, count: valueLength))
+        $0.header(
+            streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
+            value: UnsafeBufferPointer(start: value, count: valueLength))
     }
     return 0
 }
@@ -30,8 +32,9 @@ let onDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, l
 let onFrameReceived: nghttp2_on_frame_recv_callback = { _, frame, userData in
     guard let frame else { return 0 }
     withConnection(userData) {
-        $0.frameReceived(type: frame.pointee.hd.type, flags: frame.pointee.hd.flags, streamID: frame.pointee.hd.stream_id,
-                         frame: frame)
+        $0.frameReceived(
+            type: frame.pointee.hd.type, flags: frame.pointee.hd.flags, streamID: frame.pointee.hd.stream_id,
+            frame: frame)
     }
     return 0
 }
@@ -67,9 +70,11 @@ let readOutgoingBody: nghttp2_data_source_read_callback = { session, streamID, b
     // The source is the stream. It is read only while it is still the stream's user data, that is open here (a
     // stream that timed out left the list, and may be gone, while its DATA was still queued in nghttp2).
     guard let buffer, let flags, let session, let stream = source?.pointee.ptr,
-          nghttp2_session_get_stream_user_data(session, streamID) == stream else {
+        nghttp2_session_get_stream_user_data(session, streamID) == stream
+    else {
         return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue)
     }
-    return HTTP2Connection.readOutgoing(Unmanaged<HTTP2Stream>.fromOpaque(stream).takeUnretainedValue(), into: buffer,
-                                        length: length, flags: flags)
+    return HTTP2Connection.readOutgoing(
+        Unmanaged<HTTP2Stream>.fromOpaque(stream).takeUnretainedValue(), into: buffer,
+        length: length, flags: flags)
 }

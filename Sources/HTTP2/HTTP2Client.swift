@@ -1,11 +1,12 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 import Foundation
 import Synchronization
+import TLS
 import Telemetry
 import Threads
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// What happened to a client's connections, for whoever watches (metrics, tests).
 public enum HTTP2ClientEvent: Sendable, Equatable {
@@ -64,10 +65,12 @@ public final class HTTP2Client: @unchecked Sendable {
         /// every one. A caller that reads two fields of an answer need not pay for storing a server's six.
         public var keptResponseHeaders: [String]?
 
-        public init(host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
-                    maximumConnectionCount: Int? = nil, connectTimeout: Double = 10, requestTimeout: Double = 30,
-                    maximumAttempts: Int = 3, reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
-                    pingInterval: Double = 3600, pingTimeout: Double = 15) {
+        public init(
+            host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
+            maximumConnectionCount: Int? = nil, connectTimeout: Double = 10, requestTimeout: Double = 30,
+            maximumAttempts: Int = 3, reconnectBaseDelay: Double = 0.1, reconnectMaximumDelay: Double = 30,
+            pingInterval: Double = 3600, pingTimeout: Double = 15
+        ) {
             self.host = host
             self.port = port
             self.tls = tls
@@ -150,7 +153,8 @@ public final class HTTP2Client: @unchecked Sendable {
             let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
             var touched: [HTTP2Connection] = []
             for (index, request) in requests.enumerated() {
-                let pending = Pending(request: request, index: index, attempt: 1, deadline: deadline, completion: completion)
+                let pending = Pending(
+                    request: request, index: index, attempt: 1, deadline: deadline, completion: completion)
                 if let connection = dispatch(pending), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
                 }
@@ -244,7 +248,9 @@ public final class HTTP2Client: @unchecked Sendable {
     /// Connections open or on their way (not going away), those of them not open yet, and the largest stream limit
     /// of the open ones (0 when none is open).
     private func poolCensus() -> (usable: Int, opening: Int, streamsPerConnection: Int) {
-        var usable = connectionsStarting, opening = connectionsStarting, streamsPerConnection = 0
+        var usable = connectionsStarting
+        var opening = connectionsStarting
+        var streamsPerConnection = 0
         for connection in connections where connection.isUsable {
             usable += 1
             if connection.state == .open {
@@ -269,10 +275,13 @@ public final class HTTP2Client: @unchecked Sendable {
             case .reset, .timedOut: attempt = nil
             }
             if let attempt {
-                logger.debug("resending a request", ["http2.reason": error.description, "http2.attempt": String(attempt)])
+                logger.debug(
+                    "resending a request", ["http2.reason": error.description, "http2.attempt": String(attempt)])
                 // Resent after the current callback returns, never from inside nghttp2's own callback.
-                waiting.append(Pending(request: pending.request, index: pending.index, attempt: attempt,
-                                       deadline: pending.deadline, completion: pending.completion))
+                waiting.append(
+                    Pending(
+                        request: pending.request, index: pending.index, attempt: attempt,
+                        deadline: pending.deadline, completion: pending.completion))
                 drainWaitingSoon()
                 return
             }
@@ -382,8 +391,9 @@ public final class HTTP2Client: @unchecked Sendable {
                 close(descriptor)
                 throw error
             }
-            let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
-                                             role: .client, connecting: true, keptHeaders: keptHeaders)
+            let connection = HTTP2Connection(
+                id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
+                role: .client, connecting: true, keptHeaders: keptHeaders)
             nextConnectionID += 1
             adopt(connection) { [self] reason in connect(fallback, problems: problems + [reason]) }
         } catch {
@@ -400,8 +410,9 @@ public final class HTTP2Client: @unchecked Sendable {
         Socket.configure(descriptor)
         do {
             let tls = try TLSStream(context: tlsContext, fileDescriptor: descriptor, serverName: configuration.host)
-            let connection = HTTP2Connection(id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
-                                             role: .client, connecting: true, keptHeaders: keptHeaders)
+            let connection = HTTP2Connection(
+                id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
+                role: .client, connecting: true, keptHeaders: keptHeaders)
             nextConnectionID += 1
             adopt(connection) { [self] reason in connectFailed(reason) }
         } catch {
@@ -426,12 +437,17 @@ public final class HTTP2Client: @unchecked Sendable {
             opened = true
             loop.cancelTimer(connectTimer)
             configuration.observer?(.opened(connection: connection.id))
-            logger.info("HTTP/2 connection open", ["http2.connection": String(connection.id), "http2.endpoint": authority])
+            logger.info(
+                "HTTP/2 connection open", ["http2.connection": String(connection.id), "http2.endpoint": authority])
             drainWaiting()
         }
         connection.onRemoteSettings = { [self] connection, maximumStreams in
-            logger.debug("peer settings", ["http2.connection": String(connection.id),
-                                           "http2.max_concurrent_streams": String(maximumStreams)])
+            logger.debug(
+                "peer settings",
+                [
+                    "http2.connection": String(connection.id),
+                    "http2.max_concurrent_streams": String(maximumStreams)
+                ])
             announcedStreamLimit = maximumStreams
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
@@ -441,12 +457,18 @@ public final class HTTP2Client: @unchecked Sendable {
             configuration.observer?(.pingAcknowledged(connection: connection.id))
         }
         connection.onGoAway = { [self] connection, lastStreamID, code, debugData in
-            configuration.observer?(.goAway(connection: connection.id, lastStreamID: lastStreamID, errorCode: code,
-                                            debugData: debugData))
-            logger.warning("GOAWAY received", ["http2.connection": String(connection.id),
-                                               "http2.last_stream_id": String(lastStreamID),
-                                               "http2.error_code": String(code),
-                                               "http2.goaway_reason": Redact.outsideText(debugData, limit: 200)])
+            configuration.observer?(
+                .goAway(
+                    connection: connection.id, lastStreamID: lastStreamID, errorCode: code,
+                    debugData: debugData))
+            logger.warning(
+                "GOAWAY received",
+                [
+                    "http2.connection": String(connection.id),
+                    "http2.last_stream_id": String(lastStreamID),
+                    "http2.error_code": String(code),
+                    "http2.goaway_reason": Redact.outsideText(debugData, limit: 200)
+                ])
             // Replace the connection now (the old one finishes its streams below last-stream-id and closes), unless it
             // never served a response: then the close path backs off, so a hostile endpoint cannot make us loop.
             if connection.responsesReceived > 0 { loop.execute { [self] in openMissingConnections() } }
@@ -456,10 +478,15 @@ public final class HTTP2Client: @unchecked Sendable {
             connections.removeAll { $0 === connection }
             if opened { configuration.observer?(.closed(connection: connection.id, reason: reason)) }
             if retiring.remove(connection.id) != nil {
-                logger.info("idle HTTP/2 connection closed", ["http2.connection": String(connection.id),
-                                                              "http2.endpoint": authority])
+                logger.info(
+                    "idle HTTP/2 connection closed",
+                    [
+                        "http2.connection": String(connection.id),
+                        "http2.endpoint": authority
+                    ])
             } else if opened && connection.responsesReceived > 0 {
-                logger.info("HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
+                logger.info(
+                    "HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
                 loop.execute { [self] in openMissingConnections() }
             } else if !opened {
                 tryNextAddress(reason)
@@ -475,10 +502,15 @@ public final class HTTP2Client: @unchecked Sendable {
         consecutiveFailedConnects += 1
         lastConnectError = reason
         configuration.observer?(.connectFailed(reason: reason))
-        let delay = Backoff.equalJitter(afterFailures: consecutiveFailedConnects, base: configuration.reconnectBaseDelay,
-                                        cap: configuration.reconnectMaximumDelay)
-        logger.error("cannot connect to APNs endpoint", ["http2.endpoint": authority, "http2.reason": reason,
-                                                         "http2.retry_in_s": String(format: "%.2f", delay)])
+        let delay = Backoff.equalJitter(
+            afterFailures: consecutiveFailedConnects, base: configuration.reconnectBaseDelay,
+            cap: configuration.reconnectMaximumDelay)
+        logger.error(
+            "cannot connect to APNs endpoint",
+            [
+                "http2.endpoint": authority, "http2.reason": reason,
+                "http2.retry_in_s": String(format: "%.2f", delay)
+            ])
         guard reconnectTimer == nil, !isShutDown else { return }
         reconnectTimer = loop.schedule(after: delay) { [self] in
             reconnectTimer = nil
@@ -496,7 +528,8 @@ public final class HTTP2Client: @unchecked Sendable {
         for connection in connections where connection.isUsable {
             usableSeen += 1
             guard usableSeen > configuration.connectionCount, connection.state == .open,
-                  connection.openStreamCount == 0, connection.lastFrameReceivedAt + lifetime <= now else { continue }
+                connection.openStreamCount == 0, connection.lastFrameReceivedAt + lifetime <= now
+            else { continue }
             retiring.insert(connection.id)
             connection.goAway(code: 0, debugData: "idle", lastStreamID: 0)
         }
@@ -505,7 +538,8 @@ public final class HTTP2Client: @unchecked Sendable {
     /// Requests past their deadline, queued or in flight, end with `timedOut`; idle connections get a PING, and one
     /// whose PING goes unanswered is replaced. Runs every second, or faster for short timeouts in tests.
     private func scheduleSweep() {
-        let period = min(1, configuration.requestTimeout / 4, configuration.pingInterval / 2, configuration.pingTimeout / 2)
+        let period = min(
+            1, configuration.requestTimeout / 4, configuration.pingInterval / 2, configuration.pingTimeout / 2)
         sweepTimer = loop.schedule(after: period) { [self] in
             let now = EventLoop.now()
             let expired = waiting.filter { $0.deadline <= now }
@@ -523,13 +557,15 @@ public final class HTTP2Client: @unchecked Sendable {
                 } else {
                     let silence = Double(now - connection.lastFrameReceivedAt) / 1e9
                     if silence > configuration.pingInterval
-                        || (silence > configuration.busySilence && connection.openStreamCount > 0) {
+                        || (silence > configuration.busySilence && connection.openStreamCount > 0)
+                    {
                         connection.ping()
                     }
                 }
             }
-            streamsInUseSample.store(connections.reduce(0) { $0 + min($1.openStreamCount, streamLimit(of: $1)) },
-                                     ordering: .relaxed)
+            streamsInUseSample.store(
+                connections.reduce(0) { $0 + min($1.openStreamCount, streamLimit(of: $1)) },
+                ordering: .relaxed)
             // A drained pool keeps timing its streams out until its last connection has closed.
             if !(isShutDown && connections.isEmpty) { scheduleSweep() }
         }

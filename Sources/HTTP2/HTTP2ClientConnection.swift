@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 internal import CNghttp2
+import TLS
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A request on its way through the client: what to send, and where its answer goes. `completion` is its batch's,
 /// shared by every request of the batch.
@@ -17,7 +18,10 @@ final class HTTP2PendingRequest {
     let deadline: UInt64
     let completion: HTTP2Client.BatchCompletion
 
-    init(request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64, completion: @escaping HTTP2Client.BatchCompletion) {
+    init(
+        request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64,
+        completion: @escaping HTTP2Client.BatchCompletion
+    ) {
         self.request = request
         self.index = index
         self.attempt = attempt
@@ -37,13 +41,16 @@ extension HTTP2Connection {
         // copied it (and counted its references) at each level, a dozen times per request in the callgrind profile.
         let hasBody = !pending.request.body.isEmpty
         // An answer that keeps more fields than `answerHeaderCapacity` holds grows the block once.
-        let stream = HTTP2Stream(outgoingBody: pending.request.body, expectedHeaderBytes: HTTP2Stream.answerHeaderCapacity,
-                                 pending: pending)
+        let stream = HTTP2Stream(
+            outgoingBody: pending.request.body, expectedHeaderBytes: HTTP2Stream.answerHeaderCapacity,
+            pending: pending)
         let userData = Unmanaged.passUnretained(stream).toOpaque()
-        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
+        var provider = nghttp2_data_provider(
+            source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
         // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves
         // before that leaves its fields in `lentHeaders` (see `remove`). A separate path is copied at submission.
-        let streamID = pending.request.headers.withNghttp2Fields(lent: true, path: pending.request.path) { fields, count in
+        let streamID = pending.request.headers.withNghttp2Fields(lent: true, path: pending.request.path) {
+            fields, count in
             hasBody
                 ? nghttp2_submit_request(session, nil, fields, count, &provider, userData)
                 : nghttp2_submit_request(session, nil, fields, count, nil, userData)

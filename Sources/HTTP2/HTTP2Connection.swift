@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 internal import CNghttp2
+import TLS
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Per-stream state, owned by its connection.
 final class HTTP2Stream {
@@ -124,12 +125,15 @@ final class HTTP2Connection: PollHandler {
     /// A client stream ended: its request and the answer, or why there is none.
     var onResponse: ((HTTP2PendingRequest, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
-    init(id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
-         serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true, keptHeaders: [[UInt8]]? = nil) {
+    init(
+        id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
+        serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true, keptHeaders: [[UInt8]]? = nil
+    ) {
         self.keptHeaders = keptHeaders
-        keptNameLengths = keptHeaders.map { names in
-            names.reduce(UInt64(1) << 7) { mask, name in mask | UInt64(1) << min(name.count, 63) }
-        } ?? .max
+        keptNameLengths =
+            keptHeaders.map { names in
+                names.reduce(UInt64(1) << 7) { mask, name in mask | UInt64(1) << min(name.count, 63) }
+            } ?? .max
         self.id = id
         self.loop = loop
         self.fileDescriptor = fileDescriptor
@@ -242,7 +246,8 @@ final class HTTP2Connection: PollHandler {
         // No RFC 7540 priority tree (RFC 9113 deprecates it): nghttp2 then keeps no closed streams around for it and
         // spends nothing per stream on dependency bookkeeping that neither APNs nor this client uses.
         nghttp2_option_set_no_closed_streams(options, 1)
-        let noPriorities = nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1)
+        let noPriorities = nghttp2_settings_entry(
+            settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1)
         var allocator = memoryPool.nghttp2Allocator
         if isClient {
             // The client checks what it reads of an answer itself (`header`: the status's three digits, the kept
@@ -251,14 +256,20 @@ final class HTTP2Connection: PollHandler {
             // server that sends six fields. Frame-level checks (HPACK, flow control, stream states) remain.
             nghttp2_option_set_no_http_messaging(options, 1)
             nghttp2_session_client_new3(&session, callbacks, userData, options, &allocator)
-            settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
-                        nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
-                                               value: window), noPriorities]
+            settings = [
+                nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
+                nghttp2_settings_entry(
+                    settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
+                    value: window), noPriorities
+            ]
         } else {
             if !acknowledgesPings { nghttp2_option_set_no_auto_ping_ack(options, 1) }
             nghttp2_session_server_new3(&session, callbacks, userData, options, &allocator)
-            settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
-                                               value: window), noPriorities]
+            settings = [
+                nghttp2_settings_entry(
+                    settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue),
+                    value: window), noPriorities
+            ]
             for setting in serverSettings {
                 settings.removeAll { $0.settings_id == setting.id }
                 settings.append(nghttp2_settings_entry(settings_id: setting.id, value: setting.value))
@@ -286,13 +297,20 @@ final class HTTP2Connection: PollHandler {
             guard stream.status >= 200 && !stream.malformed else { return }
         }
         guard stream.incomingHeaders.count < 128 else { return }
-        if let keptHeaders, !keptHeaders.contains(where: { kept in
-            kept.count == name.count && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
-        }) { return }
+        if let keptHeaders,
+            !keptHeaders.contains(where: { kept in
+                kept.count == name.count
+                    && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
+            })
+        {
+            return
+        }
         // A client checks what it keeps (a server's nghttp2 session still checks every field): a name as HTTP/2
         // writes them when it keeps every field, and no control character in a value (a line break: a header
         // injected into a log).
-        if isClient && ((keptHeaders == nil && !Self.isFieldName(name)) || value.contains(where: { $0 < 0x20 || $0 == 0x7F })) {
+        if isClient
+            && ((keptHeaders == nil && !Self.isFieldName(name)) || value.contains(where: { $0 < 0x20 || $0 == 0x7F }))
+        {
             return
         }
         stream.incomingHeaders.add(raw: name, value)
@@ -313,7 +331,8 @@ final class HTTP2Connection: PollHandler {
         guard !stream.malformed else { return }
         stream.malformed = true
         if let session {
-            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_PROTOCOL_ERROR.rawValue)
+            nghttp2_submit_rst_stream(
+                session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_PROTOCOL_ERROR.rawValue)
         }
     }
 
@@ -324,9 +343,9 @@ final class HTTP2Connection: PollHandler {
         for (index, byte) in name.enumerated() {
             switch byte {
             case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-                 UInt8(ascii: "!"), UInt8(ascii: "#")...UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"),
-                 UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^")...UInt8(ascii: "`"), UInt8(ascii: "|"),
-                 UInt8(ascii: "~"):
+                UInt8(ascii: "!"), UInt8(ascii: "#")...UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"),
+                UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^")...UInt8(ascii: "`"), UInt8(ascii: "|"),
+                UInt8(ascii: "~"):
                 continue
             case UInt8(ascii: ":") where index == 0: continue
             default: return false
@@ -377,7 +396,8 @@ final class HTTP2Connection: PollHandler {
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
             if recentStream === stream { recentStream = nil }
-            let previous = stream.previous, next = stream.next
+            let previous = stream.previous
+            let next = stream.next
             if let previous { previous.next = next } else { firstStream = next }
             if let next { next.previous = previous } else { lastStream = previous }
             stream.next = nil
@@ -409,9 +429,11 @@ final class HTTP2Connection: PollHandler {
             }
         case NGHTTP2_GOAWAY.rawValue:
             let goaway = frame.pointee.goaway
-            let debug = goaway.opaque_data_len > 0 && goaway.opaque_data != nil
-                ? String(decoding: UnsafeBufferPointer(start: goaway.opaque_data, count: goaway.opaque_data_len),
-                         as: UTF8.self)
+            let debug =
+                goaway.opaque_data_len > 0 && goaway.opaque_data != nil
+                ? String(
+                    decoding: UnsafeBufferPointer(start: goaway.opaque_data, count: goaway.opaque_data_len),
+                    as: UTF8.self)
                 : ""
             goAwayReceived = (goaway.last_stream_id, goaway.error_code, debug)
             onGoAway?(self, goaway.last_stream_id, goaway.error_code, debug)
@@ -436,8 +458,12 @@ final class HTTP2Connection: PollHandler {
             answer(stream, .failure(.reset(code: NGHTTP2_PROTOCOL_ERROR.rawValue)))
         } else if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status >= 200 {
             responsesReceived += 1
-            answer(stream, .success(HTTP2Response(status: stream.status, headerBlock: stream.incomingHeaders,
-                                                  body: stream.incomingBody)))
+            answer(
+                stream,
+                .success(
+                    HTTP2Response(
+                        status: stream.status, headerBlock: stream.incomingHeaders,
+                        body: stream.incomingBody)))
         } else if errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
             answer(stream, .failure(.refused))
         } else if errorCode == NGHTTP2_NO_ERROR.rawValue {
@@ -466,8 +492,10 @@ final class HTTP2Connection: PollHandler {
     }
 
     /// A request's or response's body, from the stream its data source names (the stream itself, no lookup).
-    static func readOutgoing(_ stream: HTTP2Stream, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
-                                         flags: UnsafeMutablePointer<UInt32>) -> Int {
+    static func readOutgoing(
+        _ stream: HTTP2Stream, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+        flags: UnsafeMutablePointer<UInt32>
+    ) -> Int {
         let count = min(length, stream.outgoingBody.count - stream.outgoingOffset)
         stream.outgoingBody.withUnsafeBufferPointer { body in
             buffer.update(from: body.baseAddress! + stream.outgoingOffset, count: count)

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 internal import CNghttp2
+import TLS
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Bytes in and out: TLS records read and handed to nghttp2, frames written in batches, closing.
 extension HTTP2Connection {
@@ -62,7 +63,8 @@ extension HTTP2Connection {
     func deliver(_ count: Int) -> Bool {
         guard count > 0, let session, state == .open else { return state == .open }
         processingInput = true
-        let consumed = nghttp2_session_mem_recv(session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
+        let consumed = nghttp2_session_mem_recv(
+            session, readBuffer.baseAddress!.assumingMemoryBound(to: UInt8.self), count)
         processingInput = false
         if consumed < 0 {
             close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(consumed))))")

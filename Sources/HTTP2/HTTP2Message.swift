@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 internal import CNghttp2
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Header fields packed back to back in one byte buffer: `[flags][name length: UInt16][value length: UInt16][name]
 /// [value]` per field. A response's headers cost one allocation in all, requests of one kind share one block built
@@ -33,13 +34,18 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     /// message will use, which would push out the ones every message does use (the provider token, the topic).
     /// Names and values longer than 65,535 bytes are cut there (no HTTP/2 peer accepts such a field anyway).
     public mutating func add(_ name: String, _ value: String, indexed: Bool = true) {
-        var name = name, value = value
-        name.withUTF8 { nameBytes in value.withUTF8 { valueBytes in add(raw: nameBytes, valueBytes, indexed: indexed) } }
+        var name = name
+        var value = value
+        name.withUTF8 { nameBytes in value.withUTF8 { valueBytes in add(raw: nameBytes, valueBytes, indexed: indexed) }
+        }
     }
 
     /// The same from bytes (the receiving side, straight from nghttp2's buffers).
-    public mutating func add(raw name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>, indexed: Bool = true) {
-        let nameLength = min(name.count, 65_535), valueLength = min(value.count, 65_535)
+    public mutating func add(
+        raw name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>, indexed: Bool = true
+    ) {
+        let nameLength = min(name.count, 65_535)
+        let valueLength = min(value.count, 65_535)
         // Three block copies (the record's header, the name, the value): every answer's header fields come this way.
         appendRecordHeader(nameLength, valueLength, indexed: indexed)
         bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
@@ -48,14 +54,20 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     }
 
     private mutating func appendRecordHeader(_ nameLength: Int, _ valueLength: Int, indexed: Bool) {
-        withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) { bytes.append(contentsOf: $0) }
+        withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) {
+            bytes.append(contentsOf: $0)
+        }
     }
 
     /// A record's five header bytes: flags, then the name's and the value's lengths (little-endian UInt16).
     private static func recordHeaderBytes(_ nameLength: Int, _ valueLength: Int, indexed: Bool)
-        -> (UInt8, UInt8, UInt8, UInt8, UInt8) {
-        (indexed ? 0 : neverIndexed, UInt8(truncatingIfNeeded: nameLength), UInt8(truncatingIfNeeded: nameLength >> 8),
-         UInt8(truncatingIfNeeded: valueLength), UInt8(truncatingIfNeeded: valueLength >> 8))
+        -> (UInt8, UInt8, UInt8, UInt8, UInt8)
+    {
+        (
+            indexed ? 0 : neverIndexed, UInt8(truncatingIfNeeded: nameLength),
+            UInt8(truncatingIfNeeded: nameLength >> 8),
+            UInt8(truncatingIfNeeded: valueLength), UInt8(truncatingIfNeeded: valueLength >> 8)
+        )
     }
 
     /// Appends every field of `other`, in one copy.
@@ -74,10 +86,14 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
                 let indexed = raw[offset] & Self.neverIndexed == 0
                 let nameLength = Int(raw[offset + 1]) | Int(raw[offset + 2]) << 8
                 let valueLength = Int(raw[offset + 3]) | Int(raw[offset + 4]) << 8
-                let nameStart = offset + Self.recordHeader, valueStart = nameStart + nameLength
+                let nameStart = offset + Self.recordHeader
+                let valueStart = nameStart + nameLength
                 offset = valueStart + valueLength
-                guard body(UnsafeBufferPointer(rebasing: raw[nameStart..<valueStart]),
-                           UnsafeBufferPointer(rebasing: raw[valueStart..<offset]), indexed) else { return }
+                guard
+                    body(
+                        UnsafeBufferPointer(rebasing: raw[nameStart..<valueStart]),
+                        UnsafeBufferPointer(rebasing: raw[valueStart..<offset]), indexed)
+                else { return }
             }
         }
     }
@@ -94,7 +110,8 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
         name.withUTF8 { wanted in
             forEachField { fieldName, fieldValue in
                 guard fieldName.count == wanted.count,
-                      memcmp(fieldName.baseAddress!, wanted.baseAddress!, wanted.count) == 0 else { return true }
+                    memcmp(fieldName.baseAddress!, wanted.baseAddress!, wanted.count) == 0
+                else { return true }
                 found = String(decoding: fieldValue, as: UTF8.self)
                 return false
             }
@@ -106,8 +123,10 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
         var result: [HTTP2Field] = []
         result.reserveCapacity(count)
         forEachRecord { name, value, indexed in
-            result.append(HTTP2Field(name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self),
-                                     indexed: indexed))
+            result.append(
+                HTTP2Field(
+                    name: String(decoding: name, as: UTF8.self), value: String(decoding: value, as: UTF8.self),
+                    indexed: indexed))
             return true
         }
         return result
@@ -117,30 +136,36 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     /// them at submission (and lower-casing the names, which HTTP/2 writes in lower case anyway): only for a block
     /// whose storage stays as it is until nghttp2 has sent the frame or given up on it. `path`, if any, goes first,
     /// joined on the stack: nghttp2 copies it at submission, into the session's pooled memory.
-    func withNghttp2Fields<T>(lent: Bool = false, path: HTTP2Path? = nil, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
+    func withNghttp2Fields<T>(lent: Bool = false, path: HTTP2Path? = nil, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T)
+        -> T
+    {
         let lending = lent ? UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue) : 0
         let capacity = max(count + (path == nil ? 0 : 1), 1)
         return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: capacity) { fields in
             guard let path else { return withFields(fields, from: 0, lending: lending, body) }
             return path.withJoinedBytes { value in
-                fields[0] = nghttp2_nv(name: UnsafeMutablePointer(mutating: HTTP2Path.name.utf8Start),
-                                       value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
-                                       namelen: HTTP2Path.name.utf8CodeUnitCount, valuelen: value.count,
-                                       flags: UInt8(NGHTTP2_NV_FLAG_NO_INDEX.rawValue | NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue))
+                fields[0] = nghttp2_nv(
+                    name: UnsafeMutablePointer(mutating: HTTP2Path.name.utf8Start),
+                    value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                    namelen: HTTP2Path.name.utf8CodeUnitCount, valuelen: value.count,
+                    flags: UInt8(NGHTTP2_NV_FLAG_NO_INDEX.rawValue | NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue))
                 return withFields(fields, from: 1, lending: lending, body)
             }
         }
     }
 
-    private func withFields<T>(_ fields: UnsafeMutableBufferPointer<nghttp2_nv>, from first: Int, lending: UInt8,
-                               _ body: (UnsafePointer<nghttp2_nv>, Int) -> T) -> T {
+    private func withFields<T>(
+        _ fields: UnsafeMutableBufferPointer<nghttp2_nv>, from first: Int, lending: UInt8,
+        _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
+    ) -> T {
         var index = first
         forEachRecord { name, value, indexed in
             // nghttp2 only reads the fields; its C API merely lacks const on these pointers.
-            fields[index] = nghttp2_nv(name: UnsafeMutablePointer(mutating: name.baseAddress ?? UnsafePointer(bitPattern: 1)!),
-                                       value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
-                                       namelen: name.count, valuelen: value.count,
-                                       flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue) | lending)
+            fields[index] = nghttp2_nv(
+                name: UnsafeMutablePointer(mutating: name.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                namelen: name.count, valuelen: value.count,
+                flags: UInt8((indexed ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX).rawValue) | lending)
             index += 1
             return true
         }

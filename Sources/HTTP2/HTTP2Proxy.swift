@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Foundation
 import ServiceURLs
-import Telemetry
 import TLS
+import Telemetry
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// An HTTP proxy that opens tunnels with CONNECT: `http://[user:password@]host:port`. The password never appears in
 /// `description` or in an error.
@@ -29,7 +30,9 @@ public struct HTTP2Proxy: Sendable, Equatable, CustomStringConvertible {
     public init(_ text: String) throws(URLError) {
         let parts: ServiceURL
         do { parts = try ServiceURL(text) } catch { throw URLError(description: error.description) }
-        guard parts.scheme == "http" else { throw URLError(description: "must start with http:// (CONNECT proxies only)") }
+        guard parts.scheme == "http" else {
+            throw URLError(description: "must start with http:// (CONNECT proxies only)")
+        }
         guard let port = parts.port else { throw URLError(description: "needs a port (http://host:port)") }
         guard parts.path == nil || parts.path == "" else { throw URLError(description: "takes no path") }
         self.init(host: parts.host, port: port, user: parts.user, password: parts.password)
@@ -73,7 +76,9 @@ public struct HTTP2Proxy: Sendable, Equatable, CustomStringConvertible {
     private func write(_ bytes: [UInt8], to descriptor: Int32) throws {
         var sent = 0
         while sent < bytes.count {
-            let count = bytes[sent...].withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let count = bytes[sent...].withUnsafeBytes {
+                Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
             guard count > 0 else { throw SocketError("proxy \(self): sending CONNECT") }
             sent += count
         }
@@ -125,8 +130,9 @@ package enum ConnectAnswer: Equatable {
             self = .tunnel
             return
         }
-        let shown = String(decoding: line.prefix(120).map { $0 < 0x20 || $0 == 0x7F ? UInt8(ascii: "?") : $0 },
-                           as: UTF8.self)
+        let shown = String(
+            decoding: line.prefix(120).map { $0 < 0x20 || $0 == 0x7F ? UInt8(ascii: "?") : $0 },
+            as: UTF8.self)
         self = status == Array("407".utf8) ? .wantsCredentials(shown) : .refused(shown)
     }
 }

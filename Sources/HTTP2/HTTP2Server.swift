@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
 import TLS
 import Telemetry
 import Threads
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A TLS + HTTP/2 server (ALPN h2 only): the ground apns-sim stands on. Connections are spread over `loopCount`
 /// event loops (threads), each connection served by one: a server that answers one busy connection does not make
@@ -27,8 +28,10 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
         /// Event loops (threads) the connections are spread over, in the order they arrive.
         public var loopCount = 1
 
-        public init(host: String = "127.0.0.1", port: Int = 0, certificatePEM: String, privateKeyPEM: String,
-                    maximumConcurrentStreams: UInt32 = 1000, clientCertificateCA: String? = nil) {
+        public init(
+            host: String = "127.0.0.1", port: Int = 0, certificatePEM: String, privateKeyPEM: String,
+            maximumConcurrentStreams: UInt32 = 1000, clientCertificateCA: String? = nil
+        ) {
             self.host = host
             self.port = port
             self.certificatePEM = certificatePEM
@@ -63,10 +66,11 @@ public final class HTTP2Server: PollHandler, @unchecked Sendable {
     }
 
     public init(configuration: Configuration, logger: Logger, handler: @escaping HTTP2RequestHandler) throws {
-        tlsContext = try TLSContext.server(certificatePEM: configuration.certificatePEM,
-                                           privateKeyPEM: configuration.privateKeyPEM,
-                                           clientCertificateCA: configuration.clientCertificateCA,
-                                           clientCertificateOptional: configuration.clientCertificateOptional)
+        tlsContext = try TLSContext.server(
+            certificatePEM: configuration.certificatePEM,
+            privateKeyPEM: configuration.privateKeyPEM,
+            clientCertificateCA: configuration.clientCertificateCA,
+            clientCertificateOptional: configuration.clientCertificateOptional)
         let listener = try ListeningSocket.open(host: configuration.host, port: configuration.port, nonBlocking: true)
         fileDescriptor = listener.descriptor
         port = listener.port

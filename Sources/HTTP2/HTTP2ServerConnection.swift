@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-import TLS
 internal import CNghttp2
+import TLS
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// What a server does with a complete request: answer it through the writer, now or later, on the loop thread.
 public typealias HTTP2RequestHandler = (HTTP2ServerRequest, HTTP2ResponseWriter) -> Void
@@ -85,8 +86,9 @@ extension HTTP2Connection {
         for field in headers { block.add(field.name, field.value, indexed: field.indexed) }
         if !body.isEmpty { block.add("content-length", String(body.count)) }
         stream.outgoingBody = body
-        var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: Unmanaged.passUnretained(stream).toOpaque()),
-                                             read_callback: readOutgoingBody)
+        var provider = nghttp2_data_provider(
+            source: nghttp2_data_source(ptr: Unmanaged.passUnretained(stream).toOpaque()),
+            read_callback: readOutgoingBody)
         _ = block.withNghttp2Fields { fields, count in
             body.isEmpty
                 ? nghttp2_submit_response(session, streamID, fields, count, nil)
@@ -119,8 +121,9 @@ extension HTTP2Connection {
 
     func dispatchRequest(streamID: Int32) {
         guard case .server(let handler) = role, let stream = stream(streamID) else { return }
-        let request = HTTP2ServerRequest(connectionID: id, streamID: streamID, headerBlock: stream.incomingHeaders,
-                                         body: stream.incomingBody)
+        let request = HTTP2ServerRequest(
+            connectionID: id, streamID: streamID, headerBlock: stream.incomingHeaders,
+            body: stream.incomingBody)
         handler(request, HTTP2ResponseWriter(connection: self, streamID: streamID))
     }
 }

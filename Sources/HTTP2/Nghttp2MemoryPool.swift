@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 internal import CNghttp2
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The allocator one nghttp2 session uses: freed blocks are kept on per-size free lists and handed out again.
 ///
@@ -49,19 +50,21 @@ final class Nghttp2MemoryPool {
     var nghttp2Allocator: nghttp2_mem {
         // _withUnsafeGuaranteedRef: the session never outlives the pool, and a retain and release per call would cost
         // more than the allocation itself.
-        nghttp2_mem(mem_user_data: Unmanaged.passUnretained(self).toOpaque(),
-                    malloc: { size, user in Nghttp2MemoryPool.with(user) { $0.allocate(size) } },
-                    free: { pointer, user in Nghttp2MemoryPool.with(user) { $0.release(pointer) } },
-                    calloc: { count, size, user in
-                        let (total, overflow) = count.multipliedReportingOverflow(by: size)
-                        guard !overflow, let block = Nghttp2MemoryPool.with(user, { $0.allocate(total) }) else { return nil }
-                        memset(block, 0, total)
-                        return block
-                    },
-                    realloc: { pointer, size, user in Nghttp2MemoryPool.with(user) { $0.reallocate(pointer, size) } })
+        nghttp2_mem(
+            mem_user_data: Unmanaged.passUnretained(self).toOpaque(),
+            malloc: { size, user in Nghttp2MemoryPool.with(user) { $0.allocate(size) } },
+            free: { pointer, user in Nghttp2MemoryPool.with(user) { $0.release(pointer) } },
+            calloc: { count, size, user in
+                let (total, overflow) = count.multipliedReportingOverflow(by: size)
+                guard !overflow, let block = Nghttp2MemoryPool.with(user, { $0.allocate(total) }) else { return nil }
+                memset(block, 0, total)
+                return block
+            },
+            realloc: { pointer, size, user in Nghttp2MemoryPool.with(user) { $0.reallocate(pointer, size) } })
     }
 
-    private static func with<Result>(_ user: UnsafeMutableRawPointer?, _ body: (Nghttp2MemoryPool) -> Result) -> Result {
+    private static func with<Result>(_ user: UnsafeMutableRawPointer?, _ body: (Nghttp2MemoryPool) -> Result) -> Result
+    {
         Unmanaged<Nghttp2MemoryPool>.fromOpaque(user!)._withUnsafeGuaranteedRef(body)
     }
 
@@ -110,8 +113,10 @@ final class Nghttp2MemoryPool {
         guard let pointer else { return allocate(size) }
         let raw = pointer - Self.headerSize
         let tag = raw.load(as: UInt64.self)
-        let usable = tag == Self.uncachedClass ? Int(raw.load(fromByteOffset: 8, as: UInt64.self))
-                                               : Self.capacity(ofClass: Int(tag))
+        let usable =
+            tag == Self.uncachedClass
+            ? Int(raw.load(fromByteOffset: 8, as: UInt64.self))
+            : Self.capacity(ofClass: Int(tag))
         if size <= usable && tag != Self.uncachedClass { return pointer }
         guard let moved = allocate(size) else { return nil }
         memcpy(moved, pointer, min(usable, size))

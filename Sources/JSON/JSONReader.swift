@@ -28,15 +28,20 @@ public struct JSONReader: ~Copyable {
     /// Parses one JSON document. A member name repeated in one object is refused unless `allowsDuplicateKeys`:
     /// readers disagree about such a document (this one would take the first value; Python, JavaScript and Go take
     /// the last), so a job that means two things to its sender and to the worker is refused, naming the key.
-    public static func parse(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
-                             allowsDuplicateKeys: Bool = false) throws(JSONError) -> JSONValue {
+    public static func parse(
+        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
+        allowsDuplicateKeys: Bool = false
+    ) throws(JSONError) -> JSONValue {
         try parseMeasuringDepth(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys).value
     }
 
     /// Parses, and tells how deep the document nests (an object or array at the top is depth 1).
-    public static func parseMeasuringDepth(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
-                                           allowsDuplicateKeys: Bool = false) throws(JSONError) -> (value: JSONValue, depth: Int) {
-        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) { reader throws(JSONError) in
+    public static func parseMeasuringDepth(
+        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth,
+        allowsDuplicateKeys: Bool = false
+    ) throws(JSONError) -> (value: JSONValue, depth: Int) {
+        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) {
+            reader throws(JSONError) in
             (try reader.parseValue(depth: 0), reader.deepest)
         }
     }
@@ -47,8 +52,10 @@ public struct JSONReader: ~Copyable {
     /// and skipped. Everything is checked as strictly as `parse` does (grammar, UTF-8, duplicate keys at every
     /// level, depth), and a document that is not an object is read whole. For a job, whose few known members go
     /// straight into typed fields and whose payload is forwarded as written.
-    public static func readObject(_ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, known: JSONNames,
-                                  member: (inout JSONReader, Int?) throws(JSONError) -> Void) throws(JSONError) -> JSONTopLevel {
+    public static func readObject(
+        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, known: JSONNames,
+        member: (inout JSONReader, Int?) throws(JSONError) -> Void
+    ) throws(JSONError) -> JSONTopLevel {
         try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: false) { reader throws(JSONError) in
             guard reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "{") else {
                 return .other(typeName: try reader.parseValue(depth: 0).typeName)
@@ -59,36 +66,44 @@ public struct JSONReader: ~Copyable {
     }
 
     /// Lends a reader over `bytes` to `read`, which reads one value; then only whitespace may follow.
-    private static func reading<T>(_ bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool,
-                                   _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
+    private static func reading<T>(
+        _ bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool,
+        _ read: (inout JSONReader) throws(JSONError) -> T
+    ) throws(JSONError) -> T {
         // The reader walks the bytes in place: an unsafe buffer, whose reads cost no bounds check in release builds,
         // is what keeps reading near a few instructions per byte. Member names start on the stack, so that most
         // documents allocate nothing for them.
         try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { nameBytes throws(JSONError) in
             try withUnsafeTemporaryAllocation(of: Range<Int>.self, capacity: 32) { names throws(JSONError) in
                 try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
-                    var reader = JSONReader(bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys,
-                                            nameBytes: Scratch(lent: nameBytes), names: Scratch(lent: names))
+                    var reader = JSONReader(
+                        bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys,
+                        nameBytes: Scratch(lent: nameBytes), names: Scratch(lent: names))
                     defer {
                         reader.nameBytes.release()
                         reader.names.release()
                     }
                     if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
-                        throw reader.error("starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
-                                           + "save it as UTF-8 without one")
+                        throw reader.error(
+                            "starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
+                                + "save it as UTF-8 without one")
                     }
                     reader.skipWhitespace()
                     let value = try read(&reader)
                     reader.skipWhitespace()
-                    guard reader.position == buffer.count else { throw reader.error("unexpected text after the JSON value") }
+                    guard reader.position == buffer.count else {
+                        throw reader.error("unexpected text after the JSON value")
+                    }
                     return value
                 }
             }
         }
     }
 
-    private init(bytes: UnsafeBufferPointer<UInt8>, maximumDepth: Int, allowsDuplicateKeys: Bool,
-                 nameBytes: Scratch<UInt8>, names: Scratch<Range<Int>>) {
+    private init(
+        bytes: UnsafeBufferPointer<UInt8>, maximumDepth: Int, allowsDuplicateKeys: Bool,
+        nameBytes: Scratch<UInt8>, names: Scratch<Range<Int>>
+    ) {
         self.bytes = bytes
         self.maximumDepth = maximumDepth
         self.allowsDuplicateKeys = allowsDuplicateKeys
@@ -109,8 +124,10 @@ public struct JSONReader: ~Copyable {
 
     // MARK: reading member by member
 
-    private mutating func readMembers(known: JSONNames,
-                                      member: (inout JSONReader, Int?) throws(JSONError) -> Void) throws(JSONError) {
+    private mutating func readMembers(
+        known: JSONNames,
+        member: (inout JSONReader, Int?) throws(JSONError) -> Void
+    ) throws(JSONError) {
         try eachMember(depth: 1) { reader, name throws(JSONError) in
             let start = reader.position
             try member(&reader, known.index(of: reader.bytes(ofName: name)))
@@ -164,15 +181,23 @@ public struct JSONReader: ~Copyable {
         case UInt8(ascii: "{"): return try parseObject(depth: depth + 1)
         case UInt8(ascii: "["): return try parseArray(depth: depth + 1)
         case UInt8(ascii: "\""): return .string(try parseString())
-        case UInt8(ascii: "t"): try expectLiteral("true"); return .bool(true)
-        case UInt8(ascii: "f"): try expectLiteral("false"); return .bool(false)
-        case UInt8(ascii: "n"): try expectLiteral("null"); return .null
+        case UInt8(ascii: "t"):
+            try expectLiteral("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try expectLiteral("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try expectLiteral("null")
+            return .null
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .number(try parseNumber())
         default:
             let byte = bytes[position]
             // A byte of a multi-byte character would print as the wrong character: name it by its value.
-            throw error(byte < 0x80 ? "unexpected character '\(Character(Unicode.Scalar(byte)))'"
-                                    : "unexpected byte 0x\(String(byte, radix: 16, uppercase: true))")
+            throw error(
+                byte < 0x80
+                    ? "unexpected character '\(Character(Unicode.Scalar(byte)))'"
+                    : "unexpected byte 0x\(String(byte, radix: 16, uppercase: true))")
         }
     }
 
@@ -199,8 +224,10 @@ public struct JSONReader: ~Copyable {
     /// Reads the object whose opening brace is at `position`, at `depth`, to its end: each member's name (checked
     /// against the object's others), then `value`, which reads the member's value, told where the name's bytes are.
     @inline(__always)
-    private mutating func eachMember(depth: Int,
-                                     _ value: (inout JSONReader, _ name: Range<Int>) throws(JSONError) -> Void) throws(JSONError) {
+    private mutating func eachMember(
+        depth: Int,
+        _ value: (inout JSONReader, _ name: Range<Int>) throws(JSONError) -> Void
+    ) throws(JSONError) {
         guard try opens(depth: depth, closing: UInt8(ascii: "}")) else { return }
         var names = MemberNames(from: self.names.count, byte: nameBytes.count)
         defer { forget(names) }
@@ -214,7 +241,9 @@ public struct JSONReader: ~Copyable {
 
     /// Reads the array whose opening bracket is at `position`, at `depth`, to its end, `element` reading each element.
     @inline(__always)
-    private mutating func eachElement(depth: Int, _ element: (inout JSONReader) throws(JSONError) -> Void) throws(JSONError) {
+    private mutating func eachElement(depth: Int, _ element: (inout JSONReader) throws(JSONError) -> Void)
+        throws(JSONError)
+    {
         guard try opens(depth: depth, closing: UInt8(ascii: "]")) else { return }
         while true {
             skipWhitespace()
@@ -262,7 +291,9 @@ public struct JSONReader: ~Copyable {
     /// where its bytes are (`bytes(ofName:)`).
     private mutating func memberName(into object: inout MemberNames) throws(JSONError) -> Range<Int> {
         skipWhitespace()
-        guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }
+        guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else {
+            throw error("expected a member name")
+        }
         let start = position
         let name = try readName()
         guard !allowsDuplicateKeys else { return name }
@@ -366,7 +397,8 @@ public struct JSONReader: ~Copyable {
         let ones: UInt64 = 0x0101_0101_0101_0101
         let quotes = word ^ (ones &* 0x22)
         let backslashes = word ^ (ones &* 0x5C)
-        let found = ((quotes &- ones) & ~quotes) | ((backslashes &- ones) & ~backslashes) | ((word &- ones &* 0x20) & ~word)
+        let found =
+            ((quotes &- ones) & ~quotes) | ((backslashes &- ones) & ~backslashes) | ((word &- ones &* 0x20) & ~word)
         return found & (ones &* 0x80)
     }
 
@@ -409,7 +441,8 @@ public struct JSONReader: ~Copyable {
 
     private mutating func parseArray(depth: Int) throws(JSONError) -> JSONValue {
         var elements: [JSONValue] = []
-        try eachElement(depth: depth) { reader throws(JSONError) in elements.append(try reader.parseValue(depth: depth)) }
+        try eachElement(depth: depth) { reader throws(JSONError) in elements.append(try reader.parseValue(depth: depth))
+        }
         return .array(elements)
     }
 
@@ -500,7 +533,8 @@ public struct JSONReader: ~Copyable {
                     var scalar = try parseHex4()
                     if (0xD800...0xDBFF).contains(scalar) {
                         guard position + 1 < bytes.count, bytes[position] == UInt8(ascii: "\\"),
-                              bytes[position + 1] == UInt8(ascii: "u") else { throw error("lone surrogate in \\u escape") }
+                            bytes[position + 1] == UInt8(ascii: "u")
+                        else { throw error("lone surrogate in \\u escape") }
                         position += 2
                         let low = try parseHex4()
                         guard (0xDC00...0xDFFF).contains(low) else { throw error("bad surrogate pair") }
@@ -523,7 +557,8 @@ public struct JSONReader: ~Copyable {
 
     private mutating func parseHex4() throws(JSONError) -> UInt32 {
         guard position + 4 <= bytes.count,
-              let value = UInt32(String(decoding: bytes[position..<position + 4], as: UTF8.self), radix: 16) else {
+            let value = UInt32(String(decoding: bytes[position..<position + 4], as: UTF8.self), radix: 16)
+        else {
             throw error("invalid \\u escape")
         }
         position += 4

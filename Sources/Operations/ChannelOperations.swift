@@ -26,18 +26,22 @@ public final class ChannelOperations {
     public let environment: APNsEnvironment
     private let client: APNsChannelClient
 
-    public init(configuration: WorkerConfiguration, topic: String, environment: APNsEnvironment,
-                logger: Logger) throws(Problem) {
+    public init(
+        configuration: WorkerConfiguration, topic: String, environment: APNsEnvironment,
+        logger: Logger
+    ) throws(Problem) {
         let credentials: APNsCredentials
         do { credentials = try configuration.credential.makeCredentials() } catch {
             throw .configuration(error.description)
         }
         let bundle = APNsPushType.bundle(ofTopic: topic)
         guard let credential = credentials.credential(forTopic: bundle) else { throw .noCredential(bundle: bundle) }
-        let endpoint = environment == .production ? configuration.apns.channelsProduction : configuration.apns.channelsSandbox
+        let endpoint =
+            environment == .production ? configuration.apns.channelsProduction : configuration.apns.channelsSandbox
         do {
-            client = try APNsChannelClient(endpoint: endpoint, credential: credential, configuration: configuration.apns,
-                                           logger: logger.child("channels"))
+            client = try APNsChannelClient(
+                endpoint: endpoint, credential: credential, configuration: configuration.apns,
+                logger: logger.child("channels"))
         } catch {
             throw .configuration("\(error)")
         }
@@ -58,5 +62,7 @@ public final class ChannelOperations {
         try client.show(bundle: bundle, channel: channel)
     }
 
-    public func delete(_ channel: String) throws(APNsChannelError) { try client.delete(bundle: bundle, channel: channel) }
+    public func delete(_ channel: String) throws(APNsChannelError) {
+        try client.delete(bundle: bundle, channel: channel)
+    }
 }

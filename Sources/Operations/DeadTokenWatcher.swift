@@ -61,10 +61,14 @@ public final class DeadTokenWatcher {
     /// Waits the back-off (the workers', never past `deadline`), then watches from a node that answers; when none
     /// does, the next call tries again.
     private func moveToAnotherNode(after error: AMQPError, failures: Int, within deadline: Date?) {
-        let delay = min(reconnectDelay(afterFailures: failures), deadline.map { max(0, $0.timeIntervalSinceNow) } ?? .infinity)
-        logger?.warning("broker connection lost; watching again on another node",
-                        ["amqp.url": amqp.url.description, "error": error.message,
-                         "retry_in_s": String(format: "%.2f", delay)])
+        let delay = min(
+            reconnectDelay(afterFailures: failures), deadline.map { max(0, $0.timeIntervalSinceNow) } ?? .infinity)
+        logger?.warning(
+            "broker connection lost; watching again on another node",
+            [
+                "amqp.url": amqp.url.description, "error": error.message,
+                "retry_in_s": String(format: "%.2f", delay)
+            ])
         amqp.close()
         Thread.sleep(forTimeInterval: delay)
         guard let connection = try? Self.watch(configuration) else { return }

@@ -53,15 +53,21 @@ public final class JobEnqueuer {
     public private(set) var progress = Progress()
     public private(set) var refusals: [Refusal] = []
 
-    public init(configuration: WorkerConfiguration, replyTo: String? = nil, lane: JobLane = .urgent,
-                logger: Logger? = nil) throws(AMQPError) {
+    public init(
+        configuration: WorkerConfiguration, replyTo: String? = nil, lane: JobLane = .urgent,
+        logger: Logger? = nil
+    ) throws(AMQPError) {
         self.configuration = configuration
         self.replyTo = replyTo
         self.logger = logger
         queue = configuration.broker.queues.jobs(lane)
         amqp = try Self.open(configuration, queue: queue)
-        logger?.debug("publishing", ["amqp.url": amqp.url.description, "amqp.queue": queue,
-                                    "amqp.nodes": String(configuration.broker.nodes.urls.count)])
+        logger?.debug(
+            "publishing",
+            [
+                "amqp.url": amqp.url.description, "amqp.queue": queue,
+                "amqp.nodes": String(configuration.broker.nodes.urls.count)
+            ])
     }
 
     deinit { amqp.close() }
@@ -84,9 +90,10 @@ public final class JobEnqueuer {
             return
         }
         // The message-id is chosen once: a job published again after a failover carries the same one.
-        let properties = AMQPProperties(replyTo: replyTo, correlationID: nil,
-                                        messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
-                                        persistent: true, timestamp: Int64(Date().timeIntervalSince1970))
+        let properties = AMQPProperties(
+            replyTo: replyTo, correlationID: nil,
+            messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
+            persistent: true, timestamp: Int64(Date().timeIntervalSince1970))
         pending.append(Unconfirmed(line: line, body: body, properties: properties))
         try withFailover { () throws(AMQPError) in try publishUnsent() }
         if pending.count >= Self.confirmWindow { try settle() }
@@ -103,8 +110,10 @@ public final class JobEnqueuer {
     /// `enqueue --check`: every job `reader` holds checked as `enqueue` checks it, nothing published and no broker
     /// reached. Returns how many were read and the refusals, by line.
     public static func checkAll(from reader: inout JobReader, defaultTopic: String?) throws
-        -> (jobs: Int, refusals: [Refusal]) {
-        var jobs = 0, refusals: [Refusal] = []
+        -> (jobs: Int, refusals: [Refusal])
+    {
+        var jobs = 0
+        var refusals: [Refusal] = []
         while let entry = try reader.next() {
             jobs += 1
             switch entry {
@@ -156,22 +165,29 @@ public final class JobEnqueuer {
         while true {
             do {
                 return try step()
-            } catch where !error.isPermanent {
+            } catch  where !error.isPermanent {
                 // A node that takes the connection but never confirms (a queue without its majority) is left after
                 // as many tries as there are rounds of reconnection, not published to for ever.
                 failovers += 1
                 if failovers > Self.reconnectRounds { throw error }
-                logger?.warning("broker connection lost; publishing the unconfirmed jobs again on another node",
-                                ["amqp.url": amqp.url.description, "error": error.message,
-                                 "jobs.unconfirmed": String(pending.count)])
+                logger?.warning(
+                    "broker connection lost; publishing the unconfirmed jobs again on another node",
+                    [
+                        "amqp.url": amqp.url.description, "error": error.message,
+                        "jobs.unconfirmed": String(pending.count)
+                    ])
                 amqp.close()
                 amqp = try reconnect(after: error)
                 sequences.removeAll(keepingCapacity: true)
                 // The old node may have taken some of them before it went: the copies say they may be copies, and
                 // the workers send nothing a copy's original already sent.
                 for index in pending.indices { pending[index].properties.headers[Worker.republishedHeader] = "1" }
-                logger?.warning("publishing again", ["amqp.url": amqp.url.description, "amqp.queue": queue,
-                                                     "jobs.unconfirmed": String(pending.count)])
+                logger?.warning(
+                    "publishing again",
+                    [
+                        "amqp.url": amqp.url.description, "amqp.queue": queue,
+                        "jobs.unconfirmed": String(pending.count)
+                    ])
             }
         }
     }
@@ -181,7 +197,7 @@ public final class JobEnqueuer {
         for round in 1...Self.reconnectRounds {
             do {
                 return try Self.open(configuration, queue: queue)
-            } catch where !error.isPermanent {
+            } catch  where !error.isPermanent {
                 last = error
                 if round < Self.reconnectRounds { Thread.sleep(forTimeInterval: reconnectDelay(afterFailures: round)) }
             }
@@ -191,8 +207,10 @@ public final class JobEnqueuer {
 
     /// Everything `reader` holds, then `settle()`; `report` sees the progress at most every `interval` seconds and
     /// once at the end.
-    public func enqueueAll(from reader: inout JobReader, interval: Double = 0.2,
-                           report: (Progress) -> Void) throws {
+    public func enqueueAll(
+        from reader: inout JobReader, interval: Double = 0.2,
+        report: (Progress) -> Void
+    ) throws {
         let start = Date()
         var lastReport = start
         func update() {

@@ -38,8 +38,10 @@ public struct JobFlags: Sendable {
         if !tokens.isEmpty { members.append("\"tokens\":[\(tokens.map(JSONString.quote).joined(separator: ","))]") }
         if let environment { members.append("\"environment\":\(JSONString.quote(environment))") }
         if let pushType { members.append("\"push_type\":\(JSONString.quote(pushType))") }
-        for (flag, field, text) in [("--priority", "priority", priority), ("--expiration", "expiration", expiration),
-                                    ("--send-at", "send_at", sendAt)] {
+        for (flag, field, text) in [
+            ("--priority", "priority", priority), ("--expiration", "expiration", expiration),
+            ("--send-at", "send_at", sendAt)
+        ] {
             guard let text else { continue }
             members.append("\"\(field)\":\(try Self.wholeNumber(flag, text))")
         }
@@ -47,7 +49,8 @@ public struct JobFlags: Sendable {
         if let collapseID { members.append("\"collapse_id\":\(JSONString.quote(collapseID))") }
         switch (alert, payload) {
         case (let alert?, nil):
-            let body = title.map { "{\"title\":\(JSONString.quote($0)),\"body\":\(JSONString.quote(alert))}" }
+            let body =
+                title.map { "{\"title\":\(JSONString.quote($0)),\"body\":\(JSONString.quote(alert))}" }
                 ?? JSONString.quote(alert)
             members.append("\"payload\":{\"aps\":{\"alert\":\(body)}}")
         case (nil, let payload?):
@@ -69,12 +72,14 @@ public struct JobFlags: Sendable {
     /// deadline thousands of years away would never expire anything, so it is refused with the value in seconds.
     private static func deadline(_ text: String) throws(Problem) -> Int64 {
         guard let number = Int64(text), number >= 0 else {
-            throw Problem(description: "--deadline wants UNIX seconds (the time after which the job is not sent; "
-                          + "0 or later), got \(text)")
+            throw Problem(
+                description: "--deadline wants UNIX seconds (the time after which the job is not sent; "
+                    + "0 or later), got \(text)")
         }
         guard number <= PushJob.latestDeadline else {
-            throw Problem(description: "--deadline wants UNIX seconds (the time after which the job is not sent), got "
-                          + "\(text), beyond the year 5000: milliseconds? In seconds: --deadline \(number / 1000)")
+            throw Problem(
+                description: "--deadline wants UNIX seconds (the time after which the job is not sent), got "
+                    + "\(text), beyond the year 5000: milliseconds? In seconds: --deadline \(number / 1000)")
         }
         return number
     }

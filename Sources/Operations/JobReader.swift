@@ -96,8 +96,9 @@ public struct JobReader {
             head = buffer.count
             scanned = 0
             guard skipped.bytes <= Self.maximumSkipped else {
-                throw JobReaderError("line \(skipped.line) is over \(Self.maximumSkipped >> 20) MiB and still has no line "
-                                     + "end: the input is not one job per line (JSON Lines); stopped reading")
+                throw JobReaderError(
+                    "line \(skipped.line) is over \(Self.maximumSkipped >> 20) MiB and still has no line "
+                        + "end: the input is not one job per line (JSON Lines); stopped reading")
             }
             return nil
         }
@@ -153,8 +154,9 @@ public struct JobReader {
                     let chunk = try readChunk()
                     if chunk.isEmpty { finished = true } else { whole.append(contentsOf: chunk) }
                     guard whole.count <= Self.maximumSingleJob else {
-                        throw JobReaderError("line 1 starts a job that does not end on its line, and the input is "
-                                             + "over \(Self.maximumSingleJob) bytes: give one job per line (JSON Lines)")
+                        throw JobReaderError(
+                            "line 1 starts a job that does not end on its line, and the input is "
+                                + "over \(Self.maximumSingleJob) bytes: give one job per line (JSON Lines)")
                     }
                 }
                 return .job(line: lineNumber, body: whole)

@@ -53,12 +53,16 @@ public struct StatsReport: Sendable {
         var names: [(String, String)] = [("urgent jobs", queueNames.jobs), ("bulk jobs", queueNames.bulk)]
         for lane in JobLane.allCases {
             names += configuration.broker.retryDelays.map { delay in
-                ("\(lane.rawValue) retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s",
-                 queueNames.retry(delay: delay, lane: lane))
+                (
+                    "\(lane.rawValue) retry \(delay.formatted(.number.precision(.fractionLength(0...3)))) s",
+                    queueNames.retry(delay: delay, lane: lane)
+                )
             }
         }
-        names += [("dead tokens", queueNames.deadTokens), ("failed", queueNames.failed),
-                  ("registrations", queueNames.registrations)]
+        names += [
+            ("dead tokens", queueNames.deadTokens), ("failed", queueNames.failed),
+            ("registrations", queueNames.registrations)
+        ]
         var queues: [Queue] = []
         for (role, name) in names {
             let status = try amqp.queueStatus(name)
@@ -67,13 +71,15 @@ public struct StatsReport: Sendable {
         let redis = try configuration.redis.connect()
         let shared = try SharedStatistics(redis: redis).read(minutes: windowMinutes)
         let lanes = JobLane.allCases.enumerated().map { position, lane in
-            Lane(lane: lane, queue: queues[position], jobsTaken: shared.totals["\(lane.rawValue)_jobs"] ?? 0,
-                 sent: shared.totals["\(lane.rawValue)_sent"] ?? 0, longestWaitMilliseconds: shared.longestWait[lane])
+            Lane(
+                lane: lane, queue: queues[position], jobsTaken: shared.totals["\(lane.rawValue)_jobs"] ?? 0,
+                sent: shared.totals["\(lane.rawValue)_sent"] ?? 0, longestWaitMilliseconds: shared.longestWait[lane])
         }
-        return StatsReport(lanes: lanes, queues: queues, totals: shared.totals, minuteTotals: shared.perMinute,
-                           windowMinutes: windowMinutes, workers: shared.workers.sorted(),
-                           invalidationWindow: try SharedInvalidationWindow(redis: redis).totals(),
-                           invalidationGuard: configuration.pipeline.invalidationGuard)
+        return StatsReport(
+            lanes: lanes, queues: queues, totals: shared.totals, minuteTotals: shared.perMinute,
+            windowMinutes: windowMinutes, workers: shared.workers.sorted(),
+            invalidationWindow: try SharedInvalidationWindow(redis: redis).totals(),
+            invalidationGuard: configuration.pipeline.invalidationGuard)
     }
 
     public var text: String {
@@ -81,16 +87,19 @@ public struct StatsReport: Sendable {
         func column(_ text: String, _ width: Int) -> String {
             String(repeating: " ", count: max(0, width - text.count)) + text
         }
-        var lines = ["LANE     QUEUE                     MESSAGES  CONSUMERS    JOBS/S    SENT/S  LONGEST WAIT (last \(windowMinutes) min)"]
+        var lines = [
+            "LANE     QUEUE                     MESSAGES  CONSUMERS    JOBS/S    SENT/S  LONGEST WAIT (last \(windowMinutes) min)"
+        ]
         for lane in lanes {
             // Timestamps are whole seconds (AMQP): a wait under a second cannot be told more finely.
             let wait = lane.longestWaitMilliseconds.map { $0 < 1000 ? "<1 s" : "\($0 / 1000) s" } ?? "-"
-            lines.append(lane.lane.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0) + " "
-                         + lane.queue.name.padding(toLength: 24, withPad: " ", startingAt: 0) + " "
-                         + column(lane.queue.messages.map(String.init) ?? "absent", 9) + "  "
-                         + column(lane.queue.consumers.map(String.init) ?? "-", 9) + " "
-                         + column(String(format: "%.1f", Double(lane.jobsTaken) / seconds), 9) + " "
-                         + column(String(format: "%.1f", Double(lane.sent) / seconds), 9) + "  " + wait)
+            lines.append(
+                lane.lane.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0) + " "
+                    + lane.queue.name.padding(toLength: 24, withPad: " ", startingAt: 0) + " "
+                    + column(lane.queue.messages.map(String.init) ?? "absent", 9) + "  "
+                    + column(lane.queue.consumers.map(String.init) ?? "-", 9) + " "
+                    + column(String(format: "%.1f", Double(lane.jobsTaken) / seconds), 9) + " "
+                    + column(String(format: "%.1f", Double(lane.sent) / seconds), 9) + "  " + wait)
         }
         lines.append("")
         lines.append("QUEUE".padding(toLength: 56, withPad: " ", startingAt: 0) + " MESSAGES  CONSUMERS")
@@ -98,17 +107,19 @@ public struct StatsReport: Sendable {
             let label = "\(queue.name) (\(queue.role))"
             let messages = queue.messages.map(String.init) ?? "absent"
             let consumers = queue.consumers.map(String.init) ?? "-"
-            lines.append(label.padding(toLength: 56, withPad: " ", startingAt: 0) + " "
-                         + String(repeating: " ", count: max(0, 8 - messages.count)) + messages + "  "
-                         + String(repeating: " ", count: max(0, 9 - consumers.count)) + consumers)
+            lines.append(
+                label.padding(toLength: 56, withPad: " ", startingAt: 0) + " "
+                    + String(repeating: " ", count: max(0, 8 - messages.count)) + messages + "  "
+                    + String(repeating: " ", count: max(0, 9 - consumers.count)) + consumers)
         }
         lines.append("")
         lines.append("LAST \(windowMinutes) MIN (all workers)        TOTAL     PER SECOND")
         for name in WorkerStatistics.Snapshot.fieldNames {
             let total = totals[name] ?? 0
-            lines.append(name.padding(toLength: 30, withPad: " ", startingAt: 0)
-                         + String(repeating: " ", count: max(0, 10 - String(total).count)) + String(total)
-                         + String(format: "  %9.1f", Double(total) / seconds))
+            lines.append(
+                name.padding(toLength: 30, withPad: " ", startingAt: 0)
+                    + String(repeating: " ", count: max(0, 10 - String(total).count)) + String(total)
+                    + String(format: "  %9.1f", Double(total) / seconds))
         }
         lines.append("")
         lines.append("INVALIDATION GUARD (all workers, last \(SharedInvalidationWindow.seconds) s): " + guardLine)
@@ -131,12 +142,15 @@ public struct StatsReport: Sendable {
                 + "\"messages\":\(queue.messages.map(String.init) ?? "null"),"
                 + "\"consumers\":\(queue.consumers.map(String.init) ?? "null")}"
         }.joined(separator: ",")
-        let totalText = WorkerStatistics.Snapshot.fieldNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }.joined(separator: ",")
+        let totalText = WorkerStatistics.Snapshot.fieldNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }
+            .joined(separator: ",")
         let workerText = workers.map(JSONString.quote).joined(separator: ",")
         let window = invalidationWindow.map { "{\"mismatches\":\($0.mismatches),\"judged\":\($0.judged)}" } ?? "null"
-        let guardText = "{\"tripped\":\(guardTripped),\"window_seconds\":\(SharedInvalidationWindow.seconds),"
+        let guardText =
+            "{\"tripped\":\(guardTripped),\"window_seconds\":\(SharedInvalidationWindow.seconds),"
             + "\"window\":\(window),\"threshold\":\(invalidationGuard.threshold),\"share\":\(invalidationGuard.share)}"
-        return "{\"lanes\":[\(laneText)],\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
+        return
+            "{\"lanes\":[\(laneText)],\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
             + "\"workers\":[\(workerText)],\"invalidation_guard\":\(guardText)}"
     }
 
@@ -157,12 +171,15 @@ public struct StatsReport: Sendable {
     /// One frame of `stats --watch`: the time, the rates since the previous frame (nil: the first frame), then the
     /// report.
     public func watchFrame(at time: Date, rates: [String: Double]?, interval: Double) -> String {
-        var lines = ["apns-worker stats at \(time.formatted(.iso8601)), every \(Self.format(interval)) s (Ctrl-C to stop)"]
+        var lines = [
+            "apns-worker stats at \(time.formatted(.iso8601)), every \(Self.format(interval)) s (Ctrl-C to stop)"
+        ]
         if let rates {
             let shown = WorkerStatistics.Snapshot.fieldNames.map { name in
                 "\(name) \(String(format: "%.1f", rates[name] ?? 0))/s"
             }
-            lines.append("NOW (all workers, last \(Self.format(interval)) s): " + shown.prefix(6).joined(separator: "  "))
+            lines.append(
+                "NOW (all workers, last \(Self.format(interval)) s): " + shown.prefix(6).joined(separator: "  "))
             lines.append("    " + shown.dropFirst(6).joined(separator: "  "))
         } else {
             lines.append("NOW (all workers): rates from the next frame on")
@@ -174,12 +191,15 @@ public struct StatsReport: Sendable {
     /// One frame of `stats --watch --json`: the time, the rates since the previous frame (null on the first), and
     /// the report, on one line.
     public func watchJSON(at time: Date, rates: [String: Double]?) -> String {
-        let rateText = rates.map { rates in
-            "{" + WorkerStatistics.Snapshot.fieldNames.map { name in
-                "\(JSONString.quote(name)):" + String(format: "%.3f", rates[name] ?? 0)
-            }.joined(separator: ",") + "}"
-        } ?? "null"
-        return "{\"at\":\(JSONString.quote(time.formatted(.iso8601))),\"rates_per_second\":\(rateText),\"report\":\(json)}"
+        let rateText =
+            rates.map { rates in
+                "{"
+                    + WorkerStatistics.Snapshot.fieldNames.map { name in
+                        "\(JSONString.quote(name)):" + String(format: "%.3f", rates[name] ?? 0)
+                    }.joined(separator: ",") + "}"
+            } ?? "null"
+        return
+            "{\"at\":\(JSONString.quote(time.formatted(.iso8601))),\"rates_per_second\":\(rateText),\"report\":\(json)}"
     }
 
     private static func format(_ seconds: Double) -> String {
@@ -188,11 +208,14 @@ public struct StatsReport: Sendable {
 
     /// The guard's state in one line: what the window holds, what trips it, and whether it holds 400s back now.
     private var guardLine: String {
-        let rule = "trips at \(invalidationGuard.threshold) or more over \(Int((invalidationGuard.share * 100).rounded()))%"
+        let rule =
+            "trips at \(invalidationGuard.threshold) or more over \(Int((invalidationGuard.share * 100).rounded()))%"
         guard let window = invalidationWindow else {
             return "window unreadable (a key of the wrong type among the guard's buckets): 400s held back"
         }
-        let state = guardTripped ? "TRIPPED: no worker removes tokens for 400 BadDeviceToken/DeviceTokenNotForTopic"
+        let state =
+            guardTripped
+            ? "TRIPPED: no worker removes tokens for 400 BadDeviceToken/DeviceTokenNotForTopic"
             : "not tripped"
         return "\(window.mismatches) 400 mismatches of \(window.judged) token-judging answers (\(rule)): \(state)"
     }

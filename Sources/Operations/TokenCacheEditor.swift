@@ -28,12 +28,17 @@ public final class TokenCacheEditor {
 
     /// The token belongs to `user` from now on, registered now (taken from another user who had it).
     /// With `activity`: a Live Activity's update token, kept under the activity.
-    public func add(user: String, token written: String, scope: TokenScope, deviceJSON: String?,
-                    activity: String? = nil, timeZone: String? = nil) throws -> String {
+    public func add(
+        user: String, token written: String, scope: TokenScope, deviceJSON: String?,
+        activity: String? = nil, timeZone: String? = nil
+    ) throws -> String {
         let token = APNsNotification.canonicalToken(written)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let change = try cache.register([TokenRegistration(user: user, token: token, scope: scope, registeredAt: now,
-                                                           deviceJSON: deviceJSON, activity: activity, timeZone: timeZone)])
+        let change = try cache.register([
+            TokenRegistration(
+                user: user, token: token, scope: scope, registeredAt: now,
+                deviceJSON: deviceJSON, activity: activity, timeZone: timeZone)
+        ])
         if case .failed(let message)? = change.first { throw RefusedChange(message: message) }
         let zone = timeZone.map { change.first == .applied ? ", time zone \($0)" : ", time zone unchanged" } ?? ""
         return "added \(shown(token)) for \(activity.map { "activity \($0)" } ?? user) (\(scope.cacheValue))" + zone
@@ -52,7 +57,8 @@ public final class TokenCacheEditor {
         let removed = try cache.remove([TokenRemoval(user: user, token: token, onlyIfValueIn: servedValues)])
         if case .failed(let message)? = removed.first { throw RefusedChange(message: message) }
         if removed.first == .unavailable {
-            throw RedisError(kind: .connectionLost, "the Redis node holding \(user)'s tokens does not answer: nothing removed")
+            throw RedisError(
+                kind: .connectionLost, "the Redis node holding \(user)'s tokens does not answer: nothing removed")
         }
         if removed.first == .applied { return "removed \(shown(token)) from \(user)" }
         if servedValues != nil, let entry = try cache.entries(forUser: user).first(where: { $0.token == token }) {
@@ -84,23 +90,31 @@ public final class TokenCacheEditor {
     /// Applies registration events (one JSON object per line, as on PUSH_REGISTRATIONS_QUEUE, `-` for standard
     /// input) as the cleanup consumer would: a registration older than what the cache knows changes nothing, so a
     /// file can be imported again. `batch` events per round of Redis round trips; `progress` after each round.
-    public func importRegistrations(path: String, batch: Int = 1_000,
-                                    progress: (ImportReport) -> Void) throws -> ImportReport {
+    public func importRegistrations(
+        path: String, batch: Int = 1_000,
+        progress: (ImportReport) -> Void
+    ) throws -> ImportReport {
         var reader = try JobReader(path: path, lineLimit: RegistrationEvent.maximumSize)
         var report = ImportReport(totalBytes: reader.totalBytes)
         var pending: [(line: Int, event: RegistrationEvent)] = []
         func flush() throws {
             let registrations = pending.filter { $0.event.action == .register }
             let logouts = pending.filter { $0.event.action == .unregister }
-            let changes = try cache.register(registrations.map(\.event.registration))
-                + cache.remove(logouts.map { TokenRemoval(user: $0.event.registration.user, token: $0.event.registration.token,
-                                                          unlessRegisteredAfter: $0.event.registration.registeredAt) })
+            let changes =
+                try cache.register(registrations.map(\.event.registration))
+                + cache.remove(
+                    logouts.map {
+                        TokenRemoval(
+                            user: $0.event.registration.user, token: $0.event.registration.token,
+                            unlessRegisteredAfter: $0.event.registration.registeredAt)
+                    })
             for (item, change) in zip(registrations + logouts, changes) {
                 switch change {
                 case .applied: report.applied += 1
                 case .unchanged: report.unchanged += 1
                 case .failed(let message): report.refuse(line: item.line, "Redis refused it: \(message)")
-                case .unavailable: report.refuse(line: item.line, "its Redis node did not answer: import the file again")
+                case .unavailable:
+                    report.refuse(line: item.line, "its Redis node did not answer: import the file again")
                 }
             }
             pending.removeAll(keepingCapacity: true)
@@ -148,8 +162,11 @@ public final class TokenCacheEditor {
         }
         let tokenWidth = fullTokens ? 65 : 20
         let topicWidth = max(6, topics.map(\.count).max() ?? 0) + 2
-        var lines = ["TOKEN".padding(toLength: tokenWidth, withPad: " ", startingAt: 0) + "ENVIRONMENT  "
-                     + "TOPIC".padding(toLength: topicWidth, withPad: " ", startingAt: 0) + "LAST REGISTERED (UTC)      DEVICE"]
+        var lines = [
+            "TOKEN".padding(toLength: tokenWidth, withPad: " ", startingAt: 0) + "ENVIRONMENT  "
+                + "TOPIC".padding(toLength: topicWidth, withPad: " ", startingAt: 0)
+                + "LAST REGISTERED (UTC)      DEVICE"
+        ]
         let formatter = ISO8601DateFormatter()
         for (entry, topic) in zip(entries, topics) {
             var registered = "unknown"
@@ -158,22 +175,24 @@ public final class TokenCacheEditor {
                 registered = formatter.string(from: date) + " (\(Int(now.timeIntervalSince(date) / 86_400)) d)"
             }
             let environment = entry.scope?.environment.rawValue ?? "-"
-            lines.append(shown(entry.token).padding(toLength: tokenWidth, withPad: " ", startingAt: 0)
-                         + environment.padding(toLength: 13, withPad: " ", startingAt: 0)
-                         + topic.padding(toLength: topicWidth, withPad: " ", startingAt: 0)
-                         + registered.padding(toLength: 27, withPad: " ", startingAt: 0) + (entry.deviceJSON ?? ""))
+            lines.append(
+                shown(entry.token).padding(toLength: tokenWidth, withPad: " ", startingAt: 0)
+                    + environment.padding(toLength: 13, withPad: " ", startingAt: 0)
+                    + topic.padding(toLength: topicWidth, withPad: " ", startingAt: 0)
+                    + registered.padding(toLength: 27, withPad: " ", startingAt: 0) + (entry.deviceJSON ?? ""))
         }
         return lines.joined(separator: "\n")
     }
 
     /// `topic` is null for a device token of the default app; `value` is the cache value as stored.
     private func listJSON(_ entries: [TokenEntry]) -> String {
-        "[" + entries.map { entry in
-            "{\"token\":\(JSONString.quote(shown(entry.token))),"
-                + "\"environment\":\(entry.scope.map { JSONString.quote($0.environment.rawValue) } ?? "null"),"
-                + "\"topic\":\(entry.scope?.topic.map(JSONString.quote) ?? "null"),\"value\":\(JSONString.quote(entry.value)),"
-                + "\"registered_at\":\(entry.registeredAt.map(String.init) ?? "null"),\"device\":\(entry.deviceJSON ?? "null")}"
-        }.joined(separator: ",") + "]"
+        "["
+            + entries.map { entry in
+                "{\"token\":\(JSONString.quote(shown(entry.token))),"
+                    + "\"environment\":\(entry.scope.map { JSONString.quote($0.environment.rawValue) } ?? "null"),"
+                    + "\"topic\":\(entry.scope?.topic.map(JSONString.quote) ?? "null"),\"value\":\(JSONString.quote(entry.value)),"
+                    + "\"registered_at\":\(entry.registeredAt.map(String.init) ?? "null"),\"device\":\(entry.deviceJSON ?? "null")}"
+            }.joined(separator: ",") + "]"
     }
 
     /// A token as people see it: shortened unless they asked for it whole.

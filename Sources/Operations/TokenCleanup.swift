@@ -40,14 +40,20 @@ public final class TokenCleanup: Service {
         public func prometheusText(ready: Bool) -> String {
             func load(_ counter: borrowing Atomic<Int>) -> Int { counter.load(ordering: .relaxed) }
             var metrics = PrometheusText()
-            metrics.family("apns_cleanup_dead_tokens_total", "counter", "Dead-token events handled, by result.", [
-                ([("result", "removed")], load(deadTokensRemoved)), ([("result", "kept")], load(deadTokensKept)),
-            ])
-            metrics.family("apns_cleanup_registrations_total", "counter", "Registration events handled, by result.", [
-                ([("result", "applied")], load(registrationsApplied)), ([("result", "stale")], load(registrationsStale)),
-                ([("result", "unregistered")], load(unregistrations)),
-            ])
-            metrics.counter("apns_cleanup_refused_total", "Messages parked on the failed queue as unreadable.", load(refused))
+            metrics.family(
+                "apns_cleanup_dead_tokens_total", "counter", "Dead-token events handled, by result.",
+                [
+                    ([("result", "removed")], load(deadTokensRemoved)), ([("result", "kept")], load(deadTokensKept))
+                ])
+            metrics.family(
+                "apns_cleanup_registrations_total", "counter", "Registration events handled, by result.",
+                [
+                    ([("result", "applied")], load(registrationsApplied)),
+                    ([("result", "stale")], load(registrationsStale)),
+                    ([("result", "unregistered")], load(unregistrations))
+                ])
+            metrics.counter(
+                "apns_cleanup_refused_total", "Messages parked on the failed queue as unreadable.", load(refused))
             metrics.counter("apns_cleanup_swept_tokens_total", "Tokens removed for inactivity.", load(sweptTokens))
             metrics.counter("apns_cleanup_sweeps_total", "Inactivity sweeps run.", load(sweeps))
             metrics.gauge("apns_cleanup_ready", "1 while consuming.", ready ? 1 : 0)
@@ -88,41 +94,52 @@ public final class TokenCleanup: Service {
         let loop = ReconnectLoop(logger: logger, wakeup: wakeup) { [unowned self] in
             stopRequested.load(ordering: .acquiring)
         }
-        try loop.run(session: { connected in
-            let amqp = try configuration.broker.nodes.connect(heartbeat: configuration.broker.heartbeat,
-                                                              caFile: configuration.broker.caFile)
-            defer { amqp.close() }
-            let redis = try configuration.redis.connect()
-            let names = configuration.broker.queues
-            try Topology.declareDeadTokens(on: amqp, names)
-            try Topology.declare(names.registrations, on: amqp, names)
-            try Topology.declare(names.failed, on: amqp, names)
-            try amqp.setPrefetch(500)
-            try amqp.enablePublisherConfirms()
-            let deadTag = try amqp.consume(names.deadTokens)
-            try amqp.consume(names.registrations)
-            // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
-            readiness.consuming(true)
-            logger.info("cleanup consuming", ["amqp.url": amqp.url.description,
-                                              "amqp.queue.dead_tokens": names.deadTokens,
-                                              "amqp.queue.registrations": names.registrations,
-                                              "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
-            connected()
-            let finished = try serve(amqp, redis, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
-                                     untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
-            readiness.consuming(false)
-            return finished
-        }, giveUp: { error, connectedOnce in
-            if untilIdle { return error }
-            return connectedOnce ? nil : StartupError(permanent: error)
-        }, lost: {
-            readiness.consuming(false)
-        })
+        try loop.run(
+            session: { connected in
+                let amqp = try configuration.broker.nodes.connect(
+                    heartbeat: configuration.broker.heartbeat,
+                    caFile: configuration.broker.caFile)
+                defer { amqp.close() }
+                let redis = try configuration.redis.connect()
+                let names = configuration.broker.queues
+                try Topology.declareDeadTokens(on: amqp, names)
+                try Topology.declare(names.registrations, on: amqp, names)
+                try Topology.declare(names.failed, on: amqp, names)
+                try amqp.setPrefetch(500)
+                try amqp.enablePublisherConfirms()
+                let deadTag = try amqp.consume(names.deadTokens)
+                try amqp.consume(names.registrations)
+                // Ready before the line that says so: whoever waits for the line may ask /readyz at once.
+                readiness.consuming(true)
+                logger.info(
+                    "cleanup consuming",
+                    [
+                        "amqp.url": amqp.url.description,
+                        "amqp.queue.dead_tokens": names.deadTokens,
+                        "amqp.queue.registrations": names.registrations,
+                        "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)
+                    ])
+                connected()
+                let finished = try serve(
+                    amqp, redis, TokenCache(redis: redis, logger: logger), deadTag: deadTag,
+                    untilIdle: untilIdle, idleSeconds: idleSeconds, nextSweep: &nextSweep)
+                readiness.consuming(false)
+                return finished
+            },
+            giveUp: { error, connectedOnce in
+                if untilIdle { return error }
+                return connectedOnce ? nil : StartupError(permanent: error)
+            },
+            lost: {
+                readiness.consuming(false)
+            })
     }
 
     /// Returns true when done (stopped, or idle in `untilIdle` mode).
-    private func serve(_ amqp: AMQPConnection, _ redis: any RedisClient, _ tokens: TokenCache, deadTag: String,
-                       untilIdle: Bool, idleSeconds: Double, nextSweep: inout Date) throws -> Bool {
+    private func serve(
+        _ amqp: AMQPConnection, _ redis: any RedisClient, _ tokens: TokenCache, deadTag: String,
+        untilIdle: Bool, idleSeconds: Double, nextSweep: inout Date
+    ) throws -> Bool {
         var idleSince = Date()
         var swept = false
         while !stopRequested.load(ordering: .acquiring) {
@@ -152,8 +169,9 @@ public final class TokenCleanup: Service {
             }
             if !amqp.hasBufferedInput {
                 let untilSweep = max(0.001, nextSweep.timeIntervalSinceNow)
-                wakeup.wait(alsoReadable: amqp.socketDescriptor,
-                            timeout: min(untilIdle ? idleSeconds : RoundTripReadiness.probeInterval, untilSweep))
+                wakeup.wait(
+                    alsoReadable: amqp.socketDescriptor,
+                    timeout: min(untilIdle ? idleSeconds : RoundTripReadiness.probeInterval, untilSweep))
             }
         }
         return true
@@ -164,8 +182,12 @@ public final class TokenCleanup: Service {
         let removed = try tokens.sweep(registeredBefore: cutoff)
         statistics.sweeps.add(1, ordering: .relaxed)
         statistics.sweptTokens.add(removed, ordering: .relaxed)
-        logger.info("inactivity sweep", ["cleanup.removed": String(removed),
-                                         "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)])
+        logger.info(
+            "inactivity sweep",
+            [
+                "cleanup.removed": String(removed),
+                "cleanup.inactive_days": String(configuration.cleanup.inactiveDays)
+            ])
     }
 
     /// A batch of events read: the changes they ask for, each with the delivery it came from, and the deliveries
@@ -188,27 +210,35 @@ public final class TokenCleanup: Service {
                     let event = try DeadTokenEvent.decode(delivery.body)
                     // Without a timestamp (BadDeviceToken) the token is wrong whatever happened since. An event is
                     // about one topic and environment: a token registered for another kind or app stays.
-                    read.removals.append(TokenRemoval(user: event.user ?? "", token: event.token,
-                                                      unlessRegisteredAfter: event.timestamp,
-                                                      onlyIfValueIn: event.cacheValuesItRemoves(
-                                                        defaultTopic: configuration.credential.defaultTopic)))
+                    read.removals.append(
+                        TokenRemoval(
+                            user: event.user ?? "", token: event.token,
+                            unlessRegisteredAfter: event.timestamp,
+                            onlyIfValueIn: event.cacheValuesItRemoves(
+                                defaultTopic: configuration.credential.defaultTopic)))
                     read.removalSources.append(delivery)
                     continue
                 }
                 let event = try RegistrationEvent.decode(delivery.body, now: now)
                 if let problem = event.timeZoneProblem {
-                    logger.warning("a registration's time zone is not kept; its token is registered without it",
-                                   ["user": event.registration.user, "time_zone": String(event.ignoredTimeZone?.prefix(64) ?? ""),
-                                    "reason": problem])
+                    logger.warning(
+                        "a registration's time zone is not kept; its token is registered without it",
+                        [
+                            "user": event.registration.user,
+                            "time_zone": String(event.ignoredTimeZone?.prefix(64) ?? ""),
+                            "reason": problem
+                        ])
                 }
                 switch event.action {
                 case .register:
                     read.registrations.append(event.registration)
                     read.registrationSources.append(delivery)
                 case .unregister:
-                    read.unregistrations.append(TokenRemoval(user: event.registration.user, token: event.registration.token,
-                                                             unlessRegisteredAfter: event.registration.registeredAt,
-                                                             activity: event.registration.activity))
+                    read.unregistrations.append(
+                        TokenRemoval(
+                            user: event.registration.user, token: event.registration.token,
+                            unlessRegisteredAfter: event.registration.registeredAt,
+                            activity: event.registration.activity))
                     read.unregistrationSources.append(delivery)
                 }
             } catch {
@@ -234,10 +264,14 @@ public final class TokenCleanup: Service {
         statistics.registrationsApplied.add(applied.filter { $0 == .applied }.count, ordering: .relaxed)
         statistics.registrationsStale.add(applied.filter { $0 == .unchanged }.count, ordering: .relaxed)
         statistics.unregistrations.add(unregistered.filter { $0 == .applied }.count, ordering: .relaxed)
-        for (changes, sources) in [(removed, read.removalSources), (applied, read.registrationSources),
-                                   (unregistered, read.unregistrationSources)] {
+        for (changes, sources) in [
+            (removed, read.removalSources), (applied, read.registrationSources),
+            (unregistered, read.unregistrationSources)
+        ] {
             for (change, delivery) in zip(changes, sources) {
-                if case .failed(let message) = change { read.bad.append((delivery, "Redis refused the change: \(message)")) }
+                if case .failed(let message) = change {
+                    read.bad.append((delivery, "Redis refused the change: \(message)"))
+                }
             }
         }
         try park(read.bad, amqp: amqp)

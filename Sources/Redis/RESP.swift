@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Commands in Redis's protocol (RESP 2): an array of bulk strings, `*<count>\r\n` then `$<length>\r\n<bytes>\r\n` per
@@ -50,8 +50,10 @@ extension RESP {
         }
     }
 
-    private static func hashReads(_ names: [String], command: UnsafeBufferPointer<UInt8>,
-                                  prefix: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+    private static func hashReads(
+        _ names: [String], command: UnsafeBufferPointer<UInt8>,
+        prefix: UnsafeBufferPointer<UInt8>
+    ) -> [UInt8] {
         let capacity = names.reduce(0) { $0 + command.count + 1 + 20 + 2 + prefix.count + $1.utf8.count + 2 }
         return [UInt8](unsafeUninitializedCapacity: capacity) { buffer, count in
             var writer = Writer(base: buffer.baseAddress!)
@@ -109,12 +111,14 @@ private struct Writer {
 
     /// `value` (not negative) in decimal, every digit.
     mutating func putDecimal(_ value: Int) {
-        var digits = 1, rest = value / 10
+        var digits = 1
+        var rest = value / 10
         while rest > 0 {
             digits += 1
             rest /= 10
         }
-        var remaining = value, at = offset + digits
+        var remaining = value
+        var at = offset + digits
         repeat {
             at -= 1
             base[at] = UInt8(ascii: "0") + UInt8(remaining % 10)

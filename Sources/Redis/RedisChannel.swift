@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import TLS
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// How a `rediss://` connection checks the server and proves who it is (REDIS_CA_FILE, REDIS_CERT_FILE,
 /// REDIS_CERT_KEY_FILE). The server's name is checked against its certificate (an IP address, against its IP SANs).
@@ -39,9 +40,11 @@ final class RedisChannel {
         }
         let context: TLSContext
         do {
-            context = try TLSContext.client(TLSClientConfiguration(
-                caFile: tls.caFile, certificateFile: tls.certificateFile, privateKeyFile: tls.keyFile ?? tls.certificateFile,
-                applicationProtocols: []))
+            context = try TLSContext.client(
+                TLSClientConfiguration(
+                    caFile: tls.caFile, certificateFile: tls.certificateFile,
+                    privateKeyFile: tls.keyFile ?? tls.certificateFile,
+                    applicationProtocols: []))
         } catch {
             throw RedisError(kind: .refused, "\(name): \(error)", part: .tls)
         }
@@ -61,8 +64,10 @@ final class RedisChannel {
             if stream.verificationError != nil { throw RedisError(kind: .refused, "\(name): \(message)", part: .tls) }
             throw Self.failure(message, name: name)
         case .closed:
-            throw RedisError(kind: .connectionLost, "\(name): the server closed the connection during the TLS handshake "
-                             + "(a plain port?)")
+            throw RedisError(
+                kind: .connectionLost,
+                "\(name): the server closed the connection during the TLS handshake "
+                    + "(a plain port?)")
         case .wantRead, .wantWrite:
             throw RedisError(kind: .connectionLost, "\(name): TLS handshake timed out")
         }
@@ -110,7 +115,8 @@ final class RedisChannel {
 
     /// The next reply read as a hash, each field and value handed to `visit` in place (`RedisReplyReader.nextHash`).
     func readHash(_ visit: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void) throws(RedisError)
-        -> RedisReplyReader.HashReply {
+        -> RedisReplyReader.HashReply
+    {
         try flush()
         while true {
             if let reply = try read({ reader throws(RedisError) in try reader.nextHash(visit) }) { return reply }
@@ -148,7 +154,8 @@ final class RedisChannel {
                 } else if errno == EINTR {
                     continue
                 } else {
-                    result = errno == EAGAIN || errno == EWOULDBLOCK ? .wantRead : .failed(String(cString: strerror(errno)))
+                    result =
+                        errno == EAGAIN || errno == EWOULDBLOCK ? .wantRead : .failed(String(cString: strerror(errno)))
                 }
                 return -1
             }
@@ -180,9 +187,12 @@ final class RedisChannel {
     /// The server refusing our client certificate (an alert during the handshake under TLS 1.2, on the first read
     /// under TLS 1.3) is a setting to fix, waiting will not change it; anything else is a lost connection.
     private static func failure(_ message: String, name: String) -> RedisError {
-        if message.contains("certificate required") || message.contains("bad certificate") || message.contains("unknown ca") {
-            return RedisError(kind: .refused, "\(name): the server refused the client certificate: \(message)",
-                              part: .clientCertificate)
+        if message.contains("certificate required") || message.contains("bad certificate")
+            || message.contains("unknown ca")
+        {
+            return RedisError(
+                kind: .refused, "\(name): the server refused the client certificate: \(message)",
+                part: .clientCertificate)
         }
         return RedisError(kind: .connectionLost, "\(name): \(message)")
     }

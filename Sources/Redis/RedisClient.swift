@@ -24,8 +24,10 @@ public protocol RedisClient: AnyObject {
     /// key's index, in place (the bytes live only during the call): no reply object per field. Per key, `.read` (its
     /// pairs visited), `.failed` with Redis's error (a key of another type), or nil where its node does not answer
     /// (as `pipelineWhereReachable`).
-    func readHashesWhereReachable(_ keys: RedisKeyList,
-                                  _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void)
+    func readHashesWhereReachable(
+        _ keys: RedisKeyList,
+        _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void
+    )
         throws(RedisError) -> [RedisHashRead?]
 
     /// A round trip to every node in use; throws if one does not answer PONG.
@@ -47,19 +49,25 @@ public enum RedisHashRead: Sendable, Equatable {
 
 extension RedisClient {
     /// Through `pipelineWhereReachable`, each field copied out (a Redis Cluster's routing works on whole commands).
-    public func readHashesWhereReachable(_ keys: RedisKeyList,
-                                         _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void)
-        throws(RedisError) -> [RedisHashRead?] {
+    public func readHashesWhereReachable(
+        _ keys: RedisKeyList,
+        _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void
+    )
+        throws(RedisError) -> [RedisHashRead?]
+    {
         let replies = try pipelineWhereReachable((0..<keys.count).map { ["HGETALL", keys.key($0)] })
         return replies.enumerated().map { index, reply -> RedisHashRead? in
             guard let reply else { return nil }
             guard case .array(let fields) = reply, fields.count % 2 == 0,
-                  fields.allSatisfy({ if case .string = $0 { true } else { false } }) else {
+                fields.allSatisfy({ if case .string = $0 { true } else { false } })
+            else {
                 if case .error(let message) = reply { return .failed(message) }
                 return .failed("not a hash: \(reply)")
             }
             for pair in stride(from: 0, to: fields.count, by: 2) {
-                guard case .string(let field) = fields[pair], case .string(let value) = fields[pair + 1] else { continue }
+                guard case .string(let field) = fields[pair], case .string(let value) = fields[pair + 1] else {
+                    continue
+                }
                 field.withUnsafeBytes { field in value.withUnsafeBytes { value in visit(index, field, value) } }
             }
             return .read
@@ -77,8 +85,10 @@ extension RedisClient {
 
     /// Every key matching `pattern` on every master, a page at a time (SCAN: Redis is never blocked for long).
     /// A page Redis refuses throws `.server`.
-    public func scan(matching pattern: String, count: Int = 500,
-                     _ page: ([String]) throws(RedisError) -> Void) throws(RedisError) {
+    public func scan(
+        matching pattern: String, count: Int = 500,
+        _ page: ([String]) throws(RedisError) -> Void
+    ) throws(RedisError) {
         try forEachMaster { (node: any RedisClient) throws(RedisError) in
             var cursor = "0"
             repeat {

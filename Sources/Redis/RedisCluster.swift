@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Dispatch
 import Telemetry
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A Redis Cluster's seed nodes (REDIS_CLUSTER_NODES) and the data nodes' user and password (REDIS_URL's; a
 /// cluster has database 0 only).
@@ -51,8 +52,10 @@ public final class RedisCluster: RedisClient {
 
     /// Connects to a seed and learns the slot map. Throws `refused` when a node refuses the password or is no cluster
     /// node (a setting to fix), `connectionLost` when no seed answers.
-    public init(_ nodes: RedisClusterNodes, timeout: Double = 5, health: RedisNodeHealth = .shared,
-                logger: Logger? = nil) throws(RedisError) {
+    public init(
+        _ nodes: RedisClusterNodes, timeout: Double = 5, health: RedisNodeHealth = .shared,
+        logger: Logger? = nil
+    ) throws(RedisError) {
         self.nodes = nodes
         self.timeout = timeout
         self.health = health
@@ -72,7 +75,8 @@ public final class RedisCluster: RedisClient {
         for (index, reply) in replies.enumerated() {
             guard let reply else {
                 let key = Self.key(of: commands[index]) ?? ""
-                throw RedisError(kind: .connectionLost, "\(nodes): the master of \(location(ofKey: key)) does not answer")
+                throw RedisError(
+                    kind: .connectionLost, "\(nodes): the master of \(location(ofKey: key)) does not answer")
             }
             answered.append(reply)
         }
@@ -186,7 +190,7 @@ public final class RedisCluster: RedisClient {
                 }
                 var next = 0
                 for item in routed {
-                    if item.asking != nil { next += 1 }   // ASKING's +OK
+                    if item.asking != nil { next += 1 }  // ASKING's +OK
                     let reply = received[next]
                     next += 1
                     switch Redirection(reply, from: address) {
@@ -216,21 +220,25 @@ public final class RedisCluster: RedisClient {
             if mustWait { usleep(UInt32(10_000 << attempt)) }
             pending = redirected
         }
-        throw RedisError(kind: .connectionLost, "\(nodes): still redirected after \(Self.redirectionLimit) tries "
-                         + "(the cluster's slots keep moving)")
+        throw RedisError(
+            kind: .connectionLost,
+            "\(nodes): still redirected after \(Self.redirectionLimit) tries "
+                + "(the cluster's slots keep moving)")
     }
 
     /// Writes every node's part before any reply is read; a node whose connection cannot be had or breaks is silenced
     /// and left out (its commands unanswered). Returns the nodes written to, with their commands.
     private func write(_ byNode: [RedisAddress: [Routed]], _ commands: [[String]]) throws(RedisError)
-        -> [(RedisAddress, RedisConnection, [Routed])] {
+        -> [(RedisAddress, RedisConnection, [Routed])]
+    {
         var written: [(RedisAddress, RedisConnection, [Routed])] = []
         for (address, routed) in byNode {
             guard let node = try usableConnection(to: address) else { continue }
             do {
-                try node.send(routed.flatMap { item in
-                    item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
-                })
+                try node.send(
+                    routed.flatMap { item in
+                        item.asking == nil ? [commands[item.index]] : [["ASKING"], commands[item.index]]
+                    })
             } catch {
                 if error.kind != .connectionLost { throw error }
                 silenced(address, error)
@@ -302,8 +310,9 @@ public final class RedisCluster: RedisClient {
     private func silenced(_ address: RedisAddress, _ error: RedisError) {
         connections[address] = nil
         if health.noteSilent(address) {
-            logger?.error("Redis Cluster master does not answer: its keys wait, the other masters' are served",
-                          ["redis.node": address.description, "redis.error": error.message])
+            logger?.error(
+                "Redis Cluster master does not answer: its keys wait, the other masters' are served",
+                ["redis.node": address.description, "redis.error": error.message])
         }
     }
 
@@ -338,8 +347,9 @@ public final class RedisCluster: RedisClient {
             }
             if case .error(let message) = reply {
                 // A node that is no cluster node (cluster-enabled no) will not become one by waiting.
-                throw RedisError(kind: .refused, "\(address) is not a Redis Cluster node: CLUSTER SLOTS answered \(message)",
-                                 part: .clusterNodes)
+                throw RedisError(
+                    kind: .refused, "\(address) is not a Redis Cluster node: CLUSTER SLOTS answered \(message)",
+                    part: .clusterNodes)
             }
             apply(slotMap: reply, askedAt: address)
             return
@@ -359,20 +369,28 @@ public final class RedisCluster: RedisClient {
     /// own address is listed with an empty host: the one asked. Ranges out of bounds, or naming a master past the
     /// 16,384 a cluster can have (one slot each), are left out: a broken or hostile reply maps fewer slots, never more
     /// masters than an owner index holds.
-    package static func slotMap(_ reply: RedisReply, askedAt asked: RedisAddress) -> (owners: [Int16], masters: [RedisAddress]) {
+    package static func slotMap(_ reply: RedisReply, askedAt asked: RedisAddress) -> (
+        owners: [Int16], masters: [RedisAddress]
+    ) {
         var owners = [Int16](repeating: -1, count: Self.slotCount)
         var addresses: [RedisAddress] = []
         var indexes: [RedisAddress: Int] = [:]
         for range in reply.elements {
             let fields = range.elements
             guard fields.count >= 3, let start = fields[0].integer, let end = fields[1].integer,
-                  let port = fields[2].elements.dropFirst().first?.integer,
-                  0 <= start, start <= end, end < Self.slotCount else { continue }
+                let port = fields[2].elements.dropFirst().first?.integer,
+                0 <= start, start <= end, end < Self.slotCount
+            else { continue }
             let host = fields[2].elements.first?.text ?? ""
-            guard let master = RedisAddress(announcedHost: host.isEmpty || host == "?" ? asked.host : host,
-                                            port: port) else { continue }
+            guard
+                let master = RedisAddress(
+                    announcedHost: host.isEmpty || host == "?" ? asked.host : host,
+                    port: port)
+            else { continue }
             let index: Int
-            if let known = indexes[master] { index = known } else {
+            if let known = indexes[master] {
+                index = known
+            } else {
                 guard addresses.count < Self.slotCount else { continue }
                 addresses.append(master)
                 index = addresses.count - 1
@@ -402,7 +420,9 @@ public final class RedisCluster: RedisClient {
 
     /// A DEL, UNLINK or EXISTS of keys in different slots as one command per key; nil when it need not be split.
     static func splitBySlot(_ command: [String]) -> [[String]]? {
-        guard command.count > 2, command[0] == "DEL" || command[0] == "UNLINK" || command[0] == "EXISTS" else { return nil }
+        guard command.count > 2, command[0] == "DEL" || command[0] == "UNLINK" || command[0] == "EXISTS" else {
+            return nil
+        }
         let keys = command.dropFirst()
         let first = slot(of: keys.first!)
         guard keys.contains(where: { slot(of: $0) != first }) else { return nil }
@@ -414,8 +434,9 @@ public final class RedisCluster: RedisClient {
     public static func slot(of key: String) -> Int {
         var bytes = Substring(key).utf8[...]
         if let open = bytes.firstIndex(of: UInt8(ascii: "{")),
-           let close = bytes[bytes.index(after: open)...].firstIndex(of: UInt8(ascii: "}")),
-           close > bytes.index(after: open) {
+            let close = bytes[bytes.index(after: open)...].firstIndex(of: UInt8(ascii: "}")),
+            close > bytes.index(after: open)
+        {
             bytes = bytes[bytes.index(after: open)..<close]
         }
         var crc: UInt16 = 0
@@ -443,8 +464,9 @@ package enum Redirection: Equatable {
         }
         let words = message.split(separator: " ")
         guard words.count == 3, words[0] == "MOVED" || words[0] == "ASK", let slot = Int(words[1]),
-              (0..<RedisCluster.slotCount).contains(slot), let colon = words[2].lastIndex(of: ":"),
-              let port = Int64(words[2][words[2].index(after: colon)...]) else {
+            (0..<RedisCluster.slotCount).contains(slot), let colon = words[2].lastIndex(of: ":"),
+            let port = Int64(words[2][words[2].index(after: colon)...])
+        else {
             return nil
         }
         var host = words[2][..<colon]

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import ServiceURLs
 import Telemetry
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 public struct RedisError: Error, Sendable, CustomStringConvertible {
     public enum Kind: Sendable, Equatable {
@@ -46,8 +47,10 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
     /// nil: plain TCP (`redis://`).
     public var tls: RedisTLS?
 
-    public init(host: String = "127.0.0.1", port: Int = 6379, user: String? = nil, password: String? = nil,
-                database: Int = 0, tls: RedisTLS? = nil) {
+    public init(
+        host: String = "127.0.0.1", port: Int = 6379, user: String? = nil, password: String? = nil,
+        database: Int = 0, tls: RedisTLS? = nil
+    ) {
         self.host = host
         self.port = port
         self.user = user
@@ -68,11 +71,14 @@ public struct RedisURL: Sendable, Equatable, CustomStringConvertible {
         }
         var database = 0
         if let path = parts.path, !path.isEmpty {
-            guard let parsed = Int(path), parsed >= 0 else { throw RedisError(kind: .badURL, "database \(path) is not a number") }
+            guard let parsed = Int(path), parsed >= 0 else {
+                throw RedisError(kind: .badURL, "database \(path) is not a number")
+            }
             database = parsed
         }
-        self.init(host: parts.host, port: parts.port ?? 6379, user: parts.user.flatMap { $0.isEmpty ? nil : $0 },
-                  password: parts.password, database: database, tls: text.hasPrefix("rediss://") ? RedisTLS() : nil)
+        self.init(
+            host: parts.host, port: parts.port ?? 6379, user: parts.user.flatMap { $0.isEmpty ? nil : $0 },
+            password: parts.password, database: database, tls: text.hasPrefix("rediss://") ? RedisTLS() : nil)
     }
 
     public var description: String {
@@ -115,7 +121,9 @@ public enum RedisReply: Sendable, Equatable {
 public final class RedisConnection: RedisClient {
     public var isCluster: Bool { false }
 
-    public func forEachMaster(_ body: (any RedisClient) throws(RedisError) -> Void) throws(RedisError) { try body(self) }
+    public func forEachMaster(_ body: (any RedisClient) throws(RedisError) -> Void) throws(RedisError) {
+        try body(self)
+    }
 
     public func location(ofKey key: String) -> String { url.description }
 
@@ -129,7 +137,8 @@ public final class RedisConnection: RedisClient {
         guard (1...65_535).contains(url.port) else {
             throw RedisError(kind: .badURL, "Redis \(url): \(url.port) is not a port (1 to 65535)")
         }
-        channel = try RedisChannel(host: url.host, port: url.port, tls: url.tls, timeout: timeout, name: url.description)
+        channel = try RedisChannel(
+            host: url.host, port: url.port, tls: url.tls, timeout: timeout, name: url.description)
         if let password = url.password {
             let reply = try command(url.user.map { ["AUTH", $0, password] } ?? ["AUTH", password])
             if case .error(let message) = reply {
@@ -178,9 +187,12 @@ public final class RedisConnection: RedisClient {
         try channel.flush()
     }
 
-    public func readHashesWhereReachable(_ keys: RedisKeyList,
-                                         _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void)
-        throws(RedisError) -> [RedisHashRead?] {
+    public func readHashesWhereReachable(
+        _ keys: RedisKeyList,
+        _ visit: (Int, UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void
+    )
+        throws(RedisError) -> [RedisHashRead?]
+    {
         guard keys.count > 0 else { return [] }
         channel.appendHashReads(keys)
         var reads: [RedisHashRead?] = []
@@ -191,7 +203,9 @@ public final class RedisConnection: RedisClient {
                 reads.append(.read)
             case .other(let reply):
                 try checkServing(reply)
-                if case .error(let message) = reply { reads.append(.failed(message)) } else {
+                if case .error(let message) = reply {
+                    reads.append(.failed(message))
+                } else {
                     reads.append(.failed("not a hash: \(reply)"))
                 }
             }

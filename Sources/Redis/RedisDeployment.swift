@@ -52,7 +52,8 @@ public struct RedisAddress: Sendable, Hashable, CustomStringConvertible {
     /// `@`), so that a broken or hostile answer is never dialled.
     init?(announcedHost host: some StringProtocol, port: Int64) {
         guard (1...65_535).contains(port), !host.isEmpty, host.utf8.count <= 255,
-              host.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && !"[]/@".utf8.contains($0) }) else { return nil }
+            host.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && !"[]/@".utf8.contains($0) })
+        else { return nil }
         self.init(host: String(host), port: Int(port))
     }
 
@@ -62,7 +63,8 @@ public struct RedisAddress: Sendable, Hashable, CustomStringConvertible {
         while trimmed.first == " " { trimmed.removeFirst() }
         while trimmed.last == " " { trimmed.removeLast() }
         guard let colon = trimmed.lastIndex(of: ":"), let port = Int(trimmed[trimmed.index(after: colon)...]),
-              (1...65_535).contains(port) else {
+            (1...65_535).contains(port)
+        else {
             throw RedisError(kind: .badURL, "'\(trimmed)' is not host:port (a port from 1 to 65535 is required)")
         }
         var host = trimmed[..<colon]
@@ -95,8 +97,10 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
     public var sentinelPassword: String?
     public var dataNodes: RedisURL
 
-    public init(sentinels: [RedisAddress], masterName: String, sentinelPassword: String? = nil,
-                dataNodes: RedisURL = RedisURL()) {
+    public init(
+        sentinels: [RedisAddress], masterName: String, sentinelPassword: String? = nil,
+        dataNodes: RedisURL = RedisURL()
+    ) {
         self.sentinels = sentinels
         self.masterName = masterName
         self.sentinelPassword = sentinelPassword
@@ -145,8 +149,10 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
         if unknownName == sentinels.count {
             throw RedisError(kind: .refused, "no sentinel knows a master named \(masterName)", part: .masterName)
         }
-        throw RedisError(kind: .connectionLost, "no master reached for \(masterName): "
-                         + problems.joined(separator: "; "))
+        throw RedisError(
+            kind: .connectionLost,
+            "no master reached for \(masterName): "
+                + problems.joined(separator: "; "))
     }
 
     /// The master the first sentinel that answers names now; nil when none answers. What the worker checks its
@@ -162,7 +168,8 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
     /// The address in a sentinel's answer to `SENTINEL get-master-addr-by-name`: [host, port].
     package static func namedMaster(in reply: RedisReply) -> RedisAddress? {
         guard case .array(let parts) = reply, parts.count == 2, let host = parts[0].text,
-              let port = parts[1].text.flatMap({ Int64($0) }) else { return nil }
+            let port = parts[1].text.flatMap({ Int64($0) })
+        else { return nil }
         return RedisAddress(announcedHost: host, port: port)
     }
 
@@ -171,9 +178,11 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
         let connection: RedisConnection
         do {
             // Sentinels speak TLS when the data nodes do (one tls-port configuration for both, as Redis sets them up).
-            connection = try RedisConnection(url: RedisURL(host: sentinel.host, port: sentinel.port,
-                                                           password: sentinelPassword, tls: dataNodes.tls),
-                                             timeout: timeout)
+            connection = try RedisConnection(
+                url: RedisURL(
+                    host: sentinel.host, port: sentinel.port,
+                    password: sentinelPassword, tls: dataNodes.tls),
+                timeout: timeout)
         } catch {
             throw RedisError(kind: error.kind, "sentinel \(sentinel): \(error.message)", part: .sentinels)
         }
@@ -182,7 +191,8 @@ public struct RedisSentinels: Sendable, Equatable, CustomStringConvertible {
         if let master = Self.namedMaster(in: reply) { return master }
         // An error reply (an unknown command: a data node listed as a sentinel) is a setting to fix.
         let kind: RedisError.Kind = if case .error = reply { .refused } else { .connectionLost }
-        throw RedisError(kind: kind, "\(sentinel) is no sentinel: get-master-addr-by-name answered \(reply)",
-                         part: .sentinels)
+        throw RedisError(
+            kind: kind, "\(sentinel) is no sentinel: get-master-addr-by-name answered \(reply)",
+            part: .sentinels)
     }
 }

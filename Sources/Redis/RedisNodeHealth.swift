@@ -54,7 +54,8 @@ public final class RedisNodeHealth: Sendable {
         return silent.withLock { nodes in
             let failures = (nodes[node]?.failures ?? 0) + 1
             let first = nodes[node] == nil
-            nodes[node] = Silence(failures: failures, nextProbe: now + UInt64(Self.pause(afterFailures: failures) * 1e9))
+            nodes[node] = Silence(
+                failures: failures, nextProbe: now + UInt64(Self.pause(afterFailures: failures) * 1e9))
             return first
         }
     }

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Redis's replies (RESP 2) read from the bytes a connection received, in the connection's own buffer: a reply is
@@ -72,7 +72,8 @@ package final class RedisReplyReader {
     /// The next whole reply read as a hash (HGETALL's array of field, value, field, value...): each pair is handed to
     /// `visit` in place (the bytes live only during the call); or nil until more bytes arrive.
     package func nextHash(_ visit: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void) throws(RedisError)
-        -> HashReply? {
+        -> HashReply?
+    {
         guard let after = try measureNext() else { return nil }
         guard let pairs = hashPairs(at: start) else {
             var cursor = start

@@ -41,7 +41,8 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     private var redis: (any RedisClient)?
     /// Names this worker's hold on a lease, so that it never releases one that expired and another worker took.
     private let owner = UUID().uuidString
-    static let releaseLease = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+    static let releaseLease =
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
     public init(_ deployment: RedisDeployment, logger: Logger, providers: @escaping @Sendable () -> [Key]) {
         self.deployment = deployment
@@ -51,7 +52,9 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     }
 
     static func key(_ provider: APNsTokenProvider) -> String { "apns:jwt:\(provider.teamID)/\(provider.keyID)" }
-    static func leaseKey(_ provider: APNsTokenProvider) -> String { "apns:jwt-lease:\(provider.teamID)/\(provider.keyID)" }
+    static func leaseKey(_ provider: APNsTokenProvider) -> String {
+        "apns:jwt-lease:\(provider.teamID)/\(provider.keyID)"
+    }
 
     /// Adopts (or mints) every key's fleet token now, then keeps them current on a thread of its own until `stop`.
     public func start() {
@@ -115,15 +118,18 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
                 // Fresh enough, and newer than the token APNs refused, if one was.
                 func usable(_ stored: (token: String, issuedAt: Int64)?) -> (token: String, issuedAt: Int64)? {
                     guard let stored, Double(stored.issuedAt) > now - replaceAge,
-                          stored.issuedAt > (rejected ?? .min) else { return nil }
+                        stored.issuedAt > (rejected ?? .min)
+                    else { return nil }
                     return stored
                 }
                 if let stored = usable(try read(key, on: redis)) {
                     provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
                     return true
                 }
-                let lease = try redis.command(["SET", Self.leaseKey(provider), owner, "NX", "PX",
-                                               String(Self.leaseMilliseconds)])
+                let lease = try redis.command([
+                    "SET", Self.leaseKey(provider), owner, "NX", "PX",
+                    String(Self.leaseMilliseconds)
+                ])
                 if lease.text == "OK" {
                     // Given back at once (if still this worker's): another worker that must mint for the same ids (its
                     // key is another one) does not wait for the lease to expire.
@@ -138,16 +144,20 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
                     // A replacement issued in the same second as the refused token would carry the same iat.
                     let issuedAt = max(Int64(now), (rejected ?? 0) + 1)
                     let token = try provider.makeToken(issuedAt: issuedAt)
-                    let record = "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"
+                    let record =
+                        "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"
                         + "\"key\":\(JSONString.quote(key.fingerprint))}"
                     let stored = try redis.command(["SET", Self.key(provider), record, "EX", "3600"])
                     if case .error(let message) = stored {
                         throw RedisError(kind: .server, "storing the provider token: \(message)")
                     }
                     provider.adopt(token: token, issuedAt: issuedAt)
-                    logger.info("minted the fleet's provider token", [
-                        "apns.key": "\(provider.teamID)/\(provider.keyID)", "apns.token_iat": String(issuedAt),
-                        "apns.replaces_refused": rejected.map(String.init) ?? "none"])
+                    logger.info(
+                        "minted the fleet's provider token",
+                        [
+                            "apns.key": "\(provider.teamID)/\(provider.keyID)", "apns.token_iat": String(issuedAt),
+                            "apns.replaces_refused": rejected.map(String.init) ?? "none"
+                        ])
                     return true
                 }
                 guard Date() < deadline, !stopping.load(ordering: .acquiring) else { return true }
@@ -156,8 +166,9 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
         } catch {
             // Without the fleet's token, the provider signs its own when it needs one (as a lone worker does).
             redis = nil
-            logger.warning("the fleet's provider token cannot be read or stored; this worker signs its own meanwhile",
-                           ["apns.key": "\(provider.teamID)/\(provider.keyID)", "error": "\(error)"])
+            logger.warning(
+                "the fleet's provider token cannot be read or stored; this worker signs its own meanwhile",
+                ["apns.key": "\(provider.teamID)/\(provider.keyID)", "error": "\(error)"])
             return false
         }
     }
@@ -172,11 +183,14 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     /// The fleet's token for `key`, if there is one signed by that very key.
     private func read(_ key: Key, on redis: any RedisClient) throws -> (token: String, issuedAt: Int64)? {
         let reply = try redis.command(["GET", Self.key(key.provider)])
-        if case .error(let message) = reply { throw RedisError(kind: .server, "reading the provider token: \(message)") }
+        if case .error(let message) = reply {
+            throw RedisError(kind: .server, "reading the provider token: \(message)")
+        }
         guard let text = reply.text,
-              let object = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any],
-              let token = object["token"] as? String, let issuedAt = (object["iat"] as? NSNumber)?.int64Value,
-              object["key"] as? String == key.fingerprint else {
+            let object = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any],
+            let token = object["token"] as? String, let issuedAt = (object["iat"] as? NSNumber)?.int64Value,
+            object["key"] as? String == key.fingerprint
+        else {
             return nil
         }
         return (token, issuedAt)

@@ -42,7 +42,8 @@ final class LocalRateShare {
         used += grantedUrgent
         let grantedBulk = max(0, min(bulk, allowed - used))
         used += grantedBulk
-        return .granted(urgent: grantedUrgent, bulk: grantedBulk,
-                        nextWindowIn: max(0.001, Double(tenths + 1) / 10 - time))
+        return .granted(
+            urgent: grantedUrgent, bulk: grantedBulk,
+            nextWindowIn: max(0.001, Double(tenths + 1) / 10 - time))
     }
 }

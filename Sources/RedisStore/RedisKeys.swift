@@ -91,7 +91,10 @@ public struct RedisKeys: Sendable, Equatable {
 
     /// The rate limit's slot at a time and the one before it: `<prefix>:<second>.<tenth>`.
     static func rateSlots(prefix: String, second: Int, tenth: Int) -> (current: String, previous: String) {
-        return ("\(prefix):\(second).\(tenth)", tenth == 0 ? "\(prefix):\(second - 1).9" : "\(prefix):\(second).\(tenth - 1)")
+        return (
+            "\(prefix):\(second).\(tenth)",
+            tenth == 0 ? "\(prefix):\(second - 1).9" : "\(prefix):\(second).\(tenth - 1)"
+        )
     }
 
     /// The guard's buckets of the `seconds` seconds ending at `second`, the newest first: `<prefix>:<second>`.

@@ -26,8 +26,10 @@ public final class RedisProbe: Probing {
     public func probe() throws {
         try redis.ping()
         guard let sentinels, let master, let named = sentinels.namedMaster(timeout: 1), named != master else { return }
-        throw RedisError(kind: .connectionLost, "the sentinels name \(named) as the master of \(sentinels.masterName), "
-                         + "not \(master), which this connection is on")
+        throw RedisError(
+            kind: .connectionLost,
+            "the sentinels name \(named) as the master of \(sentinels.masterName), "
+                + "not \(master), which this connection is on")
     }
 }
 
@@ -58,7 +60,8 @@ public struct RedisStores {
         invalidationWindow = SharedInvalidationWindow(redis: connection)
         cancellations = SharedCancellations(redis: connection)
         progress = SharedJobProgress(redis: connection)
-        rateLimiter = rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
+        rateLimiter =
+            rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
     }
 
     /// A token cache on a connection of its own, for a thread of its own (the worker's job preparer).
@@ -66,8 +69,9 @@ public struct RedisStores {
     public func groupRateLimiter(urgentShare: Double) -> (RateGroup) -> any RateLimiter {
         let connection = self.connection
         return { group in
-            SharedRateLimit(redis: connection, limit: group.perSecond, urgentShare: urgentShare,
-                            keyPrefix: RedisKeys(cluster: connection.isCluster).groupRatePrefix(group.name))
+            SharedRateLimit(
+                redis: connection, limit: group.perSecond, urgentShare: urgentShare,
+                keyPrefix: RedisKeys(cluster: connection.isCluster).groupRatePrefix(group.name))
         }
     }
 

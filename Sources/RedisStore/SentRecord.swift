@@ -78,12 +78,15 @@ public struct SentRecord: IdempotencyRecord {
         default: break
         }
         let fields = member.split(separator: "|", maxSplits: 5, omittingEmptySubsequences: false).map(String.init)
-        guard fields.count == 6, let status = Int(fields[1]), let environment = APNsEnvironment(rawValue: fields[3]) else {
+        guard fields.count == 6, let status = Int(fields[1]), let environment = APNsEnvironment(rawValue: fields[3])
+        else {
             return nil
         }
-        return .dead(DeviceTarget(token: fields[0], environment: environment, user: fields[5].isEmpty ? nil : fields[5]),
-                     APNsResponse(status: status, reason: fields[4].isEmpty ? nil : APNsReason(fields[4]),
-                                  timestamp: Int64(fields[2])))
+        return .dead(
+            DeviceTarget(token: fields[0], environment: environment, user: fields[5].isEmpty ? nil : fields[5]),
+            APNsResponse(
+                status: status, reason: fields[4].isEmpty ? nil : APNsReason(fields[4]),
+                timestamp: Int64(fields[2])))
     }
 
     /// Adds the batches in one round trip. Says which jobs' records Redis refused (a key of the wrong type), with its
@@ -133,10 +136,13 @@ public struct SentRecord: IdempotencyRecord {
     /// not counted.
     public func countRedeliveries(of keys: [String]) throws -> (counts: [String: Int], unreadable: [String: String]) {
         guard !keys.isEmpty else { return ([:], [:]) }
-        let replies = try redis.pipelineWhereReachable(keys.flatMap { key in
-            [["INCR", redisKeys.deliveries(key)],
-             ["EXPIRE", redisKeys.deliveries(key), String(Self.deliveriesLifetime)]]
-        })
+        let replies = try redis.pipelineWhereReachable(
+            keys.flatMap { key in
+                [
+                    ["INCR", redisKeys.deliveries(key)],
+                    ["EXPIRE", redisKeys.deliveries(key), String(Self.deliveriesLifetime)]
+                ]
+            })
         var counts: [String: Int] = [:]
         var unreadable: [String: String] = [:]
         for (index, key) in keys.enumerated() {
@@ -155,9 +161,10 @@ public struct SentRecord: IdempotencyRecord {
 
     public func markRunning(_ keys: [String]) throws {
         guard !keys.isEmpty else { return }
-        _ = try redis.pipelineWhereReachable(keys.map {
-            ["SET", redisKeys.running($0), "1", "EX", String(Self.deliveriesLifetime)]
-        })
+        _ = try redis.pipelineWhereReachable(
+            keys.map {
+                ["SET", redisKeys.running($0), "1", "EX", String(Self.deliveriesLifetime)]
+            })
     }
 
     public func clearRunning(_ keys: [String]) throws {
@@ -176,19 +183,27 @@ public struct SentRecord: IdempotencyRecord {
         _ = try redis.commandWhereReachable(["SET", redisKeys.alone(key), "1", "EX", String(Self.deliveriesLifetime)])
     }
 
-    public func settledAlone(_ key: String) throws { _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key)]) }
+    public func settledAlone(_ key: String) throws {
+        _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key)])
+    }
 
     public func forget(_ key: String) throws {
-        _ = try redis.commandWhereReachable(["DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key),
-                                             redisKeys.running(key)])
+        _ = try redis.commandWhereReachable([
+            "DEL", redisKeys.alone(key), redisKeys.deliveries(key), redisKeys.givenBack(key),
+            redisKeys.running(key)
+        ])
     }
 
     public func gaveBack(_ keys: [String]) throws {
         guard !keys.isEmpty else { return }
-        _ = try redis.pipelineWhereReachable(keys.flatMap { key in
-            [["INCR", redisKeys.givenBack(key)], ["EXPIRE", redisKeys.givenBack(key), String(Self.deliveriesLifetime)],
-             ["DEL", redisKeys.running(key)]]
-        })
+        _ = try redis.pipelineWhereReachable(
+            keys.flatMap { key in
+                [
+                    ["INCR", redisKeys.givenBack(key)],
+                    ["EXPIRE", redisKeys.givenBack(key), String(Self.deliveriesLifetime)],
+                    ["DEL", redisKeys.running(key)]
+                ]
+            })
     }
 
     public func settledRecently(_ jobIDs: [String]) throws {
@@ -203,19 +218,22 @@ public struct SentRecord: IdempotencyRecord {
     public func claimWindowParts(_ keys: [String]) throws -> Set<String> {
         guard !keys.isEmpty else { return [] }
         let lifetime = String(8 * 24 * 3600)
-        let replies = try redis.pipelineWhereReachable(keys.map { ["SET", redisKeys.windowPart($0), "1", "NX", "EX", lifetime] })
-        return Set(zip(keys, replies).compactMap { key, reply in
-            guard let reply else { return key }
-            if case .error = reply { return key }
-            return reply.text == "OK" ? key : nil
-        })
+        let replies = try redis.pipelineWhereReachable(
+            keys.map { ["SET", redisKeys.windowPart($0), "1", "NX", "EX", lifetime] })
+        return Set(
+            zip(keys, replies).compactMap { key, reply in
+                guard let reply else { return key }
+                if case .error = reply { return key }
+                return reply.text == "OK" ? key : nil
+            })
     }
 
     public func recentlySettled(_ jobIDs: [String]) throws -> Set<String> {
         guard !jobIDs.isEmpty else { return [] }
         let now = Int(Date().timeIntervalSince1970) / Self.settledSpan
         let spans = (0..<Self.settledLookback).map { now - $0 }
-        let replies = try redis.pipelineWhereReachable(spans.map { ["SMISMEMBER", redisKeys.settled(inSpan: $0)] + jobIDs })
+        let replies = try redis.pipelineWhereReachable(
+            spans.map { ["SMISMEMBER", redisKeys.settled(inSpan: $0)] + jobIDs })
         var found = Set<String>()
         for reply in replies {
             for (id, member) in zip(jobIDs, reply?.elements ?? []) where member.integer == 1 { found.insert(id) }

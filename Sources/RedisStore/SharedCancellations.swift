@@ -27,7 +27,10 @@ public struct SharedCancellations: JobCancellations {
         let replies = try redis.pipeline([
             ["SET", keys.cancelled(jobID), record, "NX", "EX", String(CancelledJob.retention)],
             ["ZADD", keys.cancellations, "NX", String(milliseconds), jobID],
-            ["ZREMRANGEBYSCORE", keys.cancellations, "-inf", String(milliseconds - Int64(CancelledJob.retention) * 1000)],
+            [
+                "ZREMRANGEBYSCORE", keys.cancellations, "-inf",
+                String(milliseconds - Int64(CancelledJob.retention) * 1000)
+            ]
         ])
         for case .error(let message) in replies {
             throw RedisError(kind: .server, "recording the cancellation of \(jobID): \(message)")
@@ -37,7 +40,9 @@ public struct SharedCancellations: JobCancellations {
     /// When `jobID` was cancelled and why, if it was.
     public func cancellation(of jobID: String) throws(RedisError) -> (at: Double, reason: String?)? {
         let reply = try redis.command(["GET", keys.cancelled(jobID)])
-        if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(keys.cancelled(jobID)): \(message)") }
+        if case .error(let message) = reply {
+            throw RedisError(kind: .server, "reading \(keys.cancelled(jobID)): \(message)")
+        }
         guard let text = reply.text else { return nil }
         let object = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any]
         return ((object?["at"] as? Double) ?? 0, object?["reason"] as? String)
@@ -45,8 +50,12 @@ public struct SharedCancellations: JobCancellations {
 
     public func cancelled(since: Double?) throws -> StoreAnswer<[CancelledJob]> {
         let minimum = since.map { String(Int64(($0 * 1000).rounded(.down))) } ?? "-inf"
-        guard let reply = try redis.commandWhereReachable(["ZRANGEBYSCORE", keys.cancellations, minimum, "+inf",
-                                                           "WITHSCORES"]) else { return .unavailable }
+        guard
+            let reply = try redis.commandWhereReachable([
+                "ZRANGEBYSCORE", keys.cancellations, minimum, "+inf",
+                "WITHSCORES"
+            ])
+        else { return .unavailable }
         if case .error(let message) = reply { return .refused(message) }
         let items = reply.elements
         var jobs: [CancelledJob] = []

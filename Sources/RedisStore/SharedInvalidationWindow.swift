@@ -50,8 +50,11 @@ public struct SharedInvalidationWindow: InvalidationWindow {
         for _ in 0..<RedisClock.attempts {
             let second = clock.estimate().second
             let buckets = RedisKeys.guardBuckets(prefix: prefix, endingAt: second, seconds: Self.seconds)
-            guard let reply = try redis.commandWhereReachable(["EVAL", Self.script, String(buckets.count)] + buckets
-                                                              + arguments + [String(second)]) else { return .unavailable }
+            guard
+                let reply = try redis.commandWhereReachable(
+                    ["EVAL", Self.script, String(buckets.count)] + buckets
+                        + arguments + [String(second)])
+            else { return .unavailable }
             let values = reply.elements.compactMap(\.integer)
             if values.count == 3, values[0] == -1 {
                 clock.learn(second: values[1], micros: values[2])

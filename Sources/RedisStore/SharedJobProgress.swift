@@ -54,14 +54,20 @@ public struct SharedJobProgress: JobProgressRecord {
             }
             if runs {
                 if !delta.windowed { commands.append(["ZREM", keys.scheduledJobs, delta.jobID]) }
-                commands.append(delta.ended ? ["ZREM", keys.runningJobs, delta.jobID]
-                                            : ["ZADD", keys.runningJobs, milliseconds, delta.jobID])
+                commands.append(
+                    delta.ended
+                        ? ["ZREM", keys.runningJobs, delta.jobID]
+                        : ["ZADD", keys.runningJobs, milliseconds, delta.jobID])
             }
         }
-        commands.append(["ZREMRANGEBYSCORE", keys.scheduledJobs, "-inf",
-                         String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)])
-        commands.append(["ZREMRANGEBYSCORE", keys.runningJobs, "-inf",
-                         String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)])
+        commands.append([
+            "ZREMRANGEBYSCORE", keys.scheduledJobs, "-inf",
+            String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)
+        ])
+        commands.append([
+            "ZREMRANGEBYSCORE", keys.runningJobs, "-inf",
+            String(Int64(now.timeIntervalSince1970 * 1000) - Int64(Self.retention) * 1000)
+        ])
         let replies = try redis.pipelineWhereReachable(commands)
         if replies.contains(where: { $0 == nil }) { return .unavailable }
         for case .error(let message)? in replies { return .refused(message) }
@@ -84,9 +90,13 @@ public struct SharedJobProgress: JobProgressRecord {
 
     /// The jobs waiting for their `send_at`, soonest first.
     public func scheduled(now: Date = Date()) throws(RedisError) -> [String] {
-        let reply = try redis.command(["ZRANGEBYSCORE", keys.scheduledJobs, String(Int64(now.timeIntervalSince1970 * 1000)),
-                                       "+inf"])
-        if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(keys.scheduledJobs): \(message)") }
+        let reply = try redis.command([
+            "ZRANGEBYSCORE", keys.scheduledJobs, String(Int64(now.timeIntervalSince1970 * 1000)),
+            "+inf"
+        ])
+        if case .error(let message) = reply {
+            throw RedisError(kind: .server, "reading \(keys.scheduledJobs): \(message)")
+        }
         return reply.elements.compactMap(\.text)
     }
 
@@ -94,7 +104,9 @@ public struct SharedJobProgress: JobProgressRecord {
     public func running(within seconds: Double = 60, now: Date = Date()) throws(RedisError) -> [String] {
         let since = Int64((now.timeIntervalSince1970 - seconds) * 1000)
         let reply = try redis.command(["ZREVRANGEBYSCORE", keys.runningJobs, "+inf", String(since)])
-        if case .error(let message) = reply { throw RedisError(kind: .server, "reading \(keys.runningJobs): \(message)") }
+        if case .error(let message) = reply {
+            throw RedisError(kind: .server, "reading \(keys.runningJobs): \(message)")
+        }
         return reply.elements.compactMap(\.text)
     }
 }
@@ -115,7 +127,8 @@ public struct JobProgressReport: Sendable {
 
     /// The counters, in the order `--json` and the text give them: the workers' own, then the attempt's `retrying` and
     /// `waiting_for_window`.
-    public static let counterNames = JobProgressDelta.Counter.allCases.filter { $0 != .waitingForWindow }.map(\.rawValue)
+    public static let counterNames =
+        JobProgressDelta.Counter.allCases.filter { $0 != .waitingForWindow }.map(\.rawValue)
         + ["retrying", JobProgressDelta.Counter.waitingForWindow.rawValue]
 
     /// From the progress hash's fields as Redis holds them, and whether the job was cancelled.
@@ -170,12 +183,14 @@ public struct JobProgressReport: Sendable {
     public var text: String {
         var lines = ["job \(jobID): \(state.rawValue)"]
         if state == .scheduled, (counts["waiting_for_window"] ?? 0) <= 0, let scheduledFor {
-            lines.append("  waits for its send_at: \(Date(timeIntervalSince1970: Double(scheduledFor)).formatted(.iso8601))")
+            lines.append(
+                "  waits for its send_at: \(Date(timeIntervalSince1970: Double(scheduledFor)).formatted(.iso8601))")
             return lines.joined(separator: "\n")
         }
         if state == .unknown {
-            lines.append("  no progress recorded: the job has not started, ended more than 24 hours ago, or has fewer "
-                         + "than \(JobProgressDelta.minimumTargets) users and tokens (its summary says how it went)")
+            lines.append(
+                "  no progress recorded: the job has not started, ended more than 24 hours ago, or has fewer "
+                    + "than \(JobProgressDelta.minimumTargets) users and tokens (its summary says how it went)")
             return lines.joined(separator: "\n")
         }
         let counted = Self.counterNames.map { "\($0.replacingOccurrences(of: "_", with: " ")) \(counts[$0] ?? 0)" }

@@ -61,8 +61,10 @@ public struct SharedRateLimit: RateLimiter {
 
     /// `keyPrefix`: the slots' (`RedisKeys.ratePrefix` unless a test keeps its own); in a cluster it holds a hash
     /// tag, so that the slots one call reads and writes share a node. `localNow`: the local clock (tests skew it).
-    public init(redis: any RedisClient, limit: Int, urgentShare: Double = 0.2, keyPrefix: String? = nil,
-                localNow: @escaping () -> Double = { Date().timeIntervalSince1970 }) {
+    public init(
+        redis: any RedisClient, limit: Int, urgentShare: Double = 0.2, keyPrefix: String? = nil,
+        localNow: @escaping () -> Double = { Date().timeIntervalSince1970 }
+    ) {
         self.redis = redis
         self.limit = limit
         self.urgentShare = urgentShare
@@ -83,7 +85,8 @@ public struct SharedRateLimit: RateLimiter {
             let (second, micros) = clock.estimate()
             let tenth = micros / 100_000
             let slots = RedisKeys.rateSlots(prefix: prefix, second: second, tenth: tenth)
-            let command: [String] = ["EVAL", Self.reserveScript, "2", slots.current, slots.previous] + arguments
+            let command: [String] =
+                ["EVAL", Self.reserveScript, "2", slots.current, slots.previous] + arguments
                 + [String(second), String(tenth)]
             guard let reply = try redis.commandWhereReachable(command) else {
                 return fallback.reserve(urgent: urgent, bulk: bulk, limit: limit)

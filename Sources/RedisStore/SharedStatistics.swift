@@ -30,15 +30,20 @@ public struct SharedStatistics: StatisticsSink {
     /// connection throws.
     @discardableResult
     public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws
-        -> StoreAnswer<Void> {
+        -> StoreAnswer<Void>
+    {
         try report(delta, longestWait: longestWait, worker: worker, now: Date())
     }
 
-    public func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts = LaneCounts(), worker: String,
-                       now: Date) throws(RedisError) -> StoreAnswer<Void> {
+    public func report(
+        _ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts = LaneCounts(), worker: String,
+        now: Date
+    ) throws(RedisError) -> StoreAnswer<Void> {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let key = keys.statistics(minute: milliseconds / 60_000)
-        var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map { ["HINCRBY", key, $0.name, String($0.value)] }
+        var commands: [[String]] = delta.fields.filter { $0.value != 0 }.map {
+            ["HINCRBY", key, $0.name, String($0.value)]
+        }
         if !commands.isEmpty { commands.append(["EXPIRE", key, String(Self.retention)]) }
         let waitedKey = keys.waited(minute: milliseconds / 60_000)
         let waits = JobLane.allCases.filter { longestWait[$0] > 0 }
@@ -65,7 +70,8 @@ public struct SharedStatistics: StatisticsSink {
         var add = ["ZADD", keys.sending]
         for pool in pools { add += [String(milliseconds), pool.environment.rawValue + " " + pool.credential] }
         let replies = try redis.pipelineWhereReachable([
-            add, ["ZREMRANGEBYSCORE", keys.sending, "-inf", String(milliseconds - Int64(Self.sendingRetention * 1000))]])
+            add, ["ZREMRANGEBYSCORE", keys.sending, "-inf", String(milliseconds - Int64(Self.sendingRetention * 1000))]
+        ])
         if replies.contains(where: { $0 == nil }) { return .unavailable }
         for case .error(let message)? in replies { return .refused(message) }
         return .answered(())
@@ -82,11 +88,13 @@ public struct SharedStatistics: StatisticsSink {
             return .unavailable
         }
         if case .error(let message) = reply { return .refused(message) }
-        return .answered(reply.elements.compactMap { member in
-            guard let text = member.text, let space = text.firstIndex(of: " "),
-                  let environment = APNsEnvironment(rawValue: String(text[..<space])) else { return nil }
-            return SendingPool(credential: String(text[text.index(after: space)...]), environment: environment)
-        })
+        return .answered(
+            reply.elements.compactMap { member in
+                guard let text = member.text, let space = text.firstIndex(of: " "),
+                    let environment = APNsEnvironment(rawValue: String(text[..<space]))
+                else { return nil }
+                return SendingPool(credential: String(text[text.index(after: space)...]), environment: environment)
+            })
     }
 
     /// How long a pool that sent stays in `apns:sending` (seconds).
@@ -95,7 +103,8 @@ public struct SharedStatistics: StatisticsSink {
     /// The counters of the last `minutes` minutes (the current one included), summed; per lane the longest wait
     /// (ms) a worker reported in them, if any; and the workers that reported within `aliveWithin` seconds.
     public func read(minutes: Int, aliveWithin: Double = 30, now: Date = Date()) throws(RedisError)
-        -> (totals: [String: Int], perMinute: [Int64: [String: Int]], longestWait: [JobLane: Int], workers: [String]) {
+        -> (totals: [String: Int], perMinute: [Int64: [String: Int]], longestWait: [JobLane: Int], workers: [String])
+    {
         let milliseconds = Int64(now.timeIntervalSince1970 * 1000)
         let current = milliseconds / 60_000
         let minuteNumbers = (0..<Int64(max(1, minutes))).map { current - $0 }
@@ -109,7 +118,8 @@ public struct SharedStatistics: StatisticsSink {
             let items = reply.elements
             var index = 0
             while index + 1 < items.count {
-                if let lane = JobLane(rawValue: items[index].text ?? ""), let wait = Double(items[index + 1].text ?? "") {
+                if let lane = JobLane(rawValue: items[index].text ?? ""), let wait = Double(items[index + 1].text ?? "")
+                {
                     longestWait[lane] = max(longestWait[lane] ?? 0, Int(wait))
                 }
                 index += 2
@@ -122,7 +132,8 @@ public struct SharedStatistics: StatisticsSink {
             let items = reply.elements
             var index = 0
             while index + 1 < items.count {
-                let name = items[index].text ?? "", count = Int(items[index + 1].text ?? "") ?? 0
+                let name = items[index].text ?? ""
+                let count = Int(items[index + 1].text ?? "") ?? 0
                 totals[name, default: 0] += count
                 perMinute[minute, default: [:]][name, default: 0] += count
                 index += 2

@@ -31,41 +31,43 @@ public struct TokenCache: TokenStore {
     /// ARGV: token, died-at ms (-1: unconditionally), then the cache values the entry must hold to be removed (none:
     /// any). Returns {1 if a token was removed else 0, then the spellings forgotten, whose owner key may name the
     /// user}.
-    static let removeUnlessRegisteredAfter = forgetFunction + """
-        local wanted = string.lower(ARGV[1])
-        local died = tonumber(ARGV[2])
-        local result = {0}
-        local function removeOne(token)
-          local registered = tonumber(redis.call('HGET', KEYS[2], token) or '0') or 0
-          if died >= 0 and registered > died then return end
-          local value = redis.call('HGET', KEYS[1], token)
-          if value and #ARGV > 2 then
-            local serves = false
-            for index = 3, #ARGV do if ARGV[index] == value then serves = true end end
-            if not serves then return end
-          end
-          forget(token)
-          if value then result[1] = 1 end
-          table.insert(result, token)
-        end
-        local spellings = {}
-        for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-          if string.lower(field) == wanted then table.insert(spellings, field) end
-        end
-        if #spellings == 0 then spellings = {ARGV[1]} end
-        for _, token in ipairs(spellings) do removeOne(token) end
-        return result
-        """
+    static let removeUnlessRegisteredAfter =
+        forgetFunction + """
+            local wanted = string.lower(ARGV[1])
+            local died = tonumber(ARGV[2])
+            local result = {0}
+            local function removeOne(token)
+              local registered = tonumber(redis.call('HGET', KEYS[2], token) or '0') or 0
+              if died >= 0 and registered > died then return end
+              local value = redis.call('HGET', KEYS[1], token)
+              if value and #ARGV > 2 then
+                local serves = false
+                for index = 3, #ARGV do if ARGV[index] == value then serves = true end end
+                if not serves then return end
+              end
+              forget(token)
+              if value then result[1] = 1 end
+              table.insert(result, token)
+            end
+            local spellings = {}
+            for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+              if string.lower(field) == wanted then table.insert(spellings, field) end
+            end
+            if #spellings == 0 then spellings = {ARGV[1]} end
+            for _, token in ipairs(spellings) do removeOne(token) end
+            return result
+            """
 
     /// A token leaving its previous owner for another user: forgotten there unless that owner registered it after
     /// this registration (events can arrive out of order). ARGV: token, registered-at ms. Returns 1 if forgotten (or
     /// not there), -1 if the previous owner's registration is newer.
-    static let leavePreviousOwner = forgetFunction + """
-        local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
-        if known > tonumber(ARGV[2]) then return -1 end
-        forget(ARGV[1])
-        return 1
-        """
+    static let leavePreviousOwner =
+        forgetFunction + """
+            local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
+            if known > tonumber(ARGV[2]) then return -1 end
+            forget(ARGV[1])
+            return 1
+            """
 
     /// A registration newer than what the user's keys know (re)writes the token; an older one changes nothing.
     /// ARGV: token, cache value (`TokenScope`), registered-at ms, device JSON or "". Returns 1 if applied.
@@ -83,29 +85,31 @@ public struct TokenCache: TokenStore {
     static let register = registerFunction + "return registerToken()"
     /// `register` on a Live Activity's keys; one that applies gives the activity's keys its lifetime again (ARGV[5],
     /// seconds), an older one changes nothing, not even that.
-    static let registerUnderActivity = registerFunction + """
-        local applied = registerToken()
-        if applied == 1 then
-          redis.call('EXPIRE', KEYS[1], ARGV[5])
-          redis.call('EXPIRE', KEYS[2], ARGV[5])
-        end
-        return applied
-        """
+    static let registerUnderActivity =
+        registerFunction + """
+            local applied = registerToken()
+            if applied == 1 then
+              redis.call('EXPIRE', KEYS[1], ARGV[5])
+              redis.call('EXPIRE', KEYS[2], ARGV[5])
+            end
+            return applied
+            """
 
     /// Removes every token of one user last registered before a cutoff. ARGV: cutoff ms. Returns the tokens removed.
     /// Tokens with no registration time are kept: their age is unknown.
-    static let sweepUser = forgetFunction + """
-        local cutoff = tonumber(ARGV[1])
-        local entries = redis.call('HGETALL', KEYS[2])
-        local removed = {}
-        for index = 1, #entries, 2 do
-          if (tonumber(entries[index + 1]) or 0) < cutoff then
-            forget(entries[index])
-            table.insert(removed, entries[index])
-          end
-        end
-        return removed
-        """
+    static let sweepUser =
+        forgetFunction + """
+            local cutoff = tonumber(ARGV[1])
+            local entries = redis.call('HGETALL', KEYS[2])
+            local removed = {}
+            for index = 1, #entries, 2 do
+              if (tonumber(entries[index + 1]) or 0) < cutoff then
+                forget(entries[index])
+                table.insert(removed, entries[index])
+              end
+            end
+            return removed
+            """
 
     /// Writes copied tokens unless this user's keys know the same or a newer registration (or, for a token with no
     /// registration time, already hold it). ARGV: per token, token, cache value, registered-at ms or "", device JSON
@@ -150,7 +154,10 @@ public struct TokenCache: TokenStore {
 
     /// EVAL of one of the scripts above on a Live Activity's keys, which play a user's.
     private func onActivity(_ script: String, _ activity: String, _ arguments: [String]) -> [String] {
-        ["EVAL", script, "3", keys.activity(activity), keys.activityRegistered(activity), keys.activityDevices(activity)]
+        [
+            "EVAL", script, "3", keys.activity(activity), keys.activityRegistered(activity),
+            keys.activityDevices(activity)
+        ]
             + arguments
     }
 
@@ -163,11 +170,13 @@ public struct TokenCache: TokenStore {
         let ofActivities = removals.indices.filter { removals[$0].activity != nil }
         if !ofActivities.isEmpty {
             var changes = try remove(removals.filter { $0.activity == nil })
-            let replies = try redis.pipelineWhereReachable(ofActivities.map { index in
-                let removal = removals[index]
-                return onActivity(Self.removeUnlessRegisteredAfter, removal.activity!,
-                                  [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
-            })
+            let replies = try redis.pipelineWhereReachable(
+                ofActivities.map { index in
+                    let removal = removals[index]
+                    return onActivity(
+                        Self.removeUnlessRegisteredAfter, removal.activity!,
+                        [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
+                })
             for (index, reply) in zip(ofActivities, replies) { changes.insert(Self.change(reply), at: index) }
             return changes
         }
@@ -176,9 +185,13 @@ public struct TokenCache: TokenStore {
         var ownerUnknown = Set<Int>()
         let direct = removals.indices.filter { users[$0] == nil }
         if !direct.isEmpty {
-            let owners = try redis.pipelineWhereReachable(direct.flatMap { index in
-                [["GET", keys.owner(removals[index].token)], ["GET", keys.owner(removals[index].token.lowercased())]]
-            })
+            let owners = try redis.pipelineWhereReachable(
+                direct.flatMap { index in
+                    [
+                        ["GET", keys.owner(removals[index].token)],
+                        ["GET", keys.owner(removals[index].token.lowercased())]
+                    ]
+                })
             for (position, index) in direct.enumerated() {
                 guard let exact = owners[position * 2], let lowered = owners[position * 2 + 1] else {
                     ownerUnknown.insert(index)
@@ -189,11 +202,13 @@ public struct TokenCache: TokenStore {
         }
         var changes = removals.indices.map { ownerUnknown.contains($0) ? CacheChange.unavailable : .unchanged }
         let known = removals.indices.filter { users[$0] != nil }
-        let replies = try redis.pipelineWhereReachable(known.map { index in
-            let removal = removals[index]
-            return onUser(Self.removeUnlessRegisteredAfter, users[index]!,
-                          [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
-        })
+        let replies = try redis.pipelineWhereReachable(
+            known.map { index in
+                let removal = removals[index]
+                return onUser(
+                    Self.removeUnlessRegisteredAfter, users[index]!,
+                    [removal.token, String(removal.unlessRegisteredAfter ?? -1)] + (removal.onlyIfValueIn ?? []))
+            })
         var releases: [[String]] = []
         for (index, reply) in zip(known, replies) {
             changes[index] = Self.change(reply)
@@ -227,7 +242,8 @@ public struct TokenCache: TokenStore {
 
     /// One GET per user, in one round trip per node; a value that is not a time zone name is left out (the job's
     /// default zone serves the user).
-    public func timeZones(of users: [String]) throws(RedisError) -> (zones: [String: String], unavailable: Set<String>) {
+    public func timeZones(of users: [String]) throws(RedisError) -> (zones: [String: String], unavailable: Set<String>)
+    {
         var zones: [String: String] = [:]
         var unavailable = Set<String>()
         guard !users.isEmpty else { return (zones, unavailable) }
@@ -259,7 +275,8 @@ public struct TokenCache: TokenStore {
     /// One pipelined HGETALL per entry (a user's tokens, an activity's update tokens), each entry once, the replies
     /// read in place (`readHashesWhereReachable`).
     private func resolve(hashesOf entries: [String], prefix: String, what: String) throws(RedisError)
-        -> ResolvedUsers {
+        -> ResolvedUsers
+    {
         var resolved = ResolvedUsers(tokens: [:])
         guard !entries.isEmpty else { return resolved }
         // The dictionary that will hold the tokens also tells the entries apart: no set of its own.
@@ -278,8 +295,9 @@ public struct TokenCache: TokenStore {
             case .read:
                 if !found[index].isEmpty { resolved.tokens[entry] = found[index] }
             case .failed(let message):
-                logger.warning("skipping a \(what) whose token cache entry cannot be read",
-                               ["redis.key": keyList.key(index), "redis.error": message])
+                logger.warning(
+                    "skipping a \(what) whose token cache entry cannot be read",
+                    ["redis.key": keyList.key(index), "redis.error": message])
                 resolved.tokens[entry] = nil
                 resolved.unreadable[entry] = message
             case nil:
@@ -292,13 +310,19 @@ public struct TokenCache: TokenStore {
 
     /// One field and value of a tokens hash (a user's or an activity's), read in place; a field that is no token, or a
     /// value that says nothing it serves, is skipped with a warning naming `key`.
-    private func cachedToken(_ field: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer,
-                             key: @autoclosure () -> String) -> CachedToken? {
+    private func cachedToken(
+        _ field: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer,
+        key: @autoclosure () -> String
+    ) -> CachedToken? {
         let (valid, _) = APNsNotification.scanDeviceToken(field)
         guard valid, let scope = TokenScope(cacheValue: value) else {
             let token = String(decoding: field, as: UTF8.self)
-            logger.warning("skipping a bad token cache entry", ["redis.key": key(), "apns.token": Redact.token(token),
-                                                                "redis.value": String(decoding: value.prefix(40), as: UTF8.self)])
+            logger.warning(
+                "skipping a bad token cache entry",
+                [
+                    "redis.key": key(), "apns.token": Redact.token(token),
+                    "redis.value": String(decoding: value.prefix(40), as: UTF8.self)
+                ])
             return nil
         }
         return CachedToken(token: String(decoding: field, as: UTF8.self), scope: scope)
@@ -319,20 +343,28 @@ public struct TokenCache: TokenStore {
         if !activityIndices.isEmpty {
             // An update token lives as long as its activity: kept under the activity, with the activity's lifetime,
             // by the rules of a user's tokens (a registration older than what the activity knows changes nothing).
-            let replies = try redis.pipeline(activityIndices.map { index in
-                let registration = registrations[index]
-                return onActivity(Self.registerUnderActivity, registration.activity ?? "",
-                                  [APNsNotification.canonicalToken(registration.token), registration.scope.cacheValue,
-                                   String(registration.registeredAt), "", String(Self.activityLifetime)])
-            })
+            let replies = try redis.pipeline(
+                activityIndices.map { index in
+                    let registration = registrations[index]
+                    return onActivity(
+                        Self.registerUnderActivity, registration.activity ?? "",
+                        [
+                            APNsNotification.canonicalToken(registration.token), registration.scope.cacheValue,
+                            String(registration.registeredAt), "", String(Self.activityLifetime)
+                        ])
+                })
             for (position, index) in activityIndices.enumerated() {
                 let reply = replies[position]
-                if case .error(let message) = reply { changes[index] = .failed(message) } else {
+                if case .error(let message) = reply {
+                    changes[index] = .failed(message)
+                } else {
                     changes[index] = reply.integer == 1 ? .applied : .unchanged
                 }
             }
             let others = registrations.indices.filter { registrations[$0].activity == nil }
-            for (index, change) in zip(others, try register(others.map { registrations[$0] })) { changes[index] = change }
+            for (index, change) in zip(others, try register(others.map { registrations[$0] })) {
+                changes[index] = change
+            }
             return changes
         }
         var rounds: [[Int]] = []
@@ -344,7 +376,9 @@ public struct TokenCache: TokenStore {
             rounds[round].append(index)
         }
         for round in rounds {
-            for (index, change) in zip(round, try registerOnce(round.map { registrations[$0] })) { changes[index] = change }
+            for (index, change) in zip(round, try registerOnce(round.map { registrations[$0] })) {
+                changes[index] = change
+            }
         }
         return changes
     }
@@ -357,20 +391,30 @@ public struct TokenCache: TokenStore {
         let moving = registrations.indices.filter { index in
             owners[index].text.map { $0 != registrations[index].user } ?? false
         }
-        let left = try redis.pipeline(moving.map { index in
-            onUser(Self.leavePreviousOwner, owners[index].text!,
-                   [registrations[index].token, String(registrations[index].registeredAt)])
-        })
+        let left = try redis.pipeline(
+            moving.map { index in
+                onUser(
+                    Self.leavePreviousOwner, owners[index].text!,
+                    [registrations[index].token, String(registrations[index].registeredAt)])
+            })
         for (index, reply) in zip(moving, left) {
-            if case .error(let message) = reply { changes[index] = .failed(message) }
-            else if reply.integer == -1 { changes[index] = .unchanged }
+            if case .error(let message) = reply {
+                changes[index] = .failed(message)
+            } else if reply.integer == -1 {
+                changes[index] = .unchanged
+            }
         }
         let writing = registrations.indices.filter { changes[$0] == nil }
-        let written = try redis.pipeline(writing.map { index in
-            let registration = registrations[index]
-            return onUser(Self.register, registration.user, [registration.token, registration.scope.cacheValue,
-                                                              String(registration.registeredAt), registration.deviceJSON ?? ""])
-        })
+        let written = try redis.pipeline(
+            writing.map { index in
+                let registration = registrations[index]
+                return onUser(
+                    Self.register, registration.user,
+                    [
+                        registration.token, registration.scope.cacheValue,
+                        String(registration.registeredAt), registration.deviceJSON ?? ""
+                    ])
+            })
         var owned: [[String]] = []
         for (index, reply) in zip(writing, written) {
             if case .error(let message) = reply {
@@ -401,10 +445,12 @@ public struct TokenCache: TokenStore {
     /// Users' tokens with what is known of them, sorted by token, in one round trip; and the users whose keys Redis
     /// cannot read (keys of the wrong type), with its error.
     public func entries(forUsers users: [String]) throws(RedisError)
-        -> (entries: [String: [TokenEntry]], unreadable: [String: String]) {
-        let replies = try redis.pipeline(users.flatMap { user in
-            [["HGETALL", keys.tokens(user)], ["HGETALL", keys.registered(user)], ["HGETALL", keys.devices(user)]]
-        })
+        -> (entries: [String: [TokenEntry]], unreadable: [String: String])
+    {
+        let replies = try redis.pipeline(
+            users.flatMap { user in
+                [["HGETALL", keys.tokens(user)], ["HGETALL", keys.registered(user)], ["HGETALL", keys.devices(user)]]
+            })
         func fields(_ reply: RedisReply) -> [String: String] {
             var result: [String: String] = [:]
             let items = reply.elements
@@ -419,7 +465,9 @@ public struct TokenCache: TokenStore {
         var unreadable: [String: String] = [:]
         for (index, user) in users.enumerated() {
             let own = replies[(index * 3)..<(index * 3 + 3)]
-            if let failure = own.first(where: { if case .error = $0 { true } else { false } }), case .error(let message) = failure {
+            if let failure = own.first(where: { if case .error = $0 { true } else { false } }),
+                case .error(let message) = failure
+            {
                 unreadable[user] = message
                 continue
             }
@@ -427,8 +475,9 @@ public struct TokenCache: TokenStore {
             let registered = fields(replies[index * 3 + 1])
             let devices = fields(replies[index * 3 + 2])
             entries[user] = values.keys.sorted().map { token in
-                TokenEntry(token: token, value: values[token] ?? "",
-                           registeredAt: registered[token].flatMap { Int64($0) }, deviceJSON: devices[token])
+                TokenEntry(
+                    token: token, value: values[token] ?? "",
+                    registeredAt: registered[token].flatMap { Int64($0) }, deviceJSON: devices[token])
             }
         }
         return (entries, unreadable)
@@ -457,21 +506,27 @@ public struct TokenCache: TokenStore {
         // A token this cache says belongs to another user now moved after the copy was taken: it stays there.
         let tokens = copies.flatMap { item in item.entries.map { (user: item.user, token: $0.token) } }
         let owners = try redis.pipeline(tokens.map { ["GET", keys.owner($0.token)] })
-        let ownedElsewhere = Set(zip(tokens, owners).compactMap { item, owner in
-            owner.text.map { $0 != item.user ? item.user + "\u{0}" + item.token : nil } ?? nil
-        })
+        let ownedElsewhere = Set(
+            zip(tokens, owners).compactMap { item, owner in
+                owner.text.map { $0 != item.user ? item.user + "\u{0}" + item.token : nil } ?? nil
+            })
         let entries = copies.map { item in
             (user: item.user, entries: item.entries.filter { !ownedElsewhere.contains(item.user + "\u{0}" + $0.token) })
         }
-        let replies = try redis.pipeline(entries.map { item in
-            onUser(Self.copyEntries, item.user, item.entries.flatMap { entry in
-                [entry.token, entry.value, entry.registeredAt.map(String.init) ?? "", entry.deviceJSON ?? ""]
+        let replies = try redis.pipeline(
+            entries.map { item in
+                onUser(
+                    Self.copyEntries, item.user,
+                    item.entries.flatMap { entry in
+                        [entry.token, entry.value, entry.registeredAt.map(String.init) ?? "", entry.deviceJSON ?? ""]
+                    })
             })
-        })
         var ownerWrites: [[String]] = []
         var written: [Int] = []
         for (item, reply) in zip(entries, replies) {
-            if case .error(let message) = reply { throw RedisError(kind: .server, "copying \(item.user)'s tokens: \(message)") }
+            if case .error(let message) = reply {
+                throw RedisError(kind: .server, "copying \(item.user)'s tokens: \(message)")
+            }
             let tokens = reply.elements.compactMap(\.text)
             written.append(tokens.count)
             ownerWrites += tokens.map { ["SET", keys.owner($0), item.user, "NX"] }
@@ -492,8 +547,9 @@ public struct TokenCache: TokenStore {
             for (user, reply) in zip(users, replies) {
                 if case .error(let message) = reply {
                     // One user's keys of the wrong type (written by another system) cost that user's sweep only.
-                    logger.warning("inactivity sweep skipped a user whose keys cannot be read",
-                                   ["redis.key": keys.registered(user), "redis.error": message])
+                    logger.warning(
+                        "inactivity sweep skipped a user whose keys cannot be read",
+                        ["redis.key": keys.registered(user), "redis.error": message])
                     continue
                 }
                 let tokens = reply.elements.compactMap(\.text)

@@ -22,7 +22,9 @@ public struct ServiceURL: Sendable, Equatable {
 
     /// `requiringHost`: false where a URL may carry only credentials and a path (the host is known otherwise); its
     /// host is then empty.
-    public init(_ text: String, loneCredential: LoneCredential = .user, requiringHost: Bool = true) throws(ServiceURLError) {
+    public init(_ text: String, loneCredential: LoneCredential = .user, requiringHost: Bool = true)
+        throws(ServiceURLError)
+    {
         guard let separator = text.range(of: "://") else { throw .noScheme }
         scheme = text[..<separator.lowerBound]
         var rest = text[separator.upperBound...]
@@ -52,7 +54,8 @@ public struct ServiceURL: Sendable, Equatable {
     }
 
     private static func credentials(_ credentials: Substring, loneCredential: LoneCredential)
-        throws(ServiceURLError) -> (user: String?, password: String?) {
+        throws(ServiceURLError) -> (user: String?, password: String?)
+    {
         func decoded(_ part: Substring, _ name: String) throws(ServiceURLError) -> String {
             guard let text = PercentEncoding.decode(part) else { throw .badPercentEncoding(name) }
             return text
@@ -64,7 +67,10 @@ public struct ServiceURL: Sendable, Equatable {
             }
         }
         // A colon after the first belongs to the password.
-        return (try decoded(credentials[..<colon], "user"), try decoded(credentials[credentials.index(after: colon)...], "password"))
+        return (
+            try decoded(credentials[..<colon], "user"),
+            try decoded(credentials[credentials.index(after: colon)...], "password")
+        )
     }
 }
 

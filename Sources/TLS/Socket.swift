@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A socket-level error with errno's text.
@@ -32,8 +32,10 @@ package enum Socket {
         while let current = entry {
             var storage = sockaddr_storage()
             withUnsafeMutableBytes(of: &storage) { target in
-                target.copyMemory(from: UnsafeRawBufferPointer(start: current.pointee.ai_addr,
-                                                                count: Int(current.pointee.ai_addrlen)))
+                target.copyMemory(
+                    from: UnsafeRawBufferPointer(
+                        start: current.pointee.ai_addr,
+                        count: Int(current.pointee.ai_addrlen)))
             }
             addresses.append(storage)
             entry = current.pointee.ai_next
@@ -42,8 +44,10 @@ package enum Socket {
     }
 
     package static func length(of address: sockaddr_storage) -> socklen_t {
-        socklen_t(address.ss_family == sa_family_t(AF_INET6) ? MemoryLayout<sockaddr_in6>.size
-                                                              : MemoryLayout<sockaddr_in>.size)
+        socklen_t(
+            address.ss_family == sa_family_t(AF_INET6)
+                ? MemoryLayout<sockaddr_in6>.size
+                : MemoryLayout<sockaddr_in>.size)
     }
 
     /// Starts a non-blocking connect; completion shows as POLLOUT.
@@ -93,7 +97,8 @@ package enum Socket {
             var failure: Int32 = 0
             var failureLength = socklen_t(MemoryLayout<Int32>.size)
             if poll(&poller, 1, Int32(timeout * 1000)) == 1,
-               getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &failure, &failureLength) == 0, failure == 0 {
+                getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &failure, &failureLength) == 0, failure == 0
+            {
                 _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) & ~O_NONBLOCK)
                 setTimeouts(descriptor, timeout)
                 var one: Int32 = 1

@@ -31,8 +31,10 @@ public struct TLSClientConfiguration: Sendable {
     /// ALPN protocols offered, most wanted first (none: no ALPN, as Redis expects).
     public var applicationProtocols: [String]
 
-    public init(caFile: String? = nil, verifyPeer: Bool = true, certificateFile: String? = nil,
-                privateKeyFile: String? = nil, applicationProtocols: [String] = ["h2"]) {
+    public init(
+        caFile: String? = nil, verifyPeer: Bool = true, certificateFile: String? = nil,
+        privateKeyFile: String? = nil, applicationProtocols: [String] = ["h2"]
+    ) {
         self.caFile = caFile
         self.verifyPeer = verifyPeer
         self.certificateFile = certificateFile
@@ -78,7 +80,9 @@ package final class TLSContext: @unchecked Sendable {
         let owner = try TLSContext(method: TLS_client_method(), verifiesPeer: configuration.verifyPeer)
         let context = owner.context
         if configuration.verifyPeer {
-            guard SSL_CTX_set_default_verify_paths(context) == 1 else { throw TLSError("cannot load the system trust store") }
+            guard SSL_CTX_set_default_verify_paths(context) == 1 else {
+                throw TLSError("cannot load the system trust store")
+            }
             if let caFile = configuration.caFile {
                 guard SSL_CTX_load_verify_locations(context, caFile, nil) == 1 else {
                     throw TLSError("cannot load CA file \(caFile)")
@@ -94,7 +98,8 @@ package final class TLSContext: @unchecked Sendable {
             }
             let keyFile = configuration.privateKeyFile ?? certificate
             guard SSL_CTX_use_PrivateKey_file(context, keyFile, SSL_FILETYPE_PEM) == 1,
-                  SSL_CTX_check_private_key(context) == 1 else {
+                SSL_CTX_check_private_key(context) == 1
+            else {
                 throw TLSError("cannot load the client certificate's key \(keyFile)")
             }
         }
@@ -111,8 +116,10 @@ package final class TLSContext: @unchecked Sendable {
     /// certificate, as APNs requires on certificate-authenticated connections.
     /// `clientCertificateOptional`: a client may also come without a certificate (one that presents one must still
     /// present a good one), as APNs serves token and certificate authentication on the same hosts.
-    package static func server(certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil,
-                               clientCertificateOptional: Bool = false) throws -> TLSContext {
+    package static func server(
+        certificatePEM: String, privateKeyPEM: String, clientCertificateCA: String? = nil,
+        clientCertificateOptional: Bool = false
+    ) throws -> TLSContext {
         OpenSSLLibrary.prepare()
         let owner = try TLSContext(method: TLS_server_method(), verifiesPeer: false)
         let context = owner.context
@@ -121,7 +128,8 @@ package final class TLSContext: @unchecked Sendable {
         let key = try PEM.readPrivateKey(privateKeyPEM)
         defer { EVP_PKEY_free(key) }
         guard SSL_CTX_use_certificate(context, certificate) == 1,
-              SSL_CTX_use_PrivateKey(context, key) == 1 else { throw TLSError("cannot use the server certificate") }
+            SSL_CTX_use_PrivateKey(context, key) == 1
+        else { throw TLSError("cannot use the server certificate") }
         SSL_CTX_set_alpn_select_cb(context, selectH2, nil)
         if let clientCertificateCA {
             let authority = try PEM.readCertificate(clientCertificateCA)
@@ -129,22 +137,29 @@ package final class TLSContext: @unchecked Sendable {
             guard X509_STORE_add_cert(SSL_CTX_get_cert_store(context), authority) == 1 else {
                 throw TLSError("cannot trust the client certificate CA")
             }
-            SSL_CTX_set_verify(context, clientCertificateOptional ? SSL_VERIFY_PEER
-                               : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nil)
+            SSL_CTX_set_verify(
+                context,
+                clientCertificateOptional
+                    ? SSL_VERIFY_PEER
+                    : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nil)
         }
         return owner
     }
 }
 
 /// Server side ALPN: h2 or nothing, since this server speaks nothing else.
-private func selectH2(_ ssl: OpaquePointer?, _ out: UnsafeMutablePointer<UnsafePointer<UInt8>?>?,
-                      _ outLength: UnsafeMutablePointer<UInt8>?, _ input: UnsafePointer<UInt8>?, _ inputLength: UInt32,
-                      _ argument: UnsafeMutableRawPointer?) -> Int32 {
+private func selectH2(
+    _ ssl: OpaquePointer?, _ out: UnsafeMutablePointer<UnsafePointer<UInt8>?>?,
+    _ outLength: UnsafeMutablePointer<UInt8>?, _ input: UnsafePointer<UInt8>?, _ inputLength: UInt32,
+    _ argument: UnsafeMutableRawPointer?
+) -> Int32 {
     guard let input else { return SSL_TLSEXT_ERR_ALERT_FATAL }
     var index = 0
     while index < Int(inputLength) {
         let length = Int(input[index])
-        if length == 2, index + 2 < Int(inputLength), input[index + 1] == UInt8(ascii: "h"), input[index + 2] == UInt8(ascii: "2") {
+        if length == 2, index + 2 < Int(inputLength), input[index + 1] == UInt8(ascii: "h"),
+            input[index + 2] == UInt8(ascii: "2")
+        {
             out?.pointee = input + index + 1
             outLength?.pointee = 2
             return SSL_TLSEXT_ERR_OK
@@ -160,7 +175,9 @@ package enum PEM {
         // The BIO reads the bytes in place: it must not outlive the buffer it was given.
         let bytes = Array(text.utf8)
         return try bytes.withUnsafeBytes { raw in
-            guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else { throw TLSError("BIO_new_mem_buf failed") }
+            guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else {
+                throw TLSError("BIO_new_mem_buf failed")
+            }
             defer { BIO_free(bio) }
             return try body(bio)
         }
@@ -168,7 +185,9 @@ package enum PEM {
 
     package static func readCertificate(_ text: String) throws -> OpaquePointer {
         try withMemoryBIO(text) { bio in
-            guard let certificate = PEM_read_bio_X509(bio, nil, nil, nil) else { throw TLSError("not a PEM certificate") }
+            guard let certificate = PEM_read_bio_X509(bio, nil, nil, nil) else {
+                throw TLSError("not a PEM certificate")
+            }
             return certificate
         }
     }
@@ -224,7 +243,9 @@ package final class TLSStream {
         guard let ssl = SSL_new(context.context) else { throw TLSError("SSL_new failed") }
         var inside: OpaquePointer?
         var outside: OpaquePointer?
-        guard BIO_new_bio_pair(&inside, Self.pairBufferSize, &outside, Self.pairBufferSize) == 1, let inside, let outside else {
+        guard BIO_new_bio_pair(&inside, Self.pairBufferSize, &outside, Self.pairBufferSize) == 1, let inside,
+            let outside
+        else {
             SSL_free(ssl)
             throw TLSError("BIO_new_bio_pair failed")
         }
@@ -305,7 +326,10 @@ package final class TLSStream {
             if ERR_peek_error() != 0 { ERR_clear_error() }
             let result = call(ssl)
             let sending = sendPending()
-            if case .failed(let message) = sending, !reads { ERR_clear_error(); return .failed(message) }
+            if case .failed(let message) = sending, !reads {
+                ERR_clear_error()
+                return .failed(message)
+            }
             if result > 0 { return .done(Int(result)) }
             let error = SSL_get_error(ssl, result)
             switch error {
@@ -331,7 +355,10 @@ package final class TLSStream {
         }
     }
 
-    private enum Sending { case sent, blocked, failed(String) }
+    private enum Sending {
+        case sent, blocked
+        case failed(String)
+    }
 
     /// Writes what the pair holds to the socket, as far as it takes it.
     private func sendPending() -> Sending {
@@ -353,7 +380,10 @@ package final class TLSStream {
         }
     }
 
-    private enum Receiving { case received, drained, closed, failed(String) }
+    private enum Receiving {
+        case received, drained, closed
+        case failed(String)
+    }
 
     /// Reads what the socket holds into the pair, in one read(2) as far as the pair's contiguous room allows.
     private func receive() -> Receiving {
@@ -369,7 +399,10 @@ package final class TLSStream {
                 if !socketBlocks && count < Int(capacity) { socketDrained = true }
                 return .received
             }
-            if count == 0 { socketClosed = true; return .closed }
+            if count == 0 {
+                socketClosed = true
+                return .closed
+            }
             if errno == EINTR { continue }
             if errno == EAGAIN || errno == EWOULDBLOCK {
                 // A blocking socket's receive timeout ran out; a non-blocking one is empty.
@@ -424,8 +457,10 @@ public enum CertificateFile {
     /// `keyFile`, or in the certificate file), and that the key is the certificate's. Throws what is wrong; returns
     /// when the certificate expires and its subject's common name.
     public static func check(certificateFile: String, keyFile: String?) throws -> (expiry: Date, commonName: String?) {
-        _ = try TLSContext.client(TLSClientConfiguration(verifyPeer: false, certificateFile: certificateFile,
-                                                         privateKeyFile: keyFile))
+        _ = try TLSContext.client(
+            TLSClientConfiguration(
+                verifyPeer: false, certificateFile: certificateFile,
+                privateKeyFile: keyFile))
         return (try expiry(ofPEMFile: certificateFile), try commonName(ofPEMFile: certificateFile))
     }
 

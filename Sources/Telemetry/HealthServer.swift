@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Foundation
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A small HTTP/1.1 endpoint for operators: `GET /metrics` (Prometheus text), `/healthz` (alive) and `/readyz`
 /// (ready to work). One thread, one short request per connection; it never touches the delivery path.
@@ -13,8 +14,10 @@ public final class HealthServer: Sendable {
     private let ready: @Sendable () -> Bool
     private let running = Atomic<Bool>(true)
 
-    public init(host: String, port: Int, metrics: @escaping @Sendable () -> String,
-                ready: @escaping @Sendable () -> Bool) throws(HealthServerError) {
+    public init(
+        host: String, port: Int, metrics: @escaping @Sendable () -> String,
+        ready: @escaping @Sendable () -> Bool
+    ) throws(HealthServerError) {
         let socket: (descriptor: Int32, port: Int)
         do { socket = try ListeningSocket.open(host: host, port: port, backlog: 16) } catch {
             throw HealthServerError(error.description, addressInUse: error.addressInUse)
@@ -62,12 +65,14 @@ public final class HealthServer: Sendable {
             switch parts[1] {
             case "/metrics": (status, body) = ("200 OK", metrics())
             case "/healthz": (status, body) = ("200 OK", "ok\n")
-            case "/readyz": (status, body) = ready() ? ("200 OK", "ready\n") : ("503 Service Unavailable", "not ready\n")
+            case "/readyz":
+                (status, body) = ready() ? ("200 OK", "ready\n") : ("503 Service Unavailable", "not ready\n")
             default: (status, body) = ("404 Not Found", "try /metrics, /healthz or /readyz\n")
             }
         }
         let contentType = parts.count > 1 && parts[1] == "/metrics" ? "text/plain; version=0.0.4" : "text/plain"
-        let response = "HTTP/1.1 \(status)\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.utf8.count)\r\n"
+        let response =
+            "HTTP/1.1 \(status)\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.utf8.count)\r\n"
             + "Connection: close\r\n\r\n" + body
         _ = Array(response.utf8).withUnsafeBytes { write(client, $0.baseAddress, $0.count) }
     }

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A listening TCP socket: the one way the programs open one (the health endpoint, the HTTP/2 server of apns-sim,
@@ -13,8 +13,10 @@ public enum ListeningSocket {
 
     /// Listens on host:port (port 0: the kernel picks a free one); returns the socket and the port it got.
     /// `nonBlocking` for a socket an event loop polls.
-    public static func open(host: String, port: Int, backlog: Int32 = 1024,
-                            nonBlocking: Bool = false) throws(Failure) -> (descriptor: Int32, port: Int) {
+    public static func open(
+        host: String, port: Int, backlog: Int32 = 1024,
+        nonBlocking: Bool = false
+    ) throws(Failure) -> (descriptor: Int32, port: Int) {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
@@ -22,7 +24,8 @@ public enum ListeningSocket {
         var result: UnsafeMutablePointer<addrinfo>?
         let status = getaddrinfo(host, String(port), &hints, &result)
         guard status == 0, let address = result else {
-            throw Failure(description: "cannot resolve \(host): \(String(cString: gai_strerror(status)))", addressInUse: false)
+            throw Failure(
+                description: "cannot resolve \(host): \(String(cString: gai_strerror(status)))", addressInUse: false)
         }
         defer { freeaddrinfo(address) }
         let descriptor = socket(address.pointee.ai_family, Int32(SOCK_STREAM.rawValue), 0)
@@ -31,11 +34,14 @@ public enum ListeningSocket {
         }
         var one: Int32 = 1
         setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        guard bind(descriptor, address.pointee.ai_addr, address.pointee.ai_addrlen) == 0, listen(descriptor, backlog) == 0 else {
+        guard bind(descriptor, address.pointee.ai_addr, address.pointee.ai_addrlen) == 0,
+            listen(descriptor, backlog) == 0
+        else {
             let code = errno
             close(descriptor)
-            throw Failure(description: "cannot listen on \(host):\(port): \(String(cString: strerror(code)))",
-                          addressInUse: code == EADDRINUSE)
+            throw Failure(
+                description: "cannot listen on \(host):\(port): \(String(cString: strerror(code)))",
+                addressInUse: code == EADDRINUSE)
         }
         _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
         if nonBlocking { _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK) }

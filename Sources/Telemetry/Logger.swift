@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Foundation
 import JSON
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A structured logger in the shape of swift-log: a value type with a label, a level and metadata with dotted keys.
 /// Each record is one line written with a single `write(2)`, so lines from different threads never interleave.
@@ -45,8 +46,10 @@ public struct Logger: Sendable {
     public var metadata: Metadata
     private let fileDescriptor: Int32
 
-    public init(label: String, level: Level = .info, format: Format = .json, metadata: Metadata = [:],
-                fileDescriptor: Int32 = 2) {
+    public init(
+        label: String, level: Level = .info, format: Format = .json, metadata: Metadata = [:],
+        fileDescriptor: Int32 = 2
+    ) {
         self.label = label
         self.level = level
         self.format = format
@@ -56,8 +59,9 @@ public struct Logger: Sendable {
 
     /// The same logger under another label, e.g. one per component.
     public func child(_ label: String, metadata extra: Metadata = [:]) -> Logger {
-        var copy = Logger(label: label, level: level, format: format, metadata: metadata,
-                          fileDescriptor: fileDescriptor)
+        var copy = Logger(
+            label: label, level: level, format: format, metadata: metadata,
+            fileDescriptor: fileDescriptor)
         copy.metadata.merge(extra) { _, new in new }
         return copy
     }

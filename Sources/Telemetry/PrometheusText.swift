@@ -8,20 +8,27 @@ public struct PrometheusText {
     public init() {}
 
     /// One family: `type` is counter or gauge; each sample its labels (none: `[]`) and value.
-    public mutating func family(_ name: String, _ type: String, _ help: String, _ samples: [(labels: Labels, value: Int)]) {
+    public mutating func family(
+        _ name: String, _ type: String, _ help: String, _ samples: [(labels: Labels, value: Int)]
+    ) {
         header(name, type, help)
         for sample in samples { text += name + Self.render(sample.labels) + " \(sample.value)\n" }
     }
 
-    public mutating func counter(_ name: String, _ help: String, _ value: Int) { family(name, "counter", help, [([], value)]) }
-    public mutating func gauge(_ name: String, _ help: String, _ value: Int) { family(name, "gauge", help, [([], value)]) }
+    public mutating func counter(_ name: String, _ help: String, _ value: Int) {
+        family(name, "counter", help, [([], value)])
+    }
+    public mutating func gauge(_ name: String, _ help: String, _ value: Int) {
+        family(name, "gauge", help, [([], value)])
+    }
 
     public mutating func histogram(_ name: String, _ help: String, _ histogram: Histogram) {
         histograms(name, help, [([], histogram)])
     }
 
     /// One histogram per label set.
-    public mutating func histograms(_ name: String, _ help: String, _ series: [(labels: Labels, histogram: Histogram)]) {
+    public mutating func histograms(_ name: String, _ help: String, _ series: [(labels: Labels, histogram: Histogram)])
+    {
         header(name, "histogram", help)
         for (labels, histogram) in series {
             buckets(name, labels, histogram.boundLabels, histogram.cumulativeCounts, histogram.totalSeconds)
@@ -43,8 +50,10 @@ public struct PrometheusText {
 
     /// The series' labels are rendered once and each bucket's `le` appended to them, its bound written once per
     /// histogram (`Histogram.boundLabels`): a scrape then formats no number but the counts and the sum.
-    private mutating func buckets(_ name: String, _ labels: Labels, _ boundLabels: [String], _ cumulative: [Int],
-                                  _ totalSeconds: Double) {
+    private mutating func buckets(
+        _ name: String, _ labels: Labels, _ boundLabels: [String], _ cumulative: [Int],
+        _ totalSeconds: Double
+    ) {
         let rendered = Self.render(labels)
         let bucketPrefix = name + "_bucket" + (labels.isEmpty ? "{" : rendered.dropLast() + ",") + "le=\""
         for (bound, count) in zip(boundLabels + ["+Inf"], cumulative) {
@@ -60,21 +69,26 @@ public struct PrometheusText {
 
     static func render(_ labels: Labels) -> String {
         guard !labels.isEmpty else { return "" }
-        return "{" + labels.map { label in
-            // Most values need no escape: checked over their bytes, not character by character.
-            guard label.value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\"") || $0 == 0x0A }) else {
-                return label.name + "=\"" + label.value + "\""
-            }
-            var escaped = ""
-            for character in label.value {
-                switch character {
-                case "\\": escaped += "\\\\"
-                case "\"": escaped += "\\\""
-                case "\n": escaped += "\\n"
-                default: escaped.append(character)
+        return "{"
+            + labels.map { label in
+                // Most values need no escape: checked over their bytes, not character by character.
+                guard
+                    label.value.utf8.contains(where: {
+                        $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\"") || $0 == 0x0A
+                    })
+                else {
+                    return label.name + "=\"" + label.value + "\""
                 }
-            }
-            return "\(label.name)=\"\(escaped)\""
-        }.joined(separator: ",") + "}"
+                var escaped = ""
+                for character in label.value {
+                    switch character {
+                    case "\\": escaped += "\\\\"
+                    case "\"": escaped += "\\\""
+                    case "\n": escaped += "\\n"
+                    default: escaped.append(character)
+                    }
+                }
+                return "\(label.name)=\"\(escaped)\""
+            }.joined(separator: ",") + "}"
     }
 }

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Foundation
 import Threads
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The one way the programs run a long-lived `Service` and take their signals (the worker, the cleanup consumer,
 /// apns-sim).
@@ -29,8 +30,10 @@ public enum ServiceRunner {
     /// Runs `service` on a thread of its own until `run()` returns. The first SIGINT or SIGTERM calls `stop()`; a
     /// second exits at once with `interruptedExitCode` (unfinished work returns to the broker). Each SIGHUP calls
     /// `reload()`, whose failure is logged and changes nothing. Returns what `run()` threw, if anything.
-    public static func run(_ service: any Service, name: String, logger: Logger,
-                           interruptedExitCode: Int32 = 1) -> (any Error)? {
+    public static func run(
+        _ service: any Service, name: String, logger: Logger,
+        interruptedExitCode: Int32 = 1
+    ) -> (any Error)? {
         let waiter = Thread {
             var signals = serviceSignals
             var received: Int32 = 0

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Threads that only ever do bulk work (the APNs client's bulk loop, the worker's job preparer) run at a lower

@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A pipe another thread writes to so that a thread waiting in poll(2) wakes up; one byte per wake at most. The one
 /// wake-up primitive of the programs: the worker's broker thread waits on it, and every `EventLoop` polls it

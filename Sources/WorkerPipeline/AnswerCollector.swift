@@ -114,10 +114,13 @@ final class AnswerCollector: Sendable {
         // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
         let reasonLabel = answer?.reason?.label
         if result.outcome != .delivered {
-            statistics.countUnsuccessful(status: answer?.status, reason: reasonLabel
-                                         ?? (answer == nil ? (result.outcome == .permanentFailure
-                                                                || result.outcome == .unserved
-                                                              ? "not_sent" : "no_answer") : ""))
+            statistics.countUnsuccessful(
+                status: answer?.status,
+                reason: reasonLabel
+                    ?? (answer == nil
+                        ? (result.outcome == .permanentFailure
+                            || result.outcome == .unserved
+                            ? "not_sent" : "no_answer") : ""))
         }
         switch result.outcome {
         case .delivered:
@@ -132,18 +135,25 @@ final class AnswerCollector: Sendable {
             let reason = answer.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent"
             progress.recordFailed(index, reason: reason)
             statistics.permanentFailures.add(1, ordering: .relaxed)
-            logger.warning("notification failed", ["job.id": progress.job.id,
-                                                   "apns.reason": Redact.outsideText(answer?.reason?.rawValue ?? reason),
-                                                   "apns.status": String(answer?.status ?? 0),
-                                                   "apns.token": Redact.token(progress.targets[index].token)])
+            logger.warning(
+                "notification failed",
+                [
+                    "job.id": progress.job.id,
+                    "apns.reason": Redact.outsideText(answer?.reason?.rawValue ?? reason),
+                    "apns.status": String(answer?.status ?? 0),
+                    "apns.token": Redact.token(progress.targets[index].token)
+                ])
         case .unserved:
-            progress.recordUnserved(index, reason: result.error ?? "no APNs credential serves topic " + progress.job.topic)
+            progress.recordUnserved(
+                index, reason: result.error ?? "no APNs credential serves topic " + progress.job.topic)
         case .retryLater(let suggested):
-            progress.recordRetryable(index, reason: reasonLabel ?? result.error ?? "retry later",
-                                     label: reasonLabel ?? (answer == nil ? "no_answer" : "other"), delay: suggested)
+            progress.recordRetryable(
+                index, reason: reasonLabel ?? result.error ?? "retry later",
+                label: reasonLabel ?? (answer == nil ? "no_answer" : "other"), delay: suggested)
         case .refreshTokenAndRetry, .replaceConnectionAndRetry:
-            progress.recordRetryable(index, reason: reasonLabel ?? "provider token", label: reasonLabel ?? "other",
-                                     delay: 1)
+            progress.recordRetryable(
+                index, reason: reasonLabel ?? "provider token", label: reasonLabel ?? "other",
+                delay: 1)
         }
         noteOutcome(of: progress)
     }
@@ -158,7 +168,8 @@ final class AnswerCollector: Sendable {
             wakeup.signal()
         } else if progress.hasUnrecordedFinal && !progress.awaitsHandOver {
             progress.awaitsHandOver = true
-            let lane = progress.delivery.lane, awaiting = outcomesAwaiting(lane)
+            let lane = progress.delivery.lane
+            let awaiting = outcomesAwaiting(lane)
             awaiting.value.jobs.append(progress)
             if !awaiting.value.scheduled {
                 awaiting.value.scheduled = true

@@ -1,5 +1,6 @@
 import APNsModel
 import Foundation
+
 /// Notifications waiting to be sent, first in first out, as (job, index) pairs: 16 bytes each, whatever the payload.
 struct OutgoingQueue {
     private var entries: [(progress: JobProgress, index: Int32)] = []
@@ -18,7 +19,8 @@ struct OutgoingQueue {
     /// The next entries: up to `count` whose job's deadline (UNIX seconds) is later than `now`, and on the way every
     /// entry whose deadline has passed.
     mutating func take(upTo count: Int, liveAt now: Double)
-        -> (live: [(progress: JobProgress, index: Int32)], expired: [(progress: JobProgress, index: Int32)]) {
+        -> (live: [(progress: JobProgress, index: Int32)], expired: [(progress: JobProgress, index: Int32)])
+    {
         compact()
         var live: [(progress: JobProgress, index: Int32)] = []
         var expired: [(progress: JobProgress, index: Int32)] = []
@@ -111,8 +113,10 @@ struct RateGroupHolds {
     func isHeld(_ group: RateGroup) -> Bool { holds[group] != nil }
 
     /// Holds `entries` of `group` (taken from `lane`) until its window opens at `opensAt`.
-    mutating func hold(_ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane,
-                       until opensAt: Date) {
+    mutating func hold(
+        _ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane,
+        until opensAt: Date
+    ) {
         holds[group, default: Hold(opensAt: opensAt)].entries[lane, default: []] += entries
     }
 

@@ -17,8 +17,10 @@ public struct MessageProperties: Sendable, Equatable {
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
     public var deliveryCount: Int?
 
-    public init(replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
-                timestamp: Int64? = nil, headers: [String: String] = [:], deliveryCount: Int? = nil) {
+    public init(
+        replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
+        timestamp: Int64? = nil, headers: [String: String] = [:], deliveryCount: Int? = nil
+    ) {
         self.deliveryCount = deliveryCount
         self.replyTo = replyTo
         self.correlationID = correlationID

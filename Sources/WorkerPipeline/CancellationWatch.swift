@@ -24,7 +24,8 @@ struct CancellationWatch {
 
     /// `entries` in two, each in its order: those of jobs not among `ids`, and those of jobs among them.
     static func split(_ entries: some Collection<(progress: JobProgress, index: Int32)>, among ids: Set<String>)
-        -> (kept: [(progress: JobProgress, index: Int32)], cancelled: [(progress: JobProgress, index: Int32)]) {
+        -> (kept: [(progress: JobProgress, index: Int32)], cancelled: [(progress: JobProgress, index: Int32)])
+    {
         var kept: [(progress: JobProgress, index: Int32)] = []
         var cancelled: [(progress: JobProgress, index: Int32)] = []
         kept.reserveCapacity(entries.count)
@@ -49,7 +50,8 @@ struct CancellationWatch {
 
     /// Reads the cancellations since the last read; returns the jobs this worker had not known were cancelled. A
     /// store that refuses or does not answer is asked again at the next interval.
-    mutating func refresh(from source: any JobCancellations, now: Date) throws -> (fresh: Set<String>, refused: String?) {
+    mutating func refresh(from source: any JobCancellations, now: Date) throws -> (fresh: Set<String>, refused: String?)
+    {
         nextRead = now.addingTimeInterval(Self.interval)
         switch try source.cancelled(since: newest.map { $0 - Self.clockSkew }) {
         case .answered(let jobs):

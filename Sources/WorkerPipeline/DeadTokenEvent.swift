@@ -14,8 +14,10 @@ public struct DeadTokenEvent: Sendable, Equatable {
     public var timestamp: Int64?
     public var jobID: String
 
-    public init(token: String, user: String?, topic: String, environment: APNsEnvironment, status: Int,
-                reason: String, timestamp: Int64?, jobID: String) {
+    public init(
+        token: String, user: String?, topic: String, environment: APNsEnvironment, status: Int,
+        reason: String, timestamp: Int64?, jobID: String
+    ) {
         self.token = token
         self.user = user
         self.topic = topic
@@ -46,20 +48,24 @@ public struct DeadTokenEvent: Sendable, Equatable {
             throw .badToken(field: "token", error.description)
         }
         let environmentText = try PushJob.optionalString(document, "environment") ?? "production"
-        guard let environment = APNsEnvironment(rawValue: environmentText) else { throw .badEnvironment(environmentText) }
-        return DeadTokenEvent(token: token, user: try PushJob.optionalString(document, "user"),
-                              topic: try PushJob.optionalString(document, "topic") ?? "", environment: environment,
-                              status: Int(try PushJob.optionalInteger(document, "status") ?? 410),
-                              reason: try PushJob.optionalString(document, "reason") ?? "",
-                              timestamp: try PushJob.optionalInteger(document, "timestamp"),
-                              jobID: try PushJob.optionalString(document, "job_id") ?? "")
+        guard let environment = APNsEnvironment(rawValue: environmentText) else {
+            throw .badEnvironment(environmentText)
+        }
+        return DeadTokenEvent(
+            token: token, user: try PushJob.optionalString(document, "user"),
+            topic: try PushJob.optionalString(document, "topic") ?? "", environment: environment,
+            status: Int(try PushJob.optionalInteger(document, "status") ?? 410),
+            reason: try PushJob.optionalString(document, "reason") ?? "",
+            timestamp: try PushJob.optionalInteger(document, "timestamp"),
+            jobID: try PushJob.optionalString(document, "job_id") ?? "")
     }
 
     /// The cache values (`TokenScope`) of the entries this event may remove: those its topic reaches in its
     /// environment. An event that names no topic (published by another system) is about the default app's tokens.
     public func cacheValuesItRemoves(defaultTopic: String?) -> [String] {
         guard !topic.isEmpty else {
-            return [environment.rawValue] + (defaultTopic.map { [TokenScope(environment: environment, topic: $0).cacheValue] } ?? [])
+            return [environment.rawValue]
+                + (defaultTopic.map { [TokenScope(environment: environment, topic: $0).cacheValue] } ?? [])
         }
         return TopicMatcher(topic: topic, defaultTopic: defaultTopic).cacheValues(in: environment)
     }

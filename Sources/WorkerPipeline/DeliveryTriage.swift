@@ -38,7 +38,9 @@ public struct DeliveryTriage: Sendable, Equatable {
     /// Deliveries so far of a batch's redelivered jobs, as far as the broker counts them (by delivery tag, this
     /// delivery included); and the history keys of those it does not count, for the store to count. First
     /// deliveries cost nothing.
-    public func brokerCounts(of batch: [JobDelivery]) -> (counts: [UInt64: Int], uncounted: [(tag: UInt64, key: String)]) {
+    public func brokerCounts(of batch: [JobDelivery]) -> (
+        counts: [UInt64: Int], uncounted: [(tag: UInt64, key: String)]
+    ) {
         var counts: [UInt64: Int] = [:]
         var uncounted: [(tag: UInt64, key: String)] = []
         for delivery in batch where delivery.redelivered {
@@ -52,8 +54,10 @@ public struct DeliveryTriage: Sendable, Equatable {
     }
 
     /// Adds what the store counted: redeliveries per history key (the first delivery is never counted there).
-    public func merging(_ counts: [UInt64: Int], uncounted: [(tag: UInt64, key: String)],
-                        storeRedeliveries: [String: Int]) -> [UInt64: Int] {
+    public func merging(
+        _ counts: [UInt64: Int], uncounted: [(tag: UInt64, key: String)],
+        storeRedeliveries: [String: Int]
+    ) -> [UInt64: Int] {
         var merged = counts
         for (tag, key) in uncounted {
             if let redelivered = storeRedeliveries[key] { merged[tag] = redelivered + 1 }
@@ -63,12 +67,16 @@ public struct DeliveryTriage: Sendable, Equatable {
 
     /// Deliveries that followed an orderly stop (the job given back unfinished) do not count: two rolling restarts
     /// make no suspect. A job's first delivery always counts.
-    public func discounting(_ deliveries: [UInt64: Int], of batch: [JobDelivery],
-                            givenBack: [String: Int]) -> [UInt64: Int] {
+    public func discounting(
+        _ deliveries: [UInt64: Int], of batch: [JobDelivery],
+        givenBack: [String: Int]
+    ) -> [UInt64: Int] {
         guard !givenBack.isEmpty else { return deliveries }
         var discounted = deliveries
         for delivery in batch {
-            guard let count = deliveries[delivery.tag], let back = givenBack[Self.historyKey(delivery)] else { continue }
+            guard let count = deliveries[delivery.tag], let back = givenBack[Self.historyKey(delivery)] else {
+                continue
+            }
             discounted[delivery.tag] = max(1, count - back)
         }
         return discounted
@@ -103,8 +111,10 @@ public struct DeliveryTriage: Sendable, Equatable {
 
     /// Sorts a batch by its jobs' deliveries so far (absent: a first delivery), the history keys whose last lone run
     /// ended without settling, and those whose last run ended without settling (`ranAndDied`).
-    public func sort(_ batch: [JobDelivery], deliveries: [UInt64: Int], diedAlone: Set<String>,
-                     ranAndDied: Set<String>) -> Sorted {
+    public func sort(
+        _ batch: [JobDelivery], deliveries: [UInt64: Int], diedAlone: Set<String>,
+        ranAndDied: Set<String>
+    ) -> Sorted {
         guard !deliveries.isEmpty else { return Sorted(usual: batch) }
         var sorted = Sorted()
         for delivery in batch {

@@ -24,8 +24,10 @@ struct PreparedBatch {
     /// Decodes `batch` and resolves the users of every job of at most `usersPerPiece` users, in one round trip to
     /// `tokens`. Only a lost connection throws.
     /// A job whose topic `sender` cannot send (no credential serves it) is refused with the sender's reason.
-    static func prepare(_ batch: [JobDelivery], tokens: any TokenStore, settings: WorkerSettings,
-                        resolver: TargetResolver, sender: any NotificationSender, logger: Logger) throws -> PreparedBatch {
+    static func prepare(
+        _ batch: [JobDelivery], tokens: any TokenStore, settings: WorkerSettings,
+        resolver: TargetResolver, sender: any NotificationSender, logger: Logger
+    ) throws -> PreparedBatch {
         var jobs: [(delivery: JobDelivery, job: PushJob)] = []
         var rejected: [(JobDelivery, String)] = []
         var scheduled: [(delivery: JobDelivery, job: PushJob)] = []
@@ -35,8 +37,9 @@ struct PreparedBatch {
         var lastService: (topic: String, service: TopicService)?
         for delivery in batch {
             do {
-                var job = try PushJob.decode(delivery.body, defaultTopic: settings.defaultTopic,
-                                             fallbackID: delivery.properties.messageID ?? "delivery-\(delivery.tag)")
+                var job = try PushJob.decode(
+                    delivery.body, defaultTopic: settings.defaultTopic,
+                    fallbackID: delivery.properties.messageID ?? "delivery-\(delivery.tag)")
                 if let exitOnJobID = settings.exitOnJobID, job.id == exitOnJobID {
                     logger.critical("test fault: exiting on this job", ["job.id": job.id])
                     exit(70)
@@ -52,7 +55,11 @@ struct PreparedBatch {
                 switch service {
                 case .served(let rateGroup):
                     job.rateGroup = rateGroup
-                    if JobSchedule.isDue(job.sendAt, now: now) { jobs.append((delivery, job)) } else { scheduled.append((delivery, job)) }
+                    if JobSchedule.isDue(job.sendAt, now: now) {
+                        jobs.append((delivery, job))
+                    } else {
+                        scheduled.append((delivery, job))
+                    }
                 case .unserved(let reason):
                     rejected.append((delivery, reason))
                 }
@@ -66,16 +73,20 @@ struct PreparedBatch {
         let resolved = users.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolve(users)
         let activityIDs = jobs.compactMap { $0.job.retryTargets == nil ? $0.job.activity : nil }
         let activities = activityIDs.isEmpty ? ResolvedUsers(tokens: [:]) : try tokens.resolveActivities(activityIDs)
-        return PreparedBatch(jobs: jobs, rejected: rejected, scheduled: scheduled, resolved: resolved,
-                             activities: activities, deliveries: batch, windows: windows,
-                             waitingForTimeZones: waitingForTimeZones)
+        return PreparedBatch(
+            jobs: jobs, rejected: rejected, scheduled: scheduled, resolved: resolved,
+            activities: activities, deliveries: batch, windows: windows,
+            waitingForTimeZones: waitingForTimeZones)
     }
 
     /// Jobs with a `local_window` keep only the users (and tokens) inside their hours now; the cut is noted by
     /// delivery tag. Jobs with a user whose time zone cannot be read now come out of `jobs`, to wait.
-    private static func cutByLocalHours(_ jobs: inout [(delivery: JobDelivery, job: PushJob)], tokens: any TokenStore,
-                                        logger: Logger) throws
-        -> (windows: [UInt64: (split: WindowSplit, named: Int)], waiting: [JobDelivery]) {
+    private static func cutByLocalHours(
+        _ jobs: inout [(delivery: JobDelivery, job: PushJob)], tokens: any TokenStore,
+        logger: Logger
+    ) throws
+        -> (windows: [UInt64: (split: WindowSplit, named: Int)], waiting: [JobDelivery])
+    {
         var windows: [UInt64: (split: WindowSplit, named: Int)] = [:]
         var waiting: [JobDelivery] = []
         let windowed = jobs.indices.filter { jobs[$0].job.localWindow != nil && jobs[$0].job.retryTargets == nil }
@@ -145,8 +156,10 @@ final class JobPreparer: @unchecked Sendable {
     private let logger: Logger
     private let finished = DispatchSemaphore(value: 0)
 
-    init(tokens: any TokenStore, settings: WorkerSettings, resolver: TargetResolver, sender: any NotificationSender,
-         wakeup: Wakeup, logger: Logger) {
+    init(
+        tokens: any TokenStore, settings: WorkerSettings, resolver: TargetResolver, sender: any NotificationSender,
+        wakeup: Wakeup, logger: Logger
+    ) {
         self.sender = sender
         self.logger = logger
         self.tokens = tokens
@@ -196,7 +209,8 @@ final class JobPreparer: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         guard let index = requests.firstIndex(where: { if case .batch = $0 { true } else { false } }),
-              case .batch(let batch) = requests.remove(at: index) else { return [] }
+            case .batch(let batch) = requests.remove(at: index)
+        else { return [] }
         batchOut = false
         return batch
     }
@@ -228,8 +242,10 @@ final class JobPreparer: @unchecked Sendable {
             do {
                 switch request {
                 case .batch(let batch):
-                    result = .batch(try PreparedBatch.prepare(batch, tokens: tokens, settings: settings,
-                                                                 resolver: resolver, sender: sender, logger: logger))
+                    result = .batch(
+                        try PreparedBatch.prepare(
+                            batch, tokens: tokens, settings: settings,
+                            resolver: resolver, sender: sender, logger: logger))
                 case .piece(let assembly, let users):
                     result = .piece(assembly, users, try tokens.resolve(Array(users)))
                 }

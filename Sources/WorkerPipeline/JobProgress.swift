@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import APNsModel
 import Telemetry
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One job on its way: which notifications still lack an outcome, and what the others became.
 ///
@@ -114,9 +115,10 @@ final class JobProgress: @unchecked Sendable {
 
     func notification(_ index: Int) -> APNsNotification {
         let target = targets[index]
-        return APNsNotification(deviceToken: target.token, environment: target.environment, topic: job.topic,
-                                pushType: job.pushType, priority: job.priority, expiration: job.expiration,
-                                collapseID: job.collapseID, payload: job.payload)
+        return APNsNotification(
+            deviceToken: target.token, environment: target.environment, topic: job.topic,
+            pushType: job.pushType, priority: job.priority, expiration: job.expiration,
+            collapseID: job.collapseID, payload: job.payload)
     }
 
     func recordDelivered(_ index: Int) {
@@ -289,10 +291,12 @@ final class JobProgress: @unchecked Sendable {
         for held in heldBack { reasons[held.response.reason?.rawValue ?? "", default: 0] += 1 }
         let counts = reasons.keys.sorted().map { "\(reasons[$0]!) \($0)" }.joined(separator: ", ")
         let environments = Set(heldBack.map(\.target.environment.rawValue)).sorted().joined(separator: ", ")
-        let seen = heldBackBy == .heldBackByFleet
+        let seen =
+            heldBackBy == .heldBackByFleet
             ? "the fleet's recent answers are mostly 400 too, and this job's \(heldBack.count) 400s (\(counts)) are held back"
             : "\(heldBack.count) of the \(judged) answers that judge a token were 400 (\(counts))"
-        return seen + ": most likely a wrong topic (\(job.topic)) or APNs endpoint for \(environments), not dead tokens; "
+        return seen
+            + ": most likely a wrong topic (\(job.topic)) or APNs endpoint for \(environments), not dead tokens; "
             + "no token removed, no dead-token event published"
     }
 
@@ -305,7 +309,9 @@ final class JobProgress: @unchecked Sendable {
         var summary = JobSummary(jobID: job.id, attempt: job.attempt)
         summary.failedByReason = earlier.failedByReason
         for failure in failed { summary.failedByReason[failure.reason, default: 0] += 1 }
-        if !retrying { for failure in retryable { summary.failedByReason["undelivered: " + failure.reason, default: 0] += 1 } }
+        if !retrying {
+            for failure in retryable { summary.failedByReason["undelivered: " + failure.reason, default: 0] += 1 }
+        }
         summary.notifications = notificationCount + earlier.count
         summary.delivered = delivered + earlier.delivered
         summary.dead = dead.count
@@ -326,14 +332,14 @@ final class JobProgress: @unchecked Sendable {
 final class LoopConfined<Value>: @unchecked Sendable {
     private var confined: Value
     #if DEBUG
-    private let isOnItsThread: @Sendable () -> Bool
+        private let isOnItsThread: @Sendable () -> Bool
     #endif
 
     /// `isOnItsThread`: whether the caller runs on the thread (or serial queue) the value belongs to.
     init(_ value: Value, isOnItsThread: @escaping @Sendable () -> Bool) {
         confined = value
         #if DEBUG
-        self.isOnItsThread = isOnItsThread
+            self.isOnItsThread = isOnItsThread
         #endif
     }
 
@@ -351,7 +357,7 @@ final class LoopConfined<Value>: @unchecked Sendable {
     @inline(__always)
     private func checkThread() {
         #if DEBUG
-        precondition(isOnItsThread(), "LoopConfined<\(Value.self)> used off the thread that owns it")
+            precondition(isOnItsThread(), "LoopConfined<\(Value.self)> used off the thread that owns it")
         #endif
     }
 }

@@ -32,7 +32,7 @@ struct JobSummary {
 
     var json: [UInt8] {
         var text = "{\"job_id\":\(JSONString.quote(jobID)),\"attempt\":\(attempt),"
-        if let channelID { text += "\"channel_id\":\(JSONString.quote(channelID)),"}
+        if let channelID { text += "\"channel_id\":\(JSONString.quote(channelID))," }
         text += "\"notifications\":\(notifications),\"delivered\":\(delivered),\"dead\":\(dead),\"failed\":\(failed),"
         text += "\"retrying\":\(retrying),\"held_back\":\(heldBack),\"expired\":\(expired),\"cancelled\":\(cancelled),"
         if let heldBackReason { text += "\"held_back_reason\":\(JSONString.quote(heldBackReason))," }

@@ -28,14 +28,16 @@ public enum LiveActivityID {
 
     public static func isValid(_ id: some StringProtocol) -> Bool {
         let bytes = id.utf8
-        return (1...256).contains(bytes.count) && bytes.allSatisfy { byte in
-            switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."),
-                 UInt8(ascii: ":"): true
-            default: false
+        return (1...256).contains(bytes.count)
+            && bytes.allSatisfy { byte in
+                switch byte {
+                case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                    UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."),
+                    UInt8(ascii: ":"):
+                    true
+                default: false
+                }
             }
-        }
     }
 }
 
@@ -47,9 +49,11 @@ struct LiveActivityRequest {
     /// Seconds a timestamp may run ahead of this worker's clock (the backend's clock may be a little ahead).
     static let allowedClockSkew: Int64 = 60
 
-    static let fields: Set<String> = ["event", "timestamp", "content_state", "stale_date", "dismissal_date",
-                                      "relevance_score", "attributes_type", "attributes", "alert", "input_push_channel",
-                                      "input_push_token"]
+    static let fields: Set<String> = [
+        "event", "timestamp", "content_state", "stale_date", "dismissal_date",
+        "relevance_score", "attributes_type", "attributes", "alert", "input_push_channel",
+        "input_push_token"
+    ]
 
     /// The object's event and timestamp, checked (known fields only, a timestamp in seconds and not ahead of `now`).
     private static func eventAndTimestamp(_ object: JSONValue, now: Int64) throws(JobError) -> (Event, Int64) {
@@ -69,10 +73,11 @@ struct LiveActivityRequest {
             throw .liveActivity("\"timestamp\" is required: the UNIX seconds at which this content was true")
         }
         guard timestamp <= now + allowedClockSkew else {
-            throw .liveActivity(timestamp > PushJob.latestDeadline
-                ? "\"timestamp\" \(timestamp) looks like milliseconds: give UNIX seconds"
-                : "\"timestamp\" \(timestamp) is \(timestamp - now) s in the future: ActivityKit would drop every "
-                    + "update older than it")
+            throw .liveActivity(
+                timestamp > PushJob.latestDeadline
+                    ? "\"timestamp\" \(timestamp) looks like milliseconds: give UNIX seconds"
+                    : "\"timestamp\" \(timestamp) is \(timestamp - now) s in the future: ActivityKit would drop every "
+                        + "update older than it")
         }
         return (event, timestamp)
     }
@@ -105,7 +110,8 @@ struct LiveActivityRequest {
         switch member.value["relevance_score"] {
         case nil, .null?: break
         case .number(let text)?: aps += ",\"relevance-score\":\(text)"
-        case let other?: throw .wrongType(field: "live_activity.relevance_score", expected: "a number", got: other.typeName)
+        case let other?:
+            throw .wrongType(field: "live_activity.relevance_score", expected: "a number", got: other.typeName)
         }
         let startOnly = ["attributes_type", "attributes", "input_push_channel", "input_push_token"]
         if event == .start {
@@ -120,8 +126,10 @@ struct LiveActivityRequest {
             switch member.value["input_push_token"] {
             case nil, .null?, .bool(false)?: break
             case .bool(true)?: aps += ",\"input-push-token\":1"
-            case let other?: throw .wrongType(field: "live_activity.input_push_token", expected: "true or false",
-                                              got: other.typeName)
+            case let other?:
+                throw .wrongType(
+                    field: "live_activity.input_push_token", expected: "true or false",
+                    got: other.typeName)
             }
         } else if let given = startOnly.first(where: { member.value[$0] != nil }) {
             throw .liveActivity("\"\(given)\" belongs to a start only, not \(event.named)")

@@ -42,7 +42,8 @@ public struct LocalWindow: Sendable, Equatable {
         calendar.timeZone = zone
         let start = DateComponents(hour: self.start / 60, minute: self.start % 60, second: 0)
         // A start that exists every day always has a next date; a day later is the bound if the calendar found none.
-        let opening = calendar.nextDate(after: now, matching: start, matchingPolicy: .nextTime)
+        let opening =
+            calendar.nextDate(after: now, matching: start, matchingPolicy: .nextTime)
             ?? now.addingTimeInterval(Double(Self.minutesPerDay * 60))
         return Int64(opening.timeIntervalSince1970.rounded(.up))
     }
@@ -51,34 +52,41 @@ public struct LocalWindow: Sendable, Equatable {
     static func minutes(_ text: String) -> Int? {
         let bytes = Array(text.utf8)
         guard bytes.count == 5, bytes[2] == UInt8(ascii: ":"),
-              bytes.indices.allSatisfy({ $0 == 2 || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[$0]) }) else {
+            bytes.indices.allSatisfy({ $0 == 2 || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[$0]) })
+        else {
             return nil
         }
         let digit = { (index: Int) in Int(bytes[index] - UInt8(ascii: "0")) }
-        let hour = digit(0) * 10 + digit(1), minute = digit(3) * 10 + digit(4)
+        let hour = digit(0) * 10 + digit(1)
+        let minute = digit(3) * 10 + digit(4)
         guard hour < 24, minute < 60 else { return nil }
         return hour * 60 + minute
     }
 
     /// A job's `local_window` and `default_timezone` members, checked: nil when the job has no window.
     /// `reachesDevicesOnly`: the job is a broadcast or an activity's updates, which have no users with hours.
-    static func decode(_ window: JSONValue?, defaultZone: JSONValue?,
-                       reachesDevicesOnly: Bool) throws(JobError) -> LocalWindow? {
+    static func decode(
+        _ window: JSONValue?, defaultZone: JSONValue?,
+        reachesDevicesOnly: Bool
+    ) throws(JobError) -> LocalWindow? {
         let zone = try PushJob.string(defaultZone, named: "default_timezone")
         guard let window, window != .null else {
             if zone != nil { throw .localWindow("\"default_timezone\" goes with a \"local_window\"") }
             return nil
         }
         if reachesDevicesOnly {
-            throw .localWindow("a broadcast or an activity's updates reach devices, not users with hours: give no "
-                               + "\"local_window\" with \"channel_id\" or \"activity\"")
+            throw .localWindow(
+                "a broadcast or an activity's updates reach devices, not users with hours: give no "
+                    + "\"local_window\" with \"channel_id\" or \"activity\"")
         }
         guard case .object = window else {
-            throw .wrongType(field: "local_window", expected: "an object {\"start\": \"HH:MM\", \"end\": \"HH:MM\"}",
-                             got: window.typeName)
+            throw .wrongType(
+                field: "local_window", expected: "an object {\"start\": \"HH:MM\", \"end\": \"HH:MM\"}",
+                got: window.typeName)
         }
         if case .object(let members) = window,
-           let other = members.first(where: { $0.key != "start" && $0.key != "end" }) {
+            let other = members.first(where: { $0.key != "start" && $0.key != "end" })
+        {
             throw .localWindow("unknown member \"\(other.key.prefix(40))\" (a window has \"start\" and \"end\")")
         }
         var bounds: [Int] = []
@@ -88,15 +96,17 @@ public struct LocalWindow: Sendable, Equatable {
                 throw .missingField("local_window.\(name)")
             }
             guard let minutes = minutes(text) else {
-                throw .wrongType(field: "local_window.\(name)", expected: "a local time \"HH:MM\" (00:00 to 23:59)",
-                                 got: "\"\(text.prefix(20))\"")
+                throw .wrongType(
+                    field: "local_window.\(name)", expected: "a local time \"HH:MM\" (00:00 to 23:59)",
+                    got: "\"\(text.prefix(20))\"")
             }
             bounds.append(minutes)
             written.append(text)
         }
         guard bounds[0] != bounds[1] else {
-            throw .localWindow("start and end are both \(written[0]): give a window of at least a minute (a job "
-                               + "without local_window sends at any hour)")
+            throw .localWindow(
+                "start and end are both \(written[0]): give a window of at least a minute (a job "
+                    + "without local_window sends at any hour)")
         }
         if let zone, let problem = TimeZoneName.problem(zone) { throw .localWindow("default_timezone: \(problem)") }
         return LocalWindow(start: bounds[0], end: bounds[1], defaultZone: zone ?? "UTC")
@@ -115,7 +125,8 @@ public enum TimeZoneName {
         let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/_+-".utf8)
         let shown = "\"\(name.prefix(maximumLength))\""
         guard !name.isEmpty, name.utf8.count <= maximumLength, name.utf8.allSatisfy(allowed.contains),
-              !name.hasPrefix("/"), !name.split(separator: "/").contains(where: { $0.hasPrefix("-") }) else {
+            !name.hasPrefix("/"), !name.split(separator: "/").contains(where: { $0.hasPrefix("-") })
+        else {
             return "\(shown) is not an IANA time zone name (such as Europe/Paris or America/New_York)"
         }
         var isDirectory: ObjCBool = false
@@ -123,7 +134,8 @@ public enum TimeZoneName {
             return "the system's time zone database (\(database)) is missing: install tzdata"
         }
         guard FileManager.default.fileExists(atPath: database + "/" + name, isDirectory: &isDirectory),
-              !isDirectory.boolValue, TimeZone(identifier: name) != nil else {
+            !isDirectory.boolValue, TimeZone(identifier: name) != nil
+        else {
             return "\(shown) is not in the system's time zone database (IANA names such as Europe/Paris)"
         }
         return nil
@@ -192,8 +204,11 @@ public struct WindowSplit: Sendable {
             } else {
                 // In place: a copy of the part per target would copy its arrays each time.
                 let empty = Part(opensAt: opensAt, users: [], tokens: [])
-                if isUser { waiting[opensAt, default: empty].users.append(target) }
-                else { waiting[opensAt, default: empty].tokens.append(target) }
+                if isUser {
+                    waiting[opensAt, default: empty].users.append(target)
+                } else {
+                    waiting[opensAt, default: empty].tokens.append(target)
+                }
             }
         }
         for user in job.users { place(user, zone: zones[user], isUser: true) }
@@ -201,8 +216,9 @@ public struct WindowSplit: Sendable {
         parts = waiting.values.sorted { $0.opensAt < $1.opensAt }
         let unknown = Set(zones.values).filter { TimeZone(identifier: $0) == nil }
         if !unknown.isEmpty {
-            logger.warning("users' time zones the system does not know: their job's default_timezone is used",
-                           ["job.id": job.id, "time_zones": unknown.sorted().prefix(5).joined(separator: ",")])
+            logger.warning(
+                "users' time zones the system does not know: their job's default_timezone is used",
+                ["job.id": job.id, "time_zones": unknown.sorted().prefix(5).joined(separator: ",")])
         }
     }
 

@@ -73,8 +73,10 @@ public struct Settled: Sendable {
     /// What the others became, for the job's summary: it counts every delivery's notifications.
     public var earlier: EarlierOutcomes
 
-    public init(tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = [],
-                summarySent: Bool = false, earlier: EarlierOutcomes = EarlierOutcomes()) {
+    public init(
+        tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = [],
+        summarySent: Bool = false, earlier: EarlierOutcomes = EarlierOutcomes()
+    ) {
         self.tokens = tokens
         self.dead = dead
         self.summarySent = summarySent
@@ -295,7 +297,9 @@ public protocol JobCancellations {
 public struct JobProgressDelta: Sendable, Equatable {
     /// The counters every worker adds to, by the names the fleet's record and `jobs show` use.
     public enum Counter: String, Sendable, CaseIterable {
-        case resolved, sent, delivered, dead, failed, heldBack = "held_back", expired, cancelled
+        case resolved, sent, delivered, dead, failed
+        case heldBack = "held_back"
+        case expired, cancelled
         /// Users and tokens of a windowed job waiting for their hours: parts published add, parts that came subtract.
         case waitingForWindow = "waiting_for_window"
     }
@@ -381,8 +385,9 @@ public protocol NotificationSender: AnyObject, Sendable {
     /// handed to APNs: the others (a broken rule, no credential for their topic) are answered without a request.
     func send(_ batch: [APNsNotification], lane: JobLane, answer: @escaping @Sendable (Int, APNsResult) -> Void) -> Int
     /// Sends one broadcast (a `channel_id` job's); `answer` runs once, on the lane's thread.
-    func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
-              answer: @escaping @Sendable (APNsResult) -> Void)
+    func send(
+        _ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
+        answer: @escaping @Sendable (APNsResult) -> Void)
     /// Runs `action` on the lane's thread after `delay` seconds.
     func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void)
     /// Whether notifications of `topic` can be sent (a credential serves it), and under which rate limit of their
@@ -440,12 +445,14 @@ public struct WorkerSession {
     /// For the log line that says the worker consumes.
     public var logMetadata: [String: String]
 
-    public init(broker: any JobBroker, tokens: any TokenStore, preparationTokens: any TokenStore,
-                record: any IdempotencyRecord,
-                statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
-                invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String],
-                groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil,
-                cancellations: (any JobCancellations)? = nil, progress: (any JobProgressRecord)? = nil) {
+    public init(
+        broker: any JobBroker, tokens: any TokenStore, preparationTokens: any TokenStore,
+        record: any IdempotencyRecord,
+        statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
+        invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String],
+        groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil,
+        cancellations: (any JobCancellations)? = nil, progress: (any JobProgressRecord)? = nil
+    ) {
         self.progress = progress
         self.groupRateLimiter = groupRateLimiter
         self.cancellations = cancellations
@@ -499,11 +506,14 @@ public struct PortAnswerMismatch: SystemFailure, CustomStringConvertible {
     public let description: String
 
     /// `answers`, if there is one per question.
-    static func checked<Answer>(_ answers: [Answer], asked: Int, of system: ConnectionRefused.System,
-                                _ call: String) throws(PortAnswerMismatch) -> [Answer] {
+    static func checked<Answer>(
+        _ answers: [Answer], asked: Int, of system: ConnectionRefused.System,
+        _ call: String
+    ) throws(PortAnswerMismatch) -> [Answer] {
         guard answers.count == asked else {
-            throw PortAnswerMismatch(failedSystem: system,
-                                     description: "\(call) answered \(answers.count) results for \(asked) questions")
+            throw PortAnswerMismatch(
+                failedSystem: system,
+                description: "\(call) answered \(answers.count) results for \(asked) questions")
         }
         return answers
     }

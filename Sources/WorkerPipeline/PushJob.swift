@@ -1,5 +1,5 @@
-import Foundation
 import APNsModel
+import Foundation
 import JSON
 import Telemetry
 
@@ -44,11 +44,15 @@ public struct PushJob: Sendable, Equatable {
 
     private var shared: SharedMembers<Members>
 
-    init(id: String, topic: String, users: [String], tokens: [String], environment: APNsEnvironment,
-         pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?, payload: [UInt8]) {
-        shared = SharedMembers(Members(id: id, topic: topic, users: users, tokens: tokens, environment: environment,
-                                       pushType: pushType, priority: priority, expiration: expiration,
-                                       collapseID: collapseID, payload: payload))
+    init(
+        id: String, topic: String, users: [String], tokens: [String], environment: APNsEnvironment,
+        pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?, payload: [UInt8]
+    ) {
+        shared = SharedMembers(
+            Members(
+                id: id, topic: topic, users: users, tokens: tokens, environment: environment,
+                pushType: pushType, priority: priority, expiration: expiration,
+                collapseID: collapseID, payload: payload))
     }
 
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
@@ -109,8 +113,9 @@ public struct PushJob: Sendable, Equatable {
 
     /// The request a broadcast job (`channel_id`) sends on `channelID`.
     public func broadcast(on channelID: String) -> APNsBroadcast {
-        APNsBroadcast(bundle: APNsPushType.bundle(ofTopic: topic), channelID: channelID, priority: priority,
-                      expiration: expiration ?? 0, payload: payload)
+        APNsBroadcast(
+            bundle: APNsPushType.bundle(ofTopic: topic), channelID: channelID, priority: priority,
+            expiration: expiration ?? 0, payload: payload)
     }
 
     public struct Limits: Sendable {
@@ -132,8 +137,10 @@ public struct PushJob: Sendable, Equatable {
 
     /// Decodes a message body. `defaultTopic` is the configured topic of jobs that name none; `fallbackID` names
     /// jobs that carry no id, made only for them (most jobs name themselves, and making an id is not free).
-    public static func decode(_ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
-                              limits: Limits = .init()) throws(JobError) -> PushJob {
+    public static func decode(
+        _ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
+        limits: Limits = .init()
+    ) throws(JobError) -> PushJob {
         let members = try JobMembers(body, limits: limits)
         let ownID = try string(members.id, named: "id")
         let retry = try retryState(members.retry)
@@ -141,11 +148,13 @@ public struct PushJob: Sendable, Equatable {
         let liveActivity = members.liveActivity
         let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
         let sending = try SendingOptions(members, defaultPushType: liveActivityJob ? .liveactivity : .alert)
-        let localWindow = try LocalWindow.decode(members.localWindow, defaultZone: members.defaultTimezone,
-                                                 reachesDevicesOnly: channelID != nil || activity != nil)
+        let localWindow = try LocalWindow.decode(
+            members.localWindow, defaultZone: members.defaultTimezone,
+            reachesDevicesOnly: channelID != nil || activity != nil)
         if activity != nil && sending.pushType != .liveactivity {
-            throw .liveActivity("push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
-                                + "Activity pushes only (liveactivity)")
+            throw .liveActivity(
+                "push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
+                    + "Activity pushes only (liveactivity)")
         }
         guard let bundle = try string(members.topic, named: "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
@@ -155,8 +164,9 @@ public struct PushJob: Sendable, Equatable {
         }
         var job: PushJob
         if let channelID {
-            job = try broadcastJob(members, body, id: ownID ?? fallbackID(), bundle: bundle, channelID: channelID,
-                                   sending: sending)
+            job = try broadcastJob(
+                members, body, id: ownID ?? fallbackID(), bundle: bundle, channelID: channelID,
+                sending: sending)
         } else if try flag(members.prevalidate, named: "prevalidate") {
             // Token pre-validation (from the source article): a silent background push to every target, so that
             // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
@@ -164,15 +174,17 @@ public struct PushJob: Sendable, Equatable {
             if members.payload != nil || liveActivity != nil {
                 _ = try payload(members, body, pushType: sending.pushType)
             }
-            job = PushJob(id: ownID ?? fallbackID(), topic: APNsPushType.background.topic(forBundle: bundle), users: users,
-                          tokens: tokens, environment: sending.environment, pushType: .background,
-                          priority: .considerPower, expiration: 0, collapseID: nil,
-                          payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+            job = PushJob(
+                id: ownID ?? fallbackID(), topic: APNsPushType.background.topic(forBundle: bundle), users: users,
+                tokens: tokens, environment: sending.environment, pushType: .background,
+                priority: .considerPower, expiration: 0, collapseID: nil,
+                payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
         } else {
-            job = PushJob(id: ownID ?? fallbackID(), topic: sending.pushType.topic(forBundle: bundle), users: users,
-                          tokens: tokens, environment: sending.environment, pushType: sending.pushType,
-                          priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-                          payload: try payload(members, body, pushType: sending.pushType))
+            job = PushJob(
+                id: ownID ?? fallbackID(), topic: sending.pushType.topic(forBundle: bundle), users: users,
+                tokens: tokens, environment: sending.environment, pushType: sending.pushType,
+                priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
+                payload: try payload(members, body, pushType: sending.pushType))
         }
         job.shared.change { members in
             members.deadline = sending.deadline
@@ -195,7 +207,8 @@ public struct PushJob: Sendable, Equatable {
     /// Who a job reaches, as its members say it, checked: users and tokens (canonical), or a channel with no one
     /// beside it, and a Live Activity.
     private static func reach(_ members: JobMembers, retrying: Bool, limits: Limits) throws(JobError)
-        -> (users: [String], tokens: [String], channelID: String?, activity: String?) {
+        -> (users: [String], tokens: [String], channelID: String?, activity: String?)
+    {
         let users = try strings(members.users, named: "users")
         var tokens = try strings(members.tokens, named: "tokens")
         let channelID = try string(members.channelID, named: "channel_id")
@@ -208,7 +221,9 @@ public struct PushJob: Sendable, Equatable {
         let activity = try string(members.activity, named: "activity")
         if let activity {
             guard LiveActivityID.isValid(activity) else { throw .badActivityID }
-            guard channelID == nil else { throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"") }
+            guard channelID == nil else {
+                throw .broadcast("a broadcast reaches the channel's subscribers: give no \"activity\"")
+            }
         }
         if channelID == nil && (activity == nil || !users.isEmpty || !tokens.isEmpty) {
             let tokensCanonical = try checkTargets(users: users, tokens: tokens, retrying: retrying, limits: limits)
@@ -219,21 +234,29 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
-    private static func broadcastJob(_ members: JobMembers, _ body: [UInt8], id: String, bundle: String, channelID: String,
-                                     sending: borrowing SendingOptions) throws(JobError) -> PushJob {
+    private static func broadcastJob(
+        _ members: JobMembers, _ body: [UInt8], id: String, bundle: String, channelID: String,
+        sending: borrowing SendingOptions
+    ) throws(JobError) -> PushJob {
         guard sending.pushType == .liveactivity else {
-            throw .broadcast("push_type is \"\(sending.pushType.rawValue)\": a broadcast is a Live Activity push (liveactivity)")
+            throw .broadcast(
+                "push_type is \"\(sending.pushType.rawValue)\": a broadcast is a Live Activity push (liveactivity)")
         }
-        if try flag(members.prevalidate, named: "prevalidate") { throw .broadcast("a broadcast has no tokens to prevalidate") }
+        if try flag(members.prevalidate, named: "prevalidate") {
+            throw .broadcast("a broadcast has no tokens to prevalidate")
+        }
         if case .object(let fields)? = members.liveActivity?.value,
-           fields.contains(where: { $0.key == "event" && $0.value == .string("start") }) {
-            throw .broadcast("a broadcast cannot start a Live Activity: start it by push-to-start or in the app, with "
-                             + "\"input_push_channel\"")
+            fields.contains(where: { $0.key == "event" && $0.value == .string("start") })
+        {
+            throw .broadcast(
+                "a broadcast cannot start a Live Activity: start it by push-to-start or in the app, with "
+                    + "\"input_push_channel\"")
         }
         let payload = try payloadBytes(members, body)
-        var job = PushJob(id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
-                          environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
-                          expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
+        var job = PushJob(
+            id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
+            environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
+            expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
         job.shared.change { $0.kind = .broadcast(channelID: channelID) }
         do throws(APNsRequestError) { try job.broadcast(on: channelID).validate() } catch { throw .breaksRule(error) }
         return job
@@ -244,14 +267,22 @@ public struct PushJob: Sendable, Equatable {
     /// skipped. Nothing is judged here but the JSON itself and the limits; `decode` checks the fields.
     struct JobMembers {
         enum Name: String, CaseIterable {
-            case id, topic, users, tokens, environment, pushType = "push_type", priority, expiration, deadline
-            case sendAt = "send_at", localWindow = "local_window", defaultTimezone = "default_timezone"
-            case collapseID = "collapse_id", channelID = "channel_id", activity, prevalidate, payload
-            case liveActivity = "live_activity", retry
+            case id, topic, users, tokens, environment
+            case pushType = "push_type"
+            case priority, expiration, deadline
+            case sendAt = "send_at"
+            case localWindow = "local_window"
+            case defaultTimezone = "default_timezone"
+            case collapseID = "collapse_id"
+            case channelID = "channel_id"
+            case activity, prevalidate, payload
+            case liveActivity = "live_activity"
+            case retry
         }
         static let names = JSONNames(Name.allCases.map(\.rawValue))
 
-        var id, topic, environment, pushType, priority, expiration, deadline, sendAt, collapseID, channelID, activity: JSONValue?
+        var id, topic, environment, pushType, priority, expiration, deadline, sendAt, collapseID, channelID,
+            activity: JSONValue?
         var prevalidate, retry, localWindow, defaultTimezone: JSONValue?
         var users, tokens: JSONStrings?
         /// Its value comes back empty: `range` locates it.
@@ -267,8 +298,10 @@ public struct PushJob: Sendable, Equatable {
             var members = JobMembers()
             let topLevel: JSONTopLevel
             do {
-                topLevel = try JSONReader.readObject(body, maximumDepth: limits.maximumDepth + PushJob.retryWrapperDepth,
-                                                     known: Self.names) { reader, index throws(JSONError) in
+                topLevel = try JSONReader.readObject(
+                    body, maximumDepth: limits.maximumDepth + PushJob.retryWrapperDepth,
+                    known: Self.names
+                ) { reader, index throws(JSONError) in
                     guard let index else { return }
                     try members.read(Name.allCases[index], from: &reader)
                 }
@@ -328,8 +361,10 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// Returns whether every token is canonical already (lower-case).
-    private static func checkTargets(users: [String], tokens: [String], retrying: Bool,
-                                     limits: Limits) throws(JobError) -> Bool {
+    private static func checkTargets(
+        users: [String], tokens: [String], retrying: Bool,
+        limits: Limits
+    ) throws(JobError) -> Bool {
         guard !users.isEmpty || !tokens.isEmpty || retrying else { throw .noTargets }
         guard users.count + tokens.count <= limits.maximumTargets else {
             throw .tooManyTargets(users.count + tokens.count, limit: limits.maximumTargets)
@@ -389,8 +424,9 @@ public struct PushJob: Sendable, Equatable {
                     throw .badSendAt("send_at \(sendAt) is beyond the year 5000: give UNIX seconds, not milliseconds")
                 }
                 if sendAt > now + PushJob.longestSchedule {
-                    throw .badSendAt("send_at \(sendAt) is \(sendAt - now) s ahead, more than the 7 days (604800 s) a job "
-                                     + "may wait")
+                    throw .badSendAt(
+                        "send_at \(sendAt) is \(sendAt - now) s ahead, more than the 7 days (604800 s) a job "
+                            + "may wait")
                 }
                 if let deadline, deadline < sendAt {
                     throw .badSendAt("deadline \(deadline) is before send_at \(sendAt): nothing could be sent")
@@ -420,7 +456,9 @@ public struct PushJob: Sendable, Equatable {
 
     /// The payload exactly as the job wrote it (its bytes in the body), or built from its `live_activity`, within
     /// the push type's size.
-    private static func payload(_ members: JobMembers, _ body: [UInt8], pushType: APNsPushType) throws(JobError) -> [UInt8] {
+    private static func payload(_ members: JobMembers, _ body: [UInt8], pushType: APNsPushType) throws(JobError)
+        -> [UInt8]
+    {
         if members.liveActivity != nil && pushType != .liveactivity {
             throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
         }
@@ -470,18 +508,22 @@ public struct PushJob: Sendable, Equatable {
 
     /// The retry state, and where the original job sits in the body (absent in retries written before it was kept).
     private static func retryState(_ retry: JSONValue?) throws(JobError)
-        -> (attempt: Int, targets: [DeviceTarget], original: Range<Int>?)? {
+        -> (attempt: Int, targets: [DeviceTarget], original: Range<Int>?)?
+    {
         guard let retry, retry != .null else { return nil }
         guard case .object = retry, case .number(let attemptText)? = retry["attempt"], let attempt = Int(attemptText),
-              attempt >= 2, case .array(let entries)? = retry["targets"], !entries.isEmpty else {
+            attempt >= 2, case .array(let entries)? = retry["targets"], !entries.isEmpty
+        else {
             throw .wrongType(field: "retry", expected: "the worker's retry state", got: retry.typeName)
         }
         var targets: [DeviceTarget] = []
         for (index, entry) in entries.enumerated() {
             guard case .string(let token)? = entry["token"], case .string(let environmentText)? = entry["environment"],
-                  let environment = APNsEnvironment(rawValue: environmentText),
-                  (try? APNsNotification.validateDeviceToken(token)) != nil else {
-                throw .wrongType(field: "retry.targets[\(index)]", expected: "a token and its environment", got: entry.typeName)
+                let environment = APNsEnvironment(rawValue: environmentText),
+                (try? APNsNotification.validateDeviceToken(token)) != nil
+            else {
+                throw .wrongType(
+                    field: "retry.targets[\(index)]", expected: "a token and its environment", got: entry.typeName)
             }
             let user: String? = if case .string(let name)? = entry["user"] { name } else { nil }
             targets.append(DeviceTarget(token: token, environment: environment, user: user))
@@ -592,7 +634,8 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badSendAt(let why): why
         case .localWindow(let why): "local_window: \(why)"
         case .badDeadline(let value):
-            value < 0 ? "deadline \(value) must be UNIX seconds, 0 or later"
+            value < 0
+                ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond the year 5000: give UNIX seconds, not milliseconds"
         }
     }

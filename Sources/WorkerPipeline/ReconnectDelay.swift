@@ -51,9 +51,11 @@ public struct ReconnectLoop {
     /// `session` connects and serves; it calls `connected()` once its connections are up, and returns true when it
     /// is done for good. After a failure, `giveUp` says what to throw instead of reconnecting (nil: reconnect), told
     /// whether any session had connected; `lost` runs first (readiness goes).
-    public func run(session: (_ connected: () -> Void) throws -> Bool,
-                    giveUp: (_ error: any Error, _ connectedOnce: Bool) -> (any Error)?,
-                    lost: () -> Void = {}) throws {
+    public func run(
+        session: (_ connected: () -> Void) throws -> Bool,
+        giveUp: (_ error: any Error, _ connectedOnce: Bool) -> (any Error)?,
+        lost: () -> Void = {}
+    ) throws {
         var backoff = ReconnectBackoff()
         var connectedOnce = false
         while !stopRequested() {
@@ -67,9 +69,13 @@ public struct ReconnectLoop {
                 lost()
                 if let fatal = giveUp(error, connectedOnce) { throw fatal }
                 let delay = backoff.failed()
-                logger.error("broker or Redis unavailable; reconnecting", ["error": "\(error)",
-                                                                         "failures_in_a_row": String(backoff.failures),
-                                                                         "retry_in_s": String(format: "%.2f", delay)])
+                logger.error(
+                    "broker or Redis unavailable; reconnecting",
+                    [
+                        "error": "\(error)",
+                        "failures_in_a_row": String(backoff.failures),
+                        "retry_in_s": String(format: "%.2f", delay)
+                    ])
                 wakeup.wait(timeout: delay)
             }
         }
@@ -96,7 +102,8 @@ public final class RoundTripReadiness: Sendable {
 
     /// Whether a round trip is due (more than `probeInterval` since the last that answered).
     public var probeDue: Bool {
-        Double(DispatchTime.now().uptimeNanoseconds &- lastAnswered.load(ordering: .relaxed)) / 1e9 >= Self.probeInterval
+        Double(DispatchTime.now().uptimeNanoseconds &- lastAnswered.load(ordering: .relaxed)) / 1e9
+            >= Self.probeInterval
     }
 
     /// The broker and the store just answered.

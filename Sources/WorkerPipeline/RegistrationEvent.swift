@@ -58,11 +58,14 @@ public struct RegistrationEvent: Sendable, Equatable {
         }
         let topic = try PushJob.optionalString(document, "topic")
         if let topic, !TokenScope.isValidTopic(topic) {
-            throw .wrongType(field: "topic", expected: "an APNs topic (a bundle ID: ASCII letters, digits, \"-\" and \".\")",
-                             got: "\"\(topic.prefix(40))\"")
+            throw .wrongType(
+                field: "topic", expected: "an APNs topic (a bundle ID: ASCII letters, digits, \"-\" and \".\")",
+                got: "\"\(topic.prefix(40))\"")
         }
         let timestamp = try PushJob.optionalInteger(document, "timestamp") ?? now
-        guard timestamp > 0 else { throw .wrongType(field: "timestamp", expected: "ms since the epoch", got: "\(timestamp)") }
+        guard timestamp > 0 else {
+            throw .wrongType(field: "timestamp", expected: "ms since the epoch", got: "\(timestamp)")
+        }
         var action = Action.register
         if let text = try PushJob.optionalString(document, "action") {
             guard let parsed = Action(rawValue: text) else {
@@ -81,8 +84,10 @@ public struct RegistrationEvent: Sendable, Equatable {
         if let activity {
             guard LiveActivityID.isValid(activity) else { throw .badActivityID }
             guard topic.map({ $0.hasSuffix(APNsPushType.liveactivity.topicSuffix) }) == true else {
-                throw .wrongType(field: "topic", expected: "a Live Activity topic (<bundle>.push-type.liveactivity) beside "
-                                 + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
+                throw .wrongType(
+                    field: "topic",
+                    expected: "a Live Activity topic (<bundle>.push-type.liveactivity) beside "
+                        + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
             }
         }
         // A zone this system does not know does not cost the user the token: it is registered without the zone.
@@ -92,9 +97,12 @@ public struct RegistrationEvent: Sendable, Equatable {
             ignoredTimeZone = name
             timeZone = nil
         }
-        var event = RegistrationEvent(action: action, registration: TokenRegistration(
-            user: user, token: token, scope: TokenScope(environment: environment, topic: topic), registeredAt: timestamp,
-            deviceJSON: deviceJSON, activity: activity, timeZone: timeZone))
+        var event = RegistrationEvent(
+            action: action,
+            registration: TokenRegistration(
+                user: user, token: token, scope: TokenScope(environment: environment, topic: topic),
+                registeredAt: timestamp,
+                deviceJSON: deviceJSON, activity: activity, timeZone: timeZone))
         event.ignoredTimeZone = ignoredTimeZone
         return event
     }
@@ -106,7 +114,9 @@ public struct RegistrationEvent: Sendable, Equatable {
         text += "\"timestamp\":\(registration.registeredAt),"
         if let device = registration.deviceJSON { text += "\"device\":\(device)," }
         if let activity = registration.activity { text += "\"activity\":\(JSONString.quote(activity))," }
-        if let timeZone = registration.timeZone ?? ignoredTimeZone { text += "\"timezone\":\(JSONString.quote(timeZone))," }
+        if let timeZone = registration.timeZone ?? ignoredTimeZone {
+            text += "\"timezone\":\(JSONString.quote(timeZone)),"
+        }
         text += "\"action\":\"\(action.rawValue)\"}"
         return Array(text.utf8)
     }

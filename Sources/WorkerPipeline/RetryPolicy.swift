@@ -36,7 +36,8 @@ public struct RetryPolicy: Sendable, Equatable {
 
     /// The decision for a job at `attempt` with `retryable` notifications, the longest delay APNs suggested for them,
     /// and its deadline (UNIX seconds), at `now` (UNIX seconds).
-    public func decide(attempt: Int, retryable: Int, suggestedDelay: Double, deadline: Int64?, now: Double) -> Decision {
+    public func decide(attempt: Int, retryable: Int, suggestedDelay: Double, deadline: Int64?, now: Double) -> Decision
+    {
         guard retryable > 0 else { return .none }
         let delay = delay(attempt: attempt, suggestedDelay: suggestedDelay)
         if let deadline, now + delay >= Double(deadline) { return .expire }

@@ -23,14 +23,16 @@ struct BroadcastJob: Sendable {
 
     /// Jobs by their kind: the broadcasts, and the jobs of device notifications.
     static func byKind(_ jobs: [(delivery: JobDelivery, job: PushJob)])
-        -> (broadcasts: [BroadcastJob], devices: [(delivery: JobDelivery, job: PushJob)]) {
+        -> (broadcasts: [BroadcastJob], devices: [(delivery: JobDelivery, job: PushJob)])
+    {
         var broadcasts: [BroadcastJob] = []
         var devices: [(delivery: JobDelivery, job: PushJob)] = []
         devices.reserveCapacity(jobs.count)
         for (delivery, job) in jobs {
             switch job.kind {
             case .devices, .liveActivity: devices.append((delivery, job))
-            case .broadcast(let channelID): broadcasts.append(BroadcastJob(delivery: delivery, job: job, channelID: channelID))
+            case .broadcast(let channelID):
+                broadcasts.append(BroadcastJob(delivery: delivery, job: job, channelID: channelID))
             }
         }
         return (broadcasts, devices)
@@ -72,8 +74,10 @@ extension SessionLoop {
                 // Broadcast by an earlier delivery that did not live to settle: settle now, send nothing.
                 statistics.duplicatesAvoided.add(1, ordering: .relaxed)
                 worker.broadcastAnswers.withLock {
-                    $0.append(BroadcastAnswer(generation: generation, broadcast: broadcast,
-                                              result: APNsResult(outcome: .delivered), kind: .alreadySent))
+                    $0.append(
+                        BroadcastAnswer(
+                            generation: generation, broadcast: broadcast,
+                            result: APNsResult(outcome: .delivered), kind: .alreadySent))
                 }
                 continue
             }
@@ -105,19 +109,27 @@ extension SessionLoop {
                 }
             }
             broadcastsWaiting.removeFirst()
-            let answers = worker.broadcastAnswers, wakeup = worker.wakeup, generation = self.generation
+            let answers = worker.broadcastAnswers
+            let wakeup = worker.wakeup
+            let generation = self.generation
             if let deadline = job.deadline, Double(deadline) <= now.timeIntervalSince1970 {
                 // Its deadline passed while it waited for a permit: not sent.
                 answers.withLock {
-                    $0.append(BroadcastAnswer(generation: generation, broadcast: waiting,
-                                              result: APNsResult(outcome: .permanentFailure, error: "deadline passed"),
-                                              kind: .expired))
+                    $0.append(
+                        BroadcastAnswer(
+                            generation: generation, broadcast: waiting,
+                            result: APNsResult(outcome: .permanentFailure, error: "deadline passed"),
+                            kind: .expired))
                 }
                 continue
             }
-            worker.sender.send(job.broadcast(on: waiting.channelID), environment: job.environment,
-                               lane: delivery.lane) { result in
-                answers.withLock { $0.append(BroadcastAnswer(generation: generation, broadcast: waiting, result: result)) }
+            worker.sender.send(
+                job.broadcast(on: waiting.channelID), environment: job.environment,
+                lane: delivery.lane
+            ) { result in
+                answers.withLock {
+                    $0.append(BroadcastAnswer(generation: generation, broadcast: waiting, result: result))
+                }
                 wakeup.signal()
             }
         }
@@ -178,7 +190,9 @@ extension SessionLoop {
                 try session.broker.requeue(entry.delivery.tag)
                 continue
             }
-            if plan.summary.map({ own[own.startIndex + $0] != .taken }) == true { statistics.countRefusedPublish("summary") }
+            if plan.summary.map({ own[own.startIndex + $0] != .taken }) == true {
+                statistics.countRefusedPublish("summary")
+            }
             count(entry, plan)
             settled.append(entry.delivery.tag)
             statistics.jobsCompleted.add(1, ordering: .relaxed)
@@ -208,7 +222,8 @@ extension SessionLoop {
     private func plan(_ entry: BroadcastAnswer) -> BroadcastPlan {
         let (delivery, job, result) = (entry.delivery, entry.job, entry.result)
         let attempt = entry.broadcast.attempt
-        let reason = result.response?.reason?.label ?? result.response.map { "status \($0.status)" }
+        let reason =
+            result.response?.reason?.label ?? result.response.map { "status \($0.status)" }
             ?? (result.outcome == .unserved ? result.error : nil) ?? "no_answer"
         var plan = BroadcastPlan()
         switch (entry.kind, result.outcome) {
@@ -221,16 +236,20 @@ extension SessionLoop {
             plan.unserved = true
         case (_, let answer) where Self.isRetryable(answer):
             // The same tiers as a device job's retries (one of the lane's delay queues), the same attempt limit.
-            switch retryPolicy.decide(attempt: attempt, retryable: 1, suggestedDelay: Self.retryDelay(answer),
-                                      deadline: job.deadline, now: Date().timeIntervalSince1970) {
+            switch retryPolicy.decide(
+                attempt: attempt, retryable: 1, suggestedDelay: Self.retryDelay(answer),
+                deadline: job.deadline, now: Date().timeIntervalSince1970)
+            {
             case .retry(let wait):
                 plan.outcome = "retrying"
                 plan.retried = result.response?.reason?.label ?? "no_answer"
                 var properties = delivery.properties
                 properties.persistent = true
                 properties.headers[Self.broadcastAttemptHeader] = String(attempt + 1)
-                plan.publications.append(Publication(destination: .retry(delay: wait, lane: delivery.lane),
-                                                     body: delivery.body, properties: properties))
+                plan.publications.append(
+                    Publication(
+                        destination: .retry(delay: wait, lane: delivery.lane),
+                        body: delivery.body, properties: properties))
             case .expire:
                 plan.outcome = "expired"
             case .park, .none:
@@ -248,11 +267,14 @@ extension SessionLoop {
         }
         if let replyTo = delivery.properties.replyTo, entry.kind != .alreadySent, !entry.broadcast.summarySent {
             plan.summary = plan.publications.count
-            plan.publications.append(Publication(destination: .reply(replyTo),
-                                                 body: Self.broadcastSummary(entry.broadcast, attempt: attempt,
-                                                                             outcome: plan.outcome, reason: reason,
-                                                                             result: result),
-                                                 properties: JobSummary.properties(delivery, jobID: job.id)))
+            plan.publications.append(
+                Publication(
+                    destination: .reply(replyTo),
+                    body: Self.broadcastSummary(
+                        entry.broadcast, attempt: attempt,
+                        outcome: plan.outcome, reason: reason,
+                        result: result),
+                    properties: JobSummary.properties(delivery, jobID: job.id)))
         }
         return plan
     }
@@ -270,15 +292,20 @@ extension SessionLoop {
         }
         if plan.outcome == "failed" || plan.outcome == "retrying" {
             let result = entry.result
-            logger.warning("broadcast not delivered", [
-                "job.id": entry.job.id, "apns.channel": entry.broadcast.channelID,
-                "apns.reason": Redact.outsideText(result.response?.reason?.rawValue ?? result.error ?? "no_answer"),
-                "broadcast.outcome": plan.outcome])
+            logger.warning(
+                "broadcast not delivered",
+                [
+                    "job.id": entry.job.id, "apns.channel": entry.broadcast.channelID,
+                    "apns.reason": Redact.outsideText(result.response?.reason?.rawValue ?? result.error ?? "no_answer"),
+                    "broadcast.outcome": plan.outcome
+                ])
         }
     }
 
-    private static func broadcastSummary(_ broadcast: BroadcastJob, attempt: Int, outcome: String, reason: String,
-                                         result: APNsResult) -> [UInt8] {
+    private static func broadcastSummary(
+        _ broadcast: BroadcastJob, attempt: Int, outcome: String, reason: String,
+        result: APNsResult
+    ) -> [UInt8] {
         var summary = JobSummary(jobID: broadcast.job.id, attempt: attempt)
         summary.channelID = broadcast.channelID
         summary.notifications = 1

@@ -19,7 +19,8 @@ extension SessionLoop {
     /// newly cancelled lose what they have not sent.
     func readCancellations(at now: Date, jobsArriving: Bool = false) throws {
         guard let source = session.cancellations, cancellations.isDue(at: now),
-              jobsArriving || hasWorkUnderWay || cancellations.nextRead == .distantPast else { return }
+            jobsArriving || hasWorkUnderWay || cancellations.nextRead == .distantPast
+        else { return }
         let (fresh, refused) = try cancellations.refresh(from: source, now: now)
         if let refused {
             statistics.countDataError("cancellations")
@@ -38,10 +39,12 @@ extension SessionLoop {
             unresolved += try cancelUsersLeft(of: assembly)
         }
         if dropped + unresolved > 0 {
-            logger.info("jobs cancelled: what they had not sent is not sent", [
-                "jobs": String(fresh.count), "notifications.cancelled": String(dropped),
-                "users.cancelled": String(unresolved), "job.id": fresh.sorted().prefix(5).joined(separator: ","),
-            ])
+            logger.info(
+                "jobs cancelled: what they had not sent is not sent",
+                [
+                    "jobs": String(fresh.count), "notifications.cancelled": String(dropped),
+                    "users.cancelled": String(unresolved), "job.id": fresh.sorted().prefix(5).joined(separator: ",")
+                ])
         }
     }
 

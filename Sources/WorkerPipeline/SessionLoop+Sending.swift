@@ -104,14 +104,16 @@ extension SessionLoop {
     /// The urgent notifications queued now, as many as the core allows, ahead of the rest of the turn.
     func sendUrgent() throws {
         let now = Date()
-        let count = core.urgentToSend(queued: backlogs.counts.urgent, inFlight: statistics.inFlight.counts.urgent, now: now)
+        let count = core.urgentToSend(
+            queued: backlogs.counts.urgent, inFlight: statistics.inFlight.counts.urgent, now: now)
         guard count > 0, let limited = try send(LaneCounts(urgent: count)) else { return }
         core.handle(.rateLimited(limited.lanes, nextWindowIn: limited.wait, at: now))
     }
 
     /// Permits for what is asked, per lane, and the lanes held back with the seconds until the next window.
     func reserve(_ asked: LaneCounts, from rateLimiter: any RateLimiter) throws
-        -> (granted: LaneCounts, limited: (lanes: [JobLane], wait: Double)?) {
+        -> (granted: LaneCounts, limited: (lanes: [JobLane], wait: Double)?)
+    {
         let reservation = try rateLimiter.reserve(urgent: asked.urgent, bulk: asked.bulk)
         switch reservation {
         case .granted(let urgent, let bulk, let nextWindowIn):
@@ -132,7 +134,9 @@ extension SessionLoop {
     /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
     func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
         progressTracker.sent(entries)
-        let statistics = self.statistics, answers = worker.answers, wakeup = worker.wakeup
+        let statistics = self.statistics
+        let answers = worker.answers
+        let wakeup = worker.wakeup
         let sendMoreAt = core.settings.sendMoreAt
         statistics.inFlight.add(lane, entries.count)
         let handedOver = DispatchTime.now().uptimeNanoseconds

@@ -28,11 +28,12 @@ extension SessionLoop {
         for (rejection, outcome) in zip(rejected, outcomes) {
             guard outcome == .taken else {
                 held.hold(rejection: rejection)
-                let kind = switch rejection.departure {
-                case .waitForStore: "waiting_job"
-                case .waitUntilDue: "scheduled_job"
-                case .park: "rejected_job"
-                }
+                let kind =
+                    switch rejection.departure {
+                    case .waitForStore: "waiting_job"
+                    case .waitUntilDue: "scheduled_job"
+                    case .park: "rejected_job"
+                    }
                 statistics.countRefusedPublish(kind)
                 continue
             }
@@ -52,8 +53,9 @@ extension SessionLoop {
             }
         }
         if settled.count < rejected.count {
-            logger.error("the broker did not take jobs parked or put back to wait; kept unacknowledged, sent again shortly",
-                         ["jobs": String(rejected.count - settled.count), "retry_in_s": String(HeldPublishes.pause)])
+            logger.error(
+                "the broker did not take jobs parked or put back to wait; kept unacknowledged, sent again shortly",
+                ["jobs": String(rejected.count - settled.count), "retry_in_s": String(HeldPublishes.pause)])
         }
         try session.broker.acknowledge(settled)
         let settledTags = Set(settled)
@@ -64,8 +66,9 @@ extension SessionLoop {
 
     /// The broker's outcome for each publication, one per publication.
     func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
-        try PortAnswerMismatch.checked(try session.broker.publish(publications), asked: publications.count, of: .broker,
-                                       "publish")
+        try PortAnswerMismatch.checked(
+            try session.broker.publish(publications), asked: publications.count, of: .broker,
+            "publish")
     }
 
     /// Jobs that cannot be resolved now (a Redis node that holds their users, their Live Activity or their record does
@@ -73,10 +76,13 @@ extension SessionLoop {
     func putBackToWait(_ deliveries: [JobDelivery]) throws {
         guard !deliveries.isEmpty else { return }
         statistics.countStoreUnavailable("resolve", deliveries.count)
-        logger.warning("jobs wait for a Redis node that does not answer", [
-            "jobs": String(deliveries.count), "job.waits": String(deliveries.map(StoreWaits.waits).max() ?? 0),
-            "retry_in_s": String(deliveries.map { storeWaits.delay(afterWaits: StoreWaits.waits(of: $0)) }.min() ?? 0),
-        ])
+        logger.warning(
+            "jobs wait for a Redis node that does not answer",
+            [
+                "jobs": String(deliveries.count), "job.waits": String(deliveries.map(StoreWaits.waits).max() ?? 0),
+                "retry_in_s": String(
+                    deliveries.map { storeWaits.delay(afterWaits: StoreWaits.waits(of: $0)) }.min() ?? 0)
+            ])
         try reject(deliveries.map { ($0, .waitForStore) })
     }
 
@@ -105,7 +111,8 @@ extension SessionLoop {
     /// plan; and every plan's publications in order. A job that publishes and removes nothing (most jobs) has no
     /// plan: carried through the settling steps as tuples of plans, every job cost a dozen reference counts more.
     private func plans(_ finished: [JobProgress])
-        -> (decisions: [RetryPolicy.Decision], plans: [SettlementPlan?], publications: [Publication]) {
+        -> (decisions: [RetryPolicy.Decision], plans: [SettlementPlan?], publications: [Publication])
+    {
         let now = Date().timeIntervalSince1970
         var decisions: [RetryPolicy.Decision] = []
         var plans: [SettlementPlan?] = []
@@ -114,10 +121,13 @@ extension SessionLoop {
         plans.reserveCapacity(finished.count)
         for progress in finished {
             // Work whose topic lost its credential is parked whatever its attempts.
-            let decision = progress.isUnserved ? .park
-                : retryPolicy.decide(attempt: progress.job.attempt, retryable: progress.retryable.count,
-                                     suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
-                                     deadline: progress.job.deadline, now: now)
+            let decision =
+                progress.isUnserved
+                ? .park
+                : retryPolicy.decide(
+                    attempt: progress.job.attempt, retryable: progress.retryable.count,
+                    suggestedDelay: progress.retryable.map(\.delay).max() ?? 0,
+                    deadline: progress.job.deadline, now: now)
             if decision == .expire {
                 let expired = progress.expireRetryable()
                 statistics.expired.add(expired, ordering: .relaxed)
@@ -128,7 +138,8 @@ extension SessionLoop {
                 statistics.cancelled.add(cancelled, ordering: .relaxed)
                 progressTracker.cancelled(progress, users: cancelled)
             }
-            let plan = SettlementPlan.isNeeded(for: progress, retry: decision)
+            let plan =
+                SettlementPlan.isNeeded(for: progress, retry: decision)
                 ? SettlementPlan(progress, retry: decision, defaultTopic: worker.settings.defaultTopic) : nil
             if let plan { publications += plan.publications }
             decisions.append(decision)
@@ -162,8 +173,9 @@ extension SessionLoop {
             removals += plan.removals.map { (progress.job.id, $0) }
             if plan.summaryLost(own) {
                 statistics.countRefusedPublish("summary")
-                logger.warning("a job's summary was not taken: no queue named by its reply_to",
-                               ["job.id": progress.job.id, "amqp.reply_to": progress.delivery.properties.replyTo ?? ""])
+                logger.warning(
+                    "a job's summary was not taken: no queue named by its reply_to",
+                    ["job.id": progress.job.id, "amqp.reply_to": progress.delivery.properties.replyTo ?? ""])
             }
         }
         try removeDeadTokens(removals)
@@ -177,7 +189,8 @@ extension SessionLoop {
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
         acknowledged = true
         forgetUnwrittenOutcomes(ofSettled: confirmed.lazy.map { finished[$0].job.id })
-        let settledAgain = confirmed.lazy.map { finished[$0].delivery }.filter(\.redelivered).map(DeliveryTriage.historyKey)
+        let settledAgain = confirmed.lazy.map { finished[$0].delivery }.filter(\.redelivered).map(
+            DeliveryTriage.historyKey)
         if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
@@ -192,8 +205,10 @@ extension SessionLoop {
     func shareSettled(force: Bool = false) throws {
         guard !settledUnshared.isEmpty else { return }
         let now = DispatchTime.now().uptimeNanoseconds
-        guard force || settledUnshared.count >= 1000
-                || Double(now &- settledSharedAt) / 1e9 >= Self.settledShareInterval else { return }
+        guard
+            force || settledUnshared.count >= 1000
+                || Double(now &- settledSharedAt) / 1e9 >= Self.settledShareInterval
+        else { return }
         try session.record.settledRecently(settledUnshared)
         settledUnshared.removeAll(keepingCapacity: true)
         settledSharedAt = now
@@ -205,8 +220,9 @@ extension SessionLoop {
     func removeDeadTokens(_ removals: [(jobID: String, removal: TokenRemoval)]) throws {
         guard !removals.isEmpty else { return }
         var unavailable = 0
-        let changes = try PortAnswerMismatch.checked(try session.tokens.remove(removals.map(\.removal)),
-                                                     asked: removals.count, of: .store, "token removal")
+        let changes = try PortAnswerMismatch.checked(
+            try session.tokens.remove(removals.map(\.removal)),
+            asked: removals.count, of: .store, "token removal")
         for ((jobID, removal), change) in zip(removals, changes) {
             switch change {
             case .applied, .unchanged:
@@ -215,15 +231,20 @@ extension SessionLoop {
                 unavailable += 1
             case .failed(let message):
                 statistics.countDataError("token_removal")
-                logger.error("Redis refused to remove a dead token", ["job.id": jobID, "user": removal.user,
-                                                                      "apns.token": Redact.token(removal.token),
-                                                                      "redis.error": message])
+                logger.error(
+                    "Redis refused to remove a dead token",
+                    [
+                        "job.id": jobID, "user": removal.user,
+                        "apns.token": Redact.token(removal.token),
+                        "redis.error": message
+                    ])
             }
         }
         guard unavailable > 0 else { return }
         statistics.countStoreUnavailable("token_removal", unavailable)
-        logger.warning("dead tokens left in the cache: their Redis node does not answer; the cleanup consumer removes "
-                       + "them from their events", ["tokens": String(unavailable)])
+        logger.warning(
+            "dead tokens left in the cache: their Redis node does not answer; the cleanup consumer removes "
+                + "them from their events", ["tokens": String(unavailable)])
     }
 
     /// Jobs whose publications the broker did not take. Their outcomes (and whether their summary went out) go to
@@ -235,8 +256,9 @@ extension SessionLoop {
         for progress in refused {
             held.hold(job: progress)
             statistics.countRefusedPublish("job_outputs")
-            logger.error("the broker did not take what a job produced; kept unacknowledged, published again shortly",
-                         ["job.id": progress.job.id, "retry_in_s": String(HeldPublishes.pause)])
+            logger.error(
+                "the broker did not take what a job produced; kept unacknowledged, published again shortly",
+                ["job.id": progress.job.id, "retry_in_s": String(HeldPublishes.pause)])
         }
     }
 
@@ -275,11 +297,15 @@ extension SessionLoop {
         if let parkedReason {
             logger.error("job parked", ["job.id": progress.job.id, "job.reason": parkedReason])
         }
-        logger.debug("job done", ["job.id": progress.job.id, "job.attempt": String(progress.job.attempt),
-                                  "job.notifications": String(progress.notificationCount),
-                                  "job.delivered": String(progress.delivered), "job.dead": String(progress.dead.count),
-                                  "job.failed": String(progress.failed.count),
-                                  "job.retryable": String(progress.retryable.count)])
+        logger.debug(
+            "job done",
+            [
+                "job.id": progress.job.id, "job.attempt": String(progress.job.attempt),
+                "job.notifications": String(progress.notificationCount),
+                "job.delivered": String(progress.delivered), "job.dead": String(progress.dead.count),
+                "job.failed": String(progress.failed.count),
+                "job.retryable": String(progress.retryable.count)
+            ])
     }
 
     /// The mass-invalidation guard, once jobs' outcomes are all in: their 400 mismatch answers either count as dead
@@ -309,12 +335,15 @@ extension SessionLoop {
             statistics.heldBack.add(heldBack, ordering: .relaxed)
             guard verdict == .heldBackByJob else { continue }
             statistics.invalidationGuardTrips.add(1, ordering: .relaxed)
-            let reasons = Set(progress.heldBack.compactMap { $0.response.reason?.rawValue }).sorted().joined(separator: ",")
-            logger.error("mass invalidation guard: 400 answers held back as a configuration error, no token removed", [
-                "job.id": progress.job.id, "apns.reason": reasons, "apns.topic": progress.job.topic,
-                "job.held_back": String(heldBack), "job.judged": String(progress.judged),
-                "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? "",
-            ])
+            let reasons = Set(progress.heldBack.compactMap { $0.response.reason?.rawValue }).sorted().joined(
+                separator: ",")
+            logger.error(
+                "mass invalidation guard: 400 answers held back as a configuration error, no token removed",
+                [
+                    "job.id": progress.job.id, "apns.reason": reasons, "apns.topic": progress.job.topic,
+                    "job.held_back": String(heldBack), "job.judged": String(progress.judged),
+                    "job.dead": String(progress.dead.count), "job.problem": progress.heldBackExplanation ?? ""
+                ])
         }
     }
 
@@ -337,14 +366,17 @@ extension SessionLoop {
         guard statistics.fleetGuardTripped.exchange(tripped, ordering: .relaxed) != tripped else { return }
         if tripped {
             statistics.invalidationGuardFleetTrips.add(1, ordering: .relaxed)
-            logger.error("mass invalidation guard (fleet): 400 answers across the fleet look like a configuration error; "
-                         + "no worker removes tokens for them until their share falls", [
-                "guard.mismatches": fleet.map { String($0.mismatches) } ?? "unreadable",
-                "guard.judged": fleet.map { String($0.judged) } ?? "unreadable",
-            ])
+            logger.error(
+                "mass invalidation guard (fleet): 400 answers across the fleet look like a configuration error; "
+                    + "no worker removes tokens for them until their share falls",
+                [
+                    "guard.mismatches": fleet.map { String($0.mismatches) } ?? "unreadable",
+                    "guard.judged": fleet.map { String($0.judged) } ?? "unreadable"
+                ])
         } else {
-            logger.warning("mass invalidation guard (fleet): the share of 400 answers fell back; mismatches count again",
-                           ["guard.mismatches": String(fleet?.mismatches ?? 0), "guard.judged": String(fleet?.judged ?? 0)])
+            logger.warning(
+                "mass invalidation guard (fleet): the share of 400 answers fell back; mismatches count again",
+                ["guard.mismatches": String(fleet?.mismatches ?? 0), "guard.judged": String(fleet?.judged ?? 0)])
         }
     }
 

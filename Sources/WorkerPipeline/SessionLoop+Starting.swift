@@ -53,8 +53,9 @@ extension SessionLoop {
             let (redeliveries, unreadable) = try session.record.countRedeliveries(of: uncounted.map(\.key))
             for (key, message) in unreadable {
                 statistics.countDataError("delivery_count")
-                logger.error("a redelivered job's delivery count cannot be read; the job is handled",
-                             ["redis.error": message, "job.history_key": key])
+                logger.error(
+                    "a redelivered job's delivery count cannot be read; the job is handled",
+                    ["redis.error": message, "job.history_key": key])
             }
             deliveries = triage.merging(counted, uncounted: uncounted, storeRedeliveries: redeliveries)
         }
@@ -68,9 +69,12 @@ extension SessionLoop {
         let sorted = triage.sort(batch, deliveries: deliveries, diedAlone: diedAlone, ranAndDied: ranAndDied)
         for poison in sorted.poison {
             statistics.poisonJobs.add(1, ordering: .relaxed)
-            logger.error("poison job parked: delivered more often than allowed, and a worker died with it alone",
-                         ["job.deliveries": String(poison.deliveries), "job.max_deliveries": String(triage.maximumDeliveries),
-                          "amqp.message_id": poison.delivery.properties.messageID ?? ""])
+            logger.error(
+                "poison job parked: delivered more often than allowed, and a worker died with it alone",
+                [
+                    "job.deliveries": String(poison.deliveries), "job.max_deliveries": String(triage.maximumDeliveries),
+                    "amqp.message_id": poison.delivery.properties.messageID ?? ""
+                ])
             try session.record.forget(poison.historyKey)
         }
         return sorted
@@ -79,16 +83,20 @@ extension SessionLoop {
     /// After a turn's work: the suspect whose lone run settled is unmarked; the next suspect starts alone once
     /// nothing is in flight, and the jobs behind once no suspect is left.
     func startSuspectOrWaiting() throws {
-        let (ended, next) = suspects.step(jobsInFlight: underWay.counts, stopping: core.isStopping,
-                                          key: DeliveryTriage.historyKey)
+        let (ended, next) = suspects.step(
+            jobsInFlight: underWay.counts, stopping: core.isStopping,
+            key: DeliveryTriage.historyKey)
         if let ended { try session.record.settledAlone(ended) }
         switch next {
         case .startAlone(let suspect, let key):
             statistics.suspectJobs.add(1, ordering: .relaxed)
             try session.record.startingAlone(key)
-            logger.warning("starting a job alone: it came back twice or more without being settled",
-                           ["amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
-                            "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)])
+            logger.warning(
+                "starting a job alone: it came back twice or more without being settled",
+                [
+                    "amqp.message_id": suspect.properties.messageID ?? "", "job.history_key": key,
+                    "jobs.waiting": String(suspects.waiting.count + suspects.behind.count)
+                ])
             try start([suspect])
         case .dispatch(let waiting):
             try dispatch(waiting)
@@ -116,8 +124,10 @@ extension SessionLoop {
     /// Decodes a batch and resolves its users here, on the broker thread (urgent jobs, suspects, copies), then starts
     /// it.
     func start(_ batch: [JobDelivery]) throws {
-        try start(PreparedBatch.prepare(batch, tokens: session.tokens, settings: worker.settings, resolver: resolver,
-                                        sender: worker.sender, logger: logger))
+        try start(
+            PreparedBatch.prepare(
+                batch, tokens: session.tokens, settings: worker.settings, resolver: resolver,
+                sender: worker.sender, logger: logger))
     }
 
     /// Parks the bad jobs of a prepared batch and queues every notification for sending; jobs with nothing left to
@@ -151,13 +161,15 @@ extension SessionLoop {
             var targets: [DeviceTarget] = []
             if !large {
                 let skipped: Int
-                (targets, skipped) = resolver.targets(of: job, resolved: resolved.tokens,
-                                                      activityTokens: job.activity.flatMap { prepared.activities.tokens[$0] } ?? [],
-                                                      alreadySettled: settled?.tokens ?? [])
+                (targets, skipped) = resolver.targets(
+                    of: job, resolved: resolved.tokens,
+                    activityTokens: job.activity.flatMap { prepared.activities.tokens[$0] } ?? [],
+                    alreadySettled: settled?.tokens ?? [])
                 statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
             }
-            let progress = JobProgress(job: job, delivery: delivery, generation: generation, targets: targets,
-                                       hasStableID: TargetResolver.hasStableID(job, delivery))
+            let progress = JobProgress(
+                job: job, delivery: delivery, generation: generation, targets: targets,
+                hasStableID: TargetResolver.hasStableID(job, delivery))
             if let settled { progress.restore(settled) }
             if let window = prepared.windows[delivery.tag] { cutByWindow(progress, window.split, named: window.named) }
             guard large else {
@@ -179,7 +191,8 @@ extension SessionLoop {
     /// Jobs whose `send_at` has not come go back to the broker's delay queues (`JobSchedule`), their time noted in the
     /// fleet's progress record; those cancelled meanwhile are settled now instead, nothing sent.
     private func waitingForSendAt(_ scheduled: [(delivery: JobDelivery, job: PushJob)])
-        -> (notDue: [HeldPublishes.Rejection], cancelled: [(delivery: JobDelivery, job: PushJob)]) {
+        -> (notDue: [HeldPublishes.Rejection], cancelled: [(delivery: JobDelivery, job: PushJob)])
+    {
         let now = Date().timeIntervalSince1970
         var notDue: [HeldPublishes.Rejection] = []
         var cancelled: [(delivery: JobDelivery, job: PushJob)] = []
@@ -207,8 +220,9 @@ extension SessionLoop {
     /// A job cancelled before it was due: settled with every user and token counted as cancelled, none resolved.
     private func settleUnsent(_ entry: (delivery: JobDelivery, job: PushJob)) -> JobProgress {
         underWay.started(entry.delivery, jobID: entry.job.id)
-        let progress = JobProgress(job: entry.job, delivery: entry.delivery, generation: generation, targets: [],
-                                   hasStableID: true)
+        let progress = JobProgress(
+            job: entry.job, delivery: entry.delivery, generation: generation, targets: [],
+            hasStableID: true)
         let count = entry.job.users.count + entry.job.tokens.count
         if Self.isWindowPart(entry.delivery) { progress.cutByWindow(WindowSplit(), named: count, isPart: true) }
         progress.cancelUnresolved(users: count)
@@ -241,15 +255,18 @@ extension SessionLoop {
     /// this worker has answered and not recorded (perhaps this very job, delivered on the connection it lost) goes
     /// into the record first, so that the lookup sees it. A job whose record's node does not answer moves from
     /// `jobs` to `waiting`: what an earlier delivery sent is unknown, and sending now could repeat it.
-    private func lookUpSettled(_ jobs: inout [(delivery: JobDelivery, job: PushJob)],
-                               waiting: inout [JobDelivery]) throws -> SettledLookup {
+    private func lookUpSettled(
+        _ jobs: inout [(delivery: JobDelivery, job: PushJob)],
+        waiting: inout [JobDelivery]
+    ) throws -> SettledLookup {
         let lookUp = resolver.jobsToLookUp(jobs)
         if !lookUp.isEmpty { try recordAnswered() }
         let lookup = try session.record.settled(jobIDs: lookUp)
         for (jobID, message) in lookup.unreadable {
             statistics.countDataError("idempotency_record")
-            logger.error("the idempotency record cannot be read; the redelivered job is sent whole",
-                         ["job.id": jobID, "redis.error": message])
+            logger.error(
+                "the idempotency record cannot be read; the redelivered job is sent whole",
+                ["job.id": jobID, "redis.error": message])
         }
         if !lookup.unavailable.isEmpty {
             jobs.removeAll { entry in
@@ -275,9 +292,10 @@ extension SessionLoop {
     /// One piece of a large job: these users' tokens (from `resolved`), with the job's own tokens in the first piece,
     /// queued as a progress of its own.
     func sendPiece(of assembly: JobAssembly, users: ArraySlice<String>, resolved: [String: [CachedToken]]) {
-        let (targets, skipped) = resolver.pieceTargets(of: assembly.job, users: users, withOwnTokens: assembly.takeOwnTokens(),
-                                                       resolved: resolved, alreadySettled: assembly.alreadySettled,
-                                                       firstTime: assembly.firstTime)
+        let (targets, skipped) = resolver.pieceTargets(
+            of: assembly.job, users: users, withOwnTokens: assembly.takeOwnTokens(),
+            resolved: resolved, alreadySettled: assembly.alreadySettled,
+            firstTime: assembly.firstTime)
         statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
         guard !targets.isEmpty else { return }
         let piece = assembly.whole.piece(targets)
@@ -320,11 +338,13 @@ extension SessionLoop {
                 if !resolved.unavailable.isEmpty {
                     // Those users' node does not answer: asked for again later, the rest sent now.
                     statistics.countStoreUnavailable("resolve", resolved.unavailable.count)
-                    assembly.deferUsers(users.filter(resolved.unavailable.contains),
-                                        until: Date().addingTimeInterval(storeWaits.delay(afterWaits: 0)))
+                    assembly.deferUsers(
+                        users.filter(resolved.unavailable.contains),
+                        until: Date().addingTimeInterval(storeWaits.delay(afterWaits: 0)))
                 }
-                sendPiece(of: assembly, users: users.filter { !resolved.unavailable.contains($0) }[...],
-                          resolved: resolved.tokens)
+                sendPiece(
+                    of: assembly, users: users.filter { !resolved.unavailable.contains($0) }[...],
+                    resolved: resolved.tokens)
                 guard !assembly.hasUsersLeft else { continue }
                 assemblies.removeAll { $0 === assembly }
                 if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
@@ -392,8 +412,9 @@ extension SessionLoop {
         let copies = parts.filter { !claimed.contains(key($0)) }
         guard !copies.isEmpty else { return }
         statistics.republishedCopiesSkipped.add(copies.count, ordering: .relaxed)
-        logger.info("copies of windowed jobs' parts that started already acknowledged without sending",
-                    ["jobs": String(copies.count)])
+        logger.info(
+            "copies of windowed jobs' parts that started already acknowledged without sending",
+            ["jobs": String(copies.count)])
         try session.broker.acknowledge(copies.map(\.delivery.tag))
         let skipped = Set(copies.map(\.delivery.tag))
         jobs.removeAll { skipped.contains($0.delivery.tag) }
@@ -409,7 +430,8 @@ extension SessionLoop {
     /// are redeliveries of such jobs: a worker's acknowledgement lost with its connection (cut off, its node silent)
     /// leaves the job to be delivered again although it was settled and said so to the fleet.
     func skippingSettledCopies(_ jobs: [(delivery: JobDelivery, job: PushJob)]) throws
-        -> [(delivery: JobDelivery, job: PushJob)] {
+        -> [(delivery: JobDelivery, job: PushJob)]
+    {
         // A job's parts share its id and settle one by one: one settled says nothing of the next (a redelivered part
         // still skips what the idempotency record holds).
         func mayBeSettled(_ delivery: JobDelivery) -> Bool {
@@ -423,7 +445,8 @@ extension SessionLoop {
         guard !settled.isEmpty else { return jobs }
         let skipped = jobs.filter { mayBeSettled($0.delivery) && settled.contains($0.job.id) }
         statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)
-        logger.info("copies and redeliveries of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
+        logger.info(
+            "copies and redeliveries of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
         try session.broker.acknowledge(skipped.map(\.delivery.tag))
         let marked = skipped.lazy.map(\.delivery).filter(\.redelivered).map(DeliveryTriage.historyKey)
         if !marked.isEmpty { try session.record.clearRunning(Array(marked)) }

@@ -77,9 +77,10 @@ final class SessionLoop {
         storeWaits = StoreWaits(delays: settings.retryDelays)
         triage = DeliveryTriage(maximumDeliveries: settings.maximumDeliveries)
         resolver = TargetResolver(defaultTopic: settings.defaultTopic)
-        preparer = JobPreparer(tokens: session.preparationTokens, settings: settings, resolver: resolver,
-                               sender: worker.sender,
-                               wakeup: worker.wakeup, logger: worker.logger)
+        preparer = JobPreparer(
+            tokens: session.preparationTokens, settings: settings, resolver: resolver,
+            sender: worker.sender,
+            wakeup: worker.wakeup, logger: worker.logger)
         lastProgress = (Date(), worker.statistics.snapshot())
     }
 
@@ -89,7 +90,9 @@ final class SessionLoop {
         // Ending this session is not dying: a suspect under way did not stop the worker.
         defer {
             if let key = suspects.alone?.key {
-                do { try session.record.settledAlone(key) } catch { worker.aloneMarksUnwritten.withLock { $0.append(key) } }
+                do { try session.record.settledAlone(key) } catch {
+                    worker.aloneMarksUnwritten.withLock { $0.append(key) }
+                }
             }
         }
         defer { preparer.stop() }
@@ -112,14 +115,17 @@ final class SessionLoop {
     /// hand them to another worker, which could not know they were sent. Returns the completed jobs left unsettled.
     private func settleWithoutTheStore() -> [JobProgress] {
         let completed = worker.answers.takeCompleted { core.isCurrent(generation: $0) }
-        let settleable = completed.filter { $0.assembly == nil && $0.dead.isEmpty && $0.invalidationCounts.mismatches == 0 }
+        let settleable = completed.filter {
+            $0.assembly == nil && $0.dead.isEmpty && $0.invalidationCounts.mismatches == 0
+        }
         guard !settleable.isEmpty else { return completed }
         // Acknowledged or not, whatever step failed after (the fleet's record of settled jobs is the store's).
         _ = try? finish(settleable)
         let underWayNow = Set(underWay.deliveries.values.map(\.delivery.tag))
         let unsettled = completed.filter { underWayNow.contains($0.delivery.tag) }
-        logger.info("settled the jobs answered before the store was lost",
-                    ["jobs": String(completed.count - unsettled.count)])
+        logger.info(
+            "settled the jobs answered before the store was lost",
+            ["jobs": String(completed.count - unsettled.count)])
         return unsettled
     }
 
@@ -129,8 +135,9 @@ final class SessionLoop {
     /// the store is what was lost, both wait in the worker for the next session.
     private func handBack(completed unsettled: [JobProgress]) {
         var seen = Set<UInt64>()
-        let handedBack = (underWay.deliveries.values.map(\.delivery) + unstartedBulk + preparing + suspects.giveBack()
-                    + copiesWaiting.map(\.delivery) + broadcastsWaiting.map(\.delivery) + held.deliveries)
+        let handedBack =
+            (underWay.deliveries.values.map(\.delivery) + unstartedBulk + preparing + suspects.giveBack()
+            + copiesWaiting.map(\.delivery) + broadcastsWaiting.map(\.delivery) + held.deliveries)
             .filter { seen.insert($0.tag).inserted }
         worker.givenBackUnwritten.withLock { $0 += handedBack.map(DeliveryTriage.historyKey) }
         // APNs answers in milliseconds: what is in flight now is answered before the broker hands the jobs on.
@@ -180,8 +187,12 @@ final class SessionLoop {
             for action in core.beginTurn(observation) {
                 switch action {
                 case .announceStop(let jobs):
-                    logger.info("stopping: finishing jobs under way", ["jobs.in_flight": String(jobs),
-                                                                      "jobs.unstarted_bulk": String(unstartedBulk.count)])
+                    logger.info(
+                        "stopping: finishing jobs under way",
+                        [
+                            "jobs.in_flight": String(jobs),
+                            "jobs.unstarted_bulk": String(unstartedBulk.count)
+                        ])
                 case .requeueUnstarted:
                     try giveBackUnstarted()
                 case .exit(let exit):
@@ -211,18 +222,23 @@ final class SessionLoop {
             try reportProgress(at: now)
             try sendWaitingBroadcasts(now: now)
             rateGroupHolds.release(dueAt: now, into: &backlogs)
-            let due = ([held.nextDue, rateGroupHolds.nextOpening, broadcastsDue, cancellationsDue,
-                        progressTracker.hasPending ? progressTracker.nextReport : nil]
-                       + assemblies.map(\.deferredDue))
+            let due =
+                ([
+                    held.nextDue, rateGroupHolds.nextOpening, broadcastsDue, cancellationsDue,
+                    progressTracker.hasPending ? progressTracker.nextReport : nil
+                ]
+                + assemblies.map(\.deferredDue))
                 .compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time, and bulk jobs only within their admission.
             let bulkAdmitted = bulkAdmissionOpen()
             statistics.bulkJobsAwaitingAdmission.store(bulkAdmitted ? 0 : unstartedBulk.count, ordering: .relaxed)
-            for action in core.endTurn(now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
-                                       inFlight: statistics.inFlight.counts,
-                                       unstartedBulkJobs: preparer.batchOut || !bulkAdmitted ? 0 : unstartedBulk.count,
-                                       suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting(at: now),
-                                       heldDue: due) {
+            for action in core.endTurn(
+                now: now, deliveriesRead: deliveriesRead, queued: backlogs.counts,
+                inFlight: statistics.inFlight.counts,
+                unstartedBulkJobs: preparer.batchOut || !bulkAdmitted ? 0 : unstartedBulk.count,
+                suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting(at: now),
+                heldDue: due)
+            {
                 try perform(action, at: now)
             }
         }
@@ -238,7 +254,8 @@ final class SessionLoop {
     /// What the large bulk jobs started and not complete hold: the bytes of their bodies, their users and tokens.
     func bulkLoad() -> (bytes: Int, targets: Int) {
         largeBulkJobs.removeAll { $0.isComplete }
-        var bytes = 0, targets = 0
+        var bytes = 0
+        var targets = 0
         for assembly in largeBulkJobs {
             bytes += assembly.whole.delivery.body.count
             targets += assembly.job.users.count + assembly.job.tokens.count
@@ -269,7 +286,9 @@ final class SessionLoop {
     private func piecesWaiting(at now: Date) -> LaneCounts {
         var counts = LaneCounts()
         guard preparer.piecesOut == 0 else { return counts }
-        for assembly in assemblies where !assembly.resolving && assembly.hasUsersReady(at: now) { counts[assembly.lane] += 1 }
+        for assembly in assemblies where !assembly.resolving && assembly.hasUsersReady(at: now) {
+            counts[assembly.lane] += 1
+        }
         return counts
     }
 
@@ -319,15 +338,17 @@ final class SessionLoop {
         case .wait(let seconds, let watchingBroker):
             // While stopping, deliveries are left unread (the broker requeues them), so only wake-ups count.
             if !session.broker.hasBufferedInput {
-                worker.wakeup.wait(alsoReadable: watchingBroker ? session.broker.readableDescriptor : nil, timeout: seconds)
+                worker.wakeup.wait(
+                    alsoReadable: watchingBroker ? session.broker.readableDescriptor : nil, timeout: seconds)
             }
         }
     }
 
     private func leave(_ exit: WorkerCore.Exit) {
         if case .deadlinePassed(let unfinished) = exit {
-            logger.warning("shutdown deadline passed; the broker will redeliver unfinished jobs",
-                           ["jobs.in_flight": String(unfinished)])
+            logger.warning(
+                "shutdown deadline passed; the broker will redeliver unfinished jobs",
+                ["jobs.in_flight": String(unfinished)])
             // Given back by an orderly stop: their next delivery is no sign of a job that stops workers.
             let unfinished = underWay.deliveries.values.map(\.delivery) + preparing
             try? session.record.gaveBack(unfinished.map(DeliveryTriage.historyKey))
@@ -342,11 +363,16 @@ final class SessionLoop {
         let snapshot = statistics.snapshot()
         if snapshot != lastProgress.snapshot {
             let answered = snapshot.subtracting(lastProgress.snapshot)
-            let rate = Double(answered.delivered + answered.deadTokens + answered.permanentFailures)
+            let rate =
+                Double(answered.delivered + answered.deadTokens + answered.permanentFailures)
                 / now.timeIntervalSince(lastProgress.at)
-            logger.info("progress", ["stats": snapshot.summary, "jobs.in_flight": String(core.jobsInFlight),
-                                     "notifications_per_s": String(Int(rate.rounded())),
-                                     "apns.in_flight": String(statistics.notificationsInFlight)])
+            logger.info(
+                "progress",
+                [
+                    "stats": snapshot.summary, "jobs.in_flight": String(core.jobsInFlight),
+                    "notifications_per_s": String(Int(rate.rounded())),
+                    "apns.in_flight": String(statistics.notificationsInFlight)
+                ])
         }
         lastProgress = (now, snapshot)
     }

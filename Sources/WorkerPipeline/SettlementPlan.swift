@@ -1,4 +1,5 @@
 import Foundation
+
 /// What a finished job publishes, what it takes out of the token cache, and when it may be acknowledged.
 ///
 /// Events, retries and parked jobs must not be lost: the job is acknowledged only once the broker has taken every
@@ -36,11 +37,13 @@ struct SettlementPlan {
 
     /// `retry`: the retry policy's decision for the job, already applied to it (expired notifications counted).
     init(_ progress: JobProgress, retry: RetryPolicy.Decision, defaultTopic: String?) {
-        let job = progress.job, delivery = progress.delivery
+        let job = progress.job
+        let delivery = progress.delivery
         var publications = progress.dead.map { target, response in
-            let event = DeadTokenEvent(token: target.token, user: target.user, topic: job.topic,
-                                       environment: target.environment, status: response.status,
-                                       reason: response.reason?.label ?? "", timestamp: response.timestamp, jobID: job.id)
+            let event = DeadTokenEvent(
+                token: target.token, user: target.user, topic: job.topic,
+                environment: target.environment, status: response.status,
+                reason: response.reason?.label ?? "", timestamp: response.timestamp, jobID: job.id)
             return Publication(destination: .deadTokens, body: event.json, properties: MessageProperties())
         }
         var parkedReason: String?
@@ -49,14 +52,19 @@ struct SettlementPlan {
             publications.append(Self.retry(progress, after: delay))
         case .park where progress.isUnserved:
             // Parked with what is left to send, no more: sent again after the credential is back, it repeats nothing.
-            let reason = "\(progress.retryable.count) of \(progress.notificationCount) notifications not sent: "
+            let reason =
+                "\(progress.retryable.count) of \(progress.notificationCount) notifications not sent: "
                 + (progress.retryable.first { $0.label == JobProgress.unservedLabel }?.reason ?? "")
-            publications.append(Self.parked(progress, reason: reason,
-                                            body: job.retryBody(targets: progress.retryable.map(\.target),
-                                                                original: delivery.body)))
+            publications.append(
+                Self.parked(
+                    progress, reason: reason,
+                    body: job.retryBody(
+                        targets: progress.retryable.map(\.target),
+                        original: delivery.body)))
             parkedReason = reason
         case .park:
-            let reason = "\(progress.retryable.count) of \(progress.notificationCount) notifications not delivered after "
+            let reason =
+                "\(progress.retryable.count) of \(progress.notificationCount) notifications not delivered after "
                 + "\(job.attempt) attempts: \(progress.retryable.first?.reason ?? "")"
             publications.append(Self.parked(progress, reason: reason, body: job.originalBody ?? delivery.body))
             parkedReason = reason
@@ -69,9 +77,10 @@ struct SettlementPlan {
         if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, !progress.summarySent {
             summary = publications.count
             let retrying = if case .retry = retry { true } else { false }
-            publications.append(Publication(
-                destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
-                properties: JobSummary.properties(delivery, jobID: job.id)))
+            publications.append(
+                Publication(
+                    destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
+                    properties: JobSummary.properties(delivery, jobID: job.id)))
         }
         let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
         // A dead token without a user of a job that names a Live Activity leaves the activity if it is there (the
@@ -80,12 +89,14 @@ struct SettlementPlan {
         let activity = job.activity
         self.removals = progress.dead.compactMap { target, response in
             if let user = target.user {
-                return TokenRemoval(user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
-                                    onlyIfValueIn: matcher.cacheValues(in: target.environment))
+                return TokenRemoval(
+                    user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
+                    onlyIfValueIn: matcher.cacheValues(in: target.environment))
             }
             guard let activity else { return nil }
-            return TokenRemoval(user: "", token: target.token, unlessRegisteredAfter: response.timestamp,
-                                onlyIfValueIn: matcher.cacheValues(in: target.environment), activity: activity)
+            return TokenRemoval(
+                user: "", token: target.token, unlessRegisteredAfter: response.timestamp,
+                onlyIfValueIn: matcher.cacheValues(in: target.environment), activity: activity)
         }
         self.publications = publications
         self.summary = summary
@@ -113,16 +124,19 @@ struct SettlementPlan {
         properties.headers[Worker.reasonHeader] = progress.retryable.first?.reason
         // A retry of a part is its own job, not the part (whose copies `claimWindowParts` recognises).
         properties.headers[Worker.windowPartHeader] = nil
-        return Publication(destination: .retry(delay: delay, lane: progress.delivery.lane),
-                           body: progress.job.retryBody(targets: progress.retryable.map(\.target),
-                                                        original: progress.delivery.body),
-                           properties: properties)
+        return Publication(
+            destination: .retry(delay: delay, lane: progress.delivery.lane),
+            body: progress.job.retryBody(
+                targets: progress.retryable.map(\.target),
+                original: progress.delivery.body),
+            properties: properties)
     }
 
     /// Users (and tokens) that wait for their hours: the job as enqueued with only them, due at their window's opening
     /// (`send_at`), in the delay queue of the longest tier that does not pass it, as a scheduled job waits.
     private static func windowPart(_ part: WindowSplit.Part, of delivery: JobDelivery, now: Double) -> Publication? {
-        guard let body = WindowSplit.partBody(delivery.body, users: part.users, tokens: part.tokens, sendAt: part.opensAt)
+        guard
+            let body = WindowSplit.partBody(delivery.body, users: part.users, tokens: part.tokens, sendAt: part.opensAt)
         else { return nil }
         var properties = delivery.properties
         properties.persistent = true
@@ -130,9 +144,11 @@ struct SettlementPlan {
         properties.headers[Worker.republishedHeader] = nil
         properties.headers[StoreWaits.header] = nil
         properties.headers[Worker.windowPartHeader] = part.name
-        return Publication(destination: .retry(delay: JobSchedule.delay(forRemaining: Double(part.opensAt) - now),
-                                               lane: delivery.lane),
-                           body: body, properties: properties)
+        return Publication(
+            destination: .retry(
+                delay: JobSchedule.delay(forRemaining: Double(part.opensAt) - now),
+                lane: delivery.lane),
+            body: body, properties: properties)
     }
 
     /// Parked (as its sender enqueued it, or what is left of it), with what happened in headers.

@@ -60,7 +60,8 @@ extension Publication {
     static func delayed(_ delivery: JobDelivery, by delay: Double) -> Publication {
         var properties = delivery.properties
         properties.persistent = true
-        return Publication(destination: .retry(delay: delay, lane: delivery.lane), body: delivery.body,
-                           properties: properties)
+        return Publication(
+            destination: .retry(delay: delay, lane: delivery.lane), body: delivery.body,
+            properties: properties)
     }
 }

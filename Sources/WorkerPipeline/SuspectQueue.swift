@@ -45,8 +45,10 @@ public struct SuspectQueue: Sendable {
     /// After a turn's work, with `jobsInFlight` jobs under way per lane: the key of the suspect whose lone run ended
     /// (it settled), and what to start. A bulk suspect starts once no bulk job is in flight, an urgent one once no job
     /// is; the jobs behind once no suspect is left; nothing while stopping.
-    public mutating func step(jobsInFlight: LaneCounts, stopping: Bool,
-                              key: (JobDelivery) -> String) -> (ended: String?, next: Step) {
+    public mutating func step(
+        jobsInFlight: LaneCounts, stopping: Bool,
+        key: (JobDelivery) -> String
+    ) -> (ended: String?, next: Step) {
         func clear(for lane: JobLane) -> Bool { lane == .urgent ? jobsInFlight.total == 0 : jobsInFlight.bulk == 0 }
         var ended: String?
         if let running = alone, clear(for: running.lane) {

@@ -31,8 +31,9 @@ public struct TargetResolver: Sendable, Equatable {
     /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or
     /// published again by its publisher after a failover (`Worker.republishedHeader`).
     public static func mayRepeat(_ delivery: JobDelivery) -> Bool {
-        delivery.redelivered || (!delivery.properties.headers.isEmpty
-                                 && delivery.properties.headers[Worker.republishedHeader] != nil)
+        delivery.redelivered
+            || (!delivery.properties.headers.isEmpty
+                && delivery.properties.headers[Worker.republishedHeader] != nil)
     }
 
     /// The jobs whose earlier deliveries or copies may have settled some notifications already, with a stable id.
@@ -43,8 +44,10 @@ public struct TargetResolver: Sendable, Equatable {
     /// A job's targets, and how many were skipped as already settled by an earlier delivery.
     /// `activityTokens`: the update tokens of the Live Activity the job addresses, if it does; those that serve the
     /// job's topic are reached (with no user: a dead one leaves with its activity, not from a user's cache).
-    public func targets(of job: PushJob, resolved: [String: [CachedToken]], activityTokens: [CachedToken] = [],
-                        alreadySettled: Set<String> = []) -> (targets: [DeviceTarget], skipped: Int) {
+    public func targets(
+        of job: PushJob, resolved: [String: [CachedToken]], activityTokens: [CachedToken] = [],
+        alreadySettled: Set<String> = []
+    ) -> (targets: [DeviceTarget], skipped: Int) {
         var targets = job.retryTargets ?? newTargets(of: job, resolved: resolved)
         if job.retryTargets == nil && !activityTokens.isEmpty {
             let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
@@ -64,9 +67,11 @@ public struct TargetResolver: Sendable, Equatable {
 
     /// One piece of a large job's targets (`JobAssembly`): its own tokens with the first piece, then these users'
     /// tokens; `firstTime` says whether a token is reached for the first time in the whole job.
-    public func pieceTargets(of job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
-                             resolved: [String: [CachedToken]], alreadySettled: Set<String>,
-                             firstTime: (String) -> Bool) -> (targets: [DeviceTarget], skipped: Int) {
+    public func pieceTargets(
+        of job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
+        resolved: [String: [CachedToken]], alreadySettled: Set<String>,
+        firstTime: (String) -> Bool
+    ) -> (targets: [DeviceTarget], skipped: Int) {
         var targets = collect(job, users: users, withOwnTokens: withOwnTokens, resolved: resolved, firstTime: firstTime)
         guard !alreadySettled.isEmpty else { return (targets, 0) }
         let before = targets.count
@@ -86,8 +91,10 @@ public struct TargetResolver: Sendable, Equatable {
         }
     }
 
-    private func collect(_ job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
-                         resolved: [String: [CachedToken]], firstTime: (String) -> Bool) -> [DeviceTarget] {
+    private func collect(
+        _ job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
+        resolved: [String: [CachedToken]], firstTime: (String) -> Bool
+    ) -> [DeviceTarget] {
         let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
         var targets: [DeviceTarget] = []
         targets.reserveCapacity((withOwnTokens ? job.tokens.count : 0) + users.count)

@@ -33,7 +33,8 @@ public struct TokenScope: Sendable, Hashable, CustomStringConvertible {
             return
         }
         guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")),
-              let environment = Self.environment(UnsafeRawBufferPointer(rebasing: bytes[..<colon])) else { return nil }
+            let environment = Self.environment(UnsafeRawBufferPointer(rebasing: bytes[..<colon]))
+        else { return nil }
         let topic = String(decoding: bytes[(colon + 1)...], as: UTF8.self)
         guard Self.isValidTopic(topic) else { return nil }
         self.init(environment: environment, topic: topic)
@@ -42,10 +43,12 @@ public struct TokenScope: Sendable, Hashable, CustomStringConvertible {
     private static func environment(_ bytes: UnsafeRawBufferPointer) -> APNsEnvironment? {
         // Compared as words: the value of nearly every cached token, read once per token resolved.
         switch bytes.count {
-        case 10 where bytes.loadUnaligned(as: UInt64.self) == 0x6974_6375_646f_7270  // "producti"
-            && bytes.loadUnaligned(fromByteOffset: 8, as: UInt16.self) == 0x6e6f:   // "on"
+        case 10
+        where bytes.loadUnaligned(as: UInt64.self) == 0x6974_6375_646f_7270  // "producti"
+            && bytes.loadUnaligned(fromByteOffset: 8, as: UInt16.self) == 0x6e6f:  // "on"
             return .production
-        case 7 where bytes.loadUnaligned(as: UInt32.self) == 0x646e_6173  // "sand"
+        case 7
+        where bytes.loadUnaligned(as: UInt32.self) == 0x646e_6173  // "sand"
             && bytes.loadUnaligned(fromByteOffset: 4, as: UInt16.self) == 0x6f62 && bytes[6] == UInt8(ascii: "x"):
             return .sandbox
         default:

@@ -68,8 +68,10 @@ public struct TokenRemoval: Sendable, Equatable {
     /// A Live Activity's update token: removed from that activity's tokens, not from a user's (`user` is "").
     public var activity: String?
 
-    public init(user: String, token: String, unlessRegisteredAfter: Int64? = nil, onlyIfValueIn: [String]? = nil,
-                activity: String? = nil) {
+    public init(
+        user: String, token: String, unlessRegisteredAfter: Int64? = nil, onlyIfValueIn: [String]? = nil,
+        activity: String? = nil
+    ) {
         self.activity = activity
         self.user = user
         self.token = token
@@ -94,8 +96,10 @@ public struct TokenRegistration: Sendable, Equatable {
     /// The user's time zone (an IANA name, `TimeZoneName`), kept with the user for jobs with a `local_window`.
     public var timeZone: String?
 
-    public init(user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil,
-                activity: String? = nil, timeZone: String? = nil) {
+    public init(
+        user: String, token: String, scope: TokenScope, registeredAt: Int64, deviceJSON: String? = nil,
+        activity: String? = nil, timeZone: String? = nil
+    ) {
         self.activity = activity
         self.timeZone = timeZone
         self.user = user

@@ -21,10 +21,12 @@ public struct WorkerSettings: Sendable {
     /// workers does). Set only by debug builds.
     public var exitOnJobID: String?
 
-    public init(core: WorkerCore.Settings, defaultTopic: String? = nil,
-                invalidationGuard: MassInvalidationGuard = MassInvalidationGuard(threshold: 20),
-                maximumSendAttempts: Int = 3, retryDelays: [Double] = [1, 15, 60, 300], maximumDeliveries: Int = 5,
-                exitOnJobID: String? = nil) {
+    public init(
+        core: WorkerCore.Settings, defaultTopic: String? = nil,
+        invalidationGuard: MassInvalidationGuard = MassInvalidationGuard(threshold: 20),
+        maximumSendAttempts: Int = 3, retryDelays: [Double] = [1, 15, 60, 300], maximumDeliveries: Int = 5,
+        exitOnJobID: String? = nil
+    ) {
         self.maximumDeliveries = maximumDeliveries
         self.exitOnJobID = exitOnJobID
         self.core = core
@@ -86,8 +88,10 @@ public final class Worker: Service {
 
     /// `sender` carries the notifications; `connect` opens one session (broker and store): it is called on the
     /// broker thread, again after each loss.
-    public init(settings: WorkerSettings, sender: any NotificationSender, logger: Logger,
-                connect: @escaping @Sendable () throws -> WorkerSession) {
+    public init(
+        settings: WorkerSettings, sender: any NotificationSender, logger: Logger,
+        connect: @escaping @Sendable () throws -> WorkerSession
+    ) {
         self.settings = settings
         self.logger = logger
         self.sender = sender
@@ -124,34 +128,37 @@ public final class Worker: Service {
         var openedRecentPools = false
         let loop = ReconnectLoop(logger: logger, wakeup: wakeup) { [unowned self] in isStopRequested }
         do {
-            try loop.run(session: { connected in
-                generation += 1
-                // Queue depths are this session's view: none is reported once it ends, however it ends.
-                defer { statistics.laneQueues = nil }
-                if generation > 1 { awaitAnswersInFlight(for: Self.answersInFlightWait) }
-                do {
-                    let session = try connect()
-                    statistics.answered(.broker)
-                    statistics.answered(.store)
-                    if !openedRecentPools {
-                        openedRecentPools = true
-                        openPoolsSentRecently(session.statistics)
+            try loop.run(
+                session: { connected in
+                    generation += 1
+                    // Queue depths are this session's view: none is reported once it ends, however it ends.
+                    defer { statistics.laneQueues = nil }
+                    if generation > 1 { awaitAnswersInFlight(for: Self.answersInFlightWait) }
+                    do {
+                        let session = try connect()
+                        statistics.answered(.broker)
+                        statistics.answered(.store)
+                        if !openedRecentPools {
+                            openedRecentPools = true
+                            openPoolsSentRecently(session.statistics)
+                        }
+                        connected()
+                        readiness.consuming(true)
+                        logger.info("consuming", session.logMetadata)
+                        try SessionLoop(worker: self, session: session, generation: generation).serve()
+                    } catch let failure as SystemFailure {
+                        statistics.unreachable(failure.failedSystem)
+                        throw failure
                     }
-                    connected()
-                    readiness.consuming(true)
-                    logger.info("consuming", session.logMetadata)
-                    try SessionLoop(worker: self, session: session, generation: generation).serve()
-                } catch let failure as SystemFailure {
-                    statistics.unreachable(failure.failedSystem)
-                    throw failure
-                }
-                readiness.consuming(false)
-                return true
-            }, giveUp: { error, connectedOnce in
-                !connectedOnce && error is ConnectionRefused ? error : nil
-            }, lost: {
-                readiness.consuming(false)
-            })
+                    readiness.consuming(false)
+                    return true
+                },
+                giveUp: { error, connectedOnce in
+                    !connectedOnce && error is ConnectionRefused ? error : nil
+                },
+                lost: {
+                    readiness.consuming(false)
+                })
         } catch {
             sender.shutdown()
             throw error
@@ -168,8 +175,9 @@ public final class Worker: Service {
     private func openPoolsSentRecently(_ sink: any StatisticsSink) {
         do {
             guard case .answered(let pools) = try sink.sentRecently(within: Self.recentSendingWindow) else { return }
-            logger.info("opening the connections the fleet sent with lately",
-                        ["apns.pools": pools.map { "\($0.credential) \($0.environment.rawValue)" }.joined(separator: ", ")])
+            logger.info(
+                "opening the connections the fleet sent with lately",
+                ["apns.pools": pools.map { "\($0.credential) \($0.environment.rawValue)" }.joined(separator: ", ")])
             sender.open(pools)
         } catch {
             logger.warning("cannot read which connections the fleet sent with lately", ["error": "\(error)"])
@@ -188,8 +196,9 @@ public final class Worker: Service {
         while statistics.notificationsInFlight > 0 && !isStopRequested {
             let now = DispatchTime.now().uptimeNanoseconds
             guard now < deadline else {
-                logger.warning("reconnecting with notifications still unanswered: a redelivery of their jobs may send "
-                               + "them again", ["apns.in_flight": String(statistics.notificationsInFlight)])
+                logger.warning(
+                    "reconnecting with notifications still unanswered: a redelivery of their jobs may send "
+                        + "them again", ["apns.in_flight": String(statistics.notificationsInFlight)])
                 return
             }
             wakeup.wait(timeout: min(0.1, Double(deadline - now) / 1e9))
@@ -202,8 +211,10 @@ public final class Worker: Service {
     func reportStatistics(to sink: any StatisticsSink) throws -> String? {
         let now = statistics.snapshot()
         let longestWait = statistics.longestWait.take()
-        switch try sink.report(now.subtracting(reportedThrough.withLock { $0 }), longestWait: longestWait,
-                               worker: Self.identity) {
+        switch try sink.report(
+            now.subtracting(reportedThrough.withLock { $0 }), longestWait: longestWait,
+            worker: Self.identity)
+        {
         case .answered:
             reportedThrough.withLock { $0 = now }
             let sending = sender.takeSendingPools()

@@ -46,12 +46,16 @@ public struct WorkerCore: Sendable {
         /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
         /// batch's worth of room opened (or half the window, for small windows), so hand-overs stay small and an
         /// urgent one never waits long behind a bulk one.
-        public var sendMoreAt: Int { max(maximumNotificationsInFlight - sendBatchLimit, maximumNotificationsInFlight / 2) }
+        public var sendMoreAt: Int {
+            max(maximumNotificationsInFlight - sendBatchLimit, maximumNotificationsInFlight / 2)
+        }
 
-        public init(prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
-                    sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
-                    progressInterval: Double = 10, usersPerPiece: Int = 250, bulkBytesPerTurn: Int = 8 << 10,
-                    bulkAdmission: BulkAdmission = BulkAdmission()) {
+        public init(
+            prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
+            sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
+            progressInterval: Double = 10, usersPerPiece: Int = 250, bulkBytesPerTurn: Int = 8 << 10,
+            bulkAdmission: BulkAdmission = BulkAdmission()
+        ) {
             self.usersPerPiece = usersPerPiece
             self.bulkAdmission = bulkAdmission
             self.bulkBytesPerTurn = bulkBytesPerTurn
@@ -78,8 +82,10 @@ public struct WorkerCore: Sendable {
         /// When the earliest publication the broker did not take is due again.
         public var heldDue: Date?
 
-        public init(now: Date, stopRequested: Bool = false, outcomesWaiting: Bool = false, completedJobs: Int = 0,
-                    staleCompletions: Int = 0, heldDue: Date? = nil) {
+        public init(
+            now: Date, stopRequested: Bool = false, outcomesWaiting: Bool = false, completedJobs: Int = 0,
+            staleCompletions: Int = 0, heldDue: Date? = nil
+        ) {
             self.now = now
             self.stopRequested = stopRequested
             self.outcomesWaiting = outcomesWaiting
@@ -236,9 +242,11 @@ public struct WorkerCore: Sendable {
     /// `piecesWaiting`: large jobs under way with users still to resolve, per lane; the next piece of one is resolved
     /// once its lane has less than a window queued, urgent first (the loop keeps one piece out at a time, so the first
     /// lane named gets it).
-    public mutating func endTurn(now: Date, deliveriesRead: Int, queued: LaneCounts, inFlight: LaneCounts,
-                                 unstartedBulkJobs: Int, suspectsActive: Bool = false, piecesWaiting: LaneCounts = LaneCounts(),
-                                 heldDue: Date?) -> [EndAction] {
+    public mutating func endTurn(
+        now: Date, deliveriesRead: Int, queued: LaneCounts, inFlight: LaneCounts,
+        unstartedBulkJobs: Int, suspectsActive: Bool = false, piecesWaiting: LaneCounts = LaneCounts(),
+        heldDue: Date?
+    ) -> [EndAction] {
         var actions: [EndAction] = []
         var sending = LaneCounts()
         // A lane cut to the batch limit with more to send and room for it: round again at once, not after a wait.
@@ -251,7 +259,8 @@ public struct WorkerCore: Sendable {
         if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }
         // After urgent work has gone: bulk jobs go to the preparer a batch at a time, and only while the bulk lane has
         // less than a window queued (enough to keep its notifications flowing, and no more held in memory).
-        let startingBulk = !isStopping && !suspectsActive && unstartedBulkJobs > 0
+        let startingBulk =
+            !isStopping && !suspectsActive && unstartedBulkJobs > 0
             && queued.bulk < settings.maximumNotificationsInFlight
         if startingBulk { actions.append(.startBulk(limit: min(unstartedBulkJobs, settings.bulkJobsPerTurn))) }
         let resolving = JobLane.allCases.filter {

@@ -89,8 +89,10 @@ public final class WorkerStatistics: Sendable {
     /// Notifications scheduled for another attempt, by reason (Apple's reason, `no_answer`, or `other`).
     private let retriesByReason = Locked<[String: Int]>([:])
     /// The reasons /metrics shows from the start (at zero), so that alerts and dashboards find the series.
-    static let usualRetryReasons = ["TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
-                                    "ExpiredProviderToken", "no_answer"]
+    static let usualRetryReasons = [
+        "TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
+        "ExpiredProviderToken", "no_answer"
+    ]
     /// Both lanes' queues as the last readiness round trip found them (nil before the first).
     private let lastLaneQueues = Locked<LaneQueues?>(nil)
     /// Whether the last attempt to reach the broker and the store (a connect, a round trip) succeeded; absent
@@ -170,8 +172,9 @@ public final class WorkerStatistics: Sendable {
         answerAndErrorFamilies(&metrics)
         retryParkAndDependencyFamilies(&metrics)
         connectionFamilies(&metrics)
-        metrics.gauge("apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
-                      ready ? 1 : 0)
+        metrics.gauge(
+            "apns_worker_ready", "1 while consuming (broker and Redis connected) with an APNs connection open.",
+            ready ? 1 : 0)
         return metrics.text
     }
 
@@ -179,98 +182,128 @@ public final class WorkerStatistics: Sendable {
 
     /// Jobs, notifications and broadcasts by outcome, and the lanes' counts.
     private func outcomeFamilies(_ metrics: inout PrometheusText) {
-        metrics.family("apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.", [
-            ([("result", "completed")], load(jobsCompleted)), ([("result", "rejected")], load(jobsRejected)),
-            ([("result", "waiting")], load(jobsWaiting)), ([("result", "scheduled")], load(jobsScheduled)),
-            ([("result", "parked")], load(jobsParked)),
-        ])
-        metrics.family("apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.", [
-            ([("outcome", "delivered")], load(delivered)), ([("outcome", "dead_token")], load(deadTokens)),
-            ([("outcome", "failed")], load(permanentFailures)), ([("outcome", "held_back")], load(heldBack)),
-            ([("outcome", "expired")], load(expired)), ([("outcome", "cancelled")], load(cancelled)),
-        ])
+        metrics.family(
+            "apns_worker_jobs_total", "counter", "Jobs acknowledged, by what became of them.",
+            [
+                ([("result", "completed")], load(jobsCompleted)), ([("result", "rejected")], load(jobsRejected)),
+                ([("result", "waiting")], load(jobsWaiting)), ([("result", "scheduled")], load(jobsScheduled)),
+                ([("result", "parked")], load(jobsParked))
+            ])
+        metrics.family(
+            "apns_worker_notifications_total", "counter", "Notifications with a final outcome, by outcome.",
+            [
+                ([("outcome", "delivered")], load(delivered)), ([("outcome", "dead_token")], load(deadTokens)),
+                ([("outcome", "failed")], load(permanentFailures)), ([("outcome", "held_back")], load(heldBack)),
+                ([("outcome", "expired")], load(expired)), ([("outcome", "cancelled")], load(cancelled))
+            ])
         let broadcastCounts = broadcasts.withLock { $0 }
-        metrics.family("apns_worker_broadcasts_total", "counter",
-                       "Broadcast requests (channel_id jobs, one request each for every subscribed device), by outcome.",
-                       ["delivered", "failed", "retrying", "expired"].map { ([("outcome", $0)], broadcastCounts[$0] ?? 0) })
-        metrics.family("apns_worker_lane_jobs_total", "counter", "Jobs taken from each lane's queue.",
-                       JobLane.allCases.map { ([("lane", $0.rawValue)], jobsTaken[$0]) })
-        metrics.family("apns_worker_lane_sent_total", "counter", "Notifications of each lane handed to APNs.",
-                       JobLane.allCases.map { ([("lane", $0.rawValue)], sent[$0]) })
-        metrics.family("apns_worker_lane_in_flight", "gauge", "Notifications of each lane sent to APNs and not answered yet.",
-                       JobLane.allCases.map { ([("lane", $0.rawValue)], inFlight[$0]) })
+        metrics.family(
+            "apns_worker_broadcasts_total", "counter",
+            "Broadcast requests (channel_id jobs, one request each for every subscribed device), by outcome.",
+            ["delivered", "failed", "retrying", "expired"].map { ([("outcome", $0)], broadcastCounts[$0] ?? 0) })
+        metrics.family(
+            "apns_worker_lane_jobs_total", "counter", "Jobs taken from each lane's queue.",
+            JobLane.allCases.map { ([("lane", $0.rawValue)], jobsTaken[$0]) })
+        metrics.family(
+            "apns_worker_lane_sent_total", "counter", "Notifications of each lane handed to APNs.",
+            JobLane.allCases.map { ([("lane", $0.rawValue)], sent[$0]) })
+        metrics.family(
+            "apns_worker_lane_in_flight", "gauge", "Notifications of each lane sent to APNs and not answered yet.",
+            JobLane.allCases.map { ([("lane", $0.rawValue)], inFlight[$0]) })
     }
 
     /// The mass-invalidation guard, suspects and poison jobs.
     private func guardFamilies(_ metrics: inout PrometheusText) {
-        metrics.counter("apns_worker_invalidation_guard_trips_total",
-                        "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
-                            + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
-        metrics.gauge("apns_worker_invalidation_guard_fleet_tripped",
-                      "1 while the fleet's recent 400 BadDeviceToken/DeviceTokenNotForTopic answers are held back as a "
-                        + "likely configuration error (as this worker last weighed them), else 0.",
-                      fleetGuardTripped.load(ordering: .relaxed) ? 1 : 0)
-        metrics.counter("apns_worker_invalidation_guard_fleet_trips_total",
-                        "Times this worker found the fleet's window tripped after it was not.",
-                        load(invalidationGuardFleetTrips))
-        metrics.counter("apns_worker_suspect_jobs_total",
-                        "Jobs run alone as suspects: delivered twice or more before without being settled, by workers "
-                            + "that died (deliveries given back by orderly stops and lost connections do not count).",
-                        load(suspectJobs))
-        metrics.counter("apns_worker_poison_jobs_total",
-                        "Jobs delivered more often than the delivery limit allows, parked on the failed queue unread.",
-                        load(poisonJobs))
+        metrics.counter(
+            "apns_worker_invalidation_guard_trips_total",
+            "Jobs whose 400 BadDeviceToken/DeviceTokenNotForTopic answers were held back as a likely "
+                + "configuration error (no token removed, no dead-token event).", load(invalidationGuardTrips))
+        metrics.gauge(
+            "apns_worker_invalidation_guard_fleet_tripped",
+            "1 while the fleet's recent 400 BadDeviceToken/DeviceTokenNotForTopic answers are held back as a "
+                + "likely configuration error (as this worker last weighed them), else 0.",
+            fleetGuardTripped.load(ordering: .relaxed) ? 1 : 0)
+        metrics.counter(
+            "apns_worker_invalidation_guard_fleet_trips_total",
+            "Times this worker found the fleet's window tripped after it was not.",
+            load(invalidationGuardFleetTrips))
+        metrics.counter(
+            "apns_worker_suspect_jobs_total",
+            "Jobs run alone as suspects: delivered twice or more before without being settled, by workers "
+                + "that died (deliveries given back by orderly stops and lost connections do not count).",
+            load(suspectJobs))
+        metrics.counter(
+            "apns_worker_poison_jobs_total",
+            "Jobs delivered more often than the delivery limit allows, parked on the failed queue unread.",
+            load(poisonJobs))
     }
 
     /// APNs answers, data errors, Redis nodes that did not answer, publishes refused.
     private func answerAndErrorFamilies(_ metrics: inout PrometheusText) {
-        let answers = unsuccessful.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
-        metrics.family("apns_worker_apns_responses_total", "counter",
-                       "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
-                       [([("status", "200"), ("reason", "")], load(delivered))] + answers.map { key, count in
-                           ([("status", key.status), ("reason", key.reason)], count)
-                       })
-        metrics.family("apns_worker_data_errors_total", "counter",
-                       "Data errors (a Redis key of the wrong type, a record refused), each about one user, token or job, "
-                           + "by where they happened.",
-                       dataErrors.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("where", $0.key)], $0.value) })
-        metrics.family("apns_worker_redis_unavailable_total", "counter",
-                       "Jobs, users, records and removals that met a Redis node that did not answer (a cluster master "
-                           + "lost), by operation: they wait or are skipped while every other node's work goes on.",
-                       storeUnavailable.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("operation", $0.key)], $0.value) })
-        metrics.family("apns_worker_publishes_refused_total", "counter",
-                       "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
-                           + "rejected jobs are held and published again, summaries are only logged.",
-                       refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
+        let answers = unsuccessful.withLock { $0 }.sorted {
+            ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason)
+        }
+        metrics.family(
+            "apns_worker_apns_responses_total", "counter",
+            "APNs answers by HTTP status and reason (status \"none\": no answer, reason says why).",
+            [([("status", "200"), ("reason", "")], load(delivered))]
+                + answers.map { key, count in
+                    ([("status", key.status), ("reason", key.reason)], count)
+                })
+        metrics.family(
+            "apns_worker_data_errors_total", "counter",
+            "Data errors (a Redis key of the wrong type, a record refused), each about one user, token or job, "
+                + "by where they happened.",
+            dataErrors.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("where", $0.key)], $0.value) })
+        metrics.family(
+            "apns_worker_redis_unavailable_total", "counter",
+            "Jobs, users, records and removals that met a Redis node that did not answer (a cluster master "
+                + "lost), by operation: they wait or are skipped while every other node's work goes on.",
+            storeUnavailable.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("operation", $0.key)], $0.value) })
+        metrics.family(
+            "apns_worker_publishes_refused_total", "counter",
+            "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
+                + "rejected jobs are held and published again, summaries are only logged.",
+            refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
     }
 
     /// Notifications in flight and their latency, rate-limit waits, duplicates avoided, connections, the broker's blocks.
     private func connectionFamilies(_ metrics: inout PrometheusText) {
-        metrics.gauge("apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
-        metrics.gauge("apns_worker_bulk_jobs_awaiting_admission",
-                      "Bulk jobs delivered and not started while the large bulk jobs under way hold their budget.",
-                      load(bulkJobsAwaitingAdmission))
-        metrics.histogram("apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
-                          summing: JobLane.allCases.map(latency))
-        metrics.histograms("apns_worker_lane_latency_seconds",
-                           "From handing a notification of the lane to the APNs client to its answer.",
-                           JobLane.allCases.map { ([("lane", $0.rawValue)], latency($0)) })
-        metrics.counter("apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
-                        load(rateLimitWaits))
-        metrics.counter("apns_worker_duplicates_avoided_total",
-                        "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
-        metrics.counter("apns_worker_republished_copies_skipped_total",
-                        "Copies of settled jobs (made by their publisher after a broker failover) and redeliveries of "
-                            + "settled jobs (an acknowledgement lost with its connection), acknowledged without sending.",
-                        load(republishedCopiesSkipped))
+        metrics.gauge(
+            "apns_worker_apns_in_flight", "Notifications sent to APNs and not answered yet.", notificationsInFlight)
+        metrics.gauge(
+            "apns_worker_bulk_jobs_awaiting_admission",
+            "Bulk jobs delivered and not started while the large bulk jobs under way hold their budget.",
+            load(bulkJobsAwaitingAdmission))
+        metrics.histogram(
+            "apns_worker_apns_latency_seconds", "From handing a notification to the APNs client to its answer.",
+            summing: JobLane.allCases.map(latency))
+        metrics.histograms(
+            "apns_worker_lane_latency_seconds",
+            "From handing a notification of the lane to the APNs client to its answer.",
+            JobLane.allCases.map { ([("lane", $0.rawValue)], latency($0)) })
+        metrics.counter(
+            "apns_worker_rate_limit_waits_total", "Batches that waited for the shared rate limit.",
+            load(rateLimitWaits))
+        metrics.counter(
+            "apns_worker_duplicates_avoided_total",
+            "Notifications of redelivered jobs not sent again (idempotency record).", load(duplicatesAvoided))
+        metrics.counter(
+            "apns_worker_republished_copies_skipped_total",
+            "Copies of settled jobs (made by their publisher after a broker failover) and redeliveries of "
+                + "settled jobs (an acknowledgement lost with its connection), acknowledged without sending.",
+            load(republishedCopiesSkipped))
         metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
-        metrics.counter("apns_worker_apns_connections_opened_total",
-                        "HTTP/2 connections to APNs opened (beyond the first ones: reconnects).", load(connectionsOpened))
+        metrics.counter(
+            "apns_worker_apns_connections_opened_total",
+            "HTTP/2 connections to APNs opened (beyond the first ones: reconnects).", load(connectionsOpened))
         metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
-        metrics.counter("apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
-                        load(connectFailures))
-        metrics.gauge("apns_worker_broker_blocked", "1 while the broker blocks publishing (resource alarm).",
-                      brokerBlocked.load(ordering: .relaxed) ? 1 : 0)
+        metrics.counter(
+            "apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
+            load(connectFailures))
+        metrics.gauge(
+            "apns_worker_broker_blocked", "1 while the broker blocks publishing (resource alarm).",
+            brokerBlocked.load(ordering: .relaxed) ? 1 : 0)
         metrics.counter("apns_worker_broker_blocks_total", "Times the broker blocked publishing.", load(brokerBlocks))
     }
 
@@ -278,51 +311,62 @@ public final class WorkerStatistics: Sendable {
     /// and the dashboard (deploy/) read besides the counters above.
     private func retryParkAndDependencyFamilies(_ metrics: inout PrometheusText) {
         let retried = retriesByReason.withLock { $0 }
-        metrics.family("apns_worker_retries_total", "counter",
-                       "Notifications scheduled for another attempt (through a delay queue), by reason.",
-                       Set(Self.usualRetryReasons).union(retried.keys).sorted().map { ([("reason", $0)], retried[$0] ?? 0) })
-        metrics.family("apns_worker_parked_jobs_total", "counter",
-                       "Jobs parked on the failed queue, by reason: invalid_job (refused as unreadable or breaking the "
-                           + "format), poison (delivered more often than allowed), attempts_exhausted (notifications "
-                           + "still undelivered after the last attempt), no_credential (taken, then no credential "
-                           + "served their topic any more: a reload removed it).",
-                       [([("reason", "attempts_exhausted")], load(jobsParked) - load(unservedJobsParked)),
-                        ([("reason", "no_credential")], load(unservedJobsParked)),
-                        ([("reason", "invalid_job")], load(invalidJobsParked)),
-                        ([("reason", "poison")], load(poisonJobsParked))])
-        metrics.gauge("apns_worker_jobs_in_flight", "Jobs taken and not settled yet, both lanes (updated every second).",
-                      load(jobsInFlight))
+        metrics.family(
+            "apns_worker_retries_total", "counter",
+            "Notifications scheduled for another attempt (through a delay queue), by reason.",
+            Set(Self.usualRetryReasons).union(retried.keys).sorted().map { ([("reason", $0)], retried[$0] ?? 0) })
+        metrics.family(
+            "apns_worker_parked_jobs_total", "counter",
+            "Jobs parked on the failed queue, by reason: invalid_job (refused as unreadable or breaking the "
+                + "format), poison (delivered more often than allowed), attempts_exhausted (notifications "
+                + "still undelivered after the last attempt), no_credential (taken, then no credential "
+                + "served their topic any more: a reload removed it).",
+            [
+                ([("reason", "attempts_exhausted")], load(jobsParked) - load(unservedJobsParked)),
+                ([("reason", "no_credential")], load(unservedJobsParked)),
+                ([("reason", "invalid_job")], load(invalidJobsParked)),
+                ([("reason", "poison")], load(poisonJobsParked))
+            ])
+        metrics.gauge(
+            "apns_worker_jobs_in_flight", "Jobs taken and not settled yet, both lanes (updated every second).",
+            load(jobsInFlight))
         if let queues = laneQueues {
-            metrics.family("apns_worker_queue_messages", "gauge",
-                           "Messages waiting in each lane's queue, as this worker's last readiness round trip found them "
-                               + "(every worker reports the same queues: take the max).",
-                           JobLane.allCases.map { ([("lane", $0.rawValue)], queues.messages[$0]) })
-            metrics.family("apns_worker_queue_consumers", "gauge",
-                           "Consumers of each lane's queue (the whole fleet's), as this worker's last round trip found them.",
-                           JobLane.allCases.map { ([("lane", $0.rawValue)], queues.consumers[$0]) })
+            metrics.family(
+                "apns_worker_queue_messages", "gauge",
+                "Messages waiting in each lane's queue, as this worker's last readiness round trip found them "
+                    + "(every worker reports the same queues: take the max).",
+                JobLane.allCases.map { ([("lane", $0.rawValue)], queues.messages[$0]) })
+            metrics.family(
+                "apns_worker_queue_consumers", "gauge",
+                "Consumers of each lane's queue (the whole fleet's), as this worker's last round trip found them.",
+                JobLane.allCases.map { ([("lane", $0.rawValue)], queues.consumers[$0]) })
         }
         let systems = reachable.withLock { $0 }
-        metrics.family("apns_worker_dependency_up", "gauge",
-                       "1 when the last attempt to reach the dependency (a connect, a readiness round trip) succeeded, "
-                           + "0 when it failed.",
-                       [(ConnectionRefused.System.broker, "broker"), (.store, "redis")].compactMap { system, name in
-                           systems[system].map { ([("dependency", name)], $0 ? 1 : 0) }
-                       })
+        metrics.family(
+            "apns_worker_dependency_up", "gauge",
+            "1 when the last attempt to reach the dependency (a connect, a readiness round trip) succeeded, "
+                + "0 when it failed.",
+            [(ConnectionRefused.System.broker, "broker"), (.store, "redis")].compactMap { system, name in
+                systems[system].map { ([("dependency", name)], $0 ? 1 : 0) }
+            })
     }
 
     public struct Snapshot: Sendable, Equatable {
         public var jobsCompleted = 0, jobsRejected = 0, jobsParked = 0, delivered = 0, deadTokens = 0,
-                   permanentFailures = 0, heldBack = 0, retries = 0, expired = 0
+            permanentFailures = 0, heldBack = 0, retries = 0, expired = 0
         public var jobsTaken = LaneCounts(), sent = LaneCounts()
 
         public init() {}
 
         /// Names as `SharedStatistics` stores them, with values.
         public var fields: [(name: String, value: Int)] {
-            [("delivered", delivered), ("dead_tokens", deadTokens), ("failed", permanentFailures), ("held_back", heldBack),
-             ("expired", expired), ("retries", retries), ("jobs", jobsCompleted), ("rejected", jobsRejected),
-             ("parked", jobsParked), ("urgent_jobs", jobsTaken.urgent), ("bulk_jobs", jobsTaken.bulk),
-             ("urgent_sent", sent.urgent), ("bulk_sent", sent.bulk)]
+            [
+                ("delivered", delivered), ("dead_tokens", deadTokens), ("failed", permanentFailures),
+                ("held_back", heldBack),
+                ("expired", expired), ("retries", retries), ("jobs", jobsCompleted), ("rejected", jobsRejected),
+                ("parked", jobsParked), ("urgent_jobs", jobsTaken.urgent), ("bulk_jobs", jobsTaken.bulk),
+                ("urgent_sent", sent.urgent), ("bulk_sent", sent.bulk)
+            ]
         }
 
         /// The names `fields` uses, in the same order (what `SharedStatistics` stores and `stats` shows).
@@ -340,8 +384,9 @@ public final class WorkerStatistics: Sendable {
             delta.heldBack = heldBack - earlier.heldBack
             delta.retries = retries - earlier.retries
             delta.expired = expired - earlier.expired
-            delta.jobsTaken = LaneCounts(urgent: jobsTaken.urgent - earlier.jobsTaken.urgent,
-                                         bulk: jobsTaken.bulk - earlier.jobsTaken.bulk)
+            delta.jobsTaken = LaneCounts(
+                urgent: jobsTaken.urgent - earlier.jobsTaken.urgent,
+                bulk: jobsTaken.bulk - earlier.jobsTaken.bulk)
             delta.sent = LaneCounts(urgent: sent.urgent - earlier.sent.urgent, bulk: sent.bulk - earlier.sent.bulk)
             return delta
         }

@@ -7,32 +7,32 @@ import Telemetry
 import Threads
 
 let usage = """
-apns-bench: load generators for scripts/bench (figures, never pass/fail).
+    apns-bench: load generators for scripts/bench (figures, never pass/fail).
 
-USAGE:
-  apns-bench client --url URL [--ca FILE] [--connections C] [--streams M] [--requests N]
-                    [--key FILE --key-id KID --team-id TEAM] [--token HEX] [--topic TOPIC]
-      Sends N notifications through the project's APNs client with C connections, keeping C*M in flight
-      (like `h2load -c C -m M -n N`), and prints one line: requests, seconds, requests per second, statuses.
-  apns-bench jwt --key FILE --key-id KID --team-id TEAM
-      Prints an authorization header value (bearer JWT) for other load tools.
-  apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P [--rotate-users M]]
-                  [--first F] [--rate R] [--unstamped]
-                  [--topics A,B,...] [--environment production|sandbox]
-                  [--queue-type classic|quorum]
-      Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
-      Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency;
-      --unstamped leaves it out (a backlog whose notifications must not count in the latency figures).
-      --rate R paces publishing at R jobs per second (steady load for latency; default: as fast as possible).
-      --topics A,B names topic A in job 0, B in job 1, and so on round the list (default: none, the worker's
-      APNS_TOPIC), so that several credentials share the load. --environment names the direct tokens' environment
-      (default: none, production).
-  apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K]
-      The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each (K = 1) or K at a
-      time with multiple acks, and prints the rate.
-  apns-bench wait --sim URL --ca FILE --count N
-      Waits until apns-sim has answered N pushes (GET /sim/stats) and prints how long that took from the start.
-"""
+    USAGE:
+      apns-bench client --url URL [--ca FILE] [--connections C] [--streams M] [--requests N]
+                        [--key FILE --key-id KID --team-id TEAM] [--token HEX] [--topic TOPIC]
+          Sends N notifications through the project's APNs client with C connections, keeping C*M in flight
+          (like `h2load -c C -m M -n N`), and prints one line: requests, seconds, requests per second, statuses.
+      apns-bench jwt --key FILE --key-id KID --team-id TEAM
+          Prints an authorization header value (bearer JWT) for other load tools.
+      apns-bench fill --amqp URL --queue Q --jobs N [--tokens K] [--users U --user-prefix P [--rotate-users M]]
+                      [--first F] [--rate R] [--unstamped]
+                      [--topics A,B,...] [--environment production|sandbox]
+                      [--queue-type classic|quorum]
+          Publishes N persistent jobs (with publisher confirms): K direct tokens each, or U users each (P0, P1, ...).
+          Each payload carries "sent_at_us" (publish time), from which apns-sim measures publish-to-APNs latency;
+          --unstamped leaves it out (a backlog whose notifications must not count in the latency figures).
+          --rate R paces publishing at R jobs per second (steady load for latency; default: as fast as possible).
+          --topics A,B names topic A in job 0, B in job 1, and so on round the list (default: none, the worker's
+          APNS_TOPIC), so that several credentials share the load. --environment names the direct tokens' environment
+          (default: none, production).
+      apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K]
+          The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each (K = 1) or K at a
+          time with multiple acks, and prints the rate.
+      apns-bench wait --sim URL --ca FILE --count N
+          Waits until apns-sim has answered N pushes (GET /sim/stats) and prints how long that took from the start.
+    """
 
 /// Keeps `window` notifications in flight, topping up in batches of `refill` as answers arrive.
 final class Driver: Sendable {
@@ -94,7 +94,10 @@ arguments.removeFirst()
 nonisolated(unsafe) var options: [String: String] = [:]  // written once, before any other thread starts
 while !arguments.isEmpty {
     let flag = arguments.removeFirst()
-    if flag == "-h" || flag == "--help" { print(usage); exit(0) }
+    if flag == "-h" || flag == "--help" {
+        print(usage)
+        exit(0)
+    }
     if flag == "--unstamped" {
         options["unstamped"] = ""
         continue
@@ -111,8 +114,9 @@ func integer(_ name: String, _ fallback: Int) -> Int {
 func tokenProvider() -> APNsTokenProvider? {
     guard let keyFile = options["key"] else { return nil }
     do {
-        return try APNsTokenProvider(key: try ES256Key(contentsOfFile: keyFile), keyID: options["key-id"] ?? "",
-                                     teamID: options["team-id"] ?? "")
+        return try APNsTokenProvider(
+            key: try ES256Key(contentsOfFile: keyFile), keyID: options["key-id"] ?? "",
+            teamID: options["team-id"] ?? "")
     } catch { fail("\(error)") }
 }
 
@@ -127,16 +131,20 @@ case "client":
     let total = integer("requests", 100_000)
     let endpoint: APNsEndpoint
     do { endpoint = try APNsEndpoint(url: url) } catch { fail("\(error)") }
-    let authentication: APNsAuthentication = tokenProvider().map { .token($0) }
+    let authentication: APNsAuthentication =
+        tokenProvider().map { .token($0) }
         ?? .certificate(certificateFile: "", privateKeyFile: nil)
     if case .certificate = authentication { fail("client needs --key, --key-id and --team-id") }
-    let client = APNsClient(configuration: .init(production: endpoint, caFile: options["ca"],
-                                                 connectionsPerEnvironment: connections),
-                            authentication: authentication, logger: Logger(label: "apns-bench", level: .error))
+    let client = APNsClient(
+        configuration: .init(
+            production: endpoint, caFile: options["ca"],
+            connectionsPerEnvironment: connections),
+        authentication: authentication, logger: Logger(label: "apns-bench", level: .error))
     let notification = APNsNotification(
         deviceToken: options["token"] ?? String(repeating: "ab", count: 32),
         topic: options["topic"] ?? "com.example.app",
-        payload: Array(#"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}}"#.utf8))
+        payload: Array(
+            #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}}"#.utf8))
 
     // Warm-up: open every connection before the clock starts, as h2load does before its first request.
     let warm = DispatchSemaphore(value: 0)
@@ -144,16 +152,19 @@ case "client":
     for _ in 0..<(connections * 2) { warm.wait() }
 
     let window = connections * streams
-    let driver = Driver(client: client, notification: notification, total: total, window: window,
-                        refill: max(1, window / 4))
+    let driver = Driver(
+        client: client, notification: notification, total: total, window: window,
+        refill: max(1, window / 4))
     let started = DispatchTime.now().uptimeNanoseconds
     driver.start()
     driver.done.wait()
     let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
     let statuses = driver.statuses
     let statusText = statuses.keys.sorted().map { "\($0)=\(statuses[$0]!)" }.joined(separator: " ")
-    print(String(format: "client: %d requests in %.3f s = %.0f req/s, connections=%d streams=%d, statuses %@",
-                 total, seconds, Double(total) / seconds, connections, streams, statusText))
+    print(
+        String(
+            format: "client: %d requests in %.3f s = %.0f req/s, connections=%d streams=%d, statuses %@",
+            total, seconds, Double(total) / seconds, connections, streams, statusText))
     client.shutdown()
 case "fill":
     guard let url = options["amqp"], let queue = options["queue"] else { fail("fill needs --amqp and --queue") }
@@ -186,27 +197,37 @@ case "fill":
                 if due > now { usleep(UInt32(min(1_000_000, (due - now) / 1000))) }
             }
             let sentAt = Int64(Date().timeIntervalSince1970 * 1e6)
-            let payload = #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}"#
+            let payload =
+                #"{"aps":{"alert":{"title":"Benchmark","body":"A notification of a realistic size"},"badge":1}"#
                 + (stamped ? ",\"sent_at_us\":\(sentAt)}" : "}")
             let targets: String
             if usersPerJob > 0 {
-                let numbers = (0..<usersPerJob).map { index in rotatedUsers.map { (job * usersPerJob + index) % $0 } ?? index }
+                let numbers = (0..<usersPerJob).map { index in
+                    rotatedUsers.map { (job * usersPerJob + index) % $0 } ?? index
+                }
                 targets = "\"users\": [" + numbers.map { "\"\(userPrefix)\($0)\"" }.joined(separator: ",") + "]"
             } else {
-                targets = "\"tokens\": [" + (0..<tokensPerJob).map { "\"" + String(format: "%064x", job * tokensPerJob + $0 + 1) + "\"" }
+                targets =
+                    "\"tokens\": ["
+                    + (0..<tokensPerJob).map { "\"" + String(format: "%064x", job * tokensPerJob + $0 + 1) + "\"" }
                     .joined(separator: ",") + "]"
             }
             let topic = topics.isEmpty ? "" : "\"topic\": \"\(topics[job % topics.count])\", "
-            last = try connection.publish(to: queue, body: Array("{\"id\": \"bench-\(job)\", \(topic)\(environment)\(targets), \"payload\": \(payload)}".utf8),
-                                          properties: AMQPProperties(timestamp: sentAt / 1_000_000))
+            last = try connection.publish(
+                to: queue,
+                body: Array(
+                    "{\"id\": \"bench-\(job)\", \(topic)\(environment)\(targets), \"payload\": \(payload)}".utf8),
+                properties: AMQPProperties(timestamp: sentAt / 1_000_000))
             if (job - first) % 500 == 499 || rate != nil && (job - first) % 20 == 19 {
                 _ = try connection.waitForConfirms(through: last)
             }
         }
         _ = try connection.waitForConfirms(through: last)
         let seconds = Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
-        print(String(format: "fill: %d jobs on %@ in %.3f s = %.0f msg/s (persistent, confirmed every 500)",
-                     jobs, queue, seconds, Double(jobs) / seconds))
+        print(
+            String(
+                format: "fill: %d jobs on %@ in %.3f s = %.0f msg/s (persistent, confirmed every 500)",
+                jobs, queue, seconds, Double(jobs) / seconds))
     } catch { fail("\(error)") }
 case "drain":
     guard let url = options["amqp"], let queue = options["queue"] else { fail("drain needs --amqp and --queue") }
@@ -219,7 +240,9 @@ case "drain":
         var received = 0
         var started: DispatchTime?
         while received < count {
-            guard let event = try connection.nextEvent(timeout: 30) else { fail("no message for 30 s after \(received)") }
+            guard let event = try connection.nextEvent(timeout: 30) else {
+                fail("no message for 30 s after \(received)")
+            }
             if case .delivery(let delivery) = event {
                 if started == nil { started = .now() }
                 received += 1
@@ -239,17 +262,23 @@ case "wait":
     let started = DispatchTime.now()
     do {
         let endpoint = try APNsEndpoint(url: url)
-        let client = try HTTP2Client(configuration: .init(host: endpoint.host, port: endpoint.port,
-                                                          tls: .init(caFile: options["ca"])),
-                                     logger: Logger(label: "apns-bench", level: .error))
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: endpoint.host, port: endpoint.port,
+                tls: .init(caFile: options["ca"])),
+            logger: Logger(label: "apns-bench", level: .error))
         defer { client.shutdown() }
         while true {
             let answer = Locked<Int>(-1)
             let done = DispatchSemaphore(value: 0)
-            client.send(HTTP2Request(headers: .request(method: "GET", authority: client.authority, path: "/sim/stats"), body: [])) { result in
+            client.send(
+                HTTP2Request(
+                    headers: .request(method: "GET", authority: client.authority, path: "/sim/stats"), body: [])
+            ) { result in
                 if case .success(let response) = result,
-                   let object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any],
-                   let received = object["received"] as? Int {
+                    let object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any],
+                    let received = object["received"] as? Int
+                {
                     answer.withLock { $0 = received }
                 }
                 done.signal()

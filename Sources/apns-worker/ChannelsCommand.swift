@@ -6,43 +6,46 @@ import Operations
 import Telemetry
 
 let channelsHelp = """
-apns-worker channels: the broadcast channels of an app (iOS 18 Live Activities), through Apple's channel management
-API. A channel reaches every device whose Live Activity subscribed to it; a job with "channel_id" broadcasts on it.
+    apns-worker channels: the broadcast channels of an app (iOS 18 Live Activities), through Apple's channel management
+    API. A channel reaches every device whose Live Activity subscribed to it; a job with "channel_id" broadcasts on it.
 
-USAGE: apns-worker channels create [--topic BUNDLE] [--storage none|most-recent] [--environment production|sandbox] [--json]
-       apns-worker channels list [--topic BUNDLE] [--environment ...] [--json]
-       apns-worker channels show ID [--topic BUNDLE] [--environment ...] [--json]
-       apns-worker channels delete ID [--topic BUNDLE] [--environment ...] [--json]
+    USAGE: apns-worker channels create [--topic BUNDLE] [--storage none|most-recent] [--environment production|sandbox] [--json]
+           apns-worker channels list [--topic BUNDLE] [--environment ...] [--json]
+           apns-worker channels show ID [--topic BUNDLE] [--environment ...] [--json]
+           apns-worker channels delete ID [--topic BUNDLE] [--environment ...] [--json]
 
-  create    a new channel of the app; prints its id (give it to the apps, e.g. as a Live Activity start's
-            "input_push_channel"). --storage none (the default) delivers each broadcast to the devices online
-            now, and a broadcast then must not expire later than 0; most-recent keeps the latest one up to 8 hours
-            for devices that come back. The policy cannot change later.
-  list      every channel id of the app, one a line
-  show      the channel's storage policy (exit 65 if APNs does not know it for this app)
-  delete    deletes the channel for good (devices subscribed to it get no more broadcasts)
+      create    a new channel of the app; prints its id (give it to the apps, e.g. as a Live Activity start's
+                "input_push_channel"). --storage none (the default) delivers each broadcast to the devices online
+                now, and a broadcast then must not expire later than 0; most-recent keeps the latest one up to 8 hours
+                for devices that come back. The policy cannot change later.
+      list      every channel id of the app, one a line
+      show      the channel's storage policy (exit 65 if APNs does not know it for this app)
+      delete    deletes the channel for good (devices subscribed to it get no more broadcasts)
 
-  --topic is the app's bundle id (default APNS_TOPIC); the credential that serves it signs the requests
-  (APNS_CREDENTIALS_FILE, or the single-key settings). --environment picks the channel management host
-  (APNS_CHANNELS_PRODUCTION_URL or APNS_CHANNELS_SANDBOX_URL): channels are not shared between environments.
-  --json prints one JSON object for scripts.
+      --topic is the app's bundle id (default APNS_TOPIC); the credential that serves it signs the requests
+      (APNS_CREDENTIALS_FILE, or the single-key settings). --environment picks the channel management host
+      (APNS_CHANNELS_PRODUCTION_URL or APNS_CHANNELS_SANDBOX_URL): channels are not shared between environments.
+      --json prints one JSON object for scripts.
 
-Settings it reads (environment, --config file or --set):
-\(SettingTable.help(for: .channels))
+    Settings it reads (environment, --config file or --set):
+    \(SettingTable.help(for: .channels))
 
-EXAMPLES:
-  apns-worker channels create --topic com.example.scores --storage most-recent
-  apns-worker channels list --topic com.example.scores --json
-  apns-worker channels delete dHJhY2tpbmcgY2hhbm5lbA== --topic com.example.scores
+    EXAMPLES:
+      apns-worker channels create --topic com.example.scores --storage most-recent
+      apns-worker channels list --topic com.example.scores --json
+      apns-worker channels delete dHJhY2tpbmcgY2hhbm5lbA== --topic com.example.scores
 
-EXIT CODES: 0 done, 2 bad command line, 65 APNs refused the request (an unknown channel, the channel limit, a
-topic no credential serves), 69 APNs unreachable or busy (try again), 78 bad configuration.
-"""
+    EXIT CODES: 0 done, 2 bad command line, 65 APNs refused the request (an unknown channel, the channel limit, a
+    topic no credential serves), 69 APNs unreachable or busy (try again), 78 bad configuration.
+    """
 
 func channelsCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "channels", valued: ["--topic", "--storage", "--environment"],
-                                       switches: ["--json"], help: channelsHelp)
-    guard let action = parsed.positionals.first else { fail("channels: say create, list, show or delete; try 'apns-worker channels --help'", code: ExitCode.usage) }
+    let parsed = ParsedArguments.parse(
+        arguments, command: "channels", valued: ["--topic", "--storage", "--environment"],
+        switches: ["--json"], help: channelsHelp)
+    guard let action = parsed.positionals.first else {
+        fail("channels: say create, list, show or delete; try 'apns-worker channels --help'", code: ExitCode.usage)
+    }
     let needsID = action == "show" || action == "delete"
     guard ["create", "list", "show", "delete"].contains(action) else {
         fail("channels: unknown action \(action); try 'apns-worker channels --help'", code: ExitCode.usage)
@@ -75,8 +78,11 @@ func channelsCommand(_ arguments: [String]) {
     let level = configuration.logLevel <= .debug ? configuration.logLevel : max(configuration.logLevel, .warning)
     let logger = Logger(label: "apns-worker", level: level, format: configuration.logFormat)
     let channels: ChannelOperations
-    do { channels = try ChannelOperations(configuration: configuration, topic: topic, environment: environment,
-                                          logger: logger) } catch {
+    do {
+        channels = try ChannelOperations(
+            configuration: configuration, topic: topic, environment: environment,
+            logger: logger)
+    } catch {
         switch error {
         case .configuration: fail("\(error)", code: ExitCode.configuration)
         case .noCredential: fail("channels: \(error)", code: ExitCode.dataError)
@@ -94,21 +100,30 @@ func channelsCommand(_ arguments: [String]) {
         switch action {
         case "create":
             let created = try channels.create(storage: storage)
-            print(json ? channelJSON(["channel_id": created, "topic": bundle, "storage": storage.name,
-                                      "environment": environment.rawValue]) : created)
+            print(
+                json
+                    ? channelJSON([
+                        "channel_id": created, "topic": bundle, "storage": storage.name,
+                        "environment": environment.rawValue
+                    ]) : created)
         case "list":
             let ids = try channels.list()
             if json {
-                print("{\"topic\":\(JSONString.quote(bundle)),\"environment\":\"\(environment.rawValue)\","
-                      + "\"channels\":[\(ids.map(JSONString.quote).joined(separator: ","))]}")
+                print(
+                    "{\"topic\":\(JSONString.quote(bundle)),\"environment\":\"\(environment.rawValue)\","
+                        + "\"channels\":[\(ids.map(JSONString.quote).joined(separator: ","))]}")
             } else {
                 for channel in ids { print(channel) }
             }
         case "show":
             let policy = try channels.show(id)
-            print(json ? channelJSON(["channel_id": id, "topic": bundle, "storage": policy.name,
-                                      "environment": environment.rawValue])
-                  : "\(id): \(bundle), \(environment.rawValue), storage \(policy.name)")
+            print(
+                json
+                    ? channelJSON([
+                        "channel_id": id, "topic": bundle, "storage": policy.name,
+                        "environment": environment.rawValue
+                    ])
+                    : "\(id): \(bundle), \(environment.rawValue), storage \(policy.name)")
         default:
             try channels.delete(id)
             print(json ? channelJSON(["channel_id": id, "topic": bundle, "deleted": "true"]) : "deleted \(id)")
@@ -120,6 +135,7 @@ func channelsCommand(_ arguments: [String]) {
 
 /// One flat JSON object of strings (and `true`).
 private func channelJSON(_ fields: KeyValuePairs<String, String>) -> String {
-    "{" + fields.map { "\(JSONString.quote($0.key)):" + ($0.value == "true" ? "true" : JSONString.quote($0.value)) }
+    "{"
+        + fields.map { "\(JSONString.quote($0.key)):" + ($0.value == "true" ? "true" : JSONString.quote($0.value)) }
         .joined(separator: ",") + "}"
 }

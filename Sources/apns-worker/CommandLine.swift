@@ -45,8 +45,10 @@ struct ParsedArguments {
 
     /// Parses `arguments` for `command`: `valued` options take the next word (or `--option=value`); `--config`,
     /// `--set` and `--log-level` are understood everywhere. `--help` prints `help` and exits 0.
-    static func parse(_ arguments: [String], command: String, valued: Set<String>, switches allowed: Set<String>,
-                      help: String) -> ParsedArguments {
+    static func parse(
+        _ arguments: [String], command: String, valued: Set<String>, switches allowed: Set<String>,
+        help: String
+    ) -> ParsedArguments {
         var parsed = ParsedArguments()
         var rest = arguments[...]
         while let argument = rest.popFirst() {
@@ -98,17 +100,21 @@ struct ParsedArguments {
             fail("configuration error: \(error)", code: ExitCode.configuration)
         }
         let logger = Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat)
-        for warning in SettingKeys.unknownInEnvironment(environment) { logger.warning("unknown setting", ["setting": warning]) }
+        for warning in SettingKeys.unknownInEnvironment(environment) {
+            logger.warning("unknown setting", ["setting": warning])
+        }
         return configuration
     }
 
     /// The configuration from the file, the environment and the flags; the first problem throws.
     func loadConfiguration(requiringCredentials: Bool) throws(ConfigurationError) -> WorkerConfiguration {
-        let file = try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
+        let file =
+            try configFile.map { path throws(ConfigurationError) in try ConfigurationSources.readFile(path) } ?? [:]
         if let configFile { try SettingKeys.checkKnown(file.keys, source: "in \(configFile)") }
         try SettingKeys.checkKnown(settings.keys, source: "given with --set")
         return try WorkerConfiguration.load(
-            from: ConfigurationSources.merge(file: file, environment: ProcessInfo.processInfo.environment, flags: settings),
+            from: ConfigurationSources.merge(
+                file: file, environment: ProcessInfo.processInfo.environment, flags: settings),
             requiringCredentials: requiringCredentials)
     }
 
@@ -116,8 +122,9 @@ struct ParsedArguments {
     func integer(_ option: String, default fallback: Int, range: ClosedRange<Int>, command: String) -> Int {
         guard let text = value(option) else { return fallback }
         guard let number = Int(text), range.contains(number) else {
-            fail("\(command): \(option) wants a whole number from \(range.lowerBound) to \(range.upperBound), got \(text)",
-                 code: ExitCode.usage)
+            fail(
+                "\(command): \(option) wants a whole number from \(range.lowerBound) to \(range.upperBound), got \(text)",
+                code: ExitCode.usage)
         }
         return number
     }
@@ -142,15 +149,17 @@ func runService(_ service: any Service, name: String, metrics: MetricsSettings, 
 func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any Service) -> HealthServer? {
     guard metrics.port > 0 else { return nil }
     func open(port: Int) throws(HealthServerError) -> HealthServer {
-        try HealthServer(host: metrics.host, port: port, metrics: { service.metricsText },
-                         ready: { service.isReady })
+        try HealthServer(
+            host: metrics.host, port: port, metrics: { service.metricsText },
+            ready: { service.isReady })
     }
     do {
         let server: HealthServer
-        do { server = try open(port: metrics.port) } catch where error.addressInUse && !metrics.portIsExplicit {
+        do { server = try open(port: metrics.port) } catch  where error.addressInUse && !metrics.portIsExplicit {
             server = try open(port: 0)
-            logger.warning("the default metrics port is taken (another worker on this host?): listening on a free port",
-                           ["http.address": "\(metrics.host):\(server.port)", "http.default_port": String(metrics.port)])
+            logger.warning(
+                "the default metrics port is taken (another worker on this host?): listening on a free port",
+                ["http.address": "\(metrics.host):\(server.port)", "http.default_port": String(metrics.port)])
         }
         logger.info("metrics and health endpoint", ["http.address": "\(metrics.host):\(server.port)"])
         return server

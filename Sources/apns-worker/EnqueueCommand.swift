@@ -4,81 +4,86 @@ import Operations
 import Telemetry
 
 let enqueueHelp = """
-apns-worker enqueue: publish push jobs onto PUSH_JOBS_QUEUE (the urgent lane), or with --bulk onto
-PUSH_BULK_QUEUE (the bulk lane).
+    apns-worker enqueue: publish push jobs onto PUSH_JOBS_QUEUE (the urgent lane), or with --bulk onto
+    PUSH_BULK_QUEUE (the bulk lane).
 
-USAGE: apns-worker enqueue FILE            jobs from a file: one JSON job per line (JSON Lines), or one job
-       apns-worker enqueue -               the same from stdin
-       apns-worker enqueue --user U --alert TEXT [options]
-                                           one job from flags
-       apns-worker enqueue --check FILE    check the jobs only: what a worker would refuse, nothing published
+    USAGE: apns-worker enqueue FILE            jobs from a file: one JSON job per line (JSON Lines), or one job
+           apns-worker enqueue -               the same from stdin
+           apns-worker enqueue --user U --alert TEXT [options]
+                                               one job from flags
+           apns-worker enqueue --check FILE    check the jobs only: what a worker would refuse, nothing published
 
-Each job is checked as a worker would check it; a bad one is reported with its line number and not published,
-the others are. Jobs are published persistent, with publisher confirms (nothing is reported published that the
-broker did not take), and get a message-id when they have no "id", so a redelivered job is recognised. A large
-file shows a progress bar on a terminal, and a progress line every 5 s otherwise. With a cluster's nodes in
-AMQP_URL, a node that goes away mid-run costs nothing: the jobs it had not confirmed are published again on
-another node (at least once: a few may then be in the queue twice, with the same message-id).
+    Each job is checked as a worker would check it; a bad one is reported with its line number and not published,
+    the others are. Jobs are published persistent, with publisher confirms (nothing is reported published that the
+    broker did not take), and get a message-id when they have no "id", so a redelivered job is recognised. A large
+    file shows a progress bar on a terminal, and a progress line every 5 s otherwise. With a cluster's nodes in
+    AMQP_URL, a node that goes away mid-run costs nothing: the jobs it had not confirmed are published again on
+    another node (at least once: a few may then be in the queue twice, with the same message-id).
 
-Job flags:
-  --user USER           resolve this user's tokens in Redis (repeatable)
-  --token HEX           send to this device token (repeatable)
-  --alert TEXT          payload {"aps":{"alert":TEXT}}; or --payload JSON for a payload of your own
-  --title TEXT          with --alert: {"aps":{"alert":{"title":TITLE,"body":TEXT}}}
-  --topic TOPIC         bundle id (default: the workers' APNS_TOPIC)
-  --push-type TYPE      alert (default), background, voip, ...
-  --priority N          10, 5 or 1
-  --environment ENV     production (default) or sandbox, for --token
-  --collapse-id ID, --expiration UNIX_SECONDS, --id ID
-  --deadline UNIX_SECONDS
-                        not sent at all if it cannot be handed to APNs by then (expired); unlike --expiration,
-                        which is how long APNs keeps it for a device that is offline
-  --send-at UNIX_SECONDS
-                        held in the broker until then (at most 7 days ahead), sent within a second after
-Other options:
-  --check               read FILE (or - for stdin) and report every job a worker would refuse, with its line and
-                        reason, on stdout; nothing is published and no broker is needed (a backend's CI can run
-                        it on the jobs it generates). A job without "topic" is not refused when APNS_TOPIC is
-                        unset: the workers' own APNS_TOPIC decides.
-  --bulk                publish to the bulk lane (PUSH_BULK_QUEUE): campaigns and anything that can wait for
-                        urgent work; jobs that a person is waiting for (a code, a message) stay on the urgent lane
-  --reply-to QUEUE      ask workers for a summary of each job on QUEUE
-  --no-progress         no progress output
+    Job flags:
+      --user USER           resolve this user's tokens in Redis (repeatable)
+      --token HEX           send to this device token (repeatable)
+      --alert TEXT          payload {"aps":{"alert":TEXT}}; or --payload JSON for a payload of your own
+      --title TEXT          with --alert: {"aps":{"alert":{"title":TITLE,"body":TEXT}}}
+      --topic TOPIC         bundle id (default: the workers' APNS_TOPIC)
+      --push-type TYPE      alert (default), background, voip, ...
+      --priority N          10, 5 or 1
+      --environment ENV     production (default) or sandbox, for --token
+      --collapse-id ID, --expiration UNIX_SECONDS, --id ID
+      --deadline UNIX_SECONDS
+                            not sent at all if it cannot be handed to APNs by then (expired); unlike --expiration,
+                            which is how long APNs keeps it for a device that is offline
+      --send-at UNIX_SECONDS
+                            held in the broker until then (at most 7 days ahead), sent within a second after
+    Other options:
+      --check               read FILE (or - for stdin) and report every job a worker would refuse, with its line and
+                            reason, on stdout; nothing is published and no broker is needed (a backend's CI can run
+                            it on the jobs it generates). A job without "topic" is not refused when APNS_TOPIC is
+                            unset: the workers' own APNS_TOPIC decides.
+      --bulk                publish to the bulk lane (PUSH_BULK_QUEUE): campaigns and anything that can wait for
+                            urgent work; jobs that a person is waiting for (a code, a message) stay on the urgent lane
+      --reply-to QUEUE      ask workers for a summary of each job on QUEUE
+      --no-progress         no progress output
 
-Settings it reads (environment, --config file or --set):
-\(SettingTable.help(for: .enqueue))
+    Settings it reads (environment, --config file or --set):
+    \(SettingTable.help(for: .enqueue))
 
-EXAMPLES:
-  apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
-  apns-worker enqueue --bulk campaign.jsonl
-  producer | apns-worker enqueue -
-  apns-worker enqueue --check campaign.jsonl
+    EXAMPLES:
+      apns-worker enqueue --user alice --user bob --alert "Your order shipped" --topic com.example.app
+      apns-worker enqueue --bulk campaign.jsonl
+      producer | apns-worker enqueue -
+      apns-worker enqueue --check campaign.jsonl
 
-EXIT CODES: 0 every job published (--check: every job would be accepted), 65 some refused (listed on stderr; the
-rest were published; --check: listed on stdout), 2 bad command line, 69 broker unreachable, 78 bad configuration.
-"""
+    EXIT CODES: 0 every job published (--check: every job would be accepted), 65 some refused (listed on stderr; the
+    rest were published; --check: listed on stdout), 2 bad command line, 69 broker unreachable, 78 bad configuration.
+    """
 
 func enqueueCommand(_ arguments: [String]) {
     let parsed = ParsedArguments.parse(
         arguments, command: "enqueue",
-        valued: ["--user", "--token", "--alert", "--title", "--payload", "--topic", "--push-type", "--priority",
-                 "--environment", "--collapse-id", "--expiration", "--deadline", "--send-at", "--id", "--reply-to"],
+        valued: [
+            "--user", "--token", "--alert", "--title", "--payload", "--topic", "--push-type", "--priority",
+            "--environment", "--collapse-id", "--expiration", "--deadline", "--send-at", "--id", "--reply-to"
+        ],
         switches: ["--no-progress", "--bulk", "--check"], help: enqueueHelp)
     let configuration = parsed.configuration(requiringCredentials: false)
     if parsed.switches.contains("--check") { checkJobs(parsed, configuration) }
     let fromFlags = !parsed.all("--user").isEmpty || !parsed.all("--token").isEmpty
     guard fromFlags != (parsed.positionals.count == 1), parsed.positionals.count <= 1 else {
-        fail("enqueue: give either a FILE (or - for stdin) or --user/--token flags; try 'apns-worker enqueue --help'",
-             code: ExitCode.usage)
+        fail(
+            "enqueue: give either a FILE (or - for stdin) or --user/--token flags; try 'apns-worker enqueue --help'",
+            code: ExitCode.usage)
     }
     // A job from flags is built before the broker is reached: a flag's mistake is the command line's (exit 2).
     let flagJob = fromFlags ? jobFromFlags(parsed) : nil
     let enqueuer: JobEnqueuer
     do {
-        enqueuer = try JobEnqueuer(configuration: configuration, replyTo: parsed.value("--reply-to"),
-                                   lane: parsed.switches.contains("--bulk") ? .bulk : .urgent,
-                                   logger: Logger(label: "apns-worker", level: configuration.logLevel,
-                                                  format: configuration.logFormat))
+        enqueuer = try JobEnqueuer(
+            configuration: configuration, replyTo: parsed.value("--reply-to"),
+            lane: parsed.switches.contains("--bulk") ? .bulk : .urgent,
+            logger: Logger(
+                label: "apns-worker", level: configuration.logLevel,
+                format: configuration.logFormat))
     } catch {
         failReaching("enqueue", error)
     }
@@ -96,8 +101,9 @@ func enqueueCommand(_ arguments: [String]) {
         reportRefusals(of: enqueuer)
         fail("enqueue: \(error) (\(enqueuer.progress.published) jobs were published before this)", code: ExitCode.usage)
     } catch {
-        fail("enqueue: \(error) (\(enqueuer.progress.published) jobs were published before this)",
-             code: ExitCode.unavailable)
+        fail(
+            "enqueue: \(error) (\(enqueuer.progress.published) jobs were published before this)",
+            code: ExitCode.unavailable)
     }
     reportRefusals(of: enqueuer)
     print("published \(enqueuer.progress.published) jobs to \(enqueuer.queue), refused \(enqueuer.progress.refused)")
@@ -112,7 +118,8 @@ private func checkJobs(_ parsed: ParsedArguments, _ configuration: WorkerConfigu
     }
     do {
         var reader = try JobReader(path: parsed.positionals[0])
-        let (jobs, refusals) = try JobEnqueuer.checkAll(from: &reader, defaultTopic: configuration.credential.defaultTopic)
+        let (jobs, refusals) = try JobEnqueuer.checkAll(
+            from: &reader, defaultTopic: configuration.credential.defaultTopic)
         for refusal in refusals { print("refused \(refusal)") }
         print("checked \(jobs) jobs: \(jobs - refusals.count) would be accepted, \(refusals.count) refused")
         exit(refusals.isEmpty ? 0 : ExitCode.dataError)
@@ -127,7 +134,7 @@ func jobFromFlags(_ parsed: ParsedArguments) -> [UInt8] {
     let options: [(String, WritableKeyPath<JobFlags, String?>)] = [
         ("--id", \.id), ("--topic", \.topic), ("--environment", \.environment), ("--push-type", \.pushType),
         ("--priority", \.priority), ("--expiration", \.expiration), ("--deadline", \.deadline), ("--send-at", \.sendAt),
-        ("--collapse-id", \.collapseID), ("--alert", \.alert), ("--title", \.title), ("--payload", \.payload),
+        ("--collapse-id", \.collapseID), ("--alert", \.alert), ("--title", \.title), ("--payload", \.payload)
     ]
     for (option, field) in options { flags[keyPath: field] = parsed.value(option) }
     flags.users = parsed.all("--user")
@@ -164,7 +171,8 @@ final class ProgressBar {
         if let total = progress.totalBytes, total > 0 {
             let fraction = min(1, Double(progress.bytesRead) / Double(total))
             let filled = Int(fraction * 30)
-            text = "[" + String(repeating: "#", count: filled) + String(repeating: ".", count: 30 - filled) + "] "
+            text =
+                "[" + String(repeating: "#", count: filled) + String(repeating: ".", count: 30 - filled) + "] "
                 + String(format: "%3.0f%% ", fraction * 100)
         }
         return text + "\(progress.published) published, \(progress.refused) refused, "
@@ -180,6 +188,7 @@ private func reportRefusals(of enqueuer: JobEnqueuer) {
         FileHandle.standardError.write(Data("apns-worker: enqueue: refused \(refusal)\n".utf8))
     }
     if enqueuer.refusals.count > 100 {
-        FileHandle.standardError.write(Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
+        FileHandle.standardError.write(
+            Data("apns-worker: enqueue: ... and \(enqueuer.refusals.count - 100) more\n".utf8))
     }
 }

@@ -6,44 +6,45 @@ import Telemetry
 import WorkerPipeline
 
 let jobsHelp = """
-apns-worker jobs: act on jobs already enqueued, fleet-wide, through Redis (no worker is asked).
+    apns-worker jobs: act on jobs already enqueued, fleet-wide, through Redis (no worker is asked).
 
-USAGE: apns-worker jobs show JOB_ID [--json]
-       apns-worker jobs list [--json]
-       apns-worker jobs cancel JOB_ID [--reason TEXT] [--json]
+    USAGE: apns-worker jobs show JOB_ID [--json]
+           apns-worker jobs list [--json]
+           apns-worker jobs cancel JOB_ID [--reason TEXT] [--json]
 
-  show      a job's state (unknown, scheduled, running, done, cancelled), its counts (resolved, sent, delivered, dead,
-            failed, retrying, held back, expired, cancelled), its rate and, while it runs, the time left. Workers
-            add to a job's progress about once a second (apns:job:<id>:progress, kept 24 hours after its last
-            update) for jobs with an id and at least \(JobProgressDelta.minimumTargets) users and tokens; a smaller
-            job shows as unknown (its summary, on its reply_to queue, says how it went). --json: one object
-            (schema/job-progress.schema.json).
-  list      the jobs running now (progress updated in the last minute) and those waiting for their send_at, as
-            show prints them; --json: an array.
+      show      a job's state (unknown, scheduled, running, done, cancelled), its counts (resolved, sent, delivered, dead,
+                failed, retrying, held back, expired, cancelled), its rate and, while it runs, the time left. Workers
+                add to a job's progress about once a second (apns:job:<id>:progress, kept 24 hours after its last
+                update) for jobs with an id and at least \(JobProgressDelta.minimumTargets) users and tokens; a smaller
+                job shows as unknown (its summary, on its reply_to queue, says how it went). --json: one object
+                (schema/job-progress.schema.json).
+      list      the jobs running now (progress updated in the last minute) and those waiting for their send_at, as
+                show prints them; --json: an array.
 
-  cancel    records that JOB_ID (the job's "id", or its AMQP message-id) is cancelled, kept 7 days in Redis
-            (apns:cancelled:<job id>). Every worker running the job stops sending it within a second: what it
-            has not handed to APNs is not sent, and the job settles as usual (acknowledged, never parked), its
-            summary counting those notifications as "cancelled" (and users not yet resolved, one each). A copy
-            of the job that comes back later (a retry, a redelivery) sends nothing; a job cancelled before any
-            worker takes it sends nothing. Cancelling again changes nothing (the first reason is kept).
-            --reason TEXT is kept with the cancellation. Jobs without an id cannot be cancelled. Prints what
-            show knows of the job (--json: that object alone, the confirmation on standard error).
+      cancel    records that JOB_ID (the job's "id", or its AMQP message-id) is cancelled, kept 7 days in Redis
+                (apns:cancelled:<job id>). Every worker running the job stops sending it within a second: what it
+                has not handed to APNs is not sent, and the job settles as usual (acknowledged, never parked), its
+                summary counting those notifications as "cancelled" (and users not yet resolved, one each). A copy
+                of the job that comes back later (a retry, a redelivery) sends nothing; a job cancelled before any
+                worker takes it sends nothing. Cancelling again changes nothing (the first reason is kept).
+                --reason TEXT is kept with the cancellation. Jobs without an id cannot be cancelled. Prints what
+                show knows of the job (--json: that object alone, the confirmation on standard error).
 
-Settings it reads (environment, --config file or --set): the Redis ones,
-\(SettingTable.help(listing: SettingTable.redisSettings))
+    Settings it reads (environment, --config file or --set): the Redis ones,
+    \(SettingTable.help(listing: SettingTable.redisSettings))
 
-EXAMPLES:
-  apns-worker jobs list
-  apns-worker jobs show campaign-2026-12 --json
-  apns-worker jobs cancel campaign-2026-12 --reason "wrong text"
+    EXAMPLES:
+      apns-worker jobs list
+      apns-worker jobs show campaign-2026-12 --json
+      apns-worker jobs cancel campaign-2026-12 --reason "wrong text"
 
-EXIT CODES: 0 done, 2 bad command line, 69 Redis unreachable, 78 bad configuration.
-"""
+    EXIT CODES: 0 done, 2 bad command line, 69 Redis unreachable, 78 bad configuration.
+    """
 
 func jobsCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "jobs", valued: ["--reason"], switches: ["--json"],
-                                       help: jobsHelp)
+    let parsed = ParsedArguments.parse(
+        arguments, command: "jobs", valued: ["--reason"], switches: ["--json"],
+        help: jobsHelp)
     guard let action = parsed.positionals.first else {
         fail("jobs: say show, list or cancel; try 'apns-worker jobs --help'", code: ExitCode.usage)
     }
@@ -56,14 +57,18 @@ func jobsCommand(_ arguments: [String]) {
         guard operands.isEmpty else { fail("jobs list: takes no JOB_ID", code: ExitCode.usage) }
     } else {
         guard operands.count == 1, !operands[0].isEmpty, operands[0].utf8.count <= 256 else {
-            fail("jobs \(action): wants one JOB_ID of 1 to 256 bytes; try 'apns-worker jobs --help'", code: ExitCode.usage)
+            fail(
+                "jobs \(action): wants one JOB_ID of 1 to 256 bytes; try 'apns-worker jobs --help'",
+                code: ExitCode.usage)
         }
     }
     if action != "cancel", parsed.value("--reason") != nil {
         fail("jobs \(action): --reason goes with cancel", code: ExitCode.usage)
     }
     let reason = parsed.value("--reason")
-    if let reason, reason.utf8.count > 1024 { fail("jobs cancel: --reason must be at most 1,024 bytes", code: ExitCode.usage) }
+    if let reason, reason.utf8.count > 1024 {
+        fail("jobs cancel: --reason must be at most 1,024 bytes", code: ExitCode.usage)
+    }
     let configuration = parsed.configuration(requiringCredentials: false)
     do {
         let redis = try configuration.redis.connect()
@@ -75,9 +80,11 @@ func jobsCommand(_ arguments: [String]) {
             if json {
                 print("[" + reports.map(\.json).joined(separator: ",") + "]")
             } else {
-                print(reports.isEmpty ? "no job running (with an id and at least \(JobProgressDelta.minimumTargets) users and "
-                                          + "tokens) or scheduled"
-                                      : reports.map(\.text).joined(separator: "\n"))
+                print(
+                    reports.isEmpty
+                        ? "no job running (with an id and at least \(JobProgressDelta.minimumTargets) users and "
+                            + "tokens) or scheduled"
+                        : reports.map(\.text).joined(separator: "\n"))
             }
         case "show":
             let report = try progress.read(operands[0])
@@ -92,7 +99,8 @@ func jobsCommand(_ arguments: [String]) {
             if let kept = recorded?.reason { line += " (\(kept))" }
             let report = try progress.read(jobID)
             // With --json, standard output is the one object `show --json` prints; the confirmation goes to stderr.
-            let confirmation = line + ": workers send nothing more of it within a second; its summary counts the rest "
+            let confirmation =
+                line + ": workers send nothing more of it within a second; its summary counts the rest "
                 + "as cancelled"
             if json {
                 FileHandle.standardError.write(Data((confirmation + "\n").utf8))

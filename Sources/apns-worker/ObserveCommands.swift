@@ -5,43 +5,44 @@ import Telemetry
 import WorkerPipeline
 
 let statsHelp = """
-apns-worker stats: how the whole system is doing, from the broker and Redis (no worker is asked).
+    apns-worker stats: how the whole system is doing, from the broker and Redis (no worker is asked).
 
-USAGE: apns-worker stats [--minutes N] [--json] [--watch [SECONDS]]
+    USAGE: apns-worker stats [--minutes N] [--json] [--watch [SECONDS]]
 
-Shows both lanes (urgent: PUSH_JOBS_QUEUE, bulk: PUSH_BULK_QUEUE) with their depth, consumers, the jobs per
-second workers took from each and the notifications per second they sent from each, and the longest a job taken
-in the window had waited in its queue (from the jobs' timestamp, which `enqueue` sets; "-" when no timed job was
-taken: a lane nobody consumes shows its depth, and no wait). Then each queue's depth and consumers (the lanes,
-their retry delay queues, dead tokens, failed, registrations), what all workers together did over the last N
-minutes (default 5; notifications delivered, dead tokens, failures, expired, retries, jobs) with the rate per
-second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
-apns:stats:<minute>:waited and apns:workers).
+    Shows both lanes (urgent: PUSH_JOBS_QUEUE, bulk: PUSH_BULK_QUEUE) with their depth, consumers, the jobs per
+    second workers took from each and the notifications per second they sent from each, and the longest a job taken
+    in the window had waited in its queue (from the jobs' timestamp, which `enqueue` sets; "-" when no timed job was
+    taken: a lane nobody consumes shows its depth, and no wait). Then each queue's depth and consumers (the lanes,
+    their retry delay queues, dead tokens, failed, registrations), what all workers together did over the last N
+    minutes (default 5; notifications delivered, dead tokens, failures, expired, retries, jobs) with the rate per
+    second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
+    apns:stats:<minute>:waited and apns:workers).
 
-  --minutes N        the window of the totals (default 5; with --watch at least 2, so that a frame's rates see
-                     every minute the interval touched)
-  --json             one JSON object (with --watch: one line per frame, {"at", "rates_per_second", "report"})
-  --watch [SECONDS]  the live view: the report again every SECONDS (default 5, the workers' reporting interval;
-                     1 to 300), with what all workers did per second since the previous frame on top. On a
-                     terminal each frame replaces the last; into a pipe or file, frames follow each other as
-                     plain lines. Ctrl-C stops it (exit 0); a broker or Redis that stops answering is reported in
-                     the frame and asked again at the next one.
+      --minutes N        the window of the totals (default 5; with --watch at least 2, so that a frame's rates see
+                         every minute the interval touched)
+      --json             one JSON object (with --watch: one line per frame, {"at", "rates_per_second", "report"})
+      --watch [SECONDS]  the live view: the report again every SECONDS (default 5, the workers' reporting interval;
+                         1 to 300), with what all workers did per second since the previous frame on top. On a
+                         terminal each frame replaces the last; into a pipe or file, frames follow each other as
+                         plain lines. Ctrl-C stops it (exit 0); a broker or Redis that stops answering is reported in
+                         the frame and asked again at the next one.
 
-EXAMPLES:
-  apns-worker stats
-  apns-worker stats --watch           # redraws every 5 s
-  apns-worker stats --watch 2 --minutes 1
+    EXAMPLES:
+      apns-worker stats
+      apns-worker stats --watch           # redraws every 5 s
+      apns-worker stats --watch 2 --minutes 1
 
-Settings it reads (environment, --config file or --set):
-\(SettingTable.help(for: .stats))
+    Settings it reads (environment, --config file or --set):
+    \(SettingTable.help(for: .stats))
 
-EXIT CODES: 0 done, 2 bad command line, 69 broker or Redis unreachable, 78 bad configuration.
-"""
+    EXIT CODES: 0 done, 2 bad command line, 69 broker or Redis unreachable, 78 bad configuration.
+    """
 
 func statsCommand(_ arguments: [String]) {
     let (remaining, watchInterval) = takeWatchOption(arguments)
-    let parsed = ParsedArguments.parse(remaining, command: "stats", valued: ["--minutes"], switches: ["--json"],
-                                       help: statsHelp)
+    let parsed = ParsedArguments.parse(
+        remaining, command: "stats", valued: ["--minutes"], switches: ["--json"],
+        help: statsHelp)
     if let extra = parsed.positionals.first { fail("stats: unexpected argument \(extra)", code: ExitCode.usage) }
     let minutes = parsed.integer("--minutes", default: 5, range: 1...1440, command: "stats")
     let configuration = parsed.configuration(requiringCredentials: false)
@@ -60,7 +61,9 @@ func statsCommand(_ arguments: [String]) {
 /// `--watch`, `--watch SECONDS` or `--watch=SECONDS` taken out of `arguments` (its value is optional, which the
 /// common parser does not do): the rest, and the interval if the option was there.
 private func takeWatchOption(_ arguments: [String]) -> (rest: [String], interval: Double?) {
-    var rest: [String] = [], interval: Double?, index = 0
+    var rest: [String] = []
+    var interval: Double?
+    var index = 0
     func seconds(_ text: String) -> Double {
         guard let value = Double(text), (1...300).contains(value) else {
             fail("stats: --watch wants seconds from 1 to 300, got \(text)", code: ExitCode.usage)
@@ -107,10 +110,13 @@ private func watchStats(_ configuration: WorkerConfiguration, minutes: Int, inte
         do {
             let report = try StatsReport.collect(configuration, windowMinutes: window)
             let rates = previous.map { report.rates(since: $0.report, seconds: now.timeIntervalSince($0.time)) }
-            frame = json ? report.watchJSON(at: now, rates: rates) : report.watchFrame(at: now, rates: rates, interval: interval)
+            frame =
+                json
+                ? report.watchJSON(at: now, rates: rates) : report.watchFrame(at: now, rates: rates, interval: interval)
             previous = (report, now)
         } catch {
-            frame = "apns-worker stats at \(now.formatted(.iso8601)): broker or Redis not answering (\(error)); "
+            frame =
+                "apns-worker stats at \(now.formatted(.iso8601)): broker or Redis not answering (\(error)); "
                 + "asking again in \(Int(interval)) s"
         }
         // On a terminal: home, clear, the frame. Elsewhere: the frame and a blank line, so that a log keeps them all.
@@ -121,25 +127,26 @@ private func watchStats(_ configuration: WorkerConfiguration, minutes: Int, inte
 }
 
 let deadTokensHelp = """
-apns-worker dead-tokens tail: print dead-token events as workers publish them, one JSON line each.
+    apns-worker dead-tokens tail: print dead-token events as workers publish them, one JSON line each.
 
-USAGE: apns-worker dead-tokens tail [--count N] [--timeout SECONDS] [--full-tokens]
+    USAGE: apns-worker dead-tokens tail [--count N] [--timeout SECONDS] [--full-tokens]
 
-Watches through a temporary queue of its own bound to PUSH_DEAD_TOKENS_EXCHANGE (default: named like PUSH_DEAD_TOKENS_QUEUE), so the
-cleanup consumers still receive every event; it sees events published while it runs, not those already queued.
-Tokens are shortened (first 8 characters and length) unless --full-tokens.
-  --count N          stop after N events
-  --timeout SECONDS  stop when no event came for this long (exit 0)
+    Watches through a temporary queue of its own bound to PUSH_DEAD_TOKENS_EXCHANGE (default: named like PUSH_DEAD_TOKENS_QUEUE), so the
+    cleanup consumers still receive every event; it sees events published while it runs, not those already queued.
+    Tokens are shortened (first 8 characters and length) unless --full-tokens.
+      --count N          stop after N events
+      --timeout SECONDS  stop when no event came for this long (exit 0)
 
-Settings it reads (environment, --config file or --set):
-\(SettingTable.help(for: .deadTokensTail))
+    Settings it reads (environment, --config file or --set):
+    \(SettingTable.help(for: .deadTokensTail))
 
-EXIT CODES: 0 done, 2 bad command line, 69 broker unreachable, 78 bad configuration.
-"""
+    EXIT CODES: 0 done, 2 bad command line, 69 broker unreachable, 78 bad configuration.
+    """
 
 func deadTokensCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "dead-tokens", valued: ["--count", "--timeout"],
-                                       switches: ["--full-tokens"], help: deadTokensHelp)
+    let parsed = ParsedArguments.parse(
+        arguments, command: "dead-tokens", valued: ["--count", "--timeout"],
+        switches: ["--full-tokens"], help: deadTokensHelp)
     guard parsed.positionals == ["tail"] else {
         fail("dead-tokens: the only action is tail; try 'apns-worker dead-tokens --help'", code: ExitCode.usage)
     }
@@ -153,10 +160,13 @@ func deadTokensCommand(_ arguments: [String]) {
     let configuration = parsed.configuration(requiringCredentials: false)
     let full = parsed.switches.contains("--full-tokens")
     do {
-        let watcher = try DeadTokenWatcher(configuration: configuration,
-                                           logger: Logger(label: "apns-worker", level: configuration.logLevel,
-                                                          format: configuration.logFormat))
-        FileHandle.standardError.write(Data("apns-worker: watching \(configuration.broker.queues.deadTokensExchange)\n".utf8))
+        let watcher = try DeadTokenWatcher(
+            configuration: configuration,
+            logger: Logger(
+                label: "apns-worker", level: configuration.logLevel,
+                format: configuration.logFormat))
+        FileHandle.standardError.write(
+            Data("apns-worker: watching \(configuration.broker.queues.deadTokensExchange)\n".utf8))
         var seen = 0
         while seen < count, let body = try watcher.next(timeout: timeout) {
             seen += 1
@@ -173,40 +183,43 @@ func deadTokensCommand(_ arguments: [String]) {
             FileHandle.standardOutput.write(Data(line))
         }
     } catch {
-        if let named = ConfigurationError(naming: error) { fail("configuration error: \(named)", code: ExitCode.configuration) }
+        if let named = ConfigurationError(naming: error) {
+            fail("configuration error: \(named)", code: ExitCode.configuration)
+        }
         failReaching("dead-tokens tail", error)
     }
 }
 
 let cleanupHelp = """
-apns-worker cleanup: keep the token cache true to what APNs and the apps say (the token lifecycle).
+    apns-worker cleanup: keep the token cache true to what APNs and the apps say (the token lifecycle).
 
-USAGE: apns-worker cleanup [--once] [--config FILE] [--set KEY=VALUE ...]
+    USAGE: apns-worker cleanup [--once] [--config FILE] [--set KEY=VALUE ...]
 
-  - consumes PUSH_DEAD_TOKENS_QUEUE: each dead token leaves the cache, unless the app registered it again after the
-    event's timestamp (a direct token's owner is found through apns:owner:<token>);
-  - consumes PUSH_REGISTRATIONS_QUEUE (default push.registrations), where an app's backend reports each launch:
-      {"user": "u1", "token": "<hex>", "environment": "production", "timestamp": 1732900000000,
-       "device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}
-    A registration newer than what is known writes the token with its time (moving it from a previous user);
-    "action": "unregister" (a logout) removes it unless registered again later. Older events change nothing.
-  - every CLEANUP_SWEEP_INTERVAL seconds (default 3600) removes tokens not registered for CLEANUP_INACTIVE_DAYS
-    (default 90). Tokens with no registration time are kept: their age is unknown.
-Unreadable messages are parked on PUSH_FAILED_QUEUE with the reason in the x-apns-worker-reason header.
-Serves GET /metrics, /healthz, /readyz on METRICS_HOST:METRICS_PORT like the worker (give it another port when
-both run on one host). One cleanup process is enough for most fleets; more can run side by side.
+      - consumes PUSH_DEAD_TOKENS_QUEUE: each dead token leaves the cache, unless the app registered it again after the
+        event's timestamp (a direct token's owner is found through apns:owner:<token>);
+      - consumes PUSH_REGISTRATIONS_QUEUE (default push.registrations), where an app's backend reports each launch:
+          {"user": "u1", "token": "<hex>", "environment": "production", "timestamp": 1732900000000,
+           "device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}
+        A registration newer than what is known writes the token with its time (moving it from a previous user);
+        "action": "unregister" (a logout) removes it unless registered again later. Older events change nothing.
+      - every CLEANUP_SWEEP_INTERVAL seconds (default 3600) removes tokens not registered for CLEANUP_INACTIVE_DAYS
+        (default 90). Tokens with no registration time are kept: their age is unknown.
+    Unreadable messages are parked on PUSH_FAILED_QUEUE with the reason in the x-apns-worker-reason header.
+    Serves GET /metrics, /healthz, /readyz on METRICS_HOST:METRICS_PORT like the worker (give it another port when
+    both run on one host). One cleanup process is enough for most fleets; more can run side by side.
 
-  --once     process what is queued, sweep once, and exit (for a cron job)
+      --once     process what is queued, sweep once, and exit (for a cron job)
 
-Settings it reads (environment, --config file or --set):
-\(SettingTable.help(for: .cleanup))
+    Settings it reads (environment, --config file or --set):
+    \(SettingTable.help(for: .cleanup))
 
-EXIT CODES: 0 done or stopped on a signal, 2 bad command line, 69 broker or Redis unreachable (--once),
-78 bad configuration.
-"""
+    EXIT CODES: 0 done or stopped on a signal, 2 bad command line, 69 broker or Redis unreachable (--once),
+    78 bad configuration.
+    """
 
 func cleanupCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "cleanup", valued: [], switches: ["--once"], help: cleanupHelp)
+    let parsed = ParsedArguments.parse(
+        arguments, command: "cleanup", valued: [], switches: ["--once"], help: cleanupHelp)
     if let extra = parsed.positionals.first { fail("cleanup: unexpected argument \(extra)", code: ExitCode.usage) }
     let configuration = parsed.configuration(requiringCredentials: false)
     let logger = Logger(label: "apns-cleanup", level: configuration.logLevel, format: configuration.logFormat)

@@ -8,64 +8,68 @@ import Telemetry
 import WorkerPipeline
 
 let tokensHelp = """
-apns-worker tokens: read and change the Redis token cache by hand (the schema is in docs/contract.md).
+    apns-worker tokens: read and change the Redis token cache by hand (the schema is in docs/contract.md).
 
-USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
-                                [--activity ID] [--timezone ZONE]
-       apns-worker tokens remove USER TOKEN [--topic TOPIC] [--environment production|sandbox]
-       apns-worker tokens list USER [--topic TOPIC] [--full-tokens] [--json]
-       apns-worker tokens keys USER
-       apns-worker tokens import [FILE]
-       apns-worker tokens migrate --from redis://[:password@]host:port/db
+    USAGE: apns-worker tokens add USER TOKEN [--environment production|sandbox] [--topic TOPIC] [--device JSON]
+                                    [--activity ID] [--timezone ZONE]
+           apns-worker tokens remove USER TOKEN [--topic TOPIC] [--environment production|sandbox]
+           apns-worker tokens list USER [--topic TOPIC] [--full-tokens] [--json]
+           apns-worker tokens keys USER
+           apns-worker tokens import [FILE]
+           apns-worker tokens migrate --from redis://[:password@]host:port/db
 
-  add       the token belongs to USER from now on (as a registration event would say): written with the time
-            of registration, taken away from another user who had it; --device keeps metadata such as
-            {"model":"iPhone15,2","os":"17.1","app_version":"4.2"}.
-            --topic is the full APNs topic the token was issued for, for tokens other than the default app's
-            device token: com.example.app.voip (PushKit VoIP), com.example.app.push-type.liveactivity (Live
-            Activity push-to-start or update), com.example.other (another app). Without it the token is a device
-            token of the default app (APNS_TOPIC), for alert and background pushes.
-            --activity ID (with --topic <bundle>.push-type.liveactivity): a Live Activity's update token, kept
-            under that activity for a day rather than among USER's tokens; a job with "activity": "ID" reaches it.
-            --timezone ZONE: USER's time zone, an IANA name such as Europe/Paris (checked against the system's
-            time zone database, tzdata): a job's "local_window" reaches USER only inside those hours of USER's day.
-  remove    the token no longer receives USER's notifications; with --topic (and --environment) only if the
-            cached token serves that topic (there), so a token of another kind is never removed by mistake
-  list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
-            --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
-            characters and length) unless --full-tokens; --json for scripts.
-  keys      USER's keys in Redis (tokens, registration times, devices, time zone), a line each with where it
-            lives: the Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
-  import    registration events from FILE (standard input without it, or -), one JSON object per line as on
-            PUSH_REGISTRATIONS_QUEUE ({"user": "u1", "token": "<hex>", "environment": "sandbox", "timestamp":
-            1732900000000}); applied as the cleanup consumer applies them, 1,000 at a time: an event older than
-            what the cache knows changes nothing, so a file imported again leaves the cache as it was (events
-            without a timestamp count as registered now). Progress on standard error, counts at the end. Lines
-            that are not an event are reported by number and skipped (exit 65 once the rest is in).
-  migrate   copies the token cache of the single Redis --from names (tokens, registration times, devices,
-            owners, time zones) into the configured Redis, usually a Redis Cluster (REDIS_CLUSTER_NODES),
-            writing its key form; a page of users at a time, progress every two seconds, counts at the end. Nothing the
-            destination knows a newer registration of is overwritten, so it can run again: after an interruption,
-            or to catch up just before the workers switch over.
+      add       the token belongs to USER from now on (as a registration event would say): written with the time
+                of registration, taken away from another user who had it; --device keeps metadata such as
+                {"model":"iPhone15,2","os":"17.1","app_version":"4.2"}.
+                --topic is the full APNs topic the token was issued for, for tokens other than the default app's
+                device token: com.example.app.voip (PushKit VoIP), com.example.app.push-type.liveactivity (Live
+                Activity push-to-start or update), com.example.other (another app). Without it the token is a device
+                token of the default app (APNS_TOPIC), for alert and background pushes.
+                --activity ID (with --topic <bundle>.push-type.liveactivity): a Live Activity's update token, kept
+                under that activity for a day rather than among USER's tokens; a job with "activity": "ID" reaches it.
+                --timezone ZONE: USER's time zone, an IANA name such as Europe/Paris (checked against the system's
+                time zone database, tzdata): a job's "local_window" reaches USER only inside those hours of USER's day.
+      remove    the token no longer receives USER's notifications; with --topic (and --environment) only if the
+                cached token serves that topic (there), so a token of another kind is never removed by mistake
+      list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
+                --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
+                characters and length) unless --full-tokens; --json for scripts.
+      keys      USER's keys in Redis (tokens, registration times, devices, time zone), a line each with where it
+                lives: the Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
+      import    registration events from FILE (standard input without it, or -), one JSON object per line as on
+                PUSH_REGISTRATIONS_QUEUE ({"user": "u1", "token": "<hex>", "environment": "sandbox", "timestamp":
+                1732900000000}); applied as the cleanup consumer applies them, 1,000 at a time: an event older than
+                what the cache knows changes nothing, so a file imported again leaves the cache as it was (events
+                without a timestamp count as registered now). Progress on standard error, counts at the end. Lines
+                that are not an event are reported by number and skipped (exit 65 once the rest is in).
+      migrate   copies the token cache of the single Redis --from names (tokens, registration times, devices,
+                owners, time zones) into the configured Redis, usually a Redis Cluster (REDIS_CLUSTER_NODES),
+                writing its key form; a page of users at a time, progress every two seconds, counts at the end. Nothing the
+                destination knows a newer registration of is overwritten, so it can run again: after an interruption,
+                or to catch up just before the workers switch over.
 
-Settings it reads (environment, --config file or --set):
-\(SettingTable.help(for: .tokens))
+    Settings it reads (environment, --config file or --set):
+    \(SettingTable.help(for: .tokens))
 
-EXAMPLES:
-  apns-worker tokens add alice 3f0c9a...e1 --environment sandbox
-  apns-worker tokens add alice 7d41e0...9b --topic com.example.app.voip
-  apns-worker tokens add alice 3f0c9a...e1 --timezone America/New_York
-  apns-worker tokens list alice
-  apns-worker tokens import registrations.jsonl
-  REDIS_CLUSTER_NODES=10.0.0.21:6379 apns-worker tokens migrate --from redis://10.0.0.5:6379/0
+    EXAMPLES:
+      apns-worker tokens add alice 3f0c9a...e1 --environment sandbox
+      apns-worker tokens add alice 7d41e0...9b --topic com.example.app.voip
+      apns-worker tokens add alice 3f0c9a...e1 --timezone America/New_York
+      apns-worker tokens list alice
+      apns-worker tokens import registrations.jsonl
+      REDIS_CLUSTER_NODES=10.0.0.21:6379 apns-worker tokens migrate --from redis://10.0.0.5:6379/0
 
-EXIT CODES: 0 done, 2 bad command line or bad token, 69 Redis unreachable, 78 bad configuration.
-"""
+    EXIT CODES: 0 done, 2 bad command line or bad token, 69 Redis unreachable, 78 bad configuration.
+    """
 
 func tokensCommand(_ arguments: [String]) {
-    let parsed = ParsedArguments.parse(arguments, command: "tokens", valued: ["--environment", "--device", "--topic", "--from", "--activity",
-                                                                               "--timezone"],
-                                       switches: ["--full-tokens", "--json"], help: tokensHelp)
+    let parsed = ParsedArguments.parse(
+        arguments, command: "tokens",
+        valued: [
+            "--environment", "--device", "--topic", "--from", "--activity",
+            "--timezone"
+        ],
+        switches: ["--full-tokens", "--json"], help: tokensHelp)
     guard let action = parsed.positionals.first else {
         fail("tokens: say add, remove or list; try 'apns-worker tokens --help'", code: ExitCode.usage)
     }
@@ -75,7 +79,9 @@ func tokensCommand(_ arguments: [String]) {
     }
     if action == "migrate" {
         guard operands.isEmpty, let from = parsed.value("--from") else {
-            fail("tokens migrate: wants --from redis://host:port/db; try 'apns-worker tokens --help'", code: ExitCode.usage)
+            fail(
+                "tokens migrate: wants --from redis://host:port/db; try 'apns-worker tokens --help'",
+                code: ExitCode.usage)
         }
         migrateTokens(from: from, parsed)
     }
@@ -85,11 +91,14 @@ func tokensCommand(_ arguments: [String]) {
     }
     let wanted = action == "list" || action == "keys" ? 1 : 2
     guard operands.count == wanted else {
-        fail("tokens \(action): wants \(wanted == 1 ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
-             code: ExitCode.usage)
+        fail(
+            "tokens \(action): wants \(wanted == 1 ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
+            code: ExitCode.usage)
     }
     let user = operands[0]
-    guard !user.isEmpty, user.utf8.count <= 256 else { fail("tokens: USER must be 1 to 256 bytes", code: ExitCode.usage) }
+    guard !user.isEmpty, user.utf8.count <= 256 else {
+        fail("tokens: USER must be 1 to 256 bytes", code: ExitCode.usage)
+    }
     if wanted == 2 {
         do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(operands[1]) } catch {
             fail("tokens \(action): TOKEN: \(error)", code: ExitCode.usage)
@@ -97,8 +106,9 @@ func tokensCommand(_ arguments: [String]) {
     }
     let topic = parsed.value("--topic")
     if let topic, !TokenScope.isValidTopic(topic) {
-        fail("tokens \(action): --topic must be an APNs topic (a bundle ID with its push type's suffix, e.g. "
-             + "com.example.app.voip)", code: ExitCode.usage)
+        fail(
+            "tokens \(action): --topic must be an APNs topic (a bundle ID with its push type's suffix, e.g. "
+                + "com.example.app.voip)", code: ExitCode.usage)
     }
     var environment: APNsEnvironment?
     if let text = parsed.value("--environment") {
@@ -119,25 +129,33 @@ func tokensCommand(_ arguments: [String]) {
     if let timeZone {
         guard action == "add" else { fail("tokens \(action): --timezone goes with add", code: ExitCode.usage) }
         guard activity == nil else {
-            fail("tokens add: --timezone is a user's, not an activity's: give it without --activity", code: ExitCode.usage)
+            fail(
+                "tokens add: --timezone is a user's, not an activity's: give it without --activity",
+                code: ExitCode.usage)
         }
-        if let problem = TimeZoneName.problem(timeZone) { fail("tokens add: --timezone: \(problem)", code: ExitCode.usage) }
+        if let problem = TimeZoneName.problem(timeZone) {
+            fail("tokens add: --timezone: \(problem)", code: ExitCode.usage)
+        }
     }
     let configuration = parsed.configuration(requiringCredentials: false)
     let editor: TokenCacheEditor
     do {
-        editor = try TokenCacheEditor(configuration: configuration, fullTokens: parsed.switches.contains("--full-tokens"),
-                                      logger: Logger(label: "apns-worker", level: configuration.logLevel,
-                                                     format: configuration.logFormat))
+        editor = try TokenCacheEditor(
+            configuration: configuration, fullTokens: parsed.switches.contains("--full-tokens"),
+            logger: Logger(
+                label: "apns-worker", level: configuration.logLevel,
+                format: configuration.logFormat))
     } catch {
         failReaching("tokens", error)
     }
     do {
         switch action {
         case "add":
-            print(try editor.add(user: user, token: operands[1],
-                                 scope: TokenScope(environment: environment ?? .production, topic: topic),
-                                 deviceJSON: device, activity: activity, timeZone: timeZone))
+            print(
+                try editor.add(
+                    user: user, token: operands[1],
+                    scope: TokenScope(environment: environment ?? .production, topic: topic),
+                    deviceJSON: device, activity: activity, timeZone: timeZone))
         case "remove":
             print(try editor.remove(user: user, token: operands[1], topic: topic, environment: environment))
         case "keys":
@@ -157,9 +175,11 @@ private func importTokens(from path: String, _ parsed: ParsedArguments) -> Never
     let configuration = parsed.configuration(requiringCredentials: false)
     let editor: TokenCacheEditor
     do {
-        editor = try TokenCacheEditor(configuration: configuration, fullTokens: false,
-                                      logger: Logger(label: "apns-worker", level: configuration.logLevel,
-                                                     format: configuration.logFormat))
+        editor = try TokenCacheEditor(
+            configuration: configuration, fullTokens: false,
+            logger: Logger(
+                label: "apns-worker", level: configuration.logLevel,
+                format: configuration.logFormat))
     } catch {
         failReaching("tokens import", error)
     }
@@ -170,10 +190,12 @@ private func importTokens(from path: String, _ parsed: ParsedArguments) -> Never
         report = try editor.importRegistrations(path: path) { report in
             guard Date().timeIntervalSince(lastShown) >= 2 else { return }
             lastShown = Date()
-            let share = report.totalBytes.map { total in
-                String(format: " (%.0f%% of the file)", 100 * Double(report.bytesRead) / Double(max(1, total)))
-            } ?? ""
-            FileHandle.standardError.write(Data("tokens import: \(report.lines) lines, \(report.applied) applied\(share)\n".utf8))
+            let share =
+                report.totalBytes.map { total in
+                    String(format: " (%.0f%% of the file)", 100 * Double(report.bytesRead) / Double(max(1, total)))
+                } ?? ""
+            FileHandle.standardError.write(
+                Data("tokens import: \(report.lines) lines, \(report.applied) applied\(share)\n".utf8))
         }
     } catch let unreadable as JobReaderError {
         fail("tokens import: \(unreadable)", code: ExitCode.usage)
@@ -181,9 +203,11 @@ private func importTokens(from path: String, _ parsed: ParsedArguments) -> Never
         failReaching("tokens import", error)
     }
     for refusal in report.firstRefusals { FileHandle.standardError.write(Data("tokens import: \(refusal)\n".utf8)) }
-    print(String(format: "imported %d lines in %.1f s: %d applied, %d unchanged (the cache knew a newer registration), "
-                 + "%d refused", report.lines, Date().timeIntervalSince(started), report.applied, report.unchanged,
-                 report.refused))
+    print(
+        String(
+            format: "imported %d lines in %.1f s: %d applied, %d unchanged (the cache knew a newer registration), "
+                + "%d refused", report.lines, Date().timeIntervalSince(started), report.applied, report.unchanged,
+            report.refused))
     exit(report.refused == 0 ? ExitCode.success : ExitCode.dataError)
 }
 
@@ -203,16 +227,19 @@ private func migrateTokens(from text: String, _ parsed: ParsedArguments) -> Neve
         done = try migration.run { progress in
             guard Date().timeIntervalSince(lastShown) >= 2 else { return }
             lastShown = Date()
-            FileHandle.standardError.write(Data("tokens migrate: \(progress.users) users, \(progress.tokens) tokens read\n".utf8))
+            FileHandle.standardError.write(
+                Data("tokens migrate: \(progress.users) users, \(progress.tokens) tokens read\n".utf8))
         }
     } catch {
         if error.kind == .badURL { fail("tokens migrate: \(error.message)", code: ExitCode.usage) }
         failReaching("tokens migrate", error)
     }
-    print(String(format: "migrated %d users in %.1f s from %@ to %@: %d tokens read, %d written, %d kept (the destination "
-                 + "knew a newer registration), %d users unreadable at the source", done.users,
-                 Date().timeIntervalSince(started), source.description, configuration.redis.description, done.tokens,
-                 done.written, done.kept, done.unreadableUsers))
+    print(
+        String(
+            format: "migrated %d users in %.1f s from %@ to %@: %d tokens read, %d written, %d kept (the destination "
+                + "knew a newer registration), %d users unreadable at the source", done.users,
+            Date().timeIntervalSince(started), source.description, configuration.redis.description, done.tokens,
+            done.written, done.kept, done.unreadableUsers))
     exit(ExitCode.success)
 }
 
@@ -224,7 +251,8 @@ private func checkActivityOption(_ activity: String, action: String, topic: Stri
         fail("tokens add: --activity must be \(LiveActivityID.rule)", code: ExitCode.usage)
     }
     guard topic?.hasSuffix(APNsPushType.liveactivity.topicSuffix) == true else {
-        fail("tokens add: --activity wants --topic <bundle>.push-type.liveactivity (an update token's topic)",
-             code: ExitCode.usage)
+        fail(
+            "tokens add: --activity wants --topic <bundle>.push-type.liveactivity (an update token's topic)",
+            code: ExitCode.usage)
     }
 }

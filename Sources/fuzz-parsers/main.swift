@@ -47,17 +47,22 @@ enum FuzzedParser: String, CaseIterable {
                 precondition(targets > 0, "an accepted job without targets")
             case .liveActivity(let activity):
                 precondition(targets > 0 || activity != nil, "an accepted Live Activity job without targets")
-                precondition(job.pushType == .liveactivity || job.pushType == .background, "a Live Activity job sent as \(job.pushType)")
+                precondition(
+                    job.pushType == .liveactivity || job.pushType == .background,
+                    "a Live Activity job sent as \(job.pushType)")
             case .broadcast(let channel):
                 precondition((try? APNsChannelID.check(channel)) != nil, "an accepted broadcast with a bad channel id")
             }
-            precondition(!job.topic.isEmpty && job.payload.count <= job.pushType.maximumPayloadSize,
-                         "an accepted job without a topic or a valid payload")
+            precondition(
+                !job.topic.isEmpty && job.payload.count <= job.pushType.maximumPayloadSize,
+                "an accepted job without a topic or a valid payload")
             if let retryTargets = job.retryTargets {
-                let again = try? PushJob.decode(job.retryBody(targets: retryTargets, original: bytes), defaultTopic: nil,
-                                                fallbackID: "")
-                precondition(again?.retryTargets == retryTargets && again?.payload == job.payload
-                             && again?.originalBody == (job.originalBody ?? bytes), "retry round trip")
+                let again = try? PushJob.decode(
+                    job.retryBody(targets: retryTargets, original: bytes), defaultTopic: nil,
+                    fallbackID: "")
+                precondition(
+                    again?.retryTargets == retryTargets && again?.payload == job.payload
+                        && again?.originalBody == (job.originalBody ?? bytes), "retry round trip")
             }
         }
         if let event = try? RegistrationEvent.decode(bytes, now: 1) {
@@ -68,7 +73,9 @@ enum FuzzedParser: String, CaseIterable {
     }
 
     static func credentials(_ bytes: [UInt8]) {
-        guard let file = try? CredentialsFile.parse(Data(bytes), path: "/etc/apns-worker/credentials.json") else { return }
+        guard let file = try? CredentialsFile.parse(Data(bytes), path: "/etc/apns-worker/credentials.json") else {
+            return
+        }
         for entry in file.entries {
             precondition(!entry.topics.isEmpty && entry.rateLimit >= 0, "an accepted entry without topics")
             switch entry.proof {
@@ -100,16 +107,23 @@ enum FuzzedParser: String, CaseIterable {
     }
 
     /// Every whole reply the reader holds.
-    private static func readAll(_ reader: RedisReplyReader, asHashes: Bool, askedAt asked: RedisAddress) throws(RedisError) {
+    private static func readAll(_ reader: RedisReplyReader, asHashes: Bool, askedAt asked: RedisAddress)
+        throws(RedisError)
+    {
         while true {
             if asHashes {
                 var pairs = 0
-                guard let hash = try reader.nextHash({ field, value in
-                    precondition(field.count <= RedisReplyReader.maximumBulkLength
-                                 && value.count <= RedisReplyReader.maximumBulkLength)
-                    pairs += 1
-                }) else { return }
-                if case .fields(let count) = hash { precondition(count == pairs, "pairs counted \(count), handed \(pairs)") }
+                guard
+                    let hash = try reader.nextHash({ field, value in
+                        precondition(
+                            field.count <= RedisReplyReader.maximumBulkLength
+                                && value.count <= RedisReplyReader.maximumBulkLength)
+                        pairs += 1
+                    })
+                else { return }
+                if case .fields(let count) = hash {
+                    precondition(count == pairs, "pairs counted \(count), handed \(pairs)")
+                }
             } else {
                 guard let reply = try reader.next() else { return }
                 read(reply, askedAt: asked)
@@ -133,7 +147,8 @@ enum FuzzedParser: String, CaseIterable {
             break
         }
         if let master = RedisSentinels.namedMaster(in: reply) {
-            precondition((1...65_535).contains(master.port) && !master.host.isEmpty, "a sentinel's master at no address")
+            precondition(
+                (1...65_535).contains(master.port) && !master.host.isEmpty, "a sentinel's master at no address")
         }
         if case .error(let message) = reply { _ = RedisConnection.notServing(message) }
     }
@@ -147,10 +162,12 @@ enum FuzzedParser: String, CaseIterable {
         }
         switch ConnectAnswer(received) {
         case .tunnel:
-            precondition(received.starts(with: Array("HTTP/1.".utf8)), "a tunnel opened on something else than HTTP/1.x")
+            precondition(
+                received.starts(with: Array("HTTP/1.".utf8)), "a tunnel opened on something else than HTTP/1.x")
         case .wantsCredentials(let shown), .refused(let shown):
-            precondition(shown.unicodeScalars.count <= 120 && !shown.unicodeScalars.contains { $0.value < 0x20 },
-                         "a status line shown unbounded or with control characters")
+            precondition(
+                shown.unicodeScalars.count <= 120 && !shown.unicodeScalars.contains { $0.value < 0x20 },
+                "a status line shown unbounded or with control characters")
         }
     }
 
@@ -161,7 +178,8 @@ enum FuzzedParser: String, CaseIterable {
         switch first % 4 {
         case 0:
             if let ids = try? APNsChannelAnswer.channels(body) {
-                precondition(ids.allSatisfy { (try? APNsChannelID.check($0)) != nil }, "a listed id that is no channel id")
+                precondition(
+                    ids.allSatisfy { (try? APNsChannelID.check($0)) != nil }, "a listed id that is no channel id")
             }
         case 1:
             _ = try? APNsChannelAnswer.storage(body)
@@ -182,17 +200,19 @@ public func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
 }
 
 #if FUZZING
-// SwiftPM links an executable's entry point under the name `<module>_main`; built as a library (-parse-as-library)
-// for libFuzzer, this file provides it and hands control to libFuzzer's driver.
-@_silgen_name("LLVMFuzzerRunDriver")
-func runFuzzerDriver(_ argc: UnsafeMutablePointer<CInt>,
-                     _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-                     _ callback: @convention(c) (UnsafePointer<UInt8>?, Int) -> CInt) -> CInt
+    // SwiftPM links an executable's entry point under the name `<module>_main`; built as a library (-parse-as-library)
+    // for libFuzzer, this file provides it and hands control to libFuzzer's driver.
+    @_silgen_name("LLVMFuzzerRunDriver")
+    func runFuzzerDriver(
+        _ argc: UnsafeMutablePointer<CInt>,
+        _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
+        _ callback: @convention(c) (UnsafePointer<UInt8>?, Int) -> CInt
+    ) -> CInt
 
-@_cdecl("fuzz_parsers_main")
-func fuzzerMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
-    var count = argc
-    var arguments = argv
-    return runFuzzerDriver(&count, &arguments) { data, size in fuzzOneInput(data, size) }
-}
+    @_cdecl("fuzz_parsers_main")
+    func fuzzerMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+        var count = argc
+        var arguments = argv
+        return runFuzzerDriver(&count, &arguments) { data, size in fuzzOneInput(data, size) }
+    }
 #endif

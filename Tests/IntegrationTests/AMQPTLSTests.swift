@@ -46,13 +46,22 @@ import WorkerPipeline
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        try publisher.publish(to: jobs, body: Array(#"{"id": "tls-1", "tokens": ["\#(String(repeating: "2c", count: 32))"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "AMQP_URL": try TestServices.value("AMQPS_URL"), "AMQP_CA_FILE": try TestServices.value("AMQPS_CA_FILE"),
-        ]), logger: logger)
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "tls-1", "tokens": ["\#(String(repeating: "2c", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "AMQP_URL": try TestServices.value("AMQPS_URL"),
+                    "AMQP_CA_FILE": try TestServices.value("AMQPS_CA_FILE")
+                ]), logger: logger)
         defer { workerThread.stop() }
-        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
+        let summary =
+            try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body))
+            as! [String: Any]
         #expect(summary["job_id"] as? String == "tls-1")
         #expect(summary["delivered"] as? Int == 1)
     }

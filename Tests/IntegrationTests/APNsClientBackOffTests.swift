@@ -18,15 +18,24 @@ import Threads
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let failures = Locked<[Date]>([])
         let enough = DispatchSemaphore(value: 0)
-        var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: simulator.port, tls: .init(caFile: caFile),
-                                                      requestTimeout: 30, maximumAttempts: 10, reconnectBaseDelay: 0.2)
+        var configuration = HTTP2Client.Configuration(
+            host: "127.0.0.1", port: simulator.port, tls: .init(caFile: caFile),
+            requestTimeout: 30, maximumAttempts: 10, reconnectBaseDelay: 0.2)
         configuration.observer = { event in
-            if case .connectFailed = event, failures.withLock({ $0.append(Date()); return $0.count }) == 4 { enough.signal() }
+            if case .connectFailed = event,
+                failures.withLock({
+                    $0.append(Date())
+                    return $0.count
+                }) == 4
+            {
+                enough.signal()
+            }
         }
         let client = try HTTP2Client(configuration: configuration, logger: logger)
         defer { client.shutdown() }
-        var headers = HTTP2HeaderBlock.request(method: "POST", authority: client.authority,
-                                               path: "/3/device/" + String(repeating: "ab", count: 32))
+        var headers = HTTP2HeaderBlock.request(
+            method: "POST", authority: client.authority,
+            path: "/3/device/" + String(repeating: "ab", count: 32))
         headers.add("apns-topic", "t")
         client.send(HTTP2Request(headers: headers, body: Array("{}".utf8))) { _ in }
         #expect(enough.wait(timeout: .now() + 20) == .success)

@@ -5,9 +5,10 @@ import HTTP2
 import Synchronization
 import Telemetry
 import Testing
+
 #if canImport(Glibc)
-import Glibc
-import Threads
+    import Glibc
+    import Threads
 #endif
 
 /// Connection-level duties of the APNs client: liveness, provider tokens, TLS.
@@ -18,8 +19,11 @@ import Threads
     func sendOne(_ client: APNsClient, token: String) -> APNsResult? {
         let result = Locked<APNsResult?>(nil)
         let done = DispatchSemaphore(value: 0)
-        client.send([APNsNotification(deviceToken: token, topic: "com.example.app",
-                                      payload: Array(#"{"aps":{}}"#.utf8))]) { _, answer in
+        client.send([
+            APNsNotification(
+                deviceToken: token, topic: "com.example.app",
+                payload: Array(#"{"aps":{}}"#.utf8))
+        ]) { _, answer in
             result.withLock { $0 = answer }
             done.signal()
         }
@@ -34,9 +38,11 @@ import Threads
         let simulator = try APNsSimulator(configuration: .init(isDevelopment: development), logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
-        let client = APNsClient(configuration: APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                                       caFile: caFile),
-                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        let client = APNsClient(
+            configuration: APNsClientConfiguration(
+                production: .init(host: "127.0.0.1", port: simulator.port),
+                caFile: caFile),
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         let response = try #require(sendOne(client, token: token)?.response)
         #expect(response.status == 200)
@@ -55,11 +61,13 @@ import Threads
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let acknowledged = DispatchSemaphore(value: 0)
-        var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                    caFile: caFile, pingInterval: 0.3, pingTimeout: 5)
+        var configuration = APNsClientConfiguration(
+            production: .init(host: "127.0.0.1", port: simulator.port),
+            caFile: caFile, pingInterval: 0.3, pingTimeout: 5)
         configuration.observer = { _, event in if case .pingAcknowledged = event { acknowledged.signal() } }
-        let client = APNsClient(configuration: configuration,
-                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        let client = APNsClient(
+            configuration: configuration,
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         #expect(sendOne(client, token: token)?.outcome == .delivered)
         #expect(acknowledged.wait(timeout: .now() + 10) == .success, "an idle connection got a PING and its ACK")
@@ -75,16 +83,18 @@ import Threads
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let closed = DispatchSemaphore(value: 0)
         let reasons = Locked<[String]>([])
-        var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                    caFile: caFile, pingInterval: 0.2, pingTimeout: 0.4)
+        var configuration = APNsClientConfiguration(
+            production: .init(host: "127.0.0.1", port: simulator.port),
+            caFile: caFile, pingInterval: 0.2, pingTimeout: 0.4)
         configuration.observer = { _, event in
             if case .closed(_, let reason) = event {
                 reasons.withLock { $0.append(reason) }
                 closed.signal()
             }
         }
-        let client = APNsClient(configuration: configuration,
-                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        let client = APNsClient(
+            configuration: configuration,
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         #expect(sendOne(client, token: token)?.outcome == .delivered)
         #expect(closed.wait(timeout: .now() + 10) == .success)
@@ -103,7 +113,10 @@ import Threads
         let seen = Locked(0)
         configuration.observer = { _ in
             // The first five are held (the black hole); what comes after, on the new connection, is answered.
-            if seen.withLock({ $0 += 1; return $0 }) == 5, let simulator = simulatorBox.withLock({ $0 }) {
+            if seen.withLock({
+                $0 += 1
+                return $0
+            }) == 5, let simulator = simulatorBox.withLock({ $0 }) {
                 var answering = APNsSimulator.Behaviour()
                 answering.ignoresPings = true
                 simulator.setBehaviour(answering)
@@ -114,19 +127,30 @@ import Threads
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let reasons = Locked<[String]>([])
-        var clientConfiguration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                          caFile: caFile, connectionsPerEnvironment: 1, pingTimeout: 0.5)
+        var clientConfiguration = APNsClientConfiguration(
+            production: .init(host: "127.0.0.1", port: simulator.port),
+            caFile: caFile, connectionsPerEnvironment: 1, pingTimeout: 0.5)
         clientConfiguration.observer = { _, event in
             if case .closed(_, let reason) = event { reasons.withLock { $0.append(reason) } }
         }
-        let client = APNsClient(configuration: clientConfiguration,
-                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        let client = APNsClient(
+            configuration: clientConfiguration,
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         let tokens = (1...5).map { String(format: "%064x", 0xB1AC_0000 + $0) }
         let results = Locked<[String: APNsResult]>([:])
         let done = DispatchSemaphore(value: 0)
-        client.send(tokens.map { APNsNotification(deviceToken: $0, topic: "com.example.app", payload: Array(#"{"aps":{}}"#.utf8)) }) { index, result in
-            if results.withLock({ $0[tokens[index]] = result; return $0.count }) == tokens.count { done.signal() }
+        client.send(
+            tokens.map {
+                APNsNotification(deviceToken: $0, topic: "com.example.app", payload: Array(#"{"aps":{}}"#.utf8))
+            }
+        ) { index, result in
+            if results.withLock({
+                $0[tokens[index]] = result
+                return $0.count
+            }) == tokens.count {
+                done.signal()
+            }
         }
         #expect(done.wait(timeout: .now() + 30) == .success, "every request answered")
         #expect(results.withLock { $0.values.allSatisfy { $0.outcome == .delivered } }, "\(results.withLock { $0 })")
@@ -138,20 +162,25 @@ import Threads
     @Test func expiredProviderTokenIsRefreshedOnceAndSentAgain() throws {
         let keyPEM = try ES256Key.generatePrivateKeyPEM()
         let simulator = try APNsSimulator(
-            configuration: .init(trustedKeys: ["KEY0000001": .init(teamID: "TEAM000001", key: try ES256Key(pem: keyPEM))]),
+            configuration: .init(trustedKeys: [
+                "KEY0000001": .init(teamID: "TEAM000001", key: try ES256Key(pem: keyPEM))
+            ]),
             logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         // The first token is minted two hours in the past (a stopped clock, a suspended VM); later reads are true.
         let firstRead = Atomic<Bool>(true)
-        let provider = try APNsTokenProvider(key: try ES256Key(pem: keyPEM), keyID: "KEY0000001", teamID: "TEAM000001",
-                                             clock: {
-            let now = Date().timeIntervalSince1970
-            return firstRead.exchange(false, ordering: .relaxed) ? now - 7200 : now
-        })
-        let client = APNsClient(configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                     caFile: caFile),
-                                authentication: .token(provider), logger: logger)
+        let provider = try APNsTokenProvider(
+            key: try ES256Key(pem: keyPEM), keyID: "KEY0000001", teamID: "TEAM000001",
+            clock: {
+                let now = Date().timeIntervalSince1970
+                return firstRead.exchange(false, ordering: .relaxed) ? now - 7200 : now
+            })
+        let client = APNsClient(
+            configuration: .init(
+                production: .init(host: "127.0.0.1", port: simulator.port),
+                caFile: caFile),
+            authentication: .token(provider), logger: logger)
         defer { client.shutdown() }
         #expect(sendOne(client, token: token)?.outcome == .delivered)
         #expect(simulator.received().map(\.status) == [403, 200])
@@ -165,8 +194,10 @@ import Threads
         let pair = try SelfSignedCertificate.generate(commonName: "127.0.0.1")
         let refusing = Atomic<Int>(1)  // connections (by id) up to this one answer 403
         let connectionsSeen = Locked<Set<Int>>([])
-        let server = try HTTP2Server(configuration: .init(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM),
-                                     logger: logger) { request, writer in
+        let server = try HTTP2Server(
+            configuration: .init(certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM),
+            logger: logger
+        ) { request, writer in
             connectionsSeen.withLock { _ = $0.insert(request.connectionID) }
             if request.connectionID <= refusing.load(ordering: .relaxed) {
                 writer.respond(status: 403, body: Array(#"{"reason":"UnrelatedKeyIdInToken"}"#.utf8))
@@ -176,9 +207,11 @@ import Threads
         }
         defer { server.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: pair.certificatePEM)
-        let client = APNsClient(configuration: APNsClientConfiguration(production: .init(host: "127.0.0.1", port: server.port),
-                                                                       caFile: caFile),
-                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        let client = APNsClient(
+            configuration: APNsClientConfiguration(
+                production: .init(host: "127.0.0.1", port: server.port),
+                caFile: caFile),
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         let first = sendOne(client, token: token)
         #expect(first?.response?.status == 200, "sent again on a new connection: \(String(describing: first))")
@@ -192,17 +225,24 @@ import Threads
 
     @Test func invalidProviderTokenIsFinalNotALoop() throws {
         let simulator = try APNsSimulator(
-            configuration: .init(trustedKeys: ["KEY0000001": .init(teamID: "TEAM000001",
-                                                                   key: try ES256Key(pem: try ES256Key.generatePrivateKeyPEM()))]),
+            configuration: .init(trustedKeys: [
+                "KEY0000001": .init(
+                    teamID: "TEAM000001",
+                    key: try ES256Key(pem: try ES256Key.generatePrivateKeyPEM()))
+            ]),
             logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let wrongKey = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
-        let client = APNsClient(configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                     caFile: caFile),
-                                authentication: .token(try APNsTokenProvider(key: wrongKey, keyID: "KEY0000001",
-                                                                             teamID: "TEAM000001")),
-                                logger: logger)
+        let client = APNsClient(
+            configuration: .init(
+                production: .init(host: "127.0.0.1", port: simulator.port),
+                caFile: caFile),
+            authentication: .token(
+                try APNsTokenProvider(
+                    key: wrongKey, keyID: "KEY0000001",
+                    teamID: "TEAM000001")),
+            logger: logger)
         defer { client.shutdown() }
         let result = sendOne(client, token: token)
         #expect(result?.outcome == .permanentFailure)
@@ -214,14 +254,18 @@ import Threads
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let authentication = try TestServices.tokenAuthentication()
-        let strict = APNsClient(configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                     requestTimeout: 1.5),
-                                authentication: authentication, logger: logger)
+        let strict = APNsClient(
+            configuration: .init(
+                production: .init(host: "127.0.0.1", port: simulator.port),
+                requestTimeout: 1.5),
+            authentication: authentication, logger: logger)
         defer { strict.shutdown() }
         #expect(sendOne(strict, token: token)?.outcome != .delivered, "a self-signed server is refused by default")
-        let insecure = APNsClient(configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port),
-                                                       verifyPeer: false),
-                                  authentication: authentication, logger: logger)
+        let insecure = APNsClient(
+            configuration: .init(
+                production: .init(host: "127.0.0.1", port: simulator.port),
+                verifyPeer: false),
+            authentication: authentication, logger: logger)
         defer { insecure.shutdown() }
         #expect(sendOne(insecure, token: token)?.outcome == .delivered)
     }
@@ -229,29 +273,37 @@ import Threads
     @Test func aServerWithoutHTTP2IsRefused() throws {
         let directory = try TestServices.certificateDirectory("tls-only")
         let port = TestServices.freePort()
-        let server = try TestServices.Daemon("/usr/bin/openssl", [  // TLS without ALPN h2
-            "s_server", "-accept", "127.0.0.1:\(port)", "-cert", directory + "/cert.pem", "-key", directory + "/key.pem", "-quiet"])
+        let server = try TestServices.Daemon(
+            "/usr/bin/openssl",
+            [  // TLS without ALPN h2
+                "s_server", "-accept", "127.0.0.1:\(port)", "-cert", directory + "/cert.pem", "-key",
+                directory + "/key.pem", "-quiet"
+            ])
         defer { server.stop() }
         let reasons = Locked<[String]>([])
         let failedOnALPN = DispatchSemaphore(value: 0)
-        var configuration = APNsClientConfiguration(production: .init(host: "127.0.0.1", port: port),
-                                                    caFile: directory + "/cert.pem", requestTimeout: 10)
+        var configuration = APNsClientConfiguration(
+            production: .init(host: "127.0.0.1", port: port),
+            caFile: directory + "/cert.pem", requestTimeout: 10)
         configuration.observer = { _, event in
             if case .connectFailed(let reason) = event {
                 reasons.withLock { $0.append(reason) }
                 if reason.contains("ALPN h2") { failedOnALPN.signal() }
             }
         }
-        let client = APNsClient(configuration: configuration,
-                                authentication: try TestServices.tokenAuthentication(), logger: logger)
+        let client = APNsClient(
+            configuration: configuration,
+            authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         client.send([APNsNotification(deviceToken: token, topic: "t", payload: Array("{}".utf8))]) { _, _ in }
         #expect(failedOnALPN.wait(timeout: .now() + 15) == .success, "\(reasons.withLock { $0 })")
     }
 
     @Test func certificateAuthenticationPresentsTheClientCertificate() throws {
-        let clientPair = try SelfSignedCertificate.generate(commonName: "Apple Push Services: com.example.app", hosts: ["client"])
-        let simulator = try APNsSimulator(configuration: .init(clientCertificateCA: clientPair.certificatePEM), logger: logger)
+        let clientPair = try SelfSignedCertificate.generate(
+            commonName: "Apple Push Services: com.example.app", hosts: ["client"])
+        let simulator = try APNsSimulator(
+            configuration: .init(clientCertificateCA: clientPair.certificatePEM), logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
         let certificateFile = try TestServices.temporaryFile("client.pem", contents: clientPair.certificatePEM)
@@ -263,8 +315,9 @@ import Threads
         #expect(sendOne(withCertificate, token: token)?.outcome == .delivered)
 
         let withoutCertificate = APNsClient(
-            configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile,
-                                 requestTimeout: 1.5),
+            configuration: .init(
+                production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile,
+                requestTimeout: 1.5),
             authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { withoutCertificate.shutdown() }
         #expect(sendOne(withoutCertificate, token: token)?.outcome != .delivered)
@@ -276,22 +329,29 @@ import Threads
     @Test func simulatorEnforcesPerConnectionTokenRules() throws {
         let teamOneKey = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
         let teamTwoKey = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
-        let simulator = try APNsSimulator(configuration: .init(trustedKeys: [
-            "KEY0000001": .init(teamID: "TEAM000001", key: teamOneKey),
-            "KEY0000002": .init(teamID: "TEAM000002", key: teamTwoKey),
-        ]), logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(trustedKeys: [
+                "KEY0000001": .init(teamID: "TEAM000001", key: teamOneKey),
+                "KEY0000002": .init(teamID: "TEAM000002", key: teamTwoKey)
+            ]), logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
-        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: simulator.port,
-                                                          tls: .init(caFile: caFile), connectionCount: 1),
-                                     logger: logger)
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: "127.0.0.1", port: simulator.port,
+                tls: .init(caFile: caFile), connectionCount: 1),
+            logger: logger)
         defer { client.shutdown() }
         let now = Int64(Date().timeIntervalSince1970)
-        let first = try APNsTokenProvider(key: teamOneKey, keyID: "KEY0000001", teamID: "TEAM000001").makeToken(issuedAt: now)
-        let renewed = try APNsTokenProvider(key: teamOneKey, keyID: "KEY0000001", teamID: "TEAM000001").makeToken(issuedAt: now - 1)
-        let otherTeam = try APNsTokenProvider(key: teamTwoKey, keyID: "KEY0000002", teamID: "TEAM000002").makeToken(issuedAt: now)
+        let first = try APNsTokenProvider(key: teamOneKey, keyID: "KEY0000001", teamID: "TEAM000001").makeToken(
+            issuedAt: now)
+        let renewed = try APNsTokenProvider(key: teamOneKey, keyID: "KEY0000001", teamID: "TEAM000001").makeToken(
+            issuedAt: now - 1)
+        let otherTeam = try APNsTokenProvider(key: teamTwoKey, keyID: "KEY0000002", teamID: "TEAM000002").makeToken(
+            issuedAt: now)
         func status(_ jwt: String) throws -> Int {
-            var headers = HTTP2HeaderBlock.request(method: "POST", authority: client.authority, path: "/3/device/\(token)")
+            var headers = HTTP2HeaderBlock.request(
+                method: "POST", authority: client.authority, path: "/3/device/\(token)")
             headers.add("authorization", "bearer " + jwt)
             headers.add("apns-topic", "com.example.app")
             let answer = Locked<Result<HTTP2Response, HTTP2StreamError>?>(nil)

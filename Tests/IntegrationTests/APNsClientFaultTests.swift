@@ -17,12 +17,16 @@ import Threads
         let client: APNsClient
     }
 
-    func harness(_ behaviour: APNsSimulator.Behaviour, connections: Int = 1, maximumStreams: UInt32 = 100,
-                 unregistered: [String: Int64] = [:], requestTimeout: Double = 10,
-                 observer: (@Sendable (APNsEnvironment, HTTP2ClientEvent) -> Void)? = nil) throws -> Harness {
-        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: unregistered,
-                                                               maximumConcurrentStreams: maximumStreams,
-                                                               behaviour: behaviour), logger: logger)
+    func harness(
+        _ behaviour: APNsSimulator.Behaviour, connections: Int = 1, maximumStreams: UInt32 = 100,
+        unregistered: [String: Int64] = [:], requestTimeout: Double = 10,
+        observer: (@Sendable (APNsEnvironment, HTTP2ClientEvent) -> Void)? = nil
+    ) throws -> Harness {
+        let simulator = try APNsSimulator(
+            configuration: .init(
+                unregisteredTokens: unregistered,
+                maximumConcurrentStreams: maximumStreams,
+                behaviour: behaviour), logger: logger)
         let caFile = try TestServices.temporaryFile("sim-ca", contents: simulator.certificatePEM)
         var configuration = APNsClientConfiguration(
             production: APNsEndpoint(host: "127.0.0.1", port: simulator.port), caFile: caFile,
@@ -44,10 +48,16 @@ import Threads
         let done = DispatchSemaphore(value: 0)
         let notifications = tokens.map { APNsNotification(deviceToken: $0, topic: "com.example.app", payload: payload) }
         client.send(notifications) { index, result in
-            if results.withLock({ $0[index] = result; return $0.count == notifications.count }) { done.signal() }
+            if results.withLock({
+                $0[index] = result
+                return $0.count == notifications.count
+            }) {
+                done.signal()
+            }
         }
-        try #require(done.wait(timeout: .now() + 60) == .success,
-                     "\(results.withLock { $0.count }) of \(tokens.count) answered within 60 s")
+        try #require(
+            done.wait(timeout: .now() + 60) == .success,
+            "\(results.withLock { $0.count }) of \(tokens.count) answered within 60 s")
         return results.withLock { results in (0..<tokens.count).compactMap { results[$0] } }
     }
 
@@ -58,15 +68,20 @@ import Threads
         let h = try harness(behaviour) { _, event in
             if case .goAway(_, _, _, let debugData) = event { reasons.withLock { $0.append(debugData) } }
         }
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let results = try send(h.client, tokens(500))
         #expect(results.count == 500)
-        #expect(results.allSatisfy { $0.outcome == .delivered }, "\(results.filter { $0.outcome != .delivered }.prefix(2))")
+        #expect(
+            results.allSatisfy { $0.outcome == .delivered }, "\(results.filter { $0.outcome != .delivered }.prefix(2))")
         let received = h.simulator.received()
         #expect(received.count == 500, "streams above the GOAWAY's last-stream-id were resent, not duplicated")
         #expect(Set(received.map(\.deviceToken)).count == 500)
         #expect(h.simulator.connectionsSeen() >= 10, "a new connection replaced each one that went away")
-        #expect(reasons.withLock { $0.first } == #"{"reason":"Shutdown"}"#, "the GOAWAY's JSON reason reaches the client")
+        #expect(
+            reasons.withLock { $0.first } == #"{"reason":"Shutdown"}"#, "the GOAWAY's JSON reason reaches the client")
         TestServices.reportFault("APNs GOAWAY storm (every 50 streams)", notifications: 500, received: received)
     }
 
@@ -74,24 +89,33 @@ import Threads
         var behaviour = APNsSimulator.Behaviour()
         behaviour.dropConnectionAfterStreams = 100
         let h = try harness(behaviour)
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let results = try send(h.client, tokens(300))
         #expect(results.count == 300)
-        #expect(results.allSatisfy { $0.outcome == .delivered }, "\(results.filter { $0.outcome != .delivered }.prefix(3))")
+        #expect(
+            results.allSatisfy { $0.outcome == .delivered }, "\(results.filter { $0.outcome != .delivered }.prefix(3))")
         #expect(h.simulator.connectionsSeen() >= 3)
-        TestServices.reportFault("APNs drops the connection every 100 streams", notifications: 300,
-                                 received: h.simulator.received())
+        TestServices.reportFault(
+            "APNs drops the connection every 100 streams", notifications: 300,
+            received: h.simulator.received())
     }
 
     @Test func refusedStreamsAreSentAgain() throws {
         var behaviour = APNsSimulator.Behaviour()
         behaviour.refuseEveryNthStream = 4
         let h = try harness(behaviour)
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let results = try send(h.client, tokens(200))
         #expect(results.count == 200 && results.allSatisfy { $0.outcome == .delivered })
-        TestServices.reportFault("APNs resets every 4th stream (REFUSED_STREAM)", notifications: 200,
-                                 received: h.simulator.received())
+        TestServices.reportFault(
+            "APNs resets every 4th stream (REFUSED_STREAM)", notifications: 200,
+            received: h.simulator.received())
     }
 
     @Test func answersAreClassifiedAsAppleSays() throws {
@@ -100,7 +124,10 @@ import Threads
         behaviour.badTokens = [all[1]]
         behaviour.throttledTokens = [all[2]]
         let h = try harness(behaviour, unregistered: [all[3]: 1_732_900_000_555])
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let results = try send(h.client, all)
         #expect(results[0].outcome == .delivered)
         #expect(results[1].outcome == .deadToken)
@@ -116,9 +143,14 @@ import Threads
         var behaviour = APNsSimulator.Behaviour()
         behaviour.unavailableRate = 1
         let h = try harness(behaviour)
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let results = try send(h.client, tokens(3))
-        #expect(results.count == 3 && results.allSatisfy { $0.outcome == .retryLater(delay: 15) && $0.response?.status == 503 })
+        #expect(
+            results.count == 3
+                && results.allSatisfy { $0.outcome == .retryLater(delay: 15) && $0.response?.status == 503 })
     }
 
     @Test func streamLimitFallingToOneSlowsButDoesNotStop() throws {
@@ -127,34 +159,48 @@ import Threads
         behaviour.dropsStreamLimitAfterRejection = true
         behaviour.badTokens = [all[0], all[150]]
         let h = try harness(behaviour)
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let results = try send(h.client, all)
         #expect(results.count == 300)
         #expect(results.filter { $0.outcome == .delivered }.count == 298)
         #expect(results.filter { $0.outcome == .deadToken }.count == 2)
-        TestServices.reportFault("MAX_CONCURRENT_STREAMS falls to 1 after rejections (2 dead tokens of 300)",
-                                 notifications: 298, received: h.simulator.received())
+        TestServices.reportFault(
+            "MAX_CONCURRENT_STREAMS falls to 1 after rejections (2 dead tokens of 300)",
+            notifications: 298, received: h.simulator.received())
     }
 
     @Test func aSlowServerMeetsTheRequestDeadline() throws {
         var behaviour = APNsSimulator.Behaviour()
         behaviour.latency = 5
         let h = try harness(behaviour, requestTimeout: 1)
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let started = Date()
         let results = try send(h.client, tokens(2))
         #expect(results.count == 2)
-        #expect(results.allSatisfy { if case .retryLater = $0.outcome { $0.error?.contains("deadline") == true } else { false } })
+        #expect(
+            results.allSatisfy {
+                if case .retryLater = $0.outcome { $0.error?.contains("deadline") == true } else { false }
+            })
         #expect(Date().timeIntervalSince(started) < 5, "answered by the deadline, not by the server")
     }
 
     @Test func notificationsBreakingAppleRulesAreNeverSent() throws {
         let h = try harness(.init())
-        defer { h.client.shutdown(); h.simulator.shutdown() }
+        defer {
+            h.client.shutdown()
+            h.simulator.shutdown()
+        }
         let done = DispatchSemaphore(value: 0)
         let result = Locked<APNsResult?>(nil)
-        let oversized = APNsNotification(deviceToken: tokens(1)[0], topic: "com.example.app",
-                                         payload: Array(repeating: 32, count: 4097))
+        let oversized = APNsNotification(
+            deviceToken: tokens(1)[0], topic: "com.example.app",
+            payload: Array(repeating: 32, count: 4097))
         h.client.send([oversized]) { _, answer in
             result.withLock { $0 = answer }
             done.signal()

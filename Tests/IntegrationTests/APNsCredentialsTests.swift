@@ -6,8 +6,9 @@ import HTTP2
 import Telemetry
 import Testing
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Several teams' keys and a certificate in one worker (APNS_CREDENTIALS_FILE), against apns-sim checking each
@@ -41,13 +42,15 @@ import Glibc
     }
 
     static func credentialsFile(_ entries: [String]) throws -> String {
-        try TestServices.temporaryFile("credentials.json", contents: #"{"credentials": ["# + entries.joined(separator: ",\n") + "]}")
+        try TestServices.temporaryFile(
+            "credentials.json", contents: #"{"credentials": ["# + entries.joined(separator: ",\n") + "]}")
     }
 
     static func tokenJob(_ id: String, topic: String, tokens: [String], pushType: String? = nil) -> [UInt8] {
         let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
         let type = pushType.map { #", "push_type": "\#($0)""# } ?? ""
-        return Array(#"{"id": "\#(id)", "topic": "\#(topic)", "tokens": [\#(list)]\#(type), "payload": {"aps": {}}}"#.utf8)
+        return Array(
+            #"{"id": "\#(id)", "topic": "\#(topic)", "tokens": [\#(list)]\#(type), "payload": {"aps": {}}}"#.utf8)
     }
 
     /// Every credential the worker has, each reaching apns-sim for exactly its topics: team A's key for its two apps,
@@ -60,19 +63,23 @@ import Glibc
         let certificateFile = try TestServices.temporaryFile("other.pem", contents: certificate.certificatePEM)
         let certificateKey = try TestServices.temporaryFile("other.key", contents: certificate.privateKeyPEM)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: certificateKey)
-        let simulator = try APNsSimulator(configuration: .init(
-            trustedKeys: [teamA.keyID: teamA.trusted, teamB.keyID: teamB.trusted],
-            clientCertificateCA: certificate.certificatePEM), logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(
+                trustedKeys: [teamA.keyID: teamA.trusted, teamB.keyID: teamB.trusted],
+                clientCertificateCA: certificate.certificatePEM), logger: logger)
         defer { simulator.shutdown() }
         let file = try Self.credentialsFile([
             teamA.entry(["com.example.app", "com.example.driver"]), teamB.entry(["com.team-b.app"]),
-            #"{"cert_file": "\#(certificateFile)", "cert_key_file": "\#(certificateKey)", "topics": ["com.other.app"]}"#,
+            #"{"cert_file": "\#(certificateFile)", "cert_key_file": "\#(certificateKey)", "topics": ["com.other.app"]}"#
         ])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_CREDENTIALS_FILE": file, "PUSH_FAILED_QUEUE": failed])
+        var environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "APNS_CREDENTIALS_FILE": file, "PUSH_FAILED_QUEUE": failed
+            ])
         for key in ["APNS_KEY_FILE", "APNS_KEY_ID", "APNS_TEAM_ID"] { environment[key] = nil }
         let worker = try WorkerThread(environment, logger: logger)
         defer { worker.stop() }
@@ -80,18 +87,22 @@ import Glibc
         let expected: [(topic: String, pushType: String?, credential: String)] = [
             ("com.example.app", nil, teamA.name), ("com.example.driver", nil, teamA.name),
             ("com.team-b.app", nil, teamB.name), ("com.team-b.app", "voip", teamB.name),
-            ("com.other.app", nil, "certificate:com.other.app"),
+            ("com.other.app", nil, "certificate:com.other.app")
         ]
         var tokenCredential: [String: String] = [:]
         for (job, route) in expected.enumerated() {
             let tokens = (0..<3).map { String(format: "%064x", 0xc0de_0000 + job * 16 + $0) }
             for token in tokens { tokenCredential[token] = route.credential }
-            try publisher.publish(to: jobs, body: Self.tokenJob(TestServices.unique("job"), topic: route.topic, tokens: tokens,
-                                                                pushType: route.pushType),
-                                  properties: AMQPProperties(replyTo: replies))
+            try publisher.publish(
+                to: jobs,
+                body: Self.tokenJob(
+                    TestServices.unique("job"), topic: route.topic, tokens: tokens,
+                    pushType: route.pushType),
+                properties: AMQPProperties(replyTo: replies))
         }
-        let unknown = Self.tokenJob(TestServices.unique("unknown"), topic: "com.unknown.app",
-                                    tokens: [String(format: "%064x", 0xdead_0001)])
+        let unknown = Self.tokenJob(
+            TestServices.unique("unknown"), topic: "com.unknown.app",
+            tokens: [String(format: "%064x", 0xdead_0001)])
         try publisher.publish(to: jobs, body: unknown, properties: AMQPProperties(replyTo: replies))
 
         let summaries = try replyReader.read(expected.count, timeout: 30)
@@ -102,15 +113,19 @@ import Glibc
         #expect(reason.contains("no APNs credential serves topic com.unknown.app"), "\(reason)")
 
         let received = simulator.received()
-        #expect(received.count == tokenCredential.count, "\(received.map { ($0.topic ?? "", $0.status, $0.reason ?? "") })")
+        #expect(
+            received.count == tokenCredential.count, "\(received.map { ($0.topic ?? "", $0.status, $0.reason ?? "") })")
         for notification in received {
             #expect(notification.status == 200, "\(notification.topic ?? ""): \(notification.reason ?? "")")
-            #expect(notification.credential == tokenCredential[notification.deviceToken],
-                    "\(notification.topic ?? "") went with \(notification.credential ?? "nothing")")
+            #expect(
+                notification.credential == tokenCredential[notification.deviceToken],
+                "\(notification.topic ?? "") went with \(notification.credential ?? "nothing")")
         }
         #expect(!received.contains { $0.deviceToken == String(format: "%064x", 0xdead_0001) })
         // Connections are per credential: no connection carried two credentials' pushes.
-        let credentialsPerConnection = Dictionary(grouping: received, by: \.connectionID).mapValues { Set($0.map(\.credential)) }
+        let credentialsPerConnection = Dictionary(grouping: received, by: \.connectionID).mapValues {
+            Set($0.map(\.credential))
+        }
         #expect(credentialsPerConnection.values.allSatisfy { $0.count == 1 }, "\(credentialsPerConnection)")
     }
 
@@ -124,14 +139,18 @@ import Glibc
         let teamB = try TeamKey(team: "TEAM00000B", keyID: "KEY000000B")
         var behaviour = APNsSimulator.Behaviour()
         behaviour.latency = 1  // old connections have streams in flight when the reload comes
-        let simulator = try APNsSimulator(configuration: .init(
-            trustedKeys: [oldKey.keyID: oldKey.trusted, newKey.keyID: newKey.trusted, teamB.keyID: teamB.trusted],
-            behaviour: behaviour), logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(
+                trustedKeys: [oldKey.keyID: oldKey.trusted, newKey.keyID: newKey.trusted, teamB.keyID: teamB.trusted],
+                behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
         let file = try Self.credentialsFile([oldKey.entry(["com.example.app"]), teamB.entry(["com.team-b.app"])])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_CREDENTIALS_FILE": file, "LOG_LEVEL": "info", "APNS_CONNECTIONS": "1"])
+        var environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "APNS_CREDENTIALS_FILE": file, "LOG_LEVEL": "info", "APNS_CONNECTIONS": "1"
+            ])
         for key in ["APNS_KEY_FILE", "APNS_KEY_ID", "APNS_TEAM_ID"] { environment[key] = nil }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         defer { _ = worker.stop(SIGKILL) }
@@ -141,9 +160,12 @@ import Glibc
         func publish(_ count: Int) throws {
             for _ in 0..<count {
                 let topic = published % 2 == 0 ? "com.example.app" : "com.team-b.app"
-                try publisher.publish(to: jobs, body: Self.tokenJob("reload-\(published)", topic: topic,
-                                                                    tokens: [String(format: "%064x", 0xa000_0000 + published)]),
-                                      properties: AMQPProperties(replyTo: replies))
+                try publisher.publish(
+                    to: jobs,
+                    body: Self.tokenJob(
+                        "reload-\(published)", topic: topic,
+                        tokens: [String(format: "%064x", 0xa000_0000 + published)]),
+                    properties: AMQPProperties(replyTo: replies))
                 published += 1
             }
         }
@@ -154,7 +176,8 @@ import Glibc
             .write(toFile: file, atomically: true, encoding: .utf8)
         kill(worker.process.processIdentifier, SIGHUP)
         let reloaded = try #require(worker.waitForLine(containing: "APNs credentials reloaded"))
-        #expect(reloaded.contains("\"apns.credentials_added\":\"\(newKey.name)\"")
+        #expect(
+            reloaded.contains("\"apns.credentials_added\":\"\(newKey.name)\"")
                 && reloaded.contains("\"apns.credentials_retired\":\"\(oldKey.name)\""), "\(reloaded)")
         try publish(200)
         let summaries = try replyReader.read(400, timeout: 60)
@@ -170,23 +193,26 @@ import Glibc
         #expect(worker.stop(SIGTERM) == 0)
         let lastTwenty = simulator.received().suffix(20)
         let beforeBrokenReload = simulator.received().dropLast(20)
-        #expect(lastTwenty.allSatisfy { $0.credential == newKey.name || $0.credential == teamB.name },
-                "still the credentials of the last good reading")
+        #expect(
+            lastTwenty.allSatisfy { $0.credential == newKey.name || $0.credential == teamB.name },
+            "still the credentials of the last good reading")
         let goodConnections = beforeBrokenReload.filter { $0.credential == newKey.name || $0.credential == teamB.name }
             .map(\.connectionID)
         #expect(Set(lastTwenty.map(\.connectionID)).isSubset(of: goodConnections), "and the same connections")
 
         let received = simulator.received()
-        #expect(received.count == 420 && received.allSatisfy { $0.status == 200 },
-                "\(received.count) pushes, \(received.filter { $0.status != 200 }.map { $0.reason ?? "" })")
+        #expect(
+            received.count == 420 && received.allSatisfy { $0.status == 200 },
+            "\(received.count) pushes, \(received.filter { $0.status != 200 }.map { $0.reason ?? "" })")
         #expect(Set(received.map(\.deviceToken)).count == 420, "each job's push exactly once")
         let teamA = received.filter { $0.topic == "com.example.app" }
         let beforeReload = teamA.filter { $0.credential == oldKey.name }
         let afterReload = teamA.filter { $0.credential == newKey.name }
         #expect(!beforeReload.isEmpty && !afterReload.isEmpty && beforeReload.count + afterReload.count == teamA.count)
         #expect(teamA.suffix(10).allSatisfy { $0.credential == newKey.name }, "the last jobs went with the new key")
-        #expect(Set(beforeReload.map(\.connectionID)).isDisjoint(with: afterReload.map(\.connectionID)),
-                "the new key on new connections")
+        #expect(
+            Set(beforeReload.map(\.connectionID)).isDisjoint(with: afterReload.map(\.connectionID)),
+            "the new key on new connections")
         let teamBConnections = Set(received.filter { $0.topic == "com.team-b.app" }.map(\.connectionID))
         #expect(teamBConnections.count == 1, "team B's connection carried on: \(teamBConnections)")
     }
@@ -199,19 +225,24 @@ import Glibc
         let teamB = try TeamKey(team: "TEAM00000B", keyID: "KEY000000B")
         var behaviour = APNsSimulator.Behaviour()
         behaviour.latency = 0.2  // 20 streams answered five times a second: the big job is under way at the reload
-        let simulator = try APNsSimulator(configuration: .init(
-            trustedKeys: [teamA.keyID: teamA.trusted, teamB.keyID: teamB.trusted], maximumConcurrentStreams: 20,
-            behaviour: behaviour), logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(
+                trustedKeys: [teamA.keyID: teamA.trusted, teamB.keyID: teamB.trusted], maximumConcurrentStreams: 20,
+                behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
         let file = try Self.credentialsFile([teamA.entry(["com.a.app"]), teamB.entry(["com.b.app"])])
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_CREDENTIALS_FILE": file, "LOG_LEVEL": "info", "APNS_CONNECTIONS": "1", "PUSH_FAILED_QUEUE": failed,
-            // What the worker has handed to the APNs client goes out with the credential it was signed for (the
-            // retired pool finishes its streams); the rest waits in the worker, where the reload meets it.
-            "WORKER_MAX_IN_FLIGHT": "100"])
+        var environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "APNS_CREDENTIALS_FILE": file, "LOG_LEVEL": "info", "APNS_CONNECTIONS": "1",
+                "PUSH_FAILED_QUEUE": failed,
+                // What the worker has handed to the APNs client goes out with the credential it was signed for (the
+                // retired pool finishes its streams); the rest waits in the worker, where the reload meets it.
+                "WORKER_MAX_IN_FLIGHT": "100"
+            ])
         for key in ["APNS_KEY_FILE", "APNS_KEY_ID", "APNS_TEAM_ID"] { environment[key] = nil }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         defer { _ = worker.stop(SIGKILL) }
@@ -219,14 +250,17 @@ import Glibc
         let prefix = TestServices.unique("b")
         let big = (0..<2_000).map { String(format: "%064x", 0xb000_0000 + $0) }
         let small = (0..<30).map { String(format: "%064x", 0xb100_0000 + $0) }
-        try publisher.publish(to: jobs, body: Self.tokenJob("\(prefix)-big", topic: "com.b.app", tokens: big),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: jobs, body: Self.tokenJob("\(prefix)-big", topic: "com.b.app", tokens: big),
+            properties: AMQPProperties(replyTo: replies))
         for (index, token) in small.enumerated() {
-            try publisher.publish(to: jobs, body: Self.tokenJob("\(prefix)-\(index)", topic: "com.b.app", tokens: [token]),
-                                  properties: AMQPProperties(replyTo: replies))
+            try publisher.publish(
+                to: jobs, body: Self.tokenJob("\(prefix)-\(index)", topic: "com.b.app", tokens: [token]),
+                properties: AMQPProperties(replyTo: replies))
         }
         #expect(TestServices.waitUntil(timeout: 30) { simulator.received().count >= 300 }, "the big job under way")
-        try (#"{"credentials": ["# + teamA.entry(["com.a.app"]) + "]}").write(toFile: file, atomically: true, encoding: .utf8)
+        try (#"{"credentials": ["# + teamA.entry(["com.a.app"]) + "]}").write(
+            toFile: file, atomically: true, encoding: .utf8)
         kill(worker.process.processIdentifier, SIGHUP)
         #expect(worker.waitForLine(containing: "APNs credentials reloaded") != nil)
         // Every job settles (a summary each, parked ones too).
@@ -246,8 +280,9 @@ import Glibc
             }
         }
         #expect(!parked.isEmpty, "the work left when the credential went is parked")
-        #expect(parked.values.allSatisfy { $0.contains("no APNs credential serves topic com.b.app") },
-                "\(Set(parked.values))")
+        #expect(
+            parked.values.allSatisfy { $0.contains("no APNs credential serves topic com.b.app") },
+            "\(Set(parked.values))")
         let sentAndParked = sent.intersection(parked.keys).count
         #expect(sentAndParked == 0, "\(sentAndParked) notifications went out and are parked to go again")
         let neither = Set(big + small).subtracting(sent).subtracting(parked.keys).count
@@ -269,20 +304,31 @@ import Glibc
         let good = try TeamKey(team: "TEAM00000A", keyID: "KEY000000A")
         let garbage = try TestServices.temporaryFile("garbage.p8", contents: "not a key\n")
         let cases: [(entries: [String], expected: String)] = [
-            ([good.entry(["com.example.app"]),
-              #"{"team_id": "TEAM00000B", "key_id": "KEY000000B", "key_file": "\#(garbage)", "topics": ["com.b.app"]}"#],
-             "entry 2 (team TEAM00000B, key KEY000000B)"),
+            (
+                [
+                    good.entry(["com.example.app"]),
+                    #"{"team_id": "TEAM00000B", "key_id": "KEY000000B", "key_file": "\#(garbage)", "topics": ["com.b.app"]}"#
+                ],
+                "entry 2 (team TEAM00000B, key KEY000000B)"
+            ),
             ([good.entry(["com.example.app"]), good.entry(["com.example.app"])], "lists com.example.app, which"),
-            ([#"{"team_id": "TEAM00000A", "key_file": "\#(good.file)", "topics": ["com.example.app"]}"#],
-             "entry 1: \"key_id\" is required"),
+            (
+                [#"{"team_id": "TEAM00000A", "key_file": "\#(good.file)", "topics": ["com.example.app"]}"#],
+                "entry 1: \"key_id\" is required"
+            )
         ]
         for (entries, expected) in cases {
-            let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: [
-                "APNS_CREDENTIALS_FILE": try Self.credentialsFile(entries), "PUSH_JOBS_QUEUE": TestServices.unique("jobs")],
+            let worker = try ExecutablesTests.Child(
+                "apns-worker", ["run"],
+                environment: [
+                    "APNS_CREDENTIALS_FILE": try Self.credentialsFile(entries),
+                    "PUSH_JOBS_QUEUE": TestServices.unique("jobs")
+                ],
                 unset: ["APNS_KEY_FILE", "APNS_CERT_FILE"])
             let line = worker.waitForLine(containing: "configuration error")
-            #expect(line?.contains("APNS_CREDENTIALS_FILE") == true && line?.contains(expected) == true,
-                    "\(line ?? "no line"): wanted \(expected)")
+            #expect(
+                line?.contains("APNS_CREDENTIALS_FILE") == true && line?.contains(expected) == true,
+                "\(line ?? "no line"): wanted \(expected)")
             #expect(worker.waitForExit() == 78)
         }
     }

@@ -6,8 +6,9 @@ import Redis
 import Telemetry
 import Testing
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A careless operator's settings, as `apns-worker run` meets them: a typo stops start-up naming the nearest key, a
@@ -17,7 +18,9 @@ import Glibc
     let logger = Logger(label: "bad-settings", level: .critical)
 
     /// The contract's variables for a worker that could run (a simulator to send to, a key, queues of its own).
-    func environment(_ extra: [String: String] = [:]) throws -> (environment: [String: String], simulator: APNsSimulator) {
+    func environment(_ extra: [String: String] = [:]) throws -> (
+        environment: [String: String], simulator: APNsSimulator
+    ) {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: TestServices.unique("jobs"))
         environment["LOG_LEVEL"] = "info"
@@ -27,10 +30,12 @@ import Glibc
     @Test func aTypoGivenWithSetOrInAFileStopsStartUpNamingTheNearestKey() throws {
         let (environment, simulator) = try environment()
         defer { simulator.shutdown() }
-        let flagged = try ExecutablesTests.Child("apns-worker", ["run", "--set", "APNS_RATELIMIT=100"], environment: environment)
+        let flagged = try ExecutablesTests.Child(
+            "apns-worker", ["run", "--set", "APNS_RATELIMIT=100"], environment: environment)
         let line = flagged.waitForLine(containing: "configuration error")
-        #expect(line?.contains("APNS_RATELIMIT") == true && line?.contains("did you mean APNS_RATE_LIMIT?") == true,
-                "\(line ?? "no line")")
+        #expect(
+            line?.contains("APNS_RATELIMIT") == true && line?.contains("did you mean APNS_RATE_LIMIT?") == true,
+            "\(line ?? "no line")")
         #expect(flagged.waitForExit() == 78)
 
         let file = try TestServices.temporaryFile("worker.env", contents: "WORKER_PREFECTH=10\n")
@@ -45,28 +50,32 @@ import Glibc
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let warning = worker.waitForLine(containing: "unknown setting")
-        #expect(warning?.contains("\"level\":\"warning\"") == true && warning?.contains("APNS_RATE_LIMIT") == true,
-                "\(warning ?? "no line")")
+        #expect(
+            warning?.contains("\"level\":\"warning\"") == true && warning?.contains("APNS_RATE_LIMIT") == true,
+            "\(warning ?? "no line")")
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
         let jobs = try #require(environment["PUSH_JOBS_QUEUE"])
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
         try AMQPConnection(url: TestServices.amqpURL()).publish(
-            to: jobs, body: Array(#"{"tokens": ["\#(String(repeating: "5e", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+            to: jobs,
+            body: Array(#"{"tokens": ["\#(String(repeating: "5e", count: 32))"], "payload": {"aps": {}}}"#.utf8),
             properties: AMQPProperties(replyTo: replies))
         #expect(try replyReader.read(1).count == 1)
         #expect(worker.stop() == 0)
-        TestServices.reportFault("a setting misspelt in the environment (warned about; typos in a file or --set exit 78)",
-                                 notifications: 1, received: simulator.received())
+        TestServices.reportFault(
+            "a setting misspelt in the environment (warned about; typos in a file or --set exit 78)",
+            notifications: 1, received: simulator.received())
     }
 
     @Test(arguments: [
         ("a wrong password", "password", "ACCESS_REFUSED"),
-        ("an unknown vhost", "vhost", "NOT_ALLOWED"),
+        ("an unknown vhost", "vhost", "NOT_ALLOWED")
     ])
     func aBrokerThatRefusesTheURLExits78(_ what: String, _ part: String, _ reply: String) throws {
         let base = try TestServices.amqpURL()
-        let url = part == "password"
+        let url =
+            part == "password"
             ? "amqp://guest:not-the-password@\(base.host):\(base.port)/%2f"
             : "amqp://guest:guest@\(base.host):\(base.port)/\(TestServices.unique("no-such-vhost"))"
         let (environment, simulator) = try environment(["AMQP_URL": url])
@@ -80,7 +89,8 @@ import Glibc
 
     @Test func aRedisDatabaseThatDoesNotExistExits78() throws {
         let (environment, simulator) = try environment([
-            "REDIS_URL": try TestServices.redisURL().withDatabase(99).description(revealingPassword: true)])
+            "REDIS_URL": try TestServices.redisURL().withDatabase(99).description(revealingPassword: true)
+        ])
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let line = worker.waitForLine(containing: "configuration error", timeout: 30)
@@ -94,7 +104,8 @@ import Glibc
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         #expect(worker.waitForLine(containing: "\"failures_in_a_row\":\"1\"") != nil)
-        #expect(worker.waitForLine(containing: "\"failures_in_a_row\":\"2\"") != nil, "still waiting, the count growing")
+        #expect(
+            worker.waitForLine(containing: "\"failures_in_a_row\":\"2\"") != nil, "still waiting, the count growing")
         #expect(worker.stop() == 0)
     }
 
@@ -102,26 +113,33 @@ import Glibc
         let (base, simulator) = try environment()
         defer { simulator.shutdown() }
         let directory = try TestServices.certificateDirectory("key-dir")
-        let asDirectory = try ExecutablesTests.Child("apns-worker", ["run"], environment: base.merging(["APNS_KEY_FILE": directory]) { _, new in new })
+        let asDirectory = try ExecutablesTests.Child(
+            "apns-worker", ["run"], environment: base.merging(["APNS_KEY_FILE": directory]) { _, new in new })
         #expect(asDirectory.waitForLine(containing: "is a directory, not a file")?.contains("APNS_KEY_FILE") == true)
         #expect(asDirectory.waitForExit() == 78)
 
         // A byte-order mark (some Windows editors write one): a key file or a settings file is read past it; a
         // jobs file given to enqueue is refused naming it, not as "unexpected character 'ï'".
-        let withMark = try TestServices.temporaryFile("bom.p8", contents: "\u{FEFF}" + (try ES256Key.generatePrivateKeyPEM()))
-        let marked = try ExecutablesTests.Child("apns-worker", ["run"], environment: base.merging(["APNS_KEY_FILE": withMark]) { _, new in new })
+        let withMark = try TestServices.temporaryFile(
+            "bom.p8", contents: "\u{FEFF}" + (try ES256Key.generatePrivateKeyPEM()))
+        let marked = try ExecutablesTests.Child(
+            "apns-worker", ["run"], environment: base.merging(["APNS_KEY_FILE": withMark]) { _, new in new })
         #expect(marked.waitForLine(containing: "\"consuming\"") != nil)
         #expect(marked.stop() == 0)
-        let jobs = try TestServices.temporaryFile("jobs.jsonl", contents: "\u{FEFF}" + #"{"users": ["u1"], "payload": {"aps": {}}}"# + "\n")
+        let jobs = try TestServices.temporaryFile(
+            "jobs.jsonl", contents: "\u{FEFF}" + #"{"users": ["u1"], "payload": {"aps": {}}}"# + "\n")
         let enqueued = try OperationsTests.apnsWorker(["enqueue", jobs, "--no-progress"], environment: base)
-        #expect(enqueued.status == 65 && enqueued.errors.contains("byte-order mark") && !enqueued.errors.contains("ï"),
-                "\(enqueued)")
+        #expect(
+            enqueued.status == 65 && enqueued.errors.contains("byte-order mark") && !enqueued.errors.contains("ï"),
+            "\(enqueued)")
     }
 
     @Test func twoCredentialsSayWhichIsUsed() throws {
         let directory = try TestServices.certificateDirectory("both")
-        let (environment, simulator) = try environment(["APNS_CERT_FILE": directory + "/cert.pem",
-                                                        "APNS_CERT_KEY_FILE": directory + "/key.pem"])
+        let (environment, simulator) = try environment([
+            "APNS_CERT_FILE": directory + "/cert.pem",
+            "APNS_CERT_KEY_FILE": directory + "/key.pem"
+        ])
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let line = worker.waitForLine(containing: "two APNs credentials")
@@ -135,8 +153,10 @@ import Glibc
         let (port, redis) = try Self.privateRedis()
         defer { redis.stop() }
         let metricsPort = TestServices.freePort()
-        let (environment, simulator) = try environment(["REDIS_URL": "redis://127.0.0.1:\(port)/0",
-                                                        "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort)])
+        let (environment, simulator) = try environment([
+            "REDIS_URL": "redis://127.0.0.1:\(port)/0",
+            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort)
+        ])
         defer { simulator.shutdown() }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         defer { _ = worker.stop(SIGKILL) }
@@ -155,13 +175,16 @@ import Glibc
         let replyReader = try QueueReader(replies)
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
-        try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(repeating: "5f", count: 32))"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: jobs,
+            body: Array(#"{"tokens": ["\#(String(repeating: "5f", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
         kill(redis.pid, SIGCONT)
         #expect(TestServices.waitUntil(timeout: 30, ready), "ready again once Redis answers")
         #expect(try replyReader.read(1, timeout: 30).count == 1)
-        TestServices.reportFault("Redis frozen (SIGSTOP): /readyz not ready within 3 s, a job waits and is delivered after",
-                                 notifications: 1, received: simulator.received())
+        TestServices.reportFault(
+            "Redis frozen (SIGSTOP): /readyz not ready within 3 s, a job waits and is delivered after",
+            notifications: 1, received: simulator.received())
     }
 
     /// The cleanup consumer's /readyz is a round trip too: Redis frozen, not ready within a few seconds; thawed, ready.
@@ -169,12 +192,16 @@ import Glibc
         let (port, redis) = try Self.privateRedis()
         defer { redis.stop() }
         let metricsPort = TestServices.freePort()
-        let cleanup = try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: [
-            "REDIS_URL": "redis://127.0.0.1:\(port)/0", "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort),
-            "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"), "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
-            "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
-            "PUSH_FAILED_QUEUE": TestServices.unique("failed"),
-        ])
+        let cleanup = try ExecutablesTests.Child(
+            "apns-worker", ["cleanup"],
+            environment: [
+                "REDIS_URL": "redis://127.0.0.1:\(port)/0", "METRICS_HOST": "127.0.0.1",
+                "METRICS_PORT": String(metricsPort),
+                "PUSH_DEAD_TOKENS_QUEUE": TestServices.unique("dead"),
+                "PUSH_DEAD_TOKENS_EXCHANGE": TestServices.unique("dead-x"),
+                "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
+                "PUSH_FAILED_QUEUE": TestServices.unique("failed")
+            ])
         defer { _ = cleanup.stop(SIGKILL) }
         func ready() -> Bool { Self.readiness(metricsPort)?.status == 200 }
         func notReady() -> Bool { Self.notReady(Self.readiness(metricsPort)) }
@@ -190,13 +217,19 @@ import Glibc
         let port = TestServices.freePort()
         let directory = NSTemporaryDirectory() + TestServices.unique("redis-frozen")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let redis = try TestServices.Daemon("/usr/bin/redis-server", ["--port", String(port), "--bind", "127.0.0.1",
-                                                                     "--save", "", "--appendonly", "no", "--dir", directory])
+        let redis = try TestServices.Daemon(
+            "/usr/bin/redis-server",
+            [
+                "--port", String(port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", directory
+            ])
         return (port, redis)
     }
 
     /// /readyz's answer; nil while nothing answers on the port (not listening yet).
-    static func readiness(_ port: Int) -> (status: Int, body: String)? { try? TestServices.httpGet(port: port, "/readyz") }
+    static func readiness(_ port: Int) -> (status: Int, body: String)? {
+        try? TestServices.httpGet(port: port, "/readyz")
+    }
 
     /// Not ready is an answer (503 "not ready"), not a program that stopped answering.
     static func notReady(_ answer: (status: Int, body: String)?) -> Bool {

@@ -1,8 +1,9 @@
 import AMQP
 import Foundation
 import Testing
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// AMQP_URL as a list of nodes: programs start on a node that answers and pass over those that do not.
@@ -43,7 +44,10 @@ import Glibc
         let nodes = AMQPNodes((1...4).map { AMQPURL(host: "10.0.0.\($0)", port: 5672, user: "u", password: "p") })
         let order = nodes.attemptOrder(startingAt: 1) { $0.host == "10.0.0.2" || $0.host == "10.0.0.4" }
         #expect(order.map(\.host) == ["10.0.0.3", "10.0.0.1", "10.0.0.2", "10.0.0.4"])
-        #expect(nodes.attemptOrder(startingAt: 6) { _ in false }.map(\.host) == ["10.0.0.3", "10.0.0.4", "10.0.0.1", "10.0.0.2"])
+        #expect(
+            nodes.attemptOrder(startingAt: 6) { _ in false }.map(\.host) == [
+                "10.0.0.3", "10.0.0.4", "10.0.0.1", "10.0.0.2"
+            ])
     }
 
     @Test func whenNoNodeAnswersTheErrorSaysWhatEachDidAndShowsNoPassword() throws {
@@ -53,8 +57,9 @@ import Glibc
             Issue.record("connected to nothing")
         } catch {
             #expect(error.isConnectionLost, "a cluster that is down is waited for, not a configuration error")
-            #expect(error.message.hasPrefix("no broker node answered: cannot connect to amqp://guest:***@127.0.0.1:"),
-                    "\(error.message)")
+            #expect(
+                error.message.hasPrefix("no broker node answered: cannot connect to amqp://guest:***@127.0.0.1:"),
+                "\(error.message)")
             #expect(error.message.components(separatedBy: "cannot connect").count == 3, "both nodes named")
             #expect(!error.message.contains("dead-node-secret"))
         }

@@ -38,15 +38,26 @@ import WorkerPipeline
         let long = (0..<400).map { String(format: "%064x", 0xC7_0000 + $0) }
         let urgent = (0..<50).map { String(format: "%064x", 0xC8_0000 + $0) }
         let longID = "\(jobs)-long"
-        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(longID)", "tokens": [\#(long.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies, messageID: longID))
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_RATE_LIMIT": "50",
-        ]), logger: logger)
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "\#(longID)", "tokens": [\#(long.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+                    .utf8),
+            properties: AMQPProperties(replyTo: replies, messageID: longID))
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "APNS_RATE_LIMIT": "50"
+                ]), logger: logger)
         defer { worker.stop() }
-        try #require(TestServices.waitUntil(timeout: 30) { simulator.received().count >= 20 }, "the long job is under way")
+        try #require(
+            TestServices.waitUntil(timeout: 30) { simulator.received().count >= 20 }, "the long job is under way")
         for (index, token) in urgent.enumerated() {
-            try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)-urgent-\#(index)", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+            try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "\#(jobs)-urgent-\#(index)", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
         }
         let accepted = { Set(simulator.received().lazy.filter { $0.status == 200 }.map(\.deviceToken)) }
         #expect(TestServices.waitUntil(timeout: 60) { accepted().isSuperset(of: urgent) }, "every urgent job delivered")
@@ -59,11 +70,13 @@ import WorkerPipeline
         let summaries = try replyReader.read(1, timeout: 30).compactMap {
             try JSONSerialization.jsonObject(with: Data($0.body)) as? [String: Any]
         }
-        #expect(summaries.count == 1 && summaries.first?["notifications"] as? Int == long.count
+        #expect(
+            summaries.count == 1 && summaries.first?["notifications"] as? Int == long.count
                 && summaries.first?["delivered"] as? Int == long.count, "\(summaries)")
         #expect(try replyReader.read(1, timeout: 1).isEmpty, "one summary for the job")
-        TestServices.reportFault("channels closed for the consumer timeout (3 s) under a long job and 50 urgent jobs",
-                                 notifications: long.count + urgent.count, received: simulator.received())
+        TestServices.reportFault(
+            "channels closed for the consumer timeout (3 s) under a long job and 50 urgent jobs",
+            notifications: long.count + urgent.count, received: simulator.received())
     }
 
     /// A memory alarm blocks the worker's publishes (dead-token events, summaries) mid-job: the worker waits for the
@@ -89,9 +102,11 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         defer { alarmRaised.signal() }  // a test that ends early lets the held answer go before the shutdown
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { workerThread.stop() }
-        let body = #"{"id": "\#(jobs)-alarm", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+        let body =
+            #"{"id": "\#(jobs)-alarm", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         publisher.close()
 
@@ -114,18 +129,26 @@ import WorkerPipeline
         #expect(try replyReader.read(1, timeout: 0.5).isEmpty, "nothing gets through while blocked")
         _ = try TestServices.run(rabbitmqctl, ["set_vm_memory_high_watermark", "0.4"])
 
-        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1, timeout: 60).first).body))
+        let summary =
+            try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1, timeout: 60).first).body))
             as? [String: Any]
-        #expect(heldUntilAlarm.withLock { $0 } == .success, "APNs answered once the alarm was up, not after the 120 s hold ran out")
+        #expect(
+            heldUntilAlarm.withLock { $0 } == .success,
+            "APNs answered once the alarm was up, not after the 120 s hold ran out")
         #expect(summary?["delivered"] as? Int == 20, "the job completed once the alarm cleared: \(summary ?? [:])")
         #expect(simulator.received().count == 20, "each notification sent once: no reconnection, no redelivery")
-        TestServices.reportFault("broker memory alarm blocks publishing mid-job", notifications: 20,
-                                 received: simulator.received())
+        TestServices.reportFault(
+            "broker memory alarm blocks publishing mid-job", notifications: 20,
+            received: simulator.received())
         // The worker reads the broker's block and unblock notices in its loop, right after the job: poll for it.
         let statistics = workerThread.worker.statistics
-        #expect(TestServices.waitUntil(timeout: 10) {
-            statistics.brokerBlocks.load(ordering: .relaxed) == 1 && !statistics.brokerBlocked.load(ordering: .relaxed)
-        }, "the worker read the block and the unblock (blocks \(statistics.brokerBlocks.load(ordering: .relaxed)), blocked \(statistics.brokerBlocked.load(ordering: .relaxed)))")
+        #expect(
+            TestServices.waitUntil(timeout: 10) {
+                statistics.brokerBlocks.load(ordering: .relaxed) == 1
+                    && !statistics.brokerBlocked.load(ordering: .relaxed)
+            },
+            "the worker read the block and the unblock (blocks \(statistics.brokerBlocks.load(ordering: .relaxed)), blocked \(statistics.brokerBlocked.load(ordering: .relaxed)))"
+        )
         let metrics = statistics.prometheusText(ready: true)
         #expect(metrics.contains("apns_worker_broker_blocks_total 1"), "\(metrics)")
         #expect(metrics.contains("apns_worker_broker_blocked 0"), "unblocked again")
@@ -142,7 +165,10 @@ import WorkerPipeline
         configuration.behaviour.latency = 0.01
         configuration.observer = { notification in
             guard notification.status == 200 else { return }
-            let count = delivered.withLock { $0.insert(notification.deviceToken); return $0.count }
+            let count = delivered.withLock {
+                $0.insert(notification.deviceToken)
+                return $0.count
+            }
             if count == 100 { someDone.signal() }
             if count == jobCount { allDone.signal() }
         }
@@ -154,21 +180,29 @@ import WorkerPipeline
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for token in tokens {
-            last = try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+            last = try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "\#(jobs)-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
         publisher.close()
 
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "WORKER_PREFETCH": "50",
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "WORKER_PREFETCH": "50"
+                ]), logger: logger)
         defer { workerThread.stop() }
 
         try #require(someDone.wait(timeout: .now() + 60) == .success, "100 delivered before the restart")
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")
         _ = try TestServices.run(rabbitmqctl, ["stop_app"])
         _ = try TestServices.run(rabbitmqctl, ["start_app"])
-        #expect(allDone.wait(timeout: .now() + 90) == .success, "\(delivered.withLock { $0.count }) of \(jobCount) delivered")
+        #expect(
+            allDone.wait(timeout: .now() + 90) == .success,
+            "\(delivered.withLock { $0.count }) of \(jobCount) delivered")
 
         // Every job was acknowledged in the end: the durable queue kept them across the restart, none is left.
         var listing = ""
@@ -177,7 +211,8 @@ import WorkerPipeline
             if listing.contains("\(jobs)\t0") { break }
         }
         #expect(listing.contains("\(jobs)\t0"), "\(listing)")
-        TestServices.reportFault("broker restart (stop_app, start_app) mid-run, 500 jobs", notifications: jobCount,
-                                 received: simulator.received())
+        TestServices.reportFault(
+            "broker restart (stop_app, start_app) mid-run, 500 jobs", notifications: jobCount,
+            received: simulator.received())
     }
 }

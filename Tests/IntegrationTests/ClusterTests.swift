@@ -9,8 +9,9 @@ import Telemetry
 import Testing
 import Threads
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The three-node RabbitMQ cluster scripts/test starts for this suite (scripts/lib/cluster.sh): its nodes' URLs,
@@ -75,7 +76,8 @@ enum Cluster {
     static func isWhole() -> Bool {
         (1...3).allSatisfy { node in
             guard let text = try? ctl(node, ["cluster_status", "--formatter", "json"]),
-                  let status = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return false }
+                let status = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any]
+            else { return false }
             let running = (status["running_nodes"] as? [String])?.count ?? 0
             let partitions = (status["partitions"] as? [String: Any])?.count ?? 1
             return running == 3 && partitions == 0
@@ -110,7 +112,8 @@ enum Cluster {
     /// Whether a process is stopped (SIGSTOP): its state in /proc/PID/stat is T.
     static func isStopped(_ pid: pid_t) -> Bool {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let end = stat.lastIndex(of: ")") else { return false }
+            let end = stat.lastIndex(of: ")")
+        else { return false }
         return stat[stat.index(after: end)...].trimmingCharacters(in: .whitespaces).hasPrefix("T")
     }
 
@@ -200,11 +203,13 @@ enum Cluster {
         _ = try publisher.declareQueue(jobs, arguments: ["x-queue-type": .string("quorum")])
         try #require(try Cluster.leader(of: jobs, askingNode: 2) == 1, "declared through node 1, led by node 1")
 
-        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
-            "WORKER_PREFETCH": String(Self.prefetch), "APNS_RATE_LIMIT": "300", "LOG_FORMAT": "text",
-            "LOG_LEVEL": "info", "AMQP_HEARTBEAT": "5",
-        ])
+        var environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
+                "WORKER_PREFETCH": String(Self.prefetch), "APNS_RATE_LIMIT": "300", "LOG_FORMAT": "text",
+                "LOG_LEVEL": "info", "AMQP_HEARTBEAT": "5"
+            ])
         environment["PUSH_DEAD_TOKENS_QUEUE"] = TestServices.unique("cluster-dead")
         // A worker starts on a random node: started again until it is where the scenario wants it. The queue is
         // still empty, so a worker stopped here costs no job a delivery.
@@ -225,8 +230,10 @@ enum Cluster {
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for token in tokens {
-            last = try publisher.publish(to: jobs, body: Array(
-                #"{"id": "\#(jobs)-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+            last = try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "\#(jobs)-\#(token.suffix(6))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
         publisher.close()
@@ -242,15 +249,23 @@ enum Cluster {
             let moved = try #require(running.waitForLine(containing: "consuming", timeout: 60), "consuming again")
             #expect(try Cluster.node(inLogLine: moved) != 1, "moved to a running node: \(moved)")
         }
-        #expect(deliveries.wait(for: Self.jobCount, timeout: 120),
-                "\(deliveries.distinct) of \(Self.jobCount) delivered")
+        #expect(
+            deliveries.wait(for: Self.jobCount, timeout: 120),
+            "\(deliveries.distinct) of \(Self.jobCount) delivered")
         #expect(running.stop() == 0, "the worker stops cleanly")
         // Every job was acknowledged: none is left ready or unacknowledged in the jobs queue, and nothing went to a
         // retry tier, the failed queue or the dead-token queue (quorum counts refresh every 200 ms).
-        let emptied = try TestServices.waitUntil(timeout: 30) { try Cluster.messages(in: jobs, askingNode: survivor) == 0 }
-        #expect(emptied, "the jobs queue is empty: \(String(describing: try? Cluster.messages(in: jobs, askingNode: survivor)))")
-        let others = [environment["PUSH_BULK_QUEUE"], environment["PUSH_FAILED_QUEUE"],
-                      environment["PUSH_DEAD_TOKENS_QUEUE"]].compactMap { $0 } + [jobs + ".retry."]
+        let emptied = try TestServices.waitUntil(timeout: 30) {
+            try Cluster.messages(in: jobs, askingNode: survivor) == 0
+        }
+        #expect(
+            emptied,
+            "the jobs queue is empty: \(String(describing: try? Cluster.messages(in: jobs, askingNode: survivor)))")
+        let others =
+            [
+                environment["PUSH_BULK_QUEUE"], environment["PUSH_FAILED_QUEUE"],
+                environment["PUSH_DEAD_TOKENS_QUEUE"]
+            ].compactMap { $0 } + [jobs + ".retry."]
         let left = try Cluster.messages(inQueuesStartingWith: others, askingNode: survivor)
         #expect(left == 0, "the worker's other queues are empty: \(left) messages")
         try Cluster.start(1)
@@ -259,14 +274,17 @@ enum Cluster {
         let received = simulator.received().filter { $0.status == 200 }
         let duplicates = received.count - Set(received.map(\.deviceToken)).count
         #expect(duplicates <= Self.prefetch, "duplicates are bounded by the jobs in flight: \(duplicates)")
-        let scenario = stopped == .workersNode
+        let scenario =
+            stopped == .workersNode
             ? "cluster: node 1 stopped mid-run, the node the worker uses and the jobs queue's leader"
             : "cluster: node 1 stopped mid-run, the jobs queue's leader (the worker on node \(workerNode))"
         TestServices.reportFault(scenario, notifications: Self.jobCount, received: simulator.received())
         let pause = deliveries.longestPause(after: stoppedAt)
         #expect(pause < 15, "delivery resumed: the longest pause was \(pause) s")
-        print(String(format: "failover | %@ | %d | %d | %d | %.1f", scenario, Self.jobCount, deliveries.distinct,
-                     duplicates, pause))
+        print(
+            String(
+                format: "failover | %@ | %d | %d | %d | %.1f", scenario, Self.jobCount, deliveries.distinct,
+                duplicates, pause))
     }
 
     @Test func theNodeTheWorkerUsesStopsMidRun() throws { try failover(.workersNode) }
@@ -282,15 +300,21 @@ enum Cluster {
         configuration.observer = { acceptances.observe($0) }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
-        let jobs = TestServices.unique("frozen-jobs"), bulk = TestServices.unique("frozen-bulk")
+        let jobs = TestServices.unique("frozen-jobs")
+        let bulk = TestServices.unique("frozen-bulk")
         let publisher = try AMQPConnection(url: Cluster.url(1))
         defer { publisher.close() }
-        for queue in [jobs, bulk] { _ = try publisher.declareQueue(queue, arguments: ["x-queue-type": .string("quorum")]) }
+        for queue in [jobs, bulk] {
+            _ = try publisher.declareQueue(queue, arguments: ["x-queue-type": .string("quorum")])
+        }
         try publisher.enablePublisherConfirms()
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum", "PUSH_BULK_QUEUE": bulk,
-            "LOG_FORMAT": "text", "LOG_LEVEL": "info",
-        ])
+        let environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
+                "PUSH_BULK_QUEUE": bulk,
+                "LOG_FORMAT": "text", "LOG_LEVEL": "info"
+            ])
         // Started again until it consumes from another node than node 1, which leads both lanes' queues.
         var worker: ExecutablesTests.Child?
         var workerNode = 1
@@ -307,19 +331,22 @@ enum Cluster {
             let tokens = range.map { String(format: "%064x", 0xF0_0000 + $0) }
             var last: UInt64 = 0
             for token in tokens {
-                last = try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
+                last = try publisher.publish(
+                    to: jobs, body: Array(#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))
             }
             #expect(try publisher.waitForConfirms(through: last).isEmpty)
             return tokens
         }
         let before = try publish(0..<20)
-        try #require(TestServices.waitUntil(timeout: 30) { acceptances.first.count >= before.count }, "delivery under way")
+        try #require(
+            TestServices.waitUntil(timeout: 30) { acceptances.first.count >= before.count }, "delivery under way")
 
         let frozen = try Cluster.pid(workerNode)
         kill(frozen, SIGSTOP)
         let frozenAt = Date()
-        #expect(TestServices.waitUntil(timeout: 5) { Cluster.isStopped(frozen) },
-                "node \(workerNode) (pid \(frozen)) frozen")
+        #expect(
+            TestServices.waitUntil(timeout: 5) { Cluster.isStopped(frozen) },
+            "node \(workerNode) (pid \(frozen)) frozen")
         defer {
             kill(frozen, SIGCONT)
             #expect(Cluster.heal(after: workerNode), "the thawed node rejoined the cluster")
@@ -332,9 +359,11 @@ enum Cluster {
         #expect(latest <= 10, "the last job published after the freeze reached APNs \(latest) s after it")
         let moved = running.waitForLine(containing: "consuming", timeout: 5)
         #expect(moved.map { (try? Cluster.node(inLogLine: $0)) != workerNode } == true, "consuming on another node")
-        print(String(format: "failover | cluster: the node the worker consumes from frozen (SIGSTOP), the queues led by "
-                     + "another | %d jobs published after the freeze | all delivered within %.1f s of it", after.count,
-                     latest))
+        print(
+            String(
+                format: "failover | cluster: the node the worker consumes from frozen (SIGSTOP), the queues led by "
+                    + "another | %d jobs published after the freeze | all delivered within %.1f s of it", after.count,
+                latest))
     }
 
     @Test func theNodeLeadingTheJobsQueueStopsMidRun() throws { try failover(.jobsQueueLeader) }
@@ -345,10 +374,12 @@ enum Cluster {
     @Test func enqueueAcrossANodeStopLosesNothing() throws {
         let jobs = TestServices.unique("cluster-enqueue")
         let total = 10_000
-        let enqueue = try ExecutablesTests.Child("apns-worker", ["enqueue", "--no-progress", "-"], environment: [
-            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
-            "PUSH_JOBS_QUEUE": jobs, "LOG_LEVEL": "debug", "LOG_FORMAT": "text", "AMQP_HEARTBEAT": "5",
-        ], input: true)
+        let enqueue = try ExecutablesTests.Child(
+            "apns-worker", ["enqueue", "--no-progress", "-"],
+            environment: [
+                "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
+                "PUSH_JOBS_QUEUE": jobs, "LOG_LEVEL": "debug", "LOG_FORMAT": "text", "AMQP_HEARTBEAT": "5"
+            ], input: true)
         defer { _ = enqueue.stop(SIGKILL) }
         let publishing = try #require(enqueue.waitForLine(containing: "publishing"), "enqueue connects")
         let node = try Cluster.node(inLogLine: publishing)
@@ -370,9 +401,11 @@ enum Cluster {
         enqueue.closeInput()
         let moved = try #require(enqueue.waitForLine(containing: "publishing again", timeout: 60), "enqueue moves")
         let resumedAfter = Date().timeIntervalSince(stoppedAt)
-        let unconfirmed = moved.split(separator: " ").first { $0.hasPrefix("jobs.unconfirmed=") }
+        let unconfirmed =
+            moved.split(separator: " ").first { $0.hasPrefix("jobs.unconfirmed=") }
             .flatMap { Int($0.dropFirst("jobs.unconfirmed=".count)) } ?? 0
-        #expect(unconfirmed > 0, "jobs published and not confirmed when the node stopped were published again: \(moved)")
+        #expect(
+            unconfirmed > 0, "jobs published and not confirmed when the node stopped were published again: \(moved)")
         #expect(try Cluster.node(inLogLine: moved) != node)
         let published = try #require(enqueue.waitForLine(containing: "published", timeout: 120))
         #expect(published.contains("published \(total) jobs"), "\(published)")
@@ -386,9 +419,12 @@ enum Cluster {
         defer { simulator.shutdown() }
         let queued = try #require(try Cluster.messages(in: jobs, askingNode: survivor))
         #expect(queued >= total, "every job is in the queue, some twice: \(queued)")
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum",
-        ]), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "AMQP_URL": try Cluster.urls().joined(separator: ","), "PUSH_QUEUE_TYPE": "quorum"
+                ]), logger: logger)
         defer { worker.stop() }
         let drained = TestServices.waitUntil(timeout: 120) {
             (try? Cluster.messages(in: jobs, askingNode: survivor)) == 0 && simulator.received().count >= total
@@ -401,16 +437,20 @@ enum Cluster {
         #expect(received.count == total, "each exactly once: \(received.count - distinct) sent twice")
         let skipped = worker.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed)
         // Seconds from the stop command to publishing on another node (the command itself takes about a second).
-        print(String(format: "failover | cluster: enqueue of %d jobs, its node stopped halfway | %d | %d | %d | %.1f",
-                     total, total, queued, received.count - distinct, resumedAfter))
-        print("failover | cluster: enqueue's copies after the failover: \(queued - total) in the queue, "
-              + "\(skipped) acknowledged without sending, \(received.count - distinct) sent twice")
+        print(
+            String(
+                format: "failover | cluster: enqueue of %d jobs, its node stopped halfway | %d | %d | %d | %.1f",
+                total, total, queued, received.count - distinct, resumedAfter))
+        print(
+            "failover | cluster: enqueue's copies after the failover: \(queued - total) in the queue, "
+                + "\(skipped) acknowledged without sending, \(received.count - distinct) sent twice")
     }
 
     /// `cleanup` and `dead-tokens tail` on the node that is stopped move to another node; the next dead-token event
     /// still removes its token from the cache and reaches the tail.
     @Test func cleanupAndTailMoveToAnotherNode() throws {
-        let user = TestServices.unique("erin"), token = String(repeating: "e7", count: 32)
+        let user = TestServices.unique("erin")
+        let token = String(repeating: "e7", count: 32)
         let redis = try RedisConnection(url: TestServices.redisURL())
         _ = try redis.command(["HSET", RedisKeys.node.tokens(user), token, "production"])
         try #require(try redis.command(["HEXISTS", RedisKeys.node.tokens(user), token]).integer == 1)
@@ -420,7 +460,7 @@ enum Cluster {
             "REDIS_URL": try TestServices.value("REDIS_URL"), "PUSH_DEAD_TOKENS_QUEUE": deadTokens,
             "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("cluster-registrations"),
             "PUSH_FAILED_QUEUE": TestServices.unique("cluster-failed"), "METRICS_PORT": "0",
-            "LOG_FORMAT": "text", "LOG_LEVEL": "info", "AMQP_HEARTBEAT": "5",
+            "LOG_FORMAT": "text", "LOG_LEVEL": "info", "AMQP_HEARTBEAT": "5"
         ]
         let cleanup = try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: environment)
         defer { _ = cleanup.stop() }
@@ -428,8 +468,9 @@ enum Cluster {
         // The tail starts on a random node: started again until it shares cleanup's, so that both move.
         var tail: ExecutablesTests.Child?
         for _ in 0..<40 where tail == nil {
-            let child = try ExecutablesTests.Child("apns-worker", ["dead-tokens", "tail", "--count", "1", "--timeout", "120"],
-                                                   environment: environment)
+            let child = try ExecutablesTests.Child(
+                "apns-worker", ["dead-tokens", "tail", "--count", "1", "--timeout", "120"],
+                environment: environment)
             let watching = try #require(child.waitForLine(containing: "amqp.url="), "the tail watches")
             if try Cluster.node(inLogLine: watching) == node { tail = child } else { _ = child.stop(SIGKILL) }
         }
@@ -445,16 +486,19 @@ enum Cluster {
 
         let publisher = try AMQPConnection(url: Cluster.url(Cluster.other(than: node)))
         defer { publisher.close() }
-        let event = #"{"token": "\#(token)", "user": "\#(user)", "topic": "com.example.app", "environment": "production", "status": 410, "reason": "Unregistered", "timestamp": \#(Int64(Date().timeIntervalSince1970 * 1000)), "job_id": "cluster"}"#
+        let event =
+            #"{"token": "\#(token)", "user": "\#(user)", "topic": "com.example.app", "environment": "production", "status": 410, "reason": "Unregistered", "timestamp": \#(Int64(Date().timeIntervalSince1970 * 1000)), "job_id": "cluster"}"#
         try publisher.publish(to: deadTokens, exchange: deadTokens, body: Array(event.utf8))
-        let shown = try #require(watcher.waitForLine(containing: "Unregistered", timeout: 60), "the tail shows the event")
+        let shown = try #require(
+            watcher.waitForLine(containing: "Unregistered", timeout: 60), "the tail shows the event")
         #expect(shown.contains("\"user\":\"\(user)\""))
         let removed = try TestServices.waitUntil(timeout: 30) {
             try redis.command(["HEXISTS", RedisKeys.node.tokens(user), token]).integer == 0
         }
         #expect(removed, "cleanup applied the event after moving")
-        print("failover | cluster: cleanup and dead-tokens tail on the stopped node, then a dead-token event | 1 | "
-              + "\(removed ? 1 : 0) | 0 | -")
+        print(
+            "failover | cluster: cleanup and dead-tokens tail on the stopped node, then a dead-token event | 1 | "
+                + "\(removed ? 1 : 0) | 0 | -")
         try Cluster.start(node)
     }
 

@@ -9,8 +9,9 @@ import Telemetry
 import Testing
 import Threads
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// At-least-once delivery when things die: the worker process, and Redis under a running worker.
@@ -30,13 +31,17 @@ import Glibc
         let prefix = TestServices.unique("crash")
         for job in 0..<jobCount {
             let tokens = (0..<5).map { "\"" + String(format: "%064x", job * 5 + $0 + 1) + "\"" }.joined(separator: ",")
-            last = try publisher.publish(to: jobs, body: Array(#"{"id": "\#(prefix)-\#(job)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
-                                         properties: AMQPProperties(replyTo: replies))
+            last = try publisher.publish(
+                to: jobs,
+                body: Array(#"{"id": "\#(prefix)-\#(job)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "WORKER_PREFETCH": "20", "LOG_LEVEL": "info",
-        ])
+        let environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "WORKER_PREFETCH": "20", "LOG_LEVEL": "info"
+            ])
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         #expect(first.waitForLine(containing: "\"consuming\"") != nil)
         // Some jobs finish; then the worker dies without a chance to acknowledge the rest.
@@ -60,8 +65,9 @@ import Glibc
         let duplicates = received.count - distinct.count
         // Redelivered jobs resend what was in flight at the kill: bounded by the prefetch (20 jobs x 5).
         #expect(duplicates <= 20 * 5, "duplicates \(duplicates), sent before the crash \(sentBeforeCrash)")
-        TestServices.reportFault("worker kill -9 mid-batch (200 jobs x 5, prefetch 20)", notifications: jobCount * 5,
-                                 received: simulator.received())
+        TestServices.reportFault(
+            "worker kill -9 mid-batch (200 jobs x 5, prefetch 20)", notifications: jobCount * 5,
+            received: simulator.received())
     }
 
     /// A large job redelivered after a crash: what already had a final outcome is not sent again, and its one
@@ -70,14 +76,18 @@ import Glibc
     /// every 10 ms of answers, not in batches that a pause leaves unwritten), and after kill -9 only the pushes
     /// left unanswered go again.
     @Test func aRedeliveredJobSkipsWhatWasAlreadySent() throws {
-        let tokenCount = 600, answered = 300
+        let tokenCount = 600
+        let answered = 300
         let simulatorBox = Locked<APNsSimulator?>(nil)
         var configuration = APNsSimulator.Configuration(maximumConcurrentStreams: 50)
         configuration.behaviour.latency = 0.05
         let seen = Locked(0)
         configuration.observer = { _ in
             // From the 301st push on, answers wait (the server's loop judges requests one at a time, in order).
-            if seen.withLock({ $0 += 1; return $0 }) == answered, let simulator = simulatorBox.withLock({ $0 }) {
+            if seen.withLock({
+                $0 += 1
+                return $0
+            }) == answered, let simulator = simulatorBox.withLock({ $0 }) {
                 var held = APNsSimulator.Behaviour()
                 held.latency = 600
                 simulator.setBehaviour(held)
@@ -89,12 +99,15 @@ import Glibc
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let jobID = TestServices.unique("big-job")
         let tokens = (0..<tokenCount).map { "\"" + String(format: "%064x", $0 + 1) + "\"" }.joined(separator: ",")
-        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
         // One connection, never more: what APNs holds unanswered at the kill is bounded by its streams.
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "1", "LOG_LEVEL": "info",
-        ])
+        let environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "1", "LOG_LEVEL": "info"
+            ])
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let redis = try RedisConnection(url: TestServices.redisURL())
         let recorded = TestServices.waitUntil {
@@ -113,45 +126,63 @@ import Glibc
         let object = try JSONSerialization.jsonObject(with: Data(summary.body)) as! [String: Any]
         // One summary for the job, counting its notifications over both deliveries (the idempotency record knows
         // what the first one settled); what was sent twice is counted below, at APNs.
-        #expect(object["notifications"] as? Int == tokenCount && object["delivered"] as? Int == tokenCount
+        #expect(
+            object["notifications"] as? Int == tokenCount && object["delivered"] as? Int == tokenCount
                 && object["failed"] as? Int == 0, "\(object)")
         #expect(try replyReader.read(1, timeout: 1).isEmpty, "one summary")
         let received = simulator.received()
         #expect(Set(received.map(\.deviceToken)).count == tokenCount, "every notification delivered at least once")
         // Sent again: only the pushes APNs held unanswered at the kill (at most the 50 streams of the connection).
-        #expect(received.count - tokenCount == unanswered && unanswered <= 50,
-                "duplicates \(received.count - tokenCount), unanswered at the kill \(unanswered)")
-        TestServices.reportFault("worker kill -9 halfway through one 600-token job, APNs holding answers (idempotency record)",
-                                 notifications: tokenCount, received: received)
+        #expect(
+            received.count - tokenCount == unanswered && unanswered <= 50,
+            "duplicates \(received.count - tokenCount), unanswered at the kill \(unanswered)")
+        TestServices.reportFault(
+            "worker kill -9 halfway through one 600-token job, APNs holding answers (idempotency record)",
+            notifications: tokenCount, received: received)
     }
 
     /// kill -9 at full speed with the default settings (prefetch 500, 5,000 in flight, 2 connections): 200 jobs of
     /// 100 users, the worker killed a quarter of the way through. The idempotency record keeps up (every 10 ms of
     /// answers), so a redelivery sends again only what was in flight at the kill and at most 10 ms of answers.
     @Test func killingTheWorkerAtFullSpeedResendsOnlyWhatWasInFlight() throws {
-        let jobCount = 200, usersPerJob = 100, total = jobCount * usersPerJob
+        let jobCount = 200
+        let usersPerJob = 100
+        let total = jobCount * usersPerJob
         let quarter = DispatchSemaphore(value: 0)
         let seen = Locked(0)
         var configuration = APNsSimulator.Configuration()
         // Answers out of order, as APNs's: many jobs are partly answered at any moment.
         configuration.behaviour.latencyJitter = 0.02
-        configuration.observer = { _ in if seen.withLock({ $0 += 1; return $0 }) == total / 4 { quarter.signal() } }
+        configuration.observer = { _ in
+            if seen.withLock({
+                $0 += 1
+                return $0
+            }) == total / 4 {
+                quarter.signal()
+            }
+        }
         let simulator = try APNsSimulator(configuration: configuration, logger: logger)
         defer { simulator.shutdown() }
         let prefix = TestServices.unique("fast")
         let redis = try RedisConnection(url: TestServices.redisURL())
         for chunk in stride(from: 0, to: total, by: 1000) {
-            _ = try redis.pipeline((chunk..<min(total, chunk + 1000)).map {
-                ["HSET", RedisKeys.node.tokens("\(prefix)-\($0)"), String(format: "%064x", 0x5000_0000 + $0), "production"]
-            })
+            _ = try redis.pipeline(
+                (chunk..<min(total, chunk + 1000)).map {
+                    [
+                        "HSET", RedisKeys.node.tokens("\(prefix)-\($0)"), String(format: "%064x", 0x5000_0000 + $0),
+                        "production"
+                    ]
+                })
         }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for job in 0..<jobCount {
             let users = (0..<usersPerJob).map { "\"\(prefix)-\(job * usersPerJob + $0)\"" }.joined(separator: ",")
-            last = try publisher.publish(to: jobs, body: Array(#"{"id": "\#(prefix)-\#(job)", "users": [\#(users)], "payload": {"aps": {}}}"#.utf8),
-                                         properties: AMQPProperties(replyTo: replies))
+            last = try publisher.publish(
+                to: jobs,
+                body: Array(#"{"id": "\#(prefix)-\#(job)", "users": [\#(users)], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
         var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs)
@@ -166,7 +197,9 @@ import Glibc
         defer { _ = second.stop(SIGTERM) }
         var completed = Set<String>()
         while completed.count < jobCount, let next = try replyReader.read(1, timeout: 60).first {
-            if let id = (try? JSONSerialization.jsonObject(with: Data(next.body)) as? [String: Any])?["job_id"] as? String {
+            if let id = (try? JSONSerialization.jsonObject(with: Data(next.body)) as? [String: Any])?["job_id"]
+                as? String
+            {
                 completed.insert(id)
             }
         }
@@ -177,8 +210,9 @@ import Glibc
         // every stream busy the pool grows until the window is out), answered by APNs but not yet read by the
         // worker, plus the last 10 ms of answers (a few hundred at this speed) not yet in Redis.
         #expect(duplicates <= 5000 + 500, "duplicates \(duplicates), sent before the kill \(sentBeforeCrash)")
-        TestServices.reportFault("worker kill -9 at full speed, default settings (200 jobs x 100 users, killed after "
-                                 + "\(sentBeforeCrash) sent)", notifications: total, received: received)
+        TestServices.reportFault(
+            "worker kill -9 at full speed, default settings (200 jobs x 100 users, killed after "
+                + "\(sentBeforeCrash) sent)", notifications: total, received: received)
     }
 
     /// The broker closes the worker's connection (as on a broker restart or a network cut) while jobs are under way.
@@ -190,13 +224,21 @@ import Glibc
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         func publish(_ range: Range<Int>) throws {
             for job in range {
-                try publisher.publish(to: jobs, body: Array(#"{"id": "cut-\#(job)", "tokens": ["\#(String(format: "%064x", job + 1))"], "payload": {"aps": {}}}"#.utf8),
-                                      properties: AMQPProperties(replyTo: replies))
+                try publisher.publish(
+                    to: jobs,
+                    body: Array(
+                        #"{"id": "cut-\#(job)", "tokens": ["\#(String(format: "%064x", job + 1))"], "payload": {"aps": {}}}"#
+                            .utf8),
+                    properties: AMQPProperties(replyTo: replies))
             }
         }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "LOG_LEVEL": "info",
-        ]))
+        let worker = try ExecutablesTests.Child(
+            "apns-worker", ["run"],
+            environment: try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "LOG_LEVEL": "info"
+                ]))
         defer { _ = worker.stop(SIGTERM) }
         let consuming = try #require(worker.waitForLine(containing: "\"consuming\""))
         let localPort = try #require(consuming.firstMatch(of: /"amqp.local_port":"(\d+)"/).map { String($0.1) })
@@ -204,26 +246,31 @@ import Glibc
         #expect(try replyReader.read(10).count == 10)
 
         // Close exactly this worker's connection, from the broker's side (rabbitmqctl names it by its Erlang pid).
-        let listing = try TestServices.run(TestServices.value("RABBITMQCTL"), ["list_connections", "pid", "peer_port", "--quiet"])
+        let listing = try TestServices.run(
+            TestServices.value("RABBITMQCTL"), ["list_connections", "pid", "peer_port", "--quiet"])
         var name: String?
         for line in listing.split(separator: "\n") {
             let columns = line.split(separator: "\t").map(String.init)
             if columns.count == 2 && columns[1] == localPort { name = columns[0] }
         }
         let connectionName = try #require(name, "\(listing)")
-        _ = try TestServices.run(TestServices.value("RABBITMQCTL"), ["close_connection", connectionName, "cut by the test"])
+        _ = try TestServices.run(
+            TestServices.value("RABBITMQCTL"), ["close_connection", connectionName, "cut by the test"])
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil, "the worker connected again")
         try publish(200..<300)
 
         var completed = Set<String>()
         while completed.count < 290, let next = try replyReader.read(1, timeout: 30).first {
-            if let id = (try? JSONSerialization.jsonObject(with: Data(next.body)) as? [String: Any])?["job_id"] as? String {
+            if let id = (try? JSONSerialization.jsonObject(with: Data(next.body)) as? [String: Any])?["job_id"]
+                as? String
+            {
                 completed.insert(id)
             }
         }
         #expect(completed.count == 290, "the 290 jobs after the first 10 all completed")
-        TestServices.reportFault("broker cuts the worker's connection (300 jobs)", notifications: 300,
-                                 received: simulator.received())
+        TestServices.reportFault(
+            "broker cuts the worker's connection (300 jobs)", notifications: 300,
+            received: simulator.received())
     }
 
     /// Someone deletes the jobs queue under a running worker: the broker cancels its consumer, and the worker
@@ -233,12 +280,19 @@ import Glibc
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         func publish(_ id: String, token: Int) throws {
-            try publisher.publish(to: jobs, body: Array(#"{"id": "\#(id)", "tokens": ["\#(String(format: "%064x", token))"], "payload": {"aps": {}}}"#.utf8),
-                                  properties: AMQPProperties(replyTo: replies))
+            try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "\#(id)", "tokens": ["\#(String(format: "%064x", token))"], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
         }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "LOG_LEVEL": "info",
-        ]))
+        let worker = try ExecutablesTests.Child(
+            "apns-worker", ["run"],
+            environment: try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "LOG_LEVEL": "info"
+                ]))
         defer { _ = worker.stop(SIGTERM) }
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
         try publish("before-delete", token: 1)
@@ -258,8 +312,10 @@ import Glibc
         let redisPort = TestServices.freePort()
         let redisDirectory = NSTemporaryDirectory() + TestServices.unique("redis")
         try FileManager.default.createDirectory(atPath: redisDirectory, withIntermediateDirectories: true)
-        let redisArguments = ["--port", String(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                              "--dir", redisDirectory]
+        let redisArguments = [
+            "--port", String(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", redisDirectory
+        ]
         let firstRedis = try TestServices.Daemon("/usr/bin/redis-server", redisArguments)
         defer { firstRedis.stop() }
         let redisURL = RedisURL(host: "127.0.0.1", port: redisPort)
@@ -271,9 +327,12 @@ import Glibc
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "REDIS_URL": redisURL.description,
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "REDIS_URL": redisURL.description
+                ]), logger: logger)
         defer { workerThread.stop() }
         let job = Array(#"{"id": "before", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8)
         try publisher.publish(to: jobs, body: job, properties: AMQPProperties(replyTo: replies))
@@ -286,15 +345,17 @@ import Glibc
         // The app registered again meanwhile, with a new token: what Redis holds now is what the job reaches.
         let newToken = String(repeating: "9b", count: 32)
         _ = try connectWithRetry(redisURL).command(["HSET", RedisKeys.node.tokens(user), newToken, "production"])
-        try publisher.publish(to: jobs, body: Array(#"{"id": "after", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "after", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
         let summary = try #require(try replyReader.read(1, timeout: 60).first)
         let object = try JSONSerialization.jsonObject(with: Data(summary.body)) as! [String: Any]
         #expect(object["job_id"] as? String == "after")
         #expect(object["delivered"] as? Int == 1)
         #expect(simulator.received().last?.deviceToken == newToken)
-        TestServices.reportFault("Redis restart, data lost and re-seeded (a job before, a job after)", notifications: 2,
-                                 received: simulator.received())
+        TestServices.reportFault(
+            "Redis restart, data lost and re-seeded (a job before, a job after)", notifications: 2,
+            received: simulator.received())
     }
 
     /// A freshly started redis-server takes a moment to listen; connection refusals until then are expected.

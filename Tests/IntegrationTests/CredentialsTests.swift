@@ -14,10 +14,12 @@ import WorkerPipeline
         let port = TestServices.freePort()
         let directory = NSTemporaryDirectory() + TestServices.unique("redis-auth")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let server = try TestServices.Daemon("/usr/bin/redis-server", [
-            "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", directory,
-            "--requirepass", "pa:s/s@1",
-        ])
+        let server = try TestServices.Daemon(
+            "/usr/bin/redis-server",
+            [
+                "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", directory,
+                "--requirepass", "pa:s/s@1"
+            ])
         defer { server.stop() }
         let url = try RedisURL("redis://:pa%3As%2Fs%401@127.0.0.1:\(port)/3")
         // A freshly started redis-server takes a moment to listen: refusals until then are expected.
@@ -28,7 +30,9 @@ import WorkerPipeline
         }
         let cache = TokenCache(redis: try #require(connection), logger: Logger(label: "test"))
         let token = String(repeating: "c1", count: 32)
-        try cache.register([TokenRegistration(user: "zed", token: token, scope: TokenScope(environment: .production), registeredAt: 5)])
+        try cache.register([
+            TokenRegistration(user: "zed", token: token, scope: TokenScope(environment: .production), registeredAt: 5)
+        ])
         #expect(try cache.entries(forUser: "zed").map(\.token) == [token])
 
         var wrong = url
@@ -37,13 +41,15 @@ import WorkerPipeline
             _ = try RedisConnection(url: wrong)
             Issue.record("a wrong password was accepted")
         } catch {
-            #expect(error.description.contains("refused the password") && !error.description.contains("nope"), "\(error)")
+            #expect(
+                error.description.contains("refused the password") && !error.description.contains("nope"), "\(error)")
         }
     }
 
     @Test func anAMQPVhostOfItsOwnWithAnEncodedPassword() throws {
         let rabbitmqctl = try TestServices.value("RABBITMQCTL")
-        let vhost = TestServices.unique("tenant"), user = TestServices.unique("app")
+        let vhost = TestServices.unique("tenant")
+        let user = TestServices.unique("app")
         _ = try TestServices.run(rabbitmqctl, ["add_vhost", vhost])
         _ = try TestServices.run(rabbitmqctl, ["add_user", user, "s3cr3t/p@ss"])
         _ = try TestServices.run(rabbitmqctl, ["set_permissions", "-p", vhost, user, ".*", ".*", ".*"])

@@ -15,7 +15,8 @@ import Testing
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
-        let output = Pipe(), errors = Pipe()
+        let output = Pipe()
+        let errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
         try process.run()
@@ -30,10 +31,15 @@ import Testing
 
     /// Every document of a YAML file, as Foundation objects (via JSON).
     static func yamlDocuments(_ path: String) throws -> [[String: Any]] {
-        let json = try run("/usr/bin/python3", ["-c", """
-            import json, sys, yaml
-            print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d is not None]))
-            """, root + "/" + path])
+        let json = try run(
+            "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import json, sys, yaml
+                print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d is not None]))
+                """, root + "/" + path
+            ])
         return try #require(try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]])
     }
 
@@ -72,23 +78,28 @@ import Testing
         let item = try #require(Self.value(volume, "secret.items.0") as? [String: Any])
         #expect("\(mount["mountPath"] as? String ?? "")/\(item["path"] as? String ?? "")" == keyFile)
         #expect(Self.value(volume, "secret.defaultMode") as? Int == 0o400)
-        let secretVariables = (Self.value(container, "env") as? [[String: Any]] ?? []).compactMap { $0["name"] as? String }
+        let secretVariables = (Self.value(container, "env") as? [[String: Any]] ?? []).compactMap {
+            $0["name"] as? String
+        }
         #expect(Set(secretVariables) == ["AMQP_URL", "REDIS_URL"], "URLs with passwords come from the Secret")
         #expect(settings["AMQP_URL"] == nil && settings["REDIS_URL"] == nil, "no credentials in the ConfigMap")
     }
 
     @Test func kedaScalesTheWorkersOnBothLanesQueues() throws {
         let documents = try Self.yamlDocuments("deploy/kubernetes/keda-scaledobject.yaml")
-        let settings = try #require(Self.value(try Self.yamlDocuments("deploy/kubernetes/configmap.yaml").first, "data")
-                                    as? [String: String])
+        let settings = try #require(
+            Self.value(try Self.yamlDocuments("deploy/kubernetes/configmap.yaml").first, "data")
+                as? [String: String])
         let scaled = try #require(documents.first { $0["kind"] as? String == "ScaledObject" })
         #expect(Self.value(scaled, "spec.scaleTargetRef.name") as? String == "apns-worker")
         #expect(Self.value(scaled, "spec.triggers.0.type") as? String == "rabbitmq")
         #expect(Self.value(scaled, "spec.triggers.0.metadata.queueName") as? String == settings["PUSH_JOBS_QUEUE"])
-        #expect(Self.value(scaled, "spec.triggers.1.metadata.queueName") as? String == settings["PUSH_BULK_QUEUE"],
-                "the bulk lane's backlog scales the fleet too")
+        #expect(
+            Self.value(scaled, "spec.triggers.1.metadata.queueName") as? String == settings["PUSH_BULK_QUEUE"],
+            "the bulk lane's backlog scales the fleet too")
         let authentication = try #require(documents.first { $0["kind"] as? String == "TriggerAuthentication" })
-        #expect(Self.value(scaled, "spec.triggers.0.authenticationRef.name") as? String
+        #expect(
+            Self.value(scaled, "spec.triggers.0.authenticationRef.name") as? String
                 == Self.value(authentication, "metadata.name") as? String)
         let kustomization = try #require(try Self.yamlDocuments("deploy/kubernetes/kustomization.yaml").first)
         let resources = try #require(kustomization["resources"] as? [String])
@@ -98,7 +109,10 @@ import Testing
         let cleanup = try #require(try Self.yamlDocuments("deploy/kubernetes/cleanup-deployment.yaml").first)
         #expect(Self.value(cleanup, "spec.template.spec.containers.0.args") as? [String] == ["cleanup"])
         let secret = try #require(try Self.yamlDocuments("deploy/kubernetes/secret.example.yaml").first)
-        #expect((Self.value(secret, "stringData") as? [String: Any])?.keys.sorted() == ["AMQP_URL", "AuthKey.p8", "REDIS_URL"])
+        #expect(
+            (Self.value(secret, "stringData") as? [String: Any])?.keys.sorted() == [
+                "AMQP_URL", "AuthKey.p8", "REDIS_URL"
+            ])
     }
 
     @Test func theComposeFileRunsTheWholeSystem() throws {
@@ -110,13 +124,16 @@ import Testing
         let worker = Self.value(services, "apns-worker")
         #expect(Self.value(worker, "environment.APNS_PRODUCTION_URL") as? String == "https://apns-sim:2197")
         let simulator = try #require(Self.value(services, "apns-sim.command") as? [String])
-        #expect(simulator.contains("--cert-host") && simulator.contains("apns-sim"), "the certificate fits the host name")
+        #expect(
+            simulator.contains("--cert-host") && simulator.contains("apns-sim"), "the certificate fits the host name")
         #expect(Self.value(worker, "depends_on.rabbitmq.condition") as? String == "service_healthy")
     }
 
     @Test func theDockerfileBuildsInOneStageAndRunsUnprivilegedInAnother() throws {
         let text = try String(contentsOfFile: Self.root + "/deploy/Dockerfile", encoding: .utf8)
-        let lines = text.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.hasPrefix("#") }
+        let lines = text.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter {
+            !$0.hasPrefix("#")
+        }
         let stages = lines.filter { $0.hasPrefix("FROM ") }
         #expect(stages.count == 2 && stages[0].hasSuffix("AS build"), "\(stages)")
         let runtime = lines.drop { !($0.hasPrefix("FROM ") && !$0.hasSuffix("AS build")) }
@@ -133,8 +150,9 @@ import Testing
         let built = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path + "/apns-worker"
         let unit = try String(contentsOfFile: Self.root + "/deploy/apns-worker.service", encoding: .utf8)
             .replacingOccurrences(of: "/usr/local/bin/apns-worker", with: built)
-            .replacingOccurrences(of: "EnvironmentFile=/etc/apns-worker/apns-worker.env",
-                                  with: "EnvironmentFile=\(Self.root)/config/apns-worker.env")
+            .replacingOccurrences(
+                of: "EnvironmentFile=/etc/apns-worker/apns-worker.env",
+                with: "EnvironmentFile=\(Self.root)/config/apns-worker.env")
         let directory = NSTemporaryDirectory() + "unit-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         try unit.write(toFile: directory + "/apns-worker.service", atomically: true, encoding: .utf8)

@@ -21,8 +21,9 @@ import WorkerPipeline
         let liveTokens = [String(repeating: "1a", count: 32), String(repeating: "2b", count: 32)]
         let directToken = String(repeating: "3c", count: 40)
         let simulator = try APNsSimulator(
-            configuration: .init(unregisteredTokens: [deadToken: 1_732_900_000_123],
-                                 trustedKeys: ["ABC123DEFG": .init(teamID: "TEAM123456", key: try ES256Key(pem: keyPEM))]),
+            configuration: .init(
+                unregisteredTokens: [deadToken: 1_732_900_000_123],
+                trustedKeys: ["ABC123DEFG": .init(teamID: "TEAM123456", key: try ES256Key(pem: keyPEM))]),
             logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("sim-ca.pem", contents: simulator.certificatePEM)
@@ -32,7 +33,7 @@ import WorkerPipeline
         let redis = try RedisConnection(url: TestServices.redisURL())
         _ = try redis.pipeline([
             ["HSET", RedisKeys.node.tokens(alice), liveTokens[0], "production", liveTokens[1], "sandbox"],
-            ["HSET", RedisKeys.node.tokens(bob), deadToken, "production"],
+            ["HSET", RedisKeys.node.tokens(bob), deadToken, "production"]
         ])
 
         let jobs = TestServices.unique("jobs")
@@ -45,7 +46,7 @@ import WorkerPipeline
             "APNS_SANDBOX_URL": "https://localhost:\(simulator.port)", "APNS_CA_FILE": caFile,
             "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG", "APNS_TEAM_ID": "TEAM123456",
             "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead,
-            "PUSH_FAILED_QUEUE": failed,
+            "PUSH_FAILED_QUEUE": failed
         ]
         let deadReader = try QueueReader(dead)
         let failedReader = try QueueReader(failed)
@@ -54,17 +55,26 @@ import WorkerPipeline
         try publisher.declareQueue(jobs)
         try publisher.enablePublisherConfirms()
         let replyTo = AMQPProperties(replyTo: replies)
-        try publisher.publish(to: jobs, body: Array(#"{"id": "fan-out", "users": ["\#(alice)", "\#(bob)"], "payload": {"aps": {"alert": "Hello"}}}"#.utf8),
-                              properties: replyTo)
-        try publisher.publish(to: jobs, body: Array(#"{"id": "direct", "tokens": ["\#(directToken)"], "environment": "sandbox", "push_type": "background", "payload": {"aps": {"content-available": 1}}}"#.utf8),
-                              properties: replyTo)
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "fan-out", "users": ["\#(alice)", "\#(bob)"], "payload": {"aps": {"alert": "Hello"}}}"#.utf8),
+            properties: replyTo)
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "direct", "tokens": ["\#(directToken)"], "environment": "sandbox", "push_type": "background", "payload": {"aps": {"content-available": 1}}}"#
+                    .utf8),
+            properties: replyTo)
         let last = try publisher.publish(to: jobs, body: Array("this is not json".utf8), properties: replyTo)
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
 
         let workerThread = try WorkerThread(environment, logger: logger)
         defer { workerThread.stop() }
 
-        let summaries = try replyReader.read(2).map { try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any] }
+        let summaries = try replyReader.read(2).map {
+            try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any]
+        }
         let byID = Dictionary(uniqueKeysWithValues: summaries.map { ($0["job_id"] as! String, $0) })
         #expect((byID["fan-out"]?["notifications"] as? Int) == 3)
         #expect((byID["fan-out"]?["delivered"] as? Int) == 2)
@@ -86,12 +96,14 @@ import WorkerPipeline
 
         let refused = try failedReader.read(1)
         #expect(refused.count == 1)
-        #expect(refused.first.map { String(decoding: $0.body, as: UTF8.self) } == "this is not json", "the body is kept")
+        #expect(
+            refused.first.map { String(decoding: $0.body, as: UTF8.self) } == "this is not json", "the body is kept")
         #expect(refused.first?.properties.headers[Worker.reasonHeader]?.contains("not JSON") == true)
 
         let received = simulator.received()
         #expect(received.count == 4)
-        #expect(received.allSatisfy { $0.status == 200 || $0.status == 410 }, "JWT, topic and headers were all accepted")
+        #expect(
+            received.allSatisfy { $0.status == 200 || $0.status == 410 }, "JWT, topic and headers were all accepted")
         #expect(Set(received.map(\.deviceToken)) == Set(liveTokens + [deadToken, directToken]))
         let background = try #require(received.first { $0.deviceToken == directToken })
         #expect(background.pushType == "background")
@@ -101,8 +113,9 @@ import WorkerPipeline
 
         // Stopping waits for the jobs under way, so their acknowledgements are counted by then.
         workerThread.stop()
-        #expect(try redis.command(["HEXISTS", RedisKeys.node.tokens(bob), deadToken]).integer == 0,
-                "the dead token left bob's cache entry")
+        #expect(
+            try redis.command(["HEXISTS", RedisKeys.node.tokens(bob), deadToken]).integer == 0,
+            "the dead token left bob's cache entry")
         #expect(try redis.command(["HLEN", RedisKeys.node.tokens(alice)]).integer == 2)
         let stats = workerThread.worker.statistics.snapshot()
         #expect(stats.delivered == 3)
@@ -115,7 +128,8 @@ import WorkerPipeline
     @Test func prevalidationReportsDeadTokensWithSilentPushes() throws {
         let dead = String(repeating: "0e", count: 32)
         let live = String(repeating: "0f", count: 32)
-        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_777]), logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(unregisteredTokens: [dead: 1_732_900_000_777]), logger: logger)
         defer { simulator.shutdown() }
         let user = TestServices.unique("ivy")
         _ = try RedisConnection(url: TestServices.redisURL())
@@ -123,20 +137,30 @@ import WorkerPipeline
         let jobs = TestServices.unique("jobs")
         let deadQueue = TestServices.unique("dead")
         let deadReader = try QueueReader(deadQueue)
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_DEAD_TOKENS_QUEUE": deadQueue,
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "PUSH_DEAD_TOKENS_QUEUE": deadQueue
+                ]), logger: logger)
         defer { workerThread.stop() }
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
-        try publisher.publish(to: jobs, body: Array(#"{"id": "campaign", "users": ["\#(user)"], "prevalidate": true, "payload": {"aps": {"alert": "Sale!"}}}"#.utf8))
-        let event = try JSONSerialization.jsonObject(with: Data(try #require(try deadReader.read(1).first).body)) as! [String: Any]
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "campaign", "users": ["\#(user)"], "prevalidate": true, "payload": {"aps": {"alert": "Sale!"}}}"#
+                    .utf8))
+        let event =
+            try JSONSerialization.jsonObject(with: Data(try #require(try deadReader.read(1).first).body))
+            as! [String: Any]
         #expect(event["token"] as? String == dead)
         #expect(event["job_id"] as? String == "campaign")
         let received = simulator.received()
         #expect(received.count == 2)
         #expect(received.allSatisfy { $0.pushType == "background" && $0.priority == "5" && $0.expiration == "0" })
-        #expect(received.allSatisfy { String(decoding: $0.payload, as: UTF8.self) == #"{"aps":{"content-available":1}}"# })
+        #expect(
+            received.allSatisfy { String(decoding: $0.payload, as: UTF8.self) == #"{"aps":{"content-available":1}}"# })
     }
 
     /// A fan-out job larger than WORKER_MAX_IN_FLIGHT goes out in waves: never more than the limit unanswered,
@@ -148,11 +172,15 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let tokens = (0..<40).map { String(format: "%064x", 0xF1F0 + $0) }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "WORKER_MAX_IN_FLIGHT": "4",
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "WORKER_MAX_IN_FLIGHT": "4"
+                ]), logger: logger)
         defer { workerThread.stop() }
-        let body = #"{"id": "waves", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+        let body =
+            #"{"id": "waves", "tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
 
         // Sampled while the job runs: with 40 notifications at 20 ms each, a missing bound shows at once.
@@ -166,7 +194,9 @@ import WorkerPipeline
             }
         }
         sampler.start()
-        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
+        let summary =
+            try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body))
+            as! [String: Any]
         sampling.store(false, ordering: .releasing)
         #expect(summary["delivered"] as? Int == 40)
         #expect(simulator.received().count == 40, "each sent once")
@@ -177,18 +207,25 @@ import WorkerPipeline
     /// An exchange of that name declared by someone else as `direct` still routes the events to the queue.
     @Test func deadTokenEventsReachTheQueueThroughAnExchangeDeclaredAsDirect() throws {
         let dead = String(repeating: "0d", count: 32)
-        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_001]), logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(unregisteredTokens: [dead: 1_732_900_000_001]), logger: logger)
         defer { simulator.shutdown() }
-        let jobs = TestServices.unique("jobs"), deadQueue = TestServices.unique("dead"), exchange = TestServices.unique("direct-x")
+        let jobs = TestServices.unique("jobs")
+        let deadQueue = TestServices.unique("dead")
+        let exchange = TestServices.unique("direct-x")
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareExchange(exchange, type: "direct")
         try publisher.declareQueue(jobs)
         let deadReader = try QueueReader(deadQueue)
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_DEAD_TOKENS_QUEUE": deadQueue, "PUSH_DEAD_TOKENS_EXCHANGE": exchange,
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "PUSH_DEAD_TOKENS_QUEUE": deadQueue, "PUSH_DEAD_TOKENS_EXCHANGE": exchange
+                ]), logger: logger)
         defer { workerThread.stop() }
-        try publisher.publish(to: jobs, body: Array(#"{"id": "direct-1", "tokens": ["\#(dead)"], "payload": {"aps": {}}}"#.utf8))
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "direct-1", "tokens": ["\#(dead)"], "payload": {"aps": {}}}"#.utf8))
         let event = try #require(try deadReader.read(1).first)
         #expect(String(decoding: event.body, as: UTF8.self).contains(dead))
     }
@@ -202,11 +239,17 @@ import WorkerPipeline
         let replyReader = try QueueReader(replies)
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs, arguments: ["x-queue-type": .string("quorum")])
-        try publisher.publish(to: jobs, body: Array(#"{"id": "q-1", "tokens": ["\#(String(repeating: "1b", count: 32))"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "q-1", "tokens": ["\#(String(repeating: "1b", count: 32))"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { workerThread.stop() }
-        let summary = try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body)) as! [String: Any]
+        let summary =
+            try JSONSerialization.jsonObject(with: Data(try #require(try replyReader.read(1).first).body))
+            as! [String: Any]
         #expect(summary["job_id"] as? String == "q-1")
         #expect(summary["delivered"] as? Int == 1)
     }

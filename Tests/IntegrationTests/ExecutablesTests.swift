@@ -9,8 +9,9 @@ import Synchronization
 import Telemetry
 import Testing
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The built executables as operators run them: apns-sim and apns-worker as processes, configured only by the
@@ -26,8 +27,10 @@ import Glibc
         /// With `input`, the child reads its standard input from `write(_:)` until `closeInput()`.
         let input: Pipe?
 
-        init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], unset: [String] = [],
-             input: Bool = false) throws {
+        init(
+            _ executable: String, _ arguments: [String], environment: [String: String] = [:], unset: [String] = [],
+            input: Bool = false
+        ) throws {
             self.input = input ? Pipe() : nil
             let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path
             let path = directory + "/" + executable
@@ -94,9 +97,13 @@ import Glibc
         let deadToken = String(repeating: "de", count: 32)
         let liveToken = String(repeating: "a0", count: 32)
 
-        let simulator = try Child("apns-sim", ["--port", "0", "--write-cert", directory + "/sim.pem",
-                                               "--unregistered", "\(deadToken)@1732900000999",
-                                               "--trust-key", "KEY0000001:TEAM000001:\(keyFile)"])
+        let simulator = try Child(
+            "apns-sim",
+            [
+                "--port", "0", "--write-cert", directory + "/sim.pem",
+                "--unregistered", "\(deadToken)@1732900000999",
+                "--trust-key", "KEY0000001:TEAM000001:\(keyFile)"
+            ])
         let listening = try #require(simulator.waitForLine(containing: "listening on"))
         let port = try #require(listening.split(separator: ":").last.map(String.init))
         defer { _ = simulator.stop() }
@@ -113,15 +120,19 @@ import Glibc
         try publisher.declareQueue(jobs)
 
         let metricsPort = TestServices.freePort()
-        let worker = try Child("apns-worker", ["run"], environment: [
-            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort),
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:\(port)", "APNS_CA_FILE": directory + "/sim.pem",
-            "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead,
-            "PUSH_FAILED_QUEUE": failed, "LOG_LEVEL": "info",
-        ])
+        let worker = try Child(
+            "apns-worker", ["run"],
+            environment: [
+                "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort),
+                "APNS_PRODUCTION_URL": "https://127.0.0.1:\(port)", "APNS_CA_FILE": directory + "/sim.pem",
+                "APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "KEY0000001", "APNS_TEAM_ID": "TEAM000001",
+                "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": jobs, "PUSH_DEAD_TOKENS_QUEUE": dead,
+                "PUSH_FAILED_QUEUE": failed, "LOG_LEVEL": "info"
+            ])
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
-        try publisher.publish(to: jobs, body: Array(#"{"id": "proc-1", "users": ["\#(user)"], "payload": {"aps": {"alert": "Hi"}}}"#.utf8))
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "proc-1", "users": ["\#(user)"], "payload": {"aps": {"alert": "Hi"}}}"#.utf8)
+        )
 
         let events = try deadReader.read(1)
         let event = try JSONSerialization.jsonObject(with: Data(try #require(events.first).body)) as! [String: Any]
@@ -138,7 +149,8 @@ import Glibc
         let openConnections = metrics.body.firstMatch(of: /apns_worker_apns_connections (\d+)/).flatMap { Int($0.1) }
         #expect((openConnections ?? 0) >= 1, "APNs connections are counted")
         #expect(metrics.body.contains("apns_worker_ready 1"))
-        #expect(metrics.body.contains("apns_worker_apns_responses_total{status=\"200\",reason=\"\"} 1"), "\(metrics.body)")
+        #expect(
+            metrics.body.contains("apns_worker_apns_responses_total{status=\"200\",reason=\"\"} 1"), "\(metrics.body)")
         #expect(metrics.body.contains("apns_worker_apns_responses_total{status=\"410\",reason=\"Unregistered\"} 1"))
         #expect(metrics.body.contains("apns_worker_apns_latency_seconds_count 2"), "both answers timed")
         #expect(metrics.body.contains("apns_worker_apns_latency_seconds_bucket{le=\"+Inf\"} 2"))
@@ -162,50 +174,70 @@ import Glibc
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: certificate)
         // A second certificate, in the credentials file, for another app.
         let other = try SelfSignedCertificate.generate(commonName: "com.other.app", days: 20)
-        let otherFile = try TestServices.temporaryFile("other.pem", contents: other.certificatePEM + other.privateKeyPEM)
+        let otherFile = try TestServices.temporaryFile(
+            "other.pem", contents: other.certificatePEM + other.privateKeyPEM)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: otherFile)
-        let credentials = try TestServices.temporaryFile("credentials.json", contents:
-            #"{"credentials": [{"cert_file": "\#(otherFile)", "topics": ["com.other.app", "com.other.driver"]}]}"#)
+        let credentials = try TestServices.temporaryFile(
+            "credentials.json",
+            contents:
+                #"{"credentials": [{"cert_file": "\#(otherFile)", "topics": ["com.other.app", "com.other.driver"]}]}"#)
         let metricsPort = TestServices.freePort()
-        let worker = try Child("apns-worker", ["run"], environment: [
-            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort), "APNS_CERT_FILE": certificate,
-            "APNS_CREDENTIALS_FILE": credentials,
-            // Nothing listens there: the worker runs, its APNs connections back off.
-            "APNS_PRODUCTION_URL": "https://127.0.0.1:9", "APNS_SANDBOX_URL": "https://127.0.0.1:9",
-            "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": TestServices.unique("jobs"), "LOG_LEVEL": "info",
-        ])
+        let worker = try Child(
+            "apns-worker", ["run"],
+            environment: [
+                "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(metricsPort), "APNS_CERT_FILE": certificate,
+                "APNS_CREDENTIALS_FILE": credentials,
+                // Nothing listens there: the worker runs, its APNs connections back off.
+                "APNS_PRODUCTION_URL": "https://127.0.0.1:9", "APNS_SANDBOX_URL": "https://127.0.0.1:9",
+                "APNS_TOPIC": "com.example.app", "PUSH_JOBS_QUEUE": TestServices.unique("jobs"), "LOG_LEVEL": "info"
+            ])
         defer { _ = worker.stop() }
         let firstWarning = worker.waitForLine(containing: "certificate expires in")
         let secondWarning = worker.waitForLine(containing: "certificate expires in")
-        #expect(firstWarning?.contains("expires in 19 days") == true && firstWarning?.contains("com.other.app,com.other.driver") == true,
-                "\(firstWarning ?? "no warning")")
-        #expect(secondWarning?.contains("expires in 9 days") == true && secondWarning?.contains("com.example.app") == true,
-                "\(secondWarning ?? "no warning")")
+        #expect(
+            firstWarning?.contains("expires in 19 days") == true
+                && firstWarning?.contains("com.other.app,com.other.driver") == true,
+            "\(firstWarning ?? "no warning")")
+        #expect(
+            secondWarning?.contains("expires in 9 days") == true && secondWarning?.contains("com.example.app") == true,
+            "\(secondWarning ?? "no warning")")
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
         let metrics = try TestServices.httpGet(port: metricsPort, "/metrics").body
         func expiry(_ topic: String) -> Double? {
-            metrics.split(separator: "\n").first { $0.hasPrefix("apns_worker_certificate_expiry_timestamp_seconds{topic=\"\(topic)\"} ") }
-                .flatMap { Double($0.split(separator: " ").last ?? "") }
+            metrics.split(separator: "\n").first {
+                $0.hasPrefix("apns_worker_certificate_expiry_timestamp_seconds{topic=\"\(topic)\"} ")
+            }
+            .flatMap { Double($0.split(separator: " ").last ?? "") }
         }
         for (topic, days) in [("com.example.app", 10.0), ("com.other.app", 20), ("com.other.driver", 20)] {
-            #expect(expiry(topic).map { abs($0 - Date().timeIntervalSince1970 - days * 86_400) < 120 } == true,
-                    "\(topic): \(metrics)")
+            #expect(
+                expiry(topic).map { abs($0 - Date().timeIntervalSince1970 - days * 86_400) < 120 } == true,
+                "\(topic): \(metrics)")
         }
     }
 
     @Test func aFlagOverridesTheEnvironmentAndTheConfigFile() throws {
-        let file = try TestServices.temporaryFile("worker.env", contents: "APNS_KEY_ID=FROMFILE01\nAPNS_TEAM_ID=TEAM000001\n")
-        let worker = try Child("apns-worker", ["run", "--config", file, "--set", "APNS_KEY_ID=short"],
-                               environment: ["APNS_KEY_FILE": try TestServices.temporaryFile("key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
-                                             "APNS_KEY_ID": "FROMENV001"])
+        let file = try TestServices.temporaryFile(
+            "worker.env", contents: "APNS_KEY_ID=FROMFILE01\nAPNS_TEAM_ID=TEAM000001\n")
+        let worker = try Child(
+            "apns-worker", ["run", "--config", file, "--set", "APNS_KEY_ID=short"],
+            environment: [
+                "APNS_KEY_FILE": try TestServices.temporaryFile(
+                    "key.p8", contents: try ES256Key.generatePrivateKeyPEM()),
+                "APNS_KEY_ID": "FROMENV001"
+            ])
         let line = worker.waitForLine(containing: "configuration error")
         #expect(line?.contains("APNS_KEY_ID") == true, "the flag's bad value is the one reported: \(line ?? "")")
         #expect(worker.waitForExit() == 78)
     }
 
     @Test func badConfigurationStopsStartupWithTheKeyNamed() throws {
-        let worker = try Child("apns-worker", [], environment: ["APNS_KEY_FILE": "/nonexistent.p8", "APNS_KEY_ID": "KEY0000001",
-                                                               "APNS_TEAM_ID": "TEAM000001"])
+        let worker = try Child(
+            "apns-worker", [],
+            environment: [
+                "APNS_KEY_FILE": "/nonexistent.p8", "APNS_KEY_ID": "KEY0000001",
+                "APNS_TEAM_ID": "TEAM000001"
+            ])
         let line = worker.waitForLine(containing: "APNS_KEY_FILE")
         #expect(line?.contains("configuration error") == true)
         #expect(worker.waitForExit() == 78)
@@ -241,8 +273,11 @@ import Glibc
         let replies = TestServices.unique("replies")
         let replyReader = try QueueReader(replies)
         for job in 0..<20 {
-            try publisher.publish(to: jobs, body: Array(#"{"tokens": ["\#(String(format: "%064x", 0x2B_0000 + job))"], "payload": {"aps": {}}}"#.utf8),
-                                  properties: AMQPProperties(replyTo: replies))
+            try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"tokens": ["\#(String(format: "%064x", 0x2B_0000 + job))"], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
         }
         #expect(try replyReader.read(20).count == 20)
         for worker in workers { #expect(worker.stop() == 0) }
@@ -250,8 +285,11 @@ import Glibc
         let taken = addresses[0]
         let blocker = try ListeningSocket.open(host: "127.0.0.1", port: taken)
         defer { close(blocker.descriptor) }
-        let explicit = try Child("apns-worker", ["run"], environment: environment.merging([
-            "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(taken)]) { _, new in new })
+        let explicit = try Child(
+            "apns-worker", ["run"],
+            environment: environment.merging([
+                "METRICS_HOST": "127.0.0.1", "METRICS_PORT": String(taken)
+            ]) { _, new in new })
         let refusal = explicit.waitForLine(containing: "configuration error")
         #expect(refusal?.contains("METRICS_PORT") == true, "\(refusal ?? "no line")")
         #expect(explicit.waitForExit() == 78)

@@ -4,9 +4,10 @@ import APNsSimulator
 import Foundation
 import Telemetry
 import Testing
+
 #if canImport(Glibc)
-import Glibc
-import Threads
+    import Glibc
+    import Threads
 #endif
 
 /// One provider token per key for the whole fleet (`apns:jwt:<team id>/<key id>` in Redis): three workers sending
@@ -25,12 +26,15 @@ import Threads
         let (jobs, _, _, publisher) = try TestServices.jobQueues()
         publisher.close()
         let ports = (0..<3).map { _ in TestServices.freePort() }
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_KEY_FILE": key.file, "APNS_KEY_ID": keyID, "APNS_TEAM_ID": key.team, "METRICS_HOST": "127.0.0.1",
-            "LOG_LEVEL": "info",
-        ])
+        let environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "APNS_KEY_FILE": key.file, "APNS_KEY_ID": keyID, "APNS_TEAM_ID": key.team, "METRICS_HOST": "127.0.0.1",
+                "LOG_LEVEL": "info"
+            ])
         let workers = try ports.map { port in
-            try ExecutablesTests.Child("apns-worker", ["run"], environment: environment.merging(["METRICS_PORT": String(port)]) { $1 })
+            try ExecutablesTests.Child(
+                "apns-worker", ["run"], environment: environment.merging(["METRICS_PORT": String(port)]) { $1 })
         }
         defer { for worker in workers { _ = worker.stop(SIGKILL) } }
         for worker in workers { try #require(worker.waitForLine(containing: "\"consuming\"") != nil) }
@@ -44,7 +48,9 @@ import Threads
             var index = 0
             while Date().timeIntervalSince(started) < 60 {
                 let token = String(format: "%064x", 0xF1EE_0000 + index)
-                guard (try? connection.publish(to: jobs, body: Array(#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))) != nil
+                guard
+                    (try? connection.publish(
+                        to: jobs, body: Array(#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8))) != nil
                 else { return }
                 index += 1
                 published.withLock { $0 = index }
@@ -57,7 +63,8 @@ import Threads
         let expiredAt = Date().timeIntervalSince1970
         let expired = simulator.expireProviderTokensInUse()
         #expect(expired.count == 1, "one token in use halfway: \(expired.sorted())")
-        try #require(TestServices.waitUntil(timeout: 45) { Date().timeIntervalSince(started) >= 60.5 }, "the load ran 60 s")
+        try #require(
+            TestServices.waitUntil(timeout: 45) { Date().timeIntervalSince(started) >= 60.5 }, "the load ran 60 s")
         let total = published.withLock { $0 }
         #expect(total > 2_500, "\(total) jobs published")
         let delivered = TestServices.waitUntil(timeout: 30) {
@@ -66,7 +73,8 @@ import Threads
         #expect(delivered, "every job delivered")
 
         let accepted = simulator.received().filter { $0.status == 200 }
-        let before = accepted.filter { $0.receivedAt < expiredAt }, after = accepted.filter { $0.receivedAt >= expiredAt }
+        let before = accepted.filter { $0.receivedAt < expiredAt }
+        let after = accepted.filter { $0.receivedAt >= expiredAt }
         #expect(Set(before.compactMap(\.tokenIssuedAt)) == expired, "one token before, on every connection")
         let replacements = Set(after.compactMap(\.tokenIssuedAt)).subtracting(expired)
         #expect(replacements.count == 1, "one replacement fleet-wide: \(replacements.sorted())")
@@ -78,10 +86,13 @@ import Threads
         #expect(refusals.isEmpty, "no connection saw a token change too many")
         let minted = try ports.map { port -> Int in
             let body = try TestServices.httpGet(port: port, "/metrics").body
-            return try #require(body.firstMatch(of: /apns_worker_provider_tokens_minted_total (\d+)/).flatMap { Int($0.1) })
+            return try #require(
+                body.firstMatch(of: /apns_worker_provider_tokens_minted_total (\d+)/).flatMap { Int($0.1) })
         }
         #expect(minted.reduce(0, +) == 2, "tokens signed by each worker: \(minted)")
-        print("fleet token | 3 workers, one key, 60 s, \(total) jobs: tokens signed \(minted), "
-              + "\(simulator.received().filter { $0.reason == "ExpiredProviderToken" }.count) ExpiredProviderToken answers")
+        print(
+            "fleet token | 3 workers, one key, 60 s, \(total) jobs: tokens signed \(minted), "
+                + "\(simulator.received().filter { $0.reason == "ExpiredProviderToken" }.count) ExpiredProviderToken answers"
+        )
     }
 }

@@ -22,17 +22,19 @@ import WorkerPipeline
         #"{"tokens": ["\#(token)"], "environment": "sandbox", "push_type": "background", "priority": 5, "payload": {"aps": {"content-available": 1}}}"#,
         #"{"id": "j3", "topic": "com.example.app.voip", "users": ["u"], "push_type": "voip", "expiration": 1700000000, "collapse_id": "c", "payload": {"k": [1, 2.5e3, -0, true, null, "\u00e9\ud83d\ude00"]}}"#,
         #"{"id": "j4", "retry": {"attempt": 2, "targets": [{"token": "\#(token)", "environment": "production", "user": "u"}]}, "topic": "t", "payload": {"aps": {}}}"#,
-        #"{"users": ["u"], "prevalidate": true, "payload": {"aps": {"alert": {"title": "T", "body": "B"}}}}"#,
+        #"{"users": ["u"], "prevalidate": true, "payload": {"aps": {"alert": {"title": "T", "body": "B"}}}}"#
     ].map { Array($0.utf8) }
 
     /// One random change to `input`, drawing on `corpus` for splices.
     static func mutate(_ input: [UInt8], corpus: [[UInt8]], using generator: inout SeededGenerator) -> [UInt8] {
         var bytes = input
-        let interesting: [[UInt8]] = [Array("\"".utf8), Array("\\".utf8), Array("{".utf8), Array("}".utf8), Array("[".utf8),
-                                      Array("]".utf8), Array(":".utf8), Array(",".utf8), Array("null".utf8),
-                                      Array("1e999999".utf8), Array("-".utf8), Array("\\u".utf8), Array("\\ud800".utf8),
-                                      [0xFF], [0xC0, 0x80], [0xED, 0xA0, 0x80], [0], Array("99999999999999999999".utf8),
-                                      Array(repeating: UInt8(ascii: "["), count: 5_000)]
+        let interesting: [[UInt8]] = [
+            Array("\"".utf8), Array("\\".utf8), Array("{".utf8), Array("}".utf8), Array("[".utf8),
+            Array("]".utf8), Array(":".utf8), Array(",".utf8), Array("null".utf8),
+            Array("1e999999".utf8), Array("-".utf8), Array("\\u".utf8), Array("\\ud800".utf8),
+            [0xFF], [0xC0, 0x80], [0xED, 0xA0, 0x80], [0], Array("99999999999999999999".utf8),
+            Array(repeating: UInt8(ascii: "["), count: 5_000)
+        ]
         let position = bytes.isEmpty ? 0 : Int.random(in: 0..<bytes.count, using: &generator)
         switch Int.random(in: 0..<7, using: &generator) {
         case 0 where !bytes.isEmpty: bytes[position] ^= UInt8.random(in: 1...255, using: &generator)
@@ -67,7 +69,9 @@ import WorkerPipeline
             }
             if check(input) { accepted += 1 }
         }
-        print("fuzz \(name): \(iterations) inputs (seed \(seed)), \(accepted) accepted, \(iterations - accepted) refused with a reason")
+        print(
+            "fuzz \(name): \(iterations) inputs (seed \(seed)), \(accepted) accepted, \(iterations - accepted) refused with a reason"
+        )
         return (iterations, accepted)
     }
 
@@ -83,10 +87,12 @@ import WorkerPipeline
                 }
                 // And its retry form reads back with the same targets and payload.
                 if let targetList = job.retryTargets {
-                    let again = try PushJob.decode(job.retryBody(targets: targetList, original: body), defaultTopic: nil,
-                                                   fallbackID: "")
+                    let again = try PushJob.decode(
+                        job.retryBody(targets: targetList, original: body), defaultTopic: nil,
+                        fallbackID: "")
                     if again.retryTargets != targetList || again.payload != job.payload
-                        || again.originalBody != (job.originalBody ?? body) {
+                        || again.originalBody != (job.originalBody ?? body)
+                    {
                         broken.append("retry round trip")
                     }
                 }
@@ -103,13 +109,15 @@ import WorkerPipeline
     @Test func registrationAndDeadTokenEvents() {
         let registrations = [
             #"{"user": "u1", "token": "\#(Self.token)", "environment": "sandbox", "timestamp": 1732900000000, "device": {"model": "iPhone15,2"}, "action": "register"}"#,
-            #"{"user": "u2", "token": "\#(Self.token)", "action": "unregister"}"#,
+            #"{"user": "u2", "token": "\#(Self.token)", "action": "unregister"}"#
         ].map { Array($0.utf8) }
         var broken: [String] = []
         Self.fuzz("registration events", corpus: registrations) { body in
             do {
                 let event = try RegistrationEvent.decode(body, now: 1)
-                if event.registration.user.isEmpty || event.registration.registeredAt <= 0 { broken.append("accepted empty") }
+                if event.registration.user.isEmpty || event.registration.registeredAt <= 0 {
+                    broken.append("accepted empty")
+                }
                 if try RegistrationEvent.decode(event.json, now: 1) != event { broken.append("round trip") }
                 return true
             } catch {
@@ -117,8 +125,9 @@ import WorkerPipeline
                 return false
             }
         }
-        let event = DeadTokenEvent(token: Self.token, user: "u", topic: "t", environment: .production, status: 410,
-                                   reason: "Unregistered", timestamp: 5, jobID: "j")
+        let event = DeadTokenEvent(
+            token: Self.token, user: "u", topic: "t", environment: .production, status: 410,
+            reason: "Unregistered", timestamp: 5, jobID: "j")
         Self.fuzz("dead-token events", corpus: [event.json]) { body in
             guard let decoded = try? DeadTokenEvent.decode(body) else { return false }
             if (try? DeadTokenEvent.decode(decoded.json)) != decoded { broken.append("dead-token round trip") }
@@ -132,8 +141,10 @@ import WorkerPipeline
     /// the body as an object, they find the same reason and timestamp. Bodies with a name twice are left out: that
     /// JSON is ambiguous, and parsers may keep either.
     @Test func apnsErrorBodies() {
-        let bodies = [#"{"reason": "BadDeviceToken"}"#, #"{"reason": "Unregistered", "timestamp": 1732900000000}"#, "<html>"]
-            .map { Array($0.utf8) }
+        let bodies = [
+            #"{"reason": "BadDeviceToken"}"#, #"{"reason": "Unregistered", "timestamp": 1732900000000}"#, "<html>"
+        ]
+        .map { Array($0.utf8) }
         var disagreements: [String] = []
         let result = Self.fuzz("APNs error bodies", corpus: bodies) { body in
             let (reason, timestamp) = APNsResponse.parseBody(body)
@@ -141,8 +152,9 @@ import WorkerPipeline
                 if case .object(let members) = document { members.map(\.key) } else { nil }
             }
             if let names, Set(names).count == names.count,
-               let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
-               let text = object["reason"] as? String {
+                let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
+                let text = object["reason"] as? String
+            {
                 // Compared where Foundation holds an exact whole number (a double loses digits past 2^53).
                 let foundationTimestamp = (object["timestamp"] as? NSNumber).flatMap { Int64($0.stringValue) }
                 if reason?.rawValue != text || (foundationTimestamp != nil && timestamp != foundationTimestamp) {
@@ -167,7 +179,8 @@ import WorkerPipeline
             case .number(let text): "#" + text
             case .string(let text): JSONString.quote(text)
             case .array(let elements): "[" + elements.map(content).joined(separator: ",") + "]"
-            case .object(let members): "{" + members.map { JSONString.quote($0.key) + ":" + content($0.value) }.joined(separator: ",") + "}"
+            case .object(let members):
+                "{" + members.map { JSONString.quote($0.key) + ":" + content($0.value) }.joined(separator: ",") + "}"
             }
         }
         func check(_ value: JSONValue, in body: [UInt8]) {
@@ -194,7 +207,9 @@ import WorkerPipeline
 
     /// Nesting far beyond the limit is refused by depth, not by exhausting the stack.
     @Test func deepNestingIsRefusedNotFollowed() {
-        let deep = Array(repeating: UInt8(ascii: "["), count: 1_000_000) + Array(repeating: UInt8(ascii: "]"), count: 1_000_000)
+        let deep =
+            Array(repeating: UInt8(ascii: "["), count: 1_000_000)
+            + Array(repeating: UInt8(ascii: "]"), count: 1_000_000)
         #expect(throws: JSONError.self) { try JSONReader.parse(deep) }
         let job = Array(#"{"users": ["u"], "payload": "#.utf8) + deep + Array("}".utf8)
         #expect(throws: JobError.self) { try PushJob.decode(job, defaultTopic: "t", fallbackID: "") }

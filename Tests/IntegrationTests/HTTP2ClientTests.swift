@@ -5,9 +5,10 @@ import HTTP2
 import Synchronization
 import Telemetry
 import Testing
+
 #if canImport(Glibc)
-import Glibc
-import Threads
+    import Glibc
+    import Threads
 #endif
 
 /// The HTTP/2 + TLS client against apns-sim (our double) and against nghttpd (an independent server).
@@ -24,8 +25,9 @@ import Threads
             }
             if complete { done.signal() }
         }
-        #expect(done.wait(timeout: .now() + 30) == .success,
-                "\(results.withLock { $0.count }) of \(requests.count) answered within 30 s")
+        #expect(
+            done.wait(timeout: .now() + 30) == .success,
+            "\(results.withLock { $0.count }) of \(requests.count) answered within 30 s")
         return results.withLock { results in (0..<requests.count).compactMap { results[$0] } }
     }
 
@@ -41,21 +43,27 @@ import Threads
     /// nghttp2 holds their fields (lent to it, not copied) until it sends or drops those frames.
     @Test func requestsQueuedBehindTheStreamLimitTimeOutAndTheConnectionGoesOn() throws {
         let pair = try SelfSignedCertificate.generate(commonName: "127.0.0.1")
-        let server = try HTTP2Server(configuration: .init(certificatePEM: pair.certificatePEM,
-                                                          privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: 1),
-                                     logger: logger) { request, writer in
+        let server = try HTTP2Server(
+            configuration: .init(
+                certificatePEM: pair.certificatePEM,
+                privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: 1),
+            logger: logger
+        ) { request, writer in
             // "/3/device/hold" is never answered: it keeps the one stream the server allows.
             if !request.path.hasSuffix("/hold") { writer.respond(status: 200) }
         }
         defer { server.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: pair.certificatePEM)
-        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: server.port, tls: .init(caFile: caFile),
-                                                          requestTimeout: 1, maximumAttempts: 1),
-                                     logger: logger)
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: "127.0.0.1", port: server.port, tls: .init(caFile: caFile),
+                requestTimeout: 1, maximumAttempts: 1),
+            logger: logger)
         defer { client.shutdown() }
         // First an answer: the server's SETTINGS (one stream at a time) are in before the queued requests go.
         #expect(try collect(client, [request(authority: client.authority, token: "first")])[0].get().status == 200)
-        let queued = collect(client, ["hold", "second", "third"].map { request(authority: client.authority, token: $0) })
+        let queued = collect(
+            client, ["hold", "second", "third"].map { request(authority: client.authority, token: $0) })
         #expect(queued.count == 3)
         for result in queued { #expect(result.failureCase == .timedOut, "\(result)") }
         #expect(try collect(client, [request(authority: client.authority, token: "after")])[0].get().status == 200)
@@ -63,13 +71,16 @@ import Threads
 
     @Test func manyConcurrentRequestsOverTwoConnectionsToTheSimulator() throws {
         let dead = "dead" + String(repeating: "0", count: 60)
-        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_123]),
-                                          logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(unregisteredTokens: [dead: 1_732_900_000_123]),
+            logger: logger)
         defer { simulator.shutdown() }
         let caFile = try TestServices.temporaryFile("sim-ca", contents: simulator.certificatePEM)
-        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: simulator.port,
-                                                          tls: .init(caFile: caFile), connectionCount: 2),
-                                     logger: logger)
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: "127.0.0.1", port: simulator.port,
+                tls: .init(caFile: caFile), connectionCount: 2),
+            logger: logger)
         defer { client.shutdown() }
         var requests = (0..<2000).map { request(authority: client.authority, token: String(format: "%064x", $0)) }
         requests.append(request(authority: client.authority, token: dead))
@@ -103,8 +114,9 @@ import Threads
         }
         let closedPort = TestServices.freePort()
         let events = Locked<[String]>([])
-        var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: simulator.port, tls: .init(caFile: caFile),
-                                                      connectTimeout: 1, requestTimeout: 10)
+        var configuration = HTTP2Client.Configuration(
+            host: "127.0.0.1", port: simulator.port, tls: .init(caFile: caFile),
+            connectTimeout: 1, requestTimeout: 10)
         // 192.0.2.1 (TEST-NET-1) is routed nowhere: unreachable at once, or silent until the connect timeout.
         configuration.resolve = { _, port in
             [address("127.0.0.1", closedPort), address("192.0.2.1", port), address("127.0.0.1", port)]
@@ -114,15 +126,17 @@ import Threads
         defer { client.shutdown() }
         let results = collect(client, [request(authority: client.authority, token: String(repeating: "ab", count: 32))])
         #expect((try? results.first?.get().status) == 200, "\(results)")
-        #expect(!events.withLock { $0 }.contains { $0.contains("connectFailed") }, "no back-off: \(events.withLock { $0 })")
+        #expect(
+            !events.withLock { $0 }.contains { $0.contains("connectFailed") }, "no back-off: \(events.withLock { $0 })")
     }
 
     @Test func refusesAServerItCannotVerify() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         // No CA file: the self-signed certificate is not in the system trust store.
-        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: simulator.port, requestTimeout: 3),
-                                     logger: logger)
+        let client = try HTTP2Client(
+            configuration: .init(host: "127.0.0.1", port: simulator.port, requestTimeout: 3),
+            logger: logger)
         defer { client.shutdown() }
         let results = collect(client, [request(authority: client.authority, token: "abcd")])
         guard case .failure(let error)? = results.first else {
@@ -134,25 +148,39 @@ import Threads
     }
 
     @Test func interoperatesWithNghttpd() throws {
-        let nghttpd = ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"].first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/sbin/nghttpd"
-        #expect(FileManager.default.isExecutableFile(atPath: nghttpd), "nghttp2-server must be installed (scripts/test does)")
+        let nghttpd =
+            ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"].first { FileManager.default.isExecutableFile(atPath: $0) }
+            ?? "/usr/sbin/nghttpd"
+        #expect(
+            FileManager.default.isExecutableFile(atPath: nghttpd),
+            "nghttp2-server must be installed (scripts/test does)")
         let directory = try TestServices.certificateDirectory("nghttpd")
         let token = String(repeating: "c3", count: 32)
         try FileManager.default.createDirectory(atPath: directory + "/root/3/device", withIntermediateDirectories: true)
         #expect(FileManager.default.createFile(atPath: directory + "/root/3/device/\(token)", contents: Data()))
         let port = TestServices.freePort()
-        let server = try TestServices.Daemon(nghttpd, ["--htdocs=\(directory)/root", "--address=127.0.0.1", "\(port)",
-                                                      "\(directory)/key.pem", "\(directory)/cert.pem"])
+        let server = try TestServices.Daemon(
+            nghttpd,
+            [
+                "--htdocs=\(directory)/root", "--address=127.0.0.1", "\(port)",
+                "\(directory)/key.pem", "\(directory)/cert.pem"
+            ])
         defer { server.stop() }
 
-        let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: port,
-                                                          tls: .init(caFile: directory + "/cert.pem"),
-                                                          requestTimeout: 10),
-                                     logger: logger)
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: "127.0.0.1", port: port,
+                tls: .init(caFile: directory + "/cert.pem"),
+                requestTimeout: 10),
+            logger: logger)
         defer { client.shutdown() }
         // The first requests may race nghttpd's start: the client reconnects with back-off until it listens.
-        let results = collect(client, [request(authority: client.authority, token: token),
-                                       request(authority: client.authority, token: "00ff")])
+        let results = collect(
+            client,
+            [
+                request(authority: client.authority, token: token),
+                request(authority: client.authority, token: "00ff")
+            ])
         #expect(try results[0].get().status == 200)
         #expect(try results[1].get().status == 404)
         #expect(try results[0].get().header("server") != nil, "every field is kept by default")
@@ -165,8 +193,12 @@ import Threads
         shared.add(":authority", client.authority)
         shared.add("apns-topic", "com.example.app")
         let body = Array(#"{"aps":{"alert":"hi"}}"#.utf8)
-        let split = collect(client, [HTTP2Request(headers: shared, path: HTTP2Path(prefix: "/3/device/", rest: token), body: body),
-                                     HTTP2Request(headers: shared, path: HTTP2Path(prefix: "/3/device/", rest: "00ff"), body: body)])
+        let split = collect(
+            client,
+            [
+                HTTP2Request(headers: shared, path: HTTP2Path(prefix: "/3/device/", rest: token), body: body),
+                HTTP2Request(headers: shared, path: HTTP2Path(prefix: "/3/device/", rest: "00ff"), body: body)
+            ])
         #expect(try split[0].get().status == 200)
         #expect(try split[1].get().status == 404)
 

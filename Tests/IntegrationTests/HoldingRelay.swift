@@ -1,8 +1,9 @@
 import Foundation
 import Synchronization
 import Telemetry
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A TCP relay on loopback in front of a server (the broker): a client connected through it can be made to fall
@@ -85,7 +86,8 @@ final class HoldingRelay: @unchecked Sendable {
         }
         defer { freeaddrinfo(address) }
         let descriptor = socket(address.pointee.ai_family, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0, Glibc.connect(descriptor, address.pointee.ai_addr, address.pointee.ai_addrlen) == 0 else {
+        guard descriptor >= 0, Glibc.connect(descriptor, address.pointee.ai_addr, address.pointee.ai_addrlen) == 0
+        else {
             if descriptor >= 0 { close(descriptor) }
             throw POSIXError(.ECONNREFUSED)
         }

@@ -1,12 +1,14 @@
 import Foundation
-@testable import HTTP2
-import TLS
 import Synchronization
+import TLS
 import Telemetry
 import Testing
+
+@testable import HTTP2
+
 #if canImport(Glibc)
-import Glibc
-import Threads
+    import Glibc
+    import Threads
 #endif
 
 /// Fuzzing what a server sends: a TLS + ALPN h2 server of the test's own answers each connection with a valid
@@ -20,9 +22,12 @@ import Threads
 
     static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
         let length = payload.count
-        return [UInt8(truncatingIfNeeded: length >> 16), UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
-                type, flags, UInt8(truncatingIfNeeded: stream >> 24), UInt8(truncatingIfNeeded: stream >> 16),
-                UInt8(truncatingIfNeeded: stream >> 8), UInt8(truncatingIfNeeded: stream)] + payload
+        return [
+            UInt8(truncatingIfNeeded: length >> 16), UInt8(truncatingIfNeeded: length >> 8),
+            UInt8(truncatingIfNeeded: length),
+            type, flags, UInt8(truncatingIfNeeded: stream >> 24), UInt8(truncatingIfNeeded: stream >> 16),
+            UInt8(truncatingIfNeeded: stream >> 8), UInt8(truncatingIfNeeded: stream)
+        ] + payload
     }
 
     /// HPACK: a literal field without indexing, new name (lengths below 127 only, no Huffman).
@@ -50,7 +55,8 @@ import Threads
         let status400: [UInt8] = [0x8C]  // static table index 12: ":status: 400"
         let blocks: [[UInt8]] = [
             frame(type: 1, flags: 5, stream: 1, status200),  // HEADERS, END_STREAM|END_HEADERS
-            frame(type: 1, flags: 4, stream: 1, status400) + frame(type: 0, flags: 1, stream: 1, Array("<html>oops".utf8)),
+            frame(type: 1, flags: 4, stream: 1, status400)
+                + frame(type: 0, flags: 1, stream: 1, Array("<html>oops".utf8)),
             frame(type: 1, flags: 4, stream: 1, status200 + literal("apns-id", Array("x".utf8))),
             frame(type: 1, flags: 4, stream: 1, status200 + literal("x-big", [UInt8](repeating: 0x61, count: 70_000))),
             frame(type: 1, flags: 0, stream: 1, status200) + frame(type: 9, flags: 4, stream: 1, literal("a", [0x62])),
@@ -62,15 +68,20 @@ import Threads
             frame(type: 4, flags: 0, stream: 0, [0, 3, 0, 0, 0, 1]),  // SETTINGS: MAX_CONCURRENT_STREAMS 1
             frame(type: 0xEE, flags: 0xFF, stream: 7, [1, 2, 3]),  // an unknown type
             frame(type: 1, flags: 4, stream: 99, status200),  // a stream the client never opened
-            (0..<Int.random(in: 1...64, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) },
+            (0..<Int.random(in: 1...64, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
         ]
         var bytes: [UInt8] = []
         for _ in 0..<Int.random(in: 1...4, using: &generator) { bytes += blocks.randomElement(using: &generator)! }
         for _ in 0..<Int.random(in: 0...3, using: &generator) where !bytes.isEmpty {
             switch Int.random(in: 0..<3, using: &generator) {
-            case 0: bytes[Int.random(in: 0..<bytes.count, using: &generator)] ^= UInt8.random(in: 1...255, using: &generator)
+            case 0:
+                bytes[Int.random(in: 0..<bytes.count, using: &generator)] ^= UInt8.random(
+                    in: 1...255, using: &generator)
             case 1: bytes = Array(bytes.prefix(Int.random(in: 0..<bytes.count, using: &generator)))
-            default: bytes.insert(UInt8.random(in: 0...255, using: &generator), at: Int.random(in: 0..<bytes.count, using: &generator))
+            default:
+                bytes.insert(
+                    UInt8.random(in: 0...255, using: &generator), at: Int.random(in: 0..<bytes.count, using: &generator)
+                )
             }
         }
         return bytes
@@ -104,13 +115,15 @@ import Threads
                 var timeout = timeval(tv_sec: 1, tv_usec: 0)
                 setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
                 if let tls = try? TLSStream(context: context, fileDescriptor: connection, serverName: nil),
-                   case .done = tls.handshake() {
+                    case .done = tls.handshake()
+                {
                     var buffer = [UInt8](repeating: 0, count: 16_384)
                     HostileServerTests.readUntilRequest(tls, into: &buffer)
                     let answer = settings + reply
                     var written = 0
                     while written < answer.count,
-                          case .done(let count) = answer[written...].withUnsafeBytes({ tls.write($0) }), count > 0 {
+                        case .done(let count) = answer[written...].withUnsafeBytes({ tls.write($0) }), count > 0
+                    {
                         written += count
                     }
                     _ = buffer.withUnsafeMutableBytes { tls.read(into: $0) }  // whatever the client says back
@@ -133,12 +146,17 @@ import Threads
     }
 
     /// One request's end as `describe` puts it, or nil when it neither answered nor failed within 15 s.
-    static func outcome(of client: HTTP2Client,
-                        _ describe: @escaping @Sendable (Result<HTTP2Response, HTTP2StreamError>) -> String) -> String? {
+    static func outcome(
+        of client: HTTP2Client,
+        _ describe: @escaping @Sendable (Result<HTTP2Response, HTTP2StreamError>) -> String
+    ) -> String? {
         let answered = DispatchSemaphore(value: 0)
         let outcome = Locked("")
-        client.send(HTTP2Request(headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
-                                 body: Array("{}".utf8))) { result in
+        client.send(
+            HTTP2Request(
+                headers: .request(method: "POST", authority: client.authority, path: "/3/device/ab"),
+                body: Array("{}".utf8))
+        ) { result in
             outcome.withLock { $0 = describe(result) }
             answered.signal()
         }
@@ -151,15 +169,19 @@ import Threads
     @Test func theClientChecksTheStatusAndTheFieldsItKeeps() throws {
         let (context, caFile, firstListener, _) = try Self.listen()
         close(firstListener)
-        func headers(_ block: [UInt8], last: Bool = true) -> [UInt8] { Self.frame(type: 1, flags: last ? 5 : 4, stream: 1, block) }
+        func headers(_ block: [UInt8], last: Bool = true) -> [UInt8] {
+            Self.frame(type: 1, flags: last ? 5 : 4, stream: 1, block)
+        }
         let answers: [[UInt8]] = [
             headers(Self.literal(":status", Array("2x0".utf8))), headers(Self.literal(":status", Array("700".utf8))),
             headers([0x88] + Self.literal("apns-id", Array("ab\r\nx-evil: 1".utf8))),
             headers([0x88] + Self.literal("apns-id", Array("0a1b2c3d-0000-4000-8000-000000000001".utf8))),
-            headers(Self.literal(":status", Array("100".utf8)) + Self.literal("apns-id", Array("interim".utf8)), last: false)
+            headers(
+                Self.literal(":status", Array("100".utf8)) + Self.literal("apns-id", Array("interim".utf8)), last: false
+            )
                 + headers([0x88] + Self.literal("apns-id", Array("final".utf8))),
             headers(Self.literal(":status", Array("103".utf8))),
-            headers([0x88], last: false) + headers(Self.literal(":status", Array("410".utf8))),
+            headers([0x88], last: false) + headers(Self.literal(":status", Array("410".utf8)))
         ]
         let loop = EventLoop(name: "checked-client")
         defer { loop.shutdown() }
@@ -169,10 +191,12 @@ import Threads
             let (listener, port) = TestServices.listeningSocket()
             defer { close(listener) }
             let serverDone = Self.serve(listener, context: context, replies: [answer])
-            var configuration = HTTP2Client.Configuration(host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
-                                                          connectTimeout: 5, requestTimeout: 5, maximumAttempts: 1)
+            var configuration = HTTP2Client.Configuration(
+                host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
+                connectTimeout: 5, requestTimeout: 5, maximumAttempts: 1)
             configuration.keptResponseHeaders = ["apns-id"]
-            let client = try HTTP2Client(configuration: configuration, loop: loop, logger: Logger(label: "checked", level: .critical))
+            let client = try HTTP2Client(
+                configuration: configuration, loop: loop, logger: Logger(label: "checked", level: .critical))
             let outcome = Self.outcome(of: client) { result in
                 switch result {
                 case .success(let response): "status \(response.status) apns-id \(response.header("apns-id") ?? "none")"
@@ -184,13 +208,18 @@ import Threads
             #expect(serverDone.wait(timeout: .now() + 30) == .success)
         }
         let reset = "stream reset (HTTP/2 error 1)"
-        #expect(outcomes == [reset, reset, "status 200 apns-id none", "status 200 apns-id 0a1b2c3d-0000-4000-8000-000000000001",
-                             "status 200 apns-id final", "connection lost", reset], "\(outcomes)")
+        #expect(
+            outcomes == [
+                reset, reset, "status 200 apns-id none", "status 200 apns-id 0a1b2c3d-0000-4000-8000-000000000001",
+                "status 200 apns-id final", "connection lost", reset
+            ], "\(outcomes)")
     }
 
     /// The names a client keeps when it keeps every field: HTTP/2's lower-case tokens, a colon only to begin with.
-    @Test(arguments: [("apns-id", true), (":status", true), ("x-b!g_#~", true), ("Apns-Id", false), ("a b", false),
-                      ("a:b", false), ("", false), ("a\r\nb", false), ("caf\u{e9}", false), ("a\"b", false)])
+    @Test(arguments: [
+        ("apns-id", true), (":status", true), ("x-b!g_#~", true), ("Apns-Id", false), ("a b", false),
+        ("a:b", false), ("", false), ("a\r\nb", false), ("caf\u{e9}", false), ("a\"b", false)
+    ])
     func fieldNamesAreHTTP2Tokens(name: String, valid: Bool) {
         #expect(Array(name.utf8).withUnsafeBufferPointer(HTTP2Connection.isFieldName) == valid, "\(name)")
     }
@@ -207,9 +236,11 @@ import Threads
         defer { loop.shutdown() }
         var outcomes: [String: Int] = [:]
         for _ in 0..<Self.connections {
-            let client = try HTTP2Client(configuration: .init(host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
-                                                              connectTimeout: 5, requestTimeout: 0.5, maximumAttempts: 1),
-                                         loop: loop, logger: Logger(label: "hostile", level: .critical))
+            let client = try HTTP2Client(
+                configuration: .init(
+                    host: "127.0.0.1", port: port, tls: .init(caFile: caFile),
+                    connectTimeout: 5, requestTimeout: 0.5, maximumAttempts: 1),
+                loop: loop, logger: Logger(label: "hostile", level: .critical))
             let outcome = Self.outcome(of: client) { result in
                 switch result {
                 case .success(let response): "status \(response.status)"
@@ -223,6 +254,8 @@ import Threads
         }
         #expect(serverDone.wait(timeout: .now() + 30) == .success)
         #expect(outcomes.values.reduce(0, +) == Self.connections)
-        print("fuzz server replies: \(Self.connections) connections (seed \(Self.seed)), outcomes \(outcomes.sorted { $0.key < $1.key })")
+        print(
+            "fuzz server replies: \(Self.connections) connections (seed \(Self.seed)), outcomes \(outcomes.sorted { $0.key < $1.key })"
+        )
     }
 }

@@ -6,8 +6,9 @@ import RedisStore
 import Telemetry
 import Testing
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `apns-worker jobs cancel`: a job cancelled fleet-wide sends nothing more within a second, settles (acknowledged,
@@ -17,16 +18,18 @@ import Glibc
 
     /// Runs `apns-worker jobs cancel` against `redisURL`; returns its exit code and output.
     static func cancel(_ jobID: String, redisURL: String, reason: String) throws -> (code: Int32, output: String) {
-        let child = try ExecutablesTests.Child("apns-worker", ["jobs", "cancel", jobID, "--reason", reason],
-                                               environment: ["REDIS_URL": redisURL])
+        let child = try ExecutablesTests.Child(
+            "apns-worker", ["jobs", "cancel", jobID, "--reason", reason],
+            environment: ["REDIS_URL": redisURL])
         let line = child.waitForLine(containing: jobID, timeout: 30) ?? ""
         return (child.waitForExit(), line)
     }
 
     /// `apns-worker jobs show JOB_ID --json`, parsed.
     static func show(_ jobID: String, redisURL: String) throws -> [String: Any] {
-        let child = try ExecutablesTests.Child("apns-worker", ["jobs", "show", jobID, "--json"],
-                                               environment: ["REDIS_URL": redisURL])
+        let child = try ExecutablesTests.Child(
+            "apns-worker", ["jobs", "show", jobID, "--json"],
+            environment: ["REDIS_URL": redisURL])
         let line = child.waitForLine(containing: "\"job_id\"", timeout: 30) ?? ""
         try #require(child.waitForExit() == 0, "jobs show: \(line)")
         return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(line)")
@@ -42,24 +45,32 @@ import Glibc
         let users = (0..<20_000).map { "c\($0)" }
         let (redisURL, redis) = try TestServices.isolatedRedis(.cancelledCampaign)
         for start in stride(from: 0, to: users.count, by: 5_000) {
-            _ = try redis.pipeline((start..<start + 5_000).map {
-                ["HSET", RedisKeys.node.tokens(users[$0]), String(format: "%064x", 0xCA_0000 + $0), "production"]
-            })
+            _ = try redis.pipeline(
+                (start..<start + 5_000).map {
+                    ["HSET", RedisKeys.node.tokens(users[$0]), String(format: "%064x", 0xCA_0000 + $0), "production"]
+                })
         }
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let bulk = TestServices.unique("bulk"), failed = TestServices.unique("failed")
+        let bulk = TestServices.unique("bulk")
+        let failed = TestServices.unique("failed")
         _ = try publisher.declareQueue(bulk)
         let jobID = TestServices.unique("campaign")
         let list = users.map { "\"\($0)\"" }.joined(separator: ",")
-        try publisher.publish(to: bulk, body: Array(#"{"id": "\#(jobID)", "users": [\#(list)], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_BULK_QUEUE": bulk, "PUSH_FAILED_QUEUE": failed, "REDIS_URL": redisURL, "APNS_RATE_LIMIT": "1000",
-        ]), logger: logger)
+        try publisher.publish(
+            to: bulk, body: Array(#"{"id": "\#(jobID)", "users": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "PUSH_BULK_QUEUE": bulk, "PUSH_FAILED_QUEUE": failed, "REDIS_URL": redisURL,
+                    "APNS_RATE_LIMIT": "1000"
+                ]), logger: logger)
         defer { worker.stop() }
-        try #require(TestServices.waitUntil(timeout: 60) { simulator.received().count >= 2_000 }, "the campaign is under way")
+        try #require(
+            TestServices.waitUntil(timeout: 60) { simulator.received().count >= 2_000 }, "the campaign is under way")
         // While it runs: its progress as the worker last reported it (about once a second), against what apns-sim had
         // received by then.
         let running = try Self.show(jobID, redisURL: redisURL)
@@ -90,17 +101,22 @@ import Glibc
         #expect(summary["failed"] as? Int == 0 && summary["retrying"] as? Int == 0, "\(summary)")
         #expect(worker.worker.statistics.cancelled.load(ordering: .relaxed) == 20_000 - received.count)
         // Acknowledged, not parked: both queues empty once the summary is out.
-        #expect(TestServices.waitUntil(timeout: 10) { (try? publisher.declareQueue(bulk)) == 0 }, "the job acknowledged")
+        #expect(
+            TestServices.waitUntil(timeout: 10) { (try? publisher.declareQueue(bulk)) == 0 }, "the job acknowledged")
         #expect(try publisher.declareQueue(failed) == 0, "nothing parked")
         var settled: [String: Any] = [:]
-        #expect(try TestServices.waitUntil(timeout: 10) {
-            settled = try Self.show(jobID, redisURL: redisURL)
-            return settled["sent"] as? Int == received.count && settled["cancelled"] as? Int == 20_000 - received.count
-        }, "its progress ends with the summary's counts: \(settled)")
-        #expect(settled["state"] as? String == "cancelled" && settled["delivered"] as? Int == received.count, "\(settled)")
-        print("cancel | 20,000-user campaign at 1,000/s cancelled after \(received.count) pushes: the last "
-              + String(format: "%.2f s after jobs cancel returned; ", latest - returned)
-              + "jobs show while it ran: sent \(sent), apns-sim \(receivedBy), ETA \(eta) s")
+        #expect(
+            try TestServices.waitUntil(timeout: 10) {
+                settled = try Self.show(jobID, redisURL: redisURL)
+                return settled["sent"] as? Int == received.count
+                    && settled["cancelled"] as? Int == 20_000 - received.count
+            }, "its progress ends with the summary's counts: \(settled)")
+        #expect(
+            settled["state"] as? String == "cancelled" && settled["delivered"] as? Int == received.count, "\(settled)")
+        print(
+            "cancel | 20,000-user campaign at 1,000/s cancelled after \(received.count) pushes: the last "
+                + String(format: "%.2f s after jobs cancel returned; ", latest - returned)
+                + "jobs show while it ran: sent \(sent), apns-sim \(receivedBy), ETA \(eta) s")
     }
 
     /// A finished job (1,000 tokens: the smallest whose progress is kept) shows as done with its summary's counts.
@@ -110,22 +126,27 @@ import Glibc
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let jobID = TestServices.unique("finished")
         let list = (0..<1_000).map { "\"" + String(format: "%064x", 0xCC_0000 + $0) + "\"" }.joined(separator: ",")
-        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { worker.stop() }
         let summary = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
         let redisURL = try TestServices.redisURL().description(revealingPassword: true)
         var shown: [String: Any] = [:]
-        #expect(try TestServices.waitUntil(timeout: 10) {
-            shown = try Self.show(jobID, redisURL: redisURL)
-            return shown["state"] as? String == "done"
-        }, "done: \(shown)")
+        #expect(
+            try TestServices.waitUntil(timeout: 10) {
+                shown = try Self.show(jobID, redisURL: redisURL)
+                return shown["state"] as? String == "done"
+            }, "done: \(shown)")
         for name in ["delivered", "dead", "failed", "retrying", "held_back", "expired", "cancelled"] {
             #expect(shown[name] as? Int == summary[name] as? Int, "\(name): \(shown) against \(summary)")
         }
-        #expect(shown["sent"] as? Int == 1_000 && shown["resolved"] as? Int == 1_000 && shown["eta_seconds"] as? Double == 0,
-                "\(shown)")
+        #expect(
+            shown["sent"] as? Int == 1_000 && shown["resolved"] as? Int == 1_000
+                && shown["eta_seconds"] as? Double == 0,
+            "\(shown)")
     }
 
     /// A job whose retry waits in the delay queue when it is cancelled sends nothing when it comes back: its
@@ -139,12 +160,16 @@ import Glibc
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let jobID = TestServices.unique("retried")
         let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
-        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
         let redisURL = try TestServices.redisURL().description(revealingPassword: true)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_RETRY_DELAYS": "2",
-        ]), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "APNS_RETRY_DELAYS": "2"
+                ]), logger: logger)
         defer { worker.stop() }
         let first = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
         try #require(first["retrying"] as? Int == 3, "the first attempt's notifications wait for a retry: \(first)")

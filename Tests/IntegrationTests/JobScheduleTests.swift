@@ -13,13 +13,18 @@ import WorkerPipeline
 
     /// Publishes a job of `tokens` with `send_at` `seconds` from now (whole seconds, rounded up); returns its id and
     /// send_at.
-    static func publishScheduled(_ publisher: AMQPConnection, to queue: String, replies: String, tokens: [String],
-                                 in seconds: Int64) throws -> (id: String, sendAt: Int64) {
+    static func publishScheduled(
+        _ publisher: AMQPConnection, to queue: String, replies: String, tokens: [String],
+        in seconds: Int64
+    ) throws -> (id: String, sendAt: Int64) {
         let jobID = TestServices.unique("scheduled")
         let sendAt = Int64(Date().timeIntervalSince1970.rounded(.up)) + seconds
         let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
-        try publisher.publish(to: queue, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "send_at": \#(sendAt), "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: queue,
+            body: Array(
+                #"{"id": "\#(jobID)", "tokens": [\#(list)], "send_at": \#(sendAt), "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
         return (jobID, sendAt)
     }
 
@@ -28,7 +33,8 @@ import WorkerPipeline
         var shown: [String: Any] = [:]
         return try TestServices.waitUntil(timeout: 10) {
             shown = try JobCancelTests.show(jobID, redisURL: redisURL)
-            return shown["state"] as? String == "scheduled" && (shown["scheduled_for"] as? Int).map(Int64.init) == sendAt
+            return shown["state"] as? String == "scheduled"
+                && (shown["scheduled_for"] as? Int).map(Int64.init) == sendAt
         }
     }
 
@@ -52,11 +58,15 @@ import WorkerPipeline
         #expect(summary["delivered"] as? Int == 3, "\(summary)")
         let times = simulator.received().map(\.receivedAt)
         #expect(times.count == 3)
-        let earliest = times.min() ?? 0, latest = times.max() ?? .infinity
+        let earliest = times.min() ?? 0
+        let latest = times.max() ?? .infinity
         #expect(earliest >= Double(sendAt), "the first push \(Double(sendAt) - earliest) s before send_at")
         #expect(latest <= Double(sendAt) + 1, "the last push \(latest - Double(sendAt)) s after send_at")
-        print(String(format: "schedule | send_at 10 s ahead, worker restarted while it waited: pushes %.3f-%.3f s after send_at",
-                     earliest - Double(sendAt), latest - Double(sendAt)))
+        print(
+            String(
+                format:
+                    "schedule | send_at 10 s ahead, worker restarted while it waited: pushes %.3f-%.3f s after send_at",
+                earliest - Double(sendAt), latest - Double(sendAt)))
     }
 
     /// A job cancelled while it waits for its send_at settles when it next comes back from a delay queue, before its
@@ -69,7 +79,8 @@ import WorkerPipeline
         let tokens = (0..<3).map { String(format: "%064x", 0xCE_0000 + $0) }
         let (jobID, sendAt) = try Self.publishScheduled(publisher, to: jobs, replies: replies, tokens: tokens, in: 8)
         let redisURL = try TestServices.redisURL().description(revealingPassword: true)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { worker.stop() }
         #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL), "jobs show: scheduled for \(sendAt)")
         let (code, output) = try JobCancelTests.cancel(jobID, redisURL: redisURL, reason: "called off")

@@ -11,8 +11,9 @@ import Telemetry
 import Testing
 import Threads
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Live Activities against apns-sim: broadcast channels managed with `apns-worker channels` (Apple's channel
@@ -22,7 +23,8 @@ import Glibc
 
     /// `apns-worker channels ARGUMENTS` with `environment`: its exit code and what it printed (standard output, then
     /// standard error).
-    static func channels(_ arguments: [String], _ environment: [String: String]) throws -> (code: Int32, output: String) {
+    static func channels(_ arguments: [String], _ environment: [String: String]) throws -> (code: Int32, output: String)
+    {
         let run = try OperationsTests.apnsWorker(["channels"] + arguments, environment: environment)
         return (run.status, run.output + run.errors)
     }
@@ -36,25 +38,38 @@ import Glibc
         let pem = try ES256Key.generatePrivateKeyPEM()
         let key = try TestServices.temporaryFile("channels.p8", contents: pem)
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
-        let simulator = try APNsSimulator(configuration: .init(trustedKeys: ["KEY000000A": .init(teamID: "TEAM00000A",
-                                                                                            key: try ES256Key(pem: pem))]),
-                                          logger: logger)
+        let simulator = try APNsSimulator(
+            configuration: .init(trustedKeys: [
+                "KEY000000A": .init(
+                    teamID: "TEAM00000A",
+                    key: try ES256Key(pem: pem))
+            ]),
+            logger: logger)
         let url = "https://127.0.0.1:\(simulator.port)"
-        return (simulator, [
-            "APNS_CHANNELS_PRODUCTION_URL": url, "APNS_CHANNELS_SANDBOX_URL": url,
-            "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
-            "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
-            "APNS_KEY_FILE": key, "APNS_KEY_ID": "KEY000000A", "APNS_TEAM_ID": "TEAM00000A", "APNS_TOPIC": "com.example.scores",
-        ])
+        return (
+            simulator,
+            [
+                "APNS_CHANNELS_PRODUCTION_URL": url, "APNS_CHANNELS_SANDBOX_URL": url,
+                "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
+                "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
+                "APNS_KEY_FILE": key, "APNS_KEY_ID": "KEY000000A", "APNS_TEAM_ID": "TEAM00000A",
+                "APNS_TOPIC": "com.example.scores"
+            ]
+        )
     }
 
-    func broadcast(_ client: APNsClient, channel: String, bundle: String = "com.example.scores",
-                   expiration: Int64 = 0) -> APNsResult? {
+    func broadcast(
+        _ client: APNsClient, channel: String, bundle: String = "com.example.scores",
+        expiration: Int64 = 0
+    ) -> APNsResult? {
         let result = Locked<APNsResult?>(nil)
         let done = DispatchSemaphore(value: 0)
-        let payload = #"{"aps":{"timestamp":\#(Int(Date().timeIntervalSince1970)),"event":"update","content-state":{"score":"1-0"}}}"#
-        client.send(APNsBroadcast(bundle: bundle, channelID: channel, expiration: expiration, payload: Array(payload.utf8)),
-                    environment: .production) { answer in
+        let payload =
+            #"{"aps":{"timestamp":\#(Int(Date().timeIntervalSince1970)),"event":"update","content-state":{"score":"1-0"}}}"#
+        client.send(
+            APNsBroadcast(bundle: bundle, channelID: channel, expiration: expiration, payload: Array(payload.utf8)),
+            environment: .production
+        ) { answer in
             result.withLock { $0 = answer }
             done.signal()
         }
@@ -72,7 +87,8 @@ import Glibc
         let channel = try #require(try Self.json(created.output)["channel_id"] as? String)
         #expect(Data(base64Encoded: channel) != nil, "a base64 id like Apple's: \(channel)")
         let plain = try Self.channels(["create"], environment)
-        #expect(plain.code == 0 && Data(base64Encoded: plain.output.trimmingCharacters(in: .whitespacesAndNewlines)) != nil)
+        #expect(
+            plain.code == 0 && Data(base64Encoded: plain.output.trimmingCharacters(in: .whitespacesAndNewlines)) != nil)
 
         let listed = try Self.channels(["list", "--json"], environment)
         let ids = try #require(try Self.json(listed.output)["channels"] as? [String])
@@ -83,16 +99,21 @@ import Glibc
         #expect(otherApp.code == 65 && otherApp.output.contains("ChannelNotRegistered"), "\(otherApp.output)")
 
         let configuration = try WorkerConfiguration.load(from: environment)
-        let client = APNsClient(configuration: configuration.apns, credentials: try configuration.credential.makeCredentials(),
-                                logger: logger)
+        let client = APNsClient(
+            configuration: configuration.apns, credentials: try configuration.credential.makeCredentials(),
+            logger: logger)
         defer { client.shutdown() }
-        #expect(broadcast(client, channel: channel, expiration: Int64(Date().timeIntervalSince1970) + 3600)?.outcome == .delivered)
+        #expect(
+            broadcast(client, channel: channel, expiration: Int64(Date().timeIntervalSince1970) + 3600)?.outcome
+                == .delivered)
         let deleted = try Self.channels(["delete", channel], environment)
         #expect(deleted.code == 0 && deleted.output.contains("deleted \(channel)"))
         let gone = try Self.channels(["show", channel], environment)
         #expect(gone.code == 65 && gone.output.contains("ChannelNotRegistered"), "\(gone.output)")
         let late = broadcast(client, channel: channel)
-        #expect(late?.outcome == .permanentFailure && late?.response?.reason == .channelNotRegistered, "\(String(describing: late))")
+        #expect(
+            late?.outcome == .permanentFailure && late?.response?.reason == .channelNotRegistered,
+            "\(String(describing: late))")
         #expect(simulator.broadcastsByChannel() == [channel: 1], "one broadcast accepted on the channel")
     }
 
@@ -103,8 +124,9 @@ import Glibc
         let created = try Self.channels(["create"], environment)  // storage: none
         let channel = created.output.trimmingCharacters(in: .whitespacesAndNewlines)
         let configuration = try WorkerConfiguration.load(from: environment)
-        let client = APNsClient(configuration: configuration.apns, credentials: try configuration.credential.makeCredentials(),
-                                logger: logger)
+        let client = APNsClient(
+            configuration: configuration.apns, credentials: try configuration.credential.makeCredentials(),
+            logger: logger)
         defer { client.shutdown() }
         let expiring = broadcast(client, channel: channel, expiration: Int64(Date().timeIntervalSince1970) + 60)
         #expect(expiring?.response?.reason == .badExpirationDate, "a no-storage channel takes expiration 0 only")
@@ -131,24 +153,36 @@ import Glibc
         defer { simulator.shutdown() }
         let channel = try Self.channels(["create"], settings).output.trimmingCharacters(in: .whitespacesAndNewlines)
         let user = TestServices.unique("fan")
-        let pushToStart = String(repeating: "f1", count: 32), updateToken = String(repeating: "f2", count: 32)
+        let pushToStart = String(repeating: "f1", count: 32)
+        let updateToken = String(repeating: "f2", count: 32)
         let cache = TokenCache(redis: try RedisConnection(url: TestServices.redisURL()), logger: logger)
-        try cache.register([TokenRegistration(user: user, token: pushToStart,
-                                              scope: TokenScope(environment: .production,
-                                                                topic: "com.example.scores.push-type.liveactivity"),
-                                              registeredAt: 1)])
+        try cache.register([
+            TokenRegistration(
+                user: user, token: pushToStart,
+                scope: TokenScope(
+                    environment: .production,
+                    topic: "com.example.scores.push-type.liveactivity"),
+                registeredAt: 1)
+        ])
         // The activity's update token, as the app reports it with the activity's id.
         let activity = TestServices.unique("match")
-        let added = try OperationsTests.apnsWorker(["tokens", "add", user, updateToken, "--topic",
-                                                    "com.example.scores.push-type.liveactivity", "--activity", activity],
-                                                   environment: settings)
+        let added = try OperationsTests.apnsWorker(
+            [
+                "tokens", "add", user, updateToken, "--topic",
+                "com.example.scores.push-type.liveactivity", "--activity", activity
+            ],
+            environment: settings)
         #expect(added.status == 0 && added.output.contains("activity \(activity)"), "\(added)")
         #expect(try cache.entries(forUser: user).map(\.token) == [pushToStart], "an update token is not the user's")
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
-            "PUSH_FAILED_QUEUE": failed]) { $1 }), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                settings.merging([
+                    "PUSH_FAILED_QUEUE": failed
+                ]) { $1 }), logger: logger)
         defer { worker.stop() }
         let now = Int(Date().timeIntervalSince1970)
         func publish(_ body: String) throws {
@@ -158,12 +192,13 @@ import Glibc
             #"{"id": "start", "users": ["\#(user)"], "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {"score": "0-0"}, "attributes_type": "MatchAttributes", "attributes": {"match": "LYO-NAN"}, "alert": {"title": "Kick-off", "body": "Lyon - Nantes"}, "input_push_channel": "\#(channel)"}}"#,
             #"{"id": "goal", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 1), "content_state": {"score": "1-0"}, "relevance_score": 100}}"#,
             #"{"id": "minute", "activity": "\#(activity)", "priority": 5, "live_activity": {"event": "update", "timestamp": \#(now + 2), "content_state": {"score": "1-0", "minute": 60}}}"#,
-            #"{"id": "end", "tokens": ["\#(updateToken)"], "live_activity": {"event": "end", "timestamp": \#(now + 3), "content_state": {"score": "2-1"}, "dismissal_date": \#(now + 600)}}"#,
+            #"{"id": "end", "tokens": ["\#(updateToken)"], "live_activity": {"event": "end", "timestamp": \#(now + 3), "content_state": {"score": "2-1"}, "dismissal_date": \#(now + 600)}}"#
         ]
         var summaries: [String: [String: Any]] = [:]
         for step in steps {
             try publish(step)
-            let summary = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
+            let summary = try Self.json(
+                String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
             summaries[summary["job_id"] as? String ?? ""] = summary
         }
         for id in ["start", "goal", "minute", "end"] {
@@ -172,65 +207,91 @@ import Glibc
         #expect(summaries["goal"]?["channel_id"] as? String == channel && summaries["goal"]?["apns_unique_id"] != nil)
         #expect(simulator.broadcastsByChannel() == [channel: 1])
         let received = simulator.received()
-        #expect(received.count == 3 && received.allSatisfy { $0.status == 200 && $0.pushType == "liveactivity"
-            && $0.topic == "com.example.scores.push-type.liveactivity" }, "\(received.map { ($0.status, $0.reason ?? "") })")
+        #expect(
+            received.count == 3
+                && received.allSatisfy {
+                    $0.status == 200 && $0.pushType == "liveactivity"
+                        && $0.topic == "com.example.scores.push-type.liveactivity"
+                }, "\(received.map { ($0.status, $0.reason ?? "") })")
         let start = try #require(received.first { $0.deviceToken == pushToStart })
         let aps = try #require(try Self.json(String(decoding: start.payload, as: UTF8.self))["aps"] as? [String: Any])
-        #expect(aps["event"] as? String == "start" && aps["input-push-channel"] as? String == channel
+        #expect(
+            aps["event"] as? String == "start" && aps["input-push-channel"] as? String == channel
                 && aps["attributes-type"] as? String == "MatchAttributes")
         #expect(received.first { $0.deviceToken == updateToken }?.priority == "5")
 
         #expect(try Self.channels(["delete", channel], settings).code == 0)
-        try publish(#"{"id": "late", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 4), "content_state": {"score": "2-1"}}}"#)
+        try publish(
+            #"{"id": "late", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 4), "content_state": {"score": "2-1"}}}"#
+        )
         let late = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
-        #expect(late["failed"] as? Int == 1 && (late["failed_by_reason"] as? [String: Int]) == ["ChannelNotRegistered": 1],
-                "\(late)")
+        #expect(
+            late["failed"] as? Int == 1 && (late["failed_by_reason"] as? [String: Int]) == ["ChannelNotRegistered": 1],
+            "\(late)")
         // Counted once settled, which the summary can outrun.
         let statistics = worker.worker.statistics
-        #expect(TestServices.waitUntil(timeout: 10) {
-            statistics.broadcastCount("delivered") == 1 && statistics.broadcastCount("failed") == 1
-        })
+        #expect(
+            TestServices.waitUntil(timeout: 10) {
+                statistics.broadcastCount("delivered") == 1 && statistics.broadcastCount("failed") == 1
+            })
 
         let refused = [
-            (#"{"users": ["\#(user)"], "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {}, "alert": {}}}"#,
-             "a start needs \"attributes_type\""),
-            (#"{"tokens": ["\#(updateToken)"], "live_activity": {"event": "update", "timestamp": \#(now)}}"#,
-             "an update needs \"content_state\""),
-            (#"{"tokens": ["\#(updateToken)"], "live_activity": {"event": "update", "timestamp": \#(now + 3600), "content_state": {}}}"#,
-             "in the future"),
-            (#"{"channel_id": "\#(channel)", "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {}, "attributes_type": "A", "attributes": {}, "alert": {}}}"#,
-             "a broadcast cannot start a Live Activity"),
+            (
+                #"{"users": ["\#(user)"], "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {}, "alert": {}}}"#,
+                "a start needs \"attributes_type\""
+            ),
+            (
+                #"{"tokens": ["\#(updateToken)"], "live_activity": {"event": "update", "timestamp": \#(now)}}"#,
+                "an update needs \"content_state\""
+            ),
+            (
+                #"{"tokens": ["\#(updateToken)"], "live_activity": {"event": "update", "timestamp": \#(now + 3600), "content_state": {}}}"#,
+                "in the future"
+            ),
+            (
+                #"{"channel_id": "\#(channel)", "live_activity": {"event": "start", "timestamp": \#(now), "content_state": {}, "attributes_type": "A", "attributes": {}, "alert": {}}}"#,
+                "a broadcast cannot start a Live Activity"
+            )
         ]
         for (body, _) in refused { try publish(body) }
         let parked = try failedReader.read(refused.count)
         #expect(parked.count == refused.count)
         for ((body, reason), message) in zip(refused, parked) {
             #expect(String(decoding: message.body, as: UTF8.self) == body, "parked unchanged")
-            #expect(message.properties.headers[Worker.reasonHeader]?.contains(reason) == true,
-                    "\(message.properties.headers[Worker.reasonHeader] ?? "no reason"): wanted \(reason)")
+            #expect(
+                message.properties.headers[Worker.reasonHeader]?.contains(reason) == true,
+                "\(message.properties.headers[Worker.reasonHeader] ?? "no reason"): wanted \(reason)")
         }
     }
 
     /// A simulator that answers the first `throttled` broadcasts 429, the worker's settings for it, and a channel.
     private static func throttlingSimulator(_ throttled: Int, _ logger: Logger) throws
-        -> (simulator: APNsSimulator, settings: [String: String], channel: String) {
+        -> (simulator: APNsSimulator, settings: [String: String], channel: String)
+    {
         try broadcastSimulator(logger) { $0.behaviour.throttleFirstBroadcasts = throttled }
     }
 
     /// A simulator configured by `adjust`, the worker's settings for it (retries after 1 s), and a channel.
-    private static func broadcastSimulator(_ logger: Logger, _ adjust: (inout APNsSimulator.Configuration) -> Void) throws
-        -> (simulator: APNsSimulator, settings: [String: String], channel: String) {
+    private static func broadcastSimulator(_ logger: Logger, _ adjust: (inout APNsSimulator.Configuration) -> Void)
+        throws
+        -> (simulator: APNsSimulator, settings: [String: String], channel: String)
+    {
         var (simulator, settings) = try Self.simulatorWithKey(logger)
         simulator.shutdown()
         let pem = try String(contentsOfFile: try #require(settings["APNS_KEY_FILE"]), encoding: .utf8)
-        var configuration = APNsSimulator.Configuration(trustedKeys: ["KEY000000A": .init(teamID: "TEAM00000A",
-                                                                                        key: try ES256Key(pem: pem))])
+        var configuration = APNsSimulator.Configuration(trustedKeys: [
+            "KEY000000A": .init(
+                teamID: "TEAM00000A",
+                key: try ES256Key(pem: pem))
+        ])
         adjust(&configuration)
         simulator = try APNsSimulator(configuration: configuration, logger: logger)
         let url = "https://127.0.0.1:\(simulator.port)"
-        settings.merge(["APNS_CHANNELS_PRODUCTION_URL": url, "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
-                        "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
-                        "APNS_RETRY_DELAYS": "1"]) { $1 }
+        settings.merge([
+            "APNS_CHANNELS_PRODUCTION_URL": url, "APNS_PRODUCTION_URL": url, "APNS_SANDBOX_URL": url,
+            "APNS_CA_FILE": try TestServices.temporaryFile("ca.pem", contents: simulator.certificatePEM),
+            "APNS_RETRY_DELAYS": "1"
+        ]) { $1 }
         let channel = try Self.channels(["create"], settings).output.trimmingCharacters(in: .whitespacesAndNewlines)
         return (simulator, settings, channel)
     }
@@ -243,13 +304,17 @@ import Glibc
         let (simulator, settings, channel) = try Self.throttlingSimulator(1, logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings), logger: logger)
         defer { worker.stop() }
         let now = Int(Date().timeIntervalSince1970)
         let id = TestServices.unique("busy")
-        let body = #"{"id": "\#(id)", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-1"}}}"#
+        let body =
+            #"{"id": "\#(id)", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-1"}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
-        let summaries = try replyReader.read(2, timeout: 30).map { try Self.json(String(decoding: $0.body, as: UTF8.self)) }
+        let summaries = try replyReader.read(2, timeout: 30).map {
+            try Self.json(String(decoding: $0.body, as: UTF8.self))
+        }
         #expect(summaries.first?["retrying"] as? Int == 1 && summaries.first?["attempt"] as? Int == 1, "\(summaries)")
         #expect(summaries.last?["delivered"] as? Int == 1 && summaries.last?["attempt"] as? Int == 2, "\(summaries)")
         #expect(simulator.broadcastsByChannel() == [channel: 1])
@@ -257,14 +322,17 @@ import Glibc
         let completed = statistics.jobsCompleted.load(ordering: .relaxed)
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         // Acknowledged means settled: a summary it published would be on the queue by then.
-        #expect(TestServices.waitUntil(timeout: 20) { statistics.jobsCompleted.load(ordering: .relaxed) > completed },
-                "the same job again was settled")
+        #expect(
+            TestServices.waitUntil(timeout: 20) { statistics.jobsCompleted.load(ordering: .relaxed) > completed },
+            "the same job again was settled")
         #expect(statistics.duplicatesAvoided.load(ordering: .relaxed) == 1)
         #expect(try replyReader.read(1, timeout: 1).isEmpty, "no second summary")
         #expect(simulator.broadcastsByChannel() == [channel: 1], "not broadcast a second time")
         #expect(statistics.broadcastCount("retrying") == 1 && statistics.broadcastCount("delivered") == 1)
-        #expect(statistics.delivered.load(ordering: .relaxed) == 0 && statistics.sent[.urgent] + statistics.sent[.bulk] == 0,
-                "a broadcast is no device notification")
+        #expect(
+            statistics.delivered.load(ordering: .relaxed) == 0
+                && statistics.sent[.urgent] + statistics.sent[.bulk] == 0,
+            "a broadcast is no device notification")
     }
 
     /// A broadcast APNs keeps throttling until its attempts are spent is parked on PUSH_FAILED_QUEUE with its reason,
@@ -275,23 +343,32 @@ import Glibc
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
-            "APNS_MAX_ATTEMPTS": "2", "PUSH_FAILED_QUEUE": failed]) { $1 }), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                settings.merging([
+                    "APNS_MAX_ATTEMPTS": "2", "PUSH_FAILED_QUEUE": failed
+                ]) { $1 }), logger: logger)
         defer { worker.stop() }
         let now = Int(Date().timeIntervalSince1970)
-        let body = #"{"id": "\#(TestServices.unique("busy"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-2"}}}"#
+        let body =
+            #"{"id": "\#(TestServices.unique("busy"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-2"}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         let parked = try #require(try failedReader.read(1, timeout: 30).first, "the broadcast was parked")
         #expect(String(decoding: parked.body, as: UTF8.self) == body, "parked as it was sent")
         let reason = parked.properties.headers[Worker.reasonHeader] ?? ""
         #expect(reason == "broadcast not delivered after 2 attempts: TooManyRequests", "\(reason)")
-        let summaries = try replyReader.read(2, timeout: 10).map { try Self.json(String(decoding: $0.body, as: UTF8.self)) }
-        #expect(summaries.map { $0["retrying"] as? Int } == [1, 0] && summaries.last?["failed"] as? Int == 1
+        let summaries = try replyReader.read(2, timeout: 10).map {
+            try Self.json(String(decoding: $0.body, as: UTF8.self))
+        }
+        #expect(
+            summaries.map { $0["retrying"] as? Int } == [1, 0] && summaries.last?["failed"] as? Int == 1
                 && summaries.last?["failed_by_reason"] as? [String: Int] == ["TooManyRequests": 1], "\(summaries)")
         #expect(simulator.broadcastsByChannel().isEmpty, "nothing went out")
         let statistics = worker.worker.statistics
-        #expect(TestServices.waitUntil(timeout: 10) { statistics.jobsParked.load(ordering: .relaxed) == 1 },
-                "counted once settled")
+        #expect(
+            TestServices.waitUntil(timeout: 10) { statistics.jobsParked.load(ordering: .relaxed) == 1 },
+            "counted once settled")
     }
 
     /// A real redelivery: the broadcast is answered and recorded, but its worker's acknowledgement (and summary) never
@@ -309,19 +386,23 @@ import Glibc
         relayBox.withLock { $0 = relay }
         let direct = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings)
         let throughRelay = direct.merging([
-            "AMQP_URL": try #require(direct["AMQP_URL"]).replacingOccurrences(of: ":\(broker.port)/", with: ":\(relay.port)/"),
-            "LOG_LEVEL": "info"]) { $1 }
+            "AMQP_URL": try #require(direct["AMQP_URL"]).replacingOccurrences(
+                of: ":\(broker.port)/", with: ":\(relay.port)/"),
+            "LOG_LEVEL": "info"
+        ]) { $1 }
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: throughRelay)
         defer { _ = first.stop(SIGKILL) }
         #expect(first.waitForLine(containing: "\"consuming\"") != nil)
         let id = TestServices.unique("once")
         let now = Int(Date().timeIntervalSince1970)
-        let body = #"{"id": "\#(id)", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "3-1"}}}"#
+        let body =
+            #"{"id": "\#(id)", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "3-1"}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
         let redis = try RedisConnection(url: TestServices.redisURL())
-        #expect(TestServices.waitUntil(timeout: 30) {
-            (try? redis.command(["SISMEMBER", RedisKeys.node.job(id), channel]).integer) == 1
-        }, "the broadcast's answer is in the idempotency record")
+        #expect(
+            TestServices.waitUntil(timeout: 30) {
+                (try? redis.command(["SISMEMBER", RedisKeys.node.job(id), channel]).integer) == 1
+            }, "the broadcast's answer is in the idempotency record")
         #expect(first.stop(SIGKILL) == -SIGKILL)
         relay.cut()
         #expect(simulator.broadcastsByChannel() == [channel: 1])
@@ -329,8 +410,9 @@ import Glibc
         let second = try WorkerThread(direct, logger: logger)
         defer { second.stop() }
         let statistics = second.worker.statistics
-        #expect(TestServices.waitUntil(timeout: 30) { statistics.jobsCompleted.load(ordering: .relaxed) == 1 },
-                "the redelivered job was settled")
+        #expect(
+            TestServices.waitUntil(timeout: 30) { statistics.jobsCompleted.load(ordering: .relaxed) == 1 },
+            "the redelivered job was settled")
         #expect(statistics.duplicatesAvoided.load(ordering: .relaxed) == 1)
         #expect(simulator.broadcastsByChannel() == [channel: 1], "not broadcast a second time")
         // The first worker's summary never reached the broker, and the second publishes none: a summary published
@@ -344,50 +426,77 @@ import Glibc
         let (simulator, settings, channel) = try Self.broadcastSimulator(logger) { $0.behaviour.broadcastsGone = true }
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let dead = TestServices.unique("dead"), failed = TestServices.unique("failed")
-        let deadReader = try QueueReader(dead), failedReader = try QueueReader(failed)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
-            "PUSH_DEAD_TOKENS_QUEUE": dead, "PUSH_FAILED_QUEUE": failed]) { $1 }), logger: logger)
+        let dead = TestServices.unique("dead")
+        let failed = TestServices.unique("failed")
+        let deadReader = try QueueReader(dead)
+        let failedReader = try QueueReader(failed)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                settings.merging([
+                    "PUSH_DEAD_TOKENS_QUEUE": dead, "PUSH_FAILED_QUEUE": failed
+                ]) { $1 }), logger: logger)
         defer { worker.stop() }
         let now = Int(Date().timeIntervalSince1970)
-        let body = #"{"id": "\#(TestServices.unique("gone"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-0"}}}"#
+        let body =
+            #"{"id": "\#(TestServices.unique("gone"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "0-0"}}}"#
         try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
-        let summary = try Self.json(String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
-        #expect(summary["failed"] as? Int == 1 && summary["dead"] as? Int == 0
+        let summary = try Self.json(
+            String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
+        #expect(
+            summary["failed"] as? Int == 1 && summary["dead"] as? Int == 0
                 && summary["failed_by_reason"] as? [String: Int] == ["Unregistered": 1], "\(summary)")
         // The events and the parked copy are published with the summary, before it: none came.
         #expect(try deadReader.read(1, timeout: 1).isEmpty, "no dead-token event")
         #expect(try failedReader.read(1, timeout: 1).isEmpty, "not parked")
         let statistics = worker.worker.statistics
-        #expect(TestServices.waitUntil(timeout: 10) { statistics.broadcastCount("failed") == 1 }, "counted once settled")
+        #expect(
+            TestServices.waitUntil(timeout: 10) { statistics.broadcastCount("failed") == 1 }, "counted once settled")
         #expect(statistics.deadTokens.load(ordering: .relaxed) == 0)
     }
 
     /// A dead update token (410) is removed from its activity, with its dead-token event, as a dead device token is
     /// from its user.
     @Test func aDeadUpdateTokenLeavesItsActivityWithAnEvent() throws {
-        let updateToken = String(repeating: "f4", count: 32), live = String(repeating: "f5", count: 32)
+        let updateToken = String(repeating: "f4", count: 32)
+        let live = String(repeating: "f5", count: 32)
         let died = Int64(Date().timeIntervalSince1970 * 1000)
-        let (simulator, settings, _) = try Self.broadcastSimulator(logger) { $0.unregisteredTokens = [updateToken: died] }
+        let (simulator, settings, _) = try Self.broadcastSimulator(logger) {
+            $0.unregisteredTokens = [updateToken: died]
+        }
         defer { simulator.shutdown() }
         let cache = TokenCache(redis: try RedisConnection(url: TestServices.redisURL()), logger: logger)
-        let activity = TestServices.unique("match"), topic = "com.example.scores.push-type.liveactivity"
+        let activity = TestServices.unique("match")
+        let topic = "com.example.scores.push-type.liveactivity"
         for token in [updateToken, live] {
-            try cache.register([TokenRegistration(user: "fan", token: token, scope: TokenScope(environment: .production, topic: topic),
-                                                  registeredAt: died - 60_000, activity: activity)])
+            try cache.register([
+                TokenRegistration(
+                    user: "fan", token: token, scope: TokenScope(environment: .production, topic: topic),
+                    registeredAt: died - 60_000, activity: activity)
+            ])
         }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings.merging([
-            "PUSH_DEAD_TOKENS_QUEUE": dead]) { $1 }), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                settings.merging([
+                    "PUSH_DEAD_TOKENS_QUEUE": dead
+                ]) { $1 }), logger: logger)
         defer { worker.stop() }
         let now = Int(Date().timeIntervalSince1970)
-        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(TestServices.unique("minute"))", "activity": "\#(activity)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "1-1"}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
-        let summary = try Self.json(String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "\#(TestServices.unique("minute"))", "activity": "\#(activity)", "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "1-1"}}}"#
+                    .utf8),
+            properties: AMQPProperties(replyTo: replies))
+        let summary = try Self.json(
+            String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
         #expect(summary["dead"] as? Int == 1 && summary["delivered"] as? Int == 1, "\(summary)")
-        let event = try Self.json(String(decoding: try #require(try deadReader.read(1, timeout: 10).first).body, as: UTF8.self))
+        let event = try Self.json(
+            String(decoding: try #require(try deadReader.read(1, timeout: 10).first).body, as: UTF8.self))
         #expect(event["token"] as? String == updateToken && event["status"] as? Int == 410, "\(event)")
         // Removed once the event is safe with the broker, before the job is acknowledged.
         let left = try TestServices.waitUntil(timeout: 10) {

@@ -26,8 +26,10 @@ import WorkerPipeline
 
     /// Caches each token under a user of its own, publishes one job per entry of `jobs` (the tokens of its users) in
     /// order, and waits for every summary.
-    func run(_ database: TestServices.IsolatedDatabase, behaviour: APNsSimulator.Behaviour,
-             jobs: [[String]]) throws -> Run {
+    func run(
+        _ database: TestServices.IsolatedDatabase, behaviour: APNsSimulator.Behaviour,
+        jobs: [[String]]
+    ) throws -> Run {
         let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
         let (redisURL, redis) = try TestServices.isolatedRedis(database)
@@ -36,8 +38,12 @@ import WorkerPipeline
         let (queue, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: queue, [
-            "PUSH_DEAD_TOKENS_QUEUE": dead, "REDIS_URL": redisURL, "APNS_MAX_ATTEMPTS": "1"]), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: queue,
+                [
+                    "PUSH_DEAD_TOKENS_QUEUE": dead, "REDIS_URL": redisURL, "APNS_MAX_ATTEMPTS": "1"
+                ]), logger: logger)
         defer { worker.stop() }
         for (index, tokens) in jobs.enumerated() {
             let users = tokens.map { "\"\(owners[$0]!)\"" }.joined(separator: ",")
@@ -66,7 +72,8 @@ import WorkerPipeline
     }
 
     @Test func aGenuineBadTokenNowAndThenIsStillRemoved() throws {
-        let good = TokenKindsTests.tokens("600d0001", 196), bad = TokenKindsTests.tokens("badbad02", 4)
+        let good = TokenKindsTests.tokens("600d0001", 196)
+        let bad = TokenKindsTests.tokens("badbad02", 4)
         var behaviour = APNsSimulator.Behaviour()
         behaviour.badTokens = Set(bad)
         // One in fifty: a bad token after every 49 good ones.
@@ -82,12 +89,14 @@ import WorkerPipeline
     /// Throttled and delivered answers say nothing against the mismatches beside them.
     @Test func otherAnswersDoNotDiluteAJobsMismatches() throws {
         let mismatched = TokenKindsTests.tokens("badbad03", 80)
-        let throttled = TokenKindsTests.tokens("7400003a", 60), live = TokenKindsTests.tokens("600d0003", 20)
+        let throttled = TokenKindsTests.tokens("7400003a", 60)
+        let live = TokenKindsTests.tokens("600d0003", 20)
         var behaviour = APNsSimulator.Behaviour()
         behaviour.badTokens = Set(mismatched)
         behaviour.throttledTokens = Set(throttled)
-        let run = try run(.diluted, behaviour: behaviour,
-                          jobs: [Array(mismatched[0..<60]) + throttled, Array(mismatched[60..<80]) + live])
+        let run = try run(
+            .diluted, behaviour: behaviour,
+            jobs: [Array(mismatched[0..<60]) + throttled, Array(mismatched[60..<80]) + live])
         #expect(try mismatched.allSatisfy { try run.cached($0) }, "no mismatched token removed")
         #expect(run.events == 0)
         #expect(run.summaries.compactMap { $0["held_back"] as? Int }.sorted() == [20, 60])

@@ -2,8 +2,9 @@ import Foundation
 import Redis
 import Telemetry
 import Testing
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A Redis Cluster of a test's own (its masters may be frozen or killed without touching the cluster other tests
@@ -21,19 +22,24 @@ final class PrivateRedisCluster {
         for _ in 0..<count {
             let port = Self.portWithFreeBusPort()
             let address = RedisAddress(host: "127.0.0.1", port: port)
-            nodes[address] = try TestServices.Daemon(directory + "/start-node", [
-                String(port), "--cluster-require-full-coverage", "no", "--daemonize", "no",
-            ])
+            nodes[address] = try TestServices.Daemon(
+                directory + "/start-node",
+                [
+                    String(port), "--cluster-require-full-coverage", "no", "--daemonize", "no"
+                ])
             masters.append(address)
         }
         self.masters = masters
         let started = masters.allSatisfy { address in
-            TestServices.waitUntil(timeout: 20) { (try? RedisConnection(url: RedisURL(host: address.host, port: address.port))) != nil }
+            TestServices.waitUntil(timeout: 20) {
+                (try? RedisConnection(url: RedisURL(host: address.host, port: address.port))) != nil
+            }
         }
         try #require(started, "the cluster's nodes answer")
         let create = ["--cluster", "create"] + masters.map(\.description) + ["--cluster-replicas", "0", "--cluster-yes"]
-        try #require(TestServices.waitUntil(timeout: 30) { (try? TestServices.run("/usr/bin/redis-cli", create)) != nil },
-                     "redis-cli --cluster create")
+        try #require(
+            TestServices.waitUntil(timeout: 30) { (try? TestServices.run("/usr/bin/redis-cli", create)) != nil },
+            "redis-cli --cluster create")
         let ready = TestServices.waitUntil(timeout: 30) {
             masters.allSatisfy { address in
                 let info = try? TestServices.run("/usr/bin/redis-cli", ["-p", String(address.port), "cluster", "info"])
@@ -74,7 +80,9 @@ final class PrivateRedisCluster {
     }
 
     private static func isFree(_ port: Int) -> Bool {
-        guard let (descriptor, _) = try? ListeningSocket.open(host: "127.0.0.1", port: port, backlog: 1) else { return false }
+        guard let (descriptor, _) = try? ListeningSocket.open(host: "127.0.0.1", port: port, backlog: 1) else {
+            return false
+        }
         close(descriptor)
         return true
     }

@@ -25,7 +25,8 @@ import Testing
         let encoded = expression.addingPercentEncoding(withAllowedCharacters: allowed) ?? expression
         let body = try TestServices.httpGet(port: port, "/api/v1/query?query=\(encoded)", version: "1.0").body
         guard let answer = try? JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
-              answer["status"] as? String == "success", let data = answer["data"] as? [String: Any] else {
+            answer["status"] as? String == "success", let data = answer["data"] as? [String: Any]
+        else {
             throw Failure(description: "Prometheus refused \(expression): \(body.prefix(500))")
         }
         return (data["result"] as? [[String: Any]] ?? []).map { ($0["metric"] as? [String: String]) ?? [:] }
@@ -45,16 +46,19 @@ import Testing
     /// Every panel target, with the dashboard's variables as an operator would leave them (all jobs and
     /// instances, the lanes' queues).
     static func dashboardExpressions(queues: String) throws -> [Expression] {
-        let dashboard = try #require(try JSONSerialization.jsonObject(
-            with: Data(contentsOf: URL(fileURLWithPath: root + "/deploy/grafana/apns-worker.json"))) as? [String: Any])
+        let dashboard = try #require(
+            try JSONSerialization.jsonObject(
+                with: Data(contentsOf: URL(fileURLWithPath: root + "/deploy/grafana/apns-worker.json")))
+                as? [String: Any])
         let panels = try #require(dashboard["panels"] as? [[String: Any]])
         return panels.flatMap { panel -> [Expression] in
             (panel["targets"] as? [[String: Any]] ?? []).map { target in
                 let expr = (target["expr"] as? String ?? "").replacingOccurrences(of: "$__rate_interval", with: "1m")
                     .replacingOccurrences(of: "$job", with: ".+").replacingOccurrences(of: "$instance", with: ".+")
                     .replacingOccurrences(of: "$queues", with: queues)
-                return Expression(origin: "panel \"\(panel["title"] as? String ?? "?")\"", query: expr,
-                                  labels: namedLabels(target["legendFormat"] as? String ?? ""))
+                return Expression(
+                    origin: "panel \"\(panel["title"] as? String ?? "?")\"", query: expr,
+                    labels: namedLabels(target["legendFormat"] as? String ?? ""))
             }
         }
     }
@@ -66,8 +70,10 @@ import Testing
     static func rules(_ rulesFile: String) throws -> [[String: Any]] {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
-                             rulesFile]
+        process.arguments = [
+            "-c", "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
+            rulesFile
+        ]
         let output = Pipe()
         process.standardOutput = output
         try process.run()
@@ -83,20 +89,23 @@ import Testing
             let expr = rule["expr"] as? String ?? ""
             if let record = rule["record"] as? String {
                 let level = record.split(separator: ":").first.map(String.init) ?? ""
-                return Expression(origin: "record \(record)", query: expr,
-                                  labels: Set(level.split(separator: "_").map(String.init)).intersection(["job", "lane", "instance"]))
+                return Expression(
+                    origin: "record \(record)", query: expr,
+                    labels: Set(level.split(separator: "_").map(String.init)).intersection(["job", "lane", "instance"]))
             }
             let annotations = (rule["annotations"] as? [String: String] ?? [:]).values.joined(separator: " ")
-            return Expression(origin: "alert \(rule["alert"] as? String ?? "?")",
-                              query: expr.replacing(/(\s)(==|!=|>=|<=|>|<)(\s)/) { "\($0.1)\($0.2) bool\($0.3)" },
-                              labels: namedLabels(annotations))
+            return Expression(
+                origin: "alert \(rule["alert"] as? String ?? "?")",
+                query: expr.replacing(/(\s)(==|!=|>=|<=|>|<)(\s)/) { "\($0.1)\($0.2) bool\($0.3)" },
+                labels: namedLabels(annotations))
         }
     }
 
     /// The rules file as an operator deploys it: with the lanes' queue names of this deployment.
     static func deployedRules(queues: (jobs: String, bulk: String), directory: String) throws -> String {
         let shipped = try String(contentsOfFile: root + "/deploy/prometheus/apns-worker-rules.yaml", encoding: .utf8)
-        let edited = shipped.replacingOccurrences(of: #"push\\.jobs|push\\.bulk"#, with: "\(queues.jobs)|\(queues.bulk)")
+        let edited = shipped.replacingOccurrences(
+            of: #"push\\.jobs|push\\.bulk"#, with: "\(queues.jobs)|\(queues.bulk)")
         #expect(edited != shipped, "the rules name the lanes' queues")
         let path = directory + "/apns-worker-rules.yaml"
         try edited.write(toFile: path, atomically: true, encoding: .utf8)
@@ -105,8 +114,10 @@ import Testing
 
     /// Debian's Prometheus on `port`, scraping every second the workers, cleanup and the test broker's
     /// rabbitmq_prometheus, and evaluating `rules` every second.
-    static func startPrometheus(port: Int, workers: [Int], cleanup: Int, rules: String,
-                                directory: String) throws -> TestServices.Daemon {
+    static func startPrometheus(
+        port: Int, workers: [Int], cleanup: Int, rules: String,
+        directory: String
+    ) throws -> TestServices.Daemon {
         let rabbitmqMetrics = try TestServices.value("RABBITMQ_PROMETHEUS_PORT")
         let configuration = """
             global: {scrape_interval: 1s, evaluation_interval: 1s}
@@ -122,17 +133,22 @@ import Testing
                 static_configs: [{targets: ["127.0.0.1:\(rabbitmqMetrics)"]}]
             """
         try configuration.write(toFile: directory + "/prometheus.yml", atomically: true, encoding: .utf8)
-        return try TestServices.Daemon("/usr/bin/prometheus", [
-            "--config.file=\(directory)/prometheus.yml", "--storage.tsdb.path=\(directory)/data",
-            "--web.listen-address=127.0.0.1:\(port)",
-        ])
+        return try TestServices.Daemon(
+            "/usr/bin/prometheus",
+            [
+                "--config.file=\(directory)/prometheus.yml", "--storage.tsdb.path=\(directory)/data",
+                "--web.listen-address=127.0.0.1:\(port)"
+            ])
     }
 
     /// docs/operations.md lists every alert of the rules file with its severity and its runbook line,
     /// word for word.
     @Test func theOperationsGuideListsEveryAlertWithItsSeverityAndRunbook() throws {
-        let guide = try String(contentsOfFile: Self.root + "/docs/operations.md", encoding: .utf8).split(separator: "\n")
-        let alerts = try Self.rules(Self.root + "/deploy/prometheus/apns-worker-rules.yaml").filter { $0["alert"] != nil }
+        let guide = try String(contentsOfFile: Self.root + "/docs/operations.md", encoding: .utf8).split(
+            separator: "\n")
+        let alerts = try Self.rules(Self.root + "/deploy/prometheus/apns-worker-rules.yaml").filter {
+            $0["alert"] != nil
+        }
         #expect(alerts.count >= 10)
         for alert in alerts {
             let name = alert["alert"] as? String ?? "?"
@@ -148,14 +164,18 @@ import Testing
         let directory = NSTemporaryDirectory() + TestServices.unique("prometheus")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let live = String(repeating: "a1", count: 32), dead = String(repeating: "d1", count: 32)
-        let throttled = String(repeating: "c1", count: 32), bad = String(repeating: "b1", count: 32)
+        let live = String(repeating: "a1", count: 32)
+        let dead = String(repeating: "d1", count: 32)
+        let throttled = String(repeating: "c1", count: 32)
+        let bad = String(repeating: "b1", count: 32)
         var behaviour = APNsSimulator.Behaviour()
         behaviour.badTokens = [bad]
         behaviour.throttledTokens = [throttled]
-        let simulator = try APNsSimulator(configuration: .init(unregisteredTokens: [dead: 1_732_900_000_000],
-                                                               recordsNotifications: false, behaviour: behaviour),
-                                          logger: Logger(label: "sim", level: .warning))
+        let simulator = try APNsSimulator(
+            configuration: .init(
+                unregisteredTokens: [dead: 1_732_900_000_000],
+                recordsNotifications: false, behaviour: behaviour),
+            logger: Logger(label: "sim", level: .warning))
         defer { simulator.shutdown() }
         let (redisURL, redis) = try TestServices.isolatedRedis(.prometheus)
         let users = (0..<20).map { "user-\($0)" }
@@ -163,11 +183,13 @@ import Testing
             _ = try redis.command(["HSET", RedisKeys.node.tokens(user), live, "production", dead, "production"])
         }
         let jobs = TestServices.unique("jobs")
-        var environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "REDIS_URL": redisURL, "METRICS_HOST": "127.0.0.1", "LOG_LEVEL": "warning",
-            "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
-            "APNS_RETRY_DELAYS": "1", "APNS_MAX_ATTEMPTS": "2",
-        ])
+        var environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "REDIS_URL": redisURL, "METRICS_HOST": "127.0.0.1", "LOG_LEVEL": "warning",
+                "PUSH_REGISTRATIONS_QUEUE": TestServices.unique("registrations"),
+                "APNS_RETRY_DELAYS": "1", "APNS_MAX_ATTEMPTS": "2"
+            ])
         let bulk = try #require(environment["PUSH_BULK_QUEUE"])
         let ports = (0..<3).map { _ in TestServices.freePort() }
         var programs: [ExecutablesTests.Child] = []
@@ -179,20 +201,25 @@ import Testing
         environment["METRICS_PORT"] = String(ports[2])
         programs.append(try ExecutablesTests.Child("apns-worker", ["cleanup"], environment: environment))
         for port in ports {
-            #expect(TestServices.waitUntil(timeout: 60) { (try? TestServices.httpGet(port: port, "/readyz").status) == 200 },
-                    "the program on \(port) became ready")
+            #expect(
+                TestServices.waitUntil(timeout: 60) {
+                    (try? TestServices.httpGet(port: port, "/readyz").status) == 200
+                },
+                "the program on \(port) became ready")
         }
 
         let prometheusPort = TestServices.freePort()
         let rules = try Self.deployedRules(queues: (jobs, bulk), directory: directory)
-        let prometheus = try Self.startPrometheus(port: prometheusPort, workers: Array(ports.prefix(2)),
-                                                  cleanup: ports[2], rules: rules, directory: directory)
+        let prometheus = try Self.startPrometheus(
+            port: prometheusPort, workers: Array(ports.prefix(2)),
+            cleanup: ports[2], rules: rules, directory: directory)
         defer { prometheus.stop() }
 
         // Rates need samples from before the jobs: they flow once Prometheus scrapes every target.
-        #expect(TestServices.waitUntil(timeout: 60) {
-            ((try? Self.query(port: prometheusPort, "count_over_time(up[1m]) > 2 and up == 1")) ?? []).count == 4
-        }, "Prometheus scrapes the two workers, cleanup and the broker")
+        #expect(
+            TestServices.waitUntil(timeout: 60) {
+                ((try? Self.query(port: prometheusPort, "count_over_time(up[1m]) > 2 and up == 1")) ?? []).count == 4
+            }, "Prometheus scrapes the two workers, cleanup and the broker")
 
         // Jobs on both lanes: delivered and dead tokens (users), a throttled token (retried, then parked), a bad
         // token (400), and a job the workers refuse.
@@ -200,9 +227,15 @@ import Testing
         for (queue, prefix) in [(jobs, "urgent"), (bulk, "bulk")] {
             try publisher.declareQueue(queue)
             for (index, user) in users.enumerated() {
-                try publisher.publish(to: queue, body: Array(#"{"id": "\#(prefix)-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8))
+                try publisher.publish(
+                    to: queue,
+                    body: Array(#"{"id": "\#(prefix)-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8))
             }
-            try publisher.publish(to: queue, body: Array(#"{"id": "\#(prefix)-odd", "tokens": ["\#(throttled)", "\#(bad)", "\#(live)"], "payload": {"aps": {}}}"#.utf8))
+            try publisher.publish(
+                to: queue,
+                body: Array(
+                    #"{"id": "\#(prefix)-odd", "tokens": ["\#(throttled)", "\#(bad)", "\#(live)"], "payload": {"aps": {}}}"#
+                        .utf8))
         }
         try publisher.publish(to: jobs, body: Array(#"{"users": ["u"], "push_type": "smoke", "payload": {}}"#.utf8))
 
@@ -210,9 +243,14 @@ import Testing
         var seen = ""
         let scraped = TestServices.waitUntil(timeout: 90) {
             let up = (try? Self.query(port: prometheusPort, "count_over_time(up[1m]) > 5 and up == 1")) ?? []
-            let latency = (try? Self.query(port: prometheusPort, "job_lane:apns_worker_latency_seconds:p99_5m > 0")) ?? []
-            let parked = (try? Self.query(port: prometheusPort, "sum(apns_worker_parked_jobs_total{reason=\"attempts_exhausted\"}) > 0")) ?? []
-            seen = "targets up: \(up.compactMap { $0["instance"] }), latency recorded for: \(latency.compactMap { $0["lane"] }), "
+            let latency =
+                (try? Self.query(port: prometheusPort, "job_lane:apns_worker_latency_seconds:p99_5m > 0")) ?? []
+            let parked =
+                (try? Self.query(
+                    port: prometheusPort, "sum(apns_worker_parked_jobs_total{reason=\"attempts_exhausted\"}) > 0"))
+                ?? []
+            seen =
+                "targets up: \(up.compactMap { $0["instance"] }), latency recorded for: \(latency.compactMap { $0["lane"] }), "
                 + "jobs parked after their attempts: \(!parked.isEmpty)"
             return up.count == 4 && Set(latency.compactMap { $0["lane"] }) == ["urgent", "bulk"] && !parked.isEmpty
         }
@@ -224,8 +262,9 @@ import Testing
             let series = try Self.query(port: prometheusPort, expression.query)
             #expect(!series.isEmpty, "\(expression.origin): no series for \(expression.query)")
             for labels in series {
-                #expect(expression.labels.isSubset(of: Set(labels.keys)),
-                        "\(expression.origin): a series without \(expression.labels.subtracting(labels.keys)): \(labels)")
+                #expect(
+                    expression.labels.isSubset(of: Set(labels.keys)),
+                    "\(expression.origin): a series without \(expression.labels.subtracting(labels.keys)): \(labels)")
             }
         }
     }

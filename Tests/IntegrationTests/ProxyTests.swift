@@ -1,15 +1,17 @@
 import AMQP
 import APNs
-@testable import HTTP2
 import APNsSimulator
 import Foundation
 import Synchronization
+import TLS
 import Telemetry
 import Testing
-import TLS
+
+@testable import HTTP2
+
 #if canImport(Glibc)
-import Glibc
-import Threads
+    import Glibc
+    import Threads
 #endif
 
 /// A small HTTP CONNECT proxy on a loopback port: it records each CONNECT request (line and headers), answers 200 (or
@@ -32,7 +34,9 @@ final class ConnectProxy: @unchecked Sendable {
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         _ = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         }
         listen(listener, 16)
         var bound = sockaddr_in()
@@ -54,17 +58,24 @@ final class ConnectProxy: @unchecked Sendable {
     /// The CONNECT requests seen so far, each its request line and headers.
     var seen: [String] { requests.withLock { $0 } }
 
-    func stop() { shutdown(listener, Int32(SHUT_RDWR)); close(listener) }
+    func stop() {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+    }
 
     private func serve(_ client: Int32) {
         var head: [UInt8] = []
         var byte: UInt8 = 0
-        while !(head.count >= 4 && head.suffix(4) == [13, 10, 13, 10]), recv(client, &byte, 1, 0) == 1 { head.append(byte) }
+        while !(head.count >= 4 && head.suffix(4) == [13, 10, 13, 10]), recv(client, &byte, 1, 0) == 1 {
+            head.append(byte)
+        }
         let request = String(decoding: head, as: UTF8.self)
         requests.withLock { $0.append(request) }
         if let dripping {
             for byte in "HTTP/1.1 200 Connection established\r\n\r\n".utf8 {
-                guard [byte].withUnsafeBytes({ send(client, $0.baseAddress, 1, Int32(MSG_NOSIGNAL)) }) == 1 else { break }
+                guard [byte].withUnsafeBytes({ send(client, $0.baseAddress, 1, Int32(MSG_NOSIGNAL)) }) == 1 else {
+                    break
+                }
                 usleep(UInt32(dripping * 1e6))
             }
             close(client)
@@ -72,17 +83,21 @@ final class ConnectProxy: @unchecked Sendable {
         }
         let words = request.split(separator: " ")
         guard words.count >= 2, words[0] == "CONNECT", let colon = words[1].lastIndex(of: ":"),
-              let port = Int(words[1][words[1].index(after: colon)...]) else {
+            let port = Int(words[1][words[1].index(after: colon)...])
+        else {
             _ = "HTTP/1.1 400 Bad Request\r\n\r\n".withCString { send(client, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
             close(client)
             return
         }
         if let wanted = wantedAuthorization, !request.contains("Proxy-Authorization: \(wanted)\r\n") {
-            _ = "HTTP/1.1 407 Proxy Authentication Required\r\n\r\n".withCString { send(client, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
+            _ = "HTTP/1.1 407 Proxy Authentication Required\r\n\r\n".withCString {
+                send(client, $0, strlen($0), Int32(MSG_NOSIGNAL))
+            }
             close(client)
             return
         }
-        guard let upstream = try? Socket.connectBlocking(host: String(words[1][..<colon]), port: port, timeout: 5) else {
+        guard let upstream = try? Socket.connectBlocking(host: String(words[1][..<colon]), port: port, timeout: 5)
+        else {
             _ = "HTTP/1.1 502 Bad Gateway\r\n\r\n".withCString { send(client, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
             close(client)
             return
@@ -104,7 +119,9 @@ final class ConnectProxy: @unchecked Sendable {
             guard count > 0 else { break }
             var sent = 0
             while sent < count {
-                let written = buffer[sent..<count].withUnsafeBytes { send(target, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                let written = buffer[sent..<count].withUnsafeBytes {
+                    send(target, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+                }
                 guard written > 0 else { break }
                 sent += written
             }
@@ -126,17 +143,24 @@ final class ConnectProxy: @unchecked Sendable {
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let token = String(repeating: "9d", count: 32)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_PROXY_URL": "http://egress:s3cret@127.0.0.1:\(proxy.port)"]), logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "APNS_PROXY_URL": "http://egress:s3cret@127.0.0.1:\(proxy.port)"
+                ]), logger: logger)
         defer { worker.stop() }
-        try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8),
-                              properties: AMQPProperties(replyTo: replies))
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "\#(jobs)", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
         let summaries = try replyReader.read(1, timeout: 30)
         #expect(summaries.count == 1)
         #expect(simulator.received().map(\.deviceToken) == [token], "delivered through the tunnel")
         let connects = proxy.seen
-        #expect(!connects.isEmpty && connects.allSatisfy { $0.hasPrefix("CONNECT 127.0.0.1:\(simulator.port) HTTP/1.1\r\n") },
-                "the proxy saw the CONNECT: \(connects)")
+        #expect(
+            !connects.isEmpty
+                && connects.allSatisfy { $0.hasPrefix("CONNECT 127.0.0.1:\(simulator.port) HTTP/1.1\r\n") },
+            "the proxy saw the CONNECT: \(connects)")
         #expect(connects.allSatisfy { $0.contains("Proxy-Authorization: \(credentials)") })
     }
 
@@ -155,16 +179,21 @@ final class ConnectProxy: @unchecked Sendable {
         configuration.observer = { _, event in
             if case .connectFailed(let reason) = event { failures.withLock { $0.append(reason) } }
         }
-        let client = APNsClient(configuration: configuration,
-                                authentication: .token(try APNsTokenProvider(
-                                    key: try ES256Key(pem: try ES256Key.generatePrivateKeyPEM()),
-                                    keyID: "KEY0000001", teamID: "TEAM000001")),
-                                logger: logger)
+        let client = APNsClient(
+            configuration: configuration,
+            authentication: .token(
+                try APNsTokenProvider(
+                    key: try ES256Key(pem: try ES256Key.generatePrivateKeyPEM()),
+                    keyID: "KEY0000001", teamID: "TEAM000001")),
+            logger: logger)
         defer { client.shutdown() }
         let answered = DispatchSemaphore(value: 0)
         let result = Locked<APNsResult?>(nil)
-        client.send([APNsNotification(deviceToken: String(repeating: "9e", count: 32), topic: "com.example.app",
-                                      payload: Array(#"{"aps":{}}"#.utf8))]) { _, outcome in
+        client.send([
+            APNsNotification(
+                deviceToken: String(repeating: "9e", count: 32), topic: "com.example.app",
+                payload: Array(#"{"aps":{}}"#.utf8))
+        ]) { _, outcome in
             result.withLock { $0 = outcome }
             answered.signal()
         }
@@ -183,7 +212,8 @@ final class ConnectProxy: @unchecked Sendable {
         defer { proxy.stop() }
         let started = DispatchTime.now()
         do {
-            let tunnel = try HTTP2Proxy(host: "127.0.0.1", port: proxy.port).openTunnel(to: "127.0.0.1", port: 9, timeout: 1)
+            let tunnel = try HTTP2Proxy(host: "127.0.0.1", port: proxy.port).openTunnel(
+                to: "127.0.0.1", port: 9, timeout: 1)
             close(tunnel)
             Issue.record("the tunnel opened after the dripped answer")
         } catch {

@@ -65,25 +65,31 @@ enum RedisClusterSetup {
         /// Starts moving `slot` from `source` to `target` (IMPORTING there, MIGRATING at the source) and migrates
         /// the first `keys` of its keys (all: nil).
         func begin(_ slot: Int, from source: RedisAddress, to target: RedisAddress, keys: Int? = nil) throws {
-            RedisClusterSetup.expectOK(try connection(target).command(["CLUSTER", "SETSLOT", String(slot), "IMPORTING", try id(source)]))
-            RedisClusterSetup.expectOK(try connection(source).command(["CLUSTER", "SETSLOT", String(slot), "MIGRATING", try id(target)]))
+            RedisClusterSetup.expectOK(
+                try connection(target).command(["CLUSTER", "SETSLOT", String(slot), "IMPORTING", try id(source)]))
+            RedisClusterSetup.expectOK(
+                try connection(source).command(["CLUSTER", "SETSLOT", String(slot), "MIGRATING", try id(target)]))
             try migrate(slot, from: source, to: target, keys: keys)
         }
 
         /// Migrates keys of `slot` still at `source` to `target`.
         func migrate(_ slot: Int, from source: RedisAddress, to target: RedisAddress, keys: Int? = nil) throws {
             let from = try connection(source)
-            let names = try from.command(["CLUSTER", "GETKEYSINSLOT", String(slot), "100000"]).elements.compactMap(\.text)
+            let names = try from.command(["CLUSTER", "GETKEYSINSLOT", String(slot), "100000"]).elements.compactMap(
+                \.text)
             let moving = keys.map { Array(names.prefix($0)) } ?? names
             guard !moving.isEmpty else { return }
-            RedisClusterSetup.expectOK(try from.command(["MIGRATE", target.host, String(target.port), "", "0", "5000", "KEYS"] + moving))
+            RedisClusterSetup.expectOK(
+                try from.command(["MIGRATE", target.host, String(target.port), "", "0", "5000", "KEYS"] + moving))
         }
 
         /// Ends a move: every master learns that `target` serves `slot`.
         func finish(_ slot: Int, to target: RedisAddress) throws {
-            RedisClusterSetup.expectOK(try connection(target).command(["CLUSTER", "SETSLOT", String(slot), "NODE", try id(target)]))
+            RedisClusterSetup.expectOK(
+                try connection(target).command(["CLUSTER", "SETSLOT", String(slot), "NODE", try id(target)]))
             for master in masters where master != target {
-                RedisClusterSetup.expectOK(try connection(master).command(["CLUSTER", "SETSLOT", String(slot), "NODE", try id(target)]))
+                RedisClusterSetup.expectOK(
+                    try connection(master).command(["CLUSTER", "SETSLOT", String(slot), "NODE", try id(target)]))
             }
         }
 
@@ -114,44 +120,62 @@ enum RedisClusterSetup {
         let users = (0..<300).map { TestServices.unique("spread-\($0)") }
         let tokens = users.indices.map { String(format: "%064x", 0xC1_0000 + $0) }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let applied = try cache.register(zip(users, tokens).map {
-            TokenRegistration(user: $0, token: $1, scope: TokenScope(environment: .production), registeredAt: now)
-        })
+        let applied = try cache.register(
+            zip(users, tokens).map {
+                TokenRegistration(user: $0, token: $1, scope: TokenScope(environment: .production), registeredAt: now)
+            })
         #expect(applied.allSatisfy { $0 == .applied })
         let resolved = try cache.resolve(users)
-        #expect(users.indices.allSatisfy { resolved.tokens[users[$0]]?.map(\.token) == [tokens[$0]] },
-                "every user resolved in one call across the masters")
+        #expect(
+            users.indices.allSatisfy { resolved.tokens[users[$0]]?.map(\.token) == [tokens[$0]] },
+            "every user resolved in one call across the masters")
         #expect(cluster.masterAddresses.count == 3)
         for master in cluster.masterAddresses {
             let node = try RedisClusterSetup.connection(master)
-            let replies = try node.pipeline(users.flatMap {
-                [["EXISTS", RedisKeys.cluster.tokens($0)], ["EXISTS", RedisKeys.cluster.registered($0)]]
-            })
+            let replies = try node.pipeline(
+                users.flatMap {
+                    [["EXISTS", RedisKeys.cluster.tokens($0)], ["EXISTS", RedisKeys.cluster.registered($0)]]
+                })
             let held = stride(from: 0, to: replies.count, by: 2).filter { replies[$0] == .integer(1) }
             #expect(!held.isEmpty, "master \(master) holds some of the users")
-            #expect(held.allSatisfy { replies[$0 + 1] == .integer(1) }, "and each such user's registered key beside the tokens")
+            #expect(
+                held.allSatisfy { replies[$0 + 1] == .integer(1) },
+                "and each such user's registered key beside the tokens")
         }
 
         // A device changes accounts: it leaves the first user, and its owner key names the second.
         let newOwner = TestServices.unique("spread-new-owner")
-        #expect(try cache.register([TokenRegistration(user: newOwner, token: tokens[0],
-                                                      scope: TokenScope(environment: .production), registeredAt: now + 1)])
+        #expect(
+            try cache.register([
+                TokenRegistration(
+                    user: newOwner, token: tokens[0],
+                    scope: TokenScope(environment: .production), registeredAt: now + 1)
+            ])
                 == [.applied])
         #expect(try cache.resolve([users[0]]).tokens[users[0]] == [])
         #expect(try cluster.command(["GET", RedisKeys.cluster.owner(tokens[0])]).text == newOwner)
         // An older registration for the first user changes nothing.
-        #expect(try cache.register([TokenRegistration(user: users[0], token: tokens[0],
-                                                      scope: TokenScope(environment: .production), registeredAt: now)])
+        #expect(
+            try cache.register([
+                TokenRegistration(
+                    user: users[0], token: tokens[0],
+                    scope: TokenScope(environment: .production), registeredAt: now)
+            ])
                 == [.unchanged])
         #expect(try cache.resolve([newOwner]).tokens[newOwner]?.map(\.token) == [tokens[0]])
 
         // Removals: by user, and for a token sent directly, through its owner; the owner keys go with them.
-        let removed = try cache.remove([TokenRemoval(user: users[1], token: tokens[1]),
-                                        TokenRemoval(user: "", token: tokens[0])])
+        let removed = try cache.remove([
+            TokenRemoval(user: users[1], token: tokens[1]),
+            TokenRemoval(user: "", token: tokens[0])
+        ])
         #expect(removed == [.applied, .applied])
         #expect(try cache.resolve([users[1], newOwner]).tokens.values.allSatisfy(\.isEmpty))
-        #expect(try cluster.pipeline([["EXISTS", RedisKeys.cluster.owner(tokens[0])],
-                                      ["EXISTS", RedisKeys.cluster.owner(tokens[1])]]) == [.integer(0), .integer(0)])
+        #expect(
+            try cluster.pipeline([
+                ["EXISTS", RedisKeys.cluster.owner(tokens[0])],
+                ["EXISTS", RedisKeys.cluster.owner(tokens[1])]
+            ]) == [.integer(0), .integer(0)])
         // A multi-key DEL over several masters is split by slot and its counts summed.
         #expect(try cluster.command(["DEL"] + users[2..<12].map { RedisKeys.cluster.tokens($0) }) == .integer(10))
     }
@@ -164,15 +188,17 @@ enum RedisClusterSetup {
         let slot = RedisCluster.slot(of: TestServices.unique("ask"))
         let users = RedisClusterSetup.users("ask", count: 6, in: slot...slot)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        _ = try cache.register(users.enumerated().map {
-            TokenRegistration(user: $1, token: String(format: "%064x", 0xA5_0000 + $0),
-                              scope: TokenScope(environment: .production), registeredAt: now)
-        })
+        _ = try cache.register(
+            users.enumerated().map {
+                TokenRegistration(
+                    user: $1, token: String(format: "%064x", 0xA5_0000 + $0),
+                    scope: TokenScope(environment: .production), registeredAt: now)
+            })
         let source = try #require(cluster.master(ofSlot: slot))
         let target = try #require(cluster.masterAddresses.first { $0 != source })
 
         let mover = try RedisClusterSetup.SlotMover()
-        try mover.begin(slot, from: source, to: target, keys: 6)   // some users' keys moved, not all
+        try mover.begin(slot, from: source, to: target, keys: 6)  // some users' keys moved, not all
         let midway = try cache.resolve(users)
         #expect(users.allSatisfy { midway.tokens[$0]?.count == 1 }, "every user found midway: \(midway.tokens)")
         #expect(cluster.redirectionsFollowed > 0, "ASK followed")
@@ -195,7 +221,7 @@ enum RedisClusterSetup {
     /// published, the rate limit and the fleet statistics in the cluster, while slots holding a quarter of the users
     /// move to another master. Nothing is lost.
     @Test func aWorkerDeliversWhileSlotsMove() throws {
-        let slots = 0...63   // all the first master's (redis-cli --cluster create gives it 0-5460)
+        let slots = 0...63  // all the first master's (redis-cli --cluster create gives it 0-5460)
         let movingUsers = RedisClusterSetup.users("moving", count: 200, in: slots)
         let otherUsers = (0..<600).map { TestServices.unique("staying-\($0)") }
         let users = movingUsers + otherUsers
@@ -212,9 +238,14 @@ enum RedisClusterSetup {
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let dead = TestServices.unique("dead")
         let deadReader = try QueueReader(dead)
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_DEAD_TOKENS_QUEUE": dead, "APNS_RATE_LIMIT": "200",   // four seconds of delivery: the moves land mid-run
-        ]).merging(try RedisClusterSetup.environment()) { $1 }, logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    // Four seconds of delivery: the moves land mid-run.
+                    "PUSH_DEAD_TOKENS_QUEUE": dead, "APNS_RATE_LIMIT": "200"
+                ]
+            ).merging(try RedisClusterSetup.environment()) { $1 }, logger: logger)
         defer { worker.stop() }
 
         // One job per 20 users, taken a stride apart so that most jobs touch moving and staying users alike.
@@ -223,8 +254,11 @@ enum RedisClusterSetup {
         var last: UInt64 = 0
         for job in 0..<jobCount {
             let members = stride(from: job, to: users.count, by: jobCount).map { "\"\(users[$0])\"" }
-            last = try publisher.publish(to: jobs, body: Array(
-                #"{"id": "\#(jobs)-\#(job)", "users": [\#(members.joined(separator: ","))], "payload": {"aps": {}}}"#.utf8),
+            last = try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "\#(jobs)-\#(job)", "users": [\#(members.joined(separator: ","))], "payload": {"aps": {}}}"#
+                        .utf8),
                 properties: AMQPProperties(replyTo: replies))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
@@ -240,32 +274,43 @@ enum RedisClusterSetup {
         // The worker's map was out of date for the rest of the jobs: it followed MOVED (and ASK, for a slot caught
         // half moved) to deliver them.
         let deliveredWhenMoved = deliveries.distinct
-        #expect(deliveredWhenMoved < tokens.count - 1,
-                "the slots moved while jobs were still going through (\(deliveredWhenMoved) delivered by then)")
+        #expect(
+            deliveredWhenMoved < tokens.count - 1,
+            "the slots moved while jobs were still going through (\(deliveredWhenMoved) delivered by then)")
 
-        #expect(deliveries.wait(for: tokens.count - 1, timeout: 120),
-                "\(deliveries.distinct) of \(tokens.count - 1) delivered (and one dead)")
+        #expect(
+            deliveries.wait(for: tokens.count - 1, timeout: 120),
+            "\(deliveries.distinct) of \(tokens.count - 1) delivered (and one dead)")
         let summaries = try replyReader.read(jobCount, timeout: 60)
         #expect(summaries.count == jobCount, "a summary per job")
         let events = try deadReader.read(1)
         #expect(events.count == 1, "the dead token's event")
         worker.stop()
 
-        #expect(try cluster.command(["HEXISTS", RedisKeys.cluster.tokens(users[7]), deadToken]).integer == 0,
-                "the dead token left its user's entry")
+        #expect(
+            try cluster.command(["HEXISTS", RedisKeys.cluster.tokens(users[7]), deadToken]).integer == 0,
+            "the dead token left its user's entry")
         #expect(try cluster.command(["HLEN", RedisKeys.cluster.tokens(users[8])]).integer == 1)
         let now = try RedisClusterSetup.client()
         #expect(movedSlots.allSatisfy { now.master(ofSlot: $0) == target }, "the slots moved")
         let statistics = try SharedStatistics(redis: cluster).read(minutes: 2)
-        #expect((statistics.totals["delivered"] ?? 0) >= tokens.count - 1, "the fleet statistics are in the cluster: \(statistics.totals)")
+        #expect(
+            (statistics.totals["delivered"] ?? 0) >= tokens.count - 1,
+            "the fleet statistics are in the cluster: \(statistics.totals)")
         #expect(!statistics.workers.isEmpty)
         let received = simulator.received()
-        let duplicates = received.filter { $0.status == 200 }.count - Set(received.filter { $0.status == 200 }.map(\.deviceToken)).count
+        let duplicates =
+            received.filter { $0.status == 200 }.count
+            - Set(received.filter { $0.status == 200 }.map(\.deviceToken)).count
         #expect(duplicates == 0, "nothing sent twice")
         let scenario = "redis cluster: the slots of a quarter of the users moved to another master mid-run"
-        TestServices.reportFault(scenario, notifications: tokens.count - 1, received: received.filter { $0.deviceToken != deadToken })
-        print(String(format: "failover | %@ | %d | %d | %d | %.1f", scenario, tokens.count - 1, deliveries.distinct, duplicates,
-                     deliveries.longestPause(after: movingFrom)))
+        TestServices.reportFault(
+            scenario, notifications: tokens.count - 1, received: received.filter { $0.deviceToken != deadToken })
+        print(
+            String(
+                format: "failover | %@ | %d | %d | %d | %.1f", scenario, tokens.count - 1, deliveries.distinct,
+                duplicates,
+                deliveries.longestPause(after: movingFrom)))
 
         // Back where they were, for whatever runs next.
         for slot in movedSlots { try mover.move(slot, from: target, to: source) }
@@ -279,16 +324,19 @@ enum RedisClusterSetup {
         let cache = TokenCache(redis: cluster, logger: logger)
         let users = (0..<60).map { TestServices.unique("swept-\($0)") }
         let longAgo = Int64(Date().timeIntervalSince1970 * 1000) - 100 * 86_400_000
-        _ = try cache.register(users.enumerated().map {
-            TokenRegistration(user: $1, token: String(format: "%064x", 0x5E_E000 + $0),
-                              scope: TokenScope(environment: .production), registeredAt: longAgo)
-        })
+        _ = try cache.register(
+            users.enumerated().map {
+                TokenRegistration(
+                    user: $1, token: String(format: "%064x", 0x5E_E000 + $0),
+                    scope: TokenScope(environment: .production), registeredAt: longAgo)
+            })
         let mastersHolding = Set(users.map { cluster.master(ofSlot: RedisCluster.slot(of: $0)) })
         #expect(mastersHolding.count == 3, "the swept users are on every master")
         let swept = try cache.sweep(registeredBefore: longAgo + 1)
         #expect(swept == users.count)
         #expect(try cache.resolve(users).tokens.values.allSatisfy(\.isEmpty))
-        #expect(try cluster.command(["EXISTS", RedisKeys.cluster.owner(String(format: "%064x", 0x5E_E000))]).integer == 0)
+        #expect(
+            try cluster.command(["EXISTS", RedisKeys.cluster.owner(String(format: "%064x", 0x5E_E000))]).integer == 0)
     }
 
     @Test func tokensImportWritesTheClustersKeys() throws {
@@ -297,10 +345,12 @@ enum RedisClusterSetup {
 
         // `tokens keys` says where a user's keys live.
         let user = TestServices.unique("where-{is}")
-        let shown = try OperationsTests.apnsWorker(["tokens", "keys", user], environment: try RedisClusterSetup.environment())
+        let shown = try OperationsTests.apnsWorker(
+            ["tokens", "keys", user], environment: try RedisClusterSetup.environment())
         let slot = RedisCluster.slot(of: RedisKeys.cluster.tokens(user))
         let master = try #require(cluster.master(ofSlot: slot))
-        #expect(shown.status == 0 && shown.output.contains("\(RedisKeys.cluster.tokens(user))  slot \(slot) on \(master)")
+        #expect(
+            shown.status == 0 && shown.output.contains("\(RedisKeys.cluster.tokens(user))  slot \(slot) on \(master)")
                 && shown.output.contains(RedisKeys.cluster.registered(user)), "\(shown.output)\(shown.errors)")
     }
 
@@ -308,29 +358,39 @@ enum RedisClusterSetup {
     /// time zones in the cluster's key form; a newer registration already in the cluster is kept; a second run writes nothing.
     @Test func tokensMigrateCopiesASingleNodesCache() throws {
         let (sourceURL, source) = try TestServices.isolatedRedis(.migrationSource)
-        let first = TestServices.unique("migrated-{a}"), second = TestServices.unique("migrated-b")
+        let first = TestServices.unique("migrated-{a}")
+        let second = TestServices.unique("migrated-b")
         let base = String(UInt64.random(in: 1...UInt64.max), radix: 16)
         func token(_ byte: String) -> String { String((String(repeating: byte, count: 32) + base).suffix(64)) }
         _ = try source.pipeline([
-            ["HSET", RedisKeys.node.tokens(first), token("d1"), "production", token("d2"), "sandbox:com.example.app.voip"],
+            [
+                "HSET", RedisKeys.node.tokens(first), token("d1"), "production", token("d2"),
+                "sandbox:com.example.app.voip"
+            ],
             ["HSET", RedisKeys.node.registered(first), token("d1"), "1000", token("d2"), "2000"],
             ["HSET", RedisKeys.node.devices(first), token("d1"), #"{"model": "iPhone15,2"}"#],
             ["SET", RedisKeys.node.owner(token("d1")), first],
             ["SET", RedisKeys.node.timeZone(first), "Europe/Paris"],
-            ["HSET", RedisKeys.node.tokens(second), token("d3"), "production"],
+            ["HSET", RedisKeys.node.tokens(second), token("d3"), "production"]
         ])
         let cluster = try RedisClusterSetup.client()
         let cache = TokenCache(redis: cluster, logger: logger)
         // The device moved to another account after the copy was taken: the cluster's newer registration stays.
         let mover = TestServices.unique("migrated-mover")
-        _ = try cache.register([TokenRegistration(user: mover, token: token("d2"),
-                                                  scope: TokenScope(environment: .production), registeredAt: 5000)])
+        _ = try cache.register([
+            TokenRegistration(
+                user: mover, token: token("d2"),
+                scope: TokenScope(environment: .production), registeredAt: 5000)
+        ])
 
-        let migrated = try OperationsTests.apnsWorker(["tokens", "migrate", "--from", sourceURL],
-                                                      environment: try RedisClusterSetup.environment())
+        let migrated = try OperationsTests.apnsWorker(
+            ["tokens", "migrate", "--from", sourceURL],
+            environment: try RedisClusterSetup.environment())
         #expect(migrated.status == 0, "\(migrated.errors)")
-        #expect(migrated.output.contains("migrated 2 users") && migrated.output.contains("3 tokens read, 2 written, 1 kept"),
-                "\(migrated.output)")
+        #expect(
+            migrated.output.contains("migrated 2 users")
+                && migrated.output.contains("3 tokens read, 2 written, 1 kept"),
+            "\(migrated.output)")
         let entries = try cache.entries(forUser: first)
         #expect(entries.map(\.token) == [token("d1")], "d2 belongs to the mover now")
         #expect(entries.first?.registeredAt == 1000 && entries.first?.deviceJSON == #"{"model": "iPhone15,2"}"#)
@@ -338,13 +398,19 @@ enum RedisClusterSetup {
         #expect(try cache.entries(forUser: second).first?.registeredAt == nil, "an unknown age stays unknown")
         #expect(try cluster.command(["GET", RedisKeys.cluster.owner(token("d1"))]).text == first)
         #expect(try cluster.command(["EXISTS", RedisKeys.cluster.tokens(first)]).integer == 1, "the cluster's key form")
-        #expect(try cluster.command(["GET", RedisKeys.cluster.timeZone(first)]).text == "Europe/Paris", "the user's time zone")
+        #expect(
+            try cluster.command(["GET", RedisKeys.cluster.timeZone(first)]).text == "Europe/Paris",
+            "the user's time zone")
 
-        let again = try OperationsTests.apnsWorker(["tokens", "migrate", "--from", sourceURL],
-                                                   environment: try RedisClusterSetup.environment())
+        let again = try OperationsTests.apnsWorker(
+            ["tokens", "migrate", "--from", sourceURL],
+            environment: try RedisClusterSetup.environment())
         #expect(again.status == 0 && again.output.contains("3 tokens read, 0 written, 3 kept"), "\(again.output)")
-        #expect(try OperationsTests.apnsWorker(["tokens", "migrate", "--from", "http://x"],
-                                               environment: try RedisClusterSetup.environment()).status == 2)
+        #expect(
+            try OperationsTests.apnsWorker(
+                ["tokens", "migrate", "--from", "http://x"],
+                environment: try RedisClusterSetup.environment()
+            ).status == 2)
     }
 
     /// The rate limit's slots and the guard's window on the cluster; delivery counts and the idempotency record
@@ -369,7 +435,8 @@ enum RedisClusterSetup {
         _ = try record.countRedeliveries(of: messages)
         let counted = try record.countRedeliveries(of: messages)
         #expect(messages.allSatisfy { counted.counts[$0] == 2 }, "\(counted)")
-        let masters = Set(messages.map { cluster.master(ofSlot: RedisCluster.slot(of: RedisKeys.cluster.deliveries($0))) })
+        let masters = Set(
+            messages.map { cluster.master(ofSlot: RedisCluster.slot(of: RedisKeys.cluster.deliveries($0))) })
         #expect(masters.count > 1, "delivery counts spread over the masters")
         try record.gaveBack([messages[0]])
         #expect(try record.givenBack(messages) == [messages[0]: 1])

@@ -10,22 +10,27 @@ import Testing
 /// for localhost and 127.0.0.1, client certificates required).
 @Suite struct RedisTLSTests {
     static func settings() throws -> [String: String] {
-        ["REDIS_URL": try TestServices.value("TLS_REDIS_URL"), "REDIS_CA_FILE": try TestServices.value("TLS_REDIS_CA"),
-         "REDIS_CERT_FILE": try TestServices.value("TLS_REDIS_CERT"),
-         "REDIS_CERT_KEY_FILE": try TestServices.value("TLS_REDIS_KEY")]
+        [
+            "REDIS_URL": try TestServices.value("TLS_REDIS_URL"),
+            "REDIS_CA_FILE": try TestServices.value("TLS_REDIS_CA"),
+            "REDIS_CERT_FILE": try TestServices.value("TLS_REDIS_CERT"),
+            "REDIS_CERT_KEY_FILE": try TestServices.value("TLS_REDIS_KEY")
+        ]
     }
 
     static func connection() throws -> RedisConnection {
         var url = try RedisURL(try TestServices.value("TLS_REDIS_URL"))
-        url.tls = RedisTLS(caFile: try TestServices.value("TLS_REDIS_CA"), certificateFile: try TestServices.value("TLS_REDIS_CERT"),
-                           keyFile: try TestServices.value("TLS_REDIS_KEY"))
+        url.tls = RedisTLS(
+            caFile: try TestServices.value("TLS_REDIS_CA"), certificateFile: try TestServices.value("TLS_REDIS_CERT"),
+            keyFile: try TestServices.value("TLS_REDIS_KEY"))
         return try RedisConnection(url: url)
     }
 
     /// The cache read and written over TLS, by `tokens` and by the client directly; large pipelines cross many TLS
     /// records.
     @Test func tokensAndPipelinesWorkOverTLS() throws {
-        let user = TestServices.unique("tls-user"), token = String(repeating: "7e", count: 32)
+        let user = TestServices.unique("tls-user")
+        let token = String(repeating: "7e", count: 32)
         let added = try OperationsTests.apnsWorker(["tokens", "add", user, token], environment: try Self.settings())
         #expect(added.status == 0, "\(added.errors)")
         let redis = try Self.connection()
@@ -42,23 +47,30 @@ import Testing
     /// A Redis Cluster that speaks TLS only (scripts/lib/redis-cluster.sh): the slot map, routing and a pipeline over
     /// every master, through `rediss://` connections.
     @Test func aClusterOverTLS() throws {
-        let environment = ["REDIS_CLUSTER_NODES": try TestServices.value("CLUSTER_REDIS_TLS_NODES"), "REDIS_URL": "rediss://",
-                           "REDIS_CA_FILE": try TestServices.value("TLS_REDIS_CA")]
-        let user = TestServices.unique("tls-cluster"), token = String(repeating: "7c", count: 32)
+        let environment = [
+            "REDIS_CLUSTER_NODES": try TestServices.value("CLUSTER_REDIS_TLS_NODES"), "REDIS_URL": "rediss://",
+            "REDIS_CA_FILE": try TestServices.value("TLS_REDIS_CA")
+        ]
+        let user = TestServices.unique("tls-cluster")
+        let token = String(repeating: "7c", count: 32)
         let added = try OperationsTests.apnsWorker(["tokens", "add", user, token], environment: environment)
         #expect(added.status == 0, "\(added.errors)")
         let listed = try OperationsTests.apnsWorker(["tokens", "list", user, "--full-tokens"], environment: environment)
         #expect(listed.output.contains(token), "\(listed.output)\(listed.errors)")
 
-        let cluster = try RedisCluster(RedisClusterNodes(
-            seeds: try RedisAddress.list(try TestServices.value("CLUSTER_REDIS_TLS_NODES")),
-            dataNodes: RedisURL(tls: RedisTLS(caFile: try TestServices.value("TLS_REDIS_CA")))))
+        let cluster = try RedisCluster(
+            RedisClusterNodes(
+                seeds: try RedisAddress.list(try TestServices.value("CLUSTER_REDIS_TLS_NODES")),
+                dataNodes: RedisURL(tls: RedisTLS(caFile: try TestServices.value("TLS_REDIS_CA")))))
         #expect(cluster.masterAddresses.count == 3)
         let users = (0..<60).map { TestServices.unique("tls-spread-\($0)") }
         _ = try cluster.pipeline(users.map { ["HSET", RedisKeys.cluster.tokens($0), token, "production"] })
         let resolved = try TokenCache(redis: cluster, logger: Logger(label: "tls", level: .critical)).resolve(users)
-        #expect(users.allSatisfy { resolved.tokens[$0]?.map(\.token) == [token] }, "every user, over TLS to every master")
-        #expect(Set(users.compactMap { cluster.master(ofSlot: RedisCluster.slot(of: RedisKeys.cluster.tokens($0))) }).count == 3)
+        #expect(
+            users.allSatisfy { resolved.tokens[$0]?.map(\.token) == [token] }, "every user, over TLS to every master")
+        #expect(
+            Set(users.compactMap { cluster.master(ofSlot: RedisCluster.slot(of: RedisKeys.cluster.tokens($0))) }).count
+                == 3)
     }
 
     /// What TLS refuses is a setting to fix: exit 78 naming it, never a hang or a retry loop.
@@ -66,7 +78,8 @@ import Testing
         var settings = try Self.settings()
         settings["REDIS_CA_FILE"] = nil
         let untrusted = try OperationsTests.apnsWorker(["tokens", "list", "someone"], environment: settings)
-        #expect(untrusted.status == 78 && untrusted.errors.contains("REDIS_CA_FILE")
+        #expect(
+            untrusted.status == 78 && untrusted.errors.contains("REDIS_CA_FILE")
                 && untrusted.errors.contains("certificate verify failed"), "\(untrusted.errors)")
 
         settings = try Self.settings()
@@ -91,12 +104,19 @@ import Testing
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let worker = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "APNS_RATE_LIMIT": "1000"]).merging(try Self.settings()) { $1 }, logger: logger)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "APNS_RATE_LIMIT": "1000"
+                ]
+            ).merging(try Self.settings()) { $1 }, logger: logger)
         defer { worker.stop() }
         for (index, user) in users.enumerated() {
-            try publisher.publish(to: jobs, body: Array(#"{"id": "\#(jobs)-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
-                                  properties: AMQPProperties(replyTo: replies))
+            try publisher.publish(
+                to: jobs,
+                body: Array(#"{"id": "\#(jobs)-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
         }
         let summaries = try replyReader.read(users.count, timeout: 60)
         #expect(summaries.count == users.count)

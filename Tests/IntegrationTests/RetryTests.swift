@@ -22,15 +22,21 @@ import WorkerPipeline
         let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            // Short tiers and enough attempts that 40% failures cannot exhaust them (0.4^20 per notification).
-            "APNS_RETRY_DELAYS": "0.05,0.2", "APNS_MAX_ATTEMPTS": "20",
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    // Short tiers and enough attempts that 40% failures cannot exhaust them (0.4^20 per notification).
+                    "APNS_RETRY_DELAYS": "0.05,0.2", "APNS_MAX_ATTEMPTS": "20"
+                ]), logger: logger)
         defer { workerThread.stop() }
         let tokens = (0..<100).map { String(format: "%064x", 0xE000 + $0) }
         for token in tokens {
-            try publisher.publish(to: jobs, body: Array(#"{"id": "burst-\#(token.suffix(4))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8),
-                                  properties: AMQPProperties(replyTo: replies))
+            try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "burst-\#(token.suffix(4))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
         }
         // One summary per attempt: read until every job reported its delivery.
         var delivered = Set<String>()
@@ -48,13 +54,16 @@ import WorkerPipeline
         let metrics = workerThread.worker.statistics.prometheusText(ready: true)
         let failures = received.count - accepted.count
         let counted = ["500", "503"].compactMap { status in
-            metrics.firstMatch(of: try! Regex("apns_worker_apns_responses_total\\{status=\"\(status)\",reason=\"[A-Za-z]+\"\\} (\\d+)"))
-                .flatMap { Int($0.output[1].substring ?? "") }
+            metrics.firstMatch(
+                of: try! Regex("apns_worker_apns_responses_total\\{status=\"\(status)\",reason=\"[A-Za-z]+\"\\} (\\d+)")
+            )
+            .flatMap { Int($0.output[1].substring ?? "") }
         }.reduce(0, +)
         #expect(counted == failures, "\(failures) failed pushes, /metrics counts \(counted)")
         #expect(workerThread.worker.statistics.retries.load(ordering: .relaxed) >= failures)
-        TestServices.reportFault("500/503 burst (40% of pushes) with 50 ms answers, 100 jobs", notifications: tokens.count,
-                                 received: received)
+        TestServices.reportFault(
+            "500/503 burst (40% of pushes) with 50 ms answers, 100 jobs", notifications: tokens.count,
+            received: received)
     }
 
     @Test func retriesComeBackThroughTheDelayQueueUntilDeliveredOrParked() throws {
@@ -72,16 +81,22 @@ import WorkerPipeline
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        let workerThread = try WorkerThread(try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2",
-        ]), logger: logger)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2"
+                ]), logger: logger)
         defer { workerThread.stop() }
-        let job = #"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#
+        let job =
+            #"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#
         try publisher.publish(to: jobs, body: Array(job.utf8), properties: AMQPProperties(replyTo: replies))
 
         // Attempt 1: healthy delivered, flaky 503, throttled 429. Attempt 2: flaky delivered, throttled 429.
         // Attempt 3: throttled 429 again, and out of attempts: parked.
-        let summaries = try replyReader.read(3).map { try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any] }
+        let summaries = try replyReader.read(3).map {
+            try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any]
+        }
         #expect(summaries.map { $0["attempt"] as? Int } == [1, 2, 3])
         #expect(summaries.map { $0["delivered"] as? Int } == [1, 1, 0])
         #expect(summaries.map { $0["retrying"] as? Int } == [2, 1, 0])
@@ -89,8 +104,10 @@ import WorkerPipeline
 
         let parked = try #require(try failedReader.read(1).first)
         #expect(String(decoding: parked.body, as: UTF8.self) == job, "parked as its sender enqueued it")
-        #expect(parked.properties.headers[Worker.reasonHeader]?.contains("1 of 1 notifications not delivered after 3 attempts: TooManyRequests") == true,
-                "\(parked.properties.headers)")
+        #expect(
+            parked.properties.headers[Worker.reasonHeader]?.contains(
+                "1 of 1 notifications not delivered after 3 attempts: TooManyRequests") == true,
+            "\(parked.properties.headers)")
         #expect(parked.properties.headers[Worker.attemptsHeader] == "3")
         #expect(parked.properties.headers[Worker.undeliveredHeader] == throttled, "what is left, in headers")
 
@@ -98,9 +115,11 @@ import WorkerPipeline
         #expect(received.filter { $0.deviceToken == healthy }.count == 1, "a delivered notification is never resent")
         #expect(received.filter { $0.deviceToken == flaky }.map(\.status) == [503, 200])
         #expect(received.filter { $0.deviceToken == throttled }.map(\.status) == [429, 429, 429])
-        TestServices.reportFault("503 once, then TooManyRequests for one token on every attempt: parked as enqueued after 3",
-                                 notifications: 3, received: received, parked: 1)
-        #expect(received.allSatisfy { $0.collapseID == "c-1" && $0.payload == Array(#"{"aps": {"alert": "again"}}"#.utf8) },
-                "retries keep every header and the payload byte for byte")
+        TestServices.reportFault(
+            "503 once, then TooManyRequests for one token on every attempt: parked as enqueued after 3",
+            notifications: 3, received: received, parked: 1)
+        #expect(
+            received.allSatisfy { $0.collapseID == "c-1" && $0.payload == Array(#"{"aps": {"alert": "again"}}"#.utf8) },
+            "retries keep every header and the payload byte for byte")
     }
 }

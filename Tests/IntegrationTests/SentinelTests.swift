@@ -6,8 +6,9 @@ import Redis
 import RedisStore
 import Telemetry
 import Testing
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The Redis with Sentinel that scripts/test starts for this suite (scripts/lib/sentinel.sh: a master, a replica and
@@ -43,7 +44,9 @@ enum Sentinel {
     static func replicaPorts() throws -> [Int] {
         try sentinel().command(["SENTINEL", "replicas", try masterName()]).elements.compactMap { replica in
             let fields = replica.elements.compactMap(\.text)
-            let pairs = Dictionary(stride(from: 0, to: fields.count - 1, by: 2).map { (fields[$0], fields[$0 + 1]) }) { $1 }
+            let pairs = Dictionary(stride(from: 0, to: fields.count - 1, by: 2).map { (fields[$0], fields[$0 + 1]) }) {
+                $1
+            }
             guard let flags = pairs["flags"], !flags.contains("down") else { return nil }
             return pairs["port"].flatMap { Int($0) }
         }
@@ -63,18 +66,22 @@ enum Sentinel {
     /// `tokens` and `stats` ask the sentinels where the master is, and what they write is on the master.
     @Test func everyProgramFindsTheMasterThroughTheSentinels() throws {
         let environment = try Sentinel.environment()
-        let user = TestServices.unique("sentinel-user"), token = String(repeating: "5e", count: 32)
+        let user = TestServices.unique("sentinel-user")
+        let token = String(repeating: "5e", count: 32)
         let added = try OperationsTests.apnsWorker(["tokens", "add", user, token], environment: environment)
         #expect(added.status == 0, "\(added.errors)")
         let master = try RedisConnection(url: RedisURL(host: "127.0.0.1", port: Sentinel.masterPort()))
-        #expect(try master.command(["HGET", RedisKeys.node.tokens(user), token]).text == "production",
-                "the token is on the master the sentinels name")
+        #expect(
+            try master.command(["HGET", RedisKeys.node.tokens(user), token]).text == "production",
+            "the token is on the master the sentinels name")
         let listed = try OperationsTests.apnsWorker(["tokens", "list", user, "--full-tokens"], environment: environment)
         #expect(listed.status == 0 && listed.output.contains(token), "\(listed.output)\(listed.errors)")
         let stats = try OperationsTests.apnsWorker(["stats"], environment: environment)
         #expect(stats.status == 0, "\(stats.errors)")
         let connection = try Sentinel.deployment().connect()
-        #expect(try (connection as? RedisConnection)?.role() == "master", "a Sentinel deployment connects to one node, the master")
+        #expect(
+            try (connection as? RedisConnection)?.role() == "master",
+            "a Sentinel deployment connects to one node, the master")
     }
 
     /// What waiting cannot cure stops a program at once (exit 78) with the key to fix.
@@ -83,7 +90,9 @@ enum Sentinel {
         environment["REDIS_MASTER_NAME"] = "no-such-master"
         let unknown = try OperationsTests.apnsWorker(["tokens", "list", "someone"], environment: environment)
         #expect(unknown.status == 78, "\(unknown.errors)")
-        #expect(unknown.errors.contains("REDIS_MASTER_NAME") && unknown.errors.contains("no-such-master"), "\(unknown.errors)")
+        #expect(
+            unknown.errors.contains("REDIS_MASTER_NAME") && unknown.errors.contains("no-such-master"),
+            "\(unknown.errors)")
 
         environment = try Sentinel.environment()
         environment["REDIS_URL"] = try TestServices.value("REDIS_URL")
@@ -134,9 +143,10 @@ enum Sentinel {
         let tokens = (0..<Self.jobCount).map { String(format: "%064x", 0x5E_0000 + $0) }
         let master = try Sentinel.deployment().connect()
         for start in stride(from: 0, to: users.count, by: 1_000) {
-            _ = try master.pipeline((start..<start + 1_000).map {
-                ["HSET", RedisKeys.node.tokens(users[$0]), tokens[$0], "production"]
-            })
+            _ = try master.pipeline(
+                (start..<start + 1_000).map {
+                    ["HSET", RedisKeys.node.tokens(users[$0]), tokens[$0], "production"]
+                })
         }
         // The cache is on the replica before the master dies (what a failover can lose is README's matter).
         #expect(try master.command(["WAIT", "1", "5000"]).integer == 1, "the replica has the cache")
@@ -151,9 +161,13 @@ enum Sentinel {
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         defer { publisher.close() }
         _ = try publisher.declareQueue(jobs)
-        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, [
-            "WORKER_PREFETCH": String(Self.prefetch), "APNS_RATE_LIMIT": "300", "LOG_FORMAT": "text", "LOG_LEVEL": "info",
-        ]).merging(try Sentinel.environment()) { $1 }
+        let environment = try TestServices.workerEnvironment(
+            simulator: simulator, jobs: jobs,
+            [
+                "WORKER_PREFETCH": String(Self.prefetch), "APNS_RATE_LIMIT": "300", "LOG_FORMAT": "text",
+                "LOG_LEVEL": "info"
+            ]
+        ).merging(try Sentinel.environment()) { $1 }
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         defer { _ = worker.stop(SIGKILL) }
         try #require(worker.waitForLine(containing: "consuming") != nil, "the worker consumes")
@@ -161,8 +175,10 @@ enum Sentinel {
         try publisher.enablePublisherConfirms()
         var last: UInt64 = 0
         for (index, user) in users.enumerated() {
-            last = try publisher.publish(to: jobs, body: Array(
-                #"{"id": "\#(jobs)-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8))
+            last = try publisher.publish(
+                to: jobs,
+                body: Array(
+                    #"{"id": "\#(jobs)-\#(index)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8))
         }
         #expect(try publisher.waitForConfirms(through: last).isEmpty)
 
@@ -172,7 +188,8 @@ enum Sentinel {
         kill(try Sentinel.pid(ofNodeOn: oldMaster), SIGKILL)
         #expect(worker.waitForLine(containing: "reconnecting", timeout: 30) != nil, "the worker lost Redis")
         #expect(worker.waitForLine(containing: "consuming", timeout: 60) != nil, "and consumes again")
-        #expect(deliveries.wait(for: Self.jobCount, timeout: 120), "\(deliveries.distinct) of \(Self.jobCount) delivered")
+        #expect(
+            deliveries.wait(for: Self.jobCount, timeout: 120), "\(deliveries.distinct) of \(Self.jobCount) delivered")
         let newMaster = try Sentinel.masterPort()
         #expect(newMaster != oldMaster, "the sentinels promoted the replica")
         #expect(worker.stop() == 0, "the worker stops cleanly")
@@ -202,7 +219,9 @@ enum Sentinel {
         TestServices.reportFault(scenario, notifications: Self.jobCount, received: simulator.received())
         let pause = deliveries.longestPause(after: killedAt)
         #expect(pause < 30, "delivery resumed: the longest pause was \(pause) s")
-        print(String(format: "failover | %@ | %d | %d | %d | %.1f", scenario, Self.jobCount, deliveries.distinct,
-                     duplicates, pause))
+        print(
+            String(
+                format: "failover | %@ | %d | %d | %d | %.1f", scenario, Self.jobCount, deliveries.distinct,
+                duplicates, pause))
     }
 }

@@ -3,26 +3,31 @@ import APNs
 import APNsSimulator
 import Configuration
 import Foundation
-import TLS
 import HTTP2
 import Redis
+import TLS
 import Telemetry
 import Testing
 import Threads
 import WorkerPipeline
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The real servers scripts/test starts. A missing one is a failure, never a skip.
 enum TestServices {
     struct Missing: Error, CustomStringConvertible {
         let variable: String
-        var description: String { "\(variable) is not set: run the tests through scripts/test, which starts the real servers" }
+        var description: String {
+            "\(variable) is not set: run the tests through scripts/test, which starts the real servers"
+        }
     }
 
     static func value(_ variable: String) throws -> String {
-        guard let value = ProcessInfo.processInfo.environment[variable], !value.isEmpty else { throw Missing(variable: variable) }
+        guard let value = ProcessInfo.processInfo.environment[variable], !value.isEmpty else {
+            throw Missing(variable: variable)
+        }
         return value
     }
 
@@ -33,9 +38,9 @@ enum TestServices {
     /// with 32). The fleet's invalidation window and the rate limit are one per Redis database, and a test that sends
     /// waves of 400 mismatches or runs under a rate limit of its own must not meet another test's there.
     enum IsolatedDatabase: Int {
-        case wrongEnvironmentCampaign = 16, siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs,
-             diluted, rollingRestarts, bulkSuspect, hundredThousandUsers, migrationSource, statsWatch, prometheus,
-             cancelledCampaign
+        case wrongEnvironmentCampaign = 16
+        case siblingTopicCampaign, genuineTokens, waveOverOneUserJobs, healthyOneUserJobs, diluted, rollingRestarts
+        case bulkSuspect, hundredThousandUsers, migrationSource, statsWatch, prometheus, cancelledCampaign
     }
 
     /// The REDIS_URL of `database`, emptied, with a connection to it.
@@ -72,7 +77,9 @@ enum TestServices {
         address.sin_port = in_port_t(UInt16(port).bigEndian)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         }
         guard connected == 0 else { throw CommandFailed(description: "cannot connect to 127.0.0.1:\(port)") }
         let request = Array("GET \(path) HTTP/\(version)\r\nHost: localhost\r\n\r\n".utf8)
@@ -152,8 +159,11 @@ enum TestServices {
 
     /// A jobs queue and a reply queue of the test's own: the jobs queue declared with a publisher connected, and a
     /// reader on the reply queue (jobs published with `reply_to` = `replies` report there).
-    static func jobQueues() throws -> (jobs: String, replies: String, replyReader: QueueReader, publisher: AMQPConnection) {
-        let jobs = unique("jobs"), replies = unique("replies")
+    static func jobQueues() throws -> (
+        jobs: String, replies: String, replyReader: QueueReader, publisher: AMQPConnection
+    ) {
+        let jobs = unique("jobs")
+        let replies = unique("replies")
         let replyReader = try QueueReader(replies)
         let publisher = try AMQPConnection(url: amqpURL())
         try publisher.declareQueue(jobs)
@@ -169,8 +179,9 @@ enum TestServices {
         let distinct = Set(accepted.map(\.deviceToken)).count
         let lost = notifications - distinct - parked
         #expect(lost == 0, "\(scenario): \(lost) of \(notifications) notifications lost")
-        print("fault | \(scenario) | \(notifications) | \(accepted.count) | \(distinct) | \(accepted.count - distinct) | "
-              + "\(parked) | \(lost)")
+        print(
+            "fault | \(scenario) | \(notifications) | \(accepted.count) | \(distinct) | \(accepted.count - distinct) | "
+                + "\(parked) | \(lost)")
     }
 
     /// Polls `condition` (every 10 ms) until it holds or `timeout` seconds pass; returns whether it held. For
@@ -188,8 +199,10 @@ enum TestServices {
     /// `stall` seconds pass with neither. For long work that shows how far it is (notifications received), whose
     /// length depends on the machine: a sanitizer build or a busy machine is several times slower, and a fixed
     /// deadline would fail it while it was still moving; a stalled run still fails within `stall` seconds.
-    static func waitWhileProgressing<Progress: Equatable>(stall: Double = 30, progress: () throws -> Progress,
-                                                          until condition: () throws -> Bool) rethrows -> Bool {
+    static func waitWhileProgressing<Progress: Equatable>(
+        stall: Double = 30, progress: () throws -> Progress,
+        until condition: () throws -> Bool
+    ) rethrows -> Bool {
         var last = try progress()
         var deadline = Date().addingTimeInterval(stall)
         while Date() < deadline {
@@ -303,8 +316,10 @@ extension TestServices {
 
     /// The contract's variables for a worker sending to `simulator` and consuming `jobs`, with a fresh key and
     /// queues of its own; `extra` overrides.
-    static func workerEnvironment(simulator: APNsSimulator, jobs: String,
-                                  _ extra: [String: String] = [:]) throws -> [String: String] {
+    static func workerEnvironment(
+        simulator: APNsSimulator, jobs: String,
+        _ extra: [String: String] = [:]
+    ) throws -> [String: String] {
         [
             "AMQP_URL": try value("AMQP_URL"), "REDIS_URL": try value("REDIS_URL"),
             "APNS_PRODUCTION_URL": "https://127.0.0.1:\(simulator.port)",
@@ -315,7 +330,7 @@ extension TestServices {
             "PUSH_JOBS_QUEUE": jobs, "PUSH_BULK_QUEUE": unique("bulk"), "PUSH_DEAD_TOKENS_QUEUE": unique("dead"),
             "PUSH_FAILED_QUEUE": unique("failed"),
             // Many workers run side by side in the tests: none takes the default metrics port.
-            "METRICS_PORT": "0",
+            "METRICS_PORT": "0"
         ].merging(extra) { _, new in new }
     }
 }

@@ -18,9 +18,11 @@ import WorkerPipeline
         let voip = String(repeating: "0e", count: 32)
         let wrongType = TestServices.unique("flo")
         _ = try redis.pipeline([
-            ["HSET", RedisKeys.node.tokens(dana), good, "sandbox", "not-hex", "production", "aa", "staging",
-             voip, "production:com.example.app.voip", "0f0f", "production:", "0a0a", "test:com.example.app"],
-            ["SET", RedisKeys.node.tokens(wrongType), "hello"],
+            [
+                "HSET", RedisKeys.node.tokens(dana), good, "sandbox", "not-hex", "production", "aa", "staging",
+                voip, "production:com.example.app.voip", "0f0f", "production:", "0a0a", "test:com.example.app"
+            ],
+            ["SET", RedisKeys.node.tokens(wrongType), "hello"]
         ])
         let all = try cache.resolve([dana, eve, dana, wrongType])
         #expect(all.unreadable.keys.sorted() == [wrongType], "a key of the wrong type skips that user only")
@@ -28,7 +30,8 @@ import WorkerPipeline
         let resolved = all.tokens
         #expect(Set(resolved[dana]?.map(\.token) ?? []) == [good, voip], "unreadable values are skipped")
         #expect(resolved[dana]?.first { $0.token == good }?.scope == TokenScope(environment: .sandbox))
-        #expect(resolved[dana]?.first { $0.token == voip }?.scope
+        #expect(
+            resolved[dana]?.first { $0.token == voip }?.scope
                 == TokenScope(environment: .production, topic: "com.example.app.voip"))
         #expect(resolved[eve] == [])
     }
@@ -39,24 +42,36 @@ import WorkerPipeline
     @Test func activityTokensFollowTheirRegistrationsOrder() throws {
         let redis = try RedisConnection(url: TestServices.redisURL())
         let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
-        let user = TestServices.unique("ivy"), activity = TestServices.unique("match")
-        let token = String(repeating: "a7", count: 32), topic = "com.example.app.push-type.liveactivity"
+        let user = TestServices.unique("ivy")
+        let activity = TestServices.unique("match")
+        let token = String(repeating: "a7", count: 32)
+        let topic = "com.example.app.push-type.liveactivity"
         func register(_ environment: APNsEnvironment, at time: Int64) throws -> CacheChange {
-            try #require(try cache.register([TokenRegistration(user: user, token: token,
-                                                               scope: TokenScope(environment: environment, topic: topic),
-                                                               registeredAt: time, activity: activity)]).first)
+            try #require(
+                try cache.register([
+                    TokenRegistration(
+                        user: user, token: token,
+                        scope: TokenScope(environment: environment, topic: topic),
+                        registeredAt: time, activity: activity)
+                ]).first)
         }
-        func scopes() throws -> [TokenScope] { try cache.resolveActivities([activity]).tokens[activity]?.map(\.scope) ?? [] }
+        func scopes() throws -> [TokenScope] {
+            try cache.resolveActivities([activity]).tokens[activity]?.map(\.scope) ?? []
+        }
         #expect(try register(.sandbox, at: 2_000) == .applied)
         #expect(try register(.production, at: 1_000) == .unchanged, "an older registration arriving late")
         #expect(try scopes() == [TokenScope(environment: .sandbox, topic: topic)], "the newer registration stands")
-        #expect(try redis.command(["TTL", RedisKeys.node.activityRegistered(activity)]).integer ?? -1 > 0,
-                "the registration times leave with the activity")
+        #expect(
+            try redis.command(["TTL", RedisKeys.node.activityRegistered(activity)]).integer ?? -1 > 0,
+            "the registration times leave with the activity")
         _ = try redis.command(["EXPIRE", RedisKeys.node.activity(activity), "100"])
         #expect(try register(.production, at: 1_500) == .unchanged)
-        #expect(try redis.command(["TTL", RedisKeys.node.activity(activity)]).integer ?? 0 <= 100,
-                "a stale registration gives the activity no more time")
-        let logout = { (at: Int64) in TokenRemoval(user: user, token: token, unlessRegisteredAfter: at, activity: activity) }
+        #expect(
+            try redis.command(["TTL", RedisKeys.node.activity(activity)]).integer ?? 0 <= 100,
+            "a stale registration gives the activity no more time")
+        let logout = { (at: Int64) in
+            TokenRemoval(user: user, token: token, unlessRegisteredAfter: at, activity: activity)
+        }
         #expect(try cache.remove([logout(1_500)]) == [.unchanged], "an unregistration older than the registration")
         #expect(try scopes().count == 1)
         #expect(try cache.remove([logout(3_000)]) == [.applied])
@@ -70,20 +85,22 @@ import WorkerPipeline
         let redis = try RedisConnection(url: TestServices.redisURL())
         let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
         let user = TestServices.unique("gus")
-        let device = String(repeating: "61", count: 32), voip = String(repeating: "62", count: 32)
+        let device = String(repeating: "61", count: 32)
+        let voip = String(repeating: "62", count: 32)
         let sandbox = String(repeating: "63", count: 32)
         try cache.register([
             TokenRegistration(user: user, token: device, scope: TokenScope(environment: .production), registeredAt: 1),
-            TokenRegistration(user: user, token: voip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
-                              registeredAt: 1),
-            TokenRegistration(user: user, token: sandbox, scope: TokenScope(environment: .sandbox), registeredAt: 1),
+            TokenRegistration(
+                user: user, token: voip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
+                registeredAt: 1),
+            TokenRegistration(user: user, token: sandbox, scope: TokenScope(environment: .sandbox), registeredAt: 1)
         ])
         let voipTopic = TopicMatcher(topic: "com.example.app.voip", defaultTopic: "com.example.app")
         let alertTopic = TopicMatcher(topic: "com.example.app", defaultTopic: "com.example.app")
         let removed = try cache.remove([
             TokenRemoval(user: user, token: device, onlyIfValueIn: voipTopic.cacheValues(in: .production)),
             TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .production)),
-            TokenRemoval(user: user, token: voip, onlyIfValueIn: alertTopic.cacheValues(in: .production)),
+            TokenRemoval(user: user, token: voip, onlyIfValueIn: alertTopic.cacheValues(in: .production))
         ])
         #expect(removed == [.unchanged, .unchanged, .unchanged])
         #expect(Set(try cache.entries(forUser: user).map(\.token)) == [device, voip, sandbox])
@@ -91,7 +108,7 @@ import WorkerPipeline
 
         let matching = try cache.remove([
             TokenRemoval(user: user, token: voip, onlyIfValueIn: voipTopic.cacheValues(in: .production)),
-            TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .sandbox)),
+            TokenRemoval(user: user, token: sandbox, onlyIfValueIn: alertTopic.cacheValues(in: .sandbox))
         ])
         #expect(matching == [.applied, .applied])
         #expect(try cache.entries(forUser: user).map(\.token) == [device])
@@ -103,13 +120,16 @@ import WorkerPipeline
         let redis = try RedisConnection(url: TestServices.redisURL().withDatabase(12))
         let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
         let user = TestServices.unique("hal")
-        let oldVoip = String(repeating: "71", count: 32), freshActivity = String(repeating: "72", count: 32)
+        let oldVoip = String(repeating: "71", count: 32)
+        let freshActivity = String(repeating: "72", count: 32)
         try cache.register([
-            TokenRegistration(user: user, token: oldVoip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
-                              registeredAt: 1_000),
-            TokenRegistration(user: user, token: freshActivity,
-                              scope: TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity"),
-                              registeredAt: 9_000),
+            TokenRegistration(
+                user: user, token: oldVoip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
+                registeredAt: 1_000),
+            TokenRegistration(
+                user: user, token: freshActivity,
+                scope: TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity"),
+                registeredAt: 9_000)
         ])
         #expect(try cache.sweep(registeredBefore: 5_000) >= 1)
         let entries = try cache.entries(forUser: user)
@@ -125,12 +145,17 @@ import WorkerPipeline
         let reRegistered = String(repeating: "52", count: 32)
         let badToken = String(repeating: "53", count: 32)
         _ = try redis.pipeline([
-            ["HSET", RedisKeys.node.tokens(user), stale, "production", reRegistered, "production", badToken, "production"],
-            ["HSET", RedisKeys.node.registered(user), stale, "1000", reRegistered, "5000", badToken, "9000"],
+            [
+                "HSET", RedisKeys.node.tokens(user), stale, "production", reRegistered, "production", badToken,
+                "production"
+            ],
+            ["HSET", RedisKeys.node.registered(user), stale, "1000", reRegistered, "5000", badToken, "9000"]
         ])
-        let removed = try cache.remove([TokenRemoval(user: user, token: stale, unlessRegisteredAfter: 2000),
-                                        TokenRemoval(user: user, token: reRegistered, unlessRegisteredAfter: 2000),
-                                        TokenRemoval(user: user, token: badToken)])
+        let removed = try cache.remove([
+            TokenRemoval(user: user, token: stale, unlessRegisteredAfter: 2000),
+            TokenRemoval(user: user, token: reRegistered, unlessRegisteredAfter: 2000),
+            TokenRemoval(user: user, token: badToken)
+        ])
         #expect(removed == [.applied, .unchanged, .applied])
         let remaining = try redis.command(["HKEYS", RedisKeys.node.tokens(user)]).elements.compactMap(\.text)
         #expect(remaining == [reRegistered], "the token the app registered after APNs's 410 stays")

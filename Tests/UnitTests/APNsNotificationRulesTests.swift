@@ -8,12 +8,15 @@ import Testing
 
     @Test func defaultsFollowApple() {
         #expect(APNsNotification(deviceToken: token, topic: "t", payload: payload).priority == .immediately)
-        #expect(APNsNotification(deviceToken: token, topic: "t", pushType: .background, payload: payload).priority == .considerPower)
+        #expect(
+            APNsNotification(deviceToken: token, topic: "t", pushType: .background, payload: payload).priority
+                == .considerPower)
     }
 
     @Test func topicSuffixesPerPushType() {
         #expect(APNsPushType.voip.topic(forBundle: "com.example.app") == "com.example.app.voip")
-        #expect(APNsPushType.liveactivity.topic(forBundle: "com.example.app") == "com.example.app.push-type.liveactivity")
+        #expect(
+            APNsPushType.liveactivity.topic(forBundle: "com.example.app") == "com.example.app.push-type.liveactivity")
         #expect(APNsPushType.widgets.topic(forBundle: "com.example.app") == "com.example.app.push-type.widgets")
         #expect(APNsPushType.controls.topic(forBundle: "com.example.app") == "com.example.app.push-type.controls")
         #expect(APNsPushType.alert.topic(forBundle: "com.example.app") == "com.example.app")
@@ -31,17 +34,31 @@ import Testing
         #expect(error { _ in } == nil)
         #expect(error { $0.deviceToken = "xyz" } == .badDeviceToken(length: 3))
         #expect(error { $0.payload = [] } == .payloadEmpty)
-        #expect(error { $0.payload = Array(repeating: 32, count: 4097) } == .payloadTooLarge(size: 4097, limit: 4096, pushType: .alert))
-        #expect(error { $0.pushType = .voip; $0.topic = "com.example.app.voip"; $0.payload = Array(repeating: 32, count: 5000) } == nil)
-        #expect(error { $0.pushType = .background; $0.priority = .immediately } == .backgroundWithImmediatePriority)
+        #expect(
+            error { $0.payload = Array(repeating: 32, count: 4097) }
+                == .payloadTooLarge(size: 4097, limit: 4096, pushType: .alert))
+        #expect(
+            error {
+                $0.pushType = .voip
+                $0.topic = "com.example.app.voip"
+                $0.payload = Array(repeating: 32, count: 5000)
+            } == nil)
+        #expect(
+            error {
+                $0.pushType = .background
+                $0.priority = .immediately
+            } == .backgroundWithImmediatePriority)
         #expect(error { $0.collapseID = String(repeating: "c", count: 65) } == .collapseIDTooLong(65))
         #expect(error { $0.apnsID = "NOT-A-UUID" } == .badAPNsID("NOT-A-UUID"))
         #expect(error { $0.apnsID = "123e4567-e89b-12d3-a456-426614174000" } == nil)
         #expect(error { $0.pushType = .voip } == .topicMissingSuffix(topic: "com.example.app", pushType: .voip))
         #expect(error { $0.topic = "" } == .missingTopic)
-        #expect(error { $0.topic = "com.example app" }
+        #expect(
+            error { $0.topic = "com.example app" }
                 == .badTopic("apns-topic", #"holds " ": a bundle ID is ASCII letters, digits, "-" and ".""#))
-        #expect(error { $0.collapseID = "sale\r\nx: y" } == .badHeaderValue("apns-collapse-id", "holds control character 0xD"))
+        #expect(
+            error { $0.collapseID = "sale\r\nx: y" }
+                == .badHeaderValue("apns-collapse-id", "holds control character 0xD"))
         #expect(error { $0.expiration = -1 } == .badExpiration(-1))
         #expect(error { $0.expiration = 0 } == nil, "0: try once, do not store")
     }
@@ -49,17 +66,22 @@ import Testing
     /// A topic is a bundle ID as Apple defines them (with a push type's suffix): a broadcast's path is built from
     /// it, and `/`, `?`, `#`, `%` or an empty part would change the request.
     @Test func aTopicIsABundleIDAndNothingThatCouldChangeAPath() {
-        for topic in ["com.example.app", "com.example.app.voip", "com.example.app.push-type.liveactivity",
-                      "com.Example-1.app9", "a", String(repeating: "a", count: 255)] {
+        for topic in [
+            "com.example.app", "com.example.app.voip", "com.example.app.push-type.liveactivity",
+            "com.Example-1.app9", "a", String(repeating: "a", count: 255)
+        ] {
             #expect(APNsRules.topicProblem(topic) == nil, "\(topic)")
         }
-        for topic in ["com.example/../other", "com.example?x=1", "com.example#frag", "com.example%2Fother", "com..example",
-                      ".com.example", "com.example.", "com.exämple", "com.example\u{0}", "com_example", "com example",
-                      String(repeating: "a", count: 256)] {
+        for topic in [
+            "com.example/../other", "com.example?x=1", "com.example#frag", "com.example%2Fother", "com..example",
+            ".com.example", "com.example.", "com.exämple", "com.example\u{0}", "com_example", "com example",
+            String(repeating: "a", count: 256)
+        ] {
             #expect(APNsRules.topicProblem(topic) != nil, "\(topic.debugDescription)")
             #expect(throws: APNsRequestError.self) { try APNsRules.checkTopic(topic, field: "\"topic\"") }
         }
-        #expect(APNsRules.topicProblem("com.ex/ample") == #"holds "/": a bundle ID is ASCII letters, digits, "-" and ".""#)
+        #expect(
+            APNsRules.topicProblem("com.ex/ample") == #"holds "/": a bundle ID is ASCII letters, digits, "-" and ".""#)
         #expect(APNsRules.topicProblem("com..example") == #"has an empty part (a leading, trailing or double ".")"#)
     }
 
@@ -86,11 +108,15 @@ import Testing
                 let token = String(characters)
                 let expected = (65...90).contains(value) ? token.lowercased() : token
                 #expect(APNsNotification.canonicalToken(token) == expected, "character \(value) at \(position)")
-                #expect(APNsNotification.isCanonicalToken(token) == (expected == token), "character \(value) at \(position)")
+                #expect(
+                    APNsNotification.isCanonicalToken(token) == (expected == token), "character \(value) at \(position)"
+                )
             }
         }
         #expect(APNsNotification.canonicalToken("ABC") == "abc")
-        #expect(APNsNotification.canonicalToken(String(repeating: "ab", count: 4) + "C") == String(repeating: "ab", count: 4) + "c")
+        #expect(
+            APNsNotification.canonicalToken(String(repeating: "ab", count: 4) + "C") == String(
+                repeating: "ab", count: 4) + "c")
     }
 
     /// The token check tells whether a token is lower-case already, for a capital in an eight-byte word the check
@@ -115,7 +141,9 @@ import Testing
                 var bytes = Array("com.example.apps.xy".utf8)
                 bytes[place] = byte
                 let value = String(decoding: bytes, as: UTF8.self)
-                #expect(HeaderValue.problem(value, allowsInnerSpaces: false) != nil, "0x\(String(byte, radix: 16)) at \(place)")
+                #expect(
+                    HeaderValue.problem(value, allowsInnerSpaces: false) != nil,
+                    "0x\(String(byte, radix: 16)) at \(place)")
             }
         }
         #expect(HeaderValue.problem("com.ex\u{E4}mple.\u{E4}pp.\u{FC}n\u{EF}code", allowsInnerSpaces: false) == nil)
@@ -144,9 +172,11 @@ import Testing
         #expect(throws: APNsRequestError.payloadTooLarge(size: 4097, limit: 4096, pushType: .alert)) {
             try second.validateOwnFields()
         }
-        for change in [{ (n: inout APNsNotification) in n.topic = "com.example.other" },
-                       { $0.priority = .considerPower }, { $0.expiration = 5 }, { $0.collapseID = "c" },
-                       { $0.pushType = .background }] as [(inout APNsNotification) -> Void] {
+        for change in [
+            { (n: inout APNsNotification) in n.topic = "com.example.other" },
+            { $0.priority = .considerPower }, { $0.expiration = 5 }, { $0.collapseID = "c" },
+            { $0.pushType = .background }
+        ] as [(inout APNsNotification) -> Void] {
             var other = first
             change(&other)
             #expect(!other.sharesFields(with: first))
@@ -166,7 +196,10 @@ import Testing
                         try APNsNotification.validateDeviceToken(token)
                     }
                 } else {
-                    #expect(throws: APNsRequestError.badDeviceToken(length: token.utf8.count), "character \(value) at \(place)") {
+                    #expect(
+                        throws: APNsRequestError.badDeviceToken(length: token.utf8.count),
+                        "character \(value) at \(place)"
+                    ) {
                         try APNsNotification.validateDeviceToken(token)
                     }
                 }
@@ -176,7 +209,9 @@ import Testing
 
     @Test func endpointsParse() throws {
         #expect(try APNsEndpoint(url: "https://api.push.apple.com") == .production)
-        #expect(try APNsEndpoint(url: "https://api.sandbox.push.apple.com:2197") == APNsEndpoint(host: "api.sandbox.push.apple.com", port: 2197))
+        #expect(
+            try APNsEndpoint(url: "https://api.sandbox.push.apple.com:2197")
+                == APNsEndpoint(host: "api.sandbox.push.apple.com", port: 2197))
         #expect(try APNsEndpoint(url: "https://[::1]:8443/") == APNsEndpoint(host: "::1", port: 8443))
         #expect(throws: APNsConfigurationError.self) { try APNsEndpoint(url: "http://api.push.apple.com") }
         #expect(throws: APNsConfigurationError.self) { try APNsEndpoint(url: "https://host:99999") }

@@ -1,6 +1,7 @@
 import Foundation
-@testable import HTTP2
 import Testing
+
+@testable import HTTP2
 @testable import WorkerPipeline
 
 /// The objects every job or request allocates stay within the 120 bytes glibc serves from its fast bins (a chunk
@@ -19,15 +20,18 @@ import Testing
 
     @Test func aDeliveryFitsAFastBin() {
         let delivery = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
-        #expect(Self.allocatedBytes(delivery) <= Self.fastBinLimit, "JobDelivery: \(Self.allocatedBytes(delivery)) bytes")
+        #expect(
+            Self.allocatedBytes(delivery) <= Self.fastBinLimit, "JobDelivery: \(Self.allocatedBytes(delivery)) bytes")
     }
 
     @Test func aJobsProgressFitsAFastBin() throws {
-        let job = try PushJob.decode(Array(#"{"tokens": ["\#(String(repeating: "ab", count: 32))"], "payload": {}}"#.utf8),
-                                     defaultTopic: "com.example.app", fallbackID: "j")
+        let job = try PushJob.decode(
+            Array(#"{"tokens": ["\#(String(repeating: "ab", count: 32))"], "payload": {}}"#.utf8),
+            defaultTopic: "com.example.app", fallbackID: "j")
         let delivery = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
         let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: [], hasStableID: true)
-        #expect(Self.allocatedBytes(progress) <= Self.fastBinLimit, "JobProgress: \(Self.allocatedBytes(progress)) bytes")
+        #expect(
+            Self.allocatedBytes(progress) <= Self.fastBinLimit, "JobProgress: \(Self.allocatedBytes(progress)) bytes")
     }
 
     /// An answer's header block at first: a Swift array uses all of its allocation, so a capacity above 88 bytes (120

@@ -12,7 +12,8 @@ import WorkerPipeline
 
 @Suite struct ConfigurationSourcesTests {
     @Test func readsKeyValueLinesWithCommentsExportsAndQuotes() throws {
-        let values = try ConfigurationSources.parseFile("""
+        let values = try ConfigurationSources.parseFile(
+            """
             # a comment
 
             AMQP_URL=amqp://u:p@h:5672/%2f
@@ -20,8 +21,11 @@ import WorkerPipeline
             LOG_LEVEL='debug'
             EMPTY=
             """, name: "test.env")
-        #expect(values == ["AMQP_URL": "amqp://u:p@h:5672/%2f", "APNS_TOPIC": "com.example.app", "LOG_LEVEL": "debug",
-                           "EMPTY": ""])
+        #expect(
+            values == [
+                "AMQP_URL": "amqp://u:p@h:5672/%2f", "APNS_TOPIC": "com.example.app", "LOG_LEVEL": "debug",
+                "EMPTY": ""
+            ])
     }
 
     @Test func aBadLineIsNamedWithItsNumber() {
@@ -33,8 +37,9 @@ import WorkerPipeline
 
     /// A file saved on Windows: every line is read, no value keeps a carriage return, a bad line has its number.
     @Test func linesEndingInCRLFAreReadLikeLF() throws {
-        let values = try ConfigurationSources.parseFile("# written on Windows\r\nLOG_LEVEL=debug\r\nAPNS_TOPIC=com.example.app\r\n",
-                                                        name: "windows.env")
+        let values = try ConfigurationSources.parseFile(
+            "# written on Windows\r\nLOG_LEVEL=debug\r\nAPNS_TOPIC=com.example.app\r\n",
+            name: "windows.env")
         #expect(values == ["LOG_LEVEL": "debug", "APNS_TOPIC": "com.example.app"])
         #expect(throws: ConfigurationError(key: "--config", "windows.env line 2: expected KEY=VALUE")) {
             try ConfigurationSources.parseFile("A=1\r\njust words\r\n", name: "windows.env")
@@ -42,9 +47,10 @@ import WorkerPipeline
     }
 
     @Test func flagsBeatTheEnvironmentWhichBeatsTheFile() {
-        let merged = ConfigurationSources.merge(file: ["A": "file", "B": "file", "C": "file"],
-                                                environment: ["B": "environment", "C": "environment"],
-                                                flags: ["C": "flag"])
+        let merged = ConfigurationSources.merge(
+            file: ["A": "file", "B": "file", "C": "file"],
+            environment: ["B": "environment", "C": "environment"],
+            flags: ["C": "flag"])
         #expect(merged == ["A": "file", "B": "environment", "C": "flag"])
     }
 }

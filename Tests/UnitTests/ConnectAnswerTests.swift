@@ -1,5 +1,6 @@
-@testable import HTTP2
 import Testing
+
+@testable import HTTP2
 
 /// A CONNECT proxy's answer: only HTTP/1.x 200 opens the tunnel, and what else it says is shown safely.
 @Suite struct ConnectAnswerTests {
@@ -8,7 +9,9 @@ import Testing
     @Test func onlyAnHTTP1200OpensTheTunnel() {
         #expect(answer("HTTP/1.1 200 Connection established\r\nProxy-Agent: tinyproxy\r\n\r\n") == .tunnel)
         #expect(answer("HTTP/1.0 200\r\n\r\n") == .tunnel)
-        #expect(answer("HTTP/1.1 407 Proxy Authentication Required\r\n\r\n") == .wantsCredentials("HTTP/1.1 407 Proxy Authentication Required"))
+        #expect(
+            answer("HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                == .wantsCredentials("HTTP/1.1 407 Proxy Authentication Required"))
         #expect(answer("HTTP/1.1 403 Forbidden\r\n\r\n") == .refused("HTTP/1.1 403 Forbidden"))
         #expect(answer("HTTP/2 200\r\n\r\n") == .refused("HTTP/2 200"))
         #expect(answer("SSH-2.0-OpenSSH\r\n\r\n") == .refused("SSH-2.0-OpenSSH"))
@@ -20,7 +23,8 @@ import Testing
     /// is cut at 120 characters.
     @Test func whatAProxySaysIsShownWithoutControlCharactersAndBounded() {
         #expect(answer("HTTP/1.1 502 \u{1b}[2J\u{7}gone\r\n\r\n") == .refused("HTTP/1.1 502 ?[2J?gone"))
-        guard case .refused(let shown) = answer("HTTP/1.1 502 " + String(repeating: "x", count: 10_000) + "\r\n\r\n") else {
+        guard case .refused(let shown) = answer("HTTP/1.1 502 " + String(repeating: "x", count: 10_000) + "\r\n\r\n")
+        else {
             Issue.record("a long refusal was not a refusal")
             return
         }

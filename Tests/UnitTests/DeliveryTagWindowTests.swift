@@ -1,5 +1,5 @@
-import WorkerPipeline
 import Testing
+import WorkerPipeline
 
 /// What the broker thread keeps of deliveries not settled yet (the oldest decides when one `multiple` ack may cover a
 /// batch), and what the session keeps of the jobs under way: values by delivery tag.
@@ -27,7 +27,8 @@ struct DeliveryTagWindowTests {
                     let tag = UInt64.random(in: 1...next, using: &generator)
                     #expect(window.insert(step, for: tag) == (model.updateValue(step, forKey: tag) == nil))
                 default:
-                    let tag = model.keys.randomElement(using: &generator) ?? UInt64.random(in: 1...next, using: &generator)
+                    let tag =
+                        model.keys.randomElement(using: &generator) ?? UInt64.random(in: 1...next, using: &generator)
                     #expect(window.remove(tag) == model.removeValue(forKey: tag))
                 }
                 #expect(window.oldest == model.keys.min())

@@ -4,23 +4,27 @@ import WorkerPipeline
 @Suite struct DeliveryTriageTests {
     let triage = DeliveryTriage(maximumDeliveries: 5)
 
-    func delivery(_ tag: UInt64, body: String = "{}", messageID: String? = nil, redelivered: Bool = false,
-                  brokerCount: Int? = nil) -> JobDelivery {
-        JobDelivery(tag: tag, redelivered: redelivered, body: Array(body.utf8),
-                    properties: MessageProperties(messageID: messageID, deliveryCount: brokerCount))
+    func delivery(
+        _ tag: UInt64, body: String = "{}", messageID: String? = nil, redelivered: Bool = false,
+        brokerCount: Int? = nil
+    ) -> JobDelivery {
+        JobDelivery(
+            tag: tag, redelivered: redelivered, body: Array(body.utf8),
+            properties: MessageProperties(messageID: messageID, deliveryCount: brokerCount))
     }
 
     @Test func aJobsHistoryIsKeptUnderItsMessageIDOrItsBody() {
         #expect(DeliveryTriage.historyKey(delivery(1, messageID: "m-1")) == "id:m-1")
         #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) == "body:af63dc4c8601ec8c", "FNV-1a 64 of \"a\"")
-        #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) == DeliveryTriage.historyKey(delivery(2, body: "a")),
-                "the same body gives the same key whatever the delivery")
+        #expect(
+            DeliveryTriage.historyKey(delivery(1, body: "a")) == DeliveryTriage.historyKey(delivery(2, body: "a")),
+            "the same body gives the same key whatever the delivery")
         #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) != DeliveryTriage.historyKey(delivery(1, body: "b")))
     }
 
     @Test func firstDeliveriesCostNothingAndTheBrokersCountIsUsedWhereItCounts() {
         let (counts, uncounted) = triage.brokerCounts(of: [
-            delivery(1), delivery(2, redelivered: true, brokerCount: 3), delivery(3, messageID: "m", redelivered: true),
+            delivery(1), delivery(2, redelivered: true, brokerCount: 3), delivery(3, messageID: "m", redelivered: true)
         ])
         #expect(counts == [2: 4], "the broker's count is of deliveries before this one")
         #expect(uncounted.map(\.tag) == [3] && uncounted.map(\.key) == ["id:m"])
@@ -29,16 +33,21 @@ import WorkerPipeline
     }
 
     @Test func sortsUsualJobsSuspectsAndPoison() {
-        let batch = [delivery(1), delivery(2, messageID: "twice"), delivery(3, messageID: "thrice"),
-                     delivery(4, messageID: "over-and-died"), delivery(5, messageID: "thrice-lost"),
-                     delivery(6, messageID: "over-but-lost")]
+        let batch = [
+            delivery(1), delivery(2, messageID: "twice"), delivery(3, messageID: "thrice"),
+            delivery(4, messageID: "over-and-died"), delivery(5, messageID: "thrice-lost"),
+            delivery(6, messageID: "over-but-lost")
+        ]
         let deliveries: [UInt64: Int] = [2: 2, 3: 3, 4: 6, 5: 3, 6: 6]
-        #expect(triage.suspectCandidates(batch, deliveries: deliveries).sorted()
+        #expect(
+            triage.suspectCandidates(batch, deliveries: deliveries).sorted()
                 == ["id:over-and-died", "id:over-but-lost", "id:thrice", "id:thrice-lost"])
-        let sorted = triage.sort(batch, deliveries: deliveries, diedAlone: ["id:over-and-died"],
-                                 ranAndDied: ["id:thrice", "id:twice"])
-        #expect(sorted.usual.map(\.tag) == [1, 2, 5, 6],
-                "one redelivery is a failover, not a suspect; nor are deliveries no worker died running (lost in transit)")
+        let sorted = triage.sort(
+            batch, deliveries: deliveries, diedAlone: ["id:over-and-died"],
+            ranAndDied: ["id:thrice", "id:twice"])
+        #expect(
+            sorted.usual.map(\.tag) == [1, 2, 5, 6],
+            "one redelivery is a failover, not a suspect; nor are deliveries no worker died running (lost in transit)")
         #expect(sorted.suspects.map(\.tag) == [3], "a third delivery whose last run ended with its worker")
         #expect(sorted.poison.map(\.delivery.tag) == [4])
         #expect(sorted.poison.first?.deliveries == 6 && sorted.poison.first?.historyKey == "id:over-and-died")
@@ -56,9 +65,13 @@ import WorkerPipeline
     }
 
     @Test func deliveriesGivenBackInOrderlyStopsDoNotCount() {
-        let batch = [delivery(1, messageID: "restarted", redelivered: true), delivery(2, messageID: "crashed", redelivered: true)]
+        let batch = [
+            delivery(1, messageID: "restarted", redelivered: true), delivery(2, messageID: "crashed", redelivered: true)
+        ]
         let discounted = triage.discounting([1: 3, 2: 3], of: batch, givenBack: ["id:restarted": 2, "id:other": 5])
         #expect(discounted == [1: 1, 2: 3])
-        #expect(triage.discounting([1: 2], of: batch, givenBack: ["id:restarted": 9]) == [1: 1], "the first delivery counts")
+        #expect(
+            triage.discounting([1: 2], of: batch, givenBack: ["id:restarted": 9]) == [1: 1], "the first delivery counts"
+        )
     }
 }

@@ -25,7 +25,8 @@ import Threads
         let now = Int64(Date().timeIntervalSince1970)
         let fleetToken = try provider.makeToken(issuedAt: now - 60)
         provider.adopt(token: fleetToken, issuedAt: now - 60)
-        #expect(try provider.authorization() == "bearer " + fleetToken, "no token of its own while the fleet's is fresh")
+        #expect(
+            try provider.authorization() == "bearer " + fleetToken, "no token of its own while the fleet's is fresh")
         provider.adopt(token: "older", issuedAt: now - 120)
         #expect(provider.currentIssuedAt == now - 60, "an older token never replaces a newer one")
     }

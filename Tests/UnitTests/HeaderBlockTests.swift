@@ -20,6 +20,8 @@ import WorkerPipeline
         #expect(block.value(":path") == "/3/device/ab", "the first of a name")
         #expect(block.value("apns-id") == nil && block.value("apns-topi") == nil, "names match whole")
         #expect(block.fields.last?.value == "/3/device/cd")
-        #expect(block.fields.map(\.indexed) == [true, true, true, false, true, false], "unique values (paths) are never indexed")
+        #expect(
+            block.fields.map(\.indexed) == [true, true, true, false, true, false],
+            "unique values (paths) are never indexed")
     }
 }

@@ -33,7 +33,8 @@ import WorkerPipeline
     @Test func labelValuesAreEscapedAsTheFormatWants() {
         var metrics = PrometheusText()
         metrics.family("answers_total", "counter", "Test.", [([("reason", "a\"b\\c\nd")], 2), ([], 1)])
-        #expect(metrics.text == "# HELP answers_total Test.\n# TYPE answers_total counter\n"
+        #expect(
+            metrics.text == "# HELP answers_total Test.\n# TYPE answers_total counter\n"
                 + "answers_total{reason=\"a\\\"b\\\\c\\nd\"} 2\nanswers_total 1\n")
     }
 }

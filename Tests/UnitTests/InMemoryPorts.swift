@@ -115,12 +115,16 @@ final class InMemoryFleet: @unchecked Sendable {
 
     /// Puts a job on the broker; returns its delivery tag.
     @discardableResult
-    func deliver(_ json: String, lane: JobLane = .urgent, properties: MessageProperties = MessageProperties(),
-                 redelivered: Bool = false) -> UInt64 {
+    func deliver(
+        _ json: String, lane: JobLane = .urgent, properties: MessageProperties = MessageProperties(),
+        redelivered: Bool = false
+    ) -> UInt64 {
         let tag = change { state in
             defer { state.nextTag += 1 }
-            state.ready.append(JobDelivery(tag: state.nextTag, redelivered: redelivered, body: Array(json.utf8),
-                                           properties: properties, lane: lane))
+            state.ready.append(
+                JobDelivery(
+                    tag: state.nextTag, redelivered: redelivered, body: Array(json.utf8),
+                    properties: properties, lane: lane))
             return state.nextTag
         }
         brokerReadable.signal()
@@ -131,11 +135,12 @@ final class InMemoryFleet: @unchecked Sendable {
 
     func session() throws -> WorkerSession {
         guard !read(\.brokerDown) else { throw BrokerDown() }
-        return WorkerSession(broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
-                      preparationTokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
-                      statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
-                      invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:],
-                      cancellations: InMemoryCancellations(self))
+        return WorkerSession(
+            broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
+            preparationTokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
+            statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
+            invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:],
+            cancellations: InMemoryCancellations(self))
     }
 
     /// Answers held back by the sender go out now, and from then on answers go out at once. What was held is answered
@@ -213,8 +218,9 @@ final class InMemoryTokenStore: TokenStore {
         return fleet.change { state in
             state.resolutions.append(users.count)
             let silent = wanted.intersection(state.silentUsers)
-            return ResolvedUsers(tokens: state.cache.filter { wanted.contains($0.key) && !silent.contains($0.key) },
-                                 unavailable: silent)
+            return ResolvedUsers(
+                tokens: state.cache.filter { wanted.contains($0.key) && !silent.contains($0.key) },
+                unavailable: silent)
         }
     }
 
@@ -272,8 +278,9 @@ final class InMemoryRecord: IdempotencyRecord {
     func settled(jobIDs: [String]) throws -> SettledLookup {
         fleet.read { state in
             let silent = state.silentRecords.intersection(jobIDs)
-            return SettledLookup(settled: state.settled.filter { jobIDs.contains($0.key) && !silent.contains($0.key) },
-                                 unavailable: silent)
+            return SettledLookup(
+                settled: state.settled.filter { jobIDs.contains($0.key) && !silent.contains($0.key) },
+                unavailable: silent)
         }
     }
 
@@ -306,9 +313,13 @@ final class InMemoryRecord: IdempotencyRecord {
             state.running.subtract(keys)
         }
     }
-    func givenBack(_ keys: [String]) throws -> [String: Int] { fleet.read { $0.givenBack.filter { keys.contains($0.key) } } }
+    func givenBack(_ keys: [String]) throws -> [String: Int] {
+        fleet.read { $0.givenBack.filter { keys.contains($0.key) } }
+    }
     func settledRecently(_ jobIDs: [String]) throws { fleet.change { $0.settledRecently.formUnion(jobIDs) } }
-    func recentlySettled(_ jobIDs: [String]) throws -> Set<String> { fleet.read { $0.settledRecently.intersection(jobIDs) } }
+    func recentlySettled(_ jobIDs: [String]) throws -> Set<String> {
+        fleet.read { $0.settledRecently.intersection(jobIDs) }
+    }
     func claimWindowParts(_ keys: [String]) throws -> Set<String> {
         fleet.change { state in Set(keys.filter { state.claimedParts.insert($0).inserted }) }
     }
@@ -352,7 +363,8 @@ final class InMemoryStatistics: StatisticsSink {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> StoreAnswer<Void> {
+    func report(_ delta: WorkerStatistics.Snapshot, longestWait: LaneCounts, worker: String) throws -> StoreAnswer<Void>
+    {
         fleet.change { $0.reports += 1 }
         return .answered(())
     }
@@ -380,12 +392,17 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
     private func isUnserved(_ topic: String) -> Bool { unserved.withLock { $0.contains(topic) } }
     /// What sent since `takeSendingPools` last asked: in memory, a topic's credential is called by the topic.
     private let sending = Locked<Set<SendingPool>>([])
-    private let threads: [JobLane: DispatchQueue] = [.urgent: DispatchQueue(label: "in-memory-sender-urgent"),
-                                                     .bulk: DispatchQueue(label: "in-memory-sender-bulk")]
+    private let threads: [JobLane: DispatchQueue] = [
+        .urgent: DispatchQueue(label: "in-memory-sender-urgent"),
+        .bulk: DispatchQueue(label: "in-memory-sender-bulk")
+    ]
 
-    init(_ fleet: InMemoryFleet, answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in
-        APNsResponse(status: 200)
-    }, broadcastAnswer: @escaping @Sendable (APNsBroadcast) -> APNsResponse = { _ in APNsResponse(status: 200) }) {
+    init(
+        _ fleet: InMemoryFleet,
+        answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in
+            APNsResponse(status: 200)
+        }, broadcastAnswer: @escaping @Sendable (APNsBroadcast) -> APNsResponse = { _ in APNsResponse(status: 200) }
+    ) {
         self.fleet = fleet
         self.answer = answer
         self.broadcastAnswer = broadcastAnswer
@@ -395,14 +412,17 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         threads[.urgent]!.async { report(.opened) }
     }
 
-    func send(_ batch: [APNsNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void) -> Int {
+    func send(_ batch: [APNsNotification], lane: JobLane, answer reply: @escaping @Sendable (Int, APNsResult) -> Void)
+        -> Int
+    {
         let results = batch.map { notification in
             if isUnserved(notification.topic) {
                 return APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + notification.topic)
             }
             let response = answer(notification)
-            return APNsResult(outcome: APNsRoute.device(token: notification.deviceToken).outcome(of: response),
-                              response: response)
+            return APNsResult(
+                outcome: APNsRoute.device(token: notification.deviceToken).outcome(of: response),
+                response: response)
         }
         let batch = batch.filter { !isUnserved($0.topic) }
         sending.withLock { $0.formUnion(batch.map { SendingPool(credential: $0.topic, environment: $0.environment) }) }
@@ -431,8 +451,10 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         threads[lane]!.asyncAfter(deadline: .now() + delay, execute: action)
     }
 
-    func send(_ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
-              answer reply: @escaping @Sendable (APNsResult) -> Void) {
+    func send(
+        _ broadcast: APNsBroadcast, environment: APNsEnvironment, lane: JobLane,
+        answer reply: @escaping @Sendable (APNsResult) -> Void
+    ) {
         if isUnserved(broadcast.bundle) {
             threads[lane]!.async {
                 reply(APNsResult(outcome: .unserved, error: "no APNs credential serves topic " + broadcast.bundle))
@@ -441,8 +463,9 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         }
         fleet.change { $0.broadcastsSent.append(broadcast.channelID) }
         let response = broadcastAnswer(broadcast)
-        let result = APNsResult(outcome: APNsRoute.broadcast(bundle: broadcast.bundle).outcome(of: response),
-                                response: response)
+        let result = APNsResult(
+            outcome: APNsRoute.broadcast(bundle: broadcast.bundle).outcome(of: response),
+            response: response)
         threads[lane]!.async { reply(result) }
     }
 

@@ -21,7 +21,8 @@ import WorkerPipeline
     /// depth.
     static let payloads = [
         #"{"aps":{"alert":{"title":"T","body":"B"},"badge":1},"k":[1,-2.5e3,true,false,null,"x",{}]}"#,
-        #"{"a":"\u00e9\ud83d\ude00\n","b":"é😀 ok","c":[[[]]],"d":{}}"#, #"[]"#, #"[{"a":1},{"a":1}]"#, #""text""#, #"12"#,
+        #"{"a":"\u00e9\ud83d\ude00\n","b":"é😀 ok","c":[[[]]],"d":{}}"#, #"[]"#, #"[{"a":1},{"a":1}]"#, #""text""#,
+        #"12"#,
         #"{"a":1,"a":2}"#, #"{"a":1,"\u0061":2}"#, #"{"\u0061":1,"a":2}"#, #"{"é":1,"\u00e9":2}"#,
         #"{"x":{"a":1,"b":{"a":2}},"y":{"a":{"a":{}}}}"#, #"{"ab":1,"a":2,"b":3,"ba":4}"#,
         #"{"x":{"alert":"a","alert":"b"}}"#, #"[1,]"#, #"{"a":}"#, #"{"a" 1}"#, #"{"a":1 "b":2}"#, #"["\x"]"#,
@@ -31,9 +32,10 @@ import WorkerPipeline
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + #","\u006b7":0}"#,
         "{" + (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",") + "}",
         // Names past the reader's first 512 bytes of them, nested past its first 32 names.
-        "{" + (0..<20).map { #""\#(String(repeating: "n", count: 40))\#($0)":{"a\#($0)":1}"# }.joined(separator: ",") + "}",
+        "{" + (0..<20).map { #""\#(String(repeating: "n", count: 40))\#($0)":{"a\#($0)":1}"# }.joined(separator: ",")
+            + "}",
         "{" + (0..<20).map { #""\#(String(repeating: "n", count: 40))\#($0)":{"a":1}"# }.joined(separator: ",")
-            + #","\#(String(repeating: "n", count: 40))7":2}"#,
+            + #","\#(String(repeating: "n", count: 40))7":2}"#
     ]
 
     @Test(arguments: payloads)
@@ -45,7 +47,8 @@ import WorkerPipeline
             let built = Result { () throws(JSONError) in try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8) }
             var checkedPayload: JSONMember?
             let checked = Result { () throws(JSONError) in
-                try JSONReader.readObject(bytes, maximumDepth: 8, known: JSONNames(["payload"])) { reader, index throws(JSONError) in
+                try JSONReader.readObject(bytes, maximumDepth: 8, known: JSONNames(["payload"])) {
+                    reader, index throws(JSONError) in
                     guard index == 0 else { return }
                     let start = reader.offset
                     let value = try reader.checkValue()
@@ -143,14 +146,19 @@ import WorkerPipeline
         #expect(users == .strings(["a", "é"]))
         #expect(others == [.array([.number("1"), .string("b")])])
         var strings: [JSONStrings] = []
-        _ = try JSONReader.readObject(Array(#"{"n": [1, "b"], "users": "u"}"#.utf8), known: names) { reader, _ throws(JSONError) in
+        _ = try JSONReader.readObject(Array(#"{"n": [1, "b"], "users": "u"}"#.utf8), known: names) {
+            reader, _ throws(JSONError) in
             strings.append(try reader.readStrings())
         }
         #expect(strings == [.notAString(index: 0, typeName: "a number"), .other(.string("u"))])
-        #expect(try JSONReader.readObject(Array("[1]".utf8), known: names) { _, _ throws(JSONError) in } == .other(typeName: "an array"))
+        #expect(
+            try JSONReader.readObject(Array("[1]".utf8), known: names) { _, _ throws(JSONError) in }
+                == .other(typeName: "an array"))
         let repeated = Array(#"{"users": [], "us\u0065rs": []}"#.utf8)
         do {
-            _ = try JSONReader.readObject(repeated, known: names) { reader, _ throws(JSONError) in _ = try reader.readStrings() }
+            _ = try JSONReader.readObject(repeated, known: names) { reader, _ throws(JSONError) in
+                _ = try reader.readStrings()
+            }
             Issue.record("accepted a name given twice")
         } catch {
             #expect(error.description == #"duplicate key "users" at byte 14"#)

@@ -22,8 +22,10 @@ import Threads
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         #expect(parts.count == 3)
         #expect(!token.contains("="), "base64url without padding")
-        let header = try JSONSerialization.jsonObject(with: Data(APNsTokenProvider.base64URLDecode(parts[0])!)) as! [String: Any]
-        let claims = try JSONSerialization.jsonObject(with: Data(APNsTokenProvider.base64URLDecode(parts[1])!)) as! [String: Any]
+        let header =
+            try JSONSerialization.jsonObject(with: Data(APNsTokenProvider.base64URLDecode(parts[0])!)) as! [String: Any]
+        let claims =
+            try JSONSerialization.jsonObject(with: Data(APNsTokenProvider.base64URLDecode(parts[1])!)) as! [String: Any]
         #expect(header["alg"] as? String == "ES256")
         #expect(header["kid"] as? String == "ABC123DEFG")
         #expect(claims["iss"] as? String == "TEAM123456")
@@ -45,8 +47,9 @@ import Threads
 
     @Test func oneTokenIsSharedUntilTheRefreshInterval() throws {
         let now = LockedClock(1_000_000)
-        let provider = try APNsTokenProvider(key: key, keyID: "ABC123DEFG", teamID: "TEAM123456",
-                                             refreshInterval: 50 * 60, clock: { now.read() })
+        let provider = try APNsTokenProvider(
+            key: key, keyID: "ABC123DEFG", teamID: "TEAM123456",
+            refreshInterval: 50 * 60, clock: { now.read() })
         let first = try provider.authorization()
         now.advance(49 * 60)
         #expect(try provider.authorization() == first)
@@ -70,11 +73,15 @@ import Threads
 
     @Test func identifiersMustBeTenCharacters() throws {
         #expect(throws: APNsKeyError.self) { try APNsTokenProvider(key: key, keyID: "SHORT", teamID: "TEAM123456") }
-        #expect(throws: APNsKeyError.self) { try APNsTokenProvider(key: key, keyID: "ABC123DEFG", teamID: "TEAM-12345") }
+        #expect(throws: APNsKeyError.self) {
+            try APNsTokenProvider(key: key, keyID: "ABC123DEFG", teamID: "TEAM-12345")
+        }
     }
 
     @Test func rejectsKeysThatAreNotP256() throws {
-        #expect(throws: APNsKeyError.self) { try ES256Key(pem: "-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n") }
+        #expect(throws: APNsKeyError.self) {
+            try ES256Key(pem: "-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n")
+        }
         let rsa = try opensslGenerateRSA()
         #expect(throws: APNsKeyError.notP256) { try ES256Key(pem: rsa) }
     }

@@ -32,8 +32,9 @@ import WorkerPipeline
             Issue.record("a deadline in milliseconds was accepted")
         } catch {
             #expect(error.description.hasPrefix("--deadline wants UNIX seconds"), "\(error)")
-            #expect(error.description.contains("milliseconds") && error.description.hasSuffix("--deadline 4102444800"),
-                    "\(error)")
+            #expect(
+                error.description.contains("milliseconds") && error.description.hasSuffix("--deadline 4102444800"),
+                "\(error)")
         }
         flags.deadline = "-1"
         #expect(throws: JobFlags.Problem.self) { try flags.body() }

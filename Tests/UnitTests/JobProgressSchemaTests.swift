@@ -1,7 +1,7 @@
 import Foundation
+import RedisStore
 import Testing
 import WorkerPipeline
-import RedisStore
 
 /// `schema/job-progress.schema.json` holds what `apns-worker jobs show --json` and `jobs list --json` print, checked by
 /// the independent validator.
@@ -11,23 +11,35 @@ import RedisStore
     }
 
     @Test func everyStateThatShowPrintsValidates() throws {
-        let running = Self.report(["targets": "20000", "resolved": "20000", "sent": "5000", "delivered": "4990",
-                                   "first_update": "1796000090000", "last_update": "1796000100000"])
-        let done = Self.report(["sent": "3", "delivered": "3", "ended": "1796000099000", "first_update": "1796000098000",
-                                "last_update": "1796000099000"])
-        let reports = [running, done, Self.report([:]), Self.report(["sent": "2", "first_update": "1796000099000",
-                                                                      "last_update": "1796000099000"], cancelled: true)]
+        let running = Self.report([
+            "targets": "20000", "resolved": "20000", "sent": "5000", "delivered": "4990",
+            "first_update": "1796000090000", "last_update": "1796000100000"
+        ])
+        let done = Self.report([
+            "sent": "3", "delivered": "3", "ended": "1796000099000", "first_update": "1796000098000",
+            "last_update": "1796000099000"
+        ])
+        let reports = [
+            running, done, Self.report([:]),
+            Self.report(
+                [
+                    "sent": "2", "first_update": "1796000099000",
+                    "last_update": "1796000099000"
+                ], cancelled: true)
+        ]
         #expect(reports.map(\.state) == [.running, .done, .unknown, .cancelled])
         #expect(running.ratePerSecond == 500 && running.etaSeconds == 30, "5,000 in 10 s, 15,000 left")
-        let documents = reports.map { (definition: "-", text: $0.json) }
+        let documents =
+            reports.map { (definition: "-", text: $0.json) }
             + [(definition: "job_list", text: "[" + reports.map(\.json).joined(separator: ",") + "]")]
         let verdicts = try JobSchemaTests.schemaVerdicts(documents, schema: "job-progress.schema.json")
         #expect(verdicts.allSatisfy { $0.accepts }, "\(verdicts) for \(documents.map(\.text))")
         // The schema holds the exact names: one more field, or one missing, is refused.
         let extra = running.json.dropLast() + ",\"total\":1}"
         let missing = running.json.replacingOccurrences(of: "\"cancelled\":0,", with: "")
-        let refused = try JobSchemaTests.schemaVerdicts([("-", String(extra)), ("-", missing)],
-                                                        schema: "job-progress.schema.json")
+        let refused = try JobSchemaTests.schemaVerdicts(
+            [("-", String(extra)), ("-", missing)],
+            schema: "job-progress.schema.json")
         #expect(refused.allSatisfy { !$0.accepts }, "\(refused)")
     }
 }

@@ -30,8 +30,11 @@ import WorkerPipeline
         let jobs = try all("{\"a\": 1}\n\(long)\n{\"b\": 2}\n\(long)", lineLimit: 40)
         #expect(jobs.map(\.line) == [1, 2, 3, 4])
         #expect(jobs.map(\.body) == ["{\"a\": 1}", "OVER LIMIT", "{\"b\": 2}", "OVER LIMIT"])
-        #expect(try all(String(repeating: "y", count: 40) + "\n", lineLimit: 40).map(\.body) == [String(repeating: "y", count: 40)],
-                "a line of exactly the limit is taken")
+        #expect(
+            try all(String(repeating: "y", count: 40) + "\n", lineLimit: 40).map(\.body) == [
+                String(repeating: "y", count: 40)
+            ],
+            "a line of exactly the limit is taken")
     }
 
     /// A line that never ends (`/dev/zero`): refused once past the limit, then the reading stops with bounded memory.

@@ -1,5 +1,6 @@
-@testable import WorkerPipeline
 import Testing
+
+@testable import WorkerPipeline
 
 /// The session's jobs under way, as republished copies ask for them by id.
 struct JobsUnderWayTests {

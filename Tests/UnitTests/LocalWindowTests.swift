@@ -25,10 +25,16 @@ import WorkerPipeline
 
     @Test func aWindowThatCrossesMidnightHoldsBothEnds() {
         let night = LocalWindow(start: 22 * 60, end: 6 * 60)
-        #expect(night.contains(minuteOfDay: 23 * 60 + 30) && night.contains(minuteOfDay: 0) && night.contains(minuteOfDay: 359))
-        #expect(!night.contains(minuteOfDay: 6 * 60) && !night.contains(minuteOfDay: 12 * 60) && !night.contains(minuteOfDay: 21 * 60 + 59))
+        #expect(
+            night.contains(minuteOfDay: 23 * 60 + 30) && night.contains(minuteOfDay: 0)
+                && night.contains(minuteOfDay: 359))
+        #expect(
+            !night.contains(minuteOfDay: 6 * 60) && !night.contains(minuteOfDay: 12 * 60)
+                && !night.contains(minuteOfDay: 21 * 60 + 59))
         let day = LocalWindow(start: 9 * 60, end: 21 * 60)
-        #expect(day.contains(minuteOfDay: 9 * 60) && !day.contains(minuteOfDay: 21 * 60) && !day.contains(minuteOfDay: 8 * 60 + 59))
+        #expect(
+            day.contains(minuteOfDay: 9 * 60) && !day.contains(minuteOfDay: 21 * 60)
+                && !day.contains(minuteOfDay: 8 * 60 + 59))
     }
 
     @Test func localTimeFollowsTheUsersZone() {
@@ -37,33 +43,44 @@ import WorkerPipeline
         #expect(!window.contains(now, in: zone("Asia/Tokyo")))
         #expect(window.contains(now, in: zone("America/New_York")))
         #expect(window.contains(now, in: zone("Australia/Brisbane")))
-        #expect(window.nextOpening(after: now, in: zone("Asia/Tokyo")) == Int64(utc(2026, 12, 5, 0).timeIntervalSince1970))
-        #expect(window.nextOpening(after: now, in: zone("America/New_York"))
+        #expect(
+            window.nextOpening(after: now, in: zone("Asia/Tokyo")) == Int64(utc(2026, 12, 5, 0).timeIntervalSince1970))
+        #expect(
+            window.nextOpening(after: now, in: zone("America/New_York"))
                 == Int64(utc(2026, 12, 5, 14).timeIntervalSince1970), "09:00 EST the next morning")
     }
 
     @Test func openingsFollowDaylightSavingChanges() {
         // Paris moves to summer time in the night of 28 to 29 March 2026: 09:00 on the 29th is 07:00 UTC, not 08:00.
         let morning = LocalWindow(start: 9 * 60, end: 12 * 60)
-        #expect(morning.nextOpening(after: utc(2026, 3, 28, 12), in: zone("Europe/Paris"))
+        #expect(
+            morning.nextOpening(after: utc(2026, 3, 28, 12), in: zone("Europe/Paris"))
                 == Int64(utc(2026, 3, 29, 7).timeIntervalSince1970))
         // New York skips 02:00-03:00 on 8 March 2026: a window that starts at 02:30 opens at 03:00 EDT (07:00 UTC).
         let skipped = LocalWindow(start: 2 * 60 + 30, end: 5 * 60)
-        #expect(skipped.nextOpening(after: utc(2026, 3, 8, 5), in: zone("America/New_York"))
+        #expect(
+            skipped.nextOpening(after: utc(2026, 3, 8, 5), in: zone("America/New_York"))
                 == Int64(utc(2026, 3, 8, 7).timeIntervalSince1970))
         // 01:30 happens twice on 1 November 2026: the window opens at the first (EDT, 05:30 UTC).
         let repeated = LocalWindow(start: 60 + 30, end: 4 * 60)
-        #expect(repeated.nextOpening(after: utc(2026, 11, 1, 4), in: zone("America/New_York"))
+        #expect(
+            repeated.nextOpening(after: utc(2026, 11, 1, 4), in: zone("America/New_York"))
                 == Int64(utc(2026, 11, 1, 5, 30).timeIntervalSince1970))
     }
 
     @Test func aJobsWindowIsCheckedAsItIsDecoded() throws {
-        let window = try #require(try decode(#"""
-            {"users": ["u1"], "local_window": {"start": "21:30", "end": "07:00"}, "default_timezone": "Europe/Paris",
-             "payload": {"aps": {}}}
-            """#).localWindow)
+        let window = try #require(
+            try decode(
+                #"""
+                {"users": ["u1"], "local_window": {"start": "21:30", "end": "07:00"}, "default_timezone": "Europe/Paris",
+                 "payload": {"aps": {}}}
+                """#
+            ).localWindow)
         #expect(window == LocalWindow(start: 21 * 60 + 30, end: 7 * 60, defaultZone: "Europe/Paris"))
-        #expect(try decode(#"{"users": ["u1"], "local_window": {"start": "09:00", "end": "21:00"}, "payload": {"aps": {}}}"#)
+        #expect(
+            try decode(
+                #"{"users": ["u1"], "local_window": {"start": "09:00", "end": "21:00"}, "payload": {"aps": {}}}"#
+            )
             .localWindow?.defaultZone == "UTC")
         let refused: [(String, String)] = [
             (#""local_window": {"start": "9:00", "end": "21:00"}"#, "local_window.start"),
@@ -72,9 +89,15 @@ import WorkerPipeline
             (#""local_window": {"start": "09:00"}"#, "local_window.end"),
             (#""local_window": {"start": "09:00", "end": "21:00", "days": 5}"#, "unknown member \"days\""),
             (#""local_window": "09:00-21:00""#, "local_window"),
-            (#""local_window": {"start": "09:00", "end": "21:00"}, "default_timezone": "Mars/Olympus_Mons""#, "Mars/Olympus_Mons"),
-            (#""local_window": {"start": "09:00", "end": "21:00"}, "default_timezone": "../../etc/passwd""#, "not an IANA"),
-            (#""default_timezone": "Europe/Paris""#, "goes with a \"local_window\""),
+            (
+                #""local_window": {"start": "09:00", "end": "21:00"}, "default_timezone": "Mars/Olympus_Mons""#,
+                "Mars/Olympus_Mons"
+            ),
+            (
+                #""local_window": {"start": "09:00", "end": "21:00"}, "default_timezone": "../../etc/passwd""#,
+                "not an IANA"
+            ),
+            (#""default_timezone": "Europe/Paris""#, "goes with a \"local_window\"")
         ]
         for (members, named) in refused {
             #expect(throws: JobError.self, "\(members)") {
@@ -85,7 +108,8 @@ import WorkerPipeline
             }
         }
         #expect(throws: JobError.self, "a broadcast has no users' hours") {
-            try decode(#"""
+            try decode(
+                #"""
                 {"channel_id": "dHN0LTEyMzQ1Njc4OTAxMg==", "push_type": "liveactivity", "local_window": {"start": "09:00", "end": "21:00"},
                  "live_activity": {"event": "update", "timestamp": 1, "content_state": {}}}
                 """#)
@@ -93,33 +117,44 @@ import WorkerPipeline
     }
 
     @Test func timeZoneNamesAreTheDatabases() {
-        #expect(TimeZoneName.problem("Europe/Paris") == nil && TimeZoneName.problem("America/Argentina/Buenos_Aires") == nil)
-        for name in ["", "Nowhere/City", "europe/paris", "../etc/passwd", "/etc/localtime", "Europe", "GMT+0500", "Europe/-x"] {
+        #expect(
+            TimeZoneName.problem("Europe/Paris") == nil && TimeZoneName.problem("America/Argentina/Buenos_Aires") == nil
+        )
+        for name in [
+            "", "Nowhere/City", "europe/paris", "../etc/passwd", "/etc/localtime", "Europe", "GMT+0500", "Europe/-x"
+        ] {
             #expect(TimeZoneName.problem(name) != nil, "\(name)")
         }
     }
 
     @Test func aRegistrationCarriesItsUsersZone() throws {
         let token = String(repeating: "ab", count: 32)
-        let event = try RegistrationEvent.decode(Array(#"{"user": "u1", "token": "\#(token)", "timezone": "Asia/Tokyo"}"#.utf8), now: 1)
+        let event = try RegistrationEvent.decode(
+            Array(#"{"user": "u1", "token": "\#(token)", "timezone": "Asia/Tokyo"}"#.utf8), now: 1)
         #expect(event.registration.timeZone == "Asia/Tokyo")
         #expect(try RegistrationEvent.decode(event.json, now: 1) == event, "the zone survives the event's JSON")
         // A zone this system does not know costs the user the zone, never the token.
-        let unknown = try RegistrationEvent.decode(Array(#"{"user": "u1", "token": "\#(token)", "timezone": "Tokio"}"#.utf8), now: 1)
+        let unknown = try RegistrationEvent.decode(
+            Array(#"{"user": "u1", "token": "\#(token)", "timezone": "Tokio"}"#.utf8), now: 1)
         #expect(unknown.registration.token == token && unknown.registration.timeZone == nil)
-        #expect(unknown.ignoredTimeZone == "Tokio" && unknown.timeZoneProblem?.contains("not in the system's time zone database") == true)
+        #expect(
+            unknown.ignoredTimeZone == "Tokio"
+                && unknown.timeZoneProblem?.contains("not in the system's time zone database") == true)
         #expect(try RegistrationEvent.decode(unknown.json, now: 1) == unknown)
     }
 
     @Test func usersOutsideTheirHoursWaitByOpeningAndThoseAfterTheDeadlineExpire() throws {
         let now = utc(2026, 12, 4, 23)  // 08:00 in Tokyo and Seoul, 18:00 in New York
         let token = String(repeating: "cd", count: 32)
-        let job = try decode(#"""
+        let job = try decode(
+            #"""
             {"id": "j", "users": ["tokyo", "seoul", "new-york", "none", "late"], "tokens": ["\#(token)"],
              "local_window": {"start": "09:00", "end": "21:00"}, "default_timezone": "America/New_York",
              "deadline": \#(Int64(now.timeIntervalSince1970) + 7200), "payload": {"aps": {}}}
             """#)
-        let zones = ["tokyo": "Asia/Tokyo", "seoul": "Asia/Seoul", "new-york": "America/New_York", "late": "Europe/Paris"]
+        let zones = [
+            "tokyo": "Asia/Tokyo", "seoul": "Asia/Seoul", "new-york": "America/New_York", "late": "Europe/Paris"
+        ]
         let split = WindowSplit(job, window: try #require(job.localWindow), zones: zones, now: now, logger: logger)
         #expect(split.users == ["new-york", "none"] && split.tokens == [token], "inside their hours: sent now")
         let opening = Int64(utc(2026, 12, 5, 0).timeIntervalSince1970)
@@ -146,7 +181,9 @@ import WorkerPipeline
     }
 
     @Test func aJobWithPartsWaitingIsNotDone() {
-        let fields = ["first_update": "1000", "last_update": "3000", "ended": "3000", "sent": "2", "waiting_for_window": "1"]
+        let fields = [
+            "first_update": "1000", "last_update": "3000", "ended": "3000", "sent": "2", "waiting_for_window": "1"
+        ]
         let report = JobProgressReport(jobID: "j", fields: fields, cancelled: false)
         #expect(report.state == .running && report.counts["waiting_for_window"] == 1 && report.etaSeconds == nil)
         var done = fields

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WorkerPipeline
 
 /// A value confined to one thread checks, in debug builds (the tests'), that no other thread touches it.

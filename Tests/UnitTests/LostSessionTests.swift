@@ -18,8 +18,9 @@ import WorkerPipeline
         let running = W.Running(fleet)
         let bodies = (1...2).map { W.job("lost-\($0)", tokens: [W.token($0)]) }
         for (index, body) in bodies.enumerated() {
-            fleet.deliver(body, properties: MessageProperties(messageID: "lost-\(index + 1)", deliveryCount: 1),
-                          redelivered: true)
+            fleet.deliver(
+                body, properties: MessageProperties(messageID: "lost-\(index + 1)", deliveryCount: 1),
+                redelivered: true)
         }
         #expect(fleet.wait { $0.sent.count == 2 })
         fleet.change { $0.brokerDown = true }
@@ -32,8 +33,9 @@ import WorkerPipeline
             state.heldAnswers.removeAll()
         }
         let again = bodies.enumerated().map { index, body in
-            fleet.deliver(body, properties: MessageProperties(messageID: "lost-\(index + 1)", deliveryCount: 2),
-                          redelivered: true)
+            fleet.deliver(
+                body, properties: MessageProperties(messageID: "lost-\(index + 1)", deliveryCount: 2),
+                redelivered: true)
         }
         #expect(fleet.wait { Set(again).isSubset(of: $0.acknowledged) })
         running.stop()
@@ -79,9 +81,11 @@ import WorkerPipeline
     @Test func answersOfJobsWhoseSettlingLostTheConnectionAreRecorded() throws {
         let fleet = InMemoryFleet()
         fleet.change { $0.publishesLoseTheConnection = true }
-        let dead = W.token(1), live = W.token(2)
+        let dead = W.token(1)
+        let live = W.token(2)
         let running = W.Running(fleet) { notification in
-            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
+            notification.deviceToken == dead
+                ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
                 : APNsResponse(status: 200)
         }
         fleet.deliver(W.job("settling", tokens: [dead, live]))

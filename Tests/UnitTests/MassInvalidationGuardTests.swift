@@ -7,15 +7,16 @@ import WorkerPipeline
 /// error, not dead tokens.
 @Suite struct MassInvalidationGuardTests {
     @Test(arguments: [
-        (20, 20, true),    // every answer a mismatch, at the threshold
-        (20, 199, true),   // more than a tenth
+        (20, 20, true),  // every answer a mismatch, at the threshold
+        (20, 199, true),  // more than a tenth
         (20, 200, false),  // exactly a tenth is not more
-        (19, 19, false),   // under the threshold: treated as dead tokens
+        (19, 19, false),  // under the threshold: treated as dead tokens
         (100, 150, true),
-        (0, 0, false),
+        (0, 0, false)
     ])
     func holdsBackAtLeastTheThresholdWhenMoreThanTheShare(mismatches: Int, judged: Int, holds: Bool) {
-        #expect(MassInvalidationGuard(threshold: 20).holdsBack(InvalidationCounts(mismatches: mismatches, judged: judged))
+        #expect(
+            MassInvalidationGuard(threshold: 20).holdsBack(InvalidationCounts(mismatches: mismatches, judged: judged))
                 == holds)
     }
 
@@ -33,18 +34,25 @@ import WorkerPipeline
         let oneUser = InvalidationCounts(mismatches: 1, judged: 1)
         #expect(guarding.verdict(job: InvalidationCounts(judged: 5), fleet: nil) == .remove, "nothing to hold back")
         #expect(guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 19, judged: 19)) == .remove)
-        #expect(guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 20, judged: 20)) == .heldBackByFleet)
-        #expect(guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 20, judged: 1000)) == .remove,
-                "one bad token in fifty is genuine")
+        #expect(
+            guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 20, judged: 20)) == .heldBackByFleet)
+        #expect(
+            guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 20, judged: 1000)) == .remove,
+            "one bad token in fifty is genuine")
         #expect(guarding.verdict(job: oneUser, fleet: nil) == .heldBackByFleet)
-        #expect(guarding.verdict(job: InvalidationCounts(mismatches: 20, judged: 40), fleet: InvalidationCounts()) == .heldBackByJob)
+        #expect(
+            guarding.verdict(job: InvalidationCounts(mismatches: 20, judged: 40), fleet: InvalidationCounts())
+                == .heldBackByJob)
     }
 
     @Test func theThresholdAndTheShareAreSettings() throws {
-        let environment = ["APNS_KEY_FILE": "", "WORKER_MASS_INVALIDATION_THRESHOLD": "5", "WORKER_MASS_INVALIDATION_SHARE": "0.3"]
+        let environment = [
+            "APNS_KEY_FILE": "", "WORKER_MASS_INVALIDATION_THRESHOLD": "5", "WORKER_MASS_INVALIDATION_SHARE": "0.3"
+        ]
         let configuration = try WorkerConfiguration.load(from: environment, requiringCredentials: false)
         #expect(configuration.pipeline.invalidationGuard == MassInvalidationGuard(threshold: 5, share: 0.3))
-        #expect(try WorkerConfiguration.load(from: [:], requiringCredentials: false).pipeline.invalidationGuard
+        #expect(
+            try WorkerConfiguration.load(from: [:], requiringCredentials: false).pipeline.invalidationGuard
                 == MassInvalidationGuard(threshold: 20, share: 0.1))
         #expect(throws: ConfigurationError.self) {
             try WorkerConfiguration.load(from: ["WORKER_MASS_INVALIDATION_THRESHOLD": "0"], requiringCredentials: false)

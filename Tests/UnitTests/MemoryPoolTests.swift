@@ -1,5 +1,6 @@
-@testable import HTTP2
 import Testing
+
+@testable import HTTP2
 
 /// The allocator nghttp2 sessions use: blocks come back for reuse, contents survive a realloc, and what the pool
 /// keeps is bounded.

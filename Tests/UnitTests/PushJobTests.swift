@@ -11,11 +11,12 @@ import WorkerPipeline
 
     @Test func decodesTheContractExample() throws {
         let token = String(repeating: "a1", count: 32)
-        let job = try decode("""
-        {"id": "job-42", "topic": "com.example.app", "users": ["u1", "u2"], "tokens": ["\(token)"],
-         "environment": "sandbox", "push_type": "alert", "priority": 10, "expiration": 0,
-         "collapse_id": "order-7", "payload": {"aps": {"alert": "Hello"}, "n": 1.50}}
-        """)
+        let job = try decode(
+            """
+            {"id": "job-42", "topic": "com.example.app", "users": ["u1", "u2"], "tokens": ["\(token)"],
+             "environment": "sandbox", "push_type": "alert", "priority": 10, "expiration": 0,
+             "collapse_id": "order-7", "payload": {"aps": {"alert": "Hello"}, "n": 1.50}}
+            """)
         #expect(job.id == "job-42")
         #expect(job.topic == "com.example.app")
         #expect(job.users == ["u1", "u2"])
@@ -24,8 +25,9 @@ import WorkerPipeline
         #expect(job.priority == .immediately)
         #expect(job.expiration == 0)
         #expect(job.collapseID == "order-7")
-        #expect(String(decoding: job.payload, as: UTF8.self) == #"{"aps": {"alert": "Hello"}, "n": 1.50}"#,
-                "the payload is forwarded byte for byte")
+        #expect(
+            String(decoding: job.payload, as: UTF8.self) == #"{"aps": {"alert": "Hello"}, "n": 1.50}"#,
+            "the payload is forwarded byte for byte")
     }
 
     @Test func appliesDefaults() throws {
@@ -35,10 +37,12 @@ import WorkerPipeline
         #expect(job.environment == .production)
         #expect(job.pushType == .alert)
         #expect(job.priority == .immediately)
-        let background = try decode(#"{"users": ["u1"], "push_type": "background", "payload": {"aps": {"content-available": 1}}}"#,
-                                    defaultTopic: "com.example.app")
+        let background = try decode(
+            #"{"users": ["u1"], "push_type": "background", "payload": {"aps": {"content-available": 1}}}"#,
+            defaultTopic: "com.example.app")
         #expect(background.priority == .considerPower)
-        let voip = try decode(#"{"users": ["u1"], "push_type": "voip", "payload": {}}"#, defaultTopic: "com.example.app")
+        let voip = try decode(
+            #"{"users": ["u1"], "push_type": "voip", "payload": {}}"#, defaultTopic: "com.example.app")
         #expect(voip.topic == "com.example.app.voip")
     }
 
@@ -62,10 +66,14 @@ import WorkerPipeline
         }
         #expect(throws: JobError.notUTF8) { try PushJob.decode([0x7B, 0xFF, 0x7D], defaultTopic: nil, fallbackID: "f") }
         // Told apart once the reader refuses the body, wherever the bytes that are not UTF-8 sit.
-        for place in [#"{"users": ["u"], "topic": "t", "payload": {"x": "a\#u{1}b"}}"#,
-                      #"{"users": ["u"], "topic": "t", "payload": {"a\#u{1}b": 1}}"#, #"{"users": ["\#u{1}"]}"#] {
+        for place in [
+            #"{"users": ["u"], "topic": "t", "payload": {"x": "a\#u{1}b"}}"#,
+            #"{"users": ["u"], "topic": "t", "payload": {"a\#u{1}b": 1}}"#, #"{"users": ["\#u{1}"]}"#
+        ] {
             let bytes = Array(place.utf8).map { $0 == 1 ? 0xFF : $0 }
-            #expect(throws: JobError.notUTF8, "\(place)") { try PushJob.decode(bytes, defaultTopic: "t", fallbackID: "f") }
+            #expect(throws: JobError.notUTF8, "\(place)") {
+                try PushJob.decode(bytes, defaultTopic: "t", fallbackID: "f")
+            }
         }
         var limits = PushJob.Limits()
         limits.maximumMessageSize = 10

@@ -1,13 +1,16 @@
+import Testing
+
 @testable import Redis
 @testable import RedisStore
-import Testing
 
 /// How a Redis Cluster client finds a key's node, and how keys are written so that one user's keys share it.
 @Suite struct RedisClusterKeysTests {
     /// Redis's own reference values (its cluster specification and `CLUSTER KEYSLOT`).
-    @Test(arguments: [("123456789", 12739), ("foo", 12182), ("bar", 5061), ("", 0),
-                      ("{user1000}.following", 3443), ("{user1000}.followers", 3443), ("foo{}{bar}", 8363),
-                      ("foo{{bar}}zap", 4015), ("foo{bar}{zap}", 5061)])
+    @Test(arguments: [
+        ("123456789", 12739), ("foo", 12182), ("bar", 5061), ("", 0),
+        ("{user1000}.following", 3443), ("{user1000}.followers", 3443), ("foo{}{bar}", 8363),
+        ("foo{{bar}}zap", 4015), ("foo{bar}{zap}", 5061)
+    ])
     func slotsAreRedisClusters(key: String, slot: Int) {
         #expect(RedisCluster.slot(of: key) == slot, "\(key)")
     }
@@ -16,8 +19,10 @@ import Testing
         for user in ["u1", "alice@example.com", "a{b}c", "{x}", "}{", "100%", "%7B", "ünïcødé"] {
             let keys = RedisKeys.cluster
             let slot = RedisCluster.slot(of: keys.tokens(user))
-            #expect(RedisCluster.slot(of: keys.registered(user)) == slot && RedisCluster.slot(of: keys.devices(user)) == slot,
-                    "\(user)")
+            #expect(
+                RedisCluster.slot(of: keys.registered(user)) == slot
+                    && RedisCluster.slot(of: keys.devices(user)) == slot,
+                "\(user)")
             #expect(keys.user(fromRegisteredKey: keys.registered(user)) == user, "the user is read back: \(user)")
         }
         #expect(RedisKeys.cluster.tokens("u1") == "apns:tokens:{u1}")
@@ -45,12 +50,19 @@ import Testing
 
     @Test func redirectionsAreRead() {
         let node = RedisAddress(host: "10.0.0.1", port: 7000)
-        #expect(Redirection(.error("MOVED 3999 127.0.0.1:6381"), from: node) == .moved(slot: 3999, to: RedisAddress(host: "127.0.0.1", port: 6381)))
-        #expect(Redirection(.error("ASK 3999 127.0.0.1:6381"), from: node) == .ask(to: RedisAddress(host: "127.0.0.1", port: 6381)))
-        #expect(Redirection(.error("MOVED 3999 :6381"), from: node) == .moved(slot: 3999, to: RedisAddress(host: "10.0.0.1", port: 6381)),
-                "no host: the node that answered")
+        #expect(
+            Redirection(.error("MOVED 3999 127.0.0.1:6381"), from: node)
+                == .moved(slot: 3999, to: RedisAddress(host: "127.0.0.1", port: 6381)))
+        #expect(
+            Redirection(.error("ASK 3999 127.0.0.1:6381"), from: node)
+                == .ask(to: RedisAddress(host: "127.0.0.1", port: 6381)))
+        #expect(
+            Redirection(.error("MOVED 3999 :6381"), from: node)
+                == .moved(slot: 3999, to: RedisAddress(host: "10.0.0.1", port: 6381)),
+            "no host: the node that answered")
         #expect(Redirection(.error("TRYAGAIN Multiple keys request during rehashing of slot"), from: node) == .tryAgain)
-        #expect(Redirection(.error("WRONGTYPE Operation against a key holding the wrong kind of value"), from: node) == nil)
+        #expect(
+            Redirection(.error("WRONGTYPE Operation against a key holding the wrong kind of value"), from: node) == nil)
         #expect(Redirection(.string(Array("MOVED 1 a:1".utf8)), from: node) == nil, "only an error reply redirects")
     }
 

@@ -16,8 +16,11 @@ import Testing
 
     @Test(arguments: [1, 3, 1_000]) func repliesAreReadWhateverPiecesTheyArriveIn(chunk: Int) throws {
         let read = try replies("+OK\r\n:42\r\n$-1\r\n*2\r\n$5\r\nhello\r\n*1\r\n-ERR no\r\n$0\r\n\r\n", chunk: chunk)
-        #expect(read == [.status("OK"), .integer(42), .null,
-                         .array([.string(Array("hello".utf8)), .array([.error("ERR no")])]), .string([])])
+        #expect(
+            read == [
+                .status("OK"), .integer(42), .null,
+                .array([.string(Array("hello".utf8)), .array([.error("ERR no")])]), .string([])
+            ])
     }
 
     /// Fifteen bytes announcing 2^31 - 1 elements would have the reader allocate 16 GB of element pointers at once:
@@ -28,7 +31,8 @@ import Testing
             _ = try replies("*\(RedisReplyReader.maximumElements + 1)\r\n", chunk: 100)
             Issue.record("an array past the bound was accepted")
         } catch let error as RedisError {
-            #expect(error.message.contains("more than \(RedisReplyReader.maximumElements) elements"), "\(error.message)")
+            #expect(
+                error.message.contains("more than \(RedisReplyReader.maximumElements) elements"), "\(error.message)")
         }
         let largest = try replies("*3\r\n:1\r\n:2\r\n:3\r\n", chunk: 4)
         #expect(largest == [.array([.integer(1), .integer(2), .integer(3)])])
@@ -39,7 +43,8 @@ import Testing
             _ = try replies("HTTP/1.1 400 Bad Request\r\n\r\n", chunk: 100)
             Issue.record("an HTTP answer was read as a reply")
         } catch let error as RedisError {
-            #expect(error.message.contains("unreadable reply") && error.message.contains("Protocol error")
+            #expect(
+                error.message.contains("unreadable reply") && error.message.contains("Protocol error")
                     && error.message.contains("\"H\""), "\(error.message)")
         }
     }
@@ -48,7 +53,8 @@ import Testing
     /// reply came in; a reply that is no hash comes back whole, so that its error can be told.
     @Test(arguments: [1, 5, 1_000]) func aHashIsHandedOutInPlaceFieldByField(chunk: Int) throws {
         let reader = RedisReplyReader(capacity: 8)
-        let bytes = Array("*4\r\n$2\r\nab\r\n$10\r\nproduction\r\n$2\r\ncd\r\n$0\r\n\r\n*0\r\n-WRONGTYPE no\r\n:3\r\n".utf8)
+        let bytes = Array(
+            "*4\r\n$2\r\nab\r\n$10\r\nproduction\r\n$2\r\ncd\r\n$0\r\n\r\n*0\r\n-WRONGTYPE no\r\n:3\r\n".utf8)
         var pairs: [String] = []
         var hashes: [RedisReplyReader.HashReply] = []
         for start in stride(from: 0, to: bytes.count, by: chunk) {
@@ -70,7 +76,9 @@ import Testing
         #expect(throws: RedisError.self) {
             try replies(String(repeating: "*1\r\n", count: RedisReplyReader.maximumDepth + 1), chunk: 100)
         }
-        #expect(try replies(String(repeating: "*1\r\n", count: RedisReplyReader.maximumDepth) + ":1\r\n", chunk: 100).count == 1)
+        #expect(
+            try replies(String(repeating: "*1\r\n", count: RedisReplyReader.maximumDepth) + ":1\r\n", chunk: 100).count
+                == 1)
         #expect(throws: RedisError.self) { try replies("$\(RedisReplyReader.maximumBulkLength + 1)\r\n", chunk: 100) }
         #expect(throws: RedisError.self) { try replies(":12a\r\n", chunk: 100) }
         #expect(throws: RedisError.self) { try replies("$2\r\nabc\r\n", chunk: 100) }

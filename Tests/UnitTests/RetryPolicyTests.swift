@@ -19,15 +19,18 @@ import WorkerPipeline
         #expect(policy.decide(attempt: 1, retryable: 2, suggestedDelay: 0, deadline: nil, now: 0) == .retry(delay: 1))
         #expect(policy.decide(attempt: 2, retryable: 2, suggestedDelay: 0, deadline: nil, now: 0) == .retry(delay: 15))
         #expect(policy.decide(attempt: 3, retryable: 2, suggestedDelay: 0, deadline: nil, now: 0) == .park)
-        #expect(policy.decide(attempt: 3, retryable: 0, suggestedDelay: 0, deadline: nil, now: 0) == .none,
-                "a job with nothing to retry is neither retried nor parked")
+        #expect(
+            policy.decide(attempt: 3, retryable: 0, suggestedDelay: 0, deadline: nil, now: 0) == .none,
+            "a job with nothing to retry is neither retried nor parked")
     }
 
     @Test func aRetryThatWouldComeAfterTheDeadlineExpiresInstead() {
-        #expect(policy.decide(attempt: 1, retryable: 1, suggestedDelay: 0, deadline: 1_000, now: 998) == .retry(delay: 1))
+        #expect(
+            policy.decide(attempt: 1, retryable: 1, suggestedDelay: 0, deadline: 1_000, now: 998) == .retry(delay: 1))
         #expect(policy.decide(attempt: 1, retryable: 1, suggestedDelay: 0, deadline: 1_000, now: 999) == .expire)
-        #expect(policy.decide(attempt: 3, retryable: 1, suggestedDelay: 0, deadline: 1_000, now: 999.5) == .expire,
-                "on the last attempt too: a job past its deadline is not parked for people to send again")
+        #expect(
+            policy.decide(attempt: 3, retryable: 1, suggestedDelay: 0, deadline: 1_000, now: 999.5) == .expire,
+            "on the last attempt too: a job past its deadline is not parked for people to send again")
     }
 
     @Test func delaysAreTakenShortestFirst() {

@@ -21,7 +21,9 @@ import WorkerPipeline
 
     @Test func aBroadcastAnswered410FailsAndRemovesNothing() throws {
         let fleet = InMemoryFleet()
-        let running = Spec.Running(fleet) { _ in APNsResponse(status: 200) } broadcastAnswer: { _ in
+        let running = Spec.Running(fleet) { _ in
+            APNsResponse(status: 200)
+        } broadcastAnswer: { _ in
             APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
         }
         let tag = fleet.deliver(Self.broadcastJob("gone"), properties: MessageProperties(replyTo: "replies"))
@@ -30,7 +32,8 @@ import WorkerPipeline
         let published = fleet.read(\.published)
         #expect(published.map(\.destination) == [.reply("replies")], "a summary, no dead-token event, not parked")
         let summary = try Self.summary(published.first)
-        #expect(summary["failed"] as? Int == 1 && summary["dead"] as? Int == 0
+        #expect(
+            summary["failed"] as? Int == 1 && summary["dead"] as? Int == 0
                 && summary["channel_id"] as? String == Self.channel, "\(summary)")
         #expect(fleet.read(\.removals).isEmpty)
         #expect(running.worker.statistics.deadTokens.load(ordering: .relaxed) == 0)
@@ -38,8 +41,11 @@ import WorkerPipeline
 
     @Test func aThrottledBroadcastGoesToItsDelayQueueThenIsParkedWhenItsAttemptsAreSpent() throws {
         let fleet = InMemoryFleet()
-        let running = Spec.Running(fleet, settings: Spec.settings(attempts: 2)) { _ in APNsResponse(status: 200) }
-            broadcastAnswer: { _ in APNsResponse(status: 429, reason: .tooManyRequests) }
+        let running = Spec.Running(fleet, settings: Spec.settings(attempts: 2)) { _ in
+            APNsResponse(status: 200)
+        } broadcastAnswer: { _ in
+            APNsResponse(status: 429, reason: .tooManyRequests)
+        }
         let body = Self.broadcastJob("busy")
         let first = fleet.deliver(body)
         #expect(fleet.wait { $0.acknowledged.contains(first) })
@@ -51,7 +57,9 @@ import WorkerPipeline
         running.stop()
         let parked = try #require(fleet.read { $0.published.dropFirst().first })
         #expect(parked.destination == .failed && String(decoding: parked.body, as: UTF8.self) == body)
-        #expect(parked.properties.headers[Worker.reasonHeader] == "broadcast not delivered after 2 attempts: TooManyRequests")
+        #expect(
+            parked.properties.headers[Worker.reasonHeader]
+                == "broadcast not delivered after 2 attempts: TooManyRequests")
         let statistics = running.worker.statistics
         #expect(statistics.jobsParked.load(ordering: .relaxed) == 1 && statistics.retries.load(ordering: .relaxed) == 1)
         #expect(fleet.read(\.broadcastsSent) == [Self.channel, Self.channel])
@@ -66,8 +74,9 @@ import WorkerPipeline
             state.settled["once"]?.add(.done(Self.channel))
         }
         let running = Spec.Running(fleet)
-        let redelivery = fleet.deliver(Self.broadcastJob("once"), properties: MessageProperties(replyTo: "replies"),
-                                       redelivered: true)
+        let redelivery = fleet.deliver(
+            Self.broadcastJob("once"), properties: MessageProperties(replyTo: "replies"),
+            redelivered: true)
         #expect(fleet.wait { $0.acknowledged.contains(redelivery) })
         running.stop()
         #expect(fleet.read(\.broadcastsSent).isEmpty, "not broadcast again")
@@ -80,8 +89,11 @@ import WorkerPipeline
     @Test func aBroadcastGivenBackPublishesItsAttemptsSummaryOnce() throws {
         let fleet = InMemoryFleet()
         fleet.change { $0.missingQueues = [.retry(delay: 60, lane: .urgent)] }
-        let running = Spec.Running(fleet) { _ in APNsResponse(status: 200) }
-            broadcastAnswer: { _ in APNsResponse(status: 429, reason: .tooManyRequests) }
+        let running = Spec.Running(fleet) { _ in
+            APNsResponse(status: 200)
+        } broadcastAnswer: { _ in
+            APNsResponse(status: 429, reason: .tooManyRequests)
+        }
         let properties = MessageProperties(replyTo: "replies", messageID: "given-back")
         let first = fleet.deliver(Self.broadcastJob("given-back"), properties: properties)
         #expect(fleet.wait { $0.requeued.contains(first) }, "its retry copy was not taken: given back")
@@ -92,8 +104,9 @@ import WorkerPipeline
         let summaries = fleet.read { $0.published.filter { $0.destination == .reply("replies") } }
         #expect(summaries.count == 1, "attempt 1's summary once, not once per delivery")
         let statistics = running.worker.statistics
-        #expect(statistics.broadcastCount("retrying") == 0 && statistics.retries.load(ordering: .relaxed) == 0,
-                "counted when settled, not when given back")
+        #expect(
+            statistics.broadcastCount("retrying") == 0 && statistics.retries.load(ordering: .relaxed) == 0,
+            "counted when settled, not when given back")
     }
 
     /// A job taken, whose topic no credential serves any more when its notifications go out (a reload took it
@@ -110,12 +123,15 @@ import WorkerPipeline
         let published = fleet.read(\.published)
         let parked = published.filter { $0.destination == .failed }
         #expect(parked.count == 2, "\(published.map(\.destination))")
-        let job = try PushJob.decode(try #require(parked.first { $0.body.count > 200 }).body, defaultTopic: nil,
-                                     fallbackID: "-")
+        let job = try PushJob.decode(
+            try #require(parked.first { $0.body.count > 200 }).body, defaultTopic: nil,
+            fallbackID: "-")
         #expect(job.retryTargets?.map(\.token) == tokens, "parked with the notifications left to send")
-        #expect(parked.allSatisfy {
-            $0.properties.headers[Worker.reasonHeader]?.contains("no APNs credential serves topic \(Spec.topic)") == true
-        }, "\(parked.map { $0.properties.headers[Worker.reasonHeader] ?? "" })")
+        #expect(
+            parked.allSatisfy {
+                $0.properties.headers[Worker.reasonHeader]?.contains("no APNs credential serves topic \(Spec.topic)")
+                    == true
+            }, "\(parked.map { $0.properties.headers[Worker.reasonHeader] ?? "" })")
         let summary = try Self.summary(published.first { $0.destination == .reply("replies") })
         #expect(summary["notifications"] as? Int == 3 && summary["delivered"] as? Int == 0, "\(summary)")
         #expect(fleet.read(\.sent).isEmpty && fleet.read(\.broadcastsSent).isEmpty)
@@ -128,14 +144,18 @@ import WorkerPipeline
     /// with its dead-token event, and the live one stays.
     @Test func aDeadUpdateTokenLeavesItsActivity() throws {
         let fleet = InMemoryFleet()
-        let dead = Spec.token(7), live = Spec.token(8)
+        let dead = Spec.token(7)
+        let live = Spec.token(8)
         let scope = TokenScope(environment: .production, topic: Spec.topic + ".push-type.liveactivity")
         fleet.change { $0.activities = ["match": [dead, live].map { CachedToken(token: $0, scope: scope) }] }
         let running = Spec.Running(fleet) { notification in
-            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_000)
+            notification.deviceToken == dead
+                ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_000)
                 : APNsResponse(status: 200)
         }
-        let tag = fleet.deliver(#"{"id":"minute","topic":"\#(Spec.topic)","activity":"match","live_activity":{"event":"update","timestamp":1,"content_state":{}}}"#)
+        let tag = fleet.deliver(
+            #"{"id":"minute","topic":"\#(Spec.topic)","activity":"match","live_activity":{"event":"update","timestamp":1,"content_state":{}}}"#
+        )
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
         #expect(fleet.read(\.sent).map(\.token).sorted() == [dead, live])
@@ -156,13 +176,15 @@ import WorkerPipeline
         }
         let running = Spec.Running(fleet)
         let tokens = [Spec.token(1), failing, Spec.token(2)]
-        let tag = fleet.deliver(Spec.job("split", tokens: tokens), properties: MessageProperties(replyTo: "replies"),
-                                redelivered: true)
+        let tag = fleet.deliver(
+            Spec.job("split", tokens: tokens), properties: MessageProperties(replyTo: "replies"),
+            redelivered: true)
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
         #expect(fleet.read(\.sent).map(\.token) == [Spec.token(2)], "only what no delivery settled")
         let summary = try Self.summary(fleet.read { $0.published.first })
-        #expect(summary["notifications"] as? Int == 3 && summary["delivered"] as? Int == 2 && summary["failed"] as? Int == 1
+        #expect(
+            summary["notifications"] as? Int == 3 && summary["delivered"] as? Int == 2 && summary["failed"] as? Int == 1
                 && summary["failed_by_reason"] as? [String: Int] == ["BadTopic": 1], "\(summary)")
     }
 }

@@ -1,5 +1,6 @@
 import APNs
 import Testing
+
 @testable import WorkerPipeline
 
 @Suite struct SettlementPlanTests {
@@ -11,8 +12,9 @@ import Testing
     func finishedJob(replyTo: String? = nil) throws -> JobProgress {
         let body = #"{"id":"j-1","topic":"\#(Self.topic)","users":["alice"],"payload":{"aps":{}}}"#
         let job = try PushJob.decode(Array(body.utf8), defaultTopic: Self.topic, fallbackID: "-")
-        let delivery = JobDelivery(tag: 7, redelivered: false, body: Array(body.utf8),
-                                   properties: MessageProperties(replyTo: replyTo, correlationID: "c-1"))
+        let delivery = JobDelivery(
+            tag: 7, redelivered: false, body: Array(body.utf8),
+            properties: MessageProperties(replyTo: replyTo, correlationID: "c-1"))
         let targets = (1...3).map { DeviceTarget(token: Self.token($0), environment: .production, user: "alice") }
         let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: targets, hasStableID: true)
         progress.recordDelivered(0)
@@ -32,11 +34,15 @@ import Testing
             for dead in [false, true] {
                 for summarySent in [false, true] {
                     for decision in decisions {
-                        let delivery = JobDelivery(tag: 9, redelivered: false, body: Array(body.utf8),
-                                                   properties: MessageProperties(replyTo: replyTo))
-                        let targets = (1...2).map { DeviceTarget(token: Self.token($0), environment: .production, user: "bob") }
-                        let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: targets,
-                                                   hasStableID: true)
+                        let delivery = JobDelivery(
+                            tag: 9, redelivered: false, body: Array(body.utf8),
+                            properties: MessageProperties(replyTo: replyTo))
+                        let targets = (1...2).map {
+                            DeviceTarget(token: Self.token($0), environment: .production, user: "bob")
+                        }
+                        let progress = JobProgress(
+                            job: job, delivery: delivery, generation: 1, targets: targets,
+                            hasStableID: true)
                         progress.recordDelivered(0)
                         if dead {
                             progress.recordDead(1, APNsResponse(status: 410, reason: .unregistered, timestamp: 7))
@@ -46,8 +52,9 @@ import Testing
                         progress.summarySent = summarySent
                         let plan = SettlementPlan(progress, retry: decision, defaultTopic: Self.topic)
                         let hasWork = !plan.publications.isEmpty || !plan.removals.isEmpty
-                        #expect(SettlementPlan.isNeeded(for: progress, retry: decision) == hasWork,
-                                "reply_to \(replyTo ?? "none"), dead \(dead), summary sent \(summarySent), \(decision)")
+                        #expect(
+                            SettlementPlan.isNeeded(for: progress, retry: decision) == hasWork,
+                            "reply_to \(replyTo ?? "none"), dead \(dead), summary sent \(summarySent), \(decision)")
                         seen.insert(hasWork)
                     }
                 }
@@ -61,8 +68,12 @@ import Testing
         let event = try DeadTokenEvent.decode(plan.publications[0].body)
         #expect(plan.publications[0].destination == .deadTokens)
         #expect(event.token == Self.token(2) && event.timestamp == 42 && event.jobID == "j-1")
-        #expect(plan.removals == [TokenRemoval(user: "alice", token: Self.token(2), unlessRegisteredAfter: 42,
-                                               onlyIfValueIn: ["production:com.example.app", "production"])])
+        #expect(
+            plan.removals == [
+                TokenRemoval(
+                    user: "alice", token: Self.token(2), unlessRegisteredAfter: 42,
+                    onlyIfValueIn: ["production:com.example.app", "production"])
+            ])
     }
 
     @Test func aRetryCarriesOnlyWhatFailedToTheDelayQueueOfItsLane() throws {
@@ -90,7 +101,8 @@ import Testing
     }
 
     @Test func theJobIsSafeOnceAllButItsSummaryWereTaken() throws {
-        let plan = SettlementPlan(try finishedJob(replyTo: "replies"), retry: .retry(delay: 15), defaultTopic: Self.topic)
+        let plan = SettlementPlan(
+            try finishedJob(replyTo: "replies"), retry: .retry(delay: 15), defaultTopic: Self.topic)
         #expect(plan.summary == 2 && plan.publications[2].destination == .reply("replies"))
         #expect(plan.publications[2].properties.correlationID == "c-1")
         let summaryLost: [PublicationOutcome] = [.taken, .taken, .noQueue]
@@ -105,9 +117,10 @@ import Testing
     @Test func aTokenSentDirectlyIsNotRemovedFromAnyUsersEntry() throws {
         let body = #"{"id":"direct","topic":"\#(Self.topic)","tokens":["\#(Self.token(1))"],"payload":{"aps":{}}}"#
         let job = try PushJob.decode(Array(body.utf8), defaultTopic: Self.topic, fallbackID: "-")
-        let progress = JobProgress(job: job, delivery: JobDelivery(tag: 1, redelivered: false, body: [], properties: .init()),
-                                   generation: 1, targets: [DeviceTarget(token: Self.token(1), environment: .production, user: nil)],
-                                   hasStableID: true)
+        let progress = JobProgress(
+            job: job, delivery: JobDelivery(tag: 1, redelivered: false, body: [], properties: .init()),
+            generation: 1, targets: [DeviceTarget(token: Self.token(1), environment: .production, user: nil)],
+            hasStableID: true)
         progress.recordDead(0, APNsResponse(status: 410))
         let plan = SettlementPlan(progress, retry: .none, defaultTopic: Self.topic)
         #expect(plan.publications.count == 1 && plan.removals.isEmpty)

@@ -10,8 +10,9 @@ import WorkerPipeline
     typealias W = WorkerTests
 
     static func delivery(headers: [String: String] = [:], lane: JobLane = .urgent) -> JobDelivery {
-        JobDelivery(tag: 7, redelivered: false, body: Array("{}".utf8),
-                    properties: MessageProperties(messageID: "m-1", headers: headers), lane: lane)
+        JobDelivery(
+            tag: 7, redelivered: false, body: Array("{}".utf8),
+            properties: MessageProperties(messageID: "m-1", headers: headers), lane: lane)
     }
 
     @Test func delaysGrowTierByTierAsWaitsAddUp() {
@@ -36,7 +37,8 @@ import WorkerPipeline
     }
 
     @Test func aJobWaitsWhenOneOfItsUsersOrItsActivityIsUnavailable() throws {
-        let job = try PushJob.decode(Array(W.job("j", users: ["alice", "bob"]).utf8), defaultTopic: W.topic, fallbackID: "f")
+        let job = try PushJob.decode(
+            Array(W.job("j", users: ["alice", "bob"]).utf8), defaultTopic: W.topic, fallbackID: "f")
         let none = ResolvedUsers(tokens: [:])
         #expect(!StoreWaits.mustWait(job, users: none, activities: none))
         #expect(StoreWaits.mustWait(job, users: ResolvedUsers(tokens: [:], unavailable: ["bob"]), activities: none))
@@ -60,7 +62,9 @@ import WorkerPipeline
         #expect(state.sent.map(\.token) == [W.token(1)], "only the reachable user's job was sent")
         let copy = try #require(state.published.first)
         #expect(state.published.count == 1 && copy.destination == .retry(delay: 1, lane: .urgent))
-        #expect(copy.body == Array(W.job("to-bob", users: ["bob"]).utf8) && copy.properties.headers[StoreWaits.header] == "1")
+        #expect(
+            copy.body == Array(W.job("to-bob", users: ["bob"]).utf8)
+                && copy.properties.headers[StoreWaits.header] == "1")
         #expect(state.removals.isEmpty && state.requeued.isEmpty)
         #expect(running.worker.statistics.jobsWaiting.load(ordering: .relaxed) == 1)
         #expect(running.worker.metricsText.contains(#"apns_worker_jobs_total{result="waiting"} 1"#))

@@ -6,7 +6,8 @@ import WorkerPipeline
 /// back everything not started.
 @Suite struct SuspectQueueTests {
     static func delivery(_ tag: UInt64, lane: JobLane = .urgent) -> JobDelivery {
-        JobDelivery(tag: tag, redelivered: true, body: [], properties: MessageProperties(messageID: "job-\(tag)"), lane: lane)
+        JobDelivery(
+            tag: tag, redelivered: true, body: [], properties: MessageProperties(messageID: "job-\(tag)"), lane: lane)
     }
 
     static func key(_ delivery: JobDelivery) -> String { delivery.properties.messageID ?? "" }
@@ -29,8 +30,9 @@ import WorkerPipeline
 
     @Test func aSuspectWaitsForNothingInFlightAndTheOthersWaitBehindIt() {
         var queue = SuspectQueue()
-        #expect(queue.admit(usual: [Self.delivery(1)], suspects: [Self.delivery(2)]).isEmpty,
-                "a job read with a suspect waits behind it")
+        #expect(
+            queue.admit(usual: [Self.delivery(1)], suspects: [Self.delivery(2)]).isEmpty,
+            "a job read with a suspect waits behind it")
         #expect(queue.isActive)
         // Jobs started before are still under way: the suspect waits, and so do the jobs behind it.
         var (ended, next) = queue.step(jobsInFlight: LaneCounts(urgent: 3), stopping: false, key: Self.key)
@@ -79,8 +81,9 @@ import WorkerPipeline
     /// A campaign's suspect runs alone among bulk work only: urgent jobs keep starting while it waits and runs.
     @Test func aBulkSuspectLetsUrgentJobsThrough() {
         var queue = SuspectQueue()
-        let admitted = queue.admit(usual: [Self.delivery(1), Self.delivery(2, lane: .bulk)],
-                                   suspects: [Self.delivery(3, lane: .bulk)])
+        let admitted = queue.admit(
+            usual: [Self.delivery(1), Self.delivery(2, lane: .bulk)],
+            suspects: [Self.delivery(3, lane: .bulk)])
         #expect(admitted.map(\.tag) == [1] && queue.behind.map(\.tag) == [2], "urgent through, bulk behind")
         #expect(!queue.holdsUrgent)
         // Urgent jobs in flight do not keep a bulk suspect waiting; bulk ones do.
@@ -95,7 +98,8 @@ import WorkerPipeline
 
     @Test func anUrgentSuspectStillRunsAloneAmongEverything() {
         var queue = SuspectQueue()
-        #expect(queue.admit(usual: [Self.delivery(1), Self.delivery(2, lane: .bulk)], suspects: [Self.delivery(3)]).isEmpty)
+        #expect(
+            queue.admit(usual: [Self.delivery(1), Self.delivery(2, lane: .bulk)], suspects: [Self.delivery(3)]).isEmpty)
         #expect(queue.holdsUrgent)
         let (_, next) = queue.step(jobsInFlight: LaneCounts(bulk: 1), stopping: false, key: Self.key)
         #expect(Self.tags(next) == (nil, []), "an urgent suspect waits for every job in flight")

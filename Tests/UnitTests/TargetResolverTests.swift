@@ -8,20 +8,32 @@ import WorkerPipeline
 
     static func token(_ number: Int) -> String { String(format: "%064x", number) }
 
-    func job(users: [String] = [], tokens: [String] = [], pushType: String = "alert", topic: String = topic) throws -> PushJob {
-        let users = users.map { "\"\($0)\"" }.joined(separator: ","), tokens = tokens.map { "\"\($0)\"" }.joined(separator: ",")
-        let body = #"{"id":"j","topic":"\#(topic)","push_type":"\#(pushType)","users":[\#(users)],"tokens":[\#(tokens)],"payload":{"aps":{}}}"#
+    func job(users: [String] = [], tokens: [String] = [], pushType: String = "alert", topic: String = topic) throws
+        -> PushJob
+    {
+        let users = users.map { "\"\($0)\"" }.joined(separator: ",")
+        let tokens = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+        let body =
+            #"{"id":"j","topic":"\#(topic)","push_type":"\#(pushType)","users":[\#(users)],"tokens":[\#(tokens)],"payload":{"aps":{}}}"#
         return try PushJob.decode(Array(body.utf8), defaultTopic: Self.topic, fallbackID: "-")
     }
 
     @Test func aJobsOwnTokensThenItsUsersTokensEachOnce() throws {
-        let resolved = ["alice": [CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox)),
-                                  CachedToken(token: Self.token(1), scope: TokenScope(environment: .production))],
-                        "bob": [CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox))]]
-        let (targets, skipped) = resolver.targets(of: try job(users: ["alice", "bob"], tokens: [Self.token(1)]),
-                                                  resolved: resolved)
-        #expect(targets == [DeviceTarget(token: Self.token(1), environment: .production, user: nil),
-                            DeviceTarget(token: Self.token(2), environment: .sandbox, user: "alice")])
+        let resolved = [
+            "alice": [
+                CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox)),
+                CachedToken(token: Self.token(1), scope: TokenScope(environment: .production))
+            ],
+            "bob": [CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox))]
+        ]
+        let (targets, skipped) = resolver.targets(
+            of: try job(users: ["alice", "bob"], tokens: [Self.token(1)]),
+            resolved: resolved)
+        #expect(
+            targets == [
+                DeviceTarget(token: Self.token(1), environment: .production, user: nil),
+                DeviceTarget(token: Self.token(2), environment: .sandbox, user: "alice")
+            ])
         #expect(skipped == 0)
     }
 
@@ -37,19 +49,24 @@ import WorkerPipeline
     }
 
     @Test func aUsersTokensOfAnotherKindOrAppAreNeverReached() throws {
-        let resolved = ["alice": [
-            CachedToken(token: Self.token(1), scope: TokenScope(environment: .production)),
-            CachedToken(token: Self.token(2), scope: TokenScope(environment: .production, topic: "com.example.app.voip")),
-            CachedToken(token: Self.token(3), scope: TokenScope(environment: .production, topic: "com.other.app")),
-        ]]
-        #expect(resolver.targets(of: try job(users: ["alice"]), resolved: resolved).targets.map(\.token) == [Self.token(1)])
+        let resolved = [
+            "alice": [
+                CachedToken(token: Self.token(1), scope: TokenScope(environment: .production)),
+                CachedToken(
+                    token: Self.token(2), scope: TokenScope(environment: .production, topic: "com.example.app.voip")),
+                CachedToken(token: Self.token(3), scope: TokenScope(environment: .production, topic: "com.other.app"))
+            ]
+        ]
+        #expect(
+            resolver.targets(of: try job(users: ["alice"]), resolved: resolved).targets.map(\.token) == [Self.token(1)])
         let voip = try job(users: ["alice"], pushType: "voip", topic: "com.example.app.voip")
         #expect(resolver.targets(of: voip, resolved: resolved).targets.map(\.token) == [Self.token(2)])
     }
 
     @Test func whatAnEarlierDeliverySettledIsSkippedAndCounted() throws {
-        let (targets, skipped) = resolver.targets(of: try job(tokens: [Self.token(1), Self.token(2)]), resolved: [:],
-                                                  alreadySettled: [Self.token(1)])
+        let (targets, skipped) = resolver.targets(
+            of: try job(tokens: [Self.token(1), Self.token(2)]), resolved: [:],
+            alreadySettled: [Self.token(1)])
         #expect(targets.map(\.token) == [Self.token(2)])
         #expect(skipped == 1)
     }
@@ -57,23 +74,33 @@ import WorkerPipeline
     @Test func aRetryGoesToExactlyItsTargetsWithoutResolvingUsers() throws {
         let original = try job(users: ["alice"])
         let target = DeviceTarget(token: Self.token(5), environment: .sandbox, user: "alice")
-        let retry = try PushJob.decode(original.retryBody(targets: [target], original: Array("{}".utf8)),
-                                       defaultTopic: Self.topic, fallbackID: "-")
+        let retry = try PushJob.decode(
+            original.retryBody(targets: [target], original: Array("{}".utf8)),
+            defaultTopic: Self.topic, fallbackID: "-")
         #expect(resolver.usersToResolve([original, retry]) == ["alice"], "only the new job's users are looked up")
-        let reached = resolver.targets(of: retry, resolved: ["alice": [CachedToken(token: Self.token(6),
-                                                                                      scope: TokenScope(environment: .production))]])
+        let reached = resolver.targets(
+            of: retry,
+            resolved: [
+                "alice": [
+                    CachedToken(
+                        token: Self.token(6),
+                        scope: TokenScope(environment: .production))
+                ]
+            ])
         #expect(reached.targets == [target])
     }
 
     @Test func onlyRedeliveredJobsWithAStableIDAreLookedUp() throws {
         let named = try job(tokens: [Self.token(1)])
         // The same job without an id of its own: named by the fallback its delivery gave it.
-        let unnamed = try PushJob.decode(Array(#"{"tokens":["\#(Self.token(1))"],"payload":{"aps":{}}}"#.utf8),
-                                         defaultTopic: Self.topic, fallbackID: "j")
+        let unnamed = try PushJob.decode(
+            Array(#"{"tokens":["\#(Self.token(1))"],"payload":{"aps":{}}}"#.utf8),
+            defaultTopic: Self.topic, fallbackID: "j")
         #expect(unnamed.id == "j" && !unnamed.idFromBody)
         let first = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
         let again = JobDelivery(tag: 2, redelivered: true, body: [], properties: MessageProperties())
-        let againWithMessageID = JobDelivery(tag: 3, redelivered: true, body: [], properties: MessageProperties(messageID: "m"))
+        let againWithMessageID = JobDelivery(
+            tag: 3, redelivered: true, body: [], properties: MessageProperties(messageID: "m"))
         #expect(resolver.jobsToLookUp([(first, named)]).isEmpty, "a first delivery has no history")
         #expect(resolver.jobsToLookUp([(again, named)]) == ["j"])
         #expect(resolver.jobsToLookUp([(again, unnamed)]).isEmpty, "a delivery tag names no job across deliveries")
@@ -81,9 +108,14 @@ import WorkerPipeline
     }
 
     @Test func spellingsOfOneTokenInTwoCasesAreOneLowerCaseTarget() throws {
-        let lower = Self.token(0xabc), upper = lower.uppercased()
-        let resolved = ["alice": [CachedToken(token: upper, scope: TokenScope(environment: .production)),
-                                  CachedToken(token: lower, scope: TokenScope(environment: .production))]]
+        let lower = Self.token(0xabc)
+        let upper = lower.uppercased()
+        let resolved = [
+            "alice": [
+                CachedToken(token: upper, scope: TokenScope(environment: .production)),
+                CachedToken(token: lower, scope: TokenScope(environment: .production))
+            ]
+        ]
         let reached = resolver.targets(of: try job(users: ["alice"], tokens: [upper]), resolved: resolved).targets
         #expect(reached.map(\.token) == [lower], "one device, one push, in lower case")
     }

@@ -9,20 +9,26 @@ import WorkerPipeline
         ("production", TokenScope(environment: .production)),
         ("sandbox", TokenScope(environment: .sandbox)),
         ("production:com.example.app.voip", TokenScope(environment: .production, topic: "com.example.app.voip")),
-        ("sandbox:com.example.app.push-type.liveactivity",
-         TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity")),
+        (
+            "sandbox:com.example.app.push-type.liveactivity",
+            TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity")
+        ),
         ("production:com.example.other", TokenScope(environment: .production, topic: "com.example.other")),
-        ("production:com.apple.mgmt.External.6b0f6ac2-7a1c-4b8e-9a51-2f3c1d0e9b77",
-         TokenScope(environment: .production, topic: "com.apple.mgmt.External.6b0f6ac2-7a1c-4b8e-9a51-2f3c1d0e9b77")),
+        (
+            "production:com.apple.mgmt.External.6b0f6ac2-7a1c-4b8e-9a51-2f3c1d0e9b77",
+            TokenScope(environment: .production, topic: "com.apple.mgmt.External.6b0f6ac2-7a1c-4b8e-9a51-2f3c1d0e9b77")
+        )
     ])
     func cacheValuesReadAndWriteBack(value: String, scope: TokenScope) {
         #expect(TokenScope(cacheValue: value) == scope)
         #expect(scope.cacheValue == value)
     }
 
-    @Test(arguments: ["", "Production", "staging", "production:", "sandbox: com.example.app", "test:com.example.app",
-                      ":com.example.app", "production:com.example\u{0}app", "production:" + String(repeating: "a", count: 256),
-                      "production:com.example.app:1", "production:com.example/app", "production:com..app"])
+    @Test(arguments: [
+        "", "Production", "staging", "production:", "sandbox: com.example.app", "test:com.example.app",
+        ":com.example.app", "production:com.example\u{0}app", "production:" + String(repeating: "a", count: 256),
+        "production:com.example.app:1", "production:com.example/app", "production:com..app"
+    ])
     func unreadableValuesAreRefused(value: String) {
         #expect(TokenScope(cacheValue: value) == nil)
     }
@@ -62,14 +68,18 @@ import WorkerPipeline
 
     @Test func deadTokenEventsRemoveOnlyWhatTheirTopicReaches() {
         func event(topic: String) -> DeadTokenEvent {
-            DeadTokenEvent(token: "ab", user: "u", topic: topic, environment: .production, status: 410,
-                           reason: "Unregistered", timestamp: 1, jobID: "j")
+            DeadTokenEvent(
+                token: "ab", user: "u", topic: topic, environment: .production, status: 410,
+                reason: "Unregistered", timestamp: 1, jobID: "j")
         }
-        #expect(event(topic: "com.example.app.voip").cacheValuesItRemoves(defaultTopic: "com.example.app")
+        #expect(
+            event(topic: "com.example.app.voip").cacheValuesItRemoves(defaultTopic: "com.example.app")
                 == ["production:com.example.app.voip"])
-        #expect(event(topic: "").cacheValuesItRemoves(defaultTopic: nil) == ["production"],
-                "an event naming no topic is about the default app's device tokens")
-        #expect(event(topic: "").cacheValuesItRemoves(defaultTopic: "com.example.app")
+        #expect(
+            event(topic: "").cacheValuesItRemoves(defaultTopic: nil) == ["production"],
+            "an event naming no topic is about the default app's device tokens")
+        #expect(
+            event(topic: "").cacheValuesItRemoves(defaultTopic: "com.example.app")
                 == ["production", "production:com.example.app"])
     }
 }

@@ -25,11 +25,16 @@ import WorkerPipeline
 
     /// A cluster's nodes in AMQP_URL: each URL its own, commas between them, no password in any text.
     @Test func amqpNodeLists() throws {
-        let nodes = try AMQPNodes("amqp://app:s3cret@rabbit-1:5672/prod, amqp://app:s3cret@rabbit-2:5672/prod,amqps://app:p%2Cw@rabbit-3/prod")
+        let nodes = try AMQPNodes(
+            "amqp://app:s3cret@rabbit-1:5672/prod, amqp://app:s3cret@rabbit-2:5672/prod,amqps://app:p%2Cw@rabbit-3/prod"
+        )
         #expect(nodes.urls.map(\.host) == ["rabbit-1", "rabbit-2", "rabbit-3"])
-        #expect(nodes.urls.allSatisfy { $0.virtualHost == "prod" }, "each URL keeps its own vhost; none swallows the next")
+        #expect(
+            nodes.urls.allSatisfy { $0.virtualHost == "prod" }, "each URL keeps its own vhost; none swallows the next")
         #expect(nodes.urls[2].password == "p,w" && nodes.urls[2].port == 5671, "a comma in a password is %2C")
-        #expect(!nodes.description.contains("s3cret") && !nodes.description.contains("p,w") && !nodes.description.contains("p%2Cw"))
+        #expect(
+            !nodes.description.contains("s3cret") && !nodes.description.contains("p,w")
+                && !nodes.description.contains("p%2Cw"))
         do {
             _ = try AMQPNodes("amqp://app:s3cret@rabbit-1/prod,amqp://app:s3cret@rabbit-2:99999/prod")
             Issue.record("a bad port was accepted")
@@ -48,9 +53,11 @@ import WorkerPipeline
             _ = try AMQPNodes(url)
             Issue.record("a password with a raw comma was accepted")
         } catch {
-            #expect(error.message.contains("a comma separates nodes") && error.message.contains("%2C"), "\(error.message)")
-            #expect(!error.message.contains("port ") && !error.message.contains("cret") && !error.message.contains("34"),
-                    "\(error.message)")
+            #expect(
+                error.message.contains("a comma separates nodes") && error.message.contains("%2C"), "\(error.message)")
+            #expect(
+                !error.message.contains("port ") && !error.message.contains("cret") && !error.message.contains("34"),
+                "\(error.message)")
         }
     }
 
@@ -85,11 +92,13 @@ import WorkerPipeline
         #expect(!secret.description.contains("s3cret"))
         let encoded = try RedisURL("redis://ops%40team:pa%3As%2Fs%25@cache:6379/1")
         #expect(encoded.user == "ops@team" && encoded.password == "pa:s/s%", "credentials are percent-decoded")
-        #expect(try RedisURL("redis://:pa:ss@cache").password == "pa:ss", "a colon after the first belongs to the password")
+        #expect(
+            try RedisURL("redis://:pa:ss@cache").password == "pa:ss", "a colon after the first belongs to the password")
         #expect(throws: RedisError.self) { try RedisURL("redis://:bad%zz@cache") }
         let secure = try RedisURL("rediss://:s3cret@cache:6380/2")
-        #expect(secure.tls == RedisTLS() && secure.port == 6380 && secure.description == "rediss://:***@cache:6380/2",
-                "rediss:// is TLS")
+        #expect(
+            secure.tls == RedisTLS() && secure.port == 6380 && secure.description == "rediss://:***@cache:6380/2",
+            "rediss:// is TLS")
         #expect(try RedisURL("redis://cache").tls == nil)
         #expect(throws: RedisError.self) { try RedisURL("http://cache") }
         #expect(throws: RedisError.self) { try RedisURL("redis://cache/x") }

@@ -29,8 +29,9 @@ import WorkerPipeline
         let fleet = InMemoryFleet()
         fleet.change { $0.holdingAnswers = true }
         let running = Spec.Running(fleet, settings: Spec.settings(maximumInFlight: 20))
-        let tag = fleet.deliver(Spec.job("campaign", tokens: (1...200).map(Spec.token)),
-                                properties: MessageProperties(replyTo: "replies"))
+        let tag = fleet.deliver(
+            Spec.job("campaign", tokens: (1...200).map(Spec.token)),
+            properties: MessageProperties(replyTo: "replies"))
         #expect(fleet.wait { $0.sent.count == 20 }, "the window is full")
         #expect(Self.cancel("campaign", in: fleet), "the worker read the cancellations again")
         fleet.releaseAnswers()
@@ -38,7 +39,8 @@ import WorkerPipeline
         running.stop()
         #expect(fleet.read { $0.sent.count } == 20, "nothing sent after the cancellation")
         let summary = try #require(Self.summary(fleet))
-        #expect(summary["notifications"] as? Int == 200 && summary["delivered"] as? Int == 20
+        #expect(
+            summary["notifications"] as? Int == 200 && summary["delivered"] as? Int == 20
                 && summary["cancelled"] as? Int == 180, "\(summary)")
         #expect(fleet.read { $0.published.map(\.destination) } == [.reply("replies")], "nothing parked or retried")
     }
@@ -48,8 +50,9 @@ import WorkerPipeline
         let fleet = InMemoryFleet()
         fleet.change { $0.cancelled = [CancelledJob(jobID: "early", at: Date().timeIntervalSince1970)] }
         let running = Spec.Running(fleet, settings: Spec.settings())
-        let cancelled = fleet.deliver(Spec.job("early", tokens: (1...5).map(Spec.token)),
-                                      properties: MessageProperties(replyTo: "replies"))
+        let cancelled = fleet.deliver(
+            Spec.job("early", tokens: (1...5).map(Spec.token)),
+            properties: MessageProperties(replyTo: "replies"))
         let other = fleet.deliver(Spec.job("other", tokens: [Spec.token(9)]))
         #expect(fleet.wait { $0.acknowledged.contains(cancelled) && $0.acknowledged.contains(other) })
         running.stop()

@@ -18,7 +18,9 @@ import WorkerPipeline
         try ES256Key.generatePrivateKeyPEM().write(toFile: keyFile, atomically: true, encoding: .utf8)
     }
 
-    var minimal: [String: String] { ["APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG", "APNS_TEAM_ID": "TEAM123456"] }
+    var minimal: [String: String] {
+        ["APNS_KEY_FILE": keyFile, "APNS_KEY_ID": "ABC123DEFG", "APNS_TEAM_ID": "TEAM123456"]
+    }
 
     @Test func contractDefaults() throws {
         let configuration = try WorkerConfiguration.load(from: minimal)
@@ -32,21 +34,26 @@ import WorkerPipeline
         #expect(configuration.rateLimit == 0)
         #expect(configuration.apns.verifyPeer)
         #expect(configuration.broker.queues.deadTokensExchange == "push.dead-tokens", "named like the queue")
-        let own = try WorkerConfiguration.load(from: minimal.merging(["PUSH_DEAD_TOKENS_QUEUE": "team-b.dead"]) { _, new in new })
+        let own = try WorkerConfiguration.load(
+            from: minimal.merging(["PUSH_DEAD_TOKENS_QUEUE": "team-b.dead"]) { _, new in new })
         #expect(own.broker.queues.deadTokensExchange == "team-b.dead", "another queue, another exchange: no cross-talk")
         #expect(configuration.broker.queues.registrations == "push.registrations")
         #expect(configuration.cleanup.inactiveDays == 90 && configuration.cleanup.sweepInterval == 3600)
         #expect(configuration.metrics.port == 9464 && configuration.broker.prefetch == 500)
         #expect(configuration.broker.queues.bulk == "push.bulk" && configuration.broker.bulkPrefetch == 100)
         #expect(configuration.broker.queues.type == .classic && configuration.pipeline.maximumDeliveries == 5)
-        let clustered = try WorkerConfiguration.load(from: minimal.merging(["PUSH_QUEUE_TYPE": "quorum",
-                                                                            "WORKER_MAX_DELIVERIES": "2"]) { $1 })
+        let clustered = try WorkerConfiguration.load(
+            from: minimal.merging([
+                "PUSH_QUEUE_TYPE": "quorum",
+                "WORKER_MAX_DELIVERIES": "2"
+            ]) { $1 })
         #expect(clustered.broker.queues.type == .quorum && clustered.pipeline.maximumDeliveries == 2)
         #expect(clustered.pipeline.exitOnJobID == nil, "the test-only fault is off unless asked for")
         let nodes = "amqp://guest:guest@rabbit-1:5672/%2f,amqp://guest:guest@rabbit-2:5672/%2f"
         let cluster = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": nodes]) { $1 })
         #expect(cluster.broker.queues.type == .quorum, "several nodes: quorum queues unless PUSH_QUEUE_TYPE says")
-        let chosen = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": nodes, "PUSH_QUEUE_TYPE": "classic"]) { $1 })
+        let chosen = try WorkerConfiguration.load(
+            from: minimal.merging(["AMQP_URL": nodes, "PUSH_QUEUE_TYPE": "classic"]) { $1 })
         #expect(chosen.broker.queues.type == .classic)
         #expect(configuration.rateLimitUrgentShare == 0.2)
         #expect(configuration.pipeline.core.prefetch == 600, "a turn reads up to both lanes' prefetch")
@@ -89,7 +96,7 @@ import WorkerPipeline
         (["APNS_RATE_LIMIT_URGENT_SHARE": "20%"], "APNS_RATE_LIMIT_URGENT_SHARE"),
         (["PUSH_QUEUE_TYPE": "mirrored"], "PUSH_QUEUE_TYPE"),
         (["PUSH_QUEUE_TYPE": "Quorum"], "PUSH_QUEUE_TYPE"),
-        (["WORKER_MAX_DELIVERIES": "0"], "WORKER_MAX_DELIVERIES"),
+        (["WORKER_MAX_DELIVERIES": "0"], "WORKER_MAX_DELIVERIES")
     ])
     func badSettingsNameTheirKey(overrides: [String: String], key: String) {
         let environment = minimal.merging(overrides) { _, new in new }
@@ -108,14 +115,16 @@ import WorkerPipeline
         #expect(try WorkerConfiguration.load(from: minimal).apns.maximumConnectionsPerEnvironment == 8)
         let raised = try WorkerConfiguration.load(from: minimal.merging(["APNS_CONNECTIONS": "12"]) { _, new in new })
         #expect(raised.apns.connectionsPerEnvironment == 12 && raised.apns.maximumConnectionsPerEnvironment == 12)
-        let given = try WorkerConfiguration.load(from: minimal.merging(["APNS_CONNECTIONS": "3", "APNS_MAX_CONNECTIONS": "5"]) {
-            _, new in new
-        })
-        #expect(given.apns.connectionsPerEnvironment == 3 && given.apns.maximumConnectionsPerEnvironment == 5)
-        do {
-            _ = try WorkerConfiguration.load(from: minimal.merging(["APNS_CONNECTIONS": "4", "APNS_MAX_CONNECTIONS": "2"]) {
+        let given = try WorkerConfiguration.load(
+            from: minimal.merging(["APNS_CONNECTIONS": "3", "APNS_MAX_CONNECTIONS": "5"]) {
                 _, new in new
             })
+        #expect(given.apns.connectionsPerEnvironment == 3 && given.apns.maximumConnectionsPerEnvironment == 5)
+        do {
+            _ = try WorkerConfiguration.load(
+                from: minimal.merging(["APNS_CONNECTIONS": "4", "APNS_MAX_CONNECTIONS": "2"]) {
+                    _, new in new
+                })
             Issue.record("accepted APNS_MAX_CONNECTIONS below APNS_CONNECTIONS")
         } catch {
             #expect(error.key == "APNS_MAX_CONNECTIONS")
@@ -138,9 +147,15 @@ import WorkerPipeline
         #expect(file.count >= 25, "every key is listed: \(file.keys.sorted())")
         let fromFile = try WorkerConfiguration.load(from: file, requiringCredentials: false)
         let defaults = try WorkerConfiguration.load(from: [:], requiringCredentials: false)
-        #expect(fromFile.broker.queues.jobs == defaults.broker.queues.jobs && fromFile.broker.queues.deadTokensExchange == defaults.broker.queues.deadTokensExchange)
-        #expect(fromFile.broker.prefetch == defaults.broker.prefetch && fromFile.pipeline.retryDelays == defaults.pipeline.retryDelays)
-        #expect(fromFile.cleanup.inactiveDays == defaults.cleanup.inactiveDays && fromFile.metrics.port == defaults.metrics.port)
+        #expect(
+            fromFile.broker.queues.jobs == defaults.broker.queues.jobs
+                && fromFile.broker.queues.deadTokensExchange == defaults.broker.queues.deadTokensExchange)
+        #expect(
+            fromFile.broker.prefetch == defaults.broker.prefetch
+                && fromFile.pipeline.retryDelays == defaults.pipeline.retryDelays)
+        #expect(
+            fromFile.cleanup.inactiveDays == defaults.cleanup.inactiveDays
+                && fromFile.metrics.port == defaults.metrics.port)
         #expect(fromFile.apns.connectionsPerEnvironment == defaults.apns.connectionsPerEnvironment)
     }
 
@@ -158,8 +173,11 @@ import WorkerPipeline
 
     /// The command-line tools send nothing to APNs: they load without credentials, and still check the rest.
     @Test func toolsLoadWithoutCredentials() throws {
-        let configuration = try WorkerConfiguration.load(from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)
-        #expect(configuration.credential.proof == nil && configuration.broker.queues.deadTokensExchange == "", "empty: no exchange")
+        let configuration = try WorkerConfiguration.load(
+            from: ["PUSH_DEAD_TOKENS_EXCHANGE": ""], requiringCredentials: false)
+        #expect(
+            configuration.credential.proof == nil && configuration.broker.queues.deadTokensExchange == "",
+            "empty: no exchange")
         #expect(throws: ConfigurationError(key: "APNS_KEY_ID", "required with APNS_KEY_FILE")) {
             try WorkerConfiguration.load(from: ["APNS_KEY_FILE": keyFile], requiringCredentials: false)
         }
@@ -173,12 +191,22 @@ import WorkerPipeline
     @Test func redisSentinels() throws {
         let sentinels = ["REDIS_SENTINELS": "10.0.0.11:26379, 10.0.0.12:26379,[::1]:26380", "REDIS_MASTER_NAME": "apns"]
         let configuration = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 })
-        #expect(configuration.redis == .sentinel(RedisSentinels(
-            sentinels: [RedisAddress(host: "10.0.0.11", port: 26379), RedisAddress(host: "10.0.0.12", port: 26379),
-                        RedisAddress(host: "::1", port: 26380)], masterName: "apns", dataNodes: RedisURL())))
-        let credentials = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 }.merging([
-            "REDIS_URL": "redis://:s3cret@/3", "REDIS_SENTINEL_PASSWORD": "watch"]) { $1 })
-        guard case .sentinel(let deployment) = credentials.redis else { Issue.record("not Sentinel"); return }
+        #expect(
+            configuration.redis
+                == .sentinel(
+                    RedisSentinels(
+                        sentinels: [
+                            RedisAddress(host: "10.0.0.11", port: 26379), RedisAddress(host: "10.0.0.12", port: 26379),
+                            RedisAddress(host: "::1", port: 26380)
+                        ], masterName: "apns", dataNodes: RedisURL())))
+        let credentials = try WorkerConfiguration.load(
+            from: minimal.merging(sentinels) { $1 }.merging([
+                "REDIS_URL": "redis://:s3cret@/3", "REDIS_SENTINEL_PASSWORD": "watch"
+            ]) { $1 })
+        guard case .sentinel(let deployment) = credentials.redis else {
+            Issue.record("not Sentinel")
+            return
+        }
         #expect(deployment.dataNodes.password == "s3cret" && deployment.dataNodes.database == 3)
         #expect(deployment.sentinelPassword == "watch")
         #expect(!credentials.redis.description.contains("s3cret") && !credentials.redis.description.contains("watch"))
@@ -193,8 +221,9 @@ import WorkerPipeline
             try WorkerConfiguration.load(from: minimal.merging(["REDIS_SENTINEL_PASSWORD": "watch"]) { $1 })
         }
         do {
-            _ = try WorkerConfiguration.load(from: minimal.merging(sentinels) { $1 }.merging(
-                ["REDIS_URL": "redis://:s3cret@cache:6379/0"]) { $1 })
+            _ = try WorkerConfiguration.load(
+                from: minimal.merging(sentinels) { $1 }.merging(
+                    ["REDIS_URL": "redis://:s3cret@cache:6379/0"]) { $1 })
             Issue.record("REDIS_URL naming a host beside REDIS_SENTINELS was accepted")
         } catch {
             #expect(error.key == "REDIS_URL" && error.problem.contains("beside REDIS_SENTINELS"), "\(error)")
@@ -202,7 +231,8 @@ import WorkerPipeline
         }
         for bad in ["s1", "s1:0", "s1:26379,", "s1:26379,s1:26379", "u:p@s1:26379"] {
             #expect(throws: ConfigurationError.self, "\(bad)") {
-                try WorkerConfiguration.load(from: minimal.merging(["REDIS_SENTINELS": bad, "REDIS_MASTER_NAME": "m"]) { $1 })
+                try WorkerConfiguration.load(
+                    from: minimal.merging(["REDIS_SENTINELS": bad, "REDIS_MASTER_NAME": "m"]) { $1 })
             }
         }
     }
@@ -211,28 +241,36 @@ import WorkerPipeline
     /// find Redis, or a database other than 0, stop start-up with the key to fix.
     @Test func redisClusterNodes() throws {
         let nodes = ["REDIS_CLUSTER_NODES": "10.0.0.21:6379,10.0.0.22:6379"]
-        let configuration = try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(
-            ["REDIS_URL": "redis://:s3cret@"]) { $1 })
-        guard case .cluster(let cluster) = configuration.redis else { Issue.record("not a cluster"); return }
-        #expect(cluster.seeds == [RedisAddress(host: "10.0.0.21", port: 6379), RedisAddress(host: "10.0.0.22", port: 6379)])
+        let configuration = try WorkerConfiguration.load(
+            from: minimal.merging(nodes) { $1 }.merging(
+                ["REDIS_URL": "redis://:s3cret@"]) { $1 })
+        guard case .cluster(let cluster) = configuration.redis else {
+            Issue.record("not a cluster")
+            return
+        }
+        #expect(
+            cluster.seeds == [RedisAddress(host: "10.0.0.21", port: 6379), RedisAddress(host: "10.0.0.22", port: 6379)])
         #expect(cluster.dataNodes.password == "s3cret" && !configuration.redis.description.contains("s3cret"))
         #expect(configuration.redis.isCluster)
 
         do {
-            _ = try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(
-                ["REDIS_SENTINELS": "s1:26379", "REDIS_MASTER_NAME": "apns"]) { $1 })
+            _ = try WorkerConfiguration.load(
+                from: minimal.merging(nodes) { $1 }.merging(
+                    ["REDIS_SENTINELS": "s1:26379", "REDIS_MASTER_NAME": "apns"]) { $1 })
             Issue.record("REDIS_CLUSTER_NODES beside REDIS_SENTINELS was accepted")
         } catch {
             #expect(error.key == "REDIS_CLUSTER_NODES" && error.problem.contains("REDIS_SENTINELS"), "\(error)")
         }
         do {
-            _ = try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(["REDIS_URL": "redis://cache:6379/0"]) { $1 })
+            _ = try WorkerConfiguration.load(
+                from: minimal.merging(nodes) { $1 }.merging(["REDIS_URL": "redis://cache:6379/0"]) { $1 })
             Issue.record("REDIS_URL naming a host beside REDIS_CLUSTER_NODES was accepted")
         } catch {
             #expect(error.key == "REDIS_URL" && error.problem.contains("beside REDIS_CLUSTER_NODES"), "\(error)")
         }
         #expect(throws: ConfigurationError.self, "a cluster has database 0 only") {
-            try WorkerConfiguration.load(from: minimal.merging(nodes) { $1 }.merging(["REDIS_URL": "redis:///2"]) { $1 })
+            try WorkerConfiguration.load(
+                from: minimal.merging(nodes) { $1 }.merging(["REDIS_URL": "redis:///2"]) { $1 })
         }
         #expect(throws: ConfigurationError.self) {
             try WorkerConfiguration.load(from: minimal.merging(["REDIS_CLUSTER_NODES": "n1"]) { $1 })
@@ -241,23 +279,30 @@ import WorkerPipeline
 
     /// TLS files belong to a rediss:// URL: beside redis:// they would be ignored, so they stop start-up.
     @Test func redisTLSFiles() throws {
-        let ca = keyFile   // any readable file: a CA file is read when a connection is made
-        let configuration = try WorkerConfiguration.load(from: minimal.merging(
-            ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CA_FILE": ca]) { $1 })
+        let ca = keyFile  // any readable file: a CA file is read when a connection is made
+        let configuration = try WorkerConfiguration.load(
+            from: minimal.merging(
+                ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CA_FILE": ca]) { $1 })
         #expect(configuration.redis == .node(RedisURL(host: "cache", port: 6380, tls: RedisTLS(caFile: ca))))
         do {
-            _ = try WorkerConfiguration.load(from: minimal.merging(["REDIS_URL": "redis://cache:6379/0", "REDIS_CA_FILE": ca]) { $1 })
+            _ = try WorkerConfiguration.load(
+                from: minimal.merging(["REDIS_URL": "redis://cache:6379/0", "REDIS_CA_FILE": ca]) { $1 })
             Issue.record("REDIS_CA_FILE beside redis:// was accepted")
         } catch {
             #expect(error.key == "REDIS_CA_FILE" && error.problem.contains("not rediss://"), "\(error)")
         }
-        let clustered = try WorkerConfiguration.load(from: minimal.merging(
-            ["REDIS_CLUSTER_NODES": "n1:6379", "REDIS_URL": "rediss://:pw@", "REDIS_CA_FILE": ca]) { $1 })
-        guard case .cluster(let nodes) = clustered.redis else { Issue.record("not a cluster"); return }
+        let clustered = try WorkerConfiguration.load(
+            from: minimal.merging(
+                ["REDIS_CLUSTER_NODES": "n1:6379", "REDIS_URL": "rediss://:pw@", "REDIS_CA_FILE": ca]) { $1 })
+        guard case .cluster(let nodes) = clustered.redis else {
+            Issue.record("not a cluster")
+            return
+        }
         #expect(nodes.dataNodes.tls?.caFile == ca, "TLS to every cluster node")
         #expect(throws: ConfigurationError.self, "a key without its certificate") {
-            try WorkerConfiguration.load(from: minimal.merging(
-                ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CERT_KEY_FILE": ca]) { $1 })
+            try WorkerConfiguration.load(
+                from: minimal.merging(
+                    ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CERT_KEY_FILE": ca]) { $1 })
         }
     }
 
@@ -281,18 +326,21 @@ import WorkerPipeline
         } catch {
             #expect(error.key == "APNS_CERT_FILE" && error.problem.contains("expired on"), "\(error)")
         }
-        let soon = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 10)]) { $1 })
+        let soon = try WorkerConfiguration.load(
+            from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 10)]) { $1 })
         let expiry = try #require(soon.credential.certificateExpiry)
         #expect(abs(expiry.timeIntervalSinceNow - 10 * 86_400) < 120, "the certificate's notAfter: \(expiry)")
         let warnings = CredentialSettings.certificateExpiryWarnings(try soon.credential.makeCredentials())
         #expect(warnings.count == 1 && warnings[0].message.contains("expires in 9 days"), "\(warnings)")
-        let fresh = try WorkerConfiguration.load(from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 365)]) { $1 })
+        let fresh = try WorkerConfiguration.load(
+            from: certificateOnly.merging(["APNS_CERT_FILE": try certificate(days: 365)]) { $1 })
         #expect(CredentialSettings.certificateExpiryWarnings(try fresh.credential.makeCredentials()).isEmpty)
     }
 
     @Test func secretsStayOutOfErrors() {
         do {
-            _ = try WorkerConfiguration.load(from: minimal.merging(["AMQP_URL": "amqp://u:topsecret@h:notaport"]) { _, new in new })
+            _ = try WorkerConfiguration.load(
+                from: minimal.merging(["AMQP_URL": "amqp://u:topsecret@h:notaport"]) { _, new in new })
             Issue.record("a URL with a port that is not a number was accepted")
         } catch {
             #expect(error.key == "AMQP_URL" && !error.description.contains("topsecret"), "\(error)")

@@ -7,16 +7,21 @@ import WorkerPipeline
     static let start = Date(timeIntervalSince1970: 1_000_000)
     static let settings = WorkerCore.Settings(prefetch: 500, maximumNotificationsInFlight: 100, shutdownTimeout: 25)
 
-    func core(generation: Int = 1) -> WorkerCore { WorkerCore(settings: Self.settings, generation: generation, now: Self.start) }
+    func core(generation: Int = 1) -> WorkerCore {
+        WorkerCore(settings: Self.settings, generation: generation, now: Self.start)
+    }
 
     func at(_ seconds: Double) -> Date { Self.start.addingTimeInterval(seconds) }
 
     /// The second half of a turn with urgent work only, unless said otherwise.
-    func end(_ core: inout WorkerCore, at seconds: Double, read: Int = 0, queued: Int = 0, inFlight: Int = 0,
-             bulkQueued: Int = 0, bulkInFlight: Int = 0, unstartedBulk: Int = 0, heldDue: Date? = nil) -> [WorkerCore.EndAction] {
-        core.endTurn(now: at(seconds), deliveriesRead: read, queued: LaneCounts(urgent: queued, bulk: bulkQueued),
-                     inFlight: LaneCounts(urgent: inFlight, bulk: bulkInFlight), unstartedBulkJobs: unstartedBulk,
-                     heldDue: heldDue)
+    func end(
+        _ core: inout WorkerCore, at seconds: Double, read: Int = 0, queued: Int = 0, inFlight: Int = 0,
+        bulkQueued: Int = 0, bulkInFlight: Int = 0, unstartedBulk: Int = 0, heldDue: Date? = nil
+    ) -> [WorkerCore.EndAction] {
+        core.endTurn(
+            now: at(seconds), deliveriesRead: read, queued: LaneCounts(urgent: queued, bulk: bulkQueued),
+            inFlight: LaneCounts(urgent: inFlight, bulk: bulkInFlight), unstartedBulkJobs: unstartedBulk,
+            heldDue: heldDue)
     }
 
     @Test func whileRunningEveryTurnReadsUpToThePrefetchAndSendsUrgentWorkFirst() {
@@ -36,8 +41,11 @@ import WorkerPipeline
     @Test func aStopReadsNothingMoreAndLeavesOnceTheJobsUnderWaySettle() {
         var core = core()
         core.handle(.jobsStarted(3))
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 3), .requeueUnstarted],
-                "no reading: the broker gives the unread deliveries to another worker")
+        #expect(
+            core.beginTurn(.init(now: at(1), stopRequested: true)) == [
+                .announceStop(jobsInFlight: 3), .requeueUnstarted
+            ],
+            "no reading: the broker gives the unread deliveries to another worker")
         #expect(core.beginTurn(.init(now: at(2), stopRequested: true, completedJobs: 2)) == [.finishCompleted])
         core.handle(.jobsSettled(2))
         #expect(core.beginTurn(.init(now: at(3), stopRequested: true)) == [])
@@ -47,7 +55,8 @@ import WorkerPipeline
 
     @Test func aStopWithNothingUnderWayLeavesAtOnce() {
         var core = core()
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true))
+        #expect(
+            core.beginTurn(.init(now: at(1), stopRequested: true))
                 == [.announceStop(jobsInFlight: 0), .requeueUnstarted, .exit(.drained)])
     }
 
@@ -56,15 +65,17 @@ import WorkerPipeline
         core.handle(.jobsStarted(2))
         _ = core.beginTurn(.init(now: at(10), stopRequested: true))
         #expect(core.beginTurn(.init(now: at(34), stopRequested: true)) == [])
-        #expect(core.beginTurn(.init(now: at(35.5), stopRequested: true)) == [.exit(.deadlinePassed(unfinishedJobs: 2))])
+        #expect(
+            core.beginTurn(.init(now: at(35.5), stopRequested: true)) == [.exit(.deadlinePassed(unfinishedJobs: 2))])
     }
 
     @Test func whileStoppingThePublicationsHeldBackAreStillMade() {
         var core = core()
         let due = at(6)
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true, heldDue: due))
+        #expect(
+            core.beginTurn(.init(now: at(1), stopRequested: true, heldDue: due))
                 == [.announceStop(jobsInFlight: 0), .requeueUnstarted],
-                "not drained while something waits to be published again")
+            "not drained while something waits to be published again")
         #expect(core.beginTurn(.init(now: at(6), stopRequested: true, heldDue: due)) == [.publishHeld])
         let wait = end(&core, at: 1, unstartedBulk: 5, heldDue: due)
         #expect(wait.last == .wait(seconds: 1, watchingBroker: false), "waits for its due time, not for deliveries")
@@ -74,7 +85,8 @@ import WorkerPipeline
     @Test func completionsOfAnOlderConnectionAreDroppedNotSettled() {
         var core = core(generation: 2)
         #expect(!core.isCurrent(generation: 1) && core.isCurrent(generation: 2))
-        #expect(core.beginTurn(.init(now: at(1), completedJobs: 1, staleCompletions: 3))
+        #expect(
+            core.beginTurn(.init(now: at(1), completedJobs: 1, staleCompletions: 3))
                 == [.readDeliveries(limit: 500), .sendUrgent, .discardStale(3), .finishCompleted])
     }
 
@@ -87,45 +99,58 @@ import WorkerPipeline
     @Test func notificationsInFlightStayWithinTheBound() {
         var core = core()
         #expect(end(&core, at: 0.5, read: 1, queued: 250, inFlight: 30) == [.send(urgent: 70, bulk: 0)])
-        #expect(end(&core, at: 0.6, read: 1, queued: 250, inFlight: 100) == [],
-                "full: nothing goes until answers come back")
+        #expect(
+            end(&core, at: 0.6, read: 1, queued: 250, inFlight: 100) == [],
+            "full: nothing goes until answers come back")
         #expect(end(&core, at: 0.7, read: 1, queued: 20) == [.send(urgent: 20, bulk: 0)])
     }
 
     @Test func handOversAreCutToTheBatchLimitAndTheNextComesAtOnce() {
-        var core = WorkerCore(settings: .init(prefetch: 500, maximumNotificationsInFlight: 5_000, shutdownTimeout: 25,
-                                              sendBatchLimit: 256), generation: 1, now: Self.start)
+        var core = WorkerCore(
+            settings: .init(
+                prefetch: 500, maximumNotificationsInFlight: 5_000, shutdownTimeout: 25,
+                sendBatchLimit: 256), generation: 1, now: Self.start)
         core.handle(.probed(at(0.5)))
         core.handle(.reported(at(0.5)))
-        #expect(end(&core, at: 0.5, queued: 30, bulkQueued: 40_000) == [.send(urgent: 30, bulk: 256)],
-                "no wait: the rest of the bulk lane goes next turn")
-        #expect(end(&core, at: 0.6, bulkQueued: 40_000, bulkInFlight: 4_900)
-                == [.send(urgent: 0, bulk: 100), .wait(seconds: 1, watchingBroker: true)], "the window is full after this one")
+        #expect(
+            end(&core, at: 0.5, queued: 30, bulkQueued: 40_000) == [.send(urgent: 30, bulk: 256)],
+            "no wait: the rest of the bulk lane goes next turn")
+        #expect(
+            end(&core, at: 0.6, bulkQueued: 40_000, bulkInFlight: 4_900)
+                == [.send(urgent: 0, bulk: 100), .wait(seconds: 1, watchingBroker: true)],
+            "the window is full after this one")
     }
 
     @Test func eachLaneHasItsOwnWindowSoBulkWorkNeverKeepsUrgentWorkWaiting() {
         var core = core()
-        #expect(end(&core, at: 0.5, read: 1, queued: 5, bulkQueued: 900, bulkInFlight: 100) == [.send(urgent: 5, bulk: 0)],
-                "a full bulk window holds back no urgent notification")
-        #expect(end(&core, at: 0.6, read: 1, queued: 5, inFlight: 20, bulkQueued: 900, bulkInFlight: 40)
+        #expect(
+            end(&core, at: 0.5, read: 1, queued: 5, bulkQueued: 900, bulkInFlight: 100) == [.send(urgent: 5, bulk: 0)],
+            "a full bulk window holds back no urgent notification")
+        #expect(
+            end(&core, at: 0.6, read: 1, queued: 5, inFlight: 20, bulkQueued: 900, bulkInFlight: 40)
                 == [.send(urgent: 5, bulk: 60)])
     }
 
     @Test func bulkJobsStartAFewAtATimeAfterUrgentWorkAndOnlyWhileTheBulkLaneHasRoom() {
         var core = core()
-        #expect(end(&core, at: 0.5, queued: 3, unstartedBulk: 40) == [.send(urgent: 3, bulk: 0), .startBulk(limit: 16)],
-                "urgent notifications go before a bulk job is resolved; then no wait: round again at once")
+        #expect(
+            end(&core, at: 0.5, queued: 3, unstartedBulk: 40) == [.send(urgent: 3, bulk: 0), .startBulk(limit: 16)],
+            "urgent notifications go before a bulk job is resolved; then no wait: round again at once")
         #expect(end(&core, at: 0.6, bulkQueued: 99, bulkInFlight: 100, unstartedBulk: 24) == [.startBulk(limit: 16)])
         let full = end(&core, at: 0.7, bulkQueued: 100, bulkInFlight: 100, unstartedBulk: 8)
-        #expect(!full.contains(.startBulk(limit: 8)) && full.last == .wait(seconds: 1, watchingBroker: true),
-                "a window's worth queued: the rest waits, unresolved")
+        #expect(
+            !full.contains(.startBulk(limit: 8)) && full.last == .wait(seconds: 1, watchingBroker: true),
+            "a window's worth queued: the rest waits, unresolved")
         #expect(end(&core, at: 0.8, unstartedBulk: 5) == [.startBulk(limit: 5)])
     }
 
     @Test func aStopGivesUnstartedBulkJobsBackAndStartsNoMore() {
         var core = core()
         core.handle(.jobsStarted(1))
-        #expect(core.beginTurn(.init(now: at(1), stopRequested: true)) == [.announceStop(jobsInFlight: 1), .requeueUnstarted])
+        #expect(
+            core.beginTurn(.init(now: at(1), stopRequested: true)) == [
+                .announceStop(jobsInFlight: 1), .requeueUnstarted
+            ])
         let stopping = end(&core, at: 1.1, bulkQueued: 10, unstartedBulk: 3)
         #expect(stopping.first == .send(urgent: 0, bulk: 10), "started bulk jobs still finish")
         #expect(!stopping.contains(.startBulk(limit: 3)))
@@ -155,7 +180,10 @@ import WorkerPipeline
     @Test func onlyTheLanesTheRateLimitShortenedWaitForTheNextWindow() {
         let asked = LaneCounts(urgent: 5, bulk: 500)
         #expect(RateReservation.granted(urgent: 5, bulk: 20, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [.bulk])
-        #expect(RateReservation.granted(urgent: 2, bulk: 0, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [.urgent, .bulk])
+        #expect(
+            RateReservation.granted(urgent: 2, bulk: 0, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [
+                .urgent, .bulk
+            ])
         #expect(RateReservation.granted(urgent: 5, bulk: 500, nextWindowIn: 0.05).lanesHeldBack(asked: asked) == [])
         #expect(RateReservation.refused("WRONGTYPE").lanesHeldBack(asked: asked) == [.urgent, .bulk])
     }

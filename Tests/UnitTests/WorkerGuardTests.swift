@@ -23,8 +23,9 @@ import WorkerPipeline
         #expect(fleet.wait { Set($0.acknowledged).isSuperset(of: tags) })
         running.stop()
         let state = fleet.read { $0 }
-        #expect(state.published.count <= 19 && state.removals.count == state.published.count,
-                "at most threshold - 1 removed: \(state.published.count)")
+        #expect(
+            state.published.count <= 19 && state.removals.count == state.published.count,
+            "at most threshold - 1 removed: \(state.published.count)")
         #expect(users.filter { state.cache[$0]?.isEmpty == false }.count >= 41)
         #expect(state.invalidationWindow == InvalidationCounts(mismatches: 60, judged: 60))
         #expect(running.worker.statistics.fleetGuardTripped.load(ordering: .relaxed) == true)
@@ -33,7 +34,10 @@ import WorkerPipeline
 
     @Test func aGenuineBadTokenAmongHealthyAnswersIsRemoved() throws {
         let fleet = InMemoryFleet()
-        fleet.change { $0.cache = ["alice": Spec.cached(1)]; $0.invalidationWindow = InvalidationCounts(mismatches: 25, judged: 1000) }
+        fleet.change {
+            $0.cache = ["alice": Spec.cached(1)]
+            $0.invalidationWindow = InvalidationCounts(mismatches: 25, judged: 1000)
+        }
         let running = Spec.Running(fleet, answer: Self.mismatch)
         let tag = fleet.deliver(Spec.job("one-bad", users: ["alice"]))
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
@@ -44,7 +48,10 @@ import WorkerPipeline
 
     @Test func anUnreadableWindowRemovesNothing() throws {
         let fleet = InMemoryFleet()
-        fleet.change { $0.cache = ["alice": Spec.cached(1)]; $0.invalidationWindow = nil }
+        fleet.change {
+            $0.cache = ["alice": Spec.cached(1)]
+            $0.invalidationWindow = nil
+        }
         let running = Spec.Running(fleet, answer: Self.mismatch)
         let tag = fleet.deliver(Spec.job("unknown-fleet", users: ["alice"]))
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
@@ -58,14 +65,16 @@ import WorkerPipeline
         let fleet = InMemoryFleet()
         let mismatched = Set((1...20).map(Spec.token))
         let running = Spec.Running(fleet, settings: Spec.settings(attempts: 1)) { notification in
-            mismatched.contains(notification.deviceToken) ? APNsResponse(status: 400, reason: .badDeviceToken)
+            mismatched.contains(notification.deviceToken)
+                ? APNsResponse(status: 400, reason: .badDeviceToken)
                 : APNsResponse(status: status, reason: reason.isEmpty ? nil : APNsReason(reason))
         }
         let tag = fleet.deliver(Spec.job("misconfigured", tokens: (1...(20 + others)).map(Spec.token)))
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
-        #expect(!fleet.read { $0.published.contains { $0.destination == .deadTokens } },
-                "20 mismatches beside \(others) answers \(status): no dead-token event")
+        #expect(
+            !fleet.read { $0.published.contains { $0.destination == .deadTokens } },
+            "20 mismatches beside \(others) answers \(status): no dead-token event")
         #expect(running.worker.statistics.heldBack.load(ordering: .relaxed) == 20)
     }
 }

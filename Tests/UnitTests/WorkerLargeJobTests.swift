@@ -18,10 +18,12 @@ import WorkerPipeline
         }
         let dead = Spec.token(30)
         let running = Spec.Running(fleet, settings: Spec.settings(usersPerPiece: 10)) { notification in
-            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered) : APNsResponse(status: 200)
+            notification.deviceToken == dead
+                ? APNsResponse(status: 410, reason: .unregistered) : APNsResponse(status: 200)
         }
-        let tag = fleet.deliver(Spec.job("large", users: users, tokens: [Spec.token(99)]),
-                                properties: MessageProperties(replyTo: "replies"))
+        let tag = fleet.deliver(
+            Spec.job("large", users: users, tokens: [Spec.token(99)]),
+            properties: MessageProperties(replyTo: "replies"))
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
         let state = fleet.read { $0 }
@@ -29,10 +31,14 @@ import WorkerPipeline
         #expect(state.sent.map(\.token).sorted() == ((1...35).map(Spec.token) + [Spec.token(99)]).sorted(), "each once")
         #expect(state.acknowledged == [tag])
         let destinations = state.published.map(\.destination)
-        #expect(destinations.filter { $0 == .deadTokens }.count == 1 && destinations.filter { $0 == .reply("replies") }.count == 1)
+        #expect(
+            destinations.filter { $0 == .deadTokens }.count == 1
+                && destinations.filter { $0 == .reply("replies") }.count == 1)
         let summary = try #require(state.published.first { $0.destination == .reply("replies") })
         let text = String(decoding: summary.body, as: UTF8.self)
-        #expect(text.contains("\"notifications\":36") && text.contains("\"delivered\":35") && text.contains("\"dead\":1"), "\(text)")
+        #expect(
+            text.contains("\"notifications\":36") && text.contains("\"delivered\":35") && text.contains("\"dead\":1"),
+            "\(text)")
         #expect(state.cache["fan-30"] == [], "the dead token of a later piece left the cache")
     }
 
@@ -65,13 +71,17 @@ import WorkerPipeline
             for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
             state.holdingAnswers = true
         }
-        let running = Spec.Running(fleet, settings: Spec.settings(
-            usersPerPiece: 10, bulkAdmission: BulkAdmission(maximumBytes: 1 << 20, maximumTargets: 25)))
+        let running = Spec.Running(
+            fleet,
+            settings: Spec.settings(
+                usersPerPiece: 10, bulkAdmission: BulkAdmission(maximumBytes: 1 << 20, maximumTargets: 25)))
         let first = fleet.deliver(Spec.job("first", users: Array(users[..<30])), lane: .bulk)
         let second = fleet.deliver(Spec.job("second", users: Array(users[30...])), lane: .bulk)
         let statistics = running.worker.statistics
         #expect(fleet.wait { $0.sent.count == 30 }, "the first campaign went out whole")
-        #expect(fleet.wait { _ in statistics.bulkJobsAwaitingAdmission.load(ordering: .relaxed) == 1 }, "the second waits for admission")
+        #expect(
+            fleet.wait { _ in statistics.bulkJobsAwaitingAdmission.load(ordering: .relaxed) == 1 },
+            "the second waits for admission")
         #expect(fleet.read { $0.resolutions.reduce(0, +) } == 30, "none of the second's users were resolved")
         fleet.releaseAnswers()
         #expect(fleet.wait { Set($0.acknowledged) == [first, second] })
@@ -116,8 +126,9 @@ import WorkerPipeline
         fleet.change { $0.holdingResolutions = false }
         running.stop()
         let state = fleet.read { $0 }
-        #expect(state.requeued == [second, first] && state.sent.isEmpty && state.acknowledged.isEmpty,
-                "the job being prepared given back too, once prepared: \(state.requeued), \(state.sent.count) sent")
+        #expect(
+            state.requeued == [second, first] && state.sent.isEmpty && state.acknowledged.isEmpty,
+            "the job being prepared given back too, once prepared: \(state.requeued), \(state.sent.count) sent")
         #expect(state.givenBack.count == 2, "both noted as given back by an orderly stop")
     }
 }

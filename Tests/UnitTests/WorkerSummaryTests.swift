@@ -17,7 +17,9 @@ import WorkerPipeline
         fleet.change { $0.missingQueues = [.deadTokens] }
         var settings = Spec.settings()
         settings.core.shutdownTimeout = 0.2
-        let answer: @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 410, reason: .unregistered) }
+        let answer: @Sendable (APNsNotification) -> APNsResponse = { _ in
+            APNsResponse(status: 410, reason: .unregistered)
+        }
         let first = Spec.Running(fleet, settings: settings, answer: answer)
         let body = Spec.job("held", tokens: [dead])
         let tag = fleet.deliver(body, properties: MessageProperties(replyTo: "replies"))

@@ -17,8 +17,9 @@ import WorkerPipeline
             state.running.insert("id:campaign")
         }
         let running = Spec.Running(fleet)
-        let suspect = fleet.deliver(Spec.job("campaign", tokens: [Spec.token(1)]), lane: .bulk,
-                                    properties: MessageProperties(messageID: "campaign", deliveryCount: 2), redelivered: true)
+        let suspect = fleet.deliver(
+            Spec.job("campaign", tokens: [Spec.token(1)]), lane: .bulk,
+            properties: MessageProperties(messageID: "campaign", deliveryCount: 2), redelivered: true)
         #expect(fleet.wait { $0.startedAlone == ["id:campaign"] && $0.sent.count == 1 }, "the suspect runs alone")
         let bulk = fleet.deliver(Spec.job("next-campaign", tokens: [Spec.token(2)]), lane: .bulk)
         let urgent = fleet.deliver(Spec.job("urgent", tokens: [Spec.token(3)]))
@@ -36,9 +37,11 @@ import WorkerPipeline
         let fleet = InMemoryFleet()
         fleet.change { $0.holdingAnswers = true }
         let running = Spec.Running(fleet)
-        let tag = fleet.deliver(Spec.job("lost-twice", tokens: [Spec.token(1)]),
-                                properties: MessageProperties(messageID: "lost-twice", deliveryCount: 2), redelivered: true)
-        #expect(fleet.wait { $0.sent.count == 1 && $0.running == ["id:lost-twice"] }, "sent at once, marked while it runs")
+        let tag = fleet.deliver(
+            Spec.job("lost-twice", tokens: [Spec.token(1)]),
+            properties: MessageProperties(messageID: "lost-twice", deliveryCount: 2), redelivered: true)
+        #expect(
+            fleet.wait { $0.sent.count == 1 && $0.running == ["id:lost-twice"] }, "sent at once, marked while it runs")
         fleet.releaseAnswers()
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
@@ -51,8 +54,9 @@ import WorkerPipeline
         // Third delivery, but two rolling restarts gave it back: it is an ordinary job.
         fleet.change { $0.givenBack["id:restarted"] = 2 }
         let running = Spec.Running(fleet)
-        let tag = fleet.deliver(Spec.job("restarted", tokens: [Spec.token(1)]),
-                                properties: MessageProperties(messageID: "restarted", deliveryCount: 2), redelivered: true)
+        let tag = fleet.deliver(
+            Spec.job("restarted", tokens: [Spec.token(1)]),
+            properties: MessageProperties(messageID: "restarted", deliveryCount: 2), redelivered: true)
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
         #expect(fleet.read(\.startedAlone).isEmpty, "not run alone")
@@ -63,8 +67,9 @@ import WorkerPipeline
         fleet.change { $0.holdingAnswers = true }
         let running = Spec.Running(fleet, settings: Spec.settings(maximumInFlight: 5, bulkJobsPerTurn: 1))
         let tags = (1...2).map { job in
-            fleet.deliver(Spec.job("given-\(job)", tokens: (1...20).map { Spec.token(job * 100 + $0) }), lane: .bulk,
-                          properties: MessageProperties(messageID: "given-\(job)"))
+            fleet.deliver(
+                Spec.job("given-\(job)", tokens: (1...20).map { Spec.token(job * 100 + $0) }), lane: .bulk,
+                properties: MessageProperties(messageID: "given-\(job)"))
         }
         #expect(fleet.wait { $0.sent.count == 5 && $0.ready.isEmpty })
         running.worker.stop()

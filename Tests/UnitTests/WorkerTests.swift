@@ -11,15 +11,19 @@ import WorkerPipeline
 
     static func token(_ number: Int) -> String { String(format: "%064x", number) }
 
-    static func settings(maximumInFlight: Int = 100, bulkJobsPerTurn: Int = 16, attempts: Int = 3,
-                         maximumDeliveries: Int = 5, guardThreshold: Int = 20, usersPerPiece: Int = 1000,
-                         bulkAdmission: BulkAdmission = BulkAdmission()) -> WorkerSettings {
-        WorkerSettings(core: WorkerCore.Settings(prefetch: 100, maximumNotificationsInFlight: maximumInFlight,
-                                                 shutdownTimeout: 5, bulkJobsPerTurn: bulkJobsPerTurn,
-                                                 sendBatchLimit: maximumInFlight, usersPerPiece: usersPerPiece,
-                                                 bulkAdmission: bulkAdmission),
-                       defaultTopic: topic, invalidationGuard: MassInvalidationGuard(threshold: guardThreshold),
-                       maximumSendAttempts: attempts, retryDelays: [1, 15, 60, 300], maximumDeliveries: maximumDeliveries)
+    static func settings(
+        maximumInFlight: Int = 100, bulkJobsPerTurn: Int = 16, attempts: Int = 3,
+        maximumDeliveries: Int = 5, guardThreshold: Int = 20, usersPerPiece: Int = 1000,
+        bulkAdmission: BulkAdmission = BulkAdmission()
+    ) -> WorkerSettings {
+        WorkerSettings(
+            core: WorkerCore.Settings(
+                prefetch: 100, maximumNotificationsInFlight: maximumInFlight,
+                shutdownTimeout: 5, bulkJobsPerTurn: bulkJobsPerTurn,
+                sendBatchLimit: maximumInFlight, usersPerPiece: usersPerPiece,
+                bulkAdmission: bulkAdmission),
+            defaultTopic: topic, invalidationGuard: MassInvalidationGuard(threshold: guardThreshold),
+            maximumSendAttempts: attempts, retryDelays: [1, 15, 60, 300], maximumDeliveries: maximumDeliveries)
     }
 
     /// A worker running on its own thread (its broker thread), as `apns-worker run` runs it.
@@ -30,12 +34,16 @@ import WorkerPipeline
 
         let sender: InMemorySender
 
-        init(_ fleet: InMemoryFleet, settings: WorkerSettings = WorkerTests.settings(),
-             answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 200) },
-             broadcastAnswer: @escaping @Sendable (APNsBroadcast) -> APNsResponse = { _ in APNsResponse(status: 200) }) {
+        init(
+            _ fleet: InMemoryFleet, settings: WorkerSettings = WorkerTests.settings(),
+            answer: @escaping @Sendable (APNsNotification) -> APNsResponse = { _ in APNsResponse(status: 200) },
+            broadcastAnswer: @escaping @Sendable (APNsBroadcast) -> APNsResponse = { _ in APNsResponse(status: 200) }
+        ) {
             sender = InMemorySender(fleet, answer: answer, broadcastAnswer: broadcastAnswer)
-            worker = Worker(settings: settings, sender: sender,
-                            logger: Logger(label: "worker-test", level: .critical)) { try fleet.session() }
+            worker = Worker(
+                settings: settings, sender: sender,
+                logger: Logger(label: "worker-test", level: .critical)
+            ) { try fleet.session() }
             Thread.detachNewThread { [self] in
                 do { try worker.run() } catch { failure.withLock { $0 = error } }
                 finished.signal()
@@ -68,8 +76,9 @@ import WorkerPipeline
         #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job was acknowledged")
         running.stop()
         let state = fleet.read { $0 }
-        #expect(state.sent.map(\.token).sorted() == [1, 2, 3, 4].map(Self.token),
-                "each token once, the one two users share included")
+        #expect(
+            state.sent.map(\.token).sorted() == [1, 2, 3, 4].map(Self.token),
+            "each token once, the one two users share included")
         #expect(state.acknowledged == [tag])
         #expect(state.published.isEmpty && state.removals.isEmpty && state.requeued.isEmpty)
     }
@@ -78,7 +87,9 @@ import WorkerPipeline
     /// as it reports; a worker that starts later opens those connections before its first push.
     @Test func aStartingWorkerOpensTheConnectionsTheFleetSentWithLately() throws {
         let fleet = InMemoryFleet()
-        fleet.change { $0.cache = ["alice": [CachedToken(token: Self.token(1), scope: TokenScope(environment: .sandbox))]] }
+        fleet.change {
+            $0.cache = ["alice": [CachedToken(token: Self.token(1), scope: TokenScope(environment: .sandbox))]]
+        }
         let first = Running(fleet)
         let tag = fleet.deliver(Self.job("sandbox", users: ["alice"]))
         #expect(fleet.wait { $0.acknowledged.contains(tag) }, "the job was acknowledged")
@@ -96,7 +107,8 @@ import WorkerPipeline
         fleet.change { $0.cache = ["alice": Self.cached(1, 2)] }
         let dead = Self.token(1)
         let running = Running(fleet) { notification in
-            notification.deviceToken == dead ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
+            notification.deviceToken == dead
+                ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
                 : APNsResponse(status: 200)
         }
         let tag = fleet.deliver(Self.job("one-dead", users: ["alice"]))
@@ -107,7 +119,9 @@ import WorkerPipeline
         #expect(state.published.count == 1)
         let event = try DeadTokenEvent.decode(try #require(state.published.first).body)
         #expect(state.published.first?.destination == .deadTokens)
-        #expect(event.token == dead && event.user == "alice" && event.timestamp == 1_700_000_000_000 && event.jobID == "one-dead")
+        #expect(
+            event.token == dead && event.user == "alice" && event.timestamp == 1_700_000_000_000
+                && event.jobID == "one-dead")
     }
 
     @Test func schedulesARetryWithTheDelayAPNsAskedFor() throws {
@@ -118,8 +132,9 @@ import WorkerPipeline
         #expect(fleet.wait { $0.acknowledged.contains(tag) })
         running.stop()
         let published = fleet.read(\.published)
-        #expect(published.map(\.destination) == [.retry(delay: 15, lane: .urgent)],
-                "a 503 suggests 15 s, longer than the first tier's 1 s")
+        #expect(
+            published.map(\.destination) == [.retry(delay: 15, lane: .urgent)],
+            "a 503 suggests 15 s, longer than the first tier's 1 s")
         let retry = try PushJob.decode(try #require(published.first).body, defaultTopic: nil, fallbackID: "-")
         #expect(retry.attempt == 2)
         #expect(retry.retryTargets?.map(\.token) == [busy], "only the notification that failed goes again")
@@ -142,7 +157,9 @@ import WorkerPipeline
         #expect(String(decoding: parked.body, as: UTF8.self) == original, "parked as its sender enqueued it")
         #expect(parked.properties.headers[Worker.attemptsHeader] == "2")
         #expect(parked.properties.headers[Worker.undeliveredHeader] == busy)
-        #expect(parked.properties.headers[Worker.reasonHeader]?.hasPrefix("1 of 1 notifications not delivered after 2 attempts") == true)
+        #expect(
+            parked.properties.headers[Worker.reasonHeader]?.hasPrefix(
+                "1 of 1 notifications not delivered after 2 attempts") == true)
     }
 
     @Test func parksAPoisonJobUnreadAndSendsNothingOfIt() throws {
@@ -159,7 +176,9 @@ import WorkerPipeline
         #expect(state.sent.map(\.token) == [Self.token(2)], "nothing of the poison job was sent")
         let parked = try #require(state.published.first)
         #expect(state.published.count == 1 && parked.destination == .failed)
-        #expect(parked.properties.headers[Worker.reasonHeader]?.hasPrefix("delivered 6 times, more than the 5 allowed") == true)
+        #expect(
+            parked.properties.headers[Worker.reasonHeader]?.hasPrefix("delivered 6 times, more than the 5 allowed")
+                == true)
         #expect(running.worker.statistics.poisonJobs.load(ordering: .relaxed) == 1)
     }
 
@@ -188,8 +207,9 @@ import WorkerPipeline
         #expect(fleet.wait { $0.sent.count == 20 }, "the bulk lane's window is full")
         let urgent = fleet.deliver(Self.job("urgent", tokens: (1001...1005).map(Self.token)))
         #expect(fleet.wait { $0.sent.filter { $0.lane == .urgent }.count == 5 }, "the urgent job went out")
-        #expect(fleet.read { $0.sent.filter { $0.lane == .bulk }.count } == 20,
-                "while 180 bulk notifications still waited")
+        #expect(
+            fleet.read { $0.sent.filter { $0.lane == .bulk }.count } == 20,
+            "while 180 bulk notifications still waited")
         fleet.releaseAnswers()
         #expect(fleet.wait { $0.acknowledged.contains(bulk) && $0.acknowledged.contains(urgent) })
         running.stop()
@@ -203,7 +223,8 @@ import WorkerPipeline
         let tags = (1...3).map { job in
             fleet.deliver(Self.job("bulk-\(job)", tokens: (1...20).map { Self.token(job * 100 + $0) }), lane: .bulk)
         }
-        #expect(fleet.wait { $0.sent.count == 5 && $0.ready.isEmpty }, "the first bulk job is under way, all three read")
+        #expect(
+            fleet.wait { $0.sent.count == 5 && $0.ready.isEmpty }, "the first bulk job is under way, all three read")
         running.worker.stop()
         #expect(fleet.wait { $0.requeued.count == 2 }, "the two bulk jobs not started went back")
         #expect(fleet.read(\.requeued).sorted() == Array(tags.dropFirst()))

@@ -16,8 +16,10 @@ import WorkerPipeline
         let minute = now / 60 % 1440
         let clock = { (minute: Int) in String(format: "%02d:%02d", (minute + 1440) % 1440 / 60, (minute + 1440) % 60) }
         let window = LocalWindow(start: (minute + 1440 - 60) % 1440, end: (minute + 60) % 1440)
-        let opening = window.nextOpening(after: Date(timeIntervalSince1970: Double(now)), in: TimeZone(identifier: "Etc/GMT+6")!)
-        let body = #"{"id":"\#(id)","topic":"\#(Spec.topic)","users":["inside","behind","zoneless"],"#
+        let opening = window.nextOpening(
+            after: Date(timeIntervalSince1970: Double(now)), in: TimeZone(identifier: "Etc/GMT+6")!)
+        let body =
+            #"{"id":"\#(id)","topic":"\#(Spec.topic)","users":["inside","behind","zoneless"],"#
             + #""local_window":{"start":"\#(clock(minute - 60))","end":"\#(clock(minute + 60))"},"#
             + #""default_timezone":"Etc/GMT+6","payload":{"aps":{}}}"#
         return (body, opening)
@@ -40,7 +42,8 @@ import WorkerPipeline
         running.stop()
         #expect(fleet.read(\.sent).map(\.token) == [Spec.token(1)], "only the user inside the window")
         let published = fleet.read(\.published)
-        let part = try #require(published.first { if case .retry = $0.destination { true } else { false } }, "\(published)")
+        let part = try #require(
+            published.first { if case .retry = $0.destination { true } else { false } }, "\(published)")
         let job = try PushJob.decode(part.body, defaultTopic: nil, fallbackID: "x")
         #expect(job.id == "windowed" && job.users == ["behind", "zoneless"] && job.sendAt == opening, "\(job)")
         let name = WindowSplit.Part(opensAt: opening, users: ["behind", "zoneless"], tokens: []).name
@@ -59,8 +62,10 @@ import WorkerPipeline
         let running = Spec.Running(fleet, settings: Spec.settings())
         let due = Int64(Date().timeIntervalSince1970) - 1
         let part = WindowSplit.Part(opensAt: due, users: ["inside"], tokens: [])
-        let body = try #require(WindowSplit.partBody(Array(Self.windowedJob("twice").body.utf8), users: part.users,
-                                                     tokens: [], sendAt: due))
+        let body = try #require(
+            WindowSplit.partBody(
+                Array(Self.windowedJob("twice").body.utf8), users: part.users,
+                tokens: [], sendAt: due))
         let properties = MessageProperties(headers: [Worker.windowPartHeader: part.name])
         let first = fleet.deliver(String(decoding: body, as: UTF8.self), properties: properties)
         #expect(fleet.wait { $0.acknowledged.contains(first) })
