@@ -6,6 +6,9 @@
 markdown_capture() {
     MARKDOWN_FILE=$1
     MARKDOWN_COMMAND=$2
+    # The commit the run builds, taken now: one made while it runs is not what it measured.
+    MARKDOWN_COMMIT=$(git rev-parse --short HEAD)
+    git diff --quiet HEAD -- Sources Package.swift scripts || MARKDOWN_COMMIT+=" (with uncommitted changes)"
     MARKDOWN_LOG=$(mktemp /tmp/apns-worker-markdown.XXXXXX)
     exec 3>&1
     exec > >(tee "$MARKDOWN_LOG")
@@ -17,11 +20,8 @@ markdown_write() {
     # Everything printed so far reaches the log once tee has read it to the end: stdout goes back, tee ends.
     exec 1>&3 3>&-
     wait "$MARKDOWN_TEE" 2>/dev/null || true
-    local commit dirty=""
-    commit=$(git rev-parse --short HEAD)
-    git diff --quiet HEAD -- Sources Package.swift scripts || dirty=" (with uncommitted changes)"
     {
-        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on commit $commit$dirty, $(nproc) cores," \
+        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on commit $MARKDOWN_COMMIT, $(nproc) cores," \
              "$(free -g | awk '/^Mem:/ { print $2 }') GB, with \`$MARKDOWN_COMMAND\`:"
         echo
         awk '/^\|/ { print; table = 1; next }
