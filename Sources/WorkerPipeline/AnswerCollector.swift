@@ -161,6 +161,11 @@ final class AnswerCollector: Sendable {
     /// After an outcome: a complete job goes back to the broker thread; final outcomes of a job still under way are
     /// handed over for the idempotency record within `outcomeInterval`.
     private func noteOutcome(of progress: JobProgress) {
+        // A job's progress belongs to its lane's sender thread while its notifications are out: debug builds check
+        // that every outcome is recorded there (the broker thread takes it back only once it is complete).
+        assert(
+            sender.isOnLaneThread(progress.delivery.lane),
+            "job \(progress.job.id): outcome recorded off its lane's thread")
         if progress.isComplete {
             // From here the broker thread owns the job, its outcomes not yet recorded included (finishing settles it).
             progress.handedBack = true

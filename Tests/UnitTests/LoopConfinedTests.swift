@@ -1,5 +1,8 @@
+import APNs
 import Foundation
+import Telemetry
 import Testing
+import Threads
 
 @testable import WorkerPipeline
 
@@ -25,6 +28,25 @@ import Testing
             }
             other.start()
             done.wait()
+        }
+    }
+
+    /// A job's outcome recorded anywhere but its lane's sender thread stops the process too: the collector asks the
+    /// sender, whose lanes here are serial queues.
+    @Test func anOutcomeRecordedOffItsLanesThreadStopsTheProcess() async {
+        await #expect(processExitsWith: .failure) {
+            let sender = InMemorySender(InMemoryFleet())
+            let collector = AnswerCollector(
+                statistics: WorkerStatistics(), logger: Logger(label: "test", level: .critical),
+                sender: sender, wakeup: Wakeup())
+            let job = try! PushJob.decode(
+                Array(#"{"tokens": ["\#(String(repeating: "ab", count: 32))"], "payload": {}}"#.utf8),
+                defaultTopic: "com.example.app", fallbackID: "j")
+            let delivery = JobDelivery(tag: 1, redelivered: false, body: [], properties: MessageProperties())
+            let target = DeviceTarget(token: String(repeating: "ab", count: 32), environment: .production, user: nil)
+            let progress = JobProgress(
+                job: job, delivery: delivery, generation: 1, targets: [target], hasStableID: true)
+            collector.record(APNsResult(outcome: .delivered, response: APNsResponse(status: 200)), for: progress, 0)
         }
     }
 }
