@@ -141,23 +141,7 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
                         provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
                         return true
                     }
-                    // A replacement issued in the same second as the refused token would carry the same iat.
-                    let issuedAt = max(Int64(now), (rejected ?? 0) + 1)
-                    let token = try provider.makeToken(issuedAt: issuedAt)
-                    let record =
-                        "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"
-                        + "\"key\":\(JSONString.quote(key.fingerprint))}"
-                    let stored = try redis.command(["SET", Self.key(provider), record, "EX", "3600"])
-                    if case .error(let message) = stored {
-                        throw RedisError(kind: .server, "storing the provider token: \(message)")
-                    }
-                    provider.adopt(token: token, issuedAt: issuedAt)
-                    logger.info(
-                        "minted the fleet's provider token",
-                        [
-                            "apns.key": "\(provider.teamID)/\(provider.keyID)", "apns.token_iat": String(issuedAt),
-                            "apns.replaces_refused": rejected.map(String.init) ?? "none"
-                        ])
+                    try mint(key, on: redis, now: now, replacing: rejected)
                     return true
                 }
                 guard Date() < deadline, !stopping.load(ordering: .acquiring) else { return true }
@@ -171,6 +155,28 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
                 ["apns.key": "\(provider.teamID)/\(provider.keyID)", "error": "\(error)"])
             return false
         }
+    }
+
+    /// Signs a token for `key`'s provider, stores it as the fleet's (under the lease the caller holds) and adopts it.
+    private func mint(_ key: Key, on redis: any RedisClient, now: Double, replacing rejected: Int64?) throws {
+        let provider = key.provider
+        // A replacement issued in the same second as the refused token would carry the same iat.
+        let issuedAt = max(Int64(now), (rejected ?? 0) + 1)
+        let token = try provider.makeToken(issuedAt: issuedAt)
+        let record =
+            "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"
+            + "\"key\":\(JSONString.quote(key.fingerprint))}"
+        let stored = try redis.command(["SET", Self.key(provider), record, "EX", "3600"])
+        if case .error(let message) = stored {
+            throw RedisError(kind: .server, "storing the provider token: \(message)")
+        }
+        provider.adopt(token: token, issuedAt: issuedAt)
+        logger.info(
+            "minted the fleet's provider token",
+            [
+                "apns.key": "\(provider.teamID)/\(provider.keyID)", "apns.token_iat": String(issuedAt),
+                "apns.replaces_refused": rejected.map(String.init) ?? "none"
+            ])
     }
 
     private func connection() throws -> any RedisClient {

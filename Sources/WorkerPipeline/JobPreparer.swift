@@ -16,8 +16,8 @@ struct PreparedBatch {
     /// The deliveries handed in, for giving them back unstarted.
     var deliveries: [JobDelivery]
     /// Jobs with a `local_window`, by delivery tag: how their users' hours cut them (`jobs` holds each with only the
-    /// users and tokens inside their hours now), and how many users and tokens each named as it arrived.
-    var windows: [UInt64: (split: WindowSplit, named: Int)] = [:]
+    /// users and tokens inside their hours now).
+    var windows: [UInt64: WindowSplit] = [:]
     /// Windowed jobs with a user whose time zone sits on a Redis node that does not answer: they wait (`StoreWaits`).
     var waitingForTimeZones: [JobDelivery] = []
 
@@ -85,9 +85,9 @@ struct PreparedBatch {
         _ jobs: inout [(delivery: JobDelivery, job: PushJob)], tokens: any TokenStore,
         logger: Logger
     ) throws
-        -> (windows: [UInt64: (split: WindowSplit, named: Int)], waiting: [JobDelivery])
+        -> (windows: [UInt64: WindowSplit], waiting: [JobDelivery])
     {
-        var windows: [UInt64: (split: WindowSplit, named: Int)] = [:]
+        var windows: [UInt64: WindowSplit] = [:]
         var waiting: [JobDelivery] = []
         let windowed = jobs.indices.filter { jobs[$0].job.localWindow != nil && jobs[$0].job.retryTargets == nil }
         guard !windowed.isEmpty else { return (windows, waiting) }
@@ -104,7 +104,7 @@ struct PreparedBatch {
                 continue
             }
             let split = WindowSplit(job, window: window, zones: zones, now: now, logger: logger)
-            windows[delivery.tag] = (split, job.users.count + job.tokens.count)
+            windows[delivery.tag] = split
             if !split.isWhole { jobs[index].job = job.reaching(users: split.users, tokens: split.tokens) }
         }
         if !leaving.isEmpty { jobs = jobs.indices.filter { !leaving.contains($0) }.map { jobs[$0] } }

@@ -218,10 +218,10 @@ final class JobProgress: @unchecked Sendable {
     var cancelled: Int { rare?.cancelled ?? 0 }
 
     /// Broker thread, as a windowed job starts: its users outside their hours wait in parts; those whose window opens
-    /// only after the job's deadline count as expired, one each (their tokens are never read). `named`: the users
-    /// and tokens the job named as it arrived; `isPart`: the delivery is a part that waited.
-    func cutByWindow(_ split: WindowSplit, named: Int, isPart: Bool) {
-        madeRare.window = WindowState(parts: split.parts, named: named, isPart: isPart, expired: split.expired)
+    /// only after the job's deadline count as expired, one each (their tokens are never read). `isPart`: the delivery
+    /// is a part that waited.
+    func cutByWindow(_ split: WindowSplit, isPart: Bool) {
+        madeRare.window = WindowState(parts: split.parts, named: split.named, isPart: isPart, expired: split.expired)
         notificationCount += split.expired
     }
 

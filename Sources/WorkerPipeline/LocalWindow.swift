@@ -2,6 +2,7 @@ import APNsModel
 import Foundation
 import JSON
 import Telemetry
+import Threads
 
 /// A job's `local_window`: the hours of each user's own day in which its notifications may go out, as local wall
 /// time (`"09:00"` to `"21:00"`, the end excluded; a start after the end crosses midnight). Users' time zones come
@@ -120,8 +121,19 @@ public enum TimeZoneName {
     /// The longest name taken (the database's longest is about 30 bytes).
     static let maximumLength = 64
 
+    /// Names found in the database: every registration event that carries a zone asks, and asking the file system
+    /// costs two stat(2) calls. Bounded by the database's few hundred names.
+    private static let known = Locked<Set<String>>([])
+
     /// Why `name` is not a time zone of the database, or nil if it is one.
     public static func problem(_ name: String) -> String? {
+        if known.withLock({ $0.contains(name) }) { return nil }
+        let problem = lookUp(name)
+        if problem == nil { known.withLock { _ = $0.insert(name) } }
+        return problem
+    }
+
+    private static func lookUp(_ name: String) -> String? {
         let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/_+-".utf8)
         let shown = "\"\(name.prefix(maximumLength))\""
         guard !name.isEmpty, name.utf8.count <= maximumLength, name.utf8.allSatisfy(allowed.contains),
@@ -173,23 +185,32 @@ public struct WindowSplit: Sendable {
     public var parts: [Part] = []
     /// Users and tokens whose window opens only after the job's deadline: expired, never sent.
     public var expired = 0
+    /// The users and tokens the job named as it arrived (before the cut).
+    public let named: Int
 
     /// Every user and token that waits.
     public var waiting: Int { parts.reduce(0) { $0 + $1.users.count + $1.tokens.count } }
     /// Nothing waits and nothing expired: the job runs as it is.
     public var isWhole: Bool { parts.isEmpty && expired == 0 }
 
-    /// Nothing of the job: a part that comes back cancelled before it was due.
-    public init() {}
+    /// Nothing cut: a windowed job settled unsent (cancelled before it was due), which named `named` users and tokens.
+    public init(named: Int) { self.named = named }
 
     /// `zones`: the time zones the users registered (a user without one is absent).
     public init(_ job: PushJob, window: LocalWindow, zones: [String: String], now: Date, logger: Logger) {
+        named = job.users.count + job.tokens.count
         var verdicts: [String: (open: Bool, opensAt: Int64)] = [:]
+        var unknown: Set<String> = []
         let fallback = TimeZone(identifier: window.defaultZone) ?? TimeZone(secondsFromGMT: 0)!
         func verdict(_ name: String?) -> (open: Bool, opensAt: Int64) {
             let name = name ?? window.defaultZone
             if let known = verdicts[name] { return known }
-            let zone = TimeZone(identifier: name) ?? fallback
+            let zone =
+                TimeZone(identifier: name)
+                ?? {
+                    unknown.insert(name)
+                    return fallback
+                }()
             let found = window.contains(now, in: zone) ? (true, 0) : (false, window.nextOpening(after: now, in: zone))
             verdicts[name] = found
             return found
@@ -214,7 +235,6 @@ public struct WindowSplit: Sendable {
         for user in job.users { place(user, zone: zones[user], isUser: true) }
         for token in job.tokens { place(token, zone: nil, isUser: false) }
         parts = waiting.values.sorted { $0.opensAt < $1.opensAt }
-        let unknown = Set(zones.values).filter { TimeZone(identifier: $0) == nil }
         if !unknown.isEmpty {
             logger.warning(
                 "users' time zones the system does not know: their job's default_timezone is used",

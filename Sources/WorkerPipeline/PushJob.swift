@@ -145,8 +145,7 @@ public struct PushJob: Sendable, Equatable {
         let ownID = try string(members.id, named: "id")
         let retry = try retryState(members.retry)
         let (users, tokens, channelID, activity) = try reach(members, retrying: retry != nil, limits: limits)
-        let liveActivity = members.liveActivity
-        let liveActivityJob = liveActivity != nil || channelID != nil || activity != nil
+        let liveActivityJob = members.liveActivity != nil || channelID != nil || activity != nil
         let sending = try SendingOptions(members, defaultPushType: liveActivityJob ? .liveactivity : .alert)
         let localWindow = try LocalWindow.decode(
             members.localWindow, defaultZone: members.defaultTimezone,
@@ -156,12 +155,7 @@ public struct PushJob: Sendable, Equatable {
                 "push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
                     + "Activity pushes only (liveactivity)")
         }
-        guard let bundle = try string(members.topic, named: "topic") ?? defaultTopic, !bundle.isEmpty else {
-            throw .missingTopic
-        }
-        do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
-            throw .breaksRule(error)
-        }
+        let bundle = try bundle(members, defaultTopic: defaultTopic)
         var job: PushJob
         if let channelID {
             job = try broadcastJob(
@@ -171,7 +165,7 @@ public struct PushJob: Sendable, Equatable {
             // Token pre-validation (from the source article): a silent background push to every target, so that
             // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
             // not used, but a payload or live_activity it carries is checked like any other: it is the campaign's.
-            if members.payload != nil || liveActivity != nil {
+            if members.payload != nil || members.liveActivity != nil {
                 _ = try payload(members, body, pushType: sending.pushType)
             }
             job = PushJob(
@@ -202,6 +196,17 @@ public struct PushJob: Sendable, Equatable {
             members.idFromBody = ownID != nil
         }
         return job
+    }
+
+    /// The app the job is for: its `topic`, else the configured default, checked against Apple's rule for bundle IDs.
+    private static func bundle(_ members: JobMembers, defaultTopic: String?) throws(JobError) -> String {
+        guard let bundle = try string(members.topic, named: "topic") ?? defaultTopic, !bundle.isEmpty else {
+            throw .missingTopic
+        }
+        do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
+            throw .breaksRule(error)
+        }
+        return bundle
     }
 
     /// Who a job reaches, as its members say it, checked: users and tokens (canonical), or a channel with no one

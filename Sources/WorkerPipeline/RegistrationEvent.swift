@@ -73,23 +73,8 @@ public struct RegistrationEvent: Sendable, Equatable {
             }
             action = parsed
         }
-        var deviceJSON: String?
-        if let device = document.member("device"), device.value != .null {
-            guard case .object = device.value else {
-                throw .wrongType(field: "device", expected: "an object", got: device.value.typeName)
-            }
-            deviceJSON = String(decoding: body[device.range], as: UTF8.self)
-        }
-        let activity = try PushJob.optionalString(document, "activity")
-        if let activity {
-            guard LiveActivityID.isValid(activity) else { throw .badActivityID }
-            guard topic.map({ $0.hasSuffix(APNsPushType.liveactivity.topicSuffix) }) == true else {
-                throw .wrongType(
-                    field: "topic",
-                    expected: "a Live Activity topic (<bundle>.push-type.liveactivity) beside "
-                        + "\"activity\"", got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
-            }
-        }
+        let deviceJSON = try device(document, body)
+        let activity = try activity(document, topic: topic)
         // A zone this system does not know does not cost the user the token: it is registered without the zone.
         var timeZone = try PushJob.optionalString(document, "timezone")
         var ignoredTimeZone: String?
@@ -105,6 +90,28 @@ public struct RegistrationEvent: Sendable, Equatable {
                 deviceJSON: deviceJSON, activity: activity, timeZone: timeZone))
         event.ignoredTimeZone = ignoredTimeZone
         return event
+    }
+
+    /// The device's metadata, an object kept as written.
+    private static func device(_ document: JSONValue, _ body: [UInt8]) throws(JobError) -> String? {
+        guard let device = document.member("device"), device.value != .null else { return nil }
+        guard case .object = device.value else {
+            throw .wrongType(field: "device", expected: "an object", got: device.value.typeName)
+        }
+        return String(decoding: body[device.range], as: UTF8.self)
+    }
+
+    /// A Live Activity's id, beside a Live Activity topic.
+    private static func activity(_ document: JSONValue, topic: String?) throws(JobError) -> String? {
+        guard let activity = try PushJob.optionalString(document, "activity") else { return nil }
+        guard LiveActivityID.isValid(activity) else { throw .badActivityID }
+        guard topic.map({ $0.hasSuffix(APNsPushType.liveactivity.topicSuffix) }) == true else {
+            throw .wrongType(
+                field: "topic",
+                expected: "a Live Activity topic (<bundle>.push-type.liveactivity) beside \"activity\"",
+                got: topic.map { "\"\($0.prefix(60))\"" } ?? "none")
+        }
+        return activity
     }
 
     public var json: [UInt8] {

@@ -171,7 +171,7 @@ extension SessionLoop {
                 job: job, delivery: delivery, generation: generation, targets: targets,
                 hasStableID: TargetResolver.hasStableID(job, delivery))
             if let settled { progress.restore(settled) }
-            if let window = prepared.windows[delivery.tag] { cutByWindow(progress, window.split, named: window.named) }
+            if let split = prepared.windows[delivery.tag] { cutByWindow(progress, split) }
             guard large else {
                 if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
                 continue
@@ -212,8 +212,8 @@ extension SessionLoop {
 
     /// A windowed job as it starts: what waits for users' hours leaves with it when it settles, what could only open
     /// after its deadline has expired.
-    private func cutByWindow(_ progress: JobProgress, _ split: WindowSplit, named: Int) {
-        progress.cutByWindow(split, named: named, isPart: Self.isWindowPart(progress.delivery))
+    private func cutByWindow(_ progress: JobProgress, _ split: WindowSplit) {
+        progress.cutByWindow(split, isPart: Self.isWindowPart(progress.delivery))
         statistics.expired.add(split.expired, ordering: .relaxed)
     }
 
@@ -224,7 +224,10 @@ extension SessionLoop {
             job: entry.job, delivery: entry.delivery, generation: generation, targets: [],
             hasStableID: true)
         let count = entry.job.users.count + entry.job.tokens.count
-        if Self.isWindowPart(entry.delivery) { progress.cutByWindow(WindowSplit(), named: count, isPart: true) }
+        // A windowed job keeps its window's bookkeeping: a part leaves the count of what waits.
+        if entry.job.localWindow != nil {
+            progress.cutByWindow(WindowSplit(named: count), isPart: Self.isWindowPart(entry.delivery))
+        }
         progress.cancelUnresolved(users: count)
         statistics.cancelled.add(count, ordering: .relaxed)
         progressTracker.cancelled(progress, users: count)

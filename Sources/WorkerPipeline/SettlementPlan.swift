@@ -82,12 +82,20 @@ struct SettlementPlan {
                     destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
                     properties: JobSummary.properties(delivery, jobID: job.id)))
         }
-        let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
+        self.removals = Self.removals(of: progress, defaultTopic: defaultTopic)
+        self.publications = publications
+        self.summary = summary
+        self.parkedReason = parkedReason
+    }
+
+    /// The dead tokens to take out of the cache once the publications are safe.
+    private static func removals(of progress: JobProgress, defaultTopic: String?) -> [TokenRemoval] {
+        let matcher = TopicMatcher(topic: progress.job.topic, defaultTopic: defaultTopic)
         // A dead token without a user of a job that names a Live Activity leaves the activity if it is there (the
         // store removes only an entry that holds it, registered before APNs learned it died), whether the job
         // reached it through the activity or named it in its tokens.
-        let activity = job.activity
-        self.removals = progress.dead.compactMap { target, response in
+        let activity = progress.job.activity
+        return progress.dead.compactMap { target, response in
             if let user = target.user {
                 return TokenRemoval(
                     user: user, token: target.token, unlessRegisteredAfter: response.timestamp,
@@ -98,9 +106,6 @@ struct SettlementPlan {
                 user: "", token: target.token, unlessRegisteredAfter: response.timestamp,
                 onlyIfValueIn: matcher.cacheValues(in: target.environment), activity: activity)
         }
-        self.publications = publications
-        self.summary = summary
-        self.parkedReason = parkedReason
     }
 
     /// Whether everything that must not be lost was taken (`outcomes`: this plan's, in order).
