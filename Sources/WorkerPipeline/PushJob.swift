@@ -135,7 +135,8 @@ public struct PushJob: Sendable, Equatable {
     /// How far ahead `send_at` may be (seconds).
     public static let longestSchedule: Int64 = 7 * 24 * 3600
 
-    /// Decodes a message body. `defaultTopic` is the configured topic of jobs that name none; `fallbackID` names
+    /// Decodes a message body. `defaultTopic` is the configured topic of jobs that name none, a bundle ID already
+    /// checked (`APNsRules.topicProblem`) by the configuration that gave it; `fallbackID` names
     /// jobs that carry no id, made only for them (most jobs name themselves, and making an id is not free).
     public static func decode(
         _ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
@@ -199,10 +200,13 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// The app the job is for: its `topic`, else the configured default, checked against Apple's rule for bundle IDs.
+    /// The configured default was checked with the configuration (`SettingKind.topic`), so a job that names it, or
+    /// none, is not checked again: most jobs, each of which would otherwise pay a pass over its topic's bytes.
     private static func bundle(_ members: JobMembers, defaultTopic: String?) throws(JobError) -> String {
         guard let bundle = try string(members.topic, named: "topic") ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }
+        guard bundle != defaultTopic else { return bundle }
         do throws(APNsRequestError) { try APNsRules.checkTopic(bundle, field: "\"topic\"") } catch {
             throw .breaksRule(error)
         }
