@@ -112,7 +112,7 @@ let package = Package(
             dependencies: [
                 "APNs", "HTTP2", "WorkerPipeline", "Configuration", "Operations",
                 "AMQP", "AMQPBroker", "Redis", "RedisStore", "TLS", "JSON",
-                "ServiceURLs", "Telemetry", "Threads", "COpenSSL"
+                "ServiceURLs", "Telemetry", "Threads", "COpenSSL", "APNsSimulator"
             ]),
         .testTarget(
             name: "IntegrationTests",

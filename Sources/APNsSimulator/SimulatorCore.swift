@@ -16,7 +16,7 @@ final class SimulatorCore: Sendable {
         var countsByCredential: [String: Int] = [:]
         /// Broadcast channels and what was broadcast on them.
         var broadcast = BroadcastChannels()
-        var latencies: [UInt32] = []
+        var latencies = LatencyHistogram()
         var ids = APNsIDGenerator()
         var behaviour: APNsSimulator.Behaviour
         var connections: [Int: ConnectionState] = [:]
@@ -59,8 +59,8 @@ final class SimulatorCore: Sendable {
 
     /// Publish-to-answer latencies of notifications whose payload carries `"sent_at_us":<µs since the epoch>`
     /// (apns-bench stamps them at publish time), in microseconds.
-    func latencies() -> [UInt32] { state.withLock { $0.latencies } }
-    func resetLatencies() { state.withLock { $0.latencies.removeAll(keepingCapacity: true) } }
+    func latencies() -> LatencyHistogram { state.withLock { $0.latencies } }
+    func resetLatencies() { state.withLock { $0.latencies.reset() } }
 
     /// The `sent_at_us` stamp in a payload, if any: a byte search, not a JSON parse (this runs per notification).
     private static let sentAtMarker = Array("\"sent_at_us\":".utf8)
@@ -165,9 +165,7 @@ final class SimulatorCore: Sendable {
         if status == 200 && configuration.countsDistinctAccepted { state.acceptedTokens.insert(token) }
         let credential = certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential
         if let credential { state.countsByCredential[credential, default: 0] += 1 }
-        if let sentAt = stamp, state.latencies.count < 4_000_000 {
-            state.latencies.append(UInt32(clamping: max(0, answeredAt - sentAt)))
-        }
+        if let sentAt = stamp { state.latencies.record(UInt32(clamping: max(0, answeredAt - sentAt))) }
         let given = request.header("apns-id")
         let apnsID = given.flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
         let uniqueID = state.ids.next()
@@ -373,14 +371,10 @@ final class SimulatorCore: Sendable {
             let credentials = countsByCredential()
             let byCredential = credentials.keys.sorted().map { "\(JSONString.quote($0)):\(credentials[$0]!)" }
                 .joined(separator: ",")
-            var latency = latencies()
-            latency.sort()
-            func percentile(_ fraction: Double) -> UInt32 {
-                latency.isEmpty ? 0 : latency[min(latency.count - 1, Int(Double(latency.count) * fraction))]
-            }
+            let latency = latencies()
             let latencyText =
-                "{\"count\":\(latency.count),\"p50\":\(percentile(0.5)),\"p99\":\(percentile(0.99)),"
-                + "\"max\":\(latency.last ?? 0)}"
+                "{\"count\":\(latency.count),\"p50\":\(latency.percentile(0.5)),\"p99\":\(latency.percentile(0.99)),"
+                + "\"max\":\(latency.maximum)}"
             let distinct =
                 configuration.countsDistinctAccepted
                 ? ",\"accepted_distinct\":\(state.withLock { $0.acceptedTokens.count })" : ""

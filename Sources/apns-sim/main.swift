@@ -61,9 +61,10 @@ let usage = """
 
     CONTROL:
       GET /sim/stats on the same port answers {"received": N, "by_status": {...}, "by_credential": {...},
-      "latency_us": {"p50": ..., "p99": ...}} (by_credential: pushes per verified provider key "TEAMID/KEYID" or client
-      certificate "certificate:<common name>"; latency from the "sent_at_us" stamp apns-bench puts in payloads to the
-      answer); POST /sim/reset-latency clears the latencies;
+      "latency_us": {"count": ..., "p50": ..., "p99": ..., "max": ...}} (by_credential: pushes per verified provider key
+      "TEAMID/KEYID" or client certificate "certificate:<common name>"; latency from the "sent_at_us" stamp apns-bench
+      puts in payloads to the answer, kept in buckets: p50 and p99 within 1/64 of their value, exact below 128 us,
+      max exact); POST /sim/reset-latency clears the latencies;
       POST /sim/goaway sends GOAWAY on that connection; POST /sim/outage?seconds=N answers every push 500
       InternalServerError for the next N seconds.
       On SIGINT or SIGTERM it prints the same counts and exits 0.
