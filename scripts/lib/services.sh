@@ -227,6 +227,20 @@ services_stop() {
     return $status
 }
 
+# CPU time (clock ticks, user and system) the processes PIDS have used so far; a process gone counts nothing.
+cpu_ticks() {
+    local pid total=0 fields
+    for pid in "$@"; do
+        [ -r "/proc/$pid/stat" ] || continue
+        # Fields after the command's closing parenthesis (a command may hold spaces): utime and stime are the 12th
+        # and 13th of them.
+        read -r -a fields < <(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) || continue
+        [ "${#fields[@]}" -gt 12 ] || continue
+        total=$((total + fields[11] + fields[12]))
+    done
+    echo "$total"
+}
+
 # The Swift toolchain, where the machine image puts it, when it is not on PATH already.
 services_swift_path() {
     command -v swift >/dev/null 2>&1 || export PATH="/opt/swift/usr/bin:$PATH"
