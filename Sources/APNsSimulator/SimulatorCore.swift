@@ -58,8 +58,16 @@ final class SimulatorCore: Sendable {
     func countsByCredential() -> [String: Int] { state.withLock { $0.countsByCredential } }
 
     /// Publish-to-answer latencies of notifications whose payload carries `"sent_at_us":<µs since the epoch>`
-    /// (apns-bench stamps them at publish time), in microseconds.
-    func latencies() -> LatencyHistogram { state.withLock { $0.latencies } }
+    /// (apns-bench stamps them at publish time), in microseconds: read under the lock, so that a poll leaves no copy
+    /// of the buckets for the next push to pay for.
+    func latencySummary() -> (count: Int, p50: UInt32, p99: UInt32, maximum: UInt32) {
+        state.withLock { state in
+            (
+                state.latencies.count, state.latencies.percentile(0.5), state.latencies.percentile(0.99),
+                state.latencies.maximum
+            )
+        }
+    }
     func resetLatencies() { state.withLock { $0.latencies.reset() } }
 
     /// The `sent_at_us` stamp in a payload, if any: a byte search, not a JSON parse (this runs per notification).
@@ -371,10 +379,9 @@ final class SimulatorCore: Sendable {
             let credentials = countsByCredential()
             let byCredential = credentials.keys.sorted().map { "\(JSONString.quote($0)):\(credentials[$0]!)" }
                 .joined(separator: ",")
-            let latency = latencies()
+            let latency = latencySummary()
             let latencyText =
-                "{\"count\":\(latency.count),\"p50\":\(latency.percentile(0.5)),\"p99\":\(latency.percentile(0.99)),"
-                + "\"max\":\(latency.maximum)}"
+                "{\"count\":\(latency.count),\"p50\":\(latency.p50),\"p99\":\(latency.p99),\"max\":\(latency.maximum)}"
             let distinct =
                 configuration.countsDistinctAccepted
                 ? ",\"accepted_distinct\":\(state.withLock { $0.acceptedTokens.count })" : ""
