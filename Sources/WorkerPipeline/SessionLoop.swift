@@ -185,33 +185,7 @@ final class SessionLoop {
                 completedJobs: completions.current, staleCompletions: completions.stale, heldDue: held.nextDue)
             var deliveriesRead = 0
             for action in core.beginTurn(observation) {
-                switch action {
-                case .announceStop(let jobs):
-                    logger.info(
-                        "stopping: finishing jobs under way",
-                        [
-                            "jobs.in_flight": String(jobs),
-                            "jobs.unstarted_bulk": String(unstartedBulk.count)
-                        ])
-                case .requeueUnstarted:
-                    try giveBackUnstarted()
-                case .exit(let exit):
-                    leave(exit)
-                    return
-                case .readDeliveries(let limit):
-                    deliveriesRead = try read(limit: limit)
-                case .sendUrgent:
-                    try sendUrgent()
-                case .recordOutcomes:
-                    try record(worker.answers.takeOutcomes())
-                case .discardStale(let count):
-                    logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
-                    try recordUnsettled(worker.answers.takeCompleted { !core.isCurrent(generation: $0) })
-                case .finishCompleted:
-                    try finishCompleted()
-                case .publishHeld:
-                    try publishHeld()
-                }
+                guard try begin(action, deliveriesRead: &deliveriesRead) else { return }
             }
             try takePrepared()
             try startSuspectOrWaiting()
@@ -222,13 +196,6 @@ final class SessionLoop {
             try reportProgress(at: now)
             try sendWaitingBroadcasts(now: now)
             rateGroupHolds.release(dueAt: now, into: &backlogs)
-            let due =
-                ([
-                    held.nextDue, rateGroupHolds.nextOpening, broadcastsDue, cancellationsDue,
-                    progressTracker.hasPending ? progressTracker.nextReport : nil
-                ]
-                + assemblies.map(\.deferredDue))
-                .compactMap { $0 }.min()
             // One batch and one piece out to the preparer at a time, and bulk jobs only within their admission.
             let bulkAdmitted = bulkAdmissionOpen()
             statistics.bulkJobsAwaitingAdmission.store(bulkAdmitted ? 0 : unstartedBulk.count, ordering: .relaxed)
@@ -237,11 +204,58 @@ final class SessionLoop {
                 inFlight: statistics.inFlight.counts,
                 unstartedBulkJobs: preparer.batchOut || !bulkAdmitted ? 0 : unstartedBulk.count,
                 suspectsActive: suspects.isActive, piecesWaiting: piecesWaiting(at: now),
-                heldDue: due)
+                heldDue: nextDue())
             {
                 try perform(action, at: now)
             }
         }
+    }
+
+    /// Performs one of the turn's first actions; false once the session leaves.
+    private func begin(_ action: WorkerCore.BeginAction, deliveriesRead: inout Int) throws -> Bool {
+        switch action {
+        case .announceStop(let jobs):
+            logger.info(
+                "stopping: finishing jobs under way",
+                [
+                    "jobs.in_flight": String(jobs),
+                    "jobs.unstarted_bulk": String(unstartedBulk.count)
+                ])
+        case .requeueUnstarted:
+            try giveBackUnstarted()
+        case .exit(let exit):
+            leave(exit)
+            return false
+        case .readDeliveries(let limit):
+            deliveriesRead = try read(limit: limit)
+        case .sendUrgent:
+            try sendUrgent()
+        case .recordOutcomes:
+            try record(worker.answers.takeOutcomes())
+        case .discardStale(let count):
+            logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
+            try recordUnsettled(worker.answers.takeCompleted { !core.isCurrent(generation: $0) })
+        case .finishCompleted:
+            try finishCompleted()
+        case .publishHeld:
+            try publishHeld()
+        }
+        return true
+    }
+
+    /// The soonest moment something waiting here is due (a held publication, a rate group's window, a broadcast, the
+    /// fleet's cancellations, a progress report, deferred users of a large job). Asked every turn: no array is made.
+    private func nextDue() -> Date? {
+        var soonest = held.nextDue
+        func consider(_ date: Date?) {
+            if let date, soonest.map({ date < $0 }) ?? true { soonest = date }
+        }
+        consider(rateGroupHolds.nextOpening)
+        consider(broadcastsDue)
+        consider(cancellationsDue)
+        if progressTracker.hasPending { consider(progressTracker.nextReport) }
+        for assembly in assemblies { consider(assembly.deferredDue) }
+        return soonest
     }
 
     /// Whether another bulk job may start: the large bulk jobs under way (their bodies, users and tokens) are within
