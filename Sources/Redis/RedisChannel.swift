@@ -30,6 +30,9 @@ final class RedisChannel {
     private let reader = RedisReplyReader()
     private var output: [UInt8] = []
     private let name: String
+    /// Why the connection was lost, once it was. A reply that comes after its command timed out would be read as the
+    /// next command's: once lost, the connection writes and reads nothing more.
+    private var lostBecause: RedisError?
 
     init(host: String, port: Int, tls: RedisTLS?, timeout: Double, name: String) throws(RedisError) {
         self.name = name
@@ -92,6 +95,10 @@ final class RedisChannel {
     }
 
     func flush() throws(RedisError) {
+        if let lostBecause {
+            output.removeAll(keepingCapacity: true)
+            throw RedisError(kind: .connectionLost, "\(lostBecause.message) (earlier; nothing sent since)")
+        }
         var written = 0
         while written < output.count {
             let result = output.withUnsafeBytes { bytes in write(UnsafeRawBufferPointer(rebasing: bytes[written...])) }
@@ -128,7 +135,7 @@ final class RedisChannel {
         do throws(RedisError) {
             if let reply = try parse(reader) { return reply }
         } catch {
-            throw RedisError(kind: .connectionLost, "\(name): \(error.message)")
+            throw noteLost(RedisError(kind: .connectionLost, "\(name): \(error.message)"))
         }
         let result = receive()
         guard case .done = result else { throw lost(result, "reading") }
@@ -176,12 +183,17 @@ final class RedisChannel {
     private func lost(_ result: TLSStream.IOResult, _ doing: String) -> RedisError {
         switch result {
         case .closed:
-            return RedisError(kind: .connectionLost, "\(name): connection closed while \(doing)")
+            return noteLost(RedisError(kind: .connectionLost, "\(name): connection closed while \(doing)"))
         case .failed(let message):
-            return Self.failure(message, name: name)
+            return noteLost(Self.failure(message, name: name))
         default:
-            return RedisError(kind: .connectionLost, "\(name): timed out while \(doing)")
+            return noteLost(RedisError(kind: .connectionLost, "\(name): timed out while \(doing)"))
         }
+    }
+
+    private func noteLost(_ error: RedisError) -> RedisError {
+        lostBecause = lostBecause ?? error
+        return error
     }
 
     /// The server refusing our client certificate (an alert during the handshake under TLS 1.2, on the first read
