@@ -178,8 +178,13 @@ extension SessionLoop {
                     ["job.id": progress.job.id, "amqp.reply_to": progress.delivery.properties.replyTo ?? ""])
             }
         }
-        try removeDeadTokens(removals)
-        try hold(refused)
+        let storeLost = removeDeadTokensUnlessTheStoreIsLost(removals)
+        if storeLost == nil {
+            try hold(refused)
+        } else {
+            // Not acknowledged, they go back with the session; their answers wait in the worker for the store.
+            try? record(refused.compactMap(settledOutcomes))
+        }
         for index in confirmed {
             let progress = finished[index]
             count(settled: progress, decisions[index], parkedReason: plans[index]?.parkedReason)
@@ -189,6 +194,7 @@ extension SessionLoop {
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
         acknowledged = true
         forgetUnwrittenOutcomes(ofSettled: confirmed.lazy.map { finished[$0].job.id })
+        if let storeLost { throw storeLost }
         let settledAgain = confirmed.lazy.map { finished[$0].delivery }.filter(\.redelivered).map(
             DeliveryTriage.historyKey)
         if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }
@@ -212,6 +218,26 @@ extension SessionLoop {
         try session.record.settledRecently(settledUnshared)
         settledUnshared.removeAll(keepingCapacity: true)
         settledSharedAt = now
+    }
+
+    /// The store lost while dead tokens are taken out does not keep their jobs from settling: every publication of
+    /// those jobs is out (the tokens' events among them), so their tokens are left to the cleanup consumer, as for a
+    /// node that does not answer, and the failure is returned for the session to end once the jobs are acknowledged.
+    /// Handed back instead, the jobs would go to another worker, which could not know what was sent: the idempotency
+    /// record is the store's too.
+    private func removeDeadTokensUnlessTheStoreIsLost(
+        _ removals: [(jobID: String, removal: TokenRemoval)]
+    ) -> (any Error)? {
+        do {
+            try removeDeadTokens(removals)
+            return nil
+        } catch {
+            statistics.countStoreUnavailable("token_removal", removals.count)
+            logger.warning(
+                "dead tokens left in the cache: Redis was lost while they were removed; the cleanup consumer removes "
+                    + "them from their events", ["tokens": String(removals.count), "error": "\(error)"])
+            return error
+        }
     }
 
     /// A removal the store refuses (a key of the wrong type) concerns that token only: its event is out, the job is

@@ -111,13 +111,12 @@ final class SessionLoop {
     }
 
     /// The store was lost while the broker still answers: the jobs completed meanwhile that need nothing from the
-    /// store to settle (no dead token to remove, no mismatch to weigh) are settled now, so that the broker does not
-    /// hand them to another worker, which could not know they were sent. Returns the completed jobs left unsettled.
+    /// store to settle (no mismatch to weigh; dead tokens are left to the cleanup consumer, their events published)
+    /// are settled now, so that the broker does not hand them to another worker, which could not know they were
+    /// sent. Returns the completed jobs left unsettled.
     private func settleWithoutTheStore() -> [JobProgress] {
         let completed = worker.answers.takeCompleted { core.isCurrent(generation: $0) }
-        let settleable = completed.filter {
-            $0.assembly == nil && $0.dead.isEmpty && $0.invalidationCounts.mismatches == 0
-        }
+        let settleable = completed.filter { $0.assembly == nil && $0.invalidationCounts.mismatches == 0 }
         guard !settleable.isEmpty else { return completed }
         // Acknowledged or not, whatever step failed after (the fleet's record of settled jobs is the store's).
         _ = try? finish(settleable)

@@ -33,6 +33,8 @@ final class InMemoryFleet: @unchecked Sendable {
         /// Live Activities' update tokens, by activity id.
         var activities: [String: [CachedToken]] = [:]
         var removals: [TokenRemoval] = []
+        /// While true, taking tokens out loses the store's connection.
+        var removalsLoseTheStore = false
         /// How many users each resolution asked for, in order.
         var resolutions: [Int] = []
         /// While true, resolutions wait (a slow token cache); `resolutionsWaiting` counts those waiting now.
@@ -132,6 +134,10 @@ final class InMemoryFleet: @unchecked Sendable {
     }
 
     struct BrokerDown: Error {}
+
+    struct StoreLost: SystemFailure {
+        var failedSystem: ConnectionRefused.System { .store }
+    }
 
     func session() throws -> WorkerSession {
         guard !read(\.brokerDown) else { throw BrokerDown() }
@@ -233,8 +239,9 @@ final class InMemoryTokenStore: TokenStore {
 
     /// As the Redis store does: a token goes only if its entry still serves what the removal names.
     func remove(_ removals: [TokenRemoval]) throws -> [CacheChange] {
-        fleet.change { state in
-            removals.map { removal in
+        try fleet.change { state in
+            if state.removalsLoseTheStore { throw InMemoryFleet.StoreLost() }
+            return removals.map { removal in
                 if state.silentUsers.contains(removal.user) { return .unavailable }
                 state.removals.append(removal)
                 if let activity = removal.activity {

@@ -95,4 +95,31 @@ import WorkerPipeline
         #expect(fleet.read(\.acknowledged).isEmpty, "not acknowledged: the broker redelivers it")
         #expect(fleet.read(\.settled)["settling"]?.dead.map(\.target.token) == [dead], "with what the event needs")
     }
+
+    /// Redis is lost while a finished job's dead token is taken out of the cache: the token's event is out, so the
+    /// job is acknowledged all the same (the cleanup consumer removes the token), rather than handed back to another
+    /// worker that could not know its notifications were sent.
+    @Test func aJobWhoseDeadTokenRemovalLosesTheStoreIsAcknowledged() throws {
+        let fleet = InMemoryFleet()
+        let dead = W.token(1)
+        let live = W.token(2)
+        let scope = TokenScope(environment: .production)
+        fleet.change { state in
+            state.removalsLoseTheStore = true
+            state.cache["alice"] = [CachedToken(token: dead, scope: scope), CachedToken(token: live, scope: scope)]
+        }
+        let running = W.Running(fleet) { notification in
+            notification.deviceToken == dead
+                ? APNsResponse(status: 410, reason: .unregistered, timestamp: 1_700_000_000_000)
+                : APNsResponse(status: 200)
+        }
+        let tag = fleet.deliver(W.job("removal-lost", users: ["alice"]))
+        #expect(fleet.wait { $0.acknowledged.contains(tag) }, "acknowledged though its dead token stayed")
+        fleet.change { $0.removalsLoseTheStore = false }
+        running.stop()
+        #expect(fleet.read(\.published).map(\.destination) == [.deadTokens], "the token's event")
+        #expect(fleet.read(\.cache)["alice"]?.count == 2, "the cleanup consumer removes the token")
+        #expect(fleet.read(\.sent).count == 2, "each notification sent once")
+        #expect(running.worker.statistics.storeUnavailableCount("token_removal") == 1)
+    }
 }
