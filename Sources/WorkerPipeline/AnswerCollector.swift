@@ -167,6 +167,12 @@ final class AnswerCollector: Sendable {
             sender.isOnLaneThread(progress.delivery.lane),
             "job \(progress.job.id): outcome recorded off its lane's thread")
         if progress.isComplete {
+            // A piece of a large job: its outcomes go to the idempotency record now, as those of a job under way do.
+            // Carried into the whole job, they would wait in memory (a token each) until it all settles, and a crash
+            // meanwhile would send again every notification the job had sent.
+            if progress.assembly != nil, let outcomes = progress.takeUnrecordedFinal() {
+                finalOutcomes.withLock { $0.append((progress.job.id, outcomes)) }
+            }
             // From here the broker thread owns the job, its outcomes not yet recorded included (finishing settles it).
             progress.handedBack = true
             completions.withLock { $0.append(progress) }

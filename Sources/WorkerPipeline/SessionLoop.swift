@@ -59,6 +59,8 @@ final class SessionLoop {
     /// added to (monotonic nanoseconds). A list, not a set: the record is a Redis set, which drops an id settled twice,
     /// and only a republished copy looks an id up here (`skippingSettledCopies`), while every job adds one.
     var settledUnshared: [String] = []
+    /// Of those, the large jobs whose records go once the fleet knows they settled (`forgetRecords`).
+    var recordsToForget: [String] = []
     var settledSharedAt = DispatchTime.now().uptimeNanoseconds
     static let settledShareInterval = 0.1
     /// How long a lost session waits for the answers to its notifications in flight before it records what it has.

@@ -75,7 +75,9 @@ import WorkerPipeline
     /// answering after 300 pushes; the idempotency record must then hold all 300 within moments (it is written
     /// every 10 ms of answers, not in batches that a pause leaves unwritten), and after kill -9 only the pushes
     /// left unanswered go again.
-    @Test func aRedeliveredJobSkipsWhatWasAlreadySent() throws {
+    /// By tokens, and by users (a large job, resolved and sent in pieces of 250 users: each piece's answers go to the
+    /// record as it completes). Once the job settles, its record goes.
+    @Test(arguments: [false, true]) func aRedeliveredJobSkipsWhatWasAlreadySent(byUsers: Bool) throws {
         let tokenCount = 600
         let answered = 300
         let simulatorBox = Locked<APNsSimulator?>(nil)
@@ -98,9 +100,19 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let jobID = TestServices.unique("big-job")
-        let tokens = (0..<tokenCount).map { "\"" + String(format: "%064x", $0 + 1) + "\"" }.joined(separator: ",")
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let tokens = (0..<tokenCount).map { String(format: "%064x", $0 + 1) }
+        let users = tokens.indices.map { "\(jobID)-user-\($0)" }
+        if byUsers {
+            _ = try redis.pipeline(
+                zip(users, tokens).map { ["HSET", RedisKeys.node.tokens($0), $1, "production"] })
+        }
+        let targets =
+            byUsers
+            ? #""users": [\#(users.map { "\"\($0)\"" }.joined(separator: ","))]"#
+            : #""tokens": [\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))]"#
         try publisher.publish(
-            to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8),
+            to: jobs, body: Array(#"{"id": "\#(jobID)", \#(targets), "payload": {"aps": {}}}"#.utf8),
             properties: AMQPProperties(replyTo: replies))
         // One connection, never more: what APNs holds unanswered at the kill is bounded by its streams.
         let environment = try TestServices.workerEnvironment(
@@ -109,7 +121,6 @@ import WorkerPipeline
                 "APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "1", "LOG_LEVEL": "info"
             ])
         let first = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-        let redis = try RedisConnection(url: TestServices.redisURL())
         let recorded = TestServices.waitUntil {
             (try? redis.command(["SCARD", RedisKeys.node.job(jobID)]).integer) == Int64(answered)
         }
@@ -130,6 +141,11 @@ import WorkerPipeline
             object["notifications"] as? Int == tokenCount && object["delivered"] as? Int == tokenCount
                 && object["failed"] as? Int == 0, "\(object)")
         #expect(try replyReader.read(1, timeout: 1).isEmpty, "one summary")
+        if byUsers {
+            #expect(
+                TestServices.waitUntil { (try? redis.command(["EXISTS", RedisKeys.node.job(jobID)]).integer) == 0 },
+                "the settled job's record deleted")
+        }
         let received = simulator.received()
         #expect(Set(received.map(\.deviceToken)).count == tokenCount, "every notification delivered at least once")
         // Sent again: only the pushes APNs held unanswered at the kill (at most the 50 streams of the connection).
@@ -137,7 +153,8 @@ import WorkerPipeline
             received.count - tokenCount == unanswered && unanswered <= 50,
             "duplicates \(received.count - tokenCount), unanswered at the kill \(unanswered)")
         TestServices.reportFault(
-            "worker kill -9 halfway through one 600-token job, APNs holding answers (idempotency record)",
+            "worker kill -9 halfway through one 600-\(byUsers ? "user" : "token") job, APNs holding answers "
+                + "(idempotency record)",
             notifications: tokenCount, received: received)
     }
 

@@ -149,6 +149,16 @@ final class InMemoryFleet: @unchecked Sendable {
             cancellations: InMemoryCancellations(self))
     }
 
+    /// Answers held back by the sender so far go out now, in the order sent; those of notifications sent from now on
+    /// are held in turn.
+    func releaseHeldAnswers() {
+        let held = change { state in
+            defer { state.heldAnswers.removeAll() }
+            return state.heldAnswers
+        }
+        for answer in held { answer() }
+    }
+
     /// Answers held back by the sender go out now, and from then on answers go out at once. What was held is answered
     /// in the order sent, before anything sent meanwhile (held in turn until the held ones are out): as a server answers
     /// in order, a later notification is never answered ahead of one held before it.
@@ -307,6 +317,9 @@ final class InMemoryRecord: IdempotencyRecord {
             state.alone.insert(key)
             state.startedAlone.append(key)
         }
+    }
+    func forgetRecords(of jobIDs: [String]) throws {
+        fleet.change { state in for jobID in jobIDs { state.settled[jobID] = nil } }
     }
     func settledAlone(_ key: String) throws { fleet.change { _ = $0.alone.remove(key) } }
     func markRunning(_ keys: [String]) throws { fleet.change { $0.running.formUnion(keys) } }

@@ -9,6 +9,17 @@ import WorkerPipeline
 @Suite struct WorkerLargeJobTests {
     typealias Spec = WorkerTests
 
+    /// A fleet whose cache holds `count` users named `prefix-N` with a token each, its answers held.
+    private static func campaignWithAnswersHeld(_ prefix: String, users count: Int) -> (InMemoryFleet, [String]) {
+        let fleet = InMemoryFleet()
+        let users = (1...count).map { "\(prefix)-\($0)" }
+        fleet.change { state in
+            for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
+            state.holdingAnswers = true
+        }
+        return (fleet, users)
+    }
+
     @Test func aLargeJobGoesOutInPiecesEachTokenOnceAndSettlesOnce() throws {
         let fleet = InMemoryFleet()
         let users = (1...35).map { "fan-\($0)" }
@@ -42,13 +53,30 @@ import WorkerPipeline
         #expect(state.cache["fan-30"] == [], "the dead token of a later piece left the cache")
     }
 
+    /// The outcomes of a large job's pieces go to the idempotency record as each piece completes, not when the whole
+    /// job settles: a worker that dies halfway through a campaign costs what was in flight, not the half it sent.
+    /// Once the job settled and the fleet knows it, the record (a token per notification) goes.
+    @Test func aLargeJobsAnswersAreRecordedPieceByPiece() throws {
+        let (fleet, users) = Self.campaignWithAnswersHeld("piece", users: 30)
+        let running = Spec.Running(fleet, settings: Spec.settings(maximumInFlight: 10, usersPerPiece: 10))
+        let tag = fleet.deliver(Spec.job("pieces", users: users), lane: .bulk)
+        #expect(fleet.wait { $0.sent.count == 10 }, "the first piece went out")
+        fleet.releaseHeldAnswers()
+        #expect(fleet.wait { $0.sent.count == 20 }, "the second piece went out, its answers held")
+        #expect(
+            fleet.wait { $0.settled["pieces"]?.tokens == Set((1...10).map(Spec.token)) },
+            "the first piece's answers recorded while the job is under way")
+        #expect(fleet.read(\.acknowledged).isEmpty)
+        fleet.releaseAnswers()
+        #expect(fleet.wait { $0.acknowledged == [tag] })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 30)
+        #expect(fleet.read(\.settledRecently).contains("pieces"))
+        #expect(fleet.read(\.settled)["pieces"] == nil, "its record deleted once the fleet knows it settled")
+    }
+
     @Test func urgentJobsStartBetweenALargeJobsPieces() throws {
-        let fleet = InMemoryFleet()
-        let users = (1...100).map { "campaign-\($0)" }
-        fleet.change { state in
-            for (index, user) in users.enumerated() { state.cache[user] = Spec.cached(index + 1) }
-            state.holdingAnswers = true
-        }
+        let (fleet, users) = Self.campaignWithAnswersHeld("campaign", users: 100)
         let running = Spec.Running(fleet, settings: Spec.settings(maximumInFlight: 10, usersPerPiece: 10))
         let large = fleet.deliver(Spec.job("campaign", users: users), lane: .bulk)
         #expect(fleet.wait { $0.sent.count == 10 }, "the first piece went out")
