@@ -50,11 +50,11 @@ extension WorkerConfiguration {
             // Redis first: a worker that cannot reach it takes no job from the broker (each it took and handed back
             // would count as a delivery).
             let stores = try RedisStores(redis, rateLimit: rateLimit, urgentShare: urgentShare, logger: logger)
-            let preparationTokens = try RedisStores.tokenCache(redis, logger: logger)
+            let preparation = try RedisStores.preparation(redis, logger: logger)
             let amqp = try AMQPJobBroker(settings: broker, topology: topology, logger: logger)
             return WorkerSession(
-                broker: amqp, tokens: stores.tokens, preparationTokens: preparationTokens,
-                record: stores.record,
+                broker: amqp, tokens: stores.tokens, preparationTokens: preparation.tokens,
+                preparationRecord: preparation.record, record: stores.record,
                 statistics: stores.statistics, rateLimiter: stores.rateLimiter,
                 invalidationWindow: stores.invalidationWindow,
                 store: stores.probe,

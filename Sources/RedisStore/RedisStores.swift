@@ -64,7 +64,6 @@ public struct RedisStores {
             rateLimit > 0 ? SharedRateLimit(redis: connection, limit: rateLimit, urgentShare: urgentShare) : nil
     }
 
-    /// A token cache on a connection of its own, for a thread of its own (the worker's job preparer).
     /// The shared limiter of one rate group (a credential's own limit), on this connection.
     public func groupRateLimiter(urgentShare: Double) -> (RateGroup) -> any RateLimiter {
         let connection = self.connection
@@ -75,8 +74,13 @@ public struct RedisStores {
         }
     }
 
-    public static func tokenCache(_ deployment: RedisDeployment, logger: Logger) throws -> TokenCache {
-        TokenCache(redis: try connect(deployment, logger: logger), logger: logger)
+    /// A token cache and an idempotency record on a connection of their own, for a thread of its own (the worker's
+    /// job preparer).
+    public static func preparation(_ deployment: RedisDeployment, logger: Logger) throws -> (
+        tokens: TokenCache, record: SentRecord
+    ) {
+        let connection = try connect(deployment, logger: logger)
+        return (TokenCache(redis: connection, logger: logger), SentRecord(redis: connection))
     }
 
     private static func connect(_ deployment: RedisDeployment, logger: Logger) throws -> any RedisClient {

@@ -17,6 +17,8 @@ final class AnswerCollector: Sendable {
     private let wakeup: Wakeup
     private let completions = Locked<[JobProgress]>([])
     private let finalOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
+    /// Those of large jobs' completed pieces, apart: the preparer's thread writes them, not the broker thread.
+    private let pieceOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
     /// Per lane, on that lane's sender thread only: jobs with final outcomes not handed over yet, and whether a
     /// hand-over is scheduled.
     private let urgentOutcomesAwaiting: LoopConfined<(jobs: [JobProgress], scheduled: Bool)>
@@ -45,7 +47,7 @@ final class AnswerCollector: Sendable {
         }
     }
 
-    var hasOutcomes: Bool { finalOutcomes.withLock { !$0.isEmpty } }
+    var hasOutcomes: Bool { finalOutcomes.withLock { !$0.isEmpty } || pieceOutcomes.withLock { !$0.isEmpty } }
 
     /// Takes the completed jobs of the broker connections `isStale` names, leaving the others.
     func takeCompleted(isStale: (Int) -> Bool) -> [JobProgress] {
@@ -64,9 +66,18 @@ final class AnswerCollector: Sendable {
         }
     }
 
-    /// The final outcomes handed over since the last call.
+    /// The final outcomes handed over since the last call, large jobs' pieces' included.
     func takeOutcomes() -> [(jobID: String, outcomes: [SettledOutcome])] {
-        finalOutcomes.withLock { queue in
+        takePieceOutcomes()
+            + finalOutcomes.withLock { queue in
+                defer { queue.removeAll(keepingCapacity: true) }
+                return queue
+            }
+    }
+
+    /// The final outcomes of large jobs' pieces completed since the last call.
+    func takePieceOutcomes() -> [(jobID: String, outcomes: [SettledOutcome])] {
+        pieceOutcomes.withLock { queue in
             defer { queue.removeAll(keepingCapacity: true) }
             return queue
         }
@@ -171,7 +182,7 @@ final class AnswerCollector: Sendable {
             // Carried into the whole job, they would wait in memory (a token each) until it all settles, and a crash
             // meanwhile would send again every notification the job had sent.
             if progress.assembly != nil, let outcomes = progress.takeUnrecordedFinal() {
-                finalOutcomes.withLock { $0.append((progress.job.id, outcomes)) }
+                pieceOutcomes.withLock { $0.append((progress.job.id, outcomes)) }
             }
             // From here the broker thread owns the job, its outcomes not yet recorded included (finishing settles it).
             progress.handedBack = true

@@ -117,8 +117,9 @@ struct PreparedBatch {
     }
 }
 
-/// The broker thread's helper for the heavy part of bulk work: decoding bulk jobs and resolving their users, and
-/// resolving the pieces of large jobs, on a thread of its own with a token-store connection of its own. The broker
+/// The broker thread's helper for the heavy part of bulk work: decoding bulk jobs and resolving their users,
+/// resolving the pieces of large jobs, and writing their pieces' outcomes to the idempotency record, on a thread of its
+/// own with a store connection of its own. The broker
 /// thread meanwhile keeps reading, starting and sending urgent work: a 1 MB campaign job takes milliseconds to decode
 /// and a piece of users a round trip to Redis, and neither waits on it. Its thread runs at `BulkThread`'s lower
 /// priority (large urgent jobs' pieces pass through it too, behind at most one bulk request).
@@ -127,14 +128,19 @@ struct PreparedBatch {
 /// it holds stays bounded by a batch and a piece. Results come back in the order asked, with a wake-up. A lost
 /// connection comes back as a failure, which ends the session like any other. Lives and dies with a session.
 final class JobPreparer: @unchecked Sendable {
+    typealias Outcomes = [(jobID: String, outcomes: [SettledOutcome])]
+
     enum Request {
         case batch([JobDelivery])
         case piece(JobAssembly, ArraySlice<String>)
+        case record(Outcomes)
+        case forgetRecords([String])
     }
 
     enum Result {
         case batch(PreparedBatch)
         case piece(JobAssembly, ArraySlice<String>, ResolvedUsers)
+        case recorded(Outcomes, RecordWrite)
         case failed(any Error)
     }
 
@@ -148,7 +154,11 @@ final class JobPreparer: @unchecked Sendable {
     private(set) var batchOut = false
     /// Pieces asked for and not yet taken back (the broker thread asks for one only when none is out).
     private(set) var piecesOut = 0
+    /// Broker thread: outcomes asked to be recorded and not yet said written, in the order asked.
+    private var recordsOut: [Outcomes] = []
+    private var stopped = false
     private let tokens: any TokenStore
+    private let record: any SettledOutcomes
     private let settings: WorkerSettings
     private let resolver: TargetResolver
     private let sender: any NotificationSender
@@ -157,12 +167,13 @@ final class JobPreparer: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
 
     init(
-        tokens: any TokenStore, settings: WorkerSettings, resolver: TargetResolver, sender: any NotificationSender,
-        wakeup: Wakeup, logger: Logger
+        tokens: any TokenStore, record: any SettledOutcomes, settings: WorkerSettings, resolver: TargetResolver,
+        sender: any NotificationSender, wakeup: Wakeup, logger: Logger
     ) {
         self.sender = sender
         self.logger = logger
         self.tokens = tokens
+        self.record = record
         self.settings = settings
         self.resolver = resolver
         self.wakeup = wakeup
@@ -188,6 +199,17 @@ final class JobPreparer: @unchecked Sendable {
         submit(.piece(assembly, users))
     }
 
+    /// Write these outcomes to the idempotency record (after what was asked before).
+    func record(_ outcomes: Outcomes) {
+        recordsOut.append(outcomes)
+        submit(.record(outcomes))
+    }
+
+    /// Delete these jobs' records, after every write asked before.
+    func forgetRecords(of jobIDs: [String]) {
+        submit(.forgetRecords(jobIDs))
+    }
+
     /// The results since the last call, in the order asked.
     func takeResults() -> [Result] {
         condition.lock()
@@ -198,6 +220,7 @@ final class JobPreparer: @unchecked Sendable {
             switch result {
             case .batch: batchOut = false
             case .piece: piecesOut -= 1
+            case .recorded: recordsOut.removeFirst()
             case .failed: break
             }
         }
@@ -216,14 +239,32 @@ final class JobPreparer: @unchecked Sendable {
     }
 
     /// Ends the thread after the request under way (a store call ends within its connection's timeout); what is still
-    /// asked is dropped (the session that asked is over).
-    func stop() {
+    /// asked is dropped (the session that asked is over), but for the writes to the record when `finishingWrites` (an
+    /// orderly stop). Returns the outcomes it was asked to record and did not say written (some may be: a record holds
+    /// each once). Once only; later calls return nothing.
+    func stop(finishingWrites: Bool = false) -> Outcomes {
+        guard !stopped else { return [] }
+        stopped = true
         condition.lock()
         running = false
-        requests.removeAll()
+        if finishingWrites {
+            requests.removeAll { request in
+                switch request {
+                case .record, .forgetRecords: false
+                case .batch, .piece: true
+                }
+            }
+        } else {
+            requests.removeAll()
+        }
         condition.signal()
         condition.unlock()
         finished.wait()
+        // Written, not yet taken: no longer out.
+        for result in results { if case .recorded = result { recordsOut.removeFirst() } }
+        results.removeAll()
+        defer { recordsOut.removeAll() }
+        return recordsOut.flatMap { $0 }
     }
 
     private func submit(_ request: Request) {
@@ -248,6 +289,11 @@ final class JobPreparer: @unchecked Sendable {
                             resolver: resolver, sender: sender, logger: logger))
                 case .piece(let assembly, let users):
                     result = .piece(assembly, users, try tokens.resolve(Array(users)))
+                case .record(let outcomes):
+                    result = .recorded(outcomes, try record.record(outcomes))
+                case .forgetRecords(let jobIDs):
+                    try record.forgetRecords(of: jobIDs)
+                    continue
                 }
             } catch {
                 result = .failed(error)
@@ -264,6 +310,7 @@ final class JobPreparer: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         while running && requests.isEmpty { condition.wait() }
-        return running ? requests.removeFirst() : nil
+        // Stopped, only what `stop` kept is left.
+        return requests.isEmpty ? nil : requests.removeFirst()
     }
 }

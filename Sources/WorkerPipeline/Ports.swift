@@ -434,6 +434,9 @@ public struct WorkerSession {
     public var tokens: any TokenStore
     /// The same token store on a connection of its own, owned by the session's `JobPreparer` thread.
     public var preparationTokens: any TokenStore
+    /// The idempotency record on the preparer's connection: the outcomes of large jobs' pieces, written off the
+    /// broker thread.
+    public var preparationRecord: any SettledOutcomes
     public var record: any IdempotencyRecord
     public var statistics: any StatisticsSink
     public var rateLimiter: (any RateLimiter)?
@@ -451,7 +454,7 @@ public struct WorkerSession {
 
     public init(
         broker: any JobBroker, tokens: any TokenStore, preparationTokens: any TokenStore,
-        record: any IdempotencyRecord,
+        preparationRecord: any SettledOutcomes, record: any IdempotencyRecord,
         statistics: any StatisticsSink, rateLimiter: (any RateLimiter)?,
         invalidationWindow: any InvalidationWindow, store: any Probing, logMetadata: [String: String],
         groupRateLimiter: ((RateGroup) -> any RateLimiter)? = nil,
@@ -464,6 +467,7 @@ public struct WorkerSession {
         self.broker = broker
         self.tokens = tokens
         self.preparationTokens = preparationTokens
+        self.preparationRecord = preparationRecord
         self.record = record
         self.statistics = statistics
         self.rateLimiter = rateLimiter

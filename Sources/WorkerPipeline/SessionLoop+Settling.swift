@@ -220,8 +220,9 @@ extension SessionLoop {
         else { return }
         try session.record.settledRecently(settledUnshared)
         settledUnshared.removeAll(keepingCapacity: true)
-        // A copy of these jobs is now acknowledged unsent, whatever their records hold.
-        try session.record.forgetRecords(of: recordsToForget)
+        // A copy of these jobs is now acknowledged unsent, whatever their records hold; the preparer deletes them after
+        // the writes asked before.
+        if !recordsToForget.isEmpty { preparer.forgetRecords(of: recordsToForget) }
         recordsToForget.removeAll()
         settledSharedAt = now
     }
@@ -428,12 +429,21 @@ extension SessionLoop {
             worker.unwrittenOutcomes.withLock { $0 = batch + $0 }
             throw error
         }
+        noteRecordWrite(written, of: batch, counting: outcomes)
+    }
+
+    /// What became of a write to the record (`record`, or the preparer's): refusals logged and counted, outcomes whose
+    /// node did not answer kept in the worker for the next write (counted once, when first `counting`).
+    func noteRecordWrite(
+        _ written: RecordWrite, of batch: [(jobID: String, outcomes: [SettledOutcome])],
+        counting: [(jobID: String, outcomes: [SettledOutcome])]
+    ) {
         for (jobID, message) in written.refused {
             statistics.countDataError("idempotency_record")
             logger.error("Redis refused the idempotency record", ["job.id": jobID, "redis.error": message])
         }
         guard !written.unavailable.isEmpty else { return }
-        statistics.countStoreUnavailable("record", outcomes.count { written.unavailable.contains($0.jobID) })
+        statistics.countStoreUnavailable("record", counting.count { written.unavailable.contains($0.jobID) })
         worker.unwrittenOutcomes.withLock { $0 += batch.filter { written.unavailable.contains($0.jobID) } }
     }
 

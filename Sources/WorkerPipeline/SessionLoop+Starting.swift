@@ -351,6 +351,8 @@ extension SessionLoop {
                 guard !assembly.hasUsersLeft else { continue }
                 assemblies.removeAll { $0 === assembly }
                 if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
+            case .recorded(let outcomes, let written):
+                noteRecordWrite(written, of: outcomes, counting: outcomes)
             case .failed(let error):
                 throw error
             }

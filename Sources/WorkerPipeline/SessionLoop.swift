@@ -80,7 +80,8 @@ final class SessionLoop {
         triage = DeliveryTriage(maximumDeliveries: settings.maximumDeliveries)
         resolver = TargetResolver(defaultTopic: settings.defaultTopic)
         preparer = JobPreparer(
-            tokens: session.preparationTokens, settings: settings, resolver: resolver,
+            tokens: session.preparationTokens, record: session.preparationRecord, settings: settings,
+            resolver: resolver,
             sender: worker.sender,
             wakeup: worker.wakeup, logger: worker.logger)
         lastProgress = (Date(), worker.statistics.snapshot())
@@ -97,7 +98,7 @@ final class SessionLoop {
                 }
             }
         }
-        defer { preparer.stop() }
+        defer { stopPreparer() }
         // What the last session left unwritten goes first: the answers this worker holds before any redelivered job is
         // looked up, and the deliveries it handed back before any is counted.
         try recordAnswered()
@@ -107,6 +108,7 @@ final class SessionLoop {
             try turns()
         } catch {
             let unsettled = (error as? SystemFailure)?.failedSystem == .store ? settleWithoutTheStore() : []
+            stopPreparer()
             handBack(completed: unsettled)
             throw error
         }
@@ -128,6 +130,12 @@ final class SessionLoop {
             "settled the jobs answered before the store was lost",
             ["jobs": String(completed.count - unsettled.count)])
         return unsettled
+    }
+
+    /// Stops the preparer; the outcomes it did not write wait in the worker for the next write to the record.
+    private func stopPreparer(finishingWrites: Bool = false) {
+        let unwritten = preparer.stop(finishingWrites: finishingWrites)
+        if !unwritten.isEmpty { worker.unwrittenOutcomes.withLock { $0 += unwritten } }
     }
 
     /// A session lost (the broker, or Redis) hands back every delivery it holds: the broker redelivers them, and
@@ -232,6 +240,9 @@ final class SessionLoop {
         case .sendUrgent:
             try sendUrgent()
         case .recordOutcomes:
+            // Those of a large job settled meanwhile are moot (its record goes).
+            let pieces = worker.answers.takePieceOutcomes().filter { !recordsToForget.contains($0.jobID) }
+            if !pieces.isEmpty { preparer.record(pieces) }
             try record(worker.answers.takeOutcomes())
         case .discardStale(let count):
             logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
@@ -370,6 +381,9 @@ final class SessionLoop {
         }
         _ = try? worker.reportStatistics(to: session.statistics)
         try? shareSettled(force: true)
+        // The preparer's writes asked so far are made (the pieces' outcomes of jobs given back among them).
+        stopPreparer(finishingWrites: true)
+        try? record([])
         try? reportProgress(at: .distantFuture)
         session.broker.close()
     }

@@ -143,7 +143,8 @@ final class InMemoryFleet: @unchecked Sendable {
         guard !read(\.brokerDown) else { throw BrokerDown() }
         return WorkerSession(
             broker: InMemoryBroker(self), tokens: InMemoryTokenStore(self),
-            preparationTokens: InMemoryTokenStore(self), record: InMemoryRecord(self),
+            preparationTokens: InMemoryTokenStore(self), preparationRecord: InMemoryRecord(self),
+            record: InMemoryRecord(self),
             statistics: InMemoryStatistics(self), rateLimiter: InMemoryRateLimiter(),
             invalidationWindow: InMemoryInvalidationWindow(self), store: InMemoryBroker(self), logMetadata: [:],
             cancellations: InMemoryCancellations(self))
