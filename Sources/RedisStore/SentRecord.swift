@@ -51,23 +51,7 @@ public struct SentRecord: IdempotencyRecord {
                 + "\(target.environment.rawValue)|\(response.reason?.label ?? "")|\(target.user ?? "")"
         case .summarySent:
             return summaryMember
-        case .users(let range, let delivered):
-            return "\(usersPrefix)\(range.lowerBound)|\(range.count)|\(delivered)"
         }
-    }
-
-    /// A run of a large job's users (`users|<first position>|<count>|<delivered>`): not hex, so never a token, and
-    /// four fields, so never read as a dead token's member by a worker that does not know it.
-    static let usersPrefix = "users|"
-
-    /// What a run of users' member says; nil if it is not one.
-    private static func users(_ member: String) -> SettledOutcome? {
-        let fields = member.dropFirst(usersPrefix.count).split(separator: "|", omittingEmptySubsequences: false)
-        guard fields.count == 3, let first = Int(fields[0]), let count = Int(fields[1]),
-            let delivered = Int(fields[2]), first >= 0, count > 0, delivered >= 0,
-            first <= Int.max - count
-        else { return nil }
-        return .users(first..<first + count, delivered: delivered)
     }
 
     /// Not hex, so never a token.
@@ -87,7 +71,6 @@ public struct SentRecord: IdempotencyRecord {
     /// What one member says; nil for a member this version cannot read (written by another program).
     static func outcome(_ member: String) -> SettledOutcome? {
         if member == summaryMember { return .summarySent }
-        if member.hasPrefix(usersPrefix) { return users(member) }
         guard member.contains("|") else { return .done(member) }
         let head = member.split(separator: "|", maxSplits: 2, omittingEmptySubsequences: false)
         switch head[1] {

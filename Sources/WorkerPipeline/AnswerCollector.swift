@@ -182,8 +182,7 @@ final class AnswerCollector: Sendable {
             // Carried into the whole job, they would wait in memory (a token each) until it all settles, and a crash
             // meanwhile would send again every notification the job had sent.
             if progress.assembly != nil, let outcomes = progress.takeUnrecordedFinal() {
-                let recorded = progress.recordedAsRun(outcomes)
-                pieceOutcomes.withLock { $0.append((progress.job.id, recorded)) }
+                pieceOutcomes.withLock { $0.append((progress.job.id, outcomes)) }
             }
             // From here the broker thread owns the job, its outcomes not yet recorded included (finishing settles it).
             progress.handedBack = true

@@ -20,10 +20,6 @@ final class JobAssembly {
     var resolving = false
     /// What an earlier delivery of the job settled: skipped in every piece.
     let alreadySettled: Set<String>
-    /// Runs of users an earlier delivery settled whole, in order: skipped.
-    private var doneUsers: [Range<Int>]
-    /// The run of users of the piece being resolved, if it is one (users asked for again are not).
-    private(set) var resolvingRun: Range<Int>?
     /// Hashes of the tokens reached so far (Swift's hasher is seeded per process, which is all this needs).
     private var seen = Set<Int>()
     /// Users whose node did not answer, asked for again from `deferredUntil` on.
@@ -32,19 +28,9 @@ final class JobAssembly {
     /// The job's own tokens (`tokens`) went with a piece already.
     private var ownTokensTaken = false
 
-    init(whole: JobProgress, alreadySettled: Set<String>, doneUsers: [Range<Int>] = []) {
+    init(whole: JobProgress, alreadySettled: Set<String>) {
         self.whole = whole
         self.alreadySettled = alreadySettled
-        self.doneUsers = doneUsers.sorted { $0.lowerBound < $1.lowerBound }
-        skipDoneUsers()
-    }
-
-    /// Past the runs of users an earlier delivery settled, from `nextUser` on.
-    private func skipDoneUsers() {
-        while let first = doneUsers.first, first.lowerBound <= nextUser {
-            nextUser = max(nextUser, min(first.upperBound, job.users.count))
-            doneUsers.removeFirst()
-        }
     }
 
     var job: PushJob { whole.job }
@@ -63,14 +49,10 @@ final class JobAssembly {
     /// The users of the next piece, at most `size`; they count as taken. Deferred users come after the others.
     func takeUsers(_ size: Int, now: Date = Date()) -> ArraySlice<String> {
         if nextUser < job.users.count {
-            let end = min(job.users.count, nextUser + size, doneUsers.first?.lowerBound ?? .max)
-            let users = job.users[nextUser..<end]
+            let users = job.users[nextUser..<min(job.users.count, nextUser + size)]
             nextUser = users.endIndex
-            skipDoneUsers()
-            resolvingRun = users.indices
             return users
         }
-        resolvingRun = nil
         guard now >= deferredUntil else { return [] }
         let users = deferred.prefix(size)
         deferred.removeFirst(users.count)
@@ -85,10 +67,8 @@ final class JobAssembly {
 
     /// The job was cancelled: the users not resolved yet (deferred ones included) are dropped; returns how many.
     func dropUsersLeft() -> Int {
-        let settledAhead = doneUsers.reduce(0) { $0 + max(0, min($1.upperBound, job.users.count) - $1.lowerBound) }
-        let count = job.users.count - nextUser - settledAhead + deferred.count
+        let count = job.users.count - nextUser + deferred.count
         nextUser = job.users.count
-        doneUsers.removeAll()
         deferred.removeAll()
         return count
     }

@@ -33,8 +33,6 @@ final class JobProgress: @unchecked Sendable {
     /// rest went through malloc's slow path (bins sorted and merged), again when the next jobs were made.
     private final class Rare {
         var assembly: JobAssembly?
-        /// A piece of a large job: the run of the job's users it reaches, when it is one (not users asked for again).
-        var users: Range<Int>?
         var dead: [(target: DeviceTarget, response: APNsResponse)] = []
         var failed: [(target: DeviceTarget, reason: String)] = []
         var retryable: [(target: DeviceTarget, reason: String, label: String, delay: Double)] = []
@@ -70,12 +68,6 @@ final class JobProgress: @unchecked Sendable {
     }
 
     /// Broker thread only: for one piece of a large job, the job it belongs to.
-    /// A piece of a large job: the run of the job's users it reaches, if it is one.
-    var users: Range<Int>? {
-        get { rare?.users }
-        set { madeRare.users = newValue }
-    }
-
     var assembly: JobAssembly? {
         get { rare?.assembly }
         set { madeRare.assembly = newValue }
@@ -173,27 +165,6 @@ final class JobProgress: @unchecked Sendable {
     /// (`AnswerCollector`): once settled, its record (a token per notification) is deleted rather than left to expire.
     private(set) var recordedPieceByPiece = false
 
-    /// Lane thread, a complete piece's final outcomes as the idempotency record takes them: where every notification of
-    /// the piece is final and it reaches a run of the job's users, the tokens delivered through those users are one
-    /// outcome for the run (a redelivery skips its users), not one each. The job's own tokens, and the others, stay.
-    func recordedAsRun(_ outcomes: [SettledOutcome]) -> [SettledOutcome] {
-        guard let users, retryable.isEmpty, heldBack.isEmpty, !isUnserved, cancelled == 0, isComplete else {
-            return outcomes
-        }
-        let ownTokens = Set(targets.lazy.filter { $0.user == nil }.map(\.token))
-        var kept: [SettledOutcome] = []
-        var delivered = 0
-        for outcome in outcomes {
-            if case .done(let token) = outcome, !ownTokens.contains(token) {
-                delivered += 1
-            } else {
-                kept.append(outcome)
-            }
-        }
-        kept.append(.users(users, delivered: delivered))
-        return kept
-    }
-
     /// Broker thread: the job's summary went out (in an earlier try of its publications, or an earlier delivery).
     var summarySent = false
 
@@ -201,7 +172,7 @@ final class JobProgress: @unchecked Sendable {
     /// count for the guard and in the summary, and the dead tokens among them are published again (their events may
     /// not have been).
     func restore(_ settled: Settled) {
-        judged += settled.tokens.count + settled.deliveredToDoneUsers
+        judged += settled.tokens.count
         if !settled.dead.isEmpty { madeRare.dead += settled.dead }
         // A retry's record also holds its first attempt's outcomes, which its summary does not cover.
         if job.retryTargets == nil && settled.earlier != EarlierOutcomes() { madeRare.earlier = settled.earlier }

@@ -62,9 +62,6 @@ public enum SettledOutcome: Sendable, Equatable {
     indirect case dead(DeviceTarget, APNsResponse)
     /// The job's summary went to its reply_to queue: a redelivery publishes none.
     case summarySent
-    /// A piece of a large job, a run of its users (positions in `users`), every notification of it final, of which
-    /// `delivered` were delivered: one outcome instead of one per delivered token; a redelivery skips these users.
-    indirect case users(Range<Int>, delivered: Int)
 }
 
 /// What an earlier delivery of a job settled.
@@ -75,10 +72,6 @@ public struct Settled: Sendable {
     public var summarySent: Bool
     /// What the others became, for the job's summary: it counts every delivery's notifications.
     public var earlier: EarlierOutcomes
-    /// Runs of a large job's users (positions in `users`) whose every notification was final, and how many of those
-    /// were delivered.
-    public var doneUsers: [Range<Int>] = []
-    public var deliveredToDoneUsers = 0
 
     public init(
         tokens: Set<String> = [], dead: [(target: DeviceTarget, response: APNsResponse)] = [],
@@ -106,10 +99,6 @@ public struct Settled: Sendable {
             }
         case .summarySent:
             summarySent = true
-        case .users(let range, let delivered):
-            doneUsers.append(range)
-            deliveredToDoneUsers += delivered
-            earlier.delivered += delivered
         }
     }
 }

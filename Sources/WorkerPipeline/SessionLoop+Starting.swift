@@ -176,8 +176,7 @@ extension SessionLoop {
                 if targets.isEmpty { finishedAtOnce.append(progress) } else { queue(progress) }
                 continue
             }
-            let assembly = JobAssembly(
-                whole: progress, alreadySettled: settled?.tokens ?? [], doneUsers: settled?.doneUsers ?? [])
+            let assembly = JobAssembly(whole: progress, alreadySettled: settled?.tokens ?? [])
             assemblies.append(assembly)
             if delivery.lane == .bulk { largeBulkJobs.append(assembly) }
         }
@@ -294,10 +293,8 @@ extension SessionLoop {
     }
 
     /// One piece of a large job: these users' tokens (from `resolved`), with the job's own tokens in the first piece,
-    /// queued as a progress of its own. `run`: the positions of those users in the job, when they are a run of them.
-    func sendPiece(
-        of assembly: JobAssembly, users: ArraySlice<String>, resolved: [String: [CachedToken]], run: Range<Int>?
-    ) {
+    /// queued as a progress of its own.
+    func sendPiece(of assembly: JobAssembly, users: ArraySlice<String>, resolved: [String: [CachedToken]]) {
         let (targets, skipped) = resolver.pieceTargets(
             of: assembly.job, users: users, withOwnTokens: assembly.takeOwnTokens(),
             resolved: resolved, alreadySettled: assembly.alreadySettled,
@@ -305,7 +302,6 @@ extension SessionLoop {
         statistics.duplicatesAvoided.add(skipped, ordering: .relaxed)
         guard !targets.isEmpty else { return }
         let piece = assembly.whole.piece(targets)
-        if let run { piece.users = run }
         assembly.sent(piece)
         queue(piece)
     }
@@ -351,7 +347,7 @@ extension SessionLoop {
                 }
                 sendPiece(
                     of: assembly, users: users.filter { !resolved.unavailable.contains($0) }[...],
-                    resolved: resolved.tokens, run: resolved.unavailable.isEmpty ? assembly.resolvingRun : nil)
+                    resolved: resolved.tokens)
                 guard !assembly.hasUsersLeft else { continue }
                 assemblies.removeAll { $0 === assembly }
                 if assembly.isComplete { core.handle(.jobsSettled(try finish([assembly.whole]))) }
