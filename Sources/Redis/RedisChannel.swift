@@ -191,7 +191,9 @@ final class RedisChannel {
         }
     }
 
-    private func noteLost(_ error: RedisError) -> RedisError {
+    /// The connection is as good as lost (also for what its owner learns from a reply: a node that cannot serve now).
+    @discardableResult
+    func noteLost(_ error: RedisError) -> RedisError {
         lostBecause = lostBecause ?? error
         return error
     }

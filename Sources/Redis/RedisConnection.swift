@@ -231,7 +231,8 @@ public final class RedisConnection: RedisClient {
     /// and taken for one (a user's entry unreadable) it would cost that user's notifications.
     private func checkServing(_ reply: RedisReply) throws(RedisError) {
         if case .error(let message) = reply, let state = Self.notServing(message) {
-            throw RedisError(kind: .connectionLost, "Redis \(url) \(state): \(message)")
+            // The pipeline's other replies stay unread: nothing may be read from this connection again.
+            throw channel.noteLost(RedisError(kind: .connectionLost, "Redis \(url) \(state): \(message)"))
         }
     }
 

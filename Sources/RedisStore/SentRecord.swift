@@ -4,9 +4,9 @@ import Redis
 import WorkerPipeline
 
 /// The idempotency record: per job, the tokens whose notification already had a final outcome, in a Redis set
-/// `apns:job:<job id>:done` that lives an hour (a large job's is deleted once it settled: `forgetRecords`). Written at
-/// least every 10 ms of answers while a job is under way; read only for redelivered jobs, so that a worker crash costs
-/// few or no duplicate pushes.
+/// `apns:job:<job id>:done` that lives an hour. Written at least every 10 ms of answers while a job is under way (and
+/// for a large job as each piece completes); read only for redelivered jobs, so that a worker crash costs few or no
+/// duplicate pushes.
 ///
 /// A member is the token; for a dead token, also what its dead-token event needs
 /// (`<token>|<status>|<timestamp>|<environment>|<reason>|<user>`), so that a redelivery that skips the token still
@@ -111,11 +111,6 @@ public struct SentRecord: IdempotencyRecord {
             if case .error(let message) = reply { written.refused[job] = message }
         }
         return written
-    }
-
-    public func forgetRecords(of jobIDs: [String]) throws {
-        guard !jobIDs.isEmpty else { return }
-        _ = try redis.pipelineWhereReachable(jobIDs.map { ["DEL", redisKeys.job($0)] })
     }
 
     /// For each job, what was already settled, in one round trip; the jobs whose record Redis cannot read (they

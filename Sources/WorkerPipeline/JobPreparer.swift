@@ -134,7 +134,6 @@ final class JobPreparer: @unchecked Sendable {
         case batch([JobDelivery])
         case piece(JobAssembly, ArraySlice<String>)
         case record(Outcomes)
-        case forgetRecords([String])
     }
 
     enum Result {
@@ -205,11 +204,6 @@ final class JobPreparer: @unchecked Sendable {
         submit(.record(outcomes))
     }
 
-    /// Delete these jobs' records, after every write asked before.
-    func forgetRecords(of jobIDs: [String]) {
-        submit(.forgetRecords(jobIDs))
-    }
-
     /// The results since the last call, in the order asked.
     func takeResults() -> [Result] {
         condition.lock()
@@ -250,7 +244,7 @@ final class JobPreparer: @unchecked Sendable {
         if finishingWrites {
             requests.removeAll { request in
                 switch request {
-                case .record, .forgetRecords: false
+                case .record: false
                 case .batch, .piece: true
                 }
             }
@@ -260,11 +254,16 @@ final class JobPreparer: @unchecked Sendable {
         condition.signal()
         condition.unlock()
         finished.wait()
-        // Written, not yet taken: no longer out.
-        for result in results { if case .recorded = result { recordsOut.removeFirst() } }
+        // Written, not yet taken: no longer out, but for the jobs whose node did not answer.
+        var unwritten: Outcomes = []
+        for result in results {
+            guard case .recorded(let outcomes, let written) = result else { continue }
+            recordsOut.removeFirst()
+            unwritten += outcomes.filter { written.unavailable.contains($0.jobID) }
+        }
         results.removeAll()
         defer { recordsOut.removeAll() }
-        return recordsOut.flatMap { $0 }
+        return recordsOut.flatMap { $0 } + unwritten
     }
 
     private func submit(_ request: Request) {
@@ -291,9 +290,6 @@ final class JobPreparer: @unchecked Sendable {
                     result = .piece(assembly, users, try tokens.resolve(Array(users)))
                 case .record(let outcomes):
                     result = .recorded(outcomes, try record.record(outcomes))
-                case .forgetRecords(let jobIDs):
-                    try record.forgetRecords(of: jobIDs)
-                    continue
                 }
             } catch {
                 result = .failed(error)

@@ -161,10 +161,6 @@ final class JobProgress: @unchecked Sendable {
         return taken
     }
 
-    /// Broker thread: a large job whose pieces' outcomes went to the idempotency record as each piece completed
-    /// (`AnswerCollector`): once settled, its record (a token per notification) is deleted rather than left to expire.
-    private(set) var recordedPieceByPiece = false
-
     /// Broker thread: the job's summary went out (in an earlier try of its publications, or an earlier delivery).
     var summarySent = false
 
@@ -243,7 +239,6 @@ final class JobProgress: @unchecked Sendable {
     /// Broker thread, on the whole job of a large one: a piece's outcomes, once every one of them is in. The piece's
     /// targets are not kept: memory follows what went wrong, not the job's size.
     func absorb(_ piece: JobProgress) {
-        recordedPieceByPiece = hasStableID
         notificationCount += piece.notificationCount
         delivered += piece.delivered
         if let pieceRare = piece.rare {

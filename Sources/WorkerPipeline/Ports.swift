@@ -172,10 +172,6 @@ public protocol SettledOutcomes {
     /// What earlier deliveries settled, per job; and the jobs whose record cannot be read, or whose node does not
     /// answer. Only a lost connection throws.
     func settled(jobIDs: [String]) throws -> SettledLookup
-    /// These jobs settled and the fleet's record of settled jobs has them: their records go (a large job's holds
-    /// every token it sent). A record whose node does not answer expires with its lifetime. Only a lost connection
-    /// throws.
-    func forgetRecords(of jobIDs: [String]) throws
 }
 
 /// How often each message came back, and how often an orderly stop gave it back.

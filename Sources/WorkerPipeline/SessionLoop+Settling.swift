@@ -200,10 +200,7 @@ extension SessionLoop {
         if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
-        for index in confirmed where finished[index].hasStableID {
-            settledUnshared.append(finished[index].job.id)
-            if finished[index].recordedPieceByPiece { recordsToForget.append(finished[index].job.id) }
-        }
+        for index in confirmed where finished[index].hasStableID { settledUnshared.append(finished[index].job.id) }
         try shareSettled()
         return confirmed.count
     }
@@ -220,10 +217,6 @@ extension SessionLoop {
         else { return }
         try session.record.settledRecently(settledUnshared)
         settledUnshared.removeAll(keepingCapacity: true)
-        // A copy of these jobs is now acknowledged unsent, whatever their records hold; the preparer deletes them after
-        // the writes asked before.
-        if !recordsToForget.isEmpty { preparer.forgetRecords(of: recordsToForget) }
-        recordsToForget.removeAll()
         settledSharedAt = now
     }
 

@@ -59,8 +59,6 @@ final class SessionLoop {
     /// added to (monotonic nanoseconds). A list, not a set: the record is a Redis set, which drops an id settled twice,
     /// and only a republished copy looks an id up here (`skippingSettledCopies`), while every job adds one.
     var settledUnshared: [String] = []
-    /// Of those, the large jobs whose records go once the fleet knows they settled (`forgetRecords`).
-    var recordsToForget: [String] = []
     var settledSharedAt = DispatchTime.now().uptimeNanoseconds
     static let settledShareInterval = 0.1
     /// How long a lost session waits for the answers to its notifications in flight before it records what it has.
@@ -240,8 +238,7 @@ final class SessionLoop {
         case .sendUrgent:
             try sendUrgent()
         case .recordOutcomes:
-            // Those of a large job settled meanwhile are moot (its record goes).
-            let pieces = worker.answers.takePieceOutcomes().filter { !recordsToForget.contains($0.jobID) }
+            let pieces = worker.answers.takePieceOutcomes()
             if !pieces.isEmpty { preparer.record(pieces) }
             try record(worker.answers.takeOutcomes())
         case .discardStale(let count):
@@ -381,9 +378,10 @@ final class SessionLoop {
         }
         _ = try? worker.reportStatistics(to: session.statistics)
         try? shareSettled(force: true)
-        // The preparer's writes asked so far are made (the pieces' outcomes of jobs given back among them).
+        // The preparer's writes asked so far are made, then what waits in the worker (the outcomes of jobs given back
+        // among them).
         stopPreparer(finishingWrites: true)
-        try? record([])
+        try? record(worker.answers.takeOutcomes())
         try? reportProgress(at: .distantFuture)
         session.broker.close()
     }

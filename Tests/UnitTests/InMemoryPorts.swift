@@ -319,9 +319,6 @@ final class InMemoryRecord: IdempotencyRecord {
             state.startedAlone.append(key)
         }
     }
-    func forgetRecords(of jobIDs: [String]) throws {
-        fleet.change { state in for jobID in jobIDs { state.settled[jobID] = nil } }
-    }
     func settledAlone(_ key: String) throws { fleet.change { _ = $0.alone.remove(key) } }
     func markRunning(_ keys: [String]) throws { fleet.change { $0.running.formUnion(keys) } }
     func clearRunning(_ keys: [String]) throws { fleet.change { $0.running.subtract(keys) } }

@@ -74,4 +74,40 @@ import Threads
         #expect(serverDone.wait(timeout: .now() + 10) == .success)
         #expect(receivedAfterTheLateAnswer.withLock { $0 } == [], "nothing written after the loss")
     }
+
+    /// A node that answers READONLY (it became a replica) to the first command of a pipeline: the call fails, and the
+    /// pipeline's other replies, still unread, are never taken for a later command's.
+    @Test func aReplicasAnswerEndsTheConnection() throws {
+        let listener = try ListeningSocket.open(host: "127.0.0.1", port: 0, backlog: 1)
+        defer { close(listener.descriptor) }
+        let clientDone = DispatchSemaphore(value: 0)
+        Thread {
+            let connection = accept(listener.descriptor, nil, nil)
+            guard connection >= 0 else { return }
+            defer { close(connection) }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            var received = ""
+            for (marker, answer) in [("PING", "+PONG\r\n"), ("second", "-READONLY replica\r\n$5\r\nvalue\r\n")] {
+                while !received.contains(marker) {
+                    let count = recv(connection, &buffer, buffer.count, 0)
+                    guard count > 0 else { return }
+                    received += String(decoding: buffer[..<count], as: UTF8.self)
+                }
+                _ = send(connection, answer, answer.utf8.count, Int32(MSG_NOSIGNAL))
+            }
+            _ = clientDone.wait(timeout: .now() + 10)
+        }.start()
+        let connection = try RedisConnection(url: RedisURL(host: "127.0.0.1", port: listener.port), timeout: 5)
+        let failed = #expect(throws: RedisError.self) {
+            try connection.pipeline([["GET", "first"], ["GET", "second"]])
+        }
+        #expect(failed?.kind == .connectionLost)
+        let next = Result { () throws(RedisError) in try connection.command(["GET", "third"]) }
+        clientDone.signal()
+        guard case .failure(let error) = next else {
+            Issue.record("the pipeline's unread reply was read as the next command's: \(next)")
+            return
+        }
+        #expect(error.kind == .connectionLost)
+    }
 }
