@@ -119,14 +119,15 @@ struct PreparedBatch {
 
 /// The broker thread's helper for the heavy part of bulk work: decoding bulk jobs and resolving their users,
 /// resolving the pieces of large jobs, and writing their pieces' outcomes to the idempotency record, on a thread of its
-/// own with a store connection of its own. The broker
-/// thread meanwhile keeps reading, starting and sending urgent work: a 1 MB campaign job takes milliseconds to decode
-/// and a piece of users a round trip to Redis, and neither waits on it. Its thread runs at `BulkThread`'s lower
-/// priority (large urgent jobs' pieces pass through it too, behind at most one bulk request).
+/// own with a store connection of its own. The broker thread meanwhile keeps reading, starting and sending urgent
+/// work: a 1 MB campaign job takes milliseconds to decode and a piece of users a round trip to Redis, and neither
+/// waits on it. Its thread runs at `BulkThread`'s lower priority (large urgent jobs' pieces pass through it too,
+/// behind at most one bulk request).
 ///
-/// One request of each kind is out at a time (the broker thread asks for the next when the last came back), so what
-/// it holds stays bounded by a batch and a piece. Results come back in the order asked, with a wake-up. A lost
-/// connection comes back as a failure, which ends the session like any other. Lives and dies with a session.
+/// One batch and one piece are out at a time (the broker thread asks for the next when the last came back), so what
+/// it holds stays bounded by a batch and a piece; writes to the record queue in the order asked, each a piece's
+/// outcomes. Results come back in the order asked, with a wake-up. A lost connection comes back as a failure, which
+/// ends the session like any other. Lives and dies with a session.
 final class JobPreparer: @unchecked Sendable {
     typealias Outcomes = [(jobID: String, outcomes: [SettledOutcome])]
 
