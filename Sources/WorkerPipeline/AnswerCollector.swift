@@ -16,9 +16,21 @@ final class AnswerCollector: Sendable {
     private let sender: any NotificationSender
     private let wakeup: Wakeup
     private let completions = Locked<[JobProgress]>([])
-    private let finalOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
-    /// Those of large jobs' completed pieces, apart: the preparer's thread writes them, not the broker thread.
-    private let pieceOutcomes = Locked<[(jobID: String, outcomes: [SettledOutcome])]>([])
+    /// Final outcomes handed over for the idempotency record; those of large jobs' pieces apart, as the preparer's
+    /// thread writes them, not the broker thread.
+    private let handedOver = Locked(HandedOver())
+    private struct HandedOver {
+        var jobs: [(jobID: String, outcomes: [SettledOutcome])] = []
+        var pieces: [(jobID: String, outcomes: [SettledOutcome])] = []
+
+        mutating func add(_ outcomes: [SettledOutcome], of progress: JobProgress) {
+            if progress.assembly == nil {
+                jobs.append((progress.job.id, outcomes))
+            } else {
+                pieces.append((progress.job.id, outcomes))
+            }
+        }
+    }
     /// Per lane, on that lane's sender thread only: jobs with final outcomes not handed over yet, and whether a
     /// hand-over is scheduled.
     private let urgentOutcomesAwaiting: LoopConfined<(jobs: [JobProgress], scheduled: Bool)>
@@ -47,7 +59,7 @@ final class AnswerCollector: Sendable {
         }
     }
 
-    var hasOutcomes: Bool { finalOutcomes.withLock { !$0.isEmpty } || pieceOutcomes.withLock { !$0.isEmpty } }
+    var hasOutcomes: Bool { handedOver.withLock { !$0.jobs.isEmpty || !$0.pieces.isEmpty } }
 
     /// Takes the completed jobs of the broker connections `isStale` names, leaving the others.
     func takeCompleted(isStale: (Int) -> Bool) -> [JobProgress] {
@@ -68,18 +80,20 @@ final class AnswerCollector: Sendable {
 
     /// The final outcomes handed over since the last call, large jobs' pieces' included.
     func takeOutcomes() -> [(jobID: String, outcomes: [SettledOutcome])] {
-        takePieceOutcomes()
-            + finalOutcomes.withLock { queue in
-                defer { queue.removeAll(keepingCapacity: true) }
-                return queue
-            }
+        let taken = takeOutcomesByWriter()
+        return taken.pieces + taken.jobs
     }
 
-    /// The final outcomes of large jobs' pieces completed since the last call.
-    func takePieceOutcomes() -> [(jobID: String, outcomes: [SettledOutcome])] {
-        pieceOutcomes.withLock { queue in
-            defer { queue.removeAll(keepingCapacity: true) }
-            return queue
+    /// The final outcomes handed over since the last call: large jobs' pieces' (for the preparer to write) apart.
+    func takeOutcomesByWriter() -> (
+        jobs: [(jobID: String, outcomes: [SettledOutcome])], pieces: [(jobID: String, outcomes: [SettledOutcome])]
+    ) {
+        handedOver.withLock { handedOver in
+            defer {
+                handedOver.jobs.removeAll(keepingCapacity: true)
+                handedOver.pieces.removeAll(keepingCapacity: true)
+            }
+            return (handedOver.jobs, handedOver.pieces)
         }
     }
 
@@ -182,7 +196,7 @@ final class AnswerCollector: Sendable {
             // Carried into the whole job, they would wait in memory (a token each) until it all settles, and a crash
             // meanwhile would send again every notification the job had sent.
             if progress.assembly != nil, let outcomes = progress.takeUnrecordedFinal() {
-                pieceOutcomes.withLock { $0.append((progress.job.id, outcomes)) }
+                handedOver.withLock { $0.add(outcomes, of: progress) }
             }
             // From here the broker thread owns the job, its outcomes not yet recorded included (finishing settles it).
             progress.handedBack = true
@@ -203,14 +217,17 @@ final class AnswerCollector: Sendable {
     /// The final outcomes of a lane gathered over the last interval go to the broker thread in one hand-over.
     private func handOverOutcomes(of lane: JobLane) {
         let awaiting = outcomesAwaiting(lane)
-        var batches: [(jobID: String, outcomes: [SettledOutcome])] = []
+        var batches = HandedOver()
         for progress in awaiting.value.jobs where !progress.handedBack {
             progress.awaitsHandOver = false
-            if let outcomes = progress.takeUnrecordedFinal() { batches.append((progress.job.id, outcomes)) }
+            if let outcomes = progress.takeUnrecordedFinal() { batches.add(outcomes, of: progress) }
         }
         awaiting.value = ([], false)
-        guard !batches.isEmpty else { return }
-        finalOutcomes.withLock { $0.append(contentsOf: batches) }
+        guard !batches.jobs.isEmpty || !batches.pieces.isEmpty else { return }
+        handedOver.withLock { handedOver in
+            handedOver.jobs += batches.jobs
+            handedOver.pieces += batches.pieces
+        }
         wakeup.signal()
     }
 }

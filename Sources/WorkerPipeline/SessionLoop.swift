@@ -79,9 +79,7 @@ final class SessionLoop {
         resolver = TargetResolver(defaultTopic: settings.defaultTopic)
         preparer = JobPreparer(
             tokens: session.preparationTokens, record: session.preparationRecord, settings: settings,
-            resolver: resolver,
-            sender: worker.sender,
-            wakeup: worker.wakeup, logger: worker.logger)
+            resolver: resolver, sender: worker.sender, wakeup: worker.wakeup, logger: worker.logger)
         lastProgress = (Date(), worker.statistics.snapshot())
     }
 
@@ -238,9 +236,9 @@ final class SessionLoop {
         case .sendUrgent:
             try sendUrgent()
         case .recordOutcomes:
-            let pieces = worker.answers.takePieceOutcomes()
-            if !pieces.isEmpty { preparer.record(pieces) }
-            try record(worker.answers.takeOutcomes())
+            let outcomes = worker.answers.takeOutcomesByWriter()
+            if !outcomes.pieces.isEmpty { preparer.record(outcomes.pieces) }
+            try record(outcomes.jobs)
         case .discardStale(let count):
             logger.debug("completions from an earlier broker connection dropped", ["jobs": String(count)])
             try recordUnsettled(worker.answers.takeCompleted { !core.isCurrent(generation: $0) })
