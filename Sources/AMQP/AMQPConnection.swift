@@ -245,6 +245,14 @@ public final class AMQPConnection {
         return Self.string(reply.pointee.consumer_tag)
     }
 
+    /// Stops the consumer `consumerTag`: the broker hands it nothing more. What it handed over stays unacknowledged
+    /// on the channel, to be acknowledged or handed back as usual; deliveries on their way when the broker answers
+    /// are read as usual too.
+    public func cancel(_ consumerTag: String) throws(AMQPError) {
+        _ = withBytes(consumerTag) { amqp_basic_cancel(state, channel, $0) }
+        try check(amqp_get_rpc_reply(state), "basic.cancel")
+    }
+
     // MARK: messages
 
     /// Publishes to `exchange`, by default the default exchange (straight to the queue named `queue`).

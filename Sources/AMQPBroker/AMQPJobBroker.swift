@@ -33,10 +33,13 @@ public final class AMQPJobBroker: JobBroker {
         public var prefetch: Int
         /// The same for bulk jobs: what the bulk lane may hold unacknowledged.
         public var bulkPrefetch: Int
+        /// Bytes of bulk bodies the bulk lane holds unacknowledged, which its prefetch follows (`BulkPrefetch`).
+        public var bulkPrefetchBytes: Int
 
         public init(
             nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 5, queues: QueueNames = QueueNames(),
-            retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100
+            retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100,
+            bulkPrefetchBytes: Int = 4 << 20
         ) {
             self.nodes = nodes
             self.caFile = caFile
@@ -45,6 +48,7 @@ public final class AMQPJobBroker: JobBroker {
             self.retryDelays = retryDelays
             self.prefetch = prefetch
             self.bulkPrefetch = bulkPrefetch
+            self.bulkPrefetchBytes = bulkPrefetchBytes
         }
     }
 
@@ -52,8 +56,12 @@ public final class AMQPJobBroker: JobBroker {
     private let amqp: AMQPConnection
     private let acknowledgements: Acknowledgements
     private let logger: Logger
-    /// The consumer tag of the bulk lane's consumer (the other consumer is the urgent lane's).
-    private let bulkConsumerTag: String
+    /// The consumer tag of the urgent lane's consumer: deliveries to any other are the bulk lane's (the bulk
+    /// consumer is replaced as its prefetch follows the bodies' size, and a replaced one's deliveries may still come).
+    private let urgentConsumerTag: String
+    /// The bulk lane's consumer, while one runs.
+    private var bulkConsumerTag: String?
+    private var bulkIntake: BulkPrefetch
 
     /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
     /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
@@ -69,6 +77,7 @@ public final class AMQPJobBroker: JobBroker {
             throw error
         }
         acknowledgements = Acknowledgements(amqp: amqp)
+        bulkIntake = BulkPrefetch(maximumCount: settings.bulkPrefetch, maximumBytes: settings.bulkPrefetchBytes)
         // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
         // missing later is declared again then (a publish handed back, or a consume refused, which ends the session).
@@ -81,9 +90,8 @@ public final class AMQPJobBroker: JobBroker {
             // One channel, two consumers: RabbitMQ applies a basic.qos without `global` to each consumer created after
             // it, so each lane has its own prefetch and a full bulk lane never stops urgent deliveries.
             try amqp.setPrefetch(settings.prefetch)
-            try amqp.consume(settings.queues.jobs)
-            try amqp.setPrefetch(settings.bulkPrefetch)
-            bulkConsumerTag = try amqp.consume(settings.queues.bulk)
+            urgentConsumerTag = try amqp.consume(settings.queues.jobs)
+            try startBulkConsumer(prefetch: bulkIntake.initialPrefetch)
         } catch {
             // A queue deleted meanwhile (NOT_FOUND): the next session declares everything again. Any other failure
             // (a node that stopped answering) says nothing about the queues.
@@ -98,7 +106,8 @@ public final class AMQPJobBroker: JobBroker {
             "amqp.url": amqp.url.description,
             "amqp.nodes": String(settings.nodes.urls.count),
             "amqp.local_port": String(amqp.localPort), "amqp.prefetch": String(settings.prefetch),
-            "amqp.bulk_prefetch": String(settings.bulkPrefetch)
+            "amqp.bulk_prefetch": String(settings.bulkPrefetch),
+            "amqp.bulk_prefetch_bytes": String(settings.bulkPrefetchBytes)
         ]
     }
 
@@ -113,19 +122,48 @@ public final class AMQPJobBroker: JobBroker {
             case .delivery(let delivery):
                 acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
+                let lane: JobLane = delivery.consumerTag == urgentConsumerTag ? .urgent : .bulk
+                if lane == .bulk { bulkIntake.delivered(delivery.deliveryTag, bytes: delivery.body.count) }
                 notices.append(
                     .delivery(
                         JobDelivery(
                             tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
-                            properties: MessageProperties(delivery.properties),
-                            lane: delivery.consumerTag == bulkConsumerTag ? .bulk : .urgent)))
+                            properties: MessageProperties(delivery.properties), lane: lane)))
             case .blocked(let blocked):
                 notices.append(.publishingBlocked(blocked))
             case .confirm:
                 break
             }
         }
+        try followBulkPrefetch()
         return notices
+    }
+
+    /// Replaces or stops the bulk consumer when its prefetch no longer suits the bodies held (`BulkPrefetch`).
+    private func followBulkPrefetch() throws(AMQPError) {
+        switch bulkIntake.change {
+        case nil:
+            return
+        case .stop:
+            try stopBulkConsumer()
+        case .start(let prefetch):
+            try stopBulkConsumer()
+            try startBulkConsumer(prefetch: prefetch)
+        }
+    }
+
+    private func startBulkConsumer(prefetch: Int) throws(AMQPError) {
+        // A basic.qos without `global` applies to the consumers created after it, on this channel the bulk one only.
+        try amqp.setPrefetch(prefetch)
+        bulkConsumerTag = try amqp.consume(settings.queues.bulk)
+        bulkIntake.started(prefetch: prefetch)
+    }
+
+    private func stopBulkConsumer() throws(AMQPError) {
+        guard let tag = bulkConsumerTag else { return }
+        try amqp.cancel(tag)
+        bulkConsumerTag = nil
+        bulkIntake.stopped()
     }
 
     /// Where a destination is on the broker: the exchange and the routing key, as a returned message names them.
@@ -195,9 +233,17 @@ public final class AMQPJobBroker: JobBroker {
         try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.delayQueues)
     }
 
-    public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
+    public func acknowledge(_ tags: [UInt64]) throws {
+        try acknowledgements.acknowledge(tags)
+        for tag in tags { bulkIntake.settled(tag) }
+        try followBulkPrefetch()
+    }
 
-    public func requeue(_ tag: UInt64) throws { try acknowledgements.requeue(tag) }
+    public func requeue(_ tag: UInt64) throws {
+        try acknowledgements.requeue(tag)
+        bulkIntake.settled(tag)
+        try followBulkPrefetch()
+    }
 
     /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.
     public func probe() throws { _ = try amqp.queueStatus(settings.queues.jobs) }

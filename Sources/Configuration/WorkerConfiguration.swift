@@ -405,7 +405,8 @@ public struct WorkerConfiguration: Sendable {
         return AMQPJobBroker.Settings(
             nodes: nodes, caFile: try settings(\.amqpCAFile),
             heartbeat: try settings(\.amqpHeartbeat), queues: queues,
-            retryDelays: retryDelays, prefetch: prefetch, bulkPrefetch: bulkPrefetch)
+            retryDelays: retryDelays, prefetch: prefetch, bulkPrefetch: bulkPrefetch,
+            bulkPrefetchBytes: try settings(\.workerBulkPrefetchBytes))
     }
 
     private static func pipeline(
