@@ -478,6 +478,18 @@ public final class APNsClient: Sendable {
         return true
     }
 
+    /// Notifications the pools of `traffic` can carry at once (`HTTP2Client.streamCapacity`, summed); nil before the
+    /// lane has a pool.
+    public func streamCapacity(_ traffic: JobLane) -> Int? {
+        pools.withLock { pools in
+            var capacity: Int?
+            for (key, pool) in pools where key.traffic == traffic {
+                capacity = (capacity ?? 0) + pool.client.streamCapacity
+            }
+            return capacity
+        }
+    }
+
     /// The credentials (by name) and environments that sent since this was last asked, on either lane.
     public func takeSendingPools() -> Set<ConnectionLabels> {
         pools.withLock { pools in

@@ -47,6 +47,8 @@ public final class APNsNotificationSender: NotificationSender {
 
     public func isOnLaneThread(_ lane: JobLane) -> Bool { client.isOnLoopThread(of: lane) }
 
+    public func streamCapacity(_ lane: JobLane) -> Int? { client.streamCapacity(lane) }
+
     public func schedule(after delay: Double, lane: JobLane, _ action: @escaping @Sendable () -> Void) {
         client.schedule(after: delay, traffic: lane, action)
     }

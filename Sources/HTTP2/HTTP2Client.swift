@@ -119,11 +119,14 @@ public final class HTTP2Client: @unchecked Sendable {
     private var waitingDrainQueued = false
     /// The stream limit the peer last announced on a connection of this pool: what a connection whose peer's SETTINGS
     /// have not arrived yet is taken to allow (100 before any, the least RFC 9113 recommends a server allow).
-    private var announcedStreamLimit = 100
+    private var announcedStreamLimit = HTTP2Client.streamLimitBeforeSettings
+    private static let streamLimitBeforeSettings = 100
     /// Connections closing because they fell idle above `connectionCount`: their close is no failure.
     private var retiring: Set<Int> = []
     /// Streams in use over the pool's open connections, sampled by the sweep (every second) for metrics.
     private let streamsInUseSample = Atomic<Int>(0)
+    /// `streamCapacity`, kept by the loop thread as the peer's stream limit changes.
+    private let streamCapacitySample: Atomic<Int>
 
     public init(configuration: Configuration, loop: EventLoop? = nil, logger: Logger) throws {
         self.configuration = configuration
@@ -132,6 +135,8 @@ public final class HTTP2Client: @unchecked Sendable {
         self.logger = logger
         self.keptHeaders = configuration.keptResponseHeaders.map { $0.map { Array($0.utf8) } }
         self.ownsLoop = loop == nil
+        self.streamCapacitySample = Atomic(
+            Self.streamCapacity(configuration, streamLimit: Self.streamLimitBeforeSettings))
         self.loop = loop ?? EventLoop(name: "http2-\(configuration.host)")
         self.loop.execute { [self] in
             scheduleSweep()
@@ -141,6 +146,16 @@ public final class HTTP2Client: @unchecked Sendable {
 
     /// Streams in use over the pool's connections (each counted up to its peer's limit), as of the last second.
     public var streamsInUse: Int { streamsInUseSample.load(ordering: .relaxed) }
+
+    /// Requests the pool can carry at once: its connections at most, each at the stream limit the peer announced
+    /// last (APNs changes it as it goes, down to one stream and back). What is sent beyond it waits, here or in
+    /// nghttp2, for a stream to free: a sender that keeps its own queue hands over no more than this.
+    public var streamCapacity: Int { streamCapacitySample.load(ordering: .relaxed) }
+
+    private static func streamCapacity(_ configuration: Configuration, streamLimit: Int) -> Int {
+        // A peer that sets no limit allows 2^32 - 1 streams: counted as a million, which no sender's window reaches.
+        configuration.maximumConnectionCount * min(streamLimit, 1_000_000)
+    }
 
     /// Sends one request; `completion` runs on the loop thread.
     public func send(_ request: HTTP2Request, completion: @escaping Completion) {
@@ -449,6 +464,8 @@ public final class HTTP2Client: @unchecked Sendable {
                     "http2.max_concurrent_streams": String(maximumStreams)
                 ])
             announcedStreamLimit = maximumStreams
+            streamCapacitySample.store(
+                Self.streamCapacity(configuration, streamLimit: maximumStreams), ordering: .relaxed)
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }

@@ -137,7 +137,7 @@ extension SessionLoop {
         let statistics = self.statistics
         let answers = worker.answers
         let wakeup = worker.wakeup
-        let sendMoreAt = core.settings.sendMoreAt
+        let sendMoreAt = core.sendMoreAt(lane)
         statistics.inFlight.add(lane, entries.count)
         let handedOver = DispatchTime.now().uptimeNanoseconds
         let latency = statistics.latency(lane)

@@ -189,6 +189,7 @@ final class SessionLoop {
                 now: Date(), stopRequested: worker.isStopRequested, outcomesWaiting: worker.answers.hasOutcomes,
                 completedJobs: completions.current, staleCompletions: completions.stale, heldDue: held.nextDue)
             var deliveriesRead = 0
+            for lane in JobLane.allCases { core.noteStreamCapacity(worker.sender.streamCapacity(lane), of: lane) }
             for action in core.beginTurn(observation) {
                 guard try begin(action, deliveriesRead: &deliveriesRead) else { return }
             }

@@ -43,13 +43,6 @@ public struct WorkerCore: Sendable {
         /// How much large bulk work is under way at once (`BulkAdmission`).
         public var bulkAdmission: BulkAdmission
 
-        /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
-        /// batch's worth of room opened (or half the window, for small windows), so hand-overs stay small and an
-        /// urgent one never waits long behind a bulk one.
-        public var sendMoreAt: Int {
-            max(maximumNotificationsInFlight - sendBatchLimit, maximumNotificationsInFlight / 2)
-        }
-
         public init(
             prefetch: Int, maximumNotificationsInFlight: Int, shutdownTimeout: Double, bulkJobsPerTurn: Int = 16,
             sendBatchLimit: Int = 256, probeInterval: Double = 1, reportInterval: Double = 5,
@@ -165,6 +158,8 @@ public struct WorkerCore: Sendable {
     public private(set) var stopDeadline: Date?
     /// Per lane, when the rate limit opens again for it.
     private var nextWindowAt: [JobLane: Date] = [:]
+    /// Per lane, notifications handed to APNs and unanswered at most (`noteStreamCapacity`).
+    public private(set) var inFlightWindow: LaneCounts
     private var lastProbe: Date
     private var lastReport: Date
     private var lastProgress: Date
@@ -172,9 +167,28 @@ public struct WorkerCore: Sendable {
     public init(settings: Settings, generation: Int, now: Date) {
         self.settings = settings
         self.generation = generation
+        inFlightWindow = LaneCounts(
+            urgent: settings.maximumNotificationsInFlight, bulk: settings.maximumNotificationsInFlight)
         lastProbe = now
         lastReport = .distantPast
         lastProgress = now
+    }
+
+    /// What a lane's connections can carry at once (nil: unknown). A lane hands APNs no more than that and a batch
+    /// (so that a stream that frees finds the next request there), within `maximumNotificationsInFlight`: the rest
+    /// waits here as job and index, a few bytes each, rather than as requests queued behind the streams APNs allows
+    /// (which it lowers as it goes, to one stream at times), each holding its request, its stream and nghttp2's copy.
+    public mutating func noteStreamCapacity(_ capacity: Int?, of lane: JobLane) {
+        let limit = settings.maximumNotificationsInFlight
+        inFlightWindow[lane] = capacity.map { min(limit, max(1, $0) + settings.sendBatchLimit) } ?? limit
+    }
+
+    /// Answers wake the broker thread to send more when a lane's notifications in flight fall to this: each time a
+    /// batch's worth of room opened (or half the window, for small windows), so hand-overs stay small and an urgent
+    /// one never waits long behind a bulk one.
+    public func sendMoreAt(_ lane: JobLane) -> Int {
+        let window = inFlightWindow[lane]
+        return max(window - settings.sendBatchLimit, window / 2)
     }
 
     public var isStopping: Bool { stopDeadline != nil }
@@ -223,7 +237,7 @@ public struct WorkerCore: Sendable {
 
     /// A lane's notifications that may go now; a window that opened is forgotten.
     private mutating func sendable(_ lane: JobLane, queued: Int, inFlight: Int, now: Date) -> Int {
-        let room = settings.maximumNotificationsInFlight - inFlight
+        let room = inFlightWindow[lane] - inFlight
         let windowOpen = nextWindowAt[lane].map { now >= $0 } ?? true
         guard queued > 0 && room > 0 && windowOpen else { return 0 }
         nextWindowAt[lane] = nil
@@ -253,7 +267,7 @@ public struct WorkerCore: Sendable {
         var more = false
         for lane in JobLane.allCases {
             sending[lane] = sendable(lane, queued: queued[lane], inFlight: inFlight[lane], now: now)
-            let room = settings.maximumNotificationsInFlight - inFlight[lane]
+            let room = inFlightWindow[lane] - inFlight[lane]
             more = more || (sending[lane] > 0 && sending[lane] < min(queued[lane], room))
         }
         if sending.total > 0 { actions.append(.send(urgent: sending.urgent, bulk: sending.bulk)) }

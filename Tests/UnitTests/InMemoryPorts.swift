@@ -456,6 +456,10 @@ final class InMemorySender: NotificationSender, @unchecked Sendable {
         return batch.count
     }
 
+    /// What `streamCapacity` says of each lane (nothing: unknown, as before a connection opens).
+    let streamCapacities = Locked<[JobLane: Int]>([:])
+    func streamCapacity(_ lane: JobLane) -> Int? { streamCapacities.withLock { $0[lane] } }
+
     /// Each lane's queue marks itself, so that code on it can tell (`DispatchQueue.getSpecific`).
     private static let laneKey = DispatchSpecificKey<JobLane>()
     func isOnLaneThread(_ lane: JobLane) -> Bool {

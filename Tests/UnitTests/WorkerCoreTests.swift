@@ -38,6 +38,27 @@ import WorkerPipeline
         #expect(core.urgentToSend(queued: 5, inFlight: 0, now: at(1.5)) == 5)
     }
 
+    /// A lane hands APNs what its connections carry and a batch, within the setting: APNs allowing 40 streams in
+    /// all, 40 + 256 in flight at most of 5,000; unknown again, the setting.
+    @Test func aLaneHandsOverNoMoreThanItsConnectionsCarryAndABatch() {
+        var core = WorkerCore(
+            settings: .init(prefetch: 500, maximumNotificationsInFlight: 5000, shutdownTimeout: 25),
+            generation: 1, now: Self.start)
+        core.noteStreamCapacity(40, of: .urgent)
+        #expect(core.inFlightWindow == LaneCounts(urgent: 296, bulk: 5000))
+        #expect(core.urgentToSend(queued: 1000, inFlight: 250, now: at(1)) == 46)
+        #expect(core.urgentToSend(queued: 1000, inFlight: 296, now: at(1)) == 0)
+        #expect(core.sendMoreAt(.urgent) == 148, "woken at half the window")
+        let ends = core.endTurn(
+            now: at(1), deliveriesRead: 0, queued: LaneCounts(urgent: 1000, bulk: 1000),
+            inFlight: LaneCounts(urgent: 290, bulk: 4000), unstartedBulkJobs: 0, heldDue: nil)
+        #expect(ends.contains(.send(urgent: 6, bulk: 256)))
+        core.noteStreamCapacity(100_000, of: .bulk)
+        core.noteStreamCapacity(nil, of: .urgent)
+        #expect(core.inFlightWindow == LaneCounts(urgent: 5000, bulk: 5000))
+        #expect(core.sendMoreAt(.urgent) == 4744)
+    }
+
     @Test func aStopReadsNothingMoreAndLeavesOnceTheJobsUnderWaySettle() {
         var core = core()
         core.handle(.jobsStarted(3))

@@ -1,0 +1,41 @@
+import AMQP
+import APNsSimulator
+import Foundation
+import Telemetry
+import Testing
+import WorkerPipeline
+
+/// A lane hands APNs what its connections can carry and a batch, not WORKER_MAX_IN_FLIGHT, when APNs allows few
+/// streams: the rest waits in the worker.
+@Suite struct InFlightWindowTests {
+    let logger = Logger(label: "in-flight-window", level: .critical)
+
+    @Test func aLaneHandsOverWhatItsConnectionsCarryAndABatch() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.latency = 1
+        let simulator = try APNsSimulator(
+            configuration: .init(maximumConcurrentStreams: 5, behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        defer { publisher.close() }
+        let tokens = (0..<600).map { "\"" + String(format: "%064x", 0xF1000 + $0) + "\"" }.joined(separator: ",")
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "window", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8))
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                [
+                    "APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "2", "WORKER_MAX_IN_FLIGHT": "5000",
+                    "SHUTDOWN_TIMEOUT": "1"
+                ]),
+            logger: logger)
+        defer { workerThread.stop() }
+        // Two connections of five streams: 10, and a batch of 256 waiting for them; the job's other notifications
+        // wait in the worker (with 5,000 allowed, all 600 would be handed over).
+        let statistics = workerThread.worker.statistics
+        #expect(
+            TestServices.waitUntil { statistics.inFlight.counts.urgent == 266 },
+            "in flight: \(statistics.inFlight.counts.urgent)")
+        #expect(statistics.inFlight.counts.urgent <= 266)
+    }
+}
