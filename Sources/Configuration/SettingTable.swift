@@ -159,7 +159,7 @@ public struct SettingTable: Sendable {
     public let workerMaxInFlight: Setting<Int> = Setting(
         name: "WORKER_MAX_IN_FLIGHT", kind: .wholeNumber(2...1_000_000), defaultValue: "5000", readers: .worker,
         help: "notifications sent to APNs and not answered yet, per lane, at most: no more than the lane's connections "
-            + "can carry (APNS_MAX_CONNECTIONS x the streams APNs allows) and 256")
+            + "can carry (APNS_MAX_CONNECTIONS x the streams APNs allows) plus 256")
     public let workerMassInvalidationThreshold: Setting<Int> = Setting(
         name: "WORKER_MASS_INVALIDATION_THRESHOLD", kind: .wholeNumber(1...1_000_000), defaultValue: "20",
         readers: .worker,

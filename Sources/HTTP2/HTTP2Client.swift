@@ -147,14 +147,33 @@ public final class HTTP2Client: @unchecked Sendable {
     /// Streams in use over the pool's connections (each counted up to its peer's limit), as of the last second.
     public var streamsInUse: Int { streamsInUseSample.load(ordering: .relaxed) }
 
-    /// Requests the pool can carry at once: its connections at most, each at the stream limit the peer announced
-    /// last (APNs changes it as it goes, down to one stream and back). What is sent beyond it waits, here or in
-    /// nghttp2, for a stream to free: a sender that keeps its own queue hands over no more than this.
+    /// Requests the pool can carry at once: each connection at its own stream limit (APNs changes a connection's as
+    /// it goes, down to one stream after a rejected push and back after a success), and the connections it may still
+    /// open at the highest limit one has. What is sent beyond it waits, here or in nghttp2, for a stream to free: a
+    /// sender that keeps its own queue hands over no more than this.
     public var streamCapacity: Int { streamCapacitySample.load(ordering: .relaxed) }
 
     private static func streamCapacity(_ configuration: Configuration, streamLimit: Int) -> Int {
-        // A peer that sets no limit allows 2^32 - 1 streams: counted as a million, which no sender's window reaches.
-        configuration.maximumConnectionCount * min(streamLimit, 1_000_000)
+        configuration.maximumConnectionCount * countable(streamLimit)
+    }
+
+    /// A peer that sets no limit allows 2^32 - 1 streams: counted as a million, which no sender's window reaches.
+    private static func countable(_ streamLimit: Int) -> Int { min(streamLimit, 1_000_000) }
+
+    /// Loop thread: `streamCapacity` again, after a connection's limit changed or a connection left.
+    private func refreshStreamCapacity() {
+        var counted = 0
+        var capacity = 0
+        var highest = 0
+        for connection in connections where connection.isUsable {
+            let limit = Self.countable(streamLimit(of: connection))
+            counted += 1
+            capacity += limit
+            highest = max(highest, limit)
+        }
+        let unopened = max(0, configuration.maximumConnectionCount - counted)
+        capacity += unopened * (counted == 0 ? Self.countable(announcedStreamLimit) : highest)
+        streamCapacitySample.store(capacity, ordering: .relaxed)
     }
 
     /// Sends one request; `completion` runs on the loop thread.
@@ -439,6 +458,7 @@ public final class HTTP2Client: @unchecked Sendable {
     /// `tryNextAddress`: what to do if the connection closes before it opens, instead of backing off.
     private func adopt(_ connection: HTTP2Connection, tryNextAddress: @escaping (String) -> Void) {
         connections.append(connection)
+        refreshStreamCapacity()
         loop.register(connection)
         var opened = false
         let connectionID = connection.id
@@ -464,8 +484,7 @@ public final class HTTP2Client: @unchecked Sendable {
                     "http2.max_concurrent_streams": String(maximumStreams)
                 ])
             announcedStreamLimit = maximumStreams
-            streamCapacitySample.store(
-                Self.streamCapacity(configuration, streamLimit: maximumStreams), ordering: .relaxed)
+            refreshStreamCapacity()
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }
@@ -493,6 +512,7 @@ public final class HTTP2Client: @unchecked Sendable {
         connection.onClose = { [self] connection, reason in
             loop.cancelTimer(connectTimer)
             connections.removeAll { $0 === connection }
+            refreshStreamCapacity()
             if opened { configuration.observer?(.closed(connection: connection.id, reason: reason)) }
             if retiring.remove(connection.id) != nil {
                 logger.info(

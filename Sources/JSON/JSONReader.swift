@@ -176,8 +176,10 @@ public struct JSONReader: ~Copyable {
 
     /// How many strings the array at `position` begins with: what `readStrings` reserves, so that a campaign's
     /// hundred thousand users take one buffer of their size, not a doubling one of up to twice it (and both buffers
-    /// while it grows). A hint only: it stops at whatever is not a string.
+    /// while it grows). A hint only: it stops at whatever is not a string. Not counted in small documents (a few
+    /// hundred instructions for a single token, where growing costs nothing).
     private func leadingStringCount() -> Int {
+        guard bytes.count - position > 16 << 10 else { return 0 }
         var index = position + 1
         var count = 0
         while index < bytes.count {

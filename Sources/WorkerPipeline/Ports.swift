@@ -403,7 +403,7 @@ public protocol NotificationSender: AnyObject, Sendable {
     /// Opens these pools' connections now, ahead of their first push (a credential it does not have is passed over).
     func open(_ pools: [SendingPool])
     /// Notifications `lane`'s connections can carry at once, as far as APNs allows streams now and each pool may
-    /// grow; nil while unknown (no connection yet). Asked once per turn, on the broker thread: keep it cheap.
+    /// grow; nil while unknown (no connection yet). Asked every few turns, on the broker thread: keep it cheap.
     func streamCapacity(_ lane: JobLane) -> Int?
 }
 

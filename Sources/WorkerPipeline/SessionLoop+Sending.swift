@@ -137,14 +137,14 @@ extension SessionLoop {
         let statistics = self.statistics
         let answers = worker.answers
         let wakeup = worker.wakeup
-        let sendMoreAt = core.sendMoreAt(lane)
+        let sendMoreAt = self.sendMoreAt
         statistics.inFlight.add(lane, entries.count)
         let handedOver = DispatchTime.now().uptimeNanoseconds
         let latency = statistics.latency(lane)
         let handed = worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) {
             position, result in
             latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
-            if statistics.inFlight.add(lane, -1) == sendMoreAt { wakeup.signal() }
+            if statistics.inFlight.add(lane, -1) == sendMoreAt[lane] { wakeup.signal() }
             let (progress, index) = entries[position]
             answers.record(result, for: progress, Int(index))
         }

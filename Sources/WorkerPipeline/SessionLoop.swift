@@ -61,6 +61,13 @@ final class SessionLoop {
     var settledUnshared: [String] = []
     var settledSharedAt = DispatchTime.now().uptimeNanoseconds
     static let settledShareInterval = 0.1
+    /// How often the lanes' windows follow what their connections can carry (`WorkerCore.noteStreamCapacity`): the
+    /// streams APNs allows change now and then, and asking costs a lock and a look at every pool.
+    static let streamCapacityInterval = 0.05
+    var streamCapacityAskedAt = Date.distantPast
+    /// Per lane, the notifications in flight at which an answer wakes this thread to send more (`WorkerCore.sendMoreAt`
+    /// of the window now): read by every answer, so that one handed over before the window shrank still wakes it.
+    let sendMoreAt = LaneCounters()
     /// How long a lost session waits for the answers to its notifications in flight before it records what it has.
     static let answersInFlightAtLoss = 2.0
 
@@ -189,7 +196,13 @@ final class SessionLoop {
                 now: Date(), stopRequested: worker.isStopRequested, outcomesWaiting: worker.answers.hasOutcomes,
                 completedJobs: completions.current, staleCompletions: completions.stale, heldDue: held.nextDue)
             var deliveriesRead = 0
-            for lane in JobLane.allCases { core.noteStreamCapacity(worker.sender.streamCapacity(lane), of: lane) }
+            if observation.now.timeIntervalSince(streamCapacityAskedAt) >= Self.streamCapacityInterval {
+                streamCapacityAskedAt = observation.now
+                for lane in JobLane.allCases {
+                    core.noteStreamCapacity(worker.sender.streamCapacity(lane), of: lane)
+                    sendMoreAt.store(lane, core.sendMoreAt(lane))
+                }
+            }
             for action in core.beginTurn(observation) {
                 guard try begin(action, deliveriesRead: &deliveriesRead) else { return }
             }

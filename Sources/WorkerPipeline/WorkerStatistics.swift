@@ -433,6 +433,10 @@ public final class LaneCounters: Sendable {
         lane == .urgent ? urgent.add(count, ordering: .relaxed).newValue : bulk.add(count, ordering: .relaxed).newValue
     }
 
+    public func store(_ lane: JobLane, _ value: Int) {
+        if lane == .urgent { urgent.store(value, ordering: .relaxed) } else { bulk.store(value, ordering: .relaxed) }
+    }
+
     /// Keeps the larger of the current value and `value`.
     public func raise(_ lane: JobLane, to value: Int) {
         if lane == .urgent { urgent.max(value, ordering: .relaxed) } else { bulk.max(value, ordering: .relaxed) }

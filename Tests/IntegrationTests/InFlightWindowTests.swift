@@ -12,7 +12,7 @@ import WorkerPipeline
 
     @Test func aLaneHandsOverWhatItsConnectionsCarryAndABatch() throws {
         var behaviour = APNsSimulator.Behaviour()
-        behaviour.latency = 1
+        behaviour.latency = 0.3
         let simulator = try APNsSimulator(
             configuration: .init(maximumConcurrentStreams: 5, behaviour: behaviour), logger: logger)
         defer { simulator.shutdown() }
