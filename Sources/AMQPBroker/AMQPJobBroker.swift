@@ -139,17 +139,15 @@ public final class AMQPJobBroker: JobBroker {
         return notices
     }
 
-    /// Replaces or stops the bulk consumer when its prefetch no longer suits the bodies held (`BulkPrefetch`).
+    /// Replaces the bulk consumer when its prefetch no longer suits the bodies (`BulkPrefetch`). Only where
+    /// deliveries are read: a worker that stops reads none, and starts no consumer while it gives jobs back.
     private func followBulkPrefetch() throws(AMQPError) {
-        switch bulkIntake.change {
-        case nil:
-            return
-        case .stop:
-            try stopBulkConsumer()
-        case .start(let prefetch):
-            try stopBulkConsumer()
-            try startBulkConsumer(prefetch: prefetch)
+        guard let prefetch = bulkIntake.replacement else { return }
+        if let tag = bulkConsumerTag {
+            try amqp.cancel(tag)
+            bulkConsumerTag = nil
         }
+        try startBulkConsumer(prefetch: prefetch)
     }
 
     private func startBulkConsumer(prefetch: Int) throws(AMQPError) {
@@ -157,13 +155,6 @@ public final class AMQPJobBroker: JobBroker {
         try amqp.setPrefetch(prefetch)
         bulkConsumerTag = try amqp.consume(settings.queues.bulk)
         bulkIntake.started(prefetch: prefetch)
-    }
-
-    private func stopBulkConsumer() throws(AMQPError) {
-        guard let tag = bulkConsumerTag else { return }
-        try amqp.cancel(tag)
-        bulkConsumerTag = nil
-        bulkIntake.stopped()
     }
 
     /// Where a destination is on the broker: the exchange and the routing key, as a returned message names them.
@@ -236,13 +227,11 @@ public final class AMQPJobBroker: JobBroker {
     public func acknowledge(_ tags: [UInt64]) throws {
         try acknowledgements.acknowledge(tags)
         for tag in tags { bulkIntake.settled(tag) }
-        try followBulkPrefetch()
     }
 
     public func requeue(_ tag: UInt64) throws {
         try acknowledgements.requeue(tag)
         bulkIntake.settled(tag)
-        try followBulkPrefetch()
     }
 
     /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.

@@ -1,12 +1,16 @@
 /// The bulk lane's prefetch, by bytes. RabbitMQ counts a consumer's prefetch in messages, and a bulk job is anything
 /// from a few hundred bytes to a campaign of 100,000 users (about 900 KB): a prefetch of 100 has the broker hand over
 /// a hundred campaigns at once, every body held as delivered. So the bulk consumer's prefetch is as many bodies of
-/// the size seen lately as fit in `maximumBytes`, at most `maximumCount`, at least one; as RabbitMQ fixes a
-/// consumer's prefetch when it starts, a prefetch that is off by half or more means a new consumer: one too large is
-/// stopped at once and started again once what it handed over leaves room, one too small is replaced as soon as
-/// twice as many fit.
+/// the size seen lately as fit in `maximumBytes`, at most `maximumCount`, at least one. RabbitMQ fixes a consumer's
+/// prefetch when it starts: one off by half or more is replaced, by one of what fits beside the bodies held (at
+/// least one: the lane always has a consumer, and one job always runs).
 ///
-/// Bodies of a size in between take the prefetch in steps: this only decides, `AMQPJobBroker` cancels and consumes.
+/// A target, not a cap: what a consumer was handed before it was replaced stays held, and a prefetch set while the
+/// bodies were small lets the broker hand over that many large ones before the first is read. The size seen lately
+/// rises at once with a large body and falls slowly (each smaller body weighs an eighth), so that a campaign among
+/// small jobs brings the prefetch down at its first body and a run of small jobs raises it only gradually.
+///
+/// This only decides: `AMQPJobBroker` cancels and consumes.
 struct BulkPrefetch: Equatable {
     /// Bulk deliveries held unacknowledged at most, whatever their size.
     let maximumCount: Int
@@ -18,18 +22,10 @@ struct BulkPrefetch: Equatable {
     /// Held bulk deliveries: their delivery tags and body sizes.
     private var held: [UInt64: Int] = [:]
     private(set) var heldBytes = 0
-    /// The size of the bodies seen lately: a moving average, each new body weighing an eighth.
+    /// The size of the bodies seen lately: the largest at once, smaller ones by an eighth each.
     private(set) var typicalBytes: Double?
-    /// The running consumer's prefetch; nil while none runs.
+    /// The running consumer's prefetch; nil before one starts.
     private(set) var consumerPrefetch: Int?
-
-    /// What the consumer should do.
-    enum Change: Equatable {
-        /// Cancel it: it may hand over more than fits.
-        case stop
-        /// Start one with this prefetch, in place of the one running if there is one.
-        case start(prefetch: Int)
-    }
 
     init(maximumCount: Int, maximumBytes: Int) {
         self.maximumCount = maximumCount
@@ -42,7 +38,8 @@ struct BulkPrefetch: Equatable {
     mutating func delivered(_ tag: UInt64, bytes: Int) {
         held[tag] = bytes
         heldBytes += bytes
-        typicalBytes = typicalBytes.map { $0 + (Double(bytes) - $0) / 8 } ?? Double(bytes)
+        let size = Double(bytes)
+        typicalBytes = typicalBytes.map { size >= $0 ? size : $0 + (size - $0) / 8 } ?? size
     }
 
     /// A delivery settled (acknowledged or handed back); tags of the urgent lane are not held here.
@@ -52,7 +49,6 @@ struct BulkPrefetch: Equatable {
     }
 
     mutating func started(prefetch: Int) { consumerPrefetch = prefetch }
-    mutating func stopped() { consumerPrefetch = nil }
 
     /// The prefetch that suits the bodies seen lately, held ones aside.
     private var suited: Int {
@@ -60,20 +56,19 @@ struct BulkPrefetch: Equatable {
         return min(maximumCount, max(1, Int(Double(maximumBytes) / max(1, typicalBytes))))
     }
 
-    /// What fits beside the deliveries held now: `suited` at most, and one when nothing is held (one job always runs).
+    /// What fits beside the deliveries held now: `suited` at most, one at least.
     private var fitting: Int {
         guard let typicalBytes, !held.isEmpty else { return suited }
-        return min(suited, max(0, Int(Double(maximumBytes - heldBytes) / max(1, typicalBytes))))
+        return min(suited, max(1, Int(Double(maximumBytes - heldBytes) / max(1, typicalBytes))))
     }
 
-    /// The change the consumer needs now, if any.
-    var change: Change? {
-        guard let running = consumerPrefetch else {
-            let fit = fitting
-            return fit >= 1 ? .start(prefetch: fit) : nil
-        }
-        if running >= 2 * suited { return .stop }
+    /// The prefetch of the consumer that should replace the running one (or start), if any.
+    var replacement: Int? {
+        guard let running = consumerPrefetch else { return fitting }
+        // Too generous for these bodies: replaced by what fits now (never more than suits them, so less than it).
+        if running >= 2 * suited { return fitting }
+        // Twice as many fit, or as many as the setting allows.
         let fit = fitting
-        return fit >= 2 * running ? .start(prefetch: fit) : nil
+        return fit > running && fit >= min(2 * running, maximumCount) ? fit : nil
     }
 }

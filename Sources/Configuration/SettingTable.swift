@@ -145,8 +145,8 @@ public struct SettingTable: Sendable {
         help: "bulk jobs one worker holds unacknowledged")
     public let workerBulkPrefetchBytes: Setting<Int> = Setting(
         name: "WORKER_BULK_PREFETCH_BYTES", kind: .wholeNumber(1...1 << 30), defaultValue: "4194304", readers: .worker,
-        help: "bytes of bulk jobs (their bodies) one worker holds unacknowledged: the bulk prefetch is as many as fit "
-            + "at the size of the bodies seen lately, at most WORKER_BULK_PREFETCH, at least one")
+        help: "bytes of bulk jobs (their bodies) one worker aims to hold unacknowledged: the bulk prefetch is as many "
+            + "as fit at the size of the bodies seen lately, at most WORKER_BULK_PREFETCH, at least one")
     public let workerBulkAdmissionBytes: Setting<Int> = Setting(
         name: "WORKER_BULK_ADMISSION_BYTES", kind: .wholeNumber(1...1 << 30), defaultValue: "4194304", readers: .worker,
         help: "bytes of large bulk jobs (their bodies) one worker runs at once; the next waits until they settle, one "

@@ -18,12 +18,12 @@ struct BulkPrefetchTests {
         var prefetch = BulkPrefetch(maximumCount: 100, maximumBytes: Self.budget)
         #expect(prefetch.initialPrefetch == 4)
         prefetch.started(prefetch: prefetch.initialPrefetch)
-        #expect(prefetch.change == nil, "nothing seen yet: the first consumer stays")
+        #expect(prefetch.replacement == nil, "nothing seen yet: the first consumer stays")
         Self.receiving(&prefetch, 4, bytes: 300, firstTag: 1)
-        #expect(prefetch.change == .start(prefetch: 100), "small bodies: as many as WORKER_BULK_PREFETCH")
+        #expect(prefetch.replacement == 100, "small bodies: as many as WORKER_BULK_PREFETCH")
         prefetch.started(prefetch: 100)
         Self.receiving(&prefetch, 100, bytes: 300, firstTag: 5)
-        #expect(prefetch.change == nil)
+        #expect(prefetch.replacement == nil)
         #expect(prefetch.heldBytes == 104 * 300)
     }
 
@@ -32,37 +32,34 @@ struct BulkPrefetchTests {
         prefetch.started(prefetch: prefetch.initialPrefetch)
         Self.receiving(&prefetch, 4, bytes: 900_000, firstTag: 1)
         // Four bodies of 900 KB fit in 4 MiB: the first consumer suits them.
-        #expect(prefetch.change == nil)
+        #expect(prefetch.replacement == nil)
         for tag: UInt64 in 1...4 { prefetch.settled(tag) }
         #expect(prefetch.heldBytes == 0)
-        #expect(prefetch.change == nil, "the consumer's own prefetch keeps what it hands over within the bytes")
+        #expect(prefetch.replacement == nil, "the consumer's own prefetch keeps what it hands over within the bytes")
     }
 
-    @Test func aConsumerTooGenerousForItsBodiesIsStoppedUntilThereIsRoom() {
+    @Test func aConsumerTooGenerousForItsBodiesIsReplacedByOneOfWhatFits() {
         var prefetch = BulkPrefetch(maximumCount: 100, maximumBytes: Self.budget)
         prefetch.started(prefetch: 100)
         Self.receiving(&prefetch, 3, bytes: 2_000_000, firstTag: 1)
-        #expect(prefetch.change == .stop, "two such bodies fit; a consumer of 100 could hand over far more")
-        prefetch.stopped()
-        #expect(prefetch.change == nil, "6 MB held: nothing fits beside it")
-        prefetch.settled(1)
-        #expect(prefetch.change == nil, "4 MB held: still nothing")
-        prefetch.settled(2)
-        #expect(prefetch.change == .start(prefetch: 1), "one more fits beside the one held")
+        #expect(prefetch.replacement == 1, "two such bodies fit, three are held: one at a time, never none")
         prefetch.started(prefetch: 1)
+        prefetch.settled(1)
+        prefetch.settled(2)
+        #expect(prefetch.replacement == nil, "one more would fit beside the one held: no better than the one running")
         prefetch.settled(3)
-        #expect(prefetch.change == .start(prefetch: 2), "nothing held: as many as suit the bodies")
+        #expect(prefetch.replacement == 2, "nothing held: as many as suit the bodies")
     }
 
-    @Test func oneBodyAlwaysFitsWhenNothingIsHeld() {
+    @Test func oneBodyAlwaysFits() {
         var prefetch = BulkPrefetch(maximumCount: 100, maximumBytes: 1_000)
         prefetch.started(prefetch: prefetch.initialPrefetch)
         Self.receiving(&prefetch, 1, bytes: 50_000, firstTag: 7)
-        #expect(prefetch.change == .stop)
-        prefetch.stopped()
-        #expect(prefetch.change == nil)
+        #expect(prefetch.replacement == 1, "a job larger than the bytes still runs, one at a time")
+        prefetch.started(prefetch: 1)
+        #expect(prefetch.replacement == nil)
         prefetch.settled(7)
-        #expect(prefetch.change == .start(prefetch: 1), "a job larger than the bytes still runs, one at a time")
+        #expect(prefetch.replacement == nil)
     }
 
     @Test func urgentTagsAreNotHeld() {
@@ -75,19 +72,26 @@ struct BulkPrefetchTests {
         #expect(prefetch.heldBytes == 0)
     }
 
-    @Test func theSizeFollowsTheBodiesSeenLately() {
+    /// A campaign among small jobs brings the prefetch down at its first body; small jobs after it raise it only
+    /// gradually.
+    @Test func theSizeRisesAtOnceAndFallsSlowly() {
         var prefetch = BulkPrefetch(maximumCount: 100, maximumBytes: Self.budget)
         prefetch.started(prefetch: 100)
         Self.receiving(&prefetch, 50, bytes: 1_000, firstTag: 1)
         for tag: UInt64 in 1...50 { prefetch.settled(tag) }
-        #expect(prefetch.change == nil)
-        // Campaigns after small jobs: a few of them move the average far enough to stop a consumer of 100.
-        var tag: UInt64 = 51
-        while prefetch.change == nil, tag < 60 {
-            prefetch.delivered(tag, bytes: 900_000)
-            tag += 1
+        #expect(prefetch.replacement == nil)
+        prefetch.delivered(51, bytes: 900_000)
+        #expect(prefetch.replacement == 3, "4 such bodies suit the bytes; 3 fit beside the one held")
+        prefetch.started(prefetch: 3)
+        prefetch.settled(51)
+        var smallJobs = 0
+        while prefetch.consumerPrefetch != 100, smallJobs < 200 {
+            prefetch.delivered(52 + UInt64(smallJobs), bytes: 1_000)
+            prefetch.settled(52 + UInt64(smallJobs))
+            smallJobs += 1
+            if let next = prefetch.replacement { prefetch.started(prefetch: next) }
         }
-        #expect(prefetch.change == .stop)
-        #expect(tag - 51 <= 3, "stopped after \(tag - 51) campaigns")
+        #expect(prefetch.consumerPrefetch == 100)
+        #expect(smallJobs >= 20, "back to 100 after \(smallJobs) small jobs")
     }
 }
