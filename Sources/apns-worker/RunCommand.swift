@@ -9,11 +9,11 @@ let runHelp = """
     USAGE: apns-worker [run] [--config FILE] [--set KEY=VALUE ...] [--log-level LEVEL]
 
     Consumes two lanes, PUSH_JOBS_QUEUE (urgent, prefetch WORKER_PREFETCH) and PUSH_BULK_QUEUE (bulk, prefetch
-    WORKER_BULK_PREFETCH at most, as many as fit in WORKER_BULK_PREFETCH_BYTES), urgent work always first; resolves users through the Redis token cache, sends each
-    notification to APNs over APNS_CONNECTIONS persistent HTTP/2 connections per environment and lane, publishes dead
-    tokens (to the PUSH_DEAD_TOKENS_EXCHANGE fanout, bound to PUSH_DEAD_TOKENS_QUEUE), retries through delay queues of
-    the job's lane, drops what missed its job's deadline (expired), parks what cannot be sent on PUSH_FAILED_QUEUE, and
-    acknowledges a job once all of it is settled.
+    WORKER_BULK_PREFETCH at most, as many as fit in WORKER_BULK_PREFETCH_BYTES), urgent work always first; resolves
+    users through the Redis token cache, sends each notification to APNs over APNS_CONNECTIONS persistent HTTP/2
+    connections per environment and lane, publishes dead tokens (to the PUSH_DEAD_TOKENS_EXCHANGE fanout, bound to
+    PUSH_DEAD_TOKENS_QUEUE), retries through delay queues of the job's lane, drops what missed its job's deadline
+    (expired), parks what cannot be sent on PUSH_FAILED_QUEUE, and acknowledges a job once all of it is settled.
 
     Run as many workers as the rate needs, on any number of machines: they share the broker, Redis and the rate limit.
 
