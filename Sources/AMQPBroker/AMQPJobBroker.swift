@@ -39,7 +39,7 @@ public final class AMQPJobBroker: JobBroker {
         public init(
             nodes: AMQPNodes, caFile: String? = nil, heartbeat: Int = 5, queues: QueueNames = QueueNames(),
             retryDelays: [Double] = [1, 15, 60, 300], prefetch: Int = 500, bulkPrefetch: Int = 100,
-            bulkPrefetchBytes: Int = 4 << 20
+            bulkPrefetchBytes: Int = 2 << 20
         ) {
             self.nodes = nodes
             self.caFile = caFile

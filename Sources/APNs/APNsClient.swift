@@ -478,8 +478,9 @@ public final class APNsClient: Sendable {
         return true
     }
 
-    /// Notifications the pools of `traffic` can carry at once (`HTTP2Client.streamCapacity`, summed); nil before the
-    /// lane has a pool.
+    /// Notifications the pools of `traffic` can carry at once (`HTTP2Client.streamCapacity`, summed); before the
+    /// lane has a pool, what its first will take before its server's SETTINGS (the bulk lane's opens at its first job,
+    /// which must not find the whole of WORKER_MAX_IN_FLIGHT open).
     public func streamCapacity(_ traffic: JobLane) -> Int? {
         pools.withLock { pools in
             var capacity: Int?
@@ -487,6 +488,7 @@ public final class APNsClient: Sendable {
                 capacity = (capacity ?? 0) + pool.client.streamCapacity
             }
             return capacity
+                ?? configuration.maximumConnectionsPerEnvironment * HTTP2Client.streamLimitBeforeSettings
         }
     }
 

@@ -144,7 +144,7 @@ public struct SettingTable: Sendable {
         name: "WORKER_BULK_PREFETCH", kind: .wholeNumber(1...65_535), defaultValue: "100", readers: .worker,
         help: "bulk jobs one worker holds unacknowledged")
     public let workerBulkPrefetchBytes: Setting<Int> = Setting(
-        name: "WORKER_BULK_PREFETCH_BYTES", kind: .wholeNumber(1...1 << 30), defaultValue: "4194304", readers: .worker,
+        name: "WORKER_BULK_PREFETCH_BYTES", kind: .wholeNumber(1...1 << 30), defaultValue: "2097152", readers: .worker,
         help: "bytes of bulk jobs (their bodies) one worker aims to hold unacknowledged: the bulk prefetch is as many "
             + "as fit at the size of the bodies seen lately, at most WORKER_BULK_PREFETCH, at least one")
     public let workerBulkAdmissionBytes: Setting<Int> = Setting(

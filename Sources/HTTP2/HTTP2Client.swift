@@ -50,7 +50,7 @@ public final class HTTP2Client: @unchecked Sendable {
     /// The stream limit the peer last announced on a connection of this pool: what a connection whose peer's SETTINGS
     /// have not arrived yet is taken to allow (100 before any, the least RFC 9113 recommends a server allow).
     private var announcedStreamLimit = HTTP2Client.streamLimitBeforeSettings
-    private static let streamLimitBeforeSettings = 100
+    public static let streamLimitBeforeSettings = 100
     /// Connections closing because they fell idle above `connectionCount`: their close is no failure.
     private var retiring: Set<Int> = []
     /// Streams in use over the pool's open connections, sampled by the sweep (every second) for metrics.
