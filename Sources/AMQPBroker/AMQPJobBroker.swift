@@ -120,10 +120,10 @@ public final class AMQPJobBroker: JobBroker {
         while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
             switch event {
             case .delivery(let delivery):
-                acknowledgements.received(delivery.deliveryTag)
                 deliveries += 1
                 let lane: JobLane = delivery.consumerTag == urgentConsumerTag ? .urgent : .bulk
-                if lane == .bulk { bulkIntake.delivered(delivery.deliveryTag, bytes: delivery.body.count) }
+                acknowledgements.received(delivery.deliveryTag, bulkBytes: lane == .bulk ? delivery.body.count : nil)
+                if lane == .bulk { bulkIntake.seen(bytes: delivery.body.count) }
                 notices.append(
                     .delivery(
                         JobDelivery(
@@ -142,7 +142,7 @@ public final class AMQPJobBroker: JobBroker {
     /// Replaces the bulk consumer when its prefetch no longer suits the bodies (`BulkPrefetch`). Only where
     /// deliveries are read: a worker that stops reads none, and starts no consumer while it gives jobs back.
     private func followBulkPrefetch() throws(AMQPError) {
-        guard let prefetch = bulkIntake.replacement else { return }
+        guard let prefetch = bulkIntake.replacement(holding: acknowledgements.bulkHeld) else { return }
         if let tag = bulkConsumerTag {
             try amqp.cancel(tag)
             bulkConsumerTag = nil
@@ -224,15 +224,9 @@ public final class AMQPJobBroker: JobBroker {
         try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.delayQueues)
     }
 
-    public func acknowledge(_ tags: [UInt64]) throws {
-        try acknowledgements.acknowledge(tags)
-        for tag in tags { bulkIntake.settled(tag) }
-    }
+    public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
 
-    public func requeue(_ tag: UInt64) throws {
-        try acknowledgements.requeue(tag)
-        bulkIntake.settled(tag)
-    }
+    public func requeue(_ tag: UInt64) throws { try acknowledgements.requeue(tag) }
 
     /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.
     public func probe() throws { _ = try amqp.queueStatus(settings.queues.jobs) }

@@ -10,7 +10,8 @@
 /// rises at once with a large body and falls slowly (each smaller body weighs an eighth), so that a campaign among
 /// small jobs brings the prefetch down at its first body and a run of small jobs raises it only gradually.
 ///
-/// This only decides: `AMQPJobBroker` cancels and consumes.
+/// This only decides, from the bulk deliveries held (`Acknowledgements` keeps them): `AMQPJobBroker` cancels and
+/// consumes.
 struct BulkPrefetch: Equatable {
     /// Bulk deliveries held unacknowledged at most, whatever their size.
     let maximumCount: Int
@@ -19,9 +20,6 @@ struct BulkPrefetch: Equatable {
     /// The first consumer's, before any body was seen: a session that starts on a backlog of campaigns holds a few.
     static let firstPrefetch = 4
 
-    /// Held bulk deliveries: their delivery tags and body sizes.
-    private var held: [UInt64: Int] = [:]
-    private(set) var heldBytes = 0
     /// The size of the bodies seen lately: the largest at once, smaller ones by an eighth each.
     private(set) var typicalBytes: Double?
     /// The running consumer's prefetch; nil before one starts.
@@ -35,17 +33,10 @@ struct BulkPrefetch: Equatable {
     /// The first consumer's prefetch.
     var initialPrefetch: Int { min(maximumCount, Self.firstPrefetch) }
 
-    mutating func delivered(_ tag: UInt64, bytes: Int) {
-        held[tag] = bytes
-        heldBytes += bytes
+    /// A bulk body delivered, of `bytes`.
+    mutating func seen(bytes: Int) {
         let size = Double(bytes)
         typicalBytes = typicalBytes.map { size >= $0 ? size : $0 + (size - $0) / 8 } ?? size
-    }
-
-    /// A delivery settled (acknowledged or handed back); tags of the urgent lane are not held here.
-    mutating func settled(_ tag: UInt64) {
-        guard !held.isEmpty, let bytes = held.removeValue(forKey: tag) else { return }
-        heldBytes -= bytes
     }
 
     mutating func started(prefetch: Int) { consumerPrefetch = prefetch }
@@ -56,19 +47,19 @@ struct BulkPrefetch: Equatable {
         return min(maximumCount, max(1, Int(Double(maximumBytes) / max(1, typicalBytes))))
     }
 
-    /// What fits beside the deliveries held now: `suited` at most, one at least.
-    private var fitting: Int {
-        guard let typicalBytes, !held.isEmpty else { return suited }
-        return min(suited, max(1, Int(Double(maximumBytes - heldBytes) / max(1, typicalBytes))))
+    /// What fits beside the deliveries `held`: `suited` at most, one at least.
+    private func fitting(_ held: Acknowledgements.BulkHeld) -> Int {
+        guard let typicalBytes, held.count > 0 else { return suited }
+        return min(suited, max(1, Int(Double(maximumBytes - held.bytes) / max(1, typicalBytes))))
     }
 
-    /// The prefetch of the consumer that should replace the running one (or start), if any.
-    var replacement: Int? {
-        guard let running = consumerPrefetch else { return fitting }
+    /// The prefetch of the consumer that should replace the running one (or start), if any, with `held` unsettled.
+    func replacement(holding held: Acknowledgements.BulkHeld) -> Int? {
+        let fit = fitting(held)
+        guard let running = consumerPrefetch else { return fit }
         // Too generous for these bodies: replaced by what fits now (never more than suits them, so less than it).
-        if running >= 2 * suited { return fitting }
+        if running >= 2 * suited { return fit }
         // Twice as many fit, or as many as the setting allows.
-        let fit = fitting
         return fit > running && fit >= min(2 * running, maximumCount) ? fit : nil
     }
 }
