@@ -483,12 +483,11 @@ public final class APNsClient: Sendable {
     /// which must not find the whole of WORKER_MAX_IN_FLIGHT open).
     public func streamCapacity(_ traffic: JobLane) -> Int? {
         pools.withLock { pools in
-            var capacity: Int?
-            for (key, pool) in pools where key.traffic == traffic {
-                capacity = (capacity ?? 0) + pool.client.streamCapacity
+            let lanePools = pools.filter { $0.key.traffic == traffic }.values
+            guard !lanePools.isEmpty else {
+                return configuration.maximumConnectionsPerEnvironment * HTTP2Client.streamLimitBeforeSettings
             }
-            return capacity
-                ?? configuration.maximumConnectionsPerEnvironment * HTTP2Client.streamLimitBeforeSettings
+            return lanePools.reduce(0) { $0 + $1.client.streamCapacity }
         }
     }
 

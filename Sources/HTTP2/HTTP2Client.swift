@@ -65,8 +65,7 @@ public final class HTTP2Client: @unchecked Sendable {
         self.logger = logger
         self.keptHeaders = configuration.keptResponseHeaders.map { $0.map { Array($0.utf8) } }
         self.ownsLoop = loop == nil
-        self.streamCapacitySample = Atomic(
-            Self.streamCapacity(configuration, streamLimit: Self.streamLimitBeforeSettings))
+        self.streamCapacitySample = Atomic(configuration.maximumConnectionCount * Self.streamLimitBeforeSettings)
         self.loop = loop ?? EventLoop(name: "http2-\(configuration.host)")
         self.loop.execute { [self] in
             scheduleSweep()
@@ -82,10 +81,6 @@ public final class HTTP2Client: @unchecked Sendable {
     /// open at the highest limit one has. What is sent beyond it waits, here or in nghttp2, for a stream to free: a
     /// sender that keeps its own queue hands over no more than this.
     public var streamCapacity: Int { streamCapacitySample.load(ordering: .relaxed) }
-
-    private static func streamCapacity(_ configuration: Configuration, streamLimit: Int) -> Int {
-        configuration.maximumConnectionCount * countable(streamLimit)
-    }
 
     /// A peer that sets no limit allows 2^32 - 1 streams: counted as a million, which no sender's window reaches.
     private static func countable(_ streamLimit: Int) -> Int { min(streamLimit, 1_000_000) }
@@ -423,44 +418,50 @@ public final class HTTP2Client: @unchecked Sendable {
             configuration.observer?(.pingAcknowledged(connection: connection.id))
         }
         connection.onGoAway = { [self] connection, lastStreamID, code, debugData in
-            configuration.observer?(
-                .goAway(
-                    connection: connection.id, lastStreamID: lastStreamID, errorCode: code,
-                    debugData: debugData))
-            logger.warning(
-                "GOAWAY received",
-                [
-                    "http2.connection": String(connection.id),
-                    "http2.last_stream_id": String(lastStreamID),
-                    "http2.error_code": String(code),
-                    "http2.goaway_reason": Redact.outsideText(debugData, limit: 200)
-                ])
-            // Replace the connection now (the old one finishes its streams below last-stream-id and closes), unless it
-            // never served a response: then the close path backs off, so a hostile endpoint cannot make us loop.
-            if connection.responsesReceived > 0 { loop.execute { [self] in openMissingConnections() } }
+            goAwayReceived(on: connection, lastStreamID: lastStreamID, code: code, debugData: debugData)
         }
         connection.onClose = { [self] connection, reason in
             loop.cancelTimer(connectTimer)
-            connections.removeAll { $0 === connection }
-            refreshStreamCapacity()
-            if opened { configuration.observer?(.closed(connection: connection.id, reason: reason)) }
-            if retiring.remove(connection.id) != nil {
-                logger.info(
-                    "idle HTTP/2 connection closed",
-                    [
-                        "http2.connection": String(connection.id),
-                        "http2.endpoint": authority
-                    ])
-            } else if opened && connection.responsesReceived > 0 {
-                logger.info(
-                    "HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
-                loop.execute { [self] in openMissingConnections() }
-            } else if !opened {
-                tryNextAddress(reason)
-            } else {
-                // Closed before a single response: back off as for a failed connect.
-                connectFailed("closed before any response: \(reason)")
-            }
+            closed(connection, reason: reason, opened: opened, tryNextAddress: tryNextAddress)
+        }
+    }
+
+    private func goAwayReceived(on connection: HTTP2Connection, lastStreamID: Int32, code: UInt32, debugData: String) {
+        configuration.observer?(
+            .goAway(connection: connection.id, lastStreamID: lastStreamID, errorCode: code, debugData: debugData))
+        logger.warning(
+            "GOAWAY received",
+            [
+                "http2.connection": String(connection.id),
+                "http2.last_stream_id": String(lastStreamID),
+                "http2.error_code": String(code),
+                "http2.goaway_reason": Redact.outsideText(debugData, limit: 200)
+            ])
+        // Replace the connection now (the old one finishes its streams below last-stream-id and closes), unless it
+        // never served a response: then the close path backs off, so a hostile endpoint cannot make us loop.
+        if connection.responsesReceived > 0 { loop.execute { [self] in openMissingConnections() } }
+    }
+
+    /// A connection left the pool: one that served is replaced, one that never opened tries the next address, one
+    /// that opened and closed before any response backs off as a failed connect.
+    private func closed(
+        _ connection: HTTP2Connection, reason: String, opened: Bool, tryNextAddress: (String) -> Void
+    ) {
+        connections.removeAll { $0 === connection }
+        refreshStreamCapacity()
+        if opened { configuration.observer?(.closed(connection: connection.id, reason: reason)) }
+        if retiring.remove(connection.id) != nil {
+            logger.info(
+                "idle HTTP/2 connection closed",
+                ["http2.connection": String(connection.id), "http2.endpoint": authority])
+        } else if opened && connection.responsesReceived > 0 {
+            logger.info(
+                "HTTP/2 connection closed", ["http2.connection": String(connection.id), "http2.reason": reason])
+            loop.execute { [self] in openMissingConnections() }
+        } else if !opened {
+            tryNextAddress(reason)
+        } else {
+            connectFailed("closed before any response: \(reason)")
         }
     }
 
