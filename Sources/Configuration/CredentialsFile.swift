@@ -65,7 +65,27 @@ package struct CredentialsFile {
     }
 
     private static func entry(_ item: Any, directory: URL) throws(EntryProblem) -> Entry {
-        guard let fields = item as? [String: Any] else { throw EntryProblem(text: "not an object") }
+        guard let dictionary = item as? [String: Any] else { throw EntryProblem(text: "not an object") }
+        let fields = EntryFields(fields: dictionary, directory: directory)
+        let (proof, allowed) = try fields.proof()
+        let naming = " (\(CredentialSettings.describe(proof)))"
+        if let extra = dictionary.keys.sorted().first(where: { !allowed.contains($0) }) {
+            throw EntryProblem(
+                text: "unknown field \"\(extra)\" for a \(allowed == tokenFields ? "signing key" : "certificate")",
+                naming: naming)
+        }
+        do throws(EntryProblem) {
+            return Entry(proof: proof, topics: try fields.topics(), rateLimit: try fields.rateLimit())
+        } catch {
+            throw EntryProblem(text: error.text, naming: naming)
+        }
+    }
+
+    /// One entry's fields, read and checked one at a time; a relative file is relative to `directory`.
+    private struct EntryFields {
+        var fields: [String: Any]
+        var directory: URL
+
         func string(_ name: String) throws(EntryProblem) -> String? {
             guard let value = fields[name] else { return nil }
             guard let text = value as? String, !text.isEmpty else {
@@ -73,57 +93,57 @@ package struct CredentialsFile {
             }
             return text
         }
+
         func file(_ name: String) throws(EntryProblem) -> String? {
             guard let path = try string(name) else { return nil }
             return path.hasPrefix("/") ? path : directory.appendingPathComponent(path).path
         }
-        let proof: CredentialSettings.Proof
-        let allowed: Set<String>
-        if let keyFile = try file("key_file") {
-            guard let keyID = try string("key_id") else {
-                throw EntryProblem(text: "\"key_id\" is required with \"key_file\"")
+
+        /// The key or the certificate the entry names, and the fields an entry of that kind may have.
+        func proof() throws(EntryProblem) -> (CredentialSettings.Proof, allowed: Set<String>) {
+            if let keyFile = try file("key_file") {
+                guard let keyID = try string("key_id") else {
+                    throw EntryProblem(text: "\"key_id\" is required with \"key_file\"")
+                }
+                guard let teamID = try string("team_id") else {
+                    throw EntryProblem(text: "\"team_id\" is required with \"key_file\"")
+                }
+                return (.signingKey(file: keyFile, keyID: keyID, teamID: teamID), CredentialsFile.tokenFields)
             }
-            guard let teamID = try string("team_id") else {
-                throw EntryProblem(text: "\"team_id\" is required with \"key_file\"")
+            if let certificateFile = try file("cert_file") {
+                return (
+                    .certificate(file: certificateFile, keyFile: try file("cert_key_file")),
+                    CredentialsFile.certificateFields
+                )
             }
-            proof = .signingKey(file: keyFile, keyID: keyID, teamID: teamID)
-            allowed = tokenFields
-        } else if let certificateFile = try file("cert_file") {
-            proof = .certificate(file: certificateFile, keyFile: try file("cert_key_file"))
-            allowed = certificateFields
-        } else {
             throw EntryProblem(
                 text: "names no credential: \"key_file\" (with \"key_id\" and \"team_id\") or \"cert_file\"")
         }
-        let naming = " (\(CredentialSettings.describe(proof)))"
-        if let extra = fields.keys.sorted().first(where: { !allowed.contains($0) }) {
-            throw EntryProblem(
-                text: "unknown field \"\(extra)\" for a \(allowed == tokenFields ? "signing key" : "certificate")",
-                naming: naming)
-        }
-        guard let topics = fields["topics"] as? [Any], !topics.isEmpty else {
-            throw EntryProblem(text: "\"topics\" wants a non-empty list of bundle IDs", naming: naming)
-        }
-        var bundles: [String] = []
-        for topic in topics {
-            guard let bundle = topic as? String, TopicSettingCheck.isValid(bundle) else {
-                throw EntryProblem(
-                    text: "\"topics\" holds \(String(describing: topic).prefix(80)), not a bundle ID", naming: naming)
+
+        func topics() throws(EntryProblem) -> [String] {
+            guard let topics = fields["topics"] as? [Any], !topics.isEmpty else {
+                throw EntryProblem(text: "\"topics\" wants a non-empty list of bundle IDs")
             }
-            bundles.append(bundle)
+            var bundles: [String] = []
+            for topic in topics {
+                guard let bundle = topic as? String, TopicSettingCheck.isValid(bundle) else {
+                    throw EntryProblem(
+                        text: "\"topics\" holds \(String(describing: topic).prefix(80)), not a bundle ID")
+                }
+                bundles.append(bundle)
+            }
+            return bundles
         }
-        var rateLimit = 0
-        if let value = fields["rate_limit"] {
+
+        func rateLimit() throws(EntryProblem) -> Int {
+            guard let value = fields["rate_limit"] else { return 0 }
             guard !(value is Bool), let number = value as? NSNumber,
                 let whole = Int(exactly: number.doubleValue), whole >= 0
             else {
-                throw EntryProblem(
-                    text: "\"rate_limit\" wants a whole number of notifications per second, 0 or more",
-                    naming: naming)
+                throw EntryProblem(text: "\"rate_limit\" wants a whole number of notifications per second, 0 or more")
             }
-            rateLimit = whole
+            return whole
         }
-        return Entry(proof: proof, topics: bundles, rateLimit: rateLimit)
     }
 }
 
@@ -134,8 +154,8 @@ enum TopicSettingCheck {
     }
 }
 
-/// Why a client certificate cannot be used.
-struct CertificateProblem: Error, CustomStringConvertible {
+/// Why a signing key or a client certificate cannot be used.
+struct CredentialProblem: Error, CustomStringConvertible {
     var description: String
 }
 
@@ -144,15 +164,15 @@ extension CredentialSettings {
     /// refused when it has expired (APNs refuses its handshake: better said at start). Its expiry and a name for
     /// logs and metrics: `certificate:<common name>` (Apple's are `Apple Push Services: <bundle ID>`), else the
     /// file's name.
-    static func checkCertificate(_ file: String, keyFile: String?) throws(CertificateProblem) -> (
+    static func checkCertificate(_ file: String, keyFile: String?) throws(CredentialProblem) -> (
         expiry: Date, name: String
     ) {
         let checked: (expiry: Date, commonName: String?)
         do { checked = try CertificateFile.check(certificateFile: file, keyFile: keyFile) } catch {
-            throw CertificateProblem(description: "\(error)")
+            throw CredentialProblem(description: "\(error)")
         }
         if checked.expiry < Date() {
-            throw CertificateProblem(
+            throw CredentialProblem(
                 description: "the certificate expired on "
                     + "\(ISO8601DateFormatter().string(from: checked.expiry)): renew it")
         }
@@ -164,57 +184,21 @@ extension CredentialSettings {
     /// default for every other topic. Reads and checks each key and certificate; the first problem throws, naming
     /// its entry. Called at start and on every reload.
     public func makeCredentials() throws(ConfigurationError) -> APNsCredentials {
-        var fallback: APNsCredential?
-        if let proof {
-            let authentication = try makeAuthentication()
-            var name = authentication.name
-            var expiry: Date?
-            if case .certificate(let file, let keyFile) = proof {
-                do throws(CertificateProblem) {
-                    (expiry, name) = try Self.checkCertificate(file, keyFile: keyFile)
-                } catch {
-                    throw ConfigurationError(\.apnsCertFile, error.description)
-                }
-            }
-            fallback = Self.credential(
-                authentication, name: name, proof: proof, bundles: [], rateLimit: 0,
-                certificateExpiry: expiry)
-        }
+        let fallback = try fallbackCredential()
         var entries: [APNsCredential] = []
         if let credentialsFile {
             let file = try CredentialsFile.read(credentialsFile)
             var names = Set(fallback.map { [$0.name] } ?? [])
             for (offset, entry) in file.entries.enumerated() {
-                func problem(_ text: String) -> ConfigurationError {
-                    ConfigurationError(
+                let credential: APNsCredential
+                do throws(CredentialProblem) {
+                    credential = try Self.fileCredential(entry, number: offset + 1, takenNames: &names)
+                } catch {
+                    throw ConfigurationError(
                         \.apnsCredentialsFile,
-                        "\(credentialsFile): entry \(offset + 1) (\(Self.describe(entry.proof))): \(text)")
+                        "\(credentialsFile): entry \(offset + 1) (\(Self.describe(entry.proof))): \(error.description)")
                 }
-                let authentication: APNsAuthentication
-                var expiry: Date?
-                var name: String
-                switch entry.proof {
-                case .signingKey(let keyFile, let keyID, let teamID):
-                    do {
-                        authentication = .token(
-                            try APNsTokenProvider(
-                                key: try ES256Key(contentsOfFile: keyFile),
-                                keyID: keyID, teamID: teamID))
-                    } catch { throw problem(error.description) }
-                    name = authentication.name
-                case .certificate(let certificateFile, let keyFile):
-                    do throws(CertificateProblem) {
-                        (expiry, name) = try Self.checkCertificate(certificateFile, keyFile: keyFile)
-                    } catch { throw problem(error.description) }
-                    authentication = .certificate(certificateFile: certificateFile, privateKeyFile: keyFile)
-                }
-                // Two certificates of one name (several files called tls.crt, say) stay apart in metrics and limits.
-                if names.contains(name) { name += "#\(offset + 1)" }
-                names.insert(name)
-                entries.append(
-                    Self.credential(
-                        authentication, name: name, proof: entry.proof, bundles: Set(entry.topics),
-                        rateLimit: entry.rateLimit, certificateExpiry: expiry))
+                entries.append(credential)
             }
         }
         if fallback == nil && entries.isEmpty {
@@ -230,6 +214,50 @@ extension CredentialSettings {
         } catch {
             throw ConfigurationError(\.apnsCredentialsFile, "\(credentialsFile ?? ""): \(error)")
         }
+    }
+
+    /// The single-key settings' credential, the default for every topic no entry of the file lists; nil without them.
+    private func fallbackCredential() throws(ConfigurationError) -> APNsCredential? {
+        guard let proof else { return nil }
+        let authentication = try makeAuthentication()
+        var name = authentication.name
+        var expiry: Date?
+        if case .certificate(let file, let keyFile) = proof {
+            do throws(CredentialProblem) {
+                (expiry, name) = try Self.checkCertificate(file, keyFile: keyFile)
+            } catch {
+                throw ConfigurationError(\.apnsCertFile, error.description)
+            }
+        }
+        return Self.credential(
+            authentication, name: name, proof: proof, bundles: [], rateLimit: 0, certificateExpiry: expiry)
+    }
+
+    /// Entry `number` of the credentials file, its key or certificate read and checked. Its name is one no other
+    /// credential took: two certificates of one name (several files called tls.crt, say) stay apart in metrics and
+    /// limits.
+    private static func fileCredential(
+        _ entry: CredentialsFile.Entry, number: Int, takenNames: inout Set<String>
+    ) throws(CredentialProblem) -> APNsCredential {
+        let authentication: APNsAuthentication
+        var expiry: Date?
+        var name: String
+        switch entry.proof {
+        case .signingKey(let keyFile, let keyID, let teamID):
+            do {
+                authentication = .token(
+                    try APNsTokenProvider(key: try ES256Key(contentsOfFile: keyFile), keyID: keyID, teamID: teamID))
+            } catch { throw CredentialProblem(description: error.description) }
+            name = authentication.name
+        case .certificate(let certificateFile, let keyFile):
+            (expiry, name) = try checkCertificate(certificateFile, keyFile: keyFile)
+            authentication = .certificate(certificateFile: certificateFile, privateKeyFile: keyFile)
+        }
+        if takenNames.contains(name) { name += "#\(number)" }
+        takenNames.insert(name)
+        return credential(
+            authentication, name: name, proof: entry.proof, bundles: Set(entry.topics), rateLimit: entry.rateLimit,
+            certificateExpiry: expiry)
     }
 
     /// Every private key file the credentials read (the single-key one and each entry's): nobody but the worker's

@@ -348,7 +348,7 @@ public struct WorkerConfiguration: Sendable {
             proof = .signingKey(file: keyFile, keyID: keyID, teamID: teamID)
         } else if let certificateFile {
             proof = .certificate(file: certificateFile, keyFile: certificateKeyFile)
-            do throws(CertificateProblem) {
+            do throws(CredentialProblem) {
                 certificateExpiry = try CredentialSettings.checkCertificate(
                     certificateFile, keyFile: certificateKeyFile
                 ).expiry
