@@ -53,49 +53,17 @@ func channelsCommand(_ arguments: [String]) {
     guard parsed.positionals.count == (needsID ? 2 : 1) else {
         fail("channels \(action): " + (needsID ? "give one channel ID" : "takes no argument"), code: ExitCode.usage)
     }
-    let environment: APNsEnvironment
-    switch parsed.value("--environment") {
-    case nil: environment = .production
-    case let text?:
-        guard let parsedEnvironment = APNsEnvironment(rawValue: text) else {
-            fail("channels: --environment is production or sandbox, not \(text)", code: ExitCode.usage)
-        }
-        environment = parsedEnvironment
-    }
-    var storage = APNsChannelStorage.none
-    if let text = parsed.value("--storage") {
-        guard action == "create" else { fail("channels \(action): --storage goes with create", code: ExitCode.usage) }
-        guard let chosen = APNsChannelStorage(name: text) else {
-            fail("channels: --storage is none or most-recent, not \(text)", code: ExitCode.usage)
-        }
-        storage = chosen
-    }
-    let configuration = parsed.configuration(requiringCredentials: true)
-    guard let topic = parsed.value("--topic") ?? configuration.credential.defaultTopic else {
-        fail("channels: give --topic (the app's bundle id) or set APNS_TOPIC", code: ExitCode.usage)
-    }
-    // A one-shot command: its connection's comings and goings are noise unless asked for (LOG_LEVEL=debug).
-    let level = configuration.logLevel <= .debug ? configuration.logLevel : max(configuration.logLevel, .warning)
-    let logger = Logger(label: "apns-worker", level: level, format: configuration.logFormat)
-    let channels: ChannelOperations
-    do {
-        channels = try ChannelOperations(
-            configuration: configuration, topic: topic, environment: environment,
-            logger: logger)
-    } catch {
-        switch error {
-        case .configuration: fail("\(error)", code: ExitCode.configuration)
-        case .noCredential: fail("channels: \(error)", code: ExitCode.dataError)
-        }
-    }
-    let bundle = channels.bundle
-    let json = parsed.switches.contains("--json")
     let id = needsID ? parsed.positionals[1] : ""
     if needsID {
         do throws(APNsRequestError) { try APNsChannelID.check(id) } catch {
             fail("channels \(action): \(error)", code: ExitCode.usage)
         }
     }
+    let environment = channelEnvironment(parsed)
+    let storage = channelStorage(parsed, action: action)
+    let channels = channelOperations(parsed, environment: environment)
+    let bundle = channels.bundle
+    let json = parsed.switches.contains("--json")
     do throws(APNsChannelError) {
         switch action {
         case "create":
@@ -107,13 +75,8 @@ func channelsCommand(_ arguments: [String]) {
                         "environment": environment.rawValue
                     ]) : created)
         case "list":
-            let ids = try channels.list()
-            if json {
-                print(
-                    "{\"topic\":\(JSONString.quote(bundle)),\"environment\":\"\(environment.rawValue)\","
-                        + "\"channels\":[\(ids.map(JSONString.quote).joined(separator: ","))]}")
-            } else {
-                for channel in ids { print(channel) }
+            for line in channelList(try channels.list(), bundle: bundle, environment: environment, json: json) {
+                print(line)
             }
         case "show":
             let policy = try channels.show(id)
@@ -130,6 +93,54 @@ func channelsCommand(_ arguments: [String]) {
         }
     } catch {
         fail("channels \(action): \(error)", code: error.isTransient ? ExitCode.unavailable : ExitCode.dataError)
+    }
+}
+
+/// `channels list`'s lines: one ID a line, or with --json one line of the app, the environment and the IDs.
+private func channelList(_ ids: [String], bundle: String, environment: APNsEnvironment, json: Bool) -> [String] {
+    guard json else { return ids }
+    return [
+        "{\"topic\":\(JSONString.quote(bundle)),\"environment\":\"\(environment.rawValue)\","
+            + "\"channels\":[\(ids.map(JSONString.quote).joined(separator: ","))]}"
+    ]
+}
+
+/// --environment, production when not given.
+private func channelEnvironment(_ parsed: ParsedArguments) -> APNsEnvironment {
+    guard let text = parsed.value("--environment") else { return .production }
+    guard let environment = APNsEnvironment(rawValue: text) else {
+        fail("channels: --environment is production or sandbox, not \(text)", code: ExitCode.usage)
+    }
+    return environment
+}
+
+/// --storage, which only `create` takes; none when not given.
+private func channelStorage(_ parsed: ParsedArguments, action: String) -> APNsChannelStorage {
+    guard let text = parsed.value("--storage") else { return .none }
+    guard action == "create" else { fail("channels \(action): --storage goes with create", code: ExitCode.usage) }
+    guard let storage = APNsChannelStorage(name: text) else {
+        fail("channels: --storage is none or most-recent, not \(text)", code: ExitCode.usage)
+    }
+    return storage
+}
+
+/// The channel management API of --topic's app (APNS_TOPIC's when not given), through the credential that serves it.
+private func channelOperations(_ parsed: ParsedArguments, environment: APNsEnvironment) -> ChannelOperations {
+    let configuration = parsed.configuration(requiringCredentials: true)
+    guard let topic = parsed.value("--topic") ?? configuration.credential.defaultTopic else {
+        fail("channels: give --topic (the app's bundle id) or set APNS_TOPIC", code: ExitCode.usage)
+    }
+    // A one-shot command: its connection's comings and goings are noise unless asked for (LOG_LEVEL=debug).
+    let level = configuration.logLevel <= .debug ? configuration.logLevel : max(configuration.logLevel, .warning)
+    let logger = Logger(label: "apns-worker", level: level, format: configuration.logFormat)
+    do {
+        return try ChannelOperations(
+            configuration: configuration, topic: topic, environment: environment, logger: logger)
+    } catch {
+        switch error {
+        case .configuration: fail("\(error)", code: ExitCode.configuration)
+        case .noCredential: fail("channels: \(error)", code: ExitCode.dataError)
+        }
     }
 }
 

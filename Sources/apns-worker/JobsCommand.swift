@@ -90,26 +90,31 @@ func jobsCommand(_ arguments: [String]) {
             let report = try progress.read(operands[0])
             print(json ? report.json : report.text)
         default:
-            let jobID = operands[0]
-            let cancellations = SharedCancellations(redis: redis)
-            try cancellations.cancel(jobID, reason: reason)
-            let recorded = try cancellations.cancellation(of: jobID)
-            let at = recorded.map { Date(timeIntervalSince1970: $0.at).formatted(.iso8601) } ?? "now"
-            var line = "job \(jobID) cancelled at \(at)"
-            if let kept = recorded?.reason { line += " (\(kept))" }
-            let report = try progress.read(jobID)
-            // With --json, standard output is the one object `show --json` prints; the confirmation goes to stderr.
-            let confirmation =
-                line + ": workers send nothing more of it within a second; its summary counts the rest "
-                + "as cancelled"
-            if json {
-                FileHandle.standardError.write(Data((confirmation + "\n").utf8))
-                print(report.json)
-            } else {
-                print(confirmation + "\n" + report.text)
-            }
+            try cancelJob(operands[0], reason: reason, redis: redis, progress: progress, json: json)
         }
     } catch {
         failReaching("jobs \(action)", error)
+    }
+}
+
+/// `jobs cancel`: records the cancellation for the fleet, then says so with the job's progress. With --json, standard
+/// output is the one object `show --json` prints; the confirmation goes to standard error.
+private func cancelJob(
+    _ jobID: String, reason: String?, redis: any RedisClient, progress: SharedJobProgress, json: Bool
+) throws {
+    let cancellations = SharedCancellations(redis: redis)
+    try cancellations.cancel(jobID, reason: reason)
+    let recorded = try cancellations.cancellation(of: jobID)
+    let at = recorded.map { Date(timeIntervalSince1970: $0.at).formatted(.iso8601) } ?? "now"
+    var line = "job \(jobID) cancelled at \(at)"
+    if let kept = recorded?.reason { line += " (\(kept))" }
+    let report = try progress.read(jobID)
+    let confirmation =
+        line + ": workers send nothing more of it within a second; its summary counts the rest as cancelled"
+    if json {
+        FileHandle.standardError.write(Data((confirmation + "\n").utf8))
+        print(report.json)
+    } else {
+        print(confirmation + "\n" + report.text)
     }
 }

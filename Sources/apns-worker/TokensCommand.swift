@@ -89,79 +89,24 @@ func tokensCommand(_ arguments: [String]) {
         guard operands.count <= 1 else { fail("tokens import: wants at most one FILE", code: ExitCode.usage) }
         importTokens(from: operands.first ?? "-", parsed)
     }
-    let wanted = action == "list" || action == "keys" ? 1 : 2
-    guard operands.count == wanted else {
-        fail(
-            "tokens \(action): wants \(wanted == 1 ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
-            code: ExitCode.usage)
-    }
-    let user = operands[0]
-    guard !user.isEmpty, user.utf8.count <= 256 else {
-        fail("tokens: USER must be 1 to 256 bytes", code: ExitCode.usage)
-    }
-    if wanted == 2 {
-        do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(operands[1]) } catch {
-            fail("tokens \(action): TOKEN: \(error)", code: ExitCode.usage)
-        }
-    }
-    let topic = parsed.value("--topic")
-    if let topic, !TokenScope.isValidTopic(topic) {
-        fail(
-            "tokens \(action): --topic must be an APNs topic (a bundle ID with its push type's suffix, e.g. "
-                + "com.example.app.voip)", code: ExitCode.usage)
-    }
-    var environment: APNsEnvironment?
-    if let text = parsed.value("--environment") {
-        guard let parsed = APNsEnvironment(rawValue: text) else {
-            fail("tokens \(action): --environment must be production or sandbox, got \(text)", code: ExitCode.usage)
-        }
-        environment = parsed
-    }
-    let device = parsed.value("--device")
-    if action == "add", let device {
-        guard case .object? = try? JSONReader.parse(Array(device.utf8)) else {
-            fail("tokens add: --device must be a JSON object", code: ExitCode.usage)
-        }
-    }
-    let activity = parsed.value("--activity")
-    if let activity { checkActivityOption(activity, action: action, topic: topic) }
-    let timeZone = parsed.value("--timezone")
-    if let timeZone {
-        guard action == "add" else { fail("tokens \(action): --timezone goes with add", code: ExitCode.usage) }
-        guard activity == nil else {
-            fail(
-                "tokens add: --timezone is a user's, not an activity's: give it without --activity",
-                code: ExitCode.usage)
-        }
-        if let problem = TimeZoneName.problem(timeZone) {
-            fail("tokens add: --timezone: \(problem)", code: ExitCode.usage)
-        }
-    }
-    let configuration = parsed.configuration(requiringCredentials: false)
-    let editor: TokenCacheEditor
-    do {
-        editor = try TokenCacheEditor(
-            configuration: configuration, fullTokens: parsed.switches.contains("--full-tokens"),
-            logger: Logger(
-                label: "apns-worker", level: configuration.logLevel,
-                format: configuration.logFormat))
-    } catch {
-        failReaching("tokens", error)
-    }
+    let options = TokenEditOptions(action: action, operands: operands, parsed)
+    let editor = tokenCacheEditor(parsed, fullTokens: parsed.switches.contains("--full-tokens"), command: "tokens")
     do {
         switch action {
         case "add":
             print(
                 try editor.add(
-                    user: user, token: operands[1],
-                    scope: TokenScope(environment: environment ?? .production, topic: topic),
-                    deviceJSON: device, activity: activity, timeZone: timeZone))
+                    user: options.user, token: operands[1],
+                    scope: TokenScope(environment: options.environment ?? .production, topic: options.topic),
+                    deviceJSON: options.device, activity: options.activity, timeZone: options.timeZone))
         case "remove":
-            print(try editor.remove(user: user, token: operands[1], topic: topic, environment: environment))
+            print(
+                try editor.remove(
+                    user: options.user, token: operands[1], topic: options.topic, environment: options.environment))
         case "keys":
-            print(editor.keys(user: user))
+            print(editor.keys(user: options.user))
         default:
-            print(try editor.list(user: user, topic: topic, json: parsed.switches.contains("--json")))
+            print(try editor.list(user: options.user, topic: options.topic, json: parsed.switches.contains("--json")))
         }
     } catch let refused as TokenCacheEditor.RefusedChange {
         fail("tokens \(action): \(refused)", code: ExitCode.dataError)
@@ -170,19 +115,82 @@ func tokensCommand(_ arguments: [String]) {
     }
 }
 
+/// What `tokens add|remove|list|keys` were given, each checked: a problem ends the command with a usage error that
+/// names it.
+private struct TokenEditOptions {
+    var user: String
+    var topic: String?
+    var environment: APNsEnvironment?
+    var device: String?
+    var activity: String?
+    var timeZone: String?
+
+    init(action: String, operands: [String], _ parsed: ParsedArguments) {
+        let wanted = action == "list" || action == "keys" ? 1 : 2
+        guard operands.count == wanted else {
+            fail(
+                "tokens \(action): wants \(wanted == 1 ? "USER" : "USER TOKEN"); try 'apns-worker tokens --help'",
+                code: ExitCode.usage)
+        }
+        user = operands[0]
+        guard !user.isEmpty, user.utf8.count <= 256 else {
+            fail("tokens: USER must be 1 to 256 bytes", code: ExitCode.usage)
+        }
+        if wanted == 2 {
+            do throws(APNsRequestError) { try APNsNotification.validateDeviceToken(operands[1]) } catch {
+                fail("tokens \(action): TOKEN: \(error)", code: ExitCode.usage)
+            }
+        }
+        topic = parsed.value("--topic")
+        if let topic, !TokenScope.isValidTopic(topic) {
+            fail(
+                "tokens \(action): --topic must be an APNs topic (a bundle ID with its push type's suffix, e.g. "
+                    + "com.example.app.voip)", code: ExitCode.usage)
+        }
+        if let text = parsed.value("--environment") {
+            guard let parsed = APNsEnvironment(rawValue: text) else {
+                fail("tokens \(action): --environment must be production or sandbox, got \(text)", code: ExitCode.usage)
+            }
+            environment = parsed
+        }
+        device = parsed.value("--device")
+        if action == "add", let device {
+            guard case .object? = try? JSONReader.parse(Array(device.utf8)) else {
+                fail("tokens add: --device must be a JSON object", code: ExitCode.usage)
+            }
+        }
+        activity = parsed.value("--activity")
+        if let activity { checkActivityOption(activity, action: action, topic: topic) }
+        timeZone = parsed.value("--timezone")
+        if let timeZone {
+            guard action == "add" else { fail("tokens \(action): --timezone goes with add", code: ExitCode.usage) }
+            guard activity == nil else {
+                fail(
+                    "tokens add: --timezone is a user's, not an activity's: give it without --activity",
+                    code: ExitCode.usage)
+            }
+            if let problem = TimeZoneName.problem(timeZone) {
+                fail("tokens add: --timezone: \(problem)", code: ExitCode.usage)
+            }
+        }
+    }
+}
+
+/// The token cache's editor on the configured Redis; a Redis out of reach ends `command` with its exit code.
+private func tokenCacheEditor(_ parsed: ParsedArguments, fullTokens: Bool, command: String) -> TokenCacheEditor {
+    let configuration = parsed.configuration(requiringCredentials: false)
+    do {
+        return try TokenCacheEditor(
+            configuration: configuration, fullTokens: fullTokens,
+            logger: Logger(label: "apns-worker", level: configuration.logLevel, format: configuration.logFormat))
+    } catch {
+        failReaching(command, error)
+    }
+}
+
 /// `tokens import`: progress every two seconds on standard error, the counts at the end.
 private func importTokens(from path: String, _ parsed: ParsedArguments) -> Never {
-    let configuration = parsed.configuration(requiringCredentials: false)
-    let editor: TokenCacheEditor
-    do {
-        editor = try TokenCacheEditor(
-            configuration: configuration, fullTokens: false,
-            logger: Logger(
-                label: "apns-worker", level: configuration.logLevel,
-                format: configuration.logFormat))
-    } catch {
-        failReaching("tokens import", error)
-    }
+    let editor = tokenCacheEditor(parsed, fullTokens: false, command: "tokens import")
     let started = Date()
     var lastShown = started
     let report: TokenCacheEditor.ImportReport
