@@ -46,12 +46,28 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     ) {
         let nameLength = min(name.count, 65_535)
         let valueLength = min(value.count, 65_535)
-        // Three block copies (the record's header, the name, the value): every answer's header fields come this way.
-        appendRecordHeader(nameLength, valueLength, indexed: indexed)
-        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
-        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: value.prefix(valueLength)))
+        let recordLength = Self.recordHeader + nameLength + valueLength
         count += 1
+        guard recordLength <= Self.assembledOnStack else {
+            appendRecordHeader(nameLength, valueLength, indexed: indexed)
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: value.prefix(valueLength)))
+            return
+        }
+        // Every kept field of every answer comes this way: the record is put together on the stack and appended in
+        // one copy (each append checks the buffer's uniqueness and room, a hundred instructions apiece).
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: recordLength) { record in
+            let header = Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)
+            (record[0], record[1], record[2], record[3], record[4]) = header
+            let base = record.baseAddress! + Self.recordHeader
+            if nameLength > 0 { base.update(from: name.baseAddress!, count: nameLength) }
+            if valueLength > 0 { (base + nameLength).update(from: value.baseAddress!, count: valueLength) }
+            bytes.append(contentsOf: UnsafeBufferPointer(record))
+        }
     }
+
+    /// Records up to this size (the header, name and value) are assembled on the stack before they are appended.
+    private static let assembledOnStack = 256
 
     private mutating func appendRecordHeader(_ nameLength: Int, _ valueLength: Int, indexed: Bool) {
         withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) {

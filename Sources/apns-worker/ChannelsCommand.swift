@@ -53,14 +53,14 @@ func channelsCommand(_ arguments: [String]) {
     guard parsed.positionals.count == (needsID ? 2 : 1) else {
         fail("channels \(action): " + (needsID ? "give one channel ID" : "takes no argument"), code: ExitCode.usage)
     }
+    let environment = channelEnvironment(parsed)
+    let storage = channelStorage(parsed, action: action)
     let id = needsID ? parsed.positionals[1] : ""
     if needsID {
         do throws(APNsRequestError) { try APNsChannelID.check(id) } catch {
             fail("channels \(action): \(error)", code: ExitCode.usage)
         }
     }
-    let environment = channelEnvironment(parsed)
-    let storage = channelStorage(parsed, action: action)
     let channels = channelOperations(parsed, environment: environment)
     let bundle = channels.bundle
     let json = parsed.switches.contains("--json")

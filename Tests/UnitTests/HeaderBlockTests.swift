@@ -1,11 +1,12 @@
 import APNs
 import Configuration
 import Foundation
-import HTTP2
 import Operations
 import Telemetry
 import Testing
 import WorkerPipeline
+
+@testable import HTTP2
 
 @Suite struct HeaderBlockTests {
     @Test func fieldsKeepTheirOrderValuesAndIndexing() {
@@ -23,5 +24,44 @@ import WorkerPipeline
         #expect(
             block.fields.map(\.indexed) == [true, true, true, false, true, false],
             "unique values (paths) are never indexed")
+    }
+
+    /// A record up to 256 bytes is put together before it is appended, a longer one appended in parts: both read
+    /// back whole, in order, empty names and values included.
+    @Test(arguments: [0, 1, 7, 250, 251, 252, 300, 70_000])
+    func recordsOfEverySizeReadBackWhole(valueLength: Int) {
+        var block = HTTP2HeaderBlock(capacity: 16)
+        let value = (0..<valueLength).map { UInt8(0x41 + $0 % 26) }
+        let name = Array("x-field".utf8)
+        let empty: [UInt8] = []
+        name.withUnsafeBufferPointer { name in value.withUnsafeBufferPointer { block.add(raw: name, $0) } }
+        empty.withUnsafeBufferPointer { nothing in block.add(raw: nothing, nothing, indexed: false) }
+        block.add("after", "end")
+        #expect(block.count == 3)
+        let expected = String(decoding: value.prefix(65_535), as: UTF8.self)
+        #expect(block.value("x-field") == expected, "a value longer than 65,535 bytes is cut there")
+        #expect(block.fields.map(\.name) == ["x-field", "", "after"])
+        #expect(block.fields.map(\.value).dropFirst() == ["", "end"])
+        #expect(block.fields.map(\.indexed) == [true, false, true])
+    }
+
+    /// Every byte below 0x20 and DEL is found at every place of a value longer than the eight bytes read at once, and
+    /// no other byte (0x80 and above included) is taken for one.
+    @Test func controlCharactersAreFoundWhereverTheyAre() {
+        for length in [1, 7, 8, 9, 23] {
+            for position in 0..<length {
+                for byte in UInt8.min...UInt8.max {
+                    var value = [UInt8](repeating: 0x61, count: length)
+                    value[position] = byte
+                    let isControl = byte < 0x20 || byte == 0x7F
+                    let found = value.withUnsafeBufferPointer(HTTP2Connection.hasControlCharacter)
+                    #expect(found == isControl, "byte \(byte) at \(position) of \(length)")
+                }
+            }
+        }
+        let nothing: [UInt8] = []
+        #expect(!nothing.withUnsafeBufferPointer(HTTP2Connection.hasControlCharacter))
+        let high = [UInt8](repeating: 0xFF, count: 16) + [0x80, 0xA0, 0x9F, 0xC0]
+        #expect(!high.withUnsafeBufferPointer(HTTP2Connection.hasControlCharacter), "bytes above 0x7F are not control")
     }
 }
