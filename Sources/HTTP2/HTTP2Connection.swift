@@ -336,8 +336,6 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
-    /// A field name as HTTP/2 allows it: lower-case token characters (RFC 9110 5.6.2), a leading colon for
-    /// pseudo-fields.
     /// Whether `value` holds a byte below 0x20 or 0x7F (DEL), eight bytes at a time: every kept field of every answer
     /// is checked. In each word, a byte below 0x20 sets its top bit in `(w - 0x20..) & ~w`, and DEL, turned into zero
     /// by the XOR, in `(x - 0x01..) & ~x`; bytes of 0x80 and above are masked out by `~w` and `~x`. A borrow only
@@ -361,6 +359,8 @@ final class HTTP2Connection: PollHandler {
         return false
     }
 
+    /// A field name as HTTP/2 allows it: lower-case token characters (RFC 9110 5.6.2), a leading colon for
+    /// pseudo-fields.
     static func isFieldName(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !name.isEmpty else { return false }
         for (index, byte) in name.enumerated() {

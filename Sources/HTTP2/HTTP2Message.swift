@@ -60,8 +60,8 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
             let header = Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)
             (record[0], record[1], record[2], record[3], record[4]) = header
             let base = record.baseAddress! + Self.recordHeader
-            if nameLength > 0 { base.update(from: name.baseAddress!, count: nameLength) }
-            if valueLength > 0 { (base + nameLength).update(from: value.baseAddress!, count: valueLength) }
+            if nameLength > 0 { base.initialize(from: name.baseAddress!, count: nameLength) }
+            if valueLength > 0 { (base + nameLength).initialize(from: value.baseAddress!, count: valueLength) }
             bytes.append(contentsOf: UnsafeBufferPointer(record))
         }
     }

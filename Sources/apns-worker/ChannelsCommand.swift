@@ -56,12 +56,12 @@ func channelsCommand(_ arguments: [String]) {
     let environment = channelEnvironment(parsed)
     let storage = channelStorage(parsed, action: action)
     let id = needsID ? parsed.positionals[1] : ""
+    let channels = channelOperations(parsed, environment: environment)
     if needsID {
         do throws(APNsRequestError) { try APNsChannelID.check(id) } catch {
             fail("channels \(action): \(error)", code: ExitCode.usage)
         }
     }
-    let channels = channelOperations(parsed, environment: environment)
     let bundle = channels.bundle
     let json = parsed.switches.contains("--json")
     do throws(APNsChannelError) {
