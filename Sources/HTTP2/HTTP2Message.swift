@@ -48,14 +48,9 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
         let valueLength = min(value.count, 65_535)
         let recordLength = Self.recordHeader + nameLength + valueLength
         count += 1
-        guard recordLength <= Self.assembledOnStack else {
-            appendRecordHeader(nameLength, valueLength, indexed: indexed)
-            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: name.prefix(nameLength)))
-            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: value.prefix(valueLength)))
-            return
-        }
-        // Every kept field of every answer comes this way: the record is put together on the stack and appended in
-        // one copy (each append checks the buffer's uniqueness and room, a hundred instructions apiece).
+        // The record is put together first and appended in one copy: each append checks the buffer's uniqueness and
+        // room, about a hundred instructions apiece, and every kept field of every answer comes this way. Records of
+        // usual sizes are put together on the stack (the standard library moves large ones to the heap).
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: recordLength) { record in
             let header = Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)
             (record[0], record[1], record[2], record[3], record[4]) = header
@@ -63,15 +58,6 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
             if nameLength > 0 { base.initialize(from: name.baseAddress!, count: nameLength) }
             if valueLength > 0 { (base + nameLength).initialize(from: value.baseAddress!, count: valueLength) }
             bytes.append(contentsOf: UnsafeBufferPointer(record))
-        }
-    }
-
-    /// Records up to this size (the header, name and value) are assembled on the stack before they are appended.
-    private static let assembledOnStack = 256
-
-    private mutating func appendRecordHeader(_ nameLength: Int, _ valueLength: Int, indexed: Bool) {
-        withUnsafeBytes(of: Self.recordHeaderBytes(nameLength, valueLength, indexed: indexed)) {
-            bytes.append(contentsOf: $0)
         }
     }
 
