@@ -3,16 +3,68 @@ public struct APNsNotification: Sendable {
     public var deviceToken: String
     /// Where the token belongs: it is sent to that environment's host.
     public var environment: APNsEnvironment
-    public var topic: String
-    public var pushType: APNsPushType
-    public var priority: APNsPriority
+    /// Everything but the token and its environment, which a job's notifications have in common: kept in one box they
+    /// share until one of them changes it (`sending(to:environment:)`). A notification is made, put in arrays and
+    /// copied on its way to its request; each copy then counts two references (its token, the box), not one per
+    /// string and array.
+    @usableFromInline var message: SharedMembers<Message>
+
+    @usableFromInline
+    struct Message: Sendable {
+        @usableFromInline var topic: String
+        @usableFromInline var pushType: APNsPushType
+        @usableFromInline var priority: APNsPriority
+        @usableFromInline var expiration: Int64?
+        @usableFromInline var collapseID: String?
+        @usableFromInline var apnsID: String?
+        @usableFromInline var payload: [UInt8]
+
+        @inlinable
+        init(
+            topic: String, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?,
+            apnsID: String?, payload: [UInt8]
+        ) {
+            self.topic = topic
+            self.pushType = pushType
+            self.priority = priority
+            self.expiration = expiration
+            self.collapseID = collapseID
+            self.apnsID = apnsID
+            self.payload = payload
+        }
+    }
+
+    public var topic: String {
+        _read { yield message.members.topic }
+        set { message.change { $0.topic = newValue } }
+    }
+    public var pushType: APNsPushType {
+        _read { yield message.members.pushType }
+        set { message.change { $0.pushType = newValue } }
+    }
+    public var priority: APNsPriority {
+        _read { yield message.members.priority }
+        set { message.change { $0.priority = newValue } }
+    }
     /// UNIX seconds; 0 means "try once, do not store"; nil leaves storage to Apple.
-    public var expiration: Int64?
-    public var collapseID: String?
+    public var expiration: Int64? {
+        _read { yield message.members.expiration }
+        set { message.change { $0.expiration = newValue } }
+    }
+    public var collapseID: String? {
+        _read { yield message.members.collapseID }
+        set { message.change { $0.collapseID = newValue } }
+    }
     /// Canonical lowercase UUID; APNs makes one when absent.
-    public var apnsID: String?
+    public var apnsID: String? {
+        _read { yield message.members.apnsID }
+        set { message.change { $0.apnsID = newValue } }
+    }
     /// The JSON payload, encoded once per job and shared by all of its notifications.
-    public var payload: [UInt8]
+    public var payload: [UInt8] {
+        _read { yield message.members.payload }
+        set { message.change { $0.payload = newValue } }
+    }
 
     /// Inlinable: the worker makes every notification from another module, where a call would cost more than the work.
     @inlinable
@@ -23,13 +75,19 @@ public struct APNsNotification: Sendable {
     ) {
         self.deviceToken = deviceToken
         self.environment = environment
-        self.topic = topic
-        self.pushType = pushType
-        self.priority = priority ?? pushType.defaultPriority
-        self.expiration = expiration
-        self.collapseID = collapseID
-        self.apnsID = apnsID
-        self.payload = payload
+        message = SharedMembers(
+            Message(
+                topic: topic, pushType: pushType, priority: priority ?? pushType.defaultPriority,
+                expiration: expiration, collapseID: collapseID, apnsID: apnsID, payload: payload))
+    }
+
+    /// This notification's message to another device token: every other field shared with this one, not copied.
+    @inlinable
+    public func sending(to deviceToken: String, environment: APNsEnvironment) -> APNsNotification {
+        var notification = self
+        notification.deviceToken = deviceToken
+        notification.environment = environment
+        return notification
     }
 
     /// Throws the first rule this notification breaks, in words that name it.
@@ -56,7 +114,8 @@ public struct APNsNotification: Sendable {
     /// Whether every field that `validateOwnFields()` does not check (push type, priority, expiration, topic,
     /// collapse-id) is the same as `other`'s.
     public func sharesFields(with other: APNsNotification) -> Bool {
-        pushType == other.pushType && priority == other.priority && expiration == other.expiration
+        if message.isSameBox(as: other.message) { return true }
+        return pushType == other.pushType && priority == other.priority && expiration == other.expiration
             && topic == other.topic && collapseID == other.collapseID
     }
 

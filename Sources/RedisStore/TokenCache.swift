@@ -277,23 +277,29 @@ public struct TokenCache: TokenStore {
     private func resolve(hashesOf entries: [String], prefix: String, what: String) throws(RedisError)
         -> ResolvedUsers
     {
-        var resolved = ResolvedUsers(tokens: [:])
-        guard !entries.isEmpty else { return resolved }
-        // The dictionary that will hold the tokens also tells the entries apart: no set of its own.
+        guard !entries.isEmpty else { return ResolvedUsers(tokens: [:]) }
+        // Each entry once, with its place in `unique`: the one time an entry is hashed here. The tokens found go
+        // in with `mapValues`, which keeps the table as it is and hashes no key again.
+        var positions: [String: Int] = [:]
         var unique: [String] = []
         unique.reserveCapacity(entries.count)
-        resolved.tokens.reserveCapacity(entries.count)
-        for entry in entries where resolved.tokens.updateValue([], forKey: entry) == nil { unique.append(entry) }
+        positions.reserveCapacity(entries.count)
+        for entry in entries {
+            // One lookup finds the entry or adds it at the next place: one at that place was just added.
+            let next = unique.count
+            if Self.holds(&positions[entry, default: next], next) { unique.append(entry) }
+        }
         let keyList = RedisKeyList(prefix: prefix, names: keys.isCluster ? unique.map(keys.user) : unique)
         var found = [[CachedToken]](repeating: [], count: unique.count)
         let reads = try redis.readHashesWhereReachable(keyList) { index, field, value in
             if let cached = cachedToken(field, value, key: keyList.key(index)) { found[index].append(cached) }
         }
+        var resolved = ResolvedUsers(tokens: positions.mapValues { found[$0] })
         for (index, read) in reads.enumerated() {
             let entry = unique[index]
             switch read {
             case .read:
-                if !found[index].isEmpty { resolved.tokens[entry] = found[index] }
+                continue
             case .failed(let message):
                 logger.warning(
                     "skipping a \(what) whose token cache entry cannot be read",
@@ -307,6 +313,8 @@ public struct TokenCache: TokenStore {
         }
         return resolved
     }
+
+    private static func holds(_ position: inout Int, _ expected: Int) -> Bool { position == expected }
 
     /// One field and value of a tokens hash (a user's or an activity's), read in place; a field that is no token, or a
     /// value that says nothing it serves, is skipped with a warning naming `key`.

@@ -132,6 +132,24 @@ extension SessionLoop {
 
     /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
     /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
+    /// The notifications of `entries`: those of one job, which come together, share one message (`APNsNotification`
+    /// copies then count two references each, not one per field).
+    private static func notifications(of entries: [(progress: JobProgress, index: Int32)]) -> [APNsNotification] {
+        var notifications: [APNsNotification] = []
+        notifications.reserveCapacity(entries.count)
+        var previous: JobProgress?
+        for (progress, index) in entries {
+            let target = progress.targets[Int(index)]
+            if progress === previous, let last = notifications.last {
+                notifications.append(last.sending(to: target.token, environment: target.environment))
+            } else {
+                notifications.append(progress.notification(Int(index)))
+                previous = progress
+            }
+        }
+        return notifications
+    }
+
     func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
         progressTracker.sent(entries)
         let statistics = self.statistics
@@ -141,7 +159,7 @@ extension SessionLoop {
         statistics.inFlight.add(lane, entries.count)
         let handedOver = DispatchTime.now().uptimeNanoseconds
         let latency = statistics.latency(lane)
-        let handed = worker.sender.send(entries.map { $0.progress.notification(Int($0.index)) }, lane: lane) {
+        let handed = worker.sender.send(Self.notifications(of: entries), lane: lane) {
             position, result in
             latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
             if statistics.inFlight.add(lane, -1) == sendMoreAt[lane] { wakeup.signal() }

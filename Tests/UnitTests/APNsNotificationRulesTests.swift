@@ -13,6 +13,28 @@ import Testing
                 == .considerPower)
     }
 
+    /// A job's notifications share their message (`sending(to:environment:)`): each has its own token and environment,
+    /// the rest as the first's, and changing a field of one changes no other.
+    @Test func notificationsOfOneMessageKeepTheirOwnTokenAndFields() throws {
+        let first = APNsNotification(
+            deviceToken: token, environment: .sandbox, topic: "com.example.app", pushType: .background,
+            expiration: 60, collapseID: "score", payload: payload)
+        let other = String(repeating: "cd", count: 32)
+        var second = first.sending(to: other, environment: .production)
+        #expect(second.deviceToken == other && second.environment == .production)
+        #expect(first.deviceToken == token && first.environment == .sandbox)
+        #expect(second.topic == "com.example.app" && second.pushType == .background)
+        #expect(second.priority == .considerPower && second.expiration == 60 && second.collapseID == "score")
+        #expect(second.payload == payload && second.apnsID == nil)
+        #expect(second.sharesFields(with: first))
+        second.collapseID = "other"
+        second.payload = [1]
+        #expect(first.collapseID == "score" && first.payload == payload, "the first keeps its own")
+        #expect(second.collapseID == "other" && second.payload == [1])
+        #expect(!second.sharesFields(with: first))
+        try first.validate()
+    }
+
     @Test func topicSuffixesPerPushType() {
         #expect(APNsPushType.voip.topic(forBundle: "com.example.app") == "com.example.app.voip")
         #expect(
