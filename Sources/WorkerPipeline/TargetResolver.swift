@@ -84,11 +84,23 @@ public struct TargetResolver: Sendable, Equatable {
         if job.users.isEmpty && job.tokens.count == 1 {
             return collect(job, users: [], withOwnTokens: true, resolved: resolved) { _ in true }
         }
-        // Sized once: growing a set of tokens while hashing them again would cost more than the lookups.
-        var seen = Set<DeviceTokenKey>(minimumCapacity: job.tokens.count + job.users.count * 2)
-        return collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) {
-            seen.insert(DeviceTokenKey($0)).inserted
-        }
+        // Collected as they come, then told apart only when two of them may be one device: most jobs name each
+        // device once, and sorting a word per target costs a fraction of a set insertion each.
+        let targets = collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) { _ in true }
+        guard Self.mayRepeat(targets) else { return targets }
+        var seen = Set<DeviceTokenKey>(minimumCapacity: targets.count)
+        return targets.filter { seen.insert(DeviceTokenKey($0.token)).inserted }
+    }
+
+    /// Whether two of `targets` may have one token: two equal fingerprints (`DeviceTokenKey.fingerprint`). Equal
+    /// tokens always have equal fingerprints; different ones almost never do, and when they do (by chance, or
+    /// tokens made to), the exact set above only tells them apart.
+    static func mayRepeat(_ targets: [DeviceTarget]) -> Bool {
+        guard targets.count > 1 else { return false }
+        var fingerprints = targets.map { DeviceTokenKey.fingerprint($0.token) }
+        fingerprints.sort()
+        for index in 1..<fingerprints.count where fingerprints[index] == fingerprints[index - 1] { return true }
+        return false
     }
 
     private func collect(
@@ -124,6 +136,22 @@ struct DeviceTokenKey: Hashable {
     init(_ token: String) { self.token = token }
 
     static func == (lhs: Self, rhs: Self) -> Bool { lhs.token == rhs.token }
+
+    /// A token's length and the three words it is hashed by, folded into one word (each word multiplied by its own
+    /// odd constant, so that swapped or repeated words do not cancel out).
+    static func fingerprint(_ token: String) -> UInt64 {
+        var token = token
+        return token.withUTF8 { bytes in
+            // Fewer than eight bytes: all of them, and the length in the top byte.
+            guard bytes.count >= 8 else { return bytes.reduce(0) { $0 << 8 | UInt64($1) } | UInt64(bytes.count) << 56 }
+            let raw = UnsafeRawBufferPointer(bytes)
+            let first = raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self)
+            let middle = raw.loadUnaligned(fromByteOffset: (bytes.count - 8) / 2, as: UInt64.self)
+            let last = raw.loadUnaligned(fromByteOffset: bytes.count - 8, as: UInt64.self)
+            return (first &* 0x9E37_79B9_7F4A_7C15) ^ (middle &* 0xBF58_476D_1CE4_E5B9)
+                ^ (last &* 0x94D0_49BB_1331_11EB) ^ UInt64(bytes.count)
+        }
+    }
 
     func hash(into hasher: inout Hasher) {
         var token = token
