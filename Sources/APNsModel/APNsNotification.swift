@@ -3,10 +3,10 @@ public struct APNsNotification: Sendable {
     public var deviceToken: String
     /// Where the token belongs: it is sent to that environment's host.
     public var environment: APNsEnvironment
-    /// Everything but the token and its environment, which a job's notifications have in common: kept in one box they
-    /// share until one of them changes it (`sending(to:environment:)`). A notification is made, put in arrays and
-    /// copied on its way to its request; each copy then counts two references (its token, the box), not one per
-    /// string and array.
+    /// Everything but the token and its environment, which a job's notifications have in common: one box that
+    /// notifications made with `sending(to:environment:)` share, copied on write when one of them changes a field. A
+    /// notification is made, put in arrays and copied on its way to its request; each copy then counts two
+    /// references (its token, the box), not one per string and array.
     @usableFromInline var message: SharedMembers<Message>
 
     @usableFromInline
@@ -34,39 +34,40 @@ public struct APNsNotification: Sendable {
         }
     }
 
-    public var topic: String {
+    @inlinable public var topic: String {
         _read { yield message.members.topic }
         set { message.change { $0.topic = newValue } }
     }
-    public var pushType: APNsPushType {
+    @inlinable public var pushType: APNsPushType {
         _read { yield message.members.pushType }
         set { message.change { $0.pushType = newValue } }
     }
-    public var priority: APNsPriority {
+    @inlinable public var priority: APNsPriority {
         _read { yield message.members.priority }
         set { message.change { $0.priority = newValue } }
     }
     /// UNIX seconds; 0 means "try once, do not store"; nil leaves storage to Apple.
-    public var expiration: Int64? {
+    @inlinable public var expiration: Int64? {
         _read { yield message.members.expiration }
         set { message.change { $0.expiration = newValue } }
     }
-    public var collapseID: String? {
+    @inlinable public var collapseID: String? {
         _read { yield message.members.collapseID }
         set { message.change { $0.collapseID = newValue } }
     }
     /// Canonical lowercase UUID; APNs makes one when absent.
-    public var apnsID: String? {
+    @inlinable public var apnsID: String? {
         _read { yield message.members.apnsID }
         set { message.change { $0.apnsID = newValue } }
     }
     /// The JSON payload, encoded once per job and shared by all of its notifications.
-    public var payload: [UInt8] {
+    @inlinable public var payload: [UInt8] {
         _read { yield message.members.payload }
         set { message.change { $0.payload = newValue } }
     }
 
-    /// Inlinable: the worker makes every notification from another module, where a call would cost more than the work.
+    /// Inlinable, as are the fields: the worker makes and reads every notification from other modules, where a call
+    /// would cost more than the work.
     @inlinable
     public init(
         deviceToken: String, environment: APNsEnvironment = .production, topic: String,

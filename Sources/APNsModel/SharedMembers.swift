@@ -4,7 +4,7 @@
 @usableFromInline
 package struct SharedMembers<Members: Sendable>: @unchecked Sendable {
     // Invariant: `box.members` changes only in `change`, after the box was made unique, so a box shared between
-    // threads is only read.
+    // threads is only read. `box` is visible to the module (for inlining into other modules), which keeps to that.
     @usableFromInline
     final class Box {
         @usableFromInline var members: Members

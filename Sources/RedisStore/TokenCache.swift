@@ -278,16 +278,18 @@ public struct TokenCache: TokenStore {
         -> ResolvedUsers
     {
         guard !entries.isEmpty else { return ResolvedUsers(tokens: [:]) }
-        // Each entry once, with its place in `unique`: the one time an entry is hashed here. The tokens found go
-        // in with `mapValues`, which keeps the table as it is and hashes no key again.
+        // Each entry is hashed once to be told apart from the others and given its place in `unique`; the tokens
+        // found then fill a copy of that table (`mapValues`, which does not hash the keys again), and only the rare
+        // entries that could not be read are looked up once more, to be taken out.
         var positions: [String: Int] = [:]
         var unique: [String] = []
         unique.reserveCapacity(entries.count)
         positions.reserveCapacity(entries.count)
         for entry in entries {
-            // One lookup finds the entry or adds it at the next place: one at that place was just added.
+            // Accessed in place, the subscript with a default adds a new entry at `next` in the lookup that finds a
+            // known one; a known entry has a smaller place.
             let next = unique.count
-            if Self.holds(&positions[entry, default: next], next) { unique.append(entry) }
+            if Self.isAdded(&positions[entry, default: next], at: next) { unique.append(entry) }
         }
         let keyList = RedisKeyList(prefix: prefix, names: keys.isCluster ? unique.map(keys.user) : unique)
         var found = [[CachedToken]](repeating: [], count: unique.count)
@@ -314,7 +316,8 @@ public struct TokenCache: TokenStore {
         return resolved
     }
 
-    private static func holds(_ position: inout Int, _ expected: Int) -> Bool { position == expected }
+    /// Whether the place just found for an entry is `next`, where a new entry is added.
+    private static func isAdded(_ position: inout Int, at next: Int) -> Bool { position == next }
 
     /// One field and value of a tokens hash (a user's or an activity's), read in place; a field that is no token, or a
     /// value that says nothing it serves, is skipped with a warning naming `key`.

@@ -130,8 +130,6 @@ extension SessionLoop {
         }
     }
 
-    /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
-    /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
     /// The notifications of `entries`: those of one job, which come together, share one message (`APNsNotification`
     /// copies then count two references each, not one per field).
     private static func notifications(of entries: [(progress: JobProgress, index: Int32)]) -> [APNsNotification] {
@@ -150,6 +148,8 @@ extension SessionLoop {
         return notifications
     }
 
+    /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
+    /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
     func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
         progressTracker.sent(entries)
         let statistics = self.statistics

@@ -80,27 +80,40 @@ public struct TargetResolver: Sendable, Equatable {
     }
 
     private func newTargets(of job: PushJob, resolved: [String: [CachedToken]]) -> [DeviceTarget] {
-        // One token and no user, the most common job of all, has nothing to tell apart.
-        if job.users.isEmpty && job.tokens.count == 1 {
-            return collect(job, users: [], withOwnTokens: true, resolved: resolved) { _ in true }
-        }
         // Collected as they come, then told apart only when two of them may be one device: most jobs name each
-        // device once, and sorting a word per target costs a fraction of a set insertion each.
+        // device once, and sorting a word per target costs a fraction of a set insertion each. The set hashes whole
+        // tokens, so that tokens made alike in their sampled words cost it no more than any others.
         let targets = collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) { _ in true }
-        guard Self.mayRepeat(targets) else { return targets }
-        var seen = Set<DeviceTokenKey>(minimumCapacity: targets.count)
-        return targets.filter { seen.insert(DeviceTokenKey($0.token)).inserted }
+        guard Self.mayHoldOneTokenTwice(targets) else { return targets }
+        var seen = Set<String>(minimumCapacity: targets.count)
+        return targets.filter { seen.insert($0.token).inserted }
     }
 
-    /// Whether two of `targets` may have one token: two equal fingerprints (`DeviceTokenKey.fingerprint`). Equal
-    /// tokens always have equal fingerprints; different ones almost never do, and when they do (by chance, or
-    /// tokens made to), the exact set above only tells them apart.
-    static func mayRepeat(_ targets: [DeviceTarget]) -> Bool {
+    /// Whether two of `targets` may have one token: two of their tokens' sort keys (`sortKey`) are equal. Equal tokens
+    /// always have equal keys; different tokens almost never do, and when they do (by chance, or made to), comparing
+    /// the tokens whole tells them apart.
+    static func mayHoldOneTokenTwice(_ targets: [DeviceTarget]) -> Bool {
         guard targets.count > 1 else { return false }
-        var fingerprints = targets.map { DeviceTokenKey.fingerprint($0.token) }
-        fingerprints.sort()
-        for index in 1..<fingerprints.count where fingerprints[index] == fingerprints[index - 1] { return true }
+        var keys = targets.map { sortKey($0.token) }
+        keys.sort()
+        for index in 1..<keys.count where keys[index] == keys[index - 1] { return true }
         return false
+    }
+
+    /// A word made of a token's bytes: its first, middle and last eight bytes, each multiplied by an odd constant of
+    /// its own (so that swapped or repeated words do not cancel out), and its length; a token under eight bytes
+    /// whole, its length in the top byte. Tokens are random hex: these bytes tell them apart as well as all of theirs.
+    static func sortKey(_ token: String) -> UInt64 {
+        var token = token
+        return token.withUTF8 { bytes in
+            guard bytes.count >= 8 else { return bytes.reduce(0) { $0 << 8 | UInt64($1) } | UInt64(bytes.count) << 56 }
+            let raw = UnsafeRawBufferPointer(bytes)
+            let first = raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self)
+            let middle = raw.loadUnaligned(fromByteOffset: (bytes.count - 8) / 2, as: UInt64.self)
+            let last = raw.loadUnaligned(fromByteOffset: bytes.count - 8, as: UInt64.self)
+            return (first &* 0x9E37_79B9_7F4A_7C15) ^ (middle &* 0xBF58_476D_1CE4_E5B9)
+                ^ (last &* 0x94D0_49BB_1331_11EB) ^ UInt64(bytes.count)
+        }
     }
 
     private func collect(
@@ -124,47 +137,5 @@ public struct TargetResolver: Sendable, Equatable {
             }
         }
         return targets
-    }
-}
-
-/// A device token as a set member hashed by three of its eight-byte words (start, middle, end) and its length,
-/// compared whole: tokens are random hex, so those words tell them apart as well as all their bytes would, at a
-/// fraction of the hashing (one set insertion per notification of every fan-out job).
-struct DeviceTokenKey: Hashable {
-    let token: String
-
-    init(_ token: String) { self.token = token }
-
-    static func == (lhs: Self, rhs: Self) -> Bool { lhs.token == rhs.token }
-
-    /// A token's length and the three words it is hashed by, folded into one word (each word multiplied by its own
-    /// odd constant, so that swapped or repeated words do not cancel out).
-    static func fingerprint(_ token: String) -> UInt64 {
-        var token = token
-        return token.withUTF8 { bytes in
-            // Fewer than eight bytes: all of them, and the length in the top byte.
-            guard bytes.count >= 8 else { return bytes.reduce(0) { $0 << 8 | UInt64($1) } | UInt64(bytes.count) << 56 }
-            let raw = UnsafeRawBufferPointer(bytes)
-            let first = raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self)
-            let middle = raw.loadUnaligned(fromByteOffset: (bytes.count - 8) / 2, as: UInt64.self)
-            let last = raw.loadUnaligned(fromByteOffset: bytes.count - 8, as: UInt64.self)
-            return (first &* 0x9E37_79B9_7F4A_7C15) ^ (middle &* 0xBF58_476D_1CE4_E5B9)
-                ^ (last &* 0x94D0_49BB_1331_11EB) ^ UInt64(bytes.count)
-        }
-    }
-
-    func hash(into hasher: inout Hasher) {
-        var token = token
-        token.withUTF8 { bytes in
-            hasher.combine(bytes.count)
-            guard bytes.count >= 8 else {
-                hasher.combine(bytes: UnsafeRawBufferPointer(bytes))
-                return
-            }
-            let raw = UnsafeRawBufferPointer(bytes)
-            hasher.combine(raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self))
-            hasher.combine(raw.loadUnaligned(fromByteOffset: (bytes.count - 8) / 2, as: UInt64.self))
-            hasher.combine(raw.loadUnaligned(fromByteOffset: bytes.count - 8, as: UInt64.self))
-        }
     }
 }

@@ -27,6 +27,7 @@ import WorkerPipeline
         let all = try cache.resolve([dana, eve, dana, wrongType])
         #expect(all.unreadable.keys.sorted() == [wrongType], "a key of the wrong type skips that user only")
         #expect(all.unreadable[wrongType]?.contains("WRONGTYPE") == true)
+        #expect(all.tokens[wrongType] == nil, "an entry that could not be read has no tokens, not an empty list")
         let resolved = all.tokens
         #expect(Set(resolved[dana]?.map(\.token) ?? []) == [good, voip], "unreadable values are skipped")
         #expect(resolved[dana]?.first { $0.token == good }?.scope == TokenScope(environment: .sandbox))

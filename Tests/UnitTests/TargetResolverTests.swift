@@ -37,7 +37,8 @@ import WorkerPipeline
         #expect(skipped == 0)
     }
 
-    /// Tokens alike in the words their set hashes (start, middle, end) and different elsewhere are two devices.
+    /// Tokens alike in the bytes their sort keys are made of (start, middle, end) and different elsewhere are two
+    /// devices; the same token twice is one.
     @Test func tokensDifferingOnlyBetweenTheirHashedWordsAreTwoTargets() throws {
         let first = String(repeating: "ab", count: 32)
         var bytes = Array(first.utf8)
@@ -46,6 +47,15 @@ import WorkerPipeline
         let resolved = ["alice": [CachedToken(token: second, scope: TokenScope(environment: .production))]]
         let (targets, _) = resolver.targets(of: try job(users: ["alice"], tokens: [first, first]), resolved: resolved)
         #expect(targets.map(\.token) == [first, second])
+    }
+
+    /// Tokens shorter than the words a sort key samples (as short as two hex digits) are told apart as surely.
+    @Test func shortTokensNamedTwiceAreOneTargetEach() throws {
+        let short = ["ab", "0a0b", "0a0b0c0d0e", "0a0b0c0d0e0f"]
+        let resolved = ["alice": short.map { CachedToken(token: $0, scope: TokenScope(environment: .production)) }]
+        let (targets, _) = resolver.targets(of: try job(users: ["alice"], tokens: short), resolved: resolved)
+        #expect(targets.map(\.token) == short)
+        #expect(targets.allSatisfy { $0.user == nil }, "each the job's own, first named")
     }
 
     @Test func aUsersTokensOfAnotherKindOrAppAreNeverReached() throws {
