@@ -113,8 +113,11 @@ final class JobProgress: @unchecked Sendable {
         JobProgress(job: job, delivery: delivery, generation: generation, targets: targets, hasStableID: hasStableID)
     }
 
-    func notification(_ index: Int) -> APNsNotification {
+    /// The notification to target `index`. `sibling`, one this job already made, lends it its message: the two
+    /// share every field but the token and environment (`APNsNotification.sending(to:environment:)`).
+    func notification(_ index: Int, sharingWith sibling: APNsNotification? = nil) -> APNsNotification {
         let target = targets[index]
+        if let sibling { return sibling.sending(to: target.token, environment: target.environment) }
         return APNsNotification(
             deviceToken: target.token, environment: target.environment, topic: job.topic,
             pushType: job.pushType, priority: job.priority, expiration: job.expiration,

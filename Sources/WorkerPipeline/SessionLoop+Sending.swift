@@ -133,19 +133,15 @@ extension SessionLoop {
     /// The notifications of `entries`: those of one job, which come together, share one message (`APNsNotification`
     /// copies then count two references each, not one per field).
     private static func notifications(of entries: [(progress: JobProgress, index: Int32)]) -> [APNsNotification] {
-        var notifications: [APNsNotification] = []
-        notifications.reserveCapacity(entries.count)
-        var previous: JobProgress?
-        for (progress, index) in entries {
-            let target = progress.targets[Int(index)]
-            if progress === previous, let last = notifications.last {
-                notifications.append(last.sending(to: target.token, environment: target.environment))
-            } else {
-                notifications.append(progress.notification(Int(index)))
-                previous = progress
+        var first: (progress: JobProgress, notification: APNsNotification)?
+        return entries.map { progress, index in
+            if let first, first.progress === progress {
+                return progress.notification(Int(index), sharingWith: first.notification)
             }
+            let notification = progress.notification(Int(index))
+            first = (progress, notification)
+            return notification
         }
-        return notifications
     }
 
     /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
