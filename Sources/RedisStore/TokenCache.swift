@@ -325,7 +325,7 @@ public struct TokenCache: TokenStore {
         _ field: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer,
         key: @autoclosure () -> String
     ) -> CachedToken? {
-        let (valid, _) = APNsNotification.scanDeviceToken(field)
+        let (valid, hasUpperCase) = APNsNotification.scanDeviceToken(field)
         guard valid, let scope = TokenScope(cacheValue: value) else {
             let token = String(decoding: field, as: UTF8.self)
             logger.warning(
@@ -336,7 +336,8 @@ public struct TokenCache: TokenStore {
                 ])
             return nil
         }
-        return CachedToken(token: String(decoding: field, as: UTF8.self), scope: scope)
+        let token = String(decoding: field, as: UTF8.self)
+        return CachedToken(canonical: hasUpperCase ? token.lowercased() : token, scope: scope)
     }
 
     /// Applies registrations; returns, per registration, whether it changed the cache (`.unchanged` for one older

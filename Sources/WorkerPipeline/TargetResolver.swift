@@ -53,9 +53,8 @@ public struct TargetResolver: Sendable, Equatable {
             let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
             var seen = Set(targets.map(\.token))
             for cached in activityTokens where matcher.serves(cached.scope) {
-                let token = APNsNotification.canonicalToken(cached.token)
-                if seen.insert(token).inserted {
-                    targets.append(DeviceTarget(token: token, environment: cached.scope.environment, user: nil))
+                if seen.insert(cached.token).inserted {
+                    targets.append(DeviceTarget(token: cached.token, environment: cached.scope.environment, user: nil))
                 }
             }
         }
@@ -128,12 +127,12 @@ public struct TargetResolver: Sendable, Equatable {
                 targets.append(DeviceTarget(token: token, environment: job.environment, user: nil))
             }
         }
-        // Spellings of one token in two cases (written by other systems) are one device: sent to once, lower-case.
+        // Spellings of one token in two cases (written by other systems) are one device: sent to once, lower-case
+        // (a cached token is, `CachedToken`).
         for user in users {
             for cached in resolved[user] ?? [] where matcher.serves(cached.scope) {
-                let token = APNsNotification.canonicalToken(cached.token)
-                guard firstTime(token) else { continue }
-                targets.append(DeviceTarget(token: token, environment: cached.scope.environment, user: user))
+                guard firstTime(cached.token) else { continue }
+                targets.append(DeviceTarget(token: cached.token, environment: cached.scope.environment, user: user))
             }
         }
         return targets

@@ -14,12 +14,20 @@ public struct DeviceTarget: Sendable, Equatable {
     }
 }
 
-/// One token of a user's cache entry, with what it serves.
+/// One token of a user's cache entry, with what it serves. The token is as the project keeps tokens, lower-case hex
+/// (`APNsNotification.canonicalToken`), whatever case its entry was written in: spellings of one token in two cases
+/// (written by other systems) are one device.
 public struct CachedToken: Sendable, Equatable {
     public var token: String
     public var scope: TokenScope
 
     public init(token: String, scope: TokenScope) {
+        self.init(canonical: APNsNotification.canonicalToken(token), scope: scope)
+    }
+
+    /// A token its store found lower-case already as it read it (`APNsNotification.scanDeviceToken`): not scanned
+    /// again, on the path every cached token of every job takes.
+    package init(canonical token: String, scope: TokenScope) {
         self.token = token
         self.scope = scope
     }

@@ -37,6 +37,22 @@ import WorkerPipeline
         #expect(resolved[eve] == [])
     }
 
+    /// A token another system wrote in upper case comes out lower-case, as the project keeps tokens: a device is one
+    /// target however its entry spells it.
+    @Test func aTokenWrittenInUpperCaseResolvesLowerCase() throws {
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let user = TestServices.unique("gus")
+        let lower = String(repeating: "0b1c", count: 16)
+        let mixed = String(repeating: "a9", count: 32)
+        _ = try redis.pipeline([
+            ["HSET", RedisKeys.node.tokens(user), lower.uppercased(), "production", mixed, "sandbox"]
+        ])
+        let tokens = try #require(try cache.resolve([user]).tokens[user])
+        #expect(Set(tokens.map(\.token)) == [lower, mixed])
+        #expect(tokens.first { $0.token == lower }?.scope == TokenScope(environment: .production))
+    }
+
     /// A Live Activity's update tokens keep the rules of a user's: registrations apply in the order of their
     /// timestamps whatever order they arrive in (an older one changes nothing), and an unregistration removes the
     /// token from its activity unless it was registered again after it.
