@@ -118,17 +118,21 @@ public final class AMQPJobBroker: JobBroker {
         var notices: [BrokerNotice] = []
         var deliveries = 0
         while deliveries < limit, let event = try amqp.nextEvent(timeout: 0) {
-            switch event {
-            case .delivery(let delivery):
+            switch consume event {
+            case .delivery(var delivery):
                 deliveries += 1
                 let lane: JobLane = delivery.consumerTag == urgentConsumerTag ? .urgent : .bulk
                 acknowledgements.received(delivery.deliveryTag, bulkBytes: lane == .bulk ? delivery.body.count : nil)
                 if lane == .bulk { bulkIntake.seen(bytes: delivery.body.count) }
+                // The body and properties move into the job's delivery rather than being copied out of the event
+                // (a reference counted on and off for each of them, on every job's path).
+                var body: [UInt8] = []
+                swap(&body, &delivery.body)
                 notices.append(
                     .delivery(
                         JobDelivery(
-                            tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: delivery.body,
-                            properties: MessageProperties(delivery.properties), lane: lane)))
+                            tag: delivery.deliveryTag, redelivered: delivery.redelivered, body: body,
+                            properties: MessageProperties(taking: &delivery.properties), lane: lane)))
             case .blocked(let blocked):
                 notices.append(.publishingBlocked(blocked))
             case .confirm:
@@ -258,11 +262,13 @@ public final class DeclaredTopology: Sendable {
 }
 
 extension MessageProperties {
-    /// What the pipeline reads of a delivery's properties.
-    init(_ amqp: AMQPProperties) {
+    /// What the pipeline reads of a delivery's properties, moved out of them: `amqp` is left without them.
+    init(taking amqp: inout AMQPProperties) {
+        var headers: [String: String] = [:]
+        swap(&headers, &amqp.headers)
         self.init(
-            replyTo: amqp.replyTo, correlationID: amqp.correlationID, messageID: amqp.messageID,
-            persistent: amqp.persistent, timestamp: amqp.timestamp, headers: amqp.headers,
+            replyTo: amqp.replyTo.take(), correlationID: amqp.correlationID.take(), messageID: amqp.messageID.take(),
+            persistent: amqp.persistent, timestamp: amqp.timestamp, headers: headers,
             deliveryCount: amqp.deliveryCount)
     }
 }
