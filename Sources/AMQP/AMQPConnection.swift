@@ -242,7 +242,9 @@ public final class AMQPConnection {
             try check(amqp_get_rpc_reply(state), "basic.consume \(queue)")
             return ""
         }
-        return Self.string(reply.pointee.consumer_tag)
+        // The tag its deliveries will carry is the very string returned here: a caller telling consumers apart by
+        // tag then compares one string with itself, which costs nothing, on every delivery.
+        return recentNames.string(reply.pointee.consumer_tag)
     }
 
     /// Stops the consumer `consumerTag`: the broker hands it nothing more. What it handed over stays unacknowledged
