@@ -80,29 +80,47 @@ public struct TargetResolver: Sendable, Equatable {
 
     private func newTargets(of job: PushJob, resolved: [String: [CachedToken]]) -> [DeviceTarget] {
         // Collected as they come, then told apart only when two of them may be one device: most jobs name each
-        // device once, and sorting a word per target costs a fraction of a set insertion each. The set hashes whole
-        // tokens, so that tokens made alike in their sampled words cost it no more than any others.
+        // device once, and a word per target in a table on the stack costs a fraction of a set insertion each. The
+        // set hashes whole tokens, so that tokens made alike in their sampled words cost it no more than any others.
         let targets = collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) { _ in true }
         guard Self.mayHoldOneTokenTwice(targets) else { return targets }
         var seen = Set<String>(minimumCapacity: targets.count)
         return targets.filter { seen.insert($0.token).inserted }
     }
 
-    /// Whether two of `targets` may have one token: two of their tokens' sort keys (`sortKey`) are equal. Equal tokens
+    /// Whether two of `targets` may have one token: two of their tokens' keys (`tokenKey`) are equal. Equal tokens
     /// always have equal keys; different tokens almost never do, and when they do (by chance, or made to), comparing
     /// the tokens whole tells them apart.
+    ///
+    /// The keys go into an open-addressed table of at least twice their number (a power of two), a key's slot taken
+    /// from the top bits of its product with an odd constant (Fibonacci hashing: a short token's key, its bytes as
+    /// they are, is spread as well as a long one's) and the next free slot after it on a collision: no allocation for
+    /// a job's targets, one probe or two per key.
     static func mayHoldOneTokenTwice(_ targets: [DeviceTarget]) -> Bool {
         guard targets.count > 1 else { return false }
-        var keys = targets.map { sortKey($0.token) }
-        keys.sort()
-        for index in 1..<keys.count where keys[index] == keys[index - 1] { return true }
-        return false
+        let slots = 1 << (Int.bitWidth - (targets.count * 2 - 1).leadingZeroBitCount)
+        let shift = UInt64(Int.bitWidth - slots.trailingZeroBitCount)
+        return withUnsafeTemporaryAllocation(of: UInt64.self, capacity: slots) { table in
+            // Zero marks a free slot; a key's lowest bit is set, so that none is zero (two keys that differ only there
+            // are taken for equal: the whole tokens are compared then).
+            table.initialize(repeating: 0)
+            for target in targets {
+                let key = tokenKey(target.token) | 1
+                var slot = Int(truncatingIfNeeded: (key &* 0x9E37_79B9_7F4A_7C15) >> shift)
+                while table[slot] != 0 {
+                    if table[slot] == key { return true }
+                    slot = (slot + 1) & (slots - 1)
+                }
+                table[slot] = key
+            }
+            return false
+        }
     }
 
     /// A word made of a token's bytes: its first, middle and last eight bytes, each multiplied by an odd constant of
     /// its own (so that swapped or repeated words do not cancel out), and its length; a token under eight bytes
     /// whole, its length in the top byte. Tokens are random hex: these bytes tell them apart as well as all of theirs.
-    static func sortKey(_ token: String) -> UInt64 {
+    static func tokenKey(_ token: String) -> UInt64 {
         var token = token
         return token.withUTF8 { bytes in
             guard bytes.count >= 8 else { return bytes.reduce(0) { $0 << 8 | UInt64($1) } | UInt64(bytes.count) << 56 }

@@ -9,9 +9,14 @@ import WorkerPipeline
 
 /// The Redis token cache against a real Redis.
 @Suite struct TokenCacheTests {
-    @Test func resolvesUsersInOneRoundTripAndSkipsBadEntries() throws {
+    /// A connection to the test Redis and a cache on it.
+    static func connect() throws -> (RedisConnection, TokenCache) {
         let redis = try RedisConnection(url: TestServices.redisURL())
-        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        return (redis, TokenCache(redis: redis, logger: .init(label: "cache", level: .critical)))
+    }
+
+    @Test func resolvesUsersInOneRoundTripAndSkipsBadEntries() throws {
+        let (redis, cache) = try Self.connect()
         let dana = TestServices.unique("dana")
         let eve = TestServices.unique("eve")
         let good = String(repeating: "0d", count: 32)
@@ -40,8 +45,7 @@ import WorkerPipeline
     /// A token another system wrote in upper case comes out lower-case, as the project keeps tokens: a device is one
     /// target however its entry spells it.
     @Test func aTokenWrittenInUpperCaseResolvesLowerCase() throws {
-        let redis = try RedisConnection(url: TestServices.redisURL())
-        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let (redis, cache) = try Self.connect()
         let user = TestServices.unique("gus")
         let lower = String(repeating: "0b1c", count: 16)
         let mixed = String(repeating: "a9", count: 32)
@@ -57,8 +61,7 @@ import WorkerPipeline
     /// timestamps whatever order they arrive in (an older one changes nothing), and an unregistration removes the
     /// token from its activity unless it was registered again after it.
     @Test func activityTokensFollowTheirRegistrationsOrder() throws {
-        let redis = try RedisConnection(url: TestServices.redisURL())
-        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let (redis, cache) = try Self.connect()
         let user = TestServices.unique("ivy")
         let activity = TestServices.unique("match")
         let token = String(repeating: "a7", count: 32)
@@ -99,8 +102,7 @@ import WorkerPipeline
     /// A removal about one topic and environment leaves a token registered for another alone: an answer about a
     /// VoIP push never removes the user's device token, a production answer never removes a sandbox token.
     @Test func aRemovalForOneTopicKeepsTokensOfAnotherKind() throws {
-        let redis = try RedisConnection(url: TestServices.redisURL())
-        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let (redis, cache) = try Self.connect()
         let user = TestServices.unique("gus")
         let device = String(repeating: "61", count: 32)
         let voip = String(repeating: "62", count: 32)
@@ -155,8 +157,7 @@ import WorkerPipeline
     }
 
     @Test func deadTokensLeaveUnlessRegisteredAgainAfterTheyDied() throws {
-        let redis = try RedisConnection(url: TestServices.redisURL())
-        let cache = TokenCache(redis: redis, logger: .init(label: "cache", level: .critical))
+        let (redis, cache) = try Self.connect()
         let user = TestServices.unique("frank")
         let stale = String(repeating: "51", count: 32)
         let reRegistered = String(repeating: "52", count: 32)

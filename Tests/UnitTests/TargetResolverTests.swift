@@ -37,7 +37,7 @@ import WorkerPipeline
         #expect(skipped == 0)
     }
 
-    /// Tokens alike in the bytes their sort keys are made of (start, middle, end) and different elsewhere are two
+    /// Tokens alike in the bytes their keys are made of (start, middle, end) and different elsewhere are two
     /// devices; the same token twice is one.
     @Test func tokensDifferingOnlyBetweenTheirHashedWordsAreTwoTargets() throws {
         let first = String(repeating: "ab", count: 32)
@@ -49,7 +49,23 @@ import WorkerPipeline
         #expect(targets.map(\.token) == [first, second])
     }
 
-    /// Tokens shorter than the words a sort key samples (as short as two hex digits) are told apart as surely.
+    /// A thousand users' tokens, one of them also the job's own and one user's twice: each device once, wherever in
+    /// the job its second mention falls, and no other token lost.
+    @Test func aRepeatAmongAThousandTargetsIsOneTarget() throws {
+        let users = (0..<1000).map { "user-\($0)" }
+        var resolved = Dictionary(
+            uniqueKeysWithValues: users.enumerated().map { index, user in
+                (user, [CachedToken(token: Self.token(100 + index), scope: TokenScope(environment: .production))])
+            })
+        resolved["user-999"]?.append(CachedToken(token: Self.token(100), scope: TokenScope(environment: .production)))
+        let (targets, _) = resolver.targets(
+            of: try job(users: users, tokens: [Self.token(600)]), resolved: resolved)
+        #expect(targets.count == 1000)
+        #expect(Set(targets.map(\.token)) == Set((100..<1100).map(Self.token)))
+        #expect(targets.first { $0.token == Self.token(600) }?.user == nil, "the job's own mention comes first")
+    }
+
+    /// Tokens shorter than the words a token's key samples (as short as two hex digits) are told apart as surely.
     @Test func shortTokensNamedTwiceAreOneTargetEach() throws {
         let short = ["ab", "0a0b", "0a0b0c0d0e", "0a0b0c0d0e0f"]
         let resolved = ["alice": short.map { CachedToken(token: $0, scope: TokenScope(environment: .production)) }]
