@@ -74,7 +74,9 @@ extension SimulatorCore {
         let certificate =
             configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
         var answer: SimulatedAnswer
-        if certificate == nil, let failure = checkProviderToken(request) {
+        if certificate == nil,
+            let failure = checkProviderToken(request, authorization: request.header("authorization"))
+        {
             answer = SimulatedAnswer(failure == .tooManyProviderTokenUpdates ? 429 : 403, failure)
         } else {
             switch route {

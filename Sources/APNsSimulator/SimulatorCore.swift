@@ -95,7 +95,8 @@ final class SimulatorCore: Sendable {
     }
 
     func handle(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
-        let route = Self.route(request.path)
+        let headers = PushHeaders(request)
+        let route = Self.route(headers.path)
         switch route {
         case .control:
             handleControl(request, writer)
@@ -104,13 +105,15 @@ final class SimulatorCore: Sendable {
             handleBroadcastAPI(request, writer, route: route)
             return
         case .device, .unknown:
-            handleDevicePush(request, writer)  // a path of no API is judged like a push: 404 BadPath
+            handleDevicePush(request, headers, writer)  // a path of no API is judged like a push: 404 BadPath
         }
     }
 
     /// A device push (`/3/device/<token>`), through the scripted faults, Apple's checks and the scripted answers.
-    private func handleDevicePush(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {
-        let token = request.path.hasPrefix("/3/device/") ? String(request.path.dropFirst("/3/device/".count)) : ""
+    private func handleDevicePush(
+        _ request: HTTP2ServerRequest, _ headers: PushHeaders, _ writer: HTTP2ResponseWriter
+    ) {
+        let token = headers.path.hasPrefix("/3/device/") ? String(headers.path.dropFirst("/3/device/".count)) : ""
         let (behaviour, streamNumber, fault) = state.withLock { state -> (APNsSimulator.Behaviour, Int, Fault?) in
             state.connections[request.connectionID, default: ConnectionState()].streams += 1
             state.connectionsSeen.insert(request.connectionID)
@@ -135,7 +138,8 @@ final class SimulatorCore: Sendable {
         // A connection with a verified client certificate is certificate-authenticated: no provider token needed.
         let certificate =
             configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
-        var (status, reason, timestamp) = judge(request, token: token, behaviour, certificate: certificate)
+        var (status, reason, timestamp) = judge(
+            request, headers, token: token, behaviour, certificate: certificate)
         if status == 200 { (status, reason) = scripted(token, behaviour) }
         let stamp = Self.sentAtStamp(request.body)
         let delay =
@@ -145,7 +149,7 @@ final class SimulatorCore: Sendable {
         let answeredAt = stamp == nil ? 0 : Int64(Date().timeIntervalSince1970 * 1e6) + Int64(delay * 1e6)
         let (apnsID, uniqueID, streamLimit, notification) = state.withLock { state in
             Self.note(
-                request, token: token, status: status, reason: reason, certificate: certificate, stamp: stamp,
+                request, headers, token: token, status: status, reason: reason, certificate: certificate, stamp: stamp,
                 answeredAt: answeredAt, behaviour: behaviour, configuration: configuration, in: &state)
         }
         if let notification { configuration.observer?(notification) }
@@ -162,7 +166,7 @@ final class SimulatorCore: Sendable {
     /// What the simulator keeps of one judged push (counts, latencies, the push itself, a connection's stream limit
     /// after a rejection): its apns-id, apns-unique-id, a new stream limit to announce, and the push as received.
     private static func note(
-        _ request: HTTP2ServerRequest, token: String, status: Int, reason: APNsReason?,
+        _ request: HTTP2ServerRequest, _ headers: PushHeaders, token: String, status: Int, reason: APNsReason?,
         certificate: String?, stamp: Int64?, answeredAt: Int64, behaviour: APNsSimulator.Behaviour,
         configuration: APNsSimulator.Configuration, in state: inout State
     )
@@ -174,15 +178,15 @@ final class SimulatorCore: Sendable {
         let credential = certificate.map { "certificate:" + $0 } ?? state.connections[request.connectionID]?.credential
         if let credential { state.countsByCredential[credential, default: 0] += 1 }
         if let sentAt = stamp { state.latencies.record(UInt32(clamping: max(0, answeredAt - sentAt))) }
-        let given = request.header("apns-id")
+        let given = headers.id
         let apnsID = given.flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
         let uniqueID = state.ids.next()
         var notification: ReceivedNotification?
         if configuration.recordsNotifications || configuration.observer != nil {
             notification = ReceivedNotification(
-                deviceToken: token, topic: request.header("apns-topic"), pushType: request.header("apns-push-type"),
-                priority: request.header("apns-priority"), expiration: request.header("apns-expiration"),
-                collapseID: request.header("apns-collapse-id"), apnsID: apnsID, payload: request.body,
+                deviceToken: token, topic: headers.topic, pushType: headers.pushType,
+                priority: headers.priority, expiration: headers.expiration,
+                collapseID: headers.collapseID, apnsID: apnsID, payload: request.body,
                 status: status, reason: reason?.rawValue, connectionID: request.connectionID,
                 receivedAt: Date().timeIntervalSince1970, credential: credential,
                 tokenIssuedAt: state.connections[request.connectionID]?.issuedAt)
@@ -251,11 +255,11 @@ final class SimulatorCore: Sendable {
 
     /// Apple's checks, in the order APNs is observed to apply them; nil reason means 200.
     private func judge(
-        _ request: HTTP2ServerRequest, token: String, _ behaviour: APNsSimulator.Behaviour,
+        _ request: HTTP2ServerRequest, _ headers: PushHeaders, token: String, _ behaviour: APNsSimulator.Behaviour,
         certificate: String?
     ) -> (Int, APNsReason?, Int64?) {
-        guard request.method == "POST" else { return (405, .methodNotAllowed, nil) }
-        guard request.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
+        guard headers.method == "POST" else { return (405, .methodNotAllowed, nil) }
+        guard headers.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
         if !AppleRules.isDeviceToken(token) { return (400, .badDeviceToken, nil) }
         let playedEnvironment = configuration.isDevelopment ? "sandbox" : "production"
@@ -264,10 +268,10 @@ final class SimulatorCore: Sendable {
         {
             return (400, .badDeviceToken, nil)
         }
-        if certificate == nil, let failure = checkProviderToken(request) {
+        if certificate == nil, let failure = checkProviderToken(request, authorization: headers.authorization) {
             return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
         }
-        guard let topic = request.header("apns-topic"), !topic.isEmpty else { return (400, .missingTopic, nil) }
+        guard let topic = headers.topic, !topic.isEmpty else { return (400, .missingTopic, nil) }
         // A certificate serves its app's topics: Apple's common name is "Apple Push Services: <bundle ID>".
         if let certificate {
             let prefix = "Apple Push Services: "
@@ -276,27 +280,27 @@ final class SimulatorCore: Sendable {
                 return (400, .topicDisallowed, nil)
             }
         }
-        let pushType = request.header("apns-push-type") ?? "alert"
+        let pushType = headers.pushType ?? "alert"
         guard let suffix = AppleRules.topicSuffixes[pushType] else { return (400, .invalidPushType, nil) }
         if !topic.hasSuffix(suffix) { return (400, .badTopic, nil) }
         if let tokenTopic = behaviour.tokenTopics.first(where: { $0.covers(token) })?.value, tokenTopic != topic {
             return (400, .deviceTokenNotForTopic, nil)
         }
-        if let priority = request.header("apns-priority") {
+        if let priority = headers.priority {
             guard AppleRules.priorities.contains(priority) else { return (400, .badPriority, nil) }
             if pushType == "background" && priority == "10" { return (400, .badPriority, nil) }
         }
-        if let id = request.header("apns-id"), !AppleRules.isCanonicalUUID(id) { return (400, .badMessageId, nil) }
-        if let collapse = request.header("apns-collapse-id"), collapse.utf8.count > AppleRules.collapseIDLimit {
+        if let id = headers.id, !AppleRules.isCanonicalUUID(id) { return (400, .badMessageId, nil) }
+        if let collapse = headers.collapseID, collapse.utf8.count > AppleRules.collapseIDLimit {
             return (400, .badCollapseId, nil)
         }
-        if let expiration = request.header("apns-expiration"), Int64(expiration) == nil {
+        if let expiration = headers.expiration, Int64(expiration) == nil {
             return (400, .badExpirationDate, nil)
         }
         guard !request.body.isEmpty else { return (400, .payloadEmpty, nil) }
         if request.body.count > AppleRules.payloadLimit(pushType: pushType) { return (413, .payloadTooLarge, nil) }
         // Apple documents no reason for a body that is not a JSON object; APNs refuses it, so the simulator does too.
-        guard case .object? = try? JSONReader.parse(request.body, allowsDuplicateKeys: true) else {
+        guard case .object? = try? JSONReader.check(request.body, allowsDuplicateKeys: true) else {
             return (400, APNsReason("BadPayload"), nil)
         }
         // What ActivityKit needs of a Live Activity push (event, timestamp, content-state); Apple documents no
@@ -310,9 +314,9 @@ final class SimulatorCore: Sendable {
 
     /// With trusted keys configured: a bearer JWT signed ES256 by a known key for its team, not older than an hour,
     /// one team per connection, and a new token on a connection no more often than every 20 minutes.
-    func checkProviderToken(_ request: HTTP2ServerRequest) -> APNsReason? {
+    func checkProviderToken(_ request: HTTP2ServerRequest, authorization: String?) -> APNsReason? {
         guard !configuration.trustedKeys.isEmpty else { return nil }
-        guard let authorization = request.header("authorization"), authorization.hasPrefix("bearer ") else {
+        guard let authorization, authorization.hasPrefix("bearer ") else {
             return .missingProviderToken
         }
         let now = Date().timeIntervalSince1970

@@ -65,6 +65,22 @@ public struct JSONReader: ~Copyable {
         }
     }
 
+    /// Checks a document as strictly as `parse` reads it (grammar, UTF-8, depth, and duplicate keys unless
+    /// `allowsDuplicateKeys`), building nothing for an object at the top: for a server that only needs to know that
+    /// a body is a valid JSON object.
+    public static func check(
+        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, allowsDuplicateKeys: Bool = false
+    ) throws(JSONError) -> JSONTopLevel {
+        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) {
+            reader throws(JSONError) in
+            guard reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "{") else {
+                return .other(typeName: try reader.parseValue(depth: 0).typeName)
+            }
+            try reader.skipNested(depth: 0)
+            return .object(depth: reader.deepest)
+        }
+    }
+
     /// Lends a reader over `bytes` to `read`, which reads one value; then only whitespace may follow.
     private static func reading<T>(
         _ bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool,

@@ -71,6 +71,11 @@ import Testing
                 name: "voip payload of 5000", headers: [("apns-topic", "t.voip"), ("apns-push-type", "voip")],
                 body: #"{"a":""# + String(repeating: "x", count: 5000) + #""}"#, status: 200),
             Case(name: "payload not JSON", body: "hello", status: 400, reason: "BadPayload"),
+            Case(name: "payload a JSON array", body: #"[{"aps":{}}]"#, status: 400, reason: "BadPayload"),
+            Case(
+                name: "payload broken inside", body: #"{"aps":{"alert":"hi","badge":tru}}"#, status: 400,
+                reason: "BadPayload"),
+            Case(name: "payload repeating a key", body: #"{"aps":{"alert":"a","alert":"b"}}"#, status: 200),
             Case(name: "priority 1", headers: [("apns-topic", "t"), ("apns-priority", "1")], status: 200),
             Case(
                 name: "mdm takes the topic as it is",

@@ -38,6 +38,33 @@ import WorkerPipeline
             + #","\#(String(repeating: "n", count: 40))7":2}"#
     ]
 
+    /// `check` accepts and refuses exactly what `parse` does, with the same error at the same byte, duplicate keys
+    /// allowed or not, and tells an object from anything else as deep as `parse` measures it.
+    @Test(arguments: payloads)
+    func checkingAWholeDocumentAgreesWithParsingIt(payload: String) {
+        for allowsDuplicateKeys in [false, true] {
+            let bytes = Array(payload.utf8)
+            let parsed = Result { () throws(JSONError) in
+                try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8, allowsDuplicateKeys: allowsDuplicateKeys)
+            }
+            let checked = Result { () throws(JSONError) in
+                try JSONReader.check(bytes, maximumDepth: 8, allowsDuplicateKeys: allowsDuplicateKeys)
+            }
+            switch (parsed, checked) {
+            case (.success(let full), .success(.object(let depth))):
+                #expect(full.value.typeName == "an object")
+                #expect(depth == full.depth)
+            case (.success(let full), .success(.other(let typeName))):
+                #expect(full.value.typeName == typeName)
+                #expect(typeName != "an object")
+            case (.failure(let full), .failure(let checked)):
+                #expect(full == checked)
+            default:
+                Issue.record("parsed: \(parsed), checked: \(checked), duplicate keys allowed: \(allowsDuplicateKeys)")
+            }
+        }
+    }
+
     @Test(arguments: payloads)
     func checkedMembersAreCheckedAsStrictlyAsBuiltOnes(payload: String) {
         var document = Array(#"{"id":"j","payload":"#.utf8)
