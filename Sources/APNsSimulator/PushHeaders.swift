@@ -2,9 +2,8 @@ import Foundation
 import HTTP2
 
 /// The fields of a device push that APNs judges and the simulator records, read in one pass over the request's
-/// header block: looked up one at a time, each of the dozen lookups a push needs walked every field again and made
-/// a String, which cost the simulator as much as a request costs the worker. As `HTTP2HeaderBlock.value`, the first
-/// field of a name counts.
+/// header block with a String made only for the fields kept: a push needs a dozen of them, and each lookup on its own
+/// walks every field and makes a String. As with `HTTP2HeaderBlock.value`, the first field of a name counts.
 struct PushHeaders {
     var method = ""
     var path = ""

@@ -50,13 +50,14 @@ public struct JSONReader: ~Copyable {
     /// ask for: `member` is called with the index of the member's name in `known` (nil for a name not there) and
     /// reads the value with one of `readValue`, `checkValue` or `readStrings`; a value it leaves alone is checked
     /// and skipped. Everything is checked as strictly as `parse` does (grammar, UTF-8, duplicate keys at every
-    /// level, depth), and a document that is not an object is read whole. For a job, whose few known members go
+    /// level unless allowed, depth), and a document that is not an object is read whole. For a job, whose few known members go
     /// straight into typed fields and whose payload is forwarded as written.
     public static func readObject(
-        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, known: JSONNames,
-        member: (inout JSONReader, Int?) throws(JSONError) -> Void
+        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, allowsDuplicateKeys: Bool = false,
+        known: JSONNames, member: (inout JSONReader, Int?) throws(JSONError) -> Void
     ) throws(JSONError) -> JSONTopLevel {
-        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: false) { reader throws(JSONError) in
+        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) {
+            reader throws(JSONError) in
             guard reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "{") else {
                 return .other(typeName: try reader.parseValue(depth: 0).typeName)
             }
@@ -65,21 +66,12 @@ public struct JSONReader: ~Copyable {
         }
     }
 
-    /// Checks a document as strictly as `parse` reads it (grammar, UTF-8, depth, and duplicate keys unless
-    /// `allowsDuplicateKeys`), building nothing for an object at the top: for a server that only needs to know that
-    /// a body is a valid JSON object.
-    public static func check(
-        _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, allowsDuplicateKeys: Bool = false
-    ) throws(JSONError) -> JSONTopLevel {
-        try reading(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) {
-            reader throws(JSONError) in
-            guard reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "{") else {
-                return .other(typeName: try reader.parseValue(depth: 0).typeName)
-            }
-            try reader.skipNested(depth: 0)
-            return .object(depth: reader.deepest)
-        }
+    /// Checks a document as `parse` would read it, building nothing for an object at the top (a server that only
+    /// needs to know that a body is a valid JSON object).
+    public static func check(_ bytes: [UInt8], allowsDuplicateKeys: Bool = false) throws(JSONError) -> JSONTopLevel {
+        try readObject(bytes, allowsDuplicateKeys: allowsDuplicateKeys, known: noNames) { _, _ throws(JSONError) in }
     }
+    private static let noNames = JSONNames([])
 
     /// Lends a reader over `bytes` to `read`, which reads one value; then only whitespace may follow.
     private static func reading<T>(

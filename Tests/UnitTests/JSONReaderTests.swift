@@ -45,10 +45,10 @@ import WorkerPipeline
         for allowsDuplicateKeys in [false, true] {
             let bytes = Array(payload.utf8)
             let parsed = Result { () throws(JSONError) in
-                try JSONReader.parseMeasuringDepth(bytes, maximumDepth: 8, allowsDuplicateKeys: allowsDuplicateKeys)
+                try JSONReader.parseMeasuringDepth(bytes, allowsDuplicateKeys: allowsDuplicateKeys)
             }
             let checked = Result { () throws(JSONError) in
-                try JSONReader.check(bytes, maximumDepth: 8, allowsDuplicateKeys: allowsDuplicateKeys)
+                try JSONReader.check(bytes, allowsDuplicateKeys: allowsDuplicateKeys)
             }
             switch (parsed, checked) {
             case (.success(let full), .success(.object(let depth))):
