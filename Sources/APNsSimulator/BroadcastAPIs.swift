@@ -70,12 +70,14 @@ extension SimulatorCore {
 
     /// Answers a channel management or broadcast request, after the same provider-token or certificate checks as
     /// a device push; `apns-request-id` is echoed (or made), as Apple does.
-    func handleBroadcastAPI(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter, route: Route) {
+    func handleBroadcastAPI(
+        _ request: HTTP2ServerRequest, _ headers: PushHeaders, _ writer: HTTP2ResponseWriter, route: Route
+    ) {
         let certificate =
             configuration.clientCertificateCA == nil ? nil : writer.serverConnection.peerCertificateCommonName
         var answer: SimulatedAnswer
         if certificate == nil,
-            let failure = checkProviderToken(request, authorization: request.header("authorization"))
+            let failure = checkProviderToken(headers.authorization, onConnection: request.connectionID)
         {
             answer = SimulatedAnswer(failure == .tooManyProviderTokenUpdates ? 429 : 403, failure)
         } else {

@@ -102,7 +102,7 @@ final class SimulatorCore: Sendable {
             handleControl(request, writer)
             return
         case .channels, .broadcast:
-            handleBroadcastAPI(request, writer, route: route)
+            handleBroadcastAPI(request, headers, writer, route: route)
             return
         case .device, .unknown:
             handleDevicePush(request, headers, writer)  // a path of no API is judged like a push: 404 BadPath
@@ -268,7 +268,9 @@ final class SimulatorCore: Sendable {
         {
             return (400, .badDeviceToken, nil)
         }
-        if certificate == nil, let failure = checkProviderToken(request, authorization: headers.authorization) {
+        if certificate == nil,
+            let failure = checkProviderToken(headers.authorization, onConnection: request.connectionID)
+        {
             return (failure == .tooManyProviderTokenUpdates ? 429 : 403, failure, nil)
         }
         guard let topic = headers.topic, !topic.isEmpty else { return (400, .missingTopic, nil) }
@@ -314,14 +316,14 @@ final class SimulatorCore: Sendable {
 
     /// With trusted keys configured: a bearer JWT signed ES256 by a known key for its team, not older than an hour,
     /// one team per connection, and a new token on a connection no more often than every 20 minutes.
-    func checkProviderToken(_ request: HTTP2ServerRequest, authorization: String?) -> APNsReason? {
+    func checkProviderToken(_ authorization: String?, onConnection connectionID: Int) -> APNsReason? {
         guard !configuration.trustedKeys.isEmpty else { return nil }
         guard let authorization, authorization.hasPrefix("bearer ") else {
             return .missingProviderToken
         }
         let now = Date().timeIntervalSince1970
         let (known, expired) = state.withLock { state in
-            let connection = state.connections[request.connectionID]
+            let connection = state.connections[connectionID]
             return (connection?.authorization, connection?.issuedAt.map(state.expiredIssuedAt.contains) ?? false)
         }
         // Verified on this connection already.
@@ -330,8 +332,8 @@ final class SimulatorCore: Sendable {
         if let failure { return failure }
         return state.withLock { state -> APNsReason? in
             if let issuedAt, state.expiredIssuedAt.contains(issuedAt) { return .expiredProviderToken }
-            var connection = state.connections[request.connectionID, default: ConnectionState()]
-            defer { state.connections[request.connectionID] = connection }
+            var connection = state.connections[connectionID, default: ConnectionState()]
+            defer { state.connections[connectionID] = connection }
             if let bound = connection.team, bound != team { return .unrelatedKeyIdInToken }  // one team per connection
             // Replacing a token APNs called expired is what it asks for, not an update too many.
             let replacesExpired = connection.issuedAt.map(state.expiredIssuedAt.contains) ?? false

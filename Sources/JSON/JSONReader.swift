@@ -50,8 +50,8 @@ public struct JSONReader: ~Copyable {
     /// ask for: `member` is called with the index of the member's name in `known` (nil for a name not there) and
     /// reads the value with one of `readValue`, `checkValue` or `readStrings`; a value it leaves alone is checked
     /// and skipped. Everything is checked as strictly as `parse` does (grammar, UTF-8, duplicate keys at every
-    /// level unless allowed, depth), and a document that is not an object is read whole. For a job, whose few known members go
-    /// straight into typed fields and whose payload is forwarded as written.
+    /// level unless allowed, depth), and a document that is not an object is read whole. For a job, whose few known
+    /// members go straight into typed fields and whose payload is forwarded as written.
     public static func readObject(
         _ bytes: [UInt8], maximumDepth: Int = defaultMaximumDepth, allowsDuplicateKeys: Bool = false,
         known: JSONNames, member: (inout JSONReader, Int?) throws(JSONError) -> Void
