@@ -24,8 +24,6 @@ public final class HTTP2Client: @unchecked Sendable {
 
     public typealias BatchCompletion = @Sendable (Int, Result<HTTP2Response, HTTP2StreamError>) -> Void
 
-    private typealias Pending = HTTP2PendingRequest
-
     public let configuration: Configuration
     /// The :authority value requests to this endpoint carry.
     public let authority: String
@@ -38,7 +36,8 @@ public final class HTTP2Client: @unchecked Sendable {
 
     private var connections: [HTTP2Connection] = []
     private var connectionsStarting = 0
-    private var waiting: [Pending] = []
+    /// Client streams not submitted yet, oldest first.
+    private var waiting: [HTTP2Stream] = []
     private var consecutiveFailedConnects = 0
     private var reconnectTimer: UInt64?
     private var nextConnectionID = 1
@@ -112,9 +111,9 @@ public final class HTTP2Client: @unchecked Sendable {
             let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
             var touched: [HTTP2Connection] = []
             for (index, request) in requests.enumerated() {
-                let pending = Pending(
+                let stream = HTTP2Stream(
                     request: request, index: index, attempt: 1, deadline: deadline, completion: completion)
-                if let connection = dispatch(pending), !touched.contains(where: { $0 === connection }) {
+                if let connection = dispatch(stream), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
                 }
             }
@@ -157,15 +156,15 @@ public final class HTTP2Client: @unchecked Sendable {
 
     /// Puts the request on the connection `nextConnection` picks; when every stream is busy and the pool is growing,
     /// or when no connection is open, queues it until a connection opens or a stream frees.
-    private func dispatch(_ pending: Pending) -> HTTP2Connection? {
+    private func dispatch(_ stream: HTTP2Stream) -> HTTP2Connection? {
         guard !isShutDown else {
-            pending.completion(pending.index, .failure(.notSent("client shut down")))
+            stream.complete(.failure(.notSent("client shut down")))
             return nil
         }
-        if let next = nextConnection(), next.hasFreeStream || !isGrowing(), next.connection.submitRequest(pending) {
+        if let next = nextConnection(), next.hasFreeStream || !isGrowing(), next.connection.submitRequest(stream) {
             return next.connection
         }
-        waiting.append(pending)
+        waiting.append(stream)
         openMissingConnections()
         return nil
     }
@@ -221,31 +220,28 @@ public final class HTTP2Client: @unchecked Sendable {
         return (usable, opening, streamsPerConnection)
     }
 
-    private func finished(_ pending: Pending, _ result: Result<HTTP2Response, HTTP2StreamError>) {
+    private func finished(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
         // Only an answer proves the endpoint healthy; a connection that opens and then drops does not.
         if case .success = result { consecutiveFailedConnects = 0 }
-        if case .failure(let error) = result, !isShutDown, EventLoop.now() < pending.deadline {
+        if case .failure(let error) = result, !isShutDown, EventLoop.now() < stream.deadline {
             // A refused or unsent request was not processed: sending it again is always safe, so only the deadline
             // bounds it. A lost connection may have delivered it: that counts as an attempt.
             let attempt: Int?
             switch error {
-            case .refused, .notSent: attempt = pending.attempt
-            case .connectionLost: attempt = pending.attempt < configuration.maximumAttempts ? pending.attempt + 1 : nil
+            case .refused, .notSent: attempt = stream.attempt
+            case .connectionLost: attempt = stream.attempt < configuration.maximumAttempts ? stream.attempt + 1 : nil
             case .reset, .timedOut: attempt = nil
             }
             if let attempt {
                 logger.debug(
                     "resending a request", ["http2.reason": error.description, "http2.attempt": String(attempt)])
                 // Resent after the current callback returns, never from inside nghttp2's own callback.
-                waiting.append(
-                    Pending(
-                        request: pending.request, index: pending.index, attempt: attempt,
-                        deadline: pending.deadline, completion: pending.completion))
+                waiting.append(stream.resent(attempt: attempt))
                 drainWaitingSoon()
                 return
             }
         }
-        pending.completion(pending.index, result)
+        stream.complete(result)
         // A stream freed: what waits for a new connection may take it now.
         if !waiting.isEmpty { drainWaitingSoon() }
     }
@@ -269,8 +265,8 @@ public final class HTTP2Client: @unchecked Sendable {
         let queued = waiting
         waiting.removeAll(keepingCapacity: true)
         var touched: [HTTP2Connection] = []
-        for pending in queued {
-            if let connection = dispatch(pending), !touched.contains(where: { $0 === connection }) {
+        for stream in queued {
+            if let connection = dispatch(stream), !touched.contains(where: { $0 === connection }) {
                 touched.append(connection)
             }
         }
@@ -280,7 +276,7 @@ public final class HTTP2Client: @unchecked Sendable {
     private func failWaiting(_ error: HTTP2StreamError) {
         let queued = waiting
         waiting.removeAll()
-        for pending in queued { pending.completion(pending.index, .failure(error)) }
+        for stream in queued { stream.complete(.failure(error)) }
     }
 
     /// Opens connections up to `connectionCount`, and beyond it, up to `maximumConnectionCount`, as many as the
@@ -413,7 +409,7 @@ public final class HTTP2Client: @unchecked Sendable {
             // A raised limit makes room for what waits.
             loop.execute { [self] in drainWaiting() }
         }
-        connection.onResponse = { [self] pending, result in finished(pending, result) }
+        connection.onResponse = { [self] stream, result in finished(stream, result) }
         connection.onPingAcknowledged = { [self] connection in
             configuration.observer?(.pingAcknowledged(connection: connection.id))
         }
@@ -510,11 +506,12 @@ public final class HTTP2Client: @unchecked Sendable {
             1, configuration.requestTimeout / 4, configuration.pingInterval / 2, configuration.pingTimeout / 2)
         sweepTimer = loop.schedule(after: period) { [self] in
             let now = EventLoop.now()
-            let expired = waiting.filter { $0.deadline <= now }
+            let isExpired = { (stream: HTTP2Stream) in stream.deadline <= now }
+            let expired = waiting.filter(isExpired)
             if !expired.isEmpty {
-                waiting.removeAll { $0.deadline <= now }
+                waiting.removeAll(where: isExpired)
                 let reason = lastConnectError.map { HTTP2StreamError.notSent("no connection: \($0)") } ?? .timedOut
-                for pending in expired { pending.completion(pending.index, .failure(reason)) }
+                for stream in expired { stream.complete(.failure(reason)) }
             }
             closeIdleExtraConnections(now: now)
             let requestCutoff = now - UInt64(configuration.requestTimeout * 1e9)

@@ -18,27 +18,74 @@ final class HTTP2Stream {
     /// The answer broke HTTP (a second final status, a status that is no status, a body past the limit): the stream
     /// is reset, and its request answered as reset, whatever came before.
     var malformed = false
-    var incomingHeaders: HTTP2HeaderBlock
+    /// The fields kept of those received, allocated at the first one kept (`expectedHeaderBytes` of room): an answer
+    /// that keeps none allocates nothing.
+    var incomingHeaders = HTTP2HeaderBlock(capacity: 0)
+    let expectedHeaderBytes: Int
     var incomingBody: [UInt8] = []
     var status = 0
     var outgoingBody: [UInt8]
     var outgoingOffset = 0
     /// The request's HEADERS left this process: from here on the server may have acted on it.
     var headersSent = false
-    let startedAt = EventLoop.now()
-    /// A client stream's request, handed back with its answer through the connection's `onResponse`: one callback
-    /// per connection instead of a closure allocated per request.
-    let pending: HTTP2PendingRequest?
+    /// When it opened (`HTTP2Connection.append`).
+    var startedAt: UInt64 = 0
+    /// A client stream's request (a server stream's is empty), made with the request: the stream passes through
+    /// half a dozen hands (dispatch, the client's waiting queue, its connection, the answer, the retry decision) as
+    /// one reference, and a request costs one allocation. Its fields are the stream's own, not one struct's: a struct
+    /// read from a class is copied, its five counted references with it, at each hand.
+    let request: HTTP2Request
+    /// Its place in its batch, and the batch's completion (shared by every request of the batch), called with the
+    /// answer; nil for a server stream. The stream is handed back with its answer through the connection's
+    /// `onResponse`: one callback per connection instead of a closure allocated per request.
+    let index: Int
+    let completion: HTTP2Client.BatchCompletion?
+    /// Sends of the request so far, this one included, and when the client gives up resending it (`EventLoop.now`).
+    let attempt: Int
+    let deadline: UInt64
+
+    var isClientStream: Bool { completion != nil }
 
     /// Room for an answer's kept fields at first: an apns-id (48 bytes as kept) and a little more, an allocation
     /// glibc serves from its fast bins (`AllocationSizeTests`).
     static let answerHeaderCapacity = 88
 
     /// `expectedHeaderBytes`: room for the incoming fields at once (they arrive one by one).
-    init(outgoingBody: [UInt8] = [], expectedHeaderBytes: Int, pending: HTTP2PendingRequest? = nil) {
-        self.outgoingBody = outgoingBody
-        self.incomingHeaders = HTTP2HeaderBlock(capacity: expectedHeaderBytes)
-        self.pending = pending
+    /// A server stream.
+    init(expectedHeaderBytes: Int) {
+        self.expectedHeaderBytes = expectedHeaderBytes
+        outgoingBody = []
+        request = HTTP2Request(headers: HTTP2HeaderBlock(capacity: 0), body: [])
+        index = 0
+        completion = nil
+        attempt = 0
+        deadline = 0
+    }
+
+    /// A client stream for `request`, to be submitted (`HTTP2Connection.submitRequest`); an answer that keeps more
+    /// fields than `answerHeaderCapacity` holds grows its block once.
+    init(
+        request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64,
+        completion: @escaping HTTP2Client.BatchCompletion
+    ) {
+        expectedHeaderBytes = Self.answerHeaderCapacity
+        outgoingBody = request.body
+        self.request = request
+        self.index = index
+        self.completion = completion
+        self.attempt = attempt
+        self.deadline = deadline
+    }
+
+    /// The same request, to be sent again as attempt `attempt` (a stream is submitted once).
+    func resent(attempt: Int) -> HTTP2Stream {
+        HTTP2Stream(
+            request: request, index: index, attempt: attempt, deadline: deadline, completion: completion!)
+    }
+
+    /// A client stream's request answered (or given up): its batch's completion is called with its index.
+    func complete(_ result: Result<HTTP2Response, HTTP2StreamError>) {
+        completion?(index, result)
     }
 }
 
@@ -123,7 +170,7 @@ final class HTTP2Connection: PollHandler {
     var onGoAway: ((HTTP2Connection, Int32, UInt32, String) -> Void)?
     var onPingAcknowledged: ((HTTP2Connection) -> Void)?
     /// A client stream ended: its request and the answer, or why there is none.
-    var onResponse: ((HTTP2PendingRequest, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
+    var onResponse: ((HTTP2Stream, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
     init(
         id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
@@ -313,6 +360,7 @@ final class HTTP2Connection: PollHandler {
         {
             return
         }
+        if stream.incomingHeaders.count == 0 { stream.incomingHeaders.reserveCapacity(stream.expectedHeaderBytes) }
         stream.incomingHeaders.add(raw: name, value)
     }
 
@@ -404,6 +452,7 @@ final class HTTP2Connection: PollHandler {
     func append(_ stream: HTTP2Stream, id: Int32) {
         stream.id = id
         stream.listed = true
+        stream.startedAt = EventLoop.now()
         stream.previous = lastStream
         if let lastStream { lastStream.next = stream } else { firstStream = stream }
         lastStream = stream
@@ -415,7 +464,7 @@ final class HTTP2Connection: PollHandler {
         guard stream.listed else { return }
         stream.listed = false
         // nghttp2 may still send its HEADERS frame (queued behind the peer's stream limit), reading the lent fields.
-        if !stream.headersSent, let headers = stream.pending?.request.headers { lentHeaders[stream.id] = headers }
+        if !stream.headersSent, stream.isClientStream { lentHeaders[stream.id] = stream.request.headers }
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
             if recentStream === stream { recentStream = nil }
@@ -476,7 +525,7 @@ final class HTTP2Connection: PollHandler {
     func streamClosed(streamID: Int32, errorCode: UInt32) {
         guard let stream = stream(streamID) else { return }
         remove(stream)
-        guard stream.pending != nil else { return }
+        guard stream.isClientStream else { return }
         if stream.malformed {
             answer(stream, .failure(.reset(code: NGHTTP2_PROTOCOL_ERROR.rawValue)))
         } else if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status >= 200 {
@@ -497,7 +546,7 @@ final class HTTP2Connection: PollHandler {
     }
 
     func answer(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
-        if let pending = stream.pending { onResponse?(pending, result) }
+        if stream.isClientStream { onResponse?(stream, result) }
     }
 
     func frameSent(streamID: Int32, type: UInt8) {

@@ -16,7 +16,12 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     private static let neverIndexed: UInt8 = 1
 
     public init(capacity: Int = 512) {
-        bytes.reserveCapacity(capacity)
+        reserveCapacity(capacity)
+    }
+
+    /// Room for `byteCount` bytes of records (each is 5 bytes, then its name and value).
+    public mutating func reserveCapacity(_ byteCount: Int) {
+        bytes.reserveCapacity(byteCount)
     }
 
     /// A request's pseudo-header fields, which HTTP/2 requires first.

@@ -150,9 +150,20 @@ final class JobProgress: @unchecked Sendable {
     }
 
     private func noteFinal(_ outcome: SettledOutcome) {
-        if let newestUnrecorded { madeRare.unrecordedFinal.append(newestUnrecorded) }
+        if let newestUnrecorded {
+            // Room at once for the outcomes still to come before the next hand-over (at most a few hundred): grown
+            // by doubling, the array was copied eight times over a job of a hundred notifications.
+            let made = madeRare
+            if made.unrecordedFinal.capacity == 0 {
+                made.unrecordedFinal.reserveCapacity(min(remaining + 1, Self.outcomesReservedAtOnce))
+            }
+            made.unrecordedFinal.append(newestUnrecorded)
+        }
         newestUnrecorded = outcome
     }
+
+    /// The most outcomes room is made for at once (a bulk job's can number 100,000).
+    private static let outcomesReservedAtOnce = 512
 
     /// Hands over the outcomes finished since the last call, if any, in the order they became final.
     func takeUnrecordedFinal() -> [SettledOutcome]? {
