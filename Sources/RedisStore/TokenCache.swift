@@ -286,10 +286,14 @@ public struct TokenCache: TokenStore {
         unique.reserveCapacity(entries.count)
         positions.reserveCapacity(entries.count)
         for entry in entries {
-            // Accessed in place, the subscript with a default adds a new entry at `next` in the lookup that finds a
-            // known one; a known entry has a smaller place.
-            let next = unique.count
-            if Self.isAdded(&positions[entry, default: next], at: next) { unique.append(entry) }
+            // One lookup adds a new entry at the next place, or finds a known one (whose place is then put back: rare,
+            // as jobs seldom name a user twice). The subscript with a default did the same in one lookup too, but its
+            // in-place access allocated twice per entry.
+            if let known = positions.updateValue(unique.count, forKey: entry) {
+                positions[entry] = known
+            } else {
+                unique.append(entry)
+            }
         }
         let keyList = RedisKeyList(prefix: prefix, names: keys.isCluster ? unique.map(keys.user) : unique)
         var found = [[CachedToken]](repeating: [], count: unique.count)
@@ -315,9 +319,6 @@ public struct TokenCache: TokenStore {
         }
         return resolved
     }
-
-    /// Whether the place just found for an entry is `next`, where a new entry is added.
-    private static func isAdded(_ position: inout Int, at next: Int) -> Bool { position == next }
 
     /// One field and value of a tokens hash (a user's or an activity's), read in place; a field that is no token, or a
     /// value that says nothing it serves, is skipped with a warning naming `key`.
