@@ -37,7 +37,7 @@ public final class HTTP2Client: @unchecked Sendable {
     private var connections: [HTTP2Connection] = []
     private var connectionsStarting = 0
     /// Client streams not submitted yet, oldest first.
-    private var waiting: [HTTP2Stream] = []
+    private var waiting: [HTTP2RequestStream] = []
     private var consecutiveFailedConnects = 0
     private var reconnectTimer: UInt64?
     private var nextConnectionID = 1
@@ -111,7 +111,7 @@ public final class HTTP2Client: @unchecked Sendable {
             let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
             var touched: [HTTP2Connection] = []
             for (index, request) in requests.enumerated() {
-                let stream = HTTP2Stream(
+                let stream = HTTP2RequestStream(
                     request: request, index: index, attempt: 1, deadline: deadline, completion: completion)
                 if let connection = dispatch(stream), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
@@ -156,7 +156,7 @@ public final class HTTP2Client: @unchecked Sendable {
 
     /// Puts the request on the connection `nextConnection` picks; when every stream is busy and the pool is growing,
     /// or when no connection is open, queues it until a connection opens or a stream frees.
-    private func dispatch(_ stream: HTTP2Stream) -> HTTP2Connection? {
+    private func dispatch(_ stream: HTTP2RequestStream) -> HTTP2Connection? {
         guard !isShutDown else {
             stream.complete(.failure(.notSent("client shut down")))
             return nil
@@ -220,7 +220,7 @@ public final class HTTP2Client: @unchecked Sendable {
         return (usable, opening, streamsPerConnection)
     }
 
-    private func finished(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
+    private func finished(_ stream: HTTP2RequestStream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
         // Only an answer proves the endpoint healthy; a connection that opens and then drops does not.
         if case .success = result { consecutiveFailedConnects = 0 }
         if case .failure(let error) = result, !isShutDown, EventLoop.now() < stream.deadline {
@@ -506,7 +506,7 @@ public final class HTTP2Client: @unchecked Sendable {
             1, configuration.requestTimeout / 4, configuration.pingInterval / 2, configuration.pingTimeout / 2)
         sweepTimer = loop.schedule(after: period) { [self] in
             let now = EventLoop.now()
-            let isExpired = { (stream: HTTP2Stream) in stream.deadline <= now }
+            let isExpired = { (stream: HTTP2RequestStream) in stream.deadline <= now }
             let expired = waiting.filter(isExpired)
             if !expired.isEmpty {
                 waiting.removeAll(where: isExpired)

@@ -10,9 +10,9 @@ import TLS
 extension HTTP2Connection {
     /// Queues a request on this connection; nghttp2 holds it back while the peer's stream limit is reached.
     /// Returns false if the connection cannot take it (closing, or nghttp2 refused), with nothing completed.
-    /// `stream`: a client stream never submitted before (`HTTP2Stream(request:...)`).
-    func submitRequest(_ stream: HTTP2Stream) -> Bool {
-        guard acceptsRequests, let session, stream.isClientStream else { return false }
+    /// `stream`: never submitted before.
+    func submitRequest(_ stream: HTTP2RequestStream) -> Bool {
+        guard acceptsRequests, let session else { return false }
         let hasBody = !stream.outgoingBody.isEmpty
         let userData = Unmanaged.passUnretained(stream).toOpaque()
         var provider = nghttp2_data_provider(
@@ -36,7 +36,7 @@ extension HTTP2Connection {
     /// Ends requests that waited too long for their response: the stream is cancelled, the caller told.
     func expireStreams(startedBefore cutoff: UInt64) {
         guard let session else { return }
-        let expired = openStreams.filter { $0.isClientStream && $0.startedAt < cutoff }
+        let expired = openStreams.filter { $0.startedAt < cutoff }
         guard !expired.isEmpty else { return }
         for stream in expired where stream.listed {
             remove(stream)

@@ -5,8 +5,8 @@ import TLS
     import Glibc
 #endif
 
-/// Per-stream state, owned by its connection.
-final class HTTP2Stream {
+/// Per-stream state, owned by its connection: a server's streams are these, a client's `HTTP2RequestStream`s.
+class HTTP2Stream {
     /// Set when nghttp2 numbers it (a client's at submission, a server's when its request begins).
     var id: Int32 = 0
     /// The connection's open streams, oldest first: a list through the streams themselves, so that opening and
@@ -30,62 +30,56 @@ final class HTTP2Stream {
     var headersSent = false
     /// When it opened (`HTTP2Connection.append`).
     var startedAt: UInt64 = 0
-    /// A client stream's request (a server stream's is empty), made with the request: the stream passes through
-    /// half a dozen hands (dispatch, the client's waiting queue, its connection, the answer, the retry decision) as
-    /// one reference, and a request costs one allocation. Its fields are the stream's own, not one struct's: a struct
-    /// read from a class is copied, its five counted references with it, at each hand.
+
+    /// `expectedHeaderBytes`: room for the incoming fields at once (they arrive one by one).
+    init(expectedHeaderBytes: Int, outgoingBody: [UInt8] = []) {
+        self.expectedHeaderBytes = expectedHeaderBytes
+        self.outgoingBody = outgoingBody
+    }
+}
+
+/// A client stream, made with its request: it passes through half a dozen hands (dispatch, the client's waiting
+/// queue, its connection, the answer, the retry decision) as one reference, and a request costs one allocation. The
+/// request's parts are the stream's own fields, not one struct's: a struct read from a class is copied, its counted
+/// references with it, at each hand. A server's streams do without them, and stay small enough for glibc's fast
+/// bins.
+final class HTTP2RequestStream: HTTP2Stream {
     let request: HTTP2Request
     /// Its place in its batch, and the batch's completion (shared by every request of the batch), called with the
-    /// answer; nil for a server stream. The stream is handed back with its answer through the connection's
-    /// `onResponse`: one callback per connection instead of a closure allocated per request.
+    /// answer. The stream is handed back with its answer through the connection's `onResponse`: one callback per
+    /// connection instead of a closure allocated per request.
     let index: Int
-    let completion: HTTP2Client.BatchCompletion?
+    let completion: HTTP2Client.BatchCompletion
     /// Sends of the request so far, this one included, and when the client gives up resending it (`EventLoop.now`).
     let attempt: Int
     let deadline: UInt64
-
-    var isClientStream: Bool { completion != nil }
 
     /// Room for an answer's kept fields at first: an apns-id (48 bytes as kept) and a little more, an allocation
     /// glibc serves from its fast bins (`AllocationSizeTests`).
     static let answerHeaderCapacity = 88
 
-    /// `expectedHeaderBytes`: room for the incoming fields at once (they arrive one by one).
-    /// A server stream.
-    init(expectedHeaderBytes: Int) {
-        self.expectedHeaderBytes = expectedHeaderBytes
-        outgoingBody = []
-        request = HTTP2Request(headers: HTTP2HeaderBlock(capacity: 0), body: [])
-        index = 0
-        completion = nil
-        attempt = 0
-        deadline = 0
-    }
-
-    /// A client stream for `request`, to be submitted (`HTTP2Connection.submitRequest`); an answer that keeps more
-    /// fields than `answerHeaderCapacity` holds grows its block once.
+    /// To be submitted (`HTTP2Connection.submitRequest`); an answer that keeps more fields than
+    /// `answerHeaderCapacity` holds grows its block once.
     init(
         request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64,
         completion: @escaping HTTP2Client.BatchCompletion
     ) {
-        expectedHeaderBytes = Self.answerHeaderCapacity
-        outgoingBody = request.body
         self.request = request
         self.index = index
         self.completion = completion
         self.attempt = attempt
         self.deadline = deadline
+        super.init(expectedHeaderBytes: Self.answerHeaderCapacity, outgoingBody: request.body)
     }
 
     /// The same request, to be sent again as attempt `attempt` (a stream is submitted once).
-    func resent(attempt: Int) -> HTTP2Stream {
-        HTTP2Stream(
-            request: request, index: index, attempt: attempt, deadline: deadline, completion: completion!)
+    func resent(attempt: Int) -> HTTP2RequestStream {
+        HTTP2RequestStream(request: request, index: index, attempt: attempt, deadline: deadline, completion: completion)
     }
 
-    /// A client stream's request answered (or given up): its batch's completion is called with its index.
+    /// The request answered (or given up): its batch's completion is called with its index.
     func complete(_ result: Result<HTTP2Response, HTTP2StreamError>) {
-        completion?(index, result)
+        completion(index, result)
     }
 }
 
@@ -170,7 +164,7 @@ final class HTTP2Connection: PollHandler {
     var onGoAway: ((HTTP2Connection, Int32, UInt32, String) -> Void)?
     var onPingAcknowledged: ((HTTP2Connection) -> Void)?
     /// A client stream ended: its request and the answer, or why there is none.
-    var onResponse: ((HTTP2Stream, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
+    var onResponse: ((HTTP2RequestStream, Result<HTTP2Response, HTTP2StreamError>) -> Void)?
 
     init(
         id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
@@ -464,7 +458,7 @@ final class HTTP2Connection: PollHandler {
         guard stream.listed else { return }
         stream.listed = false
         // nghttp2 may still send its HEADERS frame (queued behind the peer's stream limit), reading the lent fields.
-        if !stream.headersSent, stream.isClientStream { lentHeaders[stream.id] = stream.request.headers }
+        if !stream.headersSent, isClient { lentHeaders[stream.id] = Self.requestStream(stream).request.headers }
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
             if recentStream === stream { recentStream = nil }
@@ -525,7 +519,7 @@ final class HTTP2Connection: PollHandler {
     func streamClosed(streamID: Int32, errorCode: UInt32) {
         guard let stream = stream(streamID) else { return }
         remove(stream)
-        guard stream.isClientStream else { return }
+        guard isClient else { return }
         if stream.malformed {
             answer(stream, .failure(.reset(code: NGHTTP2_PROTOCOL_ERROR.rawValue)))
         } else if errorCode == NGHTTP2_NO_ERROR.rawValue && stream.status >= 200 {
@@ -545,8 +539,13 @@ final class HTTP2Connection: PollHandler {
         }
     }
 
+    /// A client connection's stream: every stream a client opens is one (`submitRequest`).
+    static func requestStream(_ stream: HTTP2Stream) -> HTTP2RequestStream {
+        unsafeDowncast(stream, to: HTTP2RequestStream.self)
+    }
+
     func answer(_ stream: HTTP2Stream, _ result: Result<HTTP2Response, HTTP2StreamError>) {
-        if stream.isClientStream { onResponse?(stream, result) }
+        if isClient { onResponse?(Self.requestStream(stream), result) }
     }
 
     func frameSent(streamID: Int32, type: UInt8) {

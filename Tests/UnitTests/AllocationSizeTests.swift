@@ -34,11 +34,18 @@ import Testing
             Self.allocatedBytes(progress) <= Self.fastBinLimit, "JobProgress: \(Self.allocatedBytes(progress)) bytes")
     }
 
+    /// A server's stream, one per request apns-sim answers, carries none of a client's request.
+    @Test func aServerStreamFitsAFastBin() {
+        let stream = HTTP2Stream(expectedHeaderBytes: 768)
+        #expect(
+            Self.allocatedBytes(stream) <= Self.fastBinLimit, "HTTP2Stream: \(Self.allocatedBytes(stream)) bytes")
+    }
+
     /// An answer's header block at first: a Swift array uses all of its allocation, so a capacity above 88 bytes (120
     /// less the array's 32-byte header) means a larger chunk.
     @Test func anAnswersFirstHeaderBlockFitsAFastBin() {
         var block: [UInt8] = []
-        block.reserveCapacity(HTTP2Stream.answerHeaderCapacity)
+        block.reserveCapacity(HTTP2RequestStream.answerHeaderCapacity)
         #expect(block.capacity <= Self.fastBinLimit - 32, "capacity \(block.capacity)")
     }
 }
