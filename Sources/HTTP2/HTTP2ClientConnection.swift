@@ -10,7 +10,7 @@ import TLS
 extension HTTP2Connection {
     /// Queues a request on this connection; nghttp2 holds it back while the peer's stream limit is reached.
     /// Returns false if the connection cannot take it (closing, or nghttp2 refused), with nothing completed.
-    /// `stream`: never submitted before.
+    /// `stream`: not opened yet (a submission that failed leaves it so, for another connection to take).
     func submitRequest(_ stream: HTTP2RequestStream) -> Bool {
         guard acceptsRequests, let session else { return false }
         let hasBody = !stream.outgoingBody.isEmpty

@@ -278,7 +278,7 @@ public struct TokenCache: TokenStore {
         -> ResolvedUsers
     {
         guard !entries.isEmpty else { return ResolvedUsers(tokens: [:]) }
-        // Each entry is hashed once to be told apart from the others and given its place in `unique`; the tokens
+        // Each entry is hashed once (one named twice, twice) to be told apart from the others and given its place in `unique`; the tokens
         // found then fill a copy of that table (`mapValues`, which does not hash the keys again), and only the rare
         // entries that could not be read are looked up once more, to be taken out.
         var positions: [String: Int] = [:]

@@ -151,11 +151,13 @@ final class JobProgress: @unchecked Sendable {
 
     private func noteFinal(_ outcome: SettledOutcome) {
         if let newestUnrecorded {
-            // Room at once for the outcomes still to come before the next hand-over (at most a few hundred): grown
-            // by doubling, the array was copied eight times over a job of a hundred notifications.
+            // Room at once for what the array takes until the next hand-over: this outcome, one for each still to
+            // come, and the newest, which `takeUnrecordedFinal` appends. Grown by doubling, the array was copied
+            // eight times over a job of a hundred notifications. Capped: a bulk job's outcomes are handed over every
+            // few milliseconds, a few at a time, and each hand-over starts a new array.
             let made = madeRare
             if made.unrecordedFinal.capacity == 0 {
-                made.unrecordedFinal.reserveCapacity(min(remaining + 1, Self.outcomesReservedAtOnce))
+                made.unrecordedFinal.reserveCapacity(min(remaining + 2, Self.outcomesReservedAtOnce))
             }
             made.unrecordedFinal.append(newestUnrecorded)
         }
@@ -163,7 +165,7 @@ final class JobProgress: @unchecked Sendable {
     }
 
     /// The most outcomes room is made for at once (a bulk job's can number 100,000).
-    private static let outcomesReservedAtOnce = 512
+    private static let outcomesReservedAtOnce = 128
 
     /// Hands over the outcomes finished since the last call, if any, in the order they became final.
     func takeUnrecordedFinal() -> [SettledOutcome]? {
