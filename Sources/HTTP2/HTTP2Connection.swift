@@ -59,7 +59,7 @@ final class HTTP2RequestStream: HTTP2Stream {
     static let answerHeaderCapacity = 88
 
     /// To be submitted (`HTTP2Connection.submitRequest`); an answer that keeps more fields than
-    /// `answerHeaderCapacity` holds grows its block once.
+    /// `answerHeaderCapacity` holds grows its block.
     init(
         request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64,
         completion: @escaping HTTP2Client.BatchCompletion

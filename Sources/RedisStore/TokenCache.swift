@@ -278,17 +278,17 @@ public struct TokenCache: TokenStore {
         -> ResolvedUsers
     {
         guard !entries.isEmpty else { return ResolvedUsers(tokens: [:]) }
-        // Each entry is hashed once (one named twice, twice) to be told apart from the others and given its place in `unique`; the tokens
-        // found then fill a copy of that table (`mapValues`, which does not hash the keys again), and only the rare
-        // entries that could not be read are looked up once more, to be taken out.
+        // Each entry is hashed once (one named twice, twice) to be told apart from the others and given its place in
+        // `unique`; the tokens found then fill a copy of that table (`mapValues`, which does not hash the keys
+        // again), and only the rare entries that could not be read are looked up once more, to be taken out.
         var positions: [String: Int] = [:]
         var unique: [String] = []
         unique.reserveCapacity(entries.count)
         positions.reserveCapacity(entries.count)
         for entry in entries {
             // One lookup adds a new entry at the next place, or finds a known one (whose place is then put back: rare,
-            // as jobs seldom name a user twice). The subscript with a default did the same in one lookup too, but its
-            // in-place access allocated twice per entry.
+            // as jobs seldom name a user twice). Not the subscript with a default: its in-place access allocates twice
+            // per entry.
             if let known = positions.updateValue(unique.count, forKey: entry) {
                 positions[entry] = known
             } else {
