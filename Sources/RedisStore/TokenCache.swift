@@ -278,46 +278,31 @@ public struct TokenCache: TokenStore {
         -> ResolvedUsers
     {
         guard !entries.isEmpty else { return ResolvedUsers(tokens: [:]) }
-        // Each entry is hashed once (one named twice, twice) to be told apart from the others and given its place in
-        // `unique`; the tokens found then fill a copy of that table (`mapValues`, which does not hash the keys
-        // again), and only the rare entries that could not be read are looked up once more, to be taken out.
-        var positions: [String: Int] = [:]
-        var unique: [String] = []
-        unique.reserveCapacity(entries.count)
-        positions.reserveCapacity(entries.count)
-        for entry in entries {
-            // One lookup adds a new entry at the next place, or finds a known one (whose place is then put back: rare,
-            // as jobs seldom name a user twice). Not the subscript with a default: its in-place access allocates twice
-            // per entry.
-            if let known = positions.updateValue(unique.count, forKey: entry) {
-                positions[entry] = known
-            } else {
-                unique.append(entry)
-            }
-        }
+        // Each entry once (a job seldom names a user twice, a batch of jobs may), found by its bytes
+        // (`ResolvedTokens`): each entry's tokens go straight into one array, as their replies are read.
+        var builder = ResolvedTokens.Builder(capacity: entries.count)
+        for entry in entries { _ = builder.add(entry) }
+        let unique = builder.uniqueNames
         let keyList = RedisKeyList(prefix: prefix, names: keys.isCluster ? unique.map(keys.user) : unique)
-        var found = [[CachedToken]](repeating: [], count: unique.count)
         let reads = try redis.readHashesWhereReachable(keyList) { index, field, value in
-            if let cached = cachedToken(field, value, key: keyList.key(index)) { found[index].append(cached) }
+            if let cached = cachedToken(field, value, key: keyList.key(index)) { builder.append(cached, to: index) }
         }
-        var resolved = ResolvedUsers(tokens: positions.mapValues { found[$0] })
+        var unreadable: [String: String] = [:]
+        var unavailable = Set<String>()
         for (index, read) in reads.enumerated() {
-            let entry = unique[index]
             switch read {
             case .read:
-                continue
+                builder.markRead(index)
             case .failed(let message):
                 logger.warning(
                     "skipping a \(what) whose token cache entry cannot be read",
                     ["redis.key": keyList.key(index), "redis.error": message])
-                resolved.tokens[entry] = nil
-                resolved.unreadable[entry] = message
+                unreadable[unique[index]] = message
             case nil:
-                resolved.tokens[entry] = nil
-                resolved.unavailable.insert(entry)
+                unavailable.insert(unique[index])
             }
         }
-        return resolved
+        return ResolvedUsers(tokens: builder.build(), unreadable: unreadable, unavailable: unavailable)
     }
 
     /// One field and value of a tokens hash (a user's or an activity's), read in place; a field that is no token, or a

@@ -294,7 +294,7 @@ extension SessionLoop {
 
     /// One piece of a large job: these users' tokens (from `resolved`), with the job's own tokens in the first piece,
     /// queued as a progress of its own.
-    func sendPiece(of assembly: JobAssembly, users: ArraySlice<String>, resolved: [String: [CachedToken]]) {
+    func sendPiece(of assembly: JobAssembly, users: ArraySlice<String>, resolved: ResolvedTokens) {
         let (targets, skipped) = resolver.pieceTargets(
             of: assembly.job, users: users, withOwnTokens: assembly.takeOwnTokens(),
             resolved: resolved, alreadySettled: assembly.alreadySettled,

@@ -45,7 +45,7 @@ public struct TargetResolver: Sendable, Equatable {
     /// `activityTokens`: the update tokens of the Live Activity the job addresses, if it does; those that serve the
     /// job's topic are reached (with no user: a dead one leaves with its activity, not from a user's cache).
     public func targets(
-        of job: PushJob, resolved: [String: [CachedToken]], activityTokens: [CachedToken] = [],
+        of job: PushJob, resolved: ResolvedTokens, activityTokens: ArraySlice<CachedToken> = [],
         alreadySettled: Set<String> = []
     ) -> (targets: [DeviceTarget], skipped: Int) {
         var targets = job.retryTargets ?? newTargets(of: job, resolved: resolved)
@@ -68,7 +68,7 @@ public struct TargetResolver: Sendable, Equatable {
     /// tokens; `firstTime` says whether a token is reached for the first time in the whole job.
     public func pieceTargets(
         of job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
-        resolved: [String: [CachedToken]], alreadySettled: Set<String>,
+        resolved: ResolvedTokens, alreadySettled: Set<String>,
         firstTime: (String) -> Bool
     ) -> (targets: [DeviceTarget], skipped: Int) {
         var targets = collect(job, users: users, withOwnTokens: withOwnTokens, resolved: resolved, firstTime: firstTime)
@@ -78,7 +78,7 @@ public struct TargetResolver: Sendable, Equatable {
         return (targets, before - targets.count)
     }
 
-    private func newTargets(of job: PushJob, resolved: [String: [CachedToken]]) -> [DeviceTarget] {
+    private func newTargets(of job: PushJob, resolved: ResolvedTokens) -> [DeviceTarget] {
         // Collected as they come, then told apart only when two of them may be one device: most jobs name each
         // device once, and a word per target in a table on the stack costs a fraction of a set insertion each. The
         // set hashes whole tokens, so that tokens made alike in their sampled words cost it no more than any others.
@@ -135,7 +135,7 @@ public struct TargetResolver: Sendable, Equatable {
 
     private func collect(
         _ job: PushJob, users: ArraySlice<String>, withOwnTokens: Bool,
-        resolved: [String: [CachedToken]], firstTime: (String) -> Bool
+        resolved: ResolvedTokens, firstTime: (String) -> Bool
     ) -> [DeviceTarget] {
         let matcher = TopicMatcher(topic: job.topic, defaultTopic: defaultTopic)
         var targets: [DeviceTarget] = []

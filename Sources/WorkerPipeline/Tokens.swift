@@ -49,13 +49,13 @@ public enum CacheChange: Sendable, Equatable {
 /// the wrong type: their jobs skip them) and those whose node did not answer (their jobs wait: nothing is known of
 /// them).
 public struct ResolvedUsers: Sendable {
-    public var tokens: [String: [CachedToken]]
+    public var tokens: ResolvedTokens
     /// user -> the store's error.
     public var unreadable: [String: String]
     /// Entries on a Redis node that did not answer (a cluster master lost).
     public var unavailable: Set<String>
 
-    public init(tokens: [String: [CachedToken]], unreadable: [String: String] = [:], unavailable: Set<String> = []) {
+    public init(tokens: ResolvedTokens, unreadable: [String: String] = [:], unavailable: Set<String> = []) {
         self.tokens = tokens
         self.unreadable = unreadable
         self.unavailable = unavailable

@@ -226,7 +226,9 @@ final class InMemoryTokenStore: TokenStore {
 
     func resolveActivities(_ activities: [String]) throws -> ResolvedUsers {
         let wanted = Set(activities)
-        return fleet.read { state in ResolvedUsers(tokens: state.activities.filter { wanted.contains($0.key) }) }
+        return fleet.read { state in
+            ResolvedUsers(tokens: ResolvedTokens(state.activities.filter { wanted.contains($0.key) }))
+        }
     }
 
     func resolve(_ users: [String]) throws -> ResolvedUsers {
@@ -236,7 +238,7 @@ final class InMemoryTokenStore: TokenStore {
             state.resolutions.append(users.count)
             let silent = wanted.intersection(state.silentUsers)
             return ResolvedUsers(
-                tokens: state.cache.filter { wanted.contains($0.key) && !silent.contains($0.key) },
+                tokens: ResolvedTokens(state.cache.filter { wanted.contains($0.key) && !silent.contains($0.key) }),
                 unavailable: silent)
         }
     }

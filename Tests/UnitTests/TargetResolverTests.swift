@@ -19,7 +19,7 @@ import WorkerPipeline
     }
 
     @Test func aJobsOwnTokensThenItsUsersTokensEachOnce() throws {
-        let resolved = [
+        let resolved: ResolvedTokens = [
             "alice": [
                 CachedToken(token: Self.token(2), scope: TokenScope(environment: .sandbox)),
                 CachedToken(token: Self.token(1), scope: TokenScope(environment: .production))
@@ -44,7 +44,9 @@ import WorkerPipeline
         var bytes = Array(first.utf8)
         bytes[10] = UInt8(ascii: "c")
         let second = String(decoding: bytes, as: UTF8.self)
-        let resolved = ["alice": [CachedToken(token: second, scope: TokenScope(environment: .production))]]
+        let resolved: ResolvedTokens = [
+            "alice": [CachedToken(token: second, scope: TokenScope(environment: .production))]
+        ]
         let (targets, _) = resolver.targets(of: try job(users: ["alice"], tokens: [first, first]), resolved: resolved)
         #expect(targets.map(\.token) == [first, second])
     }
@@ -59,7 +61,7 @@ import WorkerPipeline
             })
         resolved["user-999"]?.append(CachedToken(token: Self.token(100), scope: TokenScope(environment: .production)))
         let (targets, _) = resolver.targets(
-            of: try job(users: users, tokens: [Self.token(600)]), resolved: resolved)
+            of: try job(users: users, tokens: [Self.token(600)]), resolved: ResolvedTokens(resolved))
         #expect(targets.count == 1000)
         #expect(Set(targets.map(\.token)) == Set((100..<1100).map(Self.token)))
         #expect(targets.first { $0.token == Self.token(600) }?.user == nil, "the job's own mention comes first")
@@ -68,14 +70,16 @@ import WorkerPipeline
     /// Tokens shorter than the words a token's key samples (as short as two hex digits) are told apart as surely.
     @Test func shortTokensNamedTwiceAreOneTargetEach() throws {
         let short = ["ab", "0a0b", "0a0b0c0d0e", "0a0b0c0d0e0f"]
-        let resolved = ["alice": short.map { CachedToken(token: $0, scope: TokenScope(environment: .production)) }]
+        let resolved: ResolvedTokens = [
+            "alice": short.map { CachedToken(token: $0, scope: TokenScope(environment: .production)) }
+        ]
         let (targets, _) = resolver.targets(of: try job(users: ["alice"], tokens: short), resolved: resolved)
         #expect(targets.map(\.token) == short)
         #expect(targets.allSatisfy { $0.user == nil }, "each the job's own, first named")
     }
 
     @Test func aUsersTokensOfAnotherKindOrAppAreNeverReached() throws {
-        let resolved = [
+        let resolved: ResolvedTokens = [
             "alice": [
                 CachedToken(token: Self.token(1), scope: TokenScope(environment: .production)),
                 CachedToken(
@@ -136,7 +140,7 @@ import WorkerPipeline
     @Test func spellingsOfOneTokenInTwoCasesAreOneLowerCaseTarget() throws {
         let lower = Self.token(0xabc)
         let upper = lower.uppercased()
-        let resolved = [
+        let resolved: ResolvedTokens = [
             "alice": [
                 CachedToken(token: upper, scope: TokenScope(environment: .production)),
                 CachedToken(token: lower, scope: TokenScope(environment: .production))
