@@ -3,6 +3,10 @@ public struct APNsNotification: Sendable {
     public var deviceToken: String
     /// Where the token belongs: it is sent to that environment's host.
     public var environment: APNsEnvironment
+    /// Whoever made the notification checked its token where the token came in (`validateDeviceToken` or
+    /// `scanDeviceToken`, as a job is decoded or a cache entry read): `validate()` does not scan it again, on the
+    /// path every notification takes. Made false by `sending(to:environment:)` unless it says otherwise.
+    public var deviceTokenChecked: Bool
     /// Everything but the token and its environment, which a job's notifications have in common: one box that
     /// notifications made with `sending(to:environment:)` share, copied on write when one of them changes a field. A
     /// notification is made, put in arrays and copied on its way to its request; each copy then counts two
@@ -72,10 +76,11 @@ public struct APNsNotification: Sendable {
     public init(
         deviceToken: String, environment: APNsEnvironment = .production, topic: String,
         pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
-        collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8]
+        collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8], deviceTokenChecked: Bool = false
     ) {
         self.deviceToken = deviceToken
         self.environment = environment
+        self.deviceTokenChecked = deviceTokenChecked
         message = SharedMembers(
             Message(
                 topic: topic, pushType: pushType, priority: priority ?? pushType.defaultPriority,
@@ -84,10 +89,13 @@ public struct APNsNotification: Sendable {
 
     /// This notification's message to another device token: every other field shared with this one, not copied.
     @inlinable
-    public func sending(to deviceToken: String, environment: APNsEnvironment) -> APNsNotification {
+    public func sending(
+        to deviceToken: String, environment: APNsEnvironment, deviceTokenChecked: Bool = false
+    ) -> APNsNotification {
         var notification = self
         notification.deviceToken = deviceToken
         notification.environment = environment
+        notification.deviceTokenChecked = deviceTokenChecked
         return notification
     }
 
@@ -106,7 +114,7 @@ public struct APNsNotification: Sendable {
     /// of one job differ only there, and so do single-notification jobs of one sender, so checking their topic and
     /// options once is enough.
     public func validateOwnFields() throws(APNsRequestError) {
-        try Self.validateDeviceToken(deviceToken)
+        if !deviceTokenChecked { try Self.validateDeviceToken(deviceToken) }
         if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
         if payload.isEmpty { throw .payloadEmpty }
         try APNsRules.checkPayloadSize(payload.count, for: pushType)

@@ -35,6 +35,24 @@ import Testing
         try first.validate()
     }
 
+    /// A token is scanned again unless its notification's maker says it checked it where the token came in; a copy
+    /// to another token (`sending(to:environment:)`) is scanned unless its maker says so too.
+    @Test func aTokenIsCheckedUnlessItsMakerCheckedIt() throws {
+        let bad = "not-a-token"
+        let unchecked = APNsNotification(deviceToken: bad, topic: "com.example.app", payload: payload)
+        #expect(throws: APNsRequestError.self) { try unchecked.validate() }
+        let checked = APNsNotification(
+            deviceToken: token, topic: "com.example.app", payload: payload, deviceTokenChecked: true)
+        try checked.validate()
+        #expect(throws: APNsRequestError.self) {
+            try checked.sending(to: bad, environment: .production).validateOwnFields()
+        }
+        try checked.sending(to: String(repeating: "cd", count: 32), environment: .sandbox, deviceTokenChecked: true)
+            .validateOwnFields()
+        // The maker's word is taken: the token is not scanned again (the worker's targets were, as they came in).
+        try checked.sending(to: bad, environment: .production, deviceTokenChecked: true).validateOwnFields()
+    }
+
     @Test func topicSuffixesPerPushType() {
         #expect(APNsPushType.voip.topic(forBundle: "com.example.app") == "com.example.app.voip")
         #expect(
