@@ -110,9 +110,9 @@ public final class HTTP2Client: @unchecked Sendable {
         loop.execute { [self] in
             let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
             var touched: [HTTP2Connection] = []
-            for (index, request) in requests.enumerated() {
+            for index in requests.indices {
                 let stream = HTTP2RequestStream(
-                    request: request, index: index, attempt: 1, deadline: deadline, completion: completion)
+                    batch: requests, index: index, attempt: 1, deadline: deadline, completion: completion)
                 if let connection = dispatch(stream), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
                 }

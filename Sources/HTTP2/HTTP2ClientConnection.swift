@@ -19,7 +19,9 @@ extension HTTP2Connection {
             source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
         // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves
         // before that leaves its fields in `lentHeaders` (see `remove`). A separate path is copied at submission.
-        let streamID = stream.request.headers.withNghttp2Fields(lent: true, path: stream.request.path) {
+        let streamID = stream.batch[stream.index].headers.withNghttp2Fields(
+            lent: true, path: stream.batch[stream.index].path
+        ) {
             fields, count in
             hasBody
                 ? nghttp2_submit_request(session, nil, fields, count, &provider, userData)

@@ -44,11 +44,14 @@ class HTTP2Stream {
 /// references with it, at each hand. A server's streams do without them, and stay small enough for glibc's fast
 /// bins.
 final class HTTP2RequestStream: HTTP2Stream {
-    let request: HTTP2Request
-    /// Its place in its batch, and the batch's completion (shared by every request of the batch), called with the
-    /// answer. The stream is handed back with its answer through the connection's `onResponse`: one callback per
-    /// connection instead of a closure allocated per request.
+    /// The batch its request came in, and its place there: the stream refers to its request where the batch holds
+    /// it, one counted reference, where a copy of the request counted one for each of its strings and arrays. The
+    /// batch lives until its last stream ends; its requests share their header block and body with one another.
+    let batch: [HTTP2Request]
     let index: Int
+    /// The batch's completion (shared by every request of the batch), called with the answer's index. The stream is
+    /// handed back with its answer through the connection's `onResponse`: one callback per connection instead of a
+    /// closure allocated per request.
     let completion: HTTP2Client.BatchCompletion
     /// Sends of the request so far, this one included, and when the client gives up resending it (`EventLoop.now`).
     let attempt: Int
@@ -61,21 +64,24 @@ final class HTTP2RequestStream: HTTP2Stream {
     /// To be submitted (`HTTP2Connection.submitRequest`); an answer that keeps more fields than
     /// `answerHeaderCapacity` holds grows its block.
     init(
-        request: HTTP2Request, index: Int, attempt: Int, deadline: UInt64,
+        batch: [HTTP2Request], index: Int, attempt: Int, deadline: UInt64,
         completion: @escaping HTTP2Client.BatchCompletion
     ) {
-        self.request = request
+        self.batch = batch
         self.index = index
         self.completion = completion
         self.attempt = attempt
         self.deadline = deadline
-        super.init(expectedHeaderBytes: Self.answerHeaderCapacity, outgoingBody: request.body)
+        super.init(expectedHeaderBytes: Self.answerHeaderCapacity, outgoingBody: batch[index].body)
     }
 
     /// The same request, to be sent again as attempt `attempt` (a stream is submitted once).
     func resent(attempt: Int) -> HTTP2RequestStream {
-        HTTP2RequestStream(request: request, index: index, attempt: attempt, deadline: deadline, completion: completion)
+        HTTP2RequestStream(batch: batch, index: index, attempt: attempt, deadline: deadline, completion: completion)
     }
+
+    /// The request's fields (but a separate path), for a stream that leaves before nghttp2 sent them.
+    var requestHeaders: HTTP2HeaderBlock { batch[index].headers }
 
     /// The request answered (or given up): its batch's completion is called with its index.
     func complete(_ result: Result<HTTP2Response, HTTP2StreamError>) {
@@ -458,7 +464,7 @@ final class HTTP2Connection: PollHandler {
         guard stream.listed else { return }
         stream.listed = false
         // nghttp2 may still send its HEADERS frame (queued behind the peer's stream limit), reading the lent fields.
-        if !stream.headersSent, isClient { lentHeaders[stream.id] = Self.requestStream(stream).request.headers }
+        if !stream.headersSent, isClient { lentHeaders[stream.id] = Self.requestStream(stream).requestHeaders }
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
             if recentStream === stream { recentStream = nil }
