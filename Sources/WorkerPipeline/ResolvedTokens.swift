@@ -181,8 +181,7 @@ struct NameTable: Sendable {
     /// of one length that differ in one word never hash alike) and the high bits folded down, since the table
     /// takes the low ones.
     static func hash(_ name: String, key: UInt64) -> UInt64 {
-        var name = name
-        return name.withUTF8 { bytes in
+        name.withUTF8Bytes { bytes in
             var hash = key ^ (UInt64(bytes.count) &* 0x9E37_79B9_7F4A_7C15)
             let raw = UnsafeRawBufferPointer(bytes)
             var offset = 0
@@ -199,5 +198,16 @@ struct NameTable: Sendable {
             hash = (hash ^ tail) &* 0x94D0_49BB_1331_11EB
             return hash ^ (hash >> 29)
         }
+    }
+}
+
+extension String {
+    /// The string's UTF-8 bytes where it keeps them, with no counted reference to it (`withUTF8` needs a `var`
+    /// copy); a string not kept as UTF-8 (never made here) is copied first.
+    @inline(__always)
+    func withUTF8Bytes<T>(_ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
+        if let result = utf8.withContiguousStorageIfAvailable(body) { return result }
+        var copy = self
+        return copy.withUTF8(body)
     }
 }

@@ -121,8 +121,7 @@ public struct TargetResolver: Sendable, Equatable {
     /// its own (so that swapped or repeated words do not cancel out), and its length; a token under eight bytes
     /// whole, its length in the top byte. Tokens are random hex: these bytes tell them apart as well as all of theirs.
     static func tokenKey(_ token: String) -> UInt64 {
-        var token = token
-        return token.withUTF8 { bytes in
+        token.withUTF8Bytes { bytes in
             guard bytes.count >= 8 else { return bytes.reduce(0) { $0 << 8 | UInt64($1) } | UInt64(bytes.count) << 56 }
             let raw = UnsafeRawBufferPointer(bytes)
             let first = raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self)
