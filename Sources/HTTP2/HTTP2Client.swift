@@ -161,8 +161,10 @@ public final class HTTP2Client: @unchecked Sendable {
             stream.complete(.failure(.notSent("client shut down")))
             return nil
         }
-        if let next = nextConnection(), next.hasFreeStream || !isGrowing(), next.connection.submitRequest(stream) {
-            return next.connection
+        if let next = nextConnection(), next.hasFreeStream || !isGrowing(),
+            connections[next.index].submitRequest(stream)
+        {
+            return connections[next.index]
         }
         waiting.append(stream)
         openMissingConnections()
@@ -172,18 +174,20 @@ public final class HTTP2Client: @unchecked Sendable {
     /// The least-loaded connection among the first `connectionCount` while one has a free stream, then among the
     /// extra ones with a free stream, then among all (nghttp2 holds back what exceeds a peer's limit). Filling the
     /// first connections first lets the extra ones fall idle, and close, when demand falls.
-    private func nextConnection() -> (connection: HTTP2Connection, hasFreeStream: Bool)? {
-        var best: HTTP2Connection?
+    /// By index in `connections`: a connection held in a variable is a counted reference, taken and given back for
+    /// each connection looked at, on every request.
+    private func nextConnection() -> (index: Int, hasFreeStream: Bool)? {
+        var best: Int?
         var bestRank = Double.infinity
         var usableSeen = 0
-        for connection in connections where connection.isUsable {
+        for index in connections.indices where connections[index].isUsable {
             usableSeen += 1
-            guard connection.acceptsRequests else { continue }
-            let load = Double(connection.openStreamCount) / Double(max(1, streamLimit(of: connection)))
+            guard connections[index].acceptsRequests else { continue }
+            let load = Double(connections[index].openStreamCount) / Double(max(1, streamLimit(of: connections[index])))
             // A first connection with a free stream ranks in [0, 1), an extra one in [1, 2), a full one from 2.
             let rank = load >= 1 ? 2 + load : usableSeen <= configuration.connectionCount ? load : 1 + load
             if rank < bestRank {
-                best = connection
+                best = index
                 bestRank = rank
             }
         }
