@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Entries' cached tokens (users', or Live Activities' by activity id), looked up by name: what resolving a batch
 /// found. An entry that was not asked for, or could not be read, has none (nil); an entry read empty has [].
 ///
@@ -48,7 +52,9 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
         private var read: [Bool] = []
         private var inEntryOrder = true
 
-        package init(capacity: Int) {
+        /// `longestProbe`: see `NameTable` (tests lower it to reach the dictionary it moves to).
+        package init(capacity: Int, longestProbe: Int = 32) {
+            names = NameTable(longestProbe: longestProbe)
             names.reserve(capacity)
             read.reserveCapacity(capacity)
             tokens.reserveCapacity(capacity)
@@ -66,6 +72,9 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
 
         /// The names added, each once, by index.
         package var uniqueNames: [String] { names.names }
+
+        /// Whether the names moved to a dictionary (a flood of colliding names; tests).
+        package var namesInDictionary: Bool { names.isDictionary }
 
         /// The entry at `index` was read whole: it has its tokens, [] if none (an entry never marked has nil).
         package mutating func markRead(_ index: Int) { read[index] = true }
@@ -102,20 +111,28 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
     }
 }
 
-/// Names, each once, found by their bytes: an open-addressed table of indices into `names`, at most half full, a
-/// name's slot taken from a hash of its bytes keyed by a number drawn once per process (so that names cannot be
-/// chosen to collide), the next free slot after it on a collision. A table whose probes run long all the same (a
-/// flood of colliding names) moves to a dictionary.
+/// Names, each once, found by their bytes (two spellings of one text, é precomposed and decomposed, are two names, as
+/// they are two Redis keys): an open-addressed table of indices into `names`, at most half full, a name's slot taken
+/// from a hash of its bytes keyed by a number drawn once per process (so that colliding names are not easily chosen),
+/// the next free slot after it on a collision. A table whose probes run long all the same (a flood of colliding
+/// names) moves to a dictionary keyed by the names' bytes: that, not the key, is what bounds the cost of a flood.
 struct NameTable: Sendable {
     private(set) var names: [String] = []
     /// Per name, its hash.
     private var hashes: [UInt64] = []
     /// Index + 1 of the name in each slot; 0 for a free slot. A power of two long.
     private var slots: [Int32] = []
-    private var dictionary: [String: Int]?
+    private var dictionary: [[UInt8]: Int]?
     private static let key = UInt64.random(in: .min ... .max)
+    /// Slots looked at past a name's own before the table gives up on hashing (tests make it 0).
+    let longestProbe: Int
 
-    static let longestProbe = 32
+    init(longestProbe: Int = 32) {
+        self.longestProbe = longestProbe
+    }
+
+    /// Whether the table moved to a dictionary.
+    var isDictionary: Bool { dictionary != nil }
 
     mutating func reserve(_ count: Int) {
         names.reserveCapacity(count)
@@ -126,8 +143,9 @@ struct NameTable: Sendable {
     /// Adds `name`; false if it is here already.
     mutating func insert(_ name: String) -> Bool {
         if dictionary != nil {
-            guard dictionary![name] == nil else { return false }
-            dictionary![name] = names.count
+            let bytes = Array(name.utf8)
+            guard dictionary![bytes] == nil else { return false }
+            dictionary![bytes] = names.count
             names.append(name)
             return true
         }
@@ -137,14 +155,15 @@ struct NameTable: Sendable {
         var probes = 0
         while slots[slot] != 0 {
             let index = Int(slots[slot]) - 1
-            if hashes[index] == hash && names[index] == name { return false }
+            if hashes[index] == hash && Self.sameBytes(names[index], name) { return false }
             slot = (slot + 1) & (slots.count - 1)
             probes += 1
-            if probes > Self.longestProbe {
-                dictionary = Dictionary(uniqueKeysWithValues: names.enumerated().map { ($1, $0) })
+            if probes > longestProbe {
+                dictionary = Dictionary(uniqueKeysWithValues: names.enumerated().map { (Array($1.utf8), $0) })
                 return insert(name)
             }
         }
+        precondition(names.count < Int32.max, "more names than a table indexes")
         slots[slot] = Int32(truncatingIfNeeded: names.count + 1)
         names.append(name)
         hashes.append(hash)
@@ -152,16 +171,26 @@ struct NameTable: Sendable {
     }
 
     func index(of name: String) -> Int? {
-        if let dictionary { return dictionary[name] }
+        if let dictionary { return dictionary[Array(name.utf8)] }
         guard !slots.isEmpty else { return nil }
         let hash = Self.hash(name, key: Self.key)
         var slot = Int(truncatingIfNeeded: hash) & (slots.count - 1)
         while slots[slot] != 0 {
             let index = Int(slots[slot]) - 1
-            if hashes[index] == hash && names[index] == name { return index }
+            if hashes[index] == hash && Self.sameBytes(names[index], name) { return index }
             slot = (slot + 1) & (slots.count - 1)
         }
         return nil
+    }
+
+    /// Byte for byte: `==` on strings takes canonically equivalent spellings for one, which the hash does not.
+    private static func sameBytes(_ first: String, _ second: String) -> Bool {
+        first.withUTF8Bytes { first in
+            second.withUTF8Bytes { second in
+                first.count == second.count
+                    && (first.isEmpty || memcmp(first.baseAddress!, second.baseAddress!, first.count) == 0)
+            }
+        }
     }
 
     private static func slotCount(for count: Int) -> Int {
@@ -177,9 +206,9 @@ struct NameTable: Sendable {
         }
     }
 
-    /// A hash of every byte of `name`, eight at a time, each word mixed in by a multiplication (a bijection: names
-    /// of one length that differ in one word never hash alike) and the high bits folded down, since the table
-    /// takes the low ones.
+    /// A hash of every byte of `name`, eight at a time, each word mixed in by a multiplication and a shift, then
+    /// the whole mixed once more (SplitMix64's finalizer): every bit of the result depends on every byte, the low
+    /// bits the table takes included.
     static func hash(_ name: String, key: UInt64) -> UInt64 {
         name.withUTF8Bytes { bytes in
             var hash = key ^ (UInt64(bytes.count) &* 0x9E37_79B9_7F4A_7C15)
@@ -195,8 +224,10 @@ struct NameTable: Sendable {
                 tail = tail << 8 | UInt64(raw[offset])
                 offset += 1
             }
-            hash = (hash ^ tail) &* 0x94D0_49BB_1331_11EB
-            return hash ^ (hash >> 29)
+            hash ^= tail
+            hash = (hash ^ (hash >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            hash = (hash ^ (hash >> 27)) &* 0x94D0_49BB_1331_11EB
+            return hash ^ (hash >> 31)
         }
     }
 }

@@ -50,6 +50,29 @@ import WorkerPipeline
         #expect(resolved["alice"].map(Array.init) == [Self.cached(1), Self.cached(2)])
     }
 
+    /// Names are told apart by their bytes, as Redis keys are: é precomposed and decomposed are two entries, in the
+    /// table and in the dictionary a flood of colliding names moves it to (forced here by allowing no probe at all).
+    @Test func namesAreToldApartByTheirBytesInTheTableAndInItsDictionary() {
+        let precomposed = "ren\u{E9}e"
+        let decomposed = "rene\u{301}e"
+        #expect(precomposed == decomposed, "one text to Swift's ==")
+        for longestProbe in [32, 0] {
+            let names = (0..<500).map { "user-\($0)" } + [precomposed, decomposed]
+            var builder = ResolvedTokens.Builder(capacity: names.count, longestProbe: longestProbe)
+            #expect(names.allSatisfy { builder.add($0) != nil }, "each spelling is a name of its own")
+            #expect(builder.add(decomposed) == nil && builder.add(precomposed) == nil)
+            #expect(builder.namesInDictionary == (longestProbe == 0))
+            for index in names.indices {
+                builder.markRead(index)
+                builder.append(Self.cached(index), to: index)
+            }
+            let resolved = builder.build()
+            for (index, name) in names.enumerated() {
+                #expect(resolved[name].map(Array.init) == [Self.cached(index)], "\(longestProbe): \(name)")
+            }
+        }
+    }
+
     @Test func aDictionaryOrNothingMakesTheSameLookups() {
         let resolved = ResolvedTokens(["alice": [Self.cached(1)], "bob": []])
         #expect(resolved["alice"].map(Array.init) == [Self.cached(1)])
