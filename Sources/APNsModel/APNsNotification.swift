@@ -1,6 +1,14 @@
 /// One push to one device token, checked against Apple's rules before anything is sent.
 public struct APNsNotification: Sendable {
-    public var deviceToken: String
+    /// Setting it makes `deviceTokenChecked` false: the new token is checked, unless its setter sets that again.
+    @inlinable public var deviceToken: String {
+        _read { yield storedDeviceToken }
+        set {
+            storedDeviceToken = newValue
+            deviceTokenChecked = false
+        }
+    }
+    @usableFromInline var storedDeviceToken: String
     /// Where the token belongs: it is sent to that environment's host.
     public var environment: APNsEnvironment
     /// Whoever made the notification checked its token where the token came in (`validateDeviceToken` or
@@ -78,7 +86,7 @@ public struct APNsNotification: Sendable {
         pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
         collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8], deviceTokenChecked: Bool = false
     ) {
-        self.deviceToken = deviceToken
+        storedDeviceToken = deviceToken
         self.environment = environment
         self.deviceTokenChecked = deviceTokenChecked
         message = SharedMembers(
@@ -92,11 +100,22 @@ public struct APNsNotification: Sendable {
     public func sending(
         to deviceToken: String, environment: APNsEnvironment, deviceTokenChecked: Bool = false
     ) -> APNsNotification {
-        var notification = self
-        notification.deviceToken = deviceToken
-        notification.environment = environment
-        notification.deviceTokenChecked = deviceTokenChecked
-        return notification
+        APNsNotification(
+            deviceToken: deviceToken, environment: environment, sharingMessageOf: self,
+            deviceTokenChecked: deviceTokenChecked)
+    }
+
+    /// A notification to `deviceToken` whose other fields are `sibling`'s, shared (`sending(to:environment:)`):
+    /// only the shared box is counted once more, where copying `sibling` first counted its token too.
+    @inlinable
+    public init(
+        deviceToken: String, environment: APNsEnvironment, sharingMessageOf sibling: borrowing APNsNotification,
+        deviceTokenChecked: Bool = false
+    ) {
+        storedDeviceToken = deviceToken
+        self.environment = environment
+        self.deviceTokenChecked = deviceTokenChecked
+        message = sibling.message
     }
 
     /// Throws the first rule this notification breaks, in words that name it.

@@ -38,7 +38,8 @@ public protocol JobBroker: Probing {
 /// Users' device tokens (the cache other systems fill as apps register).
 public protocol TokenStore {
     /// Every user's tokens with what each serves; users whose entry cannot be read are named apart. Only a lost
-    /// connection throws.
+    /// connection throws. Every token returned is a device token (`APNsNotification.scanDeviceToken` says valid):
+    /// the worker sends them without scanning them again, as it does a job's own tokens, checked as it is decoded.
     func resolve(_ users: [String]) throws -> ResolvedUsers
     /// The update tokens of these Live Activities (by activity id); an activity whose entry cannot be read has
     /// none. Only a lost connection throws.

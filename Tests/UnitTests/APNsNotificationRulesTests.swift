@@ -51,6 +51,10 @@ import Testing
             .validateOwnFields()
         // The maker's word is taken: the token is not scanned again (the worker's targets were, as they came in).
         try checked.sending(to: bad, environment: .production, deviceTokenChecked: true).validateOwnFields()
+        var changed = checked
+        changed.deviceToken = bad
+        #expect(!changed.deviceTokenChecked, "a token set afterwards is checked again")
+        #expect(throws: APNsRequestError.self) { try changed.validateOwnFields() }
     }
 
     @Test func topicSuffixesPerPushType() {
