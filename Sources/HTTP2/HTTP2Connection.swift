@@ -122,8 +122,8 @@ final class HTTP2Connection: PollHandler {
     unowned(unsafe) var lastStream: HTTP2Stream?
     var openStreamCount = 0
     /// The stream the last callback was about: a response's fields arrive one callback each for one stream, so it is
-    /// checked first. Unowned: `remove` clears it before the list lets the stream go.
-    unowned(unsafe) var recentStream: HTTP2Stream?
+    /// checked first. Unretained: `remove` clears it before the list lets the stream go.
+    var recentStream: Unmanaged<HTTP2Stream>?
     var outbound: [UInt8] = []
     var outboundSent = 0
     var wantsWrite = false
@@ -336,7 +336,11 @@ final class HTTP2Connection: PollHandler {
     // MARK: nghttp2 events (called from the callbacks below, inside mem_recv / mem_send)
 
     func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
-        guard keptNameLengths & (1 << min(name.count, 63)) != 0, let stream = stream(streamID) else { return }
+        guard keptNameLengths & (1 << min(name.count, 63)) != 0 else { return }
+        withOpenStream(streamID) { stream in keep(name, value, of: stream) }
+    }
+
+    private func keep(_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>, of stream: HTTP2Stream) {
         if isClient {
             // Compared whole: ":scheme" has seven bytes and the same start too.
             if name.count == 7 && memcmp(name.baseAddress!, ":status", 7) == 0 { readStatus(value, of: stream) }
@@ -428,10 +432,22 @@ final class HTTP2Connection: PollHandler {
     /// The open stream a callback is about, through nghttp2's stream user data (its own stream map, which it
     /// searches anyway): nil for a stream that is not open here.
     func stream(_ streamID: Int32) -> HTTP2Stream? {
-        if let recentStream, recentStream.id == streamID { return recentStream }
+        openStream(streamID)?.takeUnretainedValue()
+    }
+
+    /// `body` on the open stream `streamID` names, if any, lent without the counted reference `stream(_:)` takes
+    /// and gives back: for the callbacks of every field and frame, none of which removes the stream.
+    @inline(__always)
+    func withOpenStream(_ streamID: Int32, _ body: (HTTP2Stream) -> Void) {
+        openStream(streamID)?._withUnsafeGuaranteedRef(body)
+    }
+
+    @inline(__always)
+    private func openStream(_ streamID: Int32) -> Unmanaged<HTTP2Stream>? {
+        if let recentStream, recentStream._withUnsafeGuaranteedRef({ $0.id == streamID }) { return recentStream }
         guard let session, let userData = nghttp2_session_get_stream_user_data(session, streamID) else { return nil }
         // Unretained: the list owns the stream while nghttp2 has it as user data.
-        let stream = Unmanaged<HTTP2Stream>.fromOpaque(userData).takeUnretainedValue()
+        let stream = Unmanaged<HTTP2Stream>.fromOpaque(userData)
         recentStream = stream
         return stream
     }
@@ -467,7 +483,7 @@ final class HTTP2Connection: PollHandler {
         if !stream.headersSent, isClient { lentHeaders[stream.id] = Self.requestStream(stream).requestHeaders }
         withExtendedLifetime(stream) {
             if let session { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
-            if recentStream === stream { recentStream = nil }
+            if recentStream?.toOpaque() == Unmanaged.passUnretained(stream).toOpaque() { recentStream = nil }
             let previous = stream.previous
             let next = stream.next
             if let previous { previous.next = next } else { firstStream = next }
@@ -556,7 +572,7 @@ final class HTTP2Connection: PollHandler {
 
     func frameSent(streamID: Int32, type: UInt8) {
         guard UInt32(type) == NGHTTP2_HEADERS.rawValue else { return }
-        stream(streamID)?.headersSent = true
+        withOpenStream(streamID) { $0.headersSent = true }
         if !lentHeaders.isEmpty { lentHeaders[streamID] = nil }
     }
 

@@ -113,19 +113,23 @@ final class JobProgress: @unchecked Sendable {
         JobProgress(job: job, delivery: delivery, generation: generation, targets: targets, hasStableID: hasStableID)
     }
 
-    /// The notification to target `index`. `sibling`, one this job already made, lends it its message: the two
-    /// share every field but the token and environment (`APNsNotification.sending(to:environment:)`).
-    /// A target's token was checked where it came in (the job's decoding, the cache's or a retry's reading), so the
-    /// notification says so and the sender does not scan it again.
-    func notification(_ index: Int, sharingWith sibling: APNsNotification? = nil) -> APNsNotification {
-        let target = targets[index]
-        if let sibling {
-            return sibling.sending(to: target.token, environment: target.environment, deviceTokenChecked: true)
-        }
-        return APNsNotification(
-            deviceToken: target.token, environment: target.environment, topic: job.topic,
+    /// The notification to target `index`. A target's token was checked where it came in (the job's decoding, the
+    /// cache's or a retry's reading), so the notification says so and the sender does not scan it again. The
+    /// target's fields are read where `targets` holds them: a copy of the target would count its token and user
+    /// once more.
+    func notification(_ index: Int) -> APNsNotification {
+        APNsNotification(
+            deviceToken: targets[index].token, environment: targets[index].environment, topic: job.topic,
             pushType: job.pushType, priority: job.priority, expiration: job.expiration,
             collapseID: job.collapseID, payload: job.payload, deviceTokenChecked: true)
+    }
+
+    /// The same, `sibling` (one this job already made) lending it its message: the two share every field but the
+    /// token and environment (`APNsNotification.sending(to:environment:)`).
+    func notification(_ index: Int, sharingWith sibling: borrowing APNsNotification) -> APNsNotification {
+        APNsNotification(
+            deviceToken: targets[index].token, environment: targets[index].environment, sharingMessageOf: sibling,
+            deviceTokenChecked: true)
     }
 
     func recordDelivered(_ index: Int) {

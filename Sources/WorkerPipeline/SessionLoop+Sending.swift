@@ -133,15 +133,22 @@ extension SessionLoop {
     /// The notifications of `entries`: those of one job, which come together, share one message (`APNsNotification`
     /// copies then count two references each, not one per field).
     private static func notifications(of entries: [(progress: JobProgress, index: Int32)]) -> [APNsNotification] {
-        var first: (progress: JobProgress, notification: APNsNotification)?
-        return entries.map { progress, index in
-            if let first, first.progress === progress {
-                return progress.notification(Int(index), sharingWith: first.notification)
+        // The job's first notification is found where the array holds it, and its job by identity: a copy of either
+        // (in an optional pair, as before) counted the job, the token and the shared box for every notification.
+        var notifications: [APNsNotification] = []
+        notifications.reserveCapacity(entries.count)
+        var firstJob: ObjectIdentifier?
+        var first = 0
+        for (progress, index) in entries {
+            if ObjectIdentifier(progress) == firstJob {
+                notifications.append(progress.notification(Int(index), sharingWith: notifications[first]))
+            } else {
+                firstJob = ObjectIdentifier(progress)
+                first = notifications.count
+                notifications.append(progress.notification(Int(index)))
             }
-            let notification = progress.notification(Int(index))
-            first = (progress, notification)
-            return notification
         }
+        return notifications
     }
 
     /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
