@@ -143,13 +143,16 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     /// them at submission (and lower-casing the names, which HTTP/2 writes in lower case anyway): only for a block
     /// whose storage stays as it is until nghttp2 has sent the frame or given up on it. `path`, if any, goes first,
     /// joined on the stack: nghttp2 copies it at submission, into the session's pooled memory.
-    func withNghttp2Fields<T>(lent: Bool = false, path: HTTP2Path? = nil, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T)
-        -> T
-    {
+    /// `path` (when `hasPath`) is borrowed where its request holds it, never copied (its two strings counted again,
+    /// as the payload of an optional was).
+    func withNghttp2Fields<T>(
+        lent: Bool = false, path: borrowing HTTP2Path = .absent, hasPath: Bool = false,
+        _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
+    ) -> T {
         let lending = lent ? UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue) : 0
-        let capacity = max(count + (path == nil ? 0 : 1), 1)
+        let capacity = max(count + (hasPath ? 1 : 0), 1)
         return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: capacity) { fields in
-            guard let path else { return withFields(fields, from: 0, lending: lending, body) }
+            guard hasPath else { return withFields(fields, from: 0, lending: lending, body) }
             return path.withJoinedBytes { value in
                 fields[0] = nghttp2_nv(
                     name: UnsafeMutablePointer(mutating: HTTP2Path.name.utf8Start),
@@ -200,7 +203,17 @@ public struct HTTP2Request: Sendable {
     /// Every field, or with `path` every field but :path: then a block that many requests can share as it is.
     public var headers: HTTP2HeaderBlock
     /// :path when `headers` lacks it, sent first (pseudo-header fields may come in any order before the others).
-    public var path: HTTP2Path?
+    public var path: HTTP2Path? {
+        get { hasPath ? ownPath : nil }
+        set {
+            hasPath = newValue != nil
+            ownPath = newValue ?? .absent
+        }
+    }
+    /// `path` unwrapped, read in place at submission: the payload of an optional was copied there, counting its
+    /// two strings again, for every request.
+    private(set) var ownPath = HTTP2Path.absent
+    private(set) var hasPath = false
     public var body: [UInt8]
 
     public init(headers: HTTP2HeaderBlock, body: [UInt8]) {
@@ -213,7 +226,8 @@ public struct HTTP2Request: Sendable {
     /// notification beyond the sizes glibc keeps in its fast bins).
     public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8]) {
         self.headers = headers
-        self.path = path
+        ownPath = path
+        hasPath = true
         self.body = body
     }
 }
@@ -224,6 +238,8 @@ public struct HTTP2Path: Sendable, Equatable {
     public var prefix: String
     public var rest: String
     static let name: StaticString = ":path"
+    /// No path (a request whose fields hold theirs).
+    static let absent = HTTP2Path(prefix: "", rest: "")
 
     public init(prefix: String, rest: String) {
         self.prefix = prefix
