@@ -157,8 +157,9 @@ final class JobProgress: @unchecked Sendable {
         if hasStableID { noteFinal(.failed(targets[index].token, reason: reason)) }
     }
 
-    private func noteFinal(_ outcome: SettledOutcome) {
-        if let newestUnrecorded {
+    /// The outcome is moved in, and the newest before it moved on, never copied (each copy counted its strings).
+    private func noteFinal(_ outcome: consuming SettledOutcome) {
+        if let newestUnrecorded = newestUnrecorded.take() {
             // Room at once for what the array takes until the next hand-over: this outcome, one for each still to
             // come, and the newest, which `takeUnrecordedFinal` appends. Grown by doubling, the array was copied
             // eight times over a job of a hundred notifications. Capped: a bulk job's outcomes are handed over every
