@@ -29,7 +29,9 @@ public struct APNsResponse: Sendable, Equatable {
 
     private var givenAPNsID: String?
     private var givenUniqueID: String?
-    private var fields: (any ReceivedHeaderFields)?
+    /// A constant, initialized once in each initializer: assigned after a delegated initializer had made it nil, the
+    /// optional existential went through the runtime's generic move, for every answer.
+    private let fields: (any ReceivedHeaderFields)?
 
     public init(
         status: Int, apnsID: String? = nil, apnsUniqueID: String? = nil, reason: APNsReason? = nil,
@@ -40,10 +42,13 @@ public struct APNsResponse: Sendable, Equatable {
         self.givenUniqueID = apnsUniqueID
         self.reason = reason
         self.timestamp = timestamp
+        fields = nil
     }
 
     public init(status: Int, fields: some ReceivedHeaderFields, reason: APNsReason?, timestamp: Int64?) {
-        self.init(status: status, reason: reason, timestamp: timestamp)
+        self.status = status
+        self.reason = reason
+        self.timestamp = timestamp
         self.fields = fields
     }
 
@@ -144,6 +149,15 @@ public struct APNsResult: Sendable, Equatable {
         self.status = response?.status
         self.response = response
         self.error = error
+    }
+
+    /// The result of an answer, moved in: the optional `response` above was copied (through the standard library's
+    /// generic copy of an optional) to read its status, for every answer.
+    public init(outcome: APNsOutcome, answer: consuming APNsResponse) {
+        self.outcome = outcome
+        status = answer.status
+        response = answer
+        error = nil
     }
 
     /// Delivered with a 200: nearly every answer.
