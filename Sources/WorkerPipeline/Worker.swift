@@ -62,7 +62,7 @@ public final class Worker: Service {
     public let settings: WorkerSettings
     public let statistics = WorkerStatistics()
     let logger: Logger
-    let sender: any NotificationSender
+    package let sender: any NotificationSender
     let answers: AnswerCollector
     let wakeup = Wakeup()
     /// Broadcasts answered, from the lanes' threads, with the broker connection (generation) they were started on:

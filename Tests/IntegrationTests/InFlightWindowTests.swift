@@ -18,9 +18,6 @@ import WorkerPipeline
         defer { simulator.shutdown() }
         let (jobs, _, _, publisher) = try TestServices.jobQueues()
         defer { publisher.close() }
-        let tokens = (0..<600).map { "\"" + String(format: "%064x", 0xF1000 + $0) + "\"" }.joined(separator: ",")
-        try publisher.publish(
-            to: jobs, body: Array(#"{"id": "window", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8))
         let workerThread = try WorkerThread(
             try TestServices.workerEnvironment(
                 simulator: simulator, jobs: jobs,
@@ -30,6 +27,15 @@ import WorkerPipeline
                 ]),
             logger: logger)
         defer { workerThread.stop() }
+        // The job goes out once the worker knows APNs's stream limit (its connection, opened at start, has the
+        // server's SETTINGS): before, it counts 100 streams a connection, and would hand over more than 266 at once.
+        let sender = workerThread.worker.sender
+        #expect(
+            TestServices.waitUntil(timeout: 60) { sender.streamCapacity(.urgent).map { $0 <= 10 } == true },
+            "stream capacity: \(sender.streamCapacity(.urgent).map(String.init) ?? "unknown")")
+        let tokens = (0..<600).map { "\"" + String(format: "%064x", 0xF1000 + $0) + "\"" }.joined(separator: ",")
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "window", "tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8))
         // Two connections of five streams: 10, and a batch of 256 waiting for them; the job's other notifications
         // wait in the worker (with 5,000 allowed, all 600 would be handed over).
         let statistics = workerThread.worker.statistics
