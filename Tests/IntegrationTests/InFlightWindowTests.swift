@@ -27,8 +27,9 @@ import WorkerPipeline
                 ]),
             logger: logger)
         defer { workerThread.stop() }
-        // The job goes out once the worker knows APNs's stream limit (its connection, opened at start, has the
-        // server's SETTINGS): before, it counts 100 streams a connection, and would hand over more than 266 at once.
+        // The job goes out once the worker is up and knows APNs's stream limit (its connection, opened at start, has
+        // the server's SETTINGS; before, it counts 100 streams a connection). Published before the worker started,
+        // the job could be sent whole before the wait below began: 600 sent and none in flight, in one full run.
         let sender = workerThread.worker.sender
         #expect(
             TestServices.waitUntil(timeout: 60) { sender.streamCapacity(.urgent).map { $0 <= 10 } == true },
