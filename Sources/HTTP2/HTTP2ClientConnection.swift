@@ -20,7 +20,7 @@ extension HTTP2Connection {
         // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves
         // before that leaves its fields in `lentHeaders` (see `remove`). A separate path is copied at submission.
         let streamID = stream.batch[stream.index].headers.withNghttp2Fields(
-            lent: true, path: stream.batch[stream.index].ownPath, hasPath: stream.batch[stream.index].hasPath
+            lent: true, path: stream.batch[stream.index].ownPath
         ) {
             fields, count in
             hasBody

@@ -143,12 +143,12 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
     /// them at submission (and lower-casing the names, which HTTP/2 writes in lower case anyway): only for a block
     /// whose storage stays as it is until nghttp2 has sent the frame or given up on it. `path`, if any, goes first,
     /// joined on the stack: nghttp2 copies it at submission, into the session's pooled memory.
-    /// `path` (when `hasPath`) is borrowed where its request holds it, never copied (its two strings counted again,
-    /// as the payload of an optional was).
+    /// `path` (unless `isAbsent`) is borrowed where its request holds it, never copied (its two strings counted
+    /// again, as the payload of an optional was).
     func withNghttp2Fields<T>(
-        lent: Bool = false, path: borrowing HTTP2Path = .absent, hasPath: Bool = false,
-        _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
+        lent: Bool = false, path: borrowing HTTP2Path = .absent, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
     ) -> T {
+        let hasPath = !path.isAbsent
         let lending = lent ? UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue) : 0
         let capacity = max(count + (hasPath ? 1 : 0), 1)
         return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: capacity) { fields in
@@ -204,16 +204,12 @@ public struct HTTP2Request: Sendable {
     public var headers: HTTP2HeaderBlock
     /// :path when `headers` lacks it, sent first (pseudo-header fields may come in any order before the others).
     public var path: HTTP2Path? {
-        get { hasPath ? ownPath : nil }
-        set {
-            hasPath = newValue != nil
-            ownPath = newValue ?? .absent
-        }
+        get { ownPath.isAbsent ? nil : ownPath }
+        set { ownPath = newValue ?? .absent }
     }
     /// `path` unwrapped, read in place at submission: the payload of an optional was copied there, counting its
-    /// two strings again, for every request.
+    /// two strings again, for every request. `absent` for none.
     private(set) var ownPath = HTTP2Path.absent
-    private(set) var hasPath = false
     public var body: [UInt8]
 
     public init(headers: HTTP2HeaderBlock, body: [UInt8]) {
@@ -227,7 +223,6 @@ public struct HTTP2Request: Sendable {
     public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8]) {
         self.headers = headers
         ownPath = path
-        hasPath = true
         self.body = body
     }
 }
@@ -238,8 +233,9 @@ public struct HTTP2Path: Sendable, Equatable {
     public var prefix: String
     public var rest: String
     static let name: StaticString = ":path"
-    /// No path (a request whose fields hold theirs).
+    /// No path (a request whose fields hold theirs): HTTP/2 has no empty :path.
     static let absent = HTTP2Path(prefix: "", rest: "")
+    var isAbsent: Bool { prefix.isEmpty && rest.isEmpty }
 
     public init(prefix: String, rest: String) {
         self.prefix = prefix
