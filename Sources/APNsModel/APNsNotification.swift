@@ -108,7 +108,7 @@ public struct APNsNotification: Sendable {
     /// A notification to `deviceToken` whose other fields are `sibling`'s, shared (`sending(to:environment:)`):
     /// only the shared box is counted once more, where copying `sibling` first counted its token too.
     @inlinable
-    public init(
+    init(
         deviceToken: String, environment: APNsEnvironment, sharingMessageOf sibling: borrowing APNsNotification,
         deviceTokenChecked: Bool = false
     ) {

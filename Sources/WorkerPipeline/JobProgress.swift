@@ -127,9 +127,7 @@ final class JobProgress: @unchecked Sendable {
     /// The same, `sibling` (one this job already made) lending it its message: the two share every field but the
     /// token and environment (`APNsNotification.sending(to:environment:)`).
     func notification(_ index: Int, sharingWith sibling: borrowing APNsNotification) -> APNsNotification {
-        APNsNotification(
-            deviceToken: targets[index].token, environment: targets[index].environment, sharingMessageOf: sibling,
-            deviceTokenChecked: true)
+        sibling.sending(to: targets[index].token, environment: targets[index].environment, deviceTokenChecked: true)
     }
 
     func recordDelivered(_ index: Int) {

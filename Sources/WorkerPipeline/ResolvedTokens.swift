@@ -12,7 +12,7 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
     private var names = NameTable()
     /// Every entry's tokens, each entry's together (`spans`).
     private var tokens: [CachedToken] = []
-    /// Per entry (by its index in `names`), where its tokens are; nil for an entry taken out or never read.
+    /// Per entry (by its index in `names`), where its tokens are; nil for an entry never read whole.
     private var spans: [Range<Int>?] = []
 
     public init() {}
@@ -31,15 +31,10 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
         self.init(Dictionary(elements, uniquingKeysWith: +))
     }
 
-    /// The entry's tokens; nil for an entry not resolved (or taken out).
+    /// The entry's tokens; nil for an entry not resolved.
     public subscript(name: String) -> ArraySlice<CachedToken>? {
         guard let index = names.index(of: name), let span = spans[index] else { return nil }
         return tokens[span]
-    }
-
-    /// Takes an entry out: it has no tokens here any more (nil).
-    public mutating func remove(_ name: String) {
-        if let index = names.index(of: name) { spans[index] = nil }
     }
 
     /// Fills a `ResolvedTokens`: each name added once, in the order of first asking (`add`), its tokens appended as
@@ -61,14 +56,12 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
             owners.reserveCapacity(capacity)
         }
 
-        /// Adds `name` and returns its index; nil if it was added before (`index(of:)` finds it).
+        /// Adds `name` and returns its index; nil if it was added before.
         package mutating func add(_ name: String) -> Int? {
             guard names.insert(name) else { return nil }
             read.append(false)
             return names.names.count - 1
         }
-
-        package func index(of name: String) -> Int? { names.index(of: name) }
 
         /// The names added, each once, by index.
         package var uniqueNames: [String] { names.names }
@@ -116,8 +109,8 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
 /// from a hash of its bytes keyed by a number drawn once per process (so that colliding names are not easily chosen),
 /// the next free slot after it on a collision. A table whose probes run past `longestProbe` all the same (a flood of
 /// colliding names) moves to a dictionary keyed by the names' bytes: that, not the key, is what bounds the cost of a
-/// flood. At most half full, a table of fairly hashed names almost never probes that far: with 32, about 3 tables
-/// in 100 of 16,000 names did, and moved for nothing (only slower: a lookup then makes an array of the name's bytes).
+/// flood. A table of fairly hashed names, at most half full, seldom probes that far; one that does all the same only
+/// gets slower (a lookup then makes an array of the name's bytes).
 struct NameTable: Sendable {
     private(set) var names: [String] = []
     /// Per name, its hash.
