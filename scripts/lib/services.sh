@@ -4,7 +4,7 @@
 # shellcheck shell=bash
 
 # python3-yaml and systemd: the checkers DeploymentTests uses on deploy/ (YAML, systemd-analyze verify).
-SERVICES_PACKAGES="openssl librabbitmq-dev libnghttp2-dev libssl-dev rabbitmq-server redis-server nghttp2-client nghttp2-server amqp-tools python3-yaml systemd curl prometheus python3-jsonschema tzdata python3-pika golang-go golang-github-rabbitmq-amqp091-go-dev"
+SERVICES_PACKAGES="openssl librabbitmq-dev libnghttp2-dev libssl-dev libmimalloc-dev rabbitmq-server redis-server nghttp2-client nghttp2-server amqp-tools python3-yaml systemd curl prometheus python3-jsonschema tzdata python3-pika golang-go golang-github-rabbitmq-amqp091-go-dev"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
