@@ -99,25 +99,25 @@ final class AnswerCollector: Sendable {
 
     /// Notifications of one lane whose deadline passed before they could be handed to APNs: settled as expired on
     /// the lane's sender thread, which owns their jobs' progress while they are out.
-    func settleExpired(_ expired: [(progress: JobProgress, index: Int32)], lane: JobLane) {
+    func settleExpired(_ expired: [QueuedNotification], lane: JobLane) {
         statistics.expired.add(expired.count, ordering: .relaxed)
         sender.schedule(after: 0, lane: lane) { [self] in
-            for (progress, index) in expired {
-                progress.recordExpired(Int(index))
-                noteOutcome(of: progress)
+            for entry in expired {
+                entry.progress.recordExpired(Int(entry.index))
+                noteOutcome(of: entry.progress)
             }
         }
     }
 
     /// Notifications of one lane whose job was cancelled before they were handed to APNs: settled as cancelled on the
     /// lane's sender thread, which owns their jobs' progress while they are out.
-    func settleCancelled(_ cancelled: [(progress: JobProgress, index: Int32)], lane: JobLane) {
+    func settleCancelled(_ cancelled: [QueuedNotification], lane: JobLane) {
         guard !cancelled.isEmpty else { return }
         statistics.cancelled.add(cancelled.count, ordering: .relaxed)
         sender.schedule(after: 0, lane: lane) { [self] in
-            for (progress, index) in cancelled {
-                progress.recordCancelled(Int(index))
-                noteOutcome(of: progress)
+            for entry in cancelled {
+                entry.progress.recordCancelled(Int(entry.index))
+                noteOutcome(of: entry.progress)
             }
         }
     }

@@ -1,9 +1,17 @@
 import APNsModel
 import Foundation
 
-/// Notifications waiting to be sent, first in first out, as (job, index) pairs: 16 bytes each, whatever the payload.
+/// A notification waiting to be sent: its job and its index among the job's targets, 16 bytes whatever the payload.
+/// A struct, not a tuple: arrays of tuples are copied and destroyed through the runtime's generic value witnesses,
+/// about 70 instructions an element where a struct's cost a reference count.
+struct QueuedNotification {
+    let progress: JobProgress
+    let index: Int32
+}
+
+/// Notifications waiting to be sent, first in first out.
 struct OutgoingQueue {
-    private var entries: [(progress: JobProgress, index: Int32)] = []
+    private var entries: [QueuedNotification] = []
     private var head = 0
 
     var count: Int { entries.count - head }
@@ -13,17 +21,17 @@ struct OutgoingQueue {
         // No reserveCapacity: appending grows the storage geometrically, whereas reserving just what each job needed
         // copied the whole queue on every append (quadratic; with 500 fan-out jobs prefetched, nine page faults in
         // ten of the worker).
-        for index in 0..<Int32(count) { entries.append((progress, index)) }
+        for index in 0..<Int32(count) { entries.append(QueuedNotification(progress: progress, index: index)) }
     }
 
     /// The next entries: up to `count` whose job's deadline (UNIX seconds) is later than `now`, and on the way every
     /// entry whose deadline has passed.
     mutating func take(upTo count: Int, liveAt now: Double)
-        -> (live: [(progress: JobProgress, index: Int32)], expired: [(progress: JobProgress, index: Int32)])
+        -> (live: [QueuedNotification], expired: [QueuedNotification])
     {
         compact()
-        var live: [(progress: JobProgress, index: Int32)] = []
-        var expired: [(progress: JobProgress, index: Int32)] = []
+        var live: [QueuedNotification] = []
+        var expired: [QueuedNotification] = []
         live.reserveCapacity(min(count, self.count))
         while live.count < count && head < entries.count {
             let entry = entries[head]
@@ -38,7 +46,7 @@ struct OutgoingQueue {
     }
 
     /// Takes every entry of the `cancelled` jobs out of the queue, keeping the others in their order.
-    mutating func remove(jobsIn cancelled: Set<String>) -> [(progress: JobProgress, index: Int32)] {
+    mutating func remove(jobsIn cancelled: Set<String>) -> [QueuedNotification] {
         guard !cancelled.isEmpty, !isEmpty else { return [] }
         let (kept, removed) = CancellationWatch.split(entries[head...], among: cancelled)
         guard !removed.isEmpty else { return [] }
@@ -49,14 +57,14 @@ struct OutgoingQueue {
 
     /// Entries just taken that could not go (the rate limit granted fewer) go back to the front, in their order.
     /// Only right after `take`: the slots before the head are still there until the next `take` compacts.
-    mutating func putBack(_ returned: ArraySlice<(progress: JobProgress, index: Int32)>) {
+    mutating func putBack(_ returned: ArraySlice<QueuedNotification>) {
         precondition(returned.count <= head, "putBack of more entries than were taken")
         head -= returned.count
         for (offset, entry) in returned.enumerated() { entries[head + offset] = entry }
     }
 
     /// Entries held out of the queue for a while (a rate group's) go back to the front, in their order, at any time.
-    mutating func prepend(_ returned: [(progress: JobProgress, index: Int32)]) {
+    mutating func prepend(_ returned: [QueuedNotification]) {
         if returned.count <= head {
             head -= returned.count
             for (offset, entry) in returned.enumerated() { entries[head + offset] = entry }
@@ -99,7 +107,7 @@ struct Backlogs {
 struct RateGroupHolds {
     private struct Hold {
         var opensAt: Date
-        var entries: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+        var entries: [JobLane: [QueuedNotification]] = [:]
     }
 
     private var holds: [RateGroup: Hold] = [:]
@@ -114,20 +122,20 @@ struct RateGroupHolds {
 
     /// Holds `entries` of `group` (taken from `lane`) until its window opens at `opensAt`.
     mutating func hold(
-        _ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane,
+        _ entries: [QueuedNotification], of group: RateGroup, lane: JobLane,
         until opensAt: Date
     ) {
         holds[group, default: Hold(opensAt: opensAt)].entries[lane, default: []] += entries
     }
 
     /// Adds `entries` of a group held now (`isHeld`) to its hold, behind what it holds already.
-    mutating func join(_ entries: [(progress: JobProgress, index: Int32)], of group: RateGroup, lane: JobLane) {
+    mutating func join(_ entries: [QueuedNotification], of group: RateGroup, lane: JobLane) {
         holds[group]?.entries[lane, default: []] += entries
     }
 
     /// Takes every held entry of the `cancelled` jobs out, per lane.
-    mutating func remove(jobsIn cancelled: Set<String>) -> [JobLane: [(progress: JobProgress, index: Int32)]] {
-        var removed: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+    mutating func remove(jobsIn cancelled: Set<String>) -> [JobLane: [QueuedNotification]] {
+        var removed: [JobLane: [QueuedNotification]] = [:]
         for group in Array(holds.keys) {
             for lane in JobLane.allCases {
                 guard let entries = holds[group]?.entries[lane] else { continue }

@@ -23,11 +23,11 @@ struct CancellationWatch {
     }
 
     /// `entries` in two, each in its order: those of jobs not among `ids`, and those of jobs among them.
-    static func split(_ entries: some Collection<(progress: JobProgress, index: Int32)>, among ids: Set<String>)
-        -> (kept: [(progress: JobProgress, index: Int32)], cancelled: [(progress: JobProgress, index: Int32)])
+    static func split(_ entries: some Collection<QueuedNotification>, among ids: Set<String>)
+        -> (kept: [QueuedNotification], cancelled: [QueuedNotification])
     {
-        var kept: [(progress: JobProgress, index: Int32)] = []
-        var cancelled: [(progress: JobProgress, index: Int32)] = []
+        var kept: [QueuedNotification] = []
+        var cancelled: [QueuedNotification] = []
         kept.reserveCapacity(entries.count)
         for entry in entries {
             if names(entry.progress, among: ids) { cancelled.append(entry) } else { kept.append(entry) }

@@ -42,7 +42,7 @@ struct ProgressTracker {
     }
 
     /// Handed to APNs: `entries` as one hand-over gives them, a job's entries next to each other.
-    mutating func sent(_ entries: [(progress: JobProgress, index: Int32)]) {
+    mutating func sent(_ entries: [QueuedNotification]) {
         var start = 0
         while start < entries.count {
             let progress = entries[start].progress

@@ -10,7 +10,7 @@ extension SessionLoop {
     /// request.
     func send(_ wanted: LaneCounts) throws -> (lanes: [JobLane], wait: Double)? {
         let now = Date().timeIntervalSince1970
-        var sending: [JobLane: [(progress: JobProgress, index: Int32)]] = [:]
+        var sending: [JobLane: [QueuedNotification]] = [:]
         for lane in JobLane.allCases where wanted[lane] > 0 {
             let taken = backlogs.withQueue(lane) { $0.take(upTo: wanted[lane], liveAt: now) }
             sending[lane] = taken.live
@@ -40,10 +40,10 @@ extension SessionLoop {
     }
 
     /// Entries of groups that wait for their window join their group's hold instead of going.
-    func holdEntriesOfHeldGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) {
+    func holdEntriesOfHeldGroups(_ sending: inout [JobLane: [QueuedNotification]]) {
         for (lane, entries) in sending {
-            var going: [(progress: JobProgress, index: Int32)] = []
-            var held: [RateGroup: [(progress: JobProgress, index: Int32)]] = [:]
+            var going: [QueuedNotification] = []
+            var held: [RateGroup: [QueuedNotification]] = [:]
             going.reserveCapacity(entries.count)
             for entry in entries {
                 if let group = entry.progress.job.rateGroup, rateGroupHolds.isHeld(group) {
@@ -60,7 +60,7 @@ extension SessionLoop {
     /// Permits from each rate group's own shared limit (a credential's `rate_limit`) for its notifications among
     /// `sending`. What a group cannot send now is held out of its lane until the group's next window (`RateGroupHolds`),
     /// while the notifications of other groups, and of none, go on.
-    func reserveForRateGroups(_ sending: inout [JobLane: [(progress: JobProgress, index: Int32)]]) throws {
+    func reserveForRateGroups(_ sending: inout [JobLane: [QueuedNotification]]) throws {
         guard rateGroupsSeen, let makeLimiter = session.groupRateLimiter else { return }
         var asked: [RateGroup: LaneCounts] = [:]
         for (lane, entries) in sending {
@@ -81,8 +81,8 @@ extension SessionLoop {
         }
         guard !opensAt.isEmpty else { return }
         for (lane, entries) in sending {
-            var going: [(progress: JobProgress, index: Int32)] = []
-            var held: [RateGroup: [(progress: JobProgress, index: Int32)]] = [:]
+            var going: [QueuedNotification] = []
+            var held: [RateGroup: [QueuedNotification]] = [:]
             going.reserveCapacity(entries.count)
             for entry in entries {
                 guard let group = entry.progress.job.rateGroup, opensAt[group] != nil else {
@@ -132,20 +132,20 @@ extension SessionLoop {
 
     /// The notifications of `entries`: those of one job, which come together, share one message (`APNsNotification`
     /// copies then count two references each, not one per field).
-    private static func notifications(of entries: [(progress: JobProgress, index: Int32)]) -> [APNsNotification] {
+    private static func notifications(of entries: [QueuedNotification]) -> [APNsNotification] {
         // The job's first notification is found where the array holds it, and its job by identity: a copy of either
         // (in an optional pair, as before) counted the job, the token and the shared box for every notification.
         var notifications: [APNsNotification] = []
         notifications.reserveCapacity(entries.count)
         var firstJob: ObjectIdentifier?
         var first = 0
-        for (progress, index) in entries {
-            if ObjectIdentifier(progress) == firstJob {
-                notifications.append(progress.notification(Int(index), sharingWith: notifications[first]))
+        for entry in entries {
+            if ObjectIdentifier(entry.progress) == firstJob {
+                notifications.append(entry.progress.notification(Int(entry.index), sharingWith: notifications[first]))
             } else {
-                firstJob = ObjectIdentifier(progress)
+                firstJob = ObjectIdentifier(entry.progress)
                 first = notifications.count
-                notifications.append(progress.notification(Int(index)))
+                notifications.append(entry.progress.notification(Int(entry.index)))
             }
         }
         return notifications
@@ -153,7 +153,7 @@ extension SessionLoop {
 
     /// One hand-over of a lane's notifications to the sender; each answer is recorded on the lane's sender thread, and
     /// wakes this thread when the lane's notifications in flight fall to the core's `sendMoreAt`.
-    func hand(_ entries: [(progress: JobProgress, index: Int32)], of lane: JobLane) {
+    func hand(_ entries: [QueuedNotification], of lane: JobLane) {
         progressTracker.sent(entries)
         let statistics = self.statistics
         let answers = worker.answers
@@ -166,8 +166,8 @@ extension SessionLoop {
             position, result in
             latency.observe(nanoseconds: DispatchTime.now().uptimeNanoseconds &- handedOver)
             if statistics.inFlight.add(lane, -1) == sendMoreAt[lane] { wakeup.signal() }
-            let (progress, index) = entries[position]
-            answers.record(result, for: progress, Int(index))
+            let entry = entries[position]
+            answers.record(result, for: entry.progress, Int(entry.index))
         }
         // What went to APNs: a notification answered without a request (a broken rule, no credential for its topic)
         // was not sent.

@@ -285,7 +285,7 @@ extension SessionLoop {
     func queue(_ progress: JobProgress) {
         progressTracker.resolved(progress)
         if cancellations.isCancelled(progress) {
-            let all = (0..<Int32(progress.targets.count)).map { (progress: progress, index: $0) }
+            let all = (0..<Int32(progress.targets.count)).map { QueuedNotification(progress: progress, index: $0) }
             worker.answers.settleCancelled(all, lane: progress.delivery.lane)
             return
         }
