@@ -10,10 +10,11 @@ import PackageDescription
 // scripts/profile). Debug builds, which the tests and the sanitizers run, keep the checks.
 let hotPath: [SwiftSetting] = [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
 
-// Release builds of the worker allocate with mimalloc (Debian's libmimalloc-dev), which replaces malloc and free for
-// the whole process: a single-token job allocates a dozen objects and frees them a batch later, a pattern that sends
-// glibc's allocator past its per-thread cache into its slower bins (about 3,000 instructions a job in scripts/profile).
-// Debug builds, which the tests and the sanitizers run, keep glibc's: a sanitizer brings its own allocator.
+// Release builds of the worker (and of apns-sim, below) allocate with mimalloc (Debian's libmimalloc-dev), which
+// replaces malloc and free for the whole process: a single-token job allocates a dozen objects and frees them a batch
+// later, a pattern that sends glibc's allocator past its per-thread cache into its slower bins (about 3,000
+// instructions a job in scripts/profile). Debug builds, which the tests and the sanitizers run, keep glibc's: a
+// sanitizer brings its own allocator.
 let mimalloc: [LinkerSetting] = [.linkedLibrary("mimalloc", .when(configuration: .release))]
 
 let package = Package(
@@ -104,7 +105,10 @@ let package = Package(
                 "Redis", "JSON", "Telemetry"
             ],
             linkerSettings: mimalloc),
-        .executableTarget(name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "TLS", "APNs", "Telemetry"]),
+        // apns-sim too: it shares the benchmarks' cores with the worker and the broker, where APNs has its own.
+        .executableTarget(
+            name: "apns-sim", dependencies: ["APNsSimulator", "HTTP2", "TLS", "APNs", "Telemetry"],
+            linkerSettings: mimalloc),
         .executableTarget(name: "apns-bench", dependencies: ["AMQP", "APNs", "HTTP2", "Telemetry", "Threads"]),
         // libFuzzer targets over the parsers of bytes from outside (scripts/fuzz builds it with -sanitize=fuzzer).
         .executableTarget(
