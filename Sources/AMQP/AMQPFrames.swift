@@ -110,7 +110,6 @@ extension AMQPConnection {
             contentTypes: &recentContentTypes)
         size = Int(frame.payload.properties.body_size)
         var body: [UInt8] = []
-        body.reserveCapacity(size)
         while body.count < size {
             try waitFrame(&frame, channel: channel)
             guard frame.frame_type == UInt8(AMQP_FRAME_BODY) else {
@@ -121,7 +120,15 @@ extension AMQPConnection {
             guard fragment.len > 0, let bytes = fragment.bytes, body.count + fragment.len <= size else {
                 throw AMQPError(kind: .library, "reading a message: body frames do not add up to \(size) bytes")
             }
-            body.append(contentsOf: UnsafeRawBufferPointer(start: bytes, count: fragment.len))
+            let fragmentBytes = UnsafeRawBufferPointer(start: bytes, count: fragment.len)
+            if body.isEmpty && fragment.len == size {
+                // Most bodies come in one frame: the array is made at its size from it (one allocation and one copy;
+                // reserving and appending went through the array's general growth, twice the instructions).
+                body = Array(fragmentBytes)
+            } else {
+                if body.isEmpty { body.reserveCapacity(size) }
+                body.append(contentsOf: fragmentBytes)
+            }
         }
         return (body, properties)
     }
