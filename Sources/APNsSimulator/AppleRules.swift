@@ -22,11 +22,14 @@ enum AppleRules {
 
     /// A device token: hex digits, a whole number of bytes. (Apple fixes no length.)
     static func isDeviceToken(_ token: String) -> Bool {
-        let bytes = Array(token.utf8)
-        return !bytes.isEmpty && bytes.count % 2 == 0
-            && bytes.allSatisfy { byte in
-                (byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102) || (byte >= 65 && byte <= 70)
-            }
+        // Over the string's own UTF-8 in place, with no array made of it (the simulator checks every push's token).
+        var token = token
+        return token.withUTF8 { bytes in
+            !bytes.isEmpty && bytes.count % 2 == 0
+                && bytes.allSatisfy { byte in
+                    (byte >= 48 && byte <= 57) || (byte >= 97 && byte <= 102) || (byte >= 65 && byte <= 70)
+                }
+        }
     }
 
     /// `apns-id`: a UUID in its canonical lowercase form, 8-4-4-4-12.

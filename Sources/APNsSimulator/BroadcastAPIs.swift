@@ -52,8 +52,8 @@ extension SimulatorCore {
     }
 
     static func route(_ path: String) -> Route {
+        if SimulatorCore.isDevicePath(path) { return .device }  // first: nearly every request is a push
         if path.hasPrefix("/sim/") { return .control }
-        if path.hasPrefix("/3/device/") { return .device }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
         // "", "1", "apps", bundle, "channels" | "all-channels"
         if parts.count == 5, parts[1] == "1", parts[2] == "apps", !parts[3].isEmpty,

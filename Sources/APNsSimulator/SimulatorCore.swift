@@ -71,26 +71,49 @@ final class SimulatorCore: Sendable {
     func resetLatencies() { state.withLock { $0.latencies.reset() } }
 
     /// The `sent_at_us` stamp in a payload, if any: a byte search, not a JSON parse (this runs per notification).
-    private static let sentAtMarker = Array("\"sent_at_us\":".utf8)
+    private static let sentAtMarker: StaticString = "\"sent_at_us\":"
 
     static func sentAtStamp(_ payload: [UInt8]) -> Int64? {
-        let marker = sentAtMarker
-        guard payload.count > marker.count else { return nil }
-        return payload.withUnsafeBufferPointer { bytes -> Int64? in
-            var index = 0
-            while index + marker.count < bytes.count {
-                if bytes[index] == marker[0] && memcmp(bytes.baseAddress! + index, marker, marker.count) == 0 {
-                    var value: Int64 = 0
-                    var position = index + marker.count
-                    while position < bytes.count, bytes[position] >= 48, bytes[position] <= 57 {
-                        value = value &* 10 &+ Int64(bytes[position] - 48)
-                        position += 1
-                    }
-                    return position > index + marker.count ? value : nil
-                }
-                index += 1
+        let marker = UnsafeRawBufferPointer(start: sentAtMarker.utf8Start, count: sentAtMarker.utf8CodeUnitCount)
+        return payload.withUnsafeBytes { bytes -> Int64? in
+            guard bytes.count > marker.count else { return nil }
+            var start: Int?
+            // A quote followed by the marker's second byte, then the whole marker: most quotes stop at the first test.
+            for index in 0..<(bytes.count - marker.count)
+            where bytes[index] == marker[0] && bytes[index + 1] == marker[1]
+                && memcmp(bytes.baseAddress! + index, marker.baseAddress!, marker.count) == 0
+            {
+                start = index + marker.count
+                break
             }
-            return nil
+            guard let start else { return nil }
+            var value: Int64 = 0
+            var position = start
+            while position < bytes.count, bytes[position] >= 48, bytes[position] <= 57 {
+                value = value &* 10 &+ Int64(bytes[position] - 48)
+                position += 1
+            }
+            return position > start ? value : nil
+        }
+    }
+
+    /// The path of a device push, and the token it names: compared and cut as UTF-8 bytes in place, not as characters
+    /// (the simulator reads every push's path).
+    private static let devicePath: StaticString = "/3/device/"
+
+    static func isDevicePath(_ path: String) -> Bool {
+        var path = path
+        return path.withUTF8 { bytes in
+            bytes.count >= devicePath.utf8CodeUnitCount
+                && memcmp(bytes.baseAddress!, devicePath.utf8Start, devicePath.utf8CodeUnitCount) == 0
+        }
+    }
+
+    static func deviceToken(inPath path: String) -> String {
+        guard isDevicePath(path) else { return "" }
+        var path = path
+        return path.withUTF8 { bytes in
+            String(decoding: UnsafeBufferPointer(rebasing: bytes[devicePath.utf8CodeUnitCount...]), as: UTF8.self)
         }
     }
 
@@ -113,7 +136,7 @@ final class SimulatorCore: Sendable {
     private func handleDevicePush(
         _ request: HTTP2ServerRequest, _ headers: PushHeaders, _ writer: HTTP2ResponseWriter
     ) {
-        let token = headers.path.hasPrefix("/3/device/") ? String(headers.path.dropFirst("/3/device/".count)) : ""
+        let token = Self.deviceToken(inPath: headers.path)
         let (behaviour, streamNumber, fault) = state.withLock { state -> (APNsSimulator.Behaviour, Int, Fault?) in
             state.connections[request.connectionID, default: ConnectionState()].streams += 1
             state.connectionsSeen.insert(request.connectionID)
@@ -180,7 +203,8 @@ final class SimulatorCore: Sendable {
         if let sentAt = stamp { state.latencies.record(UInt32(clamping: max(0, answeredAt - sentAt))) }
         let given = headers.id
         let apnsID = given.flatMap { AppleRules.isCanonicalUUID($0) ? $0 : nil } ?? state.ids.next()
-        let uniqueID = state.ids.next()
+        // Only development answers carry an apns-unique-id: production's go without making one.
+        let uniqueID = configuration.isDevelopment ? state.ids.next() : ""
         var notification: ReceivedNotification?
         if configuration.recordsNotifications || configuration.observer != nil {
             notification = ReceivedNotification(
@@ -259,7 +283,7 @@ final class SimulatorCore: Sendable {
         certificate: String?
     ) -> (Int, APNsReason?, Int64?) {
         guard headers.method == "POST" else { return (405, .methodNotAllowed, nil) }
-        guard headers.path.hasPrefix("/3/device/") else { return (404, .badPath, nil) }
+        guard Self.isDevicePath(headers.path) else { return (404, .badPath, nil) }
         guard !token.isEmpty else { return (400, .missingDeviceToken, nil) }
         if !AppleRules.isDeviceToken(token) { return (400, .badDeviceToken, nil) }
         let playedEnvironment = configuration.isDevelopment ? "sandbox" : "production"

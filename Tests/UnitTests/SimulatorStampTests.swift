@@ -1,0 +1,35 @@
+import Testing
+
+@testable import APNsSimulator
+
+/// What apns-sim reads of a push without parsing it: the `sent_at_us` stamp of the benchmarks' latency figures, and
+/// the token a device path names.
+@Suite struct SimulatorStampTests {
+    @Test func theStampIsFoundAfterOtherQuotedText() {
+        let payload = Array(#"{"aps":{"alert":"a \"quoted\" word"},"sent_at_us":1765000000123456}"#.utf8)
+        #expect(SimulatorCore.sentAtStamp(payload) == 1_765_000_000_123_456)
+    }
+
+    @Test func aPayloadWithoutAStampHasNone() {
+        #expect(SimulatorCore.sentAtStamp(Array(#"{"aps":{"badge":1},"sent_at":5}"#.utf8)) == nil)
+        #expect(SimulatorCore.sentAtStamp(Array(#"{"sent_at_us":"late"}"#.utf8)) == nil)
+        // The marker with nothing after it, at the very end.
+        #expect(SimulatorCore.sentAtStamp(Array(#"{"x":1,"sent_at_us":"#.utf8)) == nil)
+        #expect(SimulatorCore.sentAtStamp([]) == nil)
+    }
+
+    @Test func theMarkerIsMatchedWholeNotByItsFirstQuote() {
+        // Quotes that start a shorter or different name come before the stamp.
+        let payload = Array(#"{"sent":1,"sent_at":2,"sent_at_us":42}"#.utf8)
+        #expect(SimulatorCore.sentAtStamp(payload) == 42)
+    }
+
+    @Test func aDevicePathNamesItsToken() {
+        #expect(SimulatorCore.deviceToken(inPath: "/3/device/abc123") == "abc123")
+        #expect(SimulatorCore.deviceToken(inPath: "/3/device/") == "")
+        #expect(SimulatorCore.deviceToken(inPath: "/3/devices/abc") == "")
+        #expect(SimulatorCore.deviceToken(inPath: "/3/device") == "")
+        #expect(SimulatorCore.isDevicePath("/3/device/x"))
+        #expect(!SimulatorCore.isDevicePath("/4/broadcasts/apps/x"))
+    }
+}
