@@ -6,7 +6,8 @@ import Testing
 
 /// The objects every job or request allocates stay within the 120 bytes glibc serves from its fast bins (a chunk
 /// of 128): freed and made by the hundred, anything larger goes through malloc's slow path. A new field that
-/// crosses the line fails here rather than in a profile.
+/// crosses the line fails here rather than in a profile. (Release builds allocate with mimalloc, Package.swift, whose
+/// small size classes are cheaper too; these tests run the debug build, on glibc's.)
 // glibc's malloc_usable_size (malloc.h, which the Glibc module does not bring).
 @_silgen_name("malloc_usable_size") private func mallocUsableSize(_ pointer: UnsafeMutableRawPointer?) -> Int
 
