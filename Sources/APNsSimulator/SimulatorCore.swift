@@ -78,7 +78,8 @@ final class SimulatorCore: Sendable {
         return payload.withUnsafeBytes { bytes -> Int64? in
             guard bytes.count > marker.count else { return nil }
             var start: Int?
-            // A quote followed by the marker's second byte, then the whole marker: most quotes stop at the first test.
+            // A quote, then the marker's second byte, then the whole marker: most bytes fail the first test, most
+            // quotes the second.
             for index in 0..<(bytes.count - marker.count)
             where bytes[index] == marker[0] && bytes[index + 1] == marker[1]
                 && memcmp(bytes.baseAddress! + index, marker.baseAddress!, marker.count) == 0
@@ -103,18 +104,22 @@ final class SimulatorCore: Sendable {
 
     static func isDevicePath(_ path: String) -> Bool {
         var path = path
+        return path.withUTF8(hasDevicePrefix)
+    }
+
+    /// The token after the prefix; "" for a path without it.
+    static func deviceToken(inPath path: String) -> String {
+        var path = path
         return path.withUTF8 { bytes in
-            bytes.count >= devicePath.utf8CodeUnitCount
-                && memcmp(bytes.baseAddress!, devicePath.utf8Start, devicePath.utf8CodeUnitCount) == 0
+            guard hasDevicePrefix(bytes) else { return "" }
+            return String(
+                decoding: UnsafeBufferPointer(rebasing: bytes[devicePath.utf8CodeUnitCount...]), as: UTF8.self)
         }
     }
 
-    static func deviceToken(inPath path: String) -> String {
-        guard isDevicePath(path) else { return "" }
-        var path = path
-        return path.withUTF8 { bytes in
-            String(decoding: UnsafeBufferPointer(rebasing: bytes[devicePath.utf8CodeUnitCount...]), as: UTF8.self)
-        }
+    private static func hasDevicePrefix(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        bytes.count >= devicePath.utf8CodeUnitCount
+            && memcmp(bytes.baseAddress!, devicePath.utf8Start, devicePath.utf8CodeUnitCount) == 0
     }
 
     func handle(_ request: HTTP2ServerRequest, _ writer: HTTP2ResponseWriter) {

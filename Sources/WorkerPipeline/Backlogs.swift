@@ -2,8 +2,8 @@ import APNsModel
 import Foundation
 
 /// A notification waiting to be sent: its job and its index among the job's targets, 16 bytes whatever the payload.
-/// A struct, not a tuple: arrays of tuples are copied and destroyed through the runtime's generic value witnesses,
-/// about 70 instructions an element where a struct's cost a reference count.
+/// A struct, not a tuple: arrays of tuples were copied and destroyed through the runtime's generic value witnesses
+/// (`tuple_destroy`), where a struct's are specialized to a reference count.
 struct QueuedNotification {
     let progress: JobProgress
     let index: Int32

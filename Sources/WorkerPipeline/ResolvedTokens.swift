@@ -47,8 +47,12 @@ public struct ResolvedTokens: Sendable, ExpressibleByDictionaryLiteral {
         private var read: [Bool] = []
         private var inEntryOrder = true
 
+        /// How far a name table probes before it moves to a dictionary (`NameTable`): far more than a fairly hashed
+        /// table at most half full probes.
+        package static let defaultLongestProbe = 64
+
         /// `longestProbe`: see `NameTable` (tests lower it to reach the dictionary it moves to).
-        package init(capacity: Int, longestProbe: Int = 64) {
+        package init(capacity: Int, longestProbe: Int = defaultLongestProbe) {
             names = NameTable(longestProbe: longestProbe)
             names.reserve(capacity)
             read.reserveCapacity(capacity)
@@ -122,7 +126,7 @@ struct NameTable: Sendable {
     /// Slots looked at past a name's own before the table gives up on hashing (tests make it 0).
     let longestProbe: Int
 
-    init(longestProbe: Int = 64) {
+    init(longestProbe: Int = ResolvedTokens.Builder.defaultLongestProbe) {
         self.longestProbe = longestProbe
     }
 

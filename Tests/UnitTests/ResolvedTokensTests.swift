@@ -55,7 +55,7 @@ import WorkerPipeline
         #expect(precomposed == decomposed, "one text to Swift's ==")
         // The two spellings first: in the table when it moves, as a batch's names are (room for four times as many
         // names keeps the table that does not move from moving by chance).
-        for longestProbe in [64, 0] {
+        for longestProbe in [ResolvedTokens.Builder.defaultLongestProbe, 0] {
             let names = [precomposed, decomposed] + (0..<500).map { "user-\($0)" }
             var builder = ResolvedTokens.Builder(capacity: names.count * 4, longestProbe: longestProbe)
             #expect(names.allSatisfy { builder.add($0) != nil }, "each spelling is a name of its own")
