@@ -178,12 +178,14 @@ extension AMQPConnection {
 
     // MARK: conversions
 
-    private enum Method {
+    /// Method numbers (librabbitmq's macros cast, which Swift does not import).
+    enum Method {
         static let connectionClose: amqp_method_number_t = 0x000A_0032
         static let connectionBlocked: amqp_method_number_t = 0x000A_003C
         static let connectionUnblocked: amqp_method_number_t = 0x000A_003D
         static let channelClose: amqp_method_number_t = 0x0014_0028
         static let channelCloseOk: amqp_method_number_t = 0x0014_0029
+        static let queueDeclare: amqp_method_number_t = 0x0032_000A
         static let basicCancel: amqp_method_number_t = 0x003C_001E
         static let basicReturn: amqp_method_number_t = 0x003C_0032
         static let basicDeliver: amqp_method_number_t = 0x003C_003C

@@ -1,5 +1,6 @@
 import AMQP
 import APNsModel
+import Foundation
 import Telemetry
 import Threads
 import WorkerPipeline
@@ -62,6 +63,9 @@ public final class AMQPJobBroker: JobBroker {
     /// The bulk lane's consumer, while one runs.
     private var bulkConsumerTag: String?
     private var bulkIntake: BulkPrefetch
+    /// The worker's other queues (failed, dead tokens, retries), while a first session declares them beside it:
+    /// a publish waits for them.
+    private var queuesBeingDeclared: QueueDeclaration?
 
     /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
     /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
@@ -81,9 +85,10 @@ public final class AMQPJobBroker: JobBroker {
         // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
         // missing later is declared again then (a publish handed back, or a consume refused, which ends the session).
+        // A first session declares the lanes' queues, which it consumes, and the rest beside it (`QueueDeclaration`).
         if !topology.isDeclared {
-            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.delayQueues)
-            topology.isDeclared = true
+            for lane in JobLane.allCases { try Topology.declare(settings.queues.jobs(lane), on: amqp, settings.queues) }
+            queuesBeingDeclared = QueueDeclaration(settings, topology: topology, logger: logger)
         }
         do {
             try amqp.enablePublisherConfirms()
@@ -188,6 +193,10 @@ public final class AMQPJobBroker: JobBroker {
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
         guard !publications.isEmpty else { return [] }
+        if let declaration = queuesBeingDeclared {
+            queuesBeingDeclared = nil
+            if !declaration.succeeded() { try settings.declareWorkerQueues() }
+        }
         var sequences: [UInt64] = []
         sequences.reserveCapacity(publications.count)
         for publication in publications {
@@ -212,20 +221,11 @@ public final class AMQPJobBroker: JobBroker {
                     "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""
                 ])
         }
-        if !lost.isEmpty { try declareQueuesAgain() }
+        if !lost.isEmpty { try settings.declareWorkerQueues() }
         return zip(publications, sequences).map { publication, sequence in
             if nacked.contains(sequence) { return .refused }
             return returned.contains(route(publication.destination)) ? .noQueue : .taken
         }
-    }
-
-    /// Declares the worker's queues on a connection of its own: a declaration the broker refuses (a queue declared
-    /// meanwhile with other arguments) closes the channel it was made on, and on the consuming channel that would
-    /// drop both consumers and every unsettled delivery and confirm.
-    private func declareQueuesAgain() throws {
-        let declaring = try settings.nodes.connect(heartbeat: 0, caFile: settings.caFile)
-        defer { declaring.close() }
-        try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.delayQueues)
     }
 
     public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
@@ -247,6 +247,50 @@ public final class AMQPJobBroker: JobBroker {
     }
 
     public func close() { amqp.close() }
+}
+
+/// The worker's queues declared on a thread and a connection of their own while the session that started it
+/// consumes: the broker takes a few milliseconds over each declaration, even of a queue it has, and a worker declares
+/// some forty, which a first job would otherwise wait for. A declaration that fails is logged; the session's first
+/// publish then declares them again, on its thread.
+final class QueueDeclaration: Sendable {
+    private let ended = DispatchSemaphore(value: 0)
+    private let declared = Locked(false)
+
+    init(_ settings: AMQPJobBroker.Settings, topology: DeclaredTopology, logger: Logger) {
+        let ended = self.ended
+        let declared = self.declared
+        Thread {
+            do {
+                try settings.declareWorkerQueues()
+                declared.withLock { $0 = true }
+                topology.isDeclared = true
+            } catch {
+                logger.warning(
+                    "cannot declare the worker's queues now; the first publish declares them again",
+                    ["error": "\(error)"])
+            }
+            ended.signal()
+        }.start()
+    }
+
+    /// Waits for the declaration to end: whether it declared every queue.
+    func succeeded() -> Bool {
+        ended.wait()
+        ended.signal()
+        return declared.withLock { $0 }
+    }
+}
+
+extension AMQPJobBroker.Settings {
+    /// Declares the worker's queues on a connection of its own: a declaration the broker refuses (a queue declared
+    /// meanwhile with other arguments) closes the channel it was made on, and on the consuming channel that would
+    /// drop both consumers and every unsettled delivery and confirm.
+    func declareWorkerQueues() throws(AMQPError) {
+        let declaring = try nodes.connect(heartbeat: 0, caFile: caFile)
+        defer { declaring.close() }
+        try Topology.declareWorkerQueues(on: declaring, queues, retryDelays: delayQueues)
+    }
 }
 
 /// Whether this process declared the worker's queues already (one per worker, shared by its sessions).

@@ -75,6 +75,13 @@ public enum Topology {
         deadLettering: Bool = false,
         extra: [String: AMQPArgument] = [:]
     ) throws(AMQPError) {
+        try amqp.declareQueue(queue, arguments: arguments(names, deadLettering: deadLettering, extra: extra))
+    }
+
+    /// A queue's arguments as `declare` gives them.
+    private static func arguments(_ names: QueueNames, deadLettering: Bool, extra: [String: AMQPArgument])
+        -> [String: AMQPArgument]
+    {
         var arguments = extra
         if names.type == .quorum {
             arguments["x-queue-type"] = .string("quorum")
@@ -83,7 +90,7 @@ public enum Topology {
                 arguments["x-overflow"] = .string("reject-publish")
             }
         }
-        try amqp.declareQueue(queue, arguments: arguments)
+        return arguments
     }
 
     /// The dead-token queue, and the fanout exchange events are published to with the queue bound to it, so that
@@ -103,18 +110,26 @@ public enum Topology {
         on amqp: AMQPConnection, _ names: QueueNames,
         retryDelays: [Double]
     ) throws(AMQPError) {
-        for queue in [names.jobs, names.bulk, names.failed] { try declare(queue, on: amqp, names) }
-        try declareDeadTokens(on: amqp, names)
+        // In one burst (`declareQueues`): a worker declares some forty queues as it starts, and one round trip each
+        // made its first job wait about a tenth of a second.
+        var queues = [names.jobs, names.bulk, names.failed].map { queue in
+            (name: queue, arguments: arguments(names, deadLettering: false, extra: [:]))
+        }
         for lane in JobLane.allCases {
             for delay in retryDelays {
-                try declare(
-                    names.retry(delay: delay, lane: lane), on: amqp, names, deadLettering: true,
-                    extra: [
-                        "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
-                        "x-dead-letter-exchange": .string(""),
-                        "x-dead-letter-routing-key": .string(names.jobs(lane))
-                    ])
+                let extra: [String: AMQPArgument] = [
+                    "x-message-ttl": .integer(Int64((delay * 1000).rounded())),
+                    "x-dead-letter-exchange": .string(""),
+                    "x-dead-letter-routing-key": .string(names.jobs(lane))
+                ]
+                queues.append(
+                    (
+                        name: names.retry(delay: delay, lane: lane),
+                        arguments: arguments(names, deadLettering: true, extra: extra)
+                    ))
             }
         }
+        try amqp.declareQueues(queues)
+        try declareDeadTokens(on: amqp, names)
     }
 }
