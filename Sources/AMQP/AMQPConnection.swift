@@ -148,33 +148,41 @@ public final class AMQPConnection {
         return 0
     }
 
-    /// Declares durable queues as `declareQueue` does each, in one round trip rather than one each: every
-    /// declaration goes without waiting for its reply (no-wait), then a passive declare of the last one answers
-    /// for them all, since the broker handles a channel's methods in order and a declaration it refuses closes the
-    /// channel (the close then comes instead of that answer). If one is refused (a queue that exists with other
-    /// arguments), they are declared again one at a time, which uses such a queue as it is.
+    /// Declares durable queues as `declareQueue` does each, in a few round trips rather than one each: the
+    /// declarations go without waiting for their replies (no-wait), ten at a time, and a passive declare of the last
+    /// of each ten answers for them, since the broker handles a channel's methods in order and a declaration it
+    /// refuses closes the channel (the close then comes instead of that answer). Ten at a time, so that what the
+    /// broker does for one answer stays well within a reply's timeout. If the broker refuses one (a queue that
+    /// exists with other arguments), those ten are declared again one at a time, which uses such a queue as it is.
     public func declareQueues(_ queues: [(name: String, arguments: [String: AMQPArgument])]) throws(AMQPError) {
-        guard let last = queues.last else { return }
-        for queue in queues {
-            let status = withTable(queue.arguments) { table in
-                withBytes(queue.name) { name in
-                    var method = amqp_queue_declare_t(
-                        ticket: 0, queue: name, passive: 0, durable: 1, exclusive: 0, auto_delete: 0, nowait: 1,
-                        arguments: table)
-                    return amqp_send_method(state, channel, Method.queueDeclare, &method)
+        for start in stride(from: 0, to: queues.count, by: Self.declarationsPerRoundTrip) {
+            let some = queues[start..<min(start + Self.declarationsPerRoundTrip, queues.count)]
+            for queue in some {
+                let status = withTable(queue.arguments) { table in
+                    withBytes(queue.name) { name in
+                        var method = amqp_queue_declare_t(
+                            ticket: 0, queue: name, passive: 0, durable: 1, exclusive: 0, auto_delete: 0, nowait: 1,
+                            arguments: table)
+                        return amqp_send_method(state, channel, Method.queueDeclare, &method)
+                    }
+                }
+                guard status == AMQP_STATUS_OK.rawValue else {
+                    throw libraryError(status, "queue.declare \(queue.name)")
                 }
             }
-            guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "queue.declare \(queue.name)") }
-        }
-        do throws(AMQPError) {
-            guard try queueStatus(last.name) != nil else {
-                throw AMQPError(kind: .brokerRefused, code: Int(AMQP_NOT_FOUND), "queue \(last.name) not declared")
+            do throws(AMQPError) {
+                guard try queueStatus(some.last!.name) != nil else {
+                    throw AMQPError(
+                        kind: .brokerRefused, code: Int(AMQP_NOT_FOUND), "queue \(some.last!.name) not declared")
+                }
+            } catch  where error.kind == .brokerRefused {
+                if error.code != Int(AMQP_NOT_FOUND) { try reopenChannel() }
+                for queue in some { try declareQueue(queue.name, arguments: queue.arguments) }
             }
-        } catch  where error.kind == .brokerRefused {
-            if error.code != Int(AMQP_NOT_FOUND) { try reopenChannel() }
-            for queue in queues { try declareQueue(queue.name, arguments: queue.arguments) }
         }
     }
+
+    static let declarationsPerRoundTrip = 10
 
     /// A queue's depth and consumer count, or nil if there is no such queue (a passive declare, which creates
     /// nothing).

@@ -66,12 +66,14 @@ public final class AMQPJobBroker: JobBroker {
     /// The worker's other queues (failed, dead tokens, retries), while a first session declares them beside it:
     /// a publish waits for them.
     private var queuesBeingDeclared: QueueDeclaration?
+    private let topology: DeclaredTopology
 
-    /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
-    /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
+    /// Connects, declares the lanes' queues and starts declaring the others beside it (unless `topology` says this
+    /// process did already), and starts consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
     public init(settings: Settings, topology: DeclaredTopology = DeclaredTopology(), logger: Logger) throws {
         self.settings = settings
         self.logger = logger
+        self.topology = topology
         do {
             amqp = try settings.nodes.connect(
                 heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
@@ -100,7 +102,7 @@ public final class AMQPJobBroker: JobBroker {
         } catch {
             // A queue deleted meanwhile (NOT_FOUND): the next session declares everything again. Any other failure
             // (a node that stopped answering) says nothing about the queues.
-            if error.kind == .brokerRefused && error.code == 404 { topology.isDeclared = false }
+            if error.kind == .brokerRefused && error.code == 404 { topology.forget() }
             throw error
         }
     }
@@ -193,10 +195,41 @@ public final class AMQPJobBroker: JobBroker {
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
         guard !publications.isEmpty else { return [] }
-        if let declaration = queuesBeingDeclared {
-            queuesBeingDeclared = nil
-            if !declaration.succeeded() { try settings.declareWorkerQueues() }
+        guard try ownQueuesDeclared() else {
+            // A summary goes to its sender's queue, not one of the worker's: it need not wait.
+            let replies = publications.indices.filter { index in
+                if case .reply = publications[index].destination { true } else { false }
+            }
+            var outcomes = [PublicationOutcome](repeating: .noQueue, count: publications.count)
+            for (index, outcome) in zip(replies, try publishNow(replies.map { publications[$0] })) {
+                outcomes[index] = outcome
+            }
+            return outcomes
         }
+        return try publishNow(publications)
+    }
+
+    /// Whether the worker's queues are there to publish to. Nothing is published to them before (a publish to a
+    /// missing exchange would close the consuming channel); they are waited for no longer than a reply, so that
+    /// the connection's heartbeats keep going: what waits is held and published again later, as when a queue was
+    /// found missing.
+    private func ownQueuesDeclared() throws -> Bool {
+        guard let declaration = queuesBeingDeclared else { return true }
+        switch declaration.outcome(within: settings.replyTimeout) {
+        case .declared:
+            queuesBeingDeclared = nil
+        case .failed:
+            queuesBeingDeclared = nil
+            try declareWorkerQueues()
+        case .underWay:
+            logger.warning("the worker's queues are still being declared: publishing to them later")
+            return false
+        }
+        return true
+    }
+
+    private func publishNow(_ publications: [Publication]) throws -> [PublicationOutcome] {
+        guard !publications.isEmpty else { return [] }
         var sequences: [UInt64] = []
         sequences.reserveCapacity(publications.count)
         for publication in publications {
@@ -221,11 +254,17 @@ public final class AMQPJobBroker: JobBroker {
                     "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""
                 ])
         }
-        if !lost.isEmpty { try settings.declareWorkerQueues() }
+        if !lost.isEmpty { try declareWorkerQueues() }
         return zip(publications, sequences).map { publication, sequence in
             if nacked.contains(sequence) { return .refused }
             return returned.contains(route(publication.destination)) ? .noQueue : .taken
         }
+    }
+
+    private func declareWorkerQueues() throws {
+        let epoch = topology.epoch
+        try settings.declareWorkerQueues()
+        topology.markDeclared(asOf: epoch)
     }
 
     public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
@@ -250,21 +289,26 @@ public final class AMQPJobBroker: JobBroker {
 }
 
 /// The worker's queues declared on a thread and a connection of their own while the session that started it
-/// consumes: the broker takes a few milliseconds over each declaration, even of a queue it has, and a worker declares
-/// some forty, which a first job would otherwise wait for. A declaration that fails is logged; the session's first
-/// publish then declares them again, on its thread.
+/// consumes: the broker takes a millisecond or more over each declaration, even of a queue it has, and a worker
+/// declares about sixty, which a first job would otherwise wait for. A declaration that fails is logged; the
+/// session's first publish then declares them again, on its thread.
 final class QueueDeclaration: Sendable {
+    enum Outcome { case declared, failed, underWay }
+
     private let ended = DispatchSemaphore(value: 0)
     private let declared = Locked(false)
 
     init(_ settings: AMQPJobBroker.Settings, topology: DeclaredTopology, logger: Logger) {
         let ended = self.ended
         let declared = self.declared
+        // As of now: a session that finds a queue missing meanwhile has the topology forgotten, and this
+        // declaration, begun before, then does not say it declared.
+        let epoch = topology.epoch
         Thread {
             do {
                 try settings.declareWorkerQueues()
                 declared.withLock { $0 = true }
-                topology.isDeclared = true
+                topology.markDeclared(asOf: epoch)
             } catch {
                 logger.warning(
                     "cannot declare the worker's queues now; the first publish declares them again",
@@ -274,11 +318,11 @@ final class QueueDeclaration: Sendable {
         }.start()
     }
 
-    /// Waits for the declaration to end: whether it declared every queue.
-    func succeeded() -> Bool {
-        ended.wait()
+    /// How the declaration went, waiting for it up to `seconds`.
+    func outcome(within seconds: Double) -> Outcome {
+        guard ended.wait(timeout: .now() + seconds) == .success else { return .underWay }
         ended.signal()
-        return declared.withLock { $0 }
+        return declared.withLock { $0 } ? .declared : .failed
     }
 }
 
@@ -287,7 +331,8 @@ extension AMQPJobBroker.Settings {
     /// meanwhile with other arguments) closes the channel it was made on, and on the consuming channel that would
     /// drop both consumers and every unsettled delivery and confirm.
     func declareWorkerQueues() throws(AMQPError) {
-        let declaring = try nodes.connect(heartbeat: 0, caFile: caFile)
+        let declaring = try nodes.connect(
+            heartbeat: 0, connectTimeout: replyTimeout, replyTimeout: replyTimeout, caFile: caFile)
         defer { declaring.close() }
         try Topology.declareWorkerQueues(on: declaring, queues, retryDelays: delayQueues)
     }
@@ -295,13 +340,29 @@ extension AMQPJobBroker.Settings {
 
 /// Whether this process declared the worker's queues already (one per worker, shared by its sessions).
 public final class DeclaredTopology: Sendable {
-    private let declared = Locked(false)
+    /// `epoch` counts the times the queues were found missing: a declaration begun before the last of them says
+    /// nothing about the queues now.
+    private let state = Locked((declared: false, epoch: 0))
 
     public init() {}
 
-    public var isDeclared: Bool {
-        get { declared.withLock { $0 } }
-        set { declared.withLock { $0 = newValue } }
+    public var isDeclared: Bool { state.withLock { $0.declared } }
+
+    var epoch: Int { state.withLock { $0.epoch } }
+
+    /// Every queue was declared by a declaration begun at `epoch`.
+    func markDeclared(asOf epoch: Int) {
+        state.withLock { state in
+            if state.epoch == epoch { state.declared = true }
+        }
+    }
+
+    /// A queue was found missing: the next session declares them all again.
+    func forget() {
+        state.withLock { state in
+            state.declared = false
+            state.epoch += 1
+        }
     }
 }
 

@@ -110,8 +110,8 @@ public enum Topology {
         on amqp: AMQPConnection, _ names: QueueNames,
         retryDelays: [Double]
     ) throws(AMQPError) {
-        // In one burst (`declareQueues`): a worker declares some forty queues as it starts, and one round trip each
-        // made its first job wait about a tenth of a second.
+        // In bursts (`declareQueues`): a worker declares about sixty queues (each lane's retry and schedule tiers),
+        // and one round trip each took the broker a tenth of a second or more.
         var queues = [names.jobs, names.bulk, names.failed].map { queue in
             (name: queue, arguments: arguments(names, deadLettering: false, extra: [:]))
         }

@@ -1,14 +1,16 @@
 import AMQP
+import AMQPBroker
+import Telemetry
 import Testing
+import WorkerPipeline
 
-/// Queues declared in one burst (`AMQPConnection.declareQueues`): one round trip for them all, with the meaning of
-/// declaring each in turn.
+/// Queues declared in bursts (`AMQPConnection.declareQueues`), with the meaning of declaring each in turn, and a
+/// worker's first session, which consumes before its other queues are declared.
 @Suite struct QueueDeclarationTests {
     @Test func aBurstDeclaresEveryQueueWithItsArguments() throws {
         let connection = try AMQPConnection(url: TestServices.amqpURL())
-        let names = (0..<5).map { TestServices.unique("burst-\($0)") }
+        let names = (0..<25).map { TestServices.unique("burst-\($0)") }
         try connection.declareQueues(names.map { (name: $0, arguments: ["x-message-ttl": .integer(60_000)]) })
-        for name in names { #expect(try connection.queueStatus(name) != nil, "\(name) declared") }
         let listing = try TestServices.run(
             TestServices.value("RABBITMQCTL"), ["list_queues", "name", "arguments", "--quiet"])
         for name in names {
@@ -17,20 +19,43 @@ import Testing
         }
     }
 
-    /// Someone declared one of the queues before with other arguments (here a quorum queue): the broker refuses that
-    /// declaration and closes the channel, which drops those after it; they are declared all the same, and the
-    /// queue is used as it is.
+    /// Someone declared one of the queues before with other arguments (another TTL): the broker refuses that
+    /// declaration and closes the channel, which drops the declarations after it; they are made all the same, and
+    /// the queue is used as it is.
     @Test func aQueueDeclaredBeforeWithOtherArgumentsDoesNotStopTheOthers() throws {
         let connection = try AMQPConnection(url: TestServices.amqpURL())
-        let existing = TestServices.unique("declared-quorum")
-        try connection.declareQueue(existing, arguments: ["x-queue-type": .string("quorum")])
-        let before = TestServices.unique("burst-before")
-        let after = TestServices.unique("burst-after")
-        try connection.declareQueues([
-            (name: before, arguments: [:]), (name: existing, arguments: [:]), (name: after, arguments: [:])
-        ])
-        #expect(try connection.queueStatus(before) != nil)
-        #expect(try connection.queueStatus(existing) != nil)
-        #expect(try connection.queueStatus(after) != nil, "declared although one before it was refused")
+        let names = (0..<25).map { TestServices.unique("burst-\($0)") }
+        try connection.declareQueue(names[14], arguments: ["x-message-ttl": .integer(1000)])
+        try connection.declareQueues(names.map { (name: $0, arguments: ["x-message-ttl": .integer(2000)]) })
+        for name in names { #expect(try connection.queueStatus(name) != nil, "\(name) declared") }
+        // And the channel works on: a publish to the last of them lands there.
+        try connection.publish(to: names[24], body: Array("after the refusal".utf8))
+        #expect(
+            try TestServices.waitUntil(timeout: 10) { try connection.queueStatus(names[24])?.messages == 1 },
+            "the publish after the refusal reached \(names[24])")
+    }
+
+    /// A worker's first session consumes before its other queues are declared; its first publications (a dead-token
+    /// event through the exchange, a parked job, a retry) wait for them and reach them.
+    @Test func aNewWorkersFirstPublicationsReachTheirQueues() throws {
+        let prefix = TestServices.unique("first-publish")
+        let queues = QueueNames(
+            jobs: prefix + ".jobs", bulk: prefix + ".bulk", failed: prefix + ".failed", deadTokens: prefix + ".dead",
+            registrations: prefix + ".registrations")
+        let broker = try AMQPJobBroker(
+            settings: .init(nodes: AMQPNodes(TestServices.amqpURL()), queues: queues, retryDelays: [1]),
+            logger: Logger(label: "first-publish", level: .critical))
+        defer { broker.close() }
+        let outcomes = try broker.publish(
+            [Publication.Destination.deadTokens, .failed, .retry(delay: 1, lane: .urgent)].map {
+                Publication(destination: $0, body: Array("first".utf8), properties: MessageProperties())
+            })
+        #expect(outcomes == [.taken, .taken, .taken])
+        let connection = try AMQPConnection(url: TestServices.amqpURL())
+        for queue in [queues.deadTokens, queues.failed] {
+            #expect(
+                try TestServices.waitUntil(timeout: 10) { try connection.queueStatus(queue)?.messages == 1 },
+                "\(queue) holds its publication")
+        }
     }
 }
