@@ -64,12 +64,14 @@ public final class AMQPJobBroker: JobBroker {
     private var bulkConsumerTag: String?
     private var bulkIntake: BulkPrefetch
     /// The worker's other queues (failed, dead tokens, retries), while a first session declares them beside it:
-    /// a publish waits for them.
+    /// a publish to them waits for them, once, until `declarationWaitEnds` (uptime nanoseconds).
     private var queuesBeingDeclared: QueueDeclaration?
+    private var declarationWaitEnds: UInt64?
     private let topology: DeclaredTopology
 
     /// Connects, declares the lanes' queues and starts declaring the others beside it (unless `topology` says this
-    /// process did already), and starts consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
+    /// process did already), and starts consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown
+    /// vhost) is `ConnectionRefused`.
     public init(settings: Settings, topology: DeclaredTopology = DeclaredTopology(), logger: Logger) throws {
         self.settings = settings
         self.logger = logger
@@ -195,11 +197,11 @@ public final class AMQPJobBroker: JobBroker {
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
         guard !publications.isEmpty else { return [] }
-        guard try ownQueuesDeclared() else {
-            // A summary goes to its sender's queue, not one of the worker's: it need not wait.
-            let replies = publications.indices.filter { index in
-                if case .reply = publications[index].destination { true } else { false }
-            }
+        // A summary goes to its sender's queue, not one of the worker's: it need not wait for them.
+        let replies = publications.indices.filter { index in
+            if case .reply = publications[index].destination { true } else { false }
+        }
+        guard replies.count == publications.count || ownQueuesDeclared() else {
             var outcomes = [PublicationOutcome](repeating: .noQueue, count: publications.count)
             for (index, outcome) in zip(replies, try publishNow(replies.map { publications[$0] })) {
                 outcomes[index] = outcome
@@ -210,22 +212,27 @@ public final class AMQPJobBroker: JobBroker {
     }
 
     /// Whether the worker's queues are there to publish to. Nothing is published to them before (a publish to a
-    /// missing exchange would close the consuming channel); they are waited for no longer than a reply, so that
-    /// the connection's heartbeats keep going: what waits is held and published again later, as when a queue was
-    /// found missing.
-    private func ownQueuesDeclared() throws -> Bool {
+    /// missing exchange would close the consuming channel). They are waited for once, no longer than a reply nor half
+    /// a heartbeat (the connection sends none meanwhile), and only looked at after that: what cannot wait is held
+    /// and published again later, as when a queue was found missing. A declaration that failed starts again beside
+    /// the session, not on its thread.
+    private func ownQueuesDeclared() -> Bool {
         guard let declaration = queuesBeingDeclared else { return true }
-        switch declaration.outcome(within: settings.replyTimeout) {
+        let now = DispatchTime.now().uptimeNanoseconds
+        let longest = settings.heartbeat > 0 ? min(settings.replyTimeout, Double(settings.heartbeat) / 2) : 10
+        let waitEnds = declarationWaitEnds ?? now + UInt64(longest * 1e9)
+        declarationWaitEnds = waitEnds
+        switch declaration.outcome(within: Double(waitEnds - min(now, waitEnds)) / 1e9) {
         case .declared:
             queuesBeingDeclared = nil
+            return true
         case .failed:
-            queuesBeingDeclared = nil
-            try declareWorkerQueues()
+            queuesBeingDeclared = QueueDeclaration(settings, topology: topology, logger: logger)
+            declarationWaitEnds = now
         case .underWay:
             logger.warning("the worker's queues are still being declared: publishing to them later")
-            return false
         }
-        return true
+        return false
     }
 
     private func publishNow(_ publications: [Publication]) throws -> [PublicationOutcome] {

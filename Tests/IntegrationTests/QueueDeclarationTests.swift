@@ -21,13 +21,17 @@ import WorkerPipeline
 
     /// Someone declared one of the queues before with other arguments (another TTL): the broker refuses that
     /// declaration and closes the channel, which drops the declarations after it; they are made all the same, and
-    /// the queue is used as it is.
+    /// that queue is used as it is.
     @Test func aQueueDeclaredBeforeWithOtherArgumentsDoesNotStopTheOthers() throws {
         let connection = try AMQPConnection(url: TestServices.amqpURL())
         let names = (0..<25).map { TestServices.unique("burst-\($0)") }
-        try connection.declareQueue(names[14], arguments: ["x-message-ttl": .integer(1000)])
-        try connection.declareQueues(names.map { (name: $0, arguments: ["x-message-ttl": .integer(2000)]) })
+        try connection.declareQueue(names[14], arguments: ["x-message-ttl": .integer(600_000)])
+        try connection.declareQueues(names.map { (name: $0, arguments: ["x-message-ttl": .integer(300_000)]) })
         for name in names { #expect(try connection.queueStatus(name) != nil, "\(name) declared") }
+        let listing = try TestServices.run(
+            TestServices.value("RABBITMQCTL"), ["list_queues", "name", "arguments", "--quiet"])
+        let refused = listing.split(separator: "\n").first { $0.hasPrefix(names[14] + "\t") }
+        #expect(refused?.contains("600000") == true, "used as it was declared: \(refused ?? "not listed")")
         // And the channel works on: a publish to the last of them lands there.
         try connection.publish(to: names[24], body: Array("after the refusal".utf8))
         #expect(
