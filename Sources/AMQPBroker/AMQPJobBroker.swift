@@ -1,6 +1,5 @@
 import AMQP
 import APNsModel
-import Foundation
 import Telemetry
 import Threads
 import WorkerPipeline
@@ -63,19 +62,12 @@ public final class AMQPJobBroker: JobBroker {
     /// The bulk lane's consumer, while one runs.
     private var bulkConsumerTag: String?
     private var bulkIntake: BulkPrefetch
-    /// The worker's other queues (failed, dead tokens, retries), while a first session declares them beside it:
-    /// a publish to them waits for them, once, until `declarationWaitEnds` (uptime nanoseconds).
-    private var queuesBeingDeclared: QueueDeclaration?
-    private var declarationWaitEnds: UInt64?
-    private let topology: DeclaredTopology
 
-    /// Connects, declares the lanes' queues and starts declaring the others beside it (unless `topology` says this
-    /// process did already), and starts consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown
-    /// vhost) is `ConnectionRefused`.
+    /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
+    /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
     public init(settings: Settings, topology: DeclaredTopology = DeclaredTopology(), logger: Logger) throws {
         self.settings = settings
         self.logger = logger
-        self.topology = topology
         do {
             amqp = try settings.nodes.connect(
                 heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
@@ -89,10 +81,9 @@ public final class AMQPJobBroker: JobBroker {
         // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
         // missing later is declared again then (a publish handed back, or a consume refused, which ends the session).
-        // A first session declares the lanes' queues, which it consumes, and the rest beside it (`QueueDeclaration`).
         if !topology.isDeclared {
-            for lane in JobLane.allCases { try Topology.declare(settings.queues.jobs(lane), on: amqp, settings.queues) }
-            queuesBeingDeclared = QueueDeclaration(settings, topology: topology, logger: logger)
+            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.delayQueues)
+            topology.isDeclared = true
         }
         do {
             try amqp.enablePublisherConfirms()
@@ -104,7 +95,7 @@ public final class AMQPJobBroker: JobBroker {
         } catch {
             // A queue deleted meanwhile (NOT_FOUND): the next session declares everything again. Any other failure
             // (a node that stopped answering) says nothing about the queues.
-            if error.kind == .brokerRefused && error.code == 404 { topology.forget() }
+            if error.kind == .brokerRefused && error.code == 404 { topology.isDeclared = false }
             throw error
         }
     }
@@ -197,46 +188,6 @@ public final class AMQPJobBroker: JobBroker {
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
         guard !publications.isEmpty else { return [] }
-        // A summary goes to its sender's queue, not one of the worker's: it need not wait for them.
-        let replies = publications.indices.filter { index in
-            if case .reply = publications[index].destination { true } else { false }
-        }
-        guard replies.count == publications.count || ownQueuesDeclared() else {
-            var outcomes = [PublicationOutcome](repeating: .noQueue, count: publications.count)
-            for (index, outcome) in zip(replies, try publishNow(replies.map { publications[$0] })) {
-                outcomes[index] = outcome
-            }
-            return outcomes
-        }
-        return try publishNow(publications)
-    }
-
-    /// Whether the worker's queues are there to publish to. Nothing is published to them before (a publish to a
-    /// missing exchange would close the consuming channel). They are waited for once, no longer than a reply nor half
-    /// a heartbeat (the connection sends none meanwhile), and only looked at after that: what cannot wait is held
-    /// and published again later, as when a queue was found missing. A declaration that failed starts again beside
-    /// the session, not on its thread.
-    private func ownQueuesDeclared() -> Bool {
-        guard let declaration = queuesBeingDeclared else { return true }
-        let now = DispatchTime.now().uptimeNanoseconds
-        let longest = settings.heartbeat > 0 ? min(settings.replyTimeout, Double(settings.heartbeat) / 2) : 10
-        let waitEnds = declarationWaitEnds ?? now + UInt64(longest * 1e9)
-        declarationWaitEnds = waitEnds
-        switch declaration.outcome(within: Double(waitEnds - min(now, waitEnds)) / 1e9) {
-        case .declared:
-            queuesBeingDeclared = nil
-            return true
-        case .failed:
-            queuesBeingDeclared = QueueDeclaration(settings, topology: topology, logger: logger)
-            declarationWaitEnds = now
-        case .underWay:
-            logger.warning("the worker's queues are still being declared: publishing to them later")
-        }
-        return false
-    }
-
-    private func publishNow(_ publications: [Publication]) throws -> [PublicationOutcome] {
-        guard !publications.isEmpty else { return [] }
         var sequences: [UInt64] = []
         sequences.reserveCapacity(publications.count)
         for publication in publications {
@@ -261,17 +212,20 @@ public final class AMQPJobBroker: JobBroker {
                     "amqp.reply": returns.first { $0.routingKey == route.routingKey }?.replyText ?? ""
                 ])
         }
-        if !lost.isEmpty { try declareWorkerQueues() }
+        if !lost.isEmpty { try declareQueuesAgain() }
         return zip(publications, sequences).map { publication, sequence in
             if nacked.contains(sequence) { return .refused }
             return returned.contains(route(publication.destination)) ? .noQueue : .taken
         }
     }
 
-    private func declareWorkerQueues() throws {
-        let epoch = topology.epoch
-        try settings.declareWorkerQueues()
-        topology.markDeclared(asOf: epoch)
+    /// Declares the worker's queues on a connection of its own: a declaration the broker refuses (a queue declared
+    /// meanwhile with other arguments) closes the channel it was made on, and on the consuming channel that would
+    /// drop both consumers and every unsettled delivery and confirm.
+    private func declareQueuesAgain() throws {
+        let declaring = try settings.nodes.connect(heartbeat: 0, caFile: settings.caFile)
+        defer { declaring.close() }
+        try Topology.declareWorkerQueues(on: declaring, settings.queues, retryDelays: settings.delayQueues)
     }
 
     public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
@@ -295,81 +249,15 @@ public final class AMQPJobBroker: JobBroker {
     public func close() { amqp.close() }
 }
 
-/// The worker's queues declared on a thread and a connection of their own while the session that started it
-/// consumes: the broker takes a millisecond or more over each declaration, even of a queue it has, and a worker
-/// declares about sixty, which a first job would otherwise wait for. A declaration that fails is logged; the
-/// session's first publish then declares them again, on its thread.
-final class QueueDeclaration: Sendable {
-    enum Outcome { case declared, failed, underWay }
-
-    private let ended = DispatchSemaphore(value: 0)
-    private let declared = Locked(false)
-
-    init(_ settings: AMQPJobBroker.Settings, topology: DeclaredTopology, logger: Logger) {
-        let ended = self.ended
-        let declared = self.declared
-        // As of now: a session that finds a queue missing meanwhile has the topology forgotten, and this
-        // declaration, begun before, then does not say it declared.
-        let epoch = topology.epoch
-        Thread {
-            do {
-                try settings.declareWorkerQueues()
-                declared.withLock { $0 = true }
-                topology.markDeclared(asOf: epoch)
-            } catch {
-                logger.warning(
-                    "cannot declare the worker's queues now; the first publish declares them again",
-                    ["error": "\(error)"])
-            }
-            ended.signal()
-        }.start()
-    }
-
-    /// How the declaration went, waiting for it up to `seconds`.
-    func outcome(within seconds: Double) -> Outcome {
-        guard ended.wait(timeout: .now() + seconds) == .success else { return .underWay }
-        ended.signal()
-        return declared.withLock { $0 } ? .declared : .failed
-    }
-}
-
-extension AMQPJobBroker.Settings {
-    /// Declares the worker's queues on a connection of its own: a declaration the broker refuses (a queue declared
-    /// meanwhile with other arguments) closes the channel it was made on, and on the consuming channel that would
-    /// drop both consumers and every unsettled delivery and confirm.
-    func declareWorkerQueues() throws(AMQPError) {
-        let declaring = try nodes.connect(
-            heartbeat: 0, connectTimeout: replyTimeout, replyTimeout: replyTimeout, caFile: caFile)
-        defer { declaring.close() }
-        try Topology.declareWorkerQueues(on: declaring, queues, retryDelays: delayQueues)
-    }
-}
-
 /// Whether this process declared the worker's queues already (one per worker, shared by its sessions).
 public final class DeclaredTopology: Sendable {
-    /// `epoch` counts the times the queues were found missing: a declaration begun before the last of them says
-    /// nothing about the queues now.
-    private let state = Locked((declared: false, epoch: 0))
+    private let declared = Locked(false)
 
     public init() {}
 
-    public var isDeclared: Bool { state.withLock { $0.declared } }
-
-    var epoch: Int { state.withLock { $0.epoch } }
-
-    /// Every queue was declared by a declaration begun at `epoch`.
-    func markDeclared(asOf epoch: Int) {
-        state.withLock { state in
-            if state.epoch == epoch { state.declared = true }
-        }
-    }
-
-    /// A queue was found missing: the next session declares them all again.
-    func forget() {
-        state.withLock { state in
-            state.declared = false
-            state.epoch += 1
-        }
+    public var isDeclared: Bool {
+        get { declared.withLock { $0 } }
+        set { declared.withLock { $0 = newValue } }
     }
 }
 

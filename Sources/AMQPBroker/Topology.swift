@@ -110,8 +110,8 @@ public enum Topology {
         on amqp: AMQPConnection, _ names: QueueNames,
         retryDelays: [Double]
     ) throws(AMQPError) {
-        // In bursts (`declareQueues`): a worker declares about sixty queues (each lane's retry and schedule tiers),
-        // and one round trip each took the broker a tenth of a second or more.
+        // In bursts (`declareQueues`), one round trip for ten: a worker declares about sixty queues (each lane's retry
+        // and schedule tiers) before it consumes.
         var queues = [names.jobs, names.bulk, names.failed].map { queue in
             (name: queue, arguments: arguments(names, deadLettering: false, extra: [:]))
         }

@@ -4,8 +4,8 @@ import Telemetry
 import Testing
 import WorkerPipeline
 
-/// Queues declared in bursts (`AMQPConnection.declareQueues`), with the meaning of declaring each in turn, and a
-/// worker's first session, which consumes before its other queues are declared.
+/// Queues declared in bursts (`AMQPConnection.declareQueues`), with the meaning of declaring each in turn, as a
+/// worker's first session declares its queues.
 @Suite struct QueueDeclarationTests {
     @Test func aBurstDeclaresEveryQueueWithItsArguments() throws {
         let connection = try AMQPConnection(url: TestServices.amqpURL())
@@ -39,8 +39,8 @@ import WorkerPipeline
             "the publish after the refusal reached \(names[24])")
     }
 
-    /// A worker's first session consumes before its other queues are declared; its first publications (a dead-token
-    /// event through the exchange, a parked job, a retry) wait for them and reach them.
+    /// A worker's first session declares its queues in bursts before it consumes: its first publications (a
+    /// dead-token event through the exchange, a parked job, a retry) reach them.
     @Test func aNewWorkersFirstPublicationsReachTheirQueues() throws {
         let prefix = TestServices.unique("first-publish")
         let queues = QueueNames(
