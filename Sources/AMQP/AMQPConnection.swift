@@ -170,19 +170,20 @@ public final class AMQPConnection {
                     throw libraryError(status, "queue.declare \(queue.name)")
                 }
             }
+            // Nil, or a refusal (whose channel is then reopened): one of the ten was not declared.
+            let declared: Bool
             do throws(AMQPError) {
-                guard try queueStatus(some.last!.name) != nil else {
-                    throw AMQPError(
-                        kind: .brokerRefused, code: Int(AMQP_NOT_FOUND), "queue \(some.last!.name) not declared")
-                }
+                declared = try queueStatus(some.last!.name) != nil
             } catch  where error.kind == .brokerRefused {
-                if error.code != Int(AMQP_NOT_FOUND) { try reopenChannel() }
-                for queue in some { try declareQueue(queue.name, arguments: queue.arguments) }
+                try reopenChannel()
+                declared = false
             }
+            if !declared { for queue in some { try declareQueue(queue.name, arguments: queue.arguments) } }
         }
     }
 
-    static let declarationsPerRoundTrip = 10
+    /// How many queues `declareQueues` declares a round trip.
+    public static let declarationsPerRoundTrip = 10
 
     /// A queue's depth and consumer count, or nil if there is no such queue (a passive declare, which creates
     /// nothing).

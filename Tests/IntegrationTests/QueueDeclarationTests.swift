@@ -1,5 +1,6 @@
 import AMQP
 import AMQPBroker
+import APNsModel
 import Telemetry
 import Testing
 import WorkerPipeline
@@ -39,26 +40,34 @@ import WorkerPipeline
             "the publish after the refusal reached \(names[24])")
     }
 
-    /// A worker's first session declares its queues in bursts before it consumes: its first publications (a
-    /// dead-token event through the exchange, a parked job, a retry) reach them.
-    @Test func aNewWorkersFirstPublicationsReachTheirQueues() throws {
+    /// A worker's first session declares its queues in bursts before it consumes: every delay queue of both lanes
+    /// is there (the last ones in the last burst), and its first publications (a dead-token event through the
+    /// exchange, a parked job, a retry) reach their queues.
+    @Test func aNewWorkersQueuesAreAllThereBeforeItsFirstPublications() throws {
         let prefix = TestServices.unique("first-publish")
         let queues = QueueNames(
             jobs: prefix + ".jobs", bulk: prefix + ".bulk", failed: prefix + ".failed", deadTokens: prefix + ".dead",
             registrations: prefix + ".registrations")
-        let broker = try AMQPJobBroker(
-            settings: .init(nodes: AMQPNodes(TestServices.amqpURL()), queues: queues, retryDelays: [1]),
-            logger: Logger(label: "first-publish", level: .critical))
+        let settings = AMQPJobBroker.Settings(
+            nodes: try AMQPNodes(TestServices.amqpURL()), queues: queues, retryDelays: [1])
+        let broker = try AMQPJobBroker(settings: settings, logger: Logger(label: "first-publish", level: .critical))
         defer { broker.close() }
+        let checker = try AMQPConnection(url: TestServices.amqpURL())
+        try #require(settings.delayQueues.count * 2 > 2 * AMQPConnection.declarationsPerRoundTrip, "several bursts")
+        for lane in JobLane.allCases {
+            for delay in settings.delayQueues {
+                let name = queues.retry(delay: delay, lane: lane)
+                #expect(try checker.queueStatus(name) != nil, "\(name) declared")
+            }
+        }
         let outcomes = try broker.publish(
             [Publication.Destination.deadTokens, .failed, .retry(delay: 1, lane: .urgent)].map {
                 Publication(destination: $0, body: Array("first".utf8), properties: MessageProperties())
             })
         #expect(outcomes == [.taken, .taken, .taken])
-        let connection = try AMQPConnection(url: TestServices.amqpURL())
         for queue in [queues.deadTokens, queues.failed] {
             #expect(
-                try TestServices.waitUntil(timeout: 10) { try connection.queueStatus(queue)?.messages == 1 },
+                try TestServices.waitUntil(timeout: 10) { try checker.queueStatus(queue)?.messages == 1 },
                 "\(queue) holds its publication")
         }
     }
