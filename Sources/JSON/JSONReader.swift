@@ -73,37 +73,64 @@ public struct JSONReader: ~Copyable {
     }
     private static let noNames = JSONNames([])
 
+    /// Checks the object that starts at `offset` in `bytes` as `readObject` checks a member's value at `depth` (the
+    /// object itself at `depth`), as strictly, and returns where it ends. For a reader of its own that meets an object
+    /// it only needs checked (a job's payload, read by `PushJob` in one pass).
+    public static func checkObject(
+        in bytes: UnsafeBufferPointer<UInt8>, at offset: Int, depth: Int, maximumDepth: Int
+    ) throws(JSONError) -> Int {
+        try lending(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: false) { reader throws(JSONError) in
+            guard (0..<bytes.count).contains(offset), bytes[offset] == UInt8(ascii: "{") else {
+                throw reader.error("expected an object")
+            }
+            reader.position = offset
+            try reader.skipObject(depth: depth)
+            return reader.position
+        }
+    }
+
     /// Lends a reader over `bytes` to `read`, which reads one value; then only whitespace may follow.
     private static func reading<T>(
         _ bytes: [UInt8], maximumDepth: Int, allowsDuplicateKeys: Bool,
         _ read: (inout JSONReader) throws(JSONError) -> T
+    ) throws(JSONError) -> T {
+        try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
+            try lending(buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys) {
+                reader throws(JSONError) in
+                if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
+                    throw reader.error(
+                        "starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
+                            + "save it as UTF-8 without one")
+                }
+                reader.skipWhitespace()
+                let value = try read(&reader)
+                reader.skipWhitespace()
+                guard reader.position == buffer.count else {
+                    throw reader.error("unexpected text after the JSON value")
+                }
+                return value
+            }
+        }
+    }
+
+    /// Lends `body` a reader at the start of `buffer`.
+    private static func lending<T>(
+        _ buffer: UnsafeBufferPointer<UInt8>, maximumDepth: Int, allowsDuplicateKeys: Bool,
+        _ body: (inout JSONReader) throws(JSONError) -> T
     ) throws(JSONError) -> T {
         // The reader walks the bytes in place: an unsafe buffer, whose reads cost no bounds check in release builds,
         // is what keeps reading near a few instructions per byte. Member names start on the stack, so that most
         // documents allocate nothing for them.
         try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { nameBytes throws(JSONError) in
             try withUnsafeTemporaryAllocation(of: Range<Int>.self, capacity: 32) { names throws(JSONError) in
-                try bytes.withUnsafeBufferPointer { buffer throws(JSONError) in
-                    var reader = JSONReader(
-                        bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys,
-                        nameBytes: Scratch(lent: nameBytes), names: Scratch(lent: names))
-                    defer {
-                        reader.nameBytes.release()
-                        reader.names.release()
-                    }
-                    if buffer.starts(with: [0xEF, 0xBB, 0xBF]) {
-                        throw reader.error(
-                            "starts with a UTF-8 byte-order mark (EF BB BF), which JSON must not (RFC 8259): "
-                                + "save it as UTF-8 without one")
-                    }
-                    reader.skipWhitespace()
-                    let value = try read(&reader)
-                    reader.skipWhitespace()
-                    guard reader.position == buffer.count else {
-                        throw reader.error("unexpected text after the JSON value")
-                    }
-                    return value
+                var reader = JSONReader(
+                    bytes: buffer, maximumDepth: maximumDepth, allowsDuplicateKeys: allowsDuplicateKeys,
+                    nameBytes: Scratch(lent: nameBytes), names: Scratch(lent: names))
+                defer {
+                    reader.nameBytes.release()
+                    reader.names.release()
                 }
+                return try body(&reader)
             }
         }
     }
@@ -167,7 +194,7 @@ public struct JSONReader: ~Copyable {
     public mutating func readStrings() throws(JSONError) -> JSONStrings {
         guard position < bytes.count, bytes[position] == UInt8(ascii: "[") else { return .other(try readValue()) }
         var strings: [String] = []
-        strings.reserveCapacity(leadingStringCount())
+        strings.reserveCapacity(JSONBytes.leadingStringCount(bytes, at: position))
         var notAString: (index: Int, typeName: String)?
         try eachElement(depth: memberDepth + 1) { reader throws(JSONError) in
             if reader.position < reader.bytes.count, reader.bytes[reader.position] == UInt8(ascii: "\"") {
@@ -180,30 +207,6 @@ public struct JSONReader: ~Copyable {
         }
         if let notAString { return .notAString(index: notAString.index, typeName: notAString.typeName) }
         return .strings(strings)
-    }
-
-    /// How many strings the array at `position` begins with: what `readStrings` reserves, so that a campaign's
-    /// hundred thousand users take one buffer of their size, not a doubling one of up to twice it (and both buffers
-    /// while it grows). A hint only: it stops at whatever is not a string. Not counted in small documents (a few
-    /// hundred instructions for a single token, where growing costs nothing).
-    private func leadingStringCount() -> Int {
-        guard bytes.count - position > 16 << 10 else { return 0 }
-        var index = position + 1
-        var count = 0
-        while index < bytes.count {
-            switch bytes[index] {
-            case 0x20, 0x09, 0x0A, 0x0D, UInt8(ascii: ","): index += 1
-            case UInt8(ascii: "\""):
-                count += 1
-                index += 1
-                while index < bytes.count, bytes[index] != UInt8(ascii: "\"") {
-                    index += bytes[index] == UInt8(ascii: "\\") ? 2 : 1
-                }
-                index += 1
-            default: return count
-            }
-        }
-        return count
     }
 
     // MARK: building
@@ -334,7 +337,7 @@ public struct JSONReader: ~Copyable {
         if object.set == nil && names.count - object.first < 16 {
             let new = bytes(ofName: name)
             var index = object.first
-            while index < names.count && !Self.same(bytes(ofName: names[index]), new) { index += 1 }
+            while index < names.count && !JSONBytes.same(bytes(ofName: names[index]), new) { index += 1 }
             repeated = index < names.count
             names.append(name)
         } else {
@@ -390,7 +393,7 @@ public struct JSONReader: ~Copyable {
         var stopFound = false
         while scan + 8 <= bytes.count {
             let word = raw.loadUnaligned(fromByteOffset: scan, as: UInt64.self)
-            let stops = Self.stops(in: word)
+            let stops = JSONBytes.stops(in: word)
             if stops != 0 {
                 let offset = stops.trailingZeroBitCount >> 3
                 high |= word & ((1 &<< (offset &* 8)) &- 1)
@@ -420,25 +423,6 @@ public struct JSONReader: ~Copyable {
         }
         position = scan + 1
         return text
-    }
-
-    /// The top bit of each byte of `word` that is a quote, a backslash or below 0x20, and perhaps of bytes above the
-    /// lowest such byte, never below it: each test sets a byte's top bit when the byte is zero (after the XOR) or below
-    /// 0x20, a borrow only ever reaches higher bytes, and a byte of 0x80 and above is masked out by `~word`. So the
-    /// lowest bit set marks the first byte that stops a string.
-    private static func stops(in word: UInt64) -> UInt64 {
-        let ones: UInt64 = 0x0101_0101_0101_0101
-        let quotes = word ^ (ones &* 0x22)
-        let backslashes = word ^ (ones &* 0x5C)
-        let found =
-            ((quotes &- ones) & ~quotes) | ((backslashes &- ones) & ~backslashes) | ((word &- ones &* 0x20) & ~word)
-        return found & (ones &* 0x80)
-    }
-
-    static func same(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard a.count == b.count else { return false }
-        for index in 0..<a.count where a[index] != b[index] { return false }
-        return true
     }
 
     /// Enters an object or array at `depth` (its opening bracket is at `position`): false if it is empty (and then

@@ -61,7 +61,7 @@ public struct JSONNames: Sendable {
     func index(of bytes: UnsafeBufferPointer<UInt8>) -> Int? {
         guard bytes.count < indicesByLength.count else { return nil }
         for index in indicesByLength[bytes.count] {
-            if names[index].withUnsafeBufferPointer({ JSONReader.same($0, bytes) }) { return index }
+            if names[index].withUnsafeBufferPointer({ JSONBytes.same($0, bytes) }) { return index }
         }
         return nil
     }

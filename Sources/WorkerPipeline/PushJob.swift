@@ -45,12 +45,13 @@ public struct PushJob: Sendable, Equatable {
     private var shared: SharedMembers<Members>
 
     init(
-        id: String, topic: String, users: [String], tokens: [String], environment: APNsEnvironment,
-        pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?, payload: [UInt8]
+        id: String, idFromBody: Bool = true, topic: String, users: [String], tokens: [String],
+        environment: APNsEnvironment, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?,
+        collapseID: String?, payload: [UInt8]
     ) {
         shared = SharedMembers(
             Members(
-                id: id, topic: topic, users: users, tokens: tokens, environment: environment,
+                id: id, idFromBody: idFromBody, topic: topic, users: users, tokens: tokens, environment: environment,
                 pushType: pushType, priority: priority, expiration: expiration,
                 collapseID: collapseID, payload: payload))
     }
@@ -139,6 +140,19 @@ public struct PushJob: Sendable, Equatable {
     /// checked (`APNsRules.topicProblem`) by the configuration that gave it; `fallbackID` names
     /// jobs that carry no id, made only for them (most jobs name themselves, and making an id is not free).
     public static func decode(
+        _ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
+        limits: Limits = .init()
+    ) throws(JobError) -> PushJob {
+        if let usual = decodeUsual(body, defaultTopic: defaultTopic, fallbackID: fallbackID, limits: limits) {
+            return usual
+        }
+        return try decodeMemberByMember(body, defaultTopic: defaultTopic, fallbackID: fallbackID(), limits: limits)
+    }
+
+    /// `decode` for any body: each member the decoder knows read into its own field, then judged. A rule added here
+    /// goes into `decodeUsual` too (UsualJob.swift), or that one declines what the rule is about: `UsualJobTests`
+    /// compares the two readings.
+    static func decodeMemberByMember(
         _ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
         limits: Limits = .init()
     ) throws(JobError) -> PushJob {
@@ -301,14 +315,18 @@ public struct PushJob: Sendable, Equatable {
         /// Reads `body` within the limits. A retry body (the worker's own) carries the original job inside it, so it
         /// may be larger and deeper than a job; any other body is held to the limits once read.
         init(_ body: [UInt8], limits: Limits) throws(JobError) {
-            guard body.count <= limits.maximumMessageSize * PushJob.retrySizeFactor else {
+            // Saturating: limits near Int.max (no limit at all) must not overflow.
+            let (retrySize, sizeOverflows) = limits.maximumMessageSize.multipliedReportingOverflow(
+                by: PushJob.retrySizeFactor)
+            let (retryDepth, depthOverflows) = limits.maximumDepth.addingReportingOverflow(PushJob.retryWrapperDepth)
+            guard sizeOverflows || body.count <= retrySize else {
                 throw .tooLarge(size: body.count, limit: limits.maximumMessageSize)
             }
             var members = JobMembers()
             let topLevel: JSONTopLevel
             do {
                 topLevel = try JSONReader.readObject(
-                    body, maximumDepth: limits.maximumDepth + PushJob.retryWrapperDepth,
+                    body, maximumDepth: depthOverflows ? .max : retryDepth,
                     known: Self.names
                 ) { reader, index throws(JSONError) in
                     guard let index else { return }
@@ -545,36 +563,6 @@ public struct PushJob: Sendable, Equatable {
             original = job.range
         }
         return (attempt, targets, original)
-    }
-
-    static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
-        try string(document[field], named: field)
-    }
-
-    static func optionalInteger(_ document: JSONValue, _ field: String) throws(JobError) -> Int64? {
-        try integer(document[field], named: field)
-    }
-
-    /// A member's value that must be a string or null (or absent: nil).
-    static func string(_ value: JSONValue?, named field: String) throws(JobError) -> String? {
-        switch value {
-        case nil, .null?: return nil
-        case .string(let text)?: return text
-        case let other?: throw .wrongType(field: field, expected: "a string", got: other.typeName)
-        }
-    }
-
-    /// A member's value that must be a whole number written as one, or null (or absent: nil).
-    static func integer(_ value: JSONValue?, named field: String) throws(JobError) -> Int64? {
-        switch value {
-        case nil, .null?: return nil
-        case .number(let text)?:
-            guard let value = Int64(text) else {
-                throw .wrongType(field: field, expected: "a whole number", got: "the number \(text)")
-            }
-            return value
-        case let other?: throw .wrongType(field: field, expected: "a whole number", got: other.typeName)
-        }
     }
 
     private static func strings(_ value: JSONStrings?, named field: String) throws(JobError) -> [String] {

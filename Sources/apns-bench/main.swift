@@ -27,9 +27,10 @@ let usage = """
           --topics A,B names topic A in job 0, B in job 1, and so on round the list (default: none, the worker's
           APNS_TOPIC), so that several credentials share the load. --environment names the direct tokens' environment
           (default: none, production).
-      apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K]
+      apns-bench drain --amqp URL --queue Q --count N [--prefetch P] [--ack-every K] [--ack-lag L]
           The broker's own consume-and-acknowledge ceiling: consumes N messages, acknowledging each (K = 1) or K at a
-          time with multiple acks, and prints the rate.
+          time with multiple acks, and prints the rate. --ack-lag L acknowledges only up to L messages behind the
+          newest, as a worker does that acknowledges a job once APNs has answered it (L below the prefetch).
       apns-bench wait --sim URL --ca FILE --count N
           Waits until apns-sim has answered N pushes (GET /sim/stats) and prints how long that took from the start,
           and from the first answer it saw (what came before is the sender's start-up).
@@ -234,9 +235,14 @@ case "drain":
     guard let url = options["amqp"], let queue = options["queue"] else { fail("drain needs --amqp and --queue") }
     let count = integer("count", 10_000)
     let ackEvery = max(1, integer("ack-every", 1))
+    let prefetch = integer("prefetch", 500)
+    // An ack that stays as many messages behind as the broker may have unacknowledged would wait forever.
+    let ackLag = integer("ack-lag", 0)
+    guard ackLag < prefetch else { fail("--ack-lag \(ackLag) must be below --prefetch \(prefetch)") }
+    let multiple = ackEvery > 1 || ackLag > 0
     do {
         let connection = try AMQPNodes(url).connect(startingAt: 0)
-        try connection.setPrefetch(integer("prefetch", 500))
+        try connection.setPrefetch(prefetch)
         try connection.consume(queue)
         var received = 0
         var started: DispatchTime?
@@ -248,9 +254,11 @@ case "drain":
                 if started == nil { started = .now() }
                 received += 1
                 // --ack-every 1: one ack per message, the simplest consumer; 100: one multiple ack per 100 messages,
-                // the broker's best case.
-                if received % ackEvery == 0 || received == count {
-                    try connection.ack(delivery.deliveryTag, multiple: ackEvery > 1)
+                // the broker's best case. The last message settles everything.
+                if received == count {
+                    try connection.ack(delivery.deliveryTag, multiple: multiple)
+                } else if received % ackEvery == 0 && delivery.deliveryTag > UInt64(ackLag) {
+                    try connection.ack(delivery.deliveryTag - UInt64(ackLag), multiple: multiple)
                 }
             }
         }

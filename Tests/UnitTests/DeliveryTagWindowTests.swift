@@ -58,7 +58,7 @@ struct DeliveryTagWindowTests {
 }
 
 /// Xorshift64*: the same runs every time.
-private struct Xorshift: RandomNumberGenerator {
+struct Xorshift: RandomNumberGenerator {
     var state: UInt64
 
     mutating func next() -> UInt64 {
@@ -67,4 +67,7 @@ private struct Xorshift: RandomNumberGenerator {
         state ^= state >> 27
         return state &* 0x2545_F491_4F6C_DD1D
     }
+
+    /// A number below `bound`.
+    mutating func next(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
 }

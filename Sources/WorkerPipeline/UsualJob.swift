@@ -1,0 +1,254 @@
+import APNsModel
+import JSON
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+extension PushJob {
+    /// A job of the usual shape decoded in one pass over its bytes, or nil for any other body, valid or not: `decode`
+    /// then reads that one member by member and judges it, giving the reason for a refusal.
+    ///
+    /// The usual shape: a JSON object whose members are among `id`, `topic`, `users`, `tokens`, `environment`,
+    /// `push_type`, `priority`, `expiration`, `collapse_id` and `payload` (an object, any valid JSON in it), each at
+    /// most once; their strings without escapes or bytes beyond ASCII, whole numbers (above Int64.min), device tokens
+    /// in lower case, and no Live Activity push type. For such a body it returns what the member-by-member reading returns
+    /// (`UsualJobTests` holds the two to it): the rules are the same functions (`APNsRules`,
+    /// `APNsNotification.scanDeviceToken`), and the payload is checked by the same JSON reader.
+    ///
+    /// Why: most jobs are of this shape, and for a single-token job the member-by-member reading (a closure and a
+    /// typed value per member, the general checks for members that are absent) cost more than its HTTP/2 request
+    /// leaves to the rest of the job.
+    static func decodeUsual(
+        _ body: [UInt8], defaultTopic: String?, fallbackID: () -> String, limits: Limits
+    ) -> PushJob? {
+        // The top-level object is at depth 1, its arrays and its payload at 2.
+        guard body.count <= limits.maximumMessageSize, limits.maximumDepth >= 2 else { return nil }
+        return body.withUnsafeBufferPointer { bytes -> PushJob? in
+            var scanner = UsualJobScanner(bytes: bytes)
+            guard let members = scanner.members(maximumDepth: limits.maximumDepth) else { return nil }
+            return members.job(body, defaultTopic: defaultTopic, fallbackID: fallbackID, limits: limits)
+        }
+    }
+}
+
+/// The members of a usual job as its bytes give them (`PushJob.decodeUsual`).
+private struct UsualMembers {
+    var id, topic, environment, pushType, collapseID: String?
+    var users: [String] = []
+    var tokens: [String] = []
+    var priority, expiration: Int64?
+    var payload: Range<Int>?
+
+    /// The job these members make, checked by the rules `PushJob.decode` applies; nil where one refuses it.
+    func job(_ body: [UInt8], defaultTopic: String?, fallbackID: () -> String, limits: PushJob.Limits) -> PushJob? {
+        guard let payload, !users.isEmpty || !tokens.isEmpty,
+            users.count + tokens.count <= limits.maximumTargets,
+            let bundle = topic ?? defaultTopic, !bundle.isEmpty
+        else { return nil }
+        var environment = APNsEnvironment.production
+        if let text = self.environment {
+            guard let parsed = APNsEnvironment(rawValue: text) else { return nil }
+            environment = parsed
+        }
+        var pushType = APNsPushType.alert
+        if let text = self.pushType {
+            guard let parsed = APNsPushType(rawValue: text), parsed != .liveactivity else { return nil }
+            pushType = parsed
+        }
+        var priority = pushType.defaultPriority
+        if let number = self.priority {
+            guard let parsed = APNsPriority(rawValue: Int(number)) else { return nil }
+            priority = parsed
+        }
+        let payloadBytes = Array(body[payload])
+        do throws(APNsRequestError) {
+            try APNsRules.checkPriority(priority, for: pushType)
+            if let expiration { try APNsRules.checkExpiration(expiration) }
+            if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "\"collapse_id\"") }
+            if bundle != defaultTopic { try APNsRules.checkTopic(bundle, field: "\"topic\"") }
+            try APNsRules.checkPayloadSize(payloadBytes.count, for: pushType)
+        } catch {
+            return nil
+        }
+        return PushJob(
+            id: id ?? fallbackID(), idFromBody: id != nil, topic: pushType.topic(forBundle: bundle), users: users,
+            tokens: tokens, environment: environment, pushType: pushType, priority: priority, expiration: expiration,
+            collapseID: collapseID, payload: payloadBytes)
+    }
+}
+
+/// Reads a usual job's members off its bytes, giving up (nil) at the first thing outside the usual shape.
+private struct UsualJobScanner {
+    let bytes: UnsafeBufferPointer<UInt8>
+    var position = 0
+
+    private enum Member: Int {
+        case id, topic, users, tokens, environment, pushType, priority, expiration, collapseID, payload
+    }
+
+    mutating func members(maximumDepth: Int) -> UsualMembers? {
+        skipWhitespace()
+        guard take(UInt8(ascii: "{")) else { return nil }
+        var members = UsualMembers()
+        var seen = 0
+        skipWhitespace()
+        if !take(UInt8(ascii: "}")) {
+            repeat {
+                skipWhitespace()
+                guard let name = plainString(), let member = Self.member(named: name),
+                    seen & (1 << member.rawValue) == 0
+                else { return nil }
+                seen |= 1 << member.rawValue
+                skipWhitespace()
+                guard take(UInt8(ascii: ":")) else { return nil }
+                skipWhitespace()
+                guard read(member, into: &members, maximumDepth: maximumDepth) else { return nil }
+                skipWhitespace()
+            } while take(UInt8(ascii: ","))
+            guard take(UInt8(ascii: "}")) else { return nil }
+        }
+        skipWhitespace()
+        return position == bytes.count ? members : nil
+    }
+
+    private mutating func read(_ member: Member, into members: inout UsualMembers, maximumDepth: Int) -> Bool {
+        switch member {
+        case .id: return Self.store(string(), in: &members.id)
+        case .topic: return Self.store(string(), in: &members.topic)
+        case .environment: return Self.store(string(), in: &members.environment)
+        case .pushType: return Self.store(string(), in: &members.pushType)
+        case .collapseID: return Self.store(string(), in: &members.collapseID)
+        case .priority: return Self.store(integer(), in: &members.priority)
+        case .expiration: return Self.store(integer(), in: &members.expiration)
+        case .users:
+            guard let users = strings(tokens: false) else { return false }
+            members.users = users
+        case .tokens:
+            guard let tokens = strings(tokens: true) else { return false }
+            members.tokens = tokens
+        case .payload:
+            // The top-level object is at depth 1, its members' values at 2 (as `JSONReader.readObject` counts).
+            let start = position
+            guard let end = try? JSONReader.checkObject(in: bytes, at: start, depth: 2, maximumDepth: maximumDepth)
+            else { return false }
+            position = end
+            members.payload = start..<end
+        }
+        return true
+    }
+
+    private static func store<Value>(_ value: Value?, in field: inout Value?) -> Bool {
+        guard let value else { return false }
+        field = value
+        return true
+    }
+
+    private static func member(named name: UnsafeBufferPointer<UInt8>) -> Member? {
+        func named(_ literal: StaticString, _ member: Member) -> Member? {
+            guard name.count == literal.utf8CodeUnitCount else { return nil }
+            for index in 0..<name.count where name[index] != literal.utf8Start[index] { return nil }
+            return member
+        }
+        switch name.count {
+        case 2: return named("id", .id)
+        case 5: return named("topic", .topic) ?? named("users", .users)
+        case 6: return named("tokens", .tokens)
+        case 7: return named("payload", .payload)
+        case 8: return named("priority", .priority)
+        case 9: return named("push_type", .pushType)
+        case 10: return named("expiration", .expiration)
+        case 11: return named("environment", .environment) ?? named("collapse_id", .collapseID)
+        default: return nil
+        }
+    }
+
+    private mutating func skipWhitespace() {
+        while position < bytes.count {
+            switch bytes[position] {
+            case 0x20, 0x09, 0x0A, 0x0D: position += 1
+            default: return
+            }
+        }
+    }
+
+    private mutating func take(_ byte: UInt8) -> Bool {
+        guard position < bytes.count, bytes[position] == byte else { return false }
+        position += 1
+        return true
+    }
+
+    /// A string of printable ASCII without escapes: its bytes, past its closing quote.
+    private mutating func plainString() -> UnsafeBufferPointer<UInt8>? {
+        guard take(UInt8(ascii: "\"")) else { return nil }
+        let start = position
+        while position < bytes.count {
+            let byte = bytes[position]
+            if byte == UInt8(ascii: "\"") {
+                position += 1
+                return UnsafeBufferPointer(rebasing: bytes[start..<(position - 1)])
+            }
+            guard byte >= 0x20, byte < 0x80, byte != UInt8(ascii: "\\") else { return nil }
+            position += 1
+        }
+        return nil
+    }
+
+    private mutating func string() -> String? {
+        plainString().map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// An array of plain strings; with `tokens`, each a device token in lower case (`APNsNotification.scanDeviceToken`,
+    /// read where it is), and for users each of 1 to 256 bytes, as `PushJob.decode` requires.
+    private mutating func strings(tokens: Bool) -> [String]? {
+        guard take(UInt8(ascii: "[")) else { return nil }
+        var strings: [String] = []
+        skipWhitespace()
+        if take(UInt8(ascii: "]")) { return strings }
+        repeat {
+            skipWhitespace()
+            guard let text = tokens ? token() : plainString() else { return nil }
+            if !tokens { guard !text.isEmpty, text.count <= 256 else { return nil } }
+            strings.append(String(decoding: text, as: UTF8.self))
+            skipWhitespace()
+        } while take(UInt8(ascii: ","))
+        return take(UInt8(ascii: "]")) ? strings : nil
+    }
+
+    /// A device token in lower case: up to the closing quote, every byte a hex digit (so no escape, control
+    /// character or byte beyond ASCII either), found a word at a time.
+    private mutating func token() -> UnsafeBufferPointer<UInt8>? {
+        guard take(UInt8(ascii: "\"")), let base = bytes.baseAddress,
+            let quote = memchr(base + position, Int32(UInt8(ascii: "\"")), bytes.count - position)
+        else { return nil }
+        let start = base + position
+        let text = UnsafeBufferPointer(start: start, count: UnsafeRawPointer(quote) - UnsafeRawPointer(start))
+        let (valid, hasUpperCase) = APNsNotification.scanDeviceToken(UnsafeRawBufferPointer(text))
+        guard valid && !hasUpperCase else { return nil }
+        position += text.count + 1
+        return text
+    }
+
+    /// A whole number written as JSON writes one (no fraction or exponent) that fits an Int64.
+    private mutating func integer() -> Int64? {
+        let negative = take(UInt8(ascii: "-"))
+        let start = position
+        var value: Int64 = 0
+        while position < bytes.count, bytes[position] &- UInt8(ascii: "0") < 10 {
+            let (times, overflow) = value.multipliedReportingOverflow(by: 10)
+            let (sum, carry) = times.addingReportingOverflow(Int64(bytes[position] &- UInt8(ascii: "0")))
+            guard !overflow, !carry else { return nil }
+            value = sum
+            position += 1
+        }
+        let digits = position - start
+        guard digits > 0, digits == 1 || bytes[start] != UInt8(ascii: "0") else { return nil }
+        if position < bytes.count {
+            switch bytes[position] {
+            case UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"): return nil
+            default: break
+            }
+        }
+        return negative ? -value : value
+    }
+}
