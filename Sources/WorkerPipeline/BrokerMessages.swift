@@ -42,7 +42,10 @@ public final class JobDelivery: Sendable {
     public let redelivered: Bool
     public let lane: JobLane
 
-    public init(tag: UInt64, redelivered: Bool, body: [UInt8], properties: MessageProperties, lane: JobLane = .urgent) {
+    public init(
+        tag: UInt64, redelivered: Bool, body: consuming [UInt8], properties: consuming MessageProperties,
+        lane: JobLane = .urgent
+    ) {
         self.tag = tag
         self.redelivered = redelivered
         self.body = body
