@@ -1,10 +1,11 @@
 /// Byte-level steps of reading JSON that need nothing of a reader's state.
-enum JSONBytes {
-    /// How many strings the array at `position` of `bytes` begins with: what `JSONReader.readStrings` reserves, so
-    /// that a campaign's hundred thousand users take one buffer of their size, not a doubling one of up to twice it
-    /// (and both buffers while it grows). A hint only: it stops at whatever is not a string. Not counted in small
-    /// documents (a few hundred instructions for a single token, where growing costs nothing).
-    static func leadingStringCount(_ bytes: UnsafeBufferPointer<UInt8>, at position: Int) -> Int {
+public enum JSONBytes {
+    /// How many strings the array at `position` of `bytes` begins with: what a reader of an array of strings reserves
+    /// (`JSONReader.readStrings`, `PushJob.decodeUsual`), so that a campaign's hundred thousand users take one buffer
+    /// of their size, not a doubling one of up to twice it (and both buffers while it grows). A hint only: it stops
+    /// at whatever is not a string. Not counted in small documents (a few hundred instructions for a single token,
+    /// where growing costs nothing).
+    public static func leadingStringCount(_ bytes: UnsafeBufferPointer<UInt8>, at position: Int) -> Int {
         guard bytes.count - position > 16 << 10 else { return 0 }
         var index = position + 1
         var count = 0

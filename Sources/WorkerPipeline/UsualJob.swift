@@ -201,8 +201,10 @@ private struct UsualJobScanner {
     /// An array of plain strings; with `tokens`, each a device token in lower case (`APNsNotification.scanDeviceToken`,
     /// read where it is), and for users each of 1 to 256 bytes, as `PushJob.decode` requires.
     private mutating func strings(tokens: Bool) -> [String]? {
+        let start = position
         guard take(UInt8(ascii: "[")) else { return nil }
         var strings: [String] = []
+        strings.reserveCapacity(JSONBytes.leadingStringCount(bytes, at: start))
         skipWhitespace()
         if take(UInt8(ascii: "]")) { return strings }
         repeat {

@@ -165,6 +165,15 @@ import Testing
         #expect(agree(#"{"users": ["u"], "payload": {}}"#, defaultTopic: nil) == nil, "no topic at all")
     }
 
+    /// A campaign's users take one buffer of their size, not a doubling one of up to twice it (and both buffers while it
+    /// grows): what a worker holding big bulk jobs has in memory.
+    @Test func aCampaignsUsersTakeOneBufferOfTheirSize() throws {
+        let users = (0..<10_000).map { "\"user-\($0)\"" }.joined(separator: ", ")
+        let job = try #require(agree(#"{"users": [\#(users)], "payload": {}}"#))
+        #expect(job.users.count == 10_000)
+        #expect(job.users.capacity < job.users.count * 5 / 4, "capacity \(job.users.capacity)")
+    }
+
     /// A payload of exactly `size` bytes.
     func payload(of size: Int) -> String {
         #"{"p": ""# + String(repeating: "x", count: size - 9) + #""}"#
