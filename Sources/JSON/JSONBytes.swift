@@ -1,5 +1,18 @@
 /// Byte-level steps of reading JSON that need nothing of a reader's state.
 public enum JSONBytes {
+    /// Where the whitespace JSON allows between tokens (space, tab, line feed, carriage return) ends, from `position`.
+    @inline(__always)
+    public static func pastWhitespace(_ bytes: UnsafeBufferPointer<UInt8>, from position: Int) -> Int {
+        var position = position
+        while position < bytes.count {
+            switch bytes[position] {
+            case 0x20, 0x09, 0x0A, 0x0D: position += 1
+            default: return position
+            }
+        }
+        return position
+    }
+
     /// How many strings the array at `position` of `bytes` begins with: what a reader of an array of strings reserves
     /// (`JSONReader.readStrings`, `PushJob.decodeUsual`), so that a campaign's hundred thousand users take one buffer
     /// of their size, not a doubling one of up to twice it (and both buffers while it grows). A hint only: it stops

@@ -148,14 +148,7 @@ public struct JSONReader: ~Copyable {
 
     private func error(_ message: String) -> JSONError { JSONError(offset: position, message: message) }
 
-    private mutating func skipWhitespace() {
-        while position < bytes.count {
-            switch bytes[position] {
-            case 0x20, 0x09, 0x0A, 0x0D: position += 1
-            default: return
-            }
-        }
-    }
+    private mutating func skipWhitespace() { position = JSONBytes.pastWhitespace(bytes, from: position) }
 
     // MARK: reading member by member
 

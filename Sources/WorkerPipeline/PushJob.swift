@@ -47,13 +47,13 @@ public struct PushJob: Sendable, Equatable {
     init(
         id: String, idFromBody: Bool = true, topic: String, users: [String], tokens: [String],
         environment: APNsEnvironment, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?,
-        collapseID: String?, payload: [UInt8]
+        collapseID: String?, deadline: Int64? = nil, sendAt: Int64? = nil, payload: [UInt8]
     ) {
         shared = SharedMembers(
             Members(
                 id: id, idFromBody: idFromBody, topic: topic, users: users, tokens: tokens, environment: environment,
                 pushType: pushType, priority: priority, expiration: expiration,
-                collapseID: collapseID, payload: payload))
+                collapseID: collapseID, deadline: deadline, sendAt: sendAt, payload: payload))
     }
 
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
@@ -149,9 +149,10 @@ public struct PushJob: Sendable, Equatable {
         return try decodeMemberByMember(body, defaultTopic: defaultTopic, fallbackID: fallbackID(), limits: limits)
     }
 
-    /// `decode` for any body: each member the decoder knows read into its own field, then judged. A rule added here
-    /// goes into `decodeUsual` too (UsualJob.swift), or that one declines what the rule is about: `UsualJobTests`
-    /// compares the two readings.
+    /// `decode` for any body: each member the decoder knows read into its own field, then judged. `decodeUsual`
+    /// judges the members it reads with the same functions (`checkTargets`, `SendingOptions`, `bundle`, `sized`); a
+    /// rule written anywhere else here must go there too, or that one must decline what the rule is about
+    /// (`UsualJobTests` compares the two readings).
     static func decodeMemberByMember(
         _ body: [UInt8], defaultTopic: String?, fallbackID: @autoclosure () -> String,
         limits: Limits = .init()
@@ -161,7 +162,8 @@ public struct PushJob: Sendable, Equatable {
         let retry = try retryState(members.retry)
         let (users, tokens, channelID, activity) = try reach(members, retrying: retry != nil, limits: limits)
         let liveActivityJob = members.liveActivity != nil || channelID != nil || activity != nil
-        let sending = try SendingOptions(members, defaultPushType: liveActivityJob ? .liveactivity : .alert)
+        let sending = try SendingOptions(
+            SendingMembers(members), defaultPushType: liveActivityJob ? .liveactivity : .alert)
         let localWindow = try LocalWindow.decode(
             members.localWindow, defaultZone: members.defaultTimezone,
             reachesDevicesOnly: channelID != nil || activity != nil)
@@ -170,7 +172,7 @@ public struct PushJob: Sendable, Equatable {
                 "push_type is \"\(sending.pushType.rawValue)\": an activity's update tokens take Live "
                     + "Activity pushes only (liveactivity)")
         }
-        let bundle = try bundle(members, defaultTopic: defaultTopic)
+        let bundle = try bundle(topic: string(members.topic, named: "topic"), defaultTopic: defaultTopic)
         var job: PushJob
         if let channelID {
             job = try broadcastJob(
@@ -186,18 +188,17 @@ public struct PushJob: Sendable, Equatable {
             job = PushJob(
                 id: ownID ?? fallbackID(), topic: APNsPushType.background.topic(forBundle: bundle), users: users,
                 tokens: tokens, environment: sending.environment, pushType: .background,
-                priority: .considerPower, expiration: 0, collapseID: nil,
-                payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+                priority: .considerPower, expiration: 0, collapseID: nil, deadline: sending.deadline,
+                sendAt: sending.sendAt, payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
         } else {
             job = PushJob(
                 id: ownID ?? fallbackID(), topic: sending.pushType.topic(forBundle: bundle), users: users,
                 tokens: tokens, environment: sending.environment, pushType: sending.pushType,
                 priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
+                deadline: sending.deadline, sendAt: sending.sendAt,
                 payload: try payload(members, body, pushType: sending.pushType))
         }
         job.shared.change { members in
-            members.deadline = sending.deadline
-            members.sendAt = sending.sendAt
             members.localWindow = localWindow
             // A job that names an activity is a Live Activity job (decoding refused any other push type for it).
             if members.kind == .devices && (activity != nil || members.pushType == .liveactivity) {
@@ -216,8 +217,8 @@ public struct PushJob: Sendable, Equatable {
     /// The app the job is for: its `topic`, else the configured default, checked against Apple's rule for bundle IDs.
     /// The configured default was checked with the configuration (`SettingKind.topic`), so a job that names it, or
     /// none, is not checked again: most jobs, each of which would otherwise pay a pass over its topic's bytes.
-    private static func bundle(_ members: JobMembers, defaultTopic: String?) throws(JobError) -> String {
-        guard let bundle = try string(members.topic, named: "topic") ?? defaultTopic, !bundle.isEmpty else {
+    static func bundle(topic: String?, defaultTopic: String?) throws(JobError) -> String {
+        guard let bundle = topic ?? defaultTopic, !bundle.isEmpty else {
             throw .missingTopic
         }
         guard bundle != defaultTopic else { return bundle }
@@ -388,7 +389,7 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// Returns whether every token is canonical already (lower-case).
-    private static func checkTargets(
+    static func checkTargets(
         users: [String], tokens: [String], retrying: Bool,
         limits: Limits
     ) throws(JobError) -> Bool {
@@ -410,11 +411,31 @@ public struct PushJob: Sendable, Equatable {
         return allCanonical
     }
 
+    /// The members that say how a job's notifications are sent, as typed values: read from the job's members
+    /// (`JobMembers`), or straight from its bytes (`decodeUsual`); `SendingOptions` judges them.
+    struct SendingMembers {
+        var environment, pushType, collapseID: String?
+        var priority, expiration, deadline, sendAt: Int64?
+
+        init() {}
+
+        /// Each member of the type it takes, or the error naming it.
+        init(_ members: borrowing JobMembers) throws(JobError) {
+            environment = try string(members.environment, named: "environment")
+            pushType = try string(members.pushType, named: "push_type")
+            priority = try integer(members.priority, named: "priority")
+            expiration = try integer(members.expiration, named: "expiration")
+            deadline = try integer(members.deadline, named: "deadline")
+            sendAt = try integer(members.sendAt, named: "send_at")
+            collapseID = try string(members.collapseID, named: "collapse_id")
+        }
+    }
+
     /// How a job's notifications are sent, read and checked against Apple's rules (the same the client applies
     /// before sending, `APNsRules`): a job that breaks one is refused now, with its reason, rather than accepted
     /// and failed notification by notification.
     // Not copyable: every implicit copy of it (its collapse id is a String) cost reference counts on the per-job path.
-    private struct SendingOptions: ~Copyable {
+    struct SendingOptions: ~Copyable {
         let environment: APNsEnvironment
         let pushType: APNsPushType
         let priority: APNsPriority
@@ -424,26 +445,25 @@ public struct PushJob: Sendable, Equatable {
         let collapseID: String?
 
         // Read into locals, then stored at once: a value that cannot be copied is initialized whole or not at all.
-        init(_ members: borrowing JobMembers, defaultPushType: APNsPushType) throws(JobError) {
+        init(_ members: borrowing SendingMembers, defaultPushType: APNsPushType) throws(JobError) {
             var environment = APNsEnvironment.production
-            if let text = try string(members.environment, named: "environment") {
+            if let text = members.environment {
                 guard let parsed = APNsEnvironment(rawValue: text) else { throw .badEnvironment(text) }
                 environment = parsed
             }
             var pushType = defaultPushType
-            if let text = try string(members.pushType, named: "push_type") {
+            if let text = members.pushType {
                 guard let parsed = APNsPushType(rawValue: text) else { throw .unknownPushType(text) }
                 pushType = parsed
             }
             var priority = pushType.defaultPriority
-            if let number = try integer(members.priority, named: "priority") {
+            if let number = members.priority {
                 guard let parsed = APNsPriority(rawValue: Int(number)) else { throw .badPriority(number) }
                 priority = parsed
             }
-            let expiration = try integer(members.expiration, named: "expiration")
-            let deadline = try integer(members.deadline, named: "deadline")
+            let (expiration, deadline, sendAt, collapseID) =
+                (members.expiration, members.deadline, members.sendAt, members.collapseID)
             if let deadline, deadline < 0 || deadline > PushJob.latestDeadline { throw .badDeadline(deadline) }
-            let sendAt = try integer(members.sendAt, named: "send_at")
             if let sendAt {
                 let now = Int64(Date().timeIntervalSince1970)
                 if sendAt < 0 { throw .badSendAt("send_at \(sendAt) must be UNIX seconds, 0 or later") }
@@ -459,7 +479,6 @@ public struct PushJob: Sendable, Equatable {
                     throw .badSendAt("deadline \(deadline) is before send_at \(sendAt): nothing could be sent")
                 }
             }
-            let collapseID = try string(members.collapseID, named: "collapse_id")
             do throws(APNsRequestError) {
                 try APNsRules.checkPriority(priority, for: pushType)
                 if let expiration { try APNsRules.checkExpiration(expiration) }
@@ -489,7 +508,11 @@ public struct PushJob: Sendable, Equatable {
         if members.liveActivity != nil && pushType != .liveactivity {
             throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
         }
-        let payload = try payloadBytes(members, body)
+        return try sized(payloadBytes(members, body), for: pushType)
+    }
+
+    /// `payload`, if its size is within the push type's.
+    static func sized(_ payload: [UInt8], for pushType: APNsPushType) throws(JobError) -> [UInt8] {
         do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
             throw .breaksRule(error)
         }

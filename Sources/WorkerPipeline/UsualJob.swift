@@ -10,15 +10,18 @@ extension PushJob {
     /// then reads that one member by member and judges it, giving the reason for a refusal.
     ///
     /// The usual shape: a JSON object whose members are among `id`, `topic`, `users`, `tokens`, `environment`,
-    /// `push_type`, `priority`, `expiration`, `collapse_id` and `payload` (an object, any valid JSON in it), each at
-    /// most once; their strings without escapes or bytes beyond ASCII, whole numbers (above Int64.min), device tokens
-    /// in lower case, and no Live Activity push type. For such a body it returns what the member-by-member reading returns
-    /// (`UsualJobTests` holds the two to it): the rules are the same functions (`APNsRules`,
-    /// `APNsNotification.scanDeviceToken`), and the payload is checked by the same JSON reader.
+    /// `push_type`, `priority`, `expiration`, `collapse_id`, `deadline`, `send_at` and `payload` (an object, any valid
+    /// JSON in it), each at most once; their strings without escapes or bytes beyond ASCII, whole numbers (above
+    /// Int64.min), device tokens in lower case, and no Live Activity push type. Its members are judged by the
+    /// functions that judge the member-by-member reading's (`checkTargets`, `SendingOptions`, `bundle`, `sized`), and
+    /// its payload is checked in place by the same JSON reader, so that it returns the job that reading returns
+    /// (`UsualJobTests` holds the two to it).
     ///
     /// Why: most jobs are of this shape, and for a single-token job the member-by-member reading (a closure and a
     /// typed value per member, the general checks for members that are absent) cost more than its HTTP/2 request
     /// leaves to the rest of the job.
+    /// A body outside the shape costs what was read of it before it showed (at most one pass): the worker's retries
+    /// name their `retry` before their payload, and other kinds their own member.
     static func decodeUsual(
         _ body: [UInt8], defaultTopic: String?, fallbackID: () -> String, limits: Limits
     ) -> PushJob? {
@@ -27,54 +30,37 @@ extension PushJob {
         return body.withUnsafeBufferPointer { bytes -> PushJob? in
             var scanner = UsualJobScanner(bytes: bytes)
             guard let members = scanner.members(maximumDepth: limits.maximumDepth) else { return nil }
-            return members.job(body, defaultTopic: defaultTopic, fallbackID: fallbackID, limits: limits)
+            // A rule it breaks leaves the job to the member-by-member reading, which tells the reason.
+            return try? members.job(body, defaultTopic: defaultTopic, fallbackID: fallbackID, limits: limits)
         }
     }
 }
 
 /// The members of a usual job as its bytes give them (`PushJob.decodeUsual`).
 private struct UsualMembers {
-    var id, topic, environment, pushType, collapseID: String?
+    var id, topic: String?
     var users: [String] = []
     var tokens: [String] = []
-    var priority, expiration: Int64?
+    var sending = PushJob.SendingMembers()
     var payload: Range<Int>?
 
-    /// The job these members make, checked by the rules `PushJob.decode` applies; nil where one refuses it.
-    func job(_ body: [UInt8], defaultTopic: String?, fallbackID: () -> String, limits: PushJob.Limits) -> PushJob? {
-        guard let payload, !users.isEmpty || !tokens.isEmpty,
-            users.count + tokens.count <= limits.maximumTargets,
-            let bundle = topic ?? defaultTopic, !bundle.isEmpty
+    /// The job these members make, judged as `PushJob.decode` judges them; nil for what the member-by-member reading
+    /// makes otherwise (tokens it lowers, a Live Activity push).
+    func job(_ body: [UInt8], defaultTopic: String?, fallbackID: () -> String, limits: PushJob.Limits)
+        throws(JobError) -> PushJob?
+    {
+        guard let payload,
+            try PushJob.checkTargets(users: users, tokens: tokens, retrying: false, limits: limits)
         else { return nil }
-        var environment = APNsEnvironment.production
-        if let text = self.environment {
-            guard let parsed = APNsEnvironment(rawValue: text) else { return nil }
-            environment = parsed
-        }
-        var pushType = APNsPushType.alert
-        if let text = self.pushType {
-            guard let parsed = APNsPushType(rawValue: text), parsed != .liveactivity else { return nil }
-            pushType = parsed
-        }
-        var priority = pushType.defaultPriority
-        if let number = self.priority {
-            guard let parsed = APNsPriority(rawValue: Int(number)) else { return nil }
-            priority = parsed
-        }
-        let payloadBytes = Array(body[payload])
-        do throws(APNsRequestError) {
-            try APNsRules.checkPriority(priority, for: pushType)
-            if let expiration { try APNsRules.checkExpiration(expiration) }
-            if let collapseID { try APNsRules.checkCollapseID(collapseID, field: "\"collapse_id\"") }
-            if bundle != defaultTopic { try APNsRules.checkTopic(bundle, field: "\"topic\"") }
-            try APNsRules.checkPayloadSize(payloadBytes.count, for: pushType)
-        } catch {
-            return nil
-        }
+        let sending = try PushJob.SendingOptions(self.sending, defaultPushType: .alert)
+        guard sending.pushType != .liveactivity else { return nil }
+        let bundle = try PushJob.bundle(topic: topic, defaultTopic: defaultTopic)
         return PushJob(
-            id: id ?? fallbackID(), idFromBody: id != nil, topic: pushType.topic(forBundle: bundle), users: users,
-            tokens: tokens, environment: environment, pushType: pushType, priority: priority, expiration: expiration,
-            collapseID: collapseID, payload: payloadBytes)
+            id: id ?? fallbackID(), idFromBody: id != nil, topic: sending.pushType.topic(forBundle: bundle),
+            users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
+            priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
+            deadline: sending.deadline, sendAt: sending.sendAt,
+            payload: try PushJob.sized(Array(body[payload]), for: sending.pushType))
     }
 }
 
@@ -84,7 +70,8 @@ private struct UsualJobScanner {
     var position = 0
 
     private enum Member: Int {
-        case id, topic, users, tokens, environment, pushType, priority, expiration, collapseID, payload
+        case id, topic, users, tokens, environment, pushType, priority, expiration, collapseID, deadline, sendAt
+        case payload
     }
 
     mutating func members(maximumDepth: Int) -> UsualMembers? {
@@ -116,11 +103,13 @@ private struct UsualJobScanner {
         switch member {
         case .id: return Self.store(string(), in: &members.id)
         case .topic: return Self.store(string(), in: &members.topic)
-        case .environment: return Self.store(string(), in: &members.environment)
-        case .pushType: return Self.store(string(), in: &members.pushType)
-        case .collapseID: return Self.store(string(), in: &members.collapseID)
-        case .priority: return Self.store(integer(), in: &members.priority)
-        case .expiration: return Self.store(integer(), in: &members.expiration)
+        case .environment: return Self.store(string(), in: &members.sending.environment)
+        case .pushType: return Self.store(string(), in: &members.sending.pushType)
+        case .collapseID: return Self.store(string(), in: &members.sending.collapseID)
+        case .priority: return Self.store(integer(), in: &members.sending.priority)
+        case .expiration: return Self.store(integer(), in: &members.sending.expiration)
+        case .deadline: return Self.store(integer(), in: &members.sending.deadline)
+        case .sendAt: return Self.store(integer(), in: &members.sending.sendAt)
         case .users:
             guard let users = strings(tokens: false) else { return false }
             members.users = users
@@ -154,8 +143,8 @@ private struct UsualJobScanner {
         case 2: return named("id", .id)
         case 5: return named("topic", .topic) ?? named("users", .users)
         case 6: return named("tokens", .tokens)
-        case 7: return named("payload", .payload)
-        case 8: return named("priority", .priority)
+        case 7: return named("payload", .payload) ?? named("send_at", .sendAt)
+        case 8: return named("priority", .priority) ?? named("deadline", .deadline)
         case 9: return named("push_type", .pushType)
         case 10: return named("expiration", .expiration)
         case 11: return named("environment", .environment) ?? named("collapse_id", .collapseID)
@@ -163,14 +152,7 @@ private struct UsualJobScanner {
         }
     }
 
-    private mutating func skipWhitespace() {
-        while position < bytes.count {
-            switch bytes[position] {
-            case 0x20, 0x09, 0x0A, 0x0D: position += 1
-            default: return
-            }
-        }
-    }
+    private mutating func skipWhitespace() { position = JSONBytes.pastWhitespace(bytes, from: position) }
 
     private mutating func take(_ byte: UInt8) -> Bool {
         guard position < bytes.count, bytes[position] == byte else { return false }
@@ -198,8 +180,9 @@ private struct UsualJobScanner {
         plainString().map { String(decoding: $0, as: UTF8.self) }
     }
 
-    /// An array of plain strings; with `tokens`, each a device token in lower case (`APNsNotification.scanDeviceToken`,
-    /// read where it is), and for users each of 1 to 256 bytes, as `PushJob.decode` requires.
+    /// An array of strings: users as plain strings, tokens up to their closing quote, whatever bytes they hold.
+    /// A token's bytes need no reading of their own: a token must be hex digits (`PushJob.checkTargets`), so one with
+    /// an escape, a control character or a byte beyond ASCII is refused there, and the job left to the other reading.
     private mutating func strings(tokens: Bool) -> [String]? {
         let start = position
         guard take(UInt8(ascii: "[")) else { return nil }
@@ -209,24 +192,20 @@ private struct UsualJobScanner {
         if take(UInt8(ascii: "]")) { return strings }
         repeat {
             skipWhitespace()
-            guard let text = tokens ? token() : plainString() else { return nil }
-            if !tokens { guard !text.isEmpty, text.count <= 256 else { return nil } }
+            guard let text = tokens ? quoted() : plainString() else { return nil }
             strings.append(String(decoding: text, as: UTF8.self))
             skipWhitespace()
         } while take(UInt8(ascii: ","))
         return take(UInt8(ascii: "]")) ? strings : nil
     }
 
-    /// A device token in lower case: up to the closing quote, every byte a hex digit (so no escape, control
-    /// character or byte beyond ASCII either), found a word at a time.
-    private mutating func token() -> UnsafeBufferPointer<UInt8>? {
+    /// The bytes up to the next quote, past it (`memchr`: a token's 64 bytes in a few instructions).
+    private mutating func quoted() -> UnsafeBufferPointer<UInt8>? {
         guard take(UInt8(ascii: "\"")), let base = bytes.baseAddress,
             let quote = memchr(base + position, Int32(UInt8(ascii: "\"")), bytes.count - position)
         else { return nil }
         let start = base + position
         let text = UnsafeBufferPointer(start: start, count: UnsafeRawPointer(quote) - UnsafeRawPointer(start))
-        let (valid, hasUpperCase) = APNsNotification.scanDeviceToken(UnsafeRawBufferPointer(text))
-        guard valid && !hasUpperCase else { return nil }
         position += text.count + 1
         return text
     }
