@@ -1,5 +1,6 @@
 import AMQP
 import APNsModel
+import Foundation
 import Telemetry
 import Threads
 import WorkerPipeline
@@ -76,7 +77,8 @@ public final class AMQPJobBroker: JobBroker {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
         }
-        acknowledgements = Acknowledgements(amqp: amqp)
+        // Half the urgent prefetch may wait for an older delivery's ack: the broker keeps handing over jobs.
+        acknowledgements = Acknowledgements(amqp: amqp, holdingLimit: settings.prefetch / 2)
         bulkIntake = BulkPrefetch(maximumCount: settings.bulkPrefetch, maximumBytes: settings.bulkPrefetchBytes)
         // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
@@ -230,6 +232,10 @@ public final class AMQPJobBroker: JobBroker {
 
     public func acknowledge(_ tags: [UInt64]) throws { try acknowledgements.acknowledge(tags) }
 
+    public var acknowledgementsDue: Date? { acknowledgements.due }
+
+    public func acknowledgeHeld(dueBy now: Date) throws { try acknowledgements.acknowledgeHeld(dueBy: now) }
+
     public func requeue(_ tag: UInt64) throws { try acknowledgements.requeue(tag) }
 
     /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.
@@ -246,7 +252,11 @@ public final class AMQPJobBroker: JobBroker {
         return queues
     }
 
-    public func close() { amqp.close() }
+    /// Acknowledges what was held back, then closes: an orderly stop leaves no finished job to be delivered again.
+    public func close() {
+        try? acknowledgements.acknowledgeHeld(dueBy: nil)
+        amqp.close()
+    }
 }
 
 /// Whether this process declared the worker's queues already (one per worker, shared by its sessions).

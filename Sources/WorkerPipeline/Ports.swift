@@ -1,4 +1,5 @@
 import APNsModel
+import Foundation
 
 // What the pipeline needs from the systems around it, in its own words. Adapters implement these over the wrappers
 // (`AMQPBroker` over RabbitMQ, `RedisStore` over Redis) and the executables wire them in through a `WorkerSession`
@@ -23,8 +24,13 @@ public protocol JobBroker: Probing {
     /// Publishes, waits for the broker's confirms, and says per publication what became of it. Whatever the worker
     /// relies on that went missing (a deleted queue) is declared again, so that a later attempt finds it.
     func publish(_ publications: [Publication]) throws -> [PublicationOutcome]
-    /// Settles deliveries for good.
+    /// Settles deliveries for good: at once, or held back a little to go with an older delivery's acknowledgement
+    /// in one frame, until `acknowledgementsDue` at the latest (and sent by `close`).
     func acknowledge(_ tags: [UInt64]) throws
+    /// When acknowledgements held back must go out, if any are held: the session loop waits no longer.
+    var acknowledgementsDue: Date? { get }
+    /// Sends the acknowledgements held back that are due by `now`.
+    func acknowledgeHeld(dueBy now: Date) throws
     /// Gives a delivery back for another worker.
     func requeue(_ tag: UInt64) throws
     /// Each lane's queue as the broker sees it now (a passive declare each: the readiness round trip): messages

@@ -211,6 +211,7 @@ final class SessionLoop {
             try startCopiesWhoseJobSettled()
             try settleBroadcasts()
             let now = Date()
+            try session.broker.acknowledgeHeld(dueBy: now)
             try readCancellations(at: now)
             try reportProgress(at: now)
             try sendWaitingBroadcasts(now: now)
@@ -264,14 +265,16 @@ final class SessionLoop {
         return true
     }
 
-    /// The soonest moment something waiting here is due (a held publication, a rate group's window, a broadcast, the
-    /// fleet's cancellations, a progress report, deferred users of a large job). Asked every turn: no array is made.
+    /// The soonest moment something waiting here is due (a held publication, a rate group's window, acknowledgements
+    /// held back, a broadcast, the fleet's cancellations, a progress report, deferred users of a large job). Asked
+    /// every turn: no array is made.
     private func nextDue() -> Date? {
         var soonest = held.nextDue
         func consider(_ date: Date?) {
             if let date, soonest.map({ date < $0 }) ?? true { soonest = date }
         }
         consider(rateGroupHolds.nextOpening)
+        consider(session.broker.acknowledgementsDue)
         consider(broadcastsDue)
         consider(cancellationsDue)
         if progressTracker.hasPending { consider(progressTracker.nextReport) }

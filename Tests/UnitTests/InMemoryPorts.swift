@@ -14,6 +14,10 @@ final class InMemoryFleet: @unchecked Sendable {
         var ready: [JobDelivery] = []
         var nextTag: UInt64 = 1
         var acknowledged: [UInt64] = []
+        /// How long the broker holds acknowledgements back (nil: not at all), as `AMQPJobBroker` does when an older
+        /// delivery is under way, and those it holds with when they are due.
+        var acknowledgementHold: TimeInterval?
+        var heldAcknowledgements: [(tag: UInt64, due: Date)] = []
         var requeued: [UInt64] = []
         var published: [Publication] = []
         /// Destinations whose publications the broker hands back (their queue was deleted).
@@ -209,7 +213,19 @@ final class InMemoryBroker: JobBroker {
         }
     }
 
-    func acknowledge(_ tags: [UInt64]) throws { fleet.change { $0.acknowledged += tags } }
+    func acknowledge(_ tags: [UInt64]) throws {
+        fleet.change { state in
+            guard let hold = state.acknowledgementHold else { return state.acknowledged += tags }
+            state.heldAcknowledgements += tags.map { ($0, Date().addingTimeInterval(hold)) }
+        }
+    }
+    var acknowledgementsDue: Date? { fleet.read { $0.heldAcknowledgements.map(\.due).min() } }
+    func acknowledgeHeld(dueBy now: Date) throws {
+        fleet.change { state in
+            state.acknowledged += state.heldAcknowledgements.filter { $0.due <= now }.map(\.tag)
+            state.heldAcknowledgements.removeAll { $0.due <= now }
+        }
+    }
     func requeue(_ tag: UInt64) throws { fleet.change { $0.requeued.append(tag) } }
     func probe() throws {}
     func laneQueues() throws -> LaneQueues {
