@@ -111,6 +111,9 @@ final class SessionLoop {
             try turns()
         } catch {
             let unsettled = (error as? SystemFailure)?.failedSystem == .store ? settleWithoutTheStore() : []
+            // Acknowledgements held back go out while the broker still answers: jobs settled without the store's
+            // record of them must not be delivered again.
+            try? session.broker.acknowledgeHeld(dueBy: .distantFuture)
             stopPreparer()
             handBack(completed: unsettled)
             throw error

@@ -183,7 +183,11 @@ final class InMemoryFleet: @unchecked Sendable {
 final class InMemoryBroker: JobBroker {
     private let fleet: InMemoryFleet
 
-    init(_ fleet: InMemoryFleet) { self.fleet = fleet }
+    /// A new session's broker: what the last one held back unacknowledged went with its connection.
+    init(_ fleet: InMemoryFleet) {
+        self.fleet = fleet
+        fleet.change { $0.heldAcknowledgements.removeAll() }
+    }
 
     func receive(limit: Int) throws -> [BrokerNotice] {
         fleet.brokerReadable.acknowledge()
@@ -231,7 +235,7 @@ final class InMemoryBroker: JobBroker {
     func laneQueues() throws -> LaneQueues {
         fleet.read { LaneQueues(messages: LaneCounts(urgent: $0.ready.count), consumers: LaneCounts(urgent: 1)) }
     }
-    func close() {}
+    func close() { try? acknowledgeHeld(dueBy: .distantFuture) }
     var logMetadata: [String: String] { [:] }
 }
 

@@ -99,8 +99,12 @@ import WorkerPipeline
     /// Redis is lost while a finished job's dead token is taken out of the cache: the token's event is out, so the
     /// job is acknowledged all the same (the cleanup consumer removes the token), rather than handed back to another
     /// worker that could not know its notifications were sent.
-    @Test func aJobWhoseDeadTokenRemovalLosesTheStoreIsAcknowledged() throws {
+    /// Also when the broker held its acknowledgement back (to go with an older delivery's): it goes out before the
+    /// session ends, not with the connection.
+    @Test(arguments: [nil, 60] as [Double?])
+    func aJobWhoseDeadTokenRemovalLosesTheStoreIsAcknowledged(acknowledgementHold: Double?) throws {
         let fleet = InMemoryFleet()
+        fleet.change { $0.acknowledgementHold = acknowledgementHold }
         let dead = W.token(1)
         let live = W.token(2)
         let scope = TokenScope(environment: .production)
