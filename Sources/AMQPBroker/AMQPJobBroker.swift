@@ -236,6 +236,8 @@ public final class AMQPJobBroker: JobBroker {
 
     public func acknowledgeHeld(dueBy now: Date) throws { try acknowledgements.acknowledgeHeld(dueBy: now) }
 
+    public var acknowledgementFrames: AcknowledgementFrames { acknowledgements.frames }
+
     public func requeue(_ tag: UInt64) throws { try acknowledgements.requeue(tag) }
 
     /// A passive declare of the jobs queue: one round trip, within the connection's reply timeout.

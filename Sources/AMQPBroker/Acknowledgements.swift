@@ -23,6 +23,7 @@ final class Acknowledgements {
     private var held: [(tag: UInt64, since: Date)] = []
     private let holdingLimit: Int
     private let holdingTime: TimeInterval
+    private(set) var frames = AcknowledgementFrames()
 
     /// The bulk deliveries unsettled: how many, and their bodies' bytes.
     struct BulkHeld: Equatable {
@@ -75,6 +76,7 @@ final class Acknowledgements {
         var sent = 0
         while sent < held.count && (held.count - sent > holdingLimit || held[sent].since <= heldLongEnough) {
             try amqp.ack(held[sent].tag)
+            frames.single += 1
             sent += 1
         }
         held.removeFirst(sent)
@@ -96,7 +98,10 @@ final class Acknowledgements {
             }
         }
         held.removeLast(held.count - kept)
-        if let highestCovered { try amqp.ack(highestCovered, multiple: true) }
+        if let highestCovered {
+            try amqp.ack(highestCovered, multiple: true)
+            frames.multiple += 1
+        }
     }
 
     /// Gives a delivery back to the broker for another try.

@@ -31,6 +31,8 @@ public protocol JobBroker: Probing {
     var acknowledgementsDue: Date? { get }
     /// Sends the acknowledgements held back that are due by `now`.
     func acknowledgeHeld(dueBy now: Date) throws
+    /// The acknowledgement frames sent on this connection so far.
+    var acknowledgementFrames: AcknowledgementFrames { get }
     /// Gives a delivery back for another worker.
     func requeue(_ tag: UInt64) throws
     /// Each lane's queue as the broker sees it now (a passive declare each: the readiness round trip): messages
@@ -39,6 +41,18 @@ public protocol JobBroker: Probing {
     func close()
     /// What this connection is, for the log (never a password).
     var logMetadata: [String: String] { get }
+}
+
+/// Acknowledgement frames sent to the broker: a multiple one settles every delivery up to its own, a single one a
+/// delivery that could not wait for an older one.
+public struct AcknowledgementFrames: Sendable, Equatable {
+    public var multiple = 0
+    public var single = 0
+
+    public init(multiple: Int = 0, single: Int = 0) {
+        self.multiple = multiple
+        self.single = single
+    }
 }
 
 /// Users' device tokens (the cache other systems fill as apps register).

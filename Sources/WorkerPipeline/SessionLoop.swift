@@ -24,6 +24,8 @@ final class SessionLoop {
     var backlogs = Backlogs()
     var unstartedBulk: [JobDelivery] = []
     var held = HeldPublishes()
+    /// The session's acknowledgement frames already added to the worker's statistics.
+    private var acknowledgementFramesCounted = AcknowledgementFrames()
     /// The shared limiters of the rate groups (credentials' own limits) met so far.
     var groupLimiters: [RateGroup: any RateLimiter] = [:]
     /// Notifications of rate groups whose window is spent, out of the lanes until it opens again.
@@ -114,6 +116,7 @@ final class SessionLoop {
             // Acknowledgements held back go out while the broker still answers: jobs settled without the store's
             // record of them must not be delivered again.
             try? session.broker.acknowledgeHeld(dueBy: .distantFuture)
+            countAcknowledgementFrames()
             stopPreparer()
             handBack(completed: unsettled)
             throw error
@@ -364,6 +367,7 @@ final class SessionLoop {
             statistics.answered(.broker)
             statistics.jobsInFlight.store(core.jobsInFlight, ordering: .relaxed)
             try shareSettled(force: true)
+            countAcknowledgementFrames()
             worker.markAlive()
             core.handle(.probed(now))
         case .reportStatistics:
@@ -402,6 +406,17 @@ final class SessionLoop {
         try? record(worker.answers.takeOutcomes())
         try? reportProgress(at: .distantFuture)
         session.broker.close()
+        countAcknowledgementFrames()
+    }
+
+    /// Adds the acknowledgement frames the session sent since the last count to the worker's statistics.
+    private func countAcknowledgementFrames() {
+        let sent = session.broker.acknowledgementFrames
+        statistics.countAcknowledgementFrames(
+            AcknowledgementFrames(
+                multiple: sent.multiple - acknowledgementFramesCounted.multiple,
+                single: sent.single - acknowledgementFramesCounted.single))
+        acknowledgementFramesCounted = sent
     }
 
     private func logProgress(at now: Date) {

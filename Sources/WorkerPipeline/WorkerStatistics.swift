@@ -132,6 +132,18 @@ public final class WorkerStatistics: Sendable {
 
     public func refusedPublishCount(_ kind: String) -> Int { refusedPublishes.withLock { $0[kind] ?? 0 } }
 
+    /// Acknowledgement frames sent to the broker, over every session.
+    private let acknowledgementFrames = Locked(AcknowledgementFrames())
+
+    public func countAcknowledgementFrames(_ frames: AcknowledgementFrames) {
+        acknowledgementFrames.withLock { counted in
+            counted.multiple += frames.multiple
+            counted.single += frames.single
+        }
+    }
+
+    public var acknowledgementFramesSent: AcknowledgementFrames { acknowledgementFrames.withLock { $0 } }
+
     /// `place`: token_cache_read, token_removal, idempotency_record, statistics, rate_limit.
     public func countDataError(_ place: String, _ count: Int = 1) {
         guard count > 0 else { return }
@@ -265,6 +277,12 @@ public final class WorkerStatistics: Sendable {
             "Publishes the broker handed back (no queue took them) or refused, by kind; a job's outputs and "
                 + "rejected jobs are held and published again, summaries are only logged.",
             refusedPublishes.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("kind", $0.key)], $0.value) })
+        let frames = acknowledgementFramesSent
+        metrics.family(
+            "apns_worker_acknowledgement_frames_total", "counter",
+            "Acknowledgement frames sent to the broker, by kind: a multiple one settles every job up to its own, a "
+                + "single one a job that could not wait for an older one.",
+            [([("kind", "multiple")], frames.multiple), ([("kind", "single")], frames.single)])
     }
 
     /// Notifications in flight and their latency, rate-limit waits, duplicates avoided, connections, the broker's blocks.

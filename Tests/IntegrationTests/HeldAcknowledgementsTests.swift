@@ -6,8 +6,8 @@ import Testing
 import WorkerPipeline
 
 /// Jobs that finish before an older one wait for it, to go with its `multiple` ack in one frame, as the broker itself
-/// counts them (messages unacknowledged): within a time and a number, at once while a bulk job is under way, and
-/// before the connection closes.
+/// counts them (messages unacknowledged), and the frames they took (what `apns_worker_acknowledgement_frames_total`
+/// adds up): within a time and a number, at once while a bulk job is under way, and before the connection closes.
 @Suite struct HeldAcknowledgementsTests {
     let logger = Logger(label: "held-acks", level: .critical)
 
@@ -51,8 +51,10 @@ import WorkerPipeline
         #expect(due > finished && due < finished.addingTimeInterval(1))
         #expect(try Self.unacknowledged(jobs, after: broker) == 3, "held back, not acknowledged one by one")
 
+        #expect(broker.acknowledgementFrames == AcknowledgementFrames())
         try broker.acknowledge([tags[0]])
         #expect(broker.acknowledgementsDue == nil)
+        #expect(broker.acknowledgementFrames == AcknowledgementFrames(multiple: 1), "one frame for the three")
         #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 0 })
     }
 
@@ -66,6 +68,7 @@ import WorkerPipeline
 
         try broker.acknowledgeHeld(dueBy: due)
         #expect(broker.acknowledgementsDue == nil)
+        #expect(broker.acknowledgementFrames == AcknowledgementFrames(single: 2))
         #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 1 })
     }
 
@@ -74,6 +77,7 @@ import WorkerPipeline
         let (broker, jobs, tags) = try delivered(4, prefetch: 4)
         defer { broker.close() }
         try broker.acknowledge([tags[1], tags[2], tags[3]])
+        #expect(broker.acknowledgementFrames == AcknowledgementFrames(single: 1))
         #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 3 })
     }
 
@@ -81,6 +85,7 @@ import WorkerPipeline
         let (broker, jobs, tags) = try delivered(3)
         try broker.acknowledge([tags[1], tags[2]])
         broker.close()
+        #expect(broker.acknowledgementFrames == AcknowledgementFrames(single: 2))
         // Only the job still under way goes back to the queue.
         #expect(
             try TestServices.waitUntil(timeout: 10) {
@@ -108,6 +113,7 @@ import WorkerPipeline
 
         try broker.acknowledge(urgent)
         #expect(broker.acknowledgementsDue == nil)
+        #expect(broker.acknowledgementFrames == AcknowledgementFrames(single: 2))
         #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 0 })
         #expect(try Self.unacknowledged(bulk, after: broker) == 1)
     }

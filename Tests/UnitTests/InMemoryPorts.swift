@@ -218,12 +218,15 @@ final class InMemoryBroker: JobBroker {
     }
 
     func acknowledge(_ tags: [UInt64]) throws {
+        if !tags.isEmpty { acknowledgementFrames.multiple += 1 }
         fleet.change { state in
             guard let hold = state.acknowledgementHold else { return state.acknowledged += tags }
             state.heldAcknowledgements += tags.map { ($0, Date().addingTimeInterval(hold)) }
         }
     }
     var acknowledgementsDue: Date? { fleet.read { $0.heldAcknowledgements.map(\.due).min() } }
+    /// A frame per call: what the statistics count.
+    private(set) var acknowledgementFrames = AcknowledgementFrames()
     func acknowledgeHeld(dueBy now: Date) throws {
         fleet.change { state in
             state.acknowledged += state.heldAcknowledgements.filter { $0.due <= now }.map(\.tag)
