@@ -32,4 +32,24 @@ extension PushJob {
         case let other?: throw .wrongType(field: field, expected: "a whole number", got: other.typeName)
         }
     }
+
+    /// The members that say how a job's notifications are sent, as typed values: read from the job's members
+    /// (`JobMembers`), or straight from its bytes (`decodeUsual`); `SendingOptions` judges them.
+    struct SendingMembers {
+        var environment, pushType, collapseID: String?
+        var priority, expiration, deadline, sendAt: Int64?
+
+        init() {}
+
+        /// Each member of the type it takes, or the error naming it.
+        init(_ members: borrowing JobMembers) throws(JobError) {
+            environment = try string(members.environment, named: "environment")
+            pushType = try string(members.pushType, named: "push_type")
+            priority = try integer(members.priority, named: "priority")
+            expiration = try integer(members.expiration, named: "expiration")
+            deadline = try integer(members.deadline, named: "deadline")
+            sendAt = try integer(members.sendAt, named: "send_at")
+            collapseID = try string(members.collapseID, named: "collapse_id")
+        }
+    }
 }

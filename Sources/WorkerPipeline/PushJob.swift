@@ -45,9 +45,9 @@ public struct PushJob: Sendable, Equatable {
     private var shared: SharedMembers<Members>
 
     init(
-        id: String, idFromBody: Bool = true, topic: String, users: [String], tokens: [String],
+        id: String, idFromBody: Bool, topic: String, users: [String], tokens: [String],
         environment: APNsEnvironment, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?,
-        collapseID: String?, deadline: Int64? = nil, sendAt: Int64? = nil, payload: [UInt8]
+        collapseID: String?, deadline: Int64?, sendAt: Int64?, payload: [UInt8]
     ) {
         shared = SharedMembers(
             Members(
@@ -176,8 +176,8 @@ public struct PushJob: Sendable, Equatable {
         var job: PushJob
         if let channelID {
             job = try broadcastJob(
-                members, body, id: ownID ?? fallbackID(), bundle: bundle, channelID: channelID,
-                sending: sending)
+                members, body, id: ownID ?? fallbackID(), idFromBody: ownID != nil, bundle: bundle,
+                channelID: channelID, sending: sending)
         } else if try flag(members.prevalidate, named: "prevalidate") {
             // Token pre-validation (from the source article): a silent background push to every target, so that
             // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
@@ -186,13 +186,15 @@ public struct PushJob: Sendable, Equatable {
                 _ = try payload(members, body, pushType: sending.pushType)
             }
             job = PushJob(
-                id: ownID ?? fallbackID(), topic: APNsPushType.background.topic(forBundle: bundle), users: users,
+                id: ownID ?? fallbackID(), idFromBody: ownID != nil,
+                topic: APNsPushType.background.topic(forBundle: bundle), users: users,
                 tokens: tokens, environment: sending.environment, pushType: .background,
                 priority: .considerPower, expiration: 0, collapseID: nil, deadline: sending.deadline,
                 sendAt: sending.sendAt, payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
         } else {
             job = PushJob(
-                id: ownID ?? fallbackID(), topic: sending.pushType.topic(forBundle: bundle), users: users,
+                id: ownID ?? fallbackID(), idFromBody: ownID != nil, topic: sending.pushType.topic(forBundle: bundle),
+                users: users,
                 tokens: tokens, environment: sending.environment, pushType: sending.pushType,
                 priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
                 deadline: sending.deadline, sendAt: sending.sendAt,
@@ -209,7 +211,6 @@ public struct PushJob: Sendable, Equatable {
                 members.retryTargets = retry.targets
                 members.originalBody = retry.original.map { Array(body[$0]) }
             }
-            members.idFromBody = ownID != nil
         }
         return job
     }
@@ -259,7 +260,7 @@ public struct PushJob: Sendable, Equatable {
 
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
     private static func broadcastJob(
-        _ members: JobMembers, _ body: [UInt8], id: String, bundle: String, channelID: String,
+        _ members: JobMembers, _ body: [UInt8], id: String, idFromBody: Bool, bundle: String, channelID: String,
         sending: borrowing SendingOptions
     ) throws(JobError) -> PushJob {
         guard sending.pushType == .liveactivity else {
@@ -278,9 +279,10 @@ public struct PushJob: Sendable, Equatable {
         }
         let payload = try payloadBytes(members, body)
         var job = PushJob(
-            id: id, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [], tokens: [],
-            environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
-            expiration: sending.expiration, collapseID: sending.collapseID, payload: payload)
+            id: id, idFromBody: idFromBody, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [],
+            tokens: [], environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
+            expiration: sending.expiration, collapseID: sending.collapseID, deadline: sending.deadline,
+            sendAt: sending.sendAt, payload: payload)
         job.shared.change { $0.kind = .broadcast(channelID: channelID) }
         do throws(APNsRequestError) { try job.broadcast(on: channelID).validate() } catch { throw .breaksRule(error) }
         return job
@@ -409,26 +411,6 @@ public struct PushJob: Sendable, Equatable {
             }
         }
         return allCanonical
-    }
-
-    /// The members that say how a job's notifications are sent, as typed values: read from the job's members
-    /// (`JobMembers`), or straight from its bytes (`decodeUsual`); `SendingOptions` judges them.
-    struct SendingMembers {
-        var environment, pushType, collapseID: String?
-        var priority, expiration, deadline, sendAt: Int64?
-
-        init() {}
-
-        /// Each member of the type it takes, or the error naming it.
-        init(_ members: borrowing JobMembers) throws(JobError) {
-            environment = try string(members.environment, named: "environment")
-            pushType = try string(members.pushType, named: "push_type")
-            priority = try integer(members.priority, named: "priority")
-            expiration = try integer(members.expiration, named: "expiration")
-            deadline = try integer(members.deadline, named: "deadline")
-            sendAt = try integer(members.sendAt, named: "send_at")
-            collapseID = try string(members.collapseID, named: "collapse_id")
-        }
     }
 
     /// How a job's notifications are sent, read and checked against Apple's rules (the same the client applies

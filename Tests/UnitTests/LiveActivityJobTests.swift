@@ -96,6 +96,12 @@ import WorkerPipeline
                 && job.pushType == .liveactivity)
         let request = job.broadcast(on: "dHJhY2tpbmc=")
         #expect(request.bundle == "com.example.app" && request.expiration == 0)
+        // A broadcast keeps its schedule and its id's origin as every job does.
+        let sendAt = Int64(Date().timeIntervalSince1970) + 3_600
+        let update = #""live_activity": {"event": "update", "timestamp": 1, "content_state": {}}"#
+        let scheduled = try broadcast(#""id": "b1", "deadline": \#(sendAt + 60), "send_at": \#(sendAt), "# + update)
+        #expect(scheduled.deadline == sendAt + 60 && scheduled.sendAt == sendAt && scheduled.idFromBody)
+        #expect(!job.idFromBody && job.deadline == nil && job.sendAt == nil)
         let large = String(repeating: "x", count: 4500)
         #expect(
             try broadcast(
