@@ -236,7 +236,7 @@ public final class AMQPJobBroker: JobBroker {
 
     public func acknowledgeHeld(dueBy now: Date) throws { try acknowledgements.acknowledgeHeld(dueBy: now) }
 
-    public var acknowledgementFrames: AcknowledgementFrames { acknowledgements.frames }
+    public func takeAcknowledgementFrames() -> AcknowledgementFrames { acknowledgements.takeFrames() }
 
     public func requeue(_ tag: UInt64) throws { try acknowledgements.requeue(tag) }
 

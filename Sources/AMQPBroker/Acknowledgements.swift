@@ -23,7 +23,8 @@ final class Acknowledgements {
     private var held: [(tag: UInt64, since: Date)] = []
     private let holdingLimit: Int
     private let holdingTime: TimeInterval
-    private(set) var frames = AcknowledgementFrames()
+    /// Sent since the last `takeFrames`.
+    private var frames = AcknowledgementFrames()
 
     /// The bulk deliveries unsettled: how many, and their bodies' bytes.
     struct BulkHeld: Equatable {
@@ -55,8 +56,9 @@ final class Acknowledgements {
 
     /// Acknowledges `tags` (all of them delivered on this connection, none settled yet): at once, or held back a
     /// little to go with an older delivery's ack (`due`).
-    func acknowledge(_ tags: [UInt64], at now: Date = Date()) throws(AMQPError) {
+    func acknowledge(_ tags: [UInt64]) throws(AMQPError) {
         guard !tags.isEmpty else { return }
+        let now = Date()
         for tag in tags {
             settle(tag)
             held.append((tag, now))
@@ -102,6 +104,12 @@ final class Acknowledgements {
             try amqp.ack(highestCovered, multiple: true)
             frames.multiple += 1
         }
+    }
+
+    /// The acknowledgement frames sent since the last call.
+    func takeFrames() -> AcknowledgementFrames {
+        defer { frames = AcknowledgementFrames() }
+        return frames
     }
 
     /// Gives a delivery back to the broker for another try.

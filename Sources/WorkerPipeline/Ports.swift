@@ -31,8 +31,8 @@ public protocol JobBroker: Probing {
     var acknowledgementsDue: Date? { get }
     /// Sends the acknowledgements held back that are due by `now`.
     func acknowledgeHeld(dueBy now: Date) throws
-    /// The acknowledgement frames sent on this connection so far.
-    var acknowledgementFrames: AcknowledgementFrames { get }
+    /// The acknowledgement frames sent on this connection since the last call.
+    func takeAcknowledgementFrames() -> AcknowledgementFrames
     /// Gives a delivery back for another worker.
     func requeue(_ tag: UInt64) throws
     /// Each lane's queue as the broker sees it now (a passive declare each: the readiness round trip): messages

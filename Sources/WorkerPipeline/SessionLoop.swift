@@ -24,8 +24,6 @@ final class SessionLoop {
     var backlogs = Backlogs()
     var unstartedBulk: [JobDelivery] = []
     var held = HeldPublishes()
-    /// The session's acknowledgement frames already added to the worker's statistics.
-    private var acknowledgementFramesCounted = AcknowledgementFrames()
     /// The shared limiters of the rate groups (credentials' own limits) met so far.
     var groupLimiters: [RateGroup: any RateLimiter] = [:]
     /// Notifications of rate groups whose window is spent, out of the lanes until it opens again.
@@ -411,12 +409,7 @@ final class SessionLoop {
 
     /// Adds the acknowledgement frames the session sent since the last count to the worker's statistics.
     private func countAcknowledgementFrames() {
-        let sent = session.broker.acknowledgementFrames
-        statistics.countAcknowledgementFrames(
-            AcknowledgementFrames(
-                multiple: sent.multiple - acknowledgementFramesCounted.multiple,
-                single: sent.single - acknowledgementFramesCounted.single))
-        acknowledgementFramesCounted = sent
+        statistics.countAcknowledgementFrames(session.broker.takeAcknowledgementFrames())
     }
 
     private func logProgress(at now: Date) {

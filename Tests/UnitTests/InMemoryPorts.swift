@@ -226,7 +226,11 @@ final class InMemoryBroker: JobBroker {
     }
     var acknowledgementsDue: Date? { fleet.read { $0.heldAcknowledgements.map(\.due).min() } }
     /// A frame per call: what the statistics count.
-    private(set) var acknowledgementFrames = AcknowledgementFrames()
+    private var acknowledgementFrames = AcknowledgementFrames()
+    func takeAcknowledgementFrames() -> AcknowledgementFrames {
+        defer { acknowledgementFrames = AcknowledgementFrames() }
+        return acknowledgementFrames
+    }
     func acknowledgeHeld(dueBy now: Date) throws {
         fleet.change { state in
             state.acknowledged += state.heldAcknowledgements.filter { $0.due <= now }.map(\.tag)
