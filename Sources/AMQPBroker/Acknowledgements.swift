@@ -2,13 +2,14 @@ import AMQP
 import Foundation
 import WorkerPipeline
 
-/// Settles deliveries with as few frames as possible. Jobs finish out of order, so each finished batch is
-/// acknowledged with one `multiple` ack up to its highest tag below the oldest delivery still under way. Finished
-/// deliveries above that one are held back to go with its `multiple` ack, rather than taking a frame each: within
-/// `holdingTime` and up to `holdingLimit` of them, after which they are acknowledged one by one, as they are at once
-/// while a bulk delivery is under way. A single-token job flow over several connections to APNs, whose answers come
-/// back in any order, thus costs the broker about one ack frame per batch, not one per job that finished before an
-/// older one.
+/// Settles deliveries with as few frames as possible. Finished deliveries are held back, unacknowledged, and go in
+/// one `multiple` ack up to the highest of them below the oldest delivery still under way, once `batchSize` of them
+/// can go together or the oldest has waited `holdingTime`: a frame costs the broker about as much as the
+/// deliveries of a small batch, so a steady flow of single-token jobs costs it one ack frame per `batchSize` jobs, as
+/// a consumer acknowledging per hundred does, instead of one per batch the worker happened to settle. Jobs finish
+/// out of order (several connections to APNs answer in any order): those above an older delivery under way wait for
+/// its ack, within `holdingTime` and up to `holdingLimit` of them, after which they are acknowledged one by one.
+/// Nothing waits while a bulk delivery is under way.
 ///
 /// Broker thread only, one per AMQP connection (delivery tags are per channel).
 final class Acknowledgements {
@@ -22,6 +23,7 @@ final class Acknowledgements {
     /// the time.
     private var held: [(tag: UInt64, since: Date)] = []
     private let holdingLimit: Int
+    private let batchSize: Int
     private let holdingTime: TimeInterval
     /// Sent since the last `takeFrames`.
     private var frames = AcknowledgementFrames()
@@ -32,10 +34,12 @@ final class Acknowledgements {
         var bytes = 0
     }
 
-    /// `holdingLimit`: finished deliveries that may wait for an older one, at most; `holdingTime`: seconds they may.
-    init(amqp: AMQPConnection, holdingLimit: Int, holdingTime: TimeInterval = 0.02) {
+    /// `holdingLimit`: finished deliveries that may wait for an older one, at most; `batchSize`: finished deliveries
+    /// that go at once in one ack; `holdingTime`: seconds any finished delivery may wait.
+    init(amqp: AMQPConnection, holdingLimit: Int, batchSize: Int, holdingTime: TimeInterval = 0.02) {
         self.amqp = amqp
         self.holdingLimit = max(0, holdingLimit)
+        self.batchSize = max(1, batchSize)
         self.holdingTime = holdingTime
     }
 
@@ -55,7 +59,7 @@ final class Acknowledgements {
     }
 
     /// Acknowledges `tags` (all of them delivered on this connection, none settled yet): at once, or held back a
-    /// little to go with an older delivery's ack (`due`).
+    /// little to go with others in one ack (`due`).
     func acknowledge(_ tags: [UInt64]) throws(AMQPError) {
         guard !tags.isEmpty else { return }
         let now = Date()
@@ -63,7 +67,6 @@ final class Acknowledgements {
             settle(tag)
             held.append((tag, now))
         }
-        try acknowledgeCovered()
         // A bulk job under way (a campaign's users, resolved a piece at a time) takes seconds: nothing waits for it.
         try acknowledgeHeld(dueBy: bulkHeld.count > 0 ? .distantFuture : now)
     }
@@ -71,10 +74,13 @@ final class Acknowledgements {
     /// When the oldest finished delivery held back must be acknowledged, if any is.
     var due: Date? { held.first.map { $0.since.addingTimeInterval(holdingTime) } }
 
-    /// Acknowledges one by one the finished deliveries held back that are due by `now` or beyond the limit, every
-    /// one of them if `now` is nil.
+    /// Acknowledges the finished deliveries held back that are due by `now` (every one of them if `now` is nil): in
+    /// one `multiple` ack those no delivery under way is older than, once a batch of them can go or the oldest held
+    /// is due; then one by one those above an older delivery under way that are due or beyond the limit.
     func acknowledgeHeld(dueBy now: Date?) throws(AMQPError) {
         let heldLongEnough = now.map { $0.addingTimeInterval(-holdingTime) } ?? .distantFuture
+        guard let oldest = held.first else { return }
+        try acknowledgeCovered(batchOnly: oldest.since > heldLongEnough && held.count <= holdingLimit)
         var sent = 0
         while sent < held.count && (held.count - sent > holdingLimit || held[sent].since <= heldLongEnough) {
             try amqp.ack(held[sent].tag)
@@ -84,10 +90,14 @@ final class Acknowledgements {
         held.removeFirst(sent)
     }
 
-    /// One `multiple` ack for the held deliveries that no delivery under way is older than; the others stay.
-    private func acknowledgeCovered() throws(AMQPError) {
+    /// One `multiple` ack for the held deliveries that no delivery under way is older than, if there are any, and
+    /// with `batchOnly` at least `batchSize` of them; the others stay.
+    private func acknowledgeCovered(batchOnly: Bool = false) throws(AMQPError) {
         // A multiple ack covers every outstanding tag up to its own: only safe below the oldest still under way.
         let oldestUnderWay = unsettled.oldest ?? .max
+        if batchOnly && (held.count < batchSize || held.lazy.filter({ $0.tag < oldestUnderWay }).count < batchSize) {
+            return
+        }
         var highestCovered: UInt64?
         var kept = 0
         for index in held.indices {

@@ -272,7 +272,8 @@ case "wait":
     // When apns-sim first answered more than it had at the first poll: what came before is the sender's start-up
     // (a worker's connections and handshakes), not its rate.
     var baseline: Int?
-    var firstAnswer: UInt64?
+    var firstAnswer: (at: UInt64, received: Int)?
+    var received = 0
     do {
         let endpoint = try APNsEndpoint(url: url)
         let client = try HTTP2Client(
@@ -297,20 +298,26 @@ case "wait":
                 done.signal()
             }
             done.wait()
-            let received = answer.withLock { $0 }
+            received = answer.withLock { $0 }
             if baseline == nil && received >= 0 { baseline = received }
             if firstAnswer == nil, let baseline, received > baseline {
-                firstAnswer = DispatchTime.now().uptimeNanoseconds
+                firstAnswer = (DispatchTime.now().uptimeNanoseconds, received)
             }
             if received >= count { break }
             usleep(20_000)  // a benchmark's sampling period, not synchronisation
         }
         let now = DispatchTime.now().uptimeNanoseconds
         let seconds = Double(now - started.uptimeNanoseconds) / 1e9
-        let sinceFirst = firstAnswer.map { Double(now - $0) / 1e9 }
+        // The rate from the first answer seen counts only the answers after it, as a consumer's rate counts from
+        // its first message.
+        let sinceFirst = firstAnswer.map { (seconds: Double(now - $0.at) / 1e9, answers: received - $0.received) }
         print(
             String(format: "wait: apns-sim reached %d answers in %.3f s", count, seconds)
-                + (sinceFirst.map { String(format: " (%.3f s from the first answer seen)", $0) } ?? ""))
+                + (sinceFirst.map {
+                    String(
+                        format: " (%.3f s from the first answer seen, %d answers since: %.0f/s)", $0.seconds,
+                        $0.answers, Double($0.answers) / $0.seconds)
+                } ?? ""))
     } catch { fail("\(error)") }
 default:
     fail("unknown mode \(mode)\n\(usage)")
