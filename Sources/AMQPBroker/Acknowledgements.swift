@@ -9,7 +9,7 @@ import WorkerPipeline
 /// a consumer acknowledging per hundred does, instead of one per batch the worker happened to settle. Jobs finish
 /// out of order (several connections to APNs answer in any order): those above an older delivery under way wait for
 /// its ack, within `holdingTime` and up to `holdingLimit` of them, after which they are acknowledged one by one.
-/// Nothing waits while a bulk delivery is under way.
+/// Nothing waits while a bulk delivery is under way, nor once one is finished.
 ///
 /// Broker thread only, one per AMQP connection (delivery tags are per channel).
 final class Acknowledgements {
@@ -52,10 +52,13 @@ final class Acknowledgements {
         }
     }
 
-    private func settle(_ tag: UInt64) {
-        guard let bulkBytes = unsettled.remove(tag), bulkBytes >= 0 else { return }
+    /// Whether it was a bulk delivery.
+    @discardableResult
+    private func settle(_ tag: UInt64) -> Bool {
+        guard let bulkBytes = unsettled.remove(tag), bulkBytes >= 0 else { return false }
         bulkHeld.count -= 1
         bulkHeld.bytes -= bulkBytes
+        return true
     }
 
     /// Acknowledges `tags` (all of them delivered on this connection, none settled yet): at once, or held back a
@@ -63,12 +66,15 @@ final class Acknowledgements {
     func acknowledge(_ tags: [UInt64]) throws(AMQPError) {
         guard !tags.isEmpty else { return }
         let now = Date()
+        var settledBulk = false
         for tag in tags {
-            settle(tag)
+            settledBulk = settle(tag) || settledBulk
             held.append((tag, now))
         }
         // A bulk job under way (a campaign's users, resolved a piece at a time) takes seconds: nothing waits for it.
-        try acknowledgeHeld(dueBy: bulkHeld.count > 0 ? .distantFuture : now)
+        // Nor does a bulk job that finished: the bulk lane holds a few large jobs, and one held back keeps the next
+        // from coming.
+        try acknowledgeHeld(dueBy: settledBulk || bulkHeld.count > 0 ? .distantFuture : now)
     }
 
     /// When the oldest finished delivery held back must be acknowledged, if any is.

@@ -44,11 +44,12 @@ import WorkerPipeline
     /// Reads what the broker hands over until `enough` deliveries were read (or 20 s pass).
     static func read(_ broker: AMQPJobBroker, into deliveries: inout [JobDelivery], until enough: Int) throws {
         var read: [JobDelivery] = []
-        _ = try TestServices.waitUntil {
+        let arrived = try TestServices.waitUntil {
             for case .delivery(let delivery) in try broker.receive(limit: 100) { read.append(delivery) }
             return deliveries.count + read.count >= enough
         }
         deliveries += read
+        try #require(arrived, "\(deliveries.count) deliveries read of \(enough)")
     }
 
     @Test func campaignsAreHandedOverAFewAtATime() throws {
