@@ -77,11 +77,7 @@ public final class AMQPJobBroker: JobBroker {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
         }
-        // Half the urgent prefetch may wait for an older delivery's ack: the broker keeps handing over jobs. A fifth
-        // goes in one ack (100 of the default 500): the broker's cost per frame is then spread as a consumer
-        // acknowledging per hundred spreads it, and four fifths of the prefetch stay in flight.
-        acknowledgements = Acknowledgements(
-            amqp: amqp, holdingLimit: settings.prefetch / 2, batchSize: settings.prefetch / 5)
+        acknowledgements = Acknowledgements(amqp: amqp, prefetch: settings.prefetch)
         bulkIntake = BulkPrefetch(maximumCount: settings.bulkPrefetch, maximumBytes: settings.bulkPrefetchBytes)
         // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found

@@ -3,13 +3,15 @@ import Foundation
 import WorkerPipeline
 
 /// Settles deliveries with as few frames as possible. Finished deliveries are held back, unacknowledged, and go in
-/// one `multiple` ack up to the highest of them below the oldest delivery still under way, once `batchSize` of them
-/// can go together or the oldest has waited `holdingTime`: a frame costs the broker about as much as the
-/// deliveries of a small batch, so a steady flow of single-token jobs costs it one ack frame per `batchSize` jobs, as
-/// a consumer acknowledging per hundred does, instead of one per batch the worker happened to settle. Jobs finish
-/// out of order (several connections to APNs answer in any order): those above an older delivery under way wait for
-/// its ack, within `holdingTime` and up to `holdingLimit` of them, after which they are acknowledged one by one.
-/// Nothing waits while a bulk delivery is under way, nor once one is finished.
+/// one `multiple` ack up to the highest of them below the oldest delivery still under way, once a batch of them (a
+/// fifth of the urgent prefetch) can go together or the oldest has waited `holdingTime`: an ack frame costs the broker
+/// about as much as the deliveries of a small batch, so a steady flow of single-token jobs costs it one frame per
+/// batch of jobs, as a consumer acknowledging per hundred does, instead of one per batch the worker happened to
+/// settle. Not while the prefetch is nearly taken (APNs far away, each slot a job waiting for its answer): a held ack
+/// would then keep a new job from coming. Jobs finish out of order (several connections to APNs answer in any order):
+/// those above an older delivery under way wait for its ack, within `holdingTime` and up to half the prefetch of them,
+/// after which they are acknowledged one by one. Nothing waits while a bulk delivery is under way, nor once one is
+/// finished.
 ///
 /// Broker thread only, one per AMQP connection (delivery tags are per channel).
 final class Acknowledgements {
@@ -18,10 +20,13 @@ final class Acknowledgements {
     /// urgent one): what the bulk lane holds (`BulkPrefetch`).
     private var unsettled = DeliveryTagWindow<Int>()
     private(set) var bulkHeld = BulkHeld()
+    /// Urgent deliveries neither finished nor settled.
+    private var urgentUnderWay = 0
     /// Finished deliveries waiting for an older one under way, unacknowledged, each with when it finished, oldest
     /// first: they count against the prefetch, hence the limit, and a crash would have them delivered again, hence
     /// the time.
     private var held: [(tag: UInt64, since: Date)] = []
+    private let prefetch: Int
     private let holdingLimit: Int
     private let batchSize: Int
     private let holdingTime: TimeInterval
@@ -34,12 +39,14 @@ final class Acknowledgements {
         var bytes = 0
     }
 
-    /// `holdingLimit`: finished deliveries that may wait for an older one, at most; `batchSize`: finished deliveries
-    /// that go at once in one ack; `holdingTime`: seconds any finished delivery may wait.
-    init(amqp: AMQPConnection, holdingLimit: Int, batchSize: Int, holdingTime: TimeInterval = 0.02) {
+    /// `prefetch`: the urgent consumer's; `holdingTime`: seconds any finished delivery may wait.
+    init(amqp: AMQPConnection, prefetch: Int, holdingTime: TimeInterval = 0.02) {
         self.amqp = amqp
-        self.holdingLimit = max(0, holdingLimit)
-        self.batchSize = max(1, batchSize)
+        self.prefetch = prefetch
+        // Half the prefetch may wait for an older delivery's ack: the broker keeps handing over jobs. A fifth goes in
+        // one ack (100 of the default 500), and four fifths stay in flight.
+        holdingLimit = max(0, prefetch / 2)
+        batchSize = max(1, prefetch / 5)
         self.holdingTime = holdingTime
     }
 
@@ -49,13 +56,19 @@ final class Acknowledgements {
         if let bulkBytes {
             bulkHeld.count += 1
             bulkHeld.bytes += bulkBytes
+        } else {
+            urgentUnderWay += 1
         }
     }
 
     /// Whether it was a bulk delivery.
     @discardableResult
     private func settle(_ tag: UInt64) -> Bool {
-        guard let bulkBytes = unsettled.remove(tag), bulkBytes >= 0 else { return false }
+        guard let bulkBytes = unsettled.remove(tag) else { return false }
+        guard bulkBytes >= 0 else {
+            urgentUnderWay -= 1
+            return false
+        }
         bulkHeld.count -= 1
         bulkHeld.bytes -= bulkBytes
         return true
@@ -86,7 +99,9 @@ final class Acknowledgements {
     func acknowledgeHeld(dueBy now: Date?) throws(AMQPError) {
         let heldLongEnough = now.map { $0.addingTimeInterval(-holdingTime) } ?? .distantFuture
         guard let oldest = held.first else { return }
-        try acknowledgeCovered(batchOnly: oldest.since > heldLongEnough && held.count <= holdingLimit)
+        let prefetchNearlyTaken = urgentUnderWay + held.count > prefetch - batchSize
+        try acknowledgeCovered(
+            batchOnly: oldest.since > heldLongEnough && held.count <= holdingLimit && !prefetchNearlyTaken)
         var sent = 0
         while sent < held.count && (held.count - sent > holdingLimit || held[sent].since <= heldLongEnough) {
             try amqp.ack(held[sent].tag)

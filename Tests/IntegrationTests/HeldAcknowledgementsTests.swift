@@ -57,6 +57,16 @@ import WorkerPipeline
         #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 2 })
     }
 
+    @Test func nothingWaitsForABatchWhileThePrefetchIsNearlyTaken() throws {
+        // A prefetch of 10, all of it delivered: a job held for a batch would keep the eleventh from coming.
+        let (broker, jobs, tags) = try delivered(10, prefetch: 10)
+        defer { broker.close() }
+        try broker.acknowledge([tags[0]])
+        #expect(broker.acknowledgementsDue == nil)
+        #expect(broker.takeAcknowledgementFrames() == AcknowledgementFrames(multiple: 1))
+        #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 9 })
+    }
+
     @Test func laterJobsWaitForTheOldestAndGoWithItsAck() throws {
         // A prefetch of 15: batches of 3.
         let (broker, jobs, tags) = try delivered(3, prefetch: 15)
