@@ -77,7 +77,8 @@ public final class AMQPJobBroker: JobBroker {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
         }
-        acknowledgements = Acknowledgements(amqp: amqp, prefetch: settings.prefetch)
+        // Half the urgent prefetch may wait for an older delivery's ack: the broker keeps handing over jobs.
+        acknowledgements = Acknowledgements(amqp: amqp, holdingLimit: settings.prefetch / 2)
         bulkIntake = BulkPrefetch(maximumCount: settings.bulkPrefetch, maximumBytes: settings.bulkPrefetchBytes)
         // A reconnect consumes at once: a declaration that changes the cluster's topology (a binding) waits for every
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found

@@ -2,16 +2,13 @@ import AMQP
 import Foundation
 import WorkerPipeline
 
-/// Settles deliveries with as few frames as possible. Finished deliveries are held back, unacknowledged, and go in
-/// one `multiple` ack up to the highest of them below the oldest delivery still under way, once a batch of them (a
-/// fifth of the urgent prefetch) can go together or the oldest has waited `holdingTime`: an ack frame costs the broker
-/// about as much as the deliveries of a small batch, so a steady flow of single-token jobs costs it one frame per
-/// batch of jobs, as a consumer acknowledging per hundred does, instead of one per batch the worker happened to
-/// settle. Not while the prefetch is nearly taken (APNs far away, each slot a job waiting for its answer): a held ack
-/// would then keep a new job from coming. Jobs finish out of order (several connections to APNs answer in any order):
-/// those above an older delivery under way wait for its ack, within `holdingTime` and up to half the prefetch of them,
-/// after which they are acknowledged one by one. Nothing waits while a bulk delivery is under way, nor once one is
-/// finished.
+/// Settles deliveries with as few frames as possible. Jobs finish out of order, so each finished batch is
+/// acknowledged with one `multiple` ack up to its highest tag below the oldest delivery still under way. Finished
+/// deliveries above that one are held back to go with its `multiple` ack, rather than taking a frame each: within
+/// `holdingTime` and up to `holdingLimit` of them, after which they are acknowledged one by one, as they are at once
+/// while a bulk delivery is under way. A single-token job flow over several connections to APNs, whose answers come
+/// back in any order, thus costs the broker about one ack frame per batch, not one per job that finished before an
+/// older one.
 ///
 /// Broker thread only, one per AMQP connection (delivery tags are per channel).
 final class Acknowledgements {
@@ -20,15 +17,11 @@ final class Acknowledgements {
     /// urgent one): what the bulk lane holds (`BulkPrefetch`).
     private var unsettled = DeliveryTagWindow<Int>()
     private(set) var bulkHeld = BulkHeld()
-    /// Urgent deliveries neither finished nor settled.
-    private var urgentUnderWay = 0
     /// Finished deliveries waiting for an older one under way, unacknowledged, each with when it finished, oldest
     /// first: they count against the prefetch, hence the limit, and a crash would have them delivered again, hence
     /// the time.
     private var held: [(tag: UInt64, since: Date)] = []
-    private let prefetch: Int
     private let holdingLimit: Int
-    private let batchSize: Int
     private let holdingTime: TimeInterval
     /// Sent since the last `takeFrames`.
     private var frames = AcknowledgementFrames()
@@ -39,14 +32,10 @@ final class Acknowledgements {
         var bytes = 0
     }
 
-    /// `prefetch`: the urgent consumer's; `holdingTime`: seconds any finished delivery may wait.
-    init(amqp: AMQPConnection, prefetch: Int, holdingTime: TimeInterval = 0.02) {
+    /// `holdingLimit`: finished deliveries that may wait for an older one, at most; `holdingTime`: seconds they may.
+    init(amqp: AMQPConnection, holdingLimit: Int, holdingTime: TimeInterval = 0.02) {
         self.amqp = amqp
-        self.prefetch = prefetch
-        // Half the prefetch may wait for an older delivery's ack: the broker keeps handing over jobs. A fifth goes in
-        // one ack (100 of the default 500), and four fifths stay in flight.
-        holdingLimit = max(0, prefetch / 2)
-        batchSize = max(1, prefetch / 5)
+        self.holdingLimit = max(0, holdingLimit)
         self.holdingTime = holdingTime
     }
 
@@ -56,52 +45,36 @@ final class Acknowledgements {
         if let bulkBytes {
             bulkHeld.count += 1
             bulkHeld.bytes += bulkBytes
-        } else {
-            urgentUnderWay += 1
         }
     }
 
-    /// Whether it was a bulk delivery.
-    @discardableResult
-    private func settle(_ tag: UInt64) -> Bool {
-        guard let bulkBytes = unsettled.remove(tag) else { return false }
-        guard bulkBytes >= 0 else {
-            urgentUnderWay -= 1
-            return false
-        }
+    private func settle(_ tag: UInt64) {
+        guard let bulkBytes = unsettled.remove(tag), bulkBytes >= 0 else { return }
         bulkHeld.count -= 1
         bulkHeld.bytes -= bulkBytes
-        return true
     }
 
     /// Acknowledges `tags` (all of them delivered on this connection, none settled yet): at once, or held back a
-    /// little to go with others in one ack (`due`).
+    /// little to go with an older delivery's ack (`due`).
     func acknowledge(_ tags: [UInt64]) throws(AMQPError) {
         guard !tags.isEmpty else { return }
         let now = Date()
-        var settledBulk = false
         for tag in tags {
-            settledBulk = settle(tag) || settledBulk
+            settle(tag)
             held.append((tag, now))
         }
+        try acknowledgeCovered()
         // A bulk job under way (a campaign's users, resolved a piece at a time) takes seconds: nothing waits for it.
-        // Nor does a bulk job that finished: the bulk lane holds a few large jobs, and one held back keeps the next
-        // from coming.
-        try acknowledgeHeld(dueBy: settledBulk || bulkHeld.count > 0 ? .distantFuture : now)
+        try acknowledgeHeld(dueBy: bulkHeld.count > 0 ? .distantFuture : now)
     }
 
     /// When the oldest finished delivery held back must be acknowledged, if any is.
     var due: Date? { held.first.map { $0.since.addingTimeInterval(holdingTime) } }
 
-    /// Acknowledges the finished deliveries held back that are due by `now` (every one of them if `now` is nil): in
-    /// one `multiple` ack those no delivery under way is older than, once a batch of them can go or the oldest held
-    /// is due; then one by one those above an older delivery under way that are due or beyond the limit.
+    /// Acknowledges one by one the finished deliveries held back that are due by `now` or beyond the limit, every
+    /// one of them if `now` is nil.
     func acknowledgeHeld(dueBy now: Date?) throws(AMQPError) {
         let heldLongEnough = now.map { $0.addingTimeInterval(-holdingTime) } ?? .distantFuture
-        guard let oldest = held.first else { return }
-        let prefetchNearlyTaken = urgentUnderWay + held.count > prefetch - batchSize
-        try acknowledgeCovered(
-            batchOnly: oldest.since > heldLongEnough && held.count <= holdingLimit && !prefetchNearlyTaken)
         var sent = 0
         while sent < held.count && (held.count - sent > holdingLimit || held[sent].since <= heldLongEnough) {
             try amqp.ack(held[sent].tag)
@@ -111,14 +84,10 @@ final class Acknowledgements {
         held.removeFirst(sent)
     }
 
-    /// One `multiple` ack for the held deliveries that no delivery under way is older than, if there are any, and
-    /// with `batchOnly` at least `batchSize` of them; the others stay.
-    private func acknowledgeCovered(batchOnly: Bool = false) throws(AMQPError) {
+    /// One `multiple` ack for the held deliveries that no delivery under way is older than; the others stay.
+    private func acknowledgeCovered() throws(AMQPError) {
         // A multiple ack covers every outstanding tag up to its own: only safe below the oldest still under way.
         let oldestUnderWay = unsettled.oldest ?? .max
-        if batchOnly && (held.count < batchSize || held.lazy.filter({ $0.tag < oldestUnderWay }).count < batchSize) {
-            return
-        }
         var highestCovered: UInt64?
         var kept = 0
         for index in held.indices {

@@ -5,10 +5,9 @@ import Telemetry
 import Testing
 import WorkerPipeline
 
-/// Finished jobs wait to go in one `multiple` ack, a batch of them or those of the last 20 ms, and jobs that finish
-/// before an older one wait for it, as the broker itself counts them (messages unacknowledged), and the frames they
-/// took (what `apns_worker_acknowledgement_frames_total` adds up): within a time and a number, at once while a bulk
-/// job is under way, and before the connection closes.
+/// Jobs that finish before an older one wait for it, to go with its `multiple` ack in one frame, as the broker itself
+/// counts them (messages unacknowledged), and the frames they took (what `apns_worker_acknowledgement_frames_total`
+/// adds up): within a time and a number, at once while a bulk job is under way, and before the connection closes.
 @Suite struct HeldAcknowledgementsTests {
     let logger = Logger(label: "held-acks", level: .critical)
 
@@ -43,33 +42,8 @@ import WorkerPipeline
         return try BulkLaneBytesTests.brokerView(queue).unacknowledged
     }
 
-    @Test func finishedJobsGoInBatches() throws {
-        // A prefetch of 10: batches of 2.
-        let (broker, jobs, tags) = try delivered(4, prefetch: 10)
-        defer { broker.close() }
-        try broker.acknowledge([tags[0]])
-        #expect(broker.acknowledgementsDue != nil)
-        #expect(try Self.unacknowledged(jobs, after: broker) == 4, "one finished job waits for a batch")
-
-        try broker.acknowledge([tags[1]])
-        #expect(broker.acknowledgementsDue == nil)
-        #expect(broker.takeAcknowledgementFrames() == AcknowledgementFrames(multiple: 1), "one frame for the two")
-        #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 2 })
-    }
-
-    @Test func nothingWaitsForABatchWhileThePrefetchIsNearlyTaken() throws {
-        // A prefetch of 10, all of it delivered: a job held for a batch would keep the eleventh from coming.
-        let (broker, jobs, tags) = try delivered(10, prefetch: 10)
-        defer { broker.close() }
-        try broker.acknowledge([tags[0]])
-        #expect(broker.acknowledgementsDue == nil)
-        #expect(broker.takeAcknowledgementFrames() == AcknowledgementFrames(multiple: 1))
-        #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 9 })
-    }
-
     @Test func laterJobsWaitForTheOldestAndGoWithItsAck() throws {
-        // A prefetch of 15: batches of 3.
-        let (broker, jobs, tags) = try delivered(3, prefetch: 15)
+        let (broker, jobs, tags) = try delivered(3)
         defer { broker.close() }
         let finished = Date()
         try broker.acknowledge([tags[1], tags[2]])
@@ -84,25 +58,18 @@ import WorkerPipeline
         #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 0 })
     }
 
-    /// Of three jobs, these finished: the first alone, short of a batch, goes in a multiple ack once due; the two
-    /// later ones, above the first still under way, one by one.
-    @Test(arguments: [
-        (finished: [0], frames: AcknowledgementFrames(multiple: 1), unacknowledged: 2),
-        (finished: [1, 2], frames: AcknowledgementFrames(single: 2), unacknowledged: 1)
-    ])
-    func heldJobsGoOnceDue(finished: [Int], frames: AcknowledgementFrames, unacknowledged: Int) throws {
+    @Test func heldJobsGoOnceDue() throws {
         let (broker, jobs, tags) = try delivered(3)
         defer { broker.close() }
-        try broker.acknowledge(finished.map { tags[$0] })
+        try broker.acknowledge([tags[1], tags[2]])
         let due = try #require(broker.acknowledgementsDue)
         try broker.acknowledgeHeld(dueBy: due.addingTimeInterval(-0.001))
         #expect(try Self.unacknowledged(jobs, after: broker) == 3, "not due yet")
 
         try broker.acknowledgeHeld(dueBy: due)
         #expect(broker.acknowledgementsDue == nil)
-        #expect(broker.takeAcknowledgementFrames() == frames)
-        #expect(
-            try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == unacknowledged })
+        #expect(broker.takeAcknowledgementFrames() == AcknowledgementFrames(single: 2))
+        #expect(try TestServices.waitUntil(timeout: 10) { try Self.unacknowledged(jobs, after: broker) == 1 })
     }
 
     @Test func noMoreThanHalfThePrefetchIsHeld() throws {
