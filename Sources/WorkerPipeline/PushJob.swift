@@ -56,6 +56,19 @@ public struct PushJob: Sendable, Equatable {
                 collapseID: collapseID, deadline: deadline, sendAt: sendAt, payload: payload))
     }
 
+    /// A job sent as `sending` says, to its push type's topic of `bundle`: every kind of job but a pre-validation
+    /// reads its sending members this way, so that none can leave one out. `ownID`: the id the job named, if any.
+    init(
+        ownID: String?, fallbackID: () -> String, bundle: String, users: [String], tokens: [String],
+        sending: borrowing SendingOptions, payload: [UInt8]
+    ) {
+        self.init(
+            id: ownID ?? fallbackID(), idFromBody: ownID != nil, topic: sending.pushType.topic(forBundle: bundle),
+            users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
+            priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
+            deadline: sending.deadline, sendAt: sending.sendAt, payload: payload)
+    }
+
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
         lhs.shared.isSameBox(as: rhs.shared) || lhs.shared.members == rhs.shared.members
     }
@@ -176,28 +189,15 @@ public struct PushJob: Sendable, Equatable {
         var job: PushJob
         if let channelID {
             job = try broadcastJob(
-                members, body, id: ownID ?? fallbackID(), idFromBody: ownID != nil, bundle: bundle,
-                channelID: channelID, sending: sending)
+                members, body, ownID: ownID, fallbackID: fallbackID, bundle: bundle, channelID: channelID,
+                sending: sending)
         } else if try flag(members.prevalidate, named: "prevalidate") {
-            // Token pre-validation (from the source article): a silent background push to every target, so that
-            // APNs reports the dead tokens before a campaign's real send. The job's own payload and push type are
-            // not used, but a payload or live_activity it carries is checked like any other: it is the campaign's.
-            if members.payload != nil || members.liveActivity != nil {
-                _ = try payload(members, body, pushType: sending.pushType)
-            }
-            job = PushJob(
-                id: ownID ?? fallbackID(), idFromBody: ownID != nil,
-                topic: APNsPushType.background.topic(forBundle: bundle), users: users,
-                tokens: tokens, environment: sending.environment, pushType: .background,
-                priority: .considerPower, expiration: 0, collapseID: nil, deadline: sending.deadline,
-                sendAt: sending.sendAt, payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+            job = try prevalidationJob(
+                members, body, ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens,
+                sending: sending)
         } else {
             job = PushJob(
-                id: ownID ?? fallbackID(), idFromBody: ownID != nil, topic: sending.pushType.topic(forBundle: bundle),
-                users: users,
-                tokens: tokens, environment: sending.environment, pushType: sending.pushType,
-                priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-                deadline: sending.deadline, sendAt: sending.sendAt,
+                ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens, sending: sending,
                 payload: try payload(members, body, pushType: sending.pushType))
         }
         job.shared.change { members in
@@ -258,10 +258,28 @@ public struct PushJob: Sendable, Equatable {
         return (users, tokens, channelID, activity)
     }
 
+    /// Token pre-validation (from the source article): a silent background push to every target, so that APNs
+    /// reports the dead tokens before a campaign's real send. The job's own payload and push type are not used, but a
+    /// payload or live_activity it carries is checked like any other: it is the campaign's.
+    private static func prevalidationJob(
+        _ members: JobMembers, _ body: [UInt8], ownID: String?, fallbackID: () -> String, bundle: String,
+        users: [String], tokens: [String], sending: borrowing SendingOptions
+    ) throws(JobError) -> PushJob {
+        if members.payload != nil || members.liveActivity != nil {
+            _ = try payload(members, body, pushType: sending.pushType)
+        }
+        return PushJob(
+            id: ownID ?? fallbackID(), idFromBody: ownID != nil,
+            topic: APNsPushType.background.topic(forBundle: bundle), users: users, tokens: tokens,
+            environment: sending.environment, pushType: .background, priority: .considerPower, expiration: 0,
+            collapseID: nil, deadline: sending.deadline, sendAt: sending.sendAt,
+            payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+    }
+
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
     private static func broadcastJob(
-        _ members: JobMembers, _ body: [UInt8], id: String, idFromBody: Bool, bundle: String, channelID: String,
-        sending: borrowing SendingOptions
+        _ members: JobMembers, _ body: [UInt8], ownID: String?, fallbackID: () -> String, bundle: String,
+        channelID: String, sending: borrowing SendingOptions
     ) throws(JobError) -> PushJob {
         guard sending.pushType == .liveactivity else {
             throw .broadcast(
@@ -278,11 +296,10 @@ public struct PushJob: Sendable, Equatable {
                     + "\"input_push_channel\"")
         }
         let payload = try payloadBytes(members, body)
+        // The push type is liveactivity (checked above), and the job's topic that of Live Activities.
         var job = PushJob(
-            id: id, idFromBody: idFromBody, topic: APNsPushType.liveactivity.topic(forBundle: bundle), users: [],
-            tokens: [], environment: sending.environment, pushType: .liveactivity, priority: sending.priority,
-            expiration: sending.expiration, collapseID: sending.collapseID, deadline: sending.deadline,
-            sendAt: sending.sendAt, payload: payload)
+            ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: [], tokens: [], sending: sending,
+            payload: payload)
         job.shared.change { $0.kind = .broadcast(channelID: channelID) }
         do throws(APNsRequestError) { try job.broadcast(on: channelID).validate() } catch { throw .breaksRule(error) }
         return job

@@ -56,10 +56,7 @@ private struct UsualMembers {
         guard sending.pushType != .liveactivity else { return nil }
         let bundle = try PushJob.bundle(topic: topic, defaultTopic: defaultTopic)
         return PushJob(
-            id: id ?? fallbackID(), idFromBody: id != nil, topic: sending.pushType.topic(forBundle: bundle),
-            users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
-            priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-            deadline: sending.deadline, sendAt: sending.sendAt,
+            ownID: id, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens, sending: sending,
             payload: try PushJob.sized(Array(body[payload]), for: sending.pushType))
     }
 }
