@@ -218,24 +218,32 @@ final class InMemoryBroker: JobBroker {
     }
 
     func acknowledge(_ tags: [UInt64]) throws {
-        if !tags.isEmpty { acknowledgementFrames.multiple += 1 }
-        fleet.change { state in
-            guard let hold = state.acknowledgementHold else { return state.acknowledged += tags }
+        let held = fleet.change { state -> Bool in
+            guard let hold = state.acknowledgementHold else {
+                state.acknowledged += tags
+                return false
+            }
             state.heldAcknowledgements += tags.map { ($0, Date().addingTimeInterval(hold)) }
+            return true
         }
+        if !held && !tags.isEmpty { acknowledgementFrames.multiple += 1 }
     }
     var acknowledgementsDue: Date? { fleet.read { $0.heldAcknowledgements.map(\.due).min() } }
-    /// A frame per call: what the statistics count.
+    /// Counted as the AMQP adapter sends them: a multiple frame for a call acknowledged at once, a single one for
+    /// each held acknowledgement once it goes.
     private var acknowledgementFrames = AcknowledgementFrames()
     func takeAcknowledgementFrames() -> AcknowledgementFrames {
         defer { acknowledgementFrames = AcknowledgementFrames() }
         return acknowledgementFrames
     }
     func acknowledgeHeld(dueBy now: Date) throws {
-        fleet.change { state in
-            state.acknowledged += state.heldAcknowledgements.filter { $0.due <= now }.map(\.tag)
+        let sent = fleet.change { state -> Int in
+            let due = state.heldAcknowledgements.filter { $0.due <= now }.map(\.tag)
+            state.acknowledged += due
             state.heldAcknowledgements.removeAll { $0.due <= now }
+            return due.count
         }
+        acknowledgementFrames.single += sent
     }
     func requeue(_ tag: UInt64) throws { fleet.change { $0.requeued.append(tag) } }
     func probe() throws {}
