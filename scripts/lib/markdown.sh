@@ -21,7 +21,7 @@ markdown_write() {
     exec 1>&3 3>&-
     wait "$MARKDOWN_TEE" 2>/dev/null || true
     {
-        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on commit $MARKDOWN_COMMIT, $(nproc) cores," \
+        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on commit $MARKDOWN_COMMIT, $(nproc --all) cores," \
              "$(free -g | awk '/^Mem:/ { print $2 }') GB, with \`$MARKDOWN_COMMAND\`:"
         echo
         awk '/^\|/ { print; table = 1; next }

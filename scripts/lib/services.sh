@@ -129,9 +129,12 @@ prometheus.tcp.port = $RABBITMQ_PROMETHEUS_PORT
 CONF
     echo '[rabbitmq_prometheus].' > "$SERVICES_DIR/rabbitmq/enabled_plugins"
     : > "$SERVICES_DIR/rabbitmq/rabbitmq-env.conf"
+    # SERVICES_BROKER_CPUS (scripts/bench): the cores the broker runs on. Set at its start, so that Erlang brings as
+    # many schedulers online as those cores.
     (
         services_rabbitmq_env
-        rabbitmq-server -detached >"$SERVICES_DIR/rabbitmq/start.log" 2>&1
+        ${SERVICES_BROKER_CPUS:+taskset -c "$SERVICES_BROKER_CPUS"} rabbitmq-server -detached \
+            >"$SERVICES_DIR/rabbitmq/start.log" 2>&1
     )
     # 32 databases: tests that need a Redis of their own (the fleet's invalidation window, a rate limit) each take one.
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$SERVICES_DIR/redis" --save '' --appendonly no \
