@@ -8,6 +8,8 @@ markdown_capture() {
     MARKDOWN_COMMAND=$2
     # The commit the run builds, taken now: one made while it runs is not what it measured.
     MARKDOWN_COMMIT=$(git rev-parse --short HEAD)
+    # And the cores, before a run narrows its own (scripts/bench's split).
+    MARKDOWN_CORES=$(nproc)
     git diff --quiet HEAD -- Sources Package.swift scripts || MARKDOWN_COMMIT+=" (with uncommitted changes)"
     MARKDOWN_LOG=$(mktemp /tmp/apns-worker-markdown.XXXXXX)
     exec 3>&1
@@ -21,7 +23,7 @@ markdown_write() {
     exec 1>&3 3>&-
     wait "$MARKDOWN_TEE" 2>/dev/null || true
     {
-        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on commit $MARKDOWN_COMMIT, $(nproc --all) cores," \
+        echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on commit $MARKDOWN_COMMIT, $MARKDOWN_CORES cores," \
              "$(free -g | awk '/^Mem:/ { print $2 }') GB, with \`$MARKDOWN_COMMAND\`:"
         echo
         awk '/^\|/ { print; table = 1; next }
