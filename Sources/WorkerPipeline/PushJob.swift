@@ -44,29 +44,18 @@ public struct PushJob: Sendable, Equatable {
 
     private var shared: SharedMembers<Members>
 
-    init(
-        id: String, idFromBody: Bool, topic: String, users: [String], tokens: [String],
-        environment: APNsEnvironment, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?,
-        collapseID: String?, deadline: Int64?, sendAt: Int64?, payload: [UInt8]
-    ) {
-        shared = SharedMembers(
-            Members(
-                id: id, idFromBody: idFromBody, topic: topic, users: users, tokens: tokens, environment: environment,
-                pushType: pushType, priority: priority, expiration: expiration,
-                collapseID: collapseID, deadline: deadline, sendAt: sendAt, payload: payload))
-    }
-
-    /// A job sent as `sending` says, to its push type's topic of `bundle`: every kind of job but a pre-validation
-    /// reads its sending members this way, so that none can leave one out. `ownID`: the id the job named, if any.
+    /// A job sent as `sending` says, to its push type's topic of `bundle`: every kind of job is made this way, so that
+    /// none can leave a sending member out. `ownID`: the id the job named, if any.
     init(
         ownID: String?, fallbackID: () -> String, bundle: String, users: [String], tokens: [String],
         sending: borrowing SendingOptions, payload: [UInt8]
     ) {
-        self.init(
-            id: ownID ?? fallbackID(), idFromBody: ownID != nil, topic: sending.pushType.topic(forBundle: bundle),
-            users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
-            priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-            deadline: sending.deadline, sendAt: sending.sendAt, payload: payload)
+        shared = SharedMembers(
+            Members(
+                id: ownID ?? fallbackID(), idFromBody: ownID != nil, topic: sending.pushType.topic(forBundle: bundle),
+                users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
+                priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
+                deadline: sending.deadline, sendAt: sending.sendAt, payload: payload))
     }
 
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
@@ -269,11 +258,8 @@ public struct PushJob: Sendable, Equatable {
             _ = try payload(members, body, pushType: sending.pushType)
         }
         return PushJob(
-            id: ownID ?? fallbackID(), idFromBody: ownID != nil,
-            topic: APNsPushType.background.topic(forBundle: bundle), users: users, tokens: tokens,
-            environment: sending.environment, pushType: .background, priority: .considerPower, expiration: 0,
-            collapseID: nil, deadline: sending.deadline, sendAt: sending.sendAt,
-            payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+            ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens,
+            sending: SendingOptions(prevalidating: sending), payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
     }
 
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
@@ -488,6 +474,13 @@ public struct PushJob: Sendable, Equatable {
             (self.environment, self.pushType, self.priority) = (environment, pushType, priority)
             (self.expiration, self.deadline, self.collapseID) = (expiration, deadline, collapseID)
             self.sendAt = sendAt
+        }
+
+        /// A pre-validation's: a silent background push at the power-considerate priority, kept by no device
+        /// (expiration 0), without a collapse id; the job's environment, deadline and send_at.
+        init(prevalidating job: borrowing SendingOptions) {
+            (environment, pushType, priority) = (job.environment, .background, .considerPower)
+            (expiration, deadline, sendAt, collapseID) = (0, job.deadline, job.sendAt, nil)
         }
     }
 
