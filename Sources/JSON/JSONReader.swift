@@ -565,11 +565,13 @@ public struct JSONReader: ~Copyable {
         }
     }
 
+    /// Four hex digits, each checked: a number parser would take a sign ("+041", "-000").
     private mutating func parseHex4() throws(JSONError) -> UInt32 {
-        guard position + 4 <= bytes.count,
-            let value = UInt32(String(decoding: bytes[position..<position + 4], as: UTF8.self), radix: 16)
-        else {
-            throw error("invalid \\u escape")
+        guard position + 4 <= bytes.count else { throw error("invalid \\u escape") }
+        var value: UInt32 = 0
+        for byte in bytes[position..<position + 4] {
+            guard let digit = Character(Unicode.Scalar(byte)).hexDigitValue else { throw error("invalid \\u escape") }
+            value = value << 4 | UInt32(digit)
         }
         position += 4
         return value

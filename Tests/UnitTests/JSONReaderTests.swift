@@ -11,7 +11,10 @@ import WorkerPipeline
         #expect(value["b"] == .array([.bool(true), .bool(false), .null, .number("-1.5e3")]))
     }
 
-    @Test(arguments: ["", "{", "{\"a\":}", "[1,]", "01", "\"\\x\"", "{\"a\":1}x", "\"\u{1}\"", "tru", "\"\\ud800\""])
+    @Test(arguments: [
+        "", "{", "{\"a\":}", "[1,]", "01", "\"\\x\"", "{\"a\":1}x", "\"\u{1}\"", "tru", "\"\\ud800\"",
+        "\"\\u+041\"", "\"\\u-000\"", "\"\\u00e\""
+    ])
     func rejectsInvalidJSON(text: String) {
         #expect(throws: JSONError.self) { try JSONReader.parse(Array(text.utf8)) }
     }
