@@ -503,6 +503,14 @@ public final class HTTP2Client: @unchecked Sendable {
         }
     }
 
+    /// `seconds` before `now` (`EventLoop.now`), or the clock's start if that is earlier: the monotonic clock counts
+    /// from the host's boot, so on a host up for less than a request timeout the plain subtraction went below zero
+    /// and stopped the process.
+    static func instant(_ seconds: Double, before now: UInt64) -> UInt64 {
+        let span = UInt64(seconds * 1e9)
+        return now > span ? now - span : 0
+    }
+
     /// Requests past their deadline, queued or in flight, end with `timedOut`; idle connections get a PING, and one
     /// whose PING goes unanswered is replaced. Runs every second, or faster for short timeouts in tests.
     private func scheduleSweep() {
@@ -518,7 +526,7 @@ public final class HTTP2Client: @unchecked Sendable {
                 for stream in expired { stream.complete(.failure(reason)) }
             }
             closeIdleExtraConnections(now: now)
-            let requestCutoff = now - UInt64(configuration.requestTimeout * 1e9)
+            let requestCutoff = Self.instant(configuration.requestTimeout, before: now)
             for connection in connections where connection.state == .open {
                 connection.expireStreams(startedBefore: requestCutoff)
                 if let sent = connection.pingSentAt, Double(now - sent) / 1e9 > configuration.pingTimeout {
