@@ -128,6 +128,18 @@ struct ParsedArguments {
         }
         return number
     }
+
+    /// An option that must be a number of seconds in `range` (finite: "inf" and "nan" are numbers to `Double`), or
+    /// exit 2 naming it.
+    func seconds(_ option: String, range: ClosedRange<Double>, command: String) -> Double? {
+        guard let text = value(option) else { return nil }
+        guard let seconds = Double(text), range.contains(seconds) else {
+            fail(
+                "\(command): \(option) wants seconds from \(range.lowerBound) to \(Int(range.upperBound)), got \(text)",
+                code: ExitCode.usage)
+        }
+        return seconds
+    }
 }
 
 /// Runs the worker or the cleanup consumer as operators expect: its /metrics, /healthz and /readyz, its signals

@@ -135,7 +135,7 @@ let deadTokensHelp = """
     cleanup consumers still receive every event; it sees events published while it runs, not those already queued.
     Tokens are shortened (first 8 characters and length) unless --full-tokens.
       --count N          stop after N events
-      --timeout SECONDS  stop when no event came for this long (exit 0)
+      --timeout SECONDS  stop when no event came for this long, up to 604800 (a week) (exit 0)
 
     Settings it reads (environment, --config file or --set):
     \(SettingTable.help(for: .deadTokensTail))
@@ -151,12 +151,7 @@ func deadTokensCommand(_ arguments: [String]) {
         fail("dead-tokens: the only action is tail; try 'apns-worker dead-tokens --help'", code: ExitCode.usage)
     }
     let count = parsed.integer("--count", default: Int.max, range: 1...Int.max, command: "dead-tokens tail")
-    let timeout = parsed.value("--timeout").map { text -> Double in
-        guard let seconds = Double(text), seconds > 0 else {
-            fail("dead-tokens tail: --timeout wants seconds above 0, got \(text)", code: ExitCode.usage)
-        }
-        return seconds
-    }
+    let timeout = parsed.seconds("--timeout", range: 0.001...604_800, command: "dead-tokens tail")
     let configuration = parsed.configuration(requiringCredentials: false)
     let full = parsed.switches.contains("--full-tokens")
     do {

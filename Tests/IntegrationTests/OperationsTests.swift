@@ -574,6 +574,15 @@ import WorkerPipeline
         #expect(try Self.apnsWorker(["stats", "--bogus"]).errors.contains("unknown option --bogus"))
     }
 
+    /// Seconds that are not a usable wait ("inf" and "nan" are numbers to a parser; 1e19 overflows a timeval) are
+    /// refused naming the option, before anything connects, rather than stopping the command later with a trap.
+    @Test(arguments: ["inf", "nan", "1e19", "0", "-3", "soon"])
+    func aTimeoutThatIsNoWaitIsRefusedNamingTheOption(_ value: String) throws {
+        let tail = try Self.apnsWorker(["dead-tokens", "tail", "--timeout", value])
+        #expect(tail.status == 2, "\(value): \(tail.errors)")
+        #expect(tail.errors.contains("--timeout wants seconds from"), "\(value): \(tail.errors)")
+    }
+
     /// Ready means able to deliver: consuming is not enough while no APNs connection is open. The APNs endpoint
     /// comes up at the end, and the same worker becomes ready: the missing connection was the only reason.
     @Test func aWorkerWithoutAPNsIsNotReady() throws {
