@@ -120,25 +120,26 @@ struct ParsedArguments {
 
     /// An option that must be a whole number in `range`, or exit 2 naming it.
     func integer(_ option: String, default fallback: Int, range: ClosedRange<Int>, command: String) -> Int {
-        guard let text = value(option) else { return fallback }
-        guard let number = Int(text), range.contains(number) else {
-            fail(
-                "\(command): \(option) wants a whole number from \(range.lowerBound) to \(range.upperBound), got \(text)",
-                code: ExitCode.usage)
-        }
-        return number
+        number(option, range: range, command: command, kind: "a whole number", read: { Int($0) }) ?? fallback
     }
 
     /// An option that must be a number of seconds in `range` (finite: "inf" and "nan" are numbers to `Double`), or
     /// exit 2 naming it.
     func seconds(_ option: String, range: ClosedRange<Double>, command: String) -> Double? {
+        number(option, range: range, command: command, kind: "seconds", read: { Double($0) })
+    }
+
+    /// `option`'s value read as `kind` and within `range`; nil if it is not given; otherwise exit 2 naming it.
+    private func number<Number: Comparable>(
+        _ option: String, range: ClosedRange<Number>, command: String, kind: String, read: (String) -> Number?
+    ) -> Number? {
         guard let text = value(option) else { return nil }
-        guard let seconds = Double(text), range.contains(seconds) else {
+        guard let number = read(text), range.contains(number) else {
             fail(
-                "\(command): \(option) wants seconds from \(range.lowerBound) to \(Int(range.upperBound)), got \(text)",
+                "\(command): \(option) wants \(kind) from \(range.lowerBound) to \(range.upperBound), got \(text)",
                 code: ExitCode.usage)
         }
-        return seconds
+        return number
     }
 }
 
