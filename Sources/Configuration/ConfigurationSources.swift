@@ -20,13 +20,32 @@ public enum ConfigurationSources {
             else {
                 throw ConfigurationError(key: "--config", "\(name) line \(number + 1): expected KEY=VALUE")
             }
-            var value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
-            if value.count >= 2, let first = value.first, first == "\"" || first == "'", value.last == first {
-                value = String(value.dropFirst().dropLast())
+            let value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+            guard let read = Self.value(value) else {
+                // The line is not shown: its value may be a password.
+                throw ConfigurationError(
+                    key: "--config",
+                    "\(name) line \(number + 1) (\(key)): text after the value (a comment?) is part of it for systemd "
+                        + "and dropped by a shell: put a comment on a line of its own, or quote the whole value")
             }
-            values[key] = value
+            values[key] = read
         }
         return values
+    }
+
+    /// A value as a shell and systemd's EnvironmentFile both read it: without one pair of quotes around it, if it
+    /// has them; nil if the two would read it differently: ` #` and what follows outside quotes (a shell's comment,
+    /// part of the value for systemd), or text after the closing quote.
+    private static func value(_ text: String) -> String? {
+        if let first = text.first, first == "\"" || first == "'" {
+            guard text.count >= 2, let close = text.dropFirst().firstIndex(of: first) else { return text }
+            guard text.index(after: close) == text.endIndex else { return nil }
+            return String(text[text.index(after: text.startIndex)..<close])
+        }
+        let comment = text.indices.contains { index in
+            text[index] == "#" && index > text.startIndex && text[text.index(before: index)].isWhitespace
+        }
+        return comment ? nil : text
     }
 
     /// File, then environment, then flags: each later source wins.

@@ -35,6 +35,26 @@ import WorkerPipeline
         #expect(throws: ConfigurationError.self) { try ConfigurationSources.readFile("/nonexistent/file.env") }
     }
 
+    /// `KEY=value # note` is `value` to a shell and `value # note` to systemd: refused, naming the line and key (not
+    /// the value, which may be a password). A `#` inside quotes or not after a space is part of the value for both.
+    @Test func aCommentAfterAValueIsRefusedNamingTheLine() throws {
+        for line in ["PUSH_JOBS_QUEUE=push.jobs # urgent lane", "PUSH_JOBS_QUEUE=\"push.jobs\" # urgent", "A=b\t#c"] {
+            #expect(throws: ConfigurationError.self, "\(line)") {
+                try ConfigurationSources.parseFile("LOG_LEVEL=info\n" + line + "\n", name: "f.env")
+            }
+        }
+        do {
+            _ = try ConfigurationSources.parseFile("AMQP_URL=amqp://u:secret@h/%2f #broker\n", name: "f.env")
+            Issue.record("a comment after a URL was taken")
+        } catch {
+            #expect(error.description.contains("f.env line 1 (AMQP_URL)"), "\(error)")
+            #expect(!error.description.contains("secret"), "\(error)")
+        }
+        let values = try ConfigurationSources.parseFile(
+            "A=\"a # b\"\nB=x#y\nC='#'\nD=#\n", name: "f.env")
+        #expect(values == ["A": "a # b", "B": "x#y", "C": "#", "D": "#"])
+    }
+
     /// A file saved on Windows: every line is read, no value keeps a carriage return, a bad line has its number.
     @Test func linesEndingInCRLFAreReadLikeLF() throws {
         let values = try ConfigurationSources.parseFile(
