@@ -38,9 +38,9 @@ extension SettingKind where Value == Int {
 extension SettingKind where Value == Double {
     /// Up to a day: a longer wait is a mistake (milliseconds given as seconds, say).
     static var seconds: SettingKind {
-        SettingKind("seconds > 0") { text throws(SettingProblem) in
+        SettingKind("seconds > 0, at most 86400") { text throws(SettingProblem) in
             guard let number = Double(text), number > 0, number <= 86_400 else {
-                throw SettingProblem("\"\(text)\" is not a number of seconds above 0")
+                throw SettingProblem("\"\(text)\" is not a number of seconds above 0 and at most 86400 (a day)")
             }
             return number
         }
@@ -59,12 +59,19 @@ extension SettingKind where Value == Double {
 extension SettingKind where Value == [Double] {
     /// Sorted, so that retry number n waits the n-th shortest.
     static var secondsList: SettingKind {
-        SettingKind("seconds, comma-separated") { text throws(SettingProblem) in
-            let parsed = text.split(separator: ",").map { Double($0.trimmingCharacters(in: .whitespaces)) }
-            guard !parsed.isEmpty, parsed.allSatisfy({ $0 != nil && $0! >= 0.001 && $0! <= 86_400 }) else {
-                throw SettingProblem("\"\(text)\" is not a comma-separated list of seconds, e.g. 1,15,60,300")
+        SettingKind("seconds 0.001..86400, comma-separated") { text throws(SettingProblem) in
+            // Empty items are refused, not skipped: "60,,1" is more likely a lost value than two.
+            var delays: [Double] = []
+            for item in text.split(separator: ",", omittingEmptySubsequences: false) {
+                let trimmed = item.trimmingCharacters(in: .whitespaces)
+                guard let delay = Double(trimmed), delay >= 0.001, delay <= 86_400 else {
+                    throw SettingProblem(
+                        "\"\(trimmed)\" in \"\(text)\" is not a number of seconds from 0.001 to 86400; the list is "
+                            + "comma-separated, e.g. 1,15,60,300")
+                }
+                delays.append(delay)
             }
-            return parsed.map { $0! }.sorted()
+            return delays.sorted()
         }
     }
 }

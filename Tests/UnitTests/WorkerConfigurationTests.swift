@@ -79,6 +79,10 @@ import WorkerPipeline
         (["APNS_MAX_CONNECTIONS": "0"], "APNS_MAX_CONNECTIONS"),
         (["APNS_MAX_CONNECTIONS": "many"], "APNS_MAX_CONNECTIONS"),
         (["APNS_RETRY_DELAYS": "1,soon"], "APNS_RETRY_DELAYS"),
+        (["APNS_RETRY_DELAYS": "60,,1"], "APNS_RETRY_DELAYS"),
+        (["APNS_RETRY_DELAYS": "1,15,"], "APNS_RETRY_DELAYS"),
+        (["APNS_REQUEST_TIMEOUT": "86401"], "APNS_REQUEST_TIMEOUT"),
+        (["APNS_REQUEST_TIMEOUT": "inf"], "APNS_REQUEST_TIMEOUT"),
         (["AMQP_HEARTBEAT": "-1"], "AMQP_HEARTBEAT"),
         (["SHUTDOWN_TIMEOUT": "later"], "SHUTDOWN_TIMEOUT"),
         (["METRICS_PORT": "70000"], "METRICS_PORT"),
@@ -106,6 +110,22 @@ import WorkerPipeline
             Issue.record("accepted \(overrides)")
         } catch {
             #expect(error.key == key, "\(error)")
+        }
+    }
+
+    /// A number of seconds out of range is refused with both bounds named, and a list names the item that is wrong.
+    @Test func secondsOutOfRangeAreRefusedNamingTheBounds() {
+        for (key, value, words) in [
+            ("CLEANUP_SWEEP_INTERVAL", "172800", "above 0 and at most 86400"),
+            ("APNS_RETRY_DELAYS", "0,15", "\"0\" in \"0,15\" is not a number of seconds from 0.001 to 86400"),
+            ("APNS_RETRY_DELAYS", "60,,1", "\"\" in \"60,,1\"")
+        ] {
+            do {
+                _ = try WorkerConfiguration.load(from: minimal.merging([key: value]) { _, new in new })
+                Issue.record("accepted \(key)=\(value)")
+            } catch {
+                #expect(error.key == key && error.problem.contains(words), "\(error)")
+            }
         }
     }
 
