@@ -20,7 +20,8 @@ public final class HealthServer: Sendable {
     ) throws(HealthServerError) {
         let socket: (descriptor: Int32, port: Int)
         do { socket = try ListeningSocket.open(host: host, port: port, backlog: 16) } catch {
-            throw HealthServerError(error.description, addressInUse: error.addressInUse)
+            throw HealthServerError(
+                error.description, addressInUse: error.addressInUse, hostUnusable: error.hostUnusable)
         }
         listener = socket.descriptor
         self.port = socket.port
@@ -82,9 +83,12 @@ public struct HealthServerError: Error, CustomStringConvertible, Sendable {
     public let description: String
     /// The port is someone else's already.
     public let addressInUse: Bool
-    init(_ description: String, addressInUse: Bool = false) {
+    /// The host does not resolve, or is no address of this machine: the host setting is at fault, not the port.
+    public let hostUnusable: Bool
+    init(_ description: String, addressInUse: Bool = false, hostUnusable: Bool = false) {
         self.description = description
         self.addressInUse = addressInUse
+        self.hostUnusable = hostUnusable
     }
 }
 

@@ -8,7 +8,9 @@ public enum ListeningSocket {
     public struct Failure: Error, Sendable, CustomStringConvertible {
         public let description: String
         /// Someone else listens there already (EADDRINUSE).
-        public let addressInUse: Bool
+        public var addressInUse = false
+        /// The host is at fault: it does not resolve, or is no address of this machine (EADDRNOTAVAIL).
+        public var hostUnusable = false
     }
 
     /// Listens on host:port (port 0: the kernel picks a free one); returns the socket and the port it got.
@@ -25,12 +27,12 @@ public enum ListeningSocket {
         let status = getaddrinfo(host, String(port), &hints, &result)
         guard status == 0, let address = result else {
             throw Failure(
-                description: "cannot resolve \(host): \(String(cString: gai_strerror(status)))", addressInUse: false)
+                description: "cannot resolve \(host): \(String(cString: gai_strerror(status)))", hostUnusable: true)
         }
         defer { freeaddrinfo(address) }
         let descriptor = socket(address.pointee.ai_family, Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else {
-            throw Failure(description: "socket: \(String(cString: strerror(errno)))", addressInUse: false)
+            throw Failure(description: "socket: \(String(cString: strerror(errno)))")
         }
         var one: Int32 = 1
         setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
@@ -41,7 +43,7 @@ public enum ListeningSocket {
             close(descriptor)
             throw Failure(
                 description: "cannot listen on \(host):\(port): \(String(cString: strerror(code)))",
-                addressInUse: code == EADDRINUSE)
+                addressInUse: code == EADDRINUSE, hostUnusable: code == EADDRNOTAVAIL)
         }
         _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
         if nonBlocking { _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK) }

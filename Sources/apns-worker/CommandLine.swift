@@ -177,6 +177,7 @@ func startHealthServer(_ metrics: MetricsSettings, logger: Logger, service: any 
         logger.info("metrics and health endpoint", ["http.address": "\(metrics.host):\(server.port)"])
         return server
     } catch {
-        fail("configuration error: \(SettingTable().metricsPort.name): \(error)", code: ExitCode.configuration)
+        let setting = error.hostUnusable ? SettingTable().metricsHost.name : SettingTable().metricsPort.name
+        fail("configuration error: \(setting): \(error)", code: ExitCode.configuration)
     }
 }

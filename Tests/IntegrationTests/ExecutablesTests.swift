@@ -293,5 +293,13 @@ import WorkerPipeline
         let refusal = explicit.waitForLine(containing: "configuration error")
         #expect(refusal?.contains("METRICS_PORT") == true, "\(refusal ?? "no line")")
         #expect(explicit.waitForExit() == 78)
+
+        // A host that does not resolve is the host's fault, and named so.
+        let nowhere = try Child(
+            "apns-worker", ["run"],
+            environment: environment.merging(["METRICS_HOST": "10.0.0.1.5", "METRICS_PORT": "9"]) { _, new in new })
+        let unresolved = nowhere.waitForLine(containing: "configuration error")
+        #expect(unresolved?.contains("METRICS_HOST: cannot resolve 10.0.0.1.5") == true, "\(unresolved ?? "no line")")
+        #expect(nowhere.waitForExit() == 78)
     }
 }
