@@ -93,6 +93,17 @@ func fail(_ message: String) -> Never {
 var arguments = Array(CommandLine.arguments.dropFirst())
 guard let mode = arguments.first else { fail("no mode\n\(usage)") }
 arguments.removeFirst()
+/// Each mode's options: any other is refused, so that a typo (--conections) does not silently run with a default.
+let optionsOfMode: [String: Set<String>] = [
+    "jwt": ["key", "key-id", "team-id"],
+    "client": ["url", "ca", "connections", "streams", "requests", "key", "key-id", "team-id", "token", "topic"],
+    "fill": [
+        "amqp", "queue", "jobs", "tokens", "users", "user-prefix", "rotate-users", "first", "rate", "unstamped",
+        "topics", "environment", "queue-type"
+    ],
+    "drain": ["amqp", "queue", "count", "prefetch", "ack-every", "ack-lag"],
+    "wait": ["sim", "ca", "count"]
+]
 nonisolated(unsafe) var options: [String: String] = [:]  // written once, before any other thread starts
 while !arguments.isEmpty {
     let flag = arguments.removeFirst()
@@ -105,11 +116,15 @@ while !arguments.isEmpty {
         continue
     }
     guard flag.hasPrefix("--"), !arguments.isEmpty else { fail("bad option \(flag)") }
+    guard optionsOfMode[mode]?.contains(String(flag.dropFirst(2))) != false else {
+        fail("\(mode) has no option \(flag); see apns-bench --help")
+    }
     options[String(flag.dropFirst(2))] = arguments.removeFirst()
 }
-func integer(_ name: String, _ fallback: Int) -> Int {
+/// A whole number of at least `minimum` (1 unless the option's default is 0), or exit naming it.
+func integer(_ name: String, _ fallback: Int, minimum: Int = 1) -> Int {
     guard let text = options[name] else { return fallback }
-    guard let value = Int(text), value > 0 else { fail("--\(name) \(text) is not a positive number") }
+    guard let value = Int(text), value >= minimum else { fail("--\(name) \(text) is not a whole number >= \(minimum)") }
     return value
 }
 
@@ -177,8 +192,14 @@ case "fill":
     // Job n names users (n * U + i) modulo M: jobs of one user each then reach M users in turn.
     let rotatedUsers = options["rotate-users"].map { _ in integer("rotate-users", 1000) }
     // Jobs are numbered from F (their ids and direct tokens): a warm-up and the measured jobs do not share them.
-    let first = integer("first", 0)
+    let first = integer("first", 0, minimum: 0)
     let stamped = options["unstamped"] == nil
+    let rate = options["rate"].map { text -> Double in
+        guard let rate = Double(text), rate > 0, rate <= 10_000_000 else {
+            fail("--rate \(text) is not a number of jobs per second above 0 and at most 10000000")
+        }
+        return rate
+    }
     // Job n names topic n modulo the list (none: the worker's APNS_TOPIC), so that several credentials share the load.
     let topics = options["topics"].map { $0.split(separator: ",").map(String.init) } ?? []
     let environment = options["environment"].map { "\"environment\": \"\($0)\", " } ?? ""
@@ -188,7 +209,6 @@ case "fill":
         guard type == "classic" || type == "quorum" else { fail("--queue-type is classic or quorum, not \(type)") }
         try connection.declareQueue(queue, arguments: type == "quorum" ? ["x-queue-type": .string("quorum")] : [:])
         try connection.enablePublisherConfirms()
-        let rate = options["rate"].flatMap(Double.init)
         let started = DispatchTime.now().uptimeNanoseconds
         var last: UInt64 = 0
         for job in first..<(first + jobs) {
@@ -237,7 +257,7 @@ case "drain":
     let ackEvery = max(1, integer("ack-every", 1))
     let prefetch = integer("prefetch", 500)
     // An ack that stays as many messages behind as the broker may have unacknowledged would wait forever.
-    let ackLag = integer("ack-lag", 0)
+    let ackLag = integer("ack-lag", 0, minimum: 0)
     guard ackLag < prefetch else { fail("--ack-lag \(ackLag) must be below --prefetch \(prefetch)") }
     let multiple = ackEvery > 1 || ackLag > 0
     do {
