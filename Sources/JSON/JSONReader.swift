@@ -422,7 +422,11 @@ public struct JSONReader: ~Copyable {
     /// read to its end).
     @inline(__always)
     private mutating func opens(depth: Int, closing: UInt8) throws(JSONError) -> Bool {
-        guard depth <= maximumDepth else { throw error("nesting deeper than \(maximumDepth) levels") }
+        guard depth <= maximumDepth else {
+            var tooDeep = error("nesting deeper than \(maximumDepth) levels")
+            tooDeep.nestingLimit = maximumDepth
+            throw tooDeep
+        }
         deepest = max(deepest, depth)
         position += 1
         skipWhitespace()

@@ -342,6 +342,12 @@ public struct PushJob: Sendable, Equatable {
                 // The reader checks every string it reads as UTF-8, and outside strings JSON is ASCII: a body that is
                 // not UTF-8 never reads as JSON, so it is told apart only here, not checked byte by byte for every job.
                 guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
+                if error.nestingLimit != nil {
+                    // Read with the retries' allowance, which a job without `retry` does not have.
+                    throw .notJSON(
+                        "nesting deeper than \(limits.maximumDepth) levels (\(retryDepth) in the worker's own retries) "
+                            + "at byte \(error.offset)")
+                }
                 throw .notJSON(error.description)
             }
             let depth: Int
@@ -453,7 +459,8 @@ public struct PushJob: Sendable, Equatable {
                 let now = Int64(Date().timeIntervalSince1970)
                 if sendAt < 0 { throw .badSendAt("send_at \(sendAt) must be UNIX seconds, 0 or later") }
                 if sendAt > PushJob.latestDeadline {
-                    throw .badSendAt("send_at \(sendAt) is beyond the year 5000: give UNIX seconds, not milliseconds")
+                    throw .badSendAt(
+                        "send_at \(sendAt) is beyond 99999999999 (the year 5138): give UNIX seconds, not milliseconds")
                 }
                 if sendAt > now + PushJob.longestSchedule {
                     throw .badSendAt(
