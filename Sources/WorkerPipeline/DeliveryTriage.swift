@@ -45,7 +45,8 @@ public struct DeliveryTriage: Sendable, Equatable {
         var uncounted: [(tag: UInt64, key: String)] = []
         for delivery in batch where delivery.redelivered {
             if let before = delivery.properties.deliveryCount {
-                counts[delivery.tag] = before + 1
+                // The header is the publisher's on a classic queue: Long.MAX must make poison, not stop the worker.
+                counts[delivery.tag] = before == .max ? .max : before + 1
             } else {
                 uncounted.append((delivery.tag, Self.historyKey(delivery)))
             }

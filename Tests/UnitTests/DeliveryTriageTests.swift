@@ -32,6 +32,12 @@ import WorkerPipeline
         #expect(merged == [2: 4, 3: 3], "the store counts redeliveries: two of them make the third delivery")
     }
 
+    /// On a classic queue `x-delivery-count` is whatever the publisher wrote: the largest count is poison.
+    @Test func theLargestDeliveryCountAPublisherCanWriteIsCountedAsIs() {
+        let (counts, _) = triage.brokerCounts(of: [delivery(7, redelivered: true, brokerCount: .max)])
+        #expect(counts == [7: .max])
+    }
+
     @Test func sortsUsualJobsSuspectsAndPoison() {
         let batch = [
             delivery(1), delivery(2, messageID: "twice"), delivery(3, messageID: "thrice"),
