@@ -137,10 +137,13 @@ package struct CredentialsFile {
 
         func rateLimit() throws(EntryProblem) -> Int {
             guard let value = fields["rate_limit"] else { return 0 }
+            // At most APNS_RATE_LIMIT's most: the fleet's shares of a larger one overflowed in the arithmetic of
+            // permits.
             guard !(value is Bool), let number = value as? NSNumber,
-                let whole = Int(exactly: number.doubleValue), whole >= 0
+                let whole = Int(exactly: number.doubleValue), (0...10_000_000).contains(whole)
             else {
-                throw EntryProblem(text: "\"rate_limit\" wants a whole number of notifications per second, 0 or more")
+                throw EntryProblem(
+                    text: "\"rate_limit\" wants a whole number of notifications per second from 0 to 10000000")
             }
             return whole
         }

@@ -74,6 +74,10 @@ import WorkerPipeline
             #"{"credentials": [{"team_id": "TEAM00000A", "key_id": "KEY000000A", "key_file": "AuthKey.p8", "topics": ["com.a"], "rate_limit": true}]}"#,
             "\"rate_limit\" wants a whole number"
         ),
+        (
+            #"{"credentials": [{"team_id": "TEAM00000A", "key_id": "KEY000000A", "key_file": "AuthKey.p8", "topics": ["com.a"], "rate_limit": 1e18}]}"#,
+            "\"rate_limit\" wants a whole number of notifications per second from 0 to 10000000"
+        ),
         (#"{"credentials": [{"topics": ["com.a"]}]}"#, "entry 1: names no credential"),
         (
             #"{"credentials": [{"team_id": "TEAM00000A", "key_id": "KEY000000A", "key_file": "missing.p8", "topics": ["com.a"]}]}"#,
