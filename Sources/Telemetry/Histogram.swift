@@ -12,7 +12,10 @@ public final class Histogram: Sendable {
     public let boundLabels: [String]
     /// Per bucket (not cumulative; `prometheusText` sums), the last one for observations above every bound.
     private let counts: InlineArray<16, Atomic<Int>>
-    private let totalNanoseconds = Atomic<Int>(0)
+    /// Microseconds, added wrapping: a worker's total grows by the notifications it has in flight each second (5,000
+    /// by default), and in nanoseconds in an Int it overflowed, stopping the process, in about three weeks; in
+    /// microseconds it lasts over a century.
+    private let totalMicroseconds = Atomic<UInt64>(0)
 
     public init(bounds: [Double] = Histogram.defaultBounds) {
         precondition(bounds.count < Self.capacity && bounds == bounds.sorted(), "at most 15 ascending bounds")
@@ -26,7 +29,7 @@ public final class Histogram: Sendable {
         var bucket = 0
         while bucket < bounds.count && seconds > bounds[bucket] { bucket += 1 }
         counts[bucket].add(1, ordering: .relaxed)
-        totalNanoseconds.add(Int(clamping: nanoseconds), ordering: .relaxed)
+        totalMicroseconds.wrappingAdd(nanoseconds / 1000 + (nanoseconds % 1000 >= 500 ? 1 : 0), ordering: .relaxed)
     }
 
     /// Cumulative counts per bound, then +Inf, as Prometheus wants them.
@@ -39,5 +42,5 @@ public final class Histogram: Sendable {
     }
 
     /// Everything observed, in seconds.
-    public var totalSeconds: Double { Double(totalNanoseconds.load(ordering: .relaxed)) / 1e9 }
+    public var totalSeconds: Double { Double(totalMicroseconds.load(ordering: .relaxed)) / 1e6 }
 }

@@ -30,6 +30,20 @@ import WorkerPipeline
         #expect(labelled.text.contains("lane_seconds_sum{lane=\"urgent\"} 2.0565"))
     }
 
+    /// A long-running worker's total: months of a full lane's worth of notifications in flight, past where a total
+    /// in nanoseconds overflowed and stopped the process; the sum keeps counting.
+    @Test func theTotalOfALongRunKeepsCounting() {
+        let histogram = Histogram()
+        let month: UInt64 = 30 * 86_400 * 1_000_000_000
+        for _ in 0..<5_000 { histogram.observe(nanoseconds: month) }
+        #expect(histogram.cumulativeCounts.last == 5_000)
+        #expect(abs(histogram.totalSeconds - 5_000 * 30 * 86_400) < 1, "\(histogram.totalSeconds)")
+        let short = Histogram()
+        short.observe(nanoseconds: 1_499)
+        short.observe(nanoseconds: 1_500)
+        #expect(abs(short.totalSeconds - 0.000_003) < 1e-9, "each rounded to microseconds: \(short.totalSeconds)")
+    }
+
     @Test func labelValuesAreEscapedAsTheFormatWants() {
         var metrics = PrometheusText()
         metrics.family("answers_total", "counter", "Test.", [([("reason", "a\"b\\c\nd")], 2), ([], 1)])
