@@ -3,6 +3,10 @@ import JSON
 /// A job's scalar members as `PushJob.decode` and the parts of a job it hands on (`local_window`, `live_activity`)
 /// read them: a type other than the one a member takes is refused, naming the member.
 extension PushJob {
+    /// Far above APNS_MAX_ATTEMPTS (at most 100): an attempt counted in a retry's state or a broadcast copy's header
+    /// beyond it is not the worker's (and one more than Int.max would trap).
+    static let maximumAttempt = 1_000_000
+
     static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
         try string(document[field], named: field)
     }

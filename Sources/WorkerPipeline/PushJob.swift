@@ -561,7 +561,7 @@ public struct PushJob: Sendable, Equatable {
     {
         guard let retry, retry != .null else { return nil }
         guard case .object = retry, case .number(let attemptText)? = retry["attempt"], let attempt = Int(attemptText),
-            attempt >= 2, case .array(let entries)? = retry["targets"], !entries.isEmpty
+            (2...maximumAttempt).contains(attempt), case .array(let entries)? = retry["targets"], !entries.isEmpty
         else {
             throw .wrongType(field: "retry", expected: "the worker's retry state", got: retry.typeName)
         }

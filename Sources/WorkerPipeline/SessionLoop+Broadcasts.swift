@@ -15,8 +15,12 @@ struct BroadcastJob: Sendable {
     /// This attempt's summary went out on an earlier delivery (the idempotency record says so): none again.
     var summarySent = false
 
-    /// 1, or the attempt a retry copy's header names.
-    var attempt: Int { Int(delivery.properties.headers[SessionLoop.broadcastAttemptHeader] ?? "") ?? 1 }
+    /// 1, or the attempt a retry copy's header names (held to 1...`PushJob.maximumAttempt`: the header is a
+    /// message property anyone publishing could set).
+    var attempt: Int {
+        let named = Int(delivery.properties.headers[SessionLoop.broadcastAttemptHeader] ?? "") ?? 1
+        return min(max(named, 1), PushJob.maximumAttempt)
+    }
 
     /// The idempotency record's member saying this attempt's summary went out (not base64, so never a channel id).
     var summaryMarker: String { "summary@\(attempt)" }

@@ -82,6 +82,21 @@ import WorkerPipeline
         }
     }
 
+    /// The retry state is the worker's own: an attempt it could not have written (one more than Int.max traps) is
+    /// refused naming `retry`.
+    @Test func aRetryAttemptBeyondAnyTheWorkerWritesIsRefused() throws {
+        let token = String(repeating: "ab", count: 32)
+        func retry(_ attempt: String) throws(JobError) -> PushJob {
+            try decode(
+                #"{"users": [], "topic": "com.example.app", "payload": {}, "retry": {"attempt": \#(attempt), "#
+                    + #""targets": [{"token": "\#(token)", "environment": "production"}]}}"#)
+        }
+        #expect(try retry("3").attempt == 3)
+        for attempt in ["9223372036854775807", "1000001", "1"] {
+            #expect(throws: JobError.self, "\(attempt)") { try retry(attempt) }
+        }
+    }
+
     @Test func deepNestingIsRefused() {
         let deep = String(repeating: "[", count: 100) + String(repeating: "]", count: 100)
         let body = #"{"users": ["u"], "topic": "t", "payload": {"x": \#(deep)}}"#
