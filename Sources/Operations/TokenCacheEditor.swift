@@ -98,17 +98,9 @@ public final class TokenCacheEditor {
         var report = ImportReport(totalBytes: reader.totalBytes)
         var pending: [(line: Int, event: RegistrationEvent)] = []
         func flush() throws {
-            let registrations = pending.filter { $0.event.action == .register }
-            let logouts = pending.filter { $0.event.action == .unregister }
-            let changes =
-                try cache.register(registrations.map(\.event.registration))
-                + cache.remove(
-                    logouts.map {
-                        TokenRemoval(
-                            user: $0.event.registration.user, token: $0.event.registration.token,
-                            unlessRegisteredAfter: $0.event.registration.registeredAt)
-                    })
-            for (item, change) in zip(registrations + logouts, changes) {
+            var changes = RegistrationChanges()
+            for item in pending { changes.append(item.event) }
+            for (item, change) in zip(pending, try changes.apply(to: cache)) {
                 switch change {
                 case .applied: report.applied += 1
                 case .unchanged: report.unchanged += 1

@@ -194,8 +194,7 @@ public final class TokenCleanup: Service {
     /// that cannot be read, with why.
     private struct ReadBatch {
         var removals: [TokenRemoval] = [], removalSources: [AMQPDelivery] = []
-        var registrations: [TokenRegistration] = [], registrationSources: [AMQPDelivery] = []
-        var unregistrations: [TokenRemoval] = [], unregistrationSources: [AMQPDelivery] = []
+        var registrations = RegistrationChanges(), registrationSources: [AMQPDelivery] = []
         var bad: [(AMQPDelivery, String)] = []
     }
 
@@ -229,18 +228,8 @@ public final class TokenCleanup: Service {
                             "reason": problem
                         ])
                 }
-                switch event.action {
-                case .register:
-                    read.registrations.append(event.registration)
-                    read.registrationSources.append(delivery)
-                case .unregister:
-                    read.unregistrations.append(
-                        TokenRemoval(
-                            user: event.registration.user, token: event.registration.token,
-                            unlessRegisteredAfter: event.registration.registeredAt,
-                            activity: event.registration.activity))
-                    read.unregistrationSources.append(delivery)
-                }
+                read.registrations.append(event)
+                read.registrationSources.append(delivery)
             } catch {
                 read.bad.append((delivery, error.description))
             }
@@ -252,22 +241,23 @@ public final class TokenCleanup: Service {
     private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
         var read = read(batch, deadTag: deadTag)
         let removed = try tokens.remove(read.removals)
-        let applied = try tokens.register(read.registrations)
-        let unregistered = try tokens.remove(read.unregistrations)
+        let registered = try read.registrations.apply(to: tokens)
         // A Redis node that does not answer (a cluster master lost) holds some of these users: the batch goes back
         // unacknowledged, as with a lost connection, and is applied once the node answers.
-        if removed.contains(.unavailable) || unregistered.contains(.unavailable) {
+        if removed.contains(.unavailable) || registered.contains(.unavailable) {
             throw RedisError(kind: .connectionLost, "a Redis node holding some of these users' tokens does not answer")
         }
         statistics.deadTokensRemoved.add(removed.filter { $0 == .applied }.count, ordering: .relaxed)
         statistics.deadTokensKept.add(removed.filter { $0 == .unchanged }.count, ordering: .relaxed)
-        statistics.registrationsApplied.add(applied.filter { $0 == .applied }.count, ordering: .relaxed)
-        statistics.registrationsStale.add(applied.filter { $0 == .unchanged }.count, ordering: .relaxed)
-        statistics.unregistrations.add(unregistered.filter { $0 == .applied }.count, ordering: .relaxed)
-        for (changes, sources) in [
-            (removed, read.removalSources), (applied, read.registrationSources),
-            (unregistered, read.unregistrationSources)
-        ] {
+        for (change, kind) in zip(registered, read.registrations.changes) {
+            switch (change, kind.isRegistration) {
+            case (.applied, true): statistics.registrationsApplied.add(1, ordering: .relaxed)
+            case (.unchanged, true): statistics.registrationsStale.add(1, ordering: .relaxed)
+            case (.applied, false): statistics.unregistrations.add(1, ordering: .relaxed)
+            default: break
+            }
+        }
+        for (changes, sources) in [(removed, read.removalSources), (registered, read.registrationSources)] {
             for (change, delivery) in zip(changes, sources) {
                 if case .failed(let message) = change {
                     read.bad.append((delivery, "Redis refused the change: \(message)"))

@@ -51,12 +51,19 @@ public struct DeadTokenEvent: Sendable, Equatable {
         guard let environment = APNsEnvironment(rawValue: environmentText) else {
             throw .badEnvironment(environmentText)
         }
+        // Only APNs's answers that say a token is dead make these events: any other status is not one, and a
+        // removal unless registered after a time that is not APNs's would be a guess.
+        let status = try PushJob.optionalInteger(document, "status") ?? 410
+        guard status == 410 || status == 400 else {
+            throw .wrongType(field: "status", expected: "410 or 400, APNs's answers for a dead token", got: "\(status)")
+        }
         return DeadTokenEvent(
             token: token, user: try PushJob.optionalString(document, "user"),
             topic: try PushJob.optionalString(document, "topic") ?? "", environment: environment,
-            status: Int(try PushJob.optionalInteger(document, "status") ?? 410),
-            reason: try PushJob.optionalString(document, "reason") ?? "",
-            timestamp: try PushJob.optionalInteger(document, "timestamp"),
+            status: Int(status), reason: try PushJob.optionalString(document, "reason") ?? "",
+            timestamp: try PushJob.optionalInteger(document, "timestamp").map { value throws(JobError) in
+                try PushJob.epochMilliseconds(value, field: "timestamp")
+            },
             jobID: try PushJob.optionalString(document, "job_id") ?? "")
     }
 

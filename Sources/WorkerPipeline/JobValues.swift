@@ -7,6 +7,22 @@ extension PushJob {
     /// beyond it is not the worker's (and one more than Int.max would trap).
     static let maximumAttempt = 1_000_000
 
+    /// `value` if it reads as milliseconds since the epoch, from September 2001 to a day after `now` (ms, if
+    /// given); otherwise the error naming `field` and the likely unit. A time in seconds would make a registration
+    /// look decades old (the inactivity sweep then removes its token), one in microseconds a registration no later
+    /// event could ever supersede.
+    static func epochMilliseconds(_ value: Int64, field: String, now: Int64? = nil) throws(JobError) -> Int64 {
+        let expected = "ms since the epoch"
+        guard value > 0 else { throw .wrongType(field: field, expected: expected, got: "\(value)") }
+        guard value >= 1_000_000_000_000 else {
+            throw .wrongType(field: field, expected: expected, got: "\(value), before 2001 in ms: seconds?")
+        }
+        if let now, value > now + 86_400_000 {
+            throw .wrongType(field: field, expected: expected, got: "\(value), over a day ahead: microseconds?")
+        }
+        return value
+    }
+
     static func optionalString(_ document: JSONValue, _ field: String) throws(JobError) -> String? {
         try string(document[field], named: field)
     }

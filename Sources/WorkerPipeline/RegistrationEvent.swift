@@ -62,9 +62,9 @@ public struct RegistrationEvent: Sendable, Equatable {
                 field: "topic", expected: "an APNs topic (a bundle ID: ASCII letters, digits, \"-\" and \".\")",
                 got: "\"\(topic.prefix(40))\"")
         }
-        let timestamp = try PushJob.optionalInteger(document, "timestamp") ?? now
-        guard timestamp > 0 else {
-            throw .wrongType(field: "timestamp", expected: "ms since the epoch", got: "\(timestamp)")
+        var timestamp = now
+        if let given = try PushJob.optionalInteger(document, "timestamp") {
+            timestamp = try PushJob.epochMilliseconds(given, field: "timestamp", now: now)
         }
         var action = Action.register
         if let text = try PushJob.optionalString(document, "action") {

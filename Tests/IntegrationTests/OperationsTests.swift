@@ -500,36 +500,42 @@ import WorkerPipeline
         // Tokens of this run only: owner keys are shared by everything on the same Redis.
         let base = String(UInt64.random(in: 1...UInt64.max), radix: 16)
         func token(_ byte: String) -> String { String((String(repeating: byte, count: 32) + base).suffix(64)) }
+        // The last two lines, without a time of their own, have the same stand-in time: a logout, then a login
+        // again, which wins as it comes later.
+        let third = TestServices.unique("import-c")
         let lines = """
-            {"user": "\(first)", "token": "\(token("a1"))", "timestamp": 1000}
-            {"user": "\(second)", "token": "\(token("a2"))", "environment": "sandbox", "timestamp": 2000}
-            {"user": "\(first)", "token": "\(token("a2"))", "timestamp": 1500}
+            {"user": "\(first)", "token": "\(token("a1"))", "timestamp": 1732900001000}
+            {"user": "\(second)", "token": "\(token("a2"))", "environment": "sandbox", "timestamp": 1732900002000}
+            {"user": "\(first)", "token": "\(token("a2"))", "timestamp": 1732900001500}
 
             not an event
-            {"user": "\(second)", "token": "\(token("a3"))", "timestamp": 3000, "action": "unregister"}
+            {"user": "\(second)", "token": "\(token("a3"))", "timestamp": 1732900003000, "action": "unregister"}
+            {"user": "\(third)", "token": "\(token("a4"))", "action": "unregister"}
+            {"user": "\(third)", "token": "\(token("a4"))"}
 
             """
         let cache = TokenCache(redis: redis, logger: Logger(label: "test", level: .critical))
         func expectCache(_ note: Comment) throws {
-            let resolved = try cache.resolve([first, second]).tokens
+            let resolved = try cache.resolve([first, second, third]).tokens
             #expect(resolved[first]?.map(\.token) == [token("a1")], note)
             #expect(
                 resolved[second]?.map(\.token) == [token("a2")]
                     && resolved[second]?.first?.scope.environment == .sandbox,
                 note)
+            #expect(resolved[third]?.map(\.token) == [token("a4")], "logged out, then in again: \(note)")
         }
         let imported = try apnsWorker(["tokens", "import"], environment: settings, input: lines)
         #expect(imported.status == 65, "a refused line: exit 65 once the rest is in: \(imported.errors)")
         #expect(
-            imported.output.contains("imported 5 lines") && imported.output.contains("2 applied")
-                && imported.output.contains("2 unchanged") && imported.output.contains("1 refused"),
+            imported.output.contains("imported 7 lines") && imported.output.contains("3 applied")
+                && imported.output.contains("3 unchanged") && imported.output.contains("1 refused"),
             "\(imported.output)")
         #expect(imported.errors.contains("line 5: body is not JSON"), "\(imported.errors)")
         try expectCache("imported")
 
         let file = try TestServices.temporaryFile("registrations.jsonl", contents: lines)
         let again = try apnsWorker(["tokens", "import", file], environment: settings)
-        #expect(again.status == 65 && again.output.contains("imported 5 lines"), "\(again.output)\(again.errors)")
+        #expect(again.status == 65 && again.output.contains("imported 7 lines"), "\(again.output)\(again.errors)")
         try expectCache("imported again")
         #expect(try apnsWorker(["tokens", "import", "/no/such/file"], environment: settings).status == 2)
     }

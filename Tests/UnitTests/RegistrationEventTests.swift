@@ -9,20 +9,22 @@ import WorkerPipeline
 
 @Suite struct RegistrationEventTests {
     static let token = String(repeating: "ab", count: 32)
+    /// A reading time in ms, in December 2026.
+    static let now: Int64 = 1_796_184_000_000
 
     /// A Live Activity's update token comes with its activity's id and the Live Activity topic.
     @Test func anActivitysUpdateToken() throws {
         let body =
             #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app.push-type.liveactivity", "activity": "match-42"}"#
-        #expect(try RegistrationEvent.decode(Array(body.utf8), now: 5).registration.activity == "match-42")
+        #expect(try RegistrationEvent.decode(Array(body.utf8), now: Self.now).registration.activity == "match-42")
         let wrongTopic =
             #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app", "activity": "match-42"}"#
-        #expect(throws: JobError.self) { try RegistrationEvent.decode(Array(wrongTopic.utf8), now: 5) }
+        #expect(throws: JobError.self) { try RegistrationEvent.decode(Array(wrongTopic.utf8), now: Self.now) }
         for activity in ["a b}{*", "match{42}", "", String(repeating: "a", count: 257), "matčh"] {
             let bad =
                 #"{"user": "u1", "token": "\#(Self.token)", "topic": "com.example.app.push-type.liveactivity", "activity": "\#(activity)"}"#
             #expect(throws: JobError.badActivityID, "\(activity)") {
-                try RegistrationEvent.decode(Array(bad.utf8), now: 5)
+                try RegistrationEvent.decode(Array(bad.utf8), now: Self.now)
             }
         }
         #expect(
@@ -37,7 +39,7 @@ import WorkerPipeline
         let body =
             #"{"user": "u1", "token": "\#(Self.token)", "environment": "sandbox", "timestamp": 1732900000000, "#
             + #""topic": "com.example.app.voip", "device": {"model": "iPhone15,2", "os": "17.1"}, "action": "register"}"#
-        let event = try RegistrationEvent.decode(Array(body.utf8), now: 5)
+        let event = try RegistrationEvent.decode(Array(body.utf8), now: Self.now)
         #expect(event.action == .register)
         #expect(
             event.registration
@@ -46,7 +48,41 @@ import WorkerPipeline
                     scope: TokenScope(environment: .sandbox, topic: "com.example.app.voip"),
                     registeredAt: 1_732_900_000_000,
                     deviceJSON: #"{"model": "iPhone15,2", "os": "17.1"}"#))
-        #expect(try RegistrationEvent.decode(event.json, now: 5) == event, "what it writes, it reads back")
+        #expect(try RegistrationEvent.decode(event.json, now: Self.now) == event, "what it writes, it reads back")
+    }
+
+    /// A time in seconds would make the registration decades old (the inactivity sweep would remove the token), one
+    /// in microseconds a registration nothing later could supersede: both are refused naming the likely unit.
+    @Test func aTimestampInAnotherUnitIsRefused() throws {
+        func decode(_ timestamp: String) throws(JobError) -> RegistrationEvent {
+            try RegistrationEvent.decode(
+                Array(#"{"user": "u1", "token": "\#(Self.token)", "timestamp": \#(timestamp)}"#.utf8), now: Self.now)
+        }
+        #expect(try decode("1796183000000").registration.registeredAt == 1_796_183_000_000)
+        #expect(try decode("1796190000000").registration.registeredAt == 1_796_190_000_000, "a device clock ahead")
+        for (timestamp, words) in [
+            ("1796184000", "seconds?"), ("1796184000000000", "microseconds?"), ("-5", "got -5"), ("0", "got 0")
+        ] {
+            do {
+                _ = try decode(timestamp)
+                Issue.record("accepted \(timestamp)")
+            } catch {
+                #expect(error.description.contains("timestamp") && error.description.contains(words), "\(error)")
+            }
+        }
+    }
+
+    /// Dead-token events come from APNs's 410 and 400 answers, with APNs's time in ms: anything else would remove a
+    /// token on a guess, and is refused.
+    @Test func aDeadTokenEventIsAnAPNsAnswerForADeadToken() throws {
+        func decode(_ rest: String) throws(JobError) -> DeadTokenEvent {
+            try DeadTokenEvent.decode(Array(#"{"token": "\#(Self.token)", \#(rest)}"#.utf8))
+        }
+        #expect(try decode(#""status": 410, "timestamp": 1796184000000"#).timestamp == 1_796_184_000_000)
+        #expect(try decode(#""status": 400, "reason": "BadDeviceToken""#).timestamp == nil)
+        for rest in [#""status": 200"#, #""status": 500"#, #""timestamp": -5"#, #""timestamp": 1796184000"#] {
+            #expect(throws: JobError.self, "\(rest)") { try decode(rest) }
+        }
     }
 
     @Test func defaultsFillTheRest() throws {
