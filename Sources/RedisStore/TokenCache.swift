@@ -96,14 +96,16 @@ public struct TokenCache: TokenStore {
             """
 
     /// Removes every token of one user last registered before a cutoff. ARGV: cutoff ms. Returns the tokens removed.
-    /// Tokens with no registration time are kept: their age is unknown.
+    /// Tokens with no registration time, or one that is not a number (another system's writing), are kept: their age
+    /// is unknown.
     static let sweepUser =
         forgetFunction + """
             local cutoff = tonumber(ARGV[1])
             local entries = redis.call('HGETALL', KEYS[2])
             local removed = {}
             for index = 1, #entries, 2 do
-              if (tonumber(entries[index + 1]) or 0) < cutoff then
+              local registered = tonumber(entries[index + 1])
+              if registered and registered < cutoff then
                 forget(entries[index])
                 table.insert(removed, entries[index])
               end

@@ -150,10 +150,17 @@ import WorkerPipeline
                 scope: TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity"),
                 registeredAt: 9_000)
         ])
+        // A registration time another system wrote in its own format: its age is unknown, so the token stays.
+        let otherFormat = String(repeating: "73", count: 32)
+        try cache.register([
+            TokenRegistration(
+                user: user, token: otherFormat, scope: TokenScope(environment: .production), registeredAt: 1)
+        ])
+        _ = try redis.command(["HSET", RedisKeys.node.registered(user), otherFormat, "2025-12-01T10:00:00Z"])
         #expect(try cache.sweep(registeredBefore: 5_000) >= 1)
         let entries = try cache.entries(forUser: user)
-        #expect(entries.map(\.token) == [freshActivity])
-        #expect(entries.first?.value == "sandbox:com.example.app.push-type.liveactivity")
+        #expect(Set(entries.map(\.token)) == [freshActivity, otherFormat])
+        #expect(entries.first { $0.token == freshActivity }?.value == "sandbox:com.example.app.push-type.liveactivity")
     }
 
     @Test func deadTokensLeaveUnlessRegisteredAgainAfterTheyDied() throws {
