@@ -91,7 +91,10 @@ final class SimulatorCore: Sendable {
             var value: Int64 = 0
             var position = start
             while position < bytes.count, bytes[position] >= 48, bytes[position] <= 57 {
-                value = value &* 10 &+ Int64(bytes[position] - 48)
+                // More digits than microseconds since the epoch have is no stamp (and wrapped round, it made the
+                // latency's subtraction trap).
+                guard value < 100_000_000_000_000_000 else { return nil }
+                value = value * 10 + Int64(bytes[position] - 48)
                 position += 1
             }
             return position > start ? value : nil

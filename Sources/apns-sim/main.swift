@@ -195,8 +195,8 @@ while let argument = arguments.popFirst() {
         }
     case "--latency-ms", "--latency-jitter-ms":
         let text = value(for: argument)
-        guard let milliseconds = Double(text), milliseconds >= 0 else {
-            fail("\(argument): \(text) is not milliseconds")
+        guard let milliseconds = Double(text), (0...600_000).contains(milliseconds) else {
+            fail("\(argument): \(text) is not milliseconds from 0 to 600000 (ten minutes)")
         }
         if argument == "--latency-ms" {
             configuration.behaviour.latency = milliseconds / 1000

@@ -18,6 +18,14 @@ import Testing
         #expect(SimulatorCore.sentAtStamp([]) == nil)
     }
 
+    /// A number too large for a stamp is none: read wrapping round, it came out negative and any client could make
+    /// the latency's subtraction stop the simulator.
+    @Test func aNumberTooLargeForAStampIsNone() {
+        #expect(SimulatorCore.sentAtStamp(Array(#"{"sent_at_us":9223372036854775808}"#.utf8)) == nil)
+        #expect(SimulatorCore.sentAtStamp(Array(#"{"sent_at_us":99999999999999999999}"#.utf8)) == nil)
+        #expect(SimulatorCore.sentAtStamp(Array(#"{"sent_at_us":999999999999999999}"#.utf8)) == 999_999_999_999_999_999)
+    }
+
     @Test func theMarkerIsMatchedWholeNotByItsFirstQuote() {
         // Quotes that start a shorter or different name come before the stamp.
         let payload = Array(#"{"sent":1,"sent_at":2,"sent_at_us":42}"#.utf8)
