@@ -54,6 +54,12 @@ public struct JobFlags: Sendable {
                 ?? JSONString.quote(alert)
             members.append("\"payload\":{\"aps\":{\"alert\":\(body)}}")
         case (nil, let payload?):
+            // One JSON object, checked: pasted as it came, text after the object ("},\"tokens\":[...]") became members
+            // of the job.
+            guard case .object = try? JSONReader.check(Array(payload.utf8)) else {
+                throw Problem(description: "--payload wants one JSON object, e.g. '{\"aps\":{\"alert\":\"Hi\"}}'")
+            }
+            guard title == nil else { throw Problem(description: "--title goes with --alert, not --payload") }
             members.append("\"payload\":\(payload)")
         case (nil, nil):
             throw Problem(description: "say what to send: --alert TEXT or --payload JSON")

@@ -16,6 +16,26 @@ import WorkerPipeline
         return flags
     }
 
+    /// `--payload` is one JSON object: text after it does not become members of the job (another token, another
+    /// environment), and a `--title` it would drop is refused.
+    @Test func thePayloadIsOneJSONObject() throws {
+        var flags = JobFlags()
+        flags.users = ["alice"]
+        flags.payload = #"{"aps":{"alert":"hi"}}"#
+        let job = try PushJob.decode(try flags.body(), defaultTopic: "com.example.app", fallbackID: "flags")
+        #expect(job.payload == Array(#"{"aps":{"alert":"hi"}}"#.utf8) && job.tokens.isEmpty)
+        let token = String(repeating: "74", count: 32)
+        for payload in [
+            #"{"aps":{"alert":"hi"}},"tokens":["\#(token)"],"environment":"sandbox""#, "", "[1]", #"{"a":1"#
+        ] {
+            flags.payload = payload
+            #expect(throws: JobFlags.Problem.self, "\(payload)") { try flags.body() }
+        }
+        flags.payload = #"{"aps":{}}"#
+        flags.title = "Hello"
+        #expect(throws: JobFlags.Problem.self) { try flags.body() }
+    }
+
     @Test func aDeadlineInSecondsIsTheJobsDeadline() throws {
         var flags = alert
         flags.deadline = "4102444800"
