@@ -183,8 +183,16 @@ public final class TokenCacheEditor {
                 "{\"token\":\(JSONString.quote(shown(entry.token))),"
                     + "\"environment\":\(entry.scope.map { JSONString.quote($0.environment.rawValue) } ?? "null"),"
                     + "\"topic\":\(entry.scope?.topic.map(JSONString.quote) ?? "null"),\"value\":\(JSONString.quote(entry.value)),"
-                    + "\"registered_at\":\(entry.registeredAt.map(String.init) ?? "null"),\"device\":\(entry.deviceJSON ?? "null")}"
+                    + "\"registered_at\":\(entry.registeredAt.map(String.init) ?? "null"),"
+                    + "\"device\":\(entry.deviceJSON.map(Self.jsonOrText) ?? "null")}"
             }.joined(separator: ",") + "]"
+    }
+
+    /// Device metadata as the cache holds it: as it is if it is JSON (what registrations write), else as a string (what
+    /// another system may have written), so that the listing stays JSON either way.
+    private static func jsonOrText(_ stored: String) -> String {
+        let isJSON = (try? JSONReader.check(Array(stored.utf8), allowsDuplicateKeys: true)) != nil
+        return isJSON ? stored : JSONString.quote(stored)
     }
 
     /// A token as people see it: shortened unless they asked for it whole.

@@ -90,6 +90,11 @@ import WorkerPipeline
             } == true)
 
         let redis = try RedisConnection(url: TestServices.redisURL())
+        // Device metadata another system wrote as plain text is listed as a string: the listing stays JSON.
+        _ = try redis.command(["HSET", RedisKeys.node.devices(alice), phone, "iPhone 15"])
+        let plain = try Self.apnsWorker(["tokens", "list", alice, "--json", "--full-tokens"])
+        let plainEntries = try JSONSerialization.jsonObject(with: Data(plain.output.utf8)) as? [[String: Any]]
+        #expect(plainEntries?.first?["device"] as? String == "iPhone 15", "\(plain.output)")
         #expect(try redis.command(["HGET", RedisKeys.node.tokens(bob), tablet]).text == "production")
         #expect(try redis.command(["GET", RedisKeys.node.owner(tablet)]).text == bob)
 
