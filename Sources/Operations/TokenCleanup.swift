@@ -224,7 +224,7 @@ public final class TokenCleanup: Service {
                         "a registration's time zone is not kept; its token is registered without it",
                         [
                             "user": event.registration.user,
-                            "time_zone": String(event.ignoredTimeZone?.prefix(64) ?? ""),
+                            "time_zone": JobError.echo(event.ignoredTimeZone ?? ""),
                             "reason": problem
                         ])
                 }

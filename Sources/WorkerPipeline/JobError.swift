@@ -47,9 +47,9 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badUser(let field): "\(field) must be 1 to 256 bytes"
         case .badActivityID: "\"activity\" must be \(LiveActivityID.rule)"
         case .badToken(let field, let why): "\(field): \(why)"
-        case .badEnvironment(let text): "environment \"\(text)\" is neither \"production\" nor \"sandbox\""
+        case .badEnvironment(let text): "environment \"\(Self.echo(text))\" is neither \"production\" nor \"sandbox\""
         case .unknownPushType(let text):
-            "unknown push_type \"\(text)\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"
+            "unknown push_type \"\(Self.echo(text))\" (known: \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", ")))"
         case .badPriority(let value): "priority \(value): priority must be 10, 5 or 1"
         case .breaksRule(let rule): rule.description
         case .missingTopic: "no topic: the job names none and no default topic is configured"
@@ -62,5 +62,13 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
                 ? "deadline \(value) must be UNIX seconds, 0 or later"
                 : "deadline \(value) is beyond 99999999999 (the year 5138): give UNIX seconds, not milliseconds"
         }
+    }
+}
+
+extension JobError {
+    /// A field's text as an error (logged, and in a parked job's reason header) repeats it: at most 32 characters, so
+    /// that a device token (64) or a secret sent in the wrong field does not reach the logs whole.
+    public static func echo(_ text: some StringProtocol) -> String {
+        text.count <= 32 ? String(text) : "\(text.prefix(32))…(\(text.count) characters)"
     }
 }

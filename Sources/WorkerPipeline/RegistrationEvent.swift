@@ -69,7 +69,8 @@ public struct RegistrationEvent: Sendable, Equatable {
         var action = Action.register
         if let text = try PushJob.optionalString(document, "action") {
             guard let parsed = Action(rawValue: text) else {
-                throw .wrongType(field: "action", expected: "\"register\" or \"unregister\"", got: "\"\(text)\"")
+                throw .wrongType(
+                    field: "action", expected: "\"register\" or \"unregister\"", got: "\"\(JobError.echo(text))\"")
             }
             action = parsed
         }

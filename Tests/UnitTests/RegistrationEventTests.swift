@@ -85,6 +85,23 @@ import WorkerPipeline
         }
     }
 
+    /// An error repeats a field's text (in the log and the parked event's reason): a token sent in the wrong field
+    /// is not repeated whole.
+    @Test func aTokenInTheWrongFieldIsNotRepeatedWhole() {
+        for field in ["environment", "action"] {
+            do {
+                _ = try RegistrationEvent.decode(
+                    Array(#"{"user": "u1", "token": "\#(Self.token)", "\#(field)": "\#(Self.token)"}"#.utf8),
+                    now: Self.now)
+                Issue.record("accepted a token as \(field)")
+            } catch {
+                #expect(!error.description.contains(Self.token), "\(error)")
+                #expect(error.description.contains(String(Self.token.prefix(32)) + "…(64 characters)"), "\(error)")
+            }
+        }
+        #expect(JobError.echo("sandbox") == "sandbox")
+    }
+
     @Test func defaultsFillTheRest() throws {
         let event = try RegistrationEvent.decode(Array(#"{"user": "u1", "token": "\#(Self.token)"}"#.utf8), now: 42)
         #expect(
