@@ -57,9 +57,13 @@ public struct DeadTokenEvent: Sendable, Equatable {
         guard status == 410 || status == 400 else {
             throw .wrongType(field: "status", expected: "410 or 400, APNs's answers for a dead token", got: "\(status)")
         }
+        let topic = try PushJob.optionalString(document, "topic") ?? ""
+        if !topic.isEmpty && !TokenScope.isValidTopic(topic) {
+            throw .wrongType(
+                field: "topic", expected: "an APNs topic (a bundle ID)", got: "\"\(JobError.echo(topic))\"")
+        }
         return DeadTokenEvent(
-            token: token, user: try PushJob.optionalString(document, "user"),
-            topic: try PushJob.optionalString(document, "topic") ?? "", environment: environment,
+            token: token, user: try PushJob.optionalString(document, "user"), topic: topic, environment: environment,
             status: Int(status), reason: try PushJob.optionalString(document, "reason") ?? "",
             timestamp: try PushJob.optionalInteger(document, "timestamp").map { value throws(JobError) in
                 try PushJob.epochMilliseconds(value, field: "timestamp")

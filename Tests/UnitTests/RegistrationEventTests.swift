@@ -80,7 +80,11 @@ import WorkerPipeline
         }
         #expect(try decode(#""status": 410, "timestamp": 1796184000000"#).timestamp == 1_796_184_000_000)
         #expect(try decode(#""status": 400, "reason": "BadDeviceToken""#).timestamp == nil)
-        for rest in [#""status": 200"#, #""status": 500"#, #""timestamp": -5"#, #""timestamp": 1796184000"#] {
+        #expect(try decode(#""topic": "com.example.app.voip""#).topic == "com.example.app.voip")
+        for rest in [
+            #""status": 200"#, #""status": 500"#, #""timestamp": -5"#, #""timestamp": 1796184000"#,
+            #""topic": "../x y""#
+        ] {
             #expect(throws: JobError.self, "\(rest)") { try decode(rest) }
         }
     }
