@@ -20,13 +20,16 @@ public enum ConfigurationSources {
             else {
                 throw ConfigurationError(key: "--config", "\(name) line \(number + 1): expected KEY=VALUE")
             }
-            let value = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
-            guard let read = Self.value(value) else {
+            let afterEquals = line[line.index(after: equals)...]
+            let value = afterEquals.trimmingCharacters(in: .whitespaces)
+            // `KEY= # note`: an empty value and a comment to a shell, "# note" to systemd.
+            let commentOnly = value.hasPrefix("#") && afterEquals.first?.isWhitespace == true
+            guard !commentOnly, let read = Self.value(value) else {
                 // The line is not shown: its value may be a password.
                 throw ConfigurationError(
                     key: "--config",
-                    "\(name) line \(number + 1) (\(key)): text after the value (a comment?) is part of it for systemd "
-                        + "and dropped by a shell: put a comment on a line of its own, or quote the whole value")
+                    "\(name) line \(number + 1) (\(key)): text after the value (a comment?) or after its closing quote "
+                        + "is read one way by systemd and another by a shell: put a comment on a line of its own")
             }
             values[key] = read
         }

@@ -424,7 +424,7 @@ public struct JSONReader: ~Copyable {
     private mutating func opens(depth: Int, closing: UInt8) throws(JSONError) -> Bool {
         guard depth <= maximumDepth else {
             var tooDeep = error("nesting deeper than \(maximumDepth) levels")
-            tooDeep.nestingLimit = maximumDepth
+            tooDeep.isTooDeep = true
             throw tooDeep
         }
         deepest = max(deepest, depth)

@@ -87,8 +87,8 @@ public enum JSONTopLevel: Sendable, Equatable {
 public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
     public var offset: Int
     public var message: String
-    /// Set when the document nests deeper than the reader allowed: the limit it was read with, which a caller that
-    /// widened it for some documents can then state as it applies.
-    public var nestingLimit: Int?
+    /// The document nests deeper than the reader allowed: a caller that widened the limit for some documents can
+    /// then state the one that applies.
+    public var isTooDeep = false
     public var description: String { "\(message) at byte \(offset)" }
 }

@@ -34,8 +34,6 @@ struct RegistrationChanges {
         }
     }
 
-    var count: Int { changes.count }
-
     /// Applies the changes in their order, consecutive ones of a kind in one round trip (a batch of logins, the
     /// usual case, is one); what became of each, in the same order.
     func apply(to cache: TokenCache) throws(RedisError) -> [CacheChange] {

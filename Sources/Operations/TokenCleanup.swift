@@ -237,7 +237,8 @@ public final class TokenCleanup: Service {
         return read
     }
 
-    /// One Redis round trip per kind for the whole batch, then the acknowledgements.
+    /// A Redis round trip for the batch's dead tokens, one per run of logins or logouts (`RegistrationChanges`), then
+    /// the acknowledgements.
     private func apply(_ batch: [AMQPDelivery], amqp: AMQPConnection, tokens: TokenCache, deadTag: String) throws {
         var read = read(batch, deadTag: deadTag)
         let removed = try tokens.remove(read.removals)

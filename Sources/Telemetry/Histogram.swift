@@ -13,8 +13,8 @@ public final class Histogram: Sendable {
     /// Per bucket (not cumulative; `prometheusText` sums), the last one for observations above every bound.
     private let counts: InlineArray<16, Atomic<Int>>
     /// Microseconds, added wrapping: a worker's total grows by the notifications it has in flight each second (5,000
-    /// by default), and in nanoseconds in an Int it overflowed, stopping the process, in about three weeks; in
-    /// microseconds it lasts over a century.
+    /// by default), which in nanoseconds would pass Int64's range in about three weeks of running; in microseconds
+    /// it takes over a century, and an addition never traps.
     private let totalMicroseconds = Atomic<UInt64>(0)
 
     public init(bounds: [Double] = Histogram.defaultBounds) {

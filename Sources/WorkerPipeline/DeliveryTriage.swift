@@ -44,8 +44,9 @@ public struct DeliveryTriage: Sendable, Equatable {
         var counts: [UInt64: Int] = [:]
         var uncounted: [(tag: UInt64, key: String)] = []
         for delivery in batch where delivery.redelivered {
-            if let before = delivery.properties.deliveryCount {
-                // The header is the publisher's on a classic queue: Long.MAX must make poison, not stop the worker.
+            // On a classic queue the header is the publisher's: a negative count is none (the store counts), and Long.MAX
+            // must make poison, not stop the worker.
+            if let before = delivery.properties.deliveryCount, before >= 0 {
                 counts[delivery.tag] = before == .max ? .max : before + 1
             } else {
                 uncounted.append((delivery.tag, Self.historyKey(delivery)))

@@ -6,9 +6,11 @@ extension PushJob {
     /// Far above APNS_MAX_ATTEMPTS (at most 100): an attempt counted in a retry's state or a broadcast copy's header
     /// beyond it is not the worker's (and one more than Int.max would trap).
     static let maximumAttempt = 1_000_000
+    /// `latestDeadline` as errors state it.
+    public static let latestDeadlineText = "\(latestDeadline) (the year 5138)"
 
-    /// `value` if it reads as milliseconds since the epoch, from September 2001 to a day after `now` (ms, if
-    /// given); otherwise the error naming `field` and the likely unit. A time in seconds would make a registration
+    /// `value` if it reads as milliseconds since the epoch, from September 2001 to a day after `now` (ms; without
+    /// it, to `latestDeadline`); otherwise the error naming `field` and the likely unit. A time in seconds would make a registration
     /// look decades old (the inactivity sweep then removes its token), one in microseconds a registration no later
     /// event could ever supersede.
     static func epochMilliseconds(_ value: Int64, field: String, now: Int64? = nil) throws(JobError) -> Int64 {
@@ -17,8 +19,9 @@ extension PushJob {
         guard value >= 1_000_000_000_000 else {
             throw .wrongType(field: field, expected: expected, got: "\(value), before 2001 in ms: seconds?")
         }
-        if let now, value > now + 86_400_000 {
-            throw .wrongType(field: field, expected: expected, got: "\(value), over a day ahead: microseconds?")
+        guard value <= (now.map { $0 + 86_400_000 } ?? latestDeadline * 1000) else {
+            let bound = now == nil ? "after the year 5138" : "over a day ahead"
+            throw .wrongType(field: field, expected: expected, got: "\(value), \(bound): microseconds?")
         }
         return value
     }

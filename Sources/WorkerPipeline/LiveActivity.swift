@@ -67,7 +67,7 @@ struct LiveActivityRequest {
             throw .liveActivity("\"event\" is required: start, update or end")
         }
         guard let event = Event(rawValue: eventText) else {
-            throw .liveActivity("\"event\" is \"\(eventText.prefix(40))\", not start, update or end")
+            throw .liveActivity("\"event\" is \"\(JobError.echo(eventText))\", not start, update or end")
         }
         guard let timestamp = try PushJob.optionalInteger(object, "timestamp") else {
             throw .liveActivity("\"timestamp\" is required: the UNIX seconds at which this content was true")

@@ -88,7 +88,7 @@ public struct LocalWindow: Sendable, Equatable {
         if case .object(let members) = window,
             let other = members.first(where: { $0.key != "start" && $0.key != "end" })
         {
-            throw .localWindow("unknown member \"\(other.key.prefix(40))\" (a window has \"start\" and \"end\")")
+            throw .localWindow("unknown member \"\(JobError.echo(other.key))\" (a window has \"start\" and \"end\")")
         }
         var bounds: [Int] = []
         var written: [String] = []

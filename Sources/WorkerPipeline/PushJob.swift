@@ -342,7 +342,7 @@ public struct PushJob: Sendable, Equatable {
                 // The reader checks every string it reads as UTF-8, and outside strings JSON is ASCII: a body that is
                 // not UTF-8 never reads as JSON, so it is told apart only here, not checked byte by byte for every job.
                 guard String(validating: body, as: UTF8.self) != nil else { throw .notUTF8 }
-                if error.nestingLimit != nil {
+                if error.isTooDeep {
                     // Read with the retries' allowance, which a job without `retry` does not have.
                     throw .notJSON(
                         "nesting deeper than \(limits.maximumDepth) levels (\(retryDepth) in the worker's own retries) "
@@ -460,7 +460,8 @@ public struct PushJob: Sendable, Equatable {
                 if sendAt < 0 { throw .badSendAt("send_at \(sendAt) must be UNIX seconds, 0 or later") }
                 if sendAt > PushJob.latestDeadline {
                     throw .badSendAt(
-                        "send_at \(sendAt) is beyond 99999999999 (the year 5138): give UNIX seconds, not milliseconds")
+                        "send_at \(sendAt) is beyond \(PushJob.latestDeadlineText): give UNIX seconds, "
+                            + "not milliseconds")
                 }
                 if sendAt > now + PushJob.longestSchedule {
                     throw .badSendAt(

@@ -60,7 +60,7 @@ public struct RegistrationEvent: Sendable, Equatable {
         if let topic, !TokenScope.isValidTopic(topic) {
             throw .wrongType(
                 field: "topic", expected: "an APNs topic (a bundle ID: ASCII letters, digits, \"-\" and \".\")",
-                got: "\"\(topic.prefix(40))\"")
+                got: "\"\(JobError.echo(topic))\"")
         }
         var timestamp = now
         if let given = try PushJob.optionalInteger(document, "timestamp") {

@@ -121,10 +121,13 @@ while !arguments.isEmpty {
     }
     options[String(flag.dropFirst(2))] = arguments.removeFirst()
 }
-/// A whole number of at least `minimum` (1 unless the option's default is 0), or exit naming it.
+/// A whole number from `minimum` (1 unless the option's default is 0) to a trillion (counts and job numbers are
+/// added and multiplied), or exit naming it.
 func integer(_ name: String, _ fallback: Int, minimum: Int = 1) -> Int {
     guard let text = options[name] else { return fallback }
-    guard let value = Int(text), value >= minimum else { fail("--\(name) \(text) is not a whole number >= \(minimum)") }
+    guard let value = Int(text), (minimum...1_000_000_000_000).contains(value) else {
+        fail("--\(name) \(text) is not a whole number from \(minimum) to 1000000000000")
+    }
     return value
 }
 
@@ -195,8 +198,8 @@ case "fill":
     let first = integer("first", 0, minimum: 0)
     let stamped = options["unstamped"] == nil
     let rate = options["rate"].map { text -> Double in
-        guard let rate = Double(text), rate > 0, rate <= 10_000_000 else {
-            fail("--rate \(text) is not a number of jobs per second above 0 and at most 10000000")
+        guard let rate = Double(text), (0.001...10_000_000).contains(rate) else {
+            fail("--rate \(text) is not a number of jobs per second from 0.001 to 10000000")
         }
         return rate
     }

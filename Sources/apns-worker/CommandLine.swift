@@ -129,6 +129,12 @@ struct ParsedArguments {
         number(option, range: range, command: command, kind: "seconds", read: { Double($0) })
     }
 
+    /// A bound as people write it: 604800, not 604800.0.
+    private func shown(_ bound: some Comparable) -> String {
+        let text = "\(bound)"
+        return text.hasSuffix(".0") ? String(text.dropLast(2)) : text
+    }
+
     /// `option`'s value read as `kind` and within `range`; nil if it is not given; otherwise exit 2 naming it.
     private func number<Number: Comparable>(
         _ option: String, range: ClosedRange<Number>, command: String, kind: String, read: (String) -> Number?
@@ -136,7 +142,7 @@ struct ParsedArguments {
         guard let text = value(option) else { return nil }
         guard let number = read(text), range.contains(number) else {
             fail(
-                "\(command): \(option) wants \(kind) from \(range.lowerBound) to \(range.upperBound), got \(text)",
+                "\(command): \(option) wants \(kind) from \(shown(range.lowerBound)) to \(shown(range.upperBound)), got \(text)",
                 code: ExitCode.usage)
         }
         return number

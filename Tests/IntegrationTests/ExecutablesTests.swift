@@ -294,12 +294,12 @@ import WorkerPipeline
         #expect(refusal?.contains("METRICS_PORT") == true, "\(refusal ?? "no line")")
         #expect(explicit.waitForExit() == 78)
 
-        // A host that does not resolve is the host's fault, and named so.
+        // An address this machine does not have (TEST-NET-1) is the host's fault, and named so.
         let nowhere = try Child(
             "apns-worker", ["run"],
-            environment: environment.merging(["METRICS_HOST": "10.0.0.1.5", "METRICS_PORT": "9"]) { _, new in new })
-        let unresolved = nowhere.waitForLine(containing: "configuration error")
-        #expect(unresolved?.contains("METRICS_HOST: cannot resolve 10.0.0.1.5") == true, "\(unresolved ?? "no line")")
+            environment: environment.merging(["METRICS_HOST": "192.0.2.1", "METRICS_PORT": "9"]) { _, new in new })
+        let unusable = nowhere.waitForLine(containing: "configuration error")
+        #expect(unusable?.contains("METRICS_HOST: cannot listen on 192.0.2.1:9") == true, "\(unusable ?? "no line")")
         #expect(nowhere.waitForExit() == 78)
     }
 }

@@ -36,6 +36,10 @@ import WorkerPipeline
     @Test func theLargestDeliveryCountAPublisherCanWriteIsCountedAsIs() {
         let (counts, _) = triage.brokerCounts(of: [delivery(7, redelivered: true, brokerCount: .max)])
         #expect(counts == [7: .max])
+        let (negative, uncounted) = triage.brokerCounts(of: [
+            delivery(8, redelivered: true, brokerCount: -3), delivery(9, redelivered: true, brokerCount: .min)
+        ])
+        #expect(negative.isEmpty && uncounted.map(\.tag) == [8, 9], "a negative count is none: the store counts")
     }
 
     @Test func sortsUsualJobsSuspectsAndPoison() {

@@ -97,6 +97,18 @@ import WorkerPipeline
         }
     }
 
+    /// A deadline or send_at in milliseconds is refused stating the cutoff it passed.
+    @Test func timesInMillisecondsAreRefusedStatingTheCutoff() {
+        for member in [#""deadline": 1796184000000"#, #""send_at": 1796184000000"#] {
+            do {
+                _ = try decode(#"{"users": ["u"], "topic": "com.example.app", "payload": {}, \#(member)}"#)
+                Issue.record("accepted \(member)")
+            } catch {
+                #expect(error.description.contains("beyond 99999999999 (the year 5138)"), "\(error)")
+            }
+        }
+    }
+
     @Test func deepNestingIsRefused() {
         let deep = String(repeating: "[", count: 100) + String(repeating: "]", count: 100)
         let body = #"{"users": ["u"], "topic": "t", "payload": {"x": \#(deep)}}"#

@@ -83,6 +83,7 @@ import WorkerPipeline
         #expect(try decode(#""topic": "com.example.app.voip""#).topic == "com.example.app.voip")
         for rest in [
             #""status": 200"#, #""status": 500"#, #""timestamp": -5"#, #""timestamp": 1796184000"#,
+            #""timestamp": 1796184000000000"#,
             #""topic": "../x y""#
         ] {
             #expect(throws: JobError.self, "\(rest)") { try decode(rest) }

@@ -18,7 +18,7 @@ import Testing
         let targets = (1...3).map { DeviceTarget(token: Self.token($0), environment: .production, user: "alice") }
         let progress = JobProgress(job: job, delivery: delivery, generation: 1, targets: targets, hasStableID: true)
         progress.recordDelivered(0)
-        progress.recordDead(1, APNsResponse(status: 410, reason: .unregistered, timestamp: 42))
+        progress.recordDead(1, APNsResponse(status: 410, reason: .unregistered, timestamp: 1_796_184_000_042))
         progress.recordRetryable(2, reason: "ServiceUnavailable", label: "ServiceUnavailable", delay: 15)
         return progress
     }
@@ -67,11 +67,11 @@ import Testing
         let plan = SettlementPlan(try finishedJob(), retry: .retry(delay: 15), defaultTopic: Self.topic)
         let event = try DeadTokenEvent.decode(plan.publications[0].body)
         #expect(plan.publications[0].destination == .deadTokens)
-        #expect(event.token == Self.token(2) && event.timestamp == 42 && event.jobID == "j-1")
+        #expect(event.token == Self.token(2) && event.timestamp == 1_796_184_000_042 && event.jobID == "j-1")
         #expect(
             plan.removals == [
                 TokenRemoval(
-                    user: "alice", token: Self.token(2), unlessRegisteredAfter: 42,
+                    user: "alice", token: Self.token(2), unlessRegisteredAfter: 1_796_184_000_042,
                     onlyIfValueIn: ["production:com.example.app", "production"])
             ])
     }
