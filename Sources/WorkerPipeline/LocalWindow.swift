@@ -37,16 +37,56 @@ public struct LocalWindow: Sendable, Equatable {
     }
 
     /// The next instant after `now` at which the window opens in `zone` (UNIX seconds): the first time local clocks
-    /// there read the start, or the first minute after it on a day that skips it.
+    /// there read the start, or the instant they jump over it on a day that skips it.
+    ///
+    /// Worked out from the zone's offsets, not with `Calendar.nextDate`, which in several zones (Lord Howe's half-hour
+    /// change, Chatham's, Nuuk's midnight one) returned the next day's opening around a change, a day late.
     public func nextOpening(after now: Date, in zone: TimeZone) -> Int64 {
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = zone
-        let start = DateComponents(hour: self.start / 60, minute: self.start % 60, second: 0)
-        // A start that exists every day always has a next date; a day later is the bound if the calendar found none.
-        let opening =
-            calendar.nextDate(after: now, matching: start, matchingPolicy: .nextTime)
-            ?? now.addingTimeInterval(Double(Self.minutesPerDay * 60))
-        return Int64(opening.timeIntervalSince1970.rounded(.up))
+        let day: Int64 = 86_400
+        let startOfDay = Int64(start) * 60
+        var from = Int64(now.timeIntervalSince1970.rounded(.down)) + 1
+        // Each turn passes one change of offset; a few days hold at most a few.
+        for _ in 0..<8 {
+            let offset = Self.offset(of: zone, at: from)
+            // The first instant from `from` on at which clocks at this offset read the start.
+            let wall = from + offset
+            var opening = wall - Self.modulo(wall, day) + startOfDay - offset
+            if opening < from { opening += day }
+            guard let change = Self.firstChange(of: zone, after: from, through: opening, from: offset) else {
+                return opening
+            }
+            // Clocks that jump forward skip the wall times from `change + offset` on: a start among them opens there.
+            let jump = Self.offset(of: zone, at: change) - offset
+            if jump > 0 && Self.modulo(startOfDay - (change + offset), day) < jump { return change }
+            from = change
+        }
+        return from
+    }
+
+    private static func offset(of zone: TimeZone, at second: Int64) -> Int64 {
+        Int64(zone.secondsFromGMT(for: Date(timeIntervalSince1970: Double(second))))
+    }
+
+    private static func modulo(_ value: Int64, _ divisor: Int64) -> Int64 { (value % divisor + divisor) % divisor }
+
+    /// The first second after `start`, up to `end`, at which `zone`'s offset is no longer `offset`; nil if it holds.
+    /// Looked for an hour at a time (no zone changes twice within one), then to the second.
+    private static func firstChange(of zone: TimeZone, after start: Int64, through end: Int64, from offset: Int64)
+        -> Int64?
+    {
+        var low = start
+        while low < end {
+            var high = min(low + 3600, end)
+            guard Self.offset(of: zone, at: high) == offset else {
+                while high - low > 1 {
+                    let middle = low + (high - low) / 2
+                    if Self.offset(of: zone, at: middle) == offset { low = middle } else { high = middle }
+                }
+                return high
+            }
+            low = high
+        }
+        return nil
     }
 
     /// `"HH:MM"` as minutes after midnight.
@@ -220,7 +260,8 @@ public struct WindowSplit: Sendable {
             let (open, opensAt) = verdict(zone)
             if open {
                 if isUser { users.append(target) } else { tokens.append(target) }
-            } else if let deadline = job.deadline, opensAt > deadline {
+            } else if let deadline = job.deadline, opensAt >= deadline {
+                // A notification still waiting at its deadline is not sent: one whose window opens then never goes.
                 expired += 1
             } else {
                 // In place: a copy of the part per target would copy its arrays each time.

@@ -68,6 +68,27 @@ import WorkerPipeline
                 == Int64(utc(2026, 11, 1, 5, 30).timeIntervalSince1970))
     }
 
+    /// Zones whose changes are not on the hour, or at midnight: the opening is that day's, never the next day's.
+    /// Expected instants worked out independently (Python's zoneinfo on the same time zone database).
+    @Test func openingsAroundChangesOffTheHourAreThatDays() {
+        // Lord Howe jumps from 02:00 to 02:30 on 5 October 2025: a window from 02:00 opens at 02:30.
+        #expect(
+            LocalWindow(start: 2 * 60, end: 6 * 60).nextOpening(
+                after: Date(timeIntervalSince1970: 1_759_581_000), in: zone("Australia/Lord_Howe")) == 1_759_591_800)
+        // Chatham goes back from 03:45 to 02:45 on 6 April 2025: 03:45 comes once, an hour after the change.
+        #expect(
+            LocalWindow(start: 3 * 60 + 45, end: 9 * 60).nextOpening(
+                after: Date(timeIntervalSince1970: 1_743_850_800), in: zone("Pacific/Chatham")) == 1_743_865_200)
+        // Chatham jumps from 02:45 to 03:45 on 28 September 2025: a window from 03:00 opens at 03:45.
+        #expect(
+            LocalWindow(start: 3 * 60, end: 9 * 60).nextOpening(
+                after: Date(timeIntervalSince1970: 1_758_971_700), in: zone("Pacific/Chatham")) == 1_758_981_600)
+        // Nuuk jumps from 23:00 to midnight on 29 March 2025: a window from 23:00 opens at midnight.
+        #expect(
+            LocalWindow(start: 23 * 60, end: 7 * 60).nextOpening(
+                after: Date(timeIntervalSince1970: 1_743_285_600), in: zone("America/Nuuk")) == 1_743_296_400)
+    }
+
     @Test func aJobsWindowIsCheckedAsItIsDecoded() throws {
         let window = try #require(
             try decode(
@@ -163,6 +184,13 @@ import WorkerPipeline
         #expect(split.parts == [WindowSplit.Part(opensAt: opening, users: ["tokyo", "seoul"], tokens: [])])
         #expect(split.expired == 1, "Paris opens at 08:00 UTC, after the deadline")
         #expect(split.waiting == 2 && !split.isWhole)
+        // A deadline at the very opening: nothing could go before it, and nothing waits for it.
+        let atOpening = try decode(
+            #"{"id": "k", "users": ["tokyo"], "local_window": {"start": "09:00", "end": "21:00"}, "deadline": \#(opening), "payload": {"aps": {}}}"#
+        )
+        let expiredAtOnce = WindowSplit(
+            atOpening, window: try #require(atOpening.localWindow), zones: zones, now: now, logger: logger)
+        #expect(expiredAtOnce.expired == 1 && expiredAtOnce.parts.isEmpty)
     }
 
     @Test func aPartIsTheJobWithItsUsersAndItsOpening() throws {
