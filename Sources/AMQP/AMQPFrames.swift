@@ -255,9 +255,26 @@ extension AMQPConnection {
         return String(decoding: UnsafeRawBufferPointer(start: pointer, count: bytes.len), as: UTF8.self)
     }
 
+    /// A short string (at most 255 bytes on the wire) that is sent on again with the message (reply_to, ids, header
+    /// names): as it is if it is UTF-8; otherwise its bytes above 0x7F written as `%XX`, within 255 bytes. Decoded
+    /// with replacement characters, each bad byte took three, and a field past 255 bytes could not be published
+    /// again: the job's summary, its parked copy and its retries all failed, and with them the session.
+    static func shortString(_ bytes: amqp_bytes_t) -> String {
+        guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
+        let wire = UnsafeRawBufferPointer(start: pointer, count: bytes.len)
+        if let text = String(validating: wire, as: UTF8.self) { return text }
+        var escaped = ""
+        for byte in wire {
+            let piece = byte < 0x80 ? String(UnicodeScalar(byte)) : "%" + String(byte, radix: 16, uppercase: true)
+            guard escaped.utf8.count + piece.utf8.count <= 255 else { break }
+            escaped += piece
+        }
+        return escaped
+    }
+
     static func properties(_ raw: amqp_basic_properties_t, contentTypes: inout RecentNames) -> AMQPProperties {
         func field(_ flag: Int32, _ bytes: amqp_bytes_t) -> String? {
-            raw._flags & amqp_flags_t(flag) != 0 ? string(bytes) : nil
+            raw._flags & amqp_flags_t(flag) != 0 ? shortString(bytes) : nil
         }
         var headers: [String: String] = [:]
         var deliveryCount: Int?
@@ -265,8 +282,8 @@ extension AMQPConnection {
             for index in 0..<Int(raw.headers.num_entries) {
                 let entry = entries[index]
                 if entry.value.kind == UInt8(ascii: "S") || entry.value.kind == UInt8(ascii: "x") {
-                    headers[string(entry.key)] = string(entry.value.value.bytes)
-                } else if string(entry.key) == "x-delivery-count" {
+                    headers[shortString(entry.key)] = string(entry.value.value.bytes)
+                } else if shortString(entry.key) == "x-delivery-count" {
                     deliveryCount = integer(entry.value)
                 }
             }
