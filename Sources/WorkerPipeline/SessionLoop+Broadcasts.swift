@@ -269,7 +269,10 @@ extension SessionLoop {
             properties.headers[Worker.attemptsHeader] = String(attempt)
             plan.publications.append(Publication(destination: .failed, body: delivery.body, properties: properties))
         }
-        if let replyTo = delivery.properties.replyTo, entry.kind != .alreadySent, !entry.broadcast.summarySent {
+        // An empty reply_to asks for no summary, as on a device job.
+        if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, entry.kind != .alreadySent,
+            !entry.broadcast.summarySent
+        {
             plan.summary = plan.publications.count
             plan.publications.append(
                 Publication(

@@ -34,6 +34,9 @@ import WorkerPipeline
         #expect(later.destination == .retry(delay: 15, lane: .urgent))
         #expect(later.properties.headers[StoreWaits.header] == String(StoreWaits.waitsPerTier + 1))
         #expect(StoreWaits.waits(of: Self.delivery(headers: [StoreWaits.header: "nonsense"])) == 0)
+        // A publisher can set the header: the largest count it can write waits on, counted no further.
+        let forged = waits.waitingCopy(of: Self.delivery(headers: [StoreWaits.header: String(Int.max)]))
+        #expect(forged.properties.headers[StoreWaits.header] == "1000001")
     }
 
     @Test func aJobWaitsWhenOneOfItsUsersOrItsActivityIsUnavailable() throws {
