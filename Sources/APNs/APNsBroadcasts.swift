@@ -174,6 +174,7 @@ package enum APNsChannelAnswer {
 
     /// A status other than the one asked for: Apple's reason when the body gives one of its names.
     package static func refusal(status: Int, body: [UInt8]) -> APNsChannelError {
-        .refused(status: status, reason: APNsResponse.parseBody(body).reason?.rawValue)
+        // The reason is shown to an operator (a terminal, a log): control characters are dropped and it is bounded.
+        .refused(status: status, reason: APNsResponse.parseBody(body).reason.map { Redact.outsideText($0.rawValue) })
     }
 }

@@ -49,5 +49,13 @@ import Testing
             APNsChannelAnswer.refusal(status: 400, body: bytes(#"{"reason": "BadChannelId"}"#))
                 == .refused(status: 400, reason: "BadChannelId"))
         #expect(APNsChannelAnswer.refusal(status: 500, body: bytes("<html>")) == .refused(status: 500, reason: nil))
+        // What a server says reaches an operator's terminal: no escape sequence, and a bounded length.
+        let hostile = APNsChannelAnswer.refusal(
+            status: 400, body: bytes(#"{"reason": "\u001b]2;owned\u0007Bad\#(String(repeating: "x", count: 500))"}"#))
+        guard case .refused(400, let reason?) = hostile else {
+            Issue.record("not a refusal with a reason: \(hostile)")
+            return
+        }
+        #expect(!reason.unicodeScalars.contains { $0.value < 0x20 } && reason.count <= 81, "\(reason)")
     }
 }
