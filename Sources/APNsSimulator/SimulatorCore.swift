@@ -429,7 +429,10 @@ final class SimulatorCore: Sendable {
                     ("{\"received\":\(total),\"by_status\":{\(byStatus)},\"by_credential\":{\(byCredential)},\"broadcasts\":{\(byChannel)},"
                         + "\"latency_us\":\(latencyText)\(distinct)}\n").utf8))
         case ("POST", _) where request.path.hasPrefix("/sim/outage?seconds="):
-            guard let seconds = Double(request.path.dropFirst("/sim/outage?seconds=".count)), seconds >= 0 else {
+            // Up to a day: "inf" is a number to Double, and an outage without end could only be ended by hand.
+            guard let seconds = Double(request.path.dropFirst("/sim/outage?seconds=".count)),
+                (0...86_400).contains(seconds)
+            else {
                 writer.respond(status: 400, body: Array("{\"reason\":\"BadSeconds\"}".utf8))
                 return
             }
