@@ -45,20 +45,23 @@ public struct LocalWindow: Sendable, Equatable {
         let day: Int64 = 86_400
         let startOfDay = Int64(start) * 60
         var from = Int64(now.timeIntervalSince1970.rounded(.down)) + 1
+        // The offset is read at the last second not counted (`known`): a change at `from` itself is then found.
+        var known = from - 1
         // Each turn passes one change of offset; a few days hold at most a few.
         for _ in 0..<8 {
-            let offset = Self.offset(of: zone, at: from)
+            let offset = Self.offset(of: zone, at: known)
             // The first instant from `from` on at which clocks at this offset read the start.
             let wall = from + offset
             var opening = wall - Self.modulo(wall, day) + startOfDay - offset
             if opening < from { opening += day }
-            guard let change = Self.firstChange(of: zone, after: from, through: opening, from: offset) else {
+            guard let change = Self.firstChange(of: zone, after: known, through: opening, from: offset) else {
                 return opening
             }
             // Clocks that jump forward skip the wall times from `change + offset` on: a start among them opens there.
             let jump = Self.offset(of: zone, at: change) - offset
             if jump > 0 && Self.modulo(startOfDay - (change + offset), day) < jump { return change }
             from = change
+            known = change
         }
         return from
     }

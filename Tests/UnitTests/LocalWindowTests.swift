@@ -83,6 +83,10 @@ import WorkerPipeline
         #expect(
             LocalWindow(start: 3 * 60, end: 9 * 60).nextOpening(
                 after: Date(timeIntervalSince1970: 1_758_971_700), in: zone("Pacific/Chatham")) == 1_758_981_600)
+        // Half a second before New York jumps from 02:00 to 03:00 on 9 March 2025: a window from 02:30 opens as it jumps.
+        #expect(
+            LocalWindow(start: 2 * 60 + 30, end: 5 * 60).nextOpening(
+                after: Date(timeIntervalSince1970: 1_741_503_599.5), in: zone("America/New_York")) == 1_741_503_600)
         // Nuuk jumps from 23:00 to midnight on 29 March 2025: a window from 23:00 opens at midnight.
         #expect(
             LocalWindow(start: 23 * 60, end: 7 * 60).nextOpening(
