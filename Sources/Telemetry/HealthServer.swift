@@ -16,7 +16,8 @@ public final class HealthServer: Sendable {
     private let ready: @Sendable () -> Bool
     private let running = Atomic<Bool>(true)
 
-    /// How long a client has to send its request, and the most kept waiting at once (the oldest gives way).
+    /// How long a client has to send its request and take its answer, and the most kept at once (the oldest gives
+    /// way).
     static let requestSeconds: UInt64 = 2
     static let maximumWaiting = 64
     /// A request's line and headers, at most: a larger one is answered 431 without being read to its end.
@@ -45,62 +46,94 @@ public final class HealthServer: Sendable {
         Glibc.shutdown(listener, Int32(SHUT_RDWR))
     }
 
-    /// A connection whose request is still coming.
-    private struct Waiting {
+    /// A client: its request as it comes, then its answer as it leaves, within `requestSeconds` in all.
+    private struct Client {
         var received: [UInt8] = []
+        /// The answer, once the request is whole, and how much of it left.
+        var answer: [UInt8]?
+        var sent = 0
         let deadline: UInt64
     }
 
     private func serve() {
-        var waiting: [Int32: Waiting] = [:]
+        var clients: [Int32: Client] = [:]
+        // Out of descriptors, the listener stays readable: it is left out of the wait for a while, not spun on.
+        var acceptingFrom: UInt64 = 0
         defer {
-            for client in waiting.keys { close(client) }
+            for client in clients.keys { close(client) }
             close(listener)
         }
         while running.load(ordering: .acquiring) {
-            var descriptors = [pollfd(fd: listener, events: Int16(POLLIN), revents: 0)]
-            descriptors += waiting.keys.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-            // Wakes at least twice a second to drop clients past their time (and to notice shutdown).
-            guard poll(&descriptors, nfds_t(descriptors.count), 500) >= 0 || errno == EINTR else { return }
-            let now = DispatchTime.now().uptimeNanoseconds
-            if descriptors[0].revents != 0 { acceptAll(into: &waiting, now: now) }
-            for descriptor in descriptors.dropFirst() where descriptor.revents != 0 {
-                if readRequest(from: descriptor.fd, into: &waiting) { finish(descriptor.fd, &waiting) }
+            let accepting = DispatchTime.now().uptimeNanoseconds >= acceptingFrom
+            var descriptors = accepting ? [pollfd(fd: listener, events: Int16(POLLIN), revents: 0)] : []
+            descriptors += clients.map { client, state in
+                pollfd(fd: client, events: Int16(state.answer == nil ? POLLIN : POLLOUT), revents: 0)
             }
-            for (client, request) in waiting where request.deadline <= now {
-                waiting[client] = nil
+            // Wakes at least ten times a second to drop clients past their time (and to notice shutdown).
+            guard poll(&descriptors, nfds_t(descriptors.count), 100) >= 0 || errno == EINTR else { return }
+            let now = DispatchTime.now().uptimeNanoseconds
+            for descriptor in descriptors where descriptor.revents != 0 {
+                if descriptor.fd == listener {
+                    if !acceptAll(into: &clients, now: now) { acceptingFrom = now + 100_000_000 }
+                } else if clients[descriptor.fd] != nil {
+                    // A client another turn closed (evicted on accepting) is not touched: its number may be reused.
+                    serve(descriptor.fd, &clients)
+                }
+            }
+            for (client, state) in clients where state.deadline <= now {
+                clients[client] = nil
                 close(client)
             }
         }
     }
 
-    /// Takes every connection waiting to be accepted. Running out of descriptors (EMFILE) leaves the rest queued
-    /// for the next turn rather than ending the endpoint.
-    private func acceptAll(into waiting: inout [Int32: Waiting], now: UInt64) {
+    /// Takes every connection waiting to be accepted; false if descriptors ran out (EMFILE), leaving the rest queued.
+    private func acceptAll(into clients: inout [Int32: Client], now: UInt64) -> Bool {
         while true {
             let client = accept(listener, nil, nil)
-            guard client >= 0 else { return }
+            guard client >= 0 else { return errno != EMFILE && errno != ENFILE }
             _ = fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK)
-            if waiting.count >= Self.maximumWaiting,
-                let oldest = waiting.min(by: { $0.value.deadline < $1.value.deadline })
+            if clients.count >= Self.maximumWaiting,
+                let oldest = clients.min(by: { $0.value.deadline < $1.value.deadline })
             {
-                waiting[oldest.key] = nil
+                clients[oldest.key] = nil
                 close(oldest.key)
             }
-            waiting[client] = Waiting(deadline: now + Self.requestSeconds * 1_000_000_000)
+            clients[client] = Client(deadline: now + Self.requestSeconds * 1_000_000_000)
         }
     }
 
-    /// Reads what `client` sent: true once its request is whole (its headers ended), or it stopped sending, or it
-    /// sent more than a request may be.
-    private func readRequest(from client: Int32, into waiting: inout [Int32: Waiting]) -> Bool {
-        var buffer = [UInt8](repeating: 0, count: 2048)
-        let count = read(client, &buffer, buffer.count)
-        if count < 0 && (errno == EAGAIN || errno == EINTR) { return false }
-        guard count > 0 else { return true }
-        waiting[client]?.received += buffer[..<count]
-        guard let received = waiting[client]?.received else { return true }
-        return received.count > Self.maximumRequestBytes || Self.headersEnd(in: received)
+    /// Reads `client`'s request and, once it is whole, writes its answer as far as the client takes it; closes the
+    /// connection when the answer is out, or when the client left before asking.
+    private func serve(_ client: Int32, _ clients: inout [Int32: Client]) {
+        guard var state = clients[client] else { return }
+        if state.answer == nil {
+            var buffer = [UInt8](repeating: 0, count: 2048)
+            let count = read(client, &buffer, buffer.count)
+            if count < 0 && (errno == EAGAIN || errno == EINTR) { return }
+            guard count > 0 else {
+                clients[client] = nil
+                close(client)
+                return
+            }
+            state.received += buffer[..<count]
+            if state.received.count > Self.maximumRequestBytes || Self.headersEnd(in: state.received) {
+                state.answer = Array(answer(to: state.received).utf8)
+            }
+        }
+        if let answer = state.answer {
+            // MSG_NOSIGNAL: a client gone before its answer must not raise SIGPIPE (the process may not ignore it yet).
+            let written = answer.withUnsafeBytes {
+                send(client, $0.baseAddress! + state.sent, $0.count - state.sent, Int32(MSG_NOSIGNAL))
+            }
+            if written > 0 { state.sent += written }
+            if state.sent == answer.count || (written < 0 && errno != EAGAIN && errno != EINTR) {
+                clients[client] = nil
+                close(client)
+                return
+            }
+        }
+        clients[client] = state
     }
 
     private static func headersEnd(in bytes: [UInt8]) -> Bool {
@@ -108,17 +141,6 @@ public final class HealthServer: Sendable {
             && (0...(bytes.count - 4)).contains { index in
                 bytes[index] == 13 && bytes[index + 1] == 10 && bytes[index + 2] == 13 && bytes[index + 3] == 10
             }
-    }
-
-    private func finish(_ client: Int32, _ waiting: inout [Int32: Waiting]) {
-        let received = waiting.removeValue(forKey: client)?.received ?? []
-        // The answer is written whole: back to blocking, with a second to take it.
-        _ = fcntl(client, F_SETFL, fcntl(client, F_GETFL) & ~O_NONBLOCK)
-        var timeout = timeval(tv_sec: 1, tv_usec: 0)
-        setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        let response = answer(to: received)
-        _ = Array(response.utf8).withUnsafeBytes { write(client, $0.baseAddress, $0.count) }
-        close(client)
     }
 
     /// The answer to a request (its line and headers, as far as they came).

@@ -48,6 +48,19 @@ import Testing
         #expect(try exchange(server.port, ["GET /readyz?probe=1 HTTP/1.1\r\n\r\n"]) == "HTTP/1.1 200 OK")
     }
 
+    /// Clients that ask for a large /metrics and do not read it hold no one else up either.
+    @Test func slowReadersHoldNoOneElseUp() throws {
+        let large = String(repeating: "apns_worker_x 1\n", count: 500_000)
+        let server = try HealthServer(host: "127.0.0.1", port: 0, metrics: { large }, ready: { true })
+        defer { server.shutdown() }
+        let slow = try (0..<3).map { _ in try connect(server.port) }
+        defer { for client in slow { close(client) } }
+        for client in slow {
+            _ = Array("GET /metrics HTTP/1.1\r\n\r\n".utf8).withUnsafeBytes { write(client, $0.baseAddress, $0.count) }
+        }
+        #expect(try exchange(server.port, ["GET /healthz HTTP/1.1\r\n\r\n"]) == "HTTP/1.1 200 OK")
+    }
+
     @Test func aRequestInPiecesIsReadWhole() throws {
         let server = try HealthServer(host: "127.0.0.1", port: 0, metrics: { "m 1\n" }, ready: { false })
         defer { server.shutdown() }
