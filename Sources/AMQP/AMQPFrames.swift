@@ -256,20 +256,24 @@ extension AMQPConnection {
     }
 
     /// A short string (at most 255 bytes on the wire) that is sent on again with the message (reply_to, ids, header
-    /// names): as it is if it is UTF-8; otherwise its bytes above 0x7F written as `%XX`, within 255 bytes. Decoded
-    /// with replacement characters, each bad byte took three, and a field past 255 bytes could not be published
-    /// again: the job's summary, its parked copy and its retries all failed, and with them the session.
+    /// names): as it is if it is UTF-8; otherwise its bytes above 0x7F, and `%`, written as `%XX`, and past 255 bytes
+    /// cut with a hash of the whole, so that two such ids stay two. Decoded with replacement characters, each bad
+    /// byte took three, and a field past 255 bytes could not be published again: the job's summary, its parked copy
+    /// and its retries all failed, and with them the session.
     static func shortString(_ bytes: amqp_bytes_t) -> String {
         guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
         let wire = UnsafeRawBufferPointer(start: pointer, count: bytes.len)
         if let text = String(validating: wire, as: UTF8.self) { return text }
         var escaped = ""
         for byte in wire {
-            let piece = byte < 0x80 ? String(UnicodeScalar(byte)) : "%" + String(byte, radix: 16, uppercase: true)
-            guard escaped.utf8.count + piece.utf8.count <= 255 else { break }
-            escaped += piece
+            escaped +=
+                byte < 0x80 && byte != UInt8(ascii: "%")
+                ? String(UnicodeScalar(byte)) : "%" + String(byte, radix: 16, uppercase: true)
         }
-        return escaped
+        guard escaped.utf8.count > 255 else { return escaped }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in wire { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        return String(escaped.prefix(238)) + "~" + String(hash, radix: 16)
     }
 
     static func properties(_ raw: amqp_basic_properties_t, contentTypes: inout RecentNames) -> AMQPProperties {

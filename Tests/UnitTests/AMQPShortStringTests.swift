@@ -19,5 +19,9 @@ import Testing
         #expect(bad.utf8.count <= 255 && bad.hasPrefix("%FF%FF"), "\(bad.utf8.count) bytes")
         #expect(read([0x41, 0xFF]) == "A%FF" && read([0x41, 0xFE]) == "A%FE", "two ids stay two")
         #expect(read([UInt8](repeating: 0xFF, count: 255)).utf8.count <= 255)
+        #expect(read([0x25, 0xFF]) == "%25%FF", "a % of its own is escaped too")
+        let long = [UInt8](repeating: 0xFF, count: 200)
+        #expect(read(long + [0x41]) != read(long + [0x42]), "ids that differ past the cut stay two")
+        #expect(read(long + [0x41]).utf8.count <= 255)
     }
 }
