@@ -268,7 +268,10 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
         case .backgroundWithImmediatePriority: "background pushes must use priority 5 or 1, not 10"
         case .liveActivityLowestPriority: "Live Activity pushes must use priority 10 or 5, not 1"
         case .collapseIDTooLong(let length): "collapse_id is \(length) bytes, over the 64-byte limit"
-        case .badExpiration(let value): "expiration \(value) must be UNIX seconds, 0 or later"
+        case .badExpiration(let value):
+            value < 0
+                ? "expiration \(value) must be UNIX seconds, 0 or later"
+                : "expiration \(value) is beyond 99999999999 (the year 5138): give UNIX seconds, not milliseconds"
         case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"
         case .badHeaderValue(let field, let problem): "\(field) \(problem): it is sent as an HTTP/2 header"
         case .badTopic(let field, let problem): "\(field) \(problem)"

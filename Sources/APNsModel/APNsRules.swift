@@ -25,9 +25,10 @@ public enum APNsRules {
         }
     }
 
-    /// UNIX seconds; 0 means "once, do not store".
+    /// UNIX seconds; 0 means "once, do not store". Beyond 99999999999 (the year 5138) it is milliseconds, as a job's
+    /// deadline would be: refused rather than kept by APNs for the longest it keeps anything.
     public static func checkExpiration(_ expiration: Int64) throws(APNsRequestError) {
-        if expiration < 0 { throw .badExpiration(expiration) }
+        if expiration < 0 || expiration > 99_999_999_999 { throw .badExpiration(expiration) }
     }
 
     /// A topic as Apple defines a bundle ID: dot-separated parts of ASCII letters, digits and `-` (a push type's

@@ -105,6 +105,8 @@ import Testing
                 == .badHeaderValue("apns-collapse-id", "holds control character 0xD"))
         #expect(error { $0.expiration = -1 } == .badExpiration(-1))
         #expect(error { $0.expiration = 0 } == nil, "0: try once, do not store")
+        #expect(error { $0.expiration = 1_796_184_000 } == nil)
+        #expect(error { $0.expiration = 1_796_184_000_000 } == .badExpiration(1_796_184_000_000), "milliseconds")
     }
 
     /// A topic is a bundle ID as Apple defines them (with a push type's suffix): a broadcast's path is built from

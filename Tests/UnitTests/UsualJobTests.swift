@@ -146,7 +146,7 @@ import Testing
             #"{"tokens": ["\#(long)"], "payload": {}}"#,
             #"{"id": "del\#u{7F}", "users": ["u\#u{7F}"], "payload": {}}"#,
             #"{"users": ["u"], "expiration": -0, "payload": {}}"#,
-            #"{"users": ["u"], "expiration": 9223372036854775807, "payload": {}}"#,
+            #"{"users": ["u"], "expiration": 99999999999, "payload": {}}"#,
             #"{"users": ["u"], "push_type": "voip", "payload": \#(payload(of: APNsPushType.voip.maximumPayloadSize))}"#
         ]
         for body in taken {
