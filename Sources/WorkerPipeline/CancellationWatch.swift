@@ -58,9 +58,9 @@ struct CancellationWatch {
             var fresh = Set<String>()
             for job in jobs where cancelledAt.updateValue(job.at, forKey: job.jobID) == nil { fresh.insert(job.jobID) }
             if let last = jobs.map(\.at).max() { newest = max(newest ?? last, last) }
-            // What the store no longer keeps goes here too, when something new comes: the work follows cancellations,
-            // not the loop's turns.
-            if !fresh.isEmpty {
+            // What the store no longer keeps goes here too, whether or not anything new came: a worker that kept an
+            // old cancellation would drop a new job that reuses the id, which a worker started later would send.
+            if !cancelledAt.isEmpty {
                 let oldest = now.timeIntervalSince1970 - Double(CancelledJob.retention)
                 cancelledAt = cancelledAt.filter { $0.value >= oldest }
             }

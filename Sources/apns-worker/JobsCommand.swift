@@ -75,7 +75,9 @@ func jobsCommand(_ arguments: [String]) {
         let progress = SharedJobProgress(redis: redis)
         switch action {
         case "list":
-            let ids = try progress.running() + progress.scheduled()
+            // A windowed job runs while some of its parts wait: it is in both lists, and listed once.
+            var seen = Set<String>()
+            let ids = try (progress.running() + progress.scheduled()).filter { seen.insert($0).inserted }
             let reports = try ids.map { id throws(RedisError) in try progress.read(id) }
             if json {
                 print("[" + reports.map(\.json).joined(separator: ",") + "]")
