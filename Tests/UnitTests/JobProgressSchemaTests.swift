@@ -42,4 +42,11 @@ import WorkerPipeline
             schema: "job-progress.schema.json")
         #expect(refused.allSatisfy { !$0.accepts }, "\(refused)")
     }
+
+    /// A job's id is its publisher's and `jobs show` prints it on a terminal: no escape sequence gets through.
+    @Test func aJobsIdIsShownWithoutControlCharacters() {
+        let report = JobProgressReport(jobID: "evil\u{1B}]2;owned\u{07}", fields: [:], cancelled: false)
+        #expect(report.text.hasPrefix("job evil?]2;owned?: "), "\(report.text)")
+        #expect(report.json.contains("evil\\u001b]2;owned\\u0007"), "JSON keeps the id, escaped: \(report.json)")
+    }
 }
