@@ -105,14 +105,23 @@ private func cancelJob(
     _ jobID: String, reason: String?, redis: any RedisClient, progress: SharedJobProgress, json: Bool
 ) throws {
     let cancellations = SharedCancellations(redis: redis)
+    // Anything recorded of the job (its progress, its send_at), cancelled or not.
+    let before = try progress.read(jobID)
+    let knownBefore = before.updatedAt != nil || before.scheduledFor != nil
     try cancellations.cancel(jobID, reason: reason)
     let recorded = try cancellations.cancellation(of: jobID)
     let at = recorded.map { Date(timeIntervalSince1970: $0.at).formatted(.iso8601) } ?? "now"
     var line = "job \(jobID) cancelled at \(at)"
     if let kept = recorded?.reason { line += " (\(kept))" }
     let report = try progress.read(jobID)
-    let confirmation =
+    var confirmation =
         line + ": workers send nothing more of it within a second; its summary counts the rest as cancelled"
+    if !knownBefore {
+        // A typo looks like any other id: say that nothing is known of this one, and what the cancel still does.
+        confirmation +=
+            "\nno progress is recorded for this id (a job not started yet, one of few users, one that ended a day ago, "
+            + "or a mistyped id): a job with it that comes within 7 days sends nothing"
+    }
     if json {
         FileHandle.standardError.write(Data((confirmation + "\n").utf8))
         print(report.json)

@@ -25,6 +25,17 @@ import WorkerPipeline
         return (child.waitForExit(), line)
     }
 
+    /// A cancel of an id nothing is known of (a typo, or a job yet to come) says so, beside what it still does.
+    @Test func aCancelOfAnIdNothingIsKnownOfSaysSo() throws {
+        let settings = ["REDIS_URL": try TestServices.redisURL().description(revealingPassword: true)]
+        let typo = TestServices.unique("no-such-job")
+        let cancelled = try OperationsTests.apnsWorker(["jobs", "cancel", typo], environment: settings)
+        #expect(cancelled.status == 0, "\(cancelled.errors)")
+        #expect(cancelled.output.contains("no progress is recorded for this id"), "\(cancelled.output)")
+        let again = try OperationsTests.apnsWorker(["jobs", "cancel", typo], environment: settings)
+        #expect(again.output.contains("no progress is recorded for this id"), "still nothing known: \(again.output)")
+    }
+
     /// `apns-worker jobs show JOB_ID --json`, parsed.
     static func show(_ jobID: String, redisURL: String) throws -> [String: Any] {
         let child = try ExecutablesTests.Child(
