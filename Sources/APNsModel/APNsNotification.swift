@@ -271,7 +271,7 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
         case .badExpiration(let value):
             value < 0
                 ? "expiration \(value) must be UNIX seconds, 0 or later"
-                : "expiration \(value) is beyond 99999999999 (the year 5138): give UNIX seconds, not milliseconds"
+                : "expiration \(value) is beyond \(APNsRules.latestSecondsText): give UNIX seconds, not milliseconds"
         case .badAPNsID(let value): "apns-id \(value) is not a canonical lowercase UUID"
         case .badHeaderValue(let field, let problem): "\(field) \(problem): it is sent as an HTTP/2 header"
         case .badTopic(let field, let problem): "\(field) \(problem)"

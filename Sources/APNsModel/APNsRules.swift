@@ -25,10 +25,16 @@ public enum APNsRules {
         }
     }
 
-    /// UNIX seconds; 0 means "once, do not store". Beyond 99999999999 (the year 5138) it is milliseconds, as a job's
-    /// deadline would be: refused rather than kept by APNs for the longest it keeps anything.
+    /// The year 5138 in UNIX seconds: a larger time in seconds (an expiration, a deadline, a send_at) is almost
+    /// certainly milliseconds.
+    public static let latestSeconds: Int64 = 99_999_999_999
+    /// `latestSeconds` as errors state it.
+    public static let latestSecondsText = "\(latestSeconds) (the year 5138)"
+
+    /// UNIX seconds; 0 means "once, do not store". Beyond `latestSeconds` it is milliseconds: refused rather than
+    /// kept by APNs for the longest it keeps anything.
     public static func checkExpiration(_ expiration: Int64) throws(APNsRequestError) {
-        if expiration < 0 || expiration > 99_999_999_999 { throw .badExpiration(expiration) }
+        if expiration < 0 || expiration > latestSeconds { throw .badExpiration(expiration) }
     }
 
     /// A topic as Apple defines a bundle ID: dot-separated parts of ASCII letters, digits and `-` (a push type's

@@ -85,7 +85,7 @@ public struct JobFlags: Sendable {
         guard number <= PushJob.latestDeadline else {
             throw Problem(
                 description: "--deadline wants UNIX seconds (the time after which the job is not sent), got "
-                    + "\(text), beyond \(PushJob.latestDeadlineText): milliseconds? In seconds: "
+                    + "\(text), beyond \(APNsRules.latestSecondsText): milliseconds? In seconds: "
                     + "--deadline \(number / 1000)")
         }
         return number

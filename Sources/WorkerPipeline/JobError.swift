@@ -60,7 +60,7 @@ public enum JobError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badDeadline(let value):
             value < 0
                 ? "deadline \(value) must be UNIX seconds, 0 or later"
-                : "deadline \(value) is beyond \(PushJob.latestDeadlineText): give UNIX seconds, not milliseconds"
+                : "deadline \(value) is beyond \(APNsRules.latestSecondsText): give UNIX seconds, not milliseconds"
         }
     }
 }

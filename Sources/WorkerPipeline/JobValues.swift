@@ -6,8 +6,6 @@ extension PushJob {
     /// Far above APNS_MAX_ATTEMPTS (at most 100): an attempt counted in a retry's state or a broadcast copy's header
     /// beyond it is not the worker's (and one more than Int.max would trap).
     static let maximumAttempt = 1_000_000
-    /// `latestDeadline` as errors state it.
-    public static let latestDeadlineText = "\(latestDeadline) (the year 5138)"
 
     /// `value` if it reads as milliseconds since the epoch, from September 2001 to a day after `now` (ms; without
     /// it, to `latestDeadline`); otherwise the error naming `field` and the likely unit. A time in seconds would make a registration

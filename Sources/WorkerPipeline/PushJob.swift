@@ -133,8 +133,8 @@ public struct PushJob: Sendable, Equatable {
     /// body holds it beside the retry's own targets.
     static let retryWrapperDepth = 2
     static let retrySizeFactor = 3
-    /// The year 5138 in UNIX seconds: a larger deadline is almost certainly milliseconds.
-    public static let latestDeadline: Int64 = 99_999_999_999
+    /// A larger deadline (or send_at) is almost certainly milliseconds (`APNsRules.latestSeconds`).
+    public static let latestDeadline = APNsRules.latestSeconds
     /// How far ahead `send_at` may be (seconds).
     public static let longestSchedule: Int64 = 7 * 24 * 3600
 
@@ -460,7 +460,7 @@ public struct PushJob: Sendable, Equatable {
                 if sendAt < 0 { throw .badSendAt("send_at \(sendAt) must be UNIX seconds, 0 or later") }
                 if sendAt > PushJob.latestDeadline {
                     throw .badSendAt(
-                        "send_at \(sendAt) is beyond \(PushJob.latestDeadlineText): give UNIX seconds, "
+                        "send_at \(sendAt) is beyond \(APNsRules.latestSecondsText): give UNIX seconds, "
                             + "not milliseconds")
                 }
                 if sendAt > now + PushJob.longestSchedule {
