@@ -130,9 +130,7 @@ package enum ConnectAnswer: Equatable {
             self = .tunnel
             return
         }
-        let shown = String(
-            decoding: line.prefix(120).map { $0 < 0x20 || $0 == 0x7F ? UInt8(ascii: "?") : $0 },
-            as: UTF8.self)
+        let shown = Redact.printable(String(decoding: line.prefix(120), as: UTF8.self))
         self = status == Array("407".utf8) ? .wantsCredentials(shown) : .refused(shown)
     }
 }

@@ -181,9 +181,8 @@ public struct JobProgressReport: Sendable {
     }
 
     public var text: String {
-        // The id is the publisher's, shown on a terminal: a control character (an escape sequence) is shown as "?".
-        let shownID = String(jobID.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
-        var lines = ["job \(shownID): \(state.rawValue)"]
+        // The id is the publisher's, shown on a terminal.
+        var lines = ["job \(Redact.printable(jobID)): \(state.rawValue)"]
         if state == .scheduled, (counts["waiting_for_window"] ?? 0) <= 0, let scheduledFor {
             lines.append(
                 "  waits for its send_at: \(Date(timeIntervalSince1970: Double(scheduledFor)).formatted(.iso8601))")

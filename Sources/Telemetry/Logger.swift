@@ -150,6 +150,12 @@ public enum Redact {
         return "\(prefix)…(\(token.count))"
     }
 
+    /// Text from outside shown whole (a job's id, a proxy's status line), made safe for a terminal: each control
+    /// character (an escape sequence's start) as "?".
+    public static func printable(_ text: some StringProtocol) -> String {
+        String(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
+    }
+
     /// Text that came from outside (a server's reason or GOAWAY data), made fit for a log line: control characters
     /// dropped, any run of 16 or more hex digits (a device token an endpoint echoed back) shortened like a token,
     /// and at most `limit` characters.
