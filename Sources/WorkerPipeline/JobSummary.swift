@@ -43,9 +43,17 @@ struct JobSummary {
         return Array((text + "}").utf8)
     }
 
-    /// The properties of a summary message: its job's correlation id (the job id if it had none), not persistent
+    /// The queue a job's summary goes to: its reply_to, unless it has none or an empty one (no summary asked for).
+    static func replyQueue(of delivery: JobDelivery) -> String? {
+        guard let replyTo = delivery.properties.replyTo, !replyTo.isEmpty else { return nil }
+        return replyTo
+    }
+
+    /// The summary message to `replyTo`: with its job's correlation id (the job id if it had none), not persistent
     /// (a summary is a notice to a waiting sender, not work).
-    static func properties(_ delivery: JobDelivery, jobID: String) -> MessageProperties {
-        MessageProperties(correlationID: delivery.properties.correlationID ?? jobID, persistent: false)
+    static func publication(to replyTo: String, body: [UInt8], of delivery: JobDelivery, jobID: String) -> Publication {
+        Publication(
+            destination: .reply(replyTo), body: body,
+            properties: MessageProperties(correlationID: delivery.properties.correlationID ?? jobID, persistent: false))
     }
 }

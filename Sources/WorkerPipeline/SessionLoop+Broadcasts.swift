@@ -269,19 +269,11 @@ extension SessionLoop {
             properties.headers[Worker.attemptsHeader] = String(attempt)
             plan.publications.append(Publication(destination: .failed, body: delivery.body, properties: properties))
         }
-        // An empty reply_to asks for no summary, as on a device job.
-        if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, entry.kind != .alreadySent,
-            !entry.broadcast.summarySent
-        {
+        if let replyTo = JobSummary.replyQueue(of: delivery), entry.kind != .alreadySent, !entry.broadcast.summarySent {
             plan.summary = plan.publications.count
-            plan.publications.append(
-                Publication(
-                    destination: .reply(replyTo),
-                    body: Self.broadcastSummary(
-                        entry.broadcast, attempt: attempt,
-                        outcome: plan.outcome, reason: reason,
-                        result: result),
-                    properties: JobSummary.properties(delivery, jobID: job.id)))
+            let body = Self.broadcastSummary(
+                entry.broadcast, attempt: attempt, outcome: plan.outcome, reason: reason, result: result)
+            plan.publications.append(JobSummary.publication(to: replyTo, body: body, of: delivery, jobID: job.id))
         }
         return plan
     }

@@ -31,8 +31,7 @@ struct SettlementPlan {
         case .retry, .park: return true
         case .none, .expire: break
         }
-        guard let replyTo = progress.delivery.properties.replyTo else { return false }
-        return !replyTo.isEmpty && !progress.summarySent
+        return JobSummary.replyQueue(of: progress.delivery) != nil && !progress.summarySent
     }
 
     /// `retry`: the retry policy's decision for the job, already applied to it (expired notifications counted).
@@ -74,13 +73,12 @@ struct SettlementPlan {
         let now = Date().timeIntervalSince1970
         publications += (progress.window?.parts ?? []).compactMap { Self.windowPart($0, of: delivery, now: now) }
         var summary: Int?
-        if let replyTo = delivery.properties.replyTo, !replyTo.isEmpty, !progress.summarySent {
+        if let replyTo = JobSummary.replyQueue(of: delivery), !progress.summarySent {
             summary = publications.count
             let retrying = if case .retry = retry { true } else { false }
             publications.append(
-                Publication(
-                    destination: .reply(replyTo), body: progress.summaryJSON(retrying: retrying),
-                    properties: JobSummary.properties(delivery, jobID: job.id)))
+                JobSummary.publication(
+                    to: replyTo, body: progress.summaryJSON(retrying: retrying), of: delivery, jobID: job.id))
         }
         self.removals = Self.removals(of: progress, defaultTopic: defaultTopic)
         self.publications = publications
