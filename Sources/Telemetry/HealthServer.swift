@@ -144,7 +144,7 @@ public final class HealthServer: Sendable {
     }
 
     /// The answer to a request (its line and headers, as far as they came).
-    func answer(to request: [UInt8]) -> String {
+    private func answer(to request: [UInt8]) -> String {
         let (status, body, contentType) = respond(to: request)
         return "HTTP/1.1 \(status)\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.utf8.count)\r\n"
             + "Connection: close\r\n\r\n" + body

@@ -29,7 +29,7 @@ public final class Histogram: Sendable {
         var bucket = 0
         while bucket < bounds.count && seconds > bounds[bucket] { bucket += 1 }
         counts[bucket].add(1, ordering: .relaxed)
-        totalMicroseconds.wrappingAdd(nanoseconds / 1000 + (nanoseconds % 1000 >= 500 ? 1 : 0), ordering: .relaxed)
+        totalMicroseconds.wrappingAdd((nanoseconds &+ 500) / 1000, ordering: .relaxed)
     }
 
     /// Cumulative counts per bound, then +Inf, as Prometheus wants them.
