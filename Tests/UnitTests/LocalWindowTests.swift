@@ -68,29 +68,38 @@ import WorkerPipeline
                 == Int64(utc(2026, 11, 1, 5, 30).timeIntervalSince1970))
     }
 
+    /// A change of offset off the hour, at midnight, or a second away, and when the window opens around it.
+    struct Change: Sendable, CustomStringConvertible {
+        var zone: String
+        var start: Int
+        var after: Double
+        var opens: Int64
+        var description: String
+    }
+
     /// Zones whose changes are not on the hour, or at midnight: the opening is that day's, never the next day's.
     /// Expected instants worked out independently (Python's zoneinfo on the same time zone database).
-    @Test func openingsAroundChangesOffTheHourAreThatDays() {
-        // Lord Howe jumps from 02:00 to 02:30 on 5 October 2025: a window from 02:00 opens at 02:30.
+    @Test(arguments: [
+        Change(
+            zone: "Australia/Lord_Howe", start: 2 * 60, after: 1_759_581_000, opens: 1_759_591_800,
+            description: "02:00 jumps to 02:30 on 5 October 2025: a window from 02:00 opens at 02:30"),
+        Change(
+            zone: "Pacific/Chatham", start: 3 * 60 + 45, after: 1_743_850_800, opens: 1_743_865_200,
+            description: "03:45 goes back to 02:45 on 6 April 2025: 03:45 comes once, an hour after the change"),
+        Change(
+            zone: "Pacific/Chatham", start: 3 * 60, after: 1_758_971_700, opens: 1_758_981_600,
+            description: "02:45 jumps to 03:45 on 28 September 2025: a window from 03:00 opens at 03:45"),
+        Change(
+            zone: "America/New_York", start: 2 * 60 + 30, after: 1_741_503_599.5, opens: 1_741_503_600,
+            description: "half a second before 02:00 jumps to 03:00 on 9 March 2025: 02:30 opens as it jumps"),
+        Change(
+            zone: "America/Nuuk", start: 23 * 60, after: 1_743_285_600, opens: 1_743_296_400,
+            description: "23:00 jumps to midnight on 29 March 2025: a window from 23:00 opens at midnight")
+    ])
+    func openingsAroundChangesOffTheHourAreThatDays(_ change: Change) {
+        let window = LocalWindow(start: change.start, end: (change.start + 4 * 60) % (24 * 60))
         #expect(
-            LocalWindow(start: 2 * 60, end: 6 * 60).nextOpening(
-                after: Date(timeIntervalSince1970: 1_759_581_000), in: zone("Australia/Lord_Howe")) == 1_759_591_800)
-        // Chatham goes back from 03:45 to 02:45 on 6 April 2025: 03:45 comes once, an hour after the change.
-        #expect(
-            LocalWindow(start: 3 * 60 + 45, end: 9 * 60).nextOpening(
-                after: Date(timeIntervalSince1970: 1_743_850_800), in: zone("Pacific/Chatham")) == 1_743_865_200)
-        // Chatham jumps from 02:45 to 03:45 on 28 September 2025: a window from 03:00 opens at 03:45.
-        #expect(
-            LocalWindow(start: 3 * 60, end: 9 * 60).nextOpening(
-                after: Date(timeIntervalSince1970: 1_758_971_700), in: zone("Pacific/Chatham")) == 1_758_981_600)
-        // Half a second before New York jumps from 02:00 to 03:00 on 9 March 2025: a window from 02:30 opens as it jumps.
-        #expect(
-            LocalWindow(start: 2 * 60 + 30, end: 5 * 60).nextOpening(
-                after: Date(timeIntervalSince1970: 1_741_503_599.5), in: zone("America/New_York")) == 1_741_503_600)
-        // Nuuk jumps from 23:00 to midnight on 29 March 2025: a window from 23:00 opens at midnight.
-        #expect(
-            LocalWindow(start: 23 * 60, end: 7 * 60).nextOpening(
-                after: Date(timeIntervalSince1970: 1_743_285_600), in: zone("America/Nuuk")) == 1_743_296_400)
+            window.nextOpening(after: Date(timeIntervalSince1970: change.after), in: zone(change.zone)) == change.opens)
     }
 
     @Test func aJobsWindowIsCheckedAsItIsDecoded() throws {
