@@ -281,14 +281,18 @@ extension AMQPConnection {
             raw._flags & amqp_flags_t(flag) != 0 ? shortString(bytes) : nil
         }
         var headers: [String: String] = [:]
+        var otherHeaders: [AMQPEncodedHeader] = []
         var deliveryCount: Int?
         if raw._flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0, let entries = raw.headers.entries {
             for index in 0..<Int(raw.headers.num_entries) {
                 let entry = entries[index]
-                if entry.value.kind == UInt8(ascii: "S") || entry.value.kind == UInt8(ascii: "x") {
-                    headers[shortString(entry.key)] = string(entry.value.value.bytes)
-                } else if shortString(entry.key) == "x-delivery-count" {
+                let name = shortString(entry.key)
+                if entry.value.kind == UInt8(ascii: "S"), let text = utf8(entry.value.value.bytes) {
+                    headers[name] = text
+                } else if name == "x-delivery-count" {
                     deliveryCount = integer(entry.value)
+                } else if let encoded = AMQPEncodedHeader(entry, name: name) {
+                    otherHeaders.append(encoded)
                 }
             }
         }
@@ -301,7 +305,13 @@ extension AMQPConnection {
             persistent: raw._flags & amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) != 0 && raw.delivery_mode == 2,
             timestamp: raw._flags & amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG) != 0
                 ? Int64(clamping: raw.timestamp) : nil,
-            headers: headers, deliveryCount: deliveryCount)
+            headers: headers, otherHeaders: otherHeaders, deliveryCount: deliveryCount)
+    }
+
+    /// The text of a long string, if it is UTF-8: other bytes are kept as they came (`AMQPEncodedHeader`).
+    static func utf8(_ bytes: amqp_bytes_t) -> String? {
+        guard bytes.len > 0, let pointer = bytes.bytes else { return "" }
+        return String(validating: UnsafeRawBufferPointer(start: pointer, count: bytes.len), as: UTF8.self)
     }
 
     /// An integer field of a table, of whichever width the sender chose; nil for any other kind.
@@ -348,22 +358,35 @@ extension AMQPConnection {
             raw._flags |= amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG)
             raw.timestamp = UInt64(value)
         }
-        let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(capacity: max(1, properties.headers.count))
+        // A header named both as text and among the others is published as text: the worker set it.
+        let others = properties.otherHeaders.filter { properties.headers[$0.name] == nil }
+        let entries = UnsafeMutablePointer<amqp_table_entry_t>.allocate(
+            capacity: max(1, properties.headers.count + others.count))
         defer {
             entries.deallocate()
             strings.free()
         }
-        if !properties.headers.isEmpty {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_HEADERS_FLAG)
-            for (index, key) in properties.headers.keys.sorted().enumerated() {
-                var value = amqp_field_value_t()
-                value.kind = UInt8(ascii: "S")
-                value.value.bytes = strings.bytes(properties.headers[key]!)
-                entries[index] = amqp_table_entry_t(key: strings.bytes(key), value: value)
-            }
-            raw.headers = amqp_table_t(num_entries: Int32(properties.headers.count), entries: entries)
+        var count = 0
+        for key in properties.headers.keys.sorted() {
+            var value = amqp_field_value_t()
+            value.kind = UInt8(ascii: "S")
+            value.value.bytes = strings.bytes(properties.headers[key]!)
+            entries[count] = amqp_table_entry_t(key: strings.bytes(key), value: value)
+            count += 1
         }
-        return body(&raw)
+        return AMQPEncodedHeader.withEntries(others) { decoded in
+            if let decoded, let decodedEntries = decoded.entries {
+                for index in 0..<Int(decoded.num_entries) {
+                    entries[count] = decodedEntries[index]
+                    count += 1
+                }
+            }
+            if count > 0 {
+                raw._flags |= amqp_flags_t(AMQP_BASIC_HEADERS_FLAG)
+                raw.headers = amqp_table_t(num_entries: Int32(count), entries: entries)
+            }
+            return body(&raw)
+        }
     }
 
     func withTable<T>(_ arguments: [String: AMQPArgument], _ body: (amqp_table_t) -> T) -> T {

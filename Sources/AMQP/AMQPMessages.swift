@@ -53,18 +53,27 @@ public struct AMQPProperties: Sendable, Equatable {
     public var persistent: Bool
     /// When the message was published, UNIX seconds (the AMQP timestamp property).
     public var timestamp: Int64?
-    /// String-valued headers (others are skipped when reading).
+    /// Headers whose values are UTF-8 text (AMQP long strings). When one is named in `otherHeaders` too, it is what
+    /// is published.
     public var headers: [String: String]
+    /// Every other header (`x-delivery-count` aside), as it came: published again with its type and value.
+    public var otherHeaders: [AMQPEncodedHeader]
     /// How many times the broker delivered this message before (quorum queues say so in the integer header
     /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
     public var deliveryCount: Int?
 
+    /// Whether a header of this name came with the message, of whatever type.
+    public func hasHeader(_ name: String) -> Bool {
+        headers[name] != nil || otherHeaders.contains { $0.name == name }
+    }
+
     public init(
         contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
         messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
-        headers: [String: String] = [:], deliveryCount: Int? = nil
+        headers: [String: String] = [:], otherHeaders: [AMQPEncodedHeader] = [], deliveryCount: Int? = nil
     ) {
         self.deliveryCount = deliveryCount
+        self.otherHeaders = otherHeaders
         self.contentType = contentType
         self.replyTo = replyTo
         self.correlationID = correlationID

@@ -276,21 +276,37 @@ public final class DeclaredTopology: Sendable {
 extension MessageProperties {
     /// What the pipeline reads of a delivery's properties, moved out of them: `amqp` is left without them.
     init(taking amqp: inout AMQPProperties) {
-        var headers: [String: String] = [:]
-        swap(&headers, &amqp.headers)
         self.init(
             replyTo: amqp.replyTo.take(), correlationID: amqp.correlationID.take(), messageID: amqp.messageID.take(),
-            persistent: amqp.persistent, timestamp: amqp.timestamp, headers: headers,
+            persistent: amqp.persistent, timestamp: amqp.timestamp,
+            headers: amqp.headers.isEmpty && amqp.otherHeaders.isEmpty ? MessageHeaders() : Self.headers(of: amqp),
             deliveryCount: amqp.deliveryCount)
+    }
+
+    /// Text headers as text, the others as the broker encoded them (a name given both ways is text).
+    private static func headers(of amqp: AMQPProperties) -> MessageHeaders {
+        var headers = MessageHeaders(amqp.headers)
+        for other in amqp.otherHeaders where headers.all[other.name] == nil {
+            headers.all[other.name] = .encoded(other.entry)
+        }
+        return headers
     }
 }
 
 extension AMQPProperties {
     /// What the worker publishes (a delivery count is the broker's to set, never published).
     init(_ message: MessageProperties) {
+        var text: [String: String] = [:]
+        var others: [AMQPEncodedHeader] = []
+        for (name, value) in message.headers.all {
+            switch value {
+            case .text(let value): text[name] = value
+            case .encoded(let entry): others.append(AMQPEncodedHeader(name: name, entry: entry))
+            }
+        }
         self.init(
             replyTo: message.replyTo, correlationID: message.correlationID, messageID: message.messageID,
-            persistent: message.persistent, timestamp: message.timestamp, headers: message.headers)
+            persistent: message.persistent, timestamp: message.timestamp, headers: text, otherHeaders: others)
     }
 }
 

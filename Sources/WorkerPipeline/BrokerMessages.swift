@@ -1,7 +1,7 @@
 import APNsModel
 
 /// The message properties the pipeline reads and writes: the contract's reply_to, correlation-id, message-id,
-/// timestamp and string headers.
+/// timestamp and headers.
 ///
 /// Stored in an order that leaves no padding to speak of (`persistent` after `timestamp`): a `JobDelivery` holding
 /// them then stays within the 120 bytes that glibc serves from its fast bins (`AllocationSizeTests` holds it): one
@@ -13,13 +13,13 @@ public struct MessageProperties: Sendable, Equatable {
     /// When the message was published (UNIX seconds), if its publisher said so: how long a job waited in its lane.
     public var timestamp: Int64?
     public var persistent: Bool
-    public var headers: [String: String]
+    public var headers: MessageHeaders
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
     public var deliveryCount: Int?
 
     public init(
         replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
-        timestamp: Int64? = nil, headers: [String: String] = [:], deliveryCount: Int? = nil
+        timestamp: Int64? = nil, headers: MessageHeaders = [:], deliveryCount: Int? = nil
     ) {
         self.deliveryCount = deliveryCount
         self.replyTo = replyTo
@@ -28,6 +28,49 @@ public struct MessageProperties: Sendable, Equatable {
         self.persistent = persistent
         self.timestamp = timestamp
         self.headers = headers
+    }
+}
+
+/// A message's headers: those the pipeline reads and writes are text; any other (a number, a flag, a table, bytes,
+/// as a publisher or the broker wrote it) is carried as the broker encoded it, so that what is published again from
+/// a job (its retries, its parked copy) keeps every header, of whatever type, unchanged.
+public struct MessageHeaders: Sendable, Equatable, ExpressibleByDictionaryLiteral {
+    /// A header's value.
+    public enum Field: Sendable, Equatable {
+        case text(String)
+        /// The broker's encoding of a header that is not text, which only the broker adapter reads.
+        case encoded([UInt8])
+    }
+
+    private var values: [String: Field]
+
+    public init() { values = [:] }
+
+    public init(_ text: [String: String]) { values = text.mapValues { .text($0) } }
+
+    public init(dictionaryLiteral elements: (String, String)...) {
+        values = Dictionary(elements.map { ($0.0, Field.text($0.1)) }, uniquingKeysWith: { _, last in last })
+    }
+
+    public var isEmpty: Bool { values.isEmpty }
+
+    /// A header's text: nil when the message has no such header, or has it with a value that is not text.
+    /// Setting it replaces the header whatever its type; nil removes it.
+    public subscript(name: String) -> String? {
+        get {
+            guard !values.isEmpty, case .text(let text) = values[name] else { return nil }
+            return text
+        }
+        set { values[name] = newValue.map { .text($0) } }
+    }
+
+    /// Whether the message has a header of this name, of whatever type.
+    public func contains(_ name: String) -> Bool { !values.isEmpty && values[name] != nil }
+
+    /// Every header, by name.
+    public var all: [String: Field] {
+        get { values }
+        set { values = newValue }
     }
 }
 

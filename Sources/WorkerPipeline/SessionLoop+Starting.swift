@@ -400,7 +400,7 @@ extension SessionLoop {
     }
 
     static func isCopy(_ delivery: JobDelivery) -> Bool {
-        !delivery.properties.headers.isEmpty && delivery.properties.headers[Worker.republishedHeader] != nil
+        delivery.properties.headers.contains(Worker.republishedHeader)
     }
 
     /// Copies of parts of windowed jobs that started already (a job's settlement published again after the broker
@@ -427,7 +427,7 @@ extension SessionLoop {
 
     /// A part of a windowed job that waited for its users' hours (`Worker.windowPartHeader`).
     static func isWindowPart(_ delivery: JobDelivery) -> Bool {
-        !delivery.properties.headers.isEmpty && delivery.properties.headers[Worker.windowPartHeader] != nil
+        delivery.properties.headers.contains(Worker.windowPartHeader)
     }
 
     /// Republished copies of jobs the fleet settled in the last half minute are acknowledged without sending anything

@@ -36,7 +36,7 @@ public struct StoreWaits: Sendable, Equatable {
     /// How many times this delivery's job waited already: the header is the worker's, but any publisher can set it,
     /// so it is held to a million (one more than Int.max trapped).
     public static func waits(of delivery: JobDelivery) -> Int {
-        guard !delivery.properties.headers.isEmpty, let text = delivery.properties.headers[header] else { return 0 }
+        guard let text = delivery.properties.headers[header] else { return 0 }
         return min(max(0, Int(text) ?? 0), 1_000_000)
     }
 

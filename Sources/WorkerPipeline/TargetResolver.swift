@@ -31,9 +31,7 @@ public struct TargetResolver: Sendable, Equatable {
     /// Whether an earlier delivery or copy of this job may have settled some of its notifications: redelivered, or
     /// published again by its publisher after a failover (`Worker.republishedHeader`).
     public static func mayRepeat(_ delivery: JobDelivery) -> Bool {
-        delivery.redelivered
-            || (!delivery.properties.headers.isEmpty
-                && delivery.properties.headers[Worker.republishedHeader] != nil)
+        delivery.redelivered || delivery.properties.headers.contains(Worker.republishedHeader)
     }
 
     /// The jobs whose earlier deliveries or copies may have settled some notifications already, with a stable id.

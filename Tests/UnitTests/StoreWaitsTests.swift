@@ -9,7 +9,7 @@ import WorkerPipeline
 @Suite struct StoreWaitsTests {
     typealias W = WorkerTests
 
-    static func delivery(headers: [String: String] = [:], lane: JobLane = .urgent) -> JobDelivery {
+    static func delivery(headers: MessageHeaders = [:], lane: JobLane = .urgent) -> JobDelivery {
         JobDelivery(
             tag: 7, redelivered: false, body: Array("{}".utf8),
             properties: MessageProperties(messageID: "m-1", headers: headers), lane: lane)

@@ -24,6 +24,23 @@ import WorkerPipeline
         #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
     }
 
+    /// Marked by a header that is not text (a number, as many clients write an integer): a copy all the same.
+    @Test func aCopyMarkedWithAHeaderThatIsNotTextIsACopy() throws {
+        let fleet = InMemoryFleet()
+        let running = Spec.Running(fleet)
+        let body = Spec.job("dup", tokens: [Spec.token(1)])
+        let original = fleet.deliver(body, properties: MessageProperties(replyTo: "replies", messageID: "dup"))
+        #expect(fleet.wait { $0.acknowledged.contains(original) })
+        var properties = MessageProperties(replyTo: "replies", messageID: "dup")
+        properties.headers.all[Worker.republishedHeader] = .encoded([0x49, 0, 0, 0, 1])
+        #expect(properties.headers[Worker.republishedHeader] == nil, "no text")
+        let copy = fleet.deliver(body, properties: properties)
+        #expect(fleet.wait { $0.acknowledged.contains(copy) })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 1, "sent once")
+        #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
+    }
+
     @Test func aRedeliveryAfterABrokerLossSkipsWhatWasAnsweredBeforeIt() throws {
         let fleet = InMemoryFleet()
         fleet.change { $0.holdingAnswers = true }

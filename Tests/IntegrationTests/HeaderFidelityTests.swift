@@ -1,0 +1,115 @@
+import AMQP
+import APNsSimulator
+import Foundation
+import Telemetry
+import Testing
+
+/// Headers of every type a publisher sets survive what the worker publishes again from a job, checked with an
+/// independent client (pika, the Python AMQP 0-9-1 client: installed by scripts/test) on both ends.
+@Suite struct HeaderFidelityTests {
+    let logger = Logger(label: "headers", level: .critical)
+
+    /// pika publishes a job with `SPECIMEN`'s headers (a number of each width, a flag, a decimal, a time,
+    /// bytes, a table, an array, a void, text), or reads one message and says how its headers differ from them.
+    static let client = #"""
+        import datetime, decimal, sys, pika
+        SPECIMEN = {
+            "x-int": 42, "x-long": pika.compat.long(2 ** 40), "x-negative": -7, "x-flag": True,
+            "x-decimal": decimal.Decimal("3.14"), "x-time": datetime.datetime(2026, 12, 7, 6, 30),
+            "x-bytes": b"\x00\xffraw", "x-table": {"a": 1, "b": "two", "c": [1, "x"]},
+            "x-array": [1, "two", False, None], "x-void": None, "x-text": "plain",
+        }
+        url, mode, queue = sys.argv[1:4]
+        channel = pika.BlockingConnection(pika.URLParameters(url)).channel()
+        if mode == "publish":
+            headers = dict(SPECIMEN, **{"x-apns-worker-republished": 1} if len(sys.argv) > 5 else {})
+            channel.basic_publish("", queue, sys.argv[4].encode(),
+                                  pika.BasicProperties(headers=headers, delivery_mode=2))
+            print("published")
+        else:
+            for method, properties, body in channel.consume(queue, inactivity_timeout=30):
+                if method is None:
+                    sys.exit("nothing on " + queue)
+                got = properties.headers or {}
+                wrong = [k for k, v in SPECIMEN.items() if k not in got or got[k] != v or type(got[k]) != type(v)]
+                print("ok" if not wrong else "differ: " + ", ".join(f"{k}={got.get(k)!r}" for k in wrong))
+                print(got.get("x-apns-worker-reason", ""))
+                break
+        """#
+
+    static func pika(_ arguments: [String]) throws -> [String] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", client, try TestServices.value("AMQP_URL")] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "pika: \(text)")
+        return text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+    }
+
+    /// Retried twice through the delay queue (APNs throttles its token), then parked: the parked copy, published
+    /// from the second retry, which was published from the first, carries every header as pika wrote it.
+    @Test func headersOfEveryTypeSurviveRetriesAndParking() throws {
+        let throttled = String(repeating: "a7", count: 32)
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.throttledTokens = [throttled]
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        // Declared before pika reads it, as the worker declares it.
+        let failed = TestServices.unique("failed")
+        try publisher.declareQueue(failed)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.05"]),
+            logger: logger)
+        defer { workerThread.stop() }
+        let job = #"{"id": "typed", "tokens": ["\#(throttled)"], "payload": {"aps": {"alert": "hi"}}}"#
+        #expect(try Self.pika(["publish", jobs, job]).first == "published")
+        let parked = try Self.pika(["read", failed])
+        #expect(parked.first == "ok", "\(parked)")
+        #expect(parked.dropFirst().first?.contains("TooManyRequests") == true, "parked after its attempts: \(parked)")
+        #expect(simulator.received().filter { $0.deviceToken == throttled }.count == 3)
+    }
+
+    /// A job the worker refuses is parked at once, with the headers it came with.
+    @Test func aRefusedJobIsParkedWithItsHeaders() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        // Declared before pika reads it, as the worker declares it.
+        let failed = TestServices.unique("failed")
+        try publisher.declareQueue(failed)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, ["PUSH_FAILED_QUEUE": failed]),
+            logger: logger)
+        defer { workerThread.stop() }
+        #expect(try Self.pika(["publish", jobs, #"{"id": "no-targets", "payload": {"aps": {}}}"#]).first == "published")
+        let parked = try Self.pika(["read", failed])
+        #expect(parked.first == "ok", "\(parked)")
+        #expect(parked.dropFirst().first?.isEmpty == false, "with its reason: \(parked)")
+    }
+
+    /// A publisher that sets the republished header as a number (as pika, Go's amqp091 and Java's client do for an
+    /// integer) has its copy recognised: nothing is sent twice.
+    @Test func aCopyMarkedWithANumberSendsNothingTwice() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { workerThread.stop() }
+        let token = String(repeating: "b8", count: 32)
+        let job = #"{"id": "\#(TestServices.unique("copied"))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(job.utf8), properties: AMQPProperties(replyTo: replies))
+        #expect(try replyReader.read(1).count == 1, "the original was settled")
+        #expect(try Self.pika(["publish", jobs, job, "republished"]).first == "published")
+        let statistics = workerThread.worker.statistics
+        #expect(TestServices.waitUntil { statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1 })
+        #expect(simulator.received().filter { $0.deviceToken == token }.count == 1, "sent once")
+    }
+}
