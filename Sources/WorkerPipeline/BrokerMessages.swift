@@ -17,6 +17,9 @@ public struct MessageProperties: Sendable, Equatable {
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
     public var deliveryCount: Int?
 
+    /// The message-id as a job's id: none when it is empty, which any number of unrelated messages may carry.
+    public var idForJob: String? { messageID?.isEmpty == false ? messageID : nil }
+
     public init(
         replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
         timestamp: Int64? = nil, headers: MessageHeaders = [:], deliveryCount: Int? = nil

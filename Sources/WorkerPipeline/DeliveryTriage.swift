@@ -21,7 +21,7 @@ public struct DeliveryTriage: Sendable, Equatable {
 
     /// The key a job's delivery history is kept under: its message-id or, without one, its body.
     public static func historyKey(_ delivery: JobDelivery) -> String {
-        delivery.properties.messageID.map { "id:" + $0 } ?? "body:" + fingerprint(delivery.body)
+        delivery.properties.idForJob.map { "id:" + $0 } ?? "body:" + fingerprint(delivery.body)
     }
 
     /// FNV-1a, 64 bits, in hex: the same body gives the same key in every worker (Swift's `Hasher` is seeded per

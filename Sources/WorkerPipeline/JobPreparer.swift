@@ -39,7 +39,7 @@ struct PreparedBatch {
             do {
                 var job = try PushJob.decode(
                     delivery.body, defaultTopic: settings.defaultTopic,
-                    fallbackID: delivery.properties.messageID ?? "delivery-\(delivery.tag)")
+                    fallbackID: delivery.properties.idForJob ?? "delivery-\(delivery.tag)")
                 if let exitOnJobID = settings.exitOnJobID, job.id == exitOnJobID {
                     logger.critical("test fault: exiting on this job", ["job.id": job.id])
                     exit(70)

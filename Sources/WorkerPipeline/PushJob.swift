@@ -35,8 +35,7 @@ public struct PushJob: Sendable, Equatable {
         /// A notification per device token: its users' cached tokens and its own `tokens`.
         case devices
         /// Live Activity pushes, a notification per token: its users' (push-to-start) tokens, its own `tokens`, and
-        /// the update tokens of the activity it names, if it names one (`"activity": "<id>"`, as the app registered
-        /// them).
+        /// the update tokens of the activity it names (`"activity": "<id>"`, as the app registered them).
         case liveActivity(activity: String?)
         /// One broadcast request (iOS 18, `channel_id`) that APNs fans out to every device subscribed to the channel.
         case broadcast(channelID: String)
@@ -45,14 +44,16 @@ public struct PushJob: Sendable, Equatable {
     private var shared: SharedMembers<Members>
 
     /// A job sent as `sending` says, to its push type's topic of `bundle`: every kind of job is made this way, so that
-    /// none can leave a sending member out. `ownID`: the id the job named, if any.
+    /// none can leave a sending member out. `ownID`: the id the job named, if any; an empty one is none (every job
+    /// written with `"id": ""` would otherwise share one idempotency record and one cancellation).
     init(
         ownID: String?, fallbackID: () -> String, bundle: String, users: [String], tokens: [String],
         sending: borrowing SendingOptions, payload: [UInt8]
     ) {
+        let named = ownID?.isEmpty == false ? ownID : nil
         shared = SharedMembers(
             Members(
-                id: ownID ?? fallbackID(), idFromBody: ownID != nil, topic: sending.pushType.topic(forBundle: bundle),
+                id: named ?? fallbackID(), idFromBody: named != nil, topic: sending.pushType.topic(forBundle: bundle),
                 users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
                 priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
                 deadline: sending.deadline, sendAt: sending.sendAt, payload: payload))
@@ -96,8 +97,7 @@ public struct PushJob: Sendable, Equatable {
     public var retryTargets: [DeviceTarget]? { shared.members.retryTargets }
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
     public var originalBody: [UInt8]? { shared.members.originalBody }
-    /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said when
-    /// the job started.
+    /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said then.
     public var rateGroup: RateGroup? {
         get { shared.members.rateGroup }
         set { shared.change { $0.rateGroup = newValue } }

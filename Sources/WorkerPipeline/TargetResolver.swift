@@ -16,7 +16,7 @@ public struct TargetResolver: Sendable, Equatable {
     /// Jobs that name themselves (an `id` in the body, or a message-id) can be recognised when redelivered; a
     /// delivery tag changes with every delivery.
     public static func hasStableID(_ job: PushJob, _ delivery: JobDelivery) -> Bool {
-        job.idFromBody || delivery.properties.messageID != nil
+        job.idFromBody || delivery.properties.idForJob != nil
     }
 
     /// The users whose cache entries the store must resolve for these jobs (a retry carries its targets resolved);

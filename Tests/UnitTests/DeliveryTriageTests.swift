@@ -20,6 +20,10 @@ import WorkerPipeline
             DeliveryTriage.historyKey(delivery(1, body: "a")) == DeliveryTriage.historyKey(delivery(2, body: "a")),
             "the same body gives the same key whatever the delivery")
         #expect(DeliveryTriage.historyKey(delivery(1, body: "a")) != DeliveryTriage.historyKey(delivery(1, body: "b")))
+        // An empty message-id is none: unrelated jobs carrying one would share a history, and be parked together.
+        #expect(
+            DeliveryTriage.historyKey(delivery(1, body: "a", messageID: ""))
+                != DeliveryTriage.historyKey(delivery(2, body: "b", messageID: "")))
     }
 
     @Test func firstDeliveriesCostNothingAndTheBrokersCountIsUsedWhereItCounts() {

@@ -46,6 +46,17 @@ import WorkerPipeline
         #expect(voip.topic == "com.example.app.voip")
     }
 
+    /// `"id": ""` names no id: jobs written that way would share one idempotency record and one cancellation.
+    @Test(arguments: [
+        #"{"id": "", "users": ["u1"], "payload": {"aps": {}}}"#,
+        #"{"id": "", "users": ["u1"], "prevalidate": false, "payload": {"aps": {}}}"#
+    ])
+    func anEmptyIDIsNone(_ job: String) throws {
+        let decoded = try decode(job, defaultTopic: "com.example.app")
+        #expect(decoded.id == "fallback")
+        #expect(!decoded.idFromBody)
+    }
+
     @Test(arguments: JobCorpus.refused)
     func badJobsAreNamed(body: String, expected: String) {
         do {
