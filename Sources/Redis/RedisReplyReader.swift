@@ -7,9 +7,14 @@
 /// per field, which is what resolving a user's tokens reads most.
 ///
 /// Nothing a server says is trusted before it arrives: an array's count (fifteen bytes, `*2147483647\r\n`, announce
-/// 2^31 - 1 elements) is only a promise, checked against `maximumElements`; a bulk string's length against
-/// `maximumBulkLength` (Redis's own largest); arrays nest at most `maximumDepth` deep. Bytes that are not RESP make the
-/// reader fail with a protocol error naming what it found (the reader is unusable after that, as is the connection).
+/// 2^31 - 1 elements) is only a promise; a bulk string's length is checked against `maximumBulkLength` (Redis's own
+/// largest); arrays nest at most `maximumDepth` deep. Bytes that are not RESP make the reader fail with a protocol
+/// error naming what it found (the reader is unusable after that, as is the connection).
+///
+/// A reply with an array of more than `maximumElements` elements (a user's hash of millions of tokens) costs that
+/// reply, not the connection: its bytes are dropped as they arrive, never held whole, and it reads as an error reply
+/// naming the bound, which the caller treats as the data error it is. (Refusing it broke the connection, and every
+/// command that shared its batch failed again with each new one.)
 ///
 /// One owner thread, like the connection that feeds it.
 package final class RedisReplyReader {
@@ -35,11 +40,18 @@ package final class RedisReplyReader {
     private var measuring = false
     private var scanned = 0
     private var open: [Int] = []
+    /// The largest array count past `elementLimit` in the reply being measured: its bytes are dropped as scanned.
+    private var oversized: Int64?
+    private let elementLimit: Int
 
-    package init(capacity: Int = 16 << 10) {
+    package init(capacity: Int = 16 << 10, maximumElements: Int = RedisReplyReader.maximumElements) {
         self.capacity = capacity
+        elementLimit = maximumElements
         buffer = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 8)
     }
+
+    /// The bytes the buffer holds room for (it grows to hold a whole reply, never an oversized one).
+    package var bufferCapacity: Int { capacity }
 
     deinit { buffer.deallocate() }
 
@@ -63,6 +75,7 @@ package final class RedisReplyReader {
     /// The next whole reply, or nil until more bytes arrive.
     package func next() throws(RedisError) -> RedisReply? {
         guard let after = try measureNext() else { return nil }
+        if let refused = takeOversized(upTo: after) { return refused }
         var cursor = start
         let reply = build(at: &cursor)
         consume(upTo: after)
@@ -75,6 +88,7 @@ package final class RedisReplyReader {
         -> HashReply?
     {
         guard let after = try measureNext() else { return nil }
+        if let refused = takeOversized(upTo: after) { return .other(refused) }
         guard let pairs = hashPairs(at: start) else {
             var cursor = start
             let reply = build(at: &cursor)
@@ -90,6 +104,15 @@ package final class RedisReplyReader {
         }
         consume(upTo: after)
         return .fields(pairs)
+    }
+
+    /// An oversized reply measured to its end (`after`): consumed, as the error reply it reads as.
+    private func takeOversized(upTo after: Int) -> RedisReply? {
+        guard let count = oversized else { return nil }
+        oversized = nil
+        consume(upTo: after)
+        return .error(
+            "ERR reply dropped unread: an array of \(count) elements, more than the \(elementLimit) this client reads")
     }
 
     // MARK: reading a complete reply
@@ -168,9 +191,11 @@ package final class RedisReplyReader {
         if !measuring {
             scanned = start
             open.removeAll(keepingCapacity: true)
+            oversized = nil
             measuring = true
         }
         while true {
+            if oversized != nil { dropScanned() }
             guard scanned < end else { return nil }
             let type = load(scanned)
             var after: Int
@@ -198,9 +223,7 @@ package final class RedisReplyReader {
             case UInt8(ascii: "*"):
                 guard let (count, next) = try numberLine(at: scanned, what: "array count") else { return nil }
                 guard count >= -1 else { throw Self.protocolError("an array of \(count) elements") }
-                guard count <= Self.maximumElements else {
-                    throw Self.protocolError("an array of more than \(Self.maximumElements) elements")
-                }
+                if count > elementLimit { oversized = max(oversized ?? 0, count) }
                 guard open.count < Self.maximumDepth else {
                     throw Self.protocolError("arrays nested more than \(Self.maximumDepth) deep")
                 }
@@ -271,6 +294,17 @@ package final class RedisReplyReader {
     // MARK: the buffer
 
     private func load(_ offset: Int) -> UInt8 { buffer.load(fromByteOffset: offset, as: UInt8.self) }
+
+    /// What an oversized reply has shown so far, dropped: nothing is built from it.
+    private func dropScanned() {
+        if scanned == end {
+            start = 0
+            end = 0
+            scanned = 0
+        } else {
+            start = scanned
+        }
+    }
 
     private func consume(upTo offset: Int) {
         start = offset

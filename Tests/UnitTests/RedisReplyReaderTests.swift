@@ -23,19 +23,43 @@ import Testing
             ])
     }
 
-    /// Fifteen bytes announcing 2^31 - 1 elements would have the reader allocate 16 GB of element pointers at once:
-    /// refused as an unreadable reply instead, before any element arrives.
-    @Test func anArrayCountNoServerSendsIsRefusedBeforeItsElements() throws {
-        #expect(throws: RedisError.self) { try replies("*2147483647\r\n", chunk: 100) }
-        do {
-            _ = try replies("*\(RedisReplyReader.maximumElements + 1)\r\n", chunk: 100)
-            Issue.record("an array past the bound was accepted")
-        } catch let error as RedisError {
-            #expect(
-                error.message.contains("more than \(RedisReplyReader.maximumElements) elements"), "\(error.message)")
+    /// Fifteen bytes announcing 2^31 - 1 elements are a promise: nothing is allocated for them, and the reader waits
+    /// for the elements.
+    @Test func anArrayCountIsNotTrustedBeforeItsElementsArrive() throws {
+        let reader = RedisReplyReader(capacity: 8)
+        Array("*2147483647\r\n:1\r\n".utf8).withUnsafeBytes { reader.feed($0) }
+        #expect(try reader.next() == nil)
+        #expect(reader.bufferCapacity <= 64)
+    }
+
+    /// A reply past the element bound (a user's hash of millions of tokens) costs that reply only: its elements are
+    /// dropped as they arrive, never held, it reads as an error naming the bound, and the replies after it read as
+    /// they are. Refusing it broke the connection, and with it every command of the batch, again on each new one.
+    @Test(arguments: [1, 7, 4_096]) func aReplyPastTheElementBoundIsAnErrorReplyNotALostConnection(chunk: Int) throws {
+        let reader = RedisReplyReader(capacity: 64, maximumElements: 4)
+        var text = "*4\r\n:1\r\n:2\r\n:3\r\n:4\r\n"
+        text += "*2000\r\n" + String(repeating: "$10\r\nproduction\r\n", count: 2_000)
+        text += "*2\r\n*9\r\n" + String(repeating: ":7\r\n", count: 9) + "+OK\r\n"
+        text += "*2\r\n$2\r\nab\r\n$1\r\nx\r\n"
+        let bytes = Array(text.utf8)
+        var read: [RedisReply] = []
+        var largestBuffer = 0
+        for start in stride(from: 0, to: bytes.count, by: chunk) {
+            bytes[start..<min(start + chunk, bytes.count)].withUnsafeBytes { reader.feed($0) }
+            largestBuffer = max(largestBuffer, reader.bufferCapacity)
+            while let reply = try reader.next() { read.append(reply) }
         }
-        let largest = try replies("*3\r\n:1\r\n:2\r\n:3\r\n", chunk: 4)
-        #expect(largest == [.array([.integer(1), .integer(2), .integer(3)])])
+        #expect(read.count == 4)
+        #expect(read.first == .array((1...4).map { .integer($0) }), "at the bound: read")
+        #expect(
+            read.dropFirst().first
+                == .error("ERR reply dropped unread: an array of 2000 elements, more than the 4 this client reads"))
+        #expect(
+            read.dropFirst(2).first
+                == .error("ERR reply dropped unread: an array of 9 elements, more than the 4 this client reads"),
+            "nested past the bound: the whole reply dropped")
+        #expect(read.last == .array([.string(Array("ab".utf8)), .string(Array("x".utf8))]), "the next reply as it is")
+        #expect(largestBuffer <= 2 * max(64, chunk) + 64, "never held whole: \(largestBuffer) bytes")
     }
 
     @Test func bytesThatAreNotRESPAreAProtocolErrorThatSaysSo() throws {
