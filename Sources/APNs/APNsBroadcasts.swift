@@ -66,9 +66,10 @@ public final class APNsChannelClient: Sendable {
             tls.certificateFile = certificate
             tls.privateKeyFile = key
         }
+        // A request lost with its connection is not sent again: it may have created the channel.
         var settings = HTTP2Client.Configuration(
             host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: 1,
-            requestTimeout: configuration.requestTimeout)
+            requestTimeout: configuration.requestTimeout, maximumAttempts: 1)
         settings.proxy = configuration.proxy
         client = try HTTP2Client(configuration: settings, logger: logger)
         self.credential = credential

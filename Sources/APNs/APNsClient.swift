@@ -93,6 +93,15 @@ public final class APNsClient: Sendable {
         _ notifications: [APNsNotification],
         traffic: JobLane = .urgent, completion: @escaping @Sendable (Int, APNsResult) -> Void
     ) -> Int {
+        send(notifications, traffic: traffic, resending: false, completion: completion)
+    }
+
+    /// `resending`: the notifications were sent once already and APNs asked for a new provider token or new
+    /// connections; they are sent once more, and the same answer again is theirs (no second token, no loop).
+    private func send(
+        _ notifications: [APNsNotification], traffic: JobLane, resending: Bool,
+        completion: @escaping @Sendable (Int, APNsResult) -> Void
+    ) -> Int {
         // Answers that need no request still arrive on the loop thread, like every other answer.
         var immediate: [(Int, APNsResult)] = []
         defer {
@@ -130,8 +139,8 @@ public final class APNsClient: Sendable {
                 continue
             }
             send(
-                notifications, indices, credential: credential, traffic: traffic, immediate: &immediate,
-                completion: completion)
+                notifications, indices, credential: credential, traffic: traffic, resending: resending,
+                immediate: &immediate, completion: completion)
         }
         return notifications.count - immediate.count
     }
@@ -198,9 +207,8 @@ public final class APNsClient: Sendable {
 
     /// Sends the notifications at `indices` (nil: all of them), all of one credential.
     private func send(
-        _ notifications: [APNsNotification], _ indices: [Int]?,
-        credential: APNsCredential, traffic: JobLane, immediate: inout [(Int, APNsResult)],
-        completion: @escaping @Sendable (Int, APNsResult) -> Void
+        _ notifications: [APNsNotification], _ indices: [Int]?, credential: APNsCredential, traffic: JobLane,
+        resending: Bool, immediate: inout [(Int, APNsResult)], completion: @escaping @Sendable (Int, APNsResult) -> Void
     ) {
         for environment in APNsEnvironment.allCases {
             let inEnvironment =
@@ -244,11 +252,15 @@ public final class APNsClient: Sendable {
             let sentIndices = sendable
             let retry: @Sendable (Int) -> Void = { [self] position in
                 let original = sentIndices[position]
-                send([notifications[original]], traffic: traffic) { _, result in completion(original, result) }
+                send([notifications[original]], traffic: traffic, resending: true) { _, result in
+                    completion(original, result)
+                }
             }
             pool.send(requests) { [self] position, result in
                 let answer = interpret(result, answers: .device, environment: environment, credential: credential)
-                if sendsAgain(after: result, answer, pool: pool, key: key, credential: credential) {
+                if sendsAgain(
+                    after: result, answer, pool: pool, key: key, credential: credential, resending: resending)
+                {
                     retry(position)
                 } else {
                     completion(sentIndices[position], answer)
@@ -262,6 +274,14 @@ public final class APNsClient: Sendable {
     /// that breaks Apple's rules, or whose bundle no credential serves, is answered without a request.
     public func send(
         _ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: JobLane = .urgent,
+        completion: @escaping @Sendable (APNsResult) -> Void
+    ) {
+        send(broadcast, environment: environment, traffic: traffic, resending: false, completion: completion)
+    }
+
+    /// `resending`: as for device notifications.
+    private func send(
+        _ broadcast: APNsBroadcast, environment: APNsEnvironment, traffic: JobLane, resending: Bool,
         completion: @escaping @Sendable (APNsResult) -> Void
     ) {
         let loop = loop(traffic)
@@ -283,8 +303,8 @@ public final class APNsClient: Sendable {
                 result, answers: APNsRoute.broadcast(bundle: broadcast.bundle).answers,
                 environment: environment,
                 credential: credential)
-            if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential) {
-                send(broadcast, environment: environment, traffic: traffic, completion: completion)
+            if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential, resending: resending) {
+                send(broadcast, environment: environment, traffic: traffic, resending: true, completion: completion)
             } else {
                 completion(outcome)
             }
@@ -295,13 +315,15 @@ public final class APNsClient: Sendable {
     /// the provider token expired (and may be replaced now), or the connection is bound to another key (replaced now).
     private func sendsAgain(
         after result: Result<HTTP2Response, HTTP2StreamError>, _ answer: APNsResult,
-        pool: HTTP2Client, key: PoolKey, credential: APNsCredential
+        pool: HTTP2Client, key: PoolKey, credential: APNsCredential, resending: Bool
     ) -> Bool {
         // Refused or never sent: certainly not processed, so safe to send on the pool that replaced this one.
         switch result {
         case .failure(.notSent), .failure(.refused): if !isCurrent(pool, key) { return true }
         default: break
         }
+        // A new token or new connections are tried once: the same answer again goes to the caller's retries.
+        guard !resending else { return false }
         switch answer.outcome {
         case .refreshTokenAndRetry:
             guard case .token(let provider) = credential.authentication, provider.invalidate() else { return false }
@@ -525,12 +547,15 @@ public final class APNsClient: Sendable {
                 tls.certificateFile = certificate
                 tls.privateKeyFile = privateKey
             }
+            // A stream lost with its connection is answered as lost, not sent again here: it may have been
+            // delivered, and the pipeline's retries (APNS_MAX_ATTEMPTS in all) are the only ones that count sends.
+            // Resent here as well, a notification went out three times in each of the pipeline's attempts.
             var poolConfiguration = HTTP2Client.Configuration(
                 host: endpoint.host, port: endpoint.port, tls: tls,
                 connectionCount: configuration.connectionsPerEnvironment,
                 maximumConnectionCount: configuration.maximumConnectionsPerEnvironment,
-                requestTimeout: configuration.requestTimeout, pingInterval: configuration.pingInterval,
-                pingTimeout: configuration.pingTimeout)
+                requestTimeout: configuration.requestTimeout, maximumAttempts: 1,
+                pingInterval: configuration.pingInterval, pingTimeout: configuration.pingTimeout)
             let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
             let observer = configuration.observer
             let openConnections = self.openConnections

@@ -66,10 +66,11 @@ public final class APNsTokenProvider: Sendable {
     /// The fleet that shares this key's tokens from now on.
     public func share(with fleet: any ProviderTokenFleet) { fleetHook.withLock { $0 = fleet } }
 
-    /// A token the fleet uses: taken unless this provider holds a newer one.
+    /// A token the fleet uses: taken unless this provider holds a newer one (and not one from a clock ahead).
     public func adopt(token: String, issuedAt: Int64) {
+        let now = clock()
         current.withLock { state in
-            if let state, state.issuedAt > issuedAt { return }
+            if let state, state.issuedAt > issuedAt, Double(state.issuedAt) <= now + 60 { return }
             state = (token, issuedAt)
         }
     }

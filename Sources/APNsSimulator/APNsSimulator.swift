@@ -95,6 +95,9 @@ public final class APNsSimulator: Sendable {
         public var badTokens: Set<String> = []
         /// Answered 429 TooManyRequests (too many pushes to one device).
         public var throttledTokens: Set<String> = []
+        /// Pushes to these device tokens are answered 403 ExpiredProviderToken whatever the provider token (a
+        /// provider whose clock APNs disagrees with).
+        public var expiredProviderTokenFor: Set<String> = []
         /// The first n pushes to each of these tokens are answered 503 ServiceUnavailable, later ones normally.
         public var failFirstPushes: [String: Int] = [:]
         /// The first N broadcasts on any channel are answered 429 TooManyRequests (a busy APNs).

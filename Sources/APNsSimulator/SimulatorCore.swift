@@ -270,6 +270,7 @@ final class SimulatorCore: Sendable {
         }
         if behaviour.badTokens.contains(token) { return (400, .badDeviceToken) }
         if behaviour.throttledTokens.contains(token) { return (429, .tooManyRequests) }
+        if behaviour.expiredProviderTokenFor.contains(token) { return (403, .expiredProviderToken) }
         if let failures = behaviour.failFirstPushes[token] {
             let seen = state.withLock { state in
                 state.pushesPerToken[token, default: 0] += 1

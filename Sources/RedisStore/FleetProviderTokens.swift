@@ -17,7 +17,10 @@ import Threads
 /// none, or finds it `replaceAge` old (40 minutes plus this worker's own 0-10 minutes, so that workers do not all try
 /// at once), takes the lease, mints a token and stores it; the others wait for it and adopt it. An ExpiredProviderToken
 /// answer replaces the token the fleet uses only if it is still the one APNs refused: one replacement for the fleet,
-/// not one per worker. Without Redis, each provider signs its own, as a lone worker does.
+/// not one per worker. A worker replaces a refused token at most once every 20 minutes (Apple's interval between
+/// token updates): a replacement refused again means a clock APNs disagrees with, which another token does not mend,
+/// and replacing it on each refusal signed tokens in a loop. Without Redis, each provider signs its own, as a lone
+/// worker does.
 ///
 /// One thread owns the Redis connection; the lanes' threads ask it for a replacement and wait at most `replaceWait`.
 public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable {
@@ -41,6 +44,8 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     private var redis: (any RedisClient)?
     /// Names this worker's hold on a lease, so that it never releases one that expired and another worker took.
     private let owner = UUID().uuidString
+    /// When this worker last replaced a refused token, by key (`key(_:)`): owned by the refresher thread.
+    private var refusalReplacedAt: [String: Double] = [:]
     static let releaseLease =
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
@@ -115,15 +120,20 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
             let deadline = Date().addingTimeInterval(Double(Self.leaseMilliseconds) / 1000)
             while true {
                 let now = Date().timeIntervalSince1970
-                // Fresh enough, and newer than the token APNs refused, if one was.
+                // Fresh enough, not from a clock ahead of this one, and newer than the token APNs refused, if one was.
                 func usable(_ stored: (token: String, issuedAt: Int64)?) -> (token: String, issuedAt: Int64)? {
-                    guard let stored, Double(stored.issuedAt) > now - replaceAge,
+                    guard let stored, Double(stored.issuedAt) > now - replaceAge, Double(stored.issuedAt) <= now + 60,
                         stored.issuedAt > (rejected ?? .min)
                     else { return nil }
                     return stored
                 }
                 if let stored = usable(try read(key, on: redis)) {
                     provider.adopt(token: stored.token, issuedAt: stored.issuedAt)
+                    return true
+                }
+                if rejected != nil, let last = refusalReplacedAt[Self.key(provider)],
+                    now - last < APNsTokenProvider.minimumRefreshInterval
+                {
                     return true
                 }
                 let lease = try redis.command([
@@ -160,8 +170,10 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     /// Signs a token for `key`'s provider, stores it as the fleet's (under the lease the caller holds) and adopts it.
     private func mint(_ key: Key, on redis: any RedisClient, now: Double, replacing rejected: Int64?) throws {
         let provider = key.provider
-        // A replacement issued in the same second as the refused token would carry the same iat.
-        let issuedAt = max(Int64(now), (rejected ?? 0) + 1)
+        // A replacement issued in the same second as the refused token would carry the same iat; one refused from a
+        // clock ahead of this one is replaced by one of now, not later still.
+        let issuedAt = rejected == Int64(now) ? Int64(now) + 1 : Int64(now)
+        if rejected != nil { refusalReplacedAt[Self.key(provider)] = now }
         let token = try provider.makeToken(issuedAt: issuedAt)
         let record =
             "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"

@@ -2,6 +2,7 @@ import AMQP
 import APNs
 import APNsSimulator
 import Foundation
+import Redis
 import Telemetry
 import Testing
 
@@ -94,5 +95,40 @@ import Testing
             "fleet token | 3 workers, one key, 60 s, \(total) jobs: tokens signed \(minted), "
                 + "\(simulator.received().filter { $0.reason == "ExpiredProviderToken" }.count) ExpiredProviderToken answers"
         )
+    }
+
+    /// APNs refusing every token as expired (a clock it disagrees with): the worker replaces the refused token once,
+    /// sends the push once more, then leaves it to the delay queues; it never signs tokens in a loop, nor dates one
+    /// ahead of its clock. (Each refusal replaced the token again: thousands of requests and tokens a second, and the
+    /// fleet's token dated hours ahead.)
+    @Test func aTokenRefusedAgainIsNotReplacedInALoop() throws {
+        let token = String(repeating: "e7", count: 32)
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.expiredProviderTokenFor = [token]
+        let logger = Logger(label: "refused-token", level: .critical)
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        let failed = TestServices.unique("failed")
+        let failedReader = try QueueReader(failed)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.05"]),
+            logger: logger)
+        defer { worker.stop() }
+        let job = #"{"id": "refused", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(job.utf8))
+        let parked = try failedReader.read(1, timeout: 30)
+        #expect(parked.first?.properties.headers["x-apns-worker-reason"]?.contains("ExpiredProviderToken") == true)
+        let sends = simulator.received().filter { $0.deviceToken == token }.count
+        // Three attempts, the first sent once more with a new token.
+        #expect((3...4).contains(sends), "\(sends) pushes")
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let record = try redis.command(["GET", "apns:jwt:TEAM000001/KEY0000001"])
+        let issuedAt = try #require(
+            (try? JSONSerialization.jsonObject(with: Data((record.text ?? "").utf8)) as? [String: Any])?["iat"]
+                as? Int)
+        #expect(Double(issuedAt) <= Date().timeIntervalSince1970 + 1, "no token dated ahead")
     }
 }

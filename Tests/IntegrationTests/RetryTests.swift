@@ -66,6 +66,34 @@ import WorkerPipeline
             received: received)
     }
 
+    /// A notification whose connection dies before its answer may have been delivered: it is sent again through the
+    /// delay queues only, APNS_MAX_ATTEMPTS times in all (the client resent it too, three times in each attempt).
+    @Test func aNotificationLostWithItsConnectionIsSentAtMostMaxAttemptsTimes() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.dropConnectionAfterStreams = 0
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let failed = TestServices.unique("failed")
+        let failedReader = try QueueReader(failed)
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.05"]),
+            logger: logger)
+        defer { workerThread.stop() }
+        let token = String(repeating: "d1", count: 32)
+        let job = #"{"id": "lost", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
+        try publisher.publish(to: jobs, body: Array(job.utf8), properties: AMQPProperties(replyTo: replies))
+        let summaries = try replyReader.read(3, timeout: 30).map {
+            try JSONSerialization.jsonObject(with: Data($0.body)) as! [String: Any]
+        }
+        #expect(summaries.map { $0["attempt"] as? Int } == [1, 2, 3])
+        #expect(try failedReader.read(1).count == 1, "parked after its last attempt")
+        // Every connection drops at its first push: one connection per send.
+        #expect(simulator.connectionsSeen() == 3, "sent \(simulator.connectionsSeen()) times")
+    }
+
     @Test func retriesComeBackThroughTheDelayQueueUntilDeliveredOrParked() throws {
         let flaky = String(repeating: "f1", count: 32)
         let throttled = String(repeating: "f2", count: 32)
