@@ -111,11 +111,7 @@ import Testing
         let (jobs, _, _, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        let worker = try WorkerThread(
-            try TestServices.workerEnvironment(
-                simulator: simulator, jobs: jobs,
-                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.05"]),
-            logger: logger)
+        let worker = try WorkerThread.retrying(simulator: simulator, jobs: jobs, failed: failed, logger: logger)
         defer { worker.stop() }
         let job = #"{"id": "refused", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
         try publisher.publish(to: jobs, body: Array(job.utf8))

@@ -62,11 +62,7 @@ import Testing
         // Declared before pika reads it, as the worker declares it.
         let failed = TestServices.unique("failed")
         try publisher.declareQueue(failed)
-        let workerThread = try WorkerThread(
-            try TestServices.workerEnvironment(
-                simulator: simulator, jobs: jobs,
-                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.05"]),
-            logger: logger)
+        let workerThread = try WorkerThread.retrying(simulator: simulator, jobs: jobs, failed: failed, logger: logger)
         defer { workerThread.stop() }
         let job = #"{"id": "typed", "tokens": ["\#(throttled)"], "payload": {"aps": {"alert": "hi"}}}"#
         #expect(try Self.pika(["publish", jobs, job]).first == "published")

@@ -76,11 +76,7 @@ import WorkerPipeline
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        let workerThread = try WorkerThread(
-            try TestServices.workerEnvironment(
-                simulator: simulator, jobs: jobs,
-                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.05"]),
-            logger: logger)
+        let workerThread = try WorkerThread.retrying(simulator: simulator, jobs: jobs, failed: failed, logger: logger)
         defer { workerThread.stop() }
         let token = String(repeating: "d1", count: 32)
         let job = #"{"id": "lost", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
@@ -109,12 +105,8 @@ import WorkerPipeline
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         let failedReader = try QueueReader(failed)
-        let workerThread = try WorkerThread(
-            try TestServices.workerEnvironment(
-                simulator: simulator, jobs: jobs,
-                [
-                    "PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": "3", "APNS_RETRY_DELAYS": "0.1,0.2"
-                ]), logger: logger)
+        let workerThread = try WorkerThread.retrying(
+            simulator: simulator, jobs: jobs, failed: failed, delays: "0.1,0.2", logger: logger)
         defer { workerThread.stop() }
         let job =
             #"{"id": "retry-1", "users": ["\#(user)"], "tokens": ["\#(healthy)"], "collapse_id": "c-1", "payload": {"aps": {"alert": "again"}}}"#

@@ -278,6 +278,18 @@ final class WorkerThread {
     private let thrown = Locked<(any Error)?>(nil)
     private var isStopped = false
 
+    /// A worker on `jobs` that parks on `failed` after `attempts` attempts, `delays` (APNS_RETRY_DELAYS) apart.
+    static func retrying(
+        simulator: APNsSimulator, jobs: String, failed: String, attempts: Int = 3, delays: String = "0.05",
+        logger: Logger
+    ) throws -> WorkerThread {
+        try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                ["PUSH_FAILED_QUEUE": failed, "APNS_MAX_ATTEMPTS": String(attempts), "APNS_RETRY_DELAYS": delays]),
+            logger: logger)
+    }
+
     init(_ environment: [String: String], logger: Logger) throws {
         let configuration = try WorkerConfiguration.load(from: environment)
         service = try configuration.makeWorker(logger: logger) { configuration }
