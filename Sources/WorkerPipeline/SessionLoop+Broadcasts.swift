@@ -17,7 +17,10 @@ struct BroadcastJob: Sendable {
 
     /// 1, or the attempt a retry copy's header names (held to 1...`PushJob.maximumAttempt`: the header is a
     /// message property anyone publishing could set).
-    var attempt: Int {
+    var attempt: Int { Self.attempt(of: delivery) }
+
+    /// The attempt a delivery's broadcast attempt header names, 1 without one.
+    static func attempt(of delivery: JobDelivery) -> Int {
         let named = Int(delivery.properties.headers[SessionLoop.broadcastAttemptHeader] ?? "") ?? 1
         return min(max(named, 1), PushJob.maximumAttempt)
     }
@@ -200,7 +203,7 @@ extension SessionLoop {
             count(entry, plan)
             settled.append(entry.delivery.tag)
             statistics.jobsCompleted.add(1, ordering: .relaxed)
-            if stable { settledUnshared.append(entry.job.id) }
+            if stable { settledUnshared.append(Self.settledName(entry.job, entry.delivery)) }
         }
         // Before the acknowledgement: a redelivery then knows its summary went out.
         try record(summariesSent)

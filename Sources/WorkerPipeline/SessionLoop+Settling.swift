@@ -200,7 +200,9 @@ extension SessionLoop {
         if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
-        for index in confirmed where finished[index].hasStableID { settledUnshared.append(finished[index].job.id) }
+        for index in confirmed where finished[index].hasStableID {
+            settledUnshared.append(Self.settledName(finished[index].job, finished[index].delivery))
+        }
         try shareSettled()
         return confirmed.count
     }

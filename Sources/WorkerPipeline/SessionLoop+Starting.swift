@@ -445,16 +445,27 @@ extension SessionLoop {
         guard jobs.contains(where: { mayBeSettled($0.delivery) }) else { return jobs }
         let candidates = jobs.filter { mayBeSettled($0.delivery) && TargetResolver.hasStableID($0.job, $0.delivery) }
         guard !candidates.isEmpty else { return jobs }
-        let ids = candidates.map(\.job.id)
-        let settled = Set(ids).intersection(settledUnshared).union(try session.record.recentlySettled(ids))
+        let names = candidates.map { Self.settledName($0.job, $0.delivery) }
+        let settled = Set(names).intersection(settledUnshared).union(try session.record.recentlySettled(names))
         guard !settled.isEmpty else { return jobs }
-        let skipped = jobs.filter { mayBeSettled($0.delivery) && settled.contains($0.job.id) }
+        let isSettled = { (entry: (delivery: JobDelivery, job: PushJob)) in
+            mayBeSettled(entry.delivery) && settled.contains(Self.settledName(entry.job, entry.delivery))
+        }
+        let skipped = jobs.filter(isSettled)
         statistics.republishedCopiesSkipped.add(skipped.count, ordering: .relaxed)
         logger.info(
             "copies and redeliveries of settled jobs acknowledged without sending", ["jobs": String(skipped.count)])
         try session.broker.acknowledge(skipped.map(\.delivery.tag))
         let marked = skipped.lazy.map(\.delivery).filter(\.redelivered).map(DeliveryTriage.historyKey)
         if !marked.isEmpty { try session.record.clearRunning(Array(marked)) }
-        return jobs.filter { !(mayBeSettled($0.delivery) && settled.contains($0.job.id)) }
+        return jobs.filter { !isSettled($0) }
+    }
+
+    /// A job's name in the fleet's record of settled jobs: its id, and for a later attempt (a retry, a broadcast's
+    /// copy) the attempt too. The attempts share the id, and one settled says nothing of the next: a retry delivered
+    /// again after its session was lost was taken for a copy of the attempt before it, and acknowledged unsent.
+    static func settledName(_ job: PushJob, _ delivery: JobDelivery) -> String {
+        let attempt = max(job.attempt, BroadcastJob.attempt(of: delivery))
+        return attempt == 1 ? job.id : job.id + " (attempt \(attempt))"
     }
 }

@@ -41,6 +41,28 @@ import WorkerPipeline
         #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
     }
 
+    /// A retry shares its job's id: delivered again after its session was lost (before it settled), it is sent, not
+    /// taken for a redelivery of the attempt that settled before it (that lost it: acknowledged unsent).
+    @Test func aRetryDeliveredAgainIsNotTakenForItsSettledFirstAttempt() throws {
+        let fleet = InMemoryFleet()
+        let busy = Spec.token(3)
+        let pushes = Locked(0)
+        let running = Spec.Running(fleet) { _ in
+            pushes.withLock {
+                $0 += 1
+                return APNsResponse(status: $0 == 1 ? 503 : 200)
+            }
+        }
+        let first = fleet.deliver(Spec.job("again", tokens: [busy]), properties: MessageProperties(messageID: "again"))
+        #expect(fleet.wait { $0.acknowledged.contains(first) && $0.published.count == 1 })
+        let retryBody = String(decoding: fleet.read { $0.published[0].body }, as: UTF8.self)
+        let retry = fleet.deliver(retryBody, properties: MessageProperties(messageID: "again"), redelivered: true)
+        #expect(fleet.wait { $0.acknowledged.contains(retry) })
+        running.stop()
+        #expect(pushes.withLock { $0 } == 2, "the retry was sent")
+        #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 0)
+    }
+
     @Test func aRedeliveryAfterABrokerLossSkipsWhatWasAnsweredBeforeIt() throws {
         let fleet = InMemoryFleet()
         fleet.change { $0.holdingAnswers = true }
