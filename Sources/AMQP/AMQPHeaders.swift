@@ -67,3 +67,34 @@ extension AMQPEncodedHeader {
         }
     }
 }
+
+extension AMQPConnection {
+    /// The bytes of the content header frame that carries `raw` (the properties `withProperties` sets), if it fits a
+    /// frame of `frame` bytes (librabbitmq encodes each frame into a buffer of that size).
+    static func headerFrameSize(_ raw: amqp_basic_properties_t, within frame: Int) -> Int? {
+        func present(_ flag: Int32) -> Bool { raw._flags & amqp_flags_t(flag) != 0 }
+        // Frame type, channel, size and end; class, weight, body size and flags.
+        var size = 8 + 14
+        for (flag, text) in [
+            (AMQP_BASIC_CONTENT_TYPE_FLAG, raw.content_type), (AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
+            (AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id), (AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id)
+        ] where present(flag) {
+            size += 1 + text.len
+        }
+        if present(AMQP_BASIC_DELIVERY_MODE_FLAG) { size += 1 }
+        if present(AMQP_BASIC_TIMESTAMP_FLAG) { size += 8 }
+        if present(AMQP_BASIC_HEADERS_FLAG) {
+            guard size < frame else { return nil }
+            var table = raw.headers
+            // Uninitialised: encoding writes what it measures, and a frame is 128 KiB by default.
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: frame - size, alignment: 8)
+            defer { buffer.deallocate() }
+            var offset = 0
+            let status = amqp_encode_table(
+                amqp_bytes_t(len: buffer.count, bytes: buffer.baseAddress), &table, &offset)
+            guard status == AMQP_STATUS_OK.rawValue else { return nil }
+            size += offset
+        }
+        return size <= frame ? size : nil
+    }
+}

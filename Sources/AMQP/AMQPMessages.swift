@@ -13,6 +13,10 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
         case connectionLost
         /// The broker closed the channel or refused a method (reply code in `code`).
         case brokerRefused
+        /// A message whose properties do not fit one frame (its headers, mostly): refused before anything of it was
+        /// sent, the connection is as it was. (librabbitmq would fail half-way, after the publish method went out,
+        /// and the broker close the connection at the next frame.)
+        case propertiesTooLarge
         /// Anything else librabbitmq reports.
         case library
     }

@@ -195,9 +195,9 @@ public final class AMQPJobBroker: JobBroker {
         for publication in publications {
             let route = route(publication.destination)
             sequences.append(
-                try amqp.publish(
+                try amqp.publishKeepingWorkerHeaders(
                     to: route.routingKey, exchange: route.exchange, body: publication.body,
-                    properties: AMQPProperties(publication.properties), mandatory: true))
+                    properties: AMQPProperties(publication.properties), mandatory: true, logger: logger))
         }
         let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
         // A return precedes its publish's confirm: after the wait every return of this batch is in. A route handed

@@ -277,7 +277,8 @@ public final class TokenCleanup: Service {
             var properties = delivery.properties
             properties.persistent = true
             properties.headers[Worker.reasonHeader] = reason
-            last = try amqp.publish(to: configuration.broker.queues.failed, body: delivery.body, properties: properties)
+            last = try amqp.publishKeepingWorkerHeaders(
+                to: configuration.broker.queues.failed, body: delivery.body, properties: properties, logger: logger)
             logger.warning("unreadable message parked", ["amqp.queue": delivery.routingKey, "cleanup.reason": reason])
         }
         guard try amqp.waitForConfirms(through: last).isEmpty else {

@@ -56,6 +56,10 @@ public final class Worker: Service {
     /// On a part of a job with a `local_window` (its users that waited for one opening of their hours): the job's own
     /// settlement published it, so it is not a copy of a settled job, and it is checked against the window again.
     public static let windowPartHeader = "x-apns-worker-window-part"
+    /// The prefix of the worker's own headers; and on a copy whose job's headers no longer fit one frame with them,
+    /// how many of the job's were left out.
+    public static let ownHeaderPrefix = "x-apns-worker-"
+    public static let headersLeftOutHeader = "x-apns-worker-headers-left-out"
     /// How this process appears in the fleet's statistics and in `apns-worker stats`.
     public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
 

@@ -26,11 +26,19 @@ import Testing
             channel.basic_publish("", queue, sys.argv[4].encode(),
                                   pika.BasicProperties(headers=headers, delivery_mode=2))
             print("published")
+        elif mode == "publish-big":
+            channel.basic_publish("", queue, sys.argv[4].encode(),
+                                  pika.BasicProperties(headers={"x-big": "a" * int(sys.argv[5])}, delivery_mode=2))
+            print("published")
         else:
             for method, properties, body in channel.consume(queue, inactivity_timeout=30):
                 if method is None:
                     sys.exit("nothing on " + queue)
                 got = properties.headers or {}
+                if mode == "names":
+                    print(" ".join(sorted(got)))
+                    print(got.get("x-apns-worker-headers-left-out", ""))
+                    break
                 wrong = [k for k, v in SPECIMEN.items() if k not in got or got[k] != v or type(got[k]) != type(v)]
                 print("ok" if not wrong else "differ: " + ", ".join(f"{k}={got.get(k)!r}" for k in wrong))
                 print(got.get("x-apns-worker-reason", ""))
@@ -72,22 +80,61 @@ import Testing
         #expect(simulator.received().filter { $0.deviceToken == throttled }.count == 3)
     }
 
-    /// A job the worker refuses is parked at once, with the headers it came with.
-    @Test func aRefusedJobIsParkedWithItsHeaders() throws {
+    /// apns-sim, a jobs queue with its publisher and reply reader, and a worker that parks on a failed queue of its
+    /// own, declared before pika reads it (as the worker declares it).
+    struct Parking {
+        let simulator: APNsSimulator
+        let jobs, replies, failed: String
+        let replyReader: QueueReader
+        let publisher: AMQPConnection
+        let worker: WorkerThread
+
+        func stop() {
+            worker.stop()
+            simulator.shutdown()
+        }
+    }
+
+    func parking() throws -> Parking {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
-        defer { simulator.shutdown() }
-        let (jobs, _, _, publisher) = try TestServices.jobQueues()
-        // Declared before pika reads it, as the worker declares it.
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let failed = TestServices.unique("failed")
         try publisher.declareQueue(failed)
-        let workerThread = try WorkerThread(
+        let worker = try WorkerThread(
             try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, ["PUSH_FAILED_QUEUE": failed]),
             logger: logger)
-        defer { workerThread.stop() }
-        #expect(try Self.pika(["publish", jobs, #"{"id": "no-targets", "payload": {"aps": {}}}"#]).first == "published")
-        let parked = try Self.pika(["read", failed])
+        return Parking(
+            simulator: simulator, jobs: jobs, replies: replies, failed: failed, replyReader: replyReader,
+            publisher: publisher, worker: worker)
+    }
+
+    /// A job the worker refuses is parked at once, with the headers it came with.
+    @Test func aRefusedJobIsParkedWithItsHeaders() throws {
+        let h = try parking()
+        defer { h.stop() }
+        let refused = #"{"id": "no-targets", "payload": {"aps": {}}}"#
+        #expect(try Self.pika(["publish", h.jobs, refused]).first == "published")
+        let parked = try Self.pika(["read", h.failed])
         #expect(parked.first == "ok", "\(parked)")
         #expect(parked.dropFirst().first?.isEmpty == false, "with its reason: \(parked)")
+    }
+
+    /// A job whose headers fill its frame, refused: its parked copy cannot carry them and the worker's reason too. It
+    /// is parked with the worker's headers and a count of those left out, and the worker goes on (the publish ended
+    /// the session, which took the job back to fail again, for ever, and nothing else went through).
+    @Test func aJobWhoseHeadersFillItsFrameIsParkedWithTheWorkersOnly() throws {
+        let h = try parking()
+        defer { h.stop() }
+        // 131,072-byte frames: the frame's own 22 bytes, the table's 4, the header's name, kind and length 11.
+        let refused = #"{"id": "full", "payload": {"aps": {}}}"#
+        #expect(try Self.pika(["publish-big", h.jobs, refused, "131030"]).first == "published")
+        let token = String(repeating: "c9", count: 32)
+        let after = #"{"id": "after", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
+        try h.publisher.publish(to: h.jobs, body: Array(after.utf8), properties: AMQPProperties(replyTo: h.replies))
+        #expect(try h.replyReader.read(1).count == 1, "the next job went through")
+        let parked = try Self.pika(["names", h.failed])
+        #expect(parked.first == "x-apns-worker-headers-left-out x-apns-worker-reason", "\(parked)")
+        #expect(parked.dropFirst().first?.hasPrefix("1: ") == true, "\(parked)")
     }
 
     /// A publisher that sets the republished header as a number (as pika, Go's amqp091 and Java's client do for an
