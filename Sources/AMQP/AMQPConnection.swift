@@ -229,6 +229,12 @@ public final class AMQPConnection {
         try check(amqp_get_rpc_reply(state), "queue.delete \(name)")
     }
 
+    /// Deletes an exchange (operators' and tests' tool; the worker never deletes).
+    public func deleteExchange(_ name: String) throws(AMQPError) {
+        _ = withBytes(name) { amqp_exchange_delete(state, channel, $0, 0) }
+        try check(amqp_get_rpc_reply(state), "exchange.delete \(name)")
+    }
+
     public func bindQueue(_ queue: String, to exchange: String, routingKey: String = "") throws(AMQPError) {
         _ = withBytes(queue, exchange) { queueBytes, exchangeBytes in
             withBytes(routingKey) { amqp_queue_bind(state, channel, queueBytes, exchangeBytes, $0, amqp_empty_table) }

@@ -63,12 +63,15 @@ public final class AMQPJobBroker: JobBroker {
     /// The bulk lane's consumer, while one runs.
     private var bulkConsumerTag: String?
     private var bulkIntake: BulkPrefetch
+    /// Whether this process declared its queues: forgotten when one is found missing, for the next session.
+    private let topology: DeclaredTopology
 
     /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
     /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
     public init(settings: Settings, topology: DeclaredTopology = DeclaredTopology(), logger: Logger) throws {
         self.settings = settings
         self.logger = logger
+        self.topology = topology
         do {
             amqp = try settings.nodes.connect(
                 heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
@@ -190,6 +193,19 @@ public final class AMQPJobBroker: JobBroker {
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
         guard !publications.isEmpty else { return [] }
+        do {
+            return try publishing(publications)
+        } catch {
+            // An exchange deleted (the dead tokens'): the broker closes the channel, NOT_FOUND, and the session ends.
+            // The next one declares everything again; it declared nothing, and met the same refusal, for ever.
+            if let refusal = error as? AMQPError, refusal.kind == .brokerRefused && refusal.code == 404 {
+                topology.isDeclared = false
+            }
+            throw error
+        }
+    }
+
+    private func publishing(_ publications: [Publication]) throws -> [PublicationOutcome] {
         var sequences: [UInt64] = []
         sequences.reserveCapacity(publications.count)
         for publication in publications {

@@ -266,6 +266,36 @@ import WorkerPipeline
             notifications: 2, received: received.filter { $0.deviceToken != dead }, parked: 0)
     }
 
+    /// The dead-token exchange deleted at run time: the event's publish closes the channel (NOT_FOUND) and the
+    /// session ends; the next one declares the worker's exchange and queues again, and the event goes out (the
+    /// worker reconnected for ever, declaring nothing, until restarted).
+    @Test func aDeletedDeadTokenExchangeIsDeclaredAgain() throws {
+        let dead = String(repeating: "8d", count: 32)
+        let simulator = try APNsSimulator(
+            configuration: .init(unregisteredTokens: [dead: 1_732_900_000_000]), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let deadQueue = TestServices.unique("dead")
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, ["PUSH_DEAD_TOKENS_QUEUE": deadQueue]),
+            logger: logger)
+        defer { worker.stop() }
+        let live = String(repeating: "8e", count: 32)
+        try publisher.publish(
+            to: jobs, body: Array(#"{"tokens": ["\#(live)"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
+        #expect(try replyReader.read(1).count == 1, "consuming, its exchange declared")
+        // Unset, PUSH_DEAD_TOKENS_EXCHANGE is the queue's name.
+        try publisher.deleteExchange(deadQueue)
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "after-delete", "tokens": ["\#(dead)"], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies))
+        #expect(try replyReader.read(1, timeout: 30).count == 1, "the job settled")
+        let events = try QueueReader(deadQueue).read(1, timeout: 10)
+        #expect(events.count == 1 && String(decoding: events.first?.body ?? [], as: UTF8.self).contains(dead))
+        #expect(simulator.received().filter { $0.deviceToken == dead }.count == 1, "nothing sent twice")
+    }
+
     /// An endpoint that answers every push 400 with the request's path as its reason (a proxy echoing the path, a
     /// hostile stand-in): the reason becomes no metric label and no summary key (Apple's documented reasons or
     /// `other`), and no device token reaches /metrics or the log.
