@@ -210,10 +210,13 @@ public final class AMQPJobBroker: JobBroker {
         sequences.reserveCapacity(publications.count)
         for publication in publications {
             let route = route(publication.destination)
+            // Direct reply-to (`amq.rabbitmq.reply-to.*`) is no queue: the broker delivers a summary there and hands
+            // it back as unroutable as well, so it goes without `mandatory` (a requester gone drops it, as intended).
+            let directReply = route.exchange.isEmpty && route.routingKey.hasPrefix("amq.rabbitmq.reply-to.")
             sequences.append(
                 try amqp.publishKeepingWorkerHeaders(
                     to: route.routingKey, exchange: route.exchange, body: publication.body,
-                    properties: AMQPProperties(publication.properties), mandatory: true, logger: logger))
+                    properties: AMQPProperties(publication.properties), mandatory: !directReply, logger: logger))
         }
         let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
         // A return precedes its publish's confirm: after the wait every return of this batch is in. A route handed

@@ -296,6 +296,36 @@ import WorkerPipeline
         #expect(simulator.received().filter { $0.deviceToken == dead }.count == 1, "nothing sent twice")
     }
 
+    /// A summary to RabbitMQ's direct reply-to (the RPC pattern of pika, Go's and Java's clients) reaches the requester
+    /// and is not counted as refused: the broker hands a mandatory publish there back as unroutable although it
+    /// delivered it, and every such summary was logged and counted as lost.
+    @Test func aSummaryToDirectReplyToIsDeliveredAndNotCountedAsRefused() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, _, _, _) = try TestServices.jobQueues()
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        let requester = #"""
+            import sys, time, pika
+            url, queue, job = sys.argv[1:4]
+            channel = pika.BlockingConnection(pika.URLParameters(url)).channel()
+            answers = []
+            channel.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, body: answers.append(body), auto_ack=True)
+            channel.basic_publish("", queue, job.encode(), pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+            deadline = time.time() + 20
+            while not answers and time.time() < deadline:
+                channel.connection.process_data_events(0.1)
+            print(answers[0].decode() if answers else "no summary")
+            """#
+        let token = String(repeating: "8f", count: 32)
+        let job = #"{"id": "rpc", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
+        let summary = try TestServices.python(requester, [try TestServices.value("AMQP_URL"), jobs, job])
+        #expect(summary.contains(#""job_id":"rpc""#) && summary.contains(#""delivered":1"#), "\(summary)")
+        worker.stop()
+        #expect(worker.worker.statistics.refusedPublishCount("summary") == 0)
+    }
+
     /// An endpoint that answers every push 400 with the request's path as its reason (a proxy echoing the path, a
     /// hostile stand-in): the reason becomes no metric label and no summary key (Apple's documented reasons or
     /// `other`), and no device token reaches /metrics or the log.

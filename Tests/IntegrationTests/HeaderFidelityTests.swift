@@ -46,16 +46,8 @@ import Testing
         """#
 
     static func pika(_ arguments: [String]) throws -> [String] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", client, try TestServices.value("AMQP_URL")] + arguments
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "pika: \(text)")
-        return text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        try TestServices.python(client, [try TestServices.value("AMQP_URL")] + arguments)
+            .split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
     }
 
     /// Retried twice through the delay queue (APNs throttles its token), then parked: the parked copy, published

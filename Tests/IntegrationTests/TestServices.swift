@@ -51,6 +51,21 @@ enum TestServices {
         return (url.description(revealingPassword: true), connection)
     }
 
+    /// What `script` printed, run by Debian's python3 (which has pika; another python3 on PATH may not) with
+    /// `arguments`; a script that fails fails the test.
+    static func python(_ script: String, _ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", script] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "python3: \(text)")
+        return text
+    }
+
     /// Names no other test (or earlier run) uses.
     static func unique(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
 
