@@ -103,8 +103,9 @@ import Testing
     }
 
     /// A connection that falls silent while it owes answers (a link black-holed: no reset, nothing arrives) is pinged
-    /// at once, replaced when the PING goes unanswered, and its unanswered requests are answered on a new connection.
-    @Test func aConnectionSilentWithRequestsInFlightIsReplacedAndTheyGoOutAgain() throws {
+    /// at once and replaced when the PING goes unanswered; its unanswered requests are answered as lost at once (not
+    /// at their deadline), for the pipeline's delay queues to send again, and they go out on the new connection.
+    @Test func aConnectionSilentWithRequestsInFlightIsReplacedAndTheirRequestsAnsweredAsLost() throws {
         var behaviour = APNsSimulator.Behaviour()
         behaviour.ignoresPings = true
         behaviour.latency = 600
@@ -138,23 +139,31 @@ import Testing
             authentication: try TestServices.tokenAuthentication(), logger: logger)
         defer { client.shutdown() }
         let tokens = (1...5).map { String(format: "%064x", 0xB1AC_0000 + $0) }
-        let results = Locked<[String: APNsResult]>([:])
-        let done = DispatchSemaphore(value: 0)
-        client.send(
-            tokens.map {
-                APNsNotification(deviceToken: $0, topic: "com.example.app", payload: Array(#"{"aps":{}}"#.utf8))
+        func sendAll() -> [APNsResult] {
+            let results = Locked<[Int: APNsResult]>([:])
+            let done = DispatchSemaphore(value: 0)
+            client.send(
+                tokens.map {
+                    APNsNotification(deviceToken: $0, topic: "com.example.app", payload: Array(#"{"aps":{}}"#.utf8))
+                }
+            ) { index, result in
+                if results.withLock({
+                    $0[index] = result
+                    return $0.count
+                }) == tokens.count {
+                    done.signal()
+                }
             }
-        ) { index, result in
-            if results.withLock({
-                $0[tokens[index]] = result
-                return $0.count
-            }) == tokens.count {
-                done.signal()
-            }
+            #expect(done.wait(timeout: .now() + 10) == .success, "every request answered before its deadline (30 s)")
+            return results.withLock { Array($0.values) }
         }
-        #expect(done.wait(timeout: .now() + 30) == .success, "every request answered")
-        #expect(results.withLock { $0.values.allSatisfy { $0.outcome == .delivered } }, "\(results.withLock { $0 })")
+        let lost = sendAll()
+        #expect(lost.count == 5, "\(lost)")
+        #expect(
+            lost.allSatisfy { $0.outcome == .retryLater(delay: 1) && $0.error?.contains("lost") == true }, "\(lost)")
         #expect(reasons.withLock { $0.contains { $0.contains("PING unanswered") } }, "\(reasons.withLock { $0 })")
+        let again = sendAll()
+        #expect(again.count == 5 && again.allSatisfy { $0.outcome == .delivered }, "\(again)")
         #expect(simulator.connectionsSeen() == 2, "the silent connection was replaced")
         #expect(Set(simulator.received().filter { $0.status == 200 }.map(\.deviceToken)) == Set(tokens))
     }
