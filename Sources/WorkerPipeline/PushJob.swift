@@ -534,28 +534,6 @@ public struct PushJob: Sendable, Equatable {
         return Array(body[member.range])
     }
 
-    /// The job the worker schedules to send `targets` again: everything as before, the users already resolved, and
-    /// the job as its sender enqueued it (`original`: the delivered body of a first attempt), to be parked unchanged
-    /// if the last attempt fails too. The `retry` member is the worker's own; a job enqueued by a backend never
-    /// carries it.
-    public func retryBody(targets: [DeviceTarget], original: [UInt8]) -> [UInt8] {
-        var text = "{\"id\":\(JSONString.quote(id)),\"topic\":\(JSONString.quote(topic)),"
-        text += "\"push_type\":\"\(pushType.rawValue)\",\"priority\":\(priority.rawValue),"
-        if let expiration { text += "\"expiration\":\(expiration)," }
-        if let collapseID { text += "\"collapse_id\":\(JSONString.quote(collapseID))," }
-        if let deadline { text += "\"deadline\":\(deadline)," }
-        text += "\"retry\":{\"attempt\":\(attempt + 1),\"targets\":["
-        text += targets.map { target in
-            "{\"token\":\(JSONString.quote(target.token)),\"environment\":\"\(target.environment.rawValue)\","
-                + "\"user\":\(target.user.map(JSONString.quote) ?? "null")}"
-        }.joined(separator: ",")
-        text += "],\"job\":"
-        var body = Array(text.utf8)
-        body += originalBody ?? original
-        body += Array("},\"payload\":".utf8)
-        return body + payload + [UInt8(ascii: "}")]
-    }
-
     /// The retry state, and where the original job sits in the body (absent in retries written before it was kept).
     private static func retryState(_ retry: JSONValue?) throws(JobError)
         -> (attempt: Int, targets: [DeviceTarget], original: Range<Int>?)?

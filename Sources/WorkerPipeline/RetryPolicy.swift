@@ -1,3 +1,5 @@
+import JSON
+
 /// When notifications APNs asked to retry are tried again, after how long, and when a job gives up on them.
 ///
 /// A retry waits in a delay queue (the tier for its attempt, or a longer one if APNs suggested a longer wait), so
@@ -42,5 +44,32 @@ public struct RetryPolicy: Sendable, Equatable {
         let delay = delay(attempt: attempt, suggestedDelay: suggestedDelay)
         if let deadline, now + delay >= Double(deadline) { return .expire }
         return attempt < maximumAttempts ? .retry(delay: delay) : .park
+    }
+}
+
+extension PushJob {
+    /// The job the worker schedules to send `targets` again: everything as before, the users already resolved, and
+    /// the job as its sender enqueued it (`original`: the delivered body of a first attempt), to be parked unchanged
+    /// if the last attempt fails too. The `retry` member is the worker's own; a job enqueued by a backend never
+    /// carries it. The id goes in only if the job named it: otherwise it is the message-id, which the retry keeps, or
+    /// was made of the delivery tag, which other jobs' deliveries repeat (unrelated retries shared an idempotency
+    /// record and a settled name).
+    public func retryBody(targets: [DeviceTarget], original: [UInt8]) -> [UInt8] {
+        var text = idFromBody ? "{\"id\":\(JSONString.quote(id))," : "{"
+        text += "\"topic\":\(JSONString.quote(topic)),"
+        text += "\"push_type\":\"\(pushType.rawValue)\",\"priority\":\(priority.rawValue),"
+        if let expiration { text += "\"expiration\":\(expiration)," }
+        if let collapseID { text += "\"collapse_id\":\(JSONString.quote(collapseID))," }
+        if let deadline { text += "\"deadline\":\(deadline)," }
+        text += "\"retry\":{\"attempt\":\(attempt + 1),\"targets\":["
+        text += targets.map { target in
+            "{\"token\":\(JSONString.quote(target.token)),\"environment\":\"\(target.environment.rawValue)\","
+                + "\"user\":\(target.user.map(JSONString.quote) ?? "null")}"
+        }.joined(separator: ",")
+        text += "],\"job\":"
+        var body = Array(text.utf8)
+        body += originalBody ?? original
+        body += Array("},\"payload\":".utf8)
+        return body + payload + [UInt8(ascii: "}")]
     }
 }

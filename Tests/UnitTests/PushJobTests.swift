@@ -57,6 +57,23 @@ import WorkerPipeline
         #expect(!decoded.idFromBody)
     }
 
+    /// A retry names the id its job named, and no other: a job without one was named after its delivery tag, which
+    /// other jobs' deliveries repeat, and their retries shared an idempotency record and a settled name.
+    @Test func aRetryNamesOnlyAnIDItsJobNamed() throws {
+        let token = String(repeating: "a2", count: 32)
+        let target = DeviceTarget(token: token, environment: .production, user: nil)
+        for (job, expected) in [
+            (#"{"tokens": ["\#(token)"], "payload": {"aps": {}}}"#, "fallback-of-the-retry"),
+            (#"{"id": "named", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#, "named")
+        ] {
+            let first = try PushJob.decode(Array(job.utf8), defaultTopic: "com.example.app", fallbackID: "delivery-5")
+            let retry = try PushJob.decode(
+                first.retryBody(targets: [target], original: Array(job.utf8)), defaultTopic: nil,
+                fallbackID: "fallback-of-the-retry")
+            #expect(retry.attempt == 2 && retry.id == expected)
+        }
+    }
+
     @Test(arguments: JobCorpus.refused)
     func badJobsAreNamed(body: String, expected: String) {
         do {
