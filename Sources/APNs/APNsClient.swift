@@ -176,6 +176,8 @@ public final class APNsClient: Sendable {
         var pool: HTTP2Client
         var key: PoolKey
         var authorization: String?
+        /// The `iat` of the token in `authorization`: a refusal of it replaces it only if it is still the one in use.
+        var issuedAt: Int64?
     }
 
     private enum Leasing {
@@ -187,8 +189,8 @@ public final class APNsClient: Sendable {
     /// The pool (opened if needed) and the signature for requests of `credential` in `environment` on `traffic`'s
     /// connections: the one place device pushes and broadcasts get them.
     private func lease(_ credential: APNsCredential, _ environment: APNsEnvironment, _ traffic: JobLane) -> Leasing {
-        let authorization: String?
-        do { authorization = try credential.authorization() } catch {
+        let signature: (authorization: String, issuedAt: Int64)?
+        do { signature = try credential.signature() } catch {
             logger.critical(
                 "cannot sign the APNs provider token", ["apns.credential": credential.name, "error": "\(error)"])
             return .answered(APNsResult(outcome: .permanentFailure, error: "\(error)"))
@@ -199,7 +201,8 @@ public final class APNsClient: Sendable {
                 // Replaced between the lookup and now: the new credentials decide.
                 return .answered(APNsResult(outcome: .retryLater(delay: 0), error: "APNs credentials reloaded"))
             }
-            return .leased(Lease(pool: pool, key: key, authorization: authorization))
+            return .leased(
+                Lease(pool: pool, key: key, authorization: signature?.authorization, issuedAt: signature?.issuedAt))
         } catch {
             return .answered(APNsResult(outcome: .permanentFailure, error: "\(error)"))
         }
@@ -258,9 +261,7 @@ public final class APNsClient: Sendable {
             }
             pool.send(requests) { [self] position, result in
                 let answer = interpret(result, answers: .device, environment: environment, credential: credential)
-                if sendsAgain(
-                    after: result, answer, pool: pool, key: key, credential: credential, resending: resending)
-                {
+                if sendsAgain(after: result, answer, lease: lease, credential: credential, resending: resending) {
                     retry(position)
                 } else {
                     completion(sentIndices[position], answer)
@@ -303,7 +304,7 @@ public final class APNsClient: Sendable {
                 result, answers: APNsRoute.broadcast(bundle: broadcast.bundle).answers,
                 environment: environment,
                 credential: credential)
-            if sendsAgain(after: result, outcome, pool: pool, key: key, credential: credential, resending: resending) {
+            if sendsAgain(after: result, outcome, lease: lease, credential: credential, resending: resending) {
                 send(broadcast, environment: environment, traffic: traffic, resending: true, completion: completion)
             } else {
                 completion(outcome)
@@ -314,9 +315,10 @@ public final class APNsClient: Sendable {
     /// Whether an answer is cured by sending the request again at once: it never left a pool that a reload drained,
     /// the provider token expired (and may be replaced now), or the connection is bound to another key (replaced now).
     private func sendsAgain(
-        after result: Result<HTTP2Response, HTTP2StreamError>, _ answer: APNsResult,
-        pool: HTTP2Client, key: PoolKey, credential: APNsCredential, resending: Bool
+        after result: Result<HTTP2Response, HTTP2StreamError>, _ answer: APNsResult, lease: Lease,
+        credential: APNsCredential, resending: Bool
     ) -> Bool {
+        let (pool, key) = (lease.pool, lease.key)
         // Refused or never sent: certainly not processed, so safe to send on the pool that replaced this one.
         switch result {
         case .failure(.notSent), .failure(.refused): if !isCurrent(pool, key) { return true }
@@ -326,9 +328,10 @@ public final class APNsClient: Sendable {
         guard !resending else { return false }
         switch answer.outcome {
         case .refreshTokenAndRetry:
-            guard case .token(let provider) = credential.authentication, provider.invalidate() else { return false }
+            guard case .token(let provider) = credential.authentication, provider.invalidate(refused: lease.issuedAt)
+            else { return false }
             logger.warning(
-                "APNs says the provider token expired: minting a new one and sending again",
+                "APNs says the provider token expired: sending again with a new one",
                 ["apns.credential": credential.name])
             return true
         case .replaceConnectionAndRetry:

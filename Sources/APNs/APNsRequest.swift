@@ -25,9 +25,12 @@ enum APNsRequest {
 extension APNsCredential {
     /// The `authorization` field of its requests: a provider token, or nil with a client certificate (TLS
     /// authenticates the connection).
-    func authorization() throws -> String? {
+    func authorization() throws -> String? { try signature()?.authorization }
+
+    /// The `authorization` field and its token's `iat`; nil with a client certificate.
+    func signature() throws -> (authorization: String, issuedAt: Int64)? {
         guard case .token(let provider) = authentication else { return nil }
-        return try provider.authorization()
+        return try provider.signature()
     }
 }
 

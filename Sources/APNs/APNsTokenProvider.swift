@@ -50,16 +50,20 @@ public final class APNsTokenProvider: Sendable {
     }
 
     /// The `authorization` header value, minting a token when none is fresh enough.
-    public func authorization() throws(APNsKeyError) -> String {
+    public func authorization() throws(APNsKeyError) -> String { try signature().authorization }
+
+    /// The `authorization` header value and its token's `iat`, one token's both (an answer to a request names the
+    /// token it carried, which may have been replaced since).
+    public func signature() throws(APNsKeyError) -> (authorization: String, issuedAt: Int64) {
         let now = clock()
-        return try current.withLock { (state) throws(APNsKeyError) -> String in
+        return try current.withLock { (state) throws(APNsKeyError) -> (String, Int64) in
             if let state, now - Double(state.issuedAt) < refreshInterval, Double(state.issuedAt) <= now + 60 {
-                return "bearer " + state.token
+                return ("bearer " + state.token, state.issuedAt)
             }
             let issuedAt = Int64(now)
             let token = try makeToken(issuedAt: issuedAt)
             state = (token, issuedAt)
-            return "bearer " + token
+            return ("bearer " + token, issuedAt)
         }
     }
 
@@ -78,11 +82,13 @@ public final class APNsTokenProvider: Sendable {
     /// When the token in use was issued (UNIX seconds), if there is one.
     public var currentIssuedAt: Int64? { current.withLock { $0?.issuedAt } }
 
-    /// After 403 ExpiredProviderToken: with a fleet, the fleet replaces the token once for every worker (a token APNs
-    /// calls expired is expired on every connection); alone, drops the current token if replacing it cannot trip
-    /// Apple's 20-minute rule. Returns whether a new token will be used.
+    /// After 403 ExpiredProviderToken to a request that carried the token issued at `refused` (nil: the current one):
+    /// if that token was replaced since, the new one is used; with a fleet, the fleet replaces the token once for
+    /// every worker (a token APNs calls expired is expired on every connection); alone, drops the current token if
+    /// replacing it cannot trip Apple's 20-minute rule. Returns whether a new token will be used.
     @discardableResult
-    public func invalidate() -> Bool {
+    public func invalidate(refused: Int64? = nil) -> Bool {
+        if let refused, let issuedAt = currentIssuedAt, issuedAt != refused { return true }
         if let fleet = fleetHook.withLock({ $0 }), let issuedAt = currentIssuedAt {
             return fleet.replace(self, rejectedIssuedAt: issuedAt)
         }

@@ -38,7 +38,8 @@ extension HTTP2Client {
         public var pingTimeout: Double
         /// A connection with requests in flight and no frame received for this long gets a PING at once: a server
         /// answers in milliseconds, so silence while it owes answers is a link that died without a reset (a black
-        /// hole). Replaced after `pingTimeout` more, its unanswered requests go out again on another connection.
+        /// hole). Replaced after `pingTimeout` more, its unanswered requests are lost: sent again on another connection
+        /// up to `maximumAttempts` sends (the APNs pools send none again: the pipeline's retries count every send).
         public var busySilence: Double = 2
         /// Told about connection events on the loop thread (metrics, tests). Keep it short.
         public var observer: (@Sendable (HTTP2ClientEvent) -> Void)?

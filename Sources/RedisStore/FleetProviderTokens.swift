@@ -85,7 +85,8 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
         requests.withLock { $0.append((provider, issuedAt, done)) }
         wake.signal()
         guard done.wait(timeout: .now() + Self.replaceWait) == .success else { return false }
-        return (provider.currentIssuedAt ?? issuedAt) > issuedAt
+        // Another token than the refused one (older, when the refused one came from a clock ahead of this one).
+        return provider.currentIssuedAt.map { $0 != issuedAt } ?? false
     }
 
     private func serveRequests() {
@@ -170,10 +171,11 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
     /// Signs a token for `key`'s provider, stores it as the fleet's (under the lease the caller holds) and adopts it.
     private func mint(_ key: Key, on redis: any RedisClient, now: Double, replacing rejected: Int64?) throws {
         let provider = key.provider
-        // A replacement issued in the same second as the refused token would carry the same iat; one refused from a
-        // clock ahead of this one is replaced by one of now, not later still.
-        let issuedAt = rejected == Int64(now) ? Int64(now) + 1 : Int64(now)
-        if rejected != nil { refusalReplacedAt[Self.key(provider)] = now }
+        // Newer than the refused token (issued in this second, or a little ahead by another worker's clock), so that
+        // every worker holding it takes the replacement; one refused from a clock more than a minute ahead is replaced
+        // by one of now, not later still.
+        var issuedAt = Int64(now)
+        if let rejected, rejected >= issuedAt, Double(rejected) <= now + 60 { issuedAt = rejected + 1 }
         let token = try provider.makeToken(issuedAt: issuedAt)
         let record =
             "{\"token\":\(JSONString.quote(token)),\"iat\":\(issuedAt),"
@@ -183,6 +185,7 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
             throw RedisError(kind: .server, "storing the provider token: \(message)")
         }
         provider.adopt(token: token, issuedAt: issuedAt)
+        if rejected != nil { refusalReplacedAt[Self.key(provider)] = now }
         logger.info(
             "minted the fleet's provider token",
             [

@@ -196,6 +196,27 @@ import Testing
         #expect(simulator.received().first?.reason == "ExpiredProviderToken")
     }
 
+    /// A push refused as expired again after its token was replaced is answered with the refusal: sent once more,
+    /// not in a loop. The clock here runs half an hour per read, so that Apple's 20-minute rule never holds a new
+    /// token back: only the once-more rule bounds the sends.
+    @Test func aPushRefusedAgainWithANewTokenIsAnsweredNotSentInALoop() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.expiredProviderTokenFor = [token]
+        let simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        let reads = Atomic<Int>(0)
+        let provider = try APNsTokenProvider(
+            key: try ES256Key(pem: try ES256Key.generatePrivateKeyPEM()), keyID: "KEY0000001", teamID: "TEAM000001",
+            clock: { Date().timeIntervalSince1970 + 1_800 * Double(reads.add(1, ordering: .relaxed).newValue) })
+        let client = APNsClient(
+            configuration: .init(production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile),
+            authentication: .token(provider), logger: logger)
+        defer { client.shutdown() }
+        #expect(sendOne(client, token: token)?.outcome == .refreshTokenAndRetry)
+        #expect(simulator.received().map(\.status) == [403, 403], "sent once more with a new token")
+    }
+
     /// 403 UnrelatedKeyIdInToken says the connection is bound to another key: the client sends again on a fresh
     /// connection (the refused one closes after its streams), and answers with that connection's answer. A server
     /// that keeps saying so is answered with the 403 within `replacementInterval`, not with a loop of connections.

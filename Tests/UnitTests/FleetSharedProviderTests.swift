@@ -42,4 +42,19 @@ import Threads
         #expect(provider.invalidate())
         #expect(fleet.asked.withLock { $0 } == [issuedAt])
     }
+
+    /// A refusal of a token replaced since (requests in flight when the first refusal replaced it) sends again with
+    /// the new one, asking the fleet for nothing: asked, it would find the new token refused and hold it for 20 minutes.
+    @Test func aRefusalOfATokenReplacedSinceUsesTheNewOne() throws {
+        let key = try ES256Key(pem: try ES256Key.generatePrivateKeyPEM())
+        let provider = try APNsTokenProvider(key: key, keyID: "ABC123DEFG", teamID: "TEAM123456")
+        let fleet = RecordingFleet(answer: false)
+        provider.share(with: fleet)
+        let now = Int64(Date().timeIntervalSince1970)
+        provider.adopt(token: try provider.makeToken(issuedAt: now), issuedAt: now)
+        #expect(provider.invalidate(refused: now - 60))
+        #expect(fleet.asked.withLock { $0 }.isEmpty)
+        #expect(!provider.invalidate(refused: now), "the token in use: the fleet decides (here, no)")
+        #expect(fleet.asked.withLock { $0 } == [now])
+    }
 }
