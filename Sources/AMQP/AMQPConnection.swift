@@ -307,24 +307,22 @@ public final class AMQPConnection {
         to queue: String, exchange: String = "", body: [UInt8], properties: AMQPProperties = .init(),
         mandatory: Bool = false
     ) throws(AMQPError) -> UInt64 {
+        // Checked before anything is sent: librabbitmq would fail half-way, after the publish method went out.
+        let frame = Int(amqp_get_frame_max(state))
+        guard let size = properties.headerFrameSize(), size <= frame else {
+            throw AMQPError(
+                kind: .propertiesTooLarge, code: Int(AMQP_STATUS_TABLE_TOO_BIG.rawValue),
+                "basic.publish to \(queue): the properties (\(properties.headers.count + properties.otherHeaders.count) "
+                    + "headers) do not fit one frame of \(frame) bytes, or hold a short string over 255 bytes")
+        }
         let status = withProperties(properties) { props -> Int32 in
-            let frame = Int(amqp_get_frame_max(state))
-            guard Self.headerFrameSize(props.pointee, within: frame) != nil else {
-                return AMQP_STATUS_TABLE_TOO_BIG.rawValue
-            }
-            return withBytes(exchange, queue) { exchangeBytes, queueBytes in
+            withBytes(exchange, queue) { exchangeBytes, queueBytes in
                 body.withUnsafeBytes { raw in
                     amqp_basic_publish(
                         state, channel, exchangeBytes, queueBytes, mandatory ? 1 : 0, 0, props,
                         amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
                 }
             }
-        }
-        if status == AMQP_STATUS_TABLE_TOO_BIG.rawValue {
-            throw AMQPError(
-                kind: .propertiesTooLarge, code: Int(status),
-                "basic.publish to \(queue): the properties (\(properties.headers.count + properties.otherHeaders.count) "
-                    + "headers) do not fit one frame of \(amqp_get_frame_max(state)) bytes")
         }
         guard status == AMQP_STATUS_OK.rawValue else { throw libraryError(status, "basic.publish to \(queue)") }
         defer { nextPublishSequence += 1 }

@@ -21,24 +21,22 @@ extension AMQPEncodedHeader {
     init?(_ raw: amqp_table_entry_t, name: String) {
         var single = raw
         // A table of this one entry: a 4-byte length, then the entry. Headers fit one frame, so a buffer that grows
-        // to 1 MiB is enough for any that came in one.
+        // to 1 MiB is enough for any that came in one; most fit the first, on the stack.
         var capacity = 256
         while capacity <= 1 << 20 {
-            var buffer = [UInt8](repeating: 0, count: capacity)
-            var offset = 0
-            let status = buffer.withUnsafeMutableBytes { bytes in
-                withUnsafeMutablePointer(to: &single) { entry in
+            let encoded = withUnsafeTemporaryAllocation(byteCount: capacity, alignment: 8) { bytes -> [UInt8]? in
+                var offset = 0
+                let status = withUnsafeMutablePointer(to: &single) { entry in
                     var table = amqp_table_t(num_entries: 1, entries: entry)
-                    return amqp_encode_table(
-                        amqp_bytes_t(len: bytes.count, bytes: bytes.baseAddress), &table, &offset)
+                    return amqp_encode_table(amqp_bytes_t(len: bytes.count, bytes: bytes.baseAddress), &table, &offset)
                 }
+                return status == AMQP_STATUS_OK.rawValue ? Array(bytes[4..<offset]) : nil
             }
-            if status == AMQP_STATUS_OK.rawValue {
+            if let encoded {
                 self.name = name
-                entry = Array(buffer[4..<offset])
+                entry = encoded
                 return
             }
-            guard status == AMQP_STATUS_TABLE_TOO_BIG.rawValue else { return nil }
             capacity *= 4
         }
         return nil
@@ -68,33 +66,25 @@ extension AMQPEncodedHeader {
     }
 }
 
-extension AMQPConnection {
-    /// The bytes of the content header frame that carries `raw` (the properties `withProperties` sets), if it fits a
-    /// frame of `frame` bytes (librabbitmq encodes each frame into a buffer of that size).
-    static func headerFrameSize(_ raw: amqp_basic_properties_t, within frame: Int) -> Int? {
-        func present(_ flag: Int32) -> Bool { raw._flags & amqp_flags_t(flag) != 0 }
-        // Frame type, channel, size and end; class, weight, body size and flags.
-        var size = 8 + 14
-        for (flag, text) in [
-            (AMQP_BASIC_CONTENT_TYPE_FLAG, raw.content_type), (AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
-            (AMQP_BASIC_CORRELATION_ID_FLAG, raw.correlation_id), (AMQP_BASIC_MESSAGE_ID_FLAG, raw.message_id)
-        ] where present(flag) {
-            size += 1 + text.len
+extension AMQPProperties {
+    /// The bytes of the content header frame that carries these properties as `withProperties` writes them (the
+    /// frame's envelope, the header's fixed fields, the delivery mode, then what is set); nil when a short string
+    /// among them is over 255 bytes, which no frame carries. Counted, not encoded: every publish asks.
+    func headerFrameSize() -> Int? {
+        var size = 8 + 14 + 1
+        for text in [contentType, replyTo, correlationID, messageID] {
+            guard let count = text?.utf8.count else { continue }
+            guard count <= 255 else { return nil }
+            size += 1 + count
         }
-        if present(AMQP_BASIC_DELIVERY_MODE_FLAG) { size += 1 }
-        if present(AMQP_BASIC_TIMESTAMP_FLAG) { size += 8 }
-        if present(AMQP_BASIC_HEADERS_FLAG) {
-            guard size < frame else { return nil }
-            var table = raw.headers
-            // Uninitialised: encoding writes what it measures, and a frame is 128 KiB by default.
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: frame - size, alignment: 8)
-            defer { buffer.deallocate() }
-            var offset = 0
-            let status = amqp_encode_table(
-                amqp_bytes_t(len: buffer.count, bytes: buffer.baseAddress), &table, &offset)
-            guard status == AMQP_STATUS_OK.rawValue else { return nil }
-            size += offset
+        if let timestamp, timestamp >= 0 { size += 8 }
+        var table = 0
+        for (name, value) in headers {
+            guard name.utf8.count <= 255 else { return nil }
+            // Name as a short string, kind, length, text.
+            table += 1 + name.utf8.count + 1 + 4 + value.utf8.count
         }
-        return size <= frame ? size : nil
+        for other in otherHeaders where headers[other.name] == nil { table += other.entry.count }
+        return table > 0 ? size + 4 + table : size
     }
 }

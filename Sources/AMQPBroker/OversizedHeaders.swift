@@ -14,9 +14,15 @@ extension AMQPConnection {
         do {
             return try publish(to: queue, exchange: exchange, body: body, properties: properties, mandatory: mandatory)
         } catch let error where error.kind == .propertiesTooLarge {
+            // The worker's own, each within 8 KiB (a publisher may have written a large one under their names): the
+            // eight of them fit the 128 KiB frame the worker asks for, so this publish goes.
             var trimmed = properties
-            trimmed.headers = properties.headers.filter { $0.key.hasPrefix(Worker.ownHeaderPrefix) }
-            trimmed.otherHeaders = properties.otherHeaders.filter { $0.name.hasPrefix(Worker.ownHeaderPrefix) }
+            trimmed.headers = properties.headers.filter {
+                Worker.ownHeaders.contains($0.key) && $0.value.utf8.count <= 8192
+            }
+            trimmed.otherHeaders = properties.otherHeaders.filter {
+                Worker.ownHeaders.contains($0.name) && $0.entry.count <= 8192
+            }
             let leftOut =
                 properties.headers.count + properties.otherHeaders.count - trimmed.headers.count
                 - trimmed.otherHeaders.count

@@ -70,10 +70,10 @@ public struct MessageHeaders: Sendable, Equatable, ExpressibleByDictionaryLitera
     /// Whether the message has a header of this name, of whatever type.
     public func contains(_ name: String) -> Bool { !values.isEmpty && values[name] != nil }
 
-    /// Every header, by name.
+    /// Every header, by name (changed in place: a setter would copy the dictionary for each header set).
     public var all: [String: Field] {
         get { values }
-        set { values = newValue }
+        _modify { yield &values }
     }
 }
 

@@ -56,10 +56,13 @@ public final class Worker: Service {
     /// On a part of a job with a `local_window` (its users that waited for one opening of their hours): the job's own
     /// settlement published it, so it is not a copy of a settled job, and it is checked against the window again.
     public static let windowPartHeader = "x-apns-worker-window-part"
-    /// The prefix of the worker's own headers; and on a copy whose job's headers no longer fit one frame with them,
-    /// how many of the job's were left out.
-    public static let ownHeaderPrefix = "x-apns-worker-"
+    /// On a copy whose job's headers no longer fit one frame with the worker's, how many of the job's were left out.
     public static let headersLeftOutHeader = "x-apns-worker-headers-left-out"
+    /// Every header the worker writes (a publisher may write others under the same prefix).
+    public static let ownHeaders: Set<String> = [
+        reasonHeader, attemptsHeader, undeliveredHeader, republishedHeader, windowPartHeader, headersLeftOutHeader,
+        StoreWaits.header, SessionLoop.broadcastAttemptHeader
+    ]
     /// How this process appears in the fleet's statistics and in `apns-worker stats`.
     public static let identity = "\(ProcessInfo.processInfo.hostName):\(getpid())"
 

@@ -129,6 +129,27 @@ import Testing
         #expect(parked.dropFirst().first?.hasPrefix("1: ") == true, "\(parked)")
     }
 
+    /// Properties no frame carries (a short string over 255 bytes, headers past the frame) are refused before anything
+    /// is sent, and the connection goes on: librabbitmq failed half-way, after the publish method went out, and the
+    /// broker closed the connection at the next frame.
+    @Test func propertiesNoFrameCarriesAreRefusedBeforeAnythingIsSent() throws {
+        let (jobs, _, _, publisher) = try TestServices.jobQueues()
+        try publisher.enablePublisherConfirms()
+        for properties in [
+            AMQPProperties(correlationID: String(repeating: "c", count: 256)),
+            AMQPProperties(headers: ["x-big": String(repeating: "b", count: 131_072)])
+        ] {
+            #expect(throws: AMQPError.self) { try publisher.publish(to: jobs, body: [1], properties: properties) }
+            do { _ = try publisher.publish(to: jobs, body: [1], properties: properties) } catch {
+                #expect(error.kind == .propertiesTooLarge, "\(error)")
+            }
+        }
+        let sequence = try publisher.publish(
+            to: jobs, body: [2], properties: AMQPProperties(correlationID: String(repeating: "c", count: 255)))
+        #expect(try publisher.waitForConfirms(through: sequence).isEmpty, "the connection went on")
+        #expect(try publisher.queueStatus(jobs)?.messages == 1)
+    }
+
     /// A publisher that sets the republished header as a number (as pika, Go's amqp091 and Java's client do for an
     /// integer) has its copy recognised: nothing is sent twice.
     @Test func aCopyMarkedWithANumberSendsNothingTwice() throws {

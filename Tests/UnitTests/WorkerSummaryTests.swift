@@ -35,4 +35,24 @@ import WorkerPipeline
         #expect(destinations == [.reply("replies"), .deadTokens], "one summary, then the event: \(destinations)")
         #expect(fleet.read(\.sent).count == 1, "the token was not sent to again")
     }
+
+    /// A job id is the summary's correlation id when the job had none, and AMQP's correlation id is a short string of
+    /// at most 255 bytes: a longer id (ids have no limit) is cut with a hash of the whole, so that two stay two.
+    /// Whole, the summary could not be published, and the session that tried ended over and over.
+    @Test func aLongJobIDMakesACorrelationIDThatFitsAShortString() throws {
+        let fleet = InMemoryFleet()
+        let running = Spec.Running(fleet)
+        let ids = ["é" + String(repeating: "x", count: 298), "é" + String(repeating: "x", count: 297) + "y", "short"]
+        for (index, id) in ids.enumerated() {
+            let tag = fleet.deliver(
+                Spec.job(id, tokens: [Spec.token(index + 1)]), properties: MessageProperties(replyTo: "replies"))
+            #expect(fleet.wait { $0.acknowledged.contains(tag) })
+        }
+        running.stop()
+        let correlations = fleet.read { $0.published.compactMap(\.properties.correlationID) }
+        #expect(correlations.count == 3 && correlations.allSatisfy { $0.utf8.count <= 255 }, "\(correlations)")
+        #expect(Set(correlations).count == 3, "two long ids stay two")
+        #expect(correlations.last == "short", "a short id as it is")
+        #expect(correlations.first.map { $0.hasPrefix("é" + String(repeating: "x", count: 230)) } == true)
+    }
 }
