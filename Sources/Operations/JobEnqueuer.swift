@@ -92,7 +92,7 @@ public final class JobEnqueuer {
         // The message-id is chosen once: a job published again after a failover carries the same one.
         let properties = AMQPProperties(
             replyTo: replyTo, correlationID: nil,
-            messageID: job.idFromBody ? job.id : UUID().uuidString.lowercased(),
+            messageID: job.idFromBody ? PushJob.shortString(of: job.id) : UUID().uuidString.lowercased(),
             persistent: true, timestamp: Int64(Date().timeIntervalSince1970))
         pending.append(Unconfirmed(line: line, body: body, properties: properties))
         try withFailover { () throws(AMQPError) in try publishUnsent() }

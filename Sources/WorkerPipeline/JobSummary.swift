@@ -55,19 +55,6 @@ struct JobSummary {
         Publication(
             destination: .reply(replyTo), body: body,
             properties: MessageProperties(
-                correlationID: delivery.properties.correlationID ?? correlationID(for: jobID), persistent: false))
-    }
-
-    /// A job id as a correlation id, an AMQP short string of at most 255 bytes: a longer id (ids have no limit) is
-    /// cut, with a hash of the whole, so that two stay two. Whole, it could not be published, and the session that
-    /// tried ended, over and over.
-    static func correlationID(for jobID: String) -> String {
-        guard jobID.utf8.count > 255 else { return jobID }
-        var cut = ""
-        for scalar in jobID.unicodeScalars {
-            guard cut.utf8.count + scalar.utf8.count <= 238 else { break }
-            cut.unicodeScalars.append(scalar)
-        }
-        return cut + "~" + DeliveryTriage.fingerprint(Array(jobID.utf8))
+                correlationID: delivery.properties.correlationID ?? PushJob.shortString(of: jobID), persistent: false))
     }
 }

@@ -59,6 +59,19 @@ public struct PushJob: Sendable, Equatable {
                 deadline: sending.deadline, sendAt: sending.sendAt, payload: payload))
     }
 
+    /// A job id as an AMQP short string (a correlation id, a message-id) of at most 255 bytes: a longer id (ids have
+    /// no limit) is cut, with a hash of the whole, so that two stay two. Whole, it could not be published, and the
+    /// session that tried ended, over and over.
+    public static func shortString(of jobID: String) -> String {
+        guard jobID.utf8.count > 255 else { return jobID }
+        var cut = ""
+        for scalar in jobID.unicodeScalars {
+            guard cut.utf8.count + scalar.utf8.count <= 238 else { break }
+            cut.unicodeScalars.append(scalar)
+        }
+        return cut + "~" + DeliveryTriage.fingerprint(Array(jobID.utf8))
+    }
+
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
         lhs.shared.isSameBox(as: rhs.shared) || lhs.shared.members == rhs.shared.members
     }
