@@ -193,19 +193,6 @@ public final class AMQPJobBroker: JobBroker {
 
     public func publish(_ publications: [Publication]) throws -> [PublicationOutcome] {
         guard !publications.isEmpty else { return [] }
-        do {
-            return try publishing(publications)
-        } catch {
-            // An exchange deleted (the dead tokens'): the broker closes the channel, NOT_FOUND, and the session ends.
-            // The next one declares everything again; it declared nothing, and met the same refusal, for ever.
-            if let refusal = error as? AMQPError, refusal.kind == .brokerRefused && refusal.code == 404 {
-                topology.isDeclared = false
-            }
-            throw error
-        }
-    }
-
-    private func publishing(_ publications: [Publication]) throws -> [PublicationOutcome] {
         var sequences: [UInt64] = []
         sequences.reserveCapacity(publications.count)
         for publication in publications {
@@ -271,6 +258,13 @@ public final class AMQPJobBroker: JobBroker {
             queues.consumers[lane] = status?.consumers ?? 0
         }
         return queues
+    }
+
+    deinit {
+        // A queue or exchange found missing (the broker closed the channel NOT_FOUND, whichever call met it: a publish
+        // to the deleted dead-token exchange, a consume, a read): the next session declares everything again. It
+        // declared nothing, and met the same refusal, for ever.
+        if amqp.channelCloseCode == 404 { topology.isDeclared = false }
     }
 
     /// Acknowledges what was held back, then closes: an orderly stop leaves no finished job to be delivered again.
