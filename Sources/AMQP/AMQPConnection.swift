@@ -27,8 +27,9 @@ public final class AMQPConnection {
     var bytesSinceRelease = 0
     /// The broker said it blocks this connection's publishes (a memory or disk alarm) and has not lifted it yet.
     public internal(set) var isBlocked = false
-    /// The reply code the broker closed the channel with, once it did (404 NOT_FOUND: a queue or exchange missing).
-    public internal(set) var channelCloseCode: Int?
+    /// Told the reply code when the broker closes the channel (404 NOT_FOUND: a queue or exchange missing), on the
+    /// thread that met it, before the error is thrown.
+    public var onChannelClose: ((Int) -> Void)?
     /// Every publish up to here is confirmed (acked or nacked).
     var confirmedThrough: UInt64 = 0
     var confirmedSingles = Set<UInt64>()

@@ -87,7 +87,7 @@ extension AMQPConnection {
                 "the broker cancelled consumer \(Self.string(cancel.consumer_tag)) (queue deleted?)")
         }
         let close = method.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
-        channelCloseCode = Int(close.reply_code)
+        onChannelClose?(Int(close.reply_code))
         var ok = amqp_channel_close_ok_t(dummy: 0)
         amqp_send_method(state, channel, Method.channelCloseOk, &ok)
         return AMQPError(
@@ -210,7 +210,7 @@ extension AMQPConnection {
             }
             if reply.reply.id == Method.channelClose {
                 let close = reply.reply.decoded.assumingMemoryBound(to: amqp_channel_close_t.self).pointee
-                channelCloseCode = Int(close.reply_code)
+                onChannelClose?(Int(close.reply_code))
                 var ok = amqp_channel_close_ok_t(dummy: 0)
                 amqp_send_method(state, channel, Method.channelCloseOk, &ok)
                 throw AMQPError(

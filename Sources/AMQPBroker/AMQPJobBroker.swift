@@ -63,15 +63,12 @@ public final class AMQPJobBroker: JobBroker {
     /// The bulk lane's consumer, while one runs.
     private var bulkConsumerTag: String?
     private var bulkIntake: BulkPrefetch
-    /// Whether this process declared its queues: forgotten when one is found missing, for the next session.
-    private let topology: DeclaredTopology
 
     /// Connects, declares the worker's queues (unless `topology` says this process did already) and starts
     /// consuming. The broker refusing what the URL says (ACCESS_REFUSED, an unknown vhost) is `ConnectionRefused`.
     public init(settings: Settings, topology: DeclaredTopology = DeclaredTopology(), logger: Logger) throws {
         self.settings = settings
         self.logger = logger
-        self.topology = topology
         do {
             amqp = try settings.nodes.connect(
                 heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
@@ -80,6 +77,10 @@ public final class AMQPJobBroker: JobBroker {
             if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
             throw error
         }
+        // A queue or exchange found missing (the broker closed the channel NOT_FOUND, whichever call met it: a publish
+        // to the deleted dead-token exchange, a consume, a read): the next session declares everything again. It
+        // declared nothing, and met the same refusal, for ever.
+        amqp.onChannelClose = { code in if code == 404 { topology.isDeclared = false } }
         // Half the urgent prefetch may wait for an older delivery's ack: the broker keeps handing over jobs.
         acknowledgements = Acknowledgements(amqp: amqp, holdingLimit: settings.prefetch / 2)
         bulkIntake = BulkPrefetch(maximumCount: settings.bulkPrefetch, maximumBytes: settings.bulkPrefetchBytes)
@@ -258,13 +259,6 @@ public final class AMQPJobBroker: JobBroker {
             queues.consumers[lane] = status?.consumers ?? 0
         }
         return queues
-    }
-
-    deinit {
-        // A queue or exchange found missing (the broker closed the channel NOT_FOUND, whichever call met it: a publish
-        // to the deleted dead-token exchange, a consume, a read): the next session declares everything again. It
-        // declared nothing, and met the same refusal, for ever.
-        if amqp.channelCloseCode == 404 { topology.isDeclared = false }
     }
 
     /// Acknowledges what was held back, then closes: an orderly stop leaves no finished job to be delivered again.

@@ -161,7 +161,10 @@ import Testing
         #expect(lost.count == 5, "\(lost)")
         #expect(
             lost.allSatisfy { $0.outcome == .retryLater(delay: 1) && $0.error?.contains("lost") == true }, "\(lost)")
-        #expect(reasons.withLock { $0.contains { $0.contains("PING unanswered") } }, "\(reasons.withLock { $0 })")
+        // The connection's close is reported after its requests are answered.
+        #expect(
+            TestServices.waitUntil(timeout: 10) { reasons.withLock { $0.contains { $0.contains("PING unanswered") } } },
+            "\(reasons.withLock { $0 })")
         let again = sendAll()
         #expect(again.count == 5 && again.allSatisfy { $0.outcome == .delivered }, "\(again)")
         #expect(simulator.connectionsSeen() == 2, "the silent connection was replaced")
