@@ -91,19 +91,12 @@ public final class AMQPJobBroker: JobBroker {
             try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.delayQueues)
             topology.isDeclared = true
         }
-        do {
-            try amqp.enablePublisherConfirms()
-            // One channel, two consumers: RabbitMQ applies a basic.qos without `global` to each consumer created after
-            // it, so each lane has its own prefetch and a full bulk lane never stops urgent deliveries.
-            try amqp.setPrefetch(settings.prefetch)
-            urgentConsumerTag = try amqp.consume(settings.queues.jobs)
-            try startBulkConsumer(prefetch: bulkIntake.initialPrefetch)
-        } catch {
-            // A queue deleted meanwhile (NOT_FOUND): the next session declares everything again. Any other failure
-            // (a node that stopped answering) says nothing about the queues.
-            if error.kind == .brokerRefused && error.code == 404 { topology.isDeclared = false }
-            throw error
-        }
+        try amqp.enablePublisherConfirms()
+        // One channel, two consumers: RabbitMQ applies a basic.qos without `global` to each consumer created after
+        // it, so each lane has its own prefetch and a full bulk lane never stops urgent deliveries.
+        try amqp.setPrefetch(settings.prefetch)
+        urgentConsumerTag = try amqp.consume(settings.queues.jobs)
+        try startBulkConsumer(prefetch: bulkIntake.initialPrefetch)
     }
 
     public var logMetadata: [String: String] {
