@@ -288,7 +288,10 @@ import WorkerPipeline
         // Unset, PUSH_DEAD_TOKENS_EXCHANGE is the queue's name.
         try publisher.deleteExchange(deadQueue)
         try publisher.publish(
-            to: jobs, body: Array(#"{"id": "after-delete", "tokens": ["\#(dead)"], "payload": {"aps": {}}}"#.utf8),
+            to: jobs,
+            body: Array(
+                #"{"id": "\#(TestServices.unique("after-delete"))", "tokens": ["\#(dead)"], "payload": {"aps": {}}}"#
+                    .utf8),
             properties: AMQPProperties(replyTo: replies))
         #expect(try replyReader.read(1, timeout: 30).count == 1, "the job settled")
         let events = try QueueReader(deadQueue).read(1, timeout: 10)

@@ -307,7 +307,7 @@ import WorkerPipeline
                 ]))
         defer { _ = worker.stop(SIGTERM) }
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil)
-        try publish("before-delete", token: 1)
+        try publish(TestServices.unique("before-delete"), token: 1)
         #expect(try replyReader.read(1).count == 1)
 
         _ = try TestServices.run(TestServices.value("RABBITMQCTL"), ["delete_queue", jobs])
@@ -315,9 +315,10 @@ import WorkerPipeline
         #expect(worker.waitForLine(containing: "\"consuming\"") != nil, "the worker consumes again")
         // Only now does the queue exist again (the worker declared it); a job published before would have been dropped.
         #expect(try publisher.queueStatus(jobs)?.consumers == 1)
-        try publish("after-delete", token: 2)
+        let afterDelete = TestServices.unique("after-delete")
+        try publish(afterDelete, token: 2)
         let summary = try #require(try replyReader.read(1).first)
-        #expect(String(decoding: summary.body, as: UTF8.self).contains("after-delete"))
+        #expect(String(decoding: summary.body, as: UTF8.self).contains(afterDelete))
     }
 
     @Test func aRedisRestartUnderARunningWorkerIsSurvived() throws {
@@ -357,12 +358,13 @@ import WorkerPipeline
         // The app registered again meanwhile, with a new token: what Redis holds now is what the job reaches.
         let newToken = String(repeating: "9b", count: 32)
         _ = try connectWithRetry(redisURL).command(["HSET", RedisKeys.node.tokens(user), newToken, "production"])
+        let after = TestServices.unique("after")
         try publisher.publish(
-            to: jobs, body: Array(#"{"id": "after", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
+            to: jobs, body: Array(#"{"id": "\#(after)", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
             properties: AMQPProperties(replyTo: replies))
         let summary = try #require(try replyReader.read(1, timeout: 60).first)
         let object = try JSONSerialization.jsonObject(with: Data(summary.body)) as! [String: Any]
-        #expect(object["job_id"] as? String == "after")
+        #expect(object["job_id"] as? String == after)
         #expect(object["delivered"] as? Int == 1)
         #expect(simulator.received().last?.deviceToken == newToken)
         TestServices.reportFault(

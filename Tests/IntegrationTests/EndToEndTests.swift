@@ -146,16 +146,17 @@ import WorkerPipeline
         defer { workerThread.stop() }
         let publisher = try AMQPConnection(url: TestServices.amqpURL())
         try publisher.declareQueue(jobs)
+        let campaign = TestServices.unique("campaign")
         try publisher.publish(
             to: jobs,
             body: Array(
-                #"{"id": "campaign", "users": ["\#(user)"], "prevalidate": true, "payload": {"aps": {"alert": "Sale!"}}}"#
+                #"{"id": "\#(campaign)", "users": ["\#(user)"], "prevalidate": true, "payload": {"aps": {"alert": "Sale!"}}}"#
                     .utf8))
         let event =
             try JSONSerialization.jsonObject(with: Data(try #require(try deadReader.read(1).first).body))
             as! [String: Any]
         #expect(event["token"] as? String == dead)
-        #expect(event["job_id"] as? String == "campaign")
+        #expect(event["job_id"] as? String == campaign)
         let received = simulator.received()
         #expect(received.count == 2)
         #expect(received.allSatisfy { $0.pushType == "background" && $0.priority == "5" && $0.expiration == "0" })

@@ -121,7 +121,7 @@ import Testing
         let refused = #"{"id": "full", "payload": {"aps": {}}}"#
         #expect(try Self.pika(["publish-big", h.jobs, refused, "131030"]).first == "published")
         let token = String(repeating: "c9", count: 32)
-        let after = #"{"id": "after", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
+        let after = #"{"id": "\#(TestServices.unique("after"))", "tokens": ["\#(token)"], "payload": {"aps": {}}}"#
         try h.publisher.publish(to: h.jobs, body: Array(after.utf8), properties: AMQPProperties(replyTo: h.replies))
         #expect(try h.replyReader.read(1).count == 1, "the next job went through")
         let parked = try Self.pika(["names", h.failed])

@@ -118,8 +118,9 @@ import WorkerPipeline
         let bulk = TestServices.unique("bulk")
         try publisher.declareQueue(bulk)
         let list = users.map { "\"\($0)\"" }.joined(separator: ",")
+        let campaign = TestServices.unique("campaign")
         try publisher.publish(
-            to: bulk, body: Array(#"{"id": "campaign", "users": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+            to: bulk, body: Array(#"{"id": "\#(campaign)", "users": [\#(list)], "payload": {"aps": {}}}"#.utf8),
             properties: AMQPProperties(replyTo: replies))
         let worker = try WorkerThread(
             try TestServices.workerEnvironment(
@@ -151,7 +152,7 @@ import WorkerPipeline
         let summaries = try replyReader.read(1, timeout: 30)
         let summary = try JSONSerialization.jsonObject(with: Data(try #require(summaries.first).body)) as! [String: Any]
         #expect(
-            summary["job_id"] as? String == "campaign" && summary["delivered"] as? Int == 100_000,
+            summary["job_id"] as? String == campaign && summary["delivered"] as? Int == 100_000,
             "one summary for the whole job, each token once: \(summary)")
         #expect(arrivals.withLock { $0.count } == 100_020, "each token once")
     }
@@ -246,16 +247,18 @@ import WorkerPipeline
         let late = (0..<3).map { Self.token(0xD0000 + $0) }
         let onTime = Self.token(0xD1000)
         let now = Int64(Date().timeIntervalSince1970)
+        let (lateJob, onTimeJob) = (TestServices.unique("late"), TestServices.unique("on-time"))
         try publisher.publish(
             to: jobs,
             body: Array(
-                #"{"id": "late", "tokens": [\#(late.map { "\"\($0)\"" }.joined(separator: ","))], "deadline": \#(now - 1), "payload": {"aps": {}}}"#
+                #"{"id": "\#(lateJob)", "tokens": [\#(late.map { "\"\($0)\"" }.joined(separator: ","))], "deadline": \#(now - 1), "payload": {"aps": {}}}"#
                     .utf8),
             properties: AMQPProperties(replyTo: replies))
         try publisher.publish(
             to: jobs,
             body: Array(
-                #"{"id": "on-time", "tokens": ["\#(onTime)"], "deadline": \#(now + 3600), "payload": {"aps": {}}}"#.utf8
+                #"{"id": "\#(onTimeJob)", "tokens": ["\#(onTime)"], "deadline": \#(now + 3600), "payload": {"aps": {}}}"#
+                    .utf8
             ),
             properties: AMQPProperties(replyTo: replies))
         let workerThread = try WorkerThread(
@@ -267,11 +270,11 @@ import WorkerPipeline
             let summary = try #require(try JSONSerialization.jsonObject(with: Data(message.body)) as? [String: Any])
             summaries[summary["job_id"] as? String ?? ""] = summary
         }
-        let expired = try #require(summaries["late"], "the expired job is summarised")
+        let expired = try #require(summaries[lateJob], "the expired job is summarised")
         #expect(
             expired["expired"] as? Int == 3 && expired["delivered"] as? Int == 0 && expired["failed"] as? Int == 0,
             "\(expired)")
-        #expect(summaries["on-time"]?["delivered"] as? Int == 1 && summaries["on-time"]?["expired"] as? Int == 0)
+        #expect(summaries[onTimeJob]?["delivered"] as? Int == 1 && summaries[onTimeJob]?["expired"] as? Int == 0)
         #expect(simulator.received().map(\.deviceToken) == [onTime], "nothing of the expired job reached APNs")
         let statistics = workerThread.worker.statistics
         // The summaries are published before the jobs are acknowledged and counted.

@@ -222,7 +222,7 @@ import WorkerPipeline
 
         #expect(try Self.channels(["delete", channel], settings).code == 0)
         try publish(
-            #"{"id": "late", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 4), "content_state": {"score": "2-1"}}}"#
+            #"{"id": "\#(TestServices.unique("late"))", "channel_id": "\#(channel)", "live_activity": {"event": "update", "timestamp": \#(now + 4), "content_state": {"score": "2-1"}}}"#
         )
         let late = try Self.json(String(decoding: try #require(try replyReader.read(1).first).body, as: UTF8.self))
         #expect(

@@ -66,7 +66,8 @@ enum TestServices {
         return text
     }
 
-    /// Names no other test (or earlier run) uses.
+    /// Names no other test (or earlier run) uses: queues, keys, and the ids of jobs whose delivery may come again (the
+    /// fleet's records of settled jobs are keyed by id, and a redelivery of an id another test settled is skipped).
     static func unique(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8).lowercased())" }
 
     /// A port nothing listens on right now (bound to 0, read, released).
