@@ -302,6 +302,10 @@ final class HTTP2Connection: PollHandler {
             // values, pseudo-fields, content-length) cost about a thousand instructions per request against a
             // server that sends six fields. Frame-level checks (HPACK, flow control, stream states) remain.
             nghttp2_option_set_no_http_messaging(options, 1)
+            // One stream until the peer's SETTINGS say how many (nghttp2 assumes 100): APNs allows one until a request
+            // with a valid provider token was posted, and a server refuses the streams beyond its limit that it did
+            // not announce in time, or, once its SETTINGS are acknowledged, closes the connection for them.
+            nghttp2_option_set_peer_max_concurrent_streams(options, 1)
             nghttp2_session_client_new3(&session, callbacks, userData, options, &allocator)
             settings = [
                 nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),

@@ -147,10 +147,44 @@ import Testing
         #expect(simulator.received().isEmpty)
     }
 
+    static let nghttpd =
+        ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"].first { FileManager.default.isExecutableFile(atPath: $0) }
+        ?? "/usr/sbin/nghttpd"
+
+    /// A new connection sends one stream until the server's SETTINGS say how many (nghttp2 would send a hundred):
+    /// nghttpd allowing one, as APNs does until a request with a valid provider token was posted, refuses none of
+    /// a burst of requests that waited for the connection (once its SETTINGS are acknowledged, a server may close the
+    /// connection for a stream beyond them).
+    @Test func aNewConnectionSendsOneStreamUntilTheServersSettings() throws {
+        #expect(FileManager.default.isExecutableFile(atPath: Self.nghttpd), "nghttp2-server must be installed")
+        let directory = try TestServices.certificateDirectory("nghttpd-one")
+        let token = String(repeating: "c4", count: 32)
+        try FileManager.default.createDirectory(atPath: directory + "/root/3/device", withIntermediateDirectories: true)
+        #expect(FileManager.default.createFile(atPath: directory + "/root/3/device/\(token)", contents: Data()))
+        let port = TestServices.freePort()
+        let log = directory + "/frames.log"
+        let server = try TestServices.Daemon(
+            Self.nghttpd,
+            [
+                "--verbose", "--max-concurrent-streams=1", "--htdocs=\(directory)/root", "--address=127.0.0.1",
+                "\(port)", "\(directory)/key.pem", "\(directory)/cert.pem"
+            ], output: log)
+        defer { server.stop() }
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: "127.0.0.1", port: port, tls: .init(caFile: directory + "/cert.pem"), requestTimeout: 10),
+            logger: logger)
+        defer { client.shutdown() }
+        let results = collect(client, (0..<20).map { _ in request(authority: client.authority, token: token) })
+        #expect(results.count == 20 && results.allSatisfy { (try? $0.get().status) == 200 })
+        server.stop()
+        let frames = try String(contentsOfFile: log, encoding: .utf8)
+        #expect(frames.contains("SETTINGS_MAX_CONCURRENT_STREAMS(0x03):1"), "the server announced one stream")
+        #expect(!frames.contains("REFUSED_STREAM"), "no stream was refused")
+    }
+
     @Test func interoperatesWithNghttpd() throws {
-        let nghttpd =
-            ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"].first { FileManager.default.isExecutableFile(atPath: $0) }
-            ?? "/usr/sbin/nghttpd"
+        let nghttpd = Self.nghttpd
         #expect(
             FileManager.default.isExecutableFile(atPath: nghttpd),
             "nghttp2-server must be installed (scripts/test does)")

@@ -118,11 +118,19 @@ enum TestServices {
         private let process = Process()
         var pid: Int32 { process.processIdentifier }
 
-        init(_ path: String, _ arguments: [String]) throws {
+        /// `output`: a file that takes what the daemon prints on its standard output (discarded by default).
+        init(_ path: String, _ arguments: [String], output: String? = nil) throws {
             process.executableURL = URL(fileURLWithPath: path)
             process.arguments = arguments
             process.standardInput = FileHandle.nullDevice
-            process.standardOutput = FileHandle.nullDevice
+            if let output {
+                guard FileManager.default.createFile(atPath: output, contents: nil),
+                    let file = FileHandle(forWritingAtPath: output)
+                else { throw CommandFailed(description: "cannot write \(output)") }
+                process.standardOutput = file
+            } else {
+                process.standardOutput = FileHandle.nullDevice
+            }
             process.standardError = FileHandle.nullDevice
             try process.run()
         }
