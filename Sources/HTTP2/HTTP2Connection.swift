@@ -41,8 +41,7 @@ class HTTP2Stream {
 /// A client stream, made with its request: it passes through half a dozen hands (dispatch, the client's waiting
 /// queue, its connection, the answer, the retry decision) as one reference, and a request costs one allocation. The
 /// request's parts are the stream's own fields, not one struct's: a struct read from a class is copied, its counted
-/// references with it, at each hand. A server's streams do without them, and stay small enough for glibc's fast
-/// bins.
+/// references with it, at each hand. A server's streams do without them, small enough for glibc's fast bins.
 final class HTTP2RequestStream: HTTP2Stream {
     /// The batch its request came in, and its place there: the stream refers to its request where the batch holds
     /// it, one counted reference, where a copy of the request counted one for each of its strings and arrays. The
@@ -297,14 +296,12 @@ final class HTTP2Connection: PollHandler {
             settings_id: Int32(NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES.rawValue), value: 1)
         var allocator = memoryPool.nghttp2Allocator
         if isClient {
-            // The client checks what it reads of an answer itself (`header`: the status's three digits, the kept
-            // fields' values) and bounds the body; nghttp2's HTTP checks of every field of every answer (names,
-            // values, pseudo-fields, content-length) cost about a thousand instructions per request against a
-            // server that sends six fields. Frame-level checks (HPACK, flow control, stream states) remain.
+            // The client checks what it reads of an answer itself (`header`: the status, the kept fields) and bounds
+            // the body; nghttp2's HTTP checks of every field cost about a thousand instructions per request against a
+            // server that sends six. Frame-level checks (HPACK, flow control, stream states) remain.
             nghttp2_option_set_no_http_messaging(options, 1)
-            // One stream until the peer's SETTINGS say how many (nghttp2 assumes 100): APNs allows one until a request
-            // with a valid provider token was posted, and a server refuses the streams beyond its limit that it did
-            // not announce in time, or, once its SETTINGS are acknowledged, closes the connection for them.
+            // One stream until the peer's SETTINGS say how many (nghttp2 assumes 100): APNs allows one until a valid
+            // provider token was posted, and a server refuses streams past a limit it announced, or closes for them.
             nghttp2_option_set_peer_max_concurrent_streams(options, 1)
             nghttp2_session_client_new3(&session, callbacks, userData, options, &allocator)
             settings = [
@@ -415,8 +412,7 @@ final class HTTP2Connection: PollHandler {
         return false
     }
 
-    /// A field name as HTTP/2 allows it: lower-case token characters (RFC 9110 5.6.2), a leading colon for
-    /// pseudo-fields.
+    /// A field name as HTTP/2 allows it: lower-case token characters (RFC 9110 5.6.2), a colon before a pseudo-field.
     static func isFieldName(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !name.isEmpty else { return false }
         for (index, byte) in name.enumerated() {

@@ -75,6 +75,9 @@ public struct RedisKeys: Sendable, Equatable {
     /// String: a part of a windowed job that started (`<job id>:<opening>:<users' digest>`), so that a copy of it sends
     /// nothing; kept eight days.
     public func windowPart(_ key: String) -> String { "apns:window-part:" + key }
+    /// String: a scheduled job that started at its `send_at` (`<job id>:<send_at>`), so that another delivery of it
+    /// (its publisher's copy) sends nothing; kept eight days.
+    public func scheduledStart(_ key: String) -> String { "apns:scheduled-start:" + key }
     /// Set: the jobs settled in one ten-second span.
     public func settled(inSpan span: Int) -> String { "apns:settled:\(span)" }
 

@@ -217,10 +217,20 @@ public struct SentRecord: IdempotencyRecord {
     /// idempotency record's per-token outcomes.
     /// `SET NX` with a lifetime longer than a part can wait (a day, and the week a send_at may add).
     public func claimWindowParts(_ keys: [String]) throws -> Set<String> {
+        try claim(keys, as: redisKeys.windowPart)
+    }
+
+    public func claimScheduledStarts(_ keys: [String]) throws -> Set<String> {
+        try claim(keys, as: redisKeys.scheduledStart)
+    }
+
+    /// Sets each key's Redis key unless it exists, for eight days (longer than a job may wait): the keys set now, and
+    /// those whose node does not answer.
+    private func claim(_ keys: [String], as redisKey: (String) -> String) throws -> Set<String> {
         guard !keys.isEmpty else { return [] }
         let lifetime = String(8 * 24 * 3600)
         let replies = try redis.pipelineWhereReachable(
-            keys.map { ["SET", redisKeys.windowPart($0), "1", "NX", "EX", lifetime] })
+            keys.map { ["SET", redisKey($0), "1", "NX", "EX", lifetime] })
         return Set(
             zip(keys, replies).compactMap { key, reply in
                 guard let reply else { return key }

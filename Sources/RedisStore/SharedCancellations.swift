@@ -43,7 +43,11 @@ public struct SharedCancellations: JobCancellations {
         if case .error(let message) = reply {
             throw RedisError(kind: .server, "reading \(keys.cancelled(jobID)): \(message)")
         }
-        guard let text = reply.text else { return nil }
+        return reply.text.map(Self.record)
+    }
+
+    /// A cancellation's record (`apns:cancelled:<job id>`): when (UNIX seconds; 0 if unreadable) and why.
+    static func record(_ text: String) -> (at: Double, reason: String?) {
         let object = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any]
         return ((object?["at"] as? Double) ?? 0, object?["reason"] as? String)
     }

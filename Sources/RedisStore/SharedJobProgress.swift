@@ -85,7 +85,9 @@ public struct SharedJobProgress: JobProgressRecord {
             if let name = items[index].text, let value = items[index + 1].text { fields[name] = value }
             index += 2
         }
-        return JobProgressReport(jobID: jobID, fields: fields, cancelled: replies[1].text != nil, now: now)
+        return JobProgressReport(
+            jobID: jobID, fields: fields, cancelled: replies[1].text != nil,
+            cancelledAt: replies[1].text.map { SharedCancellations.record($0).at }, now: now)
     }
 
     /// The jobs waiting for their `send_at`, soonest first.
@@ -131,19 +133,25 @@ public struct JobProgressReport: Sendable {
         JobProgressDelta.Counter.allCases.filter { $0 != .waitingForWindow }.map(\.rawValue)
         + ["retrying", JobProgressDelta.Counter.waitingForWindow.rawValue]
 
-    /// From the progress hash's fields as Redis holds them, and whether the job was cancelled.
-    public init(jobID: String, fields: [String: String], cancelled: Bool, now: Date = Date()) {
+    /// From the progress hash's fields as Redis holds them, and whether the job was cancelled (and when, UNIX
+    /// seconds: a job that had ended before it was cancelled stays done).
+    public init(
+        jobID: String, fields: [String: String], cancelled: Bool, cancelledAt: Double? = nil, now: Date = Date()
+    ) {
         self.jobID = jobID
         counts = Dictionary(uniqueKeysWithValues: Self.counterNames.map { ($0, Int(fields[$0] ?? "") ?? 0) })
         targets = fields["targets"].flatMap { Int($0) }
         let first = fields["first_update"].flatMap(Double.init).map { $0 / 1000 }
         let last = fields["last_update"].flatMap(Double.init).map { $0 / 1000 }
         updatedAt = last
+        let endedAt = fields["ended"].flatMap(Double.init).map { $0 / 1000 }
         let ended = fields["ended"] != nil
         scheduledFor = fields["scheduled_for"].flatMap { Int64($0) }
         let started = fields["first_update"] != nil
         let waitingForWindow = counts["waiting_for_window"] ?? 0
-        if cancelled {
+        // A job that had ended before it was cancelled stays done: the cancellation only keeps its id from being sent.
+        let endedBeforeCancelled = if let endedAt, let cancelledAt { endedAt < cancelledAt } else { false }
+        if cancelled && !endedBeforeCancelled {
             state = .cancelled
         } else if waitingForWindow > 0 {
             // A windowed job is done only when no part waits for its users' hours any more.

@@ -17,9 +17,11 @@ struct CancellationWatch {
     private(set) var nextRead = Date.distantPast
 
     /// Only a job that names itself (an id of its own or a message-id) can be cancelled: a fallback id is no name an
-    /// operator could give.
+    /// operator could give. A job with an id of its own answers to its message's message-id too (`jobs cancel` takes
+    /// either, and a publisher knows the one it set).
     static func names(_ progress: JobProgress, among ids: Set<String>) -> Bool {
-        progress.hasStableID && ids.contains(progress.job.id)
+        (progress.hasStableID && ids.contains(progress.job.id))
+            || progress.delivery.properties.idForJob.map(ids.contains) == true
     }
 
     /// `entries` in two, each in its order: those of jobs not among `ids`, and those of jobs among them.
@@ -35,14 +37,18 @@ struct CancellationWatch {
         return (kept, cancelled)
     }
 
-    /// Whether a job of this id, naming itself (`named`), is cancelled.
-    func isCancelled(jobID: String, named: Bool) -> Bool {
-        named && !cancelledAt.isEmpty && cancelledAt[jobID] != nil
+    /// Whether a job of this id, naming itself (`named`), or its message's message-id (`names`) is cancelled.
+    func isCancelled(jobID: String, named: Bool, messageID: String?) -> Bool {
+        guard !cancelledAt.isEmpty else { return false }
+        return (named && cancelledAt[jobID] != nil) || messageID.map { cancelledAt[$0] != nil } == true
     }
 
     /// Whether `progress`'s job is among the cancelled ones: nothing to look up while none is.
     func isCancelled(_ progress: JobProgress) -> Bool {
-        !cancelledAt.isEmpty && isCancelled(jobID: progress.job.id, named: progress.hasStableID)
+        !cancelledAt.isEmpty
+            && isCancelled(
+                jobID: progress.job.id, named: progress.hasStableID,
+                messageID: progress.delivery.properties.idForJob)
     }
 
     /// Whether the store is to be asked now.

@@ -243,6 +243,9 @@ public protocol RecentlySettledJobs {
     /// settlement's publications made again). A key whose node does not answer counts as claimed now. Only a lost
     /// connection throws.
     func claimWindowParts(_ keys: [String]) throws -> Set<String>
+    /// Claims scheduled jobs as they start, at their `send_at` (`<job id>:<send_at>`), the same way: a key claimed
+    /// before is another delivery of a job that started already (its publisher's copy, which came back with it).
+    func claimScheduledStarts(_ keys: [String]) throws -> Set<String>
 }
 
 /// What a rate limiter grants.

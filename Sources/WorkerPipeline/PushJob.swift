@@ -481,8 +481,9 @@ public struct PushJob: Sendable, Equatable {
                         "send_at \(sendAt) is \(sendAt - now) s ahead, more than the 7 days (604800 s) a job "
                             + "may wait")
                 }
-                if let deadline, deadline < sendAt {
-                    throw .badSendAt("deadline \(deadline) is before send_at \(sendAt): nothing could be sent")
+                // A job is sent at send_at or within a second after, and not once its deadline has come.
+                if let deadline, deadline <= sendAt {
+                    throw .badSendAt("deadline \(deadline) is not after send_at \(sendAt): nothing could be sent")
                 }
             }
             do throws(APNsRequestError) {

@@ -153,6 +153,7 @@ extension SessionLoop {
         let unadmitted = holdingBackPastAdmission(&jobs)
         let lookup = try lookUpSettled(&jobs, waiting: &waiting)
         try skipCopiesOfStartedParts(&jobs)
+        try skipCopiesOfStartedSchedules(&jobs)
         var finishedAtOnce = cancelledBeforeDue.map(settleUnsent)
         for (delivery, job) in jobs {
             underWay.started(delivery, jobID: job.id)
@@ -198,7 +199,7 @@ extension SessionLoop {
         var cancelled: [(delivery: JobDelivery, job: PushJob)] = []
         for (delivery, job) in scheduled {
             let named = TargetResolver.hasStableID(job, delivery)
-            if cancellations.isCancelled(jobID: job.id, named: named) {
+            if cancellations.isCancelled(jobID: job.id, named: named, messageID: delivery.properties.idForJob) {
                 cancelled.append((delivery, job))
                 continue
             }
@@ -420,6 +421,35 @@ extension SessionLoop {
         logger.info(
             "copies of windowed jobs' parts that started already acknowledged without sending",
             ["jobs": String(copies.count)])
+        try session.broker.acknowledge(copies.map(\.delivery.tag))
+        let skipped = Set(copies.map(\.delivery.tag))
+        jobs.removeAll { skipped.contains($0.delivery.tag) }
+    }
+
+    /// A scheduled job comes back from the delay queues at its `send_at`, and so does a copy its publisher made (after
+    /// a broker failover, `enqueue --send-at` publishes again): the two arrive together, in either order, at one
+    /// worker or two, each a first delivery, so neither the fleet's record of settled jobs nor holding a copy behind
+    /// its job under way here keeps both from being sent. Each claims its start in Redis (`<job id>:<send_at>`);
+    /// the one that finds it claimed is acknowledged without sending, no summary. A redelivery is not another copy
+    /// (it starts again, skipping what the idempotency record says was sent), nor is a job back from waiting for a
+    /// Redis node (it claimed before it waited), a window's part or a retry.
+    private func skipCopiesOfStartedSchedules(_ jobs: inout [(delivery: JobDelivery, job: PushJob)]) throws {
+        func key(_ entry: (delivery: JobDelivery, job: PushJob)) -> String? {
+            guard let sendAt = entry.job.sendAt, entry.job.attempt == 1, !entry.delivery.redelivered,
+                !Self.isWindowPart(entry.delivery), StoreWaits.waits(of: entry.delivery) == 0,
+                TargetResolver.hasStableID(entry.job, entry.delivery)
+            else { return nil }
+            return entry.job.id + ":" + String(sendAt)
+        }
+        let keys = jobs.compactMap(key)
+        guard !keys.isEmpty else { return }
+        let claimed = try session.record.claimScheduledStarts(keys)
+        let copies = jobs.filter { entry in key(entry).map { !claimed.contains($0) } ?? false }
+        guard !copies.isEmpty else { return }
+        statistics.republishedCopiesSkipped.add(copies.count, ordering: .relaxed)
+        logger.info(
+            "copies of scheduled jobs that started already acknowledged without sending",
+            ["jobs": String(copies.count), "job.id": copies.prefix(5).map(\.job.id).joined(separator: ",")])
         try session.broker.acknowledge(copies.map(\.delivery.tag))
         let skipped = Set(copies.map(\.delivery.tag))
         jobs.removeAll { skipped.contains($0.delivery.tag) }

@@ -15,18 +15,20 @@ let jobsHelp = """
       show      a job's state (unknown, scheduled, running, done, cancelled), its counts (resolved, sent, delivered, dead,
                 failed, retrying, held back, expired, cancelled), its rate and, while it runs, the time left. Workers
                 add to a job's progress about once a second (apns:job:<id>:progress, kept 24 hours after its last
-                update) for jobs with an id and at least \(JobProgressDelta.minimumTargets) users and tokens; a smaller
-                job shows as unknown (its summary, on its reply_to queue, says how it went). --json: one object
+                update) for jobs with an id and at least \(JobProgressDelta.minimumTargets) users and tokens, and
+                for every job with an id that waits for its send_at or its users' local_window; any other job shows
+                as unknown (its summary, on its reply_to queue, says how it went). --json: one object
                 (schema/job-progress.schema.json).
-      list      the jobs running now (progress updated in the last minute) and those waiting for their send_at, as
-                show prints them; --json: an array.
+      list      the jobs running now (progress updated in the last minute), those waiting for their send_at and
+                those with users waiting for their local_window, as show prints them; --json: an array.
 
       cancel    records that JOB_ID (the job's "id", or its AMQP message-id) is cancelled, kept 7 days in Redis
                 (apns:cancelled:<job id>). Every worker running the job stops sending it within a second: what it
                 has not handed to APNs is not sent, and the job settles as usual (acknowledged, never parked), its
                 summary counting those notifications as "cancelled" (and users not yet resolved, one each). A copy
                 of the job that comes back later (a retry, a redelivery) sends nothing; a job cancelled before any
-                worker takes it sends nothing. Cancelling again changes nothing (the first reason is kept).
+                worker takes it sends nothing; a job that had finished stays done. Cancelling again changes nothing
+                (the first reason is kept).
                 --reason TEXT is kept with the cancellation. Jobs without an id cannot be cancelled. Prints what
                 show knows of the job (--json: that object alone, the confirmation on standard error).
 
@@ -57,8 +59,13 @@ func jobsCommand(_ arguments: [String]) {
         guard operands.isEmpty else { fail("jobs list: takes no JOB_ID", code: ExitCode.usage) }
     } else {
         // Any id a job can carry: a job's id has no length limit, and an empty one is no id.
-        guard operands.count == 1, !operands[0].isEmpty else {
-            fail("jobs \(action): wants one JOB_ID, not empty; try 'apns-worker jobs --help'", code: ExitCode.usage)
+        guard operands.count == 1 else {
+            fail(
+                "jobs \(action): wants one JOB_ID, got \(operands.count); try 'apns-worker jobs --help'",
+                code: ExitCode.usage)
+        }
+        guard !operands[0].isEmpty else {
+            fail("jobs \(action): JOB_ID is empty (an empty id names no job)", code: ExitCode.usage)
         }
     }
     if action != "cancel", parsed.value("--reason") != nil {
@@ -115,7 +122,11 @@ private func cancelJob(
     let report = try progress.read(jobID)
     var confirmation =
         line + ": workers send nothing more of it within a second; its summary counts the rest as cancelled"
-    if !knownBefore {
+    if before.state == .done {
+        confirmation =
+            line + ": the job had finished; nothing of it is sent again, and a job given this id within 7 days sends "
+            + "nothing"
+    } else if !knownBefore {
         // A typo looks like any other id: say that nothing is known of this one, and what the cancel still does.
         confirmation +=
             "\nno progress is recorded for this id (a job not started yet, one of few users, one that ended a day ago, "

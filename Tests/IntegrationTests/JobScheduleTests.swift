@@ -11,11 +11,11 @@ import WorkerPipeline
 @Suite struct JobScheduleTests {
     let logger = Logger(label: "schedule", level: .critical)
 
-    /// Publishes a job of `tokens` with `send_at` `seconds` from now (whole seconds, rounded up); returns its id and
-    /// send_at.
+    /// Publishes a job of `tokens` with `send_at` `seconds` from now (whole seconds, rounded up), and `messageID` if
+    /// given; returns its id and send_at.
     static func publishScheduled(
         _ publisher: AMQPConnection, to queue: String, replies: String, tokens: [String],
-        in seconds: Int64
+        in seconds: Int64, messageID: String? = nil
     ) throws -> (id: String, sendAt: Int64) {
         let jobID = TestServices.unique("scheduled")
         let sendAt = Int64(Date().timeIntervalSince1970.rounded(.up)) + seconds
@@ -24,7 +24,7 @@ import WorkerPipeline
             to: queue,
             body: Array(
                 #"{"id": "\#(jobID)", "tokens": [\#(list)], "send_at": \#(sendAt), "payload": {"aps": {}}}"#.utf8),
-            properties: AMQPProperties(replyTo: replies))
+            properties: AMQPProperties(replyTo: replies, messageID: messageID))
         return (jobID, sendAt)
     }
 
@@ -71,24 +71,58 @@ import WorkerPipeline
 
     /// A job cancelled while it waits for its send_at settles when it next comes back from a delay queue, before its
     /// time and without resolving anything, nothing sent, every token counted as cancelled. (8 s ahead, it waits 6.4 s
-    /// in its first tier: cancelled meanwhile, it is settled on its return, more than a second before send_at.)
-    @Test func aCancelledScheduledJobSendsNothing() throws {
+    /// in its first tier: cancelled meanwhile, it is settled on its return, more than a second before send_at.) Named
+    /// by its `id` or by its message's message-id: `jobs cancel` takes either.
+    @Test(arguments: [false, true]) func aCancelledScheduledJobSendsNothing(byMessageID: Bool) throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
         let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
         let tokens = (0..<3).map { String(format: "%064x", 0xCE_0000 + $0) }
-        let (jobID, sendAt) = try Self.publishScheduled(publisher, to: jobs, replies: replies, tokens: tokens, in: 8)
+        let messageID = TestServices.unique("message")
+        let (jobID, sendAt) = try Self.publishScheduled(
+            publisher, to: jobs, replies: replies, tokens: tokens, in: 8, messageID: messageID)
         let redisURL = try TestServices.redisURL().description(revealingPassword: true)
         let worker = try WorkerThread(
             try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
         defer { worker.stop() }
         #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL), "jobs show: scheduled for \(sendAt)")
-        let (code, output) = try JobCancelTests.cancel(jobID, redisURL: redisURL, reason: "called off")
+        let (code, output) = try JobCancelTests.cancel(
+            byMessageID ? messageID : jobID, redisURL: redisURL, reason: "called off")
         #expect(code == 0, "jobs cancel: \(output)")
         let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 30).first))
         #expect(summary["cancelled"] as? Int == 3 && summary["delivered"] as? Int == 0, "\(summary)")
         let settledAt = Date().timeIntervalSince1970
         #expect(settledAt < Double(sendAt), "settled \(settledAt - Double(sendAt)) s from send_at: at its first return")
         #expect(simulator.received().isEmpty, "nothing sent")
+    }
+
+    /// A scheduled job and the copy its publisher made after a broker failover (`x-apns-worker-republished`) come back
+    /// from the delay queues together at send_at, in either order: the job is sent once, with one summary.
+    @Test(arguments: [true, false]) func aScheduledJobAndItsPublishersCopyAreSentOnce(copyFirst: Bool) throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let tokens = (0..<3).map { String(format: "%064x", 0xCF_0000 + $0) }
+        let jobID = TestServices.unique("scheduled-copy")
+        let sendAt = Int64(Date().timeIntervalSince1970.rounded(.up)) + 3
+        let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+        let body = Array(
+            #"{"id": "\#(jobID)", "tokens": [\#(list)], "send_at": \#(sendAt), "payload": {"aps": {}}}"#.utf8)
+        let original = AMQPProperties(replyTo: replies)
+        let copy = AMQPProperties(replyTo: replies, headers: [Worker.republishedHeader: "1"])
+        for properties in copyFirst ? [copy, original] : [original, copy] {
+            try publisher.publish(to: jobs, body: body, properties: properties)
+        }
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        #expect(summary["delivered"] as? Int == 3, "\(summary)")
+        #expect(
+            TestServices.waitUntil(timeout: 10) {
+                worker.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1
+            }, "the copy was acknowledged unsent")
+        #expect(simulator.received().count == 3, "each token once: \(simulator.received().map(\.deviceToken))")
+        #expect(try replyReader.read(1, timeout: 1).isEmpty, "one summary")
     }
 }

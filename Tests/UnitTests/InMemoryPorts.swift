@@ -30,7 +30,8 @@ final class InMemoryFleet: @unchecked Sendable {
         var publishesLoseTheConnection = false
         // Store
         var cache: [String: [CachedToken]] = [:]
-        /// Parts of windowed jobs that started (`RecentlySettledJobs.claimWindowParts`).
+        /// Parts of windowed jobs and scheduled jobs that started (`RecentlySettledJobs.claimWindowParts`,
+        /// `claimScheduledStarts`).
         var claimedParts: Set<String> = []
         /// Users' registered time zones (`TokenStore.timeZones`).
         var timeZones: [String: String] = [:]
@@ -377,6 +378,9 @@ final class InMemoryRecord: IdempotencyRecord {
     }
     func claimWindowParts(_ keys: [String]) throws -> Set<String> {
         fleet.change { state in Set(keys.filter { state.claimedParts.insert($0).inserted }) }
+    }
+    func claimScheduledStarts(_ keys: [String]) throws -> Set<String> {
+        fleet.change { state in Set(keys.filter { state.claimedParts.insert("scheduled " + $0).inserted }) }
     }
 }
 

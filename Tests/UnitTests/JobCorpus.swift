@@ -167,7 +167,7 @@ enum JobCorpus {
         #"{"users": ["u1"], "tokens": [], "push_type": "background", "priority": 5, "payload": {"aps": {"content-available": 1}}}"#,
         #"{"users": ["u1"], "push_type": "voip", "payload": {}}"#,
         // A send_at that has passed: sent now.
-        #"{"users": ["u1"], "send_at": 1700000000, "deadline": 1700000000, "payload": {}}"#,
+        #"{"users": ["u1"], "send_at": 1700000000, "deadline": 1700000060, "payload": {}}"#,
         #"{"users": ["u1"], "local_window": {"start": "21:00", "end": "08:30"}, "default_timezone": "America/Argentina/Buenos_Aires", "payload": {}}"#,
         #"{"users": ["u1"], "local_window": null, "default_timezone": null, "payload": {}}"#,
         #"{"tokens": ["ABCDEF0123"], "topic": "com.example.app", "collapse_id": "a b", "payload": {}}"#,
@@ -209,6 +209,10 @@ enum JobCorpus {
         (
             #"{"users": ["u"], "payload": {}, "send_at": 1700000100, "deadline": 1700000000}"#,
             "a deadline before send_at"
+        ),
+        (
+            #"{"users": ["u"], "payload": {}, "send_at": 1700000100, "deadline": 1700000100}"#,
+            "a deadline at send_at: nothing is sent once the deadline has come"
         ),
         (
             #"{"users": ["u"], "payload": {}, "local_window": {"start": "09:00", "end": "09:00"}}"#,

@@ -10,6 +10,15 @@ import WorkerPipeline
         JobProgressReport(jobID: "campaign-7", fields: fields, cancelled: cancelled)
     }
 
+    /// A job cancelled after it ended stays done (the cancellation only keeps its id from being sent again); one
+    /// that ended after it was cancelled, settling what was left as cancelled, is cancelled.
+    @Test func aJobThatEndedBeforeItsCancellationStaysDone() {
+        let ended = ["sent": "3", "delivered": "3", "ended": "1796000099000", "first_update": "1796000098000"]
+        let after = JobProgressReport(jobID: "j", fields: ended, cancelled: true, cancelledAt: 1_796_000_100)
+        let before = JobProgressReport(jobID: "j", fields: ended, cancelled: true, cancelledAt: 1_796_000_098.5)
+        #expect(after.state == .done && before.state == .cancelled)
+    }
+
     @Test func everyStateThatShowPrintsValidates() throws {
         let running = Self.report([
             "targets": "20000", "resolved": "20000", "sent": "5000", "delivered": "4990",
