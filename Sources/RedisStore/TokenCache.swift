@@ -96,8 +96,9 @@ public struct TokenCache: TokenStore {
             """
 
     /// Removes every token of one user last registered before a cutoff. ARGV: cutoff ms. Returns the tokens removed.
-    /// Tokens with no registration time, or one that is not a number (another system's writing), are kept: their age
-    /// is unknown.
+    /// Tokens with no registration time, or one that is not milliseconds since September 2001 (another system's
+    /// writing: text, or seconds, which would make every registration look decades old), are kept: their age is
+    /// unknown.
     static let sweepUser =
         forgetFunction + """
             local cutoff = tonumber(ARGV[1])
@@ -105,7 +106,7 @@ public struct TokenCache: TokenStore {
             local removed = {}
             for index = 1, #entries, 2 do
               local registered = tonumber(entries[index + 1])
-              if registered and registered < cutoff then
+              if registered and registered >= 1000000000000 and registered < cutoff then
                 forget(entries[index])
                 table.insert(removed, entries[index])
               end

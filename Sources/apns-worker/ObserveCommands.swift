@@ -198,7 +198,8 @@ let cleanupHelp = """
         A registration newer than what is known writes the token with its time (moving it from a previous user);
         "action": "unregister" (a logout) removes it unless registered again later. Older events change nothing.
       - every CLEANUP_SWEEP_INTERVAL seconds (default 3600) removes tokens not registered for CLEANUP_INACTIVE_DAYS
-        (default 90). Tokens with no registration time are kept: their age is unknown.
+        (default 90). Tokens with no registration time, or one that is not milliseconds since 2001 (seconds, text),
+        are kept: their age is unknown.
     Unreadable messages are parked on PUSH_FAILED_QUEUE with the reason in the x-apns-worker-reason header.
     Serves GET /metrics, /healthz, /readyz on METRICS_HOST:METRICS_PORT like the worker (give it another port when
     both run on one host). One cleanup process is enough for most fleets; more can run side by side.

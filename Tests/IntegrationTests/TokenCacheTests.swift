@@ -133,7 +133,8 @@ import WorkerPipeline
         #expect(try cache.entries(forUser: user).map(\.token) == [device])
     }
 
-    /// The inactivity sweep handles tokens of every kind alike.
+    /// The inactivity sweep handles tokens of every kind alike, and keeps a token whose registration time is not in
+    /// milliseconds (seconds, a negative number, text another system wrote): its age is unknown.
     @Test func theSweepRemovesOldTokensOfEveryKind() throws {
         // A database of its own: the sweep covers every user in it.
         let redis = try RedisConnection(url: TestServices.redisURL().withDatabase(12))
@@ -141,14 +142,16 @@ import WorkerPipeline
         let user = TestServices.unique("hal")
         let oldVoip = String(repeating: "71", count: 32)
         let freshActivity = String(repeating: "72", count: 32)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let cutoff = now - 30 * 86_400_000
         try cache.register([
             TokenRegistration(
                 user: user, token: oldVoip, scope: TokenScope(environment: .production, topic: "com.example.app.voip"),
-                registeredAt: 1_000),
+                registeredAt: cutoff - 86_400_000),
             TokenRegistration(
                 user: user, token: freshActivity,
                 scope: TokenScope(environment: .sandbox, topic: "com.example.app.push-type.liveactivity"),
-                registeredAt: 9_000)
+                registeredAt: now)
         ])
         // A registration time another system wrote in its own format: its age is unknown, so the token stays.
         let otherFormat = String(repeating: "73", count: 32)
@@ -157,9 +160,16 @@ import WorkerPipeline
                 user: user, token: otherFormat, scope: TokenScope(environment: .production), registeredAt: 1)
         ])
         _ = try redis.command(["HSET", RedisKeys.node.registered(user), otherFormat, "2025-12-01T10:00:00Z"])
-        #expect(try cache.sweep(registeredBefore: 5_000) >= 1)
+        let (inSeconds, negative) = (String(repeating: "74", count: 32), String(repeating: "75", count: 32))
+        for (token, time) in [(inSeconds, now / 1000), (negative, -1)] {
+            _ = try redis.pipeline([
+                ["HSET", RedisKeys.node.tokens(user), token, "production"],
+                ["HSET", RedisKeys.node.registered(user), token, String(time)]
+            ])
+        }
+        #expect(try cache.sweep(registeredBefore: cutoff) >= 1)
         let entries = try cache.entries(forUser: user)
-        #expect(Set(entries.map(\.token)) == [freshActivity, otherFormat])
+        #expect(Set(entries.map(\.token)) == [freshActivity, otherFormat, inSeconds, negative])
         #expect(entries.first { $0.token == freshActivity }?.value == "sandbox:com.example.app.push-type.liveactivity")
     }
 
