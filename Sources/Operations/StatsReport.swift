@@ -40,7 +40,7 @@ public struct StatsReport: Sendable {
     public var windowMinutes: Int
     public var workers: [String]
     /// The mass-invalidation guard's window across the fleet (nil: unreadable), and the guard it is weighed by.
-    public var invalidationWindow: InvalidationCounts?
+    public var invalidationWindow: FleetInvalidationCounts?
     public var invalidationGuard: MassInvalidationGuard
 
     /// Whether the workers hold 400 mismatches back now (an unreadable window holds them back too).
@@ -122,7 +122,7 @@ public struct StatsReport: Sendable {
                     + String(format: "  %9.1f", Double(total) / seconds))
         }
         lines.append("")
-        lines.append("INVALIDATION GUARD (all workers, last \(SharedInvalidationWindow.seconds) s): " + guardLine)
+        lines.append("INVALIDATION GUARD (all workers, last minute and last hour): " + guardLine)
         lines.append("")
         lines.append("WORKERS ALIVE (reported in the last 30 s): \(workers.count)")
         for worker in workers { lines.append("  \(worker)") }
@@ -145,10 +145,15 @@ public struct StatsReport: Sendable {
         let totalText = WorkerStatistics.Snapshot.fieldNames.map { "\(JSONString.quote($0)):\(totals[$0] ?? 0)" }
             .joined(separator: ",")
         let workerText = workers.map(JSONString.quote).joined(separator: ",")
-        let window = invalidationWindow.map { "{\"mismatches\":\($0.mismatches),\"judged\":\($0.judged)}" } ?? "null"
+        func counts(_ counts: InvalidationCounts?) -> String {
+            counts.map { "{\"mismatches\":\($0.mismatches),\"judged\":\($0.judged)}" } ?? "null"
+        }
         let guardText =
             "{\"tripped\":\(guardTripped),\"window_seconds\":\(SharedInvalidationWindow.seconds),"
-            + "\"window\":\(window),\"threshold\":\(invalidationGuard.threshold),\"share\":\(invalidationGuard.share)}"
+            + "\"window\":\(counts(invalidationWindow?.lastMinute)),"
+            + "\"hour_window_seconds\":\(SharedInvalidationWindow.minutes * 60),"
+            + "\"hour_window\":\(counts(invalidationWindow?.lastHour)),"
+            + "\"threshold\":\(invalidationGuard.threshold),\"share\":\(invalidationGuard.share)}"
         return
             "{\"lanes\":[\(laneText)],\"queues\":[\(queueText)],\"window_minutes\":\(windowMinutes),\"totals\":{\(totalText)},"
             + "\"workers\":[\(workerText)],\"invalidation_guard\":\(guardText)}"
@@ -217,7 +222,9 @@ public struct StatsReport: Sendable {
             guardTripped
             ? "TRIPPED: no worker removes tokens for 400 BadDeviceToken/DeviceTokenNotForTopic"
             : "not tripped"
-        return "\(window.mismatches) 400 mismatches of \(window.judged) token-judging answers (\(rule)): \(state)"
+        let (minute, hour) = (window.lastMinute, window.lastHour)
+        return "\(minute.mismatches) 400 mismatches of \(minute.judged) token-judging answers in the last minute, "
+            + "\(hour.mismatches) of \(hour.judged) in the last hour (\(rule), in either): \(state)"
     }
 
 }

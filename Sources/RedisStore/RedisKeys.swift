@@ -105,6 +105,12 @@ public struct RedisKeys: Sendable, Equatable {
         (0..<seconds).map { "\(prefix):\(second - $0)" }
     }
 
+    /// The guard's hour window: `<prefix>:minute:<unix minute>`, the minute of `second` first.
+    static func guardMinuteBuckets(prefix: String, endingAt second: Int, minutes: Int) -> [String] {
+        let minute = second / 60
+        return (0..<minutes).map { "\(prefix):minute:\(minute - $0)" }
+    }
+
     /// String: a job cancelled with `apns-worker jobs cancel`, and why (JSON: `reason`, `at`); kept 7 days.
     public func cancelled(_ jobID: String) -> String { "apns:cancelled:" + jobID }
     /// Sorted set: the cancelled jobs' ids, scored by when they were cancelled (ms), for workers to learn of new

@@ -30,6 +30,12 @@ public struct MassInvalidationGuard: Sendable, Equatable {
         counts.mismatches >= threshold && Double(counts.mismatches) > share * Double(counts.judged)
     }
 
+    /// The fleet's answers hold mismatches back when those of the last minute do, or those of the last hour: a wave
+    /// slower than the threshold a minute (a low-traffic fleet misconfigured) trips it within the hour.
+    public func holdsBack(_ fleet: FleetInvalidationCounts) -> Bool {
+        holdsBack(fleet.lastMinute) || holdsBack(fleet.lastHour)
+    }
+
     /// Who held a job's mismatches back.
     public enum Verdict: Sendable, Equatable {
         /// They count as dead tokens: removed, with events.
@@ -42,7 +48,7 @@ public struct MassInvalidationGuard: Sendable, Equatable {
 
     /// A job's verdict from its own answers and the fleet window's totals (this job's answers included; nil when the
     /// window could not be read).
-    public func verdict(job: InvalidationCounts, fleet: InvalidationCounts?) -> Verdict {
+    public func verdict(job: InvalidationCounts, fleet: FleetInvalidationCounts?) -> Verdict {
         guard job.mismatches > 0 else { return .remove }
         if holdsBack(job) { return .heldBackByJob }
         guard let fleet else { return .heldBackByFleet }
@@ -62,5 +68,16 @@ public struct InvalidationCounts: Sendable, Equatable {
 
     public static func + (lhs: Self, rhs: Self) -> Self {
         InvalidationCounts(mismatches: lhs.mismatches + rhs.mismatches, judged: lhs.judged + rhs.judged)
+    }
+}
+
+/// The fleet's token-judging answers over two spans (`InvalidationWindow`).
+public struct FleetInvalidationCounts: Sendable, Equatable {
+    public var lastMinute: InvalidationCounts
+    public var lastHour: InvalidationCounts
+
+    public init(lastMinute: InvalidationCounts, lastHour: InvalidationCounts) {
+        self.lastMinute = lastMinute
+        self.lastHour = lastHour
     }
 }

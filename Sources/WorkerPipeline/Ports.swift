@@ -279,9 +279,10 @@ public protocol RateLimiter {
 /// The fleet's recent answers that judge a token, shared by every worker: what the mass-invalidation guard weighs a
 /// wave of 400 mismatches spread over many small jobs by.
 public protocol InvalidationWindow {
-    /// Adds answers to the window and returns its totals, these included; refused (a key of the wrong type) or
-    /// unavailable, the guard removes nothing on a guess. Only a lost connection throws.
-    func add(_ counts: InvalidationCounts) throws -> StoreAnswer<InvalidationCounts>
+    /// Adds answers to the window and returns its totals over the last minute and the last hour, these included;
+    /// refused (a key of the wrong type) or unavailable, the guard removes nothing on a guess. Only a lost connection
+    /// throws.
+    func add(_ counts: InvalidationCounts) throws -> StoreAnswer<FleetInvalidationCounts>
 }
 
 /// One credential's connections to one APNs environment, by the credential's name (`TEAMID/KEYID` or

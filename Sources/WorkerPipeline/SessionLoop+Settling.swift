@@ -351,7 +351,7 @@ extension SessionLoop {
         // Without the fleet's totals (refused, or their node silent) the guard removes nothing on a guess; only what
         // the window said is news about the fleet.
         let answer = try shareAnswers()
-        let fleet: InvalidationCounts? = if case .answered(let totals) = answer { totals } else { nil }
+        let fleet: FleetInvalidationCounts? = if case .answered(let totals) = answer { totals } else { nil }
         if case .unavailable = answer {} else { noteFleetGuard(fleet) }
         for (progress, job) in zip(jobs, counts) {
             let verdict = worker.settings.invalidationGuard.verdict(job: job, fleet: fleet)
@@ -376,8 +376,8 @@ extension SessionLoop {
     }
 
     /// Adds the answers not yet shared to the fleet's window and returns what the store said. Answers it could not
-    /// take are dropped: the window weighs the last minute, and old answers added late would weigh on a new one.
-    func shareAnswers() throws -> StoreAnswer<InvalidationCounts> {
+    /// take are dropped: the window weighs recent answers, and old answers added late would weigh on a new minute.
+    func shareAnswers() throws -> StoreAnswer<FleetInvalidationCounts> {
         let answer = try session.invalidationWindow.add(unsharedAnswers)
         unsharedAnswers = InvalidationCounts()
         switch answer {
@@ -388,8 +388,17 @@ extension SessionLoop {
         return answer
     }
 
+    private static func fleetGuardMetadata(_ fleet: FleetInvalidationCounts?) -> [String: String] {
+        guard let fleet else { return ["guard.mismatches": "unreadable", "guard.judged": "unreadable"] }
+        return [
+            "guard.mismatches": String(fleet.lastMinute.mismatches), "guard.judged": String(fleet.lastMinute.judged),
+            "guard.hour_mismatches": String(fleet.lastHour.mismatches),
+            "guard.hour_judged": String(fleet.lastHour.judged)
+        ]
+    }
+
     /// The fleet guard's state as this worker last saw it: a trip and its end are logged once, not per job.
-    func noteFleetGuard(_ fleet: InvalidationCounts?) {
+    func noteFleetGuard(_ fleet: FleetInvalidationCounts?) {
         let tripped = fleet.map(worker.settings.invalidationGuard.holdsBack) ?? true
         guard statistics.fleetGuardTripped.exchange(tripped, ordering: .relaxed) != tripped else { return }
         if tripped {
@@ -397,14 +406,11 @@ extension SessionLoop {
             logger.error(
                 "mass invalidation guard (fleet): 400 answers across the fleet look like a configuration error; "
                     + "no worker removes tokens for them until their share falls",
-                [
-                    "guard.mismatches": fleet.map { String($0.mismatches) } ?? "unreadable",
-                    "guard.judged": fleet.map { String($0.judged) } ?? "unreadable"
-                ])
+                Self.fleetGuardMetadata(fleet))
         } else {
             logger.warning(
                 "mass invalidation guard (fleet): the share of 400 answers fell back; mismatches count again",
-                ["guard.mismatches": String(fleet?.mismatches ?? 0), "guard.judged": String(fleet?.judged ?? 0)])
+                Self.fleetGuardMetadata(fleet))
         }
     }
 

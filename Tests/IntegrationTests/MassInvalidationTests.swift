@@ -57,6 +57,32 @@ import WorkerPipeline
         return Run(summaries: summaries, events: events, redis: redis, owners: owners)
     }
 
+    /// The fleet's window in Redis: the last minute's answers, and the last hour's in minute buckets, so that a wave
+    /// too slow to fill a minute (10 minutes ago) still counts, and one older than the hour no longer does.
+    @Test func theWindowAddsTheLastHoursMinutes() throws {
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let prefix = TestServices.unique("guard")
+        let window = SharedInvalidationWindow(redis: redis, keyPrefix: prefix)
+        let minute = (Int(try #require(redis.command(["TIME"]).elements.first?.text) ?? "0") ?? 0) / 60
+        for (ago, count) in [(10, 15), (61, 100)] {
+            _ = try redis.command([
+                "HSET", "\(prefix):minute:\(minute - ago)", "mismatches", String(count), "judged", String(count)
+            ])
+        }
+        guard case .answered(let totals) = try window.add(InvalidationCounts(mismatches: 1, judged: 1)) else {
+            Issue.record("the window was not answered")
+            return
+        }
+        #expect(totals.lastMinute == InvalidationCounts(mismatches: 1, judged: 1))
+        #expect(totals.lastHour == InvalidationCounts(mismatches: 16, judged: 16), "\(totals)")
+        // The current minute's bucket (the next one's, had the minute just turned).
+        let lifetime =
+            try [minute, minute + 1].map {
+                try redis.command(["TTL", "\(prefix):minute:\($0)"]).integer ?? 0
+            }.max() ?? 0
+        #expect(lifetime > 3600, "a minute's bucket outlives the hour: \(lifetime) s")
+    }
+
     @Test func aWaveOverOneUserJobsRemovesLessThanTheThreshold() throws {
         let tokens = TokenKindsTests.tokens("badbad01", 200)
         var behaviour = APNsSimulator.Behaviour()

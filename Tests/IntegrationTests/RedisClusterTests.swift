@@ -430,7 +430,10 @@ enum RedisClusterSetup {
             Issue.record("the guard's window was not answered on the cluster: \(window)")
             return
         }
-        #expect(fleetWide.mismatches >= 1 && fleetWide.judged >= 2, "the window holds what was added: \(fleetWide)")
+        #expect(
+            fleetWide.lastMinute.mismatches >= 1 && fleetWide.lastMinute.judged >= 2
+                && fleetWide.lastHour.mismatches >= 1 && fleetWide.lastHour.judged >= 2,
+            "both windows hold what was added: \(fleetWide)")
 
         let record = SentRecord(redis: cluster)
         let messages = (0..<30).map { TestServices.unique("poison-\($0)") }

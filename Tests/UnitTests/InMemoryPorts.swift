@@ -409,10 +409,11 @@ final class InMemoryInvalidationWindow: InvalidationWindow {
 
     init(_ fleet: InMemoryFleet) { self.fleet = fleet }
 
-    func add(_ counts: InvalidationCounts) throws -> StoreAnswer<InvalidationCounts> {
+    func add(_ counts: InvalidationCounts) throws -> StoreAnswer<FleetInvalidationCounts> {
         fleet.change { state in
             state.invalidationWindow = state.invalidationWindow.map { $0 + counts }
-            return state.invalidationWindow.map { .answered($0) } ?? .refused("WRONGTYPE")
+            return state.invalidationWindow.map { .answered(FleetInvalidationCounts(lastMinute: $0, lastHour: $0)) }
+                ?? .refused("WRONGTYPE")
         }
     }
 }

@@ -29,20 +29,40 @@ import WorkerPipeline
         #expect(!MassInvalidationGuard.judgesToken(APNsResponse(status: 400, reason: .badTopic)))
     }
 
+    /// The fleet's window over one span: the last minute's and the last hour's counts alike.
+    static func fleet(_ mismatches: Int, _ judged: Int) -> FleetInvalidationCounts {
+        let counts = InvalidationCounts(mismatches: mismatches, judged: judged)
+        return FleetInvalidationCounts(lastMinute: counts, lastHour: counts)
+    }
+
     @Test func aJobOrTheFleetHoldsMismatchesBackAndAnUnreadableWindowRemovesNothing() {
         let guarding = MassInvalidationGuard(threshold: 20)
         let oneUser = InvalidationCounts(mismatches: 1, judged: 1)
         #expect(guarding.verdict(job: InvalidationCounts(judged: 5), fleet: nil) == .remove, "nothing to hold back")
-        #expect(guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 19, judged: 19)) == .remove)
+        #expect(guarding.verdict(job: oneUser, fleet: Self.fleet(19, 19)) == .remove)
+        #expect(guarding.verdict(job: oneUser, fleet: Self.fleet(20, 20)) == .heldBackByFleet)
         #expect(
-            guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 20, judged: 20)) == .heldBackByFleet)
-        #expect(
-            guarding.verdict(job: oneUser, fleet: InvalidationCounts(mismatches: 20, judged: 1000)) == .remove,
-            "one bad token in fifty is genuine")
+            guarding.verdict(job: oneUser, fleet: Self.fleet(20, 1000)) == .remove, "one bad token in fifty is genuine")
         #expect(guarding.verdict(job: oneUser, fleet: nil) == .heldBackByFleet)
         #expect(
-            guarding.verdict(job: InvalidationCounts(mismatches: 20, judged: 40), fleet: InvalidationCounts())
+            guarding.verdict(job: InvalidationCounts(mismatches: 20, judged: 40), fleet: Self.fleet(0, 0))
                 == .heldBackByJob)
+    }
+
+    /// A wave slower than the threshold a minute (a misconfigured fleet with little traffic: 18 one-user jobs a
+    /// minute, every one a BadDeviceToken) never fills the minute's window; the hour's holds it back once it reaches
+    /// the threshold, and a healthy hour's answers dilute a genuine bad token now and then.
+    @Test func aSlowWaveIsHeldBackByTheHoursWindow() {
+        let guarding = MassInvalidationGuard(threshold: 20)
+        let oneUser = InvalidationCounts(mismatches: 1, judged: 1)
+        let minute = InvalidationCounts(mismatches: 18, judged: 18)
+        let slowWave = FleetInvalidationCounts(
+            lastMinute: minute, lastHour: InvalidationCounts(mismatches: 36, judged: 36))
+        #expect(guarding.verdict(job: oneUser, fleet: slowWave) == .heldBackByFleet)
+        let healthyHour = FleetInvalidationCounts(
+            lastMinute: InvalidationCounts(mismatches: 1, judged: 50),
+            lastHour: InvalidationCounts(mismatches: 30, judged: 3000))
+        #expect(guarding.verdict(job: oneUser, fleet: healthyHour) == .remove)
     }
 
     @Test func theThresholdAndTheShareAreSettings() throws {
