@@ -90,12 +90,9 @@ public struct SharedJobProgress: JobProgressRecord {
             cancelledAt: replies[1].text.map { SharedCancellations.record($0).at }, now: now)
     }
 
-    /// The jobs waiting for their `send_at`, soonest first.
-    public func scheduled(now: Date = Date()) throws(RedisError) -> [String] {
-        let reply = try redis.command([
-            "ZRANGEBYSCORE", keys.scheduledJobs, String(Int64(now.timeIntervalSince1970 * 1000)),
-            "+inf"
-        ])
+    /// The jobs waiting for their `send_at`, soonest first, those past it that no worker started yet included.
+    public func scheduled() throws(RedisError) -> [String] {
+        let reply = try redis.command(["ZRANGEBYSCORE", keys.scheduledJobs, "-inf", "+inf"])
         if case .error(let message) = reply {
             throw RedisError(kind: .server, "reading \(keys.scheduledJobs): \(message)")
         }
@@ -158,7 +155,8 @@ public struct JobProgressReport: Sendable {
             state = (counts["sent"] ?? 0) > 0 ? .running : .scheduled
         } else if ended {
             state = .done
-        } else if let scheduledFor, !started, Double(scheduledFor) > now.timeIntervalSince1970 {
+        } else if scheduledFor != nil, !started {
+            // Past its send_at too, until a worker starts it (none running, or a backlog before it).
             state = .scheduled
         } else {
             state = started ? .running : .unknown

@@ -9,9 +9,12 @@ struct ProgressTracker {
     private var pending: [String: JobProgressDelta] = [:]
     private(set) var nextReport = Date.distantPast
 
-    /// Windowed jobs of any size are: their parts wait for hours, and `jobs show` is where that is seen.
+    /// Windowed and scheduled jobs of any size are: their parts wait for hours, or the job for its send_at, and
+    /// `jobs show` is where that is seen (a scheduled job leaves the scheduled list as it starts, and ends done).
     static func isTracked(_ progress: JobProgress) -> Bool {
-        progress.hasStableID && (progress.job.localWindow != nil || named(progress) >= JobProgressDelta.minimumTargets)
+        progress.hasStableID
+            && (progress.job.localWindow != nil || progress.job.sendAt != nil
+                || named(progress) >= JobProgressDelta.minimumTargets)
     }
 
     /// The users and tokens the job named as it arrived.

@@ -409,21 +409,10 @@ extension SessionLoop {
     /// sending anything. A redelivered part is not a copy: it starts again, skipping what the idempotency record
     /// says it sent.
     private func skipCopiesOfStartedParts(_ jobs: inout [(delivery: JobDelivery, job: PushJob)]) throws {
-        let parts = jobs.filter { Self.isWindowPart($0.delivery) && !$0.delivery.redelivered }
-        guard !parts.isEmpty else { return }
-        let key = { (entry: (delivery: JobDelivery, job: PushJob)) in
-            entry.job.id + ":" + (entry.delivery.properties.headers[Worker.windowPartHeader] ?? "")
+        try skipCopies(&jobs, of: "windowed jobs' parts", claim: session.record.claimWindowParts) { entry in
+            guard Self.isWindowPart(entry.delivery), !entry.delivery.redelivered else { return nil }
+            return entry.job.id + ":" + (entry.delivery.properties.headers[Worker.windowPartHeader] ?? "")
         }
-        let claimed = try session.record.claimWindowParts(parts.map(key))
-        let copies = parts.filter { !claimed.contains(key($0)) }
-        guard !copies.isEmpty else { return }
-        statistics.republishedCopiesSkipped.add(copies.count, ordering: .relaxed)
-        logger.info(
-            "copies of windowed jobs' parts that started already acknowledged without sending",
-            ["jobs": String(copies.count)])
-        try session.broker.acknowledge(copies.map(\.delivery.tag))
-        let skipped = Set(copies.map(\.delivery.tag))
-        jobs.removeAll { skipped.contains($0.delivery.tag) }
     }
 
     /// A scheduled job comes back from the delay queues at its `send_at`, and so does a copy its publisher made (after
@@ -434,21 +423,30 @@ extension SessionLoop {
     /// (it starts again, skipping what the idempotency record says was sent), nor is a job back from waiting for a
     /// Redis node (it claimed before it waited), a window's part or a retry.
     private func skipCopiesOfStartedSchedules(_ jobs: inout [(delivery: JobDelivery, job: PushJob)]) throws {
-        func key(_ entry: (delivery: JobDelivery, job: PushJob)) -> String? {
+        try skipCopies(&jobs, of: "scheduled jobs", claim: session.record.claimScheduledStarts) { entry in
             guard let sendAt = entry.job.sendAt, entry.job.attempt == 1, !entry.delivery.redelivered,
                 !Self.isWindowPart(entry.delivery), StoreWaits.waits(of: entry.delivery) == 0,
                 TargetResolver.hasStableID(entry.job, entry.delivery)
             else { return nil }
             return entry.job.id + ":" + String(sendAt)
         }
-        let keys = jobs.compactMap(key)
+    }
+
+    /// Claims the start of each job `key` names (nil: nothing to claim) and acknowledges, unsent, those whose start
+    /// was claimed before, and every one after the first of a key this batch holds twice (the two came together).
+    private func skipCopies(
+        _ jobs: inout [(delivery: JobDelivery, job: PushJob)], of kind: String,
+        claim: ([String]) throws -> Set<String>, key: ((delivery: JobDelivery, job: PushJob)) -> String?
+    ) throws {
+        var seen = Set<String>()
+        let keys = jobs.compactMap(key).filter { seen.insert($0).inserted }
         guard !keys.isEmpty else { return }
-        let claimed = try session.record.claimScheduledStarts(keys)
-        let copies = jobs.filter { entry in key(entry).map { !claimed.contains($0) } ?? false }
+        var claimedNow = try claim(keys)
+        let copies = jobs.filter { entry in key(entry).map { claimedNow.remove($0) == nil } ?? false }
         guard !copies.isEmpty else { return }
         statistics.republishedCopiesSkipped.add(copies.count, ordering: .relaxed)
         logger.info(
-            "copies of scheduled jobs that started already acknowledged without sending",
+            "copies of \(kind) that started already acknowledged without sending",
             ["jobs": String(copies.count), "job.id": copies.prefix(5).map(\.job.id).joined(separator: ",")])
         try session.broker.acknowledge(copies.map(\.delivery.tag))
         let skipped = Set(copies.map(\.delivery.tag))

@@ -81,10 +81,17 @@ func jobsCommand(_ arguments: [String]) {
         let progress = SharedJobProgress(redis: redis)
         switch action {
         case "list":
-            // A windowed job runs while some of its parts wait: it is in both lists, and listed once.
-            var seen = Set<String>()
-            let ids = try (progress.running() + progress.scheduled()).filter { seen.insert($0).inserted }
-            let reports = try ids.map { id throws(RedisError) in try progress.read(id) }
+            // A windowed job runs while some of its parts wait: it is in both lists, and listed once. Of the
+            // scheduled list, what still waits: a job for its send_at, a windowed job's parts for users' hours (it
+            // stays on the list until its last part's hours opened, done or not).
+            let running = try progress.running()
+            var seen = Set(running)
+            let waiting = try progress.scheduled().filter { seen.insert($0).inserted }
+            let reports =
+                try running.map { id throws(RedisError) in try progress.read(id) }
+                + waiting.map { id throws(RedisError) in try progress.read(id) }.filter {
+                    $0.state == .scheduled || ($0.counts["waiting_for_window"] ?? 0) > 0
+                }
             if json {
                 print("[" + reports.map(\.json).joined(separator: ",") + "]")
             } else {

@@ -125,4 +125,41 @@ import WorkerPipeline
         #expect(simulator.received().count == 3, "each token once: \(simulator.received().map(\.deviceToken))")
         #expect(try replyReader.read(1, timeout: 1).isEmpty, "one summary")
     }
+
+    /// A scheduled job of a few tokens is shown as scheduled until a worker starts it, past its send_at too (no worker
+    /// ran then), listed by `jobs list`; once it ran it is done and off the list.
+    @Test func aScheduledJobShowsScheduledUntilAWorkerStartsItThenDone() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let (jobID, sendAt) = try Self.publishScheduled(
+            publisher, to: jobs, replies: replies, tokens: [String(format: "%064x", 0xD5_0000)], in: 2)
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs)
+        let first = try WorkerThread(environment, logger: logger)
+        #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL), "jobs show: scheduled for \(sendAt)")
+        first.stop()
+        // What is under test is the clock passing send_at with no worker running.
+        #expect(TestServices.waitUntil(timeout: 10) { Date().timeIntervalSince1970 > Double(sendAt) + 0.5 })
+        #expect(try JobCancelTests.show(jobID, redisURL: redisURL)["state"] as? String == "scheduled", "overdue")
+        #expect(try Self.listed(redisURL: redisURL).contains(jobID), "jobs list names the overdue job")
+        let second = try WorkerThread(environment, logger: logger)
+        defer { second.stop() }
+        #expect(try replyReader.read(1, timeout: 30).count == 1, "sent")
+        #expect(
+            try TestServices.waitUntil(timeout: 10) {
+                try JobCancelTests.show(jobID, redisURL: redisURL)["state"] as? String == "done"
+            }, "jobs show: done")
+        #expect(try !Self.listed(redisURL: redisURL).contains(jobID), "off the list")
+    }
+
+    /// The ids `jobs list --json` prints.
+    static func listed(redisURL: String) throws -> [String] {
+        let child = try ExecutablesTests.Child(
+            "apns-worker", ["jobs", "list", "--json"], environment: ["REDIS_URL": redisURL])
+        let line = child.waitForLine(containing: "[", timeout: 30) ?? ""
+        try #require(child.waitForExit() == 0, "jobs list: \(line)")
+        let reports = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [[String: Any]])
+        return reports.compactMap { $0["job_id"] as? String }
+    }
 }

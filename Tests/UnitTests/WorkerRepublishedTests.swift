@@ -24,6 +24,23 @@ import WorkerPipeline
         #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
     }
 
+    /// A scheduled job and its publisher's copy, back from the delay queues together at send_at, read in one batch:
+    /// one starts, the other is acknowledged unsent (each claims the start, and a batch holding one start twice
+    /// claims it once). The copy first: a copy after its job in a batch waits for the job to settle anyway.
+    @Test func aScheduledJobAndItsCopyInOneBatchAreSentOnce() throws {
+        let fleet = InMemoryFleet()
+        let body = Spec.job("sched", tokens: [Spec.token(1)]).replacingOccurrences(
+            of: #""payload""#, with: #""send_at":1700000000,"payload""#)
+        let copy = fleet.deliver(body, properties: Self.copy)
+        let original = fleet.deliver(body, properties: MessageProperties(replyTo: "replies", messageID: "sched"))
+        let running = Spec.Running(fleet)
+        #expect(fleet.wait { $0.acknowledged.contains(original) && $0.acknowledged.contains(copy) })
+        running.stop()
+        #expect(fleet.read(\.sent).count == 1, "sent once")
+        #expect(fleet.read { $0.published.count } == 1, "one summary")
+        #expect(running.worker.statistics.republishedCopiesSkipped.load(ordering: .relaxed) == 1)
+    }
+
     /// Marked by a header that is not text (a number, as many clients write an integer): a copy all the same.
     @Test func aCopyMarkedWithAHeaderThatIsNotTextIsACopy() throws {
         let fleet = InMemoryFleet()
