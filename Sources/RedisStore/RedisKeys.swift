@@ -30,6 +30,9 @@ public struct RedisKeys: Sendable, Equatable {
     public func registered(_ user: String) -> String { Self.registeredPrefix + self.user(user) }
     /// Hash: field = token, value = the device's metadata as JSON.
     public func devices(_ user: String) -> String { "apns:devices:" + self.user(user) }
+    /// Hash: field = token, value = when a logout or a 410 took it out of the user's keys (ms since epoch); kept 7
+    /// days after the last.
+    public func unregistered(_ user: String) -> String { "apns:unregistered:" + self.user(user) }
     /// Hash: a Live Activity's update tokens, field = token, value = what it serves (`TokenScope`); expires a day
     /// after the last registration (an activity lives at most 12 hours).
     public func activity(_ id: String) -> String { Self.activityPrefix + self.user(id) }

@@ -11,11 +11,18 @@ import WorkerPipeline
 /// - `apns:timezone:<user>`: string, the user's time zone (an IANA name), from the newest registration that named one.
 /// - `apns:owner:<token>`: string, the user a token currently belongs to, so a device that changes accounts stops
 ///   receiving the previous account's notifications.
+/// - `apns:unregistered:<user>`: hash, field = token, value = when the user's logout, or APNs (a 410), took it out
+///   (ms since epoch); kept 7 days after the last, so that a registration older than that, arriving late, changes
+///   nothing.
 ///
-/// Every script touches one user's three keys, declared in KEYS (one hash slot in a cluster). What spans a user and a
+/// Every script touches one user's four keys, declared in KEYS (one hash slot in a cluster; a Live Activity's scripts
+/// get its three, and keep no removals). What spans a user and a
 /// token's owner key, or two users (a token moving between accounts), is ordered steps, each safe to repeat: an
 /// event redelivered after a crash between two steps finishes the work.
 public struct TokenCache: TokenStore {
+    /// How long a user's dated removals are remembered (s): events arrive out of order by far less.
+    static let removalLifetime = 7 * 24 * 3600
+
     /// Forgets one token of the user whose keys are KEYS[1] (tokens), KEYS[2] (registered), KEYS[3] (devices).
     private static let forgetFunction = """
         local function forget(token)
@@ -30,7 +37,8 @@ public struct TokenCache: TokenStore {
     /// the token in the user's entry goes (other systems may have written one in upper case): each is judged as one.
     /// ARGV: token, died-at ms (-1: unconditionally), then the cache values the entry must hold to be removed (none:
     /// any). Returns {1 if a token was removed else 0, then the spellings forgotten, whose owner key may name the
-    /// user}.
+    /// user}. A dated removal is remembered (KEYS[4], `removalLifetime`), whether the token was there or not yet: a
+    /// registration from before it that arrives later is older news.
     static let removeUnlessRegisteredAfter =
         forgetFunction + """
             local wanted = string.lower(ARGV[1])
@@ -44,6 +52,11 @@ public struct TokenCache: TokenStore {
                 local serves = false
                 for index = 3, #ARGV do if ARGV[index] == value then serves = true end end
                 if not serves then return end
+              end
+              if died >= 0 and #KEYS >= 4 then
+                local before = tonumber(redis.call('HGET', KEYS[4], token) or '0') or 0
+                if died > before then redis.call('HSET', KEYS[4], token, died) end
+                redis.call('EXPIRE', KEYS[4], \(removalLifetime))
               end
               forget(token)
               if value then result[1] = 1 end
@@ -71,9 +84,14 @@ public struct TokenCache: TokenStore {
 
     /// A registration newer than what the user's keys know (re)writes the token; an older one changes nothing.
     /// ARGV: token, cache value (`TokenScope`), registered-at ms, device JSON or "". Returns 1 if applied.
+    /// A removal (a logout, a 410) newer than the registration counts as known too (KEYS[4], a user's only).
     private static let registerFunction = """
         local function registerToken()
           local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
+          if #KEYS >= 4 then
+            local removed = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0') or 0
+            if removed > known then known = removed end
+          end
           if known > tonumber(ARGV[3]) then return 0 end
           redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
           redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -152,7 +170,8 @@ public struct TokenCache: TokenStore {
 
     /// EVAL of one of the scripts above on one user's keys.
     private func onUser(_ script: String, _ user: String, _ arguments: [String]) -> [String] {
-        ["EVAL", script, "3", keys.tokens(user), keys.registered(user), keys.devices(user)] + arguments
+        ["EVAL", script, "4", keys.tokens(user), keys.registered(user), keys.devices(user), keys.unregistered(user)]
+            + arguments
     }
 
     /// EVAL of one of the scripts above on a Live Activity's keys, which play a user's.

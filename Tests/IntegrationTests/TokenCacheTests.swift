@@ -196,4 +196,36 @@ import WorkerPipeline
         #expect(remaining == [reRegistered], "the token the app registered after APNs's 410 stays")
         #expect(try redis.command(["HEXISTS", RedisKeys.node.registered(user), stale]).integer == 0)
     }
+
+    /// Events arrive out of order: a registration older than the logout, or than the 410, that took the token out
+    /// brings nothing back (the removal is remembered a week), while a newer one registers it again.
+    @Test func aLateRegistrationOlderThanItsRemovalBringsNothingBack() throws {
+        let (redis, cache) = try Self.connect()
+        let user = TestServices.unique("late")
+        let (loggedOut, died) = (String(repeating: "54", count: 32), String(repeating: "55", count: 32))
+        let scope = TokenScope(environment: .production)
+        let t0: Int64 = 1_796_000_000_000
+        func register(_ token: String, at time: Int64) throws -> [CacheChange] {
+            try cache.register([TokenRegistration(user: user, token: token, scope: scope, registeredAt: time)])
+        }
+        _ = try register(loggedOut, at: t0)
+        _ = try register(died, at: t0)
+        let removed = try cache.remove([
+            TokenRemoval(user: user, token: loggedOut, unlessRegisteredAfter: t0 + 1000),
+            TokenRemoval(user: user, token: died, unlessRegisteredAfter: t0 + 2000)
+        ])
+        #expect(removed == [.applied, .applied])
+        #expect(try register(loggedOut, at: t0 + 500) == [.unchanged], "older than the logout")
+        #expect(try register(died, at: t0 + 1500) == [.unchanged], "older than the 410")
+        #expect(try cache.entries(forUser: user).isEmpty)
+        let lifetime = try redis.command(["TTL", RedisKeys.node.unregistered(user)]).integer ?? 0
+        #expect(lifetime > 6 * 86_400, "remembered a week: \(lifetime) s")
+        #expect(try register(loggedOut, at: t0 + 1001) == [.applied], "newer than the logout")
+        #expect(try cache.entries(forUser: user).map(\.token) == [loggedOut])
+        // A logout that comes before the registration it follows: the registration, older, arrives after it.
+        let early = String(repeating: "56", count: 32)
+        #expect(try cache.remove([TokenRemoval(user: user, token: early, unlessRegisteredAfter: t0 + 3000)]) != [])
+        #expect(try register(early, at: t0 + 2500) == [.unchanged])
+        #expect(try cache.entries(forUser: user).map(\.token) == [loggedOut])
+    }
 }
