@@ -503,11 +503,12 @@ public struct TokenCache: TokenStore {
         return (entries, unreadable)
     }
 
-    /// One user's keys (tokens, registration times, devices) and where each lives, for people.
+    /// One user's keys (tokens, registration times, devices, time zone, removals) and where each lives, for people.
     public func keys(forUser user: String) -> [(key: String, location: String)] {
-        [keys.tokens(user), keys.registered(user), keys.devices(user), keys.timeZone(user)].map {
-            ($0, redis.location(ofKey: $0))
-        }
+        let all = [
+            keys.tokens(user), keys.registered(user), keys.devices(user), keys.timeZone(user), keys.unregistered(user)
+        ]
+        return all.map { ($0, redis.location(ofKey: $0)) }
     }
 
     /// Every user with a token entry, a page at a time, on every master.

@@ -34,8 +34,8 @@ let tokensHelp = """
       list      USER's tokens: environment, topic, when last registered (and how many days ago), device metadata;
                 --topic shows only the tokens a job with that topic reaches. Tokens are shortened (first 8
                 characters and length) unless --full-tokens; --json for scripts.
-      keys      USER's keys in Redis (tokens, registration times, devices, time zone), a line each with where it
-                lives: the Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
+      keys      USER's keys in Redis (tokens, registration times, devices, time zone, removals), a line each with
+                where it lives: the Redis URL, or in a Redis Cluster the key's hash slot and the master that serves it
       import    registration events from FILE (standard input without it, or -), one JSON object per line as on
                 PUSH_REGISTRATIONS_QUEUE ({"user": "u1", "token": "<hex>", "environment": "sandbox", "timestamp":
                 1732900000000}); applied as the cleanup consumer applies them, 1,000 at a time: an event older than
