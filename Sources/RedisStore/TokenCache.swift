@@ -522,8 +522,20 @@ public struct TokenCache: TokenStore {
     /// Copies users' entries (from another cache: `tokens migrate`) without undoing anything newer here: a token this
     /// cache knows the same or a later registration of (or any registration, where the copy has none) is left as it
     /// is, so a second copy writes nothing; so is a token whose owner key here names another user. The
-    /// owner key is written only where none exists. Returns, per user, how many tokens were written.
+    /// owner key is written only where none exists. Tokens are written in lower case, as everything that enters the
+    /// cache writes them (another system's upper case would keep a device with its previous account: the owner key
+    /// and a registration name the lower-case spelling). Returns, per user, how many tokens were written.
     public func copy(_ copies: [(user: String, entries: [TokenEntry])]) throws(RedisError) -> [Int] {
+        let copies = copies.map { item in
+            (
+                user: item.user,
+                entries: item.entries.map { entry in
+                    var lowered = entry
+                    lowered.token = entry.token.lowercased()
+                    return lowered
+                }
+            )
+        }
         // A token this cache says belongs to another user now moved after the copy was taken: it stays there.
         let tokens = copies.flatMap { item in item.entries.map { (user: item.user, token: $0.token) } }
         let owners = try redis.pipeline(tokens.map { ["GET", keys.owner($0.token)] })

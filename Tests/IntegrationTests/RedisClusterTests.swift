@@ -357,7 +357,8 @@ enum RedisClusterSetup {
     }
 
     /// `tokens migrate` copies a single node's cache into the cluster: tokens, registration times, devices, owners and
-    /// time zones in the cluster's key form; a newer registration already in the cluster is kept; a second run writes nothing.
+    /// time zones in the cluster's key form; a newer registration already in the cluster is kept; a token the source
+    /// holds in upper case arrives in lower case, its owner key too; a second run writes nothing.
     @Test func tokensMigrateCopiesASingleNodesCache() throws {
         let (sourceURL, source) = try TestServices.isolatedRedis(.migrationSource)
         let first = TestServices.unique("migrated-{a}")
@@ -373,7 +374,7 @@ enum RedisClusterSetup {
             ["HSET", RedisKeys.node.devices(first), token("d1"), #"{"model": "iPhone15,2"}"#],
             ["SET", RedisKeys.node.owner(token("d1")), first],
             ["SET", RedisKeys.node.timeZone(first), "Europe/Paris"],
-            ["HSET", RedisKeys.node.tokens(second), token("d3"), "production"]
+            ["HSET", RedisKeys.node.tokens(second), token("d3").uppercased(), "production"]
         ])
         let cluster = try RedisClusterSetup.client()
         let cache = TokenCache(redis: cluster, logger: logger)
@@ -398,6 +399,7 @@ enum RedisClusterSetup {
         #expect(entries.first?.registeredAt == 1000 && entries.first?.deviceJSON == #"{"model": "iPhone15,2"}"#)
         #expect(try cache.entries(forUser: second).map(\.token) == [token("d3")])
         #expect(try cache.entries(forUser: second).first?.registeredAt == nil, "an unknown age stays unknown")
+        #expect(try cluster.command(["GET", RedisKeys.cluster.owner(token("d3"))]).text == second, "in lower case")
         #expect(try cluster.command(["GET", RedisKeys.cluster.owner(token("d1"))]).text == first)
         #expect(try cluster.command(["EXISTS", RedisKeys.cluster.tokens(first)]).integer == 1, "the cluster's key form")
         #expect(
