@@ -71,14 +71,22 @@ public struct TokenCache: TokenStore {
             return result
             """
 
-    /// A token leaving its previous owner for another user: forgotten there unless that owner registered it after
-    /// this registration (events can arrive out of order). ARGV: token, registered-at ms. Returns 1 if forgotten (or
-    /// not there), -1 if the previous owner's registration is newer.
+    /// A token leaving its previous owner for another user: forgotten there, every spelling of it (another system
+    /// may have written it in upper case), unless that owner registered it after this registration (events can
+    /// arrive out of order). ARGV: token, registered-at ms. Returns 1 if forgotten (or not there), -1 if the previous
+    /// owner's registration is newer.
     static let leavePreviousOwner =
         forgetFunction + """
-            local known = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') or 0
-            if known > tonumber(ARGV[2]) then return -1 end
-            forget(ARGV[1])
+            local wanted = string.lower(ARGV[1])
+            local spellings = {ARGV[1]}
+            for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+              if field ~= ARGV[1] and string.lower(field) == wanted then table.insert(spellings, field) end
+            end
+            for _, token in ipairs(spellings) do
+              local known = tonumber(redis.call('HGET', KEYS[2], token) or '0') or 0
+              if known > tonumber(ARGV[2]) then return -1 end
+            end
+            for _, token in ipairs(spellings) do forget(token) end
             return 1
             """
 
@@ -406,15 +414,18 @@ public struct TokenCache: TokenStore {
     /// `register` for a batch that names each token once.
     private func registerOnce(_ registrations: [TokenRegistration]) throws(RedisError) -> [CacheChange] {
         guard !registrations.isEmpty else { return [] }
-        let owners = try redis.pipeline(registrations.map { ["GET", keys.owner($0.token)] })
+        // The owner key of the token, or, where another system wrote the cache in upper case, of that spelling.
+        let ownerReplies = try redis.pipeline(
+            registrations.flatMap { [["GET", keys.owner($0.token)], ["GET", keys.owner($0.token.uppercased())]] })
+        let owners = registrations.indices.map { ownerReplies[$0 * 2].text ?? ownerReplies[$0 * 2 + 1].text }
         var changes = [CacheChange?](repeating: nil, count: registrations.count)
         let moving = registrations.indices.filter { index in
-            owners[index].text.map { $0 != registrations[index].user } ?? false
+            owners[index].map { $0 != registrations[index].user } ?? false
         }
         let left = try redis.pipeline(
             moving.map { index in
                 onUser(
-                    Self.leavePreviousOwner, owners[index].text!,
+                    Self.leavePreviousOwner, owners[index]!,
                     [registrations[index].token, String(registrations[index].registeredAt)])
             })
         for (index, reply) in zip(moving, left) {
@@ -446,9 +457,14 @@ public struct TokenCache: TokenStore {
                 owned.append(["SET", keys.timeZone(registrations[index].user), zone])
             }
             // Even an older registration: the token left its previous owner above, so it is this user's now. An owner
-            // key that already names the user (an app's launch re-registering its token) needs no write.
-            if owners[index].text != registrations[index].user {
-                owned.append(["SET", keys.owner(registrations[index].token), registrations[index].user])
+            // key that already names the user (an app's launch re-registering its token) needs no write; one another
+            // system wrote in upper case gives way to the lower-case one.
+            let token = registrations[index].token
+            if ownerReplies[index * 2].text != registrations[index].user {
+                owned.append(["SET", keys.owner(token), registrations[index].user])
+            }
+            if ownerReplies[index * 2 + 1].text != nil && token.uppercased() != token {
+                owned.append(["DEL", keys.owner(token.uppercased())])
             }
         }
         if !owned.isEmpty { _ = try redis.pipeline(owned) }

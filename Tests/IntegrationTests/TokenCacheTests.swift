@@ -228,4 +228,26 @@ import WorkerPipeline
         #expect(try register(early, at: t0 + 2500) == [.unchanged])
         #expect(try cache.entries(forUser: user).map(\.token) == [loggedOut])
     }
+
+    /// Another system wrote a device's token in upper case, with its owner key: the device registered by another
+    /// account (in lower case, as every program writes it) leaves the first, whatever the spelling.
+    @Test func aDeviceMovesAccountsFromAnUpperCaseEntry() throws {
+        let (redis, cache) = try Self.connect()
+        let (old, new) = (TestServices.unique("old"), TestServices.unique("new"))
+        let token = String(repeating: "be", count: 32)
+        _ = try redis.pipeline([
+            ["HSET", RedisKeys.node.tokens(old), token.uppercased(), "production"],
+            ["HSET", RedisKeys.node.registered(old), token.uppercased(), "1796000000000"],
+            ["SET", RedisKeys.node.owner(token.uppercased()), old]
+        ])
+        let changes = try cache.register([
+            TokenRegistration(
+                user: new, token: token, scope: TokenScope(environment: .production), registeredAt: 1_796_000_001_000)
+        ])
+        #expect(changes == [.applied])
+        #expect(try cache.entries(forUser: old).isEmpty, "the previous account lost the device")
+        #expect(try cache.entries(forUser: new).map(\.token) == [token])
+        #expect(try redis.command(["GET", RedisKeys.node.owner(token)]).text == new)
+        #expect(try redis.command(["EXISTS", RedisKeys.node.owner(token.uppercased())]).integer == 0)
+    }
 }
