@@ -163,8 +163,8 @@ public struct SettingTable: Sendable {
     public let workerMassInvalidationThreshold: Setting<Int> = Setting(
         name: "WORKER_MASS_INVALIDATION_THRESHOLD", kind: .wholeNumber(1...1_000_000), defaultValue: "20",
         readers: .worker,
-        help: "this many bad-token answers (400 mismatches), in one job or across the fleet's last minute, over "
-            + "WORKER_MASS_INVALIDATION_SHARE of the answers that judge a token, remove no token")
+        help: "this many bad-token answers (400 mismatches), in one job or across the fleet's last minute or hour, "
+            + "over WORKER_MASS_INVALIDATION_SHARE of the answers that judge a token, remove no token")
     public let workerMassInvalidationShare: Setting<Double> = Setting(
         name: "WORKER_MASS_INVALIDATION_SHARE", kind: .fraction, defaultValue: "0.1", readers: [.worker, .stats],
         help: "the share of token-judging answers (200, 410, 400 mismatch) that bad-token answers must exceed to be "
