@@ -225,7 +225,7 @@ public final class APNsClient: Sendable {
                 immediate += inEnvironment.map { ($0, result) }
                 continue
             }
-            let (pool, key, authorization) = (lease.pool, lease.key, lease.authorization)
+            let (pool, authorization) = (lease.pool, lease.authorization)
             var requests: [HTTP2Request] = []
             var sendable: [Int] = []
             var template = RequestTemplate()
@@ -255,7 +255,7 @@ public final class APNsClient: Sendable {
             let sentIndices = sendable
             let retry: @Sendable (Int) -> Void = { [self] position in
                 let original = sentIndices[position]
-                send([notifications[original]], traffic: traffic, resending: true) { _, result in
+                _ = send([notifications[original]], traffic: traffic, resending: true) { _, result in
                     completion(original, result)
                 }
             }
@@ -298,7 +298,7 @@ public final class APNsClient: Sendable {
         case .leased(let leased): lease = leased
         case .answered(let result): return answer(result)
         }
-        let (pool, key) = (lease.pool, lease.key)
+        let pool = lease.pool
         pool.send(broadcast.request(authority: pool.authority, authorization: lease.authorization)) { [self] result in
             let outcome = interpret(
                 result, answers: APNsRoute.broadcast(bundle: broadcast.bundle).answers,
