@@ -7,6 +7,21 @@ import TLS
 
 // MARK: nghttp2 callbacks: C function pointers that find their connection through user_data.
 
+/// The callbacks a session is made with (the caller deletes them once it is made); a client also hears of the frames
+/// it sent.
+func sessionCallbacks(client: Bool) -> OpaquePointer? {
+    var callbacks: OpaquePointer?
+    nghttp2_session_callbacks_new(&callbacks)
+    nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
+    nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameReceived)
+    nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
+    nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders)
+    nghttp2_session_callbacks_set_on_frame_not_send_callback(callbacks, onFrameNotSent)
+    if client { nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSent) }
+    return callbacks
+}
+
 /// nghttp2 calls back only from inside mem_recv or mem_send, which the connection itself called, so it is alive for
 /// the call: no retain and release (with a thousand streams in flight, six callbacks per request paid for them).
 func withConnection<Result>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2Connection) -> Result) -> Result {

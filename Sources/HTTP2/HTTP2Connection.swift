@@ -272,16 +272,8 @@ final class HTTP2Connection: PollHandler {
     }
 
     func startSession() {
-        var callbacks: OpaquePointer?
-        nghttp2_session_callbacks_new(&callbacks)
+        let callbacks = sessionCallbacks(client: isClient)
         defer { nghttp2_session_callbacks_del(callbacks) }
-        nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
-        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
-        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameReceived)
-        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
-        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders)
-        nghttp2_session_callbacks_set_on_frame_not_send_callback(callbacks, onFrameNotSent)
-        if isClient { nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSent) }
         let userData = Unmanaged.passUnretained(self).toOpaque()
         var settings: [nghttp2_settings_entry]
         // A large receive window: responses and requests are small, but many streams share the connection.
