@@ -200,11 +200,15 @@ public final class HTTP2Client: @unchecked Sendable {
     }
 
     /// Whether a request that finds every stream busy waits for a connection on its way (or about to start) rather
-    /// than queueing behind busy streams: only in a pool allowed to grow, not backing off from a failed connect.
+    /// than queueing behind busy streams: while one is opening, whatever the pool's size (a pool that may not grow
+    /// still opens its `connectionCount` together, and the first to open must not take what the others are for), or
+    /// in a pool allowed to grow, not backing off from a failed connect.
     private func isGrowing() -> Bool {
-        guard configuration.maximumConnectionCount > configuration.connectionCount, !isShutDown else { return false }
+        guard !isShutDown else { return false }
         let (usable, opening, _) = poolCensus()
-        return opening > 0 || (reconnectTimer == nil && usable < configuration.maximumConnectionCount)
+        return opening > 0
+            || (configuration.maximumConnectionCount > configuration.connectionCount && reconnectTimer == nil
+                && usable < configuration.maximumConnectionCount)
     }
 
     /// Connections open or on their way (not going away), those of them not open yet, and the largest stream limit

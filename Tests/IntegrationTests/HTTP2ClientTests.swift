@@ -95,6 +95,57 @@ import Testing
         #expect(Set(simulator.received().map(\.connectionID)).count == 2, "work is spread over both connections")
     }
 
+    /// In a pool that may not grow (two connections, two at most), requests that find the open connection's streams
+    /// all busy wait for the second, still in its handshake, instead of queueing behind the first: the second
+    /// connection takes its share when it opens. The relay holds the second connection's handshake until the first
+    /// is full; the server answers nothing until both carry requests.
+    @Test func requestsWaitForAPoolsConnectionStillOpeningRatherThanQueueBehindAFullOne() throws {
+        let pair = try SelfSignedCertificate.generate(commonName: "127.0.0.1")
+        let held = Locked<[(connection: Int, writer: HTTP2ResponseWriter)]>([])
+        let server = try HTTP2Server(
+            configuration: .init(
+                certificatePEM: pair.certificatePEM, privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: 10),
+            logger: logger
+        ) { request, writer in
+            held.withLock { $0.append((request.connectionID, writer)) }
+        }
+        defer { server.shutdown() }
+        let relay = try HoldingRelay(to: "127.0.0.1", port: server.port)
+        defer { relay.cut() }
+        relay.holdConnections(after: 1)
+        let caFile = try TestServices.temporaryFile("ca", contents: pair.certificatePEM)
+        let client = try HTTP2Client(
+            configuration: .init(
+                host: "127.0.0.1", port: relay.port, tls: .init(caFile: caFile), connectionCount: 2,
+                maximumConnectionCount: 2),
+            logger: logger)
+        defer { client.shutdown() }
+        let results = Locked<Int>(0)
+        // More than the hundred streams a connection is assumed to take before its server's SETTINGS say ten.
+        let requests = (0..<130).map { request(authority: client.authority, token: String(format: "%064x", $0)) }
+        client.send(requests) { _, _ in results.withLock { $0 += 1 } }
+        #expect(
+            TestServices.waitUntil(timeout: 10) { held.withLock { $0.count } == 10 }, "the first connection is full")
+        relay.releaseHeldConnections()
+        #expect(
+            TestServices.waitUntil(timeout: 10) { held.withLock { $0.count } == 20 },
+            "the second connection took its share of what waited: \(held.withLock { $0.count }) requests arrived")
+        #expect(Set(held.withLock { $0.map(\.connection) }).count == 2)
+        // Answered from here on as they come: everything completes.
+        func answerHeld() {
+            let writers = held.withLock { held in
+                defer { held.removeAll() }
+                return held.map(\.writer)
+            }
+            server.loop.execute { for writer in writers { writer.respond(status: 200) } }
+        }
+        #expect(
+            TestServices.waitUntil(timeout: 10) {
+                answerHeld()
+                return results.withLock { $0 } == 130
+            }, "every request answered")
+    }
+
     /// A host whose first addresses do not answer (one refuses, one is unreachable) still connects through the
     /// next, on the first try: the connection walks the addresses before the client backs off.
     @Test func triesEveryAddressOfTheHostInTurn() throws {

@@ -9,12 +9,17 @@ import Telemetry
 /// A TCP relay on loopback in front of a server (the broker): a client connected through it can be made to fall
 /// silent towards the server (`holdClientBytes`: what it writes from then on is read and kept, never passed on), as a
 /// process whose writes stop reaching the broker does, while the server's bytes still reach it. `cut` closes every
-/// connection both ways, which the server sees as the client gone.
+/// connection both ways, which the server sees as the client gone. `holdConnections(after:)` makes it a slow server to
+/// reach: connections past the first few pass nothing on, either way, until `releaseHeldConnections()`.
 final class HoldingRelay: @unchecked Sendable {
     let port: Int
     private let listener: Int32
     private let target: (host: String, port: Int)
     private let state = Mutex<(held: Bool, descriptors: [Int32], closed: Bool)>((false, [], false))
+    /// Connections accepted so far, and how many of the first relay their bytes (nil: all); guarded by `admission`.
+    private let admission = NSCondition()
+    private var accepted = 0
+    private var passingConnections: Int?
 
     init(to host: String, port targetPort: Int) throws {
         (listener, port) = try ListeningSocket.open(host: "127.0.0.1", port: 0)
@@ -26,6 +31,17 @@ final class HoldingRelay: @unchecked Sendable {
 
     /// From now on, what clients write is not passed on.
     func holdClientBytes() { state.withLock { $0.held = true } }
+
+    /// Connections accepted after the first `count` relay nothing, either way, until `releaseHeldConnections()`: their
+    /// bytes wait in the sockets, as with a server slow to answer the handshake.
+    func holdConnections(after count: Int) {
+        admission.withLock { passingConnections = count }
+    }
+
+    func releaseHeldConnections() {
+        admission.withLock { passingConnections = nil }
+        admission.broadcast()
+    }
 
     /// Closes the listener and every relayed connection.
     func cut() {
@@ -55,8 +71,22 @@ final class HoldingRelay: @unchecked Sendable {
                 close(server)
                 return
             }
-            Thread.detachNewThread { [self] in pump(from: client, to: server, fromClient: true) }
+            let number = admission.withLock {
+                accepted += 1
+                return accepted
+            }
+            Thread.detachNewThread { [self] in
+                waitForAdmission(number)
+                pump(from: client, to: server, fromClient: true)
+            }
             Thread.detachNewThread { [self] in pump(from: server, to: client, fromClient: false) }
+        }
+    }
+
+    /// Waits while connection `number` (1 for the first accepted) is past the ones allowed through.
+    private func waitForAdmission(_ number: Int) {
+        admission.withLock {
+            while let passing = passingConnections, number > passing { admission.wait() }
         }
     }
 
