@@ -1,4 +1,5 @@
 import APNsModel
+import Synchronization
 import Telemetry
 
 #if canImport(Glibc)
@@ -46,6 +47,24 @@ final class JobProgress: @unchecked Sendable {
         var earlier = EarlierOutcomes()
         /// A job with a `local_window`: how it was cut by its users' hours.
         var window: WindowState?
+        /// A large job followed as it runs (`followAnswers`): set on the broker thread before the job is queued.
+        var answersSoFar: AnswersSoFar?
+    }
+
+    /// The answers of a large job so far, counted where they are recorded (its lane's sender thread) and read on
+    /// the broker thread while the job runs, so that `apns-worker jobs show` sees them before the job ends.
+    final class AnswersSoFar: Sendable {
+        let delivered = Atomic<Int>(0)
+        let dead = Atomic<Int>(0)
+        let failed = Atomic<Int>(0)
+    }
+
+    /// Broker thread, before the job is queued: from now on its answers are also counted where the broker thread can
+    /// read them as they come.
+    func followAnswers() -> AnswersSoFar {
+        let counts = AnswersSoFar()
+        madeRare.answersSoFar = counts
+        return counts
     }
 
     /// A windowed job's users and tokens: those that wait for their hours (published as parts when the job settles),
@@ -133,6 +152,7 @@ final class JobProgress: @unchecked Sendable {
     func recordDelivered(_ index: Int) {
         delivered += 1
         remaining -= 1
+        rare?.answersSoFar?.delivered.add(1, ordering: .relaxed)
         if hasStableID { noteFinal(.done(targets[index].token)) }
     }
 
@@ -146,12 +166,14 @@ final class JobProgress: @unchecked Sendable {
     func recordDead(_ index: Int, _ response: APNsResponse) {
         madeRare.dead.append((targets[index], response))
         remaining -= 1
+        rare?.answersSoFar?.dead.add(1, ordering: .relaxed)
         if hasStableID { noteFinal(.dead(targets[index], response)) }
     }
 
     func recordFailed(_ index: Int, reason: String) {
         madeRare.failed.append((targets[index], reason))
         remaining -= 1
+        rare?.answersSoFar?.failed.add(1, ordering: .relaxed)
         if hasStableID { noteFinal(.failed(targets[index].token, reason: reason)) }
     }
 

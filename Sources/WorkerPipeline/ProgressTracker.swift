@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// What this worker did for each large job since its last report to the fleet's record of progress (`apns-worker jobs
 /// show`), reported about once a second. Only jobs that name themselves and have at least
@@ -8,6 +9,15 @@ struct ProgressTracker {
 
     private var pending: [String: JobProgressDelta] = [:]
     private(set) var nextReport = Date.distantPast
+    /// Large jobs in flight whose answers are reported as they come, not only once the job has them all: what each
+    /// report so far said of them.
+    private var followed: [ObjectIdentifier: Followed] = [:]
+
+    private struct Followed {
+        let progress: JobProgress
+        let soFar: JobProgress.AnswersSoFar
+        var delivered = 0, dead = 0, failed = 0
+    }
 
     /// Windowed and scheduled jobs of any size are: their parts wait for hours, or the job for its send_at, and
     /// `jobs show` is where that is seen (a scheduled job leaves the scheduled list as it starts, and ends done).
@@ -22,7 +32,7 @@ struct ProgressTracker {
         progress.window?.named ?? progress.job.users.count + progress.job.tokens.count
     }
 
-    var hasPending: Bool { !pending.isEmpty }
+    var hasPending: Bool { !pending.isEmpty || !followed.isEmpty }
 
     private mutating func change(_ progress: JobProgress, _ body: (inout JobProgressDelta) -> Void) {
         guard Self.isTracked(progress) else { return }
@@ -40,6 +50,9 @@ struct ProgressTracker {
     /// Notifications of the job (or a piece of it) resolved and queued: its first attempt's only, so that a retry does
     /// not count them twice.
     mutating func resolved(_ progress: JobProgress) {
+        if progress.targets.count >= JobProgressDelta.minimumTargets && Self.isTracked(progress) {
+            followed[ObjectIdentifier(progress)] = Followed(progress: progress, soFar: progress.followAnswers())
+        }
         guard progress.job.attempt == 1 else { return }
         change(progress) { $0.counts[.resolved, default: 0] += progress.targets.count }
     }
@@ -57,12 +70,13 @@ struct ProgressTracker {
         }
     }
 
-    /// A job, or a piece of a large one, has every answer in.
+    /// A job, or a piece of a large one, has every answer in: what earlier reports did not say of it.
     mutating func answered(_ progress: JobProgress) {
+        let reported = followed.removeValue(forKey: ObjectIdentifier(progress))
         change(progress) { delta in
-            delta.counts[.delivered, default: 0] += progress.delivered
-            delta.counts[.dead, default: 0] += progress.dead.count
-            delta.counts[.failed, default: 0] += progress.failed.count
+            delta.counts[.delivered, default: 0] += progress.delivered - (reported?.delivered ?? 0)
+            delta.counts[.dead, default: 0] += progress.dead.count - (reported?.dead ?? 0)
+            delta.counts[.failed, default: 0] += progress.failed.count - (reported?.failed ?? 0)
             delta.counts[.expired, default: 0] += progress.expired
             delta.counts[.cancelled, default: 0] += progress.cancelled
         }
@@ -116,8 +130,26 @@ struct ProgressTracker {
 
     func isDue(at now: Date) -> Bool { hasPending && now >= nextReport }
 
+    /// The answers of followed jobs since the last report.
+    private mutating func noteAnswersSoFar() {
+        for (key, var entry) in followed {
+            let delivered = entry.soFar.delivered.load(ordering: .relaxed)
+            let dead = entry.soFar.dead.load(ordering: .relaxed)
+            let failed = entry.soFar.failed.load(ordering: .relaxed)
+            guard delivered != entry.delivered || dead != entry.dead || failed != entry.failed else { continue }
+            change(entry.progress) { delta in
+                delta.counts[.delivered, default: 0] += delivered - entry.delivered
+                delta.counts[.dead, default: 0] += dead - entry.dead
+                delta.counts[.failed, default: 0] += failed - entry.failed
+            }
+            (entry.delivered, entry.dead, entry.failed) = (delivered, dead, failed)
+            followed[key] = entry
+        }
+    }
+
     /// The deltas to report now; the tracker starts afresh.
     mutating func take(at now: Date) -> [JobProgressDelta] {
+        noteAnswersSoFar()
         nextReport = now.addingTimeInterval(Self.interval)
         defer { pending.removeAll(keepingCapacity: true) }
         return Array(pending.values)

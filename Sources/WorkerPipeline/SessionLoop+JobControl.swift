@@ -71,7 +71,7 @@ extension SessionLoop {
         guard progressTracker.isDue(at: now) else { return }
         let deltas = progressTracker.take(at: now)
         // A store without the record (a test's): the counts have nowhere to go.
-        guard let record = session.progress else { return }
+        guard let record = session.progress, !deltas.isEmpty else { return }
         switch try record.add(deltas) {
         case .answered:
             break

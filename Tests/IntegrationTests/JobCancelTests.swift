@@ -130,34 +130,78 @@ import WorkerPipeline
                 + "jobs show while it ran: sent \(sent), apns-sim \(receivedBy), ETA \(eta) s")
     }
 
+    /// A job of `count` tokens with an id and a reply_to, read by a worker with `settings` (and apns-sim).
+    struct TokenJob {
+        let id: String
+        let simulator: APNsSimulator
+        let worker: WorkerThread
+        let replyReader: QueueReader
+        let redisURL: String
+
+        init(_ name: String, tokens count: Int, from first: Int, settings: [String: String] = [:]) throws {
+            let logger = Logger(label: "test", level: .critical)
+            simulator = try APNsSimulator(configuration: .init(), logger: logger)
+            let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+            self.replyReader = replyReader
+            id = TestServices.unique(name)
+            let list = (0..<count).map { "\"" + String(format: "%064x", first + $0) + "\"" }.joined(separator: ",")
+            try publisher.publish(
+                to: jobs, body: Array(#"{"id": "\#(id)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
+                properties: AMQPProperties(replyTo: replies))
+            worker = try WorkerThread(
+                try TestServices.workerEnvironment(simulator: simulator, jobs: jobs, settings), logger: logger)
+            redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        }
+
+        func stop() {
+            worker.stop()
+            simulator.shutdown()
+        }
+
+        /// The job's summary, then `jobs show` once it says done (expected within 10 s), its counts of `names`
+        /// checked against the summary's.
+        func summaryAndDoneProgress(matching names: [String]) throws -> (summary: [String: Any], shown: [String: Any]) {
+            let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 30).first))
+            var shown: [String: Any] = [:]
+            #expect(
+                try TestServices.waitUntil(timeout: 10) {
+                    shown = try JobCancelTests.show(id, redisURL: redisURL)
+                    return shown["state"] as? String == "done"
+                }, "done: \(shown)")
+            for name in names {
+                #expect(shown[name] as? Int == summary[name] as? Int, "\(name): \(shown) against \(summary)")
+            }
+            return (summary, shown)
+        }
+    }
+
     /// A finished job (1,000 tokens: the smallest whose progress is kept) shows as done with its summary's counts.
     @Test func aFinishedJobShowsDoneWithItsSummarysCounts() throws {
-        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
-        defer { simulator.shutdown() }
-        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
-        let jobID = TestServices.unique("finished")
-        let list = (0..<1_000).map { "\"" + String(format: "%064x", 0xCC_0000 + $0) + "\"" }.joined(separator: ",")
-        try publisher.publish(
-            to: jobs, body: Array(#"{"id": "\#(jobID)", "tokens": [\#(list)], "payload": {"aps": {}}}"#.utf8),
-            properties: AMQPProperties(replyTo: replies))
-        let worker = try WorkerThread(
-            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
-        defer { worker.stop() }
-        let summary = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
-        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
-        var shown: [String: Any] = [:]
-        #expect(
-            try TestServices.waitUntil(timeout: 10) {
-                shown = try Self.show(jobID, redisURL: redisURL)
-                return shown["state"] as? String == "done"
-            }, "done: \(shown)")
-        for name in ["delivered", "dead", "failed", "retrying", "held_back", "expired", "cancelled"] {
-            #expect(shown[name] as? Int == summary[name] as? Int, "\(name): \(shown) against \(summary)")
-        }
+        let job = try TokenJob("finished", tokens: 1_000, from: 0xCC_0000)
+        defer { job.stop() }
+        let (_, shown) = try job.summaryAndDoneProgress(
+            matching: ["delivered", "dead", "failed", "retrying", "held_back", "expired", "cancelled"])
         #expect(
             shown["sent"] as? Int == 1_000 && shown["resolved"] as? Int == 1_000
                 && shown["eta_seconds"] as? Double == 0,
             "\(shown)")
+    }
+
+    /// A large job of tokens (6,000 at APNS_RATE_LIMIT=1000) shows its deliveries while it runs, not only once it
+    /// ends, and ends with its summary's counts: what was reported on the way is not counted again.
+    @Test func aLargeTokenJobShowsItsDeliveriesWhileItRuns() throws {
+        let job = try TokenJob("large-tokens", tokens: 6_000, from: 0xCD_0000, settings: ["APNS_RATE_LIMIT": "1000"])
+        defer { job.stop() }
+        try #require(
+            TestServices.waitUntil(timeout: 60) { job.simulator.received().count >= 1_500 }, "the job is under way")
+        var running: [String: Any] = [:]
+        #expect(
+            try TestServices.waitUntil(timeout: 10) {
+                running = try Self.show(job.id, redisURL: job.redisURL)
+                return running["state"] as? String == "running" && (running["delivered"] as? Int ?? 0) >= 1_000
+            }, "deliveries shown while the job runs: \(running)")
+        let (summary, _) = try job.summaryAndDoneProgress(matching: ["delivered", "dead", "failed"])
+        #expect(summary["delivered"] as? Int == 6_000, "\(summary)")
     }
 
     /// A job whose retry waits in the delay queue when it is cancelled sends nothing when it comes back: its
