@@ -298,7 +298,7 @@ extension AMQPConnection {
                 }
             }
         }
-        return AMQPProperties(
+        var properties = AMQPProperties(
             contentType: raw._flags & amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG) != 0
                 ? contentTypes.string(raw.content_type) : nil,
             replyTo: field(AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
@@ -308,6 +308,15 @@ extension AMQPConnection {
             timestamp: raw._flags & amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG) != 0
                 ? Int64(clamping: raw.timestamp) : nil,
             headers: headers, otherHeaders: otherHeaders, deliveryCount: deliveryCount)
+        let rarelySet = amqp_flags_t(
+            AMQP_BASIC_CONTENT_ENCODING_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_PRIORITY_FLAG)
+        if raw._flags & rarelySet != 0 {
+            properties.contentEncoding = field(AMQP_BASIC_CONTENT_ENCODING_FLAG, raw.content_encoding)
+            properties.type = field(AMQP_BASIC_TYPE_FLAG, raw.type)
+            properties.appID = field(AMQP_BASIC_APP_ID_FLAG, raw.app_id)
+            if raw._flags & amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG) != 0 { properties.priority = raw.priority }
+        }
+        return properties
     }
 
     /// The text of a long string, if it is UTF-8: other bytes are kept as they came (`AMQPEncodedHeader`).
@@ -340,25 +349,27 @@ extension AMQPConnection {
         var raw = amqp_basic_properties_t()
         raw._flags = amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG)
         raw.delivery_mode = properties.persistent ? 2 : 1
-        if let value = properties.contentType {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG)
-            raw.content_type = strings.bytes(value)
-        }
-        if let value = properties.replyTo {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_REPLY_TO_FLAG)
-            raw.reply_to = strings.bytes(value)
-        }
-        if let value = properties.correlationID {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_CORRELATION_ID_FLAG)
-            raw.correlation_id = strings.bytes(value)
-        }
-        if let value = properties.messageID {
-            raw._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
-            raw.message_id = strings.bytes(value)
+        let texts: [(Int32, String?, WritableKeyPath<amqp_basic_properties_t, amqp_bytes_t>)] = [
+            (AMQP_BASIC_CONTENT_TYPE_FLAG, properties.contentType, \.content_type),
+            (AMQP_BASIC_REPLY_TO_FLAG, properties.replyTo, \.reply_to),
+            (AMQP_BASIC_CORRELATION_ID_FLAG, properties.correlationID, \.correlation_id),
+            (AMQP_BASIC_MESSAGE_ID_FLAG, properties.messageID, \.message_id),
+            (AMQP_BASIC_CONTENT_ENCODING_FLAG, properties.contentEncoding, \.content_encoding),
+            (AMQP_BASIC_TYPE_FLAG, properties.type, \.type),
+            (AMQP_BASIC_APP_ID_FLAG, properties.appID, \.app_id)
+        ]
+        for (flag, text, field) in texts {
+            guard let text else { continue }
+            raw._flags |= amqp_flags_t(flag)
+            raw[keyPath: field] = strings.bytes(text)
         }
         if let value = properties.timestamp, value >= 0 {
             raw._flags |= amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG)
             raw.timestamp = UInt64(value)
+        }
+        if let value = properties.priority {
+            raw._flags |= amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG)
+            raw.priority = value
         }
         // A header named both as text and among the others is published as text: the worker set it.
         let others = properties.otherHeaders.filter { properties.headers[$0.name] == nil }

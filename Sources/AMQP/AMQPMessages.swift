@@ -65,6 +65,13 @@ public struct AMQPProperties: Sendable, Equatable {
     /// How many times the broker delivered this message before (quorum queues say so in the integer header
     /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
     public var deliveryCount: Int?
+    /// The rest of what a publisher may say of a message, read and published as they are: `content_encoding`,
+    /// `type`, `app_id`, `priority`. (`expiration` and `user_id` are not read: a copy published again must not
+    /// expire on its way, and the broker refuses a `user_id` other than the publishing connection's.)
+    public var contentEncoding: String?
+    public var type: String?
+    public var appID: String?
+    public var priority: UInt8?
 
     /// Whether a header of this name came with the message, of whatever type.
     public func hasHeader(_ name: String) -> Bool {

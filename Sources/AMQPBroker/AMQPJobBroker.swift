@@ -281,6 +281,11 @@ extension MessageProperties {
             persistent: amqp.persistent, timestamp: amqp.timestamp,
             headers: amqp.headers.isEmpty && amqp.otherHeaders.isEmpty ? MessageHeaders() : Self.headers(of: amqp),
             deliveryCount: amqp.deliveryCount)
+        contentType = amqp.contentType.take()
+        contentEncoding = amqp.contentEncoding.take()
+        type = amqp.type.take()
+        appID = amqp.appID.take()
+        priority = amqp.priority
     }
 
     /// Text headers as text, the others as the broker encoded them (a name given both ways is text).
@@ -305,8 +310,13 @@ extension AMQPProperties {
             }
         }
         self.init(
-            replyTo: message.replyTo, correlationID: message.correlationID, messageID: message.messageID,
-            persistent: message.persistent, timestamp: message.timestamp, headers: text, otherHeaders: others)
+            contentType: message.contentType, replyTo: message.replyTo, correlationID: message.correlationID,
+            messageID: message.messageID, persistent: message.persistent, timestamp: message.timestamp,
+            headers: text, otherHeaders: others)
+        contentEncoding = message.contentEncoding
+        type = message.type
+        appID = message.appID
+        priority = message.priority
     }
 }
 

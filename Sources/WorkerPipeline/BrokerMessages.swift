@@ -16,6 +16,14 @@ public struct MessageProperties: Sendable, Equatable {
     public var headers: MessageHeaders
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
     public var deliveryCount: Int?
+    /// What else the publisher said of the message, kept as it came on every copy the worker publishes of a job (a
+    /// retry, a parked copy, a part, a copy waiting for Redis): its `content_type` (the worker's own messages are
+    /// `application/json`), `content_encoding`, `type`, `app_id` and `priority`.
+    public var contentType: String? = "application/json"
+    public var contentEncoding: String?
+    public var type: String?
+    public var appID: String?
+    public var priority: UInt8?
 
     /// The message-id as a job's id: none when it is empty, which any number of unrelated messages may carry.
     public var idForJob: String? { messageID?.isEmpty == false ? messageID : nil }

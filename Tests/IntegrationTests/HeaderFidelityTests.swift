@@ -4,13 +4,15 @@ import Foundation
 import Telemetry
 import Testing
 
-/// Headers of every type a publisher sets survive what the worker publishes again from a job, checked with an
-/// independent client (pika, the Python AMQP 0-9-1 client: installed by scripts/test) on both ends.
+/// Headers of every type a publisher sets, and its other properties, survive what the worker publishes again from a
+/// job, checked with an independent client (pika, the Python AMQP 0-9-1 client: installed by scripts/test) on both
+/// ends.
 @Suite struct HeaderFidelityTests {
     let logger = Logger(label: "headers", level: .critical)
 
     /// pika publishes a job with `SPECIMEN`'s headers (a number of each width, a flag, a decimal, a time,
-    /// bytes, a table, an array, a void, text), or reads one message and says how its headers differ from them.
+    /// bytes, a table, an array, a void, text) and `PROPERTIES` (with an expiration), or reads one message and says
+    /// how its headers and properties differ from them (a copy carries no expiration: it must not expire on its way).
     static let client = #"""
         import datetime, decimal, sys, pika
         SPECIMEN = {
@@ -19,12 +21,17 @@ import Testing
             "x-bytes": b"\x00\xffraw", "x-table": {"a": 1, "b": "two", "c": [1, "x"]},
             "x-array": [1, "two", False, None], "x-void": None, "x-text": "plain",
         }
+        PROPERTIES = {
+            "content_type": "text/plain; charset=utf-8", "content_encoding": "identity", "type": "push",
+            "app_id": "billing", "priority": 5,
+        }
         url, mode, queue = sys.argv[1:4]
         channel = pika.BlockingConnection(pika.URLParameters(url)).channel()
         if mode == "publish":
             headers = dict(SPECIMEN, **{"x-apns-worker-republished": 1} if len(sys.argv) > 5 else {})
             channel.basic_publish("", queue, sys.argv[4].encode(),
-                                  pika.BasicProperties(headers=headers, delivery_mode=2))
+                                  pika.BasicProperties(headers=headers, delivery_mode=2, expiration="600000",
+                                                       **PROPERTIES))
             print("published")
         elif mode == "publish-big":
             channel.basic_publish("", queue, sys.argv[4].encode(),
@@ -39,8 +46,12 @@ import Testing
                     print(" ".join(sorted(got)))
                     print(got.get("x-apns-worker-headers-left-out", ""))
                     break
-                wrong = [k for k, v in SPECIMEN.items() if k not in got or got[k] != v or type(got[k]) != type(v)]
-                print("ok" if not wrong else "differ: " + ", ".join(f"{k}={got.get(k)!r}" for k in wrong))
+                wrong = [f"{k}={got.get(k)!r}" for k, v in SPECIMEN.items()
+                         if k not in got or got[k] != v or type(got[k]) != type(v)]
+                wrong += [f"{k}={getattr(properties, k)!r}" for k, v in PROPERTIES.items()
+                          if getattr(properties, k) != v]
+                wrong += [f"expiration={properties.expiration!r}"] if properties.expiration is not None else []
+                print("ok" if not wrong else "differ: " + ", ".join(wrong))
                 print(got.get("x-apns-worker-reason", ""))
                 break
         """#
@@ -52,7 +63,7 @@ import Testing
 
     /// Retried twice through the delay queue (APNs throttles its token), then parked: the parked copy, published
     /// from the second retry, which was published from the first, carries every header as pika wrote it.
-    @Test func headersOfEveryTypeSurviveRetriesAndParking() throws {
+    @Test func headersOfEveryTypeAndPropertiesSurviveRetriesAndParking() throws {
         let throttled = String(repeating: "a7", count: 32)
         var behaviour = APNsSimulator.Behaviour()
         behaviour.throttledTokens = [throttled]
@@ -100,8 +111,8 @@ import Testing
             publisher: publisher, worker: worker)
     }
 
-    /// A job the worker refuses is parked at once, with the headers it came with.
-    @Test func aRefusedJobIsParkedWithItsHeaders() throws {
+    /// A job the worker refuses is parked at once, with the headers and properties it came with.
+    @Test func aRefusedJobIsParkedWithItsHeadersAndProperties() throws {
         let h = try parking()
         defer { h.stop() }
         let refused = #"{"id": "no-targets", "payload": {"aps": {}}}"#
