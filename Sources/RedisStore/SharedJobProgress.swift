@@ -9,7 +9,7 @@ import WorkerPipeline
 ///   `dead`, `failed`, `held_back`, `expired`, `cancelled`), `retrying` (set as each attempt settles), `targets`
 ///   (the job's users and tokens, for the ETA), `first_update` (when a worker first counted something of it) and
 ///   `last_update` (ms), and `ended` (ms) once it
-///   settled with nothing left to retry; kept 24 hours after the last update.
+///   settled with nothing left to retry; kept 24 hours after the last update (a scheduled job's, after its send_at).
 /// - `apns:jobs:running`: sorted set, member = job id, score = its last update (ms); a job leaves when it ends, or
 ///   24 hours after its last update (its worker died and no other took it).
 public struct SharedJobProgress: JobProgressRecord {
@@ -21,6 +21,13 @@ public struct SharedJobProgress: JobProgressRecord {
     public init(redis: any RedisClient) {
         self.redis = redis
         keys = RedisKeys(cluster: redis.isCluster)
+    }
+
+    /// How long a job's hash is kept from this update: 24 hours, and a job waiting for its `send_at` (up to 7 days
+    /// ahead) until 24 hours after it, so that it shows scheduled all the while.
+    static func retention(of delta: JobProgressDelta, now: Date) -> Int {
+        guard let scheduledFor = delta.scheduledFor else { return retention }
+        return retention + max(0, Int(scheduledFor - Int64(now.timeIntervalSince1970)))
     }
 
     public func add(_ deltas: [JobProgressDelta]) throws -> StoreAnswer<Void> {
@@ -44,7 +51,7 @@ public struct SharedJobProgress: JobProgressRecord {
             if delta.ended { set += ["ended", milliseconds] }
             if let scheduledFor = delta.scheduledFor { set += ["scheduled_for", String(scheduledFor)] }
             commands.append(set)
-            commands.append(["EXPIRE", key, String(Self.retention)])
+            commands.append(["EXPIRE", key, String(Self.retention(of: delta, now: now))])
             if let scheduledFor = delta.scheduledFor {
                 commands.append(["ZADD", keys.scheduledJobs, String(scheduledFor * 1000), delta.jobID])
             }

@@ -2,6 +2,7 @@ import AMQP
 import APNsSimulator
 import Foundation
 import Redis
+import RedisStore
 import Telemetry
 import Testing
 import WorkerPipeline
@@ -151,6 +152,25 @@ import WorkerPipeline
                 try JobCancelTests.show(jobID, redisURL: redisURL)["state"] as? String == "done"
             }, "jobs show: done")
         #expect(try !Self.listed(redisURL: redisURL).contains(jobID), "off the list")
+    }
+
+    /// A job scheduled six days ahead keeps its progress record until a day after its send_at, not a day after its
+    /// last update: `jobs show` says scheduled all the while it waits.
+    @Test func aJobScheduledDaysAheadKeepsItsRecordUntilItsTime() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, _, publisher) = try TestServices.jobQueues()
+        let sixDays: Int64 = 6 * 86_400
+        let (jobID, sendAt) = try Self.publishScheduled(
+            publisher, to: jobs, replies: replies, tokens: [String(format: "%064x", 0xD6_0000)], in: sixDays)
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL), "jobs show: scheduled for \(sendAt)")
+        let redis = try RedisConnection(url: TestServices.redisURL())
+        let ttl = try redis.command(["TTL", RedisKeys.node.progress(jobID)]).integer ?? -2
+        #expect(ttl > sixDays + 86_400 - 60 && ttl <= sixDays + 86_400 + 5, "kept \(ttl) s")
     }
 
     /// The ids `jobs list --json` prints.
