@@ -138,9 +138,12 @@ import WorkerPipeline
         let replyReader: QueueReader
         let redisURL: String
 
-        init(_ name: String, tokens count: Int, from first: Int, settings: [String: String] = [:]) throws {
+        init(
+            _ name: String, tokens count: Int, from first: Int, behaviour: APNsSimulator.Behaviour = .init(),
+            settings: [String: String] = [:]
+        ) throws {
             let logger = Logger(label: "test", level: .critical)
-            simulator = try APNsSimulator(configuration: .init(), logger: logger)
+            simulator = try APNsSimulator(configuration: .init(behaviour: behaviour), logger: logger)
             let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
             self.replyReader = replyReader
             id = TestServices.unique(name)
@@ -158,10 +161,14 @@ import WorkerPipeline
             simulator.shutdown()
         }
 
-        /// The job's summary, then `jobs show` once it says done (expected within 10 s), its counts of `names`
-        /// checked against the summary's.
-        func summaryAndDoneProgress(matching names: [String]) throws -> (summary: [String: Any], shown: [String: Any]) {
-            let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        /// The job's summary (of its last attempt: the `attempts`th), then `jobs show` once it says done (expected
+        /// within 10 s), its counts of `names` checked against the summary's.
+        func summaryAndDoneProgress(matching names: [String], attempts: Int = 1) throws
+            -> (summary: [String: Any], shown: [String: Any])
+        {
+            let summaries = try replyReader.read(attempts, timeout: 30)
+            try #require(summaries.count == attempts, "\(summaries.count) summaries of \(attempts) attempts")
+            let summary = try JobCancelTests.summary(try #require(summaries.last))
             var shown: [String: Any] = [:]
             #expect(
                 try TestServices.waitUntil(timeout: 10) {
@@ -202,6 +209,24 @@ import WorkerPipeline
             }, "deliveries shown while the job runs: \(running)")
         let (summary, _) = try job.summaryAndDoneProgress(matching: ["delivered", "dead", "failed"])
         #expect(summary["delivered"] as? Int == 6_000, "\(summary)")
+    }
+
+    /// A large job APNs fails whole (500) at both its attempts is followed through its retry: `jobs show` ends done,
+    /// with what each attempt sent and the last attempt's failures, not running with the first attempt's retries.
+    @Test func aLargeJobRetriedToItsLastAttemptShowsDone() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.internalErrorRate = 1
+        let job = try TokenJob(
+            "retried", tokens: 1_000, from: 0xCE_0000, behaviour: behaviour,
+            settings: [
+                "PUSH_FAILED_QUEUE": TestServices.unique("failed"), "APNS_MAX_ATTEMPTS": "2",
+                "APNS_RETRY_DELAYS": "0.05"
+            ])
+        defer { job.stop() }
+        let (summary, shown) = try job.summaryAndDoneProgress(
+            matching: ["delivered", "failed", "retrying"], attempts: 2)
+        #expect(summary["failed"] as? Int == 1_000, "\(summary)")
+        #expect(shown["sent"] as? Int == 2_000 && shown["resolved"] as? Int == 1_000, "\(shown)")
     }
 
     /// A job whose retry waits in the delay queue when it is cancelled sends nothing when it comes back: its
