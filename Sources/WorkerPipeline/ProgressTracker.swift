@@ -27,11 +27,11 @@ struct ProgressTracker {
                 || named(progress) >= JobProgressDelta.minimumTargets)
     }
 
-    /// The users and tokens the job named as it arrived; for a retry, the notifications it sends again (its body
-    /// names no users or tokens).
+    /// The users and tokens the job named as it arrived; for a retry, as its sender enqueued it (a retry's body names
+    /// no users or tokens), or if that is not known, the notifications it sends again.
     private static func named(_ progress: JobProgress) -> Int {
-        progress.window?.named ?? progress.job.retryTargets?.count ?? progress.job.users.count
-            + progress.job.tokens.count
+        progress.window?.named ?? progress.job.originalNamed ?? progress.job.retryTargets?.count
+            ?? progress.job.users.count + progress.job.tokens.count
     }
 
     var hasPending: Bool { !pending.isEmpty || !followed.isEmpty }

@@ -26,6 +26,7 @@ public struct PushJob: Sendable, Equatable {
         var attempt: Int = 1
         var retryTargets: [DeviceTarget]? = nil
         var originalBody: [UInt8]? = nil
+        var originalNamed: Int? = nil
         var rateGroup: RateGroup? = nil
         var kind = Kind.devices
     }
@@ -110,6 +111,8 @@ public struct PushJob: Sendable, Equatable {
     public var retryTargets: [DeviceTarget]? { shared.members.retryTargets }
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
     public var originalBody: [UInt8]? { shared.members.originalBody }
+    /// On a retry: the users and tokens the job as enqueued named (its size, for its progress record).
+    public var originalNamed: Int? { shared.members.originalNamed }
     /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said then.
     public var rateGroup: RateGroup? {
         get { shared.members.rateGroup }
@@ -211,7 +214,8 @@ public struct PushJob: Sendable, Equatable {
             if let retry {
                 members.attempt = retry.attempt
                 members.retryTargets = retry.targets
-                members.originalBody = retry.original.map { Array(body[$0]) }
+                members.originalBody = retry.original.map { Array(body[$0.range]) }
+                members.originalNamed = retry.original?.named
             }
         }
         return job
@@ -550,7 +554,7 @@ public struct PushJob: Sendable, Equatable {
 
     /// The retry state, and where the original job sits in the body (absent in retries written before it was kept).
     private static func retryState(_ retry: JSONValue?) throws(JobError)
-        -> (attempt: Int, targets: [DeviceTarget], original: Range<Int>?)?
+        -> (attempt: Int, targets: [DeviceTarget], original: (range: Range<Int>, named: Int)?)?
     {
         guard let retry, retry != .null else { return nil }
         guard case .object = retry, case .number(let attemptText)? = retry["attempt"], let attempt = Int(attemptText),
@@ -570,12 +574,15 @@ public struct PushJob: Sendable, Equatable {
             let user: String? = if case .string(let name)? = entry["user"] { name } else { nil }
             targets.append(DeviceTarget(token: token, environment: environment, user: user))
         }
-        var original: Range<Int>?
+        var original: (range: Range<Int>, named: Int)?
         if let job = retry.member("job") {
             guard case .object = job.value else {
                 throw .wrongType(field: "retry.job", expected: "the original job", got: job.value.typeName)
             }
-            original = job.range
+            func count(_ name: String) -> Int {
+                if case .array(let items)? = job.value[name] { items.count } else { 0 }
+            }
+            original = (job.range, count("users") + count("tokens"))
         }
         return (attempt, targets, original)
     }
