@@ -65,12 +65,15 @@ final class JobAssembly {
         deferredUntil = until
     }
 
-    /// The job was cancelled: the users not resolved yet (deferred ones included) are dropped; returns how many.
+    /// The job was cancelled: the users not resolved yet (deferred ones included) are dropped; returns how many
+    /// count as cancelled, one each, less the tokens an earlier delivery settled that no piece of this one reached:
+    /// those belong to users left, and the job's summary counts them already (most users have one device).
     func dropUsersLeft() -> Int {
         let count = job.users.count - nextUser + deferred.count
         nextUser = job.users.count
         deferred.removeAll()
-        return count
+        let settledElsewhere = alreadySettled.reduce(0) { seen.contains($1.hashValue) ? $0 : $0 + 1 }
+        return max(0, count - settledElsewhere)
     }
 
     /// Whether the job's own tokens go with this piece: with the first piece that reaches anyone, once.

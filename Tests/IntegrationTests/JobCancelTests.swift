@@ -232,6 +232,31 @@ import WorkerPipeline
             "\(shown)")
     }
 
+    /// A cancelled large job that comes back after an earlier delivery settled part of it (a worker died: here the
+    /// idempotency record holds 1,000 deliveries and the copy is marked republished) counts each of its 3,000 users
+    /// once in its summary: those settled earlier as they went, the users left as cancelled less those.
+    @Test func aCancelledJobComingBackCountsWhatAnEarlierDeliverySettledOnce() throws {
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let record = SentRecord(redis: try RedisConnection(url: TestServices.redisURL()))
+        let jobID = TestServices.unique("came-back")
+        _ = try record.record([(jobID, (0..<1_000).map { .done(String(format: "%064x", 0xCF_0000 + $0)) })])
+        #expect(try Self.cancel(jobID, redisURL: redisURL, reason: "test").code == 0)
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let users = (0..<3_000).map { "\"came-back-\($0)\"" }.joined(separator: ",")
+        try publisher.publish(
+            to: jobs, body: Array(#"{"id": "\#(jobID)", "users": [\#(users)], "payload": {"aps": {}}}"#.utf8),
+            properties: AMQPProperties(replyTo: replies, headers: [Worker.republishedHeader: "1"]))
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        let summary = try Self.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        #expect(summary["notifications"] as? Int == 3_000, "\(summary)")
+        #expect(summary["delivered"] as? Int == 1_000 && summary["cancelled"] as? Int == 2_000, "\(summary)")
+        #expect(simulator.received().isEmpty)
+    }
+
     /// A job whose retry waits in the delay queue when it is cancelled sends nothing when it comes back: its
     /// second attempt settles at once, its summary counting the retried notifications as cancelled.
     @Test func aCancelledJobWaitingForItsRetrySendsNothingWhenItComesBack() throws {
