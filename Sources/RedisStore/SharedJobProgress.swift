@@ -50,6 +50,7 @@ public struct SharedJobProgress: JobProgressRecord {
             if let retrying = delta.retrying { set += ["retrying", String(retrying)] }
             if delta.ended { set += ["ended", milliseconds] }
             if let scheduledFor = delta.scheduledFor { set += ["scheduled_for", String(scheduledFor)] }
+            if let cancelledAt = delta.cancelledAt { set += ["cancelled_at", String(Int64(cancelledAt * 1000))] }
             commands.append(set)
             commands.append(["EXPIRE", key, String(Self.retention(of: delta, now: now))])
             if let scheduledFor = delta.scheduledFor {
@@ -92,9 +93,13 @@ public struct SharedJobProgress: JobProgressRecord {
             if let name = items[index].text, let value = items[index + 1].text { fields[name] = value }
             index += 2
         }
+        // A job cancelled under its other name (its message-id, or the id in its body) is known cancelled by the
+        // record its worker wrote as it settled.
+        let cancelledAt =
+            replies[1].text.map { SharedCancellations.record($0).at }
+            ?? fields["cancelled_at"].flatMap(Double.init).map { $0 / 1000 }
         return JobProgressReport(
-            jobID: jobID, fields: fields, cancelled: replies[1].text != nil,
-            cancelledAt: replies[1].text.map { SharedCancellations.record($0).at }, now: now)
+            jobID: jobID, fields: fields, cancelled: cancelledAt != nil, cancelledAt: cancelledAt, now: now)
     }
 
     /// The jobs waiting for their `send_at`, soonest first, those past it that no worker started yet included.

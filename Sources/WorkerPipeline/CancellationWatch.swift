@@ -43,6 +43,13 @@ struct CancellationWatch {
         return (named && cancelledAt[jobID] != nil) || messageID.map { cancelledAt[$0] != nil } == true
     }
 
+    /// When `progress`'s job was cancelled (UNIX seconds), under either of its names; nil if it was not.
+    func cancelledAt(of progress: JobProgress) -> Double? {
+        guard !cancelledAt.isEmpty else { return nil }
+        if progress.hasStableID, let at = cancelledAt[progress.job.id] { return at }
+        return progress.delivery.properties.idForJob.flatMap { cancelledAt[$0] }
+    }
+
     /// Whether `progress`'s job is among the cancelled ones: nothing to look up while none is.
     func isCancelled(_ progress: JobProgress) -> Bool {
         !cancelledAt.isEmpty

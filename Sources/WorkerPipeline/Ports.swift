@@ -347,6 +347,8 @@ public struct JobProgressDelta: Sendable, Equatable {
     public var ended = false
     /// The job waits for its `send_at` (UNIX seconds).
     public var scheduledFor: Int64?
+    /// The job settled cancelled: when it was cancelled (UNIX seconds), under its id or its message-id.
+    public var cancelledAt: Double?
     /// The job has a `local_window`: parts of it may wait while others run.
     public var windowed = false
     /// The latest opening a part published now waits for (UNIX seconds).
@@ -362,6 +364,7 @@ public struct JobProgressDelta: Sendable, Equatable {
         retrying = retrying ?? earlier.retrying
         ended = ended || earlier.ended
         scheduledFor = scheduledFor ?? earlier.scheduledFor
+        cancelledAt = cancelledAt ?? earlier.cancelledAt
         windowed = windowed || earlier.windowed
         if let until = earlier.windowsUntil { windowsUntil = max(windowsUntil ?? until, until) }
     }

@@ -103,9 +103,11 @@ struct ProgressTracker {
         change(whole) { $0.counts[.expired, default: 0] += count }
     }
 
-    /// A job settled (acknowledged): the guard's verdict and the retry decision are known.
-    mutating func settled(_ whole: JobProgress, _ decision: RetryPolicy.Decision) {
+    /// A job settled (acknowledged): the guard's verdict and the retry decision are known; `cancelledAt`, when the
+    /// job was cancelled, under whichever of its names (its record then says so whichever name `jobs show` is given).
+    mutating func settled(_ whole: JobProgress, _ decision: RetryPolicy.Decision, cancelledAt: Double? = nil) {
         change(whole) { delta in
+            if let cancelledAt { delta.cancelledAt = cancelledAt }
             delta.counts[.dead, default: 0] -= whole.heldBack.count
             delta.counts[.heldBack, default: 0] += whole.heldBack.count
             if let window = whole.window {

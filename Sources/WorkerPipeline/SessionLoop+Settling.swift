@@ -188,7 +188,9 @@ extension SessionLoop {
         for index in confirmed {
             let progress = finished[index]
             count(settled: progress, decisions[index], parkedReason: plans[index]?.parkedReason)
-            progressTracker.settled(progress, decisions[index])
+            progressTracker.settled(
+                progress, decisions[index],
+                cancelledAt: progress.cancelled > 0 ? cancellations.cancelledAt(of: progress) : nil)
             underWay.settled(progress.delivery.tag)
         }
         try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })

@@ -73,7 +73,8 @@ import WorkerPipeline
     /// A job cancelled while it waits for its send_at settles when it next comes back from a delay queue, before its
     /// time and without resolving anything, nothing sent, every token counted as cancelled. (8 s ahead, it waits 6.4 s
     /// in its first tier: cancelled meanwhile, it is settled on its return, more than a second before send_at.) Named
-    /// by its `id` or by its message's message-id: `jobs cancel` takes either.
+    /// by its `id` or by its message's message-id: `jobs cancel` takes either, and `jobs show` of its id says
+    /// cancelled either way.
     @Test(arguments: [false, true]) func aCancelledScheduledJobSendsNothing(byMessageID: Bool) throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }
@@ -95,6 +96,12 @@ import WorkerPipeline
         let settledAt = Date().timeIntervalSince1970
         #expect(settledAt < Double(sendAt), "settled \(settledAt - Double(sendAt)) s from send_at: at its first return")
         #expect(simulator.received().isEmpty, "nothing sent")
+        var shown: [String: Any] = [:]
+        #expect(
+            try TestServices.waitUntil(timeout: 10) {
+                shown = try JobCancelTests.show(jobID, redisURL: redisURL)
+                return shown["state"] as? String == "cancelled"
+            }, "jobs show \(jobID): \(shown)")
     }
 
     /// A scheduled job and the copy its publisher made after a broker failover (`x-apns-worker-republished`) come back
