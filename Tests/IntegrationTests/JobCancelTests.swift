@@ -46,6 +46,18 @@ import WorkerPipeline
         return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(line)")
     }
 
+    /// `jobs show JOB_ID --json` once it says `state` (asked again until then, for up to 10 s), with whether it did.
+    static func awaitState(_ state: String, of jobID: String, redisURL: String) throws -> (
+        reached: Bool, shown: [String: Any]
+    ) {
+        var shown: [String: Any] = [:]
+        let reached = try TestServices.waitUntil(timeout: 10) {
+            shown = try show(jobID, redisURL: redisURL)
+            return shown["state"] as? String == state
+        }
+        return (reached, shown)
+    }
+
     static func summary(_ delivery: AMQPDelivery) throws -> [String: Any] {
         try #require(try JSONSerialization.jsonObject(with: Data(delivery.body)) as? [String: Any])
     }
@@ -169,12 +181,8 @@ import WorkerPipeline
             let summaries = try replyReader.read(attempts, timeout: 30)
             try #require(summaries.count == attempts, "\(summaries.count) summaries of \(attempts) attempts")
             let summary = try JobCancelTests.summary(try #require(summaries.last))
-            var shown: [String: Any] = [:]
-            #expect(
-                try TestServices.waitUntil(timeout: 10) {
-                    shown = try JobCancelTests.show(id, redisURL: redisURL)
-                    return shown["state"] as? String == "done"
-                }, "done: \(shown)")
+            let (done, shown) = try JobCancelTests.awaitState("done", of: id, redisURL: redisURL)
+            #expect(done, "done: \(shown)")
             for name in names {
                 #expect(shown[name] as? Int == summary[name] as? Int, "\(name): \(shown) against \(summary)")
             }

@@ -96,12 +96,8 @@ import WorkerPipeline
         let settledAt = Date().timeIntervalSince1970
         #expect(settledAt < Double(sendAt), "settled \(settledAt - Double(sendAt)) s from send_at: at its first return")
         #expect(simulator.received().isEmpty, "nothing sent")
-        var shown: [String: Any] = [:]
-        #expect(
-            try TestServices.waitUntil(timeout: 10) {
-                shown = try JobCancelTests.show(jobID, redisURL: redisURL)
-                return shown["state"] as? String == "cancelled"
-            }, "jobs show \(jobID): \(shown)")
+        let (cancelled, shown) = try JobCancelTests.awaitState("cancelled", of: jobID, redisURL: redisURL)
+        #expect(cancelled, "jobs show \(jobID): \(shown)")
     }
 
     /// A scheduled job and the copy its publisher made after a broker failover (`x-apns-worker-republished`) come back
