@@ -194,10 +194,16 @@ public final class AMQPJobBroker: JobBroker {
             // Direct reply-to (`amq.rabbitmq.reply-to.*`) is no queue: the broker delivers a summary there and hands
             // it back as unroutable as well, so it goes without `mandatory` (a requester gone drops it, as intended).
             let directReply = route.exchange.isEmpty && route.routingKey.hasPrefix("amq.rabbitmq.reply-to.")
+            var properties = AMQPProperties(publication.properties)
+            if case .retry(let delay, _) = publication.destination {
+                // A copy through a delay queue (a retry, a job waiting for its send_at or for Redis) is stamped with
+                // when it comes back to its lane: the lane's longest wait counts its time there, not the delay.
+                properties.timestamp = Int64((Date().timeIntervalSince1970 + delay).rounded(.up))
+            }
             sequences.append(
                 try amqp.publishKeepingWorkerHeaders(
                     to: route.routingKey, exchange: route.exchange, body: publication.body,
-                    properties: AMQPProperties(publication.properties), mandatory: !directReply, logger: logger))
+                    properties: properties, mandatory: !directReply, logger: logger))
         }
         let nacked = Set(try amqp.waitForConfirms(through: sequences.last!))
         // A return precedes its publish's confirm: after the wait every return of this batch is in. A route handed

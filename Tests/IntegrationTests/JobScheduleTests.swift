@@ -25,7 +25,8 @@ import WorkerPipeline
             to: queue,
             body: Array(
                 #"{"id": "\#(jobID)", "tokens": [\#(list)], "send_at": \#(sendAt), "payload": {"aps": {}}}"#.utf8),
-            properties: AMQPProperties(replyTo: replies, messageID: messageID))
+            properties: AMQPProperties(
+                replyTo: replies, messageID: messageID, timestamp: Int64(Date().timeIntervalSince1970)))
         return (jobID, sendAt)
     }
 
@@ -174,6 +175,37 @@ import WorkerPipeline
         let redis = try RedisConnection(url: TestServices.redisURL())
         let ttl = try redis.command(["TTL", RedisKeys.node.progress(jobID)]).integer ?? -2
         #expect(ttl > sixDays + 86_400 - 60 && ttl <= sixDays + 86_400 + 5, "kept \(ttl) s")
+    }
+
+    /// A job waiting for its send_at goes through a delay queue stamped with when it comes back to its lane, so that
+    /// the lane's longest wait (`apns-worker stats`) counts its time there, not the delay. 60 s ahead, it waits in
+    /// the 51.2 s tier, read here.
+    @Test func aScheduledJobsCopyIsStampedWithWhenItComesBack() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, _, publisher) = try TestServices.jobQueues()
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(simulator: simulator, jobs: jobs), logger: logger)
+        defer { worker.stop() }
+        let published = Date().timeIntervalSince1970
+        let (jobID, sendAt) = try Self.publishScheduled(
+            publisher, to: jobs, replies: replies, tokens: [String(format: "%064x", 0xD7_0000)], in: 60)
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        // Shown scheduled: the worker took it and put it in its delay queue.
+        #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL))
+        let delayQueue = try AMQPConnection(url: TestServices.amqpURL())
+        try delayQueue.consume(jobs + ".retry.51200ms")
+        let deadline = Date().addingTimeInterval(20)
+        var copy: AMQPDelivery?
+        while copy == nil, deadline.timeIntervalSinceNow > 0 {
+            if case .delivery(let delivery)? = try delayQueue.nextEvent(timeout: deadline.timeIntervalSinceNow) {
+                copy = delivery
+            }
+        }
+        let timestamp = try #require(copy?.properties.timestamp, "the copy in the 51.2 s tier, with a timestamp")
+        #expect(
+            Double(timestamp) >= published + 51 && Double(timestamp) <= Date().timeIntervalSince1970 + 53,
+            "stamped \(Double(timestamp) - published) s after the job was published")
     }
 
     /// The ids `jobs list --json` prints.
