@@ -282,14 +282,15 @@ extension SessionLoop {
         return lookup
     }
 
-    /// Queues a job's (or a piece's) notifications; those of a job cancelled by now settle as cancelled instead.
+    /// Queues a job's (or a piece's) notifications; those of a job cancelled by now settle as cancelled instead,
+    /// counted as cancelled and not as resolved.
     func queue(_ progress: JobProgress) {
-        progressTracker.resolved(progress)
         if cancellations.isCancelled(progress) {
             let all = (0..<Int32(progress.targets.count)).map { QueuedNotification(progress: progress, index: $0) }
             worker.answers.settleCancelled(all, lane: progress.delivery.lane)
             return
         }
+        progressTracker.resolved(progress)
         backlogs.withQueue(progress.delivery.lane) { $0.append(progress, count: progress.targets.count) }
     }
 

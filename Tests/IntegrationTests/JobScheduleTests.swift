@@ -208,6 +208,36 @@ import WorkerPipeline
             "stamped \(Double(timestamp) - published) s after the job was published")
     }
 
+    /// A scheduled job cancelled while no worker runs, taken after its send_at passed: nothing is sent, and `jobs show`
+    /// counts its token as cancelled, none resolved.
+    @Test func aScheduledJobCancelledWhileNoWorkerRanResolvesNothing() throws {
+        let simulator = try APNsSimulator(configuration: .init(), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let (jobID, sendAt) = try Self.publishScheduled(
+            publisher, to: jobs, replies: replies, tokens: [String(format: "%064x", 0xD8_0000)], in: 2)
+        let redisURL = try TestServices.redisURL().description(revealingPassword: true)
+        let environment = try TestServices.workerEnvironment(simulator: simulator, jobs: jobs)
+        let first = try WorkerThread(environment, logger: logger)
+        #expect(try Self.awaitScheduled(jobID, at: sendAt, redisURL: redisURL))
+        first.stop()
+        #expect(try JobCancelTests.cancel(jobID, redisURL: redisURL, reason: "off").code == 0)
+        #expect(TestServices.waitUntil(timeout: 10) { Date().timeIntervalSince1970 > Double(sendAt) + 0.5 })
+        let second = try WorkerThread(environment, logger: logger)
+        defer { second.stop() }
+        let summary = try JobCancelTests.summary(try #require(try replyReader.read(1, timeout: 30).first))
+        #expect(summary["cancelled"] as? Int == 1, "\(summary)")
+        // The cancellation alone shows the job cancelled: what is waited for is the worker's count of it.
+        var shown: [String: Any] = [:]
+        #expect(
+            try TestServices.waitUntil(timeout: 10) {
+                shown = try JobCancelTests.show(jobID, redisURL: redisURL)
+                return shown["cancelled"] as? Int == 1
+            }, "\(shown)")
+        #expect(shown["state"] as? String == "cancelled" && shown["resolved"] as? Int == 0, "\(shown)")
+        #expect(simulator.received().isEmpty)
+    }
+
     /// The ids `jobs list --json` prints.
     static func listed(redisURL: String) throws -> [String] {
         let child = try ExecutablesTests.Child(
