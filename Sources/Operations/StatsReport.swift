@@ -68,6 +68,9 @@ public struct StatsReport: Sendable {
             let status = try amqp.queueStatus(name)
             queues.append(Queue(role: role, name: name, messages: status?.messages, consumers: status?.consumers))
         }
+        queues += try JobLane.allCases.map { lane in
+            try scheduleTiers(of: lane, on: amqp, configuration.broker.retryDelays, queueNames)
+        }
         let redis = try configuration.redis.connect()
         let shared = try SharedStatistics(redis: redis).read(minutes: windowMinutes)
         let lanes = JobLane.allCases.enumerated().map { position, lane in
@@ -80,6 +83,26 @@ public struct StatsReport: Sendable {
             windowMinutes: windowMinutes, workers: shared.workers.sorted(),
             invalidationWindow: try SharedInvalidationWindow(redis: redis).totals(),
             invalidationGuard: configuration.pipeline.invalidationGuard)
+    }
+
+    /// A lane's delay queues other than its retry tiers, as one row: the tiers jobs wait in for their `send_at` (and
+    /// copies waiting for Redis, in the shortest), their messages added up (nil when none of them exists).
+    private static func scheduleTiers(
+        of lane: JobLane, on amqp: AMQPConnection, _ retryDelays: [Double], _ names: QueueNames
+    ) throws -> Queue {
+        let retryMilliseconds = Set(retryDelays.map { Int(($0 * 1000).rounded()) })
+        let tiers = JobSchedule.tiers.filter { !retryMilliseconds.contains(Int(($0 * 1000).rounded())) }
+        var messages: Int?
+        for tier in tiers {
+            if let status = try amqp.queueStatus(names.retry(delay: tier, lane: lane)) {
+                messages = (messages ?? 0) + status.messages
+            }
+        }
+        let first = Int((tiers.first! * 1000).rounded())
+        let last = Int((tiers.last! * 1000).rounded())
+        return Queue(
+            role: "\(lane.rawValue) scheduled, \(tiers.count) tiers",
+            name: "\(names.jobs(lane)).retry.{\(first)..\(last)}ms", messages: messages, consumers: nil)
     }
 
     public var text: String {

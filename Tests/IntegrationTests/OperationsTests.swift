@@ -314,8 +314,19 @@ import WorkerPipeline
         try publisher.publish(
             to: bulk, body: Array(#"{"id": "stats-bulk", "users": ["\#(user)"], "payload": {"aps": {}}}"#.utf8),
             properties: AMQPProperties(replyTo: replies, timestamp: Int64(Date().timeIntervalSince1970) - 30))
+        // A job an hour ahead, which waits in one of the lane's schedule tiers (3,276.8 s): taken once, not sent.
+        let sendAt = Int(Date().timeIntervalSince1970) + 3_600
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "\#(TestServices.unique("stats-later"))", "users": ["\#(user)"], "send_at": \#(sendAt), "payload": {"aps": {}}}"#
+                    .utf8))
         let worker = try WorkerThread(environment, logger: Logger(label: "worker", level: .warning))
         #expect(try replyReader.read(4).count == 4)
+        #expect(
+            TestServices.waitUntil(timeout: 10) {
+                (try? publisher.queueStatus(jobs + ".retry.3276800ms"))??.messages == 1
+            }, "the scheduled job waits in its tier")
         worker.stop()  // a stopping worker reports its last counts
 
         environment["PUSH_JOBS_QUEUE"] = jobs
@@ -328,7 +339,7 @@ import WorkerPipeline
         let urgentLane = try #require(lanes.first { $0["lane"] as? String == "urgent" })
         let bulkLane = try #require(lanes.first { $0["lane"] as? String == "bulk" })
         #expect(
-            urgentLane["queue"] as? String == jobs && urgentLane["jobs_taken"] as? Int == 3
+            urgentLane["queue"] as? String == jobs && urgentLane["jobs_taken"] as? Int == 4
                 && urgentLane["sent"] as? Int == 6,
             "\(urgentLane)")
         #expect(
@@ -343,6 +354,8 @@ import WorkerPipeline
         let failed = queues.first { $0["name"] as? String == failedQueue }
         #expect((failed?["messages"] as? Int) == 2, "\(queues)")
         #expect(queues.first { $0["name"] as? String == jobs }?["messages"] as? Int == 0)
+        let scheduled = queues.first { ($0["role"] as? String)?.hasPrefix("urgent scheduled") == true }
+        #expect(scheduled?["messages"] as? Int == 1, "the scheduled job, in the urgent lane's tiers: \(queues)")
         #expect((report["workers"] as? [String])?.contains(Worker.identity) == true, "the worker reported itself alive")
 
         let text = try Self.apnsWorker(["stats"], environment: environment)
