@@ -13,7 +13,8 @@ let statsHelp = """
     second workers took from each and the notifications per second they sent from each, and the longest a job taken
     in the window had waited in its queue (from the jobs' timestamp, which `enqueue` sets; "-" when no timed job was
     taken: a lane nobody consumes shows its depth, and no wait). Then each queue's depth and consumers (the lanes,
-    their retry delay queues, dead tokens, failed, registrations), what all workers together did over the last N
+    their retry delay queues, per lane the jobs waiting for their send_at in its schedule tiers as one row, dead
+    tokens, failed, registrations), what all workers together did over the last N
     minutes (default 5; notifications delivered, dead tokens, failures, expired, retries, jobs) with the rate per
     second, and the workers that reported in the last 30 s (workers report every 5 s to Redis: apns:stats:<minute>,
     apns:stats:<minute>:waited and apns:workers).
