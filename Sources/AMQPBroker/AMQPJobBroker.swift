@@ -287,11 +287,14 @@ extension MessageProperties {
             persistent: amqp.persistent, timestamp: amqp.timestamp,
             headers: amqp.headers.isEmpty && amqp.otherHeaders.isEmpty ? MessageHeaders() : Self.headers(of: amqp),
             deliveryCount: amqp.deliveryCount)
-        contentType = amqp.contentType.take()
-        contentEncoding = amqp.contentEncoding.take()
-        type = amqp.type.take()
-        appID = amqp.appID.take()
-        priority = amqp.priority
+        let contentType = amqp.contentType.take()
+        if (contentType != nil && contentType != "application/json") || amqp.contentEncoding != nil
+            || amqp.type != nil || amqp.appID != nil || amqp.priority != nil
+        {
+            publisherProperties = PublisherProperties(
+                contentType: contentType, contentEncoding: amqp.contentEncoding.take(), type: amqp.type.take(),
+                appID: amqp.appID.take(), priority: amqp.priority)
+        }
     }
 
     /// Text headers as text, the others as the broker encoded them (a name given both ways is text).
@@ -316,13 +319,16 @@ extension AMQPProperties {
             }
         }
         self.init(
-            contentType: message.contentType, replyTo: message.replyTo, correlationID: message.correlationID,
+            contentType: PublisherProperties.contentType(of: message.publisherProperties), replyTo: message.replyTo,
+            correlationID: message.correlationID,
             messageID: message.messageID, persistent: message.persistent, timestamp: message.timestamp,
             headers: text, otherHeaders: others)
-        contentEncoding = message.contentEncoding
-        type = message.type
-        appID = message.appID
-        priority = message.priority
+        if let carried = message.publisherProperties {
+            contentEncoding = carried.contentEncoding
+            type = carried.type
+            appID = carried.appID
+            priority = carried.priority
+        }
     }
 }
 

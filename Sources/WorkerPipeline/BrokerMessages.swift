@@ -13,17 +13,20 @@ public struct MessageProperties: Sendable, Equatable {
     /// When the message was published (UNIX seconds), if its publisher said so: how long a job waited in its lane.
     public var timestamp: Int64?
     public var persistent: Bool
+    /// `deliveryCount`, in the bytes the timestamp and the flag leave before the next word (clamped: what is
+    /// compared with it is WORKER_MAX_DELIVERIES, at most 1,000).
+    private var deliveryCountStored: Int16?
     public var headers: MessageHeaders
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
-    public var deliveryCount: Int?
+    public var deliveryCount: Int? {
+        get { deliveryCountStored.map(Int.init) }
+        set { deliveryCountStored = newValue.map { Int16(clamping: $0) } }
+    }
     /// What else the publisher said of the message, kept as it came on every copy the worker publishes of a job (a
-    /// retry, a parked copy, a part, a copy waiting for Redis): its `content_type` (the worker's own messages are
-    /// `application/json`), `content_encoding`, `type`, `app_id` and `priority`.
-    public var contentType: String? = "application/json"
-    public var contentEncoding: String?
-    public var type: String?
-    public var appID: String?
-    public var priority: UInt8?
+    /// retry, a parked copy, a part, a copy waiting for Redis); nil for most messages, whose content type is
+    /// `application/json` or none (and which go out as `application/json`, as the worker's own messages do). In a
+    /// box: a job's delivery stays within the allocator's fast bins (`AllocationSizeTests`).
+    public var publisherProperties: PublisherProperties?
 
     /// The message-id as a job's id: none when it is empty, which any number of unrelated messages may carry.
     public var idForJob: String? { messageID?.isEmpty == false ? messageID : nil }
@@ -32,7 +35,7 @@ public struct MessageProperties: Sendable, Equatable {
         replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
         timestamp: Int64? = nil, headers: MessageHeaders = [:], deliveryCount: Int? = nil
     ) {
-        self.deliveryCount = deliveryCount
+        deliveryCountStored = deliveryCount.map { Int16(clamping: $0) }
         self.replyTo = replyTo
         self.correlationID = correlationID
         self.messageID = messageID
@@ -156,5 +159,36 @@ public struct LaneQueues: Sendable, Equatable {
     public init(messages: LaneCounts, consumers: LaneCounts) {
         self.messages = messages
         self.consumers = consumers
+    }
+}
+
+/// A message's `content_type` (when not `application/json`), `content_encoding`, `type`, `app_id` and `priority`.
+public final class PublisherProperties: Sendable, Equatable {
+    public let contentType: String?
+    public let contentEncoding: String?
+    public let type: String?
+    public let appID: String?
+    public let priority: UInt8?
+
+    public init(
+        contentType: String?, contentEncoding: String? = nil, type: String? = nil, appID: String? = nil,
+        priority: UInt8? = nil
+    ) {
+        self.contentType = contentType
+        self.contentEncoding = contentEncoding
+        self.type = type
+        self.appID = appID
+        self.priority = priority
+    }
+
+    /// The content type of a message the worker publishes: a job's own, or `application/json`.
+    public static func contentType(of properties: PublisherProperties?) -> String? {
+        guard let properties else { return "application/json" }
+        return properties.contentType
+    }
+
+    public static func == (left: PublisherProperties, right: PublisherProperties) -> Bool {
+        (left.contentType, left.contentEncoding, left.type, left.appID, left.priority)
+            == (right.contentType, right.contentEncoding, right.type, right.appID, right.priority)
     }
 }
