@@ -121,10 +121,28 @@ public struct Logger: Sendable {
             }
             return line + "}\n"
         case .text:
-            var line = "\(time) \(level.name.uppercased()) \(label): \(message)"
-            for key in fields.keys.sorted() { line += " \(key)=\(fields[key]!)" }
+            var line = "\(time) \(level.name.uppercased()) \(label): \(Self.oneLine(message))"
+            for key in fields.keys.sorted() { line += " \(key)=\(Self.textValue(fields[key]!))" }
             return line + "\n"
         }
+    }
+
+    /// A value as logfmt writes one: bare when it holds no space, quote, equals sign, backslash or control
+    /// character, quoted with those escaped otherwise, so that a line break in a job's id cannot begin a line of its
+    /// own and every value ends where a reader expects.
+    static func textValue(_ value: String) -> String {
+        let bare =
+            !value.isEmpty
+            && value.unicodeScalars.allSatisfy {
+                $0.value > 0x20 && $0.value != 0x7F && $0 != "\"" && $0 != "=" && $0 != "\\"
+            }
+        return bare ? value : JSONString.quote(value)
+    }
+
+    /// A message on one line: its control characters escaped as in JSON.
+    static func oneLine(_ message: String) -> String {
+        guard message.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else { return message }
+        return String(JSONString.quote(message).dropFirst().dropLast())
     }
 
     private static func timestamp() -> String {
