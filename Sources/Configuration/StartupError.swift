@@ -54,6 +54,7 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
         case .clusterNodes: ConfigurationError(\.redisClusterNodes, redis.message)
         case .tls: ConfigurationError(\.redisCAFile, redis.message)
         case .clientCertificate: ConfigurationError(\.redisCertFile, redis.message)
+        case .clientKey: ConfigurationError(\.redisCertKeyFile, redis.message)
         }
     }
 }

@@ -49,7 +49,13 @@ final class RedisChannel {
                     privateKeyFile: tls.keyFile ?? tls.certificateFile,
                     applicationProtocols: []))
         } catch {
-            throw RedisError(kind: .refused, "\(name): \(error)", part: .tls)
+            let part: RedisError.Part =
+                switch (error as? TLSError)?.file {
+                case .certificate?: .clientCertificate
+                case .privateKey?: .clientKey
+                case .trustedCertificates?, nil: .tls
+                }
+            throw RedisError(kind: .refused, "\(name): \(error)", part: part)
         }
         descriptor = try Self.connect(host: host, port: port, timeout: timeout, name: name)
         let stream: TLSStream

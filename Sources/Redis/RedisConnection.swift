@@ -19,9 +19,10 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
 
     /// What a refusal concerns: the data nodes (REDIS_URL's password or database), the sentinels (their password), or
     /// the master's name (no sentinel knows it), the cluster's nodes (one is no cluster node), or TLS (a certificate the
-    /// CA file does not vouch for, a client certificate that does not load). Where to look when waiting will not help.
+    /// CA file does not vouch for), a client certificate or its key that does not load. Where to look when waiting
+    /// will not help.
     public enum Part: Sendable, Equatable {
-        case dataNodes, sentinels, masterName, clusterNodes, tls, clientCertificate
+        case dataNodes, sentinels, masterName, clusterNodes, tls, clientCertificate, clientKey
     }
 
     public let kind: Kind

@@ -3,10 +3,15 @@ import Foundation
 
 /// An error from OpenSSL, with the library's own reason text.
 public struct TLSError: Error, CustomStringConvertible, Sendable {
+    /// The file a client context could not load, so that the setting that names it can be named.
+    public enum File: Sendable { case trustedCertificates, certificate, privateKey }
+
     public let message: String
+    public let file: File?
     public var description: String { message }
 
-    package init(_ what: String) {
+    package init(_ what: String, file: File? = nil) {
+        self.file = file
         var reasons: [String] = []
         while true {
             let code = ERR_get_error()
@@ -85,7 +90,7 @@ package final class TLSContext: @unchecked Sendable {
             }
             if let caFile = configuration.caFile {
                 guard SSL_CTX_load_verify_locations(context, caFile, nil) == 1 else {
-                    throw TLSError("cannot load CA file \(caFile)")
+                    throw TLSError("cannot load CA file \(caFile)", file: .trustedCertificates)
                 }
             }
             SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
@@ -94,13 +99,13 @@ package final class TLSContext: @unchecked Sendable {
         }
         if let certificate = configuration.certificateFile {
             guard SSL_CTX_use_certificate_chain_file(context, certificate) == 1 else {
-                throw TLSError("cannot load client certificate \(certificate)")
+                throw TLSError("cannot load client certificate \(certificate)", file: .certificate)
             }
             let keyFile = configuration.privateKeyFile ?? certificate
             guard SSL_CTX_use_PrivateKey_file(context, keyFile, SSL_FILETYPE_PEM) == 1,
                 SSL_CTX_check_private_key(context) == 1
             else {
-                throw TLSError("cannot load the client certificate's key \(keyFile)")
+                throw TLSError("cannot load the client certificate's key \(keyFile)", file: .privateKey)
             }
         }
         let alpn = configuration.applicationProtocols.flatMap { [UInt8($0.utf8.count)] + Array($0.utf8) }

@@ -88,6 +88,17 @@ import Testing
         let anonymous = try OperationsTests.apnsWorker(["tokens", "list", "someone"], environment: settings)
         #expect(anonymous.status == 78 && anonymous.errors.contains("REDIS_CERT_FILE"), "\(anonymous.errors)")
 
+        // A certificate or key file that is no PEM is named by its own setting.
+        let garbage = try TestServices.temporaryFile("not-pem", contents: "not a certificate\n")
+        for key in ["REDIS_CERT_FILE", "REDIS_CERT_KEY_FILE"] {
+            settings = try Self.settings()
+            settings[key] = garbage
+            let unreadable = try OperationsTests.apnsWorker(["tokens", "list", "someone"], environment: settings)
+            #expect(
+                unreadable.status == 78 && unreadable.errors.contains("\(key):") && unreadable.errors.contains(garbage),
+                "\(key): \(unreadable.errors)")
+        }
+
         settings = try Self.settings()
         settings["REDIS_URL"] = settings["REDIS_URL"]!.replacingOccurrences(of: "rediss://", with: "redis://")
         let plain = try OperationsTests.apnsWorker(["tokens", "list", "someone"], environment: settings)
