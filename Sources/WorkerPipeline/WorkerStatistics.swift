@@ -314,7 +314,8 @@ public final class WorkerStatistics: Sendable {
         metrics.gauge("apns_worker_apns_connections", "Open HTTP/2 connections to APNs.", openConnections)
         metrics.counter(
             "apns_worker_apns_connections_opened_total",
-            "HTTP/2 connections to APNs opened (beyond the first ones: reconnects).", load(connectionsOpened))
+            "HTTP/2 connections to APNs opened, the first ones included (reconnects and growth add to it).",
+            load(connectionsOpened))
         metrics.counter("apns_worker_apns_goaways_total", "GOAWAY frames received from APNs.", load(goAways))
         metrics.counter(
             "apns_worker_apns_connect_failures_total", "Failed or unproductive APNs connections.",
