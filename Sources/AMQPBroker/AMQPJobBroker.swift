@@ -88,7 +88,14 @@ public final class AMQPJobBroker: JobBroker {
         // node, a silent one included, while consuming a queue whose leader answers waits for nothing. A queue found
         // missing later is declared again then (a publish handed back, or a consume refused, which ends the session).
         if !topology.isDeclared {
-            try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.delayQueues)
+            do {
+                try Topology.declareWorkerQueues(on: amqp, settings.queues, retryDelays: settings.delayQueues)
+            } catch {
+                // A user without the permission to declare (ACCESS_REFUSED): a setting to fix, not a broker to wait for.
+                amqp.close()
+                if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
+                throw error
+            }
             topology.isDeclared = true
         }
         try amqp.enablePublisherConfirms()

@@ -88,10 +88,13 @@ extension SettingKind where Value == Bool {
 extension SettingKind where Value == String {
     static var text: SettingKind { SettingKind("text") { $0 } }
 
-    /// A queue or exchange name (AMQP's limit).
+    /// A queue or exchange name (AMQP's limit) the worker declares: not one of the broker's own (`amq.`).
     static var brokerName: SettingKind {
-        SettingKind("name, at most 255 bytes") { text throws(SettingProblem) in
+        SettingKind("name, at most 255 bytes, not starting with amq.") { text throws(SettingProblem) in
             guard text.utf8.count <= 255 else { throw SettingProblem("queue names are at most 255 bytes") }
+            guard !text.hasPrefix("amq.") else {
+                throw SettingProblem("names starting with amq. are the broker's own, which it refuses to declare")
+            }
             return text
         }
     }

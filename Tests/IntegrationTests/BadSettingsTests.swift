@@ -87,6 +87,26 @@ import WorkerPipeline
         #expect(worker.waitForExit() == 78)
     }
 
+    /// A user the broker lets in but does not let declare the worker's queues (no configure permission): a setting
+    /// to fix, exit 78 naming AMQP_URL and the refusal, not a reconnect loop.
+    @Test func aUserWhoMayNotDeclareTheQueuesExits78() throws {
+        let rabbitmqctl = try TestServices.value("RABBITMQCTL")
+        let user = TestServices.unique("no-configure")
+        _ = try TestServices.run(rabbitmqctl, ["add_user", user, "secret"])
+        defer { _ = try? TestServices.run(rabbitmqctl, ["delete_user", user]) }
+        _ = try TestServices.run(rabbitmqctl, ["set_permissions", "-p", "/", user, "^$", ".*", ".*"])
+        let base = try TestServices.amqpURL()
+        let (environment, simulator) = try environment([
+            "AMQP_URL": "amqp://\(user):secret@\(base.host):\(base.port)/%2f",
+            "PUSH_JOBS_QUEUE": TestServices.unique("jobs")
+        ])
+        defer { simulator.shutdown() }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
+        #expect(line?.contains("AMQP_URL") == true && line?.contains("ACCESS_REFUSED") == true, "\(line ?? "no line")")
+        #expect(worker.waitForExit() == 78)
+    }
+
     @Test func aRedisDatabaseThatDoesNotExistExits78() throws {
         let (environment, simulator) = try environment([
             "REDIS_URL": try TestServices.redisURL().withDatabase(99).description(revealingPassword: true)

@@ -88,6 +88,7 @@ import WorkerPipeline
         (["METRICS_PORT": "70000"], "METRICS_PORT"),
         (["LOG_FORMAT": "xml"], "LOG_FORMAT"),
         (["PUSH_JOBS_QUEUE": String(repeating: "q", count: 256)], "PUSH_JOBS_QUEUE"),
+        (["PUSH_JOBS_QUEUE": "amq.jobs"], "PUSH_JOBS_QUEUE"),
         (["PUSH_DEAD_TOKENS_EXCHANGE": String(repeating: "x", count: 256)], "PUSH_DEAD_TOKENS_EXCHANGE"),
         (["PUSH_REGISTRATIONS_QUEUE": String(repeating: "r", count: 256)], "PUSH_REGISTRATIONS_QUEUE"),
         (["CLEANUP_INACTIVE_DAYS": "0"], "CLEANUP_INACTIVE_DAYS"),
