@@ -3,6 +3,7 @@ import AMQPBroker
 import APNs
 import Foundation
 import Redis
+import TLS
 import Telemetry
 
 /// What is wrong with a setting's text, in words that follow the key's name in `ConfigurationError`.
@@ -96,6 +97,16 @@ extension SettingKind where Value == String {
                 throw SettingProblem("names starting with amq. are the broker's own, which it refuses to declare")
             }
             return text
+        }
+    }
+
+    /// A CA bundle (PEM) the program can read and OpenSSL can load, checked at start: a file of anything else
+    /// would fail every connection it is for, and the worker would wait on them for ever.
+    static var caFile: SettingKind {
+        SettingKind("path of a PEM CA bundle") { path throws(SettingProblem) in
+            let readable = try file.read(path)
+            do throws(TLSError) { try TLSError.checkCAFile(readable) } catch { throw SettingProblem(error.message) }
+            return readable
         }
     }
 

@@ -14,7 +14,7 @@ public struct SettingTable: Sendable {
         readers: .brokerClients,
         help: "the broker (user, password, host, port, vhost); a cluster's nodes comma-separated")
     public let amqpCAFile: OptionalSetting<String> = OptionalSetting(
-        name: "AMQP_CA_FILE", kind: .file, unsetMeans: "/etc/ssl/certs/ca-certificates.crt", readers: .brokerClients,
+        name: "AMQP_CA_FILE", kind: .caFile, unsetMeans: "/etc/ssl/certs/ca-certificates.crt", readers: .brokerClients,
         help: "CA bundle, PEM, for amqps://")
     public let amqpHeartbeat: Setting<Int> = Setting(
         name: "AMQP_HEARTBEAT", kind: .wholeNumber(0...3600), defaultValue: "5",
@@ -45,7 +45,7 @@ public struct SettingTable: Sendable {
         help: "Sentinel: the sentinels' own password (their requirepass), if they require one")
 
     public let redisCAFile: OptionalSetting<String> = OptionalSetting(
-        name: "REDIS_CA_FILE", kind: .file, unsetMeans: "the system trust store only",
+        name: "REDIS_CA_FILE", kind: .caFile, unsetMeans: "the system trust store only",
         readers: [.worker, .cleanup, .tokens, .stats],
         help: "TLS (a rediss:// REDIS_URL): an extra trusted CA, PEM, for a private Redis CA")
     public let redisCertFile: OptionalSetting<String> = OptionalSetting(
@@ -75,7 +75,7 @@ public struct SettingTable: Sendable {
         name: "APNS_PROXY_URL", kind: .proxyURL, unsetMeans: "none: straight to APNs", readers: [.worker, .channels],
         help: "an HTTP proxy that opens CONNECT tunnels, for egress; TLS to APNs runs end to end inside the tunnel")
     public let apnsCAFile: OptionalSetting<String> = OptionalSetting(
-        name: "APNS_CA_FILE", kind: .file, unsetMeans: "the system trust store only", readers: [.worker, .channels],
+        name: "APNS_CA_FILE", kind: .caFile, unsetMeans: "the system trust store only", readers: [.worker, .channels],
         help: "an extra trusted CA, PEM, for a private endpoint such as apns-sim")
     public let apnsKeyFile: OptionalSetting<String> = OptionalSetting(
         name: "APNS_KEY_FILE", kind: .file, readers: [.worker, .channels],
@@ -206,9 +206,12 @@ public struct SettingTable: Sendable {
     public let metricsHost: Setting<String> = Setting(
         name: "METRICS_HOST", kind: .text, defaultValue: "0.0.0.0", readers: [.worker, .cleanup],
         help: "the address of GET /metrics, /healthz and /readyz")
-    public let metricsPort: Setting<Int> = Setting(
-        name: "METRICS_PORT", kind: .wholeNumber(0...65_535), defaultValue: "9464", readers: [.worker, .cleanup],
-        help: "their port; 0 turns them off")
+    public let metricsPort: OptionalSetting<Int> = OptionalSetting(
+        name: "METRICS_PORT", kind: .wholeNumber(0...65_535),
+        unsetMeans: "9464, or a free port when another process on the host holds 9464 (logged)",
+        readers: [.worker, .cleanup], help: "their port; 0 turns them off; a port set and taken stops start-up")
+    /// The port the endpoints take when METRICS_PORT is not set, if it is free.
+    public static let defaultMetricsPort = 9464
     public let logLevel: Setting<Logger.Level> = Setting(
         name: "LOG_LEVEL", kind: .logLevel, defaultValue: "info", readers: .all,
         help: "the least severe log line written")

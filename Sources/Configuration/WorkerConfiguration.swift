@@ -188,7 +188,8 @@ public struct WorkerConfiguration: Sendable {
                 inactiveDays: try settings(\.cleanupInactiveDays),
                 sweepInterval: try settings(\.cleanupSweepInterval)),
             metrics: MetricsSettings(
-                host: try settings(\.metricsHost), port: try settings(\.metricsPort),
+                host: try settings(\.metricsHost),
+                port: try settings(\.metricsPort) ?? SettingTable.defaultMetricsPort,
                 portIsExplicit: settings.isGiven(\.metricsPort)),
             logLevel: logLevel, logFormat: logFormat)
     }

@@ -24,6 +24,18 @@ public struct TLSError: Error, CustomStringConvertible, Sendable {
     }
 }
 
+extension TLSError {
+    /// Whether `path` holds certificates OpenSSL loads as trusted ones (PEM): checked where settings are read, so that
+    /// a file that is no CA bundle stops start-up instead of failing every connection it is meant for.
+    public static func checkCAFile(_ path: String) throws(TLSError) {
+        guard let context = SSL_CTX_new(TLS_client_method()) else { throw TLSError("cannot make a TLS context") }
+        defer { SSL_CTX_free(context) }
+        guard SSL_CTX_load_verify_locations(context, path, nil) == 1 else {
+            throw TLSError("cannot load CA file \(path)", file: .trustedCertificates)
+        }
+    }
+}
+
 /// How a client checks the server and proves who it is.
 public struct TLSClientConfiguration: Sendable {
     /// Extra trusted CA bundle (PEM), added to the system trust store, for private endpoints such as apns-sim.

@@ -114,6 +114,25 @@ import WorkerPipeline
         }
     }
 
+    /// A CA file that exists but holds no certificate OpenSSL can load stops start-up naming its setting, whichever it
+    /// is: it would fail every connection it is for, and the worker would wait on them for ever.
+    @Test(arguments: ["APNS_CA_FILE", "AMQP_CA_FILE", "REDIS_CA_FILE"])
+    func aCAFileOfNoCertificatesIsRefused(key: String) throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("not-a-ca-\(UUID().uuidString).pem")
+            .path
+        try Data("not a certificate\n".utf8).write(to: URL(fileURLWithPath: path))
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        var environment = minimal.merging([key: path]) { _, new in new }
+        if key == "REDIS_CA_FILE" { environment["REDIS_URL"] = "rediss://127.0.0.1:6380/0" }
+        if key == "AMQP_CA_FILE" { environment["AMQP_URL"] = "amqps://guest:guest@127.0.0.1:5671/%2f" }
+        do {
+            _ = try WorkerConfiguration.load(from: environment)
+            Issue.record("accepted \(key)=\(path)")
+        } catch {
+            #expect(error.key == key && "\(error)".contains("cannot load CA file"), "\(error)")
+        }
+    }
+
     /// A number of seconds out of range is refused with both bounds named, and a list names the item that is wrong.
     @Test func secondsOutOfRangeAreRefusedNamingTheBounds() {
         for (key, value, words) in [
@@ -300,7 +319,10 @@ import WorkerPipeline
 
     /// TLS files belong to a rediss:// URL: beside redis:// they would be ignored, so they stop start-up.
     @Test func redisTLSFiles() throws {
-        let ca = keyFile  // any readable file: a CA file is read when a connection is made
+        let ca = NSTemporaryDirectory() + "config-test-ca-\(UUID().uuidString).pem"
+        try Data(try SelfSignedCertificate.generate(commonName: "cache").certificatePEM.utf8).write(
+            to: URL(fileURLWithPath: ca))
+        defer { try? FileManager.default.removeItem(atPath: ca) }
         let configuration = try WorkerConfiguration.load(
             from: minimal.merging(
                 ["REDIS_URL": "rediss://cache:6380/0", "REDIS_CA_FILE": ca]) { $1 })
