@@ -44,8 +44,15 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
     public var isConnectionLost: Bool { kind == .connectionLost }
 
     /// The broker refused this connection's own settings (ACCESS_REFUSED: user or password; NOT_ALLOWED: the vhost
-    /// does not exist or the user may not use it), or the URL is wrong: waiting will not help, the URL must change.
-    public var isPermanent: Bool { kind == .badURL || code == 403 || code == 530 }
+    /// does not exist or the user may not use it), or the URL is wrong, or the broker's certificate is not one the CA
+    /// bundle vouches for: waiting will not help, a setting must change.
+    public var isPermanent: Bool { kind == .badURL || code == 403 || code == 530 || isCertificateRefused }
+
+    /// The broker's TLS certificate failed verification against the CA bundle (AMQP_CA_FILE), or its name.
+    public var isCertificateRefused: Bool {
+        code == Int(AMQP_STATUS_SSL_PEER_VERIFY_FAILED.rawValue)
+            || code == Int(AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED.rawValue)
+    }
 }
 
 /// Message properties the worker reads and writes.

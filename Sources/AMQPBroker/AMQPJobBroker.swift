@@ -74,7 +74,7 @@ public final class AMQPJobBroker: JobBroker {
                 heartbeat: settings.heartbeat, connectTimeout: settings.replyTimeout,
                 replyTimeout: settings.replyTimeout, caFile: settings.caFile)
         } catch {
-            if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
+            if error.isPermanent { throw ConnectionRefused(.broker, error.message, cause: error) }
             throw error
         }
         // A queue or exchange found missing (the broker closed the channel NOT_FOUND, whichever call met it: a publish

@@ -30,6 +30,8 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
         case let refused as ConnectionRefused:
             if let redis = refused.cause as? RedisError {
                 description = Self.naming(redis).description
+            } else if let amqp = refused.cause as? AMQPError, amqp.isCertificateRefused {
+                description = ConfigurationError(\.amqpCAFile, amqp.message).description
             } else {
                 description =
                     (refused.system == .broker
@@ -37,7 +39,10 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
                     : ConfigurationError(\.redisURL, refused.message)).description
             }
         case let amqp as AMQPError where amqp.isPermanent:
-            description = ConfigurationError(\.amqpURL, amqp.message).description
+            description =
+                (amqp.isCertificateRefused
+                ? ConfigurationError(\.amqpCAFile, amqp.message) : ConfigurationError(\.amqpURL, amqp.message))
+                .description
         case let redis as RedisError where redis.kind == .refused || redis.kind == .badURL:
             description = Self.naming(redis).description
         default:

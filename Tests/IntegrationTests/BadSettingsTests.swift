@@ -2,6 +2,7 @@ import AMQP
 import APNs
 import APNsSimulator
 import Foundation
+import HTTP2
 import Redis
 import Telemetry
 import Testing
@@ -104,6 +105,21 @@ import WorkerPipeline
         let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
         let line = worker.waitForLine(containing: "configuration error", timeout: 30)
         #expect(line?.contains("AMQP_URL") == true && line?.contains("ACCESS_REFUSED") == true, "\(line ?? "no line")")
+        #expect(worker.waitForExit() == 78)
+    }
+
+    /// A broker whose TLS certificate AMQP_CA_FILE does not vouch for stops start-up naming AMQP_CA_FILE (the worker
+    /// reconnected for ever).
+    @Test func aBrokerCertificateTheCAFileDoesNotVouchForExits78() throws {
+        let otherCA = try TestServices.temporaryFile(
+            "other-ca.pem", contents: try SelfSignedCertificate.generate(commonName: "unrelated CA").certificatePEM)
+        let (environment, simulator) = try environment([
+            "AMQP_URL": try TestServices.value("AMQPS_URL"), "AMQP_CA_FILE": otherCA
+        ])
+        defer { simulator.shutdown() }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
+        #expect(line?.contains("AMQP_CA_FILE") == true, "\(line ?? "no line")")
         #expect(worker.waitForExit() == 78)
     }
 
