@@ -79,9 +79,12 @@ extension SettingKind where Value == [Double] {
 
 extension SettingKind where Value == Bool {
     static var flag: SettingKind {
-        SettingKind("true|false") { text throws(SettingProblem) in
-            guard ["true", "false", "1", "0"].contains(text) else { throw SettingProblem("must be true or false") }
-            return text == "true" || text == "1"
+        SettingKind("true|false (or 1|0)") { text throws(SettingProblem) in
+            let word = text.lowercased()
+            guard ["true", "false", "1", "0"].contains(word) else {
+                throw SettingProblem("\"\(text)\" is not true or false (1 or 0)")
+            }
+            return word == "true" || word == "1"
         }
     }
 }
@@ -171,7 +174,7 @@ extension SettingKind where Value == APNsEndpoint {
 extension SettingKind where Value == QueueType {
     static var queueType: SettingKind {
         SettingKind("classic|quorum") { text throws(SettingProblem) in
-            guard let type = QueueType(rawValue: text) else {
+            guard let type = QueueType(rawValue: text.lowercased()) else {
                 throw SettingProblem("\"\(text)\" is not classic or quorum")
             }
             return type
@@ -181,9 +184,9 @@ extension SettingKind where Value == QueueType {
 
 extension SettingKind where Value == Logger.Level {
     static var logLevel: SettingKind {
-        SettingKind("trace|debug|info|notice|warning|error") { text throws(SettingProblem) in
+        SettingKind("trace|debug|info|notice|warning|error|critical") { text throws(SettingProblem) in
             guard let level = Logger.Level(name: text) else {
-                throw SettingProblem("\"\(text)\" is not trace, debug, info, notice, warning or error")
+                throw SettingProblem("\"\(text)\" is not trace, debug, info, notice, warning, error or critical")
             }
             return level
         }
@@ -193,7 +196,7 @@ extension SettingKind where Value == Logger.Level {
 extension SettingKind where Value == Logger.Format {
     static var logFormat: SettingKind {
         SettingKind("json|text") { text throws(SettingProblem) in
-            guard let format = Logger.Format(rawValue: text) else {
+            guard let format = Logger.Format(rawValue: text.lowercased()) else {
                 throw SettingProblem("\"\(text)\" is not json or text")
             }
             return format

@@ -100,7 +100,7 @@ import WorkerPipeline
         (["APNS_RATE_LIMIT_URGENT_SHARE": "1.5"], "APNS_RATE_LIMIT_URGENT_SHARE"),
         (["APNS_RATE_LIMIT_URGENT_SHARE": "20%"], "APNS_RATE_LIMIT_URGENT_SHARE"),
         (["PUSH_QUEUE_TYPE": "mirrored"], "PUSH_QUEUE_TYPE"),
-        (["PUSH_QUEUE_TYPE": "Quorum"], "PUSH_QUEUE_TYPE"),
+        (["APNS_INSECURE_SKIP_VERIFY": "yes"], "APNS_INSECURE_SKIP_VERIFY"),
         (["WORKER_MAX_DELIVERIES": "0"], "WORKER_MAX_DELIVERIES")
     ])
     func badSettingsNameTheirKey(overrides: [String: String], key: String) {
@@ -112,6 +112,17 @@ import WorkerPipeline
         } catch {
             #expect(error.key == key, "\(error)")
         }
+    }
+
+    /// Words from a closed list are taken whatever their case, as LOG_LEVEL always was: DEBUG, JSON, Quorum, TRUE.
+    @Test func listedWordsAreTakenWhateverTheirCase() throws {
+        let configuration = try WorkerConfiguration.load(
+            from: minimal.merging([
+                "LOG_LEVEL": "DEBUG", "LOG_FORMAT": "JSON", "PUSH_QUEUE_TYPE": "Quorum",
+                "APNS_INSECURE_SKIP_VERIFY": "TRUE"
+            ]) { $1 })
+        #expect(configuration.logLevel == .debug && configuration.logFormat == .json)
+        #expect(configuration.broker.queues.type == .quorum && !configuration.apns.verifyPeer)
     }
 
     /// A CA file that exists but holds no certificate OpenSSL can load stops start-up naming its setting, whichever it
