@@ -141,6 +141,10 @@ let deadTokensHelp = """
     Settings it reads (environment, --config file or --set):
     \(SettingTable.help(for: .deadTokensTail))
 
+    EXAMPLES:
+      apns-worker dead-tokens tail
+      apns-worker dead-tokens tail --count 10 --timeout 60 | jq .reason
+
     EXIT CODES: 0 done, 2 bad command line, 69 broker unreachable, 78 bad configuration.
     """
 
@@ -209,6 +213,10 @@ let cleanupHelp = """
 
     Settings it reads (environment, --config file or --set):
     \(SettingTable.help(for: .cleanup))
+
+    EXAMPLES:
+      apns-worker cleanup --config /etc/apns-worker/apns-worker.env
+      apns-worker cleanup --once --set CLEANUP_INACTIVE_DAYS=120     # from cron
 
     EXIT CODES: 0 done or stopped on a signal, 2 bad command line, 69 broker or Redis unreachable (--once),
     78 bad configuration.

@@ -59,7 +59,8 @@ let tokensHelp = """
       apns-worker tokens import registrations.jsonl
       REDIS_CLUSTER_NODES=10.0.0.21:6379 apns-worker tokens migrate --from redis://10.0.0.5:6379/0
 
-    EXIT CODES: 0 done, 2 bad command line or bad token, 69 Redis unreachable, 78 bad configuration.
+    EXIT CODES: 0 done, 2 bad command line or bad token, 65 (import) lines that are not an event, the rest
+    applied, 69 Redis unreachable, 78 bad configuration.
     """
 
 func tokensCommand(_ arguments: [String]) {
@@ -71,7 +72,9 @@ func tokensCommand(_ arguments: [String]) {
         ],
         switches: ["--full-tokens", "--json"], help: tokensHelp)
     guard let action = parsed.positionals.first else {
-        fail("tokens: say add, remove or list; try 'apns-worker tokens --help'", code: ExitCode.usage)
+        fail(
+            "tokens: say add, remove, list, keys, import or migrate; try 'apns-worker tokens --help'",
+            code: ExitCode.usage)
     }
     let operands = Array(parsed.positionals.dropFirst())
     guard ["add", "remove", "list", "keys", "import", "migrate"].contains(action) else {

@@ -14,7 +14,7 @@ let overview = """
     COMMANDS:
       run                 run a worker (the default); scale by running more of them
       enqueue             publish jobs: from a JSON Lines file, stdin, or flags (--user, --alert, ...)
-      tokens              the token cache: tokens add | remove | list
+      tokens              the token cache: tokens add | remove | list | keys | import | migrate
       dead-tokens tail    watch dead-token events as workers publish them
       channels            broadcast channels of an app (iOS 18 Live Activities): create | list | show | delete
       jobs                jobs already enqueued: show (progress, ETA) | list | cancel (fleet-wide, within a second)
