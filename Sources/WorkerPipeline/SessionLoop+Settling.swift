@@ -321,6 +321,8 @@ extension SessionLoop {
         case .retry: statistics.countRetries(progress.retryable.lazy.map(\.label))
         case .park:
             statistics.jobsParked.add(1, ordering: .relaxed)
+            // What was still to retry has failed for good: counted with the failures, as the summary counts it.
+            statistics.permanentFailures.add(progress.retryable.count, ordering: .relaxed)
             if progress.isUnserved { statistics.unservedJobsParked.add(1, ordering: .relaxed) }
         case .none, .expire: break
         }

@@ -121,6 +121,10 @@ import WorkerPipeline
         #expect(summaries.map { $0["delivered"] as? Int } == [1, 1, 0])
         #expect(summaries.map { $0["retrying"] as? Int } == [2, 1, 0])
         #expect((summaries.last?["failed"] as? Int) == 1)
+        let statistics = workerThread.worker.statistics
+        #expect(
+            TestServices.waitUntil(timeout: 10) { statistics.permanentFailures.load(ordering: .relaxed) == 1 },
+            "the parked notification is a failure in notifications_total, as in the summary")
 
         let parked = try #require(try failedReader.read(1).first)
         #expect(String(decoding: parked.body, as: UTF8.self) == job, "parked as its sender enqueued it")
