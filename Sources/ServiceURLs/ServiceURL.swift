@@ -84,7 +84,7 @@ public enum ServiceURLError: Error, Sendable, Equatable, CustomStringConvertible
 
     public var description: String {
         switch self {
-        case .noScheme: "no scheme (such as redis:// or amqp://)"
+        case .noScheme: "no scheme (such as http://, redis:// or amqp://)"
         case .badPercentEncoding(let part): "bad percent-encoding in the \(part)"
         // Text that is not digits is not echoed: `amqp://user:secret` (no '@') puts a password where the port goes.
         case .badPort(let text) where !text.isEmpty && text.allSatisfy(\.isNumber):
