@@ -298,7 +298,17 @@ extension AMQPConnection {
                 }
             }
         }
-        var properties = AMQPProperties(
+        // Built whole, in one initializer: a value made and then changed was copied (each string counted again).
+        let rarelySet = amqp_flags_t(
+            AMQP_BASIC_CONTENT_ENCODING_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_PRIORITY_FLAG)
+        let more =
+            raw._flags & rarelySet == 0
+            ? nil
+            : AMQPMoreProperties(
+                contentEncoding: field(AMQP_BASIC_CONTENT_ENCODING_FLAG, raw.content_encoding),
+                type: field(AMQP_BASIC_TYPE_FLAG, raw.type), appID: field(AMQP_BASIC_APP_ID_FLAG, raw.app_id),
+                priority: raw._flags & amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG) != 0 ? raw.priority : nil)
+        return AMQPProperties(
             contentType: raw._flags & amqp_flags_t(AMQP_BASIC_CONTENT_TYPE_FLAG) != 0
                 ? contentTypes.string(raw.content_type) : nil,
             replyTo: field(AMQP_BASIC_REPLY_TO_FLAG, raw.reply_to),
@@ -307,16 +317,7 @@ extension AMQPConnection {
             persistent: raw._flags & amqp_flags_t(AMQP_BASIC_DELIVERY_MODE_FLAG) != 0 && raw.delivery_mode == 2,
             timestamp: raw._flags & amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG) != 0
                 ? Int64(clamping: raw.timestamp) : nil,
-            headers: headers, otherHeaders: otherHeaders, deliveryCount: deliveryCount)
-        let rarelySet = amqp_flags_t(
-            AMQP_BASIC_CONTENT_ENCODING_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_PRIORITY_FLAG)
-        if raw._flags & rarelySet != 0 {
-            properties.contentEncoding = field(AMQP_BASIC_CONTENT_ENCODING_FLAG, raw.content_encoding)
-            properties.type = field(AMQP_BASIC_TYPE_FLAG, raw.type)
-            properties.appID = field(AMQP_BASIC_APP_ID_FLAG, raw.app_id)
-            if raw._flags & amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG) != 0 { properties.priority = raw.priority }
-        }
-        return properties
+            headers: headers, otherHeaders: otherHeaders, deliveryCount: deliveryCount, more: more)
     }
 
     /// The text of a long string, if it is UTF-8: other bytes are kept as they came (`AMQPEncodedHeader`).
@@ -354,9 +355,9 @@ extension AMQPConnection {
             (AMQP_BASIC_REPLY_TO_FLAG, properties.replyTo, \.reply_to),
             (AMQP_BASIC_CORRELATION_ID_FLAG, properties.correlationID, \.correlation_id),
             (AMQP_BASIC_MESSAGE_ID_FLAG, properties.messageID, \.message_id),
-            (AMQP_BASIC_CONTENT_ENCODING_FLAG, properties.contentEncoding, \.content_encoding),
-            (AMQP_BASIC_TYPE_FLAG, properties.type, \.type),
-            (AMQP_BASIC_APP_ID_FLAG, properties.appID, \.app_id)
+            (AMQP_BASIC_CONTENT_ENCODING_FLAG, properties.more?.contentEncoding, \.content_encoding),
+            (AMQP_BASIC_TYPE_FLAG, properties.more?.type, \.type),
+            (AMQP_BASIC_APP_ID_FLAG, properties.more?.appID, \.app_id)
         ]
         for (flag, text, field) in texts {
             guard let text else { continue }
@@ -367,7 +368,7 @@ extension AMQPConnection {
             raw._flags |= amqp_flags_t(AMQP_BASIC_TIMESTAMP_FLAG)
             raw.timestamp = UInt64(value)
         }
-        if let value = properties.priority {
+        if let value = properties.more?.priority {
             raw._flags |= amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG)
             raw.priority = value
         }

@@ -72,13 +72,13 @@ extension AMQPProperties {
     /// among them is over 255 bytes, which no frame carries. Counted, not encoded: every publish asks.
     func headerFrameSize() -> Int? {
         var size = 8 + 14 + 1
-        for text in [contentType, replyTo, correlationID, messageID, contentEncoding, type, appID] {
+        for text in [contentType, replyTo, correlationID, messageID, more?.contentEncoding, more?.type, more?.appID] {
             guard let count = text?.utf8.count else { continue }
             guard count <= 255 else { return nil }
             size += 1 + count
         }
         if let timestamp, timestamp >= 0 { size += 8 }
-        if priority != nil { size += 1 }
+        if more?.priority != nil { size += 1 }
         var table = 0
         for (name, value) in headers {
             guard name.utf8.count <= 255 else { return nil }

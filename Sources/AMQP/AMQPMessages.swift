@@ -72,13 +72,9 @@ public struct AMQPProperties: Sendable, Equatable {
     /// How many times the broker delivered this message before (quorum queues say so in the integer header
     /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
     public var deliveryCount: Int?
-    /// The rest of what a publisher may say of a message, read and published as they are: `content_encoding`,
-    /// `type`, `app_id`, `priority`. (`expiration` and `user_id` are not read: a copy published again must not
-    /// expire on its way, and the broker refuses a `user_id` other than the publishing connection's.)
-    public var contentEncoding: String?
-    public var type: String?
-    public var appID: String?
-    public var priority: UInt8?
+    /// The rest of what a publisher may say of a message, read and published as they are; nil when it said none of
+    /// it (most messages), so that the properties every delivery carries stay small.
+    public var more: AMQPMoreProperties?
 
     /// Whether a header of this name came with the message, of whatever type.
     public func hasHeader(_ name: String) -> Bool {
@@ -88,9 +84,11 @@ public struct AMQPProperties: Sendable, Equatable {
     public init(
         contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
         messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
-        headers: [String: String] = [:], otherHeaders: [AMQPEncodedHeader] = [], deliveryCount: Int? = nil
+        headers: [String: String] = [:], otherHeaders: [AMQPEncodedHeader] = [], deliveryCount: Int? = nil,
+        more: AMQPMoreProperties? = nil
     ) {
         self.deliveryCount = deliveryCount
+        self.more = more
         self.otherHeaders = otherHeaders
         self.contentType = contentType
         self.replyTo = replyTo
@@ -99,6 +97,27 @@ public struct AMQPProperties: Sendable, Equatable {
         self.persistent = persistent
         self.timestamp = timestamp
         self.headers = headers
+    }
+}
+
+/// `content_encoding`, `type`, `app_id`, `priority`. (`expiration` and `user_id` are not read: a copy published
+/// again must not expire on its way, and the broker refuses a `user_id` other than the publishing connection's.)
+public final class AMQPMoreProperties: Sendable, Equatable {
+    public let contentEncoding: String?
+    public let type: String?
+    public let appID: String?
+    public let priority: UInt8?
+
+    public init(contentEncoding: String? = nil, type: String? = nil, appID: String? = nil, priority: UInt8? = nil) {
+        self.contentEncoding = contentEncoding
+        self.type = type
+        self.appID = appID
+        self.priority = priority
+    }
+
+    public static func == (left: AMQPMoreProperties, right: AMQPMoreProperties) -> Bool {
+        (left.contentEncoding, left.type, left.appID, left.priority)
+            == (right.contentEncoding, right.type, right.appID, right.priority)
     }
 }
 

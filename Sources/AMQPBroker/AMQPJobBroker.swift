@@ -288,20 +288,23 @@ public final class DeclaredTopology: Sendable {
 
 extension MessageProperties {
     /// What the pipeline reads of a delivery's properties, moved out of them: `amqp` is left without them.
+    @inline(__always)
     init(taking amqp: inout AMQPProperties) {
+        // Most jobs say nothing more, or `application/json` alone: nothing is made for them. Passed to the
+        // initializer, not set after it: a value changed after it is made was copied (its strings counted again).
+        var publisherProperties: PublisherProperties?
+        if let more = amqp.more {
+            publisherProperties = PublisherProperties(
+                contentType: amqp.contentType, contentEncoding: more.contentEncoding, type: more.type,
+                appID: more.appID, priority: more.priority)
+        } else if let contentType = amqp.contentType, contentType != "application/json" {
+            publisherProperties = PublisherProperties(contentType: contentType)
+        }
         self.init(
             replyTo: amqp.replyTo.take(), correlationID: amqp.correlationID.take(), messageID: amqp.messageID.take(),
             persistent: amqp.persistent, timestamp: amqp.timestamp,
             headers: amqp.headers.isEmpty && amqp.otherHeaders.isEmpty ? MessageHeaders() : Self.headers(of: amqp),
-            deliveryCount: amqp.deliveryCount)
-        let contentType = amqp.contentType.take()
-        if (contentType != nil && contentType != "application/json") || amqp.contentEncoding != nil
-            || amqp.type != nil || amqp.appID != nil || amqp.priority != nil
-        {
-            publisherProperties = PublisherProperties(
-                contentType: contentType, contentEncoding: amqp.contentEncoding.take(), type: amqp.type.take(),
-                appID: amqp.appID.take(), priority: amqp.priority)
-        }
+            deliveryCount: amqp.deliveryCount, publisherProperties: publisherProperties)
     }
 
     /// Text headers as text, the others as the broker encoded them (a name given both ways is text).
@@ -325,17 +328,19 @@ extension AMQPProperties {
             case .encoded(let entry): others.append(AMQPEncodedHeader(name: name, entry: entry))
             }
         }
+        var more: AMQPMoreProperties?
+        if let carried = message.publisherProperties,
+            carried.contentEncoding != nil || carried.type != nil || carried.appID != nil || carried.priority != nil
+        {
+            more = AMQPMoreProperties(
+                contentEncoding: carried.contentEncoding, type: carried.type, appID: carried.appID,
+                priority: carried.priority)
+        }
         self.init(
             contentType: PublisherProperties.contentType(of: message.publisherProperties), replyTo: message.replyTo,
             correlationID: message.correlationID,
             messageID: message.messageID, persistent: message.persistent, timestamp: message.timestamp,
-            headers: text, otherHeaders: others)
-        if let carried = message.publisherProperties {
-            contentEncoding = carried.contentEncoding
-            type = carried.type
-            appID = carried.appID
-            priority = carried.priority
-        }
+            headers: text, otherHeaders: others, more: more)
     }
 }
 

@@ -33,8 +33,10 @@ public struct MessageProperties: Sendable, Equatable {
 
     public init(
         replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
-        timestamp: Int64? = nil, headers: MessageHeaders = [:], deliveryCount: Int? = nil
+        timestamp: Int64? = nil, headers: MessageHeaders = [:], deliveryCount: Int? = nil,
+        publisherProperties: PublisherProperties? = nil
     ) {
+        self.publisherProperties = publisherProperties
         deliveryCountStored = deliveryCount.map { Int16(clamping: $0) }
         self.replyTo = replyTo
         self.correlationID = correlationID
