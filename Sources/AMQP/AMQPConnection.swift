@@ -21,7 +21,7 @@ public final class AMQPConnection {
     var recentNames = RecentNames()
     /// Content types of recent messages, apart from the names: every job carries one ("application/json" is one byte
     /// too long to be stored inline in a String, so each would cost an allocation).
-    var recentContentTypes = RecentNames()
+    var recentContentTypes = RecentNames(names: [AMQPProperties.jsonContentType])
     /// Messages and their bytes read since librabbitmq's frame memory was last given back (`releaseFrameMemory`).
     var messagesSinceRelease = 0
     var bytesSinceRelease = 0

@@ -81,8 +81,12 @@ public struct AMQPProperties: Sendable, Equatable {
         headers[name] != nil || otherHeaders.contains { $0.name == name }
     }
 
+    /// `application/json`, one string: read off the wire it is this one (`RecentNames`), so that comparing a
+    /// message's content type with it is one comparison of the strings' words, not of their bytes.
+    public static let jsonContentType = "application/json"
+
     public init(
-        contentType: String? = "application/json", replyTo: String? = nil, correlationID: String? = nil,
+        contentType: String? = AMQPProperties.jsonContentType, replyTo: String? = nil, correlationID: String? = nil,
         messageID: String? = nil, persistent: Bool = true, timestamp: Int64? = nil,
         headers: [String: String] = [:], otherHeaders: [AMQPEncodedHeader] = [], deliveryCount: Int? = nil,
         more: AMQPMoreProperties? = nil

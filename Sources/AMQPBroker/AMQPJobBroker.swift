@@ -297,7 +297,7 @@ extension MessageProperties {
             publisherProperties = PublisherProperties(
                 contentType: amqp.contentType, contentEncoding: more.contentEncoding, type: more.type,
                 appID: more.appID, priority: more.priority)
-        } else if let contentType = amqp.contentType, contentType != "application/json" {
+        } else if let contentType = amqp.contentType, contentType != AMQPProperties.jsonContentType {
             publisherProperties = PublisherProperties(contentType: contentType)
         }
         self.init(

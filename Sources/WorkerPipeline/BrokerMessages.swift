@@ -15,7 +15,7 @@ public struct MessageProperties: Sendable, Equatable {
     public var persistent: Bool
     /// `deliveryCount`, in the bytes the timestamp and the flag leave before the next word (clamped: what is
     /// compared with it is WORKER_MAX_DELIVERIES, at most 1,000).
-    private var deliveryCountStored: Int16?
+    @usableFromInline var deliveryCountStored: Int16?
     public var headers: MessageHeaders
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
     public var deliveryCount: Int? {
@@ -31,6 +31,8 @@ public struct MessageProperties: Sendable, Equatable {
     /// The message-id as a job's id: none when it is empty, which any number of unrelated messages may carry.
     public var idForJob: String? { messageID?.isEmpty == false ? messageID : nil }
 
+    /// Inlinable: the broker adapter makes one per job, and a call left a copy of the whole value behind.
+    @inlinable
     public init(
         replyTo: String? = nil, correlationID: String? = nil, messageID: String? = nil, persistent: Bool = true,
         timestamp: Int64? = nil, headers: MessageHeaders = [:], deliveryCount: Int? = nil,
