@@ -69,6 +69,17 @@ import WorkerPipeline
             notifications: 1, received: simulator.received())
     }
 
+    /// The line a worker started with `extra` settings prints as it stops at start-up, which it must do with exit
+    /// code 78 (a setting to fix); nil if it printed none within 30 s.
+    func configurationError(with extra: [String: String]) throws -> String? {
+        let (environment, simulator) = try environment(extra)
+        defer { simulator.shutdown() }
+        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
+        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
+        #expect(worker.waitForExit() == 78, "\(line ?? "no line")")
+        return line
+    }
+
     @Test(arguments: [
         ("a wrong password", "password", "ACCESS_REFUSED"),
         ("an unknown vhost", "vhost", "NOT_ALLOWED")
@@ -79,13 +90,9 @@ import WorkerPipeline
             part == "password"
             ? "amqp://guest:not-the-password@\(base.host):\(base.port)/%2f"
             : "amqp://guest:guest@\(base.host):\(base.port)/\(TestServices.unique("no-such-vhost"))"
-        let (environment, simulator) = try environment(["AMQP_URL": url])
-        defer { simulator.shutdown() }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
+        let line = try configurationError(with: ["AMQP_URL": url])
         #expect(line?.contains("AMQP_URL") == true && line?.contains(reply) == true, "\(what): \(line ?? "no line")")
         #expect(line?.contains("not-the-password") == false, "no password in the log")
-        #expect(worker.waitForExit() == 78)
     }
 
     /// A user the broker lets in but does not let declare the worker's queues (no configure permission): a setting
@@ -97,15 +104,11 @@ import WorkerPipeline
         defer { _ = try? TestServices.run(rabbitmqctl, ["delete_user", user]) }
         _ = try TestServices.run(rabbitmqctl, ["set_permissions", "-p", "/", user, "^$", ".*", ".*"])
         let base = try TestServices.amqpURL()
-        let (environment, simulator) = try environment([
+        let line = try configurationError(with: [
             "AMQP_URL": "amqp://\(user):secret@\(base.host):\(base.port)/%2f",
             "PUSH_JOBS_QUEUE": TestServices.unique("jobs")
         ])
-        defer { simulator.shutdown() }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
         #expect(line?.contains("AMQP_URL") == true && line?.contains("ACCESS_REFUSED") == true, "\(line ?? "no line")")
-        #expect(worker.waitForExit() == 78)
     }
 
     /// A broker whose TLS certificate AMQP_CA_FILE does not vouch for stops start-up naming AMQP_CA_FILE (the worker
@@ -113,25 +116,17 @@ import WorkerPipeline
     @Test func aBrokerCertificateTheCAFileDoesNotVouchForExits78() throws {
         let otherCA = try TestServices.temporaryFile(
             "other-ca.pem", contents: try SelfSignedCertificate.generate(commonName: "unrelated CA").certificatePEM)
-        let (environment, simulator) = try environment([
+        let line = try configurationError(with: [
             "AMQP_URL": try TestServices.value("AMQPS_URL"), "AMQP_CA_FILE": otherCA
         ])
-        defer { simulator.shutdown() }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
         #expect(line?.contains("AMQP_CA_FILE") == true, "\(line ?? "no line")")
-        #expect(worker.waitForExit() == 78)
     }
 
     @Test func aRedisDatabaseThatDoesNotExistExits78() throws {
-        let (environment, simulator) = try environment([
+        let line = try configurationError(with: [
             "REDIS_URL": try TestServices.redisURL().withDatabase(99).description(revealingPassword: true)
         ])
-        defer { simulator.shutdown() }
-        let worker = try ExecutablesTests.Child("apns-worker", ["run"], environment: environment)
-        let line = worker.waitForLine(containing: "configuration error", timeout: 30)
         #expect(line?.contains("REDIS_URL") == true && line?.contains("database 99") == true, "\(line ?? "no line")")
-        #expect(worker.waitForExit() == 78)
     }
 
     /// Down is not wrong: a Redis nobody listens for is waited for (the back-off grows), and SIGTERM stops the wait.
