@@ -449,6 +449,8 @@ public final class APNsClient: Sendable {
             let outcome = answers.outcome(of: response)
             // Moved into the result, not copied (a copy counts the references of its strings and header fields).
             return APNsResult(outcome: outcome, answer: consume response)
+        case .failure(.sendByPassed):
+            return APNsResult(outcome: .expired, error: HTTP2StreamError.sendByPassed.description)
         case .failure(let error):
             return APNsResult(outcome: .retryLater(delay: 1), error: error.description)
         }

@@ -16,9 +16,12 @@ enum APNsRequest {
     }
 
     /// The request of `route` with these fields: the path is joined only when the request is submitted.
-    static func request(_ route: APNsRoute, fields: HTTP2HeaderBlock, body: [UInt8]) -> HTTP2Request {
+    static func request(
+        _ route: APNsRoute, fields: HTTP2HeaderBlock, body: [UInt8], sendBy: Double = .infinity
+    ) -> HTTP2Request {
         let path = route.path
-        return HTTP2Request(headers: fields, path: HTTP2Path(prefix: path.prefix, rest: path.rest), body: body)
+        return HTTP2Request(
+            headers: fields, path: HTTP2Path(prefix: path.prefix, rest: path.rest), body: body, sendBy: sendBy)
     }
 }
 

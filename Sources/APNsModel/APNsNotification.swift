@@ -30,11 +30,12 @@ public struct APNsNotification: Sendable {
         @usableFromInline var collapseID: String?
         @usableFromInline var apnsID: String?
         @usableFromInline var payload: [UInt8]
+        @usableFromInline var sendBy: Int64?
 
         @inlinable
         init(
             topic: String, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?,
-            apnsID: String?, payload: [UInt8]
+            apnsID: String?, payload: [UInt8], sendBy: Int64?
         ) {
             self.topic = topic
             self.pushType = pushType
@@ -43,6 +44,7 @@ public struct APNsNotification: Sendable {
             self.collapseID = collapseID
             self.apnsID = apnsID
             self.payload = payload
+            self.sendBy = sendBy
         }
     }
 
@@ -72,6 +74,12 @@ public struct APNsNotification: Sendable {
         _read { yield message.members.apnsID }
         set { message.change { $0.apnsID = newValue } }
     }
+    /// UNIX seconds: not sent once this time has come (a job's `deadline`), however far it got on its way; nil for
+    /// none. Not a field of the request: nothing of it reaches APNs.
+    @inlinable public var sendBy: Int64? {
+        _read { yield message.members.sendBy }
+        set { message.change { $0.sendBy = newValue } }
+    }
     /// The JSON payload, encoded once per job and shared by all of its notifications.
     @inlinable public var payload: [UInt8] {
         _read { yield message.members.payload }
@@ -84,7 +92,8 @@ public struct APNsNotification: Sendable {
     public init(
         deviceToken: String, environment: APNsEnvironment = .production, topic: String,
         pushType: APNsPushType = .alert, priority: APNsPriority? = nil, expiration: Int64? = nil,
-        collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8], deviceTokenChecked: Bool = false
+        collapseID: String? = nil, apnsID: String? = nil, payload: [UInt8], sendBy: Int64? = nil,
+        deviceTokenChecked: Bool = false
     ) {
         storedDeviceToken = deviceToken
         self.environment = environment
@@ -92,7 +101,7 @@ public struct APNsNotification: Sendable {
         message = SharedMembers(
             Message(
                 topic: topic, pushType: pushType, priority: priority ?? pushType.defaultPriority,
-                expiration: expiration, collapseID: collapseID, apnsID: apnsID, payload: payload))
+                expiration: expiration, collapseID: collapseID, apnsID: apnsID, payload: payload, sendBy: sendBy))
     }
 
     /// This notification's message to another device token: every other field shared with this one, not copied.

@@ -108,11 +108,14 @@ public final class HTTP2Client: @unchecked Sendable {
     /// Sends a batch; `completion` runs once per request, with its index, on the loop thread.
     public func send(_ requests: [HTTP2Request], completion: @escaping BatchCompletion) {
         loop.execute { [self] in
-            let deadline = EventLoop.now() + UInt64(configuration.requestTimeout * 1e9)
+            let now = EventLoop.now()
+            let deadline = now + UInt64(configuration.requestTimeout * 1e9)
             var touched: [HTTP2Connection] = []
             for index in requests.indices {
+                let sendBy = requests[index].sendBy
                 let stream = HTTP2RequestStream(
-                    batch: requests, index: index, attempt: 1, deadline: deadline, completion: completion)
+                    batch: requests, index: index, attempt: 1, deadline: deadline,
+                    sendBy: sendBy == .infinity ? .max : Self.instant(sendBy, now: now), completion: completion)
                 if let connection = dispatch(stream), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
                 }
@@ -159,6 +162,10 @@ public final class HTTP2Client: @unchecked Sendable {
     private func dispatch(_ stream: HTTP2RequestStream) -> HTTP2Connection? {
         guard !isShutDown else {
             stream.complete(.failure(.notSent("client shut down")))
+            return nil
+        }
+        if stream.sendBy != .max && stream.sendBy <= EventLoop.now() {
+            stream.complete(.failure(.sendByPassed))
             return nil
         }
         if let next = nextConnection(), next.hasFreeStream || !isGrowing(),
@@ -238,7 +245,7 @@ public final class HTTP2Client: @unchecked Sendable {
             switch error {
             case .refused, .notSent: attempt = stream.attempt
             case .connectionLost: attempt = stream.attempt < configuration.maximumAttempts ? stream.attempt + 1 : nil
-            case .reset, .timedOut: attempt = nil
+            case .reset, .timedOut, .sendByPassed: attempt = nil
             }
             if let attempt {
                 logger.debug(
@@ -515,6 +522,14 @@ public final class HTTP2Client: @unchecked Sendable {
         return now > span ? now - span : 0
     }
 
+    /// UNIX time `unixSeconds` on the `EventLoop.now` clock, `now` being that clock's reading: 0 for a time past,
+    /// at most 30 years ahead (a deadline far ahead would overflow the count of nanoseconds).
+    static func instant(_ unixSeconds: Double, now: UInt64) -> UInt64 {
+        let remaining = unixSeconds - Date().timeIntervalSince1970
+        guard remaining > 0 else { return 0 }
+        return now + UInt64(min(remaining, 1e9) * 1e9)
+    }
+
     /// Requests past their deadline, queued or in flight, end with `timedOut`; idle connections get a PING, and one
     /// whose PING goes unanswered is replaced. Runs every second, or faster for short timeouts in tests.
     private func scheduleSweep() {
@@ -522,16 +537,18 @@ public final class HTTP2Client: @unchecked Sendable {
             1, configuration.requestTimeout / 4, configuration.pingInterval / 2, configuration.pingTimeout / 2)
         sweepTimer = loop.schedule(after: period) { [self] in
             let now = EventLoop.now()
-            let isExpired = { (stream: HTTP2RequestStream) in stream.deadline <= now }
+            let isExpired = { (stream: HTTP2RequestStream) in stream.deadline <= now || stream.sendBy <= now }
             let expired = waiting.filter(isExpired)
             if !expired.isEmpty {
                 waiting.removeAll(where: isExpired)
                 let reason = lastConnectError.map { HTTP2StreamError.notSent("no connection: \($0)") } ?? .timedOut
-                for stream in expired { stream.complete(.failure(reason)) }
+                for stream in expired { stream.complete(.failure(stream.sendBy <= now ? .sendByPassed : reason)) }
             }
             closeIdleExtraConnections(now: now)
             let requestCutoff = Self.instant(configuration.requestTimeout, before: now)
             for connection in connections where connection.state == .open {
+                // An idle connection sends nothing, so it is checked here too: what waits there is answered.
+                connection.dropUnsentRequests(pastSendByAt: now)
                 connection.expireStreams(startedBefore: requestCutoff)
                 if let sent = connection.pingSentAt, Double(now - sent) / 1e9 > configuration.pingTimeout {
                     connection.close(reason: "PING unanswered for \(configuration.pingTimeout) s")

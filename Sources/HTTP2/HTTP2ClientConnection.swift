@@ -29,7 +29,39 @@ extension HTTP2Connection {
         }
         guard streamID > 0 else { return false }
         append(stream, id: streamID)
+        if stream.sendBy < earliestQueuedSendBy { earliestQueuedSendBy = stream.sendBy }
         return true
+    }
+
+    /// Drops the requests whose send-by time has come while their HEADERS wait in nghttp2's queue (behind the
+    /// server's stream limit), and answers them `sendByPassed`. Called as frames are about to be produced (`flush`),
+    /// so that none of them leaves late, and by the client's sweep, for a connection that sends nothing meanwhile.
+    func dropUnsentRequests(pastSendByAt now: UInt64) {
+        guard isClient, let session, now >= earliestQueuedSendBy else { return }
+        var earliest = UInt64.max
+        var dropped: [HTTP2Stream] = []
+        var current = firstStream
+        while let stream = current {
+            current = stream.next
+            let request = Self.requestStream(stream)
+            // nghttp2 makes its stream as it encodes the HEADERS: one it has not made yet is still queued, its
+            // fields not encoded. One encoded is sent whatever happens: cancelling it then would leave the server's
+            // HPACK table out of step with the one its fields were encoded against.
+            guard !stream.headersSent, request.sendBy != .max, nghttp2_session_find_stream(session, stream.id) == nil
+            else { continue }
+            if request.sendBy > now {
+                earliest = min(earliest, request.sendBy)
+            } else {
+                dropped.append(stream)
+            }
+        }
+        earliestQueuedSendBy = earliest
+        for stream in dropped {
+            remove(stream)
+            // Marks the queued HEADERS cancelled: nghttp2 drops them when their turn comes, and sends nothing.
+            nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream.id, NGHTTP2_CANCEL.rawValue)
+            answer(stream, .failure(.sendByPassed))
+        }
     }
 
     /// Sends what is queued; call once after a batch of submissions.

@@ -103,6 +103,8 @@ extension HTTP2Connection {
             }
             outbound.removeAll(keepingCapacity: true)
             outboundSent = 0
+            // Before nghttp2 takes the next queued HEADERS: those past their send-by time are dropped, not sent.
+            if earliestQueuedSendBy != .max { dropUnsentRequests(pastSendByAt: EventLoop.now()) }
             while outbound.count < Self.writeBatchSize {
                 var data: UnsafePointer<UInt8>?
                 let count = nghttp2_session_mem_send(session, &data)

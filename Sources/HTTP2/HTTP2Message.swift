@@ -209,21 +209,31 @@ public struct HTTP2Request: Sendable {
     }
     /// `path` unwrapped, read in place at submission: the payload of an optional was copied there, counting its
     /// two strings again, for every request. `absent` for none.
-    private(set) var ownPath = HTTP2Path.absent
+    @usableFromInline private(set) var ownPath: HTTP2Path
     public var body: [UInt8]
+    /// UNIX seconds after which the request is not worth sending; `.infinity` (the default) for none. One whose
+    /// HEADERS have not left this process by then, waiting for a connection or behind the server's stream limit, is
+    /// dropped and answered `sendByPassed`: never sent, so never processed.
+    public var sendBy: Double
 
     public init(headers: HTTP2HeaderBlock, body: [UInt8]) {
         self.headers = headers
+        ownPath = .absent
         self.body = body
+        sendBy = .infinity
     }
 
     /// A request whose fields other than :path are `headers`, a block that can be shared with other requests:
     /// nothing is allocated for the request's own fields (a block of its own would be an allocation per APNs
     /// notification beyond the sizes glibc keeps in its fast bins).
-    public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8]) {
+    /// Inlinable: made for every APNs notification in another module, where a call copied the whole request once
+    /// more on its way back.
+    @inlinable
+    public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8], sendBy: Double = .infinity) {
         self.headers = headers
         ownPath = path
         self.body = body
+        self.sendBy = sendBy
     }
 }
 
@@ -290,6 +300,9 @@ public enum HTTP2StreamError: Error, Sendable, Equatable, CustomStringConvertibl
     case notSent(String)
     /// No response within the request deadline.
     case timedOut
+    /// Dropped before its HEADERS left this process: its `sendBy` time came while it waited for a connection or a
+    /// stream. Never sent.
+    case sendByPassed
 
     public var description: String {
         switch self {
@@ -298,6 +311,7 @@ public enum HTTP2StreamError: Error, Sendable, Equatable, CustomStringConvertibl
         case .connectionLost(let reason): "connection lost: \(reason)"
         case .notSent(let reason): "not sent: \(reason)"
         case .timedOut: "no response before the deadline"
+        case .sendByPassed: "not sent: its send-by time passed while it waited for a stream"
         }
     }
 }

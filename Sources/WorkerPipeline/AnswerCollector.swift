@@ -138,7 +138,7 @@ final class AnswerCollector: Sendable {
         // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an
         // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
         let reasonLabel = answer?.reason?.label
-        if result.outcome != .delivered {
+        if result.outcome != .delivered && result.outcome != .expired {
             statistics.countUnsuccessful(
                 status: answer?.status,
                 reason: reasonLabel
@@ -168,6 +168,11 @@ final class AnswerCollector: Sendable {
                     "apns.status": String(answer?.status ?? 0),
                     "apns.token": Redact.token(progress.targets[index].token)
                 ])
+        case .expired:
+            // Its deadline came while it waited behind busy streams: not sent, as one that expired before it was
+            // handed over (`settleExpired`).
+            progress.recordExpired(index)
+            statistics.expired.add(1, ordering: .relaxed)
         case .unserved:
             progress.recordUnserved(
                 index, reason: result.error ?? "no APNs credential serves topic " + progress.job.topic)

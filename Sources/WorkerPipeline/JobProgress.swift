@@ -140,7 +140,7 @@ final class JobProgress: @unchecked Sendable {
         APNsNotification(
             deviceToken: targets[index].token, environment: targets[index].environment, topic: job.topic,
             pushType: job.pushType, priority: job.priority, expiration: job.expiration,
-            collapseID: job.collapseID, payload: job.payload, deviceTokenChecked: true)
+            collapseID: job.collapseID, payload: job.payload, sendBy: job.deadline, deviceTokenChecked: true)
     }
 
     /// The same, `sibling` (one this job already made) lending it its message: the two share every field but the

@@ -234,7 +234,7 @@ extension SessionLoop {
             ?? (result.outcome == .unserved ? result.error : nil) ?? "no_answer"
         var plan = BroadcastPlan()
         switch (entry.kind, result.outcome) {
-        case (.expired, _):
+        case (.expired, _), (_, .expired):
             plan.outcome = "expired"
         case (_, .delivered):
             plan.outcome = "delivered"

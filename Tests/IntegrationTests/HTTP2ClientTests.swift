@@ -41,7 +41,11 @@ import Testing
     /// Requests queued behind the server's stream limit whose deadline passes before their HEADERS went out are
     /// answered as timed out, and the connection goes on: the streams leave before their frames were sent, while
     /// nghttp2 holds their fields (lent to it, not copied) until it sends or drops those frames.
-    @Test func requestsQueuedBehindTheStreamLimitTimeOutAndTheConnectionGoesOn() throws {
+    /// A server that allows one stream at a time and never answers "/3/device/hold" (which keeps that stream until
+    /// it times out), recording the paths that reach it, and a client of it that sends each request once.
+    func oneStreamServer(requestTimeout: Double, paths: Locked<[String]> = Locked([])) throws -> (
+        HTTP2Server, HTTP2Client
+    ) {
         let pair = try SelfSignedCertificate.generate(commonName: "127.0.0.1")
         let server = try HTTP2Server(
             configuration: .init(
@@ -49,16 +53,26 @@ import Testing
                 privateKeyPEM: pair.privateKeyPEM, maximumConcurrentStreams: 1),
             logger: logger
         ) { request, writer in
-            // "/3/device/hold" is never answered: it keeps the one stream the server allows.
+            paths.withLock { $0.append(request.path) }
             if !request.path.hasSuffix("/hold") { writer.respond(status: 200) }
         }
-        defer { server.shutdown() }
         let caFile = try TestServices.temporaryFile("ca", contents: pair.certificatePEM)
-        let client = try HTTP2Client(
-            configuration: .init(
-                host: "127.0.0.1", port: server.port, tls: .init(caFile: caFile),
-                requestTimeout: 1, maximumAttempts: 1),
-            logger: logger)
+        do {
+            let client = try HTTP2Client(
+                configuration: .init(
+                    host: "127.0.0.1", port: server.port, tls: .init(caFile: caFile),
+                    requestTimeout: requestTimeout, maximumAttempts: 1),
+                logger: logger)
+            return (server, client)
+        } catch {
+            server.shutdown()
+            throw error
+        }
+    }
+
+    @Test func requestsQueuedBehindTheStreamLimitTimeOutAndTheConnectionGoesOn() throws {
+        let (server, client) = try oneStreamServer(requestTimeout: 1)
+        defer { server.shutdown() }
         defer { client.shutdown() }
         // First an answer: the server's SETTINGS (one stream at a time) are in before the queued requests go.
         #expect(try collect(client, [request(authority: client.authority, token: "first")])[0].get().status == 200)
@@ -67,6 +81,27 @@ import Testing
         #expect(queued.count == 3)
         for result in queued { #expect(result.failureCase == .timedOut, "\(result)") }
         #expect(try collect(client, [request(authority: client.authority, token: "after")])[0].get().status == 200)
+    }
+
+    /// A request whose send-by time comes while it waits behind the server's stream limit is dropped there, never
+    /// sent, and answered `sendByPassed`; the connection goes on, its HPACK table in step with the server's (the
+    /// dropped request's fields were never encoded), a new field included.
+    @Test func aRequestWhoseSendByTimeComesBehindTheStreamLimitIsDroppedUnsent() throws {
+        let paths = Locked<[String]>([])
+        let (server, client) = try oneStreamServer(requestTimeout: 2, paths: paths)
+        defer { server.shutdown() }
+        defer { client.shutdown() }
+        // First an answer: the server's SETTINGS (one stream at a time) are in before the others go.
+        #expect(try collect(client, [request(authority: client.authority, token: "first")])[0].get().status == 200)
+        var late = request(authority: client.authority, token: "late")
+        late.sendBy = Date().timeIntervalSince1970 + 0.2
+        let results = collect(client, [request(authority: client.authority, token: "hold"), late])
+        #expect(results.map(\.failureCase) == [.timedOut, .sendByPassed], "\(results)")
+        let after = collect(client, [request(authority: client.authority, token: "after", topic: "com.example.other")])
+        #expect(try after[0].get().status == 200)
+        #expect(
+            paths.withLock { $0 } == ["/3/device/first", "/3/device/hold", "/3/device/after"],
+            "the late request never reached the server")
     }
 
     @Test func manyConcurrentRequestsOverTwoConnectionsToTheSimulator() throws {

@@ -284,6 +284,58 @@ import WorkerPipeline
             statistics.prometheusText(ready: true).contains(#"apns_worker_notifications_total{outcome="expired"} 3"#))
     }
 
+    /// A notification handed to APNs before its job's deadline that then waits behind busy streams until after it
+    /// is dropped there, never sent: counted and summarised as expired, as one whose deadline came before it was
+    /// handed over.
+    @Test func aNotificationWhoseDeadlineComesWhileItWaitsForAStreamIsExpiredNotSent() throws {
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.latency = 0.3
+        let simulator = try APNsSimulator(
+            configuration: .init(maximumConcurrentStreams: 1, behaviour: behaviour), logger: logger)
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let workerThread = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs, ["APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "1"]),
+            logger: logger)
+        defer { workerThread.stop() }
+        // The worker knows APNs allows one stream: it hands over that and a batch, so both jobs go at once.
+        let sender = workerThread.worker.sender
+        #expect(
+            TestServices.waitUntil(timeout: 60) { sender.streamCapacity(.urgent) == 1 },
+            "stream capacity: \(sender.streamCapacity(.urgent).map(String.init) ?? "unknown")")
+        let ahead = (0..<12).map { Self.token(0xD4000 + $0) }
+        let late = Self.token(0xD4100)
+        let (aheadJob, lateJob) = (TestServices.unique("ahead"), TestServices.unique("behind"))
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "\#(aheadJob)", "tokens": [\#(ahead.map { "\"\($0)\"" }.joined(separator: ","))], "payload": {"aps": {}}}"#
+                    .utf8),
+            properties: AMQPProperties(replyTo: replies))
+        // One to two seconds away: the first job's twelve answers take 3.6 s on the one stream.
+        let deadline = Int64(Date().timeIntervalSince1970) + 2
+        try publisher.publish(
+            to: jobs,
+            body: Array(
+                #"{"id": "\#(lateJob)", "tokens": ["\#(late)"], "deadline": \#(deadline), "payload": {"aps": {}}}"#
+                    .utf8),
+            properties: AMQPProperties(replyTo: replies))
+        var summaries: [String: [String: Any]] = [:]
+        for message in try replyReader.read(2) {
+            let summary = try #require(try JSONSerialization.jsonObject(with: Data(message.body)) as? [String: Any])
+            summaries[summary["job_id"] as? String ?? ""] = summary
+        }
+        let expired = try #require(summaries[lateJob], "the late job is summarised")
+        #expect(expired["expired"] as? Int == 1 && expired["delivered"] as? Int == 0, "\(expired)")
+        #expect(summaries[aheadJob]?["delivered"] as? Int == 12, "\(summaries[aheadJob] ?? [:])")
+        #expect(!simulator.received().map(\.deviceToken).contains(late), "the late notification never reached APNs")
+        let statistics = workerThread.worker.statistics
+        #expect(TestServices.waitUntil { statistics.jobsCompleted.load(ordering: .relaxed) == 2 }, "both acknowledged")
+        #expect(
+            statistics.prometheusText(ready: true).contains(#"apns_worker_notifications_total{outcome="expired"} 1"#))
+    }
+
     /// A retry that could only come after the deadline is not scheduled: that notification expires at once.
     @Test func aRetryThatWouldMissTheDeadlineExpiresInstead() throws {
         let flaky = Self.token(0xD2000)
