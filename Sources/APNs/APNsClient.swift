@@ -577,6 +577,9 @@ public final class APNsClient: Sendable {
             }
             poolConfiguration.proxy = configuration.proxy
             poolConfiguration.keptResponseHeaders = APNsResponse.headerNames
+            if !configuration.keepsDeliveredAPNsID {
+                poolConfiguration.keptSuccessResponseHeaders = APNsResponse.successHeaderNamesWithoutAPNsID
+            }
             let client = try HTTP2Client(
                 configuration: poolConfiguration,
                 loop: loop(traffic),

@@ -90,6 +90,10 @@ public struct APNsClientConfiguration: Sendable {
     public var observer: (@Sendable (APNsEnvironment, HTTP2ClientEvent) -> Void)?
     /// Every connection through this HTTP proxy's CONNECT tunnel (TLS to APNs end to end inside it).
     public var proxy: APNsProxy?
+    /// Whether a delivered notification's answer keeps its `apns-id` (`APNsResponse.apnsID`). A caller that never
+    /// reads it (the worker) sets false: an answer of Apple's production environment then keeps no field at all
+    /// (`apns-unique-id`, which development answers and broadcasts carry, is kept either way).
+    public var keepsDeliveredAPNsID = true
 
     public init(
         production: APNsEndpoint = .production, sandbox: APNsEndpoint = .sandbox, caFile: String? = nil,

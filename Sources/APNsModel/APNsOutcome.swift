@@ -26,6 +26,9 @@ public struct APNsResponse: Sendable, Equatable {
     public var timestamp: Int64?
     /// The answer header fields an `APNsResponse` reads: a transport need keep no other.
     public static let headerNames = ["apns-id", "apns-unique-id"]
+    /// Those kept of a successful answer for a caller that reads no delivered notification's apns-id
+    /// (`APNsClientConfiguration.keepsDeliveredAPNsID`): broadcasts' and development answers' apns-unique-id.
+    public static let successHeaderNamesWithoutAPNsID = ["apns-unique-id"]
 
     private var givenAPNsID: String?
     private var givenUniqueID: String?

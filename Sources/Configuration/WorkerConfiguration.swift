@@ -311,6 +311,8 @@ public struct WorkerConfiguration: Sendable {
         apns.pingInterval = try settings(\.apnsPingInterval)
         apns.pingTimeout = try settings(\.apnsPingTimeout)
         apns.verifyPeer = !(try settings(\.apnsInsecureSkipVerify))
+        // The pipeline records a delivery without reading its answer's fields.
+        apns.keepsDeliveredAPNsID = false
         return apns
     }
 

@@ -33,6 +33,7 @@ public final class HTTP2Client: @unchecked Sendable {
     private let logger: Logger
     /// `configuration.keptResponseHeaders` as bytes, compared with each field's name as it arrives.
     private let keptHeaders: [[UInt8]]?
+    private let keptSuccessHeaders: [[UInt8]]?
 
     private var connections: [HTTP2Connection] = []
     private var connectionsStarting = 0
@@ -63,6 +64,7 @@ public final class HTTP2Client: @unchecked Sendable {
         self.tlsContext = try TLSContext.client(configuration.tls)
         self.logger = logger
         self.keptHeaders = configuration.keptResponseHeaders.map { $0.map { Array($0.utf8) } }
+        keptSuccessHeaders = configuration.keptSuccessResponseHeaders.map { $0.map { Array($0.utf8) } }
         self.ownsLoop = loop == nil
         self.streamCapacitySample = Atomic(configuration.maximumConnectionCount * Self.streamLimitBeforeSettings)
         self.loop = loop ?? EventLoop(name: "http2-\(configuration.host)")
@@ -363,7 +365,7 @@ public final class HTTP2Client: @unchecked Sendable {
             }
             let connection = HTTP2Connection(
                 id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
-                role: .client, connecting: true, keptHeaders: keptHeaders)
+                role: .client, connecting: true, keptHeaders: keptHeaders, keptSuccessHeaders: keptSuccessHeaders)
             nextConnectionID += 1
             adopt(connection) { [self] reason in connect(fallback, problems: problems + [reason]) }
         } catch {
@@ -382,7 +384,7 @@ public final class HTTP2Client: @unchecked Sendable {
             let tls = try TLSStream(context: tlsContext, fileDescriptor: descriptor, serverName: configuration.host)
             let connection = HTTP2Connection(
                 id: nextConnectionID, loop: loop, fileDescriptor: descriptor, tls: tls,
-                role: .client, connecting: true, keptHeaders: keptHeaders)
+                role: .client, connecting: true, keptHeaders: keptHeaders, keptSuccessHeaders: keptSuccessHeaders)
             nextConnectionID += 1
             adopt(connection) { [self] reason in connectFailed(reason) }
         } catch {

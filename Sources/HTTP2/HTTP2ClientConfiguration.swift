@@ -51,6 +51,9 @@ extension HTTP2Client {
         /// The answer header fields kept in each `HTTP2Response` (lower-case names, as HTTP/2 writes them); nil keeps
         /// every one. A caller that reads two fields of an answer need not pay for storing a server's six.
         public var keptResponseHeaders: [String]?
+        /// Those kept of a successful (2xx) answer, when a caller reads fewer of those than of the others; nil: as
+        /// `keptResponseHeaders`. An answer that keeps no field allocates nothing for them.
+        public var keptSuccessResponseHeaders: [String]?
 
         public init(
             host: String, port: Int, tls: TLSClientConfiguration = .init(), connectionCount: Int = 1,
@@ -74,6 +77,7 @@ extension HTTP2Client {
             self.resolve = { host, port in try Socket.resolve(host: host, port: port) }
             self.proxy = nil
             self.keptResponseHeaders = nil
+            self.keptSuccessResponseHeaders = nil
         }
     }
 }

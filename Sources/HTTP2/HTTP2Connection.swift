@@ -84,8 +84,9 @@ final class HTTP2Connection: PollHandler {
     let serverSettings: [(id: Int32, value: UInt32)]
     /// A server that leaves PINGs unanswered plays a dead peer (fault simulation).
     let acknowledgesPings: Bool
-    /// Names of the incoming header fields kept (nil: all).
+    /// Names of the incoming header fields kept (nil: all), and of those kept of a client's successful (2xx) answer.
     let keptHeaders: [[UInt8]]?
+    let keptSuccessHeaders: [[UInt8]]?
     /// The fields of client streams that left before nghttp2 sent their HEADERS frame (lent to it, not copied:
     /// `submitRequest`): kept until it has sent the frame or given up on it. The reset a timed-out stream gets cancels
     /// its queued frame, but the fields' lifetime does not depend on that.
@@ -126,9 +127,11 @@ final class HTTP2Connection: PollHandler {
 
     init(
         id: Int, loop: EventLoop, fileDescriptor: Int32, tls: TLSStream, role: Role, connecting: Bool,
-        serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true, keptHeaders: [[UInt8]]? = nil
+        serverSettings: [(id: Int32, value: UInt32)] = [], acknowledgesPings: Bool = true,
+        keptHeaders: [[UInt8]]? = nil, keptSuccessHeaders: [[UInt8]]? = nil
     ) {
         self.keptHeaders = keptHeaders
+        self.keptSuccessHeaders = keptSuccessHeaders ?? keptHeaders
         keptNameLengths =
             keptHeaders.map { names in
                 names.reduce(UInt64(1) << 7) { mask, name in mask | UInt64(1) << min(name.count, 63) }
@@ -294,8 +297,10 @@ final class HTTP2Connection: PollHandler {
             guard stream.status >= 200 && !stream.malformed else { return }
         }
         guard stream.incomingHeaders.count < 128 else { return }
-        if let keptHeaders,
-            !keptHeaders.contains(where: { kept in
+        // The status comes first (HTTP/2 sends pseudo-header fields before the others): known here.
+        let keptNames = isClient && stream.status < 300 ? keptSuccessHeaders : keptHeaders
+        if let keptNames,
+            !keptNames.contains(where: { kept in
                 kept.count == name.count
                     && kept.withUnsafeBytes { memcmp($0.baseAddress!, name.baseAddress!, name.count) == 0 }
             })
@@ -306,7 +311,7 @@ final class HTTP2Connection: PollHandler {
         // writes them when it keeps every field, and no control character in a value (a line break: a header
         // injected into a log).
         if isClient
-            && ((keptHeaders == nil && !Self.isFieldName(name)) || Self.hasControlCharacter(value))
+            && ((keptNames == nil && !Self.isFieldName(name)) || Self.hasControlCharacter(value))
         {
             return
         }

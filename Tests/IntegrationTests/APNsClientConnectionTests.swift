@@ -56,6 +56,33 @@ import Testing
         }
     }
 
+    /// A client that reads no delivered notification's apns-id keeps none (the worker's: an answer of the production
+    /// environment then keeps no field); apns-unique-id is kept, and so is the apns-id of an answer that is not a
+    /// delivery.
+    @Test(arguments: [false, true])
+    func aClientThatReadsNoDeliveredAPNsIDKeepsOnlyWhatItReads(development: Bool) throws {
+        let failing = String(repeating: "ab", count: 32)
+        var behaviour = APNsSimulator.Behaviour()
+        behaviour.failFirstPushes = [failing: 1]
+        let simulator = try APNsSimulator(
+            configuration: .init(behaviour: behaviour, isDevelopment: development), logger: logger)
+        defer { simulator.shutdown() }
+        let caFile = try TestServices.temporaryFile("ca", contents: simulator.certificatePEM)
+        var configuration = APNsClientConfiguration(
+            production: .init(host: "127.0.0.1", port: simulator.port), caFile: caFile)
+        configuration.keepsDeliveredAPNsID = false
+        let client = APNsClient(
+            configuration: configuration, authentication: try TestServices.tokenAuthentication(), logger: logger)
+        defer { client.shutdown() }
+        let delivered = try #require(sendOne(client, token: token)?.response)
+        #expect(delivered.status == 200)
+        #expect(delivered.apnsID == nil)
+        #expect((delivered.apnsUniqueID != nil) == development, "\(delivered.apnsUniqueID ?? "no apns-unique-id")")
+        let refused = try #require(sendOne(client, token: failing)?.response)
+        #expect(refused.status != 200)
+        #expect(refused.apnsID.map(APNsNotification.isCanonicalUUID) == true, "\(refused.apnsID ?? "no apns-id")")
+    }
+
     @Test func idleConnectionsArePingedAndStayOpen() throws {
         let simulator = try APNsSimulator(configuration: .init(), logger: logger)
         defer { simulator.shutdown() }

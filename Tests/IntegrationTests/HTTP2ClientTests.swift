@@ -331,6 +331,18 @@ import Testing
         #expect(answer.status == 200)
         #expect(answer.headers.map(\.name) == ["content-length"])
 
+        // A successful answer may keep fewer fields than the others (the worker reads no delivered apns-id).
+        var fewerOnSuccess = client.configuration
+        fewerOnSuccess.keptResponseHeaders = ["content-length", "server"]
+        fewerOnSuccess.keptSuccessResponseHeaders = ["server"]
+        let lean = try HTTP2Client(configuration: fewerOnSuccess, logger: logger)
+        defer { lean.shutdown() }
+        let leanAnswers = collect(
+            lean, [request(authority: lean.authority, token: token), request(authority: lean.authority, token: "00ff")])
+        #expect(try leanAnswers[0].get().headers.map(\.name) == ["server"])
+        #expect(try leanAnswers[1].get().status == 404)
+        #expect(try Set(leanAnswers[1].get().headers.map(\.name)) == ["content-length", "server"])
+
         // A name of the same length is not the same name: the length only spares the others a comparison.
         var sameLength = client.configuration
         sameLength.keptResponseHeaders = ["content-lengtx"]
