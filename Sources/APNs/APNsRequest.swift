@@ -45,6 +45,6 @@ extension APNsBroadcast {
         fields.add("apns-push-type", APNsPushType.liveactivity.rawValue)
         fields.add("apns-priority", String(priority.rawValue))
         fields.add("apns-expiration", String(expiration))
-        return APNsRequest.request(route, fields: fields, body: payload)
+        return APNsRequest.request(route, fields: fields, body: payload, sendBy: sendBy.map(Double.init) ?? .infinity)
     }
 }

@@ -11,19 +11,22 @@ public struct APNsBroadcast: Sendable, Equatable {
     /// that stores no message takes 0 only.
     public var expiration: Int64
     public var payload: [UInt8]
+    /// UNIX seconds: not sent once this time has come (a job's `deadline`); nil for none. Not a field of the request.
+    public var sendBy: Int64?
 
     /// Apple: a broadcast payload is at most 5 KB.
     public static let maximumPayloadSize = 5120
 
     public init(
         bundle: String, channelID: String, priority: APNsPriority = .immediately, expiration: Int64 = 0,
-        payload: [UInt8]
+        payload: [UInt8], sendBy: Int64? = nil
     ) {
         self.bundle = bundle
         self.channelID = channelID
         self.priority = priority
         self.expiration = expiration
         self.payload = payload
+        self.sendBy = sendBy
     }
 
     /// Apple's rules that can be checked before sending.

@@ -311,7 +311,7 @@ public enum HTTP2StreamError: Error, Sendable, Equatable, CustomStringConvertibl
         case .connectionLost(let reason): "connection lost: \(reason)"
         case .notSent(let reason): "not sent: \(reason)"
         case .timedOut: "no response before the deadline"
-        case .sendByPassed: "not sent: its send-by time passed while it waited for a stream"
+        case .sendByPassed: "not sent: its send-by time passed while it waited for a connection or a stream"
         }
     }
 }

@@ -134,7 +134,7 @@ public struct PushJob: Sendable, Equatable {
     public func broadcast(on channelID: String) -> APNsBroadcast {
         APNsBroadcast(
             bundle: APNsPushType.bundle(ofTopic: topic), channelID: channelID, priority: priority,
-            expiration: expiration ?? 0, payload: payload)
+            expiration: expiration ?? 0, payload: payload, sendBy: deadline)
     }
 
     public struct Limits: Sendable {

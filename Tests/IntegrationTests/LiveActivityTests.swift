@@ -339,6 +339,41 @@ import WorkerPipeline
             "a broadcast is no device notification")
     }
 
+    /// A broadcast whose job's deadline comes while it waits behind busy streams is dropped there, never sent, and
+    /// summarised as expired, as a device notification is.
+    @Test func aBroadcastWhoseDeadlineComesWhileItWaitsForAStreamIsExpiredNotSent() throws {
+        let (simulator, settings, channel) = try Self.broadcastSimulator(logger) {
+            $0.maximumConcurrentStreams = 1
+            $0.behaviour.latency = 0.3
+        }
+        defer { simulator.shutdown() }
+        let (jobs, replies, replyReader, publisher) = try TestServices.jobQueues()
+        let worker = try WorkerThread(
+            try TestServices.workerEnvironment(
+                simulator: simulator, jobs: jobs,
+                settings.merging(["APNS_CONNECTIONS": "1", "APNS_MAX_CONNECTIONS": "1"]) { $1 }),
+            logger: logger)
+        defer { worker.stop() }
+        let sender = worker.worker.sender
+        #expect(TestServices.waitUntil(timeout: 60) { sender.streamCapacity(.urgent) == 1 }, "one stream known")
+        // Twelve answers of 0.3 s on the one stream ahead of it; its deadline is one to two seconds away.
+        let tokens = (0..<12).map { "\"" + String(format: "%064x", 0xB4000 + $0) + "\"" }.joined(separator: ",")
+        try publisher.publish(
+            to: jobs, body: Array(#"{"tokens": [\#(tokens)], "payload": {"aps": {}}}"#.utf8))
+        // Those notifications are on their way (a broadcast read in the same batch would go first).
+        #expect(TestServices.waitUntil(timeout: 30) { !simulator.received().isEmpty }, "the device job is sending")
+        let now = Int(Date().timeIntervalSince1970)
+        let id = TestServices.unique("late-broadcast")
+        let body =
+            #"{"id": "\#(id)", "channel_id": "\#(channel)", "deadline": \#(now + 2), "live_activity": {"event": "update", "timestamp": \#(now), "content_state": {"score": "9-9"}}}"#
+        try publisher.publish(to: jobs, body: Array(body.utf8), properties: AMQPProperties(replyTo: replies))
+        let summary = try Self.json(
+            String(decoding: try #require(try replyReader.read(1, timeout: 30).first).body, as: UTF8.self))
+        #expect(summary["expired"] as? Int == 1 && summary["delivered"] as? Int == 0, "\(summary)")
+        #expect(simulator.broadcastsByChannel().isEmpty, "the broadcast never reached APNs")
+        #expect(worker.worker.statistics.broadcastCount("expired") == 1)
+    }
+
     /// A broadcast APNs keeps throttling until its attempts are spent is parked on PUSH_FAILED_QUEUE with its reason,
     /// as a device job is, not acknowledged and dropped.
     @Test func aBroadcastThrottledUntilItsAttemptsRunOutIsParkedWithItsReason() throws {
