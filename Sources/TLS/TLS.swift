@@ -347,6 +347,10 @@ package final class TLSStream {
         var firstFailure: IOResult?
         while true {
             let result = call(ssl)
+            // A read that returned data leaves what it wrote into the pair (an answer to a post-handshake message)
+            // for the read that wants more, which ends every drain of the socket: one look into the pair fewer for
+            // each record read. A write or a handshake sends at once.
+            if reads && result > 0 { return .done(Int(result)) }
             let sending = sendPending()
             if case .failed(let message) = sending, !reads {
                 ERR_clear_error()
