@@ -32,6 +32,10 @@ struct BroadcastJob: Sendable {
     static func byKind(_ jobs: [(delivery: JobDelivery, job: PushJob)])
         -> (broadcasts: [BroadcastJob], devices: [(delivery: JobDelivery, job: PushJob)])
     {
+        // Most batches hold no broadcast: their jobs are passed on as they are, not copied into another array.
+        guard jobs.contains(where: { if case .broadcast = $0.job.kind { true } else { false } }) else {
+            return ([], jobs)
+        }
         var broadcasts: [BroadcastJob] = []
         var devices: [(delivery: JobDelivery, job: PushJob)] = []
         devices.reserveCapacity(jobs.count)

@@ -142,12 +142,15 @@ extension SessionLoop {
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         var waiting = prepared.waitingForTimeZones
-        var jobs = devices.filter { entry in
-            guard !StoreWaits.mustWait(entry.job, users: resolved, activities: prepared.activities) else {
-                waiting.append(entry.delivery)
-                return false
-            }
-            return true
+        let mustWait = { (entry: (delivery: JobDelivery, job: PushJob)) in
+            StoreWaits.mustWait(entry.job, users: resolved, activities: prepared.activities)
+        }
+        // The batch's array itself when no job waits (nearly always): a filtered copy of it cost a copy and a
+        // destruction of each entry.
+        var jobs = devices
+        if devices.contains(where: mustWait) {
+            waiting += devices.filter(mustWait).map(\.delivery)
+            jobs = devices.filter { !mustWait($0) }
         }
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let unadmitted = holdingBackPastAdmission(&jobs)
@@ -238,12 +241,16 @@ extension SessionLoop {
     /// Large bulk jobs of one batch past `BulkAdmission`'s budget (the batch decoded several small bodies with many
     /// users) leave `jobs` and go back unstarted, to start as the ones under way settle.
     private func holdingBackPastAdmission(_ jobs: inout [(delivery: JobDelivery, job: PushJob)]) -> [JobDelivery] {
+        let usersPerPiece = core.settings.usersPerPiece
+        // Not even looked at in place without a large bulk job: changing an array shared with the batch copies it.
+        let isLargeBulk = { (entry: (delivery: JobDelivery, job: PushJob)) in
+            entry.delivery.lane == .bulk && PreparedBatch.isLarge(entry.job, usersPerPiece: usersPerPiece)
+        }
+        guard jobs.contains(where: isLargeBulk) else { return [] }
         var (bytes, targets) = bulkLoad()
         var unadmitted: [JobDelivery] = []
         jobs.removeAll { delivery, job in
-            guard delivery.lane == .bulk, PreparedBatch.isLarge(job, usersPerPiece: core.settings.usersPerPiece) else {
-                return false
-            }
+            guard isLargeBulk((delivery, job)) else { return false }
             guard core.settings.bulkAdmission.admits(bytesUnderWay: bytes, targetsUnderWay: targets) else {
                 unadmitted.append(delivery)
                 return true
