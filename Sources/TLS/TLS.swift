@@ -302,8 +302,9 @@ package final class TLSStream {
 
     // OpenSSL's error queue is per thread, and one loop thread drives many connections: SSL_get_error reads that
     // queue, so an error one connection left behind would make the next connection's ordinary "want read" look
-    // fatal and close it (a client that dropped its connection without close_notify closed the others'). `classify`
-    // leaves the queue empty, and a call that fails is made again on an emptied queue (`perform`).
+    // fatal and close it (a client that dropped its connection without close_notify closed the others'). Every
+    // call starts with an empty queue, and `classify` leaves it empty. (Made again on an emptied queue after a
+    // failure instead, a call cannot tell the peer's close from its fatal alert: both end the same way.)
 
     package func handshake() -> IOResult {
         perform(what: "TLS handshake") { SSL_do_handshake($0) }
@@ -337,20 +338,16 @@ package final class TLSStream {
 
     /// Runs one SSL call, moving ciphertext between the pair and the socket until the call succeeds or must wait.
     /// A read goes on reading when sending failed: a peer that closed on us may have said why first (an alert).
-    ///
-    /// OpenSSL explains a failed call from the thread's error queue (SSL_get_error), which must be empty before the
-    /// call. Every path here leaves it empty; an entry something else on this thread left there would pass for the
-    /// call's own error, so a call that fails is made once more on an emptied queue, and only a second failure
-    /// counts. Looking at the queue before every call instead cost a thread-local lookup, about 200 instructions,
-    /// for every record read.
     private func perform(what: String, reads: Bool = false, _ call: (OpaquePointer) -> Int32) -> IOResult {
-        var firstFailure: IOResult?
         while true {
+            // Looked at before it is cleared: clearing walks all its slots, and a call happens for every record.
+            if ERR_peek_error() != 0 { ERR_clear_error() }
             let result = call(ssl)
-            // A read that returned data leaves what it wrote into the pair (an answer to a post-handshake message)
-            // for the read that wants more, which ends every drain of the socket: one look into the pair fewer for
-            // each record read. A write or a handshake sends at once.
-            if reads && result > 0 { return .done(Int(result)) }
+            // On a non-blocking socket, a read that returned data leaves what it wrote into the pair (an answer to a
+            // post-handshake message) for the read that wants more, which ends every drain of the socket: one look
+            // into the pair fewer for each record read. A blocking socket's owner reads what it waits for and no
+            // more, so there, as for a write or a handshake, it goes at once.
+            if reads && result > 0 && !socketBlocks { return .done(Int(result)) }
             let sending = sendPending()
             if case .failed(let message) = sending, !reads {
                 ERR_clear_error()
@@ -376,15 +373,7 @@ package final class TLSStream {
                 if case .failed(let message) = sending { return .failed(message) }
                 return .wantWrite
             default:
-                let failure = classify(result, error: error, what: what)
-                guard let firstFailure else {
-                    firstFailure = failure
-                    continue
-                }
-                // A second failure that names a cause is the call's own (the first one's words were another
-                // caller's); OpenSSL refuses a call after a real failure without a word, and the first one's are it.
-                if case .failed = failure { return failure }
-                return firstFailure
+                return classify(result, error: error, what: what)
             }
         }
     }
@@ -479,7 +468,10 @@ package final class TLSStream {
             return .failed(error.message)
         default:
             var message = TLSError(what).message
-            if let verification = verificationError { message += " (certificate: \(verification))" }
+            // Only where the peer's certificate is checked: otherwise a self-signed one, accepted, would be named.
+            if SSL_get_verify_mode(ssl) != SSL_VERIFY_NONE, let verification = verificationError {
+                message += " (certificate: \(verification))"
+            }
             return .failed(message)
         }
     }

@@ -81,6 +81,28 @@ import Testing
         }
         #expect(message.hasPrefix("TLS read: ") && message.contains("wrong version number"), "\(message)")
         #expect(!message.contains("PEM"), "not the words another caller left: \(message)")
+        #expect(!message.contains("certificate:"), "a certificate accepted unchecked is not named: \(message)")
+        #expect(ERR_peek_error() == 0, "the queue is left empty")
+    }
+
+    /// The peer's close_notify is a closed connection, whatever another caller left in the thread's queue: alone,
+    /// and behind data the same read drains first.
+    @Test(arguments: [false, true]) func thePeersCloseIsAClosedConnection(afterData: Bool) throws {
+        let (client, server, sockets) = try Self.connectedPair()
+        defer { for socket in sockets { close(socket) } }
+        if afterData { #expect(Array("last".utf8).withUnsafeBytes { server.write($0) } == .done(4)) }
+        server.shutdown()
+        var buffer = [UInt8](repeating: 0, count: 64)
+        var results: [TLSStream.IOResult] = []
+        // The session tickets the server sent after its handshake come first, then any data, then the close.
+        for _ in 0..<6 where results.last != .closed {
+            Self.leaveAnErrorInTheQueue()
+            client.socketReadable()
+            results.append(buffer.withUnsafeMutableBytes { client.read(into: $0) })
+        }
+        #expect(results.last == .closed, "\(results)")
+        #expect(results.contains(.done(4)) == afterData, "\(results)")
+        #expect(!results.contains { if case .failed = $0 { true } else { false } }, "\(results)")
         #expect(ERR_peek_error() == 0, "the queue is left empty")
     }
 }
