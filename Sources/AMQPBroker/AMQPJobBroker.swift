@@ -93,7 +93,7 @@ public final class AMQPJobBroker: JobBroker {
             } catch {
                 // A user without the permission to declare (ACCESS_REFUSED): a setting to fix, not a broker to wait for.
                 amqp.close()
-                if error.isPermanent { throw ConnectionRefused(.broker, error.message) }
+                if error.isPermanent { throw ConnectionRefused(.broker, error.message, cause: error) }
                 throw error
             }
             topology.isDeclared = true

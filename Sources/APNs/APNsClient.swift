@@ -544,42 +544,8 @@ public final class APNsClient: Sendable {
             // Checked under the pools' lock: `replaceCredentials` swaps the credentials before it sweeps the pools,
             // so a pool made here either sees the new credentials or is swept.
             guard credentials.withLock({ current in current.all.contains { $0 === credential } }) else { return nil }
-            let environment = key.environment
-            let traffic = key.traffic
-            let endpoint = environment == .production ? configuration.production : configuration.sandbox
-            var tls = TLSClientConfiguration(caFile: configuration.caFile, verifyPeer: configuration.verifyPeer)
-            if case .certificate(let certificate, let privateKey) = credential.authentication {
-                tls.certificateFile = certificate
-                tls.privateKeyFile = privateKey
-            }
-            // A stream lost with its connection is answered as lost, not sent again here: it may have been
-            // delivered, and the pipeline's retries (APNS_MAX_ATTEMPTS in all) are the only ones that count sends.
-            // Resent here as well, a notification went out three times in each of the pipeline's attempts.
-            var poolConfiguration = HTTP2Client.Configuration(
-                host: endpoint.host, port: endpoint.port, tls: tls,
-                connectionCount: configuration.connectionsPerEnvironment,
-                maximumConnectionCount: configuration.maximumConnectionsPerEnvironment,
-                requestTimeout: configuration.requestTimeout, maximumAttempts: 1,
-                pingInterval: configuration.pingInterval, pingTimeout: configuration.pingTimeout)
-            let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
-            let observer = configuration.observer
-            let openConnections = self.openConnections
-            let credentials = self.credentials
-            poolConfiguration.observer = { event in
-                switch event {
-                case .opened: openConnections.withLock { $0[labels, default: 0] += 1 }
-                case .closed:
-                    openConnections.withLock { $0[labels, default: 0] -= 1 }
-                    Self.forgetRetiredSeries(openConnections, credentials)
-                default: break
-                }
-                observer?(environment, event)
-            }
-            poolConfiguration.proxy = configuration.proxy
-            poolConfiguration.keptResponseHeaders = APNsResponse.headerNames
-            if !configuration.keepsDeliveredAPNsID {
-                poolConfiguration.keptSuccessResponseHeaders = APNsResponse.successHeaderNamesWithoutAPNsID
-            }
+            let (environment, traffic) = (key.environment, key.traffic)
+            let poolConfiguration = poolConfiguration(for: key, credential)
             let client = try HTTP2Client(
                 configuration: poolConfiguration,
                 loop: loop(traffic),
@@ -595,5 +561,27 @@ public final class APNsClient: Sendable {
                 sentSinceAsked: sending)
             return client
         }
+    }
+
+    /// How the connections of `key` are made (`APNsClientConfiguration.connections`), their openings and closings
+    /// counted by credential, environment and lane (`openConnections`).
+    private func poolConfiguration(for key: PoolKey, _ credential: APNsCredential) -> HTTP2Client.Configuration {
+        let (environment, traffic) = (key.environment, key.traffic)
+        var poolConfiguration = configuration.connections(to: environment, as: credential.authentication)
+        let labels = ConnectionLabels(credential: credential.name, environment: environment, traffic: traffic)
+        let observer = configuration.observer
+        let openConnections = self.openConnections
+        let credentials = self.credentials
+        poolConfiguration.observer = { event in
+            switch event {
+            case .opened: openConnections.withLock { $0[labels, default: 0] += 1 }
+            case .closed:
+                openConnections.withLock { $0[labels, default: 0] -= 1 }
+                Self.forgetRetiredSeries(openConnections, credentials)
+            default: break
+            }
+            observer?(environment, event)
+        }
+        return poolConfiguration
     }
 }

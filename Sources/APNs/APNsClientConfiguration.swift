@@ -113,3 +113,29 @@ public struct APNsClientConfiguration: Sendable {
         self.proxy = nil
     }
 }
+
+extension APNsClientConfiguration {
+    /// The HTTP/2 client of one pool's connections to `environment`: the endpoint, TLS with the identity
+    /// `authentication` presents, the pool's size and timeouts, the proxy, and the answer fields kept.
+    func connections(to environment: APNsEnvironment, as authentication: APNsAuthentication)
+        -> HTTP2Client.Configuration
+    {
+        let endpoint = environment == .production ? production : sandbox
+        var tls = TLSClientConfiguration(caFile: caFile, verifyPeer: verifyPeer)
+        if case .certificate(let certificate, let privateKey) = authentication {
+            tls.certificateFile = certificate
+            tls.privateKeyFile = privateKey
+        }
+        // A stream lost with its connection is answered as lost, not sent again here: it may have been
+        // delivered, and the pipeline's retries (APNS_MAX_ATTEMPTS in all) are the only ones that count sends.
+        // Resent here as well, a notification went out three times in each of the pipeline's attempts.
+        var client = HTTP2Client.Configuration(
+            host: endpoint.host, port: endpoint.port, tls: tls, connectionCount: connectionsPerEnvironment,
+            maximumConnectionCount: maximumConnectionsPerEnvironment, requestTimeout: requestTimeout,
+            maximumAttempts: 1, pingInterval: pingInterval, pingTimeout: pingTimeout)
+        client.proxy = proxy
+        client.keptResponseHeaders = APNsResponse.headerNames
+        if !keepsDeliveredAPNsID { client.keptSuccessResponseHeaders = APNsResponse.successHeaderNamesWithoutAPNsID }
+        return client
+    }
+}

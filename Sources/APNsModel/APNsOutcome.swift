@@ -96,7 +96,8 @@ public enum APNsOutcome: Sendable, Equatable {
     /// Not sent: no credential serves the topic now (a reload took it away). The job waits for an operator, parked
     /// with the reason; it is not the notification's fault.
     case unserved
-    /// Not sent: its send-by time (`APNsNotification.sendBy`, a job's deadline) came while it waited for a stream.
+    /// Not sent: its send-by time (`APNsNotification.sendBy`, a job's deadline) came while it waited for a connection
+    /// or a stream.
     case expired
 
     public static func classify(_ response: APNsResponse) -> APNsOutcome {

@@ -30,8 +30,8 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
         case let refused as ConnectionRefused:
             if let redis = refused.cause as? RedisError {
                 description = Self.naming(redis).description
-            } else if let amqp = refused.cause as? AMQPError, amqp.isCertificateRefused {
-                description = ConfigurationError(\.amqpCAFile, amqp.message).description
+            } else if let amqp = refused.cause as? AMQPError {
+                description = Self.naming(amqp).description
             } else {
                 description =
                     (refused.system == .broker
@@ -39,15 +39,18 @@ public struct StartupError: Error, Sendable, CustomStringConvertible {
                     : ConfigurationError(\.redisURL, refused.message)).description
             }
         case let amqp as AMQPError where amqp.isPermanent:
-            description =
-                (amqp.isCertificateRefused
-                ? ConfigurationError(\.amqpCAFile, amqp.message) : ConfigurationError(\.amqpURL, amqp.message))
-                .description
+            description = Self.naming(amqp).description
         case let redis as RedisError where redis.kind == .refused || redis.kind == .badURL:
             description = Self.naming(redis).description
         default:
             return nil
         }
+    }
+
+    /// The broker's refusal, named by the setting it concerns: its certificate, or the user, password or vhost.
+    private static func naming(_ amqp: AMQPError) -> ConfigurationError {
+        amqp.isCertificateRefused
+            ? ConfigurationError(\.amqpCAFile, amqp.message) : ConfigurationError(\.amqpURL, amqp.message)
     }
 
     /// Redis's refusal, named by the setting it concerns.

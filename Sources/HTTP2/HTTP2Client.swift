@@ -112,12 +112,19 @@ public final class HTTP2Client: @unchecked Sendable {
         loop.execute { [self] in
             let now = EventLoop.now()
             let deadline = now + UInt64(configuration.requestTimeout * 1e9)
+            // The wall clock, read once for the batch, and only if a request has a send-by time.
+            var unixNow: Double?
             var touched: [HTTP2Connection] = []
             for index in requests.indices {
-                let sendBy = requests[index].sendBy
+                var sendBy = UInt64.max
+                if requests[index].sendBy != .infinity {
+                    let unix = unixNow ?? Date().timeIntervalSince1970
+                    unixNow = unix
+                    sendBy = Self.instant(requests[index].sendBy, unixNow: unix, now: now)
+                }
                 let stream = HTTP2RequestStream(
-                    batch: requests, index: index, attempt: 1, deadline: deadline,
-                    sendBy: sendBy == .infinity ? .max : Self.instant(sendBy, now: now), completion: completion)
+                    batch: requests, index: index, attempt: 1, deadline: deadline, sendBy: sendBy,
+                    completion: completion)
                 if let connection = dispatch(stream), !touched.contains(where: { $0 === connection }) {
                     touched.append(connection)
                 }
@@ -524,10 +531,10 @@ public final class HTTP2Client: @unchecked Sendable {
         return now > span ? now - span : 0
     }
 
-    /// UNIX time `unixSeconds` on the `EventLoop.now` clock, `now` being that clock's reading: 0 for a time past,
-    /// at most 30 years ahead (a deadline far ahead would overflow the count of nanoseconds).
-    static func instant(_ unixSeconds: Double, now: UInt64) -> UInt64 {
-        let remaining = unixSeconds - Date().timeIntervalSince1970
+    /// UNIX time `unixSeconds` on the `EventLoop.now` clock, which reads `now` as the wall clock reads `unixNow`: 0
+    /// for a time past, at most 30 years ahead (a deadline far ahead would overflow the count of nanoseconds).
+    static func instant(_ unixSeconds: Double, unixNow: Double, now: UInt64) -> UInt64 {
+        let remaining = unixSeconds - unixNow
         guard remaining > 0 else { return 0 }
         return now + UInt64(min(remaining, 1e9) * 1e9)
     }

@@ -212,7 +212,7 @@ public struct HTTP2Request: Sendable {
     @usableFromInline private(set) var ownPath: HTTP2Path
     public var body: [UInt8]
     /// UNIX seconds after which the request is not worth sending; `.infinity` (the default) for none. One whose
-    /// HEADERS have not left this process by then, waiting for a connection or behind the server's stream limit, is
+    /// HEADERS are not encoded yet by then (it waits for a connection, or behind the server's stream limit) is
     /// dropped and answered `sendByPassed`: never sent, so never processed.
     public var sendBy: Double
 
@@ -300,8 +300,8 @@ public enum HTTP2StreamError: Error, Sendable, Equatable, CustomStringConvertibl
     case notSent(String)
     /// No response within the request deadline.
     case timedOut
-    /// Dropped before its HEADERS left this process: its `sendBy` time came while it waited for a connection or a
-    /// stream. Never sent.
+    /// Dropped before its HEADERS were encoded: its `sendBy` time came while it waited for a connection or a stream.
+    /// Never sent.
     case sendByPassed
 
     public var description: String {

@@ -138,15 +138,7 @@ final class AnswerCollector: Sendable {
         // Metrics and summaries carry Apple's documented reasons or `other` (`APNsReason.label`), and without an
         // answer a fixed word: what an endpoint writes, or an error text, would make endless label values.
         let reasonLabel = answer?.reason?.label
-        if result.outcome != .delivered && result.outcome != .expired {
-            statistics.countUnsuccessful(
-                status: answer?.status,
-                reason: reasonLabel
-                    ?? (answer == nil
-                        ? (result.outcome == .permanentFailure
-                            || result.outcome == .unserved
-                            ? "not_sent" : "no_answer") : ""))
-        }
+        countUnsuccessful(result.outcome, answer: answer, reasonLabel: reasonLabel)
         switch result.outcome {
         case .delivered:
             progress.recordDelivered(index)
@@ -157,20 +149,13 @@ final class AnswerCollector: Sendable {
             // A 400 mismatch is counted once the job is complete, as dead or as held back (the guard decides).
             if !APNsOutcome.isTokenMismatch(response) { statistics.deadTokens.add(1, ordering: .relaxed) }
         case .permanentFailure:
-            let reason = answer.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent"
-            progress.recordFailed(index, reason: reason)
-            statistics.permanentFailures.add(1, ordering: .relaxed)
-            logger.warning(
-                "notification failed",
-                [
-                    "job.id": progress.job.id,
-                    "apns.reason": Redact.outsideText(answer?.reason?.rawValue ?? reason),
-                    "apns.status": String(answer?.status ?? 0),
-                    "apns.token": Redact.token(progress.targets[index].token)
-                ])
+            recordFailed(
+                index, of: progress,
+                reason: answer.map { reasonLabel ?? "status \($0.status)" } ?? result.error ?? "not sent",
+                answer: answer)
         case .expired:
-            // Its deadline came while it waited behind busy streams: not sent, as one that expired before it was
-            // handed over (`settleExpired`).
+            // Its deadline came while it waited for a connection or behind busy streams: not sent, as one that
+            // expired before it was handed over (`settleExpired`).
             progress.recordExpired(index)
             statistics.expired.add(1, ordering: .relaxed)
         case .unserved:
@@ -186,6 +171,27 @@ final class AnswerCollector: Sendable {
                 delay: 1)
         }
         noteOutcome(of: progress)
+    }
+
+    /// What did not go through, by status and reason (without an answer, whether it was sent at all). An expired
+    /// notification was not sent, and is counted as expired only.
+    private func countUnsuccessful(_ outcome: APNsOutcome, answer: APNsResponse?, reasonLabel: String?) {
+        guard outcome != .delivered && outcome != .expired else { return }
+        let unanswered = outcome == .permanentFailure || outcome == .unserved ? "not_sent" : "no_answer"
+        statistics.countUnsuccessful(status: answer?.status, reason: reasonLabel ?? (answer == nil ? unanswered : ""))
+    }
+
+    private func recordFailed(_ index: Int, of progress: JobProgress, reason: String, answer: APNsResponse?) {
+        progress.recordFailed(index, reason: reason)
+        statistics.permanentFailures.add(1, ordering: .relaxed)
+        logger.warning(
+            "notification failed",
+            [
+                "job.id": progress.job.id,
+                "apns.reason": Redact.outsideText(answer?.reason?.rawValue ?? reason),
+                "apns.status": String(answer?.status ?? 0),
+                "apns.token": Redact.token(progress.targets[index].token)
+            ])
     }
 
     /// After an outcome: a complete job goes back to the broker thread; final outcomes of a job still under way are

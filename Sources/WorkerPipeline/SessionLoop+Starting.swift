@@ -142,16 +142,7 @@ extension SessionLoop {
         let resolved = prepared.resolved
         statistics.countDataError("token_cache_read", resolved.unreadable.count)
         var waiting = prepared.waitingForTimeZones
-        let mustWait = { (entry: (delivery: JobDelivery, job: PushJob)) in
-            StoreWaits.mustWait(entry.job, users: resolved, activities: prepared.activities)
-        }
-        // The batch's array itself when no job waits (nearly always): a filtered copy of it cost a copy and a
-        // destruction of each entry.
-        var jobs = devices
-        if devices.contains(where: mustWait) {
-            waiting += devices.filter(mustWait).map(\.delivery)
-            jobs = devices.filter { !mustWait($0) }
-        }
+        var jobs = Self.startable(devices, of: prepared, waiting: &waiting)
         if !rateGroupsSeen { rateGroupsSeen = jobs.contains { $0.job.rateGroup != nil } }
         let unadmitted = holdingBackPastAdmission(&jobs)
         let lookup = try lookUpSettled(&jobs, waiting: &waiting)
@@ -190,6 +181,24 @@ extension SessionLoop {
         if !notDue.isEmpty { try reject(notDue) }
         try putBackToWait(waiting)
         if !finishedAtOnce.isEmpty { core.handle(.jobsSettled(try finish(finishedAtOnce))) }
+    }
+
+    /// The jobs that can start now; those whose users' tokens wait for a Redis node (`StoreWaits`) join `waiting`.
+    /// The batch's array itself when none waits (nearly always): a filtered copy of it cost a copy and a destruction
+    /// of each entry.
+    private static func startable(
+        _ jobs: [(delivery: JobDelivery, job: PushJob)], of prepared: PreparedBatch, waiting: inout [JobDelivery]
+    ) -> [(delivery: JobDelivery, job: PushJob)] {
+        let (users, activities) = (prepared.resolved, prepared.activities)
+        let mustWait = { (entry: (delivery: JobDelivery, job: PushJob)) in
+            StoreWaits.mustWait(entry.job, users: users, activities: activities)
+        }
+        guard jobs.contains(where: mustWait) else { return jobs }
+        return jobs.filter { entry in
+            guard mustWait(entry) else { return true }
+            waiting.append(entry.delivery)
+            return false
+        }
     }
 
     /// Jobs whose `send_at` has not come go back to the broker's delay queues (`JobSchedule`), their time noted in the
