@@ -32,17 +32,28 @@ struct OutgoingQueue {
         compact()
         var live: [QueuedNotification] = []
         var expired: [QueuedNotification] = []
+        // All of it, none expired (the usual turn of single-token jobs): the storage itself is handed over, where a
+        // copy counted every entry's job once more, and the compaction after it once less.
+        if head == 0 && entries.count <= count && !entries.contains(where: { Self.hasExpired($0, at: now) }) {
+            swap(&live, &entries)
+            return (live, expired)
+        }
         live.reserveCapacity(min(count, self.count))
         while live.count < count && head < entries.count {
             let entry = entries[head]
             head += 1
-            if let deadline = entry.progress.job.deadline, Double(deadline) <= now {
+            if Self.hasExpired(entry, at: now) {
                 expired.append(entry)
             } else {
                 live.append(entry)
             }
         }
         return (live, expired)
+    }
+
+    private static func hasExpired(_ entry: QueuedNotification, at now: Double) -> Bool {
+        guard let deadline = entry.progress.job.deadline else { return false }
+        return Double(deadline) <= now
     }
 
     /// Takes every entry of the `cancelled` jobs out of the queue, keeping the others in their order.
@@ -56,9 +67,14 @@ struct OutgoingQueue {
     }
 
     /// Entries just taken that could not go (the rate limit granted fewer) go back to the front, in their order.
-    /// Only right after `take`: the slots before the head are still there until the next `take` compacts.
+    /// Only right after `take`: the slots before the head are still there until the next `take` compacts, unless
+    /// `take` handed over the whole storage (then they are put in again).
     mutating func putBack(_ returned: ArraySlice<QueuedNotification>) {
-        precondition(returned.count <= head, "putBack of more entries than were taken")
+        guard returned.count <= head else {
+            precondition(head == 0, "putBack of more entries than were taken")
+            entries.insert(contentsOf: returned, at: 0)
+            return
+        }
         head -= returned.count
         for (offset, entry) in returned.enumerated() { entries[head + offset] = entry }
     }

@@ -34,6 +34,11 @@ struct ProgressTracker {
             ?? progress.job.users.count + progress.job.tokens.count
     }
 
+    /// Whether a job has enough notifications for its answers to be reported as they come (`followed`).
+    private static func mayBeFollowed(_ progress: JobProgress) -> Bool {
+        progress.targets.count >= JobProgressDelta.minimumTargets
+    }
+
     var hasPending: Bool { !pending.isEmpty || !followed.isEmpty }
 
     private mutating func change(_ progress: JobProgress, _ body: (inout JobProgressDelta) -> Void) {
@@ -52,7 +57,7 @@ struct ProgressTracker {
     /// Notifications of the job (or a piece of it) resolved and queued: its first attempt's only, so that a retry does
     /// not count them twice.
     mutating func resolved(_ progress: JobProgress) {
-        if progress.targets.count >= JobProgressDelta.minimumTargets && Self.isTracked(progress) {
+        if Self.mayBeFollowed(progress) && Self.isTracked(progress) {
             followed[ObjectIdentifier(progress)] = Followed(progress: progress, soFar: progress.followAnswers())
         }
         guard progress.job.attempt == 1 else { return }
@@ -74,7 +79,8 @@ struct ProgressTracker {
 
     /// A job, or a piece of a large one, has every answer in: what earlier reports did not say of it.
     mutating func answered(_ progress: JobProgress) {
-        let reported = followed.removeValue(forKey: ObjectIdentifier(progress))
+        // A job too small to be followed is not looked up: a lookup hashes its key, for every job.
+        let reported = Self.mayBeFollowed(progress) ? followed.removeValue(forKey: ObjectIdentifier(progress)) : nil
         change(progress) { delta in
             delta.counts[.delivered, default: 0] += progress.delivered - (reported?.delivered ?? 0)
             delta.counts[.dead, default: 0] += progress.dead.count - (reported?.dead ?? 0)

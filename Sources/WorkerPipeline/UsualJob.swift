@@ -184,7 +184,9 @@ private struct UsualJobScanner {
         let start = position
         guard take(UInt8(ascii: "[")) else { return nil }
         var strings: [String] = []
-        strings.reserveCapacity(JSONBytes.leadingStringCount(bytes, at: start))
+        // Only a count worth reserving: reserving none still costs a call that makes a new empty buffer.
+        let leading = JSONBytes.leadingStringCount(bytes, at: start)
+        if leading > 0 { strings.reserveCapacity(leading) }
         skipWhitespace()
         if take(UInt8(ascii: "]")) { return strings }
         repeat {
