@@ -2,13 +2,11 @@
 # a registration event (applied by `apns-worker cleanup --once`), a job to that user, another user and a dead token
 # (its summary read from reply_to), and the dead token's event taken by the cleanup consumer example. A change of the
 # contract they use (a job field, an event field, a queue) makes them fail here.
-# Source after scripts/lib/services.sh, with the services started and BUILD_DIR holding apns-worker and apns-sim
-# (WORKER_BUILD_DIR, if set, holds the apns-worker to run instead: scripts/test runs its release build).
+# Source after scripts/lib/services.sh, with the services started and BUILD_DIR holding apns-worker and apns-sim.
 # shellcheck shell=bash
 
 examples_run() {
     local dir="$SERVICES_DIR/examples" suffix live other_token dead
-    local worker_command="${WORKER_BUILD_DIR:-$BUILD_DIR}/apns-worker"
     mkdir -p "$dir"
     suffix=$(date +%s%N | tail -c 9)
     live=$(printf 'e1%.0s' $(seq 32)); other_token=$(printf 'e2%.0s' $(seq 32)); dead=$(printf 'ed%.0s' $(seq 32))
@@ -22,7 +20,7 @@ examples_run() {
         "$BUILD_DIR/apns-sim" --generate-key "$dir/key.p8" >/dev/null
         export APNS_KEY_FILE="$dir/key.p8" APNS_KEY_ID=EXAMPLEK01 APNS_TEAM_ID=EXAMPLET01 APNS_TOPIC=com.example.app
         export METRICS_PORT=0 LOG_LEVEL=info
-        "$worker_command" run 2>"$dir/worker.log" &
+        "$BUILD_DIR/apns-worker" run 2>"$dir/worker.log" &
         local worker=$! waited=0
         trap 'kill $worker $APNS_SIM_PID 2>/dev/null' EXIT
         # Ready once it consumes (a poll with a deadline); `cleanup --once` declares the registrations queue.
@@ -31,7 +29,7 @@ examples_run() {
             [ "$waited" -lt 300 ] || { log "examples: the worker did not start"; cat "$dir/worker.log" >&2; exit 1; }
             sleep 0.1
         done
-        "$worker_command" cleanup --once >/dev/null 2>&1
+        "$BUILD_DIR/apns-worker" cleanup --once >/dev/null 2>&1
         example() {  # example LANGUAGE SUBCOMMAND ARGS...: the same three steps in each language
             local language=$1 step=$2
             shift 2
@@ -50,10 +48,10 @@ examples_run() {
         }
         for language in python go; do
             local user="example-$language-$suffix" other="example-$language-other-$suffix"
-            "$worker_command" tokens add "$other" "$other_token" >/dev/null
+            "$BUILD_DIR/apns-worker" tokens add "$other" "$other_token" >/dev/null
             example "$language" register --user "$user" --token "$live" --timezone Europe/Paris
-            "$worker_command" cleanup --once >/dev/null 2>&1
-            "$worker_command" tokens list "$user" --json --full-tokens | grep -q "$live" \
+            "$BUILD_DIR/apns-worker" cleanup --once >/dev/null 2>&1
+            "$BUILD_DIR/apns-worker" tokens list "$user" --json --full-tokens | grep -q "$live" \
                 || { log "examples ($language): the registration did not reach the token cache"; exit 1; }
             [ "$(redis-cli -u "$REDIS_URL" GET "apns:timezone:$user")" = Europe/Paris ] \
                 || { log "examples ($language): the registration's time zone was not kept"; exit 1; }
