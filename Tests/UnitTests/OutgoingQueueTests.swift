@@ -6,17 +6,6 @@ import Testing
 @Suite struct OutgoingQueueTests {
     static let now = 1_800_000_000.0
 
-    /// A job of `tokens` direct tokens, its deadline (UNIX seconds) `deadline` if any.
-    static func job(_ id: String, tokens: Int, deadline: Int64? = nil) throws -> JobProgress {
-        let list = (0..<tokens).map { "\"" + String(format: "%064x", 0xCD_0000 + $0) + "\"" }.joined(separator: ",")
-        let deadlineMember = deadline.map { #","deadline":\#($0)"# } ?? ""
-        let body = #"{"id":"\#(id)","tokens":[\#(list)]\#(deadlineMember),"payload":{"aps":{}}}"#
-        let job = try PushJob.decode(Array(body.utf8), defaultTopic: "com.example.app", fallbackID: "-")
-        let delivery = JobDelivery(tag: 1, redelivered: false, body: Array(body.utf8), properties: MessageProperties())
-        let targets = job.tokens.map { DeviceTarget(token: $0, environment: .production, user: nil) }
-        return JobProgress(job: job, delivery: delivery, generation: 1, targets: targets, hasStableID: true)
-    }
-
     static func names(_ entries: some Collection<QueuedNotification>) -> [String] {
         entries.map { "\($0.progress.job.id)/\($0.index)" }
     }
@@ -25,14 +14,14 @@ import Testing
     /// order, before what was queued since.
     @Test func entriesPutBackAfterTakingTheWholeQueueComeFirstInOrder() throws {
         var queue = OutgoingQueue()
-        queue.append(try Self.job("a", tokens: 2), count: 2)
-        queue.append(try Self.job("b", tokens: 1), count: 1)
+        queue.append(try ProgressTrackerTests.jobUnderWay("a", tokens: 2), count: 2)
+        queue.append(try ProgressTrackerTests.jobUnderWay("b", tokens: 1), count: 1)
         let taken = queue.take(upTo: 10, liveAt: Self.now)
         #expect(Self.names(taken.live) == ["a/0", "a/1", "b/0"])
         #expect(taken.expired.isEmpty && queue.isEmpty)
 
         queue.putBack(taken.live[1...])
-        queue.append(try Self.job("c", tokens: 1), count: 1)
+        queue.append(try ProgressTrackerTests.jobUnderWay("c", tokens: 1), count: 1)
         #expect(queue.count == 3)
         #expect(Self.names(queue.take(upTo: 10, liveAt: Self.now).live) == ["a/1", "b/0", "c/0"])
     }
@@ -40,18 +29,21 @@ import Testing
     /// Taking part of the queue, then putting some back, keeps the queue's order too.
     @Test func entriesPutBackAfterTakingPartOfTheQueueComeFirstInOrder() throws {
         var queue = OutgoingQueue()
-        queue.append(try Self.job("a", tokens: 4), count: 4)
+        queue.append(try ProgressTrackerTests.jobUnderWay("a", tokens: 4), count: 4)
         let taken = queue.take(upTo: 3, liveAt: Self.now)
         #expect(Self.names(taken.live) == ["a/0", "a/1", "a/2"])
         queue.putBack(taken.live[2...])
         #expect(Self.names(queue.take(upTo: 10, liveAt: Self.now).live) == ["a/2", "a/3"])
     }
 
-    /// A job whose deadline has passed is taken out as expired, whether the queue is taken whole or not.
+    /// A job whose deadline has passed is taken out as expired, also where the take asks for the whole queue (whose
+    /// storage it would otherwise hand over).
     @Test func entriesOfAJobPastItsDeadlineAreTakenAsExpired() throws {
+        let late = try ProgressTrackerTests.jobUnderWay("late", tokens: 1, deadline: Int64(Self.now) - 1)
+        let onTime = try ProgressTrackerTests.jobUnderWay("on-time", tokens: 1, deadline: Int64(Self.now) + 60)
         var queue = OutgoingQueue()
-        queue.append(try Self.job("late", tokens: 1, deadline: Int64(Self.now) - 1), count: 1)
-        queue.append(try Self.job("on-time", tokens: 1, deadline: Int64(Self.now) + 60), count: 1)
+        queue.append(late, count: 1)
+        queue.append(onTime, count: 1)
         let taken = queue.take(upTo: 10, liveAt: Self.now)
         #expect(Self.names(taken.live) == ["on-time/0"])
         #expect(Self.names(taken.expired) == ["late/0"])

@@ -5,9 +5,12 @@ import Testing
 @testable import WorkerPipeline
 
 @Suite struct ProgressTrackerTests {
-    static func largeJob(_ id: String, tokens: Int) throws -> JobProgress {
+    /// A job of `tokens` direct tokens under way, its deadline (UNIX seconds) `deadline` if any (`OutgoingQueueTests`
+    /// too).
+    static func jobUnderWay(_ id: String, tokens: Int, deadline: Int64? = nil) throws -> JobProgress {
         let list = (0..<tokens).map { "\"" + String(format: "%064x", 0xAB_0000 + $0) + "\"" }.joined(separator: ",")
-        let body = #"{"id":"\#(id)","tokens":[\#(list)],"payload":{"aps":{}}}"#
+        let deadlineMember = deadline.map { #","deadline":\#($0)"# } ?? ""
+        let body = #"{"id":"\#(id)","tokens":[\#(list)]\#(deadlineMember),"payload":{"aps":{}}}"#
         let job = try PushJob.decode(Array(body.utf8), defaultTopic: "com.example.app", fallbackID: "-")
         let delivery = JobDelivery(tag: 1, redelivered: false, body: Array(body.utf8), properties: MessageProperties())
         let targets = job.tokens.map { DeviceTarget(token: $0, environment: .production, user: nil) }
@@ -21,7 +24,7 @@ import Testing
     /// A large job's answers reach the fleet's record as they come, each report saying what came since the last, and
     /// the report of its last answer what is left: the reports add up to the job's outcomes, once each.
     @Test func aLargeJobsAnswersAreReportedAsTheyComeAndAddUpOnce() throws {
-        let progress = try Self.largeJob("large-1", tokens: 1_000)
+        let progress = try Self.jobUnderWay("large-1", tokens: 1_000)
         var tracker = ProgressTracker()
         tracker.resolved(progress)
         var start = Date(timeIntervalSince1970: 1_800_000_000)
@@ -47,7 +50,7 @@ import Testing
 
     /// A job below the size whose progress is kept is neither followed nor reported.
     @Test func aSmallJobIsNotFollowed() throws {
-        let progress = try Self.largeJob("small-1", tokens: 999)
+        let progress = try Self.jobUnderWay("small-1", tokens: 999)
         var tracker = ProgressTracker()
         tracker.resolved(progress)
         progress.recordDelivered(0)
