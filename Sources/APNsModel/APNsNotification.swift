@@ -23,14 +23,20 @@ public struct APNsNotification: Sendable {
 
     @usableFromInline
     struct Message: Sendable {
+        // `Optional<T>`, not `T?`, as in `APNsResponse`: a `var` written `T?` is nil before the initializer sets it,
+        // and building a message then copied it whole and destroyed the first (three reference counts each way).
         @usableFromInline var topic: String
         @usableFromInline var pushType: APNsPushType
         @usableFromInline var priority: APNsPriority
-        @usableFromInline var expiration: Int64?
-        @usableFromInline var collapseID: String?
-        @usableFromInline var apnsID: String?
+        // swift-format-ignore: UseShorthandTypeNames
+        @usableFromInline var expiration: Optional<Int64>
+        // swift-format-ignore: UseShorthandTypeNames
+        @usableFromInline var collapseID: Optional<String>
+        // swift-format-ignore: UseShorthandTypeNames
+        @usableFromInline var apnsID: Optional<String>
         @usableFromInline var payload: [UInt8]
-        @usableFromInline var sendBy: Int64?
+        // swift-format-ignore: UseShorthandTypeNames
+        @usableFromInline var sendBy: Optional<Int64>
 
         @inlinable
         init(
