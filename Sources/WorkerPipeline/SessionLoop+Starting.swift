@@ -36,10 +36,13 @@ extension SessionLoop {
     /// Counts the jobs taken from each lane, and how long they had waited there (from their timestamp).
     func note(taken batch: [JobDelivery]) {
         let now = Date().timeIntervalSince1970
+        // Each counter taken once for the batch: taken in the loop, each was counted on and off for every job.
+        let jobsTaken = statistics.jobsTaken
+        let longestWait = statistics.longestWait
         for delivery in batch {
-            statistics.jobsTaken.add(delivery.lane, 1)
+            jobsTaken.add(delivery.lane, 1)
             if let published = delivery.properties.timestamp {
-                statistics.longestWait.raise(delivery.lane, to: Int(max(0, (now - Double(published)) * 1000)))
+                longestWait.raise(delivery.lane, to: Int(max(0, (now - Double(published)) * 1000)))
             }
         }
     }

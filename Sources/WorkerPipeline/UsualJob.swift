@@ -29,7 +29,10 @@ extension PushJob {
         guard body.count <= limits.maximumMessageSize, limits.maximumDepth >= 2 else { return nil }
         return body.withUnsafeBufferPointer { bytes -> PushJob? in
             var scanner = UsualJobScanner(bytes: bytes)
-            guard let members = scanner.members(maximumDepth: limits.maximumDepth) else { return nil }
+            // Read into a value here rather than returned as an optional: an optional of them was destroyed through
+            // the runtime's generic functions, for every job.
+            var members = UsualMembers()
+            guard scanner.read(into: &members, maximumDepth: limits.maximumDepth) else { return nil }
             // A rule it breaks leaves the job to the member-by-member reading, which tells the reason.
             return try? members.job(body, defaultTopic: defaultTopic, fallbackID: fallbackID, limits: limits)
         }
@@ -71,10 +74,10 @@ private struct UsualJobScanner {
         case payload
     }
 
-    mutating func members(maximumDepth: Int) -> UsualMembers? {
+    /// Reads the whole body into `members`; false for anything outside the usual shape (`members` then partly read).
+    mutating func read(into members: inout UsualMembers, maximumDepth: Int) -> Bool {
         skipWhitespace()
-        guard take(UInt8(ascii: "{")) else { return nil }
-        var members = UsualMembers()
+        guard take(UInt8(ascii: "{")) else { return false }
         var seen = 0
         skipWhitespace()
         if !take(UInt8(ascii: "}")) {
@@ -82,18 +85,18 @@ private struct UsualJobScanner {
                 skipWhitespace()
                 guard let name = plainString(), let member = Self.member(named: name),
                     seen & (1 << member.rawValue) == 0
-                else { return nil }
+                else { return false }
                 seen |= 1 << member.rawValue
                 skipWhitespace()
-                guard take(UInt8(ascii: ":")) else { return nil }
+                guard take(UInt8(ascii: ":")) else { return false }
                 skipWhitespace()
-                guard read(member, into: &members, maximumDepth: maximumDepth) else { return nil }
+                guard read(member, into: &members, maximumDepth: maximumDepth) else { return false }
                 skipWhitespace()
             } while take(UInt8(ascii: ","))
-            guard take(UInt8(ascii: "}")) else { return nil }
+            guard take(UInt8(ascii: "}")) else { return false }
         }
         skipWhitespace()
-        return position == bytes.count ? members : nil
+        return position == bytes.count
     }
 
     private mutating func read(_ member: Member, into members: inout UsualMembers, maximumDepth: Int) -> Bool {
