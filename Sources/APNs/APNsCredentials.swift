@@ -17,6 +17,9 @@ public final class APNsCredential: Sendable, CustomStringConvertible {
     /// What makes two readings of a credential the same credential: the SHA-256 of what it is made of (never the
     /// key's bytes themselves, which stay in the key file and the signer).
     public let fingerprint: [UInt8]
+    /// The fingerprint's first eight bytes in lower-case hex: how the fleet's shared provider tokens name the key
+    /// that signed them (made once: they are looked at every few seconds).
+    public let shortFingerprint: String
     /// When a client certificate expires (certificate authentication only).
     public let certificateExpiry: Date?
 
@@ -28,7 +31,9 @@ public final class APNsCredential: Sendable, CustomStringConvertible {
         self.authentication = authentication
         self.bundles = bundles
         self.rateLimit = rateLimit
-        self.fingerprint = Self.sha256(material)
+        let fingerprint = Self.sha256(material)
+        self.fingerprint = fingerprint
+        shortFingerprint = fingerprint.prefix(8).map { String(format: "%02x", $0) }.joined()
         self.certificateExpiry = certificateExpiry
     }
 

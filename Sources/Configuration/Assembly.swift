@@ -26,7 +26,7 @@ extension WorkerConfiguration {
         let providerTokens = FleetProviderTokens(redis, logger: logger.child("provider-tokens")) {
             sender.currentCredentials.all.compactMap { credential in
                 guard case .token(let provider) = credential.authentication else { return nil }
-                return (provider, credential.fingerprint.prefix(8).map { String(format: "%02x", $0) }.joined())
+                return (provider, credential.shortFingerprint)
             }
         }
         return ReloadableWorker(worker: worker, sender: sender, providerTokens: providerTokens, logger: logger) {
