@@ -148,6 +148,32 @@ extension SessionLoop {
         return (decisions, plans, publications)
     }
 
+    /// Counts each settled job (`confirmed`, indices in `finished`) and tells the progress tracker and the jobs under
+    /// way; gathers, in this one pass over them, what settling them needs next: their delivery tags, the history keys
+    /// of those delivered before, and the names of those with a stable id (a pass each counted every job and its
+    /// delivery on and off again).
+    private func noteSettled(
+        _ confirmed: [Int], of finished: [JobProgress], decisions: [RetryPolicy.Decision], plans: [SettlementPlan?]
+    ) -> (tags: [UInt64], settledAgain: [String], settledNames: [String]) {
+        var tags: [UInt64] = []
+        tags.reserveCapacity(confirmed.count)
+        var settledAgain: [String] = []
+        var settledNames: [String] = []
+        for index in confirmed {
+            let progress = finished[index]
+            count(settled: progress, decisions[index], parkedReason: plans[index]?.parkedReason)
+            progressTracker.settled(
+                progress, decisions[index],
+                cancelledAt: progress.cancelled > 0 ? cancellations.cancelledAt(of: progress) : nil)
+            let delivery = progress.delivery
+            underWay.settled(delivery.tag)
+            tags.append(delivery.tag)
+            if delivery.redelivered { settledAgain.append(DeliveryTriage.historyKey(delivery)) }
+            if progress.hasStableID { settledNames.append(Self.settledName(progress.job, delivery)) }
+        }
+        return (tags, settledAgain, settledNames)
+    }
+
     private func settle(_ finished: [JobProgress], acknowledged: inout Bool) throws -> Int {
         try weighMismatches(finished.filter { !$0.guardApplied })
         let (decisions, plans, publications) = self.plans(finished)
@@ -185,26 +211,16 @@ extension SessionLoop {
             // Not acknowledged, they go back with the session; their answers wait in the worker for the store.
             try? record(refused.compactMap(settledOutcomes))
         }
-        for index in confirmed {
-            let progress = finished[index]
-            count(settled: progress, decisions[index], parkedReason: plans[index]?.parkedReason)
-            progressTracker.settled(
-                progress, decisions[index],
-                cancelledAt: progress.cancelled > 0 ? cancellations.cancelledAt(of: progress) : nil)
-            underWay.settled(progress.delivery.tag)
-        }
-        try session.broker.acknowledge(confirmed.map { finished[$0].delivery.tag })
+        let (tags, settledAgain, settledNames) = noteSettled(
+            confirmed, of: finished, decisions: decisions, plans: plans)
+        try session.broker.acknowledge(tags)
         acknowledged = true
         forgetUnwrittenOutcomes(ofSettled: confirmed.lazy.map { finished[$0].job.id })
         if let storeLost { throw storeLost }
-        let settledAgain = confirmed.lazy.map { finished[$0].delivery }.filter(\.redelivered).map(
-            DeliveryTriage.historyKey)
-        if !settledAgain.isEmpty { try session.record.clearRunning(Array(settledAgain)) }
+        if !settledAgain.isEmpty { try session.record.clearRunning(settledAgain) }
         // After the acknowledgement (a Redis failure before it would redeliver the job, summary and all): which jobs
         // settled, so that a copy its publisher made after a failover sends nothing.
-        for index in confirmed where finished[index].hasStableID {
-            settledUnshared.append(Self.settledName(finished[index].job, finished[index].delivery))
-        }
+        settledUnshared += settledNames
         try shareSettled()
         return confirmed.count
     }
