@@ -16,7 +16,7 @@ final class JobProgress: @unchecked Sendable {
     let delivery: JobDelivery
     /// The broker connection the delivery came on: an ack on a newer connection would be meaningless.
     let generation: Int
-    let targets: [DeviceTarget]
+    let targets: DeviceTargets
     /// Notifications of the whole job: its targets, or for a job resolved in pieces (`JobAssembly`), all its parts'.
     private(set) var notificationCount: Int
     private(set) var remaining: Int
@@ -115,7 +115,13 @@ final class JobProgress: @unchecked Sendable {
     /// record of what was already sent can be kept for it.
     let hasStableID: Bool
 
-    init(job: PushJob, delivery: JobDelivery, generation: Int, targets: [DeviceTarget], hasStableID: Bool) {
+    convenience init(job: PushJob, delivery: JobDelivery, generation: Int, targets: [DeviceTarget], hasStableID: Bool) {
+        self.init(
+            job: job, delivery: delivery, generation: generation, targets: DeviceTargets(targets),
+            hasStableID: hasStableID)
+    }
+
+    init(job: PushJob, delivery: JobDelivery, generation: Int, targets: DeviceTargets, hasStableID: Bool) {
         self.hasStableID = hasStableID
         self.job = job
         self.delivery = delivery

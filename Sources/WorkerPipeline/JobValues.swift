@@ -74,3 +74,18 @@ extension PushJob {
         }
     }
 }
+
+extension PushJob {
+    /// A job id as an AMQP short string (a correlation id, a message-id) of at most 255 bytes: a longer id (ids have
+    /// no limit) is cut, with a hash of the whole, so that two stay two. Whole, it could not be published, and the
+    /// session that tried ended, over and over.
+    public static func shortString(of jobID: String) -> String {
+        guard jobID.utf8.count > 255 else { return jobID }
+        var cut = ""
+        for scalar in jobID.unicodeScalars {
+            guard cut.utf8.count + scalar.utf8.count <= 238 else { break }
+            cut.unicodeScalars.append(scalar)
+        }
+        return cut + "~" + DeliveryTriage.fingerprint(Array(jobID.utf8))
+    }
+}

@@ -60,19 +60,6 @@ public struct PushJob: Sendable, Equatable {
                 deadline: sending.deadline, sendAt: sending.sendAt, payload: payload))
     }
 
-    /// A job id as an AMQP short string (a correlation id, a message-id) of at most 255 bytes: a longer id (ids have
-    /// no limit) is cut, with a hash of the whole, so that two stay two. Whole, it could not be published, and the
-    /// session that tried ended, over and over.
-    public static func shortString(of jobID: String) -> String {
-        guard jobID.utf8.count > 255 else { return jobID }
-        var cut = ""
-        for scalar in jobID.unicodeScalars {
-            guard cut.utf8.count + scalar.utf8.count <= 238 else { break }
-            cut.unicodeScalars.append(scalar)
-        }
-        return cut + "~" + DeliveryTriage.fingerprint(Array(jobID.utf8))
-    }
-
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
         lhs.shared.isSameBox(as: rhs.shared) || lhs.shared.members == rhs.shared.members
     }
@@ -84,6 +71,8 @@ public struct PushJob: Sendable, Equatable {
     public var topic: String { shared.members.topic }
     public var users: [String] { shared.members.users }
     public var tokens: [String] { shared.members.tokens }
+    /// `tokens[index]`, read where the job holds them (`tokens` makes a copy of the array).
+    func token(at index: Int) -> String { shared.members.tokens[index] }
 
     /// The Live Activity whose update tokens the job reaches, if its kind names one.
     public var activity: String? {

@@ -156,10 +156,10 @@ extension SessionLoop {
             underWay.started(delivery, jobID: job.id)
             let settled = lookup.settled[job.id]
             let large = PreparedBatch.isLarge(job, usersPerPiece: core.settings.usersPerPiece)
-            var targets: [DeviceTarget] = []
+            var targets = DeviceTargets([])
             if !large {
                 let skipped: Int
-                (targets, skipped) = resolver.targets(
+                (targets, skipped) = resolver.deviceTargets(
                     of: job, resolved: resolved.tokens,
                     activityTokens: job.activity.flatMap { prepared.activities.tokens[$0] } ?? [],
                     alreadySettled: settled?.tokens ?? [])

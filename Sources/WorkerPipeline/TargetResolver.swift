@@ -39,6 +39,22 @@ public struct TargetResolver: Sendable, Equatable {
         jobs.filter { Self.mayRepeat($0.delivery) && Self.hasStableID($0.job, $0.delivery) }.map(\.job.id)
     }
 
+    /// A job's targets, as `targets(of:resolved:activityTokens:alreadySettled:)` makes them; a job that reaches only
+    /// its own tokens, each once, and none already settled, keeps them as they are (`DeviceTargets`).
+    public func deviceTargets(
+        of job: PushJob, resolved: ResolvedTokens, activityTokens: ArraySlice<CachedToken> = [],
+        alreadySettled: Set<String> = []
+    ) -> (targets: DeviceTargets, skipped: Int) {
+        if job.users.isEmpty && job.retryTargets == nil && activityTokens.isEmpty && alreadySettled.isEmpty
+            && !Self.mayHoldOneTokenTwice(job.tokens)
+        {
+            return (DeviceTargets(ownTokensOf: job), 0)
+        }
+        let (targets, skipped) = targets(
+            of: job, resolved: resolved, activityTokens: activityTokens, alreadySettled: alreadySettled)
+        return (DeviceTargets(targets), skipped)
+    }
+
     /// A job's targets, and how many were skipped as already settled by an earlier delivery.
     /// `activityTokens`: the update tokens of the Live Activity the job addresses, if it does; those that serve the
     /// job's topic are reached (with no user: a dead one leaves with its activity, not from a user's cache).
@@ -81,29 +97,29 @@ public struct TargetResolver: Sendable, Equatable {
         // device once, and a word per target in a table on the stack costs a fraction of a set insertion each. The
         // set hashes whole tokens, so that tokens made alike in their sampled words cost it no more than any others.
         let targets = collect(job, users: job.users[...], withOwnTokens: true, resolved: resolved) { _ in true }
-        guard Self.mayHoldOneTokenTwice(targets) else { return targets }
+        guard Self.mayHoldOneTokenTwice(targets.lazy.map(\.token)) else { return targets }
         var seen = Set<String>(minimumCapacity: targets.count)
         return targets.filter { seen.insert($0.token).inserted }
     }
 
-    /// Whether two of `targets` may have one token: two of their tokens' keys (`tokenKey`) are equal. Equal tokens
+    /// Whether two of `tokens` may be one token: two of their keys (`tokenKey`) are equal. Equal tokens
     /// always have equal keys; different tokens almost never do, and when they do (by chance, or made to), comparing
     /// the tokens whole tells them apart.
     ///
     /// The keys go into an open-addressed table of at least twice their number (a power of two), a key's slot taken
     /// from the top bits of its product with an odd constant (Fibonacci hashing: a short token's key, its bytes as
     /// they are, is spread as well as a long one's) and the next free slot after it on a collision: no allocation for
-    /// a job's targets, one probe or two per key.
-    static func mayHoldOneTokenTwice(_ targets: [DeviceTarget]) -> Bool {
-        guard targets.count > 1 else { return false }
-        let slots = 1 << (Int.bitWidth - (targets.count * 2 - 1).leadingZeroBitCount)
+    /// a job's tokens, one probe or two per key.
+    static func mayHoldOneTokenTwice(_ tokens: some Collection<String>) -> Bool {
+        guard tokens.count > 1 else { return false }
+        let slots = 1 << (Int.bitWidth - (tokens.count * 2 - 1).leadingZeroBitCount)
         let shift = UInt64(Int.bitWidth - slots.trailingZeroBitCount)
         return withUnsafeTemporaryAllocation(of: UInt64.self, capacity: slots) { table in
             // Zero marks a free slot; a key's lowest bit is set, so that none is zero (two keys that differ only there
             // are taken for equal: the whole tokens are compared then).
             table.initialize(repeating: 0)
-            for target in targets {
-                let key = tokenKey(target.token) | 1
+            for token in tokens {
+                let key = tokenKey(token) | 1
                 var slot = Int(truncatingIfNeeded: (key &* 0x9E37_79B9_7F4A_7C15) >> shift)
                 while table[slot] != 0 {
                     if table[slot] == key { return true }

@@ -120,6 +120,33 @@ import WorkerPipeline
         #expect(reached.targets == [target])
     }
 
+    /// What the pipeline keeps for a job (`deviceTargets`) is what `targets` reaches, whether the job's own tokens are
+    /// kept as they are (its own tokens alone, each once, none settled) or made into targets.
+    @Test func theTargetsKeptForAJobAreTheOnesItReaches() throws {
+        let resolved: ResolvedTokens = [
+            "alice": [CachedToken(token: Self.token(3), scope: TokenScope(environment: .production))]
+        ]
+        let sandbox = try PushJob.decode(
+            Array(#"{"id":"s","environment":"sandbox","tokens":["\#(Self.token(1))"],"payload":{"aps":{}}}"#.utf8),
+            defaultTopic: Self.topic, fallbackID: "-")
+        let cases: [(job: PushJob, settled: Set<String>)] = [
+            (try job(tokens: [Self.token(1)]), []), (sandbox, []),
+            (try job(tokens: [Self.token(1), Self.token(2)]), []),
+            (try job(tokens: [Self.token(1), Self.token(2), Self.token(1)]), []),
+            (try job(users: ["alice"], tokens: [Self.token(1)]), []),
+            (try job(tokens: [Self.token(1), Self.token(2)]), [Self.token(1)])
+        ]
+        for (job, settled) in cases {
+            let kept = resolver.deviceTargets(of: job, resolved: resolved, alreadySettled: settled)
+            let reached = resolver.targets(of: job, resolved: resolved, alreadySettled: settled)
+            #expect(Array(kept.targets) == reached.targets, "tokens \(job.tokens), users \(job.users)")
+            #expect(kept.skipped == reached.skipped)
+        }
+        #expect(
+            Array(resolver.deviceTargets(of: sandbox, resolved: [:]).targets)
+                == [DeviceTarget(token: Self.token(1), environment: .sandbox, user: nil)])
+    }
+
     @Test func onlyRedeliveredJobsWithAStableIDAreLookedUp() throws {
         let named = try job(tokens: [Self.token(1)])
         // The same job without an id of its own: named by the fallback its delivery gave it.
