@@ -24,7 +24,8 @@ public struct APNsNotification: Sendable {
     @usableFromInline
     struct Message: Sendable {
         // `Optional<T>`, not `T?`, as in `APNsResponse`: a `var` written `T?` is nil before the initializer sets it,
-        // and building a message then copied it whole and destroyed the first (three reference counts each way).
+        // and building a message then copied it whole and destroyed the first (a reference count each way for each of
+        // its strings and arrays).
         @usableFromInline var topic: String
         @usableFromInline var pushType: APNsPushType
         @usableFromInline var priority: APNsPriority

@@ -208,9 +208,10 @@ public final class FleetProviderTokens: ProviderTokenFleet, @unchecked Sendable 
             throw RedisError(kind: .server, "reading the provider token: \(message)")
         }
         // The project's own reader: Foundation's, with its casts, cost about as much as a few hundred jobs each time
-        // the token was looked at.
+        // the token was looked at. A record this reader refuses (a repeated key, not JSON) is none: a fresh token is
+        // minted under the lease, as for a missing one.
         guard let text = reply.text,
-            let object = try? JSONReader.parse(Array(text.utf8), maximumDepth: 2, allowsDuplicateKeys: true),
+            let object = try? JSONReader.parse(Array(text.utf8), maximumDepth: 8, allowsDuplicateKeys: false),
             case .string(let token)? = object["token"], case .number(let iat)? = object["iat"],
             let issuedAt = Int64(iat) ?? Double(iat).flatMap({ Int64(exactly: $0.rounded(.down)) }),
             case .string(let fingerprint)? = object["key"], fingerprint == key.fingerprint

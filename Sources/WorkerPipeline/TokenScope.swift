@@ -10,8 +10,9 @@ import APNsModel
 /// the tokens of another kind or another app.
 public struct TokenScope: Sendable, Hashable, CustomStringConvertible {
     public var environment: APNsEnvironment
-    /// nil: the default app's device token (a plain `production` or `sandbox` value). `Optional<String>`, not
-    /// `String?` (as in `DeviceTarget`): made for every cached token, a scope was otherwise built twice.
+    /// nil: the default app's device token (a plain `production` or `sandbox` value).
+    // `Optional<String>`, not `String?` (as in `DeviceTarget`): made for every cached token, a scope was otherwise
+    // built twice, one copy destroyed.
     // swift-format-ignore: UseShorthandTypeNames
     public var topic: Optional<String>
 
