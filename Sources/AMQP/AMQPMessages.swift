@@ -57,19 +57,13 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
 
 /// Message properties the worker reads and writes.
 public struct AMQPProperties: Sendable, Equatable {
-    // `Optional<T>`, not `T?`: a `var` written `T?` is nil before an initializer sets it, and making the properties of a
-    // delivery then copied them whole and destroyed the first copy (a reference count each way for each string).
-    // swift-format-ignore: UseShorthandTypeNames
+    // Optional fields spelled `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
     public var contentType: Optional<String>
-    // swift-format-ignore: UseShorthandTypeNames
     public var replyTo: Optional<String>
-    // swift-format-ignore: UseShorthandTypeNames
     public var correlationID: Optional<String>
-    // swift-format-ignore: UseShorthandTypeNames
     public var messageID: Optional<String>
     public var persistent: Bool
     /// When the message was published, UNIX seconds (the AMQP timestamp property).
-    // swift-format-ignore: UseShorthandTypeNames
     public var timestamp: Optional<Int64>
     /// Headers whose values are UTF-8 text (AMQP long strings). When one is named in `otherHeaders` too, it is what
     /// is published.
@@ -78,11 +72,9 @@ public struct AMQPProperties: Sendable, Equatable {
     public var otherHeaders: [AMQPEncodedHeader]
     /// How many times the broker delivered this message before (quorum queues say so in the integer header
     /// `x-delivery-count`); nil when the broker does not count. Read only: never published.
-    // swift-format-ignore: UseShorthandTypeNames
     public var deliveryCount: Optional<Int>
     /// The rest of what a publisher may say of a message, read and published as they are; nil when it said none of
     /// it (most messages), so that the properties every delivery carries stay small.
-    // swift-format-ignore: UseShorthandTypeNames
     public var more: Optional<AMQPMoreProperties>
 
     /// Whether a header of this name came with the message, of whatever type.

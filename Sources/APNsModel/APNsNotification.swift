@@ -23,20 +23,14 @@ public struct APNsNotification: Sendable {
 
     @usableFromInline
     struct Message: Sendable {
-        // `Optional<T>`, not `T?`, as in `APNsResponse`: a `var` written `T?` is nil before the initializer sets it,
-        // and building a message then copied it whole and destroyed the first (a reference count each way for each of
-        // its strings and arrays).
+        // Optional fields spelled `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
         @usableFromInline var topic: String
         @usableFromInline var pushType: APNsPushType
         @usableFromInline var priority: APNsPriority
-        // swift-format-ignore: UseShorthandTypeNames
         @usableFromInline var expiration: Optional<Int64>
-        // swift-format-ignore: UseShorthandTypeNames
         @usableFromInline var collapseID: Optional<String>
-        // swift-format-ignore: UseShorthandTypeNames
         @usableFromInline var apnsID: Optional<String>
         @usableFromInline var payload: [UInt8]
-        // swift-format-ignore: UseShorthandTypeNames
         @usableFromInline var sendBy: Optional<Int64>
 
         @inlinable

@@ -21,13 +21,9 @@ public struct APNsResponse: Sendable, Equatable {
         get { givenUniqueID ?? fields?.value("apns-unique-id") }
         set { givenUniqueID = newValue }
     }
-    // The optional fields are written `Optional<T>`, not `T?`, in the types made for every job and every answer: a
-    // `var` written `T?` is nil before an initializer sets it, and setting it there then made the optimizer build the
-    // whole value twice, copying one and destroying the other (a reference count each way for each field).
-    // swift-format-ignore: UseShorthandTypeNames
+    // Optional fields spelled `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
     public var reason: Optional<APNsReason>
     /// With 410: milliseconds since the epoch at which APNs learned the token is no longer valid for the topic.
-    // swift-format-ignore: UseShorthandTypeNames
     public var timestamp: Optional<Int64>
     /// The answer header fields an `APNsResponse` reads: a transport need keep no other.
     public static let headerNames = ["apns-id", "apns-unique-id"]
@@ -35,9 +31,7 @@ public struct APNsResponse: Sendable, Equatable {
     /// (`APNsClientConfiguration.keepsDeliveredAPNsID`): broadcasts' and development answers' apns-unique-id.
     public static let successHeaderNamesWithoutAPNsID = ["apns-unique-id"]
 
-    // swift-format-ignore: UseShorthandTypeNames
     private var givenAPNsID: Optional<String>
-    // swift-format-ignore: UseShorthandTypeNames
     private var givenUniqueID: Optional<String>
     /// A constant, initialized once in each initializer: assigned after a delegated initializer had made it nil, the
     /// optional existential went through the runtime's generic move, for every answer.

@@ -7,21 +7,15 @@ import APNsModel
 /// them then stays within the 120 bytes that glibc serves from its fast bins (`AllocationSizeTests` holds it): one
 /// of the few objects every job allocates, many at a time.
 public struct MessageProperties: Sendable, Equatable {
-    // `Optional<T>`, not `T?` (as in `AMQPProperties`): a `var` written `T?` is nil before an initializer sets it, and
-    // making a job's properties then copied them whole and destroyed the first copy.
-    // swift-format-ignore: UseShorthandTypeNames
+    // Optional fields spelled `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
     public var replyTo: Optional<String>
-    // swift-format-ignore: UseShorthandTypeNames
     public var correlationID: Optional<String>
-    // swift-format-ignore: UseShorthandTypeNames
     public var messageID: Optional<String>
     /// When the message was published (UNIX seconds), if its publisher said so: how long a job waited in its lane.
-    // swift-format-ignore: UseShorthandTypeNames
     public var timestamp: Optional<Int64>
     public var persistent: Bool
     /// `deliveryCount`, in the bytes the timestamp and the flag leave before the next word (clamped: what is
     /// compared with it is WORKER_MAX_DELIVERIES, at most 1,000).
-    // swift-format-ignore: UseShorthandTypeNames
     @usableFromInline var deliveryCountStored: Optional<Int16>
     public var headers: MessageHeaders
     /// Deliveries of this message before this one, when the broker counts them (quorum queues); never published.
@@ -33,7 +27,6 @@ public struct MessageProperties: Sendable, Equatable {
     /// retry, a parked copy, a part, a copy waiting for Redis); nil for most messages, whose content type is
     /// `application/json` or none (and which go out as `application/json`, as the worker's own messages do). In a
     /// box: a job's delivery stays within the allocator's fast bins (`AllocationSizeTests`).
-    // swift-format-ignore: UseShorthandTypeNames
     public var publisherProperties: Optional<PublisherProperties>
 
     /// The message-id as a job's id: none when it is empty, which any number of unrelated messages may carry.

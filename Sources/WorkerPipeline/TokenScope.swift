@@ -11,9 +11,7 @@ import APNsModel
 public struct TokenScope: Sendable, Hashable, CustomStringConvertible {
     public var environment: APNsEnvironment
     /// nil: the default app's device token (a plain `production` or `sandbox` value).
-    // `Optional<String>`, not `String?` (as in `DeviceTarget`): made for every cached token, a scope was otherwise
-    // built twice, one copy destroyed.
-    // swift-format-ignore: UseShorthandTypeNames
+    // `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
     public var topic: Optional<String>
 
     public init(environment: APNsEnvironment, topic: String? = nil) {

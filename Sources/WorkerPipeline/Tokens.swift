@@ -5,9 +5,7 @@ public struct DeviceTarget: Sendable, Equatable {
     public var token: String
     public var environment: APNsEnvironment
     /// nil for tokens a job named directly.
-    // `Optional<String>`, not `String?` (as in `MessageProperties`): a `var` written `T?` is nil before the
-    // initializer sets it, and a target, made for every notification, was then built twice, one copy destroyed.
-    // swift-format-ignore: UseShorthandTypeNames
+    // `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
     public var user: Optional<String>
 
     public init(token: String, environment: APNsEnvironment, user: String?) {
