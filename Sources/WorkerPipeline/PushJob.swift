@@ -405,10 +405,10 @@ public struct PushJob: Sendable, Equatable {
         }
     }
 
-    /// Returns whether every token is canonical already (lower-case).
+    /// Returns whether every token is canonical already (lower-case). `tokensChecked`: the caller found every token
+    /// valid and lower-case as it read them (`PushJob.decodeUsual`).
     static func checkTargets(
-        users: [String], tokens: [String], retrying: Bool,
-        limits: Limits
+        users: [String], tokens: [String], retrying: Bool, limits: Limits, tokensChecked: Bool = false
     ) throws(JobError) -> Bool {
         guard !users.isEmpty || !tokens.isEmpty || retrying else { throw .noTargets }
         guard users.count + tokens.count <= limits.maximumTargets else {
@@ -418,7 +418,7 @@ public struct PushJob: Sendable, Equatable {
             throw .badUser(field: "users[\(index)]")
         }
         var allCanonical = true
-        for (index, token) in tokens.enumerated() {
+        for (index, token) in tokens.enumerated() where !tokensChecked {
             do throws(APNsRequestError) {
                 if try !APNsNotification.validateDeviceToken(token) { allCanonical = false }
             } catch {

@@ -53,7 +53,8 @@ private struct UsualMembers {
         throws(JobError) -> PushJob?
     {
         guard let payload,
-            try PushJob.checkTargets(users: users, tokens: tokens, retrying: false, limits: limits)
+            try PushJob.checkTargets(
+                users: users, tokens: tokens, retrying: false, limits: limits, tokensChecked: true)
         else { return nil }
         let sending = try PushJob.SendingOptions(self.sending, defaultPushType: .alert)
         guard sending.pushType != .liveactivity else { return nil }
@@ -180,25 +181,42 @@ private struct UsualJobScanner {
         plainString().map { String(decoding: $0, as: UTF8.self) }
     }
 
-    /// An array of strings: users as plain strings, tokens up to their closing quote, whatever bytes they hold.
-    /// A token's bytes need no reading of their own: a token must be hex digits (`PushJob.checkTargets`), so one with
-    /// an escape, a control character or a byte beyond ASCII is refused there, and the job left to the other reading.
+    /// An array of strings: users as plain strings, tokens as `token()` reads them. The first string is read alone:
+    /// an array of one (most jobs name one token or one user) is then made at its size, where appending grew one.
     private mutating func strings(tokens: Bool) -> [String]? {
         let start = position
         guard take(UInt8(ascii: "[")) else { return nil }
+        skipWhitespace()
+        if take(UInt8(ascii: "]")) { return [] }
+        guard let first = element(token: tokens) else { return nil }
+        skipWhitespace()
+        if take(UInt8(ascii: "]")) { return [first] }
         var strings: [String] = []
         // Only a count worth reserving: reserving none still costs a call that makes a new empty buffer.
         let leading = JSONBytes.leadingStringCount(bytes, at: start)
         if leading > 0 { strings.reserveCapacity(leading) }
-        skipWhitespace()
-        if take(UInt8(ascii: "]")) { return strings }
-        repeat {
+        strings.append(first)
+        while take(UInt8(ascii: ",")) {
             skipWhitespace()
-            guard let text = tokens ? quoted() : plainString() else { return nil }
-            strings.append(String(decoding: text, as: UTF8.self))
+            guard let next = element(token: tokens) else { return nil }
+            strings.append(next)
             skipWhitespace()
-        } while take(UInt8(ascii: ","))
+        }
         return take(UInt8(ascii: "]")) ? strings : nil
+    }
+
+    private mutating func element(token: Bool) -> String? {
+        guard let text = token ? self.token() : plainString() else { return nil }
+        return String(decoding: text, as: UTF8.self)
+    }
+
+    /// A device token as the project keeps them, lower-case hex (`APNsNotification.scanDeviceToken`), checked here
+    /// on its bytes before a string is made of it, so that the job's checks need not scan it again
+    /// (`PushJob.checkTargets`); nil for any other token, which the member-by-member reading lowers or refuses.
+    private mutating func token() -> UnsafeBufferPointer<UInt8>? {
+        guard let text = quoted() else { return nil }
+        let (valid, hasUpperCase) = APNsNotification.scanDeviceToken(UnsafeRawBufferPointer(text))
+        return valid && !hasUpperCase ? text : nil
     }
 
     /// The bytes up to the next quote, past it (`memchr`: a token's 64 bytes in a few instructions).
