@@ -79,6 +79,16 @@ public struct JSONReader: ~Copyable {
     public static func checkObject(
         in bytes: UnsafeBufferPointer<UInt8>, at offset: Int, depth: Int, maximumDepth: Int
     ) throws(JSONError) -> Int {
+        if let end = JSONQuickCheck.objectEnd(in: bytes, at: offset, depth: depth, maximumDepth: maximumDepth) {
+            return end
+        }
+        return try checkObjectReading(in: bytes, at: offset, depth: depth, maximumDepth: maximumDepth)
+    }
+
+    /// `checkObject` by the reader's general steps: for what `JSONQuickCheck` leaves, and what it is held to.
+    static func checkObjectReading(
+        in bytes: UnsafeBufferPointer<UInt8>, at offset: Int, depth: Int, maximumDepth: Int
+    ) throws(JSONError) -> Int {
         try lending(bytes, maximumDepth: maximumDepth, allowsDuplicateKeys: false) { reader throws(JSONError) in
             guard (0..<bytes.count).contains(offset), bytes[offset] == UInt8(ascii: "{") else {
                 throw reader.error("expected an object")

@@ -1,8 +1,9 @@
 import APNs
 import Foundation
-import JSON
 import Testing
 import WorkerPipeline
+
+@testable import JSON
 
 @Suite struct JSONReaderTests {
     @Test func parsesEscapesAndUnicode() throws {
@@ -66,6 +67,58 @@ import WorkerPipeline
                 Issue.record("parsed: \(parsed), checked: \(checked), duplicate keys allowed: \(allowsDuplicateKeys)")
             }
         }
+    }
+
+    /// `checkObject` checks most payloads in one loop of its own (`JSONQuickCheck`), which must accept only what
+    /// the reader's general steps accept, and end each object where they do: the payloads above and every one-byte
+    /// change to three valid ones, at depths that leave room for them and depths that do not.
+    @Test func theQuickCheckAcceptsOnlyWhatTheReaderAccepts() throws {
+        var documents = Self.payloads.map { Array($0.utf8) }
+        let usual = #"{"aps":{"alert":{"title":"T","body":"B"},"badge":1},"sent_at_us":1765000000000000}"#
+        for payload in Self.payloads.prefix(2) + [usual, #"{"n":[1,{"m":-0.5E+2}],"s":"x y","t":true,"z":null}"#] {
+            let bytes = Array(payload.utf8)
+            for index in bytes.indices {
+                documents.append(Array(bytes[..<index] + bytes[(index + 1)...]))
+                for byte in Array(#""\{}[],:0-e.E +af"#.utf8) + [0x01, 0xC3] where byte != bytes[index] {
+                    var changed = bytes
+                    changed[index] = byte
+                    documents.append(changed)
+                }
+            }
+        }
+        let lead = Array(#"{"payload": "#.utf8)
+        var quick = 0
+        for document in documents {
+            let buffer = lead + document + Array(" }".utf8)
+            buffer.withUnsafeBufferPointer { bytes in
+                for (depth, maximumDepth) in [(2, 32), (2, 4), (3, 4), (1, 1), (2, 1)] {
+                    let text = "\(String(decoding: document, as: UTF8.self)) at depth \(depth) of \(maximumDepth)"
+                    let reader = Result { () throws(JSONError) in
+                        try JSONReader.checkObjectReading(
+                            in: bytes, at: lead.count, depth: depth, maximumDepth: maximumDepth)
+                    }
+                    let checked = Result { () throws(JSONError) in
+                        try JSONReader.checkObject(in: bytes, at: lead.count, depth: depth, maximumDepth: maximumDepth)
+                    }
+                    guard
+                        let end = JSONQuickCheck.objectEnd(
+                            in: bytes, at: lead.count, depth: depth, maximumDepth: maximumDepth)
+                    else {
+                        #expect(checked == reader, "\(text)")
+                        continue
+                    }
+                    quick += 1
+                    #expect(reader == .success(end), "\(text)")
+                    #expect(checked == .success(end), "\(text)")
+                }
+            }
+        }
+        // The payloads jobs carry take the quick loop.
+        #expect(
+            Array(usual.utf8).withUnsafeBufferPointer {
+                JSONQuickCheck.objectEnd(in: $0, at: 0, depth: 2, maximumDepth: 32)
+            } == usual.utf8.count)
+        #expect(quick > 100)
     }
 
     @Test(arguments: payloads)
