@@ -15,26 +15,24 @@ public struct APNsNotification: Sendable {
     /// `scanDeviceToken`, as a job is decoded or a cache entry read): `validate()` does not scan it again, on the
     /// path every notification takes. Made false by `sending(to:environment:)` unless it says otherwise.
     public var deviceTokenChecked: Bool
-    /// Everything but the token and its environment, which a job's notifications have in common: one box that
-    /// notifications made with `sending(to:environment:)` share, copied on write when one of them changes a field. A
-    /// notification is made, put in arrays and copied on its way to its request; each copy then counts two
-    /// references (its token, the box), not one per string and array.
-    @usableFromInline var message: SharedMembers<Message>
+    /// Everything but the token and its environment, which a job's notifications have in common, in a box they
+    /// share (`NotificationMessage`).
+    @usableFromInline var message: NotificationMessage
 
     @usableFromInline
-    struct Message: Sendable {
+    package struct Message: Sendable, Equatable {
         // Optional fields spelled `Optional<T>` (CodeShapeTests.valuesMadePerJobSpellTheirOptionalsOut says why).
-        @usableFromInline var topic: String
-        @usableFromInline var pushType: APNsPushType
-        @usableFromInline var priority: APNsPriority
-        @usableFromInline var expiration: Optional<Int64>
-        @usableFromInline var collapseID: Optional<String>
-        @usableFromInline var apnsID: Optional<String>
-        @usableFromInline var payload: [UInt8]
-        @usableFromInline var sendBy: Optional<Int64>
+        @usableFromInline package var topic: String
+        @usableFromInline package var pushType: APNsPushType
+        @usableFromInline package var priority: APNsPriority
+        @usableFromInline package var expiration: Optional<Int64>
+        @usableFromInline package var collapseID: Optional<String>
+        @usableFromInline package var apnsID: Optional<String>
+        @usableFromInline package var payload: [UInt8]
+        @usableFromInline package var sendBy: Optional<Int64>
 
         @inlinable
-        init(
+        package init(
             topic: String, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?,
             apnsID: String?, payload: [UInt8], sendBy: Int64?
         ) {
@@ -50,41 +48,41 @@ public struct APNsNotification: Sendable {
     }
 
     @inlinable public var topic: String {
-        _read { yield message.members.topic }
-        set { message.change { $0.topic = newValue } }
+        _read { yield message.fields.topic }
+        set { changeMessage { $0.topic = newValue } }
     }
     @inlinable public var pushType: APNsPushType {
-        _read { yield message.members.pushType }
-        set { message.change { $0.pushType = newValue } }
+        _read { yield message.fields.pushType }
+        set { changeMessage { $0.pushType = newValue } }
     }
     @inlinable public var priority: APNsPriority {
-        _read { yield message.members.priority }
-        set { message.change { $0.priority = newValue } }
+        _read { yield message.fields.priority }
+        set { changeMessage { $0.priority = newValue } }
     }
     /// UNIX seconds; 0 means "try once, do not store"; nil leaves storage to Apple.
     @inlinable public var expiration: Int64? {
-        _read { yield message.members.expiration }
-        set { message.change { $0.expiration = newValue } }
+        _read { yield message.fields.expiration }
+        set { changeMessage { $0.expiration = newValue } }
     }
     @inlinable public var collapseID: String? {
-        _read { yield message.members.collapseID }
-        set { message.change { $0.collapseID = newValue } }
+        _read { yield message.fields.collapseID }
+        set { changeMessage { $0.collapseID = newValue } }
     }
     /// Canonical lowercase UUID; APNs makes one when absent.
     @inlinable public var apnsID: String? {
-        _read { yield message.members.apnsID }
-        set { message.change { $0.apnsID = newValue } }
+        _read { yield message.fields.apnsID }
+        set { changeMessage { $0.apnsID = newValue } }
     }
     /// UNIX seconds: not sent once this time has come (a job's `deadline`), however far it got on its way; nil for
     /// none. Not a field of the request: nothing of it reaches APNs.
     @inlinable public var sendBy: Int64? {
-        _read { yield message.members.sendBy }
-        set { message.change { $0.sendBy = newValue } }
+        _read { yield message.fields.sendBy }
+        set { changeMessage { $0.sendBy = newValue } }
     }
     /// The JSON payload, encoded once per job and shared by all of its notifications.
     @inlinable public var payload: [UInt8] {
-        _read { yield message.members.payload }
-        set { message.change { $0.payload = newValue } }
+        _read { yield message.fields.payload }
+        set { changeMessage { $0.payload = newValue } }
     }
 
     /// Inlinable, as are the fields: the worker makes and reads every notification from other modules, where a call
@@ -99,8 +97,8 @@ public struct APNsNotification: Sendable {
         storedDeviceToken = deviceToken
         self.environment = environment
         self.deviceTokenChecked = deviceTokenChecked
-        message = SharedMembers(
-            Message(
+        message = NotificationMessage(
+            fields: Message(
                 topic: topic, pushType: pushType, priority: priority ?? pushType.defaultPriority,
                 expiration: expiration, collapseID: collapseID, apnsID: apnsID, payload: payload, sendBy: sendBy))
     }
@@ -128,6 +126,25 @@ public struct APNsNotification: Sendable {
         message = sibling.message
     }
 
+    /// A notification to `deviceToken` with the fields in `message`, shared: a job's notifications share its box
+    /// (`PushJobStorage`).
+    @inlinable
+    package init(
+        deviceToken: String, environment: APNsEnvironment, message: NotificationMessage, deviceTokenChecked: Bool
+    ) {
+        storedDeviceToken = deviceToken
+        self.environment = environment
+        self.deviceTokenChecked = deviceTokenChecked
+        self.message = message
+    }
+
+    /// Changes the shared fields in place when this notification alone holds their box, in a copy of them otherwise
+    /// (a copy of the fields alone: the box may be a job's).
+    @inlinable mutating func changeMessage(_ apply: (inout Message) -> Void) {
+        if !isKnownUniquelyReferenced(&message) { message = NotificationMessage(fields: message.fields) }
+        apply(&message.fields)
+    }
+
     /// Throws the first rule this notification breaks, in words that name it.
     public func validate() throws(APNsRequestError) {
         try validateOwnFields()
@@ -152,7 +169,7 @@ public struct APNsNotification: Sendable {
     /// Whether every field that `validateOwnFields()` does not check (push type, priority, expiration, topic,
     /// collapse-id) is the same as `other`'s.
     public func sharesFields(with other: APNsNotification) -> Bool {
-        if message.isSameBox(as: other.message) { return true }
+        if message === other.message { return true }
         return pushType == other.pushType && priority == other.priority && expiration == other.expiration
             && topic == other.topic && collapseID == other.collapseID
     }

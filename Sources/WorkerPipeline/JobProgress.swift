@@ -144,9 +144,8 @@ final class JobProgress: @unchecked Sendable {
     /// once more.
     func notification(_ index: Int) -> APNsNotification {
         APNsNotification(
-            deviceToken: targets[index].token, environment: targets[index].environment, topic: job.topic,
-            pushType: job.pushType, priority: job.priority, expiration: job.expiration,
-            collapseID: job.collapseID, payload: job.payload, sendBy: job.deadline, deviceTokenChecked: true)
+            deviceToken: targets[index].token, environment: targets[index].environment, message: job.message,
+            deviceTokenChecked: true)
     }
 
     /// The same, `sibling` (one this job already made) lending it its message: the two share every field but the

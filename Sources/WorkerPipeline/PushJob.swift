@@ -5,24 +5,18 @@ import Telemetry
 
 /// One job from PUSH_JOBS_QUEUE, decoded and checked (the contract in docs/contract.md).
 ///
-/// Its members are shared until changed (`SharedMembers`): a job passes through several arrays and filters and into
+/// Its members are shared until changed (`PushJobStorage`): a job passes through several arrays and filters and into
 /// its progress on its way to sending. Only decoding sets them, but for the rate group its sender gives it.
 public struct PushJob: Sendable, Equatable {
-    private struct Members: Sendable, Equatable {
+    /// What the job holds beside its notifications' fields (`PushJobStorage`).
+    struct Members: Sendable, Equatable {
         var id: String
         var idFromBody: Bool = true
-        var topic: String
         var users: [String]
         var tokens: [String]
         var environment: APNsEnvironment
-        var pushType: APNsPushType
-        var priority: APNsPriority
-        var expiration: Int64?
-        var collapseID: String?
-        var deadline: Int64? = nil
         var sendAt: Int64? = nil
         var localWindow: LocalWindow? = nil
-        var payload: [UInt8]
         var attempt: Int = 1
         var retryTargets: [DeviceTarget]? = nil
         var originalBody: [UInt8]? = nil
@@ -42,7 +36,7 @@ public struct PushJob: Sendable, Equatable {
         case broadcast(channelID: String)
     }
 
-    private var shared: SharedMembers<Members>
+    private var storage: PushJobStorage
 
     /// A job sent as `sending` says, to its push type's topic of `bundle`: every kind of job is made this way, so that
     /// none can leave a sending member out. `ownID`: the id the job named, if any; an empty one is none (every job
@@ -52,67 +46,82 @@ public struct PushJob: Sendable, Equatable {
         sending: borrowing SendingOptions, payload: [UInt8]
     ) {
         let named = ownID?.isEmpty == false ? ownID : nil
-        shared = SharedMembers(
-            Members(
-                id: named ?? fallbackID(), idFromBody: named != nil, topic: sending.pushType.topic(forBundle: bundle),
-                users: users, tokens: tokens, environment: sending.environment, pushType: sending.pushType,
+        storage = PushJobStorage(
+            fields: APNsNotification.Message(
+                topic: sending.pushType.topic(forBundle: bundle), pushType: sending.pushType,
                 priority: sending.priority, expiration: sending.expiration, collapseID: sending.collapseID,
-                deadline: sending.deadline, sendAt: sending.sendAt, payload: payload))
+                apnsID: nil, payload: payload, sendBy: sending.deadline),
+            members: Members(
+                id: named ?? fallbackID(), idFromBody: named != nil, users: users, tokens: tokens,
+                environment: sending.environment, sendAt: sending.sendAt))
     }
+
+    /// Changes the job's members in place when this value alone holds its box, in a copy of it otherwise (its
+    /// notifications hold it too once they are made).
+    private mutating func change(_ apply: (inout Members) -> Void) {
+        if !isKnownUniquelyReferenced(&storage) {
+            storage = PushJobStorage(fields: storage.fields, members: storage.members)
+        }
+        apply(&storage.members)
+    }
+
+    /// The box its notifications share: the job's fields they are sent with (`JobProgress.notification`).
+    var message: NotificationMessage { storage }
 
     public static func == (lhs: PushJob, rhs: PushJob) -> Bool {
-        lhs.shared.isSameBox(as: rhs.shared) || lhs.shared.members == rhs.shared.members
+        lhs.storage === rhs.storage
+            || (lhs.storage.fields == rhs.storage.fields && lhs.storage.members == rhs.storage.members)
     }
 
-    public var id: String { shared.members.id }
+    public var id: String { storage.members.id }
     /// The job named itself (`id` in the body); otherwise `id` is the caller's fallback.
-    public var idFromBody: Bool { shared.members.idFromBody }
+    public var idFromBody: Bool { storage.members.idFromBody }
     /// The topic to send with, the push type's suffix included.
-    public var topic: String { shared.members.topic }
-    public var users: [String] { shared.members.users }
-    public var tokens: [String] { shared.members.tokens }
+    public var topic: String { storage.fields.topic }
+    public var users: [String] { storage.members.users }
+    public var tokens: [String] { storage.members.tokens }
     /// `tokens[index]`, read where the job holds them (`tokens` makes a copy of the array).
-    func token(at index: Int) -> String { shared.members.tokens[index] }
+    func token(at index: Int) -> String { storage.members.tokens[index] }
 
     /// The Live Activity whose update tokens the job reaches, if its kind names one.
     public var activity: String? {
-        guard case .liveActivity(let activity) = shared.members.kind else { return nil }
+        guard case .liveActivity(let activity) = storage.members.kind else { return nil }
         return activity
     }
     /// Where the direct `tokens` live; users' tokens carry their own environment from the cache.
-    public var environment: APNsEnvironment { shared.members.environment }
-    public var pushType: APNsPushType { shared.members.pushType }
-    public var priority: APNsPriority { shared.members.priority }
-    public var expiration: Int64? { shared.members.expiration }
-    public var collapseID: String? { shared.members.collapseID }
+    public var environment: APNsEnvironment { storage.members.environment }
+    public var pushType: APNsPushType { storage.fields.pushType }
+    public var priority: APNsPriority { storage.fields.priority }
+    public var expiration: Int64? { storage.fields.expiration }
+    public var collapseID: String? { storage.fields.collapseID }
     /// UNIX seconds: a notification not handed to APNs by then is not sent (expired). Not Apple's `expiration`,
     /// which is how long APNs keeps a notification for a device that is offline.
-    public var deadline: Int64? { shared.members.deadline }
+    public var deadline: Int64? { storage.fields.sendBy }
     /// UNIX seconds: nothing of the job is sent before then (it waits in the broker's delay queues).
-    public var sendAt: Int64? { shared.members.sendAt }
+    public var sendAt: Int64? { storage.members.sendAt }
     /// The hours of each user's local day in which the job may reach them (`local_window`); nil: any hour.
-    public var localWindow: LocalWindow? { shared.members.localWindow }
+    public var localWindow: LocalWindow? { storage.members.localWindow }
     /// The payload exactly as the job wrote it.
-    public var payload: [UInt8] { shared.members.payload }
+    public var payload: [UInt8] { storage.fields.payload }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
-    public var attempt: Int { shared.members.attempt }
+    public var attempt: Int { storage.members.attempt }
     /// On a retry: exactly the notifications still to send (users already resolved).
-    public var retryTargets: [DeviceTarget]? { shared.members.retryTargets }
+    public var retryTargets: [DeviceTarget]? { storage.members.retryTargets }
     /// On a retry: the job as its sender enqueued it, which is what is parked if the last attempt fails too.
-    public var originalBody: [UInt8]? { shared.members.originalBody }
+    public var originalBody: [UInt8]? { storage.members.originalBody }
     /// On a retry: the users and tokens the job as enqueued named (its size, for its progress record).
-    public var originalNamed: Int? { shared.members.originalNamed }
+    public var originalNamed: Int? { storage.members.originalNamed }
     /// Not in the job's JSON: the shared rate limit of the credential that sends its topic, as the sender said then.
     public var rateGroup: RateGroup? {
-        get { shared.members.rateGroup }
-        set { shared.change { $0.rateGroup = newValue } }
+        get { storage.members.rateGroup }
+        set { change { $0.rateGroup = newValue } }
     }
-    public var kind: Kind { shared.members.kind }
+    public var kind: Kind { storage.members.kind }
 
     /// The job reaching only these of its users and tokens: a windowed job's, those whose hours have come.
     func reaching(users: [String], tokens: [String]) -> PushJob {
         var job = self
-        job.shared.change { members in
+        job.change { members in
             members.users = users
             members.tokens = tokens
         }
@@ -194,10 +203,11 @@ public struct PushJob: Sendable, Equatable {
                 ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens, sending: sending,
                 payload: try payload(members, body, pushType: sending.pushType))
         }
-        job.shared.change { members in
+        let liveActivity = activity != nil || job.pushType == .liveactivity
+        job.change { members in
             members.localWindow = localWindow
             // A job that names an activity is a Live Activity job (decoding refused any other push type for it).
-            if members.kind == .devices && (activity != nil || members.pushType == .liveactivity) {
+            if members.kind == .devices && liveActivity {
                 members.kind = .liveActivity(activity: activity)
             }
             if let retry {
@@ -292,7 +302,7 @@ public struct PushJob: Sendable, Equatable {
         var job = PushJob(
             ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: [], tokens: [], sending: sending,
             payload: payload)
-        job.shared.change { $0.kind = .broadcast(channelID: channelID) }
+        job.change { $0.kind = .broadcast(channelID: channelID) }
         do throws(APNsRequestError) { try job.broadcast(on: channelID).validate() } catch { throw .breaksRule(error) }
         return job
     }
