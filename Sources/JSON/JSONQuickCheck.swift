@@ -15,7 +15,7 @@ enum JSONQuickCheck {
     static func objectEnd(
         in bytes: UnsafeBufferPointer<UInt8>, at offset: Int, depth: Int, maximumDepth: Int
     ) -> Int? {
-        guard offset < bytes.count, bytes[offset] == UInt8(ascii: "{") else { return nil }
+        guard (0..<bytes.count).contains(offset), bytes[offset] == UInt8(ascii: "{") else { return nil }
         // The deepest container it may open, counted from the object at `offset`.
         let deepest = min(maximumDepth - depth, levels - 1)
         guard deepest >= 0 else { return nil }

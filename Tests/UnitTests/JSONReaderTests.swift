@@ -113,6 +113,15 @@ import WorkerPipeline
                 }
             }
         }
+        // An offset outside the bytes is refused by the reader, with its reason, not read.
+        let outside = Array("{}".utf8).withUnsafeBufferPointer { bytes in
+            [-1, 2].map { offset in
+                Result { () throws(JSONError) in
+                    try JSONReader.checkObject(in: bytes, at: offset, depth: 1, maximumDepth: 32)
+                }
+            }
+        }
+        #expect(outside.allSatisfy { if case .failure = $0 { true } else { false } })
         // The payloads jobs carry take the quick loop.
         #expect(
             Array(usual.utf8).withUnsafeBufferPointer {
