@@ -117,7 +117,7 @@ public final class APNsChannelClient: Sendable {
         if !body.isEmpty { headers.add("content-type", "application/json") }
         let answer = Locked<Result<HTTP2Response, HTTP2StreamError>?>(nil)
         let done = DispatchSemaphore(value: 0)
-        client.send(APNsRequest.request(route, fields: headers, body: body)) { result in
+        client.send(APNsRequest.request(route, fields: headers, body: body[...])) { result in
             answer.withLock { $0 = result }
             done.signal()
         }

@@ -17,7 +17,7 @@ enum APNsRequest {
 
     /// The request of `route` with these fields: the path is joined only when the request is submitted.
     static func request(
-        _ route: APNsRoute, fields: HTTP2HeaderBlock, body: [UInt8], sendBy: Double = .infinity
+        _ route: APNsRoute, fields: HTTP2HeaderBlock, body: ArraySlice<UInt8>, sendBy: Double = .infinity
     ) -> HTTP2Request {
         let path = route.path
         return HTTP2Request(
@@ -45,6 +45,7 @@ extension APNsBroadcast {
         fields.add("apns-push-type", APNsPushType.liveactivity.rawValue)
         fields.add("apns-priority", String(priority.rawValue))
         fields.add("apns-expiration", String(expiration))
-        return APNsRequest.request(route, fields: fields, body: payload, sendBy: sendBy.map(Double.init) ?? .infinity)
+        return APNsRequest.request(
+            route, fields: fields, body: payload[...], sendBy: sendBy.map(Double.init) ?? .infinity)
     }
 }

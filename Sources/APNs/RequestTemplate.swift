@@ -61,11 +61,11 @@ struct RequestTemplate {
         let route = APNsRoute.device(token: notification.deviceToken)
         let sendBy = notification.sendBy.map(Double.init) ?? .infinity
         guard let apnsID = notification.apnsID else {
-            return APNsRequest.request(route, fields: fields, body: notification.payload, sendBy: sendBy)
+            return APNsRequest.request(route, fields: fields, body: notification.payloadBytes, sendBy: sendBy)
         }
         // A job's own apns-id: a block of its own for this request (rare; a fan-out job cannot name one).
         var headers = fields
         headers.add("apns-id", apnsID, indexed: false)
-        return APNsRequest.request(route, fields: headers, body: notification.payload, sendBy: sendBy)
+        return APNsRequest.request(route, fields: headers, body: notification.payloadBytes, sendBy: sendBy)
     }
 }

@@ -28,13 +28,13 @@ public struct APNsNotification: Sendable {
         @usableFromInline package var expiration: Optional<Int64>
         @usableFromInline package var collapseID: Optional<String>
         @usableFromInline package var apnsID: Optional<String>
-        @usableFromInline package var payload: [UInt8]
+        @usableFromInline package var payload: ArraySlice<UInt8>
         @usableFromInline package var sendBy: Optional<Int64>
 
         @inlinable
         package init(
             topic: String, pushType: APNsPushType, priority: APNsPriority, expiration: Int64?, collapseID: String?,
-            apnsID: String?, payload: [UInt8], sendBy: Int64?
+            apnsID: String?, payload: ArraySlice<UInt8>, sendBy: Int64?
         ) {
             self.topic = topic
             self.pushType = pushType
@@ -81,8 +81,12 @@ public struct APNsNotification: Sendable {
     }
     /// The JSON payload, encoded once per job and shared by all of its notifications.
     @inlinable public var payload: [UInt8] {
+        get { Array(message.fields.payload) }
+        set { changeMessage { $0.payload = newValue[...] } }
+    }
+    /// `payload` where it is kept: a job's notifications read theirs where the job's body holds it.
+    @inlinable public var payloadBytes: ArraySlice<UInt8> {
         _read { yield message.fields.payload }
-        set { changeMessage { $0.payload = newValue } }
     }
 
     /// Inlinable, as are the fields: the worker makes and reads every notification from other modules, where a call
@@ -100,7 +104,7 @@ public struct APNsNotification: Sendable {
         message = NotificationMessage(
             fields: Message(
                 topic: topic, pushType: pushType, priority: priority ?? pushType.defaultPriority,
-                expiration: expiration, collapseID: collapseID, apnsID: apnsID, payload: payload, sendBy: sendBy))
+                expiration: expiration, collapseID: collapseID, apnsID: apnsID, payload: payload[...], sendBy: sendBy))
     }
 
     /// This notification's message to another device token: every other field shared with this one, not copied.
@@ -162,8 +166,8 @@ public struct APNsNotification: Sendable {
     public func validateOwnFields() throws(APNsRequestError) {
         if !deviceTokenChecked { try Self.validateDeviceToken(deviceToken) }
         if let apnsID, !Self.isCanonicalUUID(apnsID) { throw .badAPNsID(apnsID) }
-        if payload.isEmpty { throw .payloadEmpty }
-        try APNsRules.checkPayloadSize(payload.count, for: pushType)
+        if payloadBytes.isEmpty { throw .payloadEmpty }
+        try APNsRules.checkPayloadSize(payloadBytes.count, for: pushType)
     }
 
     /// Whether every field that `validateOwnFields()` does not check (push type, priority, expiration, topic,

@@ -13,7 +13,7 @@ extension HTTP2Connection {
     /// `stream`: not opened yet (a submission that failed leaves it so, for another connection to take).
     func submitRequest(_ stream: HTTP2RequestStream) -> Bool {
         guard acceptsRequests, let session else { return false }
-        let hasBody = !stream.outgoingBody.isEmpty
+        let hasBody = !stream.outgoingBytes.isEmpty
         let userData = Unmanaged.passUnretained(stream).toOpaque()
         var provider = nghttp2_data_provider(
             source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)

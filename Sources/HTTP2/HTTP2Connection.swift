@@ -24,6 +24,7 @@ class HTTP2Stream {
     let expectedHeaderBytes: Int
     var incomingBody: [UInt8] = []
     var status = 0
+    /// A server's answer; a client's request is read where its batch holds it (`outgoingBytes`).
     var outgoingBody: [UInt8]
     var outgoingOffset = 0
     /// The request's HEADERS left this process: from here on the server may have acted on it.
@@ -36,6 +37,9 @@ class HTTP2Stream {
         self.expectedHeaderBytes = expectedHeaderBytes
         self.outgoingBody = outgoingBody
     }
+
+    /// The body to send: `outgoingBody`, or what a request stream names instead.
+    var outgoingBytes: ArraySlice<UInt8> { outgoingBody[...] }
 }
 
 /// One HTTP/2 connection over TLS on a non-blocking socket, client or server, driven by one `EventLoop`.
@@ -539,12 +543,13 @@ final class HTTP2Connection: PollHandler {
         _ stream: HTTP2Stream, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
         flags: UnsafeMutablePointer<UInt32>
     ) -> Int {
-        let count = min(length, stream.outgoingBody.count - stream.outgoingOffset)
-        stream.outgoingBody.withUnsafeBufferPointer { body in
+        let bytes = stream.outgoingBytes
+        let count = min(length, bytes.count - stream.outgoingOffset)
+        bytes.withUnsafeBufferPointer { body in
             buffer.update(from: body.baseAddress! + stream.outgoingOffset, count: count)
         }
         stream.outgoingOffset += count
-        if stream.outgoingOffset == stream.outgoingBody.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
+        if stream.outgoingOffset == bytes.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
         return count
     }
 }

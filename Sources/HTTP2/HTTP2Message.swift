@@ -210,7 +210,8 @@ public struct HTTP2Request: Sendable {
     /// `path` unwrapped, read in place at submission: the payload of an optional was copied there, counting its
     /// two strings again, for every request. `absent` for none.
     @usableFromInline private(set) var ownPath: HTTP2Path
-    public var body: [UInt8]
+    /// A slice: an APNs notification's payload is read where its job's body holds it, not copied out of it.
+    public var body: ArraySlice<UInt8>
     /// UNIX seconds after which the request is not worth sending; `.infinity` (the default) for none. One whose
     /// HEADERS are not encoded yet by then (it waits for a connection, or behind the server's stream limit) is
     /// dropped and answered `sendByPassed`: never sent, so never processed.
@@ -219,7 +220,7 @@ public struct HTTP2Request: Sendable {
     public init(headers: HTTP2HeaderBlock, body: [UInt8]) {
         self.headers = headers
         ownPath = .absent
-        self.body = body
+        self.body = body[...]
         sendBy = .infinity
     }
 
@@ -229,11 +230,15 @@ public struct HTTP2Request: Sendable {
     /// Inlinable: made for every APNs notification in another module, where a call copied the whole request once
     /// more on its way back.
     @inlinable
-    public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8], sendBy: Double = .infinity) {
+    public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: ArraySlice<UInt8>, sendBy: Double = .infinity) {
         self.headers = headers
         ownPath = path
         self.body = body
         self.sendBy = sendBy
+    }
+
+    public init(headers: HTTP2HeaderBlock, path: HTTP2Path, body: [UInt8], sendBy: Double = .infinity) {
+        self.init(headers: headers, path: path, body: body[...], sendBy: sendBy)
     }
 }
 

@@ -35,8 +35,11 @@ final class HTTP2RequestStream: HTTP2Stream {
         self.attempt = attempt
         self.deadline = deadline
         self.sendBy = sendBy
-        super.init(expectedHeaderBytes: Self.answerHeaderCapacity, outgoingBody: batch[index].body)
+        super.init(expectedHeaderBytes: Self.answerHeaderCapacity)
     }
+
+    /// The request's body where its batch holds it (an APNs payload: where its job's body holds it).
+    override var outgoingBytes: ArraySlice<UInt8> { batch[index].body }
 
     /// The same request, to be sent again as attempt `attempt` (a stream is submitted once).
     func resent(attempt: Int) -> HTTP2RequestStream {

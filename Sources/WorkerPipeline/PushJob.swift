@@ -43,7 +43,7 @@ public struct PushJob: Sendable, Equatable {
     /// written with `"id": ""` would otherwise share one idempotency record and one cancellation).
     init(
         ownID: String?, fallbackID: () -> String, bundle: String, users: [String], tokens: [String],
-        sending: borrowing SendingOptions, payload: [UInt8]
+        sending: borrowing SendingOptions, payload: ArraySlice<UInt8>
     ) {
         let named = ownID?.isEmpty == false ? ownID : nil
         storage = PushJobStorage(
@@ -102,7 +102,7 @@ public struct PushJob: Sendable, Equatable {
     /// The hours of each user's local day in which the job may reach them (`local_window`); nil: any hour.
     public var localWindow: LocalWindow? { storage.members.localWindow }
     /// The payload exactly as the job wrote it.
-    public var payload: [UInt8] { storage.fields.payload }
+    public var payload: [UInt8] { Array(storage.fields.payload) }
     /// 1 for a job as enqueued; n for the (n-1)-th retry the worker scheduled.
     public var attempt: Int { storage.members.attempt }
     /// On a retry: exactly the notifications still to send (users already resolved).
@@ -275,7 +275,8 @@ public struct PushJob: Sendable, Equatable {
         }
         return PushJob(
             ownID: ownID, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens,
-            sending: SendingOptions(prevalidating: sending), payload: Array(#"{"aps":{"content-available":1}}"#.utf8))
+            sending: SendingOptions(prevalidating: sending),
+            payload: Array(#"{"aps":{"content-available":1}}"#.utf8)[...])
     }
 
     /// A `channel_id` job: a Live Activity update or end (a broadcast cannot start one), its payload at most 5 KB.
@@ -520,7 +521,7 @@ public struct PushJob: Sendable, Equatable {
     /// The payload exactly as the job wrote it (its bytes in the body), or built from its `live_activity`, within
     /// the push type's size.
     private static func payload(_ members: JobMembers, _ body: [UInt8], pushType: APNsPushType) throws(JobError)
-        -> [UInt8]
+        -> ArraySlice<UInt8>
     {
         if members.liveActivity != nil && pushType != .liveactivity {
             throw .liveActivity("push_type is \"\(pushType.rawValue)\": a Live Activity is sent as liveactivity")
@@ -529,26 +530,27 @@ public struct PushJob: Sendable, Equatable {
     }
 
     /// `payload`, if its size is within the push type's.
-    static func sized(_ payload: [UInt8], for pushType: APNsPushType) throws(JobError) -> [UInt8] {
+    static func sized(_ payload: ArraySlice<UInt8>, for pushType: APNsPushType) throws(JobError) -> ArraySlice<UInt8> {
         do throws(APNsRequestError) { try APNsRules.checkPayloadSize(payload.count, for: pushType) } catch {
             throw .breaksRule(error)
         }
         return payload
     }
 
-    /// The `payload` as the job wrote it, or the one its `live_activity` builds (never both).
-    private static func payloadBytes(_ members: JobMembers, _ body: [UInt8]) throws(JobError) -> [UInt8] {
+    /// The `payload` as the job wrote it, where the body holds it, or the one its `live_activity` builds (never both).
+    private static func payloadBytes(_ members: JobMembers, _ body: [UInt8]) throws(JobError) -> ArraySlice<UInt8> {
         if let liveActivity = members.liveActivity {
             guard members.payload == nil else {
                 throw .liveActivity("give \"payload\" or \"live_activity\", not both")
             }
-            return try LiveActivityRequest.payload(liveActivity, body: body, now: Int64(Date().timeIntervalSince1970))
+            let now = Int64(Date().timeIntervalSince1970)
+            return try LiveActivityRequest.payload(liveActivity, body: body, now: now)[...]
         }
         guard let member = members.payload else { throw .missingField("payload") }
         guard case .object = member.value else {
             throw .wrongType(field: "payload", expected: "an object", got: member.value.typeName)
         }
-        return Array(body[member.range])
+        return body[member.range]
     }
 
     /// The retry state, and where the original job sits in the body (absent in retries written before it was kept).

@@ -61,7 +61,7 @@ private struct UsualMembers {
         let bundle = try PushJob.bundle(topic: topic, defaultTopic: defaultTopic)
         return PushJob(
             ownID: id, fallbackID: fallbackID, bundle: bundle, users: users, tokens: tokens, sending: sending,
-            payload: try PushJob.sized(Array(body[payload]), for: sending.pushType))
+            payload: try PushJob.sized(body[payload], for: sending.pushType))
     }
 }
 

@@ -44,6 +44,26 @@ import Testing
         #expect(sibling.collapseID == "c" && progress.notification(0).collapseID == "c")
     }
 
+    /// A job's payload is not copied out of its body: its notifications read it where the body holds it, whichever
+    /// reading decoded the job (the usual one-pass reading; the member-by-member one, here for an upper-case token).
+    @Test func aJobsNotificationsReadItsPayloadWhereItsBodyHoldsIt() throws {
+        for token in [String(repeating: "0a", count: 32), String(repeating: "0A", count: 32)] {
+            let payload = #"{"aps":{"alert":"hi"}}"#
+            let body = Array(#"{"id":"j","tokens":["\#(token)"],"payload":\#(payload)}"#.utf8)
+            let job = try PushJob.decode(body, defaultTopic: "com.example.app", fallbackID: "-")
+            let delivery = JobDelivery(tag: 1, redelivered: false, body: body, properties: MessageProperties())
+            let progress = JobProgress(
+                job: job, delivery: delivery, generation: 1,
+                targets: [DeviceTarget(token: token.lowercased(), environment: .production, user: nil)],
+                hasStableID: true)
+            let notification = progress.notification(0)
+            #expect(notification.payload == Array(payload.utf8) && job.payload == Array(payload.utf8))
+            let start = try #require(body.firstRange(of: Array(payload.utf8))).lowerBound
+            let inBody = body.withUnsafeBufferPointer { $0.baseAddress! + start }
+            #expect(notification.payloadBytes.withUnsafeBufferPointer { $0.baseAddress } == inBody, "\(token)")
+        }
+    }
+
     /// The job `body` decodes to, and its progress towards a target in each environment (tokens 0a..., 0b..., ...).
     static func progress(of body: String, environments: [APNsEnvironment]) throws -> (PushJob, JobProgress) {
         let job = try PushJob.decode(Array(body.utf8), defaultTopic: "com.example.app", fallbackID: "-")
