@@ -19,8 +19,8 @@ extension HTTP2Connection {
             source: nghttp2_data_source(ptr: userData), read_callback: readOutgoingBody)
         // Lent, not copied: the stream holds its request until the HEADERS frame is out, and a stream that leaves
         // before that leaves its fields in `lentHeaders` (see `remove`). A separate path is copied at submission.
-        let streamID = stream.batch[stream.index].headers.withNghttp2Fields(
-            lent: true, path: stream.batch[stream.index].ownPath
+        let streamID = stream.batch[stream.index].headers.withLentNghttp2Fields(
+            path: stream.batch[stream.index].ownPath, cache: &lentFields
         ) {
             fields, count in
             hasBody

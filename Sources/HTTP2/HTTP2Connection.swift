@@ -95,6 +95,8 @@ final class HTTP2Connection: PollHandler {
     /// `submitRequest`): kept until it has sent the frame or given up on it. The reset a timed-out stream gets cancels
     /// its queued frame, but the fields' lifetime does not depend on that.
     var lentHeaders: [Int32: HTTP2HeaderBlock] = [:]
+    /// The fields of the block lent last, read once for the requests that share it.
+    var lentFields = Nghttp2FieldsCache()
     /// The earliest send-by time of a client stream whose HEADERS may still wait in nghttp2's queue (`.max`: none):
     /// until then, sending checks none of them (`dropUnsentRequests`).
     var earliestQueuedSendBy = UInt64.max

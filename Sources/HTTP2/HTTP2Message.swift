@@ -10,7 +10,7 @@ internal import CNghttp2
 /// field. Names go out as given (a request's are lent to nghttp2, which then does not lower-case them): HTTP/2
 /// wants them in lower case, which every caller writes.
 public struct HTTP2HeaderBlock: Sendable, Equatable {
-    private var bytes: [UInt8] = []
+    fileprivate var bytes: [UInt8] = []
     public private(set) var count = 0
     private static let recordHeader = 5
     private static let neverIndexed: UInt8 = 1
@@ -149,26 +149,54 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
         lent: Bool = false, path: borrowing HTTP2Path = .absent, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
     ) -> T {
         let hasPath = !path.isAbsent
-        let lending = lent ? UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue) : 0
-        let capacity = max(count + (hasPath ? 1 : 0), 1)
-        return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: capacity) { fields in
-            guard hasPath else { return withFields(fields, from: 0, lending: lending, body) }
-            return path.withJoinedBytes { value in
-                fields[0] = nghttp2_nv(
-                    name: UnsafeMutablePointer(mutating: HTTP2Path.name.utf8Start),
-                    value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
-                    namelen: HTTP2Path.name.utf8CodeUnitCount, valuelen: value.count,
-                    flags: UInt8(NGHTTP2_NV_FLAG_NO_INDEX.rawValue | NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue))
-                return withFields(fields, from: 1, lending: lending, body)
-            }
+        let lending = lent ? Self.lendingFlags : 0
+        return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(count + (hasPath ? 1 : 0), 1)) {
+            fields in
+            let first = hasPath ? 1 : 0
+            let count = fill(UnsafeMutableBufferPointer(rebasing: fields[first...]), lending: lending)
+            return Self.withPath(path, before: fields, count: first + count, body)
         }
     }
 
-    private func withFields<T>(
-        _ fields: UnsafeMutableBufferPointer<nghttp2_nv>, from first: Int, lending: UInt8,
+    /// `withNghttp2Fields(lent: true, path:)`, the block's own fields taken from `cache` when it holds this very
+    /// block, and read into it otherwise: requests of one kind share one block (an APNs job's, `RequestTemplate`).
+    func withLentNghttp2Fields<T>(
+        path: borrowing HTTP2Path, cache: inout Nghttp2FieldsCache, _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
+    ) -> T {
+        if !cache.holds(self) { cache.read(self) }
+        let first = path.isAbsent ? 0 : 1
+        return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: max(cache.fields.count + first, 1)) {
+            fields in
+            cache.fields.withUnsafeBufferPointer { cached in
+                guard let start = cached.baseAddress else { return }
+                (fields.baseAddress! + first).initialize(from: start, count: cached.count)
+            }
+            return Self.withPath(path, before: fields, count: first + cache.fields.count, body)
+        }
+    }
+
+    fileprivate static let lendingFlags = UInt8(
+        NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue)
+
+    /// `body` with `fields`, whose first is set to `path` here unless it is absent (then they start with the block's).
+    private static func withPath<T>(
+        _ path: borrowing HTTP2Path, before fields: UnsafeMutableBufferPointer<nghttp2_nv>, count: Int,
         _ body: (UnsafePointer<nghttp2_nv>, Int) -> T
     ) -> T {
-        var index = first
+        guard !path.isAbsent else { return body(UnsafePointer(fields.baseAddress!), count) }
+        return path.withJoinedBytes { value in
+            fields[0] = nghttp2_nv(
+                name: UnsafeMutablePointer(mutating: HTTP2Path.name.utf8Start),
+                value: UnsafeMutablePointer(mutating: value.baseAddress ?? UnsafePointer(bitPattern: 1)!),
+                namelen: HTTP2Path.name.utf8CodeUnitCount, valuelen: value.count,
+                flags: UInt8(NGHTTP2_NV_FLAG_NO_INDEX.rawValue | NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue))
+            return body(UnsafePointer(fields.baseAddress!), count)
+        }
+    }
+
+    /// Writes the block's fields into `fields` (room for `count` of them), pointing into its bytes; returns how many.
+    fileprivate func fill(_ fields: UnsafeMutableBufferPointer<nghttp2_nv>, lending: UInt8) -> Int {
+        var index = 0
         forEachRecord { name, value, indexed in
             // nghttp2 only reads the fields; its C API merely lacks const on these pointers.
             fields[index] = nghttp2_nv(
@@ -179,7 +207,30 @@ public struct HTTP2HeaderBlock: Sendable, Equatable {
             index += 1
             return true
         }
-        return body(UnsafePointer(fields.baseAddress!), index)
+        return index
+    }
+}
+
+/// The nghttp2 fields of the header block a connection lent last (`HTTP2HeaderBlock.withLentNghttp2Fields`), read
+/// once for the requests that share the block rather than record by record for each. The copy of the block kept
+/// here holds the block's buffer, which the fields point into: a block whose bytes are in that buffer is that block,
+/// unchanged (an array is copied before it changes), and the buffer cannot be freed and reused while kept.
+struct Nghttp2FieldsCache {
+    fileprivate private(set) var fields: [nghttp2_nv] = []
+    private var bytes: [UInt8] = []
+
+    fileprivate func holds(_ block: HTTP2HeaderBlock) -> Bool {
+        guard !bytes.isEmpty, block.bytes.count == bytes.count else { return false }
+        return block.bytes.withUnsafeBufferPointer { theirs in
+            bytes.withUnsafeBufferPointer { ours in theirs.baseAddress == ours.baseAddress }
+        }
+    }
+
+    fileprivate mutating func read(_ block: HTTP2HeaderBlock) {
+        bytes = block.bytes
+        fields = Array(unsafeUninitializedCapacity: block.count) { buffer, initialized in
+            initialized = block.fill(buffer, lending: HTTP2HeaderBlock.lendingFlags)
+        }
     }
 }
 
