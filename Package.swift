@@ -28,7 +28,7 @@ let pureHotPath: [SwiftSetting] = [
 ]
 
 // Release builds of the worker (and of apns-sim, below) allocate with mimalloc (Debian's libmimalloc-dev), which
-// replaces malloc and free for the whole process: a single-token job allocates about nine objects and frees them a
+// replaces malloc and free for the whole process: a single-token job allocates about eight objects and frees them a
 // batch later, a pattern that sends glibc's allocator past its per-thread cache into its slower bins (about 3,000
 // instructions a job in scripts/profile). Debug builds, which the tests and the sanitizers run, keep glibc's: a
 // sanitizer brings its own allocator.
